@@ -1,0 +1,25 @@
+"""Test configuration.
+
+TRITON_INTERPRET must be set before the first ``@triton.jit`` decorator runs, so it is set here, at import
+time of the test session, whenever no CUDA GPU is present: Triton kernels then run on CPU tensors through
+the interpreter. On a GPU machine the real kernels run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)

@@ -1,0 +1,43 @@
+"""tsconv: causal conv1d feature pipelines for long, wide time series, streamed out of and into zarr.
+
+Public API (imported lazily, so ``import tsconv.kernels`` needs neither zarr nor polars):
+- :func:`process`: stream a zarr store through a pipeline into an output store.
+- :func:`features`: run a pipeline on an in-memory [T, F] array.
+- :func:`load_pipeline`, :func:`default_pipeline`: pipeline files.
+- :func:`open_input`: open and validate an input store.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "process": "tsconv.engine",
+    "features": "tsconv.engine",
+    "Report": "tsconv.engine",
+    "load_pipeline": "tsconv.spec",
+    "default_pipeline": "tsconv.spec",
+    "Pipeline": "tsconv.spec",
+    "open_input": "tsconv.io.store",
+    "TsconvError": "tsconv.errors",
+    "TsconvWarning": "tsconv.errors",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        msg = f"module 'tsconv' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

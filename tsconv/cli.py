@@ -1,0 +1,152 @@
+"""Command line: thin wrappers that parse, call the library and print. No logic of its own."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .errors import TsconvError
+
+DEMO_ROWS, DEMO_FEATURES = 200_000, 64
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"tsconv: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    click.echo(f"tsconv: warning: {message}", err=True)
+
+
+class _Group(click.Group):
+    """Turn the library's errors into one line on stderr and a non-zero exit, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        warnings.showwarning = _show_warning
+        try:
+            return super().invoke(ctx)
+        except TsconvError as exc:
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            _fail("interrupted; rerun with --resume to continue where it stopped", code=130)
+        except OSError as exc:
+            _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tsconv")
+def main() -> None:
+    """tsconv: causal conv1d feature pipelines over long, wide time series in zarr stores."""
+
+
+def _common_process_options(f):  # noqa: ANN001, ANN202
+    f = click.option("--pipeline", "pipeline", type=click.Path(dir_okay=False), help="Pipeline TOML file (default: built-in).")(f)
+    f = click.option("--chunk", type=click.IntRange(min=1), default=1024, show_default=True, help="Steps per chunk.")(f)
+    f = click.option(
+        "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True, help="Where to compute."
+    )(f)
+    f = click.option(
+        "--warmup",
+        type=click.Choice(["nan", "zero"]),
+        default="nan",
+        show_default=True,
+        help="Rows whose receptive field reaches before step 0: NaN, or computed with zero history.",
+    )(f)
+    f = click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the run report as JSON here.")(f)
+    f = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
+    return f
+
+
+def _run_process(
+    input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str, overwrite: bool,
+    resume: bool, warmup: str, report_path: str | None, quiet: bool,
+) -> None:  # fmt: skip
+    from .engine import process
+
+    report = process(
+        input_path,
+        output,
+        pipeline=pipeline,
+        chunk=chunk,
+        device=device,
+        overwrite=overwrite,
+        resume=resume,
+        warmup=warmup,
+        progress=not quiet,
+    )
+    if report.rows == 0 and report.resumed_from:
+        click.echo(f"{report.output} is already complete ({report.total_rows:,} rows); nothing to do.")
+    else:
+        click.echo(report.summary())
+    if report_path:
+        Path(report_path).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+
+
+@main.command()
+@click.option("--input", "-i", "input_path", required=True, type=click.Path(), help="Input zarr store.")
+@click.option("--output", "-o", type=click.Path(), help="Output zarr store (default: <input>.features.zarr beside it).")
+@_common_process_options
+@click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted run into the same output.")
+def process(input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str,
+            warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool) -> None:  # fmt: skip
+    """Stream a store through a pipeline into an output store."""
+    if overwrite and resume:
+        raise click.UsageError("--overwrite and --resume exclude each other.")
+    _run_process(input_path, output, pipeline, chunk, device, overwrite, resume, warmup, report_path, quiet)
+
+
+@main.command()
+@click.option("--rows", type=click.IntRange(min=1), default=DEMO_ROWS, show_default=True)
+@click.option("--features", type=click.IntRange(min=1), default=DEMO_FEATURES, show_default=True)
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default="data", show_default=True)
+@_common_process_options
+def demo(rows: int, features: int, directory: str, pipeline: str | None, chunk: int, device: str,
+         warmup: str, report_path: str | None, quiet: bool) -> None:  # fmt: skip
+    """Run the main job on a synthetic tick store, creating it first when absent."""
+    from .synth import make_ticks
+
+    src = Path(directory) / f"ticks-{rows}x{features}.zarr"
+    if not src.exists():
+        click.echo(f"creating {src} ({rows:,} steps x {features} features of synthetic ticks)")
+        make_ticks(src, rows=rows, features=features, seed=0, progress=not quiet)
+    out = Path(directory) / f"ticks-{rows}x{features}.features.zarr"
+    _run_process(str(src), str(out), pipeline, chunk, device, True, False, warmup, report_path, quiet)
+
+
+@main.command()
+@click.argument("store", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.option("--no-nan-count", is_flag=True, help="Skip the NaN count (it reads the whole store).")
+def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
+    """Print a store's shape, dtype, chunks, codecs, time span, features and NaN counts."""
+    from .io.inspect import inspect_store
+
+    info = inspect_store(store, count_nans=not no_nan_count)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    for key, value in info.items():
+        if key == "nan_counts":
+            continue
+        if key == "features":
+            shown = ", ".join(value[:12]) + (f", ... ({len(value)} in all)" if len(value) > 12 else "")
+            click.echo(f"{'features':>14}: {shown}")
+        else:
+            click.echo(f"{key:>14}: {value}")
+    if "nan_counts" in info:
+        nz = {k: v for k, v in info["nan_counts"].items() if v}
+        worst = sorted(nz.items(), key=lambda kv: -kv[1])[:10]
+        click.echo(f"{'NaN features':>14}: {len(nz)} of {len(info['nan_counts'])} have NaNs")
+        for name, count in worst:
+            click.echo(f"{'':>16}{name}: {count:,}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

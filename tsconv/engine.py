@@ -1,0 +1,381 @@
+"""The streaming engine: store -> reader -> forward fill -> chunk + halo -> compute -> writer -> store.
+
+This is the one module that wires every stage together, so the data path reads top to bottom here.
+Each chunk of ``chunk`` steps is computed together with the ``halo`` rows before it (the pipeline's
+receptive field), so memory is bounded by chunk x features whatever the series' length, and the result
+equals the whole-series computation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import resource
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import ShapeError, StoreError, TsconvError
+from .io.reader import ArraySource, BlockReader, RowSource
+from .io.store import InputStore, check_time, open_input
+from .io.writer import FORMAT_VERSION, OutputWriter, output_chunk_rows, prepare_output
+from .kernels.torch_backend import TorchBackend
+from .spec import Pipeline, ResolvedPipeline, default_pipeline, load_pipeline, pipeline_from_dict, resolve
+from .stream.fill import fill_state_before, forward_fill
+
+__all__ = ["Report", "process", "features", "default_output_path", "resolve_device"]
+
+WARMUPS = ("nan", "zero")
+PipelineLike = str | os.PathLike[str] | Pipeline | dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a run did and how fast."""
+
+    input: str
+    output: str
+    device: str
+    rows: int  # rows computed by this run
+    total_rows: int
+    features_in: int
+    features_out: int
+    halo: int
+    chunk: int
+    resumed_from: int
+    seconds: float
+    rows_per_s: float
+    input_gbps: float
+    peak_rss_bytes: int
+    peak_gpu_allocated_bytes: int | None
+    peak_gpu_reserved_bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        gpu = (
+            f", peak GPU {self.peak_gpu_allocated_bytes / 2**20:.0f} MiB"
+            if self.peak_gpu_allocated_bytes is not None
+            else ""
+        )
+        resumed = f" (resumed at row {self.resumed_from:,})" if self.resumed_from else ""
+        return (
+            f"{self.rows:,} rows x {self.features_in} features -> {self.features_out} features{resumed} "
+            f"in {self.seconds:.2f} s on {self.device}: {self.rows_per_s:,.0f} rows/s, "
+            f"{self.input_gbps:.3f} GB/s in, peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB{gpu} -> {self.output}"
+        )
+
+
+def resolve_device(device: str) -> torch.device:
+    """Map ``auto``/``cpu``/``cuda`` (or ``cuda:N``) to a torch device, or say why not."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device == "cuda" or device.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise TsconvError(
+                f"device {device!r} was asked for but no CUDA GPU is available",
+                hint="use --device cpu or --device auto.",
+            )
+        return torch.device(device)
+    raise TsconvError(f"unknown device {device!r}", hint="use auto, cpu or cuda.")
+
+
+def _as_pipeline(pipeline: PipelineLike) -> Pipeline:
+    if pipeline is None:
+        return default_pipeline()
+    if isinstance(pipeline, Pipeline):
+        return pipeline
+    if isinstance(pipeline, dict):
+        return pipeline_from_dict(pipeline)
+    return load_pipeline(pipeline)
+
+
+def default_output_path(input_path: str | os.PathLike[str]) -> Path:
+    """``ticks.zarr`` -> ``ticks.features.zarr``, beside the input."""
+    p = Path(input_path).expanduser().resolve()
+    stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
+    return p.with_name(f"{stem}.features.zarr")
+
+
+def _check_options(chunk: int, warmup: str) -> None:
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise TsconvError(f"chunk must be a positive integer, got {chunk!r}", hint="the default is 1024.")
+    if warmup not in WARMUPS:
+        raise TsconvError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
+
+
+def _check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str) -> None:
+    if rows == 0:
+        raise StoreError(f"{where}: the series is empty (0 steps)")
+    if warmup == "nan" and rows <= plan.halo:
+        raise StoreError(
+            f"{where}: the series has {rows} steps but the pipeline's warm-up is {plan.halo} steps, "
+            "so every output would be NaN",
+            hint="use a longer series, shorter filters, or warmup='zero' (--warmup zero) for zero history.",
+        )
+
+
+@contextlib.contextmanager
+def _exact_fp32(device: torch.device) -> Iterator[None]:
+    """cuDNN and cuBLAS may use TF32 by default, which cannot resolve price levels: keep fp32."""
+    if device.type != "cuda":
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _stream(
+    source: RowSource,
+    plan: ResolvedPipeline,
+    backend: TorchBackend,
+    emit: Callable[[np.ndarray], None],
+    *,
+    start: int,
+    chunk: int,
+    warmup: str,
+    on_rows: Callable[[int], None] | None = None,
+) -> None:
+    """Compute rows [start, T) chunk by chunk and hand each result block to ``emit`` in order."""
+    halo, rows, nf = plan.halo, source.rows, source.n_features
+    # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
+    # before step 0 as zeros (the first stage's zero history).
+    begin = max(0, start - halo)
+    state = fill_state_before(source, begin, np.dtype(np.float32))
+    carry = np.zeros((halo - (start - begin), nf), dtype=np.float32)
+    if start > begin:
+        prefix, state = forward_fill(np.asarray(source.read(begin, start), dtype=np.float32), state)
+        carry = np.concatenate([carry, prefix], axis=0)
+    device = backend.device
+    for s in range(start, rows, chunk):
+        e = min(s + chunk, rows)
+        level = state
+        filled, state = forward_fill(np.asarray(source.read(s, e), dtype=np.float32), state)
+        level = _centering_level(level, filled)
+        x = np.concatenate([carry, filled], axis=0) if halo else filled
+        y = backend.run(torch.from_numpy(x).to(device), s - halo, torch.from_numpy(level).to(device))
+        out = y.cpu().numpy() if device.type != "cpu" else y.numpy()
+        if warmup == "nan" and s < halo:
+            out[: min(halo - s, e - s)] = np.nan
+        emit(out)
+        if halo:
+            carry = x[x.shape[0] - halo :]
+        if on_rows is not None:
+            on_rows(e - s)
+
+
+def _centering_level(before: np.ndarray, filled: np.ndarray) -> np.ndarray:
+    """Per feature, the last value before the chunk, else its first value in the chunk, else 0."""
+    level = before.copy()
+    late = np.flatnonzero(np.isnan(level))
+    if late.size:
+        valid = ~np.isnan(filled[:, late])
+        has = valid.any(axis=0)
+        level[late[has]] = filled[np.argmax(valid[:, has], axis=0), late[has]]
+        level[late[~has]] = 0.0
+    return level
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def process(
+    input: str | os.PathLike[str],
+    output: str | os.PathLike[str] | None = None,
+    *,
+    pipeline: PipelineLike = None,
+    chunk: int = 1024,
+    device: str = "auto",
+    overwrite: bool = False,
+    resume: bool = False,
+    warmup: str = "nan",
+    progress: bool = False,
+) -> Report:
+    """Stream a zarr store through a pipeline into an output store; returns a :class:`Report`.
+
+    ``output`` defaults to ``<input stem>.features.zarr`` beside the input. An existing output is
+    refused unless ``overwrite`` (replace) or ``resume`` (finish an interrupted run) is given.
+    """
+    _check_options(chunk, warmup)
+    dev = resolve_device(device)
+    store = open_input(input)
+    pipe = _as_pipeline(pipeline)
+    plan = resolve(pipe, store.features)
+    _check_length(store.rows, plan, warmup, str(store.path))
+    check_time(store)
+    out_path = Path(output).expanduser().resolve() if output is not None else default_output_path(store.path)
+    fingerprint = _fingerprint(store, plan, chunk, warmup)
+    action, start = prepare_output(
+        out_path, input_path=store.path, overwrite=overwrite, resume=resume, fingerprint=fingerprint
+    )
+    t0 = time.perf_counter()
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    if action != "done":
+        if action == "create":
+            writer = OutputWriter.create(
+                out_path,
+                rows=store.rows,
+                names=plan.output_names,
+                chunk_rows=output_chunk_rows(chunk, plan.n_outputs),
+                time_source=store.time,
+                attrs=_output_attrs(store, plan, chunk, warmup, fingerprint),
+            )
+        else:
+            writer = OutputWriter.reopen(out_path, time_source=store.time, start=start)
+        _run_store(store, plan, writer, dev, start=start, chunk=chunk, warmup=warmup, progress=progress)
+    seconds = time.perf_counter() - t0
+    done = store.rows - start if action != "done" else 0
+    return Report(
+        input=str(store.path),
+        output=str(out_path),
+        device=str(dev),
+        rows=done,
+        total_rows=store.rows,
+        features_in=store.n_features,
+        features_out=plan.n_outputs,
+        halo=plan.halo,
+        chunk=chunk,
+        resumed_from=start if action != "create" else 0,
+        seconds=seconds,
+        rows_per_s=done / seconds if seconds > 0 else 0.0,
+        input_gbps=done * store.n_features * store.dtype.itemsize / seconds / 1e9 if seconds > 0 else 0.0,
+        peak_rss_bytes=_peak_rss(),
+        peak_gpu_allocated_bytes=int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None,
+        peak_gpu_reserved_bytes=int(torch.cuda.max_memory_reserved(dev)) if dev.type == "cuda" else None,
+    )
+
+
+def _run_store(
+    store: InputStore,
+    plan: ResolvedPipeline,
+    writer: OutputWriter,
+    dev: torch.device,
+    *,
+    start: int,
+    chunk: int,
+    warmup: str,
+    progress: bool,
+) -> None:
+    from tqdm import tqdm
+
+    backend = TorchBackend(plan, dev)
+    with (
+        tqdm(
+            total=store.rows,
+            initial=start,
+            unit="rows",
+            unit_scale=True,
+            disable=not progress,
+            desc=store.path.name,
+            dynamic_ncols=True,
+        ) as bar,
+        _exact_fp32(dev),
+    ):
+        _stream(
+            BlockReader(store.values),
+            plan,
+            backend,
+            writer.append,
+            start=start,
+            chunk=chunk,
+            warmup=warmup,
+            on_rows=bar.update,
+        )
+    writer.finish()
+
+
+def _fingerprint(store: InputStore, plan: ResolvedPipeline, chunk: int, warmup: str) -> str:
+    blob = json.dumps(
+        {
+            "pipeline": plan.fingerprint(),
+            "input": str(store.path),
+            "shape": [store.rows, store.n_features],
+            "dtype": str(store.dtype),
+            "chunk": chunk,
+            "warmup": warmup,
+            "format": FORMAT_VERSION,
+        },
+        sort_keys=True,
+    ).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _output_attrs(
+    store: InputStore, plan: ResolvedPipeline, chunk: int, warmup: str, fingerprint: str
+) -> dict[str, Any]:
+    from . import __version__
+
+    return {
+        "source": str(store.path),
+        "pipeline": plan.as_run(),
+        "tsconv": {
+            "version": __version__,
+            "format": FORMAT_VERSION,
+            "complete": False,
+            "rows": store.rows,
+            "rows_done": 0,
+            "chunk": chunk,
+            "warmup": warmup,
+            "halo": plan.halo,
+            "fingerprint": fingerprint,
+        },
+    }
+
+
+def features(
+    x: Any,
+    pipeline: PipelineLike = None,
+    *,
+    names: list[str] | tuple[str, ...] | None = None,
+    warmup: str = "nan",
+    chunk: int = 65536,
+    device: str = "cpu",
+) -> Any:
+    """Run a pipeline on an in-memory series ``x`` [T, F] (numpy or torch); returns [T, D] float32 of the same kind.
+
+    The computation is the streaming engine's, so results match ``process`` on the same data.
+    """
+    _check_options(chunk, warmup)
+    is_torch = isinstance(x, torch.Tensor)
+    arr = x.detach().cpu().numpy() if is_torch else np.asarray(x)
+    if arr.ndim != 2:
+        raise ShapeError(
+            f"expected a 2-D series [T, F] (time-major), got {arr.ndim}-D with shape {list(arr.shape)}",
+            hint="pass one row per time step and one column per feature; reshape a 1-D series with x[:, None].",
+        )
+    if arr.dtype.kind not in "fiu":
+        raise ShapeError(f"expected a real numeric array, got dtype {arr.dtype}")
+    feature_names = tuple(names) if names is not None else tuple(f"f{j}" for j in range(arr.shape[1]))
+    if len(feature_names) != arr.shape[1]:
+        raise ShapeError(f"{len(feature_names)} names given for {arr.shape[1]} features")
+    plan = resolve(_as_pipeline(pipeline), feature_names)
+    _check_length(arr.shape[0], plan, warmup, "features()")
+    dev = resolve_device(device)
+    out = np.empty((arr.shape[0], plan.n_outputs), dtype=np.float32)
+    pos = 0
+
+    def emit(block: np.ndarray) -> None:
+        nonlocal pos
+        out[pos : pos + block.shape[0]] = block
+        pos += block.shape[0]
+
+    with _exact_fp32(dev):
+        _stream(ArraySource(arr), plan, TorchBackend(plan, dev), emit, start=0, chunk=chunk, warmup=warmup)
+    return torch.from_numpy(out) if is_torch else out

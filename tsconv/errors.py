@@ -1,0 +1,32 @@
+"""Errors a user can act on: what was expected, what arrived, and how to fix it."""
+
+from __future__ import annotations
+
+
+class TsconvError(ValueError):
+    """Base error of tsconv. The CLI prints its message on one line and exits non-zero."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{message}; hint: {hint}" if hint else message)
+
+
+class StoreError(TsconvError):
+    """The input or output store is missing, malformed or not usable."""
+
+
+class PipelineError(TsconvError):
+    """A pipeline file or pipeline object is invalid."""
+
+
+class ShapeError(TsconvError):
+    """Arrays, weights or options have shapes, dtypes or devices that do not fit together."""
+
+
+class OutputExistsError(TsconvError):
+    """The output store exists and neither overwrite nor resume was asked for."""
+
+
+class TsconvWarning(UserWarning):
+    """A result is computed but may not be what the user expects (e.g. FP16 weight rounding)."""

@@ -1,0 +1,82 @@
+"""Readers that hand the engine raw rows, decoding each store chunk once.
+
+A zarr slice decodes every chunk it touches, so reading 1024-row pieces of a store chunked by 16384
+rows slice by slice would decode each chunk 16 times (0.03 GB/s measured). :class:`BlockReader`
+decodes whole row bands of the store's chunk grid and serves pieces from them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+__all__ = ["RowSource", "BlockReader", "ArraySource"]
+
+
+class RowSource(Protocol):
+    """Anything the engine can pull raw rows [a, b) of a [T, F] series from."""
+
+    rows: int
+    n_features: int
+    band_rows: int  # natural read granularity
+
+    def read(self, start: int, stop: int) -> np.ndarray: ...
+
+
+class BlockReader:
+    """Serve row ranges of a zarr array (2-D values or 1-D time), decoding each band of ``chunks[0]`` rows once.
+
+    Bands before the last requested start are dropped, so memory stays at about two bands when the
+    engine reads forward. Reading backward (resume) simply decodes again.
+    """
+
+    def __init__(self, array, *, max_cached: int = 4) -> None:
+        self.array = array
+        self.rows = int(array.shape[0])
+        self.n_features = int(array.shape[1]) if array.ndim == 2 else 1
+        self.band_rows = int(array.chunks[0])
+        self.max_cached = max_cached
+        self._cache: dict[int, np.ndarray] = {}
+        self.bands_decoded = 0
+
+    def _band(self, i: int) -> np.ndarray:
+        band = self._cache.get(i)
+        if band is None:
+            a = i * self.band_rows
+            band = np.asarray(self.array[a : min(a + self.band_rows, self.rows)])
+            self.bands_decoded += 1
+            while len(self._cache) >= self.max_cached:
+                self._cache.pop(min(self._cache))
+            self._cache[i] = band
+        return band
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if not 0 <= start < stop <= self.rows:
+            msg = f"row range [{start}, {stop}) outside [0, {self.rows})"
+            raise IndexError(msg)
+        first, last = start // self.band_rows, (stop - 1) // self.band_rows
+        for i in [k for k in self._cache if k < first]:
+            del self._cache[i]
+        if first == last:
+            a = first * self.band_rows
+            return self._band(first)[start - a : stop - a]
+        parts = []
+        for i in range(first, last + 1):
+            a = i * self.band_rows
+            band = self._band(i)
+            parts.append(band[max(start, a) - a : min(stop, a + band.shape[0]) - a])
+        return np.concatenate(parts, axis=0)
+
+
+class ArraySource:
+    """An in-memory [T, F] array as a row source."""
+
+    def __init__(self, array: np.ndarray, *, band_rows: int = 65536) -> None:
+        self.array = array
+        self.rows = int(array.shape[0])
+        self.n_features = int(array.shape[1])
+        self.band_rows = band_rows
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return self.array[start:stop]

@@ -1,0 +1,51 @@
+"""Float64 whole-series reference of a pipeline: the semantics every engine path must reproduce.
+
+Written straight from the definitions (per-stage causal zero padding, forward fill, warm-up rows),
+sharing no code with the streaming engine, so tests and benchmarks can trust it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..spec import ResolvedPipeline
+from .activations import apply_activation
+
+__all__ = ["forward_fill_reference", "pipeline_reference"]
+
+
+def forward_fill_reference(x: np.ndarray) -> np.ndarray:
+    """Forward-fill NaNs down each column; leading NaNs stay NaN."""
+    out = np.array(x, dtype=np.float64, copy=True)
+    for j in range(out.shape[1]):
+        col = out[:, j]
+        last = np.nan
+        for t in range(col.shape[0]):
+            if np.isnan(col[t]):
+                col[t] = last
+            else:
+                last = col[t]
+    return out
+
+
+def pipeline_reference(x: np.ndarray, plan: ResolvedPipeline, *, warmup: str = "nan") -> np.ndarray:
+    """Run ``plan`` on the whole series ``x`` [T, F] in float64; returns [T, D]."""
+    filled = forward_fill_reference(np.asarray(x, dtype=np.float64))
+    y = torch.from_numpy(filled.T.copy())[None]  # [1, C, T]
+    for layer in plan.layers:
+        w = torch.from_numpy(layer.weight.astype(np.float64))
+        b = None if layer.bias is None else torch.from_numpy(layer.bias.astype(np.float64))
+        y = F.conv1d(F.pad(y, (layer.halo, 0)), w, b, dilation=layer.dilation, groups=layer.groups)
+        y = apply_activation(y, layer.activation)
+    out = y[0].T  # [T, O]
+    if plan.head is not None:
+        out = out @ torch.from_numpy(plan.head.weight.astype(np.float64))
+        if plan.head.bias is not None:
+            out = out + torch.from_numpy(plan.head.bias.astype(np.float64))
+        out = apply_activation(out, plan.head.activation)
+    result = out.numpy().copy()
+    if warmup == "nan":
+        result[: plan.halo] = np.nan
+    return result

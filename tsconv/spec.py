@@ -1,0 +1,577 @@
+"""Pipeline specification: TOML files, validation, and resolution against a store's features.
+
+A :class:`Pipeline` is what a file says (stages, options, weights loaded from disk). :func:`resolve`
+binds it to a number of input features and gives a :class:`ResolvedPipeline`: concrete weight arrays
+in their stored precision, output names, and the halo (receptive field) the engine needs.
+The schema is documented in ``pipelines/README.md``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import tomllib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .banks import bank_weights, parse_filter
+from .errors import PipelineError, ShapeError, TsconvWarning
+
+__all__ = [
+    "ACTIVATIONS",
+    "WEIGHT_DTYPES",
+    "StageSpec",
+    "HeadSpec",
+    "Pipeline",
+    "Layer",
+    "ResolvedPipeline",
+    "load_pipeline",
+    "pipeline_from_dict",
+    "default_pipeline",
+    "resolve",
+    "fp16_sum_shift",
+]
+
+ACTIVATIONS = ("none", "relu", "gelu", "tanh")
+WEIGHT_DTYPES = ("float16", "float32")
+# A filter whose FP16 sum moves by more than this fraction of its absolute sum gets a warning: on price
+# levels near 100 a shift of 1e-4 is already a 0.01 bias, one tick.
+SUM_SHIFT_WARN = 1e-4
+
+_TOP_KEYS = {"name", "description", "weight_dtype", "conv", "head"}
+_CONV_KEYS = {
+    "name",
+    "weights",
+    "weights_key",
+    "bias",
+    "bias_key",
+    "filters",
+    "dilation",
+    "groups",
+    "activation",
+    "weight_dtype",
+}
+_HEAD_KEYS = {"name", "weights", "weights_key", "bias", "bias_key", "activation", "weight_dtype"}
+
+DEFAULT_PIPELINE_TOML = """\
+# The default pipeline: level-free momentum and mean-reversion features for every input feature.
+# Power-of-two windows keep every weight exact in FP16, so raw price levels are safe.
+name = "default"
+description = "per-feature differences over 1, 32 and 256 steps and deviations from 32- and 256-step means"
+
+[[conv]]
+name = "bank"
+filters = ["diff:1", "diff:32", "diff:256", "dev:32", "dev:256"]
+"""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One ``[[conv]]`` stage as written: either file weights or a built-in filter bank."""
+
+    name: str
+    weight: np.ndarray | None = field(repr=False)  # [O, C/groups, K] float64, from a file
+    bias: np.ndarray | None = field(repr=False)  # [O]
+    filters: tuple[str, ...] | None  # built-in bank, applied depthwise
+    dilation: int
+    groups: int | str  # an int, or "depthwise" (= number of input channels)
+    activation: str
+    weight_dtype: str
+    source: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """The optional ``[head]``: ``act(y @ W + b)`` per step, W of shape [O, D]."""
+
+    name: str
+    weight: np.ndarray = field(repr=False)  # [O, D] float64
+    bias: np.ndarray | None = field(repr=False)  # [D]
+    activation: str
+    weight_dtype: str
+    source: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A validated pipeline, not yet bound to a number of input features."""
+
+    name: str
+    stages: tuple[StageSpec, ...]
+    head: HeadSpec | None
+    origin: str  # the file it came from, or "default" / "<dict>"
+    text: str | None = field(default=None, repr=False)  # the TOML text as read
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A conv stage bound to its input width: weights rounded to their stored dtype, kept as float32."""
+
+    name: str
+    weight: np.ndarray = field(repr=False)  # [O, C/groups, K] float32 (exactly the stored values)
+    bias: np.ndarray | None = field(repr=False)  # [O] float32
+    dilation: int
+    groups: int
+    activation: str
+    weight_dtype: str
+
+    @property
+    def in_channels(self) -> int:
+        return self.weight.shape[1] * self.groups
+
+    @property
+    def out_channels(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def taps(self) -> int:
+        return self.weight.shape[2]
+
+    @property
+    def halo(self) -> int:
+        return (self.taps - 1) * self.dilation
+
+
+@dataclass(frozen=True)
+class HeadLayer:
+    name: str
+    weight: np.ndarray = field(repr=False)  # [O, D] float32 (stored values)
+    bias: np.ndarray | None = field(repr=False)  # [D] float32
+    activation: str
+    weight_dtype: str
+
+
+@dataclass(frozen=True)
+class ResolvedPipeline:
+    """A pipeline bound to its input features: what the engine runs."""
+
+    pipeline: Pipeline
+    layers: tuple[Layer, ...]
+    head: HeadLayer | None
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+    @property
+    def halo(self) -> int:
+        """Receptive field minus one: the sum of (K_i - 1) * dilation_i over the stages."""
+        return sum(layer.halo for layer in self.layers)
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.output_names)
+
+    def as_run(self) -> dict[str, Any]:
+        """A JSON-able description of what ran, with content hashes of every weight array."""
+
+        def digest(a: np.ndarray | None) -> str | None:
+            return None if a is None else hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+        return {
+            "name": self.pipeline.name,
+            "origin": self.pipeline.origin,
+            "halo": self.halo,
+            "stages": [
+                {
+                    **stage.source,
+                    "name": layer.name,
+                    "shape": list(layer.weight.shape),
+                    "dilation": layer.dilation,
+                    "groups": layer.groups,
+                    "activation": layer.activation,
+                    "weight_dtype": layer.weight_dtype,
+                    "weight_sha256": digest(layer.weight),
+                    "bias_sha256": digest(layer.bias),
+                }
+                for stage, layer in zip(self.pipeline.stages, self.layers, strict=True)
+            ],
+            "head": None
+            if self.head is None
+            else {
+                **self.pipeline.head.source,
+                "name": self.head.name,
+                "shape": list(self.head.weight.shape),
+                "activation": self.head.activation,
+                "weight_dtype": self.head.weight_dtype,
+                "weight_sha256": digest(self.head.weight),
+                "bias_sha256": digest(self.head.bias),
+            },
+            "text": self.pipeline.text,
+        }
+
+    def fingerprint(self) -> str:
+        """A hash that changes whenever the computation would change."""
+        run = self.as_run()
+        run.pop("origin")
+        run.pop("text")
+        blob = json.dumps([run, list(self.input_names)], sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def load_pipeline(path: str | Path) -> Pipeline:
+    """Read and validate a pipeline TOML file; weight paths are relative to the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise PipelineError(
+            f"pipeline file {str(p)!r} does not exist", hint="pass the path of a .toml file (see pipelines/)."
+        )
+    text = p.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PipelineError(f"{p}: not valid TOML: {exc}") from None
+    return pipeline_from_dict(data, base_dir=p.parent, origin=str(p), text=text)
+
+
+def default_pipeline() -> Pipeline:
+    """The pipeline used when none is given (see ``DEFAULT_PIPELINE_TOML``)."""
+    return pipeline_from_dict(
+        tomllib.loads(DEFAULT_PIPELINE_TOML), base_dir=Path("."), origin="default", text=DEFAULT_PIPELINE_TOML
+    )
+
+
+def pipeline_from_dict(
+    data: dict[str, Any], *, base_dir: str | Path = ".", origin: str = "<dict>", text: str | None = None
+) -> Pipeline:
+    """Validate a pipeline given as a dict with the TOML file's structure."""
+    where = origin
+    if not isinstance(data, dict):
+        raise PipelineError(f"{where}: a pipeline must be a table, got {type(data).__name__}")
+    _check_keys(data, _TOP_KEYS, where, "top level")
+    base = Path(base_dir)
+    default_dtype = _choice(data, "weight_dtype", WEIGHT_DTYPES, "float16", where, "top level")
+    convs = data.get("conv")
+    if convs is None:
+        raise PipelineError(
+            f"{where}: no [[conv]] stage", hint="add at least one [[conv]] table with 'weights' or 'filters'."
+        )
+    if not isinstance(convs, list) or not convs or not all(isinstance(c, dict) for c in convs):
+        raise PipelineError(f"{where}: 'conv' must be an array of tables written [[conv]]")
+    stages = tuple(
+        _stage_from_dict(c, i, base, where, default_dtype) for i, c in enumerate(convs, start=1)
+    )
+    head = None
+    if "head" in data:
+        if not isinstance(data["head"], dict):
+            raise PipelineError(f"{where}: 'head' must be a table written [head]")
+        head = _head_from_dict(data["head"], base, where, default_dtype)
+    name = data.get("name", Path(origin).stem if origin not in ("<dict>", "default") else origin)
+    if not isinstance(name, str):
+        raise PipelineError(f"{where}: top level: 'name' must be a string, got {name!r}")
+    return Pipeline(name=name, stages=stages, head=head, origin=origin, text=text)
+
+
+def _check_keys(d: dict[str, Any], allowed: set[str], where: str, table: str) -> None:
+    for key in d:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}."
+            raise PipelineError(f"{where}: {table}: unknown key {key!r}", hint=hint)
+
+
+def _choice(d: dict[str, Any], key: str, options: tuple[str, ...], default: str, where: str, table: str) -> str:
+    value = d.get(key, default)
+    if value not in options:
+        raise PipelineError(
+            f"{where}: {table}: {key} = {value!r} is not allowed", hint=f"use one of {', '.join(options)}."
+        )
+    return value
+
+
+def _positive_int(d: dict[str, Any], key: str, default: int, where: str, table: str) -> int:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PipelineError(f"{where}: {table}: {key} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _stage_from_dict(
+    d: dict[str, Any], index: int, base: Path, where: str, default_dtype: str
+) -> StageSpec:
+    table = f"[[conv]] #{index}"
+    _check_keys(d, _CONV_KEYS, where, table)
+    has_w, has_f = "weights" in d, "filters" in d
+    if has_w == has_f:
+        raise PipelineError(
+            f"{where}: {table}: give exactly one of 'weights' (a .npy/.safetensors file) or 'filters' (a bank)",
+            hint="e.g. filters = [\"ma:16\", \"diff:1\"] or weights = \"w.npy\".",
+        )
+    name = d.get("name", f"conv{index}")
+    if not isinstance(name, str) or not name:
+        raise PipelineError(f"{where}: {table}: name must be a non-empty string, got {name!r}")
+    dilation = _positive_int(d, "dilation", 1, where, table)
+    activation = _choice(d, "activation", ACTIVATIONS, "none", where, table)
+    weight_dtype = _choice(d, "weight_dtype", WEIGHT_DTYPES, default_dtype, where, table)
+    groups: int | str
+    weight = bias = None
+    filters = None
+    source: dict[str, Any] = {}
+    if has_f:
+        raw = d["filters"]
+        if not isinstance(raw, list) or not raw or not all(isinstance(f, str) for f in raw):
+            raise PipelineError(f"{where}: {table}: filters must be a non-empty list of strings, got {raw!r}")
+        for f in raw:
+            try:
+                parse_filter(f)
+            except PipelineError as exc:
+                raise PipelineError(f"{where}: {table}: {exc.message}", hint=exc.hint) from None
+        for key in ("bias", "bias_key", "weights_key"):
+            if key in d:
+                raise PipelineError(f"{where}: {table}: {key!r} does not apply to a filter bank")
+        if "groups" in d and d["groups"] != "depthwise":
+            raise PipelineError(
+                f"{where}: {table}: a filter bank is depthwise; groups = {d['groups']!r} does not apply",
+                hint="remove 'groups' from this stage.",
+            )
+        filters = tuple(raw)
+        groups = "depthwise"
+        source = {"filters": list(filters)}
+    else:
+        weight = _load_array(d, "weights", base, where, table, ndim=3)
+        if "bias" in d:
+            bias = _load_array(d, "bias", base, where, table, ndim=1)
+            if bias.shape[0] != weight.shape[0]:
+                raise PipelineError(
+                    f"{where}: {table}: bias has {bias.shape[0]} values but weights have "
+                    f"{weight.shape[0]} output channels",
+                    hint="bias must have shape [O] for weights of shape [O, C/groups, K].",
+                )
+        g = d.get("groups", 1)
+        if g == "depthwise":
+            groups = "depthwise"
+        elif isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise PipelineError(f"{where}: {table}: groups must be an integer >= 1 or \"depthwise\", got {g!r}")
+        else:
+            groups = g
+            if weight.shape[0] % g:
+                raise PipelineError(
+                    f"{where}: {table}: groups = {g} does not divide the {weight.shape[0]} output channels",
+                    hint="the number of output channels O must be a multiple of groups.",
+                )
+        source = _source(d)
+    return StageSpec(
+        name=name,
+        weight=weight,
+        bias=bias,
+        filters=filters,
+        dilation=dilation,
+        groups=groups,
+        activation=activation,
+        weight_dtype=weight_dtype,
+        source=source,
+    )
+
+
+def _head_from_dict(d: dict[str, Any], base: Path, where: str, default_dtype: str) -> HeadSpec:
+    table = "[head]"
+    _check_keys(d, _HEAD_KEYS, where, table)
+    if "weights" not in d:
+        raise PipelineError(f"{where}: {table}: 'weights' is required", hint="weights = \"head.npy\" of shape [O, D].")
+    weight = _load_array(d, "weights", base, where, table, ndim=2)
+    bias = None
+    if "bias" in d:
+        bias = _load_array(d, "bias", base, where, table, ndim=1)
+        if bias.shape[0] != weight.shape[1]:
+            raise PipelineError(
+                f"{where}: {table}: bias has {bias.shape[0]} values but weights have {weight.shape[1]} outputs",
+                hint="head bias must have shape [D] for weights of shape [O, D].",
+            )
+    name = d.get("name", "head")
+    if not isinstance(name, str) or not name:
+        raise PipelineError(f"{where}: {table}: name must be a non-empty string, got {name!r}")
+    return HeadSpec(
+        name=name,
+        weight=weight,
+        bias=bias,
+        activation=_choice(d, "activation", ACTIVATIONS, "none", where, table),
+        weight_dtype=_choice(d, "weight_dtype", WEIGHT_DTYPES, default_dtype, where, table),
+        source=_source(d),
+    )
+
+
+def _source(d: dict[str, Any]) -> dict[str, Any]:
+    """Where the weights came from, for the record of the pipeline as run."""
+    return {k: (d[k] if isinstance(d[k], str) else "<array>") for k in ("weights", "bias") if k in d}
+
+
+def _load_array(d: dict[str, Any], key: str, base: Path, where: str, table: str, *, ndim: int) -> np.ndarray:
+    """Load a weight array from .npy (never unpickling) or .safetensors, as float64.
+
+    Library callers may pass the array itself (numpy, torch or nested lists) instead of a path.
+    """
+    rel = d[key]
+    if not isinstance(rel, str):
+        try:
+            arr = np.asarray(rel.detach().cpu().numpy() if hasattr(rel, "detach") else rel)
+        except Exception:
+            arr = None
+        if arr is None or arr.dtype == object:
+            raise PipelineError(f"{where}: {table}: {key} must be a file path or a numeric array, got {type(rel).__name__}")
+        return _check_array(arr, key, "<array>", where, table, ndim)
+    if not rel:
+        raise PipelineError(f"{where}: {table}: {key} must be a file path, got an empty string")
+    path = Path(rel) if Path(rel).is_absolute() else base / rel
+    if not path.is_file():
+        raise PipelineError(
+            f"{where}: {table}: {key} file {str(path)!r} does not exist",
+            hint="paths are relative to the pipeline file.",
+        )
+    tensor_key = d.get(f"{key}_key")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            if tensor_key is not None:
+                raise PipelineError(f"{where}: {table}: {key}_key applies only to .safetensors files")
+            arr = np.load(path, allow_pickle=False)
+        elif suffix == ".safetensors":
+            arr = _load_safetensors(path, tensor_key, where, table, key)
+        else:
+            raise PipelineError(
+                f"{where}: {table}: {key} file {str(path)!r} has an unknown type {suffix!r}",
+                hint="use a .npy or .safetensors file.",
+            )
+    except PipelineError:
+        raise
+    except Exception as exc:  # a corrupt or hostile file: say which and why, no traceback
+        raise PipelineError(f"{where}: {table}: cannot read {key} file {str(path)!r}: {exc}") from None
+    return _check_array(arr, key, repr(str(path)), where, table, ndim)
+
+
+def _check_array(arr: np.ndarray, key: str, label: str, where: str, table: str, ndim: int) -> np.ndarray:
+    if not np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(arr.dtype, np.integer):
+        raise PipelineError(f"{where}: {table}: {key} in {label} has non-numeric dtype {arr.dtype}")
+    if arr.ndim != ndim:
+        want = {3: "[O, C/groups, K]", 2: "[O, D]", 1: "[n]"}[ndim]
+        raise PipelineError(
+            f"{where}: {table}: {key} in {label} has shape {list(arr.shape)}, expected {ndim}-D {want}"
+        )
+    if 0 in arr.shape:
+        raise PipelineError(f"{where}: {table}: {key} in {label} is empty (shape {list(arr.shape)})")
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise PipelineError(f"{where}: {table}: {key} in {label} contains NaN or infinite values")
+    return arr
+
+
+def _load_safetensors(path: Path, tensor_key: str | None, where: str, table: str, key: str) -> np.ndarray:
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(path))
+    if tensor_key is None:
+        if len(tensors) != 1:
+            raise PipelineError(
+                f"{where}: {table}: {str(path)!r} holds {len(tensors)} tensors ({', '.join(sorted(tensors))})",
+                hint=f"name one with {key}_key = \"...\".",
+            )
+        return next(iter(tensors.values()))
+    if tensor_key not in tensors:
+        raise PipelineError(
+            f"{where}: {table}: {str(path)!r} has no tensor {tensor_key!r}",
+            hint=f"it holds: {', '.join(sorted(tensors))}.",
+        )
+    return tensors[tensor_key]
+
+
+# ------------------------------------------------------------------------------------------ resolving
+
+
+def _stored(a: np.ndarray, dtype: str) -> np.ndarray:
+    """The values as stored in ``dtype``, held as float32 for computing."""
+    return a.astype(np.float16).astype(np.float32) if dtype == "float16" else a.astype(np.float32)
+
+
+def fp16_sum_shift(weight: np.ndarray) -> np.ndarray:
+    """Per output filter, how far FP16 rounding moves the sum of the taps, relative to the sum of |taps|."""
+    w = weight.reshape(weight.shape[0], -1).astype(np.float64)
+    w16 = w.astype(np.float16).astype(np.float64)
+    scale = np.maximum(np.abs(w).sum(axis=1), np.finfo(np.float64).tiny)
+    return np.abs(w16.sum(axis=1) - w.sum(axis=1)) / scale
+
+
+def _warn_sum_shift(weight: np.ndarray, what: str) -> None:
+    shift = fp16_sum_shift(weight)
+    worst = int(np.argmax(shift))
+    if shift[worst] > SUM_SHIFT_WARN:
+        warnings.warn(
+            f"{what}: FP16 weights shift the sum of filter {worst} by {shift[worst]:.1e} of its absolute sum "
+            f"(on price levels near 100 that is a bias of about {100 * shift[worst]:.2g}); "
+            "set weight_dtype = \"float32\" for this stage, or use power-of-two windows",
+            TsconvWarning,
+            stacklevel=3,
+        )
+
+
+def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> ResolvedPipeline:
+    """Bind a pipeline to its input features: check widths and build the layers and output names."""
+    names = tuple(input_names)
+    channels = len(names)
+    layers: list[Layer] = []
+    for i, stage in enumerate(pipeline.stages, start=1):
+        what = f"{pipeline.origin}: [[conv]] #{i} ({stage.name})"
+        if stage.filters is not None:
+            weight = bank_weights(stage.filters, channels)
+            groups = channels
+            out_names = tuple(f"{n}.{f.replace(':', '')}" for n in names for f in stage.filters)
+        else:
+            weight = stage.weight
+            groups = channels if stage.groups == "depthwise" else int(stage.groups)
+            if channels % groups:
+                raise ShapeError(
+                    f"{what}: groups = {groups} does not divide the {channels} input channels",
+                    hint="groups must divide the number of channels the stage receives.",
+                )
+            if weight.shape[1] * groups != channels:
+                raise ShapeError(
+                    f"{what}: weights of shape {list(weight.shape)} with groups = {groups} expect "
+                    f"{weight.shape[1] * groups} input channels, but the stage receives {channels}",
+                    hint="weights must have shape [O, C/groups, K] where C is the number of input "
+                    "features (for the first stage) or the previous stage's outputs.",
+                )
+            if weight.shape[0] % groups:
+                raise ShapeError(
+                    f"{what}: {weight.shape[0]} output channels are not a multiple of groups = {groups}"
+                )
+            out_names = tuple(f"{stage.name}.{o}" for o in range(weight.shape[0]))
+        if stage.weight_dtype == "float16":
+            _warn_sum_shift(weight, what)
+        layers.append(
+            Layer(
+                name=stage.name,
+                weight=_stored(weight, stage.weight_dtype),
+                bias=None if stage.bias is None else _stored(stage.bias, stage.weight_dtype),
+                dilation=stage.dilation,
+                groups=groups,
+                activation=stage.activation,
+                weight_dtype=stage.weight_dtype,
+            )
+        )
+        names, channels = out_names, weight.shape[0]
+    head = None
+    if pipeline.head is not None:
+        h = pipeline.head
+        if h.weight.shape[0] != channels:
+            raise ShapeError(
+                f"{pipeline.origin}: [head]: weights of shape {list(h.weight.shape)} expect {h.weight.shape[0]} "
+                f"inputs, but the last stage gives {channels}",
+                hint="head weights must have shape [O, D] with O the last stage's output channels.",
+            )
+        if h.weight_dtype == "float16":
+            _warn_sum_shift(h.weight.T, f"{pipeline.origin}: [head]")
+        head = HeadLayer(
+            name=h.name,
+            weight=_stored(h.weight, h.weight_dtype),
+            bias=None if h.bias is None else _stored(h.bias, h.weight_dtype),
+            activation=h.activation,
+            weight_dtype=h.weight_dtype,
+        )
+        names = tuple(f"{h.name}.{j}" for j in range(h.weight.shape[1]))
+    return ResolvedPipeline(
+        pipeline=pipeline, layers=tuple(layers), head=head, input_names=tuple(input_names), output_names=names
+    )
