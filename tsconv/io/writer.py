@@ -107,7 +107,12 @@ class OutputWriter:
         time_source: Any | None,
         attrs: dict[str, Any],
     ) -> OutputWriter:
-        group = zarr.open_group(str(path), mode="w-", zarr_format=3)
+        # Build the empty store beside its final place and rename it in: a kill during creation then
+        # leaves no half-made store at ``path`` that a later --resume would have to refuse.
+        tmp = path.with_name(f".{path.name}.creating")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        group = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
         group.create_array(
             "values",
             shape=(rows, len(names)),
@@ -121,7 +126,8 @@ class OutputWriter:
                 "time", shape=(rows,), chunks=(min(chunk_rows, rows),), dtype="int64", compressors=[_codec()]
             )
         group.attrs.update({**attrs, "features": list(names)})
-        return cls(group, time_source=time_source, start=0)
+        tmp.rename(path)
+        return cls(zarr.open_group(str(path), mode="r+"), time_source=time_source, start=0)
 
     @classmethod
     def reopen(cls, path: Path, *, time_source: Any | None, start: int) -> OutputWriter:

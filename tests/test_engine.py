@@ -1,0 +1,151 @@
+"""Engine behaviour: read granularity, NaN policy across chunks, warm-up, library API, report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+import tsconv
+import tsconv.engine as engine
+from tsconv.io.reader import BlockReader
+from tsconv.spec import default_pipeline, resolve
+
+from .helpers import T0, assert_matches_reference, price_series, read_output, write_store
+
+
+class _CountingArray:
+    """Stands in for a zarr array and records every row slice asked of it."""
+
+    def __init__(self, array):
+        self.array, self.shape, self.chunks, self.ndim = array, array.shape, array.chunks, array.ndim
+        self.slices: list[tuple[int, int]] = []
+
+    def __getitem__(self, key):
+        rows = key[0] if isinstance(key, tuple) else key
+        self.slices.append((rows.start, rows.stop))
+        return self.array[key]
+
+
+def test_reader_decodes_each_store_chunk_once(tmp_path: Path) -> None:
+    x = price_series(50_000, 3, seed=0)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(16384, 2))
+    arr = _CountingArray(zarr.open_group(str(src))["values"])
+    reader = BlockReader(arr)
+    got = np.concatenate([reader.read(a, min(a + 1024, 50_000)) for a in range(0, 50_000, 1024)])
+    np.testing.assert_array_equal(got, x)
+    assert arr.slices == [(0, 16384), (16384, 32768), (32768, 49152), (49152, 50_000)]
+
+
+def test_process_reads_at_store_chunk_granularity(tmp_path: Path, monkeypatch) -> None:
+    x = price_series(40_000, 2, seed=0)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(16384, 2))
+    readers: list[BlockReader] = []
+
+    class Recording(BlockReader):
+        def __init__(self, array, **kw):
+            super().__init__(array, **kw)
+            readers.append(self)
+
+    monkeypatch.setattr(engine, "BlockReader", Recording)
+    tsconv.process(src, tmp_path / "out.zarr", chunk=1024)
+    assert [r.bands_decoded for r in readers] == [3]
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 64, 1000])
+def test_nan_forward_fill_is_carried_across_chunk_boundaries(tmp_path: Path, chunk: int) -> None:
+    x = np.full((300, 3), np.nan, dtype=np.float32)
+    x[10] = [1.0, 2.0, np.nan]  # then a gap of 190 rows spanning many chunks
+    x[200:, :2] = 5.0
+    x[250, 2] = 7.0  # feature 2 starts late: NaN before, filled after
+    pipe = {"conv": [{"filters": ["id", "diff:1"]}]}
+    y = tsconv.features(x, pipe, chunk=chunk)
+    # The bank's K is 2, so "id" has a zero tap on the previous step; NaN * 0 is NaN, so the leading
+    # NaN at step 9 still reaches step 10, exactly as F.conv1d on the filled series gives.
+    ident = y[:, 0::2]
+    assert np.isnan(ident[:11]).all()
+    np.testing.assert_array_equal(ident[11:200, 0], 1.0)
+    np.testing.assert_array_equal(ident[11:200, 1], 2.0)
+    np.testing.assert_array_equal(ident[200:, :2], 5.0)
+    assert np.isnan(ident[:251, 2]).all() and (ident[251:, 2] == 7.0).all()
+    diff = y[:, 1::2]
+    assert np.isnan(diff[10, 0]) and (diff[11:200, 0] == 0.0).all() and diff[200, 0] == 4.0
+    assert np.isnan(diff[250, 2]) and (diff[251:, 2] == 0.0).all()
+
+
+def test_leading_nans_propagate_through_a_dense_stage() -> None:
+    x = price_series(100, 3, seed=0)
+    x[:20, 1] = np.nan
+    w = np.ones((2, 3, 4)) / 12
+    y = tsconv.features(x, {"conv": [{"weights": w, "weight_dtype": "float32"}]}, warmup="zero")
+    assert np.isnan(y[:23]).all()  # every output sees feature 1 until its first value leaves the window
+    assert not np.isnan(y[23:]).any()
+
+
+def test_warmup_rows_are_nan_or_zero_history() -> None:
+    x = price_series(500, 2, seed=1)
+    pipe = {"conv": [{"filters": ["ma:4"], "dilation": 3}, {"filters": ["diff:2"]}], "weight_dtype": "float32"}
+    plan = resolve(tsconv.spec.pipeline_from_dict(pipe), ["a", "b"])
+    assert plan.halo == 3 * 3 + 2
+    y_nan = tsconv.features(x, pipe, chunk=7)
+    assert np.isnan(y_nan[: plan.halo]).all() and not np.isnan(y_nan[plan.halo :]).any()
+    y_zero = tsconv.features(x, pipe, chunk=7, warmup="zero")
+    assert not np.isnan(y_zero).any()
+    assert_matches_reference(y_zero, x, plan, warmup="zero")
+    np.testing.assert_array_equal(y_zero[plan.halo :], y_nan[plan.halo :])
+
+
+def test_features_keeps_the_input_kind_and_matches_process(tmp_path: Path) -> None:
+    x = price_series(3000, 4, seed=5, nan_fraction=0.02)
+    y_np = tsconv.features(x, chunk=1024)
+    y_t = tsconv.features(torch.from_numpy(x), chunk=1024)
+    assert isinstance(y_np, np.ndarray) and isinstance(y_t, torch.Tensor)
+    np.testing.assert_array_equal(y_np, y_t.numpy())
+    src = write_store(tmp_path / "in.zarr", x, chunks=(700, 3))
+    tsconv.process(src, tmp_path / "out.zarr", chunk=1024)
+    np.testing.assert_array_equal(read_output(tmp_path / "out.zarr"), y_np)
+
+
+def test_output_store_follows_the_convention(tmp_path: Path) -> None:
+    x = price_series(5000, 3, seed=0)
+    src = write_store(tmp_path / "ticks.zarr", x, chunks=(999, 3))
+    report = tsconv.process(src, chunk=512)
+    out = tmp_path / "ticks.features.zarr"  # default: beside the input
+    assert Path(report.output) == out
+    g = zarr.open_group(str(out), mode="r")
+    plan = resolve(default_pipeline(), ["x0", "x1", "x2"])
+    assert g["values"].shape == (5000, 15) and g["values"].dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(g["time"][:]), T0 + np.arange(5000) * 1_000_000)
+    assert g.attrs["features"] == list(plan.output_names)
+    assert g.attrs["source"] == str(src.resolve())
+    assert g.attrs["pipeline"]["stages"][0]["filters"] == ["diff:1", "diff:32", "diff:256", "dev:32", "dev:256"]
+    assert g.attrs["tsconv"]["complete"] is True
+    assert g["values"].chunks[0] % 512 == 0 or g["values"].chunks[0] == 5000
+    assert report.rows == 5000 and report.rows_per_s > 0 and report.peak_rss_bytes > 0
+    assert report.peak_gpu_allocated_bytes is None
+    assert_matches_reference(np.asarray(g["values"][:]), x, plan)
+
+
+def test_bare_array_and_format_2_inputs(tmp_path: Path) -> None:
+    x = price_series(2000, 5, seed=2)
+    bare = zarr.create_array(str(tmp_path / "bare.zarr"), shape=x.shape, chunks=(300, 2), dtype="float64", zarr_format=2)
+    bare[:] = x.astype(np.float64)
+    tsconv.process(tmp_path / "bare.zarr", tmp_path / "out.zarr", chunk=256)
+    g = zarr.open_group(str(tmp_path / "out.zarr"))
+    assert "time" not in g.array_keys()
+    assert g.attrs["features"][0] == "f0.diff1"
+    np.testing.assert_array_equal(np.asarray(g["values"][:]), tsconv.features(x, chunk=256))
+
+
+def test_float16_and_integer_inputs(tmp_path: Path) -> None:
+    x16 = (np.random.default_rng(0).normal(size=(1500, 2))).astype(np.float16)
+    write_store(tmp_path / "h.zarr", x16)
+    tsconv.process(tmp_path / "h.zarr", tmp_path / "h.out.zarr")
+    np.testing.assert_array_equal(read_output(tmp_path / "h.out.zarr"), tsconv.features(x16.astype(np.float32), chunk=1024))
+    xi = np.random.default_rng(0).integers(0, 1000, size=(1500, 2)).astype(np.int32)
+    write_store(tmp_path / "i.zarr", xi)
+    tsconv.process(tmp_path / "i.zarr", tmp_path / "i.out.zarr")
+    np.testing.assert_array_equal(read_output(tmp_path / "i.out.zarr"), tsconv.features(xi.astype(np.float32), chunk=1024))
