@@ -1,0 +1,200 @@
+"""CPU engine: rows/s and peak RSS of `tsconv process` against what a user would write instead.
+
+Baselines, on the same store, in the same environment, each in its own process (peak RSS is per process):
+- naive: a hand-written loop over zarr, 1024-row slices (each slice decodes whole store chunks), the
+  halo re-read each time, torch conv per chunk, results written back slice by slice;
+- in_memory: read the whole series, pad, convolve everything at once, write once.
+All three run the same pipeline (the default one) in float32 on the CPU, and their outputs are compared.
+
+    python benchmarks/cpu_engine.py                      # 200k x 64 and 1M x 256
+    python benchmarks/cpu_engine.py --sizes 200000x64    # one size
+
+Writes benchmarks/results/cpu_engine.json and cpu_engine.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+def _variant(name: str, src: str, out: str, chunk: int) -> dict:
+    """Run one variant in this process and return its figures (called in a child process)."""
+    import resource
+
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    import zarr
+
+    import tsconv
+    from tsconv.spec import default_pipeline, resolve
+
+    t0 = time.perf_counter()
+    if name == "tsconv":
+        tsconv.process(src, out, chunk=chunk, overwrite=True)
+    else:
+        g = zarr.open_group(src, mode="r")
+        values = g["values"]
+        rows, nf = values.shape
+        plan = resolve(default_pipeline(), g.attrs["features"])
+        layer = plan.layers[0]
+        w = torch.from_numpy(layer.weight)
+        halo = plan.halo
+        og = zarr.open_group(out, mode="w")
+        ov = og.create_array("values", shape=(rows, plan.n_outputs), chunks=(chunk, plan.n_outputs), dtype="f4")
+
+        def ffill(a: np.ndarray, last: np.ndarray) -> np.ndarray:
+            a = np.concatenate([last[None], a])
+            idx = np.where(np.isnan(a), 0, np.arange(a.shape[0])[:, None])
+            np.maximum.accumulate(idx, axis=0, out=idx)
+            return np.take_along_axis(a, idx, axis=0)[1:]
+
+        none = np.full(nf, np.nan, dtype=np.float32)
+
+        with torch.no_grad():
+            if name == "in_memory":
+                x = torch.from_numpy(ffill(np.asarray(values[:], dtype=np.float32), none))
+                y = F.conv1d(F.pad(x.T[None], (halo, 0)), w, groups=layer.groups)[0].T.numpy()
+                y[:halo] = np.nan
+                ov[:] = y
+            else:  # naive: a hand-written loop over zarr slices, re-reading the halo, carrying the fill
+                carry = none
+                for s in range(0, rows, chunk):
+                    e = min(s + chunk, rows)
+                    a = max(0, s - halo)
+                    xa = ffill(np.asarray(values[a:e], dtype=np.float32), carry)
+                    nxt = max(0, e - halo)  # the next window starts here: carry the fill state before it
+                    assert chunk >= halo and nxt - 1 >= a
+                    carry = xa[nxt - 1 - a]
+                    x = torch.from_numpy(xa)
+                    y = F.conv1d(F.pad(x.T[None], (halo - (s - a), 0)), w, groups=layer.groups)[0].T.numpy()
+                    if s < halo:
+                        y[: halo - s] = np.nan
+                    ov[s:e] = y
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def _compare(a: str, b: str) -> float:
+    """Largest |a - b| relative to the output scale, NaNs required to agree."""
+    import numpy as np
+    import zarr
+
+    va, vb = zarr.open_group(a)["values"], zarr.open_group(b)["values"]
+    worst, step = 0.0, 65536
+    for s in range(0, va.shape[0], step):
+        x, y = np.asarray(va[s : s + step]), np.asarray(vb[s : s + step])
+        both = ~np.isnan(x) & ~np.isnan(y)
+        scale = max(1e-30, float(np.abs(x[both]).max(initial=0.0)))
+        worst = max(worst, float(np.abs(x[both] - y[both]).max(initial=0.0)) / scale)
+    return worst
+
+
+def _commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True).strip()
+    except Exception:
+        return os.environ.get("TSCONV_COMMIT", "unknown")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="200000x64,1000000x256", help="comma-separated ROWSxFEATURES")
+    ap.add_argument("--chunk", type=int, default=1024)
+    ap.add_argument("--workdir", default=None, help="where to put the stores (default: a temp dir)")
+    ap.add_argument("--variants", default="tsconv,naive,in_memory")
+    ap.add_argument("--child", nargs=4, metavar=("VARIANT", "SRC", "OUT", "CHUNK"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        v, src, out, chunk = args.child
+        print(json.dumps(_variant(v, src, out, int(chunk))))
+        return
+
+    from tsconv.synth import make_ticks
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tsconv-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    records = []
+    for size in args.sizes.split(","):
+        rows, feats = (int(v) for v in size.lower().split("x"))
+        src = work / f"ticks-{rows}x{feats}.zarr"
+        if not src.exists():
+            make_ticks(src, rows=rows, features=feats, seed=0)
+        outs = {}
+        for variant in args.variants.split(","):
+            out = work / f"out-{variant}-{rows}x{feats}.zarr"
+            shutil.rmtree(out, ignore_errors=True)
+            res = subprocess.run(
+                [sys.executable, __file__, "--child", variant, str(src), str(out), str(args.chunk)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            fig = json.loads(res.stdout.strip().splitlines()[-1])
+            outs[variant] = out
+            rec = {
+                "variant": variant,
+                "rows": rows,
+                "features": feats,
+                "chunk": args.chunk,
+                "seconds": round(fig["seconds"], 3),
+                "rows_per_s": round(rows / fig["seconds"]),
+                "input_gbps": round(rows * feats * 4 / fig["seconds"] / 1e9, 4),
+                "peak_rss_mib": round(fig["peak_rss_bytes"] / 2**20),
+            }
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
+        base = outs.get("tsconv")
+        for variant, out in outs.items():
+            rec = next(r for r in records if r["variant"] == variant and r["rows"] == rows and r["features"] == feats)
+            rec["max_rel_diff_vs_tsconv"] = 0.0 if out == base or base is None else _compare(str(base), str(out))
+        tsv = next(r for r in records if r["variant"] == "tsconv" and r["rows"] == rows and r["features"] == feats)
+        for r in records:
+            if r["rows"] == rows and r["features"] == feats:
+                r["tsconv_speedup"] = round(r["seconds"] / tsv["seconds"], 2)
+        for out in outs.values():
+            shutil.rmtree(out, ignore_errors=True)
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    meta = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()})",
+        "gpu": None,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "commit": _commit(),
+        "pipeline": "default (diff:1, diff:32, diff:256, dev:32, dev:256 per feature; K=257, D=5F)",
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "cpu_engine.json").write_text(json.dumps({**meta, "results": records}, indent=2) + "\n")
+    lines = [
+        f"# CPU engine ({meta['machine']}, {meta['date']}, commit {meta['commit']})",
+        "",
+        f"Pipeline: {meta['pipeline']}. Medians are not taken: each variant runs once in a fresh process",
+        "(peak RSS is per process); rerun to see the spread.",
+        "",
+        "| rows x features | variant | seconds | rows/s | input GB/s | peak RSS MiB | tsconv faster by | max rel. diff vs tsconv |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in records:
+        lines.append(
+            f"| {r['rows']:,} x {r['features']} | {r['variant']} | {r['seconds']:.2f} | {r['rows_per_s']:,} | "
+            f"{r['input_gbps']:.3f} | {r['peak_rss_mib']:,} | {r['tsconv_speedup']:.2f}x | {r['max_rel_diff_vs_tsconv']:.1e} |"
+        )
+    (RESULTS / "cpu_engine.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

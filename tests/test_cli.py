@@ -1,0 +1,52 @@
+"""The command line on good input: demo, process with a report, inspect, python -m tsconv."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import zarr
+from click.testing import CliRunner
+
+from tsconv.cli import main
+
+from .helpers import price_series, write_store
+
+
+def test_demo_creates_the_store_then_processes_it(tmp_path: Path) -> None:
+    runner = CliRunner()
+    args = ["demo", "--rows", "3000", "--features", "6", "--dir", str(tmp_path), "-q", "--report", str(tmp_path / "r.json")]
+    res = runner.invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "creating" in res.output and "3,000 rows x 6 features -> 30 features" in res.output
+    out = zarr.open_group(str(tmp_path / "ticks-3000x6.features.zarr"), mode="r")
+    assert out["values"].shape == (3000, 30) and out.attrs["tsconv"]["complete"]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["rows"] == 3000 and report["features_out"] == 30 and report["rows_per_s"] > 0
+    again = runner.invoke(main, args)  # the store exists now: reused, output replaced
+    assert again.exit_code == 0 and "creating" not in again.output
+
+
+def test_process_then_inspect(tmp_path: Path) -> None:
+    x = price_series(4000, 3, seed=0, nan_fraction=0.05)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(1500, 2))
+    runner = CliRunner()
+    res = runner.invoke(main, ["process", "-i", str(src), "-o", str(tmp_path / "o.zarr"), "--chunk", "512", "-q"])
+    assert res.exit_code == 0, res.output
+    assert "4,000 rows x 3 features -> 15 features" in res.output
+    res = runner.invoke(main, ["inspect", str(src), "--json"])
+    info = json.loads(res.output)
+    assert info["rows"] == 4000 and info["features"] == ["x0", "x1", "x2"] and info["chunks"] == [1500, 2]
+    assert info["nan_total"] == int(np.isnan(x).sum())
+    assert info["nan_counts"]["x1"] == int(np.isnan(x[:, 1]).sum())
+    assert info["time_span"].startswith("2026-01-02T09:30:00")
+    text = runner.invoke(main, ["inspect", str(tmp_path / "o.zarr")]).output
+    assert "tsconv_output: complete" in text and "rows: 4000" in text and "NaN features" in text
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    res = subprocess.run([sys.executable, "-m", "tsconv", "--help"], capture_output=True, text=True, check=True)
+    assert "process" in res.stdout and "inspect" in res.stdout and "demo" in res.stdout
