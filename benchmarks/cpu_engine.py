@@ -54,7 +54,9 @@ def _variant(name: str, src: str, out: str, chunk: int) -> dict:
         w = torch.from_numpy(layer.weight)
         halo = plan.halo
         og = zarr.open_group(out, mode="w")
-        ov = og.create_array("values", shape=(rows, plan.n_outputs), chunks=(chunk, plan.n_outputs), dtype="f4")
+        ov = og.create_array(
+            "values", shape=(rows, plan.n_outputs), chunks=(chunk, plan.n_outputs), dtype="f4"
+        )
 
         def ffill(a: np.ndarray, last: np.ndarray) -> np.ndarray:
             a = np.concatenate([last[None], a])
@@ -159,9 +161,15 @@ def main() -> None:
             print(json.dumps(rec), flush=True)
         base = outs.get("tsconv")
         for variant, out in outs.items():
-            rec = next(r for r in records if r["variant"] == variant and r["rows"] == rows and r["features"] == feats)
-            rec["max_rel_diff_vs_tsconv"] = 0.0 if out == base or base is None else _compare(str(base), str(out))
-        tsv = next(r for r in records if r["variant"] == "tsconv" and r["rows"] == rows and r["features"] == feats)
+            rec = next(
+                r for r in records if r["variant"] == variant and r["rows"] == rows and r["features"] == feats
+            )
+            rec["max_rel_diff_vs_tsconv"] = (
+                0.0 if out == base or base is None else _compare(str(base), str(out))
+            )
+        tsv = next(
+            r for r in records if r["variant"] == "tsconv" and r["rows"] == rows and r["features"] == feats
+        )
         for r in records:
             if r["rows"] == rows and r["features"] == feats:
                 r["tsconv_speedup"] = round(r["seconds"] / tsv["seconds"], 2)

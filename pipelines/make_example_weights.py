@@ -1,6 +1,6 @@
 """Regenerate the small example weight files in pipelines/weights/ (deterministic; run from anywhere).
 
-    python pipelines/make_example_weights.py
+python pipelines/make_example_weights.py
 """
 
 from __future__ import annotations

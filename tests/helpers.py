@@ -24,12 +24,21 @@ def price_series(rows: int, features: int, *, seed: int = 0, nan_fraction: float
 
 
 def write_store(
-    path: Path, x: np.ndarray, *, chunks: tuple[int, int] | None = None, time: bool = True, zarr_format: int = 3
+    path: Path,
+    x: np.ndarray,
+    *,
+    chunks: tuple[int, int] | None = None,
+    time: bool = True,
+    zarr_format: int = 3,
 ) -> Path:
     g = zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
     g.create_array("values", data=x, chunks=chunks or (min(4096, x.shape[0]), x.shape[1]))
     if time:
-        g.create_array("time", data=T0 + np.arange(x.shape[0], dtype=np.int64) * 1_000_000, chunks=(chunks or (4096,))[:1])
+        g.create_array(
+            "time",
+            data=T0 + np.arange(x.shape[0], dtype=np.int64) * 1_000_000,
+            chunks=(chunks or (4096,))[:1],
+        )
     g.attrs["features"] = [f"x{j}" for j in range(x.shape[1])]
     return path
 
@@ -67,11 +76,15 @@ def error_bound(x: np.ndarray, plan: ResolvedPipeline) -> np.ndarray:
     return 4 * eps * terms * (out.numpy() + 1e-30) + 1e-30
 
 
-def assert_matches_reference(y: np.ndarray, x: np.ndarray, plan: ResolvedPipeline, *, warmup: str = "nan") -> None:
+def assert_matches_reference(
+    y: np.ndarray, x: np.ndarray, plan: ResolvedPipeline, *, warmup: str = "nan"
+) -> None:
     ref = pipeline_reference(x, plan, warmup=warmup)
     assert y.shape == ref.shape
     assert y.dtype == np.float32
-    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref), err_msg="NaN pattern differs from the reference")
+    np.testing.assert_array_equal(
+        np.isnan(y), np.isnan(ref), err_msg="NaN pattern differs from the reference"
+    )
     ok = ~np.isnan(ref)
     err = np.abs(y.astype(np.float64) - ref)[ok]
     bound = error_bound(x, plan)[ok]

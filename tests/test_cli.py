@@ -18,7 +18,18 @@ from .helpers import price_series, write_store
 
 def test_demo_creates_the_store_then_processes_it(tmp_path: Path) -> None:
     runner = CliRunner()
-    args = ["demo", "--rows", "3000", "--features", "6", "--dir", str(tmp_path), "-q", "--report", str(tmp_path / "r.json")]
+    args = [
+        "demo",
+        "--rows",
+        "3000",
+        "--features",
+        "6",
+        "--dir",
+        str(tmp_path),
+        "-q",
+        "--report",
+        str(tmp_path / "r.json"),
+    ]
     res = runner.invoke(main, args)
     assert res.exit_code == 0, res.output
     assert "creating" in res.output and "3,000 rows x 6 features -> 30 features" in res.output
@@ -34,7 +45,9 @@ def test_process_then_inspect(tmp_path: Path) -> None:
     x = price_series(4000, 3, seed=0, nan_fraction=0.05)
     src = write_store(tmp_path / "in.zarr", x, chunks=(1500, 2))
     runner = CliRunner()
-    res = runner.invoke(main, ["process", "-i", str(src), "-o", str(tmp_path / "o.zarr"), "--chunk", "512", "-q"])
+    res = runner.invoke(
+        main, ["process", "-i", str(src), "-o", str(tmp_path / "o.zarr"), "--chunk", "512", "-q"]
+    )
     assert res.exit_code == 0, res.output
     assert "4,000 rows x 3 features -> 15 features" in res.output
     res = runner.invoke(main, ["inspect", str(src), "--json"])
@@ -48,5 +61,7 @@ def test_process_then_inspect(tmp_path: Path) -> None:
 
 
 def test_python_dash_m_runs_the_cli() -> None:
-    res = subprocess.run([sys.executable, "-m", "tsconv", "--help"], capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "tsconv", "--help"], capture_output=True, text=True, check=True
+    )
     assert "process" in res.stdout and "inspect" in res.stdout and "demo" in res.stdout

@@ -87,7 +87,10 @@ def test_leading_nans_propagate_through_a_dense_stage() -> None:
 
 def test_warmup_rows_are_nan_or_zero_history() -> None:
     x = price_series(500, 2, seed=1)
-    pipe = {"conv": [{"filters": ["ma:4"], "dilation": 3}, {"filters": ["diff:2"]}], "weight_dtype": "float32"}
+    pipe = {
+        "conv": [{"filters": ["ma:4"], "dilation": 3}, {"filters": ["diff:2"]}],
+        "weight_dtype": "float32",
+    }
     plan = resolve(tsconv.spec.pipeline_from_dict(pipe), ["a", "b"])
     assert plan.halo == 3 * 3 + 2
     y_nan = tsconv.features(x, pipe, chunk=7)
@@ -121,7 +124,13 @@ def test_output_store_follows_the_convention(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.asarray(g["time"][:]), T0 + np.arange(5000) * 1_000_000)
     assert g.attrs["features"] == list(plan.output_names)
     assert g.attrs["source"] == str(src.resolve())
-    assert g.attrs["pipeline"]["stages"][0]["filters"] == ["diff:1", "diff:32", "diff:256", "dev:32", "dev:256"]
+    assert g.attrs["pipeline"]["stages"][0]["filters"] == [
+        "diff:1",
+        "diff:32",
+        "diff:256",
+        "dev:32",
+        "dev:256",
+    ]
     assert g.attrs["tsconv"]["complete"] is True
     assert g["values"].chunks[0] % 512 == 0 or g["values"].chunks[0] == 5000
     assert report.rows == 5000 and report.rows_per_s > 0 and report.peak_rss_bytes > 0
@@ -131,7 +140,9 @@ def test_output_store_follows_the_convention(tmp_path: Path) -> None:
 
 def test_bare_array_and_format_2_inputs(tmp_path: Path) -> None:
     x = price_series(2000, 5, seed=2)
-    bare = zarr.create_array(str(tmp_path / "bare.zarr"), shape=x.shape, chunks=(300, 2), dtype="float64", zarr_format=2)
+    bare = zarr.create_array(
+        str(tmp_path / "bare.zarr"), shape=x.shape, chunks=(300, 2), dtype="float64", zarr_format=2
+    )
     bare[:] = x.astype(np.float64)
     tsconv.process(tmp_path / "bare.zarr", tmp_path / "out.zarr", chunk=256)
     g = zarr.open_group(str(tmp_path / "out.zarr"))
@@ -144,8 +155,12 @@ def test_float16_and_integer_inputs(tmp_path: Path) -> None:
     x16 = (np.random.default_rng(0).normal(size=(1500, 2))).astype(np.float16)
     write_store(tmp_path / "h.zarr", x16)
     tsconv.process(tmp_path / "h.zarr", tmp_path / "h.out.zarr")
-    np.testing.assert_array_equal(read_output(tmp_path / "h.out.zarr"), tsconv.features(x16.astype(np.float32), chunk=1024))
+    np.testing.assert_array_equal(
+        read_output(tmp_path / "h.out.zarr"), tsconv.features(x16.astype(np.float32), chunk=1024)
+    )
     xi = np.random.default_rng(0).integers(0, 1000, size=(1500, 2)).astype(np.int32)
     write_store(tmp_path / "i.zarr", xi)
     tsconv.process(tmp_path / "i.zarr", tmp_path / "i.out.zarr")
-    np.testing.assert_array_equal(read_output(tmp_path / "i.out.zarr"), tsconv.features(xi.astype(np.float32), chunk=1024))
+    np.testing.assert_array_equal(
+        read_output(tmp_path / "i.out.zarr"), tsconv.features(xi.astype(np.float32), chunk=1024)
+    )

@@ -32,7 +32,13 @@ def cases(draw):
         dilation = draw(st.integers(1, 4))
         act = draw(st.sampled_from(ACTS))
         if kind == "bank":
-            filters = draw(st.lists(st.sampled_from(["ma:3", "diff:2", "dev:4", "ema:2", "id", "ma:8"]), min_size=1, max_size=3))
+            filters = draw(
+                st.lists(
+                    st.sampled_from(["ma:3", "diff:2", "dev:4", "ema:2", "id", "ma:8"]),
+                    min_size=1,
+                    max_size=3,
+                )
+            )
             stages.append({"filters": filters, "dilation": dilation, "activation": act})
             c = c * len(filters)
             continue
@@ -52,20 +58,34 @@ def cases(draw):
         c = o
     pipe = {"conv": stages}
     if draw(st.booleans()):
-        pipe["head"] = {"weights": rng.normal(size=(c, draw(st.integers(1, 4)))), "activation": draw(st.sampled_from(ACTS))}
+        pipe["head"] = {
+            "weights": rng.normal(size=(c, draw(st.integers(1, 4)))),
+            "activation": draw(st.sampled_from(ACTS)),
+        }
     levels = draw(st.booleans())
-    x = price_series(rows, features, seed=seed) if levels else rng.normal(size=(rows, features)).astype(np.float32)
+    x = (
+        price_series(rows, features, seed=seed)
+        if levels
+        else rng.normal(size=(rows, features)).astype(np.float32)
+    )
     if draw(st.booleans()):
         x[rng.random(x.shape) < draw(st.sampled_from([0.01, 0.2]))] = np.nan
     if draw(st.booleans()):
-        x[: draw(st.integers(0, rows)), draw(st.integers(0, features - 1))] = np.nan  # a feature that starts late
-    store_chunks = (draw(st.sampled_from([1, 7, 100, 256, 999, 4096])) if rows < 300 else draw(st.integers(64, 1000)), draw(st.integers(1, features)))
+        x[: draw(st.integers(0, rows)), draw(st.integers(0, features - 1))] = (
+            np.nan
+        )  # a feature that starts late
+    store_chunks = (
+        draw(st.sampled_from([1, 7, 100, 256, 999, 4096])) if rows < 300 else draw(st.integers(64, 1000)),
+        draw(st.integers(1, features)),
+    )
     chunk = draw(st.integers(1, 700))
     warmup = draw(st.sampled_from(["nan", "zero"]))
     return x, pipe, store_chunks, chunk, warmup
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(cases())
 def test_streamed_store_equals_whole_series_reference(case):
     x, pipe, store_chunks, chunk, warmup = case

@@ -50,7 +50,18 @@ def test_kill_9_then_resume_gives_identical_output(tmp_path: Path) -> None:
     tsconv.process(src, want, chunk=1024)
 
     out = tmp_path / "out.zarr"
-    args = [sys.executable, "-m", "tsconv", "process", "--input", str(src), "--output", str(out), "--resume", "-q"]
+    args = [
+        sys.executable,
+        "-m",
+        "tsconv",
+        "process",
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--resume",
+        "-q",
+    ]
     # Kills land during start-up, creation and the middle of the run; each restart resumes.
     seen = _run_until_done(args, out, [0.2, 2.2, 2.5, 2.8, 3.1, 3.4])
     rows = x.shape[0]

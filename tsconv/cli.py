@@ -46,10 +46,21 @@ def main() -> None:
 
 
 def _common_process_options(f):  # noqa: ANN001, ANN202
-    f = click.option("--pipeline", "pipeline", type=click.Path(dir_okay=False), help="Pipeline TOML file (default: built-in).")(f)
-    f = click.option("--chunk", type=click.IntRange(min=1), default=1024, show_default=True, help="Steps per chunk.")(f)
     f = click.option(
-        "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True, help="Where to compute."
+        "--pipeline",
+        "pipeline",
+        type=click.Path(dir_okay=False),
+        help="Pipeline TOML file (default: built-in).",
+    )(f)
+    f = click.option(
+        "--chunk", type=click.IntRange(min=1), default=1024, show_default=True, help="Steps per chunk."
+    )(f)
+    f = click.option(
+        "--device",
+        type=click.Choice(["auto", "cpu", "cuda"]),
+        default="auto",
+        show_default=True,
+        help="Where to compute.",
     )(f)
     f = click.option(
         "--warmup",
@@ -58,7 +69,9 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
         show_default=True,
         help="Rows whose receptive field reaches before step 0: NaN, or computed with zero history.",
     )(f)
-    f = click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Write the run report as JSON here.")(f)
+    f = click.option(
+        "--report", "report_path", type=click.Path(dir_okay=False), help="Write the run report as JSON here."
+    )(f)
     f = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
     return f
 
@@ -90,7 +103,9 @@ def _run_process(
 
 @main.command()
 @click.option("--input", "-i", "input_path", required=True, type=click.Path(), help="Input zarr store.")
-@click.option("--output", "-o", type=click.Path(), help="Output zarr store (default: <input>.features.zarr beside it).")
+@click.option(
+    "--output", "-o", type=click.Path(), help="Output zarr store (default: <input>.features.zarr beside it)."
+)
 @_common_process_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted run into the same output.")

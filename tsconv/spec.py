@@ -254,9 +254,7 @@ def pipeline_from_dict(
         )
     if not isinstance(convs, list) or not convs or not all(isinstance(c, dict) for c in convs):
         raise PipelineError(f"{where}: 'conv' must be an array of tables written [[conv]]")
-    stages = tuple(
-        _stage_from_dict(c, i, base, where, default_dtype) for i, c in enumerate(convs, start=1)
-    )
+    stages = tuple(_stage_from_dict(c, i, base, where, default_dtype) for i, c in enumerate(convs, start=1))
     head = None
     if "head" in data:
         if not isinstance(data["head"], dict):
@@ -276,7 +274,9 @@ def _check_keys(d: dict[str, Any], allowed: set[str], where: str, table: str) ->
             raise PipelineError(f"{where}: {table}: unknown key {key!r}", hint=hint)
 
 
-def _choice(d: dict[str, Any], key: str, options: tuple[str, ...], default: str, where: str, table: str) -> str:
+def _choice(
+    d: dict[str, Any], key: str, options: tuple[str, ...], default: str, where: str, table: str
+) -> str:
     value = d.get(key, default)
     if value not in options:
         raise PipelineError(
@@ -292,16 +292,14 @@ def _positive_int(d: dict[str, Any], key: str, default: int, where: str, table: 
     return value
 
 
-def _stage_from_dict(
-    d: dict[str, Any], index: int, base: Path, where: str, default_dtype: str
-) -> StageSpec:
+def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, default_dtype: str) -> StageSpec:
     table = f"[[conv]] #{index}"
     _check_keys(d, _CONV_KEYS, where, table)
     has_w, has_f = "weights" in d, "filters" in d
     if has_w == has_f:
         raise PipelineError(
             f"{where}: {table}: give exactly one of 'weights' (a .npy/.safetensors file) or 'filters' (a bank)",
-            hint="e.g. filters = [\"ma:16\", \"diff:1\"] or weights = \"w.npy\".",
+            hint='e.g. filters = ["ma:16", "diff:1"] or weights = "w.npy".',
         )
     name = d.get("name", f"conv{index}")
     if not isinstance(name, str) or not name:
@@ -347,7 +345,7 @@ def _stage_from_dict(
         if g == "depthwise":
             groups = "depthwise"
         elif isinstance(g, bool) or not isinstance(g, int) or g < 1:
-            raise PipelineError(f"{where}: {table}: groups must be an integer >= 1 or \"depthwise\", got {g!r}")
+            raise PipelineError(f'{where}: {table}: groups must be an integer >= 1 or "depthwise", got {g!r}')
         else:
             groups = g
             if weight.shape[0] % g:
@@ -373,7 +371,9 @@ def _head_from_dict(d: dict[str, Any], base: Path, where: str, default_dtype: st
     table = "[head]"
     _check_keys(d, _HEAD_KEYS, where, table)
     if "weights" not in d:
-        raise PipelineError(f"{where}: {table}: 'weights' is required", hint="weights = \"head.npy\" of shape [O, D].")
+        raise PipelineError(
+            f"{where}: {table}: 'weights' is required", hint='weights = "head.npy" of shape [O, D].'
+        )
     weight = _load_array(d, "weights", base, where, table, ndim=2)
     bias = None
     if "bias" in d:
@@ -413,7 +413,9 @@ def _load_array(d: dict[str, Any], key: str, base: Path, where: str, table: str,
         except Exception:
             arr = None
         if arr is None or arr.dtype == object:
-            raise PipelineError(f"{where}: {table}: {key} must be a file path or a numeric array, got {type(rel).__name__}")
+            raise PipelineError(
+                f"{where}: {table}: {key} must be a file path or a numeric array, got {type(rel).__name__}"
+            )
         return _check_array(arr, key, "<array>", where, table, ndim)
     if not rel:
         raise PipelineError(f"{where}: {table}: {key} must be a file path, got an empty string")
@@ -468,7 +470,7 @@ def _load_safetensors(path: Path, tensor_key: str | None, where: str, table: str
         if len(tensors) != 1:
             raise PipelineError(
                 f"{where}: {table}: {str(path)!r} holds {len(tensors)} tensors ({', '.join(sorted(tensors))})",
-                hint=f"name one with {key}_key = \"...\".",
+                hint=f'name one with {key}_key = "...".',
             )
         return next(iter(tensors.values()))
     if tensor_key not in tensors:
@@ -502,7 +504,7 @@ def _warn_sum_shift(weight: np.ndarray, what: str) -> None:
         warnings.warn(
             f"{what}: FP16 weights shift the sum of filter {worst} by {shift[worst]:.1e} of its absolute sum "
             f"(on price levels near 100 that is a bias of about {100 * shift[worst]:.2g}); "
-            "set weight_dtype = \"float32\" for this stage, or use power-of-two windows",
+            'set weight_dtype = "float32" for this stage, or use power-of-two windows',
             TsconvWarning,
             stacklevel=3,
         )

@@ -29,7 +29,9 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
     if "tsconv" in group_attrs:
         meta = group_attrs["tsconv"]
         info["tsconv_output"] = (
-            "complete" if meta.get("complete") else f"INCOMPLETE: {meta.get('rows_done', 0):,} of {meta.get('rows')} rows"
+            "complete"
+            if meta.get("complete")
+            else f"INCOMPLETE: {meta.get('rows_done', 0):,} of {meta.get('rows')} rows"
         )
     info["features"] = list(store.features)
     if count_nans:

@@ -77,7 +77,9 @@ class InputStore:
 
 def _open_node(path: Path) -> Any:
     if not path.exists():
-        raise StoreError(f"input store {str(path)!r} does not exist", hint="check the path passed to --input.")
+        raise StoreError(
+            f"input store {str(path)!r} does not exist", hint="check the path passed to --input."
+        )
     if not is_zarr_store(path):
         what = "a file" if path.is_file() else "a directory without zarr metadata"
         raise StoreError(
