@@ -28,15 +28,20 @@ class _Group(click.Group):
     """Turn the library's errors into one line on stderr and a non-zero exit, never a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        shown = warnings.showwarning
         warnings.showwarning = _show_warning
         try:
             return super().invoke(ctx)
         except TsconvError as exc:
             _fail(str(exc))
+        except click.UsageError as exc:
+            _fail(f"{exc.format_message()} (see `tsconv {ctx.invoked_subcommand or ''} --help`)")
         except KeyboardInterrupt:
             _fail("interrupted; rerun with --resume to continue where it stopped", code=130)
         except OSError as exc:
             _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+        finally:
+            warnings.showwarning = shown
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -113,7 +118,10 @@ def process(input_path: str, output: str | None, pipeline: str | None, chunk: in
             warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool) -> None:  # fmt: skip
     """Stream a store through a pipeline into an output store."""
     if overwrite and resume:
-        raise click.UsageError("--overwrite and --resume exclude each other.")
+        raise TsconvError(
+            "--overwrite and --resume exclude each other",
+            hint="--resume finishes an interrupted run; --overwrite starts again from scratch.",
+        )
     _run_process(input_path, output, pipeline, chunk, device, overwrite, resume, warmup, report_path, quiet)
 
 

@@ -289,7 +289,7 @@ def _run_store(
         _exact_fp32(dev),
     ):
         _stream(
-            BlockReader(store.values),
+            BlockReader(store.values, where=str(store.path)),
             plan,
             backend,
             writer.append,

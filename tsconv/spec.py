@@ -42,6 +42,10 @@ WEIGHT_DTYPES = ("float16", "float32")
 # A filter whose FP16 sum moves by more than this fraction of its absolute sum gets a warning: on price
 # levels near 100 a shift of 1e-4 is already a 0.01 bias, one tick.
 SUM_SHIFT_WARN = 1e-4
+MAX_DILATION = 1 << 20
+# The halo is held in memory for every chunk (halo + chunk rows x features): past this it cannot be.
+MAX_HALO = 1 << 24
+FP16_MAX = 65504.0
 
 _TOP_KEYS = {"name", "description", "weight_dtype", "conv", "head"}
 _CONV_KEYS = {
@@ -222,7 +226,10 @@ def load_pipeline(path: str | Path) -> Pipeline:
         raise PipelineError(
             f"pipeline file {str(p)!r} does not exist", hint="pass the path of a .toml file (see pipelines/)."
         )
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PipelineError(f"{p}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -263,7 +270,23 @@ def pipeline_from_dict(
     name = data.get("name", Path(origin).stem if origin not in ("<dict>", "default") else origin)
     if not isinstance(name, str):
         raise PipelineError(f"{where}: top level: 'name' must be a string, got {name!r}")
+    if not isinstance(data.get("description", ""), str):
+        raise PipelineError(
+            f"{where}: top level: 'description' must be a string, got {data['description']!r}"
+        )
     return Pipeline(name=name, stages=stages, head=head, origin=origin, text=text)
+
+
+def _check_key_pairs(d: dict[str, Any], where: str, table: str) -> None:
+    """``weights_key``/``bias_key`` name a tensor in a .safetensors file given by ``weights``/``bias``."""
+    for key in ("weights", "bias"):
+        if f"{key}_key" in d and not (
+            isinstance(d.get(key), str) and d[key].lower().endswith(".safetensors")
+        ):
+            raise PipelineError(
+                f"{where}: {table}: {key}_key applies only when {key} is a .safetensors file",
+                hint=f"remove {key}_key or point {key} at a .safetensors file.",
+            )
 
 
 def _check_keys(d: dict[str, Any], allowed: set[str], where: str, table: str) -> None:
@@ -285,16 +308,17 @@ def _choice(
     return value
 
 
-def _positive_int(d: dict[str, Any], key: str, default: int, where: str, table: str) -> int:
+def _positive_int(d: dict[str, Any], key: str, default: int, where: str, table: str, *, most: int) -> int:
     value = d.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PipelineError(f"{where}: {table}: {key} must be an integer >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise PipelineError(f"{where}: {table}: {key} must be an integer from 1 to {most:,}, got {value!r}")
     return value
 
 
 def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, default_dtype: str) -> StageSpec:
     table = f"[[conv]] #{index}"
     _check_keys(d, _CONV_KEYS, where, table)
+    _check_key_pairs(d, where, table)
     has_w, has_f = "weights" in d, "filters" in d
     if has_w == has_f:
         raise PipelineError(
@@ -304,7 +328,7 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, defa
     name = d.get("name", f"conv{index}")
     if not isinstance(name, str) or not name:
         raise PipelineError(f"{where}: {table}: name must be a non-empty string, got {name!r}")
-    dilation = _positive_int(d, "dilation", 1, where, table)
+    dilation = _positive_int(d, "dilation", 1, where, table, most=MAX_DILATION)
     activation = _choice(d, "activation", ACTIVATIONS, "none", where, table)
     weight_dtype = _choice(d, "weight_dtype", WEIGHT_DTYPES, default_dtype, where, table)
     groups: int | str
@@ -320,6 +344,9 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, defa
                 parse_filter(f)
             except PipelineError as exc:
                 raise PipelineError(f"{where}: {table}: {exc.message}", hint=exc.hint) from None
+        dupes = sorted({f for f in raw if raw.count(f) > 1})
+        if dupes:
+            raise PipelineError(f"{where}: {table}: filters listed more than once: {', '.join(dupes)}")
         for key in ("bias", "bias_key", "weights_key"):
             if key in d:
                 raise PipelineError(f"{where}: {table}: {key!r} does not apply to a filter bank")
@@ -370,6 +397,7 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, defa
 def _head_from_dict(d: dict[str, Any], base: Path, where: str, default_dtype: str) -> HeadSpec:
     table = "[head]"
     _check_keys(d, _HEAD_KEYS, where, table)
+    _check_key_pairs(d, where, table)
     if "weights" not in d:
         raise PipelineError(
             f"{where}: {table}: 'weights' is required", hint='weights = "head.npy" of shape [O, D].'
@@ -429,8 +457,6 @@ def _load_array(d: dict[str, Any], key: str, base: Path, where: str, table: str,
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
-            if tensor_key is not None:
-                raise PipelineError(f"{where}: {table}: {key}_key applies only to .safetensors files")
             arr = np.load(path, allow_pickle=False)
         elif suffix == ".safetensors":
             arr = _load_safetensors(path, tensor_key, where, table, key)
@@ -484,8 +510,16 @@ def _load_safetensors(path: Path, tensor_key: str | None, where: str, table: str
 # ------------------------------------------------------------------------------------------ resolving
 
 
-def _stored(a: np.ndarray, dtype: str) -> np.ndarray:
+def _stored(a: np.ndarray, dtype: str, what: str) -> np.ndarray:
     """The values as stored in ``dtype``, held as float32 for computing."""
+    limit = FP16_MAX if dtype == "float16" else float(np.finfo(np.float32).max)
+    if np.abs(a).max() > limit:
+        raise PipelineError(
+            f"{what}: a value of {np.abs(a).max():.4g} does not fit {dtype} (largest {limit:.6g})",
+            hint='set weight_dtype = "float32" for it, or rescale the weights.'
+            if dtype == "float16"
+            else "rescale the weights.",
+        )
     return a.astype(np.float16).astype(np.float32) if dtype == "float16" else a.astype(np.float32)
 
 
@@ -510,6 +544,12 @@ def _warn_sum_shift(weight: np.ndarray, what: str) -> None:
         )
 
 
+def _filter_label(spec: str) -> str:
+    """``ma:16`` -> ``ma16``, ``ema:8:4`` -> ``ema8_4``: unique per filter, no ':' in column names."""
+    kind, *params = spec.strip().split(":")
+    return kind + "_".join(params)
+
+
 def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> ResolvedPipeline:
     """Bind a pipeline to its input features: check widths and build the layers and output names."""
     names = tuple(input_names)
@@ -520,7 +560,7 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
         if stage.filters is not None:
             weight = bank_weights(stage.filters, channels)
             groups = channels
-            out_names = tuple(f"{n}.{f.replace(':', '')}" for n in names for f in stage.filters)
+            out_names = tuple(f"{n}.{_filter_label(f)}" for n in names for f in stage.filters)
         else:
             weight = stage.weight
             groups = channels if stage.groups == "depthwise" else int(stage.groups)
@@ -546,8 +586,8 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
         layers.append(
             Layer(
                 name=stage.name,
-                weight=_stored(weight, stage.weight_dtype),
-                bias=None if stage.bias is None else _stored(stage.bias, stage.weight_dtype),
+                weight=_stored(weight, stage.weight_dtype, f"{what}: weights"),
+                bias=None if stage.bias is None else _stored(stage.bias, stage.weight_dtype, f"{what}: bias"),
                 dilation=stage.dilation,
                 groups=groups,
                 activation=stage.activation,
@@ -555,6 +595,13 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
             )
         )
         names, channels = out_names, weight.shape[0]
+    halo = sum(layer.halo for layer in layers)
+    if halo > MAX_HALO:
+        raise PipelineError(
+            f"{pipeline.origin}: the receptive field spans {halo:,} steps (sum of (K - 1) * dilation), "
+            f"more than the {MAX_HALO:,} a chunk can carry",
+            hint="use smaller dilations or shorter filters.",
+        )
     head = None
     if pipeline.head is not None:
         h = pipeline.head
@@ -568,8 +615,10 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
             _warn_sum_shift(h.weight.T, f"{pipeline.origin}: [head]")
         head = HeadLayer(
             name=h.name,
-            weight=_stored(h.weight, h.weight_dtype),
-            bias=None if h.bias is None else _stored(h.bias, h.weight_dtype),
+            weight=_stored(h.weight, h.weight_dtype, f"{pipeline.origin}: [head]: weights"),
+            bias=None
+            if h.bias is None
+            else _stored(h.bias, h.weight_dtype, f"{pipeline.origin}: [head]: bias"),
             activation=h.activation,
             weight_dtype=h.weight_dtype,
         )

@@ -11,6 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ..errors import StoreError
+
 __all__ = ["RowSource", "BlockReader", "ArraySource"]
 
 
@@ -31,7 +33,7 @@ class BlockReader:
     engine reads forward. Reading backward (resume) simply decodes again.
     """
 
-    def __init__(self, array, *, max_cached: int = 4) -> None:
+    def __init__(self, array, *, max_cached: int = 4, where: str = "the store") -> None:
         self.array = array
         self.rows = int(array.shape[0])
         self.n_features = int(array.shape[1]) if array.ndim == 2 else 1
@@ -39,12 +41,20 @@ class BlockReader:
         self.max_cached = max_cached
         self._cache: dict[int, np.ndarray] = {}
         self.bands_decoded = 0
+        self.where = where
 
     def _band(self, i: int) -> np.ndarray:
         band = self._cache.get(i)
         if band is None:
             a = i * self.band_rows
-            band = np.asarray(self.array[a : min(a + self.band_rows, self.rows)])
+            try:
+                band = np.asarray(self.array[a : min(a + self.band_rows, self.rows)])
+            except Exception as exc:  # a damaged chunk: say where, without a traceback
+                raise StoreError(
+                    f"cannot read rows {a:,}..{min(a + self.band_rows, self.rows):,} of {self.where}: "
+                    f"{type(exc).__name__}: {exc}",
+                    hint="the store may be damaged or truncated; check it with `tsconv inspect`.",
+                ) from None
             self.bands_decoded += 1
             while len(self._cache) >= self.max_cached:
                 self._cache.pop(min(self._cache))

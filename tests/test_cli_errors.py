@@ -1,0 +1,615 @@
+"""Bad inputs to ``tsconv process``: one line on stderr, a non-zero exit, no traceback, the input untouched.
+
+Most cases run in-process through click's CliRunner. A few run the real ``python -m tsconv`` as
+subprocesses; those are started together by one module fixture so their interpreter start-ups overlap.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from click.testing import CliRunner, Result
+
+from tsconv.cli import main
+
+from .helpers import T0, price_series, write_store
+
+ROWS, FEATURES = 300, 3  # longer than the default pipeline's warm-up of 256 steps
+DEFAULT_OUTPUTS = FEATURES * 5  # the default bank has five filters
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def snapshot(path: Path) -> dict[str, tuple]:
+    """Every file and directory under ``path`` (or the file itself): kind, bytes and mtime."""
+    if not path.exists() and not path.is_symlink():
+        return {}
+    items = [path, *sorted(path.rglob("*"))] if path.is_dir() else [path]
+    snap: dict[str, tuple] = {}
+    for p in items:
+        st = p.lstat()
+        rel = "." if p == path else p.relative_to(path).as_posix()
+        if p.is_symlink():
+            snap[rel] = ("link", os.readlink(p), st.st_mtime_ns)
+        elif p.is_dir():
+            snap[rel] = ("dir", None, st.st_mtime_ns)
+        else:
+            snap[rel] = ("file", p.read_bytes(), st.st_mtime_ns)
+    return snap
+
+
+def good_store(root: Path, rows: int = ROWS, features: int = FEATURES, name: str = "in.zarr") -> Path:
+    return write_store(root / name, price_series(rows, features))
+
+
+def write_toml(root: Path, text: str, name: str = "pipe.toml") -> Path:
+    p = root / name
+    p.write_text(text)
+    return p
+
+
+def invoke(*args: str | os.PathLike[str]) -> Result:
+    """``tsconv process ARGS -q`` in-process; the CLI's warning hook is undone when the test ends."""
+    return CliRunner().invoke(main, ["process", *map(str, args), "-q"])
+
+
+def assert_one_line_error(code: int, stdout: str, stderr: str, *needles: str) -> str:
+    assert code != 0
+    assert "Traceback" not in stdout + stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {stderr!r}"
+    assert lines[0].startswith("tsconv: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert stdout == ""
+    return lines[0]
+
+
+def assert_refused(res: Result, *needles: str) -> str:
+    # Anything but SystemExit escaping the command would be a traceback on a real terminal.
+    assert isinstance(res.exception, SystemExit), repr(res.exception)
+    return assert_one_line_error(res.exit_code, res.stdout, res.stderr, *needles)
+
+
+@pytest.fixture(autouse=True)
+def _restore_warning_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI installs its own warnings.showwarning and never puts the old one back.
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+
+
+# ---------------------------------------------------------------------- real subprocesses, in parallel
+
+
+class _Evil:
+    """Unpickling this creates the file ``marker``: proof that a weights file was unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):  # noqa: ANN204
+        return (open, (self.marker, "w"))
+
+
+def _setup_missing(root: Path) -> list[str]:
+    return ["-i", str(root / "nope.zarr")]
+
+
+def _setup_pickled(root: Path) -> list[str]:
+    good_store(root)
+    arr = np.empty((2, 3, 2), dtype=object)
+    arr[...] = 0.5
+    arr[0, 0, 0] = _Evil(root / "UNPICKLED")
+    np.save(root / "w.npy", arr, allow_pickle=True)
+    write_toml(root, '[[conv]]\nweights = "w.npy"\n')
+    return ["-i", str(root / "in.zarr"), "-o", str(root / "out.zarr"), "--pipeline", str(root / "pipe.toml")]
+
+
+def _setup_fp16_warning(root: Path) -> list[str]:
+    good_store(root)
+    write_toml(root, '[[conv]]\nfilters = ["ma:5"]\n')
+    return ["-i", str(root / "in.zarr"), "-o", str(root / "out.zarr"), "--pipeline", str(root / "pipe.toml")]
+
+
+_REAL: dict[str, Callable[[Path], list[str]]] = {
+    "missing_store": _setup_missing,
+    "pickled_weights": _setup_pickled,
+    "fp16_warning": _setup_fp16_warning,
+}
+
+
+@dataclass
+class RealRun:
+    root: Path
+    code: int
+    stdout: str
+    stderr: str
+    before: dict[str, tuple]  # the whole working directory
+    before_input: dict[str, tuple]  # in.zarr alone
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RealRun]:
+    """Run ``python -m tsconv process`` for every case in ``_REAL`` at once; results by case name."""
+    started = {}
+    for name, setup in _REAL.items():
+        root = tmp_path_factory.mktemp(name)
+        args = setup(root)
+        before = snapshot(root), snapshot(root / "in.zarr")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tsconv", "process", *args, "-q"],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started[name] = (root, proc, before)
+    runs = {}
+    for name, (root, proc, before) in started.items():
+        out, err = proc.communicate(timeout=300)
+        runs[name] = RealRun(root, proc.returncode, out, err, *before)
+    return runs
+
+
+def test_real_missing_store(real_runs: dict[str, RealRun]) -> None:
+    r = real_runs["missing_store"]
+    assert_one_line_error(r.code, r.stdout, r.stderr, "does not exist", str(r.root / "nope.zarr"))
+    assert snapshot(r.root) == r.before  # in particular no default output beside the missing input
+
+
+def test_real_pickled_weights_refused_without_unpickling(real_runs: dict[str, RealRun]) -> None:
+    r = real_runs["pickled_weights"]
+    assert_one_line_error(r.code, r.stdout, r.stderr, "cannot read weights file", "w.npy")
+    assert not (r.root / "UNPICKLED").exists(), "the object array was unpickled"
+    assert snapshot(r.root) == r.before
+
+
+def test_real_fp16_sum_shift_warning_is_one_line(real_runs: dict[str, RealRun]) -> None:
+    r = real_runs["fp16_warning"]
+    assert r.code == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("tsconv: warning: ")
+    assert "FP16 weights shift the sum" in lines[0] and "pipe.toml" in lines[0]
+    assert (r.root / "out.zarr" / "zarr.json").is_file()
+    assert r.before_input and snapshot(r.root / "in.zarr") == r.before_input
+
+
+# ------------------------------------------------------------------------------------- input stores
+
+
+def _plain_file(root: Path) -> Path:
+    p = root / "in.zarr"
+    p.write_bytes(b"time,price\n1,100.0\n")
+    return p
+
+
+def _plain_dir(root: Path) -> Path:
+    p = root / "in.zarr"
+    p.mkdir()
+    (p / "data.csv").write_text("time,price\n1,100.0\n")
+    return p
+
+
+def _bare_array(data: np.ndarray) -> Callable[[Path], Path]:
+    def make(root: Path) -> Path:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zarr warns that fixed-length strings have no v3 spec
+            zarr.create_array(str(root / "in.zarr"), data=data)
+        return root / "in.zarr"
+
+    return make
+
+
+def _group(values: np.ndarray, **attrs: object) -> Callable[[Path], Path]:
+    def make(root: Path) -> Path:
+        g = zarr.open_group(str(root / "in.zarr"), mode="w")
+        g.create_array("values", data=values, chunks=tuple(max(1, n) for n in values.shape))
+        g.attrs.update(attrs)
+        return root / "in.zarr"
+
+    return make
+
+
+def _group_without_values(root: Path) -> Path:
+    g = zarr.open_group(str(root / "in.zarr"), mode="w")
+    g.create_array("time", data=np.arange(10, dtype=np.int64))
+    return root / "in.zarr"
+
+
+def _time_of_wrong_length(root: Path) -> Path:
+    p = good_store(root, rows=ROWS)
+    g = zarr.open_group(str(p), mode="r+")
+    del g["time"]
+    g.create_array("time", data=T0 + np.arange(ROWS - 1, dtype=np.int64))
+    return p
+
+
+STORE_CASES = {
+    "plain file": (_plain_file, ["is not a zarr store (a file)"]),
+    "directory without zarr metadata": (
+        _plain_dir,
+        ["is not a zarr store (a directory without zarr metadata)"],
+    ),
+    "1-D array": (_bare_array(np.arange(ROWS, dtype=np.float32)), ["expected a 2-D array", "got 1-D"]),
+    "3-D array": (_bare_array(np.zeros((ROWS, 3, 2), np.float32)), ["expected a 2-D array", "got 3-D"]),
+    "group with 3-D values": (_group(np.zeros((ROWS, 3, 2), np.float32)), ["got 3-D"]),
+    "strings": (_bare_array(np.array([["a", "b"]] * ROWS)), ["values have dtype <U1", "real numeric dtype"]),
+    "bool": (_bare_array(np.ones((ROWS, 2), dtype=bool)), ["values have dtype bool"]),
+    "complex": (_bare_array(np.ones((ROWS, 2), dtype=np.complex64)), ["values have dtype complex64"]),
+    "empty series": (_group(np.zeros((0, 3), np.float32)), ["the series is empty (0 steps)"]),
+    "no features": (_group(np.zeros((ROWS, 0), np.float32)), ["no features (0 columns)"]),
+    "group without values": (_group_without_values, ["the group has no 'values' array (it has: time)"]),
+    "features attribute of wrong length": (
+        _group(np.zeros((ROWS, 3), np.float32), features=["a", "b"]),
+        ["attribute 'features' names 2 features but values have 3 columns"],
+    ),
+    "time of wrong length": (_time_of_wrong_length, [f"'time' has shape [{ROWS - 1}], expected [{ROWS}]"]),
+}
+
+
+@pytest.mark.parametrize("case", list(STORE_CASES))
+def test_bad_input_store(tmp_path: Path, case: str) -> None:
+    make, needles = STORE_CASES[case]
+    src = make(tmp_path)
+    before = snapshot(tmp_path)
+    assert before
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr")
+    assert_refused(res, str(src), *needles)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("where", "row", "what"), [(5, 5, "duplicate"), (7, 7, "decreasing"), (ROWS - 1, ROWS - 1, "decreasing")]
+)
+def test_non_increasing_time(tmp_path: Path, where: int, row: int, what: str) -> None:
+    src = good_store(tmp_path)
+    g = zarr.open_group(str(src), mode="r+")
+    t = np.asarray(g["time"][:])
+    t[where] = t[where - 1] if what == "duplicate" else t[where - 1] - 1
+    g["time"][:] = t
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr")
+    assert_refused(res, f"'time' is not strictly increasing at row {row} ({t[where]} after {t[where - 1]})")
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("rows", [1, 10, 256])
+def test_series_no_longer_than_warmup(tmp_path: Path, rows: int) -> None:
+    src = good_store(tmp_path, rows=rows)
+    before, before_input = snapshot(tmp_path), snapshot(src)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr")  # default pipeline: warm-up 256, warmup nan
+    assert_refused(
+        res, f"the series has {rows} steps but the pipeline's warm-up is 256 steps", "--warmup zero"
+    )
+    assert snapshot(tmp_path) == before
+
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--warmup", "zero")
+    assert res.exit_code == 0, res.output
+    assert res.stderr == ""
+    out = np.asarray(zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["values"][:])
+    assert out.shape == (rows, DEFAULT_OUTPUTS)
+    assert np.isfinite(out).all()
+    assert snapshot(src) == before_input
+
+
+def test_series_one_step_longer_than_warmup_runs(tmp_path: Path) -> None:
+    src = good_store(tmp_path, rows=257)
+    before = snapshot(src)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr")
+    assert res.exit_code == 0, res.output
+    out = np.asarray(zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["values"][:])
+    assert np.isnan(out[:256]).all() and np.isfinite(out[256]).all()
+    assert snapshot(src) == before
+
+
+# ---------------------------------------------------------------------------------------- pipelines
+
+
+def _npy(name: str, arr: np.ndarray) -> Callable[[Path], None]:
+    return lambda root: np.save(root / name, arr)
+
+
+def _raw(name: str, data: bytes) -> Callable[[Path], None]:
+    return lambda root: (root / name).write_bytes(data)
+
+
+def _truncated_npy(root: Path) -> None:
+    np.save(root / "w.npy", np.ones((4, 3, 5)))
+    data = (root / "w.npy").read_bytes()
+    (root / "w.npy").write_bytes(data[: len(data) - 40])
+
+
+def _two_tensors(root: Path) -> None:
+    from safetensors.numpy import save_file
+
+    save_file(
+        {"a": np.ones((2, 3, 2), np.float32), "b": np.ones((2,), np.float32)}, str(root / "w.safetensors")
+    )
+
+
+W_TOML = '[[conv]]\nweights = "w.npy"\n'
+
+PIPELINE_CASES = {
+    "unknown key in [[conv]]": ('[[conv]]\nfilters = ["ma:4"]\nstride = 2\n', None, ["unknown key 'stride'"]),
+    "unknown top-level key": (
+        'nmae = "x"\n[[conv]]\nfilters = ["ma:4"]\n',
+        None,
+        ["top level: unknown key 'nmae'", "did you mean 'name'?"],
+    ),
+    "dilation 0": (
+        '[[conv]]\nfilters = ["ma:4"]\ndilation = 0\n',
+        None,
+        ["dilation must be an integer from 1 to 1,048,576, got 0"],
+    ),
+    "dilation -1": (
+        '[[conv]]\nfilters = ["ma:4"]\ndilation = -1\n',
+        None,
+        ["dilation must be an integer from 1 to 1,048,576, got -1"],
+    ),
+    "groups not dividing C": (
+        W_TOML + "groups = 2\n",
+        _npy("w.npy", np.ones((2, 1, 3))),
+        ["groups = 2 does not divide the 3 input channels"],
+    ),
+    "groups not dividing O": (
+        W_TOML + "groups = 2\n",
+        _npy("w.npy", np.ones((3, 1, 3))),
+        ["groups = 2 does not divide the 3 output channels"],
+    ),
+    "weights C differs from F": (
+        W_TOML,
+        _npy("w.npy", np.ones((4, 5, 3))),
+        ["weights of shape [4, 5, 3] with groups = 1 expect 5 input channels, but the stage receives 3"],
+    ),
+    "corrupt npy (random bytes)": (
+        W_TOML,
+        _raw("w.npy", bytes(range(256)) * 4),
+        ["cannot read weights file", "w.npy"],
+    ),
+    "corrupt npy (magic, garbage header)": (
+        W_TOML,
+        _raw("w.npy", b"\x93NUMPY\x01\x00\x10\x00{'descr': <f8', }\n" + b"\0" * 64),
+        ["cannot read weights file", "w.npy"],
+    ),
+    "corrupt npy (truncated)": (W_TOML, _truncated_npy, ["cannot read weights file", "w.npy"]),
+    "safetensors with two tensors, no weights_key": (
+        '[[conv]]\nweights = "w.safetensors"\n',
+        _two_tensors,
+        ["w.safetensors", "holds 2 tensors (a, b)", "weights_key"],
+    ),
+    "missing weights file": (W_TOML, None, ["weights file", "w.npy", "does not exist"]),
+    "unknown filter foo:3": ('[[conv]]\nfilters = ["ma:4", "foo:3"]\n', None, ["unknown filter 'foo:3'"]),
+    "filter without parameter": ('[[conv]]\nfilters = ["ma"]\n', None, ["filter 'ma' needs a parameter"]),
+    "filter with zero window": ('[[conv]]\nfilters = ["ma:0"]\n', None, ["parameter must be between 1 and"]),
+    "bad TOML syntax": ('[[conv]\nfilters = ["ma:4"\n', None, ["not valid TOML"]),
+    "both weights and filters": (
+        '[[conv]]\nweights = "w.npy"\nfilters = ["ma:4"]\n',
+        _npy("w.npy", np.ones((3, 3, 2))),
+        ["give exactly one of 'weights'", "or 'filters'"],
+    ),
+    "neither weights nor filters": ("[[conv]]\ndilation = 2\n", None, ["give exactly one of 'weights'"]),
+    "no [[conv]] at all": ('name = "x"\n', None, ["no [[conv]] stage"]),
+    "head weights of the wrong width": (
+        '[[conv]]\nfilters = ["diff:1", "diff:2", "dev:4", "dev:8", "ma:8"]\n[head]\nweights = "head.npy"\n',
+        _npy("head.npy", np.ones((7, 2))),
+        ["[head]", "weights of shape [7, 2] expect 7 inputs, but the last stage gives 15"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PIPELINE_CASES))
+def test_bad_pipeline(tmp_path: Path, case: str) -> None:
+    text, make_files, needles = PIPELINE_CASES[case]
+    src = good_store(tmp_path)
+    toml = write_toml(tmp_path, text)
+    if make_files is not None:
+        make_files(tmp_path)
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", toml)
+    # every message names the pipeline file it is about
+    assert_refused(res, str(toml), *needles)
+    assert snapshot(tmp_path) == before
+
+
+def test_missing_pipeline_file(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", tmp_path / "nope.toml")
+    assert_refused(res, "pipeline file", "nope.toml", "does not exist")
+    assert snapshot(tmp_path) == before
+
+
+def test_pipeline_file_not_utf8(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    toml = tmp_path / "pipe.toml"
+    toml.write_bytes(b'name = "caf\xe9"\n[[conv]]\nfilters = ["ma:4"]\n')  # latin-1, as some editors save
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", toml)
+    assert_refused(res, str(toml))
+    assert snapshot(tmp_path) == before
+
+
+# --------------------------------------------------------------------------------------- warnings
+
+
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        None,  # the default pipeline: power-of-two windows, exact in FP16
+        '[[conv]]\nfilters = ["ma:5"]\nweight_dtype = "float32"\n',
+        'weight_dtype = "float32"\n[[conv]]\nfilters = ["ma:5", "ema:3"]\n',
+        '[[conv]]\nfilters = ["ma:4", "dev:16", "diff:3"]\n',
+    ],
+)
+def test_no_fp16_warning_when_weights_are_exact(tmp_path: Path, pipeline: str | None) -> None:
+    src = good_store(tmp_path)
+    extra = [] if pipeline is None else ["--pipeline", write_toml(tmp_path, pipeline)]
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", *extra)
+    assert res.exit_code == 0, res.output
+    assert res.stderr == ""
+    assert "tsconv: warning" not in res.output
+
+
+def test_fp16_warning_in_process_is_one_line(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    toml = write_toml(tmp_path, '[[conv]]\nname = "smooth"\nfilters = ["ma:4", "ma:5"]\n')
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", toml)
+    assert res.exit_code == 0, res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("tsconv: warning: ")
+    # ma:4 (filter 0) is exact: the warning names ma:5, filter 1 of the bank
+    assert "(smooth)" in lines[0] and "sum of filter 1 " in lines[0]
+
+
+# ----------------------------------------------------------------------------------------- outputs
+
+
+def test_output_equal_to_input_is_refused(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    before = snapshot(tmp_path)
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        res = invoke("-i", src, "-o", src, *extra)
+        assert_refused(res, "would overlap the input store")
+        assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("inner", ["sub.zarr", "values", "time", "values/c"])
+def test_output_inside_the_input_is_refused(tmp_path: Path, inner: str) -> None:
+    src = good_store(tmp_path)
+    before = snapshot(tmp_path)
+    for extra in ([], ["--overwrite"]):
+        res = invoke("-i", src, "-o", src / inner, *extra)
+        assert_refused(res, "would overlap the input store")
+        assert snapshot(tmp_path) == before
+
+
+def test_output_containing_the_input_is_refused(tmp_path: Path) -> None:
+    """The input is the bare array g.zarr/values; overwriting g.zarr would delete it."""
+    good_store(tmp_path, name="g.zarr")
+    before = snapshot(tmp_path)
+    res = invoke("-i", tmp_path / "g.zarr" / "values", "-o", tmp_path / "g.zarr", "--overwrite")
+    assert_refused(res, "would overlap the input store")
+    assert snapshot(tmp_path) == before
+
+
+def test_output_symlink_to_the_input_is_refused(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    (tmp_path / "link.zarr").symlink_to(src, target_is_directory=True)
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "link.zarr", "--overwrite")
+    assert_refused(res, "would overlap the input store")
+    assert snapshot(tmp_path) == before
+
+
+def test_existing_output_refused_then_replaced_with_overwrite(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    out = write_store(tmp_path / "out.zarr", np.zeros((7, 2), np.float32))
+    (out / "stale.txt").write_text("from an older run")
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", out)
+    assert_refused(res, "already exists", "--overwrite", "--resume")
+    assert snapshot(tmp_path) == before
+
+    before_input = snapshot(src)
+    res = invoke("-i", src, "-o", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert res.stderr == ""
+    assert snapshot(src) == before_input
+    assert not (out / "stale.txt").exists()
+    g = zarr.open_group(str(out), mode="r")
+    assert g["values"].shape == (ROWS, DEFAULT_OUTPUTS)
+    assert g.attrs["features"][:5] == ["x0.diff1", "x0.diff32", "x0.diff256", "x0.dev32", "x0.dev256"]
+    assert g.attrs["tsconv"]["complete"] is True
+    np.testing.assert_array_equal(np.asarray(g["time"][:]), np.asarray(zarr.open_group(str(src))["time"][:]))
+
+
+@pytest.mark.parametrize("kind", ["directory", "empty directory", "file"])
+def test_existing_non_zarr_output_is_never_replaced(tmp_path: Path, kind: str) -> None:
+    src = good_store(tmp_path)
+    out = tmp_path / "out"
+    if kind == "file":
+        out.write_text("precious\n")
+    else:
+        out.mkdir()
+        if kind == "directory":
+            (out / "notes.txt").write_text("precious\n")
+            (out / "sub").mkdir()
+    before = snapshot(tmp_path)
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        res = invoke("-i", src, "-o", out, *extra)
+        assert_refused(res, "exists and is not a zarr store; refusing to replace it")
+        assert snapshot(tmp_path) == before
+
+
+def test_overwrite_with_resume_is_refused(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--overwrite", "--resume")
+    assert res.exit_code != 0
+    assert isinstance(res.exception, SystemExit)
+    assert "Traceback" not in res.output
+    assert "--overwrite and --resume exclude each other" in res.stderr
+    assert res.stdout == ""
+    assert snapshot(tmp_path) == before
+
+
+def test_overwrite_with_resume_is_one_tsconv_error_line(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--overwrite", "--resume")
+    assert_refused(res, "--overwrite and --resume")
+
+
+# ------------------------------------------------------------------------------------------ devices
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--device", "cuda")
+    assert_refused(res, "'cuda'", "no CUDA GPU is available", "--device cpu")
+    assert snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------------------------------- damaged input data
+
+
+def test_corrupt_chunk_in_input(tmp_path: Path) -> None:
+    src = write_store(tmp_path / "in.zarr", price_series(ROWS, FEATURES), chunks=(100, FEATURES))
+    chunk = src / "values" / "c" / "2" / "0"
+    assert chunk.is_file()
+    chunk.write_bytes(b"not a zstd frame")
+    before = snapshot(src)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr")
+    assert_refused(res, str(src))
+    assert snapshot(src) == before
+
+
+def test_huge_dilation_with_zero_warmup(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    toml = write_toml(tmp_path, '[[conv]]\nfilters = ["diff:1"]\ndilation = 1000000000000\n')
+    before = snapshot(src)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", toml, "--warmup", "zero")
+    assert snapshot(src) == before
+    assert_refused(res, "dilation")
+
+
+@pytest.mark.parametrize("option", [["--chunk", "0"], ["--device", "tpu"], ["--warmup", "maybe"]])
+def test_bad_options_get_one_line(tmp_path: Path, option: list[str]) -> None:
+    src = good_store(tmp_path)
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", *option)
+    assert_refused(res, option[0])
+    assert snapshot(tmp_path) == before

@@ -1,0 +1,665 @@
+"""Pipeline specs: loading TOML and dicts, filter banks, resolution against the input features."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+
+import tsconv
+from tsconv.banks import bank_weights, parse_filter
+from tsconv.errors import PipelineError, ShapeError, TsconvError, TsconvWarning
+from tsconv.spec import (
+    DEFAULT_PIPELINE_TOML,
+    default_pipeline,
+    fp16_sum_shift,
+    load_pipeline,
+    pipeline_from_dict,
+    resolve,
+)
+
+NAMES3 = ("a", "b", "c")
+RNG = np.random.default_rng(1234)
+
+
+def sha(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def quiet_resolve(pipe, names=NAMES3):  # noqa: ANN001, ANN201
+    """resolve() with FP16 sum-shift warnings silenced (random weights are not FP16-exact)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TsconvWarning)
+        return resolve(pipe, names)
+
+
+def strict_resolve(pipe, names=NAMES3):  # noqa: ANN001, ANN201
+    """resolve() where any warning fails the test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return resolve(pipe, names)
+
+
+def causal_apply(x: np.ndarray, taps: np.ndarray, dilation: int = 1) -> np.ndarray:
+    """The documented convention, with zero history: out[t] = sum_k w[k] * x[t - (K - 1 - k) * dilation]."""
+    k = len(taps)
+    out = np.zeros(len(x))
+    for t in range(len(x)):
+        for j in range(k):
+            s = t - (k - 1 - j) * dilation
+            if s >= 0:
+                out[t] += taps[j] * x[s]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ filters
+
+
+@pytest.mark.parametrize("w", [1, 2, 5, 16, 100])
+def test_ma_taps(w: int) -> None:
+    taps = parse_filter(f"ma:{w}")
+    assert taps.shape == (w,)
+    assert taps.dtype == np.float64
+    np.testing.assert_array_equal(taps, np.full(w, 1.0 / w))
+    assert math.fsum(taps) == pytest.approx(1.0, abs=1e-15)
+
+
+@pytest.mark.parametrize("lag", [1, 3, 32])
+def test_diff_taps(lag: int) -> None:
+    taps = parse_filter(f"diff:{lag}")
+    assert taps.shape == (lag + 1,)
+    expected = np.zeros(lag + 1)
+    expected[0], expected[-1] = -1.0, 1.0  # oldest tap first: x[t] - x[t - lag]
+    np.testing.assert_array_equal(taps, expected)
+    assert taps.sum() == 0.0
+
+
+@pytest.mark.parametrize("w", [1, 4, 7, 256])
+def test_dev_taps(w: int) -> None:
+    taps = parse_filter(f"dev:{w}")
+    assert taps.shape == (w,)
+    np.testing.assert_array_equal(taps[:-1], np.full(w - 1, -1.0 / w))
+    assert taps[-1] == 1.0 - 1.0 / w
+    assert math.fsum(taps) == pytest.approx(0.0, abs=1e-15)  # zero-sum: level-free
+    np.testing.assert_allclose(taps, np.eye(w)[-1] - parse_filter(f"ma:{w}"), rtol=0, atol=1e-16)
+
+
+@pytest.mark.parametrize(
+    ("spec", "span", "k"), [("ema:3", 3, 10), ("ema:10", 10, 31), ("ema:8:5", 8, 5), ("ema:2:1", 2, 1)]
+)
+def test_ema_taps(spec: str, span: int, k: int) -> None:
+    taps = parse_filter(spec)
+    assert taps.shape == (k,)
+    assert math.fsum(taps) == pytest.approx(1.0, abs=1e-14)
+    if k > 1:
+        alpha = 2.0 / (span + 1.0)
+        # geometric decay into the past, the largest weight on the current step (the last tap)
+        np.testing.assert_allclose(taps[:-1] / taps[1:], np.full(k - 1, 1.0 - alpha), rtol=1e-12)
+        assert taps.argmax() == k - 1
+
+
+def test_ema_of_span_one_is_the_current_step() -> None:
+    np.testing.assert_array_equal(parse_filter("ema:1"), [0.0, 0.0, 0.0, 1.0])  # alpha = 1
+
+
+def test_id_taps() -> None:
+    np.testing.assert_array_equal(parse_filter("id"), [1.0])
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("foo:3", "unknown filter 'foo:3'"),
+        ("ma", "needs a parameter"),
+        ("ma:0", "between 1 and"),
+        (f"ma:{(1 << 16) + 1}", "between 1 and"),
+        ("diff:2:3", "takes one parameter"),
+        ("id:3", "takes no parameter"),
+        ("ema:4:0", "taps must be between 1 and"),
+        ("ma:-3", "unknown filter"),
+        ("ma:1.5", "unknown filter"),
+        ("", "unknown filter"),
+        ("MA:4", "unknown filter"),
+    ],
+)
+def test_bad_filters(spec: str, match: str) -> None:
+    with pytest.raises(PipelineError, match=match):
+        parse_filter(spec)
+
+
+@pytest.mark.parametrize("spec", ["ma:4", "diff:3", "dev:5", "ema:3", "ema:6:4", "id"])
+def test_filters_are_causal_and_aligned_on_the_current_step(spec: str) -> None:
+    taps = parse_filter(spec)
+    k = len(taps)
+    impulse = np.zeros(20)
+    impulse[10] = 1.0
+    y = causal_apply(impulse, taps)
+    assert (y[:10] == 0).all()  # nothing before the impulse: the filter never looks ahead
+    assert y[10] == taps[-1]  # the last tap multiplies the current step
+    np.testing.assert_array_equal(y[10 : 10 + k], taps[::-1])
+    assert (y[10 + k :] == 0).all()
+
+
+def test_bank_weights_layout() -> None:
+    filters = ("ma:2", "diff:3", "id")
+    w = bank_weights(filters, 3)
+    assert w.shape == (9, 1, 4)  # [C * M, 1, K_max]
+    for c in range(3):
+        np.testing.assert_array_equal(w[c * 3 + 0, 0], [0, 0, 0.5, 0.5])  # left-padded: aligned on now
+        np.testing.assert_array_equal(w[c * 3 + 1, 0], [-1, 0, 0, 1])
+        np.testing.assert_array_equal(w[c * 3 + 2, 0], [0, 0, 0, 1])
+
+
+def test_bank_through_the_engine_is_causal() -> None:
+    """The same taps through tsconv.features: id is the input, diff:L is x[t] - x[t-L], ma:4 the mean."""
+    x = np.zeros((40, 2), np.float32)
+    x[:, 0] = np.arange(40) ** 2 % 17  # small integers: every result is exact in float32
+    x[:, 1] = 3.0
+    x[25, 1] = 7.0
+    pipe = {"weight_dtype": "float32", "conv": [{"filters": ["id", "diff:1", "diff:3", "ma:4"]}]}
+    y = tsconv.features(x, pipe, warmup="zero")
+    assert y.shape == (40, 8)
+    for f in range(2):
+        col = x[:, f].astype(np.float64)
+        for m, spec in enumerate(["id", "diff:1", "diff:3", "ma:4"]):
+            ref = causal_apply(col, parse_filter(spec))
+            # warmup="zero": history before step 0 is zero, applied after centring on the first level,
+            # so compare from the first step whose window lies inside the series
+            start = len(parse_filter(spec)) - 1
+            np.testing.assert_allclose(y[start:, f * 4 + m], ref[start:], rtol=0, atol=1e-5, err_msg=spec)
+
+
+# ------------------------------------------------------------------------------------ loading files
+
+
+def test_toml_with_npy_weights_and_bias_relative_to_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = tmp_path / "pipes"
+    (d / "weights").mkdir(parents=True)
+    w = RNG.normal(size=(4, 3, 5))
+    b = RNG.normal(size=4)
+    np.save(d / "weights" / "w.npy", w)
+    np.save(d / "b.npy", b.astype(np.float32))
+    text = '[[conv]]\nname = "dense"\nweights = "weights/w.npy"\nbias = "b.npy"\ndilation = 2\nactivation = "relu"\n'
+    (d / "my-pipe.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)  # somewhere else than the TOML file: paths must not be cwd-relative
+    pipe = load_pipeline(d / "my-pipe.toml")
+    assert pipe.name == "my-pipe"  # defaults to the file's stem
+    assert pipe.origin == str(d / "my-pipe.toml")
+    assert pipe.text == text
+    (stage,) = pipe.stages
+    assert stage.name == "dense" and stage.dilation == 2 and stage.activation == "relu" and stage.groups == 1
+    assert stage.weight.dtype == np.float64
+    np.testing.assert_array_equal(stage.weight, w)
+    np.testing.assert_array_equal(stage.bias, b.astype(np.float32).astype(np.float64))
+    assert stage.source == {"weights": "weights/w.npy", "bias": "b.npy"}
+    assert stage.weight_dtype == "float16"  # the default
+
+
+def test_toml_with_absolute_weight_path(tmp_path: Path) -> None:
+    w = RNG.normal(size=(2, 3, 2))
+    np.save(tmp_path / "w.npy", w)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "p.toml").write_text(f'[[conv]]\nweights = "{tmp_path / "w.npy"}"\n')
+    np.testing.assert_array_equal(load_pipeline(tmp_path / "sub" / "p.toml").stages[0].weight, w)
+
+
+def test_weights_are_not_resolved_against_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "sub").mkdir()
+    np.save(tmp_path / "w.npy", np.ones((2, 3, 2)))  # beside the cwd, not beside the TOML file
+    (tmp_path / "sub" / "p.toml").write_text('[[conv]]\nweights = "w.npy"\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PipelineError, match="does not exist.*relative to the pipeline file"):
+        load_pipeline("sub/p.toml")
+
+
+def test_toml_with_safetensors(tmp_path: Path) -> None:
+    w = RNG.normal(size=(6, 1, 3)).astype(np.float32)
+    b = RNG.normal(size=6).astype(np.float32)
+    hw = RNG.normal(size=(6, 2)).astype(np.float32)
+    save_file({"conv.weight": w, "conv.bias": b}, str(tmp_path / "model.safetensors"))
+    save_file({"only": hw}, str(tmp_path / "head.safetensors"))
+    text = (
+        "[[conv]]\n"
+        'weights = "model.safetensors"\nweights_key = "conv.weight"\n'
+        'bias = "model.safetensors"\nbias_key = "conv.bias"\n'
+        'groups = "depthwise"\nweight_dtype = "float32"\n'
+        '[head]\nweights = "head.safetensors"\nweight_dtype = "float32"\n'
+    )
+    (tmp_path / "p.toml").write_text(text)
+    pipe = load_pipeline(tmp_path / "p.toml")
+    np.testing.assert_array_equal(pipe.stages[0].weight, w.astype(np.float64))
+    np.testing.assert_array_equal(pipe.stages[0].bias, b.astype(np.float64))
+    np.testing.assert_array_equal(pipe.head.weight, hw.astype(np.float64))  # one tensor: no key needed
+    plan = strict_resolve(pipe)
+    assert plan.layers[0].groups == 3
+    np.testing.assert_array_equal(plan.layers[0].weight, w)
+    np.testing.assert_array_equal(plan.layers[0].bias, b)
+    np.testing.assert_array_equal(plan.head.weight, hw)
+    assert plan.output_names == ("head.0", "head.1")
+
+
+@pytest.mark.parametrize(
+    ("stage", "files", "match"),
+    [
+        ({"weights": "m.safetensors"}, "two", r"holds 2 tensors \(a, b\).*weights_key"),
+        ({"weights": "m.safetensors", "weights_key": "c"}, "two", r"has no tensor 'c'.*it holds: a, b"),
+        (
+            {"weights": "w.npy", "weights_key": "a"},
+            "npy",
+            "weights_key applies only when weights is a .safetensors file",
+        ),
+        ({"weights": "w.txt"}, "txt", "unknown type '.txt'"),
+        (
+            {"weights": "w.npy", "bias": "short.npy"},
+            "npy",
+            "bias has 2 values but weights have 4 output channels",
+        ),
+        ({"weights": "w.npy", "bias": "w.npy"}, "npy", r"bias in .* has shape \[4, 3, 2\], expected 1-D"),
+        ({"weights": "short.npy"}, "npy", r"has shape \[2\], expected 3-D \[O, C/groups, K\]"),
+        ({"weights": "nan.npy"}, "npy", "contains NaN or infinite values"),
+        ({"weights": "empty.npy"}, "npy", r"is empty \(shape \[0, 3, 2\]\)"),
+        ({"weights": "bool.npy"}, "npy", "non-numeric dtype bool"),
+        ({"weights": "missing.npy"}, "npy", "does not exist"),
+        ({"weights": ""}, "npy", "empty string"),
+        ({"filters": ["ma:4"], "bias": "short.npy"}, "npy", "'bias' does not apply to a filter bank"),
+        ({"filters": ["ma:4"], "groups": 1}, "npy", "a filter bank is depthwise"),
+        ({"filters": []}, "npy", "non-empty list of strings"),
+        ({"filters": "ma:4"}, "npy", "non-empty list of strings"),
+        ({"weights": "w.npy", "groups": 0}, "npy", "groups must be an integer >= 1"),
+        ({"weights": "w.npy", "groups": "all"}, "npy", "groups must be an integer >= 1"),
+        ({"weights": "w.npy", "dilation": 1.0}, "npy", "dilation must be an integer from 1 to"),
+        ({"weights": "w.npy", "dilation": True}, "npy", "dilation must be an integer from 1 to"),
+        ({"weights": "w.npy", "activation": "sigmoid"}, "npy", "activation = 'sigmoid' is not allowed"),
+        ({"weights": "w.npy", "weight_dtype": "bfloat16"}, "npy", "weight_dtype = 'bfloat16' is not allowed"),
+        ({"weights": "w.npy", "name": ""}, "npy", "name must be a non-empty string"),
+    ],
+)
+def test_bad_stage(tmp_path: Path, stage: dict, files: str, match: str) -> None:
+    save_file(
+        {"a": np.ones((2, 3, 2), np.float32), "b": np.ones(2, np.float32)}, str(tmp_path / "m.safetensors")
+    )
+    np.save(tmp_path / "w.npy", np.ones((4, 3, 2)))
+    np.save(tmp_path / "short.npy", np.ones(2))
+    np.save(tmp_path / "nan.npy", np.array([[[1.0, np.nan]]]))
+    np.save(tmp_path / "empty.npy", np.ones((0, 3, 2)))
+    np.save(tmp_path / "bool.npy", np.ones((2, 3, 2), dtype=bool))
+    (tmp_path / "w.txt").write_text("1 2 3")
+    with pytest.raises(PipelineError, match=match) as info:
+        pipeline_from_dict({"conv": [stage]}, base_dir=tmp_path, origin="p.toml")
+    assert str(info.value).startswith("p.toml: [[conv]] #1")
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ([], "a pipeline must be a table"),
+        ({}, r"no \[\[conv\]\] stage"),
+        ({"conv": []}, "'conv' must be an array of tables"),
+        ({"conv": {"filters": ["id"]}}, "'conv' must be an array of tables"),
+        ({"conv": [{"filters": ["id"]}], "head": [1]}, "'head' must be a table"),
+        ({"conv": [{"filters": ["id"]}], "head": {}}, r"\[head\]: 'weights' is required"),
+        ({"conv": [{"filters": ["id"]}], "name": 3}, "'name' must be a string"),
+        (
+            {"conv": [{"filters": ["id"]}], "weight_dtype": "float64"},
+            "weight_dtype = 'float64' is not allowed",
+        ),
+        ({"conv": [{"filters": ["id"]}], "stages": []}, "unknown key 'stages'"),
+        (
+            {"conv": [{"filters": ["id"], "dilatation": 2}]},
+            "unknown key 'dilatation'; hint: did you mean 'dilation'",
+        ),
+        (
+            {"conv": [{"filters": ["id"]}], "head": {"weights": np.ones((3, 2)), "bias": np.ones(3)}},
+            "head bias must",
+        ),
+        (
+            {"conv": [{"filters": ["id"]}], "head": {"weights": np.ones((3, 2)), "groups": 1}},
+            "unknown key 'groups'",
+        ),
+    ],
+)
+def test_bad_pipeline_dict(data: object, match: str) -> None:
+    with pytest.raises(PipelineError, match=match):
+        pipeline_from_dict(data)
+
+
+def test_description_must_be_a_string() -> None:
+    with pytest.raises(PipelineError, match="description"):
+        pipeline_from_dict({"description": 3, "conv": [{"filters": ["id"]}]})
+
+
+def test_bad_toml_names_the_file(tmp_path: Path) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text('[[conv]\nfilters = ["id"]\n')
+    with pytest.raises(PipelineError, match=f"{p}: not valid TOML"):
+        load_pipeline(p)
+    with pytest.raises(PipelineError, match="does not exist"):
+        load_pipeline(tmp_path / "missing.toml")
+
+
+# --------------------------------------------------------------------------------- dict pipelines
+
+
+def test_dict_pipeline_with_arrays() -> None:
+    w1 = RNG.normal(size=(4, 3, 3))
+    b1 = RNG.normal(size=4)
+    w2 = torch.randn(2, 2, 2, dtype=torch.float64)
+    pipe = pipeline_from_dict(
+        {
+            "weight_dtype": "float32",
+            "conv": [
+                {"name": "dense", "weights": w1, "bias": b1},
+                {"name": "grouped", "weights": w2, "groups": 2, "dilation": 3},
+            ],
+            "head": {"weights": [[1.0, 0.0, 2.0], [0.5, 1.0, 0.0]], "bias": [0.25, 0.5, 1.0], "name": "out"},
+        }
+    )
+    assert pipe.origin == "<dict>" and pipe.name == "<dict>" and pipe.text is None
+    assert pipe.stages[0].source == {"weights": "<array>", "bias": "<array>"}
+    np.testing.assert_array_equal(pipe.stages[0].weight, w1)
+    np.testing.assert_array_equal(pipe.stages[1].weight, w2.numpy())
+    plan = strict_resolve(pipe)
+    np.testing.assert_array_equal(plan.layers[0].weight, w1.astype(np.float32))
+    np.testing.assert_array_equal(plan.layers[0].bias, b1.astype(np.float32))
+    np.testing.assert_array_equal(plan.layers[1].weight, w2.numpy().astype(np.float32))
+    assert plan.layers[1].groups == 2 and plan.layers[1].in_channels == 4 and plan.layers[1].out_channels == 2
+    np.testing.assert_array_equal(plan.head.weight, [[1.0, 0.0, 2.0], [0.5, 1.0, 0.0]])
+    assert plan.output_names == ("out.0", "out.1", "out.2")
+    assert plan.halo == 2 * 1 + 1 * 3
+
+
+@pytest.mark.parametrize("bad", [[[1.0, 2.0], [3.0]], object(), {"w": 1}, np.array([[[1]]], dtype=object)])
+def test_dict_pipeline_rejects_non_numeric_weights(bad: object) -> None:
+    with pytest.raises(PipelineError, match="weights must be a file path or a numeric array"):
+        pipeline_from_dict({"conv": [{"weights": bad}]})
+
+
+def test_dict_pipeline_array_checks() -> None:
+    with pytest.raises(PipelineError, match=r"weights in <array> has shape \[3, 2\], expected 3-D"):
+        pipeline_from_dict({"conv": [{"weights": np.ones((3, 2))}]})
+    with pytest.raises(PipelineError, match="contains NaN or infinite"):
+        pipeline_from_dict({"conv": [{"weights": np.full((1, 1, 2), np.inf)}]})
+    with pytest.raises(PipelineError, match="non-numeric dtype complex128"):
+        pipeline_from_dict({"conv": [{"weights": np.ones((1, 1, 2), complex)}]})
+
+
+# ------------------------------------------------------------------------------------- resolution
+
+
+def test_output_names() -> None:
+    pipe = pipeline_from_dict(
+        {
+            "conv": [
+                {"filters": ["ma:4", "diff:1", "ema:3", "id"]},
+            ]
+        }
+    )
+    plan = strict_resolve(pipe, ["px", "vol"])
+    assert plan.input_names == ("px", "vol")
+    assert plan.output_names == (
+        "px.ma4", "px.diff1", "px.ema3", "px.id",
+        "vol.ma4", "vol.diff1", "vol.ema3", "vol.id",
+    )  # fmt: skip
+    assert plan.n_outputs == 8
+    two = pipeline_from_dict(
+        {"conv": [{"name": "mix", "weights": np.ones((2, 2, 1))}, {"filters": ["diff:2", "dev:4"]}]}
+    )
+    assert strict_resolve(two, ["px", "vol"]).output_names == (
+        "mix.0.diff2",
+        "mix.0.dev4",
+        "mix.1.diff2",
+        "mix.1.dev4",
+    )
+    headed = pipeline_from_dict({"conv": [{"filters": ["id"]}], "head": {"weights": np.ones((2, 3))}})
+    assert strict_resolve(headed, ["px", "vol"]).output_names == ("head.0", "head.1", "head.2")
+
+
+def test_distinct_filters_get_distinct_output_names() -> None:
+    plan = quiet_resolve(pipeline_from_dict({"conv": [{"filters": ["ema:8:4", "ema:84"]}]}), ["px"])
+    assert len(set(plan.output_names)) == plan.n_outputs
+
+
+def test_halo_is_the_sum_over_stages() -> None:
+    pipe = pipeline_from_dict(
+        {
+            "weight_dtype": "float32",
+            "conv": [
+                {"filters": ["ma:4", "diff:8"], "dilation": 2},  # K = 9
+                {"weights": np.ones((3, 6, 3)), "dilation": 3},  # K = 3
+                {"weights": np.ones((3, 1, 5)), "groups": "depthwise"},  # K = 5
+                {"filters": ["id"], "dilation": 7},  # K = 1: no halo whatever the dilation
+            ],
+        }
+    )
+    plan = strict_resolve(pipe)
+    assert [layer.halo for layer in plan.layers] == [16, 6, 4, 0]
+    assert [layer.taps for layer in plan.layers] == [9, 3, 5, 1]
+    assert plan.halo == 26
+    assert strict_resolve(default_pipeline()).halo == 256
+
+
+def test_depthwise_groups() -> None:
+    w = RNG.normal(size=(3, 1, 4))
+    plan = quiet_resolve(pipeline_from_dict({"conv": [{"weights": w, "groups": "depthwise"}]}))
+    assert plan.layers[0].groups == 3 and plan.layers[0].in_channels == 3
+    # a channel multiplier of 2, and the same width bound to 5 features
+    w2 = RNG.normal(size=(10, 1, 2))
+    plan = quiet_resolve(
+        pipeline_from_dict({"conv": [{"weights": w2, "groups": "depthwise"}]}), list("abcde")
+    )
+    assert plan.layers[0].groups == 5 and plan.layers[0].out_channels == 10
+    with pytest.raises(ShapeError, match="expect 6 input channels, but the stage receives 3"):
+        resolve(
+            pipeline_from_dict({"conv": [{"weights": np.ones((3, 2, 4)), "groups": "depthwise"}]}), NAMES3
+        )
+    with pytest.raises(ShapeError, match="3 output channels are not a multiple of groups = 2"):
+        resolve(
+            pipeline_from_dict({"conv": [{"weights": np.ones((3, 1, 4)), "groups": "depthwise"}]}), ["a", "b"]
+        )
+
+
+def test_shape_errors_name_the_stage() -> None:
+    pipe = pipeline_from_dict(
+        {"conv": [{"filters": ["id", "ma:2"]}, {"name": "mix", "weights": np.ones((2, 5, 1))}]},
+        origin="x.toml",
+    )
+    with pytest.raises(
+        ShapeError,
+        match=r"x.toml: \[\[conv\]\] #2 \(mix\): .* expect 5 input channels, but the stage receives 6",
+    ):
+        resolve(pipe, NAMES3)
+
+
+# ---------------------------------------------------------------------------------- weight dtypes
+
+
+def test_float16_rounding_is_applied() -> None:
+    w = RNG.normal(size=(4, 3, 5))
+    b = RNG.normal(size=4)
+    hw = RNG.normal(size=(4, 2))
+    hb = RNG.normal(size=2)
+    plan = quiet_resolve(
+        pipeline_from_dict({"conv": [{"weights": w, "bias": b}], "head": {"weights": hw, "bias": hb}})
+    )
+    layer = plan.layers[0]
+    assert layer.weight_dtype == "float16" and layer.weight.dtype == np.float32
+    np.testing.assert_array_equal(layer.weight, w.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(layer.bias, b.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(plan.head.weight, hw.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(plan.head.bias, hb.astype(np.float16).astype(np.float32))
+    assert (layer.weight != w.astype(np.float32)).any()  # the rounding did something
+
+
+def test_float32_keeps_values() -> None:
+    w = RNG.normal(size=(4, 3, 5))
+    b = RNG.normal(size=4)
+    data = {
+        "conv": [{"weights": w, "bias": b, "weight_dtype": "float32"}],
+        "head": {"weights": np.full((4, 1), 0.1)},
+    }
+    plan = quiet_resolve(pipeline_from_dict(data))
+    np.testing.assert_array_equal(plan.layers[0].weight, w.astype(np.float32))
+    np.testing.assert_array_equal(plan.layers[0].bias, b.astype(np.float32))
+    assert plan.layers[0].weight_dtype == "float32"
+    assert plan.head.weight_dtype == "float16"  # the stage's dtype does not leak into the head
+    assert plan.head.weight[0, 0] == np.float32(np.float16(0.1)) != np.float32(0.1)
+    # the top-level default applies to every stage without its own
+    top = quiet_resolve(
+        pipeline_from_dict({"weight_dtype": "float32", "conv": [{"weights": w}, {"filters": ["ma:3"]}]})
+    )
+    assert [layer.weight_dtype for layer in top.layers] == ["float32", "float32"]
+    np.testing.assert_array_equal(top.layers[0].weight, w.astype(np.float32))
+    np.testing.assert_array_equal(top.layers[1].weight[0, 0], np.full(3, 1 / 3, dtype=np.float32))
+
+
+def test_fp16_sum_shift_warning() -> None:
+    with pytest.warns(
+        TsconvWarning, match=r"\[\[conv\]\] #1 \(smooth\): FP16 weights shift the sum of filter 1"
+    ):
+        resolve(pipeline_from_dict({"conv": [{"name": "smooth", "filters": ["ma:8", "ma:5"]}]}), NAMES3)
+    assert fp16_sum_shift(bank_weights(("ma:5",), 1))[0] > 1e-4
+    # exact in FP16, or kept in float32: no warning
+    strict_resolve(pipeline_from_dict({"conv": [{"filters": ["ma:8", "dev:64", "diff:5", "id"]}]}))
+    strict_resolve(pipeline_from_dict({"conv": [{"filters": ["ma:5", "ema:7"], "weight_dtype": "float32"}]}))
+    with pytest.warns(TsconvWarning, match=r"\[head\]: FP16 weights shift"):
+        resolve(
+            pipeline_from_dict({"conv": [{"filters": ["id"]}], "head": {"weights": np.full((3, 1), 0.1)}}),
+            NAMES3,
+        )
+
+
+def test_weights_beyond_float16_range_are_refused() -> None:
+    pipe = pipeline_from_dict({"conv": [{"weights": np.full((1, 3, 2), 1e5)}]})  # float16 max is 65504
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TsconvError):
+            resolve(pipe, NAMES3)  # today: Layer.weight is all inf
+
+
+def test_bias_beyond_float16_range_is_refused() -> None:
+    pipe = pipeline_from_dict({"conv": [{"weights": np.ones((1, 3, 2)), "bias": np.array([1e5])}]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TsconvError):
+            resolve(pipe, NAMES3)  # today: Layer.bias is [inf]
+
+
+def test_default_pipeline() -> None:
+    pipe = default_pipeline()
+    assert pipe.name == "default" and pipe.origin == "default" and pipe.text == DEFAULT_PIPELINE_TOML
+    plan = strict_resolve(pipe, ["p", "q"])  # no FP16 warning: every weight is exact
+    (layer,) = plan.layers
+    filters = ("diff:1", "diff:32", "diff:256", "dev:32", "dev:256")
+    assert layer.weight_dtype == "float16" and layer.groups == 2
+    exact = bank_weights(filters, 2)
+    assert layer.weight.shape == exact.shape == (10, 1, 257)
+    np.testing.assert_array_equal(layer.weight.astype(np.float64), exact)
+    assert (fp16_sum_shift(exact) == 0).all()
+    assert plan.output_names[:5] == ("p.diff1", "p.diff32", "p.diff256", "p.dev32", "p.dev256")
+    assert plan.halo == 256 and plan.head is None
+
+
+# ----------------------------------------------------------------------------- as_run, fingerprint
+
+
+def test_as_run_records_weight_hashes(tmp_path: Path) -> None:
+    w = RNG.normal(size=(3, 1, 3))
+    b = RNG.normal(size=3)
+    hw = RNG.normal(size=(3, 4))
+    np.save(tmp_path / "w.npy", w)
+    np.save(tmp_path / "b.npy", b)
+    np.save(tmp_path / "h.npy", hw)
+    text = (
+        'name = "p"\nweight_dtype = "float32"\n'
+        '[[conv]]\nfilters = ["ma:2"]\n'
+        '[[conv]]\nweights = "w.npy"\nbias = "b.npy"\ngroups = 3\nweight_dtype = "float16"\n'
+        '[head]\nweights = "h.npy"\nactivation = "tanh"\n'
+    )
+    (tmp_path / "p.toml").write_text(text)
+    plan = quiet_resolve(load_pipeline(tmp_path / "p.toml"), ["x", "y", "z"])
+    run = plan.as_run()
+    assert json.loads(json.dumps(run)) == run  # JSON-able
+    assert run["name"] == "p" and run["origin"] == str(tmp_path / "p.toml") and run["text"] == text
+    assert run["halo"] == 1 + 2
+    bank, conv = run["stages"]
+    assert bank["filters"] == ["ma:2"] and bank["groups"] == 3 and bank["shape"] == [3, 1, 2]
+    assert bank["weight_sha256"] == sha(bank_weights(("ma:2",), 3).astype(np.float32))
+    assert bank["bias_sha256"] is None
+    assert conv["weights"] == "w.npy" and conv["bias"] == "b.npy" and conv["weight_dtype"] == "float16"
+    # the hashes are of the values as they run: rounded to FP16, held as float32
+    assert conv["weight_sha256"] == sha(w.astype(np.float16).astype(np.float32))
+    assert conv["bias_sha256"] == sha(b.astype(np.float16).astype(np.float32))
+    assert run["head"]["weights"] == "h.npy" and run["head"]["activation"] == "tanh"
+    assert conv["shape"] == [3, 1, 3] and conv["groups"] == 3
+    assert run["head"]["weight_sha256"] == sha(hw.astype(np.float32)) and run["head"]["shape"] == [3, 4]
+
+
+def _fp(**changes: object) -> str:
+    conv = {"weights": np.arange(12.0).reshape(2, 3, 2) / 4, "bias": np.array([0.5, -0.5]), "dilation": 2}
+    conv.update(
+        {
+            k: v
+            for k, v in changes.items()
+            if k in ("weights", "bias", "dilation", "activation", "weight_dtype")
+        }
+    )
+    data = {"name": "p", "conv": [conv], "head": {"weights": changes.get("head", np.ones((2, 3)))}}
+    names = changes.get("names", NAMES3)
+    return strict_resolve(
+        pipeline_from_dict(data, origin=str(changes.get("origin", "<dict>"))), names
+    ).fingerprint()
+
+
+def test_fingerprint_changes_with_the_computation() -> None:
+    base = _fp()
+    assert _fp() == base  # deterministic
+    assert _fp(origin="elsewhere.toml") == base  # where it came from does not change the computation
+    w = np.arange(12.0).reshape(2, 3, 2) / 4
+    w[1, 2, 0] += 0.25
+    changed = [
+        _fp(weights=w),
+        _fp(bias=np.array([0.5, -0.25])),
+        _fp(dilation=3),
+        _fp(activation="relu"),
+        _fp(weight_dtype="float32", weights=w),
+        _fp(head=np.full((2, 3), 0.5)),
+        _fp(names=("a", "b", "d")),
+    ]
+    assert base not in changed
+    assert len(set(changed)) == len(changed)
+
+
+def test_fingerprint_changes_with_a_weight_file(tmp_path: Path) -> None:
+    w = np.full((2, 3, 2), 0.25)
+    np.save(tmp_path / "w.npy", w)
+    (tmp_path / "p.toml").write_text('[[conv]]\nweights = "w.npy"\n')
+    first = strict_resolve(load_pipeline(tmp_path / "p.toml")).fingerprint()
+    assert strict_resolve(load_pipeline(tmp_path / "p.toml")).fingerprint() == first
+    w[0, 0, 0] = 0.5
+    np.save(tmp_path / "w.npy", w)  # same path, same TOML, new contents
+    assert strict_resolve(load_pipeline(tmp_path / "p.toml")).fingerprint() != first
+
+
+def test_a_filter_listed_twice_is_refused() -> None:
+    with pytest.raises(PipelineError, match="listed more than once: ma:4"):
+        pipeline_from_dict({"conv": [{"filters": ["ma:4", "diff:1", "ma:4"]}]})
+
+
+def test_bias_key_without_a_safetensors_bias_is_refused() -> None:
+    with pytest.raises(PipelineError, match="bias_key applies only when bias is a .safetensors file"):
+        pipeline_from_dict({"conv": [{"weights": np.ones((1, 1, 2)), "bias_key": "b"}]})
+
+
+def test_a_receptive_field_too_long_to_carry_is_refused() -> None:
+    stages = [{"filters": ["diff:1000"], "dilation": 1 << 20}] * 20
+    with pytest.raises(PipelineError, match="receptive field spans"):
+        resolve(pipeline_from_dict({"conv": stages}), NAMES3)
