@@ -37,6 +37,7 @@ def cases(draw):
                     st.sampled_from(["ma:3", "diff:2", "dev:4", "ema:2", "id", "ma:8"]),
                     min_size=1,
                     max_size=3,
+                    unique=True,
                 )
             )
             stages.append({"filters": filters, "dilation": dilation, "activation": act})
