@@ -1,0 +1,638 @@
+"""tsconv.kernels.conv1d against the float64 reference.
+
+Without a GPU the Triton kernels run through the interpreter (tests/conftest.py sets TRITON_INTERPRET=1), so
+shapes are small and blocks large. Error rule, as in flash-attention's tests: the kernel's error against
+float64 must stay within a small multiple of torch's own error in the same precision class
+(``torch_conv1d_in_precision``: real cuDNN modes on a GPU; on the CPU, TF32 / float16 are emulated by
+rounding the operands, which is what tensor cores compute: exact products, float32 accumulation).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tsconv.errors import ShapeError
+from tsconv.kernels import autotune
+from tsconv.kernels import conv1d as conv1d_mod
+from tsconv.kernels.conv1d import conv1d
+from tsconv.kernels.conv1d_reference import (
+    conv1d_reference,
+    relative_error,
+    torch_conv1d_in_precision,
+)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# fp32 mode: within FP32_FACTOR x torch's own float32 error; tf32/fp16: 2x torch in that precision.
+FP32_FACTOR = 4.0
+ATOL = {"fp32": 1e-7, "tf32": 1e-5, "fp16": 1e-5}
+FACTOR = {"fp32": FP32_FACTOR, "tf32": 2.0, "fp16": 2.0}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(autouse=True)
+def _no_tuning(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """On a GPU, tests use each space's default config (tuning every small test shape would take minutes)
+    and never touch the user's autotune cache; the tests of the tuner switch it back on."""
+    monkeypatch.setenv("TSCONV_AUTOTUNE", "0")
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "autotune"))
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def price_levels(N: int, L: int, C: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A time-major [N, L, C] buffer of random walks around 100 (0.05 steps), like raw price levels."""
+    steps = 0.05 * torch.randn(N, L, C, generator=_gen(seed), dtype=torch.float64)
+    return (100.0 + steps.cumsum(1)).to(dtype).to(DEVICE)
+
+
+def returns(N: int, L: int, C: int, seed: int = 0) -> torch.Tensor:
+    """A time-major [N, L, C] buffer of standard normal values (normalised returns)."""
+    return torch.randn(N, L, C, generator=_gen(seed)).to(DEVICE)
+
+
+def zero_sum_weights(
+    O: int, Cg: int, K: int, seed: int = 1, dtype: torch.dtype = torch.float16
+) -> torch.Tensor:
+    """Difference-like filters: random taps summing to zero over (channels, taps) per output channel."""
+    w = torch.randn(O, Cg, K, generator=_gen(seed), dtype=torch.float64)
+    if Cg * K > 1:
+        w -= w.mean(dim=(1, 2), keepdim=True)
+    return (w / math.sqrt(Cg * K)).to(dtype).to(DEVICE)
+
+
+def nan_out(N: int, O: int, L: int, *, time_major: bool = True) -> torch.Tensor:
+    """A NaN-poisoned float32 destination; time-major views are what the engine passes."""
+    if time_major:
+        return torch.full((N, L, O), math.nan, device=DEVICE).transpose(1, 2)
+    return torch.full((N, O, L), math.nan, device=DEVICE)
+
+
+def check(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None = None,
+    *,
+    precision: str = "fp32",
+    out: torch.Tensor | None = None,
+    **kw,
+) -> float:
+    """Run conv1d into a NaN-poisoned ``out`` and apply the error rule; returns the kernel's error."""
+    K = w.shape[-1]
+    L_out = (
+        x.shape[2]
+        if kw.get("padding", "causal") == "causal"
+        else x.shape[2] - (K - 1) * kw.get("dilation", 1)
+    )
+    if out is None:
+        out = nan_out(x.shape[0], w.shape[0], L_out)
+    y = conv1d(x, w, b, precision=precision, out=out, **kw)
+    assert y is out
+    assert not torch.isnan(y).any(), "some outputs were not written"
+    ref = conv1d_reference(x, w, b, **kw)
+    err = relative_error(y, ref)
+    err_torch = relative_error(torch_conv1d_in_precision(x, w, b, precision=precision, **kw), ref)
+    if precision != "fp32" and x.is_cuda:  # cuDNN may pick a float32 algorithm even with TF32 allowed
+        emulated = torch_conv1d_in_precision(x, w, b, precision=precision, emulate=True, **kw)
+        err_torch = max(err_torch, relative_error(emulated, ref))
+    bound = FACTOR[precision] * err_torch + ATOL[precision]
+    assert err <= bound, f"{precision}: error {err:.3e} > {bound:.3e} (torch's own error {err_torch:.3e})"
+    return err
+
+
+# ------------------------------------------------------------------------------------------ dense path
+
+
+@pytest.mark.parametrize(
+    ("N", "C", "L", "O", "K", "dilation", "padding"),
+    [
+        (2, 37, 97, 70, 5, 1, "causal"),  # odd C and O: 2 channel blocks, 3 output blocks, 2 time blocks
+        (1, 16, 50, 16, 1, 1, "causal"),  # K = 1
+        (1, 20, 61, 24, 2, 3, "valid"),
+        (1, 33, 120, 40, 16, 2, "causal"),  # causal zeros reach across a whole time block
+        (1, 16, 90, 17, 64, 1, "valid"),  # K = 64, 27 outputs
+        (1, 16, 70, 16, 64, 1, "causal"),
+    ],
+)
+def test_dense_price_levels_fp32(N: int, C: int, L: int, O: int, K: int, dilation: int, padding: str) -> None:
+    x = price_levels(N, L, C).transpose(1, 2)
+    w = zero_sum_weights(O, C, K)
+    b = torch.randn(O, generator=_gen(3)).to(DEVICE)
+    check(x, w, b, dilation=dilation, padding=padding)
+
+
+@pytest.mark.parametrize("path", ["dense", "depthwise"])
+def test_k256(path: str) -> None:
+    """K = 256 (about a year of daily steps): long tap loops, causal zeros over a whole block."""
+    if path == "dense":
+        x = price_levels(1, 255 + 20, 16, seed=21).transpose(1, 2)
+        check(x, zero_sum_weights(16, 16, 256), padding="valid")
+    else:
+        x = price_levels(1, 300, 4, seed=22).transpose(1, 2)
+        check(x, zero_sum_weights(8, 1, 256), groups=4, padding="causal")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("wdtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("data", ["prices", "returns"])
+def test_dense_precisions(precision: str, wdtype: torch.dtype, data: str) -> None:
+    N, C, L, O, K = 1, 24, 75, 40, 5
+    buf = price_levels(N, L, C) if data == "prices" else returns(N, L, C)
+    x = buf.transpose(1, 2)
+    w = zero_sum_weights(O, C, K, dtype=wdtype)
+    err = check(x, w, precision=precision, dilation=2)
+    if precision == "fp32" and data == "prices":
+        assert err < 1e-5  # FACTS: fp32 ~3e-5 on price levels; TF32/fp16 ~0.25
+
+
+def test_fp32_mode_keeps_the_low_part() -> None:
+    """On price levels, "fp32" must be orders of magnitude better than "tf32" (the split is not dropped)."""
+    x = price_levels(1, 80, 32, seed=5).transpose(1, 2)
+    w = zero_sum_weights(32, 32, 4, dtype=torch.float32)
+    ref = conv1d_reference(x, w)
+    e32 = relative_error(conv1d(x, w, precision="fp32"), ref)
+    etf = relative_error(conv1d(x, w, precision="tf32"), ref)
+    assert e32 * 100 < etf, (e32, etf)
+
+
+# ------------------------------------------------------------------------------- depthwise and grouped
+
+
+@pytest.mark.parametrize(
+    ("C", "M", "K", "dilation", "padding", "wdtype"),
+    [
+        (40, 1, 16, 2, "causal", torch.float16),
+        (24, 4, 5, 1, "causal", torch.float32),
+        (13, 3, 64, 1, "causal", torch.float16),  # odd C, M not a power of two
+        (9, 8, 2, 4, "valid", torch.float16),
+        (5, 20, 3, 1, "causal", torch.float32),  # M > 16: two filter blocks
+        (6, 2, 1, 1, "causal", torch.float16),  # K = 1
+    ],
+)
+def test_depthwise(C: int, M: int, K: int, dilation: int, padding: str, wdtype: torch.dtype) -> None:
+    N, L = 2, 83
+    x = price_levels(N, L, C, seed=C).transpose(1, 2)
+    w = zero_sum_weights(C * M, 1, K, dtype=wdtype)
+    b = torch.randn(C * M, generator=_gen(4)).to(DEVICE)
+    check(x, w, b, groups=C, dilation=dilation, padding=padding)
+
+
+@pytest.mark.parametrize(
+    ("C", "groups", "O", "K"),
+    [
+        (64, 2, 48, 3),  # implicit GEMM per group (32 in, 24 out per group)
+        (12, 3, 18, 4),  # direct: 4 in, 6 out per group
+        (10, 5, 40, 2),  # direct: 2 in, 8 out per group
+        (8, 1, 12, 7),  # dense with few channels: direct path, one group
+        (48, 3, 6, 5),  # 16 in, 2 out per group: direct path loops over 16 channels
+    ],
+)
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_grouped(C: int, groups: int, O: int, K: int, precision: str) -> None:
+    x = returns(2, 45, C, seed=7).transpose(1, 2)
+    w = zero_sum_weights(O, C // groups, K, seed=8)
+    check(x, w, groups=groups, dilation=2, precision=precision)
+
+
+# ------------------------------------------------------------------------------- strides and dtypes
+
+
+def _x_layouts(N: int, C: int, L: int) -> dict[str, torch.Tensor]:
+    buf = price_levels(N, 2 * L, C + 5, seed=11)
+    return {
+        "time_major": buf[:, :L, :C].transpose(1, 2),  # channel stride 1, time stride C + 5
+        "contiguous": buf[:, :L, :C].transpose(1, 2).contiguous(),  # time stride 1
+        "every_other_step": buf[:, ::2, 2 : 2 + C].transpose(1, 2),  # time stride 2 * (C + 5)
+        "channel_major_strided": buf.permute(0, 2, 1).contiguous()[:, 1 : 1 + C, 3 : 3 + L],
+    }
+
+
+@pytest.mark.parametrize("layout", ["time_major", "contiguous", "every_other_step", "channel_major_strided"])
+@pytest.mark.parametrize("path", ["dense", "depthwise"])
+def test_input_strides(layout: str, path: str) -> None:
+    N, C, L = 2, 20, 41
+    x = _x_layouts(N, C, L)[layout]
+    assert x.shape == (N, C, L)
+    if path == "dense":
+        check(x, zero_sum_weights(24, C, 3), padding="causal", dilation=2)
+    else:
+        check(x, zero_sum_weights(2 * C, 1, 6), groups=C, padding="valid")
+
+
+@pytest.mark.parametrize("path", ["dense", "depthwise"])
+@pytest.mark.parametrize("out_layout", ["time_major_slice", "contiguous", "strided_slice"])
+def test_output_strides_write_only_the_view(path: str, out_layout: str) -> None:
+    N, C, L = 2, 16, 37
+    O, groups = (18, 1) if path == "dense" else (32, 16)
+    x = returns(N, L, C, seed=2).transpose(1, 2)
+    w = zero_sum_weights(O, C // groups, 4)
+    if out_layout == "time_major_slice":
+        big = torch.full((N, L, O + 3), math.nan, device=DEVICE)
+        out = big[:, :, 1 : 1 + O].transpose(1, 2)
+    elif out_layout == "contiguous":
+        big = torch.full((N, O, L), math.nan, device=DEVICE)
+        out = big
+    else:
+        big = torch.full((N, O, 2 * L), math.nan, device=DEVICE)
+        out = big[:, :, ::2]
+    check(x, w, groups=groups, out=out)
+    outside = torch.ones_like(big, dtype=torch.bool)
+    if out_layout == "time_major_slice":
+        outside[:, :, 1 : 1 + O] = False
+    elif out_layout == "strided_slice":
+        outside[:, :, ::2] = False
+    else:
+        outside[:] = False
+    assert torch.isnan(big[outside]).all(), "the kernel wrote outside the out view"
+
+
+@pytest.mark.parametrize("xdtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("path", ["dense", "depthwise"])
+def test_half_inputs_and_bias(xdtype: torch.dtype, path: str) -> None:
+    x = returns(1, 50, 16, seed=9).to(xdtype).transpose(1, 2)
+    if path == "dense":
+        check(x, zero_sum_weights(16, 16, 5), torch.randn(16, generator=_gen(2)).half().to(DEVICE))
+    else:
+        check(x, zero_sum_weights(48, 1, 5), torch.randn(48, generator=_gen(2)).half().to(DEVICE), groups=16)
+
+
+def test_out_none_follows_the_input_layout() -> None:
+    x_tm = returns(2, 33, 16).transpose(1, 2)
+    w = zero_sum_weights(20, 16, 3)
+    y_tm = conv1d(x_tm, w)
+    assert y_tm.shape == (2, 20, 33) and y_tm.stride(1) == 1  # time-major result for a time-major input
+    y_cm = conv1d(x_tm.contiguous(), w)
+    assert y_cm.is_contiguous()
+    torch.testing.assert_close(y_tm, y_cm, rtol=1e-5, atol=1e-5)
+    assert relative_error(y_tm, conv1d_reference(x_tm, w)) < 1e-6
+
+
+# ------------------------------------------------------------------------------------------ epilogue
+
+
+@pytest.mark.parametrize("activation", [None, "none", "relu", "gelu", "tanh"])
+@pytest.mark.parametrize("path", ["dense", "depthwise"])
+def test_activations(activation: str | None, path: str) -> None:
+    # returns scaled so outputs cover the interesting range of each activation (including |v| < 0.3 for tanh)
+    x = (0.5 * returns(1, 60, 16, seed=12)).transpose(1, 2)
+    b = torch.linspace(-1.0, 1.0, 32).to(DEVICE)
+    if path == "dense":
+        check(x, zero_sum_weights(32, 16, 3), b, activation=activation)
+    else:
+        check(x, zero_sum_weights(32, 1, 7), b, groups=16, activation=activation)
+
+
+def test_tanh_small_arguments_relative_accuracy() -> None:
+    """tanh near 0 must be accurate relative to the value (the exp formula alone cancels there)."""
+    v = torch.cat([torch.linspace(-0.6, 0.6, 64), torch.tensor([1e-4, -1e-3, 3e-3, 0.299, 0.301])])
+    x = v.reshape(1, 1, -1).to(DEVICE)
+    w = torch.ones(1, 1, 1, dtype=torch.float32, device=DEVICE)
+    y = conv1d(x, w, activation="tanh")
+    ref = torch.tanh(x.double())
+    rel = ((y.double() - ref).abs() / ref.abs().clamp_min(1e-30)).max().item()
+    assert rel < 2e-6  # 1 - exp(-2|v|) alone would be off by ~3e-4 at 1e-4
+
+
+@pytest.mark.parametrize("path", ["dense", "depthwise"])
+def test_nan_propagates_only_forward_in_time(path: str) -> None:
+    """A NaN at step t0 reaches exactly the outputs t0 + j*dilation, j < K: causal taps, no stray reads."""
+    N, C, L, K, d, t0 = 1, 16, 70, 4, 3, 30
+    buf = returns(N, L, C, seed=13)
+    buf[0, t0, 5] = math.nan
+    x = buf.transpose(1, 2)
+    if path == "dense":
+        y = conv1d(x, zero_sum_weights(16, C, K), dilation=d)
+        hit = torch.isnan(y[0]).any(dim=0)
+    else:
+        y = conv1d(x, zero_sum_weights(2 * C, 1, K), dilation=d, groups=C)
+        hit = torch.isnan(y[0]).any(dim=0)
+        assert torch.isnan(y[0, 10:12, t0]).all()  # channel 5's two filters, and only those
+        assert not torch.isnan(y[0, :10]).any() and not torch.isnan(y[0, 12:]).any()
+    expected = torch.zeros(L, dtype=torch.bool, device=DEVICE)
+    expected[t0 : t0 + (K - 1) * d + 1 : d] = True
+    assert torch.equal(hit, expected)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf in a where()
+@pytest.mark.parametrize("path", ["dense", "depthwise"])
+def test_infinite_input_is_not_turned_into_nan(path: str) -> None:
+    x = torch.zeros(1, 16, 8, device=DEVICE)
+    x[0, 3, 2] = math.inf
+    w = torch.full((16, 1 if path == "depthwise" else 16, 2), 0.5, dtype=torch.float16, device=DEVICE)
+    y = conv1d(x, w, groups=16 if path == "depthwise" else 1)
+    ref = conv1d_reference(x, w, groups=16 if path == "depthwise" else 1)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
+
+
+# ------------------------------------------------------------------------------------ internal variants
+
+
+def test_small_blocks_cover_every_boundary() -> None:
+    """Fixed 16-wide blocks: many time, channel and output blocks with ragged edges on every side."""
+    x = price_levels(1, 45, 37, seed=14).transpose(1, 2)
+    w = zero_sum_weights(35, 37, 3)
+    spec = conv1d_mod._validate(
+        x, w, None, None, dilation=2, groups=1, padding="causal", activation=None, precision="fp32"
+    )
+    out = nan_out(1, 35, 45)
+    cfg = autotune.Config("small", {"BLOCK_T": 16, "BLOCK_O": 16, "BLOCK_C": 16}, 4, 1)
+    conv1d_mod._conv1d_triton(x, w, None, out, spec, config=cfg)
+    assert not torch.isnan(out).any()
+    assert relative_error(out, conv1d_reference(x, w, dilation=2)) < 1e-5
+
+
+def test_small_blocks_direct() -> None:
+    x = returns(1, 40, 10, seed=15).transpose(1, 2)
+    w = zero_sum_weights(10 * 20, 2, 3)  # groups=5: 2 in, 40 out per group -> 3 filter blocks of 16
+    spec = conv1d_mod._validate(
+        x, w, None, None, dilation=1, groups=5, padding="causal", activation=None, precision="fp32"
+    )
+    out = nan_out(1, 200, 40)
+    cfg = autotune.Config("small", {"BLOCK_T": 16, "BLOCK_G": 2}, 4, 1)
+    conv1d_mod._conv1d_triton(x, w, None, out, spec, config=cfg)
+    assert not torch.isnan(out).any()
+    assert relative_error(out, conv1d_reference(x, w, groups=5)) < 1e-6
+
+
+@pytest.mark.parametrize("path", ["dense", "depthwise"])
+def test_int64_indexing_variant(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    monkeypatch.setattr(conv1d_mod, "_FORCE_INDEX64", True)
+    x = returns(2, 40, 16, seed=16).transpose(1, 2)
+    if path == "dense":
+        check(x, zero_sum_weights(20, 16, 3), dilation=2)
+    else:
+        check(x, zero_sum_weights(32, 1, 5), groups=16, dilation=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the torch path serves CPU tensors only")
+@pytest.mark.parametrize("groups", [1, 16])
+def test_torch_path_without_interpreter(monkeypatch: pytest.MonkeyPatch, groups: int) -> None:
+    """Without TRITON_INTERPRET, CPU tensors go through F.conv1d with the same semantics."""
+    monkeypatch.setattr(conv1d_mod, "_INTERPRETED", False)
+
+    def no_triton(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the Triton path ran")
+
+    monkeypatch.setattr(conv1d_mod, "_conv1d_triton", no_triton)
+    x = price_levels(2, 300, 16).transpose(1, 2)
+    w = zero_sum_weights(32, 16 // groups, 5)
+    b = torch.randn(32, generator=_gen(1))
+    for padding in ("causal", "valid"):
+        for act in (None, "gelu"):
+            check(x, w, b, groups=groups, dilation=3, padding=padding, activation=act)
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def _bad_calls() -> list[tuple[str, dict]]:
+    x = torch.zeros(2, 8, 20)
+    w = torch.zeros(6, 8, 3, dtype=torch.float16)
+    ok = {"x": x, "weight": w}
+    return [
+        ("x 2-D", {**ok, "x": torch.zeros(8, 20)}),
+        ("weight 2-D", {**ok, "weight": torch.zeros(6, 8)}),
+        ("x int", {**ok, "x": torch.zeros(2, 8, 20, dtype=torch.int32)}),
+        ("x float64", {**ok, "x": torch.zeros(2, 8, 20, dtype=torch.float64)}),
+        ("weight int", {**ok, "weight": torch.zeros(6, 8, 3, dtype=torch.int8)}),
+        ("x not a tensor", {**ok, "x": [[1.0]]}),
+        ("wrong C/groups", {**ok, "weight": torch.zeros(6, 4, 3)}),
+        ("groups not dividing C", {**ok, "weight": torch.zeros(6, 2, 3), "groups": 3}),
+        ("groups not dividing O", {**ok, "weight": torch.zeros(6, 2, 3), "groups": 4}),
+        ("groups 0", {**ok, "groups": 0}),
+        ("dilation 0", {**ok, "dilation": 0}),
+        ("dilation float", {**ok, "dilation": 1.0}),
+        ("no taps", {**ok, "weight": torch.zeros(6, 8, 0)}),
+        ("valid too short", {**ok, "weight": torch.zeros(6, 8, 11), "padding": "valid", "dilation": 2}),
+        ("bad padding", {**ok, "padding": "same"}),
+        ("bad activation", {**ok, "activation": "sigmoid"}),
+        ("bad precision", {**ok, "precision": "fp64"}),
+        ("bias shape", {**ok, "bias": torch.zeros(5)}),
+        ("bias 2-D", {**ok, "bias": torch.zeros(6, 1)}),
+        ("out shape", {**ok, "out": torch.zeros(2, 6, 19)}),
+        ("out shape valid", {**ok, "out": torch.zeros(2, 6, 20), "padding": "valid"}),
+        ("out dtype", {**ok, "out": torch.zeros(2, 6, 20, dtype=torch.float16)}),
+        ("out overlapping", {**ok, "out": torch.zeros(2, 6, 1).expand(2, 6, 20)}),
+        ("out aliases x", {"x": torch.zeros(2, 6, 20), "weight": torch.zeros(6, 6, 3)}),
+        ("meta device weight", {**ok, "weight": torch.zeros(6, 8, 3, device="meta")}),
+        ("meta device x", {**ok, "x": torch.zeros(2, 8, 20, device="meta")}),
+    ]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), _bad_calls(), ids=[n for n, _ in _bad_calls()])
+def test_validation_errors(name: str, kwargs: dict) -> None:
+    if name == "out aliases x":
+        kwargs = {**kwargs, "out": kwargs["x"]}
+    with pytest.raises(ShapeError) as info:
+        conv1d(**kwargs)
+    assert info.value.hint, "every ShapeError carries a hint"
+
+
+def test_validation_mentions_expected_and_actual() -> None:
+    with pytest.raises(ShapeError, match=r"\[O, C/groups, K\] = \[6, 4, 3\].*\(6, 8, 3\)"):
+        conv1d(torch.zeros(1, 8, 10), torch.zeros(6, 8, 3), groups=2)
+
+
+@pytest.mark.gpu
+def test_device_mismatch_gpu() -> None:
+    with pytest.raises(ShapeError, match="weight is on"):
+        conv1d(torch.zeros(1, 8, 10, device="cuda"), torch.zeros(4, 8, 3))
+    with pytest.raises(ShapeError, match="out is on"):
+        conv1d(
+            torch.zeros(1, 8, 10, device="cuda"),
+            torch.zeros(4, 8, 3, device="cuda"),
+            out=torch.zeros(1, 4, 10),
+        )
+
+
+def test_empty_batch_returns_empty() -> None:
+    y = conv1d(torch.zeros(0, 8, 10, device=DEVICE), torch.zeros(4, 8, 3, device=DEVICE))
+    assert y.shape == (0, 4, 10)
+
+
+# ------------------------------------------------------------------------------------------- autotune
+
+
+def _fake_space(names: tuple[str, ...]) -> autotune.ConfigSpace:
+    cfgs = tuple(autotune.Config(n, {"BLOCK_T": 16}) for n in names)
+    return autotune.ConfigSpace("fake_space", cfgs, cfgs[0], cfgs[0])
+
+
+def test_autotune_disk_cache_roundtrip(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TSCONV_AUTOTUNE", "1")
+    monkeypatch.setattr(autotune, "_gpu_name", lambda device: "Fake_GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    autotune.clear_memory_cache()
+    tuned: list[str] = []
+
+    def fake_tune(space, bench, device, *, warmup_ms, rep_ms):
+        tuned.append(space.name)
+        return space.configs[1], {"config": space.configs[1].name, "ms": 1.0, "timings_ms": {}, "tune_s": 0.5}
+
+    monkeypatch.setattr(autotune, "_tune", fake_tune)
+    dev = torch.device("cuda", 0)
+    space = _fake_space(("a", "b", "c"))
+    try:
+        assert autotune.select(space, "k1", lambda cfg: None, device=dev).name == "b"
+        assert autotune.select(space, "k1", lambda cfg: None, device=dev).name == "b"  # memory hit
+        assert tuned == ["fake_space"]
+        data = json.loads((tmp_path / "autotune-Fake_GPU.json").read_text())
+        (key,) = data["entries"]
+        assert key.startswith("fake_space|k1|triton=") and data["entries"][key]["config"] == "b"
+
+        autotune.clear_memory_cache()  # as a new process would
+        assert autotune.select(space, "k1", lambda cfg: None, device=dev).name == "b"
+        assert tuned == ["fake_space"], "the disk cache was not reused"
+        assert autotune.events()[-1].source == "disk"
+
+        assert autotune.select(space, "k2", lambda cfg: None, device=dev).name == "b"  # another key tunes
+        assert tuned == ["fake_space", "fake_space"]
+        assert len(json.loads((tmp_path / "autotune-Fake_GPU.json").read_text())["entries"]) == 2
+
+        autotune.clear_memory_cache()  # a cached winner no longer in the space is re-tuned
+        assert autotune.select(_fake_space(("x", "y")), "k1", lambda cfg: None, device=dev).name == "y"
+        assert len(tuned) == 3
+
+        monkeypatch.setenv("TSCONV_AUTOTUNE", "0")
+        assert autotune.select(space, "k9", lambda cfg: None, device=dev).name == "a"  # default, no tuning
+        assert len(tuned) == 3
+    finally:
+        autotune.clear_memory_cache()
+
+
+def test_autotune_interpreter_uses_fixed_config() -> None:
+    space = autotune.conv1d_dense_space("fp32", 5, 37, 70)
+    assert autotune.select(space, "k", lambda cfg: 1 / 0, device=torch.device("cpu")) is space.interpreter
+
+
+def test_config_spaces_are_valid() -> None:
+    for prec in ("fp32", "tf32", "fp16"):
+        for K in (1, 5, 64):
+            for Cg, Og in ((16, 16), (256, 256), (37, 70)):
+                space = autotune.conv1d_dense_space(prec, K, Cg, Og)
+                names = [c.name for c in space.configs]
+                assert len(names) == len(set(names)) and space.default in space.configs
+                for c in space.configs:
+                    assert min(c.meta.values()) >= 16
+                    assert c.meta["BLOCK_O"] <= max(16, autotune.pow2_bucket(Og))
+    for bm in (1, 2, 4, 8, 16):
+        for groups in (1, 3, 1024):
+            space = autotune.conv1d_direct_space(bm, groups)
+            assert 1 <= len(space.configs) <= 8
+            assert all(c.meta["BLOCK_G"] <= max(1, autotune.pow2_bucket(groups)) for c in space.configs)
+
+
+# ------------------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+@pytest.mark.parametrize("path", ["dense", "depthwise"])
+def test_gpu_real_sizes(precision: str, path: str, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TSCONV_AUTOTUNE", "1")
+    autotune.clear_memory_cache()
+    N, C, L = 4, 256, 2048
+    buf = price_levels(N, L, C) if precision == "fp32" else returns(N, L, C)
+    if path == "dense":
+        check(buf.transpose(1, 2), zero_sum_weights(128, C, 5), precision=precision)
+    else:
+        check(buf.transpose(1, 2), zero_sum_weights(4 * C, 1, 16), groups=C, precision=precision)
+    assert list(tmp_path.glob("autotune-*.json")), "the tuner did not write its cache"
+
+
+# ---------------------------------------------------------------------------------- sm_90 compilation
+
+
+_COMPILE_SCRIPT = r"""
+import os, sys
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tsconv.kernels import autotune
+from tsconv.kernels import conv1d as m
+
+def build(fn, runtime, consts, cfg):
+    sig, constexprs, attrs = {}, {}, {}
+    for name, ty, spec in runtime:
+        idx = fn.arg_names.index(name)
+        if spec == "1":
+            sig[name] = "constexpr"
+            constexprs[(idx,)] = 1
+        else:
+            sig[name] = ty
+            if spec == "D":
+                attrs[(idx,)] = [["tt.divisibility", 16]]
+    for name, value in {**consts, **cfg.meta}.items():
+        sig[name] = "constexpr"
+        constexprs[(fn.arg_names.index(name),)] = value
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    ck = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+    assert ck.asm["cubin"], "no cubin"
+    return ck
+
+i32 = lambda name, spec="": (name, "i32", spec)
+for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32", False), (2, "fp16", "*fp16", False)):
+    cfg = autotune.conv1d_dense_space(pname, 5, 256, 256).configs[0]
+    runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", wty, "D"), ("wlo_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"),
+               ("y_ptr", "*fp32", "D"), i32("L_in"), i32("L_out"), i32("G"), i32("Cg", "D"), i32("Og", "D"),
+               i32("K"), i32("dilation"), i32("pad"), i32("n_tblk"), i32("n_oblk"), i32("stride_xn", "D"),
+               i32("stride_xc", "1"), i32("stride_xt", "D"), i32("stride_wk", "D"), i32("stride_wo", "D"),
+               i32("stride_yn", "D"), i32("stride_yo", "1"), i32("stride_yt", "D")]
+    consts = dict(HAS_BIAS=True, ACT=2, PREC=prec, A_SPLIT=True, W_SPLIT=split, INDEX64=False)
+    ck = build(m._conv1d_dense_kernel, runtime, consts, cfg)
+    assert "warp_group_dot" in ck.asm["ttgir"], "the dense kernel does not use Hopper tensor cores (wgmma)"
+cfg = autotune.conv1d_direct_space(4, 1024).configs[0]
+runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
+           i32("L_in"), i32("L_out"), i32("G", "D"), i32("K"), i32("dilation"), i32("pad"), i32("n_tblk"),
+           i32("n_gblk"), i32("n_mblk"), i32("stride_xn", "D"), i32("stride_xc", "1"), i32("stride_xt", "D"),
+           i32("stride_wc", "D"), i32("stride_wk", "D"), i32("stride_wm", "D"), i32("stride_yn", "D"),
+           i32("stride_yo", "1"), i32("stride_yt", "D")]
+ck = build(m._conv1d_direct_kernel, runtime, dict(CG=1, OG=4, HAS_BIAS=True, ACT=3, INDEX64=False, BLOCK_M=4), cfg)
+ttgir = ck.asm["ttgir"]
+loop = ttgir[ttgir.index("scf.for"):]
+loop = loop[: loop.index("scf.yield")]
+assert "convert_layout" not in loop, "the depthwise tap loop shuffles data through shared memory"
+print("compiled OK")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU machine the real kernels run in the other tests"
+)
+def test_kernels_compile_for_sm90() -> None:
+    """Compile (not run) the kernels for an H100/H200 with the installed Triton's bundled ptxas.
+
+    The interpreter does not type-check or lower the kernels; this catches what only the compiler sees, and
+    pins two properties of the generated code: the dense kernel uses wgmma, and the depthwise tap loop has no
+    layout conversion (each x value loaded once per tap feeds all filters of its channel from registers).
+    """
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=600,
+    )
+    if proc.returncode != 0 and ("ptxas" in proc.stderr and "not found" in proc.stderr):
+        pytest.skip("no ptxas available to compile for sm_90")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "compiled OK" in proc.stdout

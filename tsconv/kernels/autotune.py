@@ -1,0 +1,377 @@
+"""Config spaces and a small disk-cached autotuner for the Triton kernels (conv1d now, the GEMM head later).
+
+A kernel launcher names a :class:`ConfigSpace` (candidate block shapes, warps and stages), a key that
+identifies its shape class (e.g. precision, layout and bucketed sizes) and a ``bench`` callable that launches
+the kernel once with a given :class:`Config`. :func:`select` returns the config to use:
+
+- not on a CUDA device (the Triton interpreter on CPU tensors): the space's fixed ``interpreter`` config;
+- tuning disabled (``TSCONV_AUTOTUNE=0``): the space's ``default`` config;
+- otherwise the winner cached in memory, else the winner cached on disk, else it times every candidate with
+  ``triton.testing.do_bench`` (median), keeps the fastest and writes it to the disk cache, so later calls
+  and later processes (a batch job) reuse it without tuning.
+
+The disk cache is one JSON file per GPU model: ``$TSCONV_CACHE_DIR/autotune-<gpu name>.json``, by default
+under ``~/.cache/tsconv``. Keys carry the Triton version, so a Triton upgrade re-tunes. Writes merge with
+what another process may have written meanwhile and replace the file atomically.
+
+Tuning launches the kernel several times into the caller's output buffer: it must not run inside CUDA
+graph capture (call once before capturing), and inputs must not alias outputs (the launchers check this).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+import triton
+
+__all__ = [
+    "Config",
+    "ConfigSpace",
+    "TuneEvent",
+    "cache_path",
+    "clear_memory_cache",
+    "conv1d_dense_space",
+    "conv1d_direct_space",
+    "events",
+    "pow2_bucket",
+    "select",
+]
+
+log = logging.getLogger("tsconv.autotune")
+
+_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration: constexpr block sizes plus warps and stages; ``name`` is unique in a space."""
+
+    name: str
+    meta: Mapping[str, int]
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def launch_kwargs(self) -> dict[str, int]:
+        """Keyword arguments for ``kernel[grid](..., **cfg.launch_kwargs())``."""
+        return {**self.meta, "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+@dataclass(frozen=True)
+class ConfigSpace:
+    """Named candidates for one kernel and shape class, plus the fixed configs used when not tuning."""
+
+    name: str
+    configs: tuple[Config, ...]
+    default: Config
+    interpreter: Config
+
+    def by_name(self, name: str) -> Config | None:
+        for cfg in self.configs:
+            if cfg.name == name:
+                return cfg
+        return None
+
+
+@dataclass(frozen=True)
+class TuneEvent:
+    """A config chosen by tuning or read from the disk cache (memory-cache hits are not recorded)."""
+
+    space: str
+    key: str
+    config: str
+    source: str  # "tuned" or "disk"
+    seconds: float  # time spent tuning (0 for disk hits)
+    timings_ms: Mapping[str, float] = field(default_factory=dict)
+
+
+_events: list[TuneEvent] = []
+_memory: dict[tuple[str, str], Config] = {}
+_disk: dict[str, dict] = {}  # cache file path -> loaded entries
+_lock = threading.Lock()
+
+
+def events() -> list[TuneEvent]:
+    """Tuning decisions made in this process so far, oldest first (benchmarks print them)."""
+    return list(_events)
+
+
+def clear_memory_cache() -> None:
+    """Forget in-process winners and the loaded disk files (the next call reads the disk cache again)."""
+    with _lock:
+        _memory.clear()
+        _disk.clear()
+
+
+def pow2_bucket(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1): sizes in a bucket share one tuning entry."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def _gpu_name(device: torch.device) -> str:
+    name = torch.cuda.get_device_name(device)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "gpu"
+
+
+def cache_path(device: torch.device | int | str | None = None) -> Path:
+    """The JSON file holding the tuned winners for the GPU model of ``device``."""
+    root = os.environ.get("TSCONV_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tsconv")
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return Path(root) / f"autotune-{_gpu_name(dev)}.json"
+
+
+def _read_file(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable autotune cache %s: %s", path, exc)
+        return {}
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != _SCHEMA
+        or not isinstance(data.get("entries"), dict)
+    ):
+        return {}
+    return data["entries"]
+
+
+def _write_file(path: Path, gpu: str, key: str, record: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entries = _read_file(path)  # merge with what other processes wrote meanwhile
+        entries[key] = record
+        payload = {"schema": _SCHEMA, "gpu": gpu, "entries": dict(sorted(entries.items()))}
+        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(payload, fh, indent=1)
+            os.replace(tmp, path)  # atomic: readers see the old or the new file, never half of one
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        log.warning("could not write autotune cache %s: %s (the winner is kept in memory)", path, exc)
+
+
+def _full_key(space: ConfigSpace, key: str) -> str:
+    return f"{space.name}|{key}|triton={triton.__version__}"
+
+
+def _tuning_enabled() -> bool:
+    return os.environ.get("TSCONV_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def select(
+    space: ConfigSpace,
+    key: str,
+    bench: Callable[[Config], object],
+    *,
+    device: torch.device,
+    interpreted: bool = False,
+    warmup_ms: int = 10,
+    rep_ms: int = 40,
+) -> Config:
+    """The config to launch ``space``'s kernel with for the shape class ``key`` on ``device``.
+
+    ``bench(cfg)`` must launch the kernel once with ``cfg`` (asynchronously, as a normal launch). It is called
+    only when tuning; a config that fails to compile or launch (e.g. too much shared memory) is skipped.
+    ``interpreted``: the kernel runs in the Triton interpreter (even on CUDA tensors): no tuning.
+    """
+    if interpreted or device.type != "cuda":
+        return space.interpreter
+    if not _tuning_enabled():
+        return space.default
+    full = _full_key(space, key)
+    mkey = (str(device), full)
+    cfg = _memory.get(mkey)
+    if cfg is not None:
+        return cfg
+    with _lock:
+        cfg = _memory.get(mkey)
+        if cfg is not None:
+            return cfg
+        path = cache_path(device)
+        entries = _disk.get(str(path))
+        if entries is None:
+            entries = _read_file(path)
+            _disk[str(path)] = entries
+        record = entries.get(full)
+        if isinstance(record, dict):
+            cfg = space.by_name(str(record.get("config")))
+            if cfg is not None:
+                _memory[mkey] = cfg
+                _events.append(TuneEvent(space.name, key, cfg.name, "disk", 0.0))
+                return cfg
+        cfg, record = _tune(space, bench, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
+        entries[full] = record
+        _write_file(path, torch.cuda.get_device_name(device), full, record)
+        _memory[mkey] = cfg
+        _events.append(
+            TuneEvent(space.name, key, cfg.name, "tuned", record["tune_s"], dict(record["timings_ms"]))
+        )
+        log.info("tuned %s [%s]: %s in %.1f s", space.name, key, cfg.name, record["tune_s"])
+        return cfg
+
+
+def _tune(
+    space: ConfigSpace,
+    bench: Callable[[Config], object],
+    device: torch.device,
+    *,
+    warmup_ms: int,
+    rep_ms: int,
+) -> tuple[Config, dict]:
+    from triton.testing import do_bench
+
+    start = time.perf_counter()
+    timings: dict[str, float] = {}
+    with torch.cuda.device(device):
+        for cfg in space.configs:
+            try:
+                bench(cfg)  # compile outside the timed region
+                torch.cuda.synchronize(device)
+                ms = float(
+                    do_bench(lambda cfg=cfg: bench(cfg), warmup=warmup_ms, rep=rep_ms, return_mode="median")
+                )
+            except Exception as exc:  # noqa: BLE001 - any failing candidate is skipped (OutOfResources, ...)
+                log.info("autotune %s: config %s failed: %s", space.name, cfg.name, exc)
+                ms = math.inf
+            timings[cfg.name] = ms
+    finite = {name: ms for name, ms in timings.items() if math.isfinite(ms)}
+    if not finite:
+        msg = f"every candidate config of {space.name} failed to run on {torch.cuda.get_device_name(device)}"
+        raise RuntimeError(msg)
+    best = min(finite, key=finite.__getitem__)
+    cfg = space.by_name(best)
+    assert cfg is not None
+    record = {
+        "config": best,
+        "ms": finite[best],
+        "timings_ms": {name: (ms if math.isfinite(ms) else None) for name, ms in timings.items()},
+        "tune_s": round(time.perf_counter() - start, 3),
+        "torch": torch.__version__,
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    return cfg, record
+
+
+# --------------------------------------------------------------------------------------------------------
+# conv1d spaces
+# --------------------------------------------------------------------------------------------------------
+
+
+def _dense(bt: int, bo: int, bc: int, warps: int, stages: int) -> Config:
+    return Config(
+        f"t{bt}_o{bo}_c{bc}_w{warps}_s{stages}",
+        {"BLOCK_T": bt, "BLOCK_O": bo, "BLOCK_C": bc},
+        num_warps=warps,
+        num_stages=stages,
+    )
+
+
+def _clamped(cfgs: list[Config], Cg: int, Og: int) -> list[Config]:
+    """Shrink BLOCK_O / BLOCK_C to the group's channel counts (at least 16, tl.dot's minimum); dedupe."""
+    max_o, max_c = max(16, pow2_bucket(Og)), max(16, pow2_bucket(Cg))
+    out: list[Config] = []
+    for cfg in cfgs:
+        m = cfg.meta
+        c = _dense(
+            m["BLOCK_T"], min(m["BLOCK_O"], max_o), min(m["BLOCK_C"], max_c), cfg.num_warps, cfg.num_stages
+        )
+        if all(o.name != c.name for o in out):
+            out.append(c)
+    return out
+
+
+def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int) -> ConfigSpace:
+    """Implicit-GEMM conv1d: output tile [BLOCK_T steps, BLOCK_O channels], reduction chunk BLOCK_C.
+
+    Shape classes: short K (<= 8, few reduction steps per tap) and long K, per operand width: fp32/tf32
+    operands are 4 bytes (BLOCK_C 32 keeps a pipeline stage at 32 KiB), fp16 operands 2 bytes (BLOCK_C 64).
+    Block sizes are clamped to the per-group channel counts ``Cg`` (reduction) and ``Og`` (outputs).
+    """
+    long_k = K > 8
+    if precision == "fp16":
+        configs = [
+            _dense(128, 128, 64, 8, 3),
+            _dense(128, 256, 64, 8, 3),
+            _dense(128, 64, 64, 4, 4),
+            _dense(64, 128, 64, 4, 4),
+            _dense(256, 128, 64, 8, 3),
+            _dense(64, 64, 64, 4, 3),
+        ]
+        if long_k:
+            configs += [_dense(128, 128, 64, 8, 4), _dense(128, 128, 32, 4, 5)]
+    else:
+        configs = [
+            _dense(128, 128, 32, 8, 3),
+            _dense(128, 256, 32, 8, 3),
+            _dense(128, 64, 32, 4, 3),
+            _dense(64, 128, 32, 4, 3),
+            _dense(256, 64, 32, 8, 3),
+            _dense(64, 64, 32, 4, 4),
+        ]
+        if long_k:
+            configs += [_dense(128, 128, 32, 8, 4), _dense(128, 128, 16, 8, 4)]
+    configs = _clamped(configs, Cg, Og)
+    interp = _clamped([_dense(64, 32, 32, 4, 1)], Cg, Og)[0]
+    name = f"conv1d_dense_{'long' if long_k else 'short'}_k_{'fp16' if precision == 'fp16' else 'fp32'}"
+    return ConfigSpace(name, tuple(configs), configs[0], interp)
+
+
+def _direct(bt: int, bg: int, warps: int, stages: int) -> Config:
+    return Config(f"t{bt}_g{bg}_w{warps}_s{stages}", {"BLOCK_T": bt, "BLOCK_G": bg}, warps, stages)
+
+
+def conv1d_direct_space(block_m: int, groups: int) -> ConfigSpace:
+    """Direct (FMA) conv1d for depthwise and few-channels-per-group convs: a [BLOCK_T, BLOCK_G, BLOCK_M] tile.
+
+    Candidates keep 16 to 64 float32 accumulators per thread, no more groups per tile than there are, and a
+    [BLOCK_G, BLOCK_M] weight tile smaller than the thread count (so the compiler reloads it in the
+    accumulator's layout rather than shuffling it through shared memory on every tap).
+    """
+    max_g = pow2_bucket(groups)
+    cands: list[Config] = []
+    pairs = (
+        (128, 16),
+        (64, 32),
+        (256, 8),
+        (64, 16),
+        (128, 32),
+        (256, 16),
+        (128, 8),
+        (512, 4),
+        (512, 2),
+        (512, 1),
+    )
+    for bt, bg in pairs:
+        bg = min(bg, max_g)
+        for warps in (4, 8):
+            threads = 32 * warps
+            per_thread = bt * bg * block_m / threads
+            if 16 <= per_thread <= 64 and bg * block_m < threads:
+                cfg = _direct(bt, bg, warps, 2)
+                if all(c.name != cfg.name for c in cands):
+                    cands.append(cfg)
+    if not cands:
+        bg = max(1, min(max_g, 128 // block_m // 2))
+        cands.append(_direct(max(16, min(1024, 2048 // (bg * block_m))), bg, 4, 2))
+    configs = tuple(cands[:8])
+    interp = _direct(64, min(max_g, 32), 4, 1)
+    return ConfigSpace(f"conv1d_direct_m{block_m}", configs, configs[0], interp)

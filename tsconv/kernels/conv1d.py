@@ -1,0 +1,804 @@
+"""Causal (or valid) conv1d with a fused bias + activation epilogue, as Triton kernels.
+
+``conv1d(x, weight, bias)`` computes ``F.conv1d(F.pad(x, ((K - 1) * dilation, 0)), weight, bias,
+dilation=dilation, groups=groups)`` ("causal"; "valid" skips the padding) followed by an activation, reading
+``x`` through any strides (in particular the [N, C, L] view of a time-major [N, L, C] buffer) and writing a
+float32 result through any strides (``out=`` may be the [N, O, L] view of a time-major [N, L, O] buffer).
+
+Two kernels:
+
+- ``_conv1d_dense_kernel``: an implicit GEMM on tensor cores for dense and grouped convs with at least 16
+  input and 16 output channels per group. Output tile [BLOCK_T steps, BLOCK_O channels]; the reduction runs
+  over taps and BLOCK_C channel chunks; the A tile is ``x[n, c0:c0+BC, t + k*d - pad]`` read in place (causal
+  zeros come from load masks, never from a padded copy); the B tile comes from weights rearranged once per
+  call to [groups, K, O/groups, C/groups] so that it is contiguous along the reduction (channels).
+  Precision "fp32" splits each operand into a TF32 "high" part and a remainder (3xTF32; 2xTF32 when the
+  weights are stored in float16 or bfloat16, which TF32 represents exactly); "tf32" uses one TF32 product of
+  rounded operands; "fp16" casts x to float16. Accumulation is always float32.
+- ``_conv1d_direct_kernel``: FMAs in float32 registers for depthwise filter banks (groups = C, M filters
+  per channel) and any conv with fewer than 16 input or output channels per group. A program owns a
+  [BLOCK_T steps, BLOCK_G groups, BLOCK_M filters] tile and loads each input value once per tap. The FLOPs
+  are few, so it aims at memory bandwidth; it computes in float32 whatever ``precision`` says.
+
+On CUDA tensors the Triton kernels run, with block shapes tuned per GPU and shape class and cached on disk
+(see :mod:`tsconv.kernels.autotune`). On CPU tensors they run through the Triton interpreter when
+``TRITON_INTERPRET=1`` was set before this module was imported; otherwise CPU tensors take a torch path
+(F.conv1d in float32, weights upcast from their stored dtype) with the same semantics.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from tsconv.errors import ShapeError
+from tsconv.kernels import autotune
+from tsconv.kernels.activations import apply_activation
+
+__all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "conv1d"]
+
+ACTIVATIONS = (None, "none", "relu", "gelu", "tanh")
+PADDINGS = ("causal", "valid")
+PRECISIONS = ("fp32", "tf32", "fp16")
+
+_ACT_CODE = {None: 0, "none": 0, "relu": 1, "gelu": 2, "tanh": 3}
+_ACT_NAME = {0: None, 1: "relu", 2: "gelu", 3: "tanh"}
+_PREC_CODE = {"fp32": 0, "tf32": 1, "fp16": 2}
+_X_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_W_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
+_INT32_MAX = 2**31 - 1
+
+# Tests set this to exercise the 64-bit indexing variant on small tensors.
+_FORCE_INDEX64 = False
+# Which kernel and config the last Triton launch used (benchmarks report it): {"path": ..., "config": ...}.
+last_launch: dict[str, str] = {}
+
+
+# --------------------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _round_tf32(v):
+    """Round float32 to the nearest TF32 value (10-bit mantissa; ties away from zero), kept as float32."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x1000) & -8192
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tanh(v):
+    # exp-based: libdevice is unavailable in the interpreter. A short odd series near zero avoids the
+    # cancellation of 1 - exp(-2|v|) there (truncation error below 1e-7 relative for |v| < 0.3).
+    a = tl.abs(v)
+    e = tl.exp(-2.0 * a)
+    big = (1.0 - e) / (1.0 + e)
+    a2 = a * a
+    small = a * (
+        1.0
+        + a2
+        * (
+            -0.3333333333333333
+            + a2 * (0.13333333333333333 + a2 * (-0.05396825396825397 + a2 * 0.021869488536155203))
+        )
+    )
+    r = tl.where(a < 0.3, small, big)
+    return tl.where(v < 0.0, -r, r)
+
+
+@triton.jit
+def _activate(v, ACT: tl.constexpr):
+    if ACT == 1:
+        v = tl.where(v < 0.0, 0.0, v)  # keeps NaN, as torch.relu does
+    elif ACT == 2:
+        v = 0.5 * v * (1.0 + tl.math.erf(v * 0.7071067811865476))
+    elif ACT == 3:
+        v = _tanh(v)
+    return v
+
+
+# Sizes, offsets and block counts are not specialised on (divisibility by 16, == 1): that would compile a new
+# variant for every series length and tap count; strides and channel counts still are (they set vector widths).
+@triton.jit(do_not_specialize=["L_in", "L_out", "G", "K", "dilation", "pad", "n_tblk", "n_oblk"])
+def _conv1d_dense_kernel(
+    x_ptr,
+    w_ptr,
+    wlo_ptr,
+    b_ptr,
+    y_ptr,
+    L_in,
+    L_out,
+    G,
+    Cg,
+    Og,
+    K,
+    dilation,
+    pad,
+    n_tblk,
+    n_oblk,
+    stride_xn,
+    stride_xc,
+    stride_xt,
+    stride_wk,
+    stride_wo,
+    stride_yn,
+    stride_yo,
+    stride_yt,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    PREC: tl.constexpr,
+    A_SPLIT: tl.constexpr,
+    W_SPLIT: tl.constexpr,
+    INDEX64: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    # Program order: output-channel blocks fastest (they share the same x rows), then time, then series.
+    pid = tl.program_id(0)
+    n_go = G * n_oblk
+    pid_go = pid % n_go
+    rest = pid // n_go
+    pid_t = rest % n_tblk
+    n = rest // n_tblk
+    g = pid_go // n_oblk
+    pid_o = pid_go % n_oblk
+
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_o = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
+    offs_c = tl.arange(0, BLOCK_C)
+    if INDEX64:
+        offs_t = offs_t.to(tl.int64)
+        offs_o = offs_o.to(tl.int64)
+        offs_c = offs_c.to(tl.int64)
+    o_mask = offs_o < Og
+    x_base = x_ptr + n.to(tl.int64) * stride_xn + (g * Cg).to(tl.int64) * stride_xc
+    t_base = offs_t - pad
+    a_ptrs = x_base + t_base[:, None] * stride_xt + offs_c[None, :] * stride_xc  # tap 0, channel block 0
+    w_ptrs = w_ptr + g.to(tl.int64) * K * stride_wk + offs_o[None, :] * stride_wo + offs_c[:, None]
+    wlo_ptrs = wlo_ptr + g.to(tl.int64) * K * stride_wk + offs_o[None, :] * stride_wo + offs_c[:, None]
+
+    acc = tl.full((BLOCK_T, BLOCK_O), 0.0, tl.float32)
+    n_cb = (Cg + BLOCK_C - 1) // BLOCK_C
+    # One flat loop over (channel block, tap), taps fastest (consecutive A tiles overlap in time), so the
+    # software pipeline spans all K * n_cb steps.
+    for it in range(0, K * n_cb):
+        k = it % K
+        c0 = (it // K) * BLOCK_C
+        if INDEX64:
+            k = tl.cast(k, tl.int64)
+            c0 = tl.cast(c0, tl.int64)
+        shift = k * dilation
+        t_ok = (t_base >= -shift) & (t_base < L_in - shift)  # causal zeros and the tail come from masks
+        c_ok = offs_c < Cg - c0
+        a = tl.load(
+            a_ptrs + (shift * stride_xt + c0 * stride_xc), mask=t_ok[:, None] & c_ok[None, :], other=0.0
+        )
+        w_off = k * stride_wk + c0
+        w_mask = c_ok[:, None] & o_mask[None, :]
+        b = tl.load(w_ptrs + w_off, mask=w_mask, other=0.0)
+        if PREC == 0:
+            # 3xTF32: a = a_hi + a_lo and b = b_hi + b_lo with TF32 high parts; the products of TF32 values
+            # are exact, the dropped a_lo * b_lo term is below float32 rounding. Operands stored in float16 or
+            # bfloat16 are exact in TF32 and need no low part (A_SPLIT / W_SPLIT off): float16 weights and
+            # float32 inputs take two products, float16 inputs and weights one.
+            a = a.to(tl.float32)
+            if A_SPLIT:
+                a_hi = _round_tf32(a)
+                a_lo = tl.where(a_hi == a, 0.0, a - a_hi)  # the where() keeps +-inf inputs from making NaN
+                acc = tl.dot(a_lo, b, acc, input_precision="tf32")
+            else:
+                a_hi = a
+            if W_SPLIT:
+                b_lo = tl.load(wlo_ptrs + w_off, mask=w_mask, other=0.0)
+                acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
+            acc = tl.dot(a_hi, b, acc, input_precision="tf32")
+        elif PREC == 1:
+            a = _round_tf32(a.to(tl.float32))
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(a.to(tl.float16), b, acc)
+
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + g * Og + offs_o, mask=o_mask, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    acc = _activate(acc, ACT)
+    y_ptrs = (
+        y_ptr
+        + n.to(tl.int64) * stride_yn
+        + (g * Og).to(tl.int64) * stride_yo
+        + offs_o[None, :] * stride_yo
+        + offs_t[:, None] * stride_yt
+    )
+    tl.store(y_ptrs, acc, mask=(offs_t < L_out)[:, None] & o_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk", "n_gblk", "n_mblk"])
+def _conv1d_direct_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    L_in,
+    L_out,
+    G,
+    K,
+    dilation,
+    pad,
+    n_tblk,
+    n_gblk,
+    n_mblk,
+    stride_xn,
+    stride_xc,
+    stride_xt,
+    stride_wc,
+    stride_wk,
+    stride_wm,
+    stride_yn,
+    stride_yo,
+    stride_yt,
+    CG: tl.constexpr,
+    OG: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    INDEX64: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    # Program order: filter blocks fastest (same x), then groups, then time, then series.
+    pid = tl.program_id(0)
+    pid_m = pid % n_mblk
+    rest = pid // n_mblk
+    pid_g = rest % n_gblk
+    rest = rest // n_gblk
+    pid_t = rest % n_tblk
+    n = rest // n_tblk
+
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_g = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if INDEX64:
+        offs_t = offs_t.to(tl.int64)
+        offs_g = offs_g.to(tl.int64)
+        offs_m = offs_m.to(tl.int64)
+    g_mask = offs_g < G
+    m_mask = offs_m < OG
+    t_base = offs_t - pad
+    # Layout notes (checked on sm_90 TTGIR): x is loaded through a [BLOCK_T, BLOCK_G, 1] pointer tile, so its
+    # coalesced layout (vectors along the contiguous channels) becomes the accumulator's layout with all
+    # BLOCK_M filters of a channel in the same thread: each x value is loaded once per tap and feeds BLOCK_M
+    # FMAs with no shuffling. The weights are rearranged to [CG, K, OG, G] (channels contiguous, like x) and
+    # their [BLOCK_G, BLOCK_M] tile stays below one element per thread (the configs ensure it), so the
+    # compiler reloads it in the accumulator's layout instead of shuffling it through shared memory.
+    x_ptrs = (
+        x_ptr
+        + n.to(tl.int64) * stride_xn
+        + t_base[:, None, None] * stride_xt
+        + (offs_g * CG)[None, :, None] * stride_xc
+    )
+    w_ptrs = w_ptr + offs_m[None, :] * stride_wm + offs_g[:, None]  # [BLOCK_G, BLOCK_M]
+    gm_mask = g_mask[:, None] & m_mask[None, :]
+    x_gmask = g_mask[None, :, None]
+
+    acc = tl.full((BLOCK_T, BLOCK_G, BLOCK_M), 0.0, tl.float32)
+    for _ci in range(0, CG):
+        for k in range(0, K):
+            kk = k
+            if INDEX64:
+                kk = tl.cast(k, tl.int64)
+            shift = kk * dilation
+            t_ok = (t_base >= -shift) & (t_base < L_in - shift)
+            xv = tl.load(x_ptrs + shift * stride_xt, mask=t_ok[:, None, None] & x_gmask, other=0.0)
+            # no other=: masked-off lanes only feed accumulators that are never stored
+            wv = tl.load(w_ptrs + kk * stride_wk, mask=gm_mask)
+            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :, :]  # contracted to FMAs
+        x_ptrs += stride_xc
+        w_ptrs += stride_wc
+
+    o = offs_g[:, None] * OG + offs_m[None, :]  # [BLOCK_G, BLOCK_M] output channels
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + o, mask=gm_mask, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :, :]
+    acc = _activate(acc, ACT)
+    y_ptrs = (
+        y_ptr + n.to(tl.int64) * stride_yn + o[None, :, :] * stride_yo + offs_t[:, None, None] * stride_yt
+    )
+    tl.store(y_ptrs, acc, mask=(offs_t < L_out)[:, None, None] & gm_mask[None, :, :])
+
+
+def _kernels_interpreted() -> bool:
+    return type(_conv1d_dense_kernel).__name__ == "InterpretedFunction"
+
+
+# True when TRITON_INTERPRET=1 was set before import: CPU tensors then run the Triton kernels.
+_INTERPRETED = _kernels_interpreted()
+
+
+# --------------------------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Spec:
+    N: int
+    C: int
+    L: int
+    O: int
+    K: int
+    groups: int
+    dilation: int
+    causal: bool
+    L_out: int
+    act: int
+    precision: str
+
+
+def _shape(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)} ({str(t.dtype).removeprefix('torch.')}, {t.device})"
+
+
+def _span(t: torch.Tensor) -> tuple[int, int] | None:
+    if t.numel() == 0:
+        return None
+    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    start = t.data_ptr()
+    return start, start + (last + 1) * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    sa, sb = _span(a), _span(b)
+    if sa is None or sb is None:
+        return False
+    return sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def _has_internal_overlap(t: torch.Tensor) -> bool:
+    dims = sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s > 1)
+    extent = 0  # offsets reachable by the dims seen so far: [0, extent]
+    for st, s in dims:
+        if st <= extent:
+            return True
+        extent += (s - 1) * st
+    return False
+
+
+def _int_arg(name: str, value: object) -> int:
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # int, numpy integers
+        except TypeError:
+            pass
+    msg = f"{name} must be an int, got {value!r} ({type(value).__name__})."
+    raise ShapeError(msg, hint=f"pass {name} as a Python int.")
+
+
+def _validate(
+    x: object,
+    weight: object,
+    bias: object,
+    out: object,
+    *,
+    dilation: object,
+    groups: object,
+    padding: object,
+    activation: object,
+    precision: object,
+) -> _Spec:
+    if not isinstance(x, torch.Tensor):
+        raise ShapeError(
+            f"x must be a torch.Tensor, got {type(x).__name__}.", hint="pass a [N, C, L] tensor."
+        )
+    if not isinstance(weight, torch.Tensor):
+        msg = f"weight must be a torch.Tensor, got {type(weight).__name__}."
+        raise ShapeError(msg, hint="pass a [O, C/groups, K] tensor.")
+    if x.dim() != 3:
+        msg = f"x must be [N, C, L] (3 dims), got shape {_shape(x)}."
+        raise ShapeError(
+            msg,
+            hint="for a time-major [N, L, C] buffer pass buf.transpose(1, 2); for one series use x[None].",
+        )
+    if weight.dim() != 3:
+        msg = f"weight must be [O, C/groups, K] (3 dims), got shape {_shape(weight)}."
+        raise ShapeError(msg, hint="for a depthwise bank of M filters per channel use shape [C*M, 1, K].")
+    if x.dtype not in _X_DTYPES:
+        msg = f"x must be float32, float16 or bfloat16, got {x.dtype}."
+        raise ShapeError(msg, hint="convert with x.float().")
+    if weight.dtype not in _W_DTYPES:
+        msg = f"weight must be float16 or float32 (or bfloat16), got {weight.dtype}."
+        raise ShapeError(msg, hint="store filter banks as float16 or float32.")
+    if x.device.type not in ("cuda", "cpu"):
+        msg = f"x must be on a CUDA device or the CPU, got {x.device}."
+        raise ShapeError(msg, hint="move it with x.cuda() or x.cpu().")
+    if weight.device != x.device:
+        msg = f"weight is on {weight.device} but x is on {x.device}."
+        raise ShapeError(msg, hint="move the weights to x's device with weight.to(x.device).")
+
+    dilation = _int_arg("dilation", dilation)
+    groups = _int_arg("groups", groups)
+    N, C, L = x.shape
+    O, Cg, K = weight.shape
+    if dilation < 1:
+        raise ShapeError(f"dilation must be >= 1, got {dilation}.", hint="use dilation=1 for adjacent taps.")
+    if groups < 1:
+        raise ShapeError(f"groups must be >= 1, got {groups}.", hint="use groups=1 for a dense conv.")
+    if K < 1:
+        raise ShapeError(f"weight must have at least one tap, got shape {_shape(weight)}.", hint="K >= 1.")
+    if C % groups != 0:
+        msg = f"groups={groups} must divide the input channels C={C} of x {_shape(x)}."
+        raise ShapeError(msg, hint="use groups=C for a depthwise conv, or a divisor of C.")
+    if O % groups != 0:
+        msg = f"groups={groups} must divide the output channels O={O} of weight {_shape(weight)}."
+        raise ShapeError(msg, hint="a depthwise bank of M filters per channel has O = C*M rows.")
+    if Cg != C // groups:
+        msg = (
+            f"weight must be [O, C/groups, K] = [{O}, {C // groups}, {K}] for x with C={C} and "
+            f"groups={groups}, got {_shape(weight)}."
+        )
+        raise ShapeError(msg, hint="check groups; a depthwise weight is [C*M, 1, K] with groups=C.")
+
+    if padding not in PADDINGS:
+        raise ShapeError(
+            f"padding must be 'causal' or 'valid', got {padding!r}.", hint="use padding='causal'."
+        )
+    causal = padding == "causal"
+    L_out = L if causal else L - (K - 1) * dilation
+    if not causal and L_out < 1:
+        msg = f"padding='valid' needs L >= (K-1)*dilation + 1 = {(K - 1) * dilation + 1} steps, x has L={L}."
+        raise ShapeError(msg, hint="pass a longer input (with its halo) or use padding='causal'.")
+    if activation not in _ACT_CODE:
+        msg = f"activation must be one of None, 'none', 'relu', 'gelu', 'tanh', got {activation!r}."
+        raise ShapeError(msg, hint="use activation=None for a plain conv.")
+    if precision not in PRECISIONS:
+        msg = f"precision must be 'fp32', 'tf32' or 'fp16', got {precision!r}."
+        raise ShapeError(msg, hint="'fp32' is the default and the only mode fit for raw price levels.")
+
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise ShapeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}.", hint="[O].")
+        if bias.dim() != 1 or bias.shape[0] != O:
+            raise ShapeError(
+                f"bias must be [O] = [{O}], got {_shape(bias)}.", hint="one bias per output channel."
+            )
+        if bias.dtype not in _W_DTYPES:
+            raise ShapeError(f"bias must be a float tensor, got {bias.dtype}.", hint="use bias.float().")
+        if bias.device != x.device:
+            raise ShapeError(f"bias is on {bias.device} but x is on {x.device}.", hint="bias.to(x.device).")
+
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise ShapeError(
+                f"out must be a torch.Tensor or None, got {type(out).__name__}.", hint="[N, O, L]."
+            )
+        if tuple(out.shape) != (N, O, L_out):
+            msg = f"out must be [N, O, L_out] = {(N, O, L_out)} ({padding} padding), got {_shape(out)}."
+            raise ShapeError(msg, hint="for a time-major [N, L, O] buffer pass buf.transpose(1, 2).")
+        if out.dtype != torch.float32:
+            raise ShapeError(f"out must be float32, got {out.dtype}.", hint="results are written in float32.")
+        if out.device != x.device:
+            raise ShapeError(
+                f"out is on {out.device} but x is on {x.device}.", hint="allocate out on x's device."
+            )
+        if _has_internal_overlap(out):
+            msg = (
+                f"out has overlapping elements (strides {tuple(out.stride())} for shape {tuple(out.shape)})."
+            )
+            raise ShapeError(msg, hint="pass a writable view such as buf.transpose(1, 2), not an expand().")
+        for name, other in (("x", x), ("weight", weight), ("bias", bias)):
+            if other is not None and _overlap(out, other):
+                raise ShapeError(
+                    f"out overlaps {name} in memory.", hint="write the result to a separate buffer."
+                )
+
+    return _Spec(N, C, L, O, K, groups, dilation, causal, L_out, _ACT_CODE[activation], precision)
+
+
+# --------------------------------------------------------------------------------------------------------
+# public entry point
+# --------------------------------------------------------------------------------------------------------
+
+
+def conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    dilation: int = 1,
+    groups: int = 1,
+    padding: str = "causal",
+    activation: str | None = None,
+    precision: str = "fp32",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal conv1d with fused bias and activation; returns the float32 [N, O, L_out] result.
+
+    Args:
+        x: [N, C, L] float32 (float16, bfloat16 accepted) with any strides, e.g. ``buf.transpose(1, 2)`` of a
+            time-major [N, L, C] buffer.
+        weight: [O, C/groups, K] float16 or float32 (bfloat16 accepted); used at its stored values (upcast
+            exactly; in precision "fp16" float32 weights are rounded to float16).
+        bias: optional [O] added before the activation.
+        dilation: spacing between taps (>= 1).
+        groups: 1 for dense, C for depthwise banks (O = M*C, output channel c*M + m is filter m of input
+            channel c), or any divisor of C and O.
+        padding: "causal" (output length L; the value at step t depends on steps t-(K-1)*dilation .. t, with
+            zeros before the first step) or "valid" (length L - (K-1)*dilation: no padding).
+        activation: None/"none", "relu", "gelu" (exact erf form) or "tanh".
+        precision: "fp32" (default; float32-accurate via a 3xTF32 split on tensor cores), or the opt-in
+            tensor-core modes "tf32" and "fp16" (10-bit mantissas: unfit for raw price levels, where a 0.05
+            move at 100 is below their resolution; fine on normalised returns). Depthwise and
+            few-channel-per-group convs compute in float32 in every mode.
+        out: optional float32 [N, O, L_out] destination with any non-overlapping strides, e.g. the
+            ``transpose(1, 2)`` view of a time-major [N, L_out, O] buffer. Without it, the result is
+            allocated time-major when ``x`` is a time-major view (channel stride 1) and contiguous otherwise.
+
+    The call is asynchronous on CUDA (the current stream of ``x``'s device) and not differentiable. The first
+    call for a new shape class on a GPU tunes the block shapes (several launches into ``out``, a few seconds;
+    the winner is cached on disk), so make it before any CUDA graph capture. ``out`` must not share memory
+    with ``x``, ``weight`` or ``bias``.
+
+    Raises:
+        ShapeError: a shape, dtype, device, stride or option that does not fit.
+    """
+    spec = _validate(
+        x,
+        weight,
+        bias,
+        out,
+        dilation=dilation,
+        groups=groups,
+        padding=padding,
+        activation=activation,
+        precision=precision,
+    )
+    if out is None:
+        out = _allocate_out(x, spec)
+    if out.numel() == 0:
+        return out
+    with torch.no_grad():
+        if x.is_cuda:
+            with torch.cuda.device(x.device):  # Triton launches on the current device and stream
+                _conv1d_triton(x, weight, bias, out, spec)
+        elif _INTERPRETED:
+            _conv1d_triton(x, weight, bias, out, spec)
+        else:
+            _conv1d_torch(x, weight, bias, out, spec)
+    return out
+
+
+def _allocate_out(x: torch.Tensor, spec: _Spec) -> torch.Tensor:
+    if x.stride(1) == 1 and x.stride(2) != 1 and spec.O > 1:
+        return torch.empty((spec.N, spec.L_out, spec.O), dtype=torch.float32, device=x.device).transpose(1, 2)
+    return torch.empty((spec.N, spec.O, spec.L_out), dtype=torch.float32, device=x.device)
+
+
+def _conv1d_torch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, spec: _Spec
+) -> None:
+    xf = x.float()
+    if spec.causal and spec.K > 1:
+        xf = F.pad(xf, ((spec.K - 1) * spec.dilation, 0))
+    b = None if bias is None else bias.float()
+    y = F.conv1d(xf, weight.float(), b, dilation=spec.dilation, groups=spec.groups)
+    out.copy_(apply_activation(y, _ACT_NAME[spec.act]))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Triton launchers
+# --------------------------------------------------------------------------------------------------------
+
+
+def _max_offset(t: torch.Tensor) -> int:
+    return sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
+
+
+def _layout(t: torch.Tensor) -> str:
+    """'tm' for time-major views (channel stride 1), 'cm' for channel-major (time stride 1), else 'st'."""
+    if t.stride(1) == 1:
+        return "tm"
+    if t.stride(2) == 1:
+        return "cm"
+    return "st"
+
+
+def _round_tf32_torch(w: torch.Tensor) -> torch.Tensor:
+    """Round float32 to the nearest TF32 value, as ``_round_tf32`` does in the kernels."""
+    bits = w.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -8192).view(torch.float32)
+
+
+def _uses_gemm(Cg: int, Og: int) -> bool:
+    """Tensor cores need at least 16 reduction and 16 output channels per group to pay off."""
+    return Cg >= 16 and Og >= 16
+
+
+def _conv1d_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    spec: _Spec,
+    *,
+    config: autotune.Config | None = None,
+) -> object:
+    """Run the Triton path; ``config`` (tests only) bypasses the tuner and fixes the block shapes.
+
+    Returns what the last kernel launch returned (on a GPU the compiled kernel, whose ``asm`` holds its IR).
+    """
+    Cg, Og = spec.C // spec.groups, spec.O // spec.groups
+    b = None if bias is None else bias.contiguous()
+    if _uses_gemm(Cg, Og):
+        return _launch_dense(x, weight, b, out, spec, config)
+    return _launch_direct(x, weight, b, out, spec, config)
+
+
+def _prepare_dense_weights(
+    weight: torch.Tensor, groups: int, precision: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[O, Cg, K] -> [groups, K, O/groups, Cg padded to 16], contiguous along the reduction (Cg).
+
+    fp32/tf32: float32, rounded to TF32 (exact for float16/bfloat16 weights); for "fp32" with float32 weights
+    also the TF32-rounded remainder (the 3xTF32 low part). fp16: float16.
+    """
+    O, Cg, K = weight.shape
+    Og = O // groups
+    cg_pad = -(-Cg // 16) * 16
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    wp = torch.zeros((groups, K, Og, cg_pad), dtype=dtype, device=weight.device)
+    wp[..., :Cg] = weight.reshape(groups, Og, Cg, K).permute(0, 3, 1, 2)
+    if precision == "fp16":
+        return wp, None
+    hi = _round_tf32_torch(wp)
+    lo = None
+    if precision == "fp32" and weight.dtype == torch.float32:
+        lo = _round_tf32_torch(wp - hi)
+    return hi, lo
+
+
+def _launch_dense(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    spec: _Spec,
+    config: autotune.Config | None,
+) -> object:
+    G, K = spec.groups, spec.K
+    Cg, Og = spec.C // G, spec.O // G
+    w_hi, w_lo = _prepare_dense_weights(weight, G, spec.precision)
+    stride_wk, stride_wo = w_hi.stride(1), w_hi.stride(2)
+    index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), w_hi.numel()) > _INT32_MAX
+    pad = (K - 1) * spec.dilation if spec.causal else 0
+    meta = {
+        "HAS_BIAS": bias is not None,
+        "ACT": spec.act,
+        "PREC": _PREC_CODE[spec.precision],
+        "A_SPLIT": x.dtype == torch.float32,
+        "W_SPLIT": w_lo is not None,
+        "INDEX64": index64,
+    }
+
+    def launch(cfg: autotune.Config) -> object:
+        n_tblk = triton.cdiv(spec.L_out, cfg.meta["BLOCK_T"])
+        n_oblk = triton.cdiv(Og, cfg.meta["BLOCK_O"])
+        grid = (spec.N * n_tblk * G * n_oblk,)
+        _check_grid(grid[0])
+        return _conv1d_dense_kernel[grid](
+            x,
+            w_hi,
+            w_hi if w_lo is None else w_lo,
+            w_hi if bias is None else bias,
+            out,
+            spec.L,
+            spec.L_out,
+            G,
+            Cg,
+            Og,
+            K,
+            spec.dilation,
+            pad,
+            n_tblk,
+            n_oblk,
+            *x.stride(),
+            stride_wk,
+            stride_wo,
+            *out.stride(),
+            **meta,
+            **cfg.launch_kwargs(),
+        )
+
+    if config is None:
+        space = autotune.conv1d_dense_space(spec.precision, K, Cg, Og)
+        key = (
+            f"{spec.precision}|x={_dtype_name(x)}|w={_dtype_name(weight)}|in={_layout(x)}|out={_layout(out)}"
+            f"|G={'1' if G == 1 else 'n'}|Cg={autotune.pow2_bucket(Cg)}|Og={autotune.pow2_bucket(Og)}"
+            f"|K={autotune.pow2_bucket(K)}|NL={autotune.pow2_bucket(spec.N * spec.L_out)}"
+        )
+        config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
+    last_launch.update(path="dense", config=config.name)
+    return launch(config)
+
+
+def _launch_direct(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    spec: _Spec,
+    config: autotune.Config | None,
+) -> object:
+    G, K = spec.groups, spec.K
+    Cg, Og = spec.C // G, spec.O // G
+    # [O, Cg, K] -> [Cg, K, O/G, G]: channels contiguous like x, upcast to float32 once here (the bank is small;
+    # converting float16 in the tap loop would cost one instruction per weight per tap, half as many as FMAs).
+    wp = weight.reshape(G, Og, Cg, K).permute(2, 3, 1, 0).to(torch.float32).contiguous()
+    block_m = min(autotune.pow2_bucket(Og), 16)
+    index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), wp.numel()) > _INT32_MAX
+    pad = (K - 1) * spec.dilation if spec.causal else 0
+    # The channel counts per group are compile-time constants here: small, few distinct values per bank, and
+    # known multiples let the compiler vectorise the weight loads and the output stores (o = g * OG + m).
+    meta = {
+        "CG": Cg,
+        "OG": Og,
+        "HAS_BIAS": bias is not None,
+        "ACT": spec.act,
+        "INDEX64": index64,
+        "BLOCK_M": block_m,
+    }
+
+    def launch(cfg: autotune.Config) -> object:
+        n_tblk = triton.cdiv(spec.L_out, cfg.meta["BLOCK_T"])
+        n_gblk = triton.cdiv(G, cfg.meta["BLOCK_G"])
+        n_mblk = triton.cdiv(Og, block_m)
+        grid = (spec.N * n_tblk * n_gblk * n_mblk,)
+        _check_grid(grid[0])
+        return _conv1d_direct_kernel[grid](
+            x,
+            wp,
+            wp if bias is None else bias,
+            out,
+            spec.L,
+            spec.L_out,
+            G,
+            K,
+            spec.dilation,
+            pad,
+            n_tblk,
+            n_gblk,
+            n_mblk,
+            *x.stride(),
+            wp.stride(0),
+            wp.stride(1),
+            wp.stride(2),
+            *out.stride(),
+            **meta,
+            **cfg.launch_kwargs(),
+        )
+
+    if config is None:
+        space = autotune.conv1d_direct_space(block_m, G)
+        key = (
+            f"x={_dtype_name(x)}|w={_dtype_name(weight)}|in={_layout(x)}|out={_layout(out)}"
+            f"|G={autotune.pow2_bucket(G)}|Cg={autotune.pow2_bucket(Cg)}|Og={autotune.pow2_bucket(Og)}"
+            f"|K={autotune.pow2_bucket(K)}|NL={autotune.pow2_bucket(spec.N * spec.L_out)}"
+        )
+        config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
+    last_launch.update(path="direct", config=config.name)
+    return launch(config)
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _check_grid(n_programs: int) -> None:
+    if n_programs > _INT32_MAX:
+        msg = f"the conv needs {n_programs} programs, more than one launch allows ({_INT32_MAX})."
+        raise ShapeError(msg, hint="split the batch (N) or the series length into several calls.")
