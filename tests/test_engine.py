@@ -164,3 +164,39 @@ def test_float16_and_integer_inputs(tmp_path: Path) -> None:
     np.testing.assert_array_equal(
         read_output(tmp_path / "i.out.zarr"), tsconv.features(xi.astype(np.float32), chunk=1024)
     )
+
+
+def test_the_triton_path_of_the_engine_matches_the_reference() -> None:
+    """The CUDA route (Triton conv1d per stage) run through the interpreter on CPU tensors."""
+    import os
+
+    from tsconv.engine import _stream
+    from tsconv.io.reader import ArraySource
+    from tsconv.kernels.backend import Backend
+    from tsconv.spec import pipeline_from_dict
+
+    assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+    x = price_series(300, 4, seed=4, nan_fraction=0.02)
+    x[:30, 2] = np.nan
+    rng = np.random.default_rng(0)
+    pipe = pipeline_from_dict(
+        {
+            "conv": [
+                {"filters": ["diff:1", "dev:8", "ma:4", "id"], "dilation": 2},  # depthwise: direct kernel
+                {
+                    "weights": rng.normal(size=(16, 16, 3)) / 8,
+                    "bias": rng.normal(size=16),
+                    "activation": "gelu",
+                },
+                {"weights": rng.normal(size=(4, 8, 2)) / 4, "groups": 2, "activation": "tanh"},  # grouped
+            ],
+            "head": {"weights": rng.normal(size=(4, 2))},
+            "weight_dtype": "float32",
+        }
+    )
+    plan = resolve(pipe, ["a", "b", "c", "d"])
+    for warmup in ["nan", "zero"]:
+        out: list[np.ndarray] = []
+        backend = Backend(plan, torch.device("cpu"), use_triton=True)
+        _stream(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup=warmup)
+        assert_matches_reference(np.concatenate(out), x, plan, warmup=warmup)

@@ -26,7 +26,7 @@ from .errors import ShapeError, StoreError, TsconvError
 from .io.reader import ArraySource, BlockReader, RowSource
 from .io.store import InputStore, check_time, open_input
 from .io.writer import FORMAT_VERSION, OutputWriter, output_chunk_rows, prepare_output
-from .kernels.torch_backend import TorchBackend
+from .kernels.backend import Backend
 from .spec import Pipeline, ResolvedPipeline, default_pipeline, load_pipeline, pipeline_from_dict, resolve
 from .stream.fill import fill_state_before, forward_fill
 
@@ -143,7 +143,7 @@ def _exact_fp32(device: torch.device) -> Iterator[None]:
 def _stream(
     source: RowSource,
     plan: ResolvedPipeline,
-    backend: TorchBackend,
+    backend: Backend,
     emit: Callable[[np.ndarray], None],
     *,
     start: int,
@@ -275,7 +275,7 @@ def _run_store(
 ) -> None:
     from tqdm import tqdm
 
-    backend = TorchBackend(plan, dev)
+    backend = Backend(plan, dev)
     with (
         tqdm(
             total=store.rows,
@@ -377,5 +377,5 @@ def features(
         pos += block.shape[0]
 
     with _exact_fp32(dev):
-        _stream(ArraySource(arr), plan, TorchBackend(plan, dev), emit, start=0, chunk=chunk, warmup=warmup)
+        _stream(ArraySource(arr), plan, Backend(plan, dev), emit, start=0, chunk=chunk, warmup=warmup)
     return torch.from_numpy(out) if is_torch else out

@@ -1,0 +1,126 @@
+"""The compute step of the engine: one chunk through every stage and the head.
+
+On the CPU each stage is torch's ``F.conv1d``; on CUDA it is tsconv's Triton ``conv1d`` (fp32-accurate,
+FP16-stored weights upcast in the kernel, bias and activation fused, time-major in and out, so nothing
+is transposed or padded). Chunks arrive time-major with their halo, and stages run in "valid" mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..spec import ResolvedPipeline
+from .activations import apply_activation
+
+__all__ = ["Backend"]
+
+
+@dataclass(frozen=True)
+class _DeviceLayer:
+    weight: torch.Tensor  # as stored: float16 or float32
+    tap_sums: torch.Tensor  # [O, C/groups] float64: sum over taps of each filter, for re-centering
+    bias: torch.Tensor | None  # float32
+    bias64: torch.Tensor  # [O] float64 (zeros without bias)
+    dilation: int
+    groups: int
+    halo: int
+    activation: str
+
+
+class Backend:
+    """Holds a pipeline's weights on a device and runs chunks through it, computing in float32."""
+
+    def __init__(
+        self, plan: ResolvedPipeline, device: torch.device, *, use_triton: bool | None = None
+    ) -> None:
+        """``use_triton`` defaults to CUDA devices; tests force it on CPU tensors under TRITON_INTERPRET=1."""
+        self.device = device
+        self.halo = plan.halo
+        self.triton = device.type == "cuda" if use_triton is None else use_triton
+
+        def put(a: np.ndarray | None, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+            return None if a is None else torch.from_numpy(a).to(device=device, dtype=dtype)
+
+        self.layers = tuple(
+            _DeviceLayer(
+                weight=put(L.weight, torch.float16 if L.weight_dtype == "float16" else torch.float32),
+                tap_sums=put(L.weight.astype(np.float64).sum(axis=2), torch.float64),
+                bias=put(L.bias),
+                bias64=put(L.bias if L.bias is not None else np.zeros(L.out_channels), torch.float64),
+                dilation=L.dilation,
+                groups=L.groups,
+                halo=L.halo,
+                activation=L.activation,
+            )
+            for L in plan.layers
+        )
+        self.head = plan.head
+        self.head_weight = put(plan.head.weight) if plan.head else None
+        self.head_bias = put(plan.head.bias) if plan.head else None
+
+    def _conv(self, x: torch.Tensor, layer: _DeviceLayer, bias: torch.Tensor | None) -> torch.Tensor:
+        """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo]."""
+        if self.triton:
+            from .conv1d import conv1d
+
+            return conv1d(
+                x,
+                layer.weight,
+                bias,
+                dilation=layer.dilation,
+                groups=layer.groups,
+                padding="valid",
+                activation=layer.activation,
+                precision="fp32",
+            )
+        y = F.conv1d(x, layer.weight.float(), bias, dilation=layer.dilation, groups=layer.groups)
+        return apply_activation(y, layer.activation)
+
+    @torch.no_grad()
+    def run(self, x: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:
+        """Compute outputs for a chunk.
+
+        ``x`` is [halo + n, C] float32, time-major, whose row 0 is global step ``first_row`` (negative
+        for the first chunks, where those rows are the zero history). ``level`` [C] is a finite value
+        per feature known no later than the feature's first value in the chunk (see ``_first_stage``).
+        Returns [n, D] float32.
+        """
+        start = first_row
+        y = None
+        for i, layer in enumerate(self.layers):
+            y = self._first_stage(x, layer, level) if i == 0 else self._conv(y, layer, layer.bias)
+            start += layer.halo
+            # Each stage pads its own input with zeros (F.pad semantics): rows before step 0 are zero
+            # history for the next stage, not this stage's response to the previous zeros.
+            if start < 0 and i + 1 < len(self.layers):
+                y[..., : min(-start, y.shape[-1])] = 0.0
+        out = y[0].T
+        if self.head_weight is not None:
+            out = out @ self.head_weight
+            if self.head_bias is not None:
+                out += self.head_bias
+            out = apply_activation(out, self.head.activation)
+        return out
+
+    def _first_stage(self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor) -> torch.Tensor:
+        """conv(x) computed as conv(x - c) + conv(c), with c a per-feature level taken from the data.
+
+        Raw price levels near 100 leave fp32 about 1e-5 of absolute resolution, and a zero-sum filter
+        (a difference, a deviation from a mean) then loses most of its digits. Centering first makes
+        the error scale with the moves instead of the level; conv(c) = c * (sum of taps) is folded into
+        the bias in float64, and is exactly zero for zero-sum filters. ``c`` must not come from a later
+        step than the outputs it touches, or causality would hold only up to rounding: the engine passes
+        the last value before the chunk, or a feature's first value where it starts inside the chunk
+        (outputs before that are NaN anyway).
+        """
+        centered = (x - c).T.unsqueeze(0)  # [1, C, L] view of a time-major buffer; zero history -> -c
+        per_group = layer.tap_sums.shape[1]
+        c64 = c.to(torch.float64).view(layer.groups, per_group)
+        out_per_group = layer.tap_sums.shape[0] // layer.groups
+        level = (layer.tap_sums.view(layer.groups, out_per_group, per_group) * c64[:, None, :]).sum(-1)
+        bias = (layer.bias64 + level.reshape(-1)).to(torch.float32)
+        return self._conv(centered, layer, bias)
