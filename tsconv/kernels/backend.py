@@ -21,7 +21,7 @@ __all__ = ["Backend"]
 
 @dataclass(frozen=True)
 class _DeviceLayer:
-    weight: torch.Tensor  # as stored: float16 or float32
+    weight: torch.Tensor  # the stored values: float16 for the Triton kernel, else float32
     tap_sums: torch.Tensor  # [O, C/groups] float64: sum over taps of each filter, for re-centering
     bias: torch.Tensor | None  # float32
     bias64: torch.Tensor  # [O] float64 (zeros without bias)
@@ -45,9 +45,15 @@ class Backend:
         def put(a: np.ndarray | None, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
             return None if a is None else torch.from_numpy(a).to(device=device, dtype=dtype)
 
+        # The Triton kernel upcasts FP16-stored weights itself; torch's conv wants float32 (the stored
+        # values, exactly), made once here rather than per chunk.
+        def stored(L) -> torch.Tensor:  # noqa: ANN001
+            half = L.weight_dtype == "float16" and self.triton
+            return put(L.weight, torch.float16 if half else torch.float32)
+
         self.layers = tuple(
             _DeviceLayer(
-                weight=put(L.weight, torch.float16 if L.weight_dtype == "float16" else torch.float32),
+                weight=stored(L),
                 tap_sums=put(L.weight.astype(np.float64).sum(axis=2), torch.float64),
                 bias=put(L.bias),
                 bias64=put(L.bias if L.bias is not None else np.zeros(L.out_channels), torch.float64),
@@ -77,7 +83,7 @@ class Backend:
                 activation=layer.activation,
                 precision="fp32",
             )
-        y = F.conv1d(x, layer.weight.float(), bias, dilation=layer.dilation, groups=layer.groups)
+        y = F.conv1d(x, layer.weight, bias, dilation=layer.dilation, groups=layer.groups)
         return apply_activation(y, layer.activation)
 
     @torch.no_grad()

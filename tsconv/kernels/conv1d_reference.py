@@ -109,3 +109,91 @@ def torch_conv1d_in_precision(
         raise ValueError(f"unknown precision {precision!r}")
     y = F.conv1d(_pad(xr, K, dilation, padding), wr, b, dilation=dilation, groups=groups)
     return _activate(y, activation)
+
+
+# --------------------------------------------------------------------------------------------------------
+# a numerical model of Hopper tensor-core dots, for the Triton interpreter
+# --------------------------------------------------------------------------------------------------------
+
+
+def _rz_to_float32(s):
+    """float64 -> float32 rounded toward zero."""
+    import numpy as np
+
+    r = s.astype(np.float32)
+    over = np.abs(r.astype(np.float64)) > np.abs(s)
+    return np.where(over, np.nextafter(r, np.float32(0)), r)
+
+
+def tensor_core_dot(a, b, c, *, tf32: bool = True, block: int = 4, extra_bits: int = 0):
+    """``c + a @ b`` as an NVIDIA tensor core computes it (numpy arrays; float32 result).
+
+    The model (Fasi et al. 2021 for V100/A100, Khattak & Mikaitis 2025 for H100): float32 operands are
+    truncated to TF32 (the low 13 mantissa bits ignored), products are exact, and every ``block`` products
+    are added to the accumulator in one step: all terms are aligned to the largest exponent among them and the
+    accumulator, bits below ``23 + extra_bits`` places under it are dropped (toward zero), and the sum is
+    rounded toward zero to float32. Round-toward-zero makes the accumulation error biased: it grows linearly
+    with the number of steps on an accumulator that keeps its sign, where round-to-nearest grows like a
+    square root. ``block`` and ``extra_bits`` are the model's unknowns; tests run several values.
+    """
+    import numpy as np
+
+    if tf32 and a.dtype == np.float32:
+        a = (a.view(np.int32) & np.int32(-8192)).view(np.float32)
+    if tf32 and b.dtype == np.float32:
+        b = (b.view(np.int32) & np.int32(-8192)).view(np.float32)
+    A = a.astype(np.float64)
+    B = b.astype(np.float64)
+    acc = c.astype(np.float32)
+    plain = None
+    with np.errstate(all="ignore"):
+        for g in range(0, A.shape[-1], block):
+            P = A[..., :, g : g + block, None] * B[..., None, g : g + block, :]  # [M, block, N], exact
+            terms = np.concatenate([acc.astype(np.float64)[..., :, None, :], P], axis=-2)
+            mag = np.abs(terms).max(axis=-2)
+            finite = np.isfinite(mag)
+            _, e = np.frexp(np.where(finite & (mag > 0), mag, 1.0))
+            grid = np.ldexp(1.0, (e - 1 - 23 - extra_bits).astype(np.int32))[..., :, None, :]
+            s = (np.trunc(terms / grid) * grid).sum(axis=-2)
+            if not finite.all():  # inf / nan: IEEE semantics
+                plain = terms.sum(axis=-2)
+                s = np.where(finite, s, plain)
+            acc = _rz_to_float32(s)
+    return acc.astype(np.float32)
+
+
+class emulate_tensor_cores:  # noqa: N801 - used as a context manager, like torch.no_grad
+    """Within this context, ``tl.dot`` in the Triton interpreter follows :func:`tensor_core_dot`.
+
+    ``ieee`` dots (input_precision="ieee") stay exact float32 matmuls; float16 / bfloat16 operands are exact
+    in the model, float32 operands are truncated to TF32 (as the hardware does with tf32 dots).
+    """
+
+    def __init__(self, *, block: int = 4, extra_bits: int = 0) -> None:
+        self.block, self.extra_bits = block, extra_bits
+        self._saved = None
+        self.calls = 0
+
+    def __enter__(self):
+        from triton.runtime import interpreter
+
+        cls = interpreter.InterpreterBuilder
+        self._saved = cls.create_dot
+        emu = self
+
+        def create_dot(builder, a, b, d, input_precision, max_num_imprecise_acc):
+            if "IEEE" in str(input_precision).upper():
+                return emu._saved(builder, a, b, d, input_precision, max_num_imprecise_acc)
+            emu.calls += 1
+            out = tensor_core_dot(
+                a.data, b.data, d.data, tf32=True, block=emu.block, extra_bits=emu.extra_bits
+            )
+            return interpreter.TensorHandle(out.astype(d.data.dtype), d.dtype.scalar)
+
+        cls.create_dot = create_dot
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from triton.runtime import interpreter
+
+        interpreter.InterpreterBuilder.create_dot = self._saved
