@@ -3,6 +3,9 @@
     python benchmarks/conv1d.py --out $OUT/conv1d.json            # full run (about 4-6 minutes on an H200)
     python benchmarks/conv1d.py --quick --out $OUT/conv1d.json    # a subset
     python benchmarks/conv1d.py --check                           # the correctness pass only
+    python benchmarks/conv1d.py --cases depthwise,chunk_k16 --precisions fp32 --budget-s 200 --out ...
+        # a subset by case name or prefix; --budget-s stops starting new cases before the deadline
+        # (the JSON and markdown are rewritten after every case, so a timeout still leaves data)
     python benchmarks/conv1d.py --device cpu --quick              # smoke test of this script (interpreter)
 
 Correctness: every case is compared against a float64 torch reference (on the first few series of the
@@ -237,6 +240,13 @@ def main() -> int:
     ap.add_argument("--dump-ir", type=Path, default=None, help="write each tuned kernel's TTGIR and PTX here")
     ap.add_argument("--no-subprocess", action="store_true", help="skip the cross-process cache check")
     ap.add_argument("--cache-dir", default=None, help="autotune cache folder (sets TSCONV_CACHE_DIR)")
+    ap.add_argument(
+        "--cases", default=None, help="comma-separated case names or prefixes (e.g. depthwise,chunk_k16)"
+    )
+    ap.add_argument("--precisions", default=None, help="comma-separated precisions to keep (e.g. fp32,tf32)")
+    ap.add_argument(
+        "--budget-s", type=float, default=None, help="stop starting new work after this many seconds"
+    )
     ap.add_argument("--replay", default=None, help=argparse.SUPPRESS)  # CASE:PRECISION, used by that check
     args = ap.parse_args()
 
@@ -274,6 +284,7 @@ class Bench:
         )
         self.rows: list[Row] = []
         self.t0 = time.perf_counter()
+        self.fp32_peak, self.peak_note = NOMINAL_FP32_TFLOPS, "not measured yet"
 
     # ---------------------------------------------------------------------------------------- helpers
 
@@ -391,16 +402,32 @@ class Bench:
 
     def selected(self) -> list[tuple[Case, str]]:
         cs = smoke_cases() if self.dev.type == "cpu" else cases()
+        if self.args.cases:
+            names = [n.strip() for n in self.args.cases.split(",") if n.strip()]
+            cs = [c for c in cs if any(c.name == n or c.name.startswith(n) for n in names)]
         if self.args.quick:
             if self.dev.type == "cpu":
-                return [(c, p) for c in cs[:3] for p in c.precisions[:1]]
-            return [(c, p) for c in cs for p in c.quick]
-        return [(c, p) for c in cs for p in c.precisions]
+                todo = [(c, p) for c in cs[:3] for p in c.precisions[:1]]
+            else:
+                todo = [(c, p) for c in cs for p in c.quick]
+        else:
+            todo = [(c, p) for c in cs for p in c.precisions]
+        if self.args.precisions:
+            keep = {p.strip() for p in self.args.precisions.split(",")}
+            todo = [(c, p) for c, p in todo if p in keep]
+        return todo
+
+    def out_of_time(self, reserve_s: float = 0.0) -> bool:
+        budget = self.args.budget_s
+        return budget is not None and time.perf_counter() - self.t0 > budget - reserve_s
 
     def check_pass(self, todo: list[tuple[Case, str]]) -> None:
         torch = self.torch
         print(f"== correctness pass ({len(todo)} cases) on {self.gpu}", flush=True)
         for case, precision in todo:
+            if self.out_of_time(reserve_s=20.0):
+                print(f"budget reached: skipping {case.name} [{precision}] and later cases", flush=True)
+                break
             row = Row(
                 case.name,
                 case.N,
@@ -424,6 +451,7 @@ class Bench:
                 print(f"FAIL {case.name} [{precision}]: {row.error}", flush=True)
             if self.dev.type == "cuda":
                 torch.cuda.empty_cache()
+            self.write_results(partial=True)
 
     def check_one(self, case: Case, precision: str, row: Row) -> None:
         from tsconv.kernels.conv1d_reference import (
@@ -507,6 +535,9 @@ class Bench:
             precision = row.precision
             if row.error and "not written" not in row.error:
                 continue
+            if self.out_of_time(reserve_s=10.0):
+                print(f"budget reached: not timing {row.case} [{precision}] and later rows", flush=True)
+                break
             try:
                 self.time_one(case, precision, row, fp32_peak)
             except Exception as exc:  # noqa: BLE001
@@ -514,6 +545,7 @@ class Bench:
                 print(f"timing failed for {row.case} [{precision}]: {row.error}", flush=True)
             if self.dev.type == "cuda":
                 torch.cuda.empty_cache()
+            self.write_results(partial=True)
 
     def time_one(self, case: Case, precision: str, row: Row, fp32_peak: float) -> None:
         x, w, b = self.data(case, precision)
@@ -588,6 +620,46 @@ class Bench:
 
     # ------------------------------------------------------------------------------------------ driver
 
+    def write_results(self, *, partial: bool, xproc: dict | None = None) -> dict:
+        """Write the JSON and markdown results so far (after every case, so a timeout still leaves data)."""
+        torch = self.torch
+        tuning = [
+            {"space": e.space, "key": e.key, "config": e.config, "source": e.source, "seconds": e.seconds}
+            for e in self.autotune.events()
+        ]
+        tune_total = sum(e["seconds"] for e in tuning if e["source"] == "tuned")
+        n_pass = sum(1 for r in self.rows if r.pass_)
+        cache = str(self.autotune.cache_path(self.dev)) if self.dev.type == "cuda" else None
+        result = {
+            "gpu": self.gpu,
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "commit": _commit(),
+            "torch": torch.__version__,
+            "triton": self.triton.__version__,
+            "partial": partial,
+            "fp32_peak_tflops": round(self.fp32_peak, 2),
+            "fp32_peak_note": self.peak_note,
+            "hbm_bytes_per_s": HBM_BYTES_PER_S,
+            "tc_peak_tflops": TC_PEAK_TFLOPS,
+            "autotune_cache": cache,
+            "tuning": tuning,
+            "tuning_seconds": round(tune_total, 2),
+            "cross_process_cache": xproc or {"checked": False},
+            "passed": n_pass,
+            "failed": len(self.rows) - n_pass,
+            "wall_s": round(time.perf_counter() - self.t0, 1),
+            "cases": [r.to_json() for r in self.rows],
+        }
+        out = self.args.out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, out)
+        out.with_suffix(".md").write_text(markdown(result))
+        if cache and Path(cache).is_file():  # keep the tuned winners beside the results
+            (out.parent / f"{out.stem}_{Path(cache).name}").write_text(Path(cache).read_text())
+        return result
+
     def run(self) -> int:
         import torch
 
@@ -599,6 +671,7 @@ class Bench:
             flush=True,
         )
         fp32_peak, peak_note = self.measure_fp32_peak()
+        self.fp32_peak, self.peak_note = fp32_peak, peak_note
         print(f"fp32 FMA peak: {fp32_peak:.1f} TFLOP/s ({peak_note})", flush=True)
         self.check_pass(todo)
         tuning = [
@@ -613,35 +686,11 @@ class Bench:
         )
         if not self.args.check:
             self.time_pass(fp32_peak)
-        xproc = self.cross_process_check()
-        n_pass = sum(1 for r in self.rows if r.pass_)
-        result = {
-            "gpu": self.gpu,
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "commit": _commit(),
-            "torch": torch.__version__,
-            "triton": self.triton.__version__,
-            "fp32_peak_tflops": round(fp32_peak, 2),
-            "fp32_peak_note": peak_note,
-            "hbm_bytes_per_s": HBM_BYTES_PER_S,
-            "tc_peak_tflops": TC_PEAK_TFLOPS,
-            "autotune_cache": cache,
-            "tuning": tuning,
-            "tuning_seconds": round(tune_total, 2),
-            "cross_process_cache": xproc,
-            "passed": n_pass,
-            "failed": len(self.rows) - n_pass,
-            "wall_s": round(time.perf_counter() - self.t0, 1),
-            "cases": [r.to_json() for r in self.rows],
-        }
-        out = self.args.out
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
-        out.with_suffix(".md").write_text(markdown(result))
-        if cache and Path(cache).is_file():  # keep the tuned winners beside the results
-            (out.parent / f"{out.stem}_{Path(cache).name}").write_text(Path(cache).read_text())
+        xproc = {"checked": False} if self.out_of_time(reserve_s=15.0) else self.cross_process_check()
+        result = self.write_results(partial=False, xproc=xproc)
+        n_pass = result["passed"]
         print(
-            f"{n_pass}/{len(self.rows)} cases pass; wrote {out} and {out.with_suffix('.md')} "
+            f"{n_pass}/{len(self.rows)} cases pass; wrote {self.args.out} and {self.args.out.with_suffix('.md')} "
             f"in {result['wall_s']:.0f} s",
             flush=True,
         )

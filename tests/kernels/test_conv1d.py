@@ -21,7 +21,9 @@ from tsconv.kernels import conv1d as conv1d_mod
 from tsconv.kernels.conv1d import conv1d
 from tsconv.kernels.conv1d_reference import (
     conv1d_reference,
+    emulate_tensor_cores,
     relative_error,
+    tensor_core_dot,
     torch_conv1d_in_precision,
 )
 
@@ -160,6 +162,64 @@ def test_fp32_mode_keeps_the_low_part() -> None:
     e32 = relative_error(conv1d(x, w, precision="fp32"), ref)
     etf = relative_error(conv1d(x, w, precision="tf32"), ref)
     assert e32 * 100 < etf, (e32, etf)
+
+
+# ------------------------------------------------------- fp32 under a model of the tensor cores' arithmetic
+
+_needs_interpreter = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the tensor-core model replaces tl.dot in the Triton interpreter"
+)
+
+
+def test_tensor_core_model_truncates() -> None:
+    """The model drops TF32's low bits and rounds each accumulation step toward zero (biased)."""
+    import numpy as np
+
+    a = np.full((1, 4096), 1.0 + 2.0**-20, dtype=np.float32)  # the 2^-20 is below TF32's resolution
+    b = np.full((4096, 1), 1.0 + 2.0**-12, dtype=np.float32)
+    got = tensor_core_dot(a, b, np.zeros((1, 1), np.float32), block=4)[0, 0]
+    assert got <= 4096 * (1.0 + 2.0**-12)  # never rounded up
+    a_tf32 = tensor_core_dot(a[:, :4], np.eye(4, dtype=np.float32), np.zeros((1, 4), np.float32))
+    assert (a_tf32 == 1.0).all()
+    ramp = np.full((1, 4096), 1.0 + 2.0**-10, dtype=np.float32)  # exact in TF32; sums lose bits as they grow
+    s = tensor_core_dot(ramp, np.full((4096, 1), 1.0 + 2.0**-10, np.float32), np.zeros((1, 1), np.float32))
+    exact = 4096 * (1.0 + 2.0**-10) ** 2
+    assert s[0, 0] < exact  # round toward zero: a one-sided error
+
+
+def _fp32_price_case(K: int = 16, C: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    x = price_levels(1, 64 + K - 1, C, seed=31).transpose(1, 2)
+    return x, zero_sum_weights(32, C, K)
+
+
+@_needs_interpreter
+@pytest.mark.parametrize(("block", "extra_bits"), [(4, 0), (8, 3)])
+def test_fp32_price_levels_under_tensor_core_model(block: int, extra_bits: int) -> None:
+    """The H200 failure, reproduced on the CPU: with operands truncated to TF32 and round-toward-zero
+    accumulation, "fp32" on raw price levels through zero-sum filters stays within 4x torch's float32 error.
+    (The interpreter's plain tl.dot is exact float32 and cannot show this.)"""
+    x, w = _fp32_price_case()
+    with emulate_tensor_cores(block=block, extra_bits=extra_bits) as emu:
+        check(x, w, padding="valid")
+    assert emu.calls > 0
+
+
+@_needs_interpreter
+@pytest.mark.parametrize(("a_split", "flush"), [(2, False), (3, False)])
+def test_old_fp32_schemes_fail_under_tensor_core_model(
+    monkeypatch: pytest.MonkeyPatch, a_split: int, flush: bool
+) -> None:
+    """Accumulating every product into the running tensor-core sum (the scheme that failed on the H200, with
+    the 2-part or the 3-part split of x) breaks the bound under the model: round-toward-zero on a large
+    running sum is what fails, the flush to a CUDA-core accumulator is what fixes it."""
+    monkeypatch.setattr(conv1d_mod, "_A_SPLIT", a_split)
+    monkeypatch.setattr(conv1d_mod, "_FLUSH", flush)
+    x, w = _fp32_price_case()
+    ref = conv1d_reference(x, w, padding="valid")
+    with emulate_tensor_cores(block=4, extra_bits=0):
+        err = relative_error(conv1d(x, w, padding="valid"), ref)
+    err_torch = relative_error(torch_conv1d_in_precision(x, w, padding="valid"), ref)
+    assert err > FP32_FACTOR * err_torch + ATOL["fp32"], (err, err_torch)
 
 
 # ------------------------------------------------------------------------------- depthwise and grouped
@@ -588,7 +648,8 @@ for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32",
                i32("K"), i32("dilation"), i32("pad"), i32("n_tblk"), i32("n_oblk"), i32("stride_xn", "D"),
                i32("stride_xc", "1"), i32("stride_xt", "D"), i32("stride_wk", "D"), i32("stride_wo", "D"),
                i32("stride_yn", "D"), i32("stride_yo", "1"), i32("stride_yt", "D")]
-    consts = dict(HAS_BIAS=True, ACT=2, PREC=prec, A_SPLIT=True, W_SPLIT=split, INDEX64=False)
+    consts = dict(HAS_BIAS=True, ACT=2, PREC=prec, A_SPLIT=3 if prec == 0 else 1, W_SPLIT=split, FLUSH=prec == 0,
+                  INDEX64=False)
     ck = build(m._conv1d_dense_kernel, runtime, consts, cfg)
     assert "warp_group_dot" in ck.asm["ttgir"], "the dense kernel does not use Hopper tensor cores (wgmma)"
 cfg = autotune.conv1d_direct_space(4, 1024).configs[0]

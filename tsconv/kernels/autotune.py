@@ -315,10 +315,12 @@ def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int) -> ConfigSpace:
             _dense(64, 128, 64, 4, 4),
             _dense(256, 128, 64, 8, 3),
             _dense(64, 64, 64, 4, 3),
+            _dense(128, 256, 64, 8, 4),
+            _dense(128, 128, 128, 8, 3),
         ]
         if long_k:
             configs += [_dense(128, 128, 64, 8, 4), _dense(128, 128, 32, 4, 5)]
-    else:
+    elif precision == "tf32":
         configs = [
             _dense(128, 128, 32, 8, 3),
             _dense(128, 256, 32, 8, 3),
@@ -326,12 +328,26 @@ def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int) -> ConfigSpace:
             _dense(64, 128, 32, 4, 3),
             _dense(256, 64, 32, 8, 3),
             _dense(64, 64, 32, 4, 4),
+            _dense(128, 128, 64, 8, 3),
+            _dense(128, 256, 32, 8, 4),
         ]
         if long_k:
             configs += [_dense(128, 128, 32, 8, 4), _dense(128, 128, 16, 8, 4)]
+    else:
+        # "fp32": three products per step (3xTF32) and two [BLOCK_T, BLOCK_O] float32 accumulators (the
+        # running sum and the step's tensor-core partial): tiles keep <= 64 accumulator values per thread so
+        # the pair fits in registers without spills (checked with ptxas for sm_90).
+        configs = [
+            _dense(128, 128, 32, 8, 3),
+            _dense(128, 128, 32, 8, 4),
+            _dense(64, 128, 32, 4, 3),
+            _dense(64, 128, 32, 4, 4),
+            _dense(128, 128, 16, 8, 4),
+            _dense(64, 64, 32, 4, 4),
+        ]
     configs = _clamped(configs, Cg, Og)
     interp = _clamped([_dense(64, 32, 32, 4, 1)], Cg, Og)[0]
-    name = f"conv1d_dense_{'long' if long_k else 'short'}_k_{'fp16' if precision == 'fp16' else 'fp32'}"
+    name = f"conv1d_dense_v2_{'long' if long_k else 'short'}_k_{precision}"
     return ConfigSpace(name, tuple(configs), configs[0], interp)
 
 

@@ -12,9 +12,16 @@ Two kernels:
   over taps and BLOCK_C channel chunks; the A tile is ``x[n, c0:c0+BC, t + k*d - pad]`` read in place (causal
   zeros come from load masks, never from a padded copy); the B tile comes from weights rearranged once per
   call to [groups, K, O/groups, C/groups] so that it is contiguous along the reduction (channels).
-  Precision "fp32" splits each operand into a TF32 "high" part and a remainder (3xTF32; 2xTF32 when the
-  weights are stored in float16 or bfloat16, which TF32 represents exactly); "tf32" uses one TF32 product of
-  rounded operands; "fp16" casts x to float16. Accumulation is always float32.
+  Precision "fp32" (see ``_dot_fp32``): float32 x is split into three TF32 parts (x_hi + x_mid + x_lo, each
+  exact in TF32, so with float16 weights, exact in TF32, the three tensor-core products are exact); float32
+  weights add a TF32 low part (five products). Each reduction step's products go into a fresh tensor-core
+  accumulator that is then added to the running float32 sum on the CUDA cores ("flush"). Why: tensor cores
+  truncate float32 operands to TF32 and round each accumulation step toward zero (Fasi et al. 2021; Khattak
+  and Mikaitis 2025), so on raw price levels through zero-sum filters, where the running sum is ~100x the
+  result, accumulating in the tensor core gave errors growing linearly with C*K (H200: 5.7x / 9x / 20x
+  cuDNN's float32 error at K = 5 / 16 / 64). ``conv1d_reference.emulate_tensor_cores`` models this
+  arithmetic in the interpreter; under it the old scheme fails and this one passes (tests). "tf32" uses one
+  TF32 product of rounded operands; "fp16" casts x to float16. Accumulation is always float32.
 - ``_conv1d_direct_kernel``: FMAs in float32 registers for depthwise filter banks (groups = C, M filters
   per channel) and any conv with fewer than 16 input or output channels per group. A program owns a
   [BLOCK_T steps, BLOCK_G groups, BLOCK_M filters] tile and loads each input value once per tap. The FLOPs
@@ -55,6 +62,8 @@ _INT32_MAX = 2**31 - 1
 
 # Tests set this to exercise the 64-bit indexing variant on small tensors.
 _FORCE_INDEX64 = False
+_FLUSH = True
+_A_SPLIT = 3
 # Which kernel and config the last Triton launch used (benchmarks report it): {"path": ..., "config": ...}.
 last_launch: dict[str, str] = {}
 
@@ -70,6 +79,53 @@ def _round_tf32(v):
     bits = v.to(tl.int32, bitcast=True)
     bits = (bits + 0x1000) & -8192
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot_first(a, b, acc, FLUSH: tl.constexpr):
+    if FLUSH:
+        return tl.dot(a, b, input_precision="tf32")  # a fresh tensor-core accumulator
+    return tl.dot(a, b, acc, input_precision="tf32")
+
+
+@triton.jit
+def _dot_fp32(a, b, wlo_ptrs, w_mask, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.constexpr, FLUSH: tl.constexpr):
+    """acc + a @ b to float32 accuracy on TF32 tensor cores (see "precision fp32" in the module docstring).
+
+    a: float32 [BT, BC]; b: [BC, BO] TF32-exact weights (float16, or the TF32 high part of float32 weights,
+    whose TF32 remainder is at ``wlo_ptrs`` when W_SPLIT). A_SPLIT: 1 = a is TF32-exact (float16 / bfloat16
+    input); 3 = a = a_hi + a_mid + a_lo, each exact in TF32 (the default for float32 inputs); 2 = a_hi + a_r
+    with a 13-bit remainder that the tensor core truncates (the old scheme, kept for the emulation tests).
+    Products are added smallest first. FLUSH: the products of this step are summed in a fresh tensor-core
+    accumulator and added to ``acc`` on the CUDA cores (round to nearest), so the tensor core's
+    round-toward-zero never acts on the running sum.
+    """
+    if A_SPLIT >= 2:
+        a_hi = _round_tf32(a)
+        a_r = tl.where(a_hi == a, 0.0, a - a_hi)  # exact; the where() keeps +-inf inputs from making NaN
+        if W_SPLIT:
+            b_lo = tl.load(wlo_ptrs, mask=w_mask, other=0.0)
+        if A_SPLIT == 3:
+            a_mid = _round_tf32(a_r)
+            a_lo = a_r - a_mid  # exact, at most 3 significant bits: exact in TF32
+            p = _dot_first(a_lo, b, acc, FLUSH)
+            if W_SPLIT:
+                p = tl.dot(a_mid, b_lo, p, input_precision="tf32")
+            p = tl.dot(a_mid, b, p, input_precision="tf32")
+        else:
+            p = _dot_first(a_r, b, acc, FLUSH)
+        if W_SPLIT:
+            p = tl.dot(a_hi, b_lo, p, input_precision="tf32")
+        p = tl.dot(a_hi, b, p, input_precision="tf32")
+    elif W_SPLIT:
+        b_lo = tl.load(wlo_ptrs, mask=w_mask, other=0.0)
+        p = _dot_first(a, b_lo, acc, FLUSH)
+        p = tl.dot(a, b, p, input_precision="tf32")
+    else:
+        p = _dot_first(a, b, acc, FLUSH)
+    if FLUSH:
+        p = acc + p
+    return p
 
 
 @triton.jit
@@ -135,6 +191,7 @@ def _conv1d_dense_kernel(
     PREC: tl.constexpr,
     A_SPLIT: tl.constexpr,
     W_SPLIT: tl.constexpr,
+    FLUSH: tl.constexpr,
     INDEX64: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_O: tl.constexpr,
@@ -184,21 +241,7 @@ def _conv1d_dense_kernel(
         w_mask = c_ok[:, None] & o_mask[None, :]
         b = tl.load(w_ptrs + w_off, mask=w_mask, other=0.0)
         if PREC == 0:
-            # 3xTF32: a = a_hi + a_lo and b = b_hi + b_lo with TF32 high parts; the products of TF32 values
-            # are exact, the dropped a_lo * b_lo term is below float32 rounding. Operands stored in float16 or
-            # bfloat16 are exact in TF32 and need no low part (A_SPLIT / W_SPLIT off): float16 weights and
-            # float32 inputs take two products, float16 inputs and weights one.
-            a = a.to(tl.float32)
-            if A_SPLIT:
-                a_hi = _round_tf32(a)
-                a_lo = tl.where(a_hi == a, 0.0, a - a_hi)  # the where() keeps +-inf inputs from making NaN
-                acc = tl.dot(a_lo, b, acc, input_precision="tf32")
-            else:
-                a_hi = a
-            if W_SPLIT:
-                b_lo = tl.load(wlo_ptrs + w_off, mask=w_mask, other=0.0)
-                acc = tl.dot(a_hi, b_lo, acc, input_precision="tf32")
-            acc = tl.dot(a_hi, b, acc, input_precision="tf32")
+            acc = _dot_fp32(a.to(tl.float32), b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
             a = _round_tf32(a.to(tl.float32))
             acc = tl.dot(a, b, acc, input_precision="tf32")
@@ -680,8 +723,9 @@ def _launch_dense(
         "HAS_BIAS": bias is not None,
         "ACT": spec.act,
         "PREC": _PREC_CODE[spec.precision],
-        "A_SPLIT": x.dtype == torch.float32,
+        "A_SPLIT": _A_SPLIT if x.dtype == torch.float32 else 1,
         "W_SPLIT": w_lo is not None,
+        "FLUSH": _FLUSH,
         "INDEX64": index64,
     }
 
