@@ -1,0 +1,640 @@
+"""Dense GEMM with a fused bias + activation epilogue, as a Triton kernel: the feature pipeline's head.
+
+``gemm(a, b, bias)`` computes ``act(a @ b + bias)`` for ``a`` [M, K] (float32; float16 / bfloat16 accepted)
+read through any strides and ``b`` [K, N] stored in float16 (float32 / bfloat16 accepted), accumulating in
+float32 and writing a float32 [M, N] result through any strides (``out=`` may be a transposed view).
+
+Precision modes (accumulation is always float32):
+
+- ``"fp32"`` (default): float32-accurate on TF32 tensor cores. Each float32 ``a`` tile is split in registers
+  into three TF32-exact parts, ``hi = tf32(a)``, ``mid = tf32(a - hi)``, ``lo = a - hi - mid`` (at most 3
+  significant bits), so the tensor core's truncation of its operands to TF32 loses nothing. float16 /
+  bfloat16 ``b`` is exact in TF32: three exact products ``lo*b, mid*b, hi*b``. float32 ``b`` is split once
+  per call into ``b_hi + b_lo`` (both TF32) and five products are kept: (lo, b_hi), (mid, b_lo), (mid, b_hi),
+  (hi, b_lo), (hi, b_hi) (the dropped ones are below float32 rounding). Products are added smallest first,
+  and (``_FLUSH``) the products of one K block are summed in a fresh tensor-core accumulator that is then
+  added to the running sum on the CUDA cores with round-to-nearest: the tensor core's round-toward-zero
+  accumulation never acts on the long running sum (its error would grow linearly with K, not like sqrt(K)).
+  A two-way split ``a_hi + (a - a_hi)`` is not enough: the remainder has 13 significant bits, which the
+  tensor core truncates to 10 (errors 5-20x cuBLAS fp32 on price-level data on an H200).
+- ``"tf32"``: one TF32 product, operands as the hardware takes them (``a`` truncated by the tensor core,
+  ``b`` rounded to TF32 once per call), like cuBLAS with TF32 allowed. 10-bit mantissas: opt-in.
+- ``"fp16"``: ``a`` rounded to float16 (in the kernel, or by a cast pass before it when the tuner finds that
+  faster for compute-bound shapes), ``b`` in float16. Opt-in.
+
+Operand layouts: for the TF32 modes ``b`` is rearranged once per call to [N, K] float32, contiguous along the
+reduction (Hopper's TF32 wgmma takes only K-major shared-memory tiles; a [K, N] tile would be transposed
+through registers on every step); :func:`pack_weights` does that once for weights reused across calls.
+"fp16" reads float16 ``b`` in place (16-bit wgmma accepts either major order).
+
+On CUDA tensors the kernel runs with block shapes tuned per GPU and shape class and cached on disk
+(:mod:`tsconv.kernels.autotune`; spaces defined here). On CPU tensors it runs through the Triton interpreter
+when ``TRITON_INTERPRET=1`` was set before this module was imported; otherwise CPU tensors take a torch path
+(float32 matmul of the stored values) with the same semantics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tsconv.errors import ShapeError
+from tsconv.kernels import autotune
+from tsconv.kernels.activations import apply_activation
+from tsconv.kernels.conv1d import _activate, _round_tf32
+
+__all__ = ["ACTIVATIONS", "PRECISIONS", "PackedWeights", "gemm", "gemm_space", "pack_weights"]
+
+ACTIVATIONS = (None, "none", "relu", "gelu", "tanh")
+PRECISIONS = ("fp32", "tf32", "fp16")
+
+_ACT_CODE = {None: 0, "none": 0, "relu": 1, "gelu": 2, "tanh": 3}
+_ACT_NAME = {0: None, 1: "relu", 2: "gelu", 3: "tanh"}
+_PREC_CODE = {"fp32": 0, "tf32": 1, "fp16": 2}
+_A_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_B_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
+_INT32_MAX = 2**31 - 1
+
+# Module switches (tests flip them to show what each one is for).
+_FLUSH = True  # fp32 mode: per-K-block fresh tensor-core accumulator, added to the running sum with RN
+_A_SPLIT = 3  # fp32 mode, float32 a: 3 = hi + mid + lo (exact in TF32); 2 = hi + 13-bit remainder (old)
+# Which config the last Triton launch used (benchmarks report it): {"config": ...}.
+last_launch: dict[str, str] = {}
+
+
+# --------------------------------------------------------------------------------------------------------
+# kernel
+# --------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dot_tf32(a, b, acc, FRESH: tl.constexpr):
+    if FRESH:
+        return tl.dot(a, b, input_precision="tf32")  # a fresh tensor-core accumulator
+    return tl.dot(a, b, acc, input_precision="tf32")
+
+
+@triton.jit
+def _dot_split(a, b, b_lo, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.constexpr, FLUSH: tl.constexpr):
+    """acc + a @ b to float32 accuracy on TF32 tensor cores (see "fp32" in the module docstring).
+
+    a: float32 [BM, BK]; b: [BK, BN] TF32-exact (float16 values, or the TF32 high part of float32 ``b``
+    whose TF32 low part is ``b_lo`` when W_SPLIT). A_SPLIT: 1 = a is TF32-exact (float16 / bfloat16 input),
+    3 = three-way split (default), 2 = the two-way split (kept to show it fails under the emulation tests).
+    """
+    if A_SPLIT >= 2:
+        a_hi = _round_tf32(a)
+        a_r = tl.where(a_hi == a, 0.0, a - a_hi)  # exact; the where() keeps +-inf inputs from making NaN
+        if A_SPLIT == 3:
+            a_mid = _round_tf32(a_r)
+            a_lo = a_r - a_mid  # exact, at most 3 significant bits: exact in TF32
+            p = _dot_tf32(a_lo, b, acc, FLUSH)
+            if W_SPLIT:
+                p = tl.dot(a_mid, b_lo, p, input_precision="tf32")
+            p = tl.dot(a_mid, b, p, input_precision="tf32")
+        else:
+            p = _dot_tf32(a_r, b, acc, FLUSH)
+        if W_SPLIT:
+            p = tl.dot(a_hi, b_lo, p, input_precision="tf32")
+        p = tl.dot(a_hi, b, p, input_precision="tf32")
+    elif W_SPLIT:
+        p = _dot_tf32(a, b_lo, acc, FLUSH)
+        p = tl.dot(a, b, p, input_precision="tf32")
+    else:
+        p = _dot_tf32(a, b, acc, FLUSH)
+    if FLUSH:
+        p = acc + p
+    return p
+
+
+@triton.jit(do_not_specialize=["M"])
+def _gemm_kernel(
+    a_ptr,
+    b_ptr,
+    blo_ptr,
+    bias_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    PREC: tl.constexpr,
+    A_SPLIT: tl.constexpr,
+    W_SPLIT: tl.constexpr,
+    FLUSH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Grouped ordering (the Triton matmul tutorial): GROUP_M row blocks sweep all column blocks together, so
+    # the a rows and b columns a wave of programs touches stay in L2.
+    pid = tl.program_id(0)
+    n_pid_m = tl.cdiv(M, BLOCK_M)
+    n_pid_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * n_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_m = tl.minimum(n_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_m
+    pid_n = (pid % in_group) // group_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    # 64-bit row/column offsets: M * stride can pass 2**31 for long heads; the K steps stay 32-bit increments.
+    a_ptrs = a_ptr + offs_m.to(tl.int64)[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_off = offs_k[:, None] * stride_bk + offs_n.to(tl.int64)[None, :] * stride_bn
+    b_ptrs = b_ptr + b_off
+    blo_ptrs = blo_ptr + b_off
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = offs_k < K - k0
+        a = tl.load(a_ptrs, mask=m_mask[:, None] & k_ok[None, :], other=0.0)
+        b_mask = k_ok[:, None] & n_mask[None, :]
+        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        if PREC == 0:
+            if W_SPLIT:
+                b_lo = tl.load(blo_ptrs, mask=b_mask, other=0.0)
+            else:
+                b_lo = b
+            acc = _dot_split(a.to(tl.float32), b, b_lo, acc, A_SPLIT, W_SPLIT, FLUSH)
+        elif PREC == 1:
+            acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(a.to(tl.float16), b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+        blo_ptrs += BLOCK_K * stride_bk
+
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    acc = _activate(acc, ACT)
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n.to(tl.int64)[None, :] * stride_cn
+    tl.store(c_ptrs, acc, mask=m_mask[:, None] & n_mask[None, :])
+
+
+def _kernel_interpreted() -> bool:
+    return type(_gemm_kernel).__name__ == "InterpretedFunction"
+
+
+# True when TRITON_INTERPRET=1 was set before import: CPU tensors then run the Triton kernel.
+_INTERPRETED = _kernel_interpreted()
+
+
+# --------------------------------------------------------------------------------------------------------
+# config spaces
+# --------------------------------------------------------------------------------------------------------
+
+
+def _cfg(bm: int, bn: int, bk: int, warps: int, stages: int, group: int = 8, a16: int = 0) -> autotune.Config:
+    meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group}
+    name = f"m{bm}_n{bn}_k{bk}_w{warps}_s{stages}_g{group}"
+    if a16:
+        meta["A16"] = 1  # launcher-level: cast a to float16 in a pass before the kernel ("fp16" only)
+        name += "_a16"
+    return autotune.Config(name, meta, num_warps=warps, num_stages=stages)
+
+
+def _clamp(cfgs: list[autotune.Config], M: int, N: int, K: int) -> list[autotune.Config]:
+    """Shrink blocks to the problem (at least 16, tl.dot's minimum) and drop duplicates."""
+    max_m, max_n, max_k = (max(16, autotune.pow2_bucket(v)) for v in (M, N, K))
+    out: list[autotune.Config] = []
+    for c in cfgs:
+        m = c.meta
+        new = _cfg(
+            min(m["BLOCK_M"], max_m),
+            min(m["BLOCK_N"], max_n),
+            min(m["BLOCK_K"], max_k),
+            c.num_warps,
+            c.num_stages,
+            m["GROUP_M"],
+            m.get("A16", 0),
+        )
+        if all(o.name != new.name for o in out):
+            out.append(new)
+    return out
+
+
+def gemm_space(precision: str, M: int, N: int, K: int) -> autotune.ConfigSpace:
+    """Candidate tiles for one precision and shape class.
+
+    Classes: "narrow" heads (N <= 64: memory-bound on reading ``a``, so a tall BLOCK_M, BLOCK_N = N rounded
+    up to 16..64, and deep pipelines to keep bytes in flight) and "wide" (square-ish, compute-bound: the
+    classic 128x128 / 128x256 tiles with grouped ordering). Shared memory per stage: 4-byte ``a`` and ``b``
+    in the TF32 modes (BLOCK_K 32 keeps a 128x128 stage at 32 KiB); "fp16" loads float32 ``a`` (4 bytes) and
+    float16 ``b``, or float16 ``a`` when the A16 candidates cast it first. The "fp32" mode holds a second
+    accumulator (the per-block flush), so its tiles stay at 128x128 outputs per 8 warps.
+    """
+    narrow = N <= 64
+    if narrow:
+        bn = 64
+        if precision == "fp16":
+            cfgs = [
+                _cfg(128, bn, 64, 4, 4),
+                _cfg(256, bn, 64, 8, 3),
+                _cfg(128, bn, 128, 8, 2),
+                _cfg(64, bn, 64, 4, 4),
+                _cfg(256, bn, 32, 8, 4),
+            ]
+        else:
+            cfgs = [
+                _cfg(128, bn, 32, 4, 4),
+                _cfg(256, bn, 32, 8, 4),
+                _cfg(128, bn, 64, 4, 3),
+                _cfg(256, bn, 64, 8, 2),
+                _cfg(64, bn, 64, 4, 4),
+            ]
+    elif precision == "fp32":
+        cfgs = [
+            _cfg(128, 128, 32, 8, 3),
+            _cfg(128, 128, 32, 4, 3),
+            _cfg(128, 256, 32, 8, 3),
+            _cfg(256, 128, 32, 8, 3),
+            _cfg(128, 64, 32, 4, 4),
+            _cfg(64, 128, 32, 4, 4),
+            _cfg(128, 128, 64, 8, 2),
+        ]
+    elif precision == "tf32":
+        cfgs = [
+            _cfg(128, 256, 32, 8, 3),
+            _cfg(128, 128, 32, 8, 4),
+            _cfg(128, 128, 32, 4, 4),
+            _cfg(256, 128, 32, 8, 3),
+            _cfg(128, 256, 32, 8, 4),
+            _cfg(128, 128, 64, 8, 3),
+            _cfg(64, 256, 32, 4, 4),
+        ]
+    else:
+        cfgs = [
+            _cfg(128, 256, 64, 8, 3),
+            _cfg(128, 128, 64, 8, 4),
+            _cfg(128, 128, 64, 4, 4),
+            _cfg(128, 256, 32, 8, 4),
+            _cfg(256, 128, 64, 8, 2),
+            _cfg(128, 256, 64, 8, 3, a16=1),
+            _cfg(128, 256, 64, 8, 4, a16=1),
+            _cfg(256, 128, 64, 8, 3, a16=1),
+        ]
+    cfgs = _clamp(cfgs, M, N, K)
+    interp = _clamp([_cfg(64, 64, 32, 4, 1)], M, N, K)[0]
+    name = f"gemm_{'narrow' if narrow else 'wide'}_{precision}"
+    return autotune.ConfigSpace(name, tuple(cfgs), cfgs[0], interp)
+
+
+# --------------------------------------------------------------------------------------------------------
+# weights
+# --------------------------------------------------------------------------------------------------------
+
+
+def _round_tf32_torch(t: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to the nearest TF32 value, as ``_round_tf32`` does in the kernels."""
+    bits = t.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -8192).view(torch.float32)
+
+
+@dataclass(frozen=True, eq=False)
+class PackedWeights:
+    """``b`` [K, N] rearranged for one precision mode (see :func:`pack_weights`); pass it to :func:`gemm`.
+
+    ``hi`` / ``lo`` are the kernel's operands: for "fp32" / "tf32" [N, K] float32 views (K contiguous) of the
+    TF32 high part and (float32 ``b`` in "fp32" only) the TF32 low part; for "fp16" the float16 [K, N] values.
+    ``source`` is the original ``b`` (the CPU torch path and validation use it).
+    """
+
+    precision: str
+    source: torch.Tensor
+    hi: torch.Tensor
+    lo: torch.Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.source.shape[0]), int(self.source.shape[1]))
+
+    def kernel_strides(self) -> tuple[int, int]:
+        """(stride along K, stride along N) of ``hi`` / ``lo``."""
+        if self.precision == "fp16":
+            return self.hi.stride(0), self.hi.stride(1)
+        return self.hi.stride(1), self.hi.stride(0)
+
+
+def _pack(b: torch.Tensor, precision: str) -> PackedWeights:
+    K, N = b.shape
+    if precision == "fp16":
+        return PackedWeights(precision, b, b if b.dtype == torch.float16 else b.half(), None)
+    k_pad = -(-max(K, 1) // 16) * 16  # rows 64-byte aligned: vector loads whatever K is
+    buf = torch.empty((N, k_pad), dtype=torch.float32, device=b.device)
+    bt = buf[:, :K]
+    bt.copy_(b.t())
+    hi_buf = _round_tf32_torch(buf)  # exact for float16 / bfloat16 b
+    hi = hi_buf[:, :K]
+    lo = None
+    if precision == "fp32" and b.dtype == torch.float32:
+        lo = _round_tf32_torch(buf - hi_buf)[:, :K]
+    return PackedWeights(precision, b, hi, lo)
+
+
+def pack_weights(b: torch.Tensor, precision: str = "fp32") -> PackedWeights:
+    """Rearrange ``b`` [K, N] once for :func:`gemm` in ``precision`` (the work every call would do).
+
+    Useful for weights reused over many calls (a pipeline head): on a 4096 x 4096 ``b`` it saves a
+    transpose-and-convert pass of about 100 MB per call. ``b`` must not change afterwards (the packed copy
+    would not follow); the CPU paths use ``b`` itself.
+    """
+    _check_b(b)
+    _check_precision(precision)
+    return _pack(b, precision)
+
+
+# --------------------------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Spec:
+    M: int
+    K: int
+    N: int
+    act: int
+    precision: str
+
+
+def _shape(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)} ({str(t.dtype).removeprefix('torch.')}, {t.device})"
+
+
+def _span(t: torch.Tensor) -> tuple[int, int] | None:
+    if t.numel() == 0:
+        return None
+    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    start = t.data_ptr()
+    return start, start + (last + 1) * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    sa, sb = _span(a), _span(b)
+    if sa is None or sb is None:
+        return False
+    return sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def _has_internal_overlap(t: torch.Tensor) -> bool:
+    dims = sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s > 1)
+    extent = 0
+    for st, s in dims:
+        if st <= extent:
+            return True
+        extent += (s - 1) * st
+    return False
+
+
+def _check_b(b: object) -> None:
+    if not isinstance(b, torch.Tensor):
+        msg = f"b must be a torch.Tensor or PackedWeights, got {type(b).__name__}."
+        raise ShapeError(msg, hint="pass a [K, N] float16 tensor.")
+    if b.dim() != 2:
+        msg = f"b must be [K, N] (2 dims), got shape {_shape(b)}."
+        raise ShapeError(msg, hint="a head's weight is [features in, features out]; use w.T for [out, in].")
+    if b.dtype not in _B_DTYPES:
+        msg = f"b must be float16 or float32 (or bfloat16), got {b.dtype}."
+        raise ShapeError(msg, hint="store head weights as float16 or float32.")
+    if b.device.type not in ("cuda", "cpu"):
+        msg = f"b must be on a CUDA device or the CPU, got {b.device}."
+        raise ShapeError(msg, hint="move it with b.cuda() or b.cpu().")
+
+
+def _check_precision(precision: object) -> None:
+    if precision not in PRECISIONS:
+        msg = f"precision must be 'fp32', 'tf32' or 'fp16', got {precision!r}."
+        raise ShapeError(msg, hint="'fp32' is the default and the only mode fit for raw price levels.")
+
+
+def _validate(
+    a: object, b: object, bias: object, out: object, activation: object, precision: object
+) -> _Spec:
+    if not isinstance(a, torch.Tensor):
+        raise ShapeError(f"a must be a torch.Tensor, got {type(a).__name__}.", hint="pass a [M, K] tensor.")
+    if a.dim() != 2:
+        msg = f"a must be [M, K] (2 dims), got shape {_shape(a)}."
+        raise ShapeError(msg, hint="flatten leading dims first: a.reshape(-1, a.shape[-1]).")
+    if a.dtype not in _A_DTYPES:
+        msg = f"a must be float32 (or float16 / bfloat16), got {a.dtype}."
+        raise ShapeError(msg, hint="convert with a.float().")
+    if a.device.type not in ("cuda", "cpu"):
+        msg = f"a must be on a CUDA device or the CPU, got {a.device}."
+        raise ShapeError(msg, hint="move it with a.cuda() or a.cpu().")
+    _check_precision(precision)
+    if isinstance(b, PackedWeights):
+        if b.precision != precision:
+            msg = f"b was packed for precision {b.precision!r} but the call asks for {precision!r}."
+            raise ShapeError(msg, hint=f"pack with pack_weights(b, {precision!r}) or pass b itself.")
+        src = b.source
+    else:
+        _check_b(b)
+        src = b
+    if src.device != a.device:
+        msg = f"b is on {src.device} but a is on {a.device}."
+        raise ShapeError(msg, hint="move the weights to a's device with b.to(a.device).")
+    M, K = a.shape
+    Kb, N = src.shape
+    if Kb != K:
+        msg = f"b must be [K, N] with K = {K} (the columns of a {_shape(a)}), got {_shape(src)}."
+        raise ShapeError(msg, hint="a [N, K] weight (torch.nn.Linear layout) is passed as w.T.")
+    if activation not in _ACT_CODE:
+        msg = f"activation must be one of None, 'none', 'relu', 'gelu', 'tanh', got {activation!r}."
+        raise ShapeError(msg, hint="use activation=None for a plain product.")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise ShapeError(f"bias must be a torch.Tensor or None, got {type(bias).__name__}.", hint="[N].")
+        if bias.dim() != 1 or bias.shape[0] != N:
+            raise ShapeError(f"bias must be [N] = [{N}], got {_shape(bias)}.", hint="one bias per output.")
+        if bias.dtype not in _B_DTYPES:
+            raise ShapeError(f"bias must be a float tensor, got {bias.dtype}.", hint="use bias.float().")
+        if bias.device != a.device:
+            raise ShapeError(f"bias is on {bias.device} but a is on {a.device}.", hint="bias.to(a.device).")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise ShapeError(f"out must be a torch.Tensor or None, got {type(out).__name__}.", hint="[M, N].")
+        if tuple(out.shape) != (M, N):
+            msg = f"out must be [M, N] = {(M, N)}, got {_shape(out)}."
+            raise ShapeError(msg, hint="for a transposed [N, M] buffer pass buf.T.")
+        if out.dtype != torch.float32:
+            raise ShapeError(f"out must be float32, got {out.dtype}.", hint="results are written in float32.")
+        if out.device != a.device:
+            raise ShapeError(
+                f"out is on {out.device} but a is on {a.device}.", hint="allocate out on a's device."
+            )
+        if _has_internal_overlap(out):
+            msg = (
+                f"out has overlapping elements (strides {tuple(out.stride())} for shape {tuple(out.shape)})."
+            )
+            raise ShapeError(msg, hint="pass a writable view such as buf.T, not an expand().")
+        for name, other in (("a", a), ("b", src), ("bias", bias)):
+            if other is not None and _overlap(out, other):
+                raise ShapeError(
+                    f"out overlaps {name} in memory.", hint="write the result to a separate buffer."
+                )
+    return _Spec(int(M), int(K), int(N), _ACT_CODE[activation], str(precision))
+
+
+# --------------------------------------------------------------------------------------------------------
+# public entry point
+# --------------------------------------------------------------------------------------------------------
+
+
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor | PackedWeights,
+    bias: torch.Tensor | None = None,
+    *,
+    activation: str | None = None,
+    precision: str = "fp32",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``act(a @ b + bias)`` with float32 accumulation; returns the float32 [M, N] result.
+
+    Args:
+        a: [M, K] float32 (float16 / bfloat16 accepted) with any strides (e.g. a transposed view).
+        b: [K, N] float16 (float32 / bfloat16 accepted), used at its stored values; or a
+            :class:`PackedWeights` from :func:`pack_weights` with the same ``precision``.
+        bias: optional [N] added before the activation.
+        activation: None/"none", "relu", "gelu" (exact erf form) or "tanh".
+        precision: "fp32" (default; float32-accurate via a three-way TF32 split on tensor cores), or the
+            opt-in tensor-core modes "tf32" and "fp16" (10-bit mantissas: unfit for raw price levels).
+        out: optional float32 [M, N] destination with any non-overlapping strides (e.g. ``buf.T``); it
+            must not share memory with ``a``, ``b`` or ``bias``.
+
+    The call is asynchronous on CUDA (current stream of ``a``'s device) and not differentiable. The first
+    call of a shape class on a GPU tunes the tiles (several launches into ``out``; the winner is cached on
+    disk), so make it before any CUDA graph capture.
+
+    Raises:
+        ShapeError: a shape, dtype, device, stride or option that does not fit.
+    """
+    spec = _validate(a, b, bias, out, activation, precision)
+    if out is None:
+        out = torch.empty((spec.M, spec.N), dtype=torch.float32, device=a.device)
+    if out.numel() == 0:
+        return out
+    src = b.source if isinstance(b, PackedWeights) else b
+    with torch.no_grad():
+        if spec.K == 0:
+            out.copy_(_epilogue_torch(torch.zeros_like(out), bias, spec))
+        elif a.is_cuda:
+            with torch.cuda.device(a.device):  # Triton launches on the current device and stream
+                _gemm_triton(a, b, bias, out, spec)
+        elif _INTERPRETED:
+            _gemm_triton(a, b, bias, out, spec)
+        else:
+            out.copy_(_epilogue_torch(a.float() @ src.float(), bias, spec))
+    return out
+
+
+def _epilogue_torch(y: torch.Tensor, bias: torch.Tensor | None, spec: _Spec) -> torch.Tensor:
+    if bias is not None:
+        y = y + bias.float()
+    return apply_activation(y, _ACT_NAME[spec.act])
+
+
+# --------------------------------------------------------------------------------------------------------
+# Triton launcher
+# --------------------------------------------------------------------------------------------------------
+
+
+def _layout(t: torch.Tensor) -> str:
+    """'r' when the last dim is contiguous (row-major), 'c' when the first is (a transposed view), else 's'."""
+    if t.stride(1) == 1:
+        return "r"
+    if t.stride(0) == 1:
+        return "c"
+    return "s"
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _gemm_triton(
+    a: torch.Tensor,
+    b: torch.Tensor | PackedWeights,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    spec: _Spec,
+    *,
+    config: autotune.Config | None = None,
+) -> object:
+    """Run the Triton kernel; ``config`` (tests only) bypasses the tuner. Returns the last launch's result."""
+    packed = b if isinstance(b, PackedWeights) else _pack(b, spec.precision)
+    src = packed.source
+    bias_c = None if bias is None else bias.contiguous()
+    stride_bk, stride_bn = packed.kernel_strides()
+    M, N, K = spec.M, spec.N, spec.K
+    meta = {
+        "HAS_BIAS": bias_c is not None,
+        "ACT": spec.act,
+        "PREC": _PREC_CODE[spec.precision],
+        "A_SPLIT": _A_SPLIT if a.dtype == torch.float32 else 1,
+        "W_SPLIT": packed.lo is not None,
+        "FLUSH": _FLUSH,
+    }
+    cast: dict[str, torch.Tensor] = {}
+
+    def launch(cfg: autotune.Config) -> object:
+        kw = cfg.launch_kwargs()
+        a16 = kw.pop("A16", 0) and spec.precision == "fp16" and a.dtype != torch.float16
+        a_k = a
+        if a16:  # one cast pass, then the kernel reads half the bytes through the plain fp16 pipeline
+            if "a" not in cast:
+                cast["a"] = torch.empty((M, K), dtype=torch.float16, device=a.device)
+            a_k = cast["a"]
+            a_k.copy_(a)
+        grid = (triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"]),)
+        _check_grid(grid[0])
+        return _gemm_kernel[grid](
+            a_k,
+            packed.hi,
+            packed.hi if packed.lo is None else packed.lo,
+            packed.hi if bias_c is None else bias_c,
+            out,
+            M,
+            N,
+            K,
+            a_k.stride(0),
+            a_k.stride(1),
+            stride_bk,
+            stride_bn,
+            out.stride(0),
+            out.stride(1),
+            **meta,
+            **kw,
+        )
+
+    if config is None:
+        space = gemm_space(spec.precision, M, N, K)
+        key = (
+            f"{spec.precision}|a={_dtype_name(a)}|b={_dtype_name(src)}|al={_layout(a)}|ol={_layout(out)}"
+            f"|M={autotune.pow2_bucket(M)}|N={autotune.pow2_bucket(N)}|K={autotune.pow2_bucket(K)}"
+        )
+        config = autotune.select(space, key, launch, device=a.device, interpreted=_INTERPRETED)
+    last_launch.update(config=config.name)
+    return launch(config)
+
+
+def _check_grid(n_programs: int) -> None:
+    if n_programs > _INT32_MAX:
+        msg = f"the GEMM needs {n_programs} programs, more than one launch allows ({_INT32_MAX})."
+        raise ShapeError(msg, hint="split a's rows into several calls.")
