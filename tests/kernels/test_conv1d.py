@@ -408,6 +408,41 @@ def test_small_blocks_cover_every_boundary() -> None:
     assert relative_error(out, conv1d_reference(x, w, dilation=2)) < 1e-5
 
 
+@pytest.mark.parametrize("a16", [0, 1])
+def test_fp16_cast_variants_and_grouped_order(a16: int) -> None:
+    """ "fp16" with float32 x: converted in registers (a16=0) or cast once to a float16 copy by the launcher
+    (a16=1); grouped program ordering with ragged time groups (5 time blocks in groups of 3, 3 output blocks)."""
+    x = returns(2, 70, 24, seed=17).transpose(1, 2)
+    w = zero_sum_weights(40, 24, 5, dtype=torch.float32)
+    spec = conv1d_mod._validate(
+        x, w, None, None, dilation=1, groups=1, padding="causal", activation=None, precision="fp16"
+    )
+    out = nan_out(2, 40, 70)
+    meta = {"BLOCK_T": 16, "BLOCK_O": 16, "BLOCK_C": 16, "GROUP_T": 3}
+    if a16:
+        meta["A16"] = 1
+    conv1d_mod._conv1d_triton(x, w, None, out, spec, config=autotune.Config("grouped", meta, 4, 1))
+    assert not torch.isnan(out).any()
+    ref = conv1d_reference(x, w)
+    err_torch = relative_error(torch_conv1d_in_precision(x, w, precision="fp16", emulate=True), ref)
+    assert relative_error(out, ref) <= 2.0 * err_torch + ATOL["fp16"]
+
+
+@pytest.mark.parametrize("unroll", [1, 2, 8])
+def test_direct_tap_unroll(unroll: int) -> None:
+    """Unrolled tap chunks with a tail (K = 11), dilation and causal zeros across the first time block."""
+    x = price_levels(1, 50, 8, seed=18).transpose(1, 2)
+    w = zero_sum_weights(24, 1, 11, dtype=torch.float32)
+    spec = conv1d_mod._validate(
+        x, w, None, None, dilation=3, groups=8, padding="causal", activation=None, precision="fp32"
+    )
+    out = nan_out(1, 24, 50)
+    cfg = autotune.Config("unroll", {"BLOCK_T": 32, "BLOCK_G": 8, "UNROLL": unroll}, 4, 1)
+    conv1d_mod._conv1d_triton(x, w, None, out, spec, config=cfg)
+    assert not torch.isnan(out).any()
+    assert relative_error(out, conv1d_reference(x, w, groups=8, dilation=3)) < 1e-6
+
+
 def test_small_blocks_direct() -> None:
     x = returns(1, 40, 10, seed=15).transpose(1, 2)
     w = zero_sum_weights(10 * 20, 2, 3)  # groups=5: 2 in, 40 out per group -> 3 filter blocks of 16
@@ -581,7 +616,8 @@ def test_config_spaces_are_valid() -> None:
                 names = [c.name for c in space.configs]
                 assert len(names) == len(set(names)) and space.default in space.configs
                 for c in space.configs:
-                    assert min(c.meta.values()) >= 16
+                    assert min(v for k, v in c.meta.items() if k.startswith("BLOCK_")) >= 16
+                    assert set(c.meta) <= {"BLOCK_T", "BLOCK_O", "BLOCK_C", "GROUP_T", "A16"}
                     assert c.meta["BLOCK_O"] <= max(16, autotune.pow2_bucket(Og))
     for bm in (1, 2, 4, 8, 16):
         for groups in (1, 3, 1024):
@@ -632,7 +668,8 @@ def build(fn, runtime, consts, cfg):
             sig[name] = ty
             if spec == "D":
                 attrs[(idx,)] = [["tt.divisibility", 16]]
-    for name, value in {**consts, **cfg.meta}.items():
+    meta = {k: v for k, v in cfg.meta.items() if k != "A16"}  # A16 is the launcher's (a float16 copy of x)
+    for name, value in {**consts, **meta}.items():
         sig[name] = "constexpr"
         constexprs[(fn.arg_names.index(name),)] = value
     opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
@@ -643,7 +680,9 @@ def build(fn, runtime, consts, cfg):
 i32 = lambda name, spec="": (name, "i32", spec)
 for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32", False), (2, "fp16", "*fp16", False)):
     cfg = autotune.conv1d_dense_space(pname, 5, 256, 256).configs[0]
-    runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", wty, "D"), ("wlo_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"),
+    cfg = autotune.Config(cfg.name, {"GROUP_T": 1, **cfg.meta}, cfg.num_warps, cfg.num_stages)
+    xty = "*fp16" if cfg.meta.get("A16") else "*fp32"
+    runtime = [("x_ptr", xty, "D"), ("w_ptr", wty, "D"), ("wlo_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"),
                ("y_ptr", "*fp32", "D"), i32("L_in"), i32("L_out"), i32("G"), i32("Cg", "D"), i32("Og", "D"),
                i32("K"), i32("dilation"), i32("pad"), i32("n_tblk"), i32("n_oblk"), i32("stride_xn", "D"),
                i32("stride_xc", "1"), i32("stride_xt", "D"), i32("stride_wk", "D"), i32("stride_wo", "D"),
@@ -652,17 +691,24 @@ for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32",
                   INDEX64=False)
     ck = build(m._conv1d_dense_kernel, runtime, consts, cfg)
     assert "warp_group_dot" in ck.asm["ttgir"], "the dense kernel does not use Hopper tensor cores (wgmma)"
-cfg = autotune.conv1d_direct_space(4, 1024).configs[0]
+    if prec != 0:
+        # tf32 (x as loaded) and fp16 (pre-cast float16 x): both wgmma operands come from shared memory (a
+        # 64-bit descriptor, not a register list, after the accumulator list)
+        wg = [ln for ln in ck.asm["ptx"].splitlines() if "wgmma.mma_async" in ln]
+        assert wg and all(not ln.split("}", 1)[1].lstrip(", ").startswith("{") for ln in wg), pname
 runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
            i32("L_in"), i32("L_out"), i32("G", "D"), i32("K"), i32("dilation"), i32("pad"), i32("n_tblk"),
            i32("n_gblk"), i32("n_mblk"), i32("stride_xn", "D"), i32("stride_xc", "1"), i32("stride_xt", "D"),
            i32("stride_wc", "D"), i32("stride_wk", "D"), i32("stride_wm", "D"), i32("stride_yn", "D"),
            i32("stride_yo", "1"), i32("stride_yt", "D")]
-ck = build(m._conv1d_direct_kernel, runtime, dict(CG=1, OG=4, HAS_BIAS=True, ACT=3, INDEX64=False, BLOCK_M=4), cfg)
-ttgir = ck.asm["ttgir"]
-loop = ttgir[ttgir.index("scf.for"):]
-loop = loop[: loop.index("scf.yield")]
-assert "convert_layout" not in loop, "the depthwise tap loop shuffles data through shared memory"
+for cfg in autotune.conv1d_direct_space(4, 1024).configs[:2]:  # the one-tap loop and its 4-tap unroll
+    cfg = autotune.Config(cfg.name, {"UNROLL": 1, **cfg.meta}, cfg.num_warps, cfg.num_stages)
+    consts = dict(CG=1, OG=4, HAS_BIAS=True, ACT=3, INDEX64=False, BLOCK_M=4)
+    ck = build(m._conv1d_direct_kernel, runtime, consts, cfg)
+    ttgir = ck.asm["ttgir"]
+    loop = ttgir[ttgir.index("scf.for"):]
+    loop = loop[: loop.index("scf.yield")]
+    assert "convert_layout" not in loop, "the depthwise tap loop shuffles data through shared memory"
 print("compiled OK")
 """
 

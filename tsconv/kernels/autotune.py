@@ -276,13 +276,16 @@ def _tune(
 # --------------------------------------------------------------------------------------------------------
 
 
-def _dense(bt: int, bo: int, bc: int, warps: int, stages: int) -> Config:
-    return Config(
-        f"t{bt}_o{bo}_c{bc}_w{warps}_s{stages}",
-        {"BLOCK_T": bt, "BLOCK_O": bo, "BLOCK_C": bc},
-        num_warps=warps,
-        num_stages=stages,
-    )
+def _dense(bt: int, bo: int, bc: int, warps: int, stages: int, group: int = 1, a16: int = 0) -> Config:
+    meta = {"BLOCK_T": bt, "BLOCK_O": bo, "BLOCK_C": bc}
+    name = f"t{bt}_o{bo}_c{bc}_w{warps}_s{stages}"
+    if group > 1:
+        meta["GROUP_T"] = group  # grouped program ordering (see the kernel); absent means 1
+        name += f"_g{group}"
+    if a16:
+        meta["A16"] = 1  # launcher-level ("fp16" only): cast float32 x to a float16 copy before the kernel
+        name += "_a16"
+    return Config(name, meta, num_warps=warps, num_stages=stages)
 
 
 def _clamped(cfgs: list[Config], Cg: int, Og: int) -> list[Config]:
@@ -292,7 +295,13 @@ def _clamped(cfgs: list[Config], Cg: int, Og: int) -> list[Config]:
     for cfg in cfgs:
         m = cfg.meta
         c = _dense(
-            m["BLOCK_T"], min(m["BLOCK_O"], max_o), min(m["BLOCK_C"], max_c), cfg.num_warps, cfg.num_stages
+            m["BLOCK_T"],
+            min(m["BLOCK_O"], max_o),
+            min(m["BLOCK_C"], max_c),
+            cfg.num_warps,
+            cfg.num_stages,
+            m.get("GROUP_T", 1),
+            m.get("A16", 0),
         )
         if all(o.name != c.name for o in out):
             out.append(c)
@@ -302,37 +311,36 @@ def _clamped(cfgs: list[Config], Cg: int, Og: int) -> list[Config]:
 def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int) -> ConfigSpace:
     """Implicit-GEMM conv1d: output tile [BLOCK_T steps, BLOCK_O channels], reduction chunk BLOCK_C.
 
-    Shape classes: short K (<= 8, few reduction steps per tap) and long K, per operand width: fp32/tf32
-    operands are 4 bytes (BLOCK_C 32 keeps a pipeline stage at 32 KiB), fp16 operands 2 bytes (BLOCK_C 64).
+    Shape classes: short K (<= 8) and long K, per precision. "tf32" feeds float32 x to the tensor cores as
+    loaded (4-byte operands: BLOCK_C 32 keeps a 128x256 stage at 48 KiB, four stages fit the 227 KiB of
+    shared memory). "fp16": the ``_a16`` candidates cast float32 x once to a float16 copy in the launcher
+    (both operands 2 bytes in shared memory, BLOCK_C 64), the others convert in registers; the tuner times the
+    cast with the kernel. ``_gN``: grouped program ordering, N time blocks per sweep of the output blocks.
     Block sizes are clamped to the per-group channel counts ``Cg`` (reduction) and ``Og`` (outputs).
     """
     long_k = K > 8
     if precision == "fp16":
         configs = [
-            _dense(128, 128, 64, 8, 3),
-            _dense(128, 256, 64, 8, 3),
-            _dense(128, 64, 64, 4, 4),
-            _dense(64, 128, 64, 4, 4),
-            _dense(256, 128, 64, 8, 3),
-            _dense(64, 64, 64, 4, 3),
+            _dense(128, 256, 64, 8, 3, a16=1),
+            _dense(128, 256, 64, 8, 4, a16=1),
+            _dense(256, 128, 64, 8, 3, a16=1),
+            _dense(256, 128, 64, 8, 4, a16=1),
+            _dense(128, 128, 64, 8, 4, group=8, a16=1),
+            _dense(128, 128, 64, 4, 4, a16=1),
+            _dense(128, 256, 64, 8, 3),  # the previous winners (conversion in registers)
             _dense(128, 256, 64, 8, 4),
-            _dense(128, 128, 128, 8, 3),
         ]
-        if long_k:
-            configs += [_dense(128, 128, 64, 8, 4), _dense(128, 128, 32, 4, 5)]
     elif precision == "tf32":
         configs = [
-            _dense(128, 128, 32, 8, 3),
+            _dense(128, 128, 32, 8, 4),
             _dense(128, 256, 32, 8, 3),
-            _dense(128, 64, 32, 4, 3),
-            _dense(64, 128, 32, 4, 3),
-            _dense(256, 64, 32, 8, 3),
-            _dense(64, 64, 32, 4, 4),
-            _dense(128, 128, 64, 8, 3),
             _dense(128, 256, 32, 8, 4),
+            _dense(256, 128, 32, 8, 3),
+            _dense(256, 128, 32, 8, 4),
+            _dense(128, 128, 32, 4, 4),
+            _dense(128, 128, 64, 8, 3),
+            _dense(128, 128, 32, 8, 5, group=8),
         ]
-        if long_k:
-            configs += [_dense(128, 128, 32, 8, 4), _dense(128, 128, 16, 8, 4)]
     else:
         # "fp32": three products per step (3xTF32) and two [BLOCK_T, BLOCK_O] float32 accumulators (the
         # running sum and the step's tensor-core partial): tiles keep <= 64 accumulator values per thread so
@@ -346,13 +354,19 @@ def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int) -> ConfigSpace:
             _dense(64, 64, 32, 4, 4),
         ]
     configs = _clamped(configs, Cg, Og)
-    interp = _clamped([_dense(64, 32, 32, 4, 1)], Cg, Og)[0]
-    name = f"conv1d_dense_v2_{'long' if long_k else 'short'}_k_{precision}"
+    interp = _clamped([_dense(64, 32, 32, 4, 1, a16=int(precision == "fp16"))], Cg, Og)[0]
+    version = "v2" if precision == "fp32" else "v3"
+    name = f"conv1d_dense_{version}_{'long' if long_k else 'short'}_k_{precision}"
     return ConfigSpace(name, tuple(configs), configs[0], interp)
 
 
-def _direct(bt: int, bg: int, warps: int, stages: int) -> Config:
-    return Config(f"t{bt}_g{bg}_w{warps}_s{stages}", {"BLOCK_T": bt, "BLOCK_G": bg}, warps, stages)
+def _direct(bt: int, bg: int, warps: int, stages: int, unroll: int = 1) -> Config:
+    meta = {"BLOCK_T": bt, "BLOCK_G": bg}
+    name = f"t{bt}_g{bg}_w{warps}_s{stages}"
+    if unroll > 1:
+        meta["UNROLL"] = unroll  # taps per unrolled chunk of the tap loop; absent means 1
+        name += f"_u{unroll}"
+    return Config(name, meta, warps, stages)
 
 
 def conv1d_direct_space(block_m: int, groups: int) -> ConfigSpace:
@@ -360,10 +374,17 @@ def conv1d_direct_space(block_m: int, groups: int) -> ConfigSpace:
 
     Candidates keep 16 to 64 float32 accumulators per thread, no more groups per tile than there are, and a
     [BLOCK_G, BLOCK_M] weight tile smaller than the thread count (so the compiler reloads it in the
-    accumulator's layout rather than shuffling it through shared memory on every tap).
+    accumulator's layout rather than shuffling it through shared memory on every tap). The first candidate
+    is the one-tap loop; the others unroll the tap loop (``_uN``: N taps' loads in flight per chunk) on the
+    same tile, on smaller-footprint tiles (more programs per SM, 2 or 4 warps) and on wider channel tiles.
     """
     max_g = pow2_bucket(groups)
-    cands: list[Config] = []
+
+    def fits(bt: int, bg: int, warps: int) -> bool:
+        threads = 32 * warps
+        return 16 <= bt * bg * block_m / threads <= 64 and bg * block_m < threads
+
+    base: list[tuple[int, int, int]] = []
     pairs = (
         (128, 16),
         (64, 32),
@@ -379,15 +400,25 @@ def conv1d_direct_space(block_m: int, groups: int) -> ConfigSpace:
     for bt, bg in pairs:
         bg = min(bg, max_g)
         for warps in (4, 8):
-            threads = 32 * warps
-            per_thread = bt * bg * block_m / threads
-            if 16 <= per_thread <= 64 and bg * block_m < threads:
-                cfg = _direct(bt, bg, warps, 2)
-                if all(c.name != cfg.name for c in cands):
-                    cands.append(cfg)
-    if not cands:
+            if fits(bt, bg, warps) and (bt, bg, warps) not in base:
+                base.append((bt, bg, warps))
+    if not base:
         bg = max(1, min(max_g, 128 // block_m // 2))
-        cands.append(_direct(max(16, min(1024, 2048 // (bg * block_m))), bg, 4, 2))
-    configs = tuple(cands[:8])
-    interp = _direct(64, min(max_g, 32), 4, 1)
-    return ConfigSpace(f"conv1d_direct_m{block_m}", configs, configs[0], interp)
+        only = _direct(max(16, min(1024, 2048 // (bg * block_m))), bg, 4, 2)
+        return ConfigSpace(f"conv1d_direct_v2_m{block_m}", (only,), only, _direct(64, min(max_g, 32), 4, 1))
+    cands = [(*base[0], 1), (*base[0], 4), (*base[0], 8)]
+    if len(base) > 1:
+        cands.append((*base[1], 4))
+    extra = ((64, 16, 4), (64, 8, 2), (128, 8, 2), (32, 32, 8), (64, 32, 8), (32, 16, 4))
+    for bt, bg, warps in extra:
+        bg = min(bg, max_g)
+        if fits(bt, bg, warps):
+            cands.append((bt, bg, warps, 4))
+    configs: list[Config] = []
+    for bt, bg, warps, unroll in cands:
+        cfg = _direct(bt, bg, warps, 2, unroll)
+        if all(c.name != cfg.name for c in configs):
+            configs.append(cfg)
+    configs = configs[:8]
+    interp = _direct(64, min(max_g, 32), 4, 1, 4)
+    return ConfigSpace(f"conv1d_direct_v2_m{block_m}", tuple(configs), configs[0], interp)

@@ -21,10 +21,14 @@ Two kernels:
   result, accumulating in the tensor core gave errors growing linearly with C*K (H200: 5.7x / 9x / 20x
   cuDNN's float32 error at K = 5 / 16 / 64). ``conv1d_reference.emulate_tensor_cores`` models this
   arithmetic in the interpreter; under it the old scheme fails and this one passes (tests). "tf32" uses one
-  TF32 product of rounded operands; "fp16" casts x to float16. Accumulation is always float32.
+  TF32 product: weights rounded to TF32 once per call, x fed as loaded (the tensor core truncates it, as
+  cuDNN / cuBLAS TF32 do), so both operands stay in shared memory. "fp16": float16 weights; float32 x is
+  either cast once by the launcher into a time-major float16 copy (configs ``*_a16``) or converted in
+  registers (the tuner picks). Accumulation is always float32. ``GROUP_T``: grouped program ordering.
 - ``_conv1d_direct_kernel``: FMAs in float32 registers for depthwise filter banks (groups = C, M filters
   per channel) and any conv with fewer than 16 input or output channels per group. A program owns a
-  [BLOCK_T steps, BLOCK_G groups, BLOCK_M filters] tile and loads each input value once per tap. The FLOPs
+  [BLOCK_T steps, BLOCK_G groups, BLOCK_M filters] tile and loads each input value once per tap; the tap
+  loop runs in compile-time chunks of ``UNROLL`` taps (several taps' loads in flight) plus a tail. The FLOPs
   are few, so it aims at memory bandwidth; it computes in float32 whatever ``precision`` says.
 
 On CUDA tensors the Triton kernels run, with block shapes tuned per GPU and shape class and cached on disk
@@ -196,14 +200,21 @@ def _conv1d_dense_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    GROUP_T: tl.constexpr,
 ):
-    # Program order: output-channel blocks fastest (they share the same x rows), then time, then series.
+    # Program order within a series: GROUP_T time blocks sweep all (group, output-channel) blocks together
+    # (the grouped ordering of the Triton matmul tutorial), so the x rows and weight blocks a wave of programs
+    # touches stay in L2. GROUP_T = 1: output-channel blocks fastest (they share the same x rows), then time.
     pid = tl.program_id(0)
     n_go = G * n_oblk
-    pid_go = pid % n_go
-    rest = pid // n_go
-    pid_t = rest % n_tblk
-    n = rest // n_tblk
+    per_n = n_tblk * n_go
+    n = pid // per_n
+    r = pid % per_n
+    in_group = GROUP_T * n_go
+    first_t = (r // in_group) * GROUP_T
+    group_t = tl.minimum(n_tblk - first_t, GROUP_T)
+    pid_t = first_t + (r % in_group) % group_t
+    pid_go = (r % in_group) // group_t
     g = pid_go // n_oblk
     pid_o = pid_go % n_oblk
 
@@ -243,9 +254,12 @@ def _conv1d_dense_kernel(
         if PREC == 0:
             acc = _dot_fp32(a.to(tl.float32), b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
-            a = _round_tf32(a.to(tl.float32))
-            acc = tl.dot(a, b, acc, input_precision="tf32")
+            # x as loaded (no rounding in registers): the tensor core truncates float32 to TF32 itself, as
+            # cuDNN / cuBLAS TF32 do, and an operand straight from memory stays in shared memory (async copies
+            # pipelined ahead, wgmma reading both operands from shared memory). Weights were rounded once.
+            acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
         else:
+            # float16 x (the launcher's pre-cast copy, or float16 input) goes to shared memory as loaded.
             acc = tl.dot(a.to(tl.float16), b, acc)
 
     if HAS_BIAS:
@@ -260,6 +274,16 @@ def _conv1d_dense_kernel(
         + offs_t[:, None] * stride_yt
     )
     tl.store(y_ptrs, acc, mask=(offs_t < L_out)[:, None] & o_mask[None, :])
+
+
+@triton.jit
+def _direct_tap(acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk):
+    """acc + one tap k of the depthwise/direct conv: x [BLOCK_T, BLOCK_G, 1] times w [BLOCK_G, BLOCK_M]."""
+    shift = k * dilation
+    xv = tl.load(x_ptrs + shift * stride_xt, mask=(t_base >= -shift)[:, None, None] & x_live, other=0.0)
+    # no other=: masked-off lanes only feed accumulators that are never stored
+    wv = tl.load(w_ptrs + k * stride_wk, mask=gm_mask)
+    return acc + xv.to(tl.float32) * wv.to(tl.float32)[None, :, :]  # contracted to FMAs
 
 
 @triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk", "n_gblk", "n_mblk"])
@@ -294,6 +318,7 @@ def _conv1d_direct_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     # Program order: filter blocks fastest (same x), then groups, then time, then series.
     pid = tl.program_id(0)
@@ -328,20 +353,31 @@ def _conv1d_direct_kernel(
     )
     w_ptrs = w_ptr + offs_m[None, :] * stride_wm + offs_g[:, None]  # [BLOCK_G, BLOCK_M]
     gm_mask = g_mask[:, None] & m_mask[None, :]
-    x_gmask = g_mask[None, :, None]
+    # Lanes past L_out are never stored; masking them also keeps every tap's read below L_in (t < L_out
+    # implies t - pad + k * dilation < L_in for both paddings), so the per-tap mask is the causal bound only.
+    x_live = (offs_t < L_out)[:, None, None] & g_mask[None, :, None]
 
     acc = tl.full((BLOCK_T, BLOCK_G, BLOCK_M), 0.0, tl.float32)
+    # Taps in chunks of UNROLL (a compile-time unroll: several taps' loads in flight before their FMAs), then
+    # a tail of K % UNROLL single taps.
+    k_main = K - K % UNROLL
     for _ci in range(0, CG):
-        for k in range(0, K):
-            kk = k
-            if INDEX64:
-                kk = tl.cast(k, tl.int64)
-            shift = kk * dilation
-            t_ok = (t_base >= -shift) & (t_base < L_in - shift)
-            xv = tl.load(x_ptrs + shift * stride_xt, mask=t_ok[:, None, None] & x_gmask, other=0.0)
-            # no other=: masked-off lanes only feed accumulators that are never stored
-            wv = tl.load(w_ptrs + kk * stride_wk, mask=gm_mask)
-            acc += xv.to(tl.float32) * wv.to(tl.float32)[None, :, :]  # contracted to FMAs
+        for k0 in range(0, k_main, UNROLL):
+            for j in tl.static_range(UNROLL):
+                kk = k0 + j
+                if INDEX64:
+                    kk = tl.cast(kk, tl.int64)
+                acc = _direct_tap(
+                    acc, x_ptrs, w_ptrs, kk, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk
+                )
+        if UNROLL > 1:
+            for k in range(k_main, K):
+                kk = k
+                if INDEX64:
+                    kk = tl.cast(k, tl.int64)
+                acc = _direct_tap(
+                    acc, x_ptrs, w_ptrs, kk, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk
+                )
         x_ptrs += stride_xc
         w_ptrs += stride_wc
 
@@ -717,7 +753,8 @@ def _launch_dense(
     Cg, Og = spec.C // G, spec.O // G
     w_hi, w_lo = _prepare_dense_weights(weight, G, spec.precision)
     stride_wk, stride_wo = w_hi.stride(1), w_hi.stride(2)
-    index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), w_hi.numel()) > _INT32_MAX
+    cast_numel = spec.N * spec.L * spec.C if spec.precision == "fp16" else 0  # the pre-cast float16 copy
+    index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), w_hi.numel(), cast_numel) > _INT32_MAX
     pad = (K - 1) * spec.dilation if spec.causal else 0
     meta = {
         "HAS_BIAS": bias is not None,
@@ -729,13 +766,26 @@ def _launch_dense(
         "INDEX64": index64,
     }
 
+    cast: dict[str, torch.Tensor] = {}
+
     def launch(cfg: autotune.Config) -> object:
-        n_tblk = triton.cdiv(spec.L_out, cfg.meta["BLOCK_T"])
-        n_oblk = triton.cdiv(Og, cfg.meta["BLOCK_O"])
+        kw = cfg.launch_kwargs()
+        kw.setdefault("GROUP_T", 1)
+        a16 = kw.pop("A16", 0) and spec.precision == "fp16" and x.dtype != torch.float16
+        x_k = x
+        if a16:
+            # One bandwidth-bound cast pass into a time-major float16 copy; the kernel then reads half the bytes
+            # and both tl.dot operands go to shared memory as loaded (no conversion in registers).
+            if "x" not in cast:
+                cast["x"] = torch.empty((spec.N, spec.L, spec.C), dtype=torch.float16, device=x.device)
+            x_k = cast["x"].transpose(1, 2)
+            x_k.copy_(x)
+        n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
+        n_oblk = triton.cdiv(Og, kw["BLOCK_O"])
         grid = (spec.N * n_tblk * G * n_oblk,)
         _check_grid(grid[0])
         return _conv1d_dense_kernel[grid](
-            x,
+            x_k,
             w_hi,
             w_hi if w_lo is None else w_lo,
             w_hi if bias is None else bias,
@@ -750,12 +800,12 @@ def _launch_dense(
             pad,
             n_tblk,
             n_oblk,
-            *x.stride(),
+            *x_k.stride(),
             stride_wk,
             stride_wo,
             *out.stride(),
             **meta,
-            **cfg.launch_kwargs(),
+            **kw,
         )
 
     if config is None:
@@ -798,8 +848,10 @@ def _launch_direct(
     }
 
     def launch(cfg: autotune.Config) -> object:
-        n_tblk = triton.cdiv(spec.L_out, cfg.meta["BLOCK_T"])
-        n_gblk = triton.cdiv(G, cfg.meta["BLOCK_G"])
+        kw = cfg.launch_kwargs()
+        kw.setdefault("UNROLL", 1)
+        n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
+        n_gblk = triton.cdiv(G, kw["BLOCK_G"])
         n_mblk = triton.cdiv(Og, block_m)
         grid = (spec.N * n_tblk * n_gblk * n_mblk,)
         _check_grid(grid[0])
@@ -823,7 +875,7 @@ def _launch_direct(
             wp.stride(2),
             *out.stride(),
             **meta,
-            **cfg.launch_kwargs(),
+            **kw,
         )
 
     if config is None:
