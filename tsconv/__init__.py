@@ -5,6 +5,7 @@ Public API (imported lazily, so ``import tsconv.kernels`` needs neither zarr nor
 - :func:`features`: run a pipeline on an in-memory [T, F] array.
 - :func:`load_pipeline`, :func:`default_pipeline`: pipeline files.
 - :func:`open_input`: open and validate an input store.
+- :func:`ingest`: Parquet / CSV / Arrow IPC tick files (long or wide) into a store.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ _EXPORTS = {
     "default_pipeline": "tsconv.spec",
     "Pipeline": "tsconv.spec",
     "open_input": "tsconv.io.store",
+    "ingest": "tsconv.io.ingest",
     "TsconvError": "tsconv.errors",
     "TsconvWarning": "tsconv.errors",
 }

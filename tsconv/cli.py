@@ -171,5 +171,58 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
             click.echo(f"{'':>16}{name}: {count:,}")
 
 
+@main.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("--output", "-o", required=True, type=click.Path(), help="Zarr store to create (or append to).")
+@click.option(
+    "--layout",
+    type=click.Choice(["long", "wide"]),
+    default="long",
+    show_default=True,
+    help="long: (time, feature, value) rows; wide: a time column plus one column per feature.",
+)
+@click.option("--time-column", default="time", show_default=True, help="Name of the time column.")
+@click.option("--feature-column", default="feature", show_default=True, help="Feature names (long layout).")
+@click.option("--value-column", default="value", show_default=True, help="Values (long layout).")
+@click.option(
+    "--time-unit",
+    type=click.Choice(["s", "ms", "us", "ns"]),
+    default="ns",
+    show_default=True,
+    help="Unit of integer time columns (since the epoch, UTC).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float64"]),
+    default="float32",
+    show_default=True,
+    help="Values dtype.",
+)
+@click.option(
+    "--append", is_flag=True, help="Add rows later than the store's last time to an existing store."
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, feature_column: str,
+           value_column: str, time_unit: str, dtype: str, append: bool, overwrite: bool, quiet: bool) -> None:  # fmt: skip
+    """Ingest Parquet, CSV(.gz) or Arrow IPC files (paths or quoted globs) into a zarr store."""
+    from .io.ingest import ingest as run_ingest
+
+    report = run_ingest(
+        list(files),
+        output,
+        layout=layout,
+        time_column=time_column,
+        feature_column=feature_column,
+        value_column=value_column,
+        append=append,
+        overwrite=overwrite,
+        dtype=dtype,
+        time_unit=time_unit,
+        progress=not quiet,
+    )
+    click.echo(report.summary())
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

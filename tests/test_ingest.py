@@ -1,0 +1,428 @@
+"""`tsconv ingest`: Parquet/CSV/IPC files in long or wide layout -> a store that follows the convention."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import zarr
+from click.testing import CliRunner, Result
+
+import tsconv
+from tsconv.cli import main
+from tsconv.errors import StoreError
+from tsconv.io.ingest import ingest
+from tsconv.io.store import check_time, open_input
+
+T0 = 1_767_346_200_000_000_000  # 2026-01-02 09:30 UTC in ns
+SEC = 1_000_000_000
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def long_frame(times: list[int], names: list[str], seed: int = 0, drop: float = 0.2) -> pl.DataFrame:
+    """Long rows for every (time, name) pair but a random ``drop`` fraction; times as int64 ns."""
+    rng = np.random.default_rng(seed)
+    t = np.repeat(np.asarray(times, dtype=np.int64), len(names))
+    f = np.tile(np.asarray(names, dtype=object), len(times))
+    v = np.round(100 + rng.normal(size=t.size).cumsum() * 0.01, 2)
+    keep = rng.random(t.size) >= drop
+    return pl.DataFrame({"time": t[keep], "feature": f[keep].tolist(), "value": v[keep]})
+
+
+def dense(df: pl.DataFrame, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The expected [T, F] (float64, NaN for missing cells; last duplicate wins) and times."""
+    times = np.unique(df["time"].to_numpy())
+    out = np.full((times.size, len(names)), np.nan)
+    col = {n: j for j, n in enumerate(names)}
+    for t, f, v in df.select("time", "feature", "value").iter_rows():
+        out[np.searchsorted(times, t), col[f]] = np.nan if v is None else v
+    return out, times
+
+
+def as_datetime(df: pl.DataFrame, tz: str | None = "UTC") -> pl.DataFrame:
+    return df.with_columns(pl.col("time").cast(pl.Datetime("ns", "UTC")).dt.convert_time_zone(tz or "UTC"))
+
+
+def write(df: pl.DataFrame, path: Path) -> Path:
+    name = path.name
+    if name.endswith((".parquet", ".pq")):
+        df.write_parquet(path)
+    elif name.endswith(".csv.gz"):
+        with gzip.open(path, "wb") as fh:
+            fh.write(df.write_csv().encode())
+    elif name.endswith(".csv"):
+        df.write_csv(path)
+    else:
+        df.write_ipc(path)
+    return path
+
+
+def read(path: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    g = zarr.open_group(str(path), mode="r")
+    return np.asarray(g["values"][:]), np.asarray(g["time"][:]), list(g.attrs["features"])
+
+
+def snapshot(path: Path) -> dict[str, tuple]:
+    if not path.exists():
+        return {}
+    items = [path, *sorted(path.rglob("*"))] if path.is_dir() else [path]
+    # Directories count by name only: a temporary store created and removed again changes their mtime.
+    return {
+        str(p.relative_to(path.parent)): (None, None)
+        if p.is_dir()
+        else (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in items
+    }
+
+
+def cli(*args: str | os.PathLike[str]) -> Result:
+    return CliRunner().invoke(main, ["ingest", *map(str, args), "-q"])
+
+
+def assert_refused(res: Result, *needles: str) -> str:
+    assert isinstance(res.exception, SystemExit), repr(res.exception)
+    assert res.exit_code != 0
+    assert "Traceback" not in res.stdout + res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {res.stderr!r}"
+    assert lines[0].startswith("tsconv: error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert res.stdout == ""
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def _restore_warning_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # the CLI replaces it
+
+
+NAMES = ["px_b", "px_a", "vol_a", "1234"]  # "1234" looks like a number in a CSV: it must stay a name
+SORTED = sorted(NAMES)
+TIMES = [T0 + k * 250_000_000 + (k % 3) * 7 for k in range(40)]
+
+
+# ------------------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".pq", ".csv", ".csv.gz", ".arrow", ".ipc", ".feather"])
+def test_long_round_trip(tmp_path: Path, suffix: str) -> None:
+    df = long_frame(TIMES, NAMES)
+    src = write(as_datetime(df) if suffix != ".csv" else df, tmp_path / f"ticks{suffix}")
+    rep = ingest(src, tmp_path / "out.zarr")
+    values, times, names = read(tmp_path / "out.zarr")
+    exp, exp_t = dense(df, SORTED)
+    assert names == SORTED
+    np.testing.assert_array_equal(times, exp_t)
+    np.testing.assert_array_equal(values, exp.astype(np.float32))  # NaN where a cell is missing
+    assert np.isnan(values).any()
+    assert values.dtype == np.float32 and times.dtype == np.int64
+    assert (rep.rows, rep.features, rep.input_rows) == (len(TIMES), len(NAMES), df.height)
+    store = open_input(tmp_path / "out.zarr")
+    assert check_time(store) == (TIMES[0], TIMES[-1])
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".csv", ".arrow"])
+def test_wide_round_trip_keeps_column_order(tmp_path: Path, suffix: str) -> None:
+    df = long_frame(TIMES, NAMES, drop=0.1)
+    wide = df.pivot(on="feature", index="time", values="value").select("time", *NAMES)
+    src = write(as_datetime(wide) if suffix != ".csv" else wide, tmp_path / f"wide{suffix}")
+    ingest(src, tmp_path / "out.zarr", layout="wide", dtype="float64")
+    values, times, names = read(tmp_path / "out.zarr")
+    exp, exp_t = dense(df, NAMES)
+    assert names == NAMES  # wide input keeps the column order
+    assert values.dtype == np.float64
+    np.testing.assert_array_equal(times, exp_t)
+    np.testing.assert_array_equal(values, exp)
+
+
+def test_wide_several_files_append_new_columns_in_order(tmp_path: Path) -> None:
+    a = pl.DataFrame({"time": [T0, T0 + 2], "z": [1.0, 2.0], "b": [3, 4]})
+    b = pl.DataFrame({"time": [T0 + 1, T0 + 2], "c": [5.0, None], "b": [6.0, 7.0], "a": [8.0, 9.0]})
+    write(a, tmp_path / "a.parquet")
+    write(b, tmp_path / "b.parquet")
+    ingest([tmp_path / "b.parquet", tmp_path / "a.parquet"], tmp_path / "out.zarr", layout="wide")
+    values, times, names = read(tmp_path / "out.zarr")
+    assert names == ["z", "b", "c", "a"]  # first file's order (a.parquet: sorted paths), then new ones
+    np.testing.assert_array_equal(times, [T0, T0 + 1, T0 + 2])
+    nan = np.nan
+    np.testing.assert_array_equal(
+        values, np.array([[1, 3, nan, nan], [nan, 6, 5, 8], [2, 7, nan, 9]], dtype=np.float32)
+    )
+
+
+def test_several_files_and_globs_unsorted(tmp_path: Path) -> None:
+    df = long_frame(TIMES, NAMES, seed=3)
+    shuffled = df.sample(fraction=1.0, shuffle=True, seed=1)  # unsorted input is fine
+    parts = [shuffled[i::3] for i in range(3)]
+    for i, part in enumerate(parts):
+        write(as_datetime(part), tmp_path / f"part{i}.parquet")
+    write(parts[0], tmp_path / "other.csv")  # not matched by the glob
+    rep = ingest(str(tmp_path / "part*.parquet"), tmp_path / "out.zarr")
+    assert rep.files == 3
+    values, times, names = read(tmp_path / "out.zarr")
+    exp, exp_t = dense(df, SORTED)
+    np.testing.assert_array_equal(times, exp_t)
+    np.testing.assert_array_equal(values, exp.astype(np.float32))
+    # The CLI expands quoted globs itself and mixes globs and paths.
+    res = cli(tmp_path / "part[01].parquet", tmp_path / "part2.parquet", "--output", tmp_path / "cli.zarr")
+    assert res.exit_code == 0, res.stderr
+    assert "3 file(s)" in res.stdout
+    np.testing.assert_array_equal(read(tmp_path / "cli.zarr")[0], values)
+
+
+def test_duplicates_last_wins_in_file_then_row_order(tmp_path: Path) -> None:
+    a = pl.DataFrame({"time": [T0, T0, T0 + 1], "feature": ["x", "x", "y"], "value": [1.0, 2.0, 3.0]})
+    b = pl.DataFrame({"time": [T0 + 1, T0 + 1, T0], "feature": ["y", "y", "y"], "value": [4.0, None, 5.0]})
+    write(a, tmp_path / "a.csv")
+    write(b, tmp_path / "b.csv")
+    ingest([tmp_path / "b.csv", tmp_path / "a.csv"], tmp_path / "out.zarr")
+    values, _, names = read(tmp_path / "out.zarr")
+    assert names == ["x", "y"]
+    # x@T0: 2 (last row of a); y@T0+1: a says 3, b says 4 then null -> NaN (b comes later, null is a value)
+    np.testing.assert_array_equal(values, np.array([[2.0, 5.0], [np.nan, np.nan]], dtype=np.float32))
+
+
+def test_duplicates_across_batches_and_bands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tsconv.io.ingest as ing
+
+    monkeypatch.setattr(ing, "_BATCH_ROWS", 7)  # duplicates straddle batch boundaries
+    monkeypatch.setattr(ing, "_BAND_BYTES", 1)  # one chunk per band
+    monkeypatch.setattr(ing, "_CHUNK_BYTES", 5 * 8 * 2)  # 5 rows per chunk of 2 float64 features
+    rng = np.random.default_rng(5)
+    n = 400
+    df = pl.DataFrame(
+        {
+            "time": rng.integers(0, 23, size=n) * SEC,
+            "feature": rng.choice(["p", "q"], size=n).tolist(),
+            "value": rng.normal(size=n),
+        }
+    )
+    write(df, tmp_path / "d.parquet")
+    ingest(tmp_path / "d.parquet", tmp_path / "out.zarr", dtype="float64")
+    g = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")
+    assert g["values"].chunks == (5, 2)
+    exp, exp_t = dense(df, ["p", "q"])
+    np.testing.assert_array_equal(np.asarray(g["values"][:]), exp)
+    np.testing.assert_array_equal(np.asarray(g["time"][:]), exp_t)
+
+
+def test_time_zones_and_iso_strings(tmp_path: Path) -> None:
+    # 09:30 in New York on 2 Jan 2026 is 14:30 UTC.
+    ny = pl.DataFrame({"time": ["2026-01-02 09:30:00"], "feature": ["a"], "value": [1.0]}).with_columns(
+        pl.col("time").str.to_datetime(time_unit="us").dt.replace_time_zone("America/New_York")
+    )
+    write(ny, tmp_path / "a.parquet")
+    (tmp_path / "b.csv").write_text(
+        "time,feature,value\n2026-01-02T15:30:00+01:00,b,2\n2026-01-02T14:30:00.000000001Z,b,3\n"
+    )
+    naive = pl.DataFrame({"time": ["2026-01-02 14:30:00.000000002"], "feature": ["c"], "value": [4]})
+    write(naive.with_columns(pl.col("time").str.to_datetime(time_unit="ns")), tmp_path / "c.arrow")
+    ingest(str(tmp_path / "[abc].*"), tmp_path / "out.zarr")
+    values, times, names = read(tmp_path / "out.zarr")
+    t = int(np.datetime64("2026-01-02T14:30:00", "ns").astype(np.int64))
+    np.testing.assert_array_equal(times, [t, t + 1, t + 2])
+    nan = np.nan
+    np.testing.assert_array_equal(
+        values, np.array([[1, 2, nan], [nan, 3, nan], [nan, nan, 4]], dtype=np.float32)
+    )
+
+
+@pytest.mark.parametrize(("unit", "scale"), [("s", SEC), ("ms", 1_000_000), ("us", 1_000), ("ns", 1)])
+def test_integer_times_with_time_unit(tmp_path: Path, unit: str, scale: int) -> None:
+    base = T0 // SEC
+    df = pl.DataFrame({"ts": [base + 2, base, base + 1], "sym": ["a", "a", "b"], "px": [3, 1, 2]})
+    write(df, tmp_path / "i.csv")
+    res = cli(tmp_path / "i.csv", "-o", tmp_path / "out.zarr", "--time-column", "ts", "--feature-column", "sym",
+              "--value-column", "px", "--time-unit", unit)  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    values, times, _ = read(tmp_path / "out.zarr")
+    np.testing.assert_array_equal(times, np.array([base, base + 1, base + 2]) * scale)
+    np.testing.assert_array_equal(values, np.array([[1, np.nan], [np.nan, 2], [3, np.nan]], dtype=np.float32))
+
+
+# ----------------------------------------------------------------------------------------- append
+
+
+def _two_halves(tmp_path: Path) -> tuple[pl.DataFrame, Path, Path]:
+    df = long_frame(TIMES, NAMES, seed=7)
+    write(df.filter(pl.col("time") < TIMES[25]), tmp_path / "a.parquet")
+    write(df.filter(pl.col("time") >= TIMES[25], pl.col("feature") != "vol_a"), tmp_path / "b.csv")
+    return df, tmp_path / "a.parquet", tmp_path / "b.csv"
+
+
+def test_append_matches_one_ingest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tsconv.io.ingest as ing
+
+    monkeypatch.setattr(ing, "_CHUNK_BYTES", 16 * 4 * 4)  # 16-row chunks: the append starts mid-chunk
+    df, a, b = _two_halves(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(a, out)
+    assert zarr.open_group(str(out), mode="r")["values"].shape == (25, 4)
+    res = cli(b, "-o", out, "--append")
+    assert res.exit_code == 0, res.stderr
+    ingest([a, b], tmp_path / "once.zarr")
+    v1, t1, n1 = read(out)
+    v2, t2, n2 = read(tmp_path / "once.zarr")
+    assert n1 == n2 == SORTED
+    np.testing.assert_array_equal(t1, t2)
+    np.testing.assert_array_equal(v1, v2)
+    assert np.isnan(v1[25:, SORTED.index("vol_a")]).all()  # a feature missing from the new rows is NaN
+    assert zarr.open_group(str(out), mode="r").attrs["ingest"]["complete"] is True
+
+
+def test_append_rolls_back_an_interrupted_append(tmp_path: Path) -> None:
+    df, a, b = _two_halves(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(a, out)
+    # What a crash mid-append leaves: the attribute says incomplete and the arrays are already longer.
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["ingest"] = {**g.attrs["ingest"], "complete": False, "rows_before": 25, "rows": 99}
+    g["values"].resize((99, 4))
+    g["time"].resize((99,))
+    ingest(b, out, append=True)
+    ingest([a, b], tmp_path / "once.zarr")
+    np.testing.assert_array_equal(read(out)[0], read(tmp_path / "once.zarr")[0])
+    np.testing.assert_array_equal(read(out)[1], read(tmp_path / "once.zarr")[1])
+
+
+def test_append_refused_overlap_and_new_features(tmp_path: Path) -> None:
+    df, a, b = _two_halves(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(b, out)
+    before, stored = snapshot(out), read(out)
+    assert_refused(cli(a, "-o", out, "--append"), "cannot append", "not after the store's last time")
+    assert snapshot(out) == before
+    extra = write(
+        pl.DataFrame({"time": [TIMES[-1] + 1], "feature": ["new_px"], "value": [1.0]}), tmp_path / "x.pq"
+    )
+    assert_refused(cli(extra, "-o", out, "--append"), "new_px", "hint: ")
+    assert snapshot(out) == before
+    # An error found only while writing (text deep in a CSV file) takes the new rows away again.
+    late = "".join(f"{TIMES[-1] + k},px_a,{k}.5\n" for k in range(1, 20_001))
+    (tmp_path / "late.csv").write_text(f"time,feature,value\n{late}{TIMES[-1] + 20_001},px_a,oops\n")
+    assert_refused(cli(tmp_path / "late.csv", "-o", out, "--append"), "cannot read", "oops")
+    np.testing.assert_array_equal(read(out)[1], stored[1])
+    np.testing.assert_array_equal(read(out)[0], stored[0])
+    assert zarr.open_group(str(out), mode="r").attrs["ingest"]["complete"] is True
+    assert_refused(cli(extra, "-o", tmp_path / "nope.zarr", "--append"), "does not exist")
+    assert not (tmp_path / "nope.zarr").exists()
+
+
+# ------------------------------------------------------------------------------------ with process
+
+
+def test_process_runs_on_an_ingested_store(tmp_path: Path) -> None:
+    times = [T0 + k * SEC for k in range(300)]  # longer than the default pipeline's warm-up
+    df = long_frame(times, ["a", "b"], seed=2, drop=0.05)
+    write(as_datetime(df), tmp_path / "t.parquet")
+    ingest(tmp_path / "t.parquet", tmp_path / "in.zarr")
+    rep = tsconv.process(tmp_path / "in.zarr", tmp_path / "feats.zarr")
+    ingested = read(tmp_path / "in.zarr")[1]
+    assert rep.rows == ingested.size == df["time"].n_unique()
+    g = zarr.open_group(str(tmp_path / "feats.zarr"), mode="r")
+    np.testing.assert_array_equal(np.asarray(g["time"][:]), ingested)
+    res = CliRunner().invoke(main, ["process", "-i", tmp_path / "in.zarr", "-o", tmp_path / "f2.zarr", "-q"])
+    assert res.exit_code == 0, res.stderr
+
+
+# ------------------------------------------------------------------------------------- bad inputs
+
+
+def _good(tmp_path: Path, name: str = "good.parquet") -> Path:
+    return write(as_datetime(long_frame(TIMES[:5], NAMES)), tmp_path / name)
+
+
+def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, tuple[str, ...]]]:
+    good = _good(tmp_path)
+    out = tmp_path / "out.zarr"
+    (tmp_path / "empty.csv").write_bytes(b"")
+    (tmp_path / "header.csv").write_text("time,feature,value\n")
+    write(long_frame(TIMES[:2], NAMES).clear(), tmp_path / "norows.parquet")
+    (tmp_path / "corrupt.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    (tmp_path / "corrupt.arrow").write_bytes(b"\x00" * 64)
+    (tmp_path / "text.csv").write_text("time,feature,value\n1,a,1.5\n2,a,oops\n")
+    late = "".join(f"{k},a,{k}.5\n" for k in range(20_000))  # beyond the CSV type inference
+    (tmp_path / "late.csv").write_text(f"time,feature,value\n{late}20000,a,oops\n")
+    write(pl.DataFrame({"time": [T0], "feature": ["a"], "value": ["1.5"]}), tmp_path / "strval.parquet")
+    write(pl.DataFrame({"time": [T0], "sym": ["a"], "value": [1.0]}), tmp_path / "nofeat.parquet")
+    write(pl.DataFrame({"time": [T0], "a": [1.0], "b": ["x"]}), tmp_path / "widestr.parquet")
+    (tmp_path / "badtime.csv").write_text("time,feature,value\nyesterday,a,1\n")
+    (tmp_path / "ticks.txt").write_text("time,feature,value\n")
+    (tmp_path / "exists.zarr").mkdir()
+    zarr.open_group(str(tmp_path / "exists.zarr"), mode="w")
+    (tmp_path / "plain").write_text("not a store")
+    return {
+        "missing file": ([tmp_path / "nope.parquet", "-o", out], ("does not exist", "nope.parquet")),
+        "glob without match": ([str(tmp_path / "*.nothing"), "-o", out], ("no file matches", "*.nothing")),
+        "empty csv": ([tmp_path / "empty.csv", "-o", out], ("is empty", "empty.csv")),
+        "header only csv": ([tmp_path / "header.csv", "-o", out], ("has no rows", "header.csv")),
+        "parquet without rows": ([tmp_path / "norows.parquet", "-o", out], ("has no rows",)),
+        "corrupt parquet": ([tmp_path / "corrupt.parquet", "-o", out], ("cannot read", "as Parquet")),
+        "corrupt ipc": ([tmp_path / "corrupt.arrow", "-o", out], ("cannot read", "as Arrow IPC")),
+        "text in csv values": ([tmp_path / "text.csv", "-o", out], ("'value'", "not numeric", "text.csv")),
+        "text in csv values, late": ([tmp_path / "late.csv", "-o", out], ("cannot read", "late.csv", "oops")),
+        "string value column": (
+            [tmp_path / "strval.parquet", "-o", out],
+            ("'value'", "not numeric", "strval"),
+        ),
+        "missing column": (
+            [good, tmp_path / "nofeat.parquet", "-o", out],
+            ("no column 'feature'", "nofeat.parquet", "'sym'", "--feature-column"),
+        ),
+        "missing wide time column": (
+            [good, "-o", out, "--layout", "wide", "--time-column", "ts"],
+            ("no column 'ts'", "'time', 'feature', 'value'"),
+        ),
+        "non-numeric wide column": (
+            [tmp_path / "widestr.parquet", "-o", out, "--layout", "wide"],
+            ("column 'b'", "not numeric"),
+        ),
+        "unparseable time": ([tmp_path / "badtime.csv", "-o", out], ("cannot parse", "badtime.csv")),
+        "unknown suffix": ([tmp_path / "ticks.txt", "-o", out], ("unknown file format",)),
+        "output exists": ([good, "-o", tmp_path / "exists.zarr"], ("already exists", "--overwrite")),
+        "output is a plain file": ([good, "-o", tmp_path / "plain", "--overwrite"], ("not a zarr store",)),
+        "output is an input": ([good, "-o", good, "--overwrite"], ("is, or contains, the input",)),
+        "append and overwrite": ([good, "-o", out, "--append", "--overwrite"], ("exclude each other",)),
+    }
+
+
+def test_bad_inputs_one_line_no_traceback_inputs_untouched(tmp_path: Path) -> None:
+    cases = _bad_cases(tmp_path)
+    before = snapshot(tmp_path)
+    for name, (args, needles) in cases.items():
+        res = cli(*args)
+        try:
+            assert_refused(res, *needles)
+        except AssertionError as exc:
+            raise AssertionError(f"case {name!r}: {exc}\nstderr: {res.stderr!r}") from None
+        assert snapshot(tmp_path) == before, f"case {name!r} changed the directory"
+
+
+def test_library_raises_tsconv_errors(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="does not exist"):
+        ingest(tmp_path / "nope.csv", tmp_path / "o.zarr")
+    good = _good(tmp_path)
+    with pytest.raises(tsconv.TsconvError, match="layout"):
+        ingest(good, tmp_path / "o.zarr", layout="tall")
+    with pytest.raises(tsconv.TsconvError, match="time unit"):
+        ingest(good, tmp_path / "o.zarr", time_unit="h")
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_overwrite_replaces_a_store(tmp_path: Path) -> None:
+    good = _good(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(good, out)
+    other = write(as_datetime(long_frame(TIMES[10:13], ["q"], drop=0)), tmp_path / "other.parquet")
+    ingest(other, out, overwrite=True)
+    values, times, names = read(out)
+    assert names == ["q"] and times.tolist() == TIMES[10:13]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary store left
