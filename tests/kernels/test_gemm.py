@@ -253,6 +253,30 @@ def test_packed_weights_match_plain_calls(precision: str) -> None:
         gemm(a, pack_weights(b, "tf32" if precision != "tf32" else "fp32"), precision=precision)
 
 
+def test_plain_weights_are_packed_once_and_repacked_after_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A steady-state call with the same weights does no packing; an in-place write to them (or through a
+    view) is seen through the version counter; a view made afresh per call (``w.T``) still hits."""
+    gemm_mod.clear_weight_cache()
+    calls: list[int] = []
+    real_pack = gemm_mod._pack
+    monkeypatch.setattr(gemm_mod, "_pack", lambda b, p: calls.append(1) or real_pack(b, p))
+    a = returns(40, 24, seed=4)
+    w = zero_sum_b(17, 24, dtype=torch.float32)  # [N, K], used as w.T
+    y0 = gemm(a, w.T, precision="tf32")
+    gemm(a, w.T, precision="tf32")
+    assert len(calls) == 1
+    w.T[3, 5] += 1.0  # through a view: shares the version counter
+    y1 = gemm(a, w.T, precision="tf32")
+    assert len(calls) == 2
+    torch.testing.assert_close(y1, torch_in_precision(a, w.T, precision="tf32"), rtol=1e-3, atol=1e-3)
+    assert not torch.equal(y0, y1)
+    gemm(a, w.T, precision="fp32")  # another precision: its own entry
+    assert len(calls) == 3
+    del w
+    assert all(ref() is not None for ref, _, _ in gemm_mod._PACK_CACHE.values())  # freed weights drop out
+    gemm_mod.clear_weight_cache()
+
+
 # ------------------------------------------------------------------------------------------ epilogue
 
 

@@ -17,14 +17,17 @@ Precision modes (accumulation is always float32):
   accumulation never acts on the long running sum (its error would grow linearly with K, not like sqrt(K)).
   A two-way split ``a_hi + (a - a_hi)`` is not enough: the remainder has 13 significant bits, which the
   tensor core truncates to 10 (errors 5-20x cuBLAS fp32 on price-level data on an H200).
-- ``"tf32"``: one TF32 product, operands as the hardware takes them (``a`` truncated by the tensor core,
-  ``b`` rounded to TF32 once per call), like cuBLAS with TF32 allowed. 10-bit mantissas: opt-in.
+- ``"tf32"``: one TF32 product, operands as the hardware takes them (``a`` truncated by the tensor core, so
+  both tiles go to the tensor cores straight from shared memory; ``b`` rounded to the nearest TF32 when
+  packed). cuBLAS with TF32 allowed also rounds ``a``, so its error is about half of this. 10-bit
+  mantissas: opt-in.
 - ``"fp16"``: ``a`` rounded to float16 (in the kernel, or by a cast pass before it when the tuner finds that
   faster for compute-bound shapes), ``b`` in float16. Opt-in.
 
-Operand layouts: for the TF32 modes ``b`` is rearranged once per call to [N, K] float32, contiguous along the
-reduction (Hopper's TF32 wgmma takes only K-major shared-memory tiles; a [K, N] tile would be transposed
-through registers on every step); :func:`pack_weights` does that once for weights reused across calls.
+Operand layouts: for the TF32 modes ``b`` is rearranged to [N, K] float32, contiguous along the reduction
+(Hopper's TF32 wgmma takes only K-major shared-memory tiles; a [K, N] tile would be transposed through
+registers on every step); :func:`pack_weights` does that once, and plain-tensor weights are packed on first
+use and cached (keyed by storage and version counter), so a steady-state call launches one kernel.
 "fp16" reads float16 ``b`` in place (16-bit wgmma accepts either major order).
 
 On CUDA tensors the kernel runs with block shapes tuned per GPU and shape class and cached on disk
@@ -35,6 +38,9 @@ when ``TRITON_INTERPRET=1`` was set before this module was imported; otherwise C
 
 from __future__ import annotations
 
+import functools
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +52,15 @@ from tsconv.kernels import autotune
 from tsconv.kernels.activations import apply_activation
 from tsconv.kernels.conv1d import _activate, _round_tf32
 
-__all__ = ["ACTIVATIONS", "PRECISIONS", "PackedWeights", "gemm", "gemm_space", "pack_weights"]
+__all__ = [
+    "ACTIVATIONS",
+    "PRECISIONS",
+    "PackedWeights",
+    "clear_weight_cache",
+    "gemm",
+    "gemm_space",
+    "pack_weights",
+]
 
 ACTIVATIONS = (None, "none", "relu", "gelu", "tanh")
 PRECISIONS = ("fp32", "tf32", "fp16")
@@ -230,7 +244,7 @@ def _clamp(cfgs: list[autotune.Config], M: int, N: int, K: int) -> list[autotune
 
 
 def gemm_space(precision: str, M: int, N: int, K: int) -> autotune.ConfigSpace:
-    """Candidate tiles for one precision and shape class.
+    """Candidate tiles for one precision and shape class (built once per size bucket, then cached).
 
     Classes: "narrow" heads (N <= 64: memory-bound on reading ``a``, so a tall BLOCK_M, BLOCK_N = N rounded
     up to 16..64, and deep pipelines to keep bytes in flight) and "wide" (square-ish, compute-bound: the
@@ -239,51 +253,73 @@ def gemm_space(precision: str, M: int, N: int, K: int) -> autotune.ConfigSpace:
     float16 ``b``, or float16 ``a`` when the A16 candidates cast it first. The "fp32" mode holds a second
     accumulator (the per-block flush), so its tiles stay at 128x128 outputs per 8 warps.
     """
+    pb = autotune.pow2_bucket
+    return _space(precision, max(16, pb(M)), max(16, pb(N)), max(16, pb(K)))
+
+
+@functools.lru_cache(maxsize=256)
+def _space(precision: str, M: int, N: int, K: int) -> autotune.ConfigSpace:
+    # M, N, K are bucketed (powers of two >= 16): _clamp and the narrow test depend only on the bucket.
     narrow = N <= 64
     if narrow:
+        # Memory-bound on reading a: deep K blocks (few loop trips, many bytes in flight per program), 2-3
+        # programs per SM. "fp32" splits the a tile in registers (hi / mid / lo), so it keeps <= 32 a values
+        # per thread (BLOCK_M * BLOCK_K / threads) to stay clear of spills; "tf32" feeds both tiles to the
+        # tensor cores straight from shared memory.
         bn = 64
         if precision == "fp16":
             cfgs = [
                 _cfg(128, bn, 64, 4, 4),
+                _cfg(128, bn, 128, 4, 2),
                 _cfg(256, bn, 64, 8, 3),
-                _cfg(128, bn, 128, 8, 2),
+                _cfg(64, bn, 128, 4, 3),
+                _cfg(128, bn, 64, 4, 3),
                 _cfg(64, bn, 64, 4, 4),
-                _cfg(256, bn, 32, 8, 4),
             ]
-        else:
+        elif precision == "tf32":
             cfgs = [
-                _cfg(128, bn, 32, 4, 4),
-                _cfg(256, bn, 32, 8, 4),
+                _cfg(128, bn, 64, 4, 4),
+                _cfg(128, bn, 128, 4, 2),
+                _cfg(64, bn, 128, 4, 3),
                 _cfg(128, bn, 64, 4, 3),
                 _cfg(256, bn, 64, 8, 2),
                 _cfg(64, bn, 64, 4, 4),
             ]
+        else:
+            cfgs = [  # 128 x 64 per 4 warps (the old default) spills under the split: not offered
+                _cfg(128, bn, 64, 8, 3),
+                _cfg(64, bn, 64, 4, 4),
+                _cfg(64, bn, 32, 4, 6),
+                _cfg(128, bn, 32, 8, 4),
+                _cfg(64, bn, 64, 4, 3),
+            ]
     elif precision == "fp32":
+        # 128 x 128 per 4 warps, 128 x 256 and 256 x 128 per 8 warps spill 1-2 KB under the split (ptxas,
+        # sm_90): not offered.
         cfgs = [
             _cfg(128, 128, 32, 8, 3),
-            _cfg(128, 128, 32, 4, 3),
-            _cfg(128, 256, 32, 8, 3),
-            _cfg(256, 128, 32, 8, 3),
-            _cfg(128, 64, 32, 4, 4),
+            _cfg(128, 128, 32, 8, 4),
             _cfg(64, 128, 32, 4, 4),
-            _cfg(128, 128, 64, 8, 2),
+            _cfg(128, 64, 32, 8, 4),
+            _cfg(64, 128, 32, 4, 3),
         ]
     elif precision == "tf32":
         cfgs = [
-            _cfg(128, 256, 32, 8, 3),
-            _cfg(128, 128, 32, 8, 4),
-            _cfg(128, 128, 32, 4, 4),
-            _cfg(256, 128, 32, 8, 3),
             _cfg(128, 256, 32, 8, 4),
+            _cfg(128, 256, 32, 8, 3),
+            _cfg(256, 128, 32, 8, 4),
+            _cfg(128, 256, 16, 8, 6),
+            _cfg(128, 128, 32, 8, 5),
+            _cfg(128, 128, 32, 4, 4),
             _cfg(128, 128, 64, 8, 3),
             _cfg(64, 256, 32, 4, 4),
         ]
     else:
         cfgs = [
             _cfg(128, 256, 64, 8, 3),
+            _cfg(128, 256, 32, 8, 5),
             _cfg(128, 128, 64, 8, 4),
             _cfg(128, 128, 64, 4, 4),
-            _cfg(128, 256, 32, 8, 4),
             _cfg(256, 128, 64, 8, 2),
             _cfg(128, 256, 64, 8, 3, a16=1),
             _cfg(128, 256, 64, 8, 4, a16=1),
@@ -345,6 +381,47 @@ def _pack(b: torch.Tensor, precision: str) -> PackedWeights:
     if precision == "fp32" and b.dtype == torch.float32:
         lo = _round_tf32_torch(buf - hi_buf)[:, :K]
     return PackedWeights(precision, b, hi, lo)
+
+
+# Packed copies of weights passed as plain tensors, so that a steady-state call with the same weights runs
+# one kernel and no packing passes. Key: (precision, data_ptr, shape, strides, dtype, device); an entry
+# holds a weak reference to the tensor that owns the storage (a view's base, so ``w.T`` made afresh on every
+# call still hits) and the version counter it was packed at: an in-place write to ``b`` (or to any view of
+# its storage) bumps the counter and the next call re-packs; a freed tensor drops its entry. Writes that
+# bypass autograd's version counter (through ``.data``, or from outside torch) are not seen: pass a
+# :class:`PackedWeights` or call :func:`clear_weight_cache` after such writes.
+_PACK_CACHE: OrderedDict[tuple, tuple[weakref.ref, int, PackedWeights]] = OrderedDict()
+_PACK_CACHE_SIZE = 16
+
+
+def clear_weight_cache() -> None:
+    """Forget the packed copies of weights that :func:`gemm` keeps for plain-tensor ``b``."""
+    _PACK_CACHE.clear()
+
+
+def _pack_cached(b: torch.Tensor, precision: str) -> PackedWeights:
+    if precision == "fp16" and b.dtype == torch.float16:
+        return PackedWeights(precision, b, b, None)  # read in place: nothing to pack
+    key = (precision, b.data_ptr(), tuple(b.shape), b.stride(), b.dtype, b.device)
+    owner = b if b._base is None else b._base
+    hit = _PACK_CACHE.get(key)
+    if hit is not None:
+        ref, version, packed = hit
+        if ref() is owner and version == b._version:
+            _PACK_CACHE.move_to_end(key)
+            return packed
+        del _PACK_CACHE[key]
+    packed = _pack(b, precision)
+
+    def _drop(_ref: weakref.ref, key: tuple = key) -> None:
+        entry = _PACK_CACHE.get(key)
+        if entry is not None and entry[0] is _ref:
+            _PACK_CACHE.pop(key, None)
+
+    _PACK_CACHE[key] = (weakref.ref(owner, _drop), b._version, packed)
+    while len(_PACK_CACHE) > _PACK_CACHE_SIZE:
+        _PACK_CACHE.popitem(last=False)
+    return packed
 
 
 def pack_weights(b: torch.Tensor, precision: str = "fp32") -> PackedWeights:
@@ -535,8 +612,11 @@ def gemm(
         if spec.K == 0:
             out.copy_(_epilogue_torch(torch.zeros_like(out), bias, spec))
         elif a.is_cuda:
-            with torch.cuda.device(a.device):  # Triton launches on the current device and stream
+            if a.device.index == torch.cuda.current_device():
                 _gemm_triton(a, b, bias, out, spec)
+            else:
+                with torch.cuda.device(a.device):  # Triton launches on the current device and stream
+                    _gemm_triton(a, b, bias, out, spec)
         elif _INTERPRETED:
             _gemm_triton(a, b, bias, out, spec)
         else:
@@ -578,7 +658,7 @@ def _gemm_triton(
     config: autotune.Config | None = None,
 ) -> object:
     """Run the Triton kernel; ``config`` (tests only) bypasses the tuner. Returns the last launch's result."""
-    packed = b if isinstance(b, PackedWeights) else _pack(b, spec.precision)
+    packed = b if isinstance(b, PackedWeights) else _pack_cached(b, spec.precision)
     src = packed.source
     bias_c = None if bias is None else bias.contiguous()
     stride_bk, stride_bn = packed.kernel_strides()
