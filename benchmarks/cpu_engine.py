@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--workdir", default=None, help="where to put the stores (default: a temp dir)")
     ap.add_argument("--variants", default="tsconv,naive,in_memory")
+    ap.add_argument("--name", default="cpu_engine", help="results/NAME.json and NAME.md")
     ap.add_argument("--child", nargs=4, metavar=("VARIANT", "SRC", "OUT", "CHUNK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -185,7 +186,7 @@ def main() -> None:
         "pipeline": "default (diff:1, diff:32, diff:256, dev:32, dev:256 per feature; K=257, D=5F)",
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "cpu_engine.json").write_text(json.dumps({**meta, "results": records}, indent=2) + "\n")
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({**meta, "results": records}, indent=2) + "\n")
     lines = [
         f"# CPU engine ({meta['machine']}, {meta['date']}, commit {meta['commit']})",
         "",
@@ -200,7 +201,7 @@ def main() -> None:
             f"| {r['rows']:,} x {r['features']} | {r['variant']} | {r['seconds']:.2f} | {r['rows_per_s']:,} | "
             f"{r['input_gbps']:.3f} | {r['peak_rss_mib']:,} | {r['tsconv_speedup']:.2f}x | {r['max_rel_diff_vs_tsconv']:.1e} |"
         )
-    (RESULTS / "cpu_engine.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
