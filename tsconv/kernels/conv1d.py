@@ -50,6 +50,14 @@ import triton.language as tl
 from tsconv.errors import ShapeError
 from tsconv.kernels import autotune
 from tsconv.kernels.activations import apply_activation
+from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
+from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
+from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
+from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
+from tsconv.kernels.tensor_checks import describe as _shape
+from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
+from tsconv.kernels.tensor_checks import has_internal_overlap as _has_internal_overlap
+from tsconv.kernels.tensor_checks import overlap as _overlap
 
 __all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "conv1d"]
 
@@ -57,12 +65,8 @@ ACTIVATIONS = (None, "none", "relu", "gelu", "tanh")
 PADDINGS = ("causal", "valid")
 PRECISIONS = ("fp32", "tf32", "fp16")
 
-_ACT_CODE = {None: 0, "none": 0, "relu": 1, "gelu": 2, "tanh": 3}
-_ACT_NAME = {0: None, 1: "relu", 2: "gelu", 3: "tanh"}
-_PREC_CODE = {"fp32": 0, "tf32": 1, "fp16": 2}
 _X_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _W_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
-_INT32_MAX = 2**31 - 1
 
 # Tests set this to exercise the 64-bit indexing variant on small tensors.
 _FORCE_INDEX64 = False
@@ -418,35 +422,6 @@ class _Spec:
     L_out: int
     act: int
     precision: str
-
-
-def _shape(t: torch.Tensor) -> str:
-    return f"{tuple(t.shape)} ({str(t.dtype).removeprefix('torch.')}, {t.device})"
-
-
-def _span(t: torch.Tensor) -> tuple[int, int] | None:
-    if t.numel() == 0:
-        return None
-    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
-    start = t.data_ptr()
-    return start, start + (last + 1) * t.element_size()
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    sa, sb = _span(a), _span(b)
-    if sa is None or sb is None:
-        return False
-    return sa[0] < sb[1] and sb[0] < sa[1]
-
-
-def _has_internal_overlap(t: torch.Tensor) -> bool:
-    dims = sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s > 1)
-    extent = 0  # offsets reachable by the dims seen so far: [0, extent]
-    for st, s in dims:
-        if st <= extent:
-            return True
-        extent += (s - 1) * st
-    return False
 
 
 def _int_arg(name: str, value: object) -> int:
@@ -888,10 +863,6 @@ def _launch_direct(
         config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
     last_launch.update(path="direct", config=config.name)
     return launch(config)
-
-
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
 
 
 def _check_grid(n_programs: int) -> None:

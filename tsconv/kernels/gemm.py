@@ -51,6 +51,14 @@ from tsconv.errors import ShapeError
 from tsconv.kernels import autotune
 from tsconv.kernels.activations import apply_activation
 from tsconv.kernels.conv1d import _activate, _round_tf32
+from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
+from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
+from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
+from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
+from tsconv.kernels.tensor_checks import describe as _shape
+from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
+from tsconv.kernels.tensor_checks import has_internal_overlap as _has_internal_overlap
+from tsconv.kernels.tensor_checks import overlap as _overlap
 
 __all__ = [
     "ACTIVATIONS",
@@ -65,12 +73,8 @@ __all__ = [
 ACTIVATIONS = (None, "none", "relu", "gelu", "tanh")
 PRECISIONS = ("fp32", "tf32", "fp16")
 
-_ACT_CODE = {None: 0, "none": 0, "relu": 1, "gelu": 2, "tanh": 3}
-_ACT_NAME = {0: None, 1: "relu", 2: "gelu", 3: "tanh"}
-_PREC_CODE = {"fp32": 0, "tf32": 1, "fp16": 2}
 _A_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _B_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
-_INT32_MAX = 2**31 - 1
 
 # Module switches (tests flip them to show what each one is for).
 _FLUSH = True  # fp32 mode: per-K-block fresh tensor-core accumulator, added to the running sum with RN
@@ -450,35 +454,6 @@ class _Spec:
     precision: str
 
 
-def _shape(t: torch.Tensor) -> str:
-    return f"{tuple(t.shape)} ({str(t.dtype).removeprefix('torch.')}, {t.device})"
-
-
-def _span(t: torch.Tensor) -> tuple[int, int] | None:
-    if t.numel() == 0:
-        return None
-    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
-    start = t.data_ptr()
-    return start, start + (last + 1) * t.element_size()
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    sa, sb = _span(a), _span(b)
-    if sa is None or sb is None:
-        return False
-    return sa[0] < sb[1] and sb[0] < sa[1]
-
-
-def _has_internal_overlap(t: torch.Tensor) -> bool:
-    dims = sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s > 1)
-    extent = 0
-    for st, s in dims:
-        if st <= extent:
-            return True
-        extent += (s - 1) * st
-    return False
-
-
 def _check_b(b: object) -> None:
     if not isinstance(b, torch.Tensor):
         msg = f"b must be a torch.Tensor or PackedWeights, got {type(b).__name__}."
@@ -642,10 +617,6 @@ def _layout(t: torch.Tensor) -> str:
     if t.stride(0) == 1:
         return "c"
     return "s"
-
-
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
 
 
 def _gemm_triton(

@@ -1,0 +1,58 @@
+"""What the Triton launchers (conv1d, gemm) share: codes passed to kernels and tensor-memory checks."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "ACT_CODE",
+    "ACT_NAME",
+    "PREC_CODE",
+    "INT32_MAX",
+    "describe",
+    "span",
+    "overlap",
+    "has_internal_overlap",
+]
+
+ACT_CODE = {None: 0, "none": 0, "relu": 1, "gelu": 2, "tanh": 3}
+ACT_NAME = {0: None, 1: "relu", 2: "gelu", 3: "tanh"}
+PREC_CODE = {"fp32": 0, "tf32": 1, "fp16": 2}
+INT32_MAX = 2**31 - 1
+
+
+def describe(t: torch.Tensor) -> str:
+    """Shape, dtype and device, as error messages show them."""
+    return f"{tuple(t.shape)} ({dtype_name(t)}, {t.device})"
+
+
+def dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def span(t: torch.Tensor) -> tuple[int, int] | None:
+    """The byte range [start, end) a strided view can touch, or None when it is empty."""
+    if t.numel() == 0:
+        return None
+    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    start = t.data_ptr()
+    return start, start + (last + 1) * t.element_size()
+
+
+def overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Conservative: True when the byte ranges of two views intersect."""
+    sa, sb = span(a), span(b)
+    if sa is None or sb is None:
+        return False
+    return sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def has_internal_overlap(t: torch.Tensor) -> bool:
+    """True when two elements of the view can share memory (e.g. expanded or zero strides)."""
+    dims = sorted((st, s) for s, st in zip(t.shape, t.stride(), strict=True) if s > 1)
+    extent = 0  # offsets reachable by the dims seen so far: [0, extent]
+    for st, s in dims:
+        if st <= extent:
+            return True
+        extent += (s - 1) * st
+    return False
