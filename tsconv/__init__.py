@@ -6,6 +6,7 @@ Public API (imported lazily, so ``import tsconv.kernels`` needs neither zarr nor
 - :func:`load_pipeline`, :func:`default_pipeline`: pipeline files.
 - :func:`open_input`: open and validate an input store.
 - :func:`ingest`: Parquet / CSV / Arrow IPC tick files (long or wide) into a store.
+- :func:`open_store`, :func:`iter_chunks`: a store's metadata, and its rows as polars/Arrow/numpy chunks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ _EXPORTS = {
     "Pipeline": "tsconv.spec",
     "open_input": "tsconv.io.store",
     "ingest": "tsconv.io.ingest",
+    "open_store": "tsconv.io.loaders",
+    "iter_chunks": "tsconv.io.loaders",
+    "StoreInfo": "tsconv.io.loaders",
     "TsconvError": "tsconv.errors",
     "TsconvWarning": "tsconv.errors",
 }

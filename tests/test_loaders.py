@@ -1,0 +1,248 @@
+"""Polars / Arrow loaders, features() on frames, and Parquet output of process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import zarr
+from click.testing import CliRunner
+
+import tsconv
+from tsconv.cli import main
+from tsconv.errors import OutputExistsError, ShapeError, StoreError, TsconvError
+from tsconv.io.loaders import ArrayChunk, StoreInfo
+from tsconv.io.parquet import process_to_parquet
+
+from .helpers import T0, price_series, read_output, write_store
+
+NAMES = ["x0", "x1", "x2", "x3"]
+PIPE = {"conv": [{"filters": ["diff:1", "ma:16", "ema:8"]}]}
+
+
+@pytest.fixture(scope="module")
+def series() -> np.ndarray:
+    return price_series(5000, 4, seed=3, nan_fraction=0.05)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, series) -> Path:
+    return write_store(tmp_path_factory.mktemp("s") / "in.zarr", series, chunks=(1500, 3))
+
+
+def _times(n: int) -> np.ndarray:
+    return (T0 + np.arange(n, dtype=np.int64) * 1_000_000).view("datetime64[ns]")
+
+
+# ------------------------------------------------------------------------------------ open_store
+
+
+def test_open_store_metadata(store: Path, tmp_path: Path) -> None:
+    info = tsconv.open_store(store)
+    assert isinstance(info, StoreInfo)
+    assert (info.rows, info.n_features, info.features) == (5000, 4, tuple(NAMES))
+    assert info.dtype == np.float32 and info.chunks == (1500, 3) and info.has_time
+    assert info.time_start == _times(1)[0] and info.time_end == _times(5000)[-1]
+    assert "5,000 rows x 4 features" in repr(info)
+    bare = tmp_path / "bare.zarr"
+    zarr.create_array(str(bare), data=np.ones((10, 2), dtype=np.float64), chunks=(4, 2))
+    info = tsconv.open_store(bare)
+    assert info.features == ("f0", "f1") and not info.has_time and info.time_start is None
+    assert info.dtype == np.float64
+    with pytest.raises(StoreError, match="does not exist"):
+        tsconv.open_store(tmp_path / "nope.zarr")
+
+
+# ----------------------------------------------------------------------------------- iter_chunks
+
+
+@pytest.mark.parametrize("rows", [1, 999, 1500, 4096, 10_000])
+def test_iter_chunks_concatenated_equal_the_store(store: Path, series: np.ndarray, rows: int) -> None:
+    chunks = list(tsconv.iter_chunks(store, rows=rows if rows > 1 else 7))
+    df = pl.concat(chunks)
+    assert df.columns == ["time", *NAMES]
+    assert df.schema["time"] == pl.Datetime("ns", "UTC")
+    assert all(df.schema[n] == pl.Float32 for n in NAMES)
+    np.testing.assert_array_equal(df.select(NAMES).to_numpy(), series)  # NaN where NaN
+    assert df.select(pl.col(NAMES).is_null().any()).row(0) == (False,) * 4  # NaN, not null
+    np.testing.assert_array_equal(df["time"].dt.replace_time_zone(None).to_numpy(), _times(5000))
+
+
+@pytest.mark.parametrize("halo", [0, 5, 1500, 7000])
+def test_halo_rows_come_first_and_are_marked(store: Path, series: np.ndarray, halo: int) -> None:
+    rows = 1024
+    polars_chunks = list(tsconv.iter_chunks(store, rows=rows, halo=halo))
+    arrow_chunks = list(tsconv.iter_chunks(store, rows=rows, halo=halo, as_="arrow"))
+    numpy_chunks = list(tsconv.iter_chunks(store, rows=rows, halo=halo, as_="numpy"))
+    assert len(polars_chunks) == len(arrow_chunks) == len(numpy_chunks) == 5
+    for k, (df, batch, arr) in enumerate(zip(polars_chunks, arrow_chunks, numpy_chunks, strict=True)):
+        s, e = k * rows, min((k + 1) * rows, 5000)
+        a = max(0, s - halo)
+        assert isinstance(batch, pa.RecordBatch) and isinstance(arr, ArrayChunk)
+        assert (arr.start, arr.stop, arr.halo) == (a, e, s - a)
+        np.testing.assert_array_equal(arr.values, series[a:e])
+        np.testing.assert_array_equal(arr.time, _times(5000)[a:e])
+        np.testing.assert_array_equal(df.select(NAMES).to_numpy(), series[a:e])
+        assert pl.from_arrow(batch).equals(df)
+        if halo:
+            assert df.columns == ["time", "is_halo", *NAMES]
+            assert df["is_halo"].to_list() == [True] * (s - a) + [False] * (e - s)
+            assert batch.schema.metadata[b"tsconv.halo"] == str(s - a).encode()
+            assert batch.schema.metadata[b"tsconv.start"] == str(a).encode()
+        else:
+            assert df.columns == ["time", *NAMES]
+    # the rows proper, halo dropped, are the store again
+    proper = pl.concat([df.filter(~pl.col("is_halo")) if halo else df for df in polars_chunks])
+    np.testing.assert_array_equal(proper.select(NAMES).to_numpy(), series)
+
+
+def test_iter_chunks_columns_and_no_time(store: Path, series: np.ndarray, tmp_path: Path) -> None:
+    df = pl.concat(tsconv.open_store(store).iter_chunks(rows=1200, columns=["x3", "x0"]))
+    assert df.columns == ["time", "x3", "x0"]
+    np.testing.assert_array_equal(df.select("x3", "x0").to_numpy(), series[:, [3, 0]])
+    df = pl.concat(tsconv.iter_chunks(store, rows=1600, columns=["x1", "x2"]))  # a contiguous slice
+    np.testing.assert_array_equal(df.select("x1", "x2").to_numpy(), series[:, 1:3])
+    with pytest.raises(StoreError, match="no feature named 'nope'"):
+        tsconv.iter_chunks(store, columns=["x0", "nope"])
+    with pytest.raises(TsconvError, match="as_ must be one of"):
+        tsconv.iter_chunks(store, as_="pandas")
+    bare = write_store(tmp_path / "bare.zarr", series.astype(np.float16), time=False, chunks=(700, 4))
+    df = pl.concat(tsconv.iter_chunks(bare, rows=1000, halo=3))
+    assert df.columns == ["step", "is_halo", *NAMES] and df.schema["x0"] == pl.Float32
+    proper = df.filter(~pl.col("is_halo"))
+    assert proper["step"].to_list() == list(range(5000))
+    np.testing.assert_array_equal(proper.select(NAMES).to_numpy(), series.astype(np.float16))
+
+
+# ------------------------------------------------------------------------------- features(frame)
+
+
+def _frame(series: np.ndarray) -> pl.DataFrame:
+    df = pl.DataFrame({n: series[:, j] for j, n in enumerate(NAMES)})
+    return df.insert_column(0, pl.Series("time", _times(len(series))).dt.replace_time_zone("UTC"))
+
+
+def test_features_of_a_polars_frame_equal_features_of_numpy(series: np.ndarray) -> None:
+    df = _frame(series)
+    want = tsconv.features(series, PIPE, names=NAMES, chunk=700)
+    got = tsconv.features(df, PIPE, chunk=700)
+    assert isinstance(got, pl.DataFrame)
+    assert got.columns[0] == "time" and got["time"].equals(df["time"])
+    plan_names = [f"{n}.{f}" for n in NAMES for f in ("diff1", "ma16", "ema8")]
+    assert got.columns[1:] == plan_names
+    assert all(got.schema[n] == pl.Float32 for n in plan_names)
+    np.testing.assert_array_equal(got.drop("time").to_numpy(), want)
+    lazy = tsconv.features(df.lazy().filter(pl.col("time") >= df["time"][100]), PIPE)
+    np.testing.assert_array_equal(
+        lazy.drop("time").to_numpy(), tsconv.features(series[100:], PIPE, names=NAMES)
+    )
+    no_time = tsconv.features(df.drop("time"), PIPE, chunk=700)  # same chunks: same rounding
+    assert no_time.columns == plan_names
+    np.testing.assert_array_equal(no_time.to_numpy(), want)
+    # integer features with nulls: nulls are missing values, like NaN
+    ints = pl.DataFrame({"a": [1, None, 3, 4, None, 6] * 50})
+    np.testing.assert_array_equal(
+        tsconv.features(ints, {"conv": [{"filters": ["diff:1"]}]}).to_numpy(),
+        tsconv.features(ints.to_numpy().astype(np.float64), {"conv": [{"filters": ["diff:1"]}]}),
+    )
+    # numpy and torch stay as they were
+    assert isinstance(tsconv.features(torch.from_numpy(series), PIPE, names=NAMES), torch.Tensor)
+
+
+def test_features_refuses_non_numeric_columns_and_bad_time(series: np.ndarray) -> None:
+    df = _frame(series).with_columns(pl.lit("AAPL").alias("symbol"), pl.lit(True).alias("flag"))
+    with pytest.raises(ShapeError, match=r"not numeric: symbol \(String\), flag \(Boolean\)") as err:
+        tsconv.features(df, PIPE)
+    assert "select the feature columns" in err.value.hint
+    got = tsconv.features(df.drop("symbol", "flag"), PIPE)
+    assert got.columns[0] == "time"
+    with pytest.raises(ShapeError, match=r"not numeric: time \(Datetime"):
+        tsconv.features(df.select(NAMES + ["time"]), PIPE, time_column=None)
+    ts = _frame(series).rename({"time": "ts"})
+    assert tsconv.features(ts, PIPE, time_column="ts").columns[0] == "ts"
+    unsorted = _frame(series).reverse()
+    with pytest.raises(ShapeError, match="not strictly increasing at row 1"):
+        tsconv.features(unsorted, PIPE)
+    with pytest.raises(ShapeError, match="names= is for arrays"):
+        tsconv.features(_frame(series), PIPE, names=NAMES)
+    with pytest.raises(TsconvError, match="pipeline|feature"):
+        tsconv.features(_frame(series), {"conv": [{"weights": np.ones((2, 3, 4))}]})
+
+
+# -------------------------------------------------------------------------------- Parquet output
+
+
+def test_parquet_output_equals_zarr_output(store: Path, tmp_path: Path) -> None:
+    tsconv.process(store, tmp_path / "o.zarr", chunk=512)
+    report = tsconv.process(store, tmp_path / "o.parquet", chunk=512)
+    assert report.rows == 5000 and report.output == str(tmp_path / "o.parquet")
+    zout = zarr.open_group(str(tmp_path / "o.zarr"), mode="r")
+    df = pl.read_parquet(tmp_path / "o.parquet")
+    assert df.columns == ["time", *zout.attrs["features"]]
+    assert df.schema["time"] == pl.Datetime("ns", "UTC")
+    assert all(dt == pl.Float32 for dt in df.drop("time").dtypes)
+    np.testing.assert_array_equal(df.drop("time").to_numpy(), read_output(tmp_path / "o.zarr"))
+    np.testing.assert_array_equal(df["time"].dt.replace_time_zone(None).to_numpy(), _times(5000))
+    meta = json.loads(pq.read_schema(tmp_path / "o.parquet").metadata[b"tsconv"])
+    assert (
+        meta["features"] == zout.attrs["features"] and meta["tsconv"]["halo"] == zout.attrs["tsconv"]["halo"]
+    )
+    assert not list(tmp_path.glob(".*tmp"))
+    # row groups as the engine streams; no time for a bare array input
+    bare = write_store(tmp_path / "bare.zarr", price_series(3000, 2), time=False)
+    process_to_parquet(bare, tmp_path / "b.pq", pipeline=PIPE, chunk=100, row_group_rows=1000)
+    f = pq.ParquetFile(tmp_path / "b.pq")
+    assert f.metadata.num_row_groups == 3 and f.schema_arrow.names[0] == "x0.diff1"
+
+
+def test_parquet_round_trip_through_ingest(store: Path, tmp_path: Path) -> None:
+    tsconv.process(store, tmp_path / "a.parquet", pipeline=PIPE, chunk=256)
+    first = pl.read_parquet(tmp_path / "a.parquet")
+    tsconv.ingest(tmp_path / "a.parquet", tmp_path / "b.zarr", layout="wide")
+    info = tsconv.open_store(tmp_path / "b.zarr")
+    assert info.features == tuple(first.columns[1:]) and info.rows == 5000
+    back = pl.concat(info.iter_chunks(rows=2048))
+    assert back["time"].equals(first["time"])
+    np.testing.assert_array_equal(back.drop("time").to_numpy(), first.drop("time").to_numpy())
+    pipe2 = {"conv": [{"filters": ["diff:1"]}]}
+    tsconv.process(tmp_path / "b.zarr", tmp_path / "c.parquet", pipeline=pipe2, warmup="zero")
+    second = pl.read_parquet(tmp_path / "c.parquet")
+    assert second["time"].equals(first["time"])
+    assert second.columns[1:] == [f"{n}.diff1" for n in first.columns[1:]]
+    want = tsconv.features(first, pipe2, warmup="zero")
+    np.testing.assert_array_equal(second.to_numpy(), want.to_numpy())
+
+
+def test_parquet_output_exists_resume_and_cli(store: Path, tmp_path: Path) -> None:
+    out = tmp_path / "f.parquet"
+    out.write_bytes(b"precious")
+    with pytest.raises(OutputExistsError, match="already exists"):
+        tsconv.process(store, out, pipeline=PIPE)
+    assert out.read_bytes() == b"precious"
+    runner = CliRunner()
+    res = runner.invoke(main, ["process", "-i", str(store), "-o", str(out), "-q"])
+    assert res.exit_code == 2 and "tsconv: error: output file" in res.output and "--overwrite" in res.output
+    res = runner.invoke(main, ["process", "-i", str(store), "-o", str(out), "-q", "--resume"])
+    assert res.exit_code == 2 and "--resume is not supported for Parquet" in res.output
+    assert out.read_bytes() == b"precious"
+    res = runner.invoke(main, ["process", "-i", str(store), "-o", str(out), "-q", "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert "5,000 rows x 4 features -> 20 features" in res.output
+    assert pl.read_parquet(out).shape == (5000, 21)
+    with pytest.raises(TsconvError, match="not supported for it"):
+        tsconv.process(store, tmp_path / "w.parquet", workers=2)
+    (tmp_path / "d.parquet").mkdir()
+    with pytest.raises(StoreError, match="is a directory"):
+        tsconv.process(store, tmp_path / "d.parquet", overwrite=True)
+    with pytest.raises(StoreError, match="inside the input store"):
+        tsconv.process(store, store / "x.parquet")
+    # an error while streaming leaves neither a partial file nor the temporary one
+    with pytest.raises(TsconvError, match="warm-up"):
+        tsconv.process(store, tmp_path / "g.parquet", pipeline={"conv": [{"filters": ["ma:6000"]}]})
+    assert not (tmp_path / "g.parquet").exists() and not list(tmp_path.glob(".*tmp"))
