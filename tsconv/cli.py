@@ -83,7 +83,7 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
 
 def _run_process(
     input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str, overwrite: bool,
-    resume: bool, warmup: str, report_path: str | None, quiet: bool,
+    resume: bool, warmup: str, report_path: str | None, quiet: bool, dask: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
     from .engine import process
 
@@ -97,6 +97,7 @@ def _run_process(
         resume=resume,
         warmup=warmup,
         progress=not quiet,
+        **(dask or {}),
     )
     if report.rows == 0 and report.resumed_from:
         click.echo(f"{report.output} is already complete ({report.total_rows:,} rows); nothing to do.")
@@ -114,15 +115,34 @@ def _run_process(
 @_common_process_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted run into the same output.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="Run on a local dask cluster of N worker processes (one per GPU with CUDA).",
+)
+@click.option("--scheduler", help="Run on an existing dask cluster: its scheduler address (tcp://host:8786).")
+@click.option(
+    "--partition-rows",
+    type=click.IntRange(min=1),
+    help="Rows per dask task, rounded up to whole output chunks (default: about 8 tasks per worker).",
+)
 def process(input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str,
-            warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool) -> None:  # fmt: skip
+            warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool,
+            workers: int | None, scheduler: str | None, partition_rows: int | None) -> None:  # fmt: skip
     """Stream a store through a pipeline into an output store."""
+    if partition_rows is not None and workers is None and scheduler is None:
+        raise TsconvError("--partition-rows needs --workers or --scheduler")
+    dask = {} if workers is None and scheduler is None else {"workers": workers, "client": scheduler}
+    if partition_rows is not None:
+        dask["partition_rows"] = partition_rows
     if overwrite and resume:
         raise TsconvError(
             "--overwrite and --resume exclude each other",
             hint="--resume finishes an interrupted run; --overwrite starts again from scratch.",
         )
-    _run_process(input_path, output, pipeline, chunk, device, overwrite, resume, warmup, report_path, quiet)
+    _run_process(
+        input_path, output, pipeline, chunk, device, overwrite, resume, warmup, report_path, quiet, dask
+    )
 
 
 @main.command()

@@ -150,9 +150,10 @@ def _stream(
     chunk: int,
     warmup: str,
     on_rows: Callable[[int], None] | None = None,
+    stop: int | None = None,
 ) -> None:
-    """Compute rows [start, T) chunk by chunk and hand each result block to ``emit`` in order."""
-    halo, rows, nf = plan.halo, source.rows, source.n_features
+    """Compute rows [start, stop) (default: to T) chunk by chunk and hand each result block to ``emit`` in order."""
+    halo, rows, nf = plan.halo, source.rows if stop is None else stop, source.n_features
     # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
     # before step 0 as zeros (the first stage's zero history).
     begin = max(0, start - halo)
@@ -206,12 +207,24 @@ def process(
     resume: bool = False,
     warmup: str = "nan",
     progress: bool = False,
+    workers: int | None = None,
+    client: Any = None,
+    partition_rows: int | None = None,
 ) -> Report:
     """Stream a zarr store through a pipeline into an output store; returns a :class:`Report`.
 
     ``output`` defaults to ``<input stem>.features.zarr`` beside the input. An existing output is
     refused unless ``overwrite`` (replace) or ``resume`` (finish an interrupted run) is given.
+    ``workers=N`` (a local dask cluster) or ``client`` (a ``distributed.Client`` or a scheduler address)
+    run the job as one dask task per time partition (see :mod:`tsconv.distributed`).
+    An output ending in ``.parquet``/``.pq`` is written as Parquet (see :mod:`tsconv.io.parquet`).
     """
+    if output is not None and str(output).lower().endswith((".parquet", ".pq")):
+        from .io.parquet import process_to_parquet
+
+        return process_to_parquet(input, output, pipeline=pipeline, chunk=chunk, device=device,
+                                  overwrite=overwrite, resume=resume, warmup=warmup, progress=progress,
+                                  distributed=workers is not None or client is not None)  # fmt: skip
     _check_options(chunk, warmup)
     dev = resolve_device(device)
     store = open_input(input)
@@ -224,6 +237,14 @@ def process(
     action, start = prepare_output(
         out_path, input_path=store.path, overwrite=overwrite, resume=resume, fingerprint=fingerprint
     )
+    if (workers is not None or client is not None) and action != "done":
+        from .distributed import run_distributed
+
+        return run_distributed(
+            store, plan, out_path, action=action, rows_done=start, chunk=chunk, device=device, warmup=warmup,
+            attrs=_output_attrs(store, plan, chunk, warmup, fingerprint), progress=progress,
+            workers=workers, client=client, partition_rows=partition_rows,
+        )  # fmt: skip
     t0 = time.perf_counter()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -347,11 +368,21 @@ def features(
     warmup: str = "nan",
     chunk: int = 65536,
     device: str = "cpu",
+    time_column: str | None = "time",
 ) -> Any:
     """Run a pipeline on an in-memory series ``x`` [T, F] (numpy or torch); returns [T, D] float32 of the same kind.
 
     The computation is the streaming engine's, so results match ``process`` on the same data.
+    A polars DataFrame or LazyFrame gives a polars DataFrame: its ``time_column`` (if present) is
+    carried over and the other columns, all numeric, are the named features (see
+    :func:`tsconv.io.loaders.features_frame`).
     """
+    if type(x).__module__.split(".")[0] == "polars":
+        if names is not None:
+            raise ShapeError("names= is for arrays; a frame's features are named by its columns")
+        from .io.loaders import features_frame
+
+        return features_frame(x, pipeline, time_column=time_column, warmup=warmup, chunk=chunk, device=device)
     _check_options(chunk, warmup)
     is_torch = isinstance(x, torch.Tensor)
     arr = x.detach().cpu().numpy() if is_torch else np.asarray(x)

@@ -82,7 +82,17 @@ def prepare_output(
 class OutputWriter:
     """Buffers rows into whole output chunks and writes them in order."""
 
-    def __init__(self, group: zarr.Group, *, time_source: Any | None, start: int) -> None:
+    def __init__(
+        self,
+        group: zarr.Group,
+        *,
+        time_source: Any | None,
+        start: int,
+        stop: int | None = None,
+        record: bool = True,
+    ) -> None:
+        """Write rows [start, stop) (default: to the end). ``record``: advance ``tsconv.rows_done`` and mark
+        the store complete; a region writer (one of several dask tasks) leaves the attributes alone."""
         self.group = group
         self.values = group["values"]
         self.time_out = group["time"] if "time" in group.array_keys() else None
@@ -92,6 +102,11 @@ class OutputWriter:
         if start % self.chunk_rows and start != self.rows:
             msg = f"resume point {start} is not on a chunk boundary of {self.chunk_rows} rows"
             raise StoreError(msg)
+        self.stop = self.rows if stop is None else stop
+        if self.stop % self.chunk_rows and self.stop != self.rows:
+            msg = f"region end {self.stop} is not on a chunk boundary of {self.chunk_rows} rows"
+            raise StoreError(msg)
+        self.record = record
         self.rows_done = start
         self._buf = np.empty((self.chunk_rows, self.values.shape[1]), dtype=np.float32)
         self._fill = 0
@@ -134,6 +149,12 @@ class OutputWriter:
         group = zarr.open_group(str(path), mode="r+")
         return cls(group, time_source=time_source, start=start)
 
+    @classmethod
+    def region(cls, path: Path, *, time_source: Any | None, start: int, stop: int) -> OutputWriter:
+        """A writer of the chunk-aligned rows [start, stop) only, which never touches the attributes."""
+        group = zarr.open_group(str(path), mode="r+")
+        return cls(group, time_source=time_source, start=start, stop=stop, record=False)
+
     def append(self, block: np.ndarray) -> None:
         """Add the next rows, in order; full chunks are written at once."""
         n, i = block.shape[0], 0
@@ -142,7 +163,7 @@ class OutputWriter:
             self._buf[self._fill : self._fill + take] = block[i : i + take]
             self._fill += take
             i += take
-            if self._fill == self.chunk_rows or self.rows_done + self._fill == self.rows:
+            if self._fill == self.chunk_rows or self.rows_done + self._fill == self.stop:
                 self._flush()
 
     def _flush(self) -> None:
@@ -152,18 +173,21 @@ class OutputWriter:
             self.time_out[a:b] = np.asarray(self.time_source[a:b]).astype(np.int64)
         self.rows_done = b
         self._fill = 0
-        self._set_meta(rows_done=b)
+        if self.record:
+            self._set_meta(rows_done=b)
 
     def _set_meta(self, **changes: Any) -> None:
         meta = dict(self.group.attrs.get("tsconv", {}))
         meta.update(changes)
+        meta = {k: v for k, v in meta.items() if v is not None or k not in changes}
         self.group.attrs["tsconv"] = meta
 
     def finish(self) -> None:
-        """Mark the store complete; readers may trust it from now on."""
+        """Mark the store complete; readers may trust it from now on (a region writer: just flush)."""
         if self._fill:
             self._flush()
-        if self.rows_done != self.rows:
-            msg = f"internal error: finished with {self.rows_done} of {self.rows} rows written"
+        if self.rows_done != self.stop:
+            msg = f"internal error: finished with {self.rows_done} of {self.stop} rows written"
             raise RuntimeError(msg)
-        self._set_meta(complete=True, rows_done=self.rows)
+        if self.record:
+            self._set_meta(complete=True, rows_done=self.rows, partitions_done=None)  # None: drop the key

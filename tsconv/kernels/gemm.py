@@ -417,10 +417,12 @@ def _pack_cached(b: torch.Tensor, precision: str) -> PackedWeights:
         del _PACK_CACHE[key]
     packed = _pack(b, precision)
 
-    def _drop(_ref: weakref.ref, key: tuple = key) -> None:
-        entry = _PACK_CACHE.get(key)
+    # The cache is bound as a default: at interpreter exit the module's globals may already be None
+    # when the last weights are collected.
+    def _drop(_ref: weakref.ref, key: tuple = key, cache: OrderedDict = _PACK_CACHE) -> None:
+        entry = cache.get(key)
         if entry is not None and entry[0] is _ref:
-            _PACK_CACHE.pop(key, None)
+            cache.pop(key, None)
 
     _PACK_CACHE[key] = (weakref.ref(owner, _drop), b._version, packed)
     while len(_PACK_CACHE) > _PACK_CACHE_SIZE:

@@ -1,0 +1,184 @@
+"""Scale-out on dask.distributed: a LocalCluster of 2 worker processes gives the single-process output, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import tsconv
+
+from .helpers import price_series, write_store
+
+distributed = pytest.importorskip("distributed")
+
+# T not a multiple of anything, store chunks (777 rows, features split 3 + 2) not aligned to the engine chunk.
+ROWS, FEATURES, CHUNK, PART = 10_007, 5, 128, 1000  # PART -> output chunks of 1024 rows: 10 partitions
+DILATED = {
+    "conv": [{"filters": ["diff:1", "ma:16", "dev:8"]}, {"filters": ["ma:4", "diff:2"], "dilation": 3}]
+}
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    x = price_series(ROWS, FEATURES, seed=7, nan_fraction=0.05)
+    x[:300, 1] = np.nan  # a feature that starts late
+    return write_store(tmp_path_factory.mktemp("dist") / "in.zarr", x, chunks=(777, 3))
+
+
+@pytest.fixture(scope="module")
+def want(src: Path) -> dict[str, Path]:
+    """The single-process outputs to compare with."""
+    out = {}
+    for name, pipe in (("default", None), ("dilated", DILATED)):
+        out[name] = src.with_name(f"want-{name}.zarr")
+        tsconv.process(src, out[name], pipeline=pipe, chunk=CHUNK)
+    return out
+
+
+def _same(a: Path, b: Path) -> None:
+    ga, gb = zarr.open_group(str(a), mode="r"), zarr.open_group(str(b), mode="r")
+    assert gb.attrs["tsconv"]["complete"] is True and gb.attrs["tsconv"]["rows_done"] == ROWS
+    assert "partitions_done" not in gb.attrs["tsconv"]
+    assert np.array_equal(np.asarray(ga["values"][:]), np.asarray(gb["values"][:]), equal_nan=True)
+    assert np.array_equal(np.asarray(ga["time"][:]), np.asarray(gb["time"][:]))
+    assert ga.attrs["features"] == gb.attrs["features"]
+
+
+def _tasks_run(stream) -> list[str]:  # noqa: ANN001
+    return [t["key"] for t in stream.data if str(t["key"]).startswith("tsconv-")]
+
+
+@pytest.mark.parametrize("name", ["default", "dilated"])
+def test_two_workers_match_single_process(client, src: Path, want: dict[str, Path], name: str) -> None:
+    out = src.with_name(f"dist-{name}.zarr")
+    with distributed.get_task_stream(client) as ts:
+        report = tsconv.process(
+            src, out, pipeline=DILATED if name == "dilated" else None, chunk=CHUNK, client=client,
+            partition_rows=PART,
+        )  # fmt: skip
+    assert len(_tasks_run(ts)) == 10
+    assert len({t["worker"] for t in ts.data}) == 2  # both workers took part
+    assert report.rows == ROWS and report.total_rows == ROWS and "2 dask workers" in report.device
+    assert report.peak_rss_bytes > 0
+    assert zarr.open_group(str(out), mode="r")["values"].chunks[0] == 1024
+    _same(want[name], out)
+
+
+class _KillOnce(distributed.WorkerPlugin):
+    """Kill the worker process (os._exit) when it starts the task of one partition, the first time only."""
+
+    def __init__(self, flag: str, start: int) -> None:
+        self.flag, self.prefix = flag, f"tsconv-{start}-"
+
+    def transition(self, key, start, finish, **kwargs) -> None:  # noqa: ANN001, ANN003
+        if finish == "executing" and str(key).startswith(self.prefix) and not os.path.exists(self.flag):
+            Path(self.flag).write_text("killed")
+            os._exit(1)
+
+
+def test_a_killed_worker_is_replaced_and_the_output_is_identical(
+    client, src: Path, want: dict[str, Path]
+) -> None:
+    flag = src.with_name("killed.flag")
+    client.register_plugin(_KillOnce(str(flag), 3072), name="kill-once")
+    try:
+        out = src.with_name("dist-killed.zarr")
+        report = tsconv.process(src, out, pipeline=DILATED, chunk=CHUNK, client=client, partition_rows=PART)
+    finally:
+        client.unregister_worker_plugin("kill-once")
+    assert flag.exists(), "the fault was not injected"
+    assert report.rows == ROWS
+    _same(want["dilated"], out)
+    client.wait_for_workers(2, timeout=30)
+
+
+def _interrupt(out: Path, done: list[list[int]]) -> None:
+    """Make ``out`` look like a distributed run killed with ``done`` partitions stored."""
+    g = zarr.open_group(str(out), mode="r+")
+    rows_done = done[0][1] if done and done[0][0] == 0 else 0
+    g.attrs["tsconv"] = {
+        **g.attrs["tsconv"],
+        "complete": False,
+        "rows_done": rows_done,
+        "partitions_done": done,
+    }
+    keep = np.zeros(ROWS, dtype=bool)
+    for a, b in done:
+        keep[a:b] = True
+    v = np.asarray(g["values"][:])
+    v[~keep] = 12345.0  # garbage where no partition finished
+    g["values"][:] = v
+
+
+def test_resume_runs_only_unfinished_partitions(client, src: Path, want: dict[str, Path]) -> None:
+    out = src.with_name("dist-resume.zarr")
+    tsconv.process(src, out, pipeline=DILATED, chunk=CHUNK, client=client, partition_rows=PART)
+    _interrupt(out, [[0, 2048], [4096, 7168]])
+    with pytest.raises(tsconv.TsconvError, match="unfinished"):
+        tsconv.open_input(out)
+    with distributed.get_task_stream(client) as ts:
+        report = tsconv.process(
+            src, out, pipeline=DILATED, chunk=CHUNK, client=client, partition_rows=PART, resume=True
+        )
+    ran = sorted(_tasks_run(ts), key=lambda k: int(k.split("-")[1]))
+    assert [k.split("-")[1:3] for k in ran] == [
+        ["2048", "3072"], ["3072", "4096"], ["7168", "8192"], ["8192", "9216"], ["9216", "10007"]
+    ]  # fmt: skip
+    assert report.rows == ROWS - 5120 and report.resumed_from == 5120
+    _same(want["dilated"], out)
+    # Complete: a further resume does nothing and needs no cluster.
+    assert tsconv.process(src, out, pipeline=DILATED, chunk=CHUNK, client=client, resume=True).rows == 0
+
+
+def test_single_process_resume_of_a_distributed_run(client, src: Path, want: dict[str, Path]) -> None:
+    out = src.with_name("dist-then-single.zarr")
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
+    _interrupt(out, [[0, 3072], [5120, 6144]])
+    report = tsconv.process(src, out, chunk=CHUNK, resume=True)  # recomputes everything after rows_done
+    assert report.resumed_from == 3072 and report.rows == ROWS - 3072
+    _same(want["default"], out)
+
+
+def test_distributed_resume_of_a_single_process_run(client, src: Path, want: dict[str, Path]) -> None:
+    out = src.with_name("single-then-dist.zarr")
+    tsconv.process(src, out, chunk=CHUNK)
+    g = zarr.open_group(str(out), mode="r+")
+    chunk_rows = int(g["values"].chunks[0])
+    assert chunk_rows >= ROWS  # one output chunk: nothing is done before it
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": 0}
+    report = tsconv.process(src, out, chunk=CHUNK, client=client, resume=True)
+    assert report.rows == ROWS
+    _same(want["default"], out)
+
+
+def test_workers_and_client_exclude_each_other(client, src: Path) -> None:
+    with pytest.raises(tsconv.TsconvError, match="exclude each other"):
+        tsconv.process(src, src.with_name("x.zarr"), chunk=CHUNK, client=client, workers=2)
+
+
+def test_cli_workers_end_to_end(src: Path, want: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "cli.zarr"
+    report = tmp_path / "report.json"
+    args = [sys.executable, "-m", "tsconv", "process", "-i", str(src), "-o", str(out), "--chunk", str(CHUNK)]
+    args += ["--workers", "2", "--partition-rows", str(PART), "-q", "--report", str(report)]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "2 dask workers" in res.stdout
+    _same(want["default"], out)
+    assert '"rows": 10007' in report.read_text()

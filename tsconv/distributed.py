@@ -1,0 +1,338 @@
+"""Scale out on dask.distributed: one task per time partition, each writing its own region of the output.
+
+The series is cut into partitions of whole output chunks (the output's chunk rows are a multiple of the
+engine chunk, so chunk boundaries, and therefore every computed byte, are those of a single-process run).
+Each task opens the input read-only and the output ``r+``, rebuilds the halo and the forward-fill state
+before its first row from the input (exactly as a resume does), streams rows [start, stop) through the
+single-node engine and writes them as whole chunks. Tasks never touch the store's attributes: the client
+alone records finished partitions (``tsconv.partitions_done``, merged [start, stop) intervals, and
+``tsconv.rows_done``, the finished prefix) as futures complete, and marks the store complete at the end.
+A task that is rerun (its worker died, or the run is resumed) writes the same bytes to the same chunks.
+
+Nothing here imports dask at module level; tasks receive paths and the resolved pipeline (numpy arrays,
+pickled by value), never open zarr handles.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .errors import TsconvError
+from .io.store import InputStore
+from .io.writer import OutputWriter, output_chunk_rows
+from .spec import ResolvedPipeline
+
+__all__ = ["run_distributed", "partitions", "local_cluster"]
+
+_MAX_TASK_OUTPUT_BYTES = 256 << 20  # at most this much output per task (resume granularity)
+_HALO_FACTOR = 16  # a partition is at least 16 halos long: recomputed halo rows cost <= 1/16
+
+
+def partitions(rows: int, chunk_rows: int, per_partition: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of ``per_partition`` whole output chunks each (the last one may be shorter)."""
+    step = chunk_rows * per_partition
+    return [(a, min(a + step, rows)) for a in range(0, rows, step)]
+
+
+def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _covered(done: list[tuple[int, int]], a: int, b: int) -> bool:
+    return any(x <= a and b <= y for x, y in done)
+
+
+def _rows_per_partition(
+    rows: int, chunk_rows: int, halo: int, n_outputs: int, n_workers: int, requested: int | None
+) -> int:
+    """Output chunks per partition: ``requested`` rows rounded up, else about 8 tasks per worker."""
+    if requested is not None:
+        return max(1, math.ceil(requested / chunk_rows))
+    lo = max(_HALO_FACTOR * halo, 1)
+    hi = max(lo, _MAX_TASK_OUTPUT_BYTES // (4 * n_outputs))
+    target = min(max(math.ceil(rows / (8 * max(n_workers, 1))), lo), hi)
+    return max(1, math.ceil(target / chunk_rows))
+
+
+def run_partition(
+    input_path: str,
+    output_path: str,
+    plan: ResolvedPipeline,
+    *,
+    start: int,
+    stop: int,
+    chunk: int,
+    warmup: str,
+    device: str,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """One dask task: compute rows [start, stop) and write them into the output store (no attributes)."""
+    import resource
+    import socket
+
+    import torch
+
+    from .engine import _exact_fp32, _stream, resolve_device
+    from .io.reader import BlockReader
+    from .io.store import open_input
+    from .kernels.backend import Backend
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    store = open_input(input_path)
+    dev = resolve_device(device)
+    writer = OutputWriter.region(Path(output_path), time_source=store.time, start=start, stop=stop)
+    with _exact_fp32(dev):
+        _stream(
+            BlockReader(store.values, where=str(store.path)),
+            plan,
+            Backend(plan, dev),
+            writer.append,
+            start=start,
+            stop=stop,
+            chunk=chunk,
+            warmup=warmup,
+        )
+    writer.finish()
+    cuda = dev.type == "cuda"
+    return {
+        "start": start,
+        "stop": stop,
+        "seconds": time.perf_counter() - t0,
+        "device": str(dev),
+        "worker": f"{socket.gethostname()}:{os.getpid()}",
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_gpu_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)) if cuda else None,
+        "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)) if cuda else None,
+    }
+
+
+def _visible_gpus() -> list[str]:
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def local_cluster(workers: int, device: str = "auto") -> tuple[Any, int | None]:
+    """A local dask cluster of ``workers`` processes; returns (cluster, torch threads per worker).
+
+    On the CPU: a ``LocalCluster`` of one-threaded worker processes, torch using cpu_count // workers
+    threads each. With GPUs (device auto or cuda, CUDA present): dask-cuda's ``LocalCUDACluster``, one
+    worker per GPU, when dask_cuda is importable; else one worker process per GPU, each started with
+    ``CUDA_VISIBLE_DEVICES`` set to its GPU. ``workers`` beyond the number of GPUs are not started.
+    """
+    import torch
+    from distributed import LocalCluster
+
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise TsconvError(f"workers must be a positive integer, got {workers!r}")
+    gpus = _visible_gpus() if device != "cpu" and torch.cuda.is_available() else []
+    if not gpus:
+        cluster = LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+        )
+        return cluster, max(1, (os.cpu_count() or 1) // workers)
+    gpus = gpus[:workers]
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        from distributed import Nanny, Scheduler, SpecCluster
+
+        specs = {
+            f"gpu-{g}": {"cls": Nanny, "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": g}}}
+            for g in gpus
+        }
+        sched = {"cls": Scheduler, "options": {"dashboard_address": None}}
+        return SpecCluster(workers=specs, scheduler=sched), None
+    return LocalCUDACluster(
+        CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=1, dashboard_address=None
+    ), None
+
+
+def _n_workers(client: Any) -> int:
+    try:
+        return max(1, len(client.scheduler_info()["workers"]))
+    except Exception:
+        return 1
+
+
+def run_distributed(
+    store: InputStore,
+    plan: ResolvedPipeline,
+    out_path: Path,
+    *,
+    action: str,
+    rows_done: int,
+    chunk: int,
+    device: str,
+    warmup: str,
+    attrs: dict[str, Any],
+    progress: bool,
+    workers: int | None,
+    client: Any,
+    partition_rows: int | None,
+    retries: int = 2,
+) -> Any:
+    """Create (or reopen) the output, run the missing partitions on dask, mark it complete; a Report."""
+    import zarr
+    from tqdm import tqdm
+
+    from .engine import Report, _peak_rss
+
+    try:
+        from distributed import Client, as_completed
+    except ImportError as exc:
+        raise TsconvError(
+            f"dask.distributed is not available ({exc})",
+            hint="pip install 'tsconv[distributed]' (and dask-cuda for one worker per GPU).",
+        ) from None
+    if workers is not None and client is not None:
+        raise TsconvError(
+            "workers and client (or --workers and --scheduler) exclude each other",
+            hint="--workers N starts a local cluster; --scheduler ADDRESS uses an existing one.",
+        )
+    if partition_rows is not None and (
+        isinstance(partition_rows, bool) or not isinstance(partition_rows, int) or partition_rows < 1
+    ):
+        raise TsconvError(f"partition_rows must be a positive integer, got {partition_rows!r}")
+
+    cluster = threads = None
+    own_client = False
+    if client is None:
+        cluster, threads = local_cluster(workers, device)  # type: ignore[arg-type]
+        client, own_client = Client(cluster), True
+    elif isinstance(client, str):
+        try:
+            client, own_client = Client(client, timeout="30s"), True
+        except OSError as exc:
+            raise TsconvError(
+                f"cannot reach the dask scheduler at {client!r}: {exc}",
+                hint="start one with `dask scheduler` and workers with `dask worker ADDRESS` (or dask-cuda-worker).",
+            ) from None
+    try:
+        n_workers = _n_workers(client)
+        rows = store.rows
+        if action == "create":
+            chunk_rows = output_chunk_rows(chunk, plan.n_outputs)
+            if partition_rows is not None:  # small partitions: chunk the output by them
+                chunk_rows = min(chunk_rows, chunk * math.ceil(partition_rows / chunk))
+            writer = OutputWriter.create(
+                out_path,
+                rows=rows,
+                names=plan.output_names,
+                chunk_rows=chunk_rows,
+                time_source=store.time,
+                attrs=attrs,
+            )
+            group = writer.group
+            done: list[tuple[int, int]] = []
+        else:
+            group = zarr.open_group(str(out_path), mode="r+")
+            meta = dict(group.attrs.get("tsconv", {}))
+            done = _merge([(0, rows_done), *(tuple(p) for p in meta.get("partitions_done", []))])
+        chunk_rows = int(group["values"].chunks[0])
+        per = _rows_per_partition(rows, chunk_rows, plan.halo, plan.n_outputs, n_workers, partition_rows)
+        parts = partitions(rows, chunk_rows, per)
+        todo = [(a, b) for a, b in parts if not _covered(done, a, b)]
+        already = rows - sum(b - a for a, b in todo)
+
+        def record(done: list[tuple[int, int]], **extra: Any) -> None:
+            meta = dict(group.attrs.get("tsconv", {}))
+            prefix = done[0][1] if done and done[0][0] == 0 else 0
+            meta.update(rows_done=prefix, partitions_done=[list(p) for p in done], **extra)
+            group.attrs["tsconv"] = meta
+
+        token = uuid.uuid4().hex[:8]
+        t0 = time.perf_counter()
+        results: list[dict[str, Any]] = []
+        futures = [
+            client.submit(
+                run_partition,
+                str(store.path),
+                str(out_path),
+                plan,
+                start=a,
+                stop=b,
+                chunk=chunk,
+                warmup=warmup,
+                device=device,
+                threads=threads,
+                key=f"tsconv-{a}-{b}-{token}",
+                retries=retries,
+                pure=False,
+            )
+            for a, b in todo
+        ]
+        try:
+            with tqdm(
+                total=rows,
+                initial=already,
+                unit="rows",
+                unit_scale=True,
+                disable=not progress,
+                desc=f"{store.path.name} ({n_workers} workers)",
+                dynamic_ncols=True,
+            ) as bar:
+                for fut in as_completed(futures):
+                    res = fut.result()
+                    fut.release()
+                    results.append(res)
+                    done = _merge([*done, (res["start"], res["stop"])])
+                    record(done)
+                    bar.update(res["stop"] - res["start"])
+        except BaseException:
+            client.cancel(futures)
+            raise
+        seconds = time.perf_counter() - t0
+        if done != [(0, rows)]:
+            msg = f"internal error: partitions done {done} do not cover [0, {rows})"
+            raise RuntimeError(msg)
+        meta = dict(group.attrs.get("tsconv", {}))
+        meta.pop("partitions_done", None)
+        meta.update(complete=True, rows_done=rows)
+        group.attrs["tsconv"] = meta
+    finally:
+        if own_client:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+
+    computed = sum(r["stop"] - r["start"] for r in results)
+    gpu_alloc = [r["peak_gpu_allocated_bytes"] for r in results if r["peak_gpu_allocated_bytes"] is not None]
+    gpu_res = [r["peak_gpu_reserved_bytes"] for r in results if r["peak_gpu_reserved_bytes"] is not None]
+    dev = results[0]["device"] if results else device
+    return Report(
+        input=str(store.path),
+        output=str(out_path),
+        device=f"{dev} x {n_workers} dask workers",
+        rows=computed,
+        total_rows=rows,
+        features_in=store.n_features,
+        features_out=plan.n_outputs,
+        halo=plan.halo,
+        chunk=chunk,
+        resumed_from=already if action != "create" else 0,
+        seconds=seconds,
+        rows_per_s=computed / seconds if seconds > 0 else 0.0,
+        input_gbps=computed * store.n_features * store.dtype.itemsize / seconds / 1e9 if seconds > 0 else 0.0,
+        peak_rss_bytes=max([r["peak_rss_bytes"] for r in results], default=_peak_rss()),
+        peak_gpu_allocated_bytes=max(gpu_alloc) if gpu_alloc else None,
+        peak_gpu_reserved_bytes=max(gpu_res) if gpu_res else None,
+    )
