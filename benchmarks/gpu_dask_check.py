@@ -36,6 +36,9 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--partition-rows", type=int, default=None, help="rows per dask task (default: the engine's)"
+    )
     args = ap.parse_args()
     from distributed import Client
 
@@ -47,7 +50,7 @@ def main() -> int:
         for name in ["plain", "dask_1_worker", "plain", "dask_1_worker"] + ["plain", "dask_1_worker"] * (
             args.repeat - 1
         ):
-            kw = {"client": client} if name != "plain" else {}
+            kw = {"client": client, "partition_rows": args.partition_rows} if name != "plain" else {}
             r = tsconv.process(src, work / f"{name}.zarr", device="cuda", overwrite=True, **kw)
             times[name].append(r.seconds)
             print(name, f"{r.seconds:.3f} s", r.device, flush=True)
@@ -65,6 +68,7 @@ def main() -> int:
         "rows": args.rows,
         "features": args.features,
         "pipeline": "default",
+        "partition_rows": args.partition_rows,
         "seconds": times,
         "median_seconds": med,
         "dask_over_plain": round(ratio, 3),
