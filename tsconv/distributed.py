@@ -155,9 +155,9 @@ def local_cluster(workers: int, device: str = "auto") -> tuple[Any, int | None]:
     except ImportError:
         from distributed import Nanny, Scheduler, SpecCluster
 
-        # dask pins OMP/MKL/OpenBLAS to one thread in worker processes; the engine's host side (decode,
-        # forward fill, encode) then ran 1.4x slower than a plain run on the H200. Give each GPU worker
-        # its share of the cores instead.
+        # dask pins OMP/MKL/OpenBLAS to one thread in worker processes; give each GPU worker its share
+        # of the cores instead. (On the H200 this did not close the gap: one GPU worker still took 1.4x
+        # the plain engine's time, cause not yet found; see benchmarks/NOTES.md.)
         share = str(max(1, (os.cpu_count() or 1) // len(gpus)))
         threads = {k: share for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
         specs = {
