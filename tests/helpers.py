@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tsconv.kernels.reference import forward_fill_reference, pipeline_reference
+from tsconv.kernels.reference import pipeline_reference, preprocess_reference
 from tsconv.spec import ResolvedPipeline
 
 T0 = 1_767_346_200_000_000_000  # 2026-01-02 09:30 UTC in ns
@@ -53,8 +53,10 @@ def error_bound(x: np.ndarray, plan: ResolvedPipeline) -> np.ndarray:
     The magnitude pipeline runs |x| through |w|, |b| without activations (all used activations are
     1-Lipschitz), so it bounds every partial sum the float32 computation forms. The engine centres each
     feature on a level taken from the chunk before the first stage, so |x - c| <= |x| + max|x| is used.
+    With a ``[preprocess]`` block, x is the preprocessed float64 series (computed in float64 by the
+    engine too, then rounded once to float32).
     """
-    mag_x = np.nan_to_num(np.abs(forward_fill_reference(x)), nan=0.0)
+    mag_x = np.nan_to_num(np.abs(preprocess_reference(x, plan)), nan=0.0, posinf=0.0)
     mag = mag_x + mag_x.max(axis=0, keepdims=True)
     import torch
     import torch.nn.functional as F

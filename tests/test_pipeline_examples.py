@@ -10,6 +10,7 @@ import pytest
 
 import tsconv
 from tsconv.spec import DEFAULT_PIPELINE_TOML, load_pipeline, resolve
+from tsconv.synth import feature_names
 
 from .helpers import assert_matches_reference, price_series
 
@@ -19,11 +20,12 @@ PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
 @pytest.mark.parametrize("path", sorted(PIPELINES.glob("*.toml")), ids=lambda p: p.stem)
 def test_example_pipeline_runs_on_a_64_feature_series(path: Path) -> None:
     x = price_series(1200, 64, seed=7, nan_fraction=0.01)
+    names = feature_names(64)  # px_0, vol_0, spread_0, px_1, ...: as in synthetic stores
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the examples must not trip the FP16 sum-shift warning
         pipe = load_pipeline(path)
-        plan = resolve(pipe, [f"f{j}" for j in range(64)])
-        y = tsconv.features(x, pipe, chunk=500)
+        plan = resolve(pipe, names)
+        y = tsconv.features(x, pipe, names=names, chunk=500)
     assert_matches_reference(y, x, plan)
     assert not np.isnan(y[plan.halo + 20 :]).all()
 

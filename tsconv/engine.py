@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .errors import ShapeError, StoreError, TsconvError
-from .io.reader import ArraySource, BlockReader, RowSource
+from .io.reader import ArraySource, BlockReader, ColumnSource, RowSource
 from .io.store import InputStore, check_time, open_input
 from .io.writer import FORMAT_VERSION, OutputWriter, output_chunk_rows, prepare_output
 from .kernels.backend import Backend
@@ -152,7 +152,14 @@ def _stream(
     on_rows: Callable[[int], None] | None = None,
     stop: int | None = None,
 ) -> None:
-    """Compute rows [start, stop) (default: to T) chunk by chunk and hand each result block to ``emit`` in order."""
+    """Compute rows [start, stop) (default: to T) chunk by chunk and hand each result block to ``emit`` in order.
+
+    ``source`` holds all the features the plan was resolved against; ``[preprocess]`` selection is applied
+    here, and its transform and z-score in the backend.
+    """
+    if plan.columns is not None:
+        source = ColumnSource(source, plan.columns)
+    fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
     halo, rows, nf = plan.halo, source.rows if stop is None else stop, source.n_features
     # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
     # before step 0 as zeros (the first stage's zero history).
@@ -160,14 +167,20 @@ def _stream(
     state = fill_state_before(source, begin, np.dtype(np.float32))
     carry = np.zeros((halo - (start - begin), nf), dtype=np.float32)
     if start > begin:
-        prefix, state = forward_fill(np.asarray(source.read(begin, start), dtype=np.float32), state)
-        carry = np.concatenate([carry, prefix], axis=0)
+        raw = np.asarray(source.read(begin, start), dtype=np.float32)
+        prefix, state = forward_fill(raw, state)
+        carry = np.concatenate([carry, prefix if fill else raw], axis=0)
     device = backend.device
     for s in range(start, rows, chunk):
         e = min(s + chunk, rows)
         level = state
-        filled, state = forward_fill(np.asarray(source.read(s, e), dtype=np.float32), state)
+        raw = np.asarray(source.read(s, e), dtype=np.float32)
+        # With fill = "none" the fill state still gives the centering level (a value no later than the
+        # outputs it touches), but the backend gets the NaNs as they are.
+        filled, state = forward_fill(raw, state)
         level = _centering_level(level, filled)
+        if not fill:
+            filled = raw
         x = np.concatenate([carry, filled], axis=0) if halo else filled
         y = backend.run(torch.from_numpy(x).to(device), s - halo, torch.from_numpy(level).to(device))
         out = y.cpu().numpy() if device.type != "cpu" else y.numpy()
@@ -232,6 +245,7 @@ def process(
     plan = resolve(pipe, store.features)
     _check_length(store.rows, plan, warmup, str(store.path))
     check_time(store)
+    r0, r1 = _time_rows(store, plan, distributed=workers is not None or client is not None)
     out_path = Path(output).expanduser().resolve() if output is not None else default_output_path(store.path)
     fingerprint = _fingerprint(store, plan, chunk, warmup)
     action, start = prepare_output(
@@ -248,27 +262,42 @@ def process(
     t0 = time.perf_counter()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
     if action != "done":
+        time_source = store.time if r0 == 0 or store.time is None else _Shifted(store.time, r0)
         if action == "create":
+            attrs = _output_attrs(store, plan, chunk, warmup, fingerprint)
+            if (r0, r1) != (0, store.rows):
+                attrs["tsconv"].update(rows=rows, input_rows=[r0, r1])
             writer = OutputWriter.create(
                 out_path,
-                rows=store.rows,
+                rows=rows,
                 names=plan.output_names,
                 chunk_rows=output_chunk_rows(chunk, plan.n_outputs),
-                time_source=store.time,
-                attrs=_output_attrs(store, plan, chunk, warmup, fingerprint),
+                time_source=time_source,
+                attrs=attrs,
             )
         else:
-            writer = OutputWriter.reopen(out_path, time_source=store.time, start=start)
-        _run_store(store, plan, writer, dev, start=start, chunk=chunk, warmup=warmup, progress=progress)
+            writer = OutputWriter.reopen(out_path, time_source=time_source, start=start)
+        _run_store(
+            store,
+            plan,
+            writer,
+            dev,
+            start=start,
+            chunk=chunk,
+            warmup=warmup,
+            progress=progress,
+            rows=(r0, r1),
+        )
     seconds = time.perf_counter() - t0
-    done = store.rows - start if action != "done" else 0
+    done = rows - start if action != "done" else 0
     return Report(
         input=str(store.path),
         output=str(out_path),
         device=str(dev),
         rows=done,
-        total_rows=store.rows,
+        total_rows=rows,
         features_in=store.n_features,
         features_out=plan.n_outputs,
         halo=plan.halo,
@@ -293,13 +322,16 @@ def _run_store(
     chunk: int,
     warmup: str,
     progress: bool,
+    rows: tuple[int, int] | None = None,
 ) -> None:
+    """Compute input rows [r0 + start, r1) (``rows`` = (r0, r1), default the whole store) into ``writer``."""
     from tqdm import tqdm
 
+    r0, r1 = rows if rows is not None else (0, store.rows)
     backend = Backend(plan, dev)
     with (
         tqdm(
-            total=store.rows,
+            total=r1 - r0,
             initial=start,
             unit="rows",
             unit_scale=True,
@@ -314,12 +346,70 @@ def _run_store(
             plan,
             backend,
             writer.append,
-            start=start,
+            start=r0 + start,
+            stop=r1,
             chunk=chunk,
             warmup=warmup,
             on_rows=bar.update,
         )
     writer.finish()
+
+
+class _Shifted:
+    """A 1-D array seen from row ``offset`` on: the output's time when it covers a time_range."""
+
+    def __init__(self, array: Any, offset: int) -> None:
+        self.array, self.offset = array, offset
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return np.asarray(self.array[rows.start + self.offset : rows.stop + self.offset])
+
+
+def _lower_bound(time: Any, rows: int, value: int) -> int:
+    """The first row whose time is >= ``value`` (bisection: a few point reads)."""
+    lo, hi = 0, rows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(np.asarray(time[mid : mid + 1]).astype(np.int64)[0]) < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _time_rows(store: InputStore, plan: ResolvedPipeline, *, distributed: bool) -> tuple[int, int]:
+    """Input rows [r0, r1) whose output ``[preprocess] time_range`` asks for (default: all)."""
+    span = plan.preprocess.time_range_ns() if plan.preprocess is not None else None
+    if span is None:
+        return 0, store.rows
+    where = f"{plan.pipeline.origin}: [preprocess] time_range"
+    if store.time is None:
+        raise TsconvError(
+            f"{where}: the store {str(store.path)!r} has no time array",
+            hint="remove time_range, or ingest the series with its timestamps.",
+        )
+    if distributed:
+        raise TsconvError(
+            f"{where} is not supported with dask (workers/client)",
+            hint="run it without workers=/client=, or remove time_range.",
+        )
+    r0 = _lower_bound(store.time, store.rows, span[0])
+    r1 = _lower_bound(store.time, store.rows, span[1])
+    if r1 <= r0:
+        raise StoreError(
+            f"{where}: no rows of {str(store.path)!r} lie in {plan.preprocess.time_range[0]} .. "
+            f"{plan.preprocess.time_range[1]}",
+            hint="the store's time span is shown by `tsconv inspect`.",
+        )
+    return r0, r1
+
+
+def _refuse_time_range(plan: ResolvedPipeline, what: str) -> None:
+    if plan.preprocess is not None and plan.preprocess.time_range is not None:
+        raise TsconvError(
+            f"{plan.pipeline.origin}: [preprocess] time_range is not supported by {what}",
+            hint="it selects output rows of a store with time in tsconv.process(); slice the result instead.",
+        )
 
 
 def _fingerprint(store: InputStore, plan: ResolvedPipeline, chunk: int, warmup: str) -> str:
@@ -397,6 +487,7 @@ def features(
     if len(feature_names) != arr.shape[1]:
         raise ShapeError(f"{len(feature_names)} names given for {arr.shape[1]} features")
     plan = resolve(_as_pipeline(pipeline), feature_names)
+    _refuse_time_range(plan, "features() on arrays")
     _check_length(arr.shape[0], plan, warmup, "features()")
     dev = resolve_device(device)
     out = np.empty((arr.shape[0], plan.n_outputs), dtype=np.float32)

@@ -8,9 +8,12 @@ The schema is documented in ``pipelines/README.md``.
 
 from __future__ import annotations
 
+import datetime as _dt
 import difflib
+import fnmatch
 import hashlib
 import json
+import re
 import tomllib
 import warnings
 from dataclasses import dataclass, field
@@ -28,12 +31,14 @@ __all__ = [
     "StageSpec",
     "HeadSpec",
     "Pipeline",
+    "Preprocess",
     "Layer",
     "ResolvedPipeline",
     "load_pipeline",
     "pipeline_from_dict",
     "default_pipeline",
     "resolve",
+    "select_columns",
     "fp16_sum_shift",
 ]
 
@@ -47,7 +52,10 @@ MAX_DILATION = 1 << 20
 MAX_HALO = 1 << 24
 FP16_MAX = 65504.0
 
-_TOP_KEYS = {"name", "description", "weight_dtype", "conv", "head"}
+_TOP_KEYS = {"name", "description", "weight_dtype", "preprocess", "conv", "head"}
+_PRE_KEYS = {"select", "select_regex", "transform", "zscore", "fill", "time_range"}
+TRANSFORMS = ("none", "log", "diff", "log_return")
+FILLS = ("ffill", "none")
 _CONV_KEYS = {
     "name",
     "weights",
@@ -102,6 +110,66 @@ class HeadSpec:
 
 
 @dataclass(frozen=True)
+class Preprocess:
+    """The optional ``[preprocess]`` table: fill, select, transform, z-score (applied in that order).
+
+    The preprocessed series is defined on steps t >= 0 only; it is NaN where it would need earlier steps
+    (``pre_halo`` leading steps). ``time_range`` selects output rows of a store by time (see ``process``).
+    """
+
+    select: tuple[str, ...] | None = None  # names or fnmatch patterns
+    select_regex: str | None = None  # one regex, re.search
+    transform: str = "none"
+    zscore: int | None = None  # causal rolling window W >= 2
+    fill: str = "ffill"
+    time_range: tuple[str, str] | None = None  # ISO strings, UTC, [start, end)
+
+    @property
+    def differences(self) -> bool:
+        return self.transform in ("diff", "log_return")
+
+    @property
+    def logs(self) -> bool:
+        return self.transform in ("log", "log_return")
+
+    @property
+    def pre_halo(self) -> int:
+        """Leading steps the transform and z-score need: 1 for a difference, W - 1 for a z-score."""
+        return int(self.differences) + (self.zscore - 1 if self.zscore else 0)
+
+    @property
+    def computes(self) -> bool:
+        """Whether the backend has work to do (a transform or a z-score)."""
+        return self.transform != "none" or self.zscore is not None
+
+    def time_range_ns(self) -> tuple[int, int] | None:
+        if self.time_range is None:
+            return None
+        a, b = (_parse_time(t) for t in self.time_range)
+        return a, b
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "select": None if self.select is None else list(self.select),
+            "select_regex": self.select_regex,
+            "transform": self.transform,
+            "zscore": self.zscore,
+            "fill": self.fill,
+            "time_range": None if self.time_range is None else list(self.time_range),
+        }
+
+
+def _parse_time(value: str) -> int:
+    """An ISO timestamp (UTC; a trailing Z or +00:00 allowed) as int64 ns since the epoch."""
+    text = value.strip()
+    if text.endswith("Z"):
+        text = text[:-1]
+    elif text.endswith("+00:00"):
+        text = text[: -len("+00:00")]
+    return int(np.datetime64(text, "ns").astype(np.int64))
+
+
+@dataclass(frozen=True)
 class Pipeline:
     """A validated pipeline, not yet bound to a number of input features."""
 
@@ -110,6 +178,7 @@ class Pipeline:
     head: HeadSpec | None
     origin: str  # the file it came from, or "default" / "<dict>"
     text: str | None = field(default=None, repr=False)  # the TOML text as read
+    preprocess: Preprocess | None = None
 
 
 @dataclass(frozen=True)
@@ -157,13 +226,22 @@ class ResolvedPipeline:
     pipeline: Pipeline
     layers: tuple[Layer, ...]
     head: HeadLayer | None
-    input_names: tuple[str, ...]
+    input_names: tuple[str, ...]  # the selected features, the first stage's inputs
     output_names: tuple[str, ...]
+    columns: tuple[int, ...] | None = None  # the selected features' columns in the source; None: all
+
+    @property
+    def preprocess(self) -> Preprocess | None:
+        return self.pipeline.preprocess
+
+    @property
+    def pre_halo(self) -> int:
+        return 0 if self.pipeline.preprocess is None else self.pipeline.preprocess.pre_halo
 
     @property
     def halo(self) -> int:
-        """Receptive field minus one: the sum of (K_i - 1) * dilation_i over the stages."""
-        return sum(layer.halo for layer in self.layers)
+        """Receptive field minus one: the preprocessing's leading steps plus (K_i - 1) * dilation_i per stage."""
+        return self.pre_halo + sum(layer.halo for layer in self.layers)
 
     @property
     def n_outputs(self) -> int:
@@ -179,6 +257,7 @@ class ResolvedPipeline:
             "name": self.pipeline.name,
             "origin": self.pipeline.origin,
             "halo": self.halo,
+            "preprocess": None if self.preprocess is None else self.preprocess.as_dict(),
             "stages": [
                 {
                     **stage.source,
@@ -212,7 +291,7 @@ class ResolvedPipeline:
         run = self.as_run()
         run.pop("origin")
         run.pop("text")
-        blob = json.dumps([run, list(self.input_names)], sort_keys=True).encode()
+        blob = json.dumps([run, list(self.input_names), self.columns], sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
 
@@ -262,6 +341,11 @@ def pipeline_from_dict(
     if not isinstance(convs, list) or not convs or not all(isinstance(c, dict) for c in convs):
         raise PipelineError(f"{where}: 'conv' must be an array of tables written [[conv]]")
     stages = tuple(_stage_from_dict(c, i, base, where, default_dtype) for i, c in enumerate(convs, start=1))
+    preprocess = None
+    if "preprocess" in data:
+        if not isinstance(data["preprocess"], dict):
+            raise PipelineError(f"{where}: 'preprocess' must be a table written [preprocess]")
+        preprocess = _preprocess_from_dict(data["preprocess"], where)
     head = None
     if "head" in data:
         if not isinstance(data["head"], dict):
@@ -274,7 +358,111 @@ def pipeline_from_dict(
         raise PipelineError(
             f"{where}: top level: 'description' must be a string, got {data['description']!r}"
         )
-    return Pipeline(name=name, stages=stages, head=head, origin=origin, text=text)
+    return Pipeline(name=name, stages=stages, head=head, origin=origin, text=text, preprocess=preprocess)
+
+
+def _preprocess_from_dict(d: dict[str, Any], where: str) -> Preprocess:
+    table = "[preprocess]"
+    _check_keys(d, _PRE_KEYS, where, table)
+    if "select" in d and "select_regex" in d:
+        raise PipelineError(
+            f"{where}: {table}: give at most one of 'select' (names or glob patterns) and 'select_regex'"
+        )
+    select = None
+    if "select" in d:
+        raw = d["select"]
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list) or not raw or not all(isinstance(v, str) and v for v in raw):
+            raise PipelineError(
+                f"{where}: {table}: select must be a non-empty list of feature names or glob patterns, got {raw!r}",
+                hint='e.g. select = ["px_*", "vol_0"].',
+            )
+        select = tuple(raw)
+    regex = d.get("select_regex")
+    if regex is not None:
+        if not isinstance(regex, str) or not regex:
+            raise PipelineError(f"{where}: {table}: select_regex must be a non-empty string, got {regex!r}")
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise PipelineError(
+                f"{where}: {table}: select_regex {regex!r} is not a valid regex: {exc}"
+            ) from None
+    transform = _choice(d, "transform", TRANSFORMS, "none", where, table)
+    fill = _choice(d, "fill", FILLS, "ffill", where, table)
+    zscore = d.get("zscore")
+    if zscore is not None and (
+        isinstance(zscore, bool) or not isinstance(zscore, int) or not 2 <= zscore <= MAX_HALO
+    ):
+        raise PipelineError(
+            f"{where}: {table}: zscore must be an integer window from 2 to {MAX_HALO:,}, got {zscore!r}",
+            hint="zscore = W normalises each step by the mean and std of the last W steps.",
+        )
+    time_range = None
+    if "time_range" in d:
+        time_range = _time_range(d["time_range"], where, table)
+    return Preprocess(
+        select=select,
+        select_regex=regex,
+        transform=transform,
+        zscore=zscore,
+        fill=fill,
+        time_range=time_range,
+    )
+
+
+def _time_range(raw: Any, where: str, table: str) -> tuple[str, str]:
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise PipelineError(
+            f"{where}: {table}: time_range must be [start, end], got {raw!r}",
+            hint='e.g. time_range = ["2026-01-02T09:30:00", "2026-01-02T16:00:00"] (UTC, end exclusive).',
+        )
+    texts = []
+    for v in raw:
+        if isinstance(v, _dt.datetime):
+            if v.tzinfo is not None:
+                v = v.astimezone(_dt.UTC).replace(tzinfo=None)
+            v = v.isoformat()
+        elif isinstance(v, _dt.date):
+            v = v.isoformat()
+        if not isinstance(v, str):
+            raise PipelineError(f"{where}: {table}: time_range values must be ISO timestamps, got {v!r}")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                _parse_time(v)
+        except Exception:
+            raise PipelineError(
+                f"{where}: {table}: time_range value {v!r} is not an ISO timestamp",
+                hint='write e.g. "2026-01-02T09:30:00" (UTC).',
+            ) from None
+        texts.append(v)
+    if _parse_time(texts[0]) >= _parse_time(texts[1]):
+        raise PipelineError(
+            f"{where}: {table}: time_range start {texts[0]!r} is not before its end {texts[1]!r}"
+        )
+    return texts[0], texts[1]
+
+
+def select_columns(pre: Preprocess | None, names: tuple[str, ...], where: str) -> tuple[int, ...] | None:
+    """The columns ``[preprocess]`` selects from ``names`` (in their order); None when all of them."""
+    if pre is None or (pre.select is None and pre.select_regex is None):
+        return None
+    if pre.select is not None:
+        cols = [j for j, n in enumerate(names) if any(fnmatch.fnmatchcase(n, p) for p in pre.select)]
+        asked = ", ".join(repr(p) for p in pre.select)
+    else:
+        rx = re.compile(pre.select_regex)
+        cols = [j for j, n in enumerate(names) if rx.search(n)]
+        asked = f"regex {pre.select_regex!r}"
+    if not cols:
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        raise PipelineError(
+            f"{where}: [preprocess]: select {asked} matches none of the features",
+            hint=f"the features are {shown}.",
+        )
+    return None if len(cols) == len(names) else tuple(cols)
 
 
 def _check_key_pairs(d: dict[str, Any], where: str, table: str) -> None:
@@ -551,8 +739,15 @@ def _filter_label(spec: str) -> str:
 
 
 def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> ResolvedPipeline:
-    """Bind a pipeline to its input features: check widths and build the layers and output names."""
+    """Bind a pipeline to its input features: check widths and build the layers and output names.
+
+    ``input_names`` are the source's features; ``[preprocess]`` select/select_regex picks some of them.
+    """
     names = tuple(input_names)
+    columns = select_columns(pipeline.preprocess, names, pipeline.origin)
+    if columns is not None:
+        names = tuple(names[j] for j in columns)
+    selected = names
     channels = len(names)
     layers: list[Layer] = []
     for i, stage in enumerate(pipeline.stages, start=1):
@@ -595,7 +790,7 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
             )
         )
         names, channels = out_names, weight.shape[0]
-    halo = sum(layer.halo for layer in layers)
+    halo = sum(layer.halo for layer in layers) + (pipeline.preprocess.pre_halo if pipeline.preprocess else 0)
     if halo > MAX_HALO:
         raise PipelineError(
             f"{pipeline.origin}: the receptive field spans {halo:,} steps (sum of (K - 1) * dilation), "
@@ -624,5 +819,10 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
         )
         names = tuple(f"{h.name}.{j}" for j in range(h.weight.shape[1]))
     return ResolvedPipeline(
-        pipeline=pipeline, layers=tuple(layers), head=head, input_names=tuple(input_names), output_names=names
+        pipeline=pipeline,
+        layers=tuple(layers),
+        head=head,
+        input_names=selected,
+        output_names=names,
+        columns=columns,
     )

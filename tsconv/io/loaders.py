@@ -325,6 +325,7 @@ def features_frame(
     if feats.width == 0:
         raise ShapeError("features(): the frame has no feature columns")
     plan = engine.resolve(engine._as_pipeline(pipeline), tuple(feats.columns))
+    engine._refuse_time_range(plan, "features() on polars frames")
     engine._check_length(feats.height, plan, warmup, "features()")
     dev = engine.resolve_device(device)
     columns = [s.to_numpy() for s in feats.get_columns()]  # zero-copy for floats without nulls

@@ -129,6 +129,7 @@ def process_to_parquet(
     store = open_input(input)
     _check_output(out.resolve(), store.path, overwrite=overwrite, resume=resume)
     plan = engine.resolve(engine._as_pipeline(pipeline), store.features)
+    engine._refuse_time_range(plan, "Parquet output")
     engine._check_length(store.rows, plan, warmup, str(store.path))
     check_time(store)
     if store.time is not None and "time" in plan.output_names:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import StoreError
 
-__all__ = ["RowSource", "BlockReader", "ArraySource"]
+__all__ = ["RowSource", "BlockReader", "ArraySource", "ColumnSource"]
 
 
 class RowSource(Protocol):
@@ -90,3 +90,21 @@ class ArraySource:
 
     def read(self, start: int, stop: int) -> np.ndarray:
         return self.array[start:stop]
+
+
+class ColumnSource:
+    """A row source seen through a column selection (``[preprocess]`` select): takes the columns from
+    each block the inner source decodes."""
+
+    def __init__(self, source: RowSource, columns: tuple[int, ...]) -> None:
+        self.source = source
+        self.columns = np.asarray(columns, dtype=np.int64)
+        self.rows = source.rows
+        self.n_features = len(columns)
+        self.band_rows = source.band_rows
+        contiguous = (np.diff(self.columns) == 1).all()
+        self._slice = slice(int(self.columns[0]), int(self.columns[-1]) + 1) if contiguous else None
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        block = np.asarray(self.source.read(start, stop))
+        return block[:, self._slice] if self._slice is not None else block[:, self.columns]

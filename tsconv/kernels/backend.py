@@ -3,6 +3,8 @@
 On the CPU each stage is torch's ``F.conv1d``; on CUDA it is tsconv's Triton ``conv1d`` (fp32-accurate,
 FP16-stored weights upcast in the kernel, bias and activation fused, time-major in and out, so nothing
 is transposed or padded). Chunks arrive time-major with their halo, and stages run in "valid" mode.
+A ``[preprocess]`` transform and z-score run first, as torch ops in float64 on the same device, also in
+"valid" mode over the preprocessing's ``pre_halo`` rows.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ class Backend:
         self.head = plan.head
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
+        pre = plan.preprocess
+        self.pre = pre if pre is not None and pre.computes else None
+        self.pre_halo = plan.pre_halo
 
     def _conv(self, x: torch.Tensor, layer: _DeviceLayer, bias: torch.Tensor | None) -> torch.Tensor:
         """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo]."""
@@ -95,6 +100,9 @@ class Backend:
         per feature known no later than the feature's first value in the chunk (see ``_first_stage``).
         Returns [n, D] float32.
         """
+        if self.pre is not None:
+            x, level = self._preprocess(x, first_row, level)
+            first_row += self.pre_halo
         start = first_row
         y = None
         for i, layer in enumerate(self.layers):
@@ -130,3 +138,76 @@ class Backend:
         level = (layer.tap_sums.view(layer.groups, out_per_group, per_group) * c64[:, None, :]).sum(-1)
         bias = (layer.bias64 + level.reshape(-1)).to(torch.float32)
         return self._conv(centered, layer, bias)
+
+    def _preprocess(
+        self, x: torch.Tensor, first_row: int, level: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``[preprocess]`` transform and z-score of ``x`` [L, C] in "valid" mode: [L - pre_halo, C] float32.
+
+        Computed in float64. Rows whose global step is < pre_halo are NaN (they would need steps before
+        0), and rows before step 0 are zero (the first stage's zero history). Returns the rows and the
+        first stage's centering level: log(level) after "log", else 0 (the data are already small).
+        """
+        pre = self.pre
+        p = x.to(torch.float64)
+        if pre.logs:
+            p = torch.where(p > 0, torch.log(p), torch.nan)
+        if pre.differences:
+            p = p[1:] - p[:-1]
+        if pre.zscore is not None:
+            p = _rolling_zscore(p, pre.zscore)
+        row0 = first_row + self.pre_halo  # the global step of p's row 0
+        n = p.shape[0]
+        negative = min(max(-row0, 0), n)
+        leading = min(max(self.pre_halo - row0, 0), n)
+        if leading > negative:
+            p[negative:leading] = torch.nan
+        if negative:
+            p[:negative] = 0.0
+        if pre.transform == "log" and pre.zscore is None:
+            lv = level.to(torch.float64)
+            c = torch.where(lv > 0, torch.log(lv), 0.0).to(torch.float32)
+        else:
+            c = torch.zeros_like(level)
+        return p.to(torch.float32), c
+
+
+def _window_sums(q: torch.Tensor, w: int) -> torch.Tensor:
+    """Sums of ``q`` [L, C] over the windows of ``w`` rows ending at rows w-1 .. L-1: [L - w + 1, C].
+
+    Prefix sums restart every ``w`` rows, so each window is (a block's prefix) + (the previous block's
+    suffix) and rounding scales with w, not with the chunk's length; each sum uses rows <= its end only.
+    """
+    n, c = q.shape
+    nb = -(-n // w)
+    blocks = torch.nn.functional.pad(q, (0, 0, 0, nb * w - n)).view(nb, w, c)
+    inner = blocks.cumsum(dim=1)
+    prev = torch.cat([torch.zeros_like(inner[:1]), inner[:-1]], dim=0)
+    sums = inner + (prev[:, -1:, :] - prev)
+    return sums.reshape(nb * w, c)[w - 1 : n]
+
+
+def _rolling_zscore(p: torch.Tensor, w: int) -> torch.Tensor:
+    """Causal z-score over the last ``w`` rows (population std), float64, "valid": [L - w + 1, C].
+
+    NaN where the window holds a NaN or infinity, or where its values are all equal (std 0). Flat and
+    non-finite windows are found by exact integer counts, the moments by float64 window sums of the
+    values less a per-column level (the column's first finite value in ``p``, which no output before
+    it can depend on).
+    """
+    n = p.shape[0]
+    finite = torch.isfinite(p)
+    first = torch.argmax(finite.to(torch.int8), dim=0)
+    c = torch.where(finite.any(dim=0), p.gather(0, first[None])[0], 0.0)
+    q = torch.where(finite, p - c, 0.0)
+    s1 = _window_sums(q, w)
+    s2 = _window_sums(q * q, w)
+    zero = torch.zeros_like(p[:1], dtype=torch.int64)
+    bad = torch.cat([zero, (~finite).to(torch.int64).cumsum(dim=0)])
+    bad = bad[w:] - bad[: n - w + 1]  # non-finite values in rows t-w+1 .. t
+    moves = torch.cat([zero, zero, (p[1:] != p[:-1]).to(torch.int64).cumsum(dim=0)])
+    moves = moves[w:] - moves[1 : n - w + 2]  # changes between consecutive rows inside the window
+    mean = s1 / w
+    var = (s2 - s1 * mean) / w
+    z = (q[w - 1 :] - mean) / torch.sqrt(var)
+    return torch.where((bad > 0) | (moves == 0) | ~(var > 0), torch.nan, z)

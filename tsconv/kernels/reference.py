@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from ..spec import ResolvedPipeline
 from .activations import apply_activation
 
-__all__ = ["forward_fill_reference", "pipeline_reference"]
+__all__ = ["forward_fill_reference", "preprocess_reference", "pipeline_reference"]
 
 
 def forward_fill_reference(x: np.ndarray) -> np.ndarray:
@@ -30,9 +30,45 @@ def forward_fill_reference(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def preprocess_reference(x: np.ndarray, plan: ResolvedPipeline) -> np.ndarray:
+    """The ``[preprocess]`` series of ``x`` [T, F] (all the source's features) in float64: [T, C].
+
+    Fill, select, transform, z-score, straight from the definitions: p_t is NaN where it needs a step
+    before 0; log of a value <= 0 is NaN; a z-score window with a NaN or with all values equal is NaN.
+    """
+    pre = plan.preprocess
+    x = np.asarray(x, dtype=np.float64)
+    p = forward_fill_reference(x) if pre is None or pre.fill == "ffill" else x.copy()
+    if plan.columns is not None:
+        p = p[:, list(plan.columns)]
+    if pre is None:
+        return p
+    if pre.transform in ("log", "log_return"):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            p = np.where(p > 0, np.log(np.where(p > 0, p, 1.0)), np.nan)
+    if pre.transform in ("diff", "log_return"):
+        d = np.full_like(p, np.nan)
+        d[1:] = p[1:] - p[:-1]
+        p = d
+    if pre.zscore is not None:
+        w = pre.zscore
+        z = np.full_like(p, np.nan)
+        for t in range(w - 1, p.shape[0]):
+            win = p[t - w + 1 : t + 1]  # [w, C]
+            mean = win.mean(axis=0)
+            std = np.sqrt(((win - mean) ** 2).mean(axis=0))
+            flat = (win == win[0]).all(axis=0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                zt = (p[t] - mean) / std
+            zt[flat | ~np.isfinite(win).all(axis=0)] = np.nan
+            z[t] = zt
+        p = z
+    return p
+
+
 def pipeline_reference(x: np.ndarray, plan: ResolvedPipeline, *, warmup: str = "nan") -> np.ndarray:
     """Run ``plan`` on the whole series ``x`` [T, F] in float64; returns [T, D]."""
-    filled = forward_fill_reference(np.asarray(x, dtype=np.float64))
+    filled = preprocess_reference(x, plan)
     y = torch.from_numpy(filled.T.copy())[None]  # [1, C, T]
     for layer in plan.layers:
         w = torch.from_numpy(layer.weight.astype(np.float64))

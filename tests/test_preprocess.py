@@ -1,0 +1,324 @@
+"""The ``[preprocess]`` table: schema, each transform and the z-score against the float64 reference,
+chunked == whole, causality, time_range output rows (and resume inside one), the Triton path, polars."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tsconv
+import tsconv.engine as engine
+from tsconv.errors import PipelineError, TsconvError
+from tsconv.kernels.reference import preprocess_reference
+from tsconv.spec import load_pipeline, pipeline_from_dict, resolve
+
+from .helpers import T0, assert_matches_reference, error_bound, price_series, read_output, write_store
+
+pytestmark = pytest.mark.filterwarnings("ignore::tsconv.errors.TsconvWarning")
+
+NAMES = ["px_0", "vol_0", "px_1", "spread_0", "px_2"]
+BANK = [{"filters": ["ma:4", "diff:2", "id"]}, {"filters": ["dev:4"], "dilation": 2}]
+
+
+def _pipe(pre: dict, conv: list | None = None) -> dict:
+    return {"preprocess": pre, "conv": conv or BANK}
+
+
+def _series(rows: int = 1500, seed: int = 1, nan_fraction: float = 0.02) -> np.ndarray:
+    x = price_series(rows, len(NAMES), seed=seed, nan_fraction=nan_fraction)
+    x[:40, 2] = np.nan  # a feature that starts late
+    return x
+
+
+# ----------------------------------------------------------------------------------------------- schema
+
+
+@pytest.mark.parametrize(
+    ("pre", "match"),
+    [
+        ({"selct": ["a"]}, "unknown key 'selct'.*did you mean 'select'"),
+        ({"transform": "logret"}, "transform = 'logret' is not allowed"),
+        ({"zscore": 1}, "zscore must be an integer window from 2"),
+        ({"zscore": 2.5}, "zscore must be an integer window"),
+        ({"zscore": True}, "zscore must be an integer window"),
+        ({"fill": "bfill"}, "fill = 'bfill' is not allowed"),
+        ({"select": ["px_*"], "select_regex": "^px"}, "at most one of 'select'"),
+        ({"select": []}, "select must be a non-empty list"),
+        ({"select_regex": "("}, "not a valid regex"),
+        ({"time_range": ["2026-01-02T10:00:00"]}, "time_range must be"),
+        ({"time_range": ["2026-01-02T10:00:00", "noon"]}, "not an ISO timestamp"),
+        ({"time_range": ["2026-01-02T10:00:00", "2026-01-02T09:00:00"]}, "not before its end"),
+    ],
+)
+def test_preprocess_schema_errors_name_the_key_and_file(pre: dict, match: str) -> None:
+    with pytest.raises(PipelineError, match=match) as info:
+        pipeline_from_dict(_pipe(pre), origin="p.toml")
+    assert "p.toml: [preprocess]" in str(info.value)
+
+
+def test_preprocess_must_be_a_table() -> None:
+    with pytest.raises(PipelineError, match=r"\[preprocess\]"):
+        pipeline_from_dict({"preprocess": 3, "conv": BANK})
+
+
+def test_select_matching_nothing_names_patterns_and_features() -> None:
+    pipe = pipeline_from_dict(_pipe({"select": ["bid_*", "ask"]}))
+    with pytest.raises(PipelineError, match=r"'bid_\*', 'ask' matches none") as info:
+        resolve(pipe, NAMES)
+    assert "px_0, vol_0" in str(info.value)
+    with pytest.raises(PipelineError, match=r"regex '\^bid' matches none"):
+        resolve(pipeline_from_dict(_pipe({"select_regex": "^bid"})), NAMES)
+
+
+def test_select_by_glob_and_regex_keeps_the_store_order() -> None:
+    plan = resolve(pipeline_from_dict(_pipe({"select": ["px_2", "px_*"]})), NAMES)
+    assert plan.input_names == ("px_0", "px_1", "px_2") and plan.columns == (0, 2, 4)
+    plan = resolve(pipeline_from_dict(_pipe({"select_regex": "_0$"})), NAMES)
+    assert plan.input_names == ("px_0", "vol_0", "spread_0")
+    assert resolve(pipeline_from_dict(_pipe({"select": ["*"]})), NAMES).columns is None
+
+
+def test_halo_adds_the_preprocessing_steps() -> None:
+    base = resolve(pipeline_from_dict({"conv": BANK}), NAMES).halo
+    assert resolve(pipeline_from_dict(_pipe({"transform": "log"})), NAMES).halo == base
+    assert resolve(pipeline_from_dict(_pipe({"transform": "diff"})), NAMES).halo == base + 1
+    plan = resolve(pipeline_from_dict(_pipe({"transform": "log_return", "zscore": 10})), NAMES)
+    assert plan.halo == base + 10 and plan.pre_halo == 10
+
+
+# ----------------------------------------------------------------------------------- against reference
+
+
+@pytest.mark.parametrize("transform", ["none", "log", "diff", "log_return"])
+@pytest.mark.parametrize("zscore", [None, 16])
+@pytest.mark.parametrize("fill", ["ffill", "none"])
+def test_transform_and_zscore_match_the_float64_reference(
+    transform: str, zscore: int | None, fill: str
+) -> None:
+    x = _series()
+    pre = {"transform": transform, "fill": fill, "select": ["px_*", "vol_0"]}
+    if zscore:
+        pre["zscore"] = zscore
+    pipe = pipeline_from_dict(_pipe(pre))
+    plan = resolve(pipe, NAMES)
+    for chunk in (37, 1500):
+        for warmup in ("nan", "zero"):
+            y = tsconv.features(x, pipe, names=NAMES, chunk=chunk, warmup=warmup)
+            assert_matches_reference(y, x, plan, warmup=warmup)
+
+
+def test_reference_definitions_on_a_tiny_series() -> None:
+    x = np.array([[1.0, 2.0], [np.nan, 4.0], [4.0, -1.0], [2.0, 8.0]], dtype=np.float32)
+    names = ["a", "b"]
+    p = preprocess_reference(x, resolve(pipeline_from_dict(_pipe({"transform": "log_return"})), names))
+    np.testing.assert_allclose(p[1:, 0], [0.0, np.log(4.0), np.log(0.5)])
+    assert np.isnan(p[0]).all() and np.isnan(p[2:, 1]).all()  # log of -1 is NaN, and so are its diffs
+    p = preprocess_reference(
+        x, resolve(pipeline_from_dict(_pipe({"transform": "diff", "fill": "none"})), names)
+    )
+    assert np.isnan(p[1:3, 0]).all() and p[3, 0] == -2.0
+    p = preprocess_reference(x, resolve(pipeline_from_dict(_pipe({"zscore": 2})), names))
+    np.testing.assert_allclose(p[1:, 0], [np.nan, 1.0, -1.0])  # a flat window (1, 1) is NaN
+    np.testing.assert_allclose(p[1:, 1], [1.0, -1.0, 1.0])
+
+
+def test_zscore_is_nan_on_flat_windows_and_exact_zero_counts() -> None:
+    x = np.full((400, 1), 100.0, dtype=np.float32)
+    x[200:] = 100.01
+    pipe = {"preprocess": {"transform": "diff", "zscore": 8}, "conv": [{"filters": ["id"]}]}
+    y = tsconv.features(x, pipe, chunk=33)
+    assert np.isnan(y[:200]).all() and np.isfinite(y[200:208]).all() and np.isnan(y[208:]).all()
+
+
+# ------------------------------------------------------------------------------- chunked == whole (PBT)
+
+
+@st.composite
+def cases(draw):
+    rows = draw(st.integers(60, 900))
+    seed = draw(st.integers(0, 2**31 - 1))
+    x = price_series(rows, 3, seed=seed, nan_fraction=draw(st.sampled_from([0.0, 0.05])))
+    if draw(st.booleans()):
+        x[: draw(st.integers(0, rows)), draw(st.integers(0, 2))] = np.nan
+    pre = {
+        "transform": draw(st.sampled_from(["none", "log", "diff", "log_return"])),
+        "fill": draw(st.sampled_from(["ffill", "none"])),
+    }
+    if draw(st.booleans()):
+        pre["zscore"] = draw(st.integers(2, 40))
+    if draw(st.booleans()):
+        pre["select"] = ["x0", "x2"]
+    stages = [
+        {"filters": draw(st.lists(st.sampled_from(["ma:3", "diff:2", "dev:4", "id"]), min_size=1, max_size=2, unique=True)),  # fmt: skip
+         "dilation": draw(st.integers(1, 3))}
+        for _ in range(draw(st.integers(1, 2)))
+    ]  # fmt: skip
+    chunk = draw(st.integers(1, 400))
+    warmup = draw(st.sampled_from(["nan", "zero"]))
+    return x, {"preprocess": pre, "conv": stages}, chunk, warmup
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_chunked_store_equals_whole_series_with_preprocessing(case) -> None:
+    x, pipe, chunk, warmup = case
+    pipeline = pipeline_from_dict(pipe)
+    plan = resolve(pipeline, [f"x{j}" for j in range(3)])
+    if warmup == "nan" and x.shape[0] <= plan.halo:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        src = write_store(Path(tmp) / "in.zarr", x, chunks=(97, 2))
+        tsconv.process(src, Path(tmp) / "out.zarr", pipeline=pipeline, chunk=chunk, warmup=warmup)
+        chunked = read_output(Path(tmp) / "out.zarr")
+    whole = tsconv.features(x, pipeline, names=[f"x{j}" for j in range(3)], chunk=x.shape[0], warmup=warmup)
+    assert_matches_reference(chunked, x, plan, warmup=warmup)
+    assert_matches_reference(whole, x, plan, warmup=warmup)
+    np.testing.assert_array_equal(np.isnan(chunked), np.isnan(whole))
+    both = ~np.isnan(whole)
+    assert (np.abs(chunked - whole)[both] <= 2 * error_bound(x, plan)[both]).all()
+
+
+@pytest.mark.parametrize(
+    "pre", [{"transform": "log_return", "zscore": 30}, {"transform": "log", "fill": "none"}]
+)
+def test_causal_future_steps_do_not_change_the_past(pre: dict) -> None:
+    x = _series(1200, seed=5)
+    pipe = _pipe(pre)
+    before = tsconv.features(x, pipe, names=NAMES, chunk=256)
+    for t in (0, 100, 255, 256, 700):
+        changed = x.copy()
+        changed[t + 1 :] = np.random.default_rng(t).uniform(1, 1e3, size=changed[t + 1 :].shape)
+        changed[t + 1 :: 3] = np.nan
+        after = tsconv.features(changed, pipe, names=NAMES, chunk=256)
+        np.testing.assert_array_equal(before[: t + 1], after[: t + 1])
+
+
+# ------------------------------------------------------------------------------------------- time_range
+
+
+def _iso(row: int) -> str:
+    return str(np.datetime64(T0 + row * 1_000_000, "ns"))
+
+
+def test_time_range_outputs_the_slice_of_the_whole_run_with_its_times(tmp_path: Path) -> None:
+    x = _series(3000, seed=2)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(500, 5))
+    g = zarr.open_group(str(src), mode="r+")
+    g.attrs["features"] = NAMES
+    pre = {"select": ["px_*"], "transform": "log_return", "zscore": 64}
+    whole = tsconv.features(x, _pipe(pre), names=NAMES, chunk=3000)
+    r0, r1 = 1234, 2345
+    pipe = _pipe({**pre, "time_range": [_iso(r0), _iso(r1) + "Z"]})
+    report = tsconv.process(src, tmp_path / "out.zarr", pipeline=pipe, chunk=100)
+    out = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")
+    y = np.asarray(out["values"][:])
+    assert y.shape == (r1 - r0, whole.shape[1]) and report.total_rows == r1 - r0 == report.rows
+    assert out.attrs["tsconv"]["complete"] and out.attrs["tsconv"]["input_rows"] == [r0, r1]
+    np.testing.assert_array_equal(np.asarray(out["time"][:]), T0 + np.arange(r0, r1) * 1_000_000)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(whole[r0:r1]))
+    plan = resolve(pipeline_from_dict(_pipe(pre)), NAMES)
+    ok = ~np.isnan(y)
+    assert (np.abs(y - whole[r0:r1])[ok] <= 2 * error_bound(x, plan)[r0:r1][ok]).all()
+    # a range starting before the data and ending between two steps
+    pipe = _pipe({**pre, "time_range": ["2020-01-01T00:00:00", str(np.datetime64(T0 + 99_500_000, "ns"))]})
+    tsconv.process(src, tmp_path / "head.zarr", pipeline=pipe, chunk=64)
+    head = read_output(tmp_path / "head.zarr")
+    assert head.shape[0] == 100 and np.isnan(head[:64]).all()
+
+
+def test_resume_inside_a_time_range(tmp_path: Path, monkeypatch) -> None:
+    x = _series(2000, seed=3)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(300, 5))
+    pipe = _pipe({"transform": "diff", "zscore": 20, "time_range": [_iso(500), _iso(1700)]})
+    monkeypatch.setattr(engine, "output_chunk_rows", lambda chunk, n: chunk)
+    want = tmp_path / "want.zarr"
+    tsconv.process(src, want, pipeline=pipe, chunk=128)
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline=pipe, chunk=128)
+    g = zarr.open_group(str(out), mode="r+")
+    g["values"][512:] = 0.0  # an interrupted run: rows after 512 never written
+    meta = dict(g.attrs["tsconv"])
+    g.attrs["tsconv"] = {**meta, "complete": False, "rows_done": 512}
+    report = tsconv.process(src, out, pipeline=pipe, chunk=128, resume=True)
+    assert report.resumed_from == 512 and report.rows == 1200 - 512
+    np.testing.assert_array_equal(read_output(out), read_output(want))
+
+
+def test_time_range_refusals(tmp_path: Path) -> None:
+    x = _series(300)
+    pipe = _pipe({"time_range": [_iso(10), _iso(200)]})
+    no_time = write_store(tmp_path / "nt.zarr", x, time=False)
+    with pytest.raises(TsconvError, match="has no time array"):
+        tsconv.process(no_time, tmp_path / "o.zarr", pipeline=pipe)
+    src = write_store(tmp_path / "in.zarr", x)
+    with pytest.raises(TsconvError, match="no rows"):
+        tsconv.process(src, tmp_path / "o.zarr", pipeline=_pipe({"time_range": ["2030-01-01", "2030-01-02"]}))
+    with pytest.raises(TsconvError, match="dask"):
+        tsconv.process(src, tmp_path / "o.zarr", pipeline=pipe, workers=1)
+    with pytest.raises(TsconvError, match="Parquet"):
+        tsconv.process(src, tmp_path / "o.parquet", pipeline=pipe)
+    with pytest.raises(TsconvError, match="arrays"):
+        tsconv.features(x, pipe, names=[f"x{j}" for j in range(5)])
+    with pytest.raises(TsconvError, match="polars"):
+        tsconv.features(pl.DataFrame({"a": x[:, 0]}), _pipe({"time_range": [_iso(10), _iso(200)]}))
+
+
+# ------------------------------------------------------------------------------------- triton, polars
+
+
+def test_the_triton_path_with_preprocessing_matches_the_reference() -> None:
+    from tsconv.io.reader import ArraySource
+    from tsconv.kernels.backend import Backend
+
+    assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+    x = _series(300, seed=4)[:, [0, 2]]  # two price features, one starting late
+    rng = np.random.default_rng(0)
+    for pre in ({"select": ["px_*"], "transform": "log_return", "zscore": 12}, {"transform": "log"}):
+        conv = [
+            {"filters": ["diff:1", "ma:4"], "dilation": 2},
+            {
+                "weights": rng.normal(size=(3, 4, 3)) / 4,
+                "bias": rng.normal(size=3),
+                "weight_dtype": "float32",
+            },
+        ]
+        pipe = pipeline_from_dict({"preprocess": pre, "conv": conv})
+        plan = resolve(pipe, ["px_0", "px_1"])
+        out: list[np.ndarray] = []
+        backend = Backend(plan, torch.device("cpu"), use_triton=True)
+        engine._stream(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup="nan")
+        assert_matches_reference(np.concatenate(out), x, plan)
+
+
+def test_polars_features_with_select_and_log_return() -> None:
+    x = _series(800, seed=6)
+    frame = pl.DataFrame({"time": (T0 + np.arange(800) * 1_000_000).astype("datetime64[ns]")}).with_columns(
+        [pl.Series(n, x[:, j]) for j, n in enumerate(NAMES)]
+    )
+    pipe = _pipe({"select": ["px_*"], "transform": "log_return", "zscore": 32})
+    got = tsconv.features(frame, pipe, chunk=100)
+    plan = resolve(pipeline_from_dict(pipe), NAMES)
+    assert got.columns == ["time", *plan.output_names]
+    assert all(c.startswith("px_") for c in got.columns[1:])
+    assert_matches_reference(got.drop("time").to_numpy(), x, plan)
+
+
+def test_example_returns_zscore_pipeline_on_a_synthetic_store_layout() -> None:
+    path = Path(__file__).resolve().parents[1] / "pipelines" / "returns_zscore.toml"
+    pipe = load_pipeline(path)
+    names = [f"{k}_{i}" for i in range(4) for k in ("px", "vol", "spread")]
+    x = price_series(1500, len(names), seed=8, nan_fraction=0.01)
+    plan = resolve(pipe, names)
+    assert plan.input_names == ("px_0", "px_1", "px_2", "px_3")
+    y = tsconv.features(x, pipe, names=names, chunk=333)
+    assert_matches_reference(y, x, plan)
+    assert np.isfinite(y[plan.halo + 5 :]).any()
