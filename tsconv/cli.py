@@ -110,7 +110,10 @@ def _run_process(
 @main.command()
 @click.option("--input", "-i", "input_path", required=True, type=click.Path(), help="Input zarr store.")
 @click.option(
-    "--output", "-o", type=click.Path(), help="Output zarr store (default: <input>.features.zarr beside it)."
+    "--output",
+    "-o",
+    type=click.Path(),
+    help="Output zarr store, or a .parquet file (default: <input>.features.zarr beside it).",
 )
 @_common_process_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
