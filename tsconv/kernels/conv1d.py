@@ -54,10 +54,9 @@ from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
+from tsconv.kernels.tensor_checks import check_out
 from tsconv.kernels.tensor_checks import describe as _shape
 from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
-from tsconv.kernels.tensor_checks import has_internal_overlap as _has_internal_overlap
-from tsconv.kernels.tensor_checks import overlap as _overlap
 
 __all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "conv1d"]
 
@@ -527,29 +526,15 @@ def _validate(
             raise ShapeError(f"bias is on {bias.device} but x is on {x.device}.", hint="bias.to(x.device).")
 
     if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise ShapeError(
-                f"out must be a torch.Tensor or None, got {type(out).__name__}.", hint="[N, O, L]."
-            )
-        if tuple(out.shape) != (N, O, L_out):
-            msg = f"out must be [N, O, L_out] = {(N, O, L_out)} ({padding} padding), got {_shape(out)}."
-            raise ShapeError(msg, hint="for a time-major [N, L, O] buffer pass buf.transpose(1, 2).")
-        if out.dtype != torch.float32:
-            raise ShapeError(f"out must be float32, got {out.dtype}.", hint="results are written in float32.")
-        if out.device != x.device:
-            raise ShapeError(
-                f"out is on {out.device} but x is on {x.device}.", hint="allocate out on x's device."
-            )
-        if _has_internal_overlap(out):
-            msg = (
-                f"out has overlapping elements (strides {tuple(out.stride())} for shape {tuple(out.shape)})."
-            )
-            raise ShapeError(msg, hint="pass a writable view such as buf.transpose(1, 2), not an expand().")
-        for name, other in (("x", x), ("weight", weight), ("bias", bias)):
-            if other is not None and _overlap(out, other):
-                raise ShapeError(
-                    f"out overlaps {name} in memory.", hint="write the result to a separate buffer."
-                )
+        check_out(
+            out,
+            shape=(N, O, L_out),
+            expected=f"[N, O, L_out] = {(N, O, L_out)} ({padding} padding)",
+            shape_hint="for a time-major [N, L, O] buffer pass buf.transpose(1, 2).",
+            view_example="buf.transpose(1, 2)",
+            owner=("x", x),
+            inputs={"x": x, "weight": weight, "bias": bias},
+        )
 
     return _Spec(N, C, L, O, K, groups, dilation, causal, L_out, _ACT_CODE[activation], precision)
 

@@ -55,10 +55,9 @@ from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
+from tsconv.kernels.tensor_checks import check_out
 from tsconv.kernels.tensor_checks import describe as _shape
 from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
-from tsconv.kernels.tensor_checks import has_internal_overlap as _has_internal_overlap
-from tsconv.kernels.tensor_checks import overlap as _overlap
 
 __all__ = [
     "ACTIVATIONS",
@@ -521,27 +520,15 @@ def _validate(
         if bias.device != a.device:
             raise ShapeError(f"bias is on {bias.device} but a is on {a.device}.", hint="bias.to(a.device).")
     if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise ShapeError(f"out must be a torch.Tensor or None, got {type(out).__name__}.", hint="[M, N].")
-        if tuple(out.shape) != (M, N):
-            msg = f"out must be [M, N] = {(M, N)}, got {_shape(out)}."
-            raise ShapeError(msg, hint="for a transposed [N, M] buffer pass buf.T.")
-        if out.dtype != torch.float32:
-            raise ShapeError(f"out must be float32, got {out.dtype}.", hint="results are written in float32.")
-        if out.device != a.device:
-            raise ShapeError(
-                f"out is on {out.device} but a is on {a.device}.", hint="allocate out on a's device."
-            )
-        if _has_internal_overlap(out):
-            msg = (
-                f"out has overlapping elements (strides {tuple(out.stride())} for shape {tuple(out.shape)})."
-            )
-            raise ShapeError(msg, hint="pass a writable view such as buf.T, not an expand().")
-        for name, other in (("a", a), ("b", src), ("bias", bias)):
-            if other is not None and _overlap(out, other):
-                raise ShapeError(
-                    f"out overlaps {name} in memory.", hint="write the result to a separate buffer."
-                )
+        check_out(
+            out,
+            shape=(M, N),
+            expected=f"[M, N] = {(M, N)}",
+            shape_hint="for a transposed [N, M] buffer pass buf.T.",
+            view_example="buf.T",
+            owner=("a", a),
+            inputs={"a": a, "b": src, "bias": bias},
+        )
     return _Spec(int(M), int(K), int(N), _ACT_CODE[activation], str(precision))
 
 

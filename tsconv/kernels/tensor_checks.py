@@ -56,3 +56,38 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
             return True
         extent += (s - 1) * st
     return False
+
+
+def check_out(
+    out: object,
+    *,
+    shape: tuple[int, ...],
+    expected: str,
+    shape_hint: str,
+    view_example: str,
+    owner: tuple[str, torch.Tensor],
+    inputs: dict[str, torch.Tensor | None],
+) -> None:
+    """Validate an ``out=`` tensor: type, shape, float32, device, no self-overlap, no overlap with inputs."""
+    from tsconv.errors import ShapeError
+
+    if not isinstance(out, torch.Tensor):
+        short = expected.split(" =")[0]
+        raise ShapeError(f"out must be a torch.Tensor or None, got {type(out).__name__}.", hint=f"{short}.")
+    if tuple(out.shape) != shape:
+        raise ShapeError(f"out must be {expected}, got {describe(out)}.", hint=shape_hint)
+    if out.dtype != torch.float32:
+        raise ShapeError(f"out must be float32, got {out.dtype}.", hint="results are written in float32.")
+    name, ref = owner
+    if out.device != ref.device:
+        raise ShapeError(
+            f"out is on {out.device} but {name} is on {ref.device}.", hint=f"allocate out on {name}'s device."
+        )
+    if has_internal_overlap(out):
+        msg = f"out has overlapping elements (strides {tuple(out.stride())} for shape {tuple(out.shape)})."
+        raise ShapeError(msg, hint=f"pass a writable view such as {view_example}, not an expand().")
+    for other_name, other in inputs.items():
+        if other is not None and overlap(out, other):
+            raise ShapeError(
+                f"out overlaps {other_name} in memory.", hint="write the result to a separate buffer."
+            )
