@@ -179,22 +179,14 @@ def process_to_parquet(
         tmp.unlink(missing_ok=True)
         raise
     seconds = time.perf_counter() - t0
-    rows = store.rows
-    return engine.Report(
-        input=str(store.path),
-        output=str(out),
-        device=str(dev),
-        rows=rows,
-        total_rows=rows,
-        features_in=store.n_features,
-        features_out=plan.n_outputs,
-        halo=plan.halo,
+    return engine.make_report(
+        store,
+        plan,
+        out,
+        dev,
+        rows=store.rows,
+        total_rows=store.rows,
         chunk=chunk,
         resumed_from=0,
         seconds=seconds,
-        rows_per_s=rows / seconds if seconds > 0 else 0.0,
-        input_gbps=rows * store.n_features * store.dtype.itemsize / seconds / 1e9 if seconds > 0 else 0.0,
-        peak_rss_bytes=engine._peak_rss(),
-        peak_gpu_allocated_bytes=int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None,
-        peak_gpu_reserved_bytes=int(torch.cuda.max_memory_reserved(dev)) if dev.type == "cuda" else None,
     )
