@@ -332,7 +332,7 @@ def run_distributed(
         device=f"{dev} x {n_workers} dask workers",
         rows=computed,
         total_rows=rows,
-        features_in=store.n_features,
+        features_in=len(plan.input_names),
         features_out=plan.n_outputs,
         halo=plan.halo,
         chunk=chunk,
