@@ -1,0 +1,598 @@
+"""tsconv.kernels.fused.conv1d_head against a float64 reference and against the unfused pair.
+
+Without a GPU the kernel runs through the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
+Reference: conv1d_reference (float64) composed with a float64 matmul. Error rule as in test_conv1d: "fp32"
+within 4x torch's own float32 error of the unfused path (F.conv1d then matmul) plus a small atol; "tf32" /
+"fp16" within 2x torch's error in that precision class (on the CPU: operands rounded as the tensor cores
+take them, float32 accumulation) plus atol. The fp32 price-level cases run under ``emulate_tensor_cores`` so
+the interpreter's tl.dot truncates operands to TF32 and rounds partial sums toward zero, as Hopper does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tsconv.errors import ShapeError
+from tsconv.kernels import autotune
+from tsconv.kernels import conv1d as conv1d_mod
+from tsconv.kernels import fused as fused_mod
+from tsconv.kernels import gemm as gemm_mod
+from tsconv.kernels.conv1d import conv1d
+from tsconv.kernels.conv1d_reference import (
+    conv1d_reference,
+    emulate_tensor_cores,
+    relative_error,
+    round_to_tf32,
+    torch_conv1d_in_precision,
+)
+from tsconv.kernels.fused import conv1d_head, fused_path
+from tsconv.kernels.gemm import gemm
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+ATOL = {"fp32": 1e-7, "tf32": 1e-5, "fp16": 1e-5}
+FACTOR = {"fp32": 4.0, "tf32": 2.0, "fp16": 2.0}
+ACTS = (None, "relu", "gelu", "tanh")
+
+_needs_interpreter = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the tensor-core model replaces tl.dot in the Triton interpreter"
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_tuning(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("TSCONV_AUTOTUNE", "0")
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "autotune"))
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def price_levels(N: int, L: int, C: int, seed: int = 0) -> torch.Tensor:
+    """A time-major [N, L, C] buffer of random walks around 100 (0.05 steps)."""
+    steps = 0.05 * torch.randn(N, L, C, generator=_gen(seed), dtype=torch.float64)
+    return (100.0 + steps.cumsum(1)).float().to(DEVICE)
+
+
+def returns(N: int, L: int, C: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(N, L, C, generator=_gen(seed)).to(DEVICE)
+
+
+def zero_sum_weights(
+    O: int, C: int, K: int, seed: int = 1, dtype: torch.dtype = torch.float16
+) -> torch.Tensor:
+    w = torch.randn(O, C, K, generator=_gen(seed), dtype=torch.float64)
+    if C * K > 1:
+        w -= w.mean(dim=(1, 2), keepdim=True)
+    return (w / math.sqrt(C * K)).to(dtype).to(DEVICE)
+
+
+def head_weights(O: int, D: int, seed: int = 2, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    return (torch.randn(O, D, generator=_gen(seed)) / math.sqrt(O)).to(dtype).to(DEVICE)
+
+
+def vec(n: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(n, generator=_gen(seed)).to(dtype).to(DEVICE)
+
+
+def _act64(y: torch.Tensor, act: str | None) -> torch.Tensor:
+    if act == "relu":
+        return torch.relu(y)
+    if act == "gelu":
+        return torch.nn.functional.gelu(y)
+    if act == "tanh":
+        return torch.tanh(y)
+    return y
+
+
+def reference(x, w, b, hw, hb, *, activation=None, head_activation=None, **kw) -> torch.Tensor:
+    """float64 [N, L_out, D]: conv1d_reference, then a float64 matmul, bias and activation."""
+    h = conv1d_reference(x, w, b, activation=activation, **kw).transpose(1, 2)
+    y = h @ hw.double()
+    if hb is not None:
+        y = y + hb.double()
+    return _act64(y, head_activation)
+
+
+def torch_in_precision(x, w, b, hw, hb, *, precision, activation=None, head_activation=None, **kw):
+    """torch's own unfused pair in a precision class (float32 result): the yardstick for the error."""
+    h = torch_conv1d_in_precision(x, w, b, activation=activation, precision=precision, **kw).transpose(1, 2)
+    if precision == "fp32":
+        y = h.float() @ hw.float()
+    elif precision == "tf32":
+        h_t = (h.float().contiguous().view(torch.int32) & -8192).view(
+            torch.float32
+        )  # truncated, as the TC does
+        y = h_t @ round_to_tf32(hw)
+    else:
+        y = h.half().float() @ hw.half().float()
+    if hb is not None:
+        y = y + hb.float()
+    return _act64(y, head_activation)
+
+
+def nan_out(N: int, L: int, D: int, *, layout: str = "contiguous") -> torch.Tensor:
+    if layout == "contiguous":
+        return torch.full((N, L, D), math.nan, device=DEVICE)
+    if layout == "feature_major":  # a [N, D, L] buffer seen as [N, L, D]
+        return torch.full((N, D, L), math.nan, device=DEVICE).transpose(1, 2)
+    return torch.full((L, N, D), math.nan, device=DEVICE).transpose(0, 1)  # rows do not merge
+
+
+def check(x, w, b, hw, hb=None, *, precision="fp32", out=None, expect_path="fused", **kw) -> dict:
+    """Run conv1d_head into a NaN-poisoned ``out``, apply the error rule; returns the errors."""
+    K = w.shape[-1]
+    L_out = (
+        x.shape[2]
+        if kw.get("padding", "causal") == "causal"
+        else x.shape[2] - (K - 1) * kw.get("dilation", 1)
+    )
+    if out is None:
+        out = nan_out(x.shape[0], L_out, hw.shape[1], layout="feature_major")
+    y = conv1d_head(x, w, b, hw, hb, precision=precision, out=out, **kw)
+    assert y is out
+    assert fused_mod.last_launch["path"] == expect_path, fused_mod.last_launch
+    assert not torch.isnan(y).any(), "some outputs were not written"
+    ref = reference(x, w, b, hw, hb, **kw)
+    err = relative_error(y, ref)
+    err_torch = relative_error(torch_in_precision(x, w, b, hw, hb, precision=precision, **kw), ref)
+    bound = FACTOR[precision] * err_torch + ATOL[precision]
+    assert err <= bound, f"{precision}: error {err:.3e} > {bound:.3e} (torch's own error {err_torch:.3e})"
+    return {"err": err, "torch": err_torch, "bound": bound, "y": y, "ref": ref}
+
+
+# ---------------------------------------------------------------------------------- against float64
+
+
+@pytest.mark.parametrize(
+    ("N", "C", "L", "O", "D", "K", "dilation", "padding", "wdtype"),
+    [
+        (2, 37, 97, 70, 21, 5, 1, "causal", torch.float16),  # odd everything; 2 O blocks, 2 time blocks
+        (
+            1,
+            19,
+            53,
+            33,
+            9,
+            3,
+            2,
+            "valid",
+            torch.float32,
+        ),  # float32 conv and head weights: the 5-product split
+        (3, 16, 41, 17, 40, 1, 1, "causal", torch.float16),  # K = 1
+        (1, 5, 70, 24, 3, 3, 2, "causal", torch.float32),  # few channels, D < 16
+        (2, 23, 66, 129, 31, 5, 2, "valid", torch.float16),  # O = 129: three O blocks
+    ],
+)
+def test_against_float64(N, C, L, O, D, K, dilation, padding, wdtype) -> None:
+    x = returns(N, L, C, seed=N + C).transpose(1, 2)  # time-major view
+    w = zero_sum_weights(O, C, K, dtype=wdtype)
+    hw = head_weights(O, D, dtype=wdtype)
+    check(
+        x,
+        w,
+        vec(O, 3),
+        hw,
+        vec(D, 4),
+        dilation=dilation,
+        padding=padding,
+        activation="gelu",
+        head_activation="tanh",
+    )
+
+
+@pytest.mark.parametrize("head_activation", ACTS)
+@pytest.mark.parametrize("activation", ACTS)
+def test_activation_pairs(activation: str | None, head_activation: str | None) -> None:
+    x = returns(1, 45, 17, seed=5).transpose(1, 2)
+    O, D = 26, 11
+    check(
+        x,
+        zero_sum_weights(O, 17, 3),
+        vec(O, 6),
+        head_weights(O, D),
+        vec(D, 7),
+        activation=activation,
+        head_activation=head_activation,
+    )
+
+
+@pytest.mark.parametrize("precision", ["tf32", "fp16"])
+@pytest.mark.parametrize("wdtype", [torch.float16, torch.float32])
+def test_low_precisions(precision: str, wdtype: torch.dtype) -> None:
+    x = returns(2, 50, 24, seed=8).transpose(1, 2)
+    O, D = 40, 20
+    check(
+        x,
+        zero_sum_weights(O, 24, 5, dtype=wdtype),
+        vec(O, 1),
+        head_weights(O, D, dtype=wdtype),
+        vec(D, 2),
+        precision=precision,
+        dilation=2,
+        activation="relu",
+    )
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "feature_major", "unmergeable"])
+@pytest.mark.parametrize("x_layout", ["time_major", "contiguous"])
+def test_input_and_output_views(layout: str, x_layout: str) -> None:
+    N, L, C, O, D = 2, 38, 18, 20, 12
+    buf = returns(N, L, C, seed=9)
+    x = buf.transpose(1, 2) if x_layout == "time_major" else buf.transpose(1, 2).contiguous()
+    check(x, zero_sum_weights(O, C, 3), None, head_weights(O, D), None, out=nan_out(N, L, D, layout=layout))
+
+
+def test_output_writes_only_the_view() -> None:
+    N, L, C, O, D = 1, 30, 16, 16, 8
+    big = torch.full((N, L, 2 * D), math.nan, device=DEVICE)
+    out = big[:, :, ::2]
+    check(returns(N, L, C).transpose(1, 2), zero_sum_weights(O, C, 3), None, head_weights(O, D), out=out)
+    assert torch.isnan(big[:, :, 1::2]).all(), "the kernel wrote outside the out view"
+
+
+def test_out_none_and_half_input() -> None:
+    x = returns(2, 31, 16, seed=10).half().transpose(1, 2)
+    y = conv1d_head(x, zero_sum_weights(20, 16, 3), vec(20, 1, torch.float16), head_weights(20, 7))
+    assert y.shape == (2, 31, 7) and y.is_contiguous() and y.dtype == torch.float32
+    check(
+        x,
+        zero_sum_weights(20, 16, 3),
+        vec(20, 1, torch.float16),
+        head_weights(20, 7),
+        vec(7, 2, torch.float16),
+    )
+
+
+# --------------------------------------------------------------- fp32 on price levels, tensor-core model
+
+
+def _price_case(C: int = 64, K: int = 5, O: int = 48, D: int = 24):
+    x = price_levels(1, 60 + K - 1, C, seed=31).transpose(1, 2)
+    return x, zero_sum_weights(O, C, K), vec(O, 5), head_weights(O, D), vec(D, 6)
+
+
+@_needs_interpreter
+@pytest.mark.parametrize(("block", "extra_bits"), [(4, 0), (8, 3)])
+def test_fp32_price_levels_under_tensor_core_model(block: int, extra_bits: int) -> None:
+    """Raw price levels through zero-sum filters, operands truncated to TF32 and partial sums rounded toward
+    zero: the fused "fp32" path stays within 4x torch's float32 error of the unfused pair."""
+    x, w, b, hw, hb = _price_case()
+    with emulate_tensor_cores(block=block, extra_bits=extra_bits) as emu:
+        check(x, w, b, hw, hb, padding="valid", activation="tanh")
+    assert emu.calls > 0
+
+
+@_needs_interpreter
+def test_fp32_without_flush_fails_under_tensor_core_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flush is what the fp32 bound rests on: without it a long reduction (C * K = 8192) breaks the
+    bound (about 9x torch's float32 error; with the flush about 0.7x)."""
+    x, w, _, hw, _ = _price_case(C=128, K=64, O=32, D=16)
+    ref = reference(x, w, None, hw, None, padding="valid")
+    err_torch = relative_error(
+        torch_in_precision(x, w, None, hw, None, precision="fp32", padding="valid"), ref
+    )
+    bound = FACTOR["fp32"] * err_torch + ATOL["fp32"]
+    with emulate_tensor_cores(block=4, extra_bits=0):
+        err_flush = relative_error(conv1d_head(x, w, None, hw, padding="valid"), ref)
+        monkeypatch.setattr(fused_mod, "_FLUSH", False)
+        err = relative_error(conv1d_head(x, w, None, hw, padding="valid"), ref)
+    assert err_flush <= bound < err, (err_flush, err, err_torch)
+
+
+@_needs_interpreter
+@pytest.mark.parametrize("wdtype", [torch.float16, torch.float32])
+def test_fused_equals_unfused(wdtype: torch.dtype) -> None:
+    """Fused and unfused (conv1d then gemm, both Triton) agree within the fp32 bound, under the model."""
+    x = price_levels(2, 50, 40, seed=12).transpose(1, 2)
+    O, D = 36, 20
+    w, hw = zero_sum_weights(O, 40, 5, dtype=wdtype), head_weights(O, D, dtype=wdtype)
+    b, hb = vec(O, 1), vec(D, 2)
+    kw = {"activation": "gelu", "head_activation": "relu", "dilation": 2}
+    with emulate_tensor_cores(block=4, extra_bits=0):
+        res = check(x, w, b, hw, hb, **kw)
+        h = conv1d(x, w, b, activation="gelu", dilation=2)
+        unfused = gemm(h.transpose(1, 2).reshape(-1, O), hw, hb, activation="relu").view(2, 50, D)
+    err_unfused = relative_error(unfused, res["ref"])
+    assert err_unfused <= res["bound"], (err_unfused, res["bound"])
+    diff = relative_error(res["y"], unfused.double())
+    assert diff <= res["bound"], (diff, res["bound"])
+
+
+# ------------------------------------------------------------------------------- O blocks, fallbacks
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+def test_o_blocked_loop(monkeypatch: pytest.MonkeyPatch, precision: str) -> None:
+    """A 16-channel tile cap: O = 50 runs as four O blocks accumulating into one head tile."""
+    monkeypatch.setattr(fused_mod, "_MAX_BLOCK_O", 16)
+    x = returns(1, 40, 20, seed=13).transpose(1, 2)
+    O, D = 50, 18
+    check(
+        x,
+        zero_sum_weights(O, 20, 3),
+        vec(O, 1),
+        head_weights(O, D),
+        vec(D, 2),
+        precision=precision,
+        activation="tanh",
+        head_activation="gelu",
+    )
+
+
+@_needs_interpreter
+def test_o_blocked_loop_price_levels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_mod, "_MAX_BLOCK_O", 16)
+    x, w, b, hw, hb = _price_case(C=32, K=3, O=40, D=16)
+    with emulate_tensor_cores(block=4, extra_bits=0):
+        check(x, w, b, hw, hb, activation="relu")
+
+
+@pytest.mark.parametrize("case", ["depthwise", "grouped", "wide_O", "wide_D"])
+def test_fallbacks(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    N, L, C = 2, 37, 12
+    x = returns(N, L, C, seed=14).transpose(1, 2)
+    groups, O, Cg, D = 1, 24, C, 10
+    if case == "depthwise":
+        groups, O, Cg = C, 3 * C, 1
+    elif case == "grouped":
+        groups, O, Cg = 3, 18, 4
+    elif case == "wide_O":
+        monkeypatch.setattr(fused_mod, "_MAX_FUSED_O", 16)
+    else:
+        monkeypatch.setattr(fused_mod, "_MAX_BLOCK_D", 8)
+    w = zero_sum_weights(O, Cg, 5)
+    hw = head_weights(O, D)
+    fused, why = fused_path(x, w, hw, groups=groups)
+    assert not fused and why
+    for layout in ("feature_major", "unmergeable"):
+        check(
+            x,
+            w,
+            vec(O, 1),
+            hw,
+            vec(D, 2),
+            groups=groups,
+            activation="gelu",
+            head_activation="tanh",
+            out=nan_out(N, L, D, layout=layout),
+            expect_path="unfused",
+        )
+    assert fused_mod.last_launch["reason"] == why
+
+
+def test_fused_path_reports_dense() -> None:
+    x = torch.zeros(1, 16, 10, device=DEVICE)
+    assert fused_path(x, torch.zeros(256, 16, 5, device=DEVICE), torch.zeros(256, 64, device=DEVICE)) == (
+        True,
+        "",
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the torch path serves CPU tensors only")
+def test_torch_path_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without TRITON_INTERPRET, CPU tensors run conv1d's and gemm's torch paths, same semantics."""
+    for mod in (fused_mod, conv1d_mod, gemm_mod):
+        monkeypatch.setattr(mod, "_INTERPRETED", False)
+
+    def no_triton(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a Triton path ran")
+
+    monkeypatch.setattr(fused_mod, "_fused_triton", no_triton)
+    monkeypatch.setattr(conv1d_mod, "_conv1d_triton", no_triton)
+    monkeypatch.setattr(gemm_mod, "_gemm_triton", no_triton)
+    x = price_levels(2, 200, 16).transpose(1, 2)
+    for padding in ("causal", "valid"):
+        check(
+            x,
+            zero_sum_weights(32, 16, 5),
+            vec(32, 1),
+            head_weights(32, 12),
+            vec(12, 2),
+            dilation=3,
+            padding=padding,
+            activation="gelu",
+            expect_path="unfused",
+        )
+
+
+def test_nan_propagates_only_forward_in_time() -> None:
+    buf = returns(1, 40, 16, seed=15)
+    buf[0, 10, 3] = math.nan
+    x = buf.transpose(1, 2)
+    y = conv1d_head(x, zero_sum_weights(20, 16, 3), None, head_weights(20, 8), dilation=2)
+    assert not torch.isnan(y[0, :10]).any()
+    assert torch.isnan(y[0, 10:15:2]).all()  # steps 10, 12, 14 see the NaN (taps at t, t-2, t-4)
+    assert not torch.isnan(y[0, 15:]).any()
+
+
+def test_int64_indexing_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_mod, "_FORCE_INDEX64", True)
+    x = returns(2, 35, 16, seed=16).transpose(1, 2)
+    check(x, zero_sum_weights(40, 16, 3), vec(40, 1), head_weights(40, 9), dilation=2)
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def _bad_calls() -> list[tuple[str, dict]]:
+    x = torch.zeros(2, 8, 20)
+    w = torch.zeros(6, 8, 3, dtype=torch.float16)
+    hw = torch.zeros(6, 4, dtype=torch.float16)
+    ok = {"x": x, "weight": w, "bias": None, "head_weight": hw}
+    return [
+        ("conv weight wrong C", {**ok, "weight": torch.zeros(6, 5, 3)}),
+        ("head not a tensor", {**ok, "head_weight": [[1.0]]}),
+        ("head 1-D", {**ok, "head_weight": torch.zeros(6)}),
+        ("head wrong O", {**ok, "head_weight": torch.zeros(4, 6)}),
+        ("head int", {**ok, "head_weight": torch.zeros(6, 4, dtype=torch.int8)}),
+        ("head meta device", {**ok, "head_weight": torch.zeros(6, 4, device="meta")}),
+        ("head bias shape", {**ok, "head_bias": torch.zeros(6)}),
+        ("head bias type", {**ok, "head_bias": 1.0}),
+        ("head activation", {**ok, "head_activation": "sigmoid"}),
+        ("activation", {**ok, "activation": "sigmoid"}),
+        ("precision", {**ok, "precision": "fp64"}),
+        ("out shape (channel-major)", {**ok, "out": torch.zeros(2, 4, 20)}),
+        ("out shape valid", {**ok, "out": torch.zeros(2, 20, 4), "padding": "valid"}),
+        ("out dtype", {**ok, "out": torch.zeros(2, 20, 4, dtype=torch.float16)}),
+        ("out overlapping", {**ok, "out": torch.zeros(2, 1, 4).expand(2, 20, 4)}),
+        ("out aliases x", {**ok, "x": torch.zeros(2, 4, 20)}),
+    ]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), _bad_calls(), ids=[n for n, _ in _bad_calls()])
+def test_validation_errors(name: str, kwargs: dict) -> None:
+    if name == "out aliases x":
+        kwargs = {**kwargs, "weight": torch.zeros(6, 4, 3), "out": kwargs["x"].view(2, 20, 4)}
+    with pytest.raises(ShapeError) as info:
+        conv1d_head(**kwargs)
+    assert info.value.hint, "every ShapeError carries a hint"
+
+
+def test_validation_message_names_shapes() -> None:
+    with pytest.raises(ShapeError, match=r"\[O, D\] with O = 6.*\(4, 6\)"):
+        conv1d_head(torch.zeros(1, 8, 10), torch.zeros(6, 8, 3), None, torch.zeros(4, 6))
+
+
+def test_empty_batch_returns_empty() -> None:
+    y = conv1d_head(
+        torch.zeros(0, 8, 10, device=DEVICE),
+        torch.zeros(4, 8, 3, device=DEVICE),
+        None,
+        torch.zeros(4, 5, device=DEVICE),
+    )
+    assert y.shape == (0, 10, 5)
+
+
+# ------------------------------------------------------------------------------------------- autotune
+
+
+def test_interpreter_uses_fixed_config() -> None:
+    space = fused_mod.conv1d_head_space("fp32", 37, 70, 21)
+    assert autotune.select(space, "k", lambda cfg: 1 / 0, device=torch.device("cpu")) is space.interpreter
+
+
+def test_config_spaces_are_valid() -> None:
+    for prec in ("fp32", "tf32", "fp16"):
+        for C, O, D in (
+            (16, 16, 16),
+            (256, 256, 64),
+            (256, 128, 32),
+            (37, 70, 21),
+            (64, 256, 256),
+            (5, 1024, 3),
+        ):
+            space = fused_mod.conv1d_head_space(prec, C, O, D)
+            names = [c.name for c in space.configs]
+            assert names and len(names) == len(set(names)) and space.default in space.configs
+            bd = max(16, autotune.pow2_bucket(D))
+            for c in space.configs:
+                assert set(c.meta) == {"BLOCK_T", "BLOCK_O", "BLOCK_C"}
+                assert min(c.meta.values()) >= 16
+                assert c.meta["BLOCK_O"] <= min(fused_mod._MAX_BLOCK_O, max(16, autotune.pow2_bucket(O)))
+                if prec == "fp32":
+                    assert c.meta["BLOCK_O"] <= 64  # the head product's flush granularity
+                assert c.meta["BLOCK_T"] * bd <= 64 * 32 * c.num_warps or len(space.configs) == 1
+
+
+# ---------------------------------------------------------------------------------- sm_90 compilation
+
+
+_COMPILE_SCRIPT = r"""
+import os, re, subprocess, tempfile
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+from tsconv.kernels import fused as m
+
+def i32(name, spec=""):
+    return (name, "i32", spec)
+
+def compile_one(pname, O, D, cfg):
+    # compile for sm_90, then ptxas -v on the PTX: (registers, spilled bytes, ttgir)
+    fn = m._conv1d_head_kernel
+    prec = {"fp32": 0, "tf32": 1, "fp16": 2}[pname]
+    wty = "*fp16" if pname == "fp16" else "*fp32"
+    runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", wty, "D"), ("wlo_ptr", wty, "D"), ("b_ptr", "*fp32", "D"),
+               ("hw_ptr", wty, "D"), ("hwlo_ptr", wty, "D"), ("hb_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
+               i32("L_in"), i32("L_out"), i32("C", "D"), i32("O", "D"), i32("D", "D"), i32("K"),
+               i32("dilation"), i32("pad"), i32("n_tblk"), i32("stride_xn", "D"), i32("stride_xc", "1"),
+               i32("stride_xt", "D"), i32("stride_wk", "D"), i32("stride_wo", "D"), i32("stride_hd", "D"),
+               i32("stride_yn", "D"), i32("stride_yt", "D"), i32("stride_yd", "1")]
+    sig, constexprs, attrs = {}, {}, {}
+    for name, ty, spec in runtime:
+        idx = fn.arg_names.index(name)
+        if spec == "1":
+            sig[name] = "constexpr"
+            constexprs[(idx,)] = 1
+        else:
+            sig[name] = ty
+            if spec == "D":
+                attrs[(idx,)] = [["tt.divisibility", 16]]
+    consts = dict(HAS_BIAS=True, HAS_HBIAS=True, ACT=2, HEAD_ACT=3, PREC=prec, A_SPLIT=3 if prec == 0 else 1,
+                  H_SPLIT=3, W_SPLIT=False, HW_SPLIT=False, FLUSH=prec == 0, INDEX64=False,
+                  BLOCK_D=max(16, D), **cfg.meta)
+    for name, value in consts.items():
+        sig[name] = "constexpr"
+        constexprs[(fn.arg_names.index(name),)] = value
+    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    ck = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+    assert ck.asm["cubin"], "no cubin"
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as fh:
+            fh.write(ck.asm["ptx"])
+        proc = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx, "-o",
+                               os.path.join(tmp, "k.cubin")], capture_output=True, text=True, check=True)
+    info = proc.stdout + proc.stderr
+    spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
+    regs = [int(v) for v in re.findall(r"Used (\d+) registers", info)]
+    assert spills and regs, info
+    return max(regs), max(spills), ck.asm["ttgir"]
+
+if __name__ == "__main__":
+    for pname in ("fp32", "tf32", "fp16"):
+        for O, D in ((256, 64), (128, 32)):
+            cfg = m.conv1d_head_space(pname, 256, O, D).default
+            regs, spills, ttgir = compile_one(pname, O, D, cfg)
+            print(f"{pname} O={O} D={D} {cfg.name}: {regs} registers, {spills} bytes spilled")
+            assert "warp_group_dot" in ttgir, f"{pname}: no Hopper tensor-core dot (wgmma)"
+            assert spills == 0, f"{pname} O={O} D={D} {cfg.name} spills {spills} bytes"
+    print("compiled OK")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU machine the real kernel runs in the other tests"
+)
+def test_kernel_compiles_for_sm90_without_spills() -> None:
+    """Compile (not run) the fused kernel for an H100/H200 with the bundled ptxas: the default config of each
+    precision for the benchmark's two target shapes lowers, and ptxas reports no register spills."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.compiler")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=600,
+    )
+    if proc.returncode != 0 and ("ptxas" in proc.stderr and "not found" in proc.stderr):
+        pytest.skip("no ptxas available to compile for sm_90")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "compiled OK" in proc.stdout

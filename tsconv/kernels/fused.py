@@ -1,0 +1,661 @@
+"""A conv1d followed by a projection head, fused: the [steps, O] intermediate never reaches GPU memory.
+
+``conv1d_head(x, weight, bias, head_weight, head_bias)`` computes, per series and step,
+``head_act(act(conv1d(x) + bias) @ head_weight + head_bias)`` (conv as in :func:`tsconv.kernels.conv1d.conv1d`,
+head as in :func:`tsconv.kernels.gemm.gemm`) and writes a float32 [N, L_out, D] result through any strides.
+
+Kernel (``_conv1d_head_kernel``): one program per (series, BLOCK_T steps); it owns the whole
+[BLOCK_T, BLOCK_D] output tile (BLOCK_D = D rounded up to a power of two, 16 to 256) in a float32
+accumulator. It loops over blocks of BLOCK_O conv output channels (one block when O <= BLOCK_O); per block it
+computes the conv tile [BLOCK_T, BLOCK_O] exactly as ``_conv1d_dense_kernel`` does (implicit GEMM over taps
+and BLOCK_C channel chunks, x read in place through its strides, causal zeros from load masks, weights
+rearranged once per call by conv1d's ``_prepare_dense_weights``), adds the bias, applies the activation and
+multiplies the tile, still in registers, by ``head_weight[o0:o0+BLOCK_O, :]``:
+``out_acc += act(conv_tile) @ W[o_blk, :]``, valid because the activation acts per conv channel.
+The head epilogue (bias, activation) runs once on ``out_acc``, which is then stored.
+
+Precision (accumulation is always float32):
+
+- "fp32" (default): both products use conv1d's ``_dot_fp32`` (imported, not copied): float32 operands split
+  three ways into TF32-exact parts, float16 weights exact in TF32, float32 weights split once per call into
+  a TF32 high and low part, and each reduction step's products summed in a fresh tensor-core accumulator
+  then added to the running float32 sum on the CUDA cores (Hopper tensor cores round partial sums toward
+  zero; see benchmarks/NOTES.md). The conv step is one (tap, BLOCK_C channels) chunk; the head step is one
+  BLOCK_O block of the conv tile (float32, split in three), so "fp32" configs keep BLOCK_O <= 64, the flush
+  granularity the GEMM head uses.
+- "tf32": single TF32 products (x and the conv tile truncated by the tensor core, weights rounded to TF32
+  once per call), as conv1d and gemm do. "fp16": float16 operands (x and the conv tile rounded in
+  registers, weights stored as float16).
+
+Scope: dense convs (groups = 1) with O up to ``_MAX_FUSED_O`` (1024) and D up to ``_MAX_BLOCK_D`` (256).
+Other shapes (grouped or depthwise banks, wider convs or heads) fall back to the unfused pair:
+:func:`~tsconv.kernels.conv1d.conv1d` into a time-major [N, L_out, O] float32 buffer, then
+:func:`~tsconv.kernels.gemm.gemm` on its [N * L_out, O] view; :func:`fused_path` says which path a call
+takes and why, and ``last_launch`` records it.
+
+On CUDA tensors the fused kernel runs with block shapes tuned per GPU and shape class (cached on disk, see
+:mod:`tsconv.kernels.autotune`; the space is :func:`conv1d_head_space`). On CPU tensors it runs through the
+Triton interpreter when ``TRITON_INTERPRET=1`` was set before import; otherwise CPU tensors take the torch
+paths of conv1d and gemm (the unfused pair), with the same semantics.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tsconv.errors import ShapeError
+from tsconv.kernels import autotune
+from tsconv.kernels import conv1d as _conv
+from tsconv.kernels import gemm as _gemm
+from tsconv.kernels.conv1d import _activate, _dot_fp32, _prepare_dense_weights, _round_tf32_torch
+from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
+from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
+from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
+from tsconv.kernels.tensor_checks import check_out
+from tsconv.kernels.tensor_checks import describe as _shape
+from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
+
+__all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "conv1d_head", "conv1d_head_space", "fused_path"]
+
+ACTIVATIONS = _conv.ACTIVATIONS
+PADDINGS = _conv.PADDINGS
+PRECISIONS = _conv.PRECISIONS
+
+_HW_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
+
+# Module switches (tests flip them).
+_MAX_BLOCK_O = 256  # the largest conv-channel tile kept in registers; larger O loops over O blocks
+_MAX_FUSED_O = 1024  # beyond this the unfused pair runs
+_MAX_BLOCK_D = 256  # the head output tile is whole per program: D above this runs unfused
+_FORCE_INDEX64 = False
+_FLUSH = True
+_A_SPLIT = 3
+# What the last call did (benchmarks report it): {"path": "fused" | "unfused", "config": ..., "reason": ...}.
+last_launch: dict[str, str] = {}
+
+
+# --------------------------------------------------------------------------------------------------------
+# kernel
+# --------------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk"])
+def _conv1d_head_kernel(
+    x_ptr,
+    w_ptr,
+    wlo_ptr,
+    b_ptr,
+    hw_ptr,
+    hwlo_ptr,
+    hb_ptr,
+    y_ptr,
+    L_in,
+    L_out,
+    C,
+    O,
+    D,
+    K,
+    dilation,
+    pad,
+    n_tblk,
+    stride_xn,
+    stride_xc,
+    stride_xt,
+    stride_wk,
+    stride_wo,
+    stride_hd,
+    stride_yn,
+    stride_yt,
+    stride_yd,
+    HAS_BIAS: tl.constexpr,
+    HAS_HBIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    HEAD_ACT: tl.constexpr,
+    PREC: tl.constexpr,
+    A_SPLIT: tl.constexpr,
+    H_SPLIT: tl.constexpr,
+    W_SPLIT: tl.constexpr,
+    HW_SPLIT: tl.constexpr,
+    FLUSH: tl.constexpr,
+    INDEX64: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n = pid // n_tblk
+    pid_t = pid % n_tblk
+
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_ob = tl.arange(0, BLOCK_O)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, BLOCK_D)
+    if INDEX64:
+        offs_t = offs_t.to(tl.int64)
+        offs_ob = offs_ob.to(tl.int64)
+        offs_c = offs_c.to(tl.int64)
+        offs_d = offs_d.to(tl.int64)
+    d_mask = offs_d < D
+    t_base = offs_t - pad
+    a_ptrs = x_ptr + n.to(tl.int64) * stride_xn + t_base[:, None] * stride_xt + offs_c[None, :] * stride_xc
+    n_cb = (C + BLOCK_C - 1) // BLOCK_C
+
+    out_acc = tl.full((BLOCK_T, BLOCK_D), 0.0, tl.float32)
+    for o0 in range(0, O, BLOCK_O):
+        if INDEX64:
+            o0 = tl.cast(o0, tl.int64)
+        offs_o = o0 + offs_ob
+        o_mask = offs_o < O
+        w_ptrs = w_ptr + offs_o[None, :] * stride_wo + offs_c[:, None]
+        wlo_ptrs = wlo_ptr + offs_o[None, :] * stride_wo + offs_c[:, None]
+
+        # The conv tile [BLOCK_T, BLOCK_O], as in _conv1d_dense_kernel (taps fastest, then channel chunks).
+        acc = tl.full((BLOCK_T, BLOCK_O), 0.0, tl.float32)
+        for it in range(0, K * n_cb):
+            k = it % K
+            c0 = (it // K) * BLOCK_C
+            if INDEX64:
+                k = tl.cast(k, tl.int64)
+                c0 = tl.cast(c0, tl.int64)
+            shift = k * dilation
+            t_ok = (t_base >= -shift) & (t_base < L_in - shift)
+            c_ok = offs_c < C - c0
+            a = tl.load(
+                a_ptrs + (shift * stride_xt + c0 * stride_xc), mask=t_ok[:, None] & c_ok[None, :], other=0.0
+            )
+            w_off = k * stride_wk + c0
+            w_mask = c_ok[:, None] & o_mask[None, :]
+            b = tl.load(w_ptrs + w_off, mask=w_mask, other=0.0)
+            if PREC == 0:
+                acc = _dot_fp32(a.to(tl.float32), b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
+            elif PREC == 1:
+                acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
+            else:
+                acc = tl.dot(a.to(tl.float16), b, acc)
+
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + offs_o, mask=o_mask, other=0.0).to(tl.float32)
+            acc = acc + bias[None, :]
+        acc = _activate(acc, ACT)
+        acc = tl.where(o_mask[None, :], acc, 0.0)  # padded channels: exact zeros (NaN x times 0 weights)
+
+        # The head product of this block, from registers: out_acc += act(conv tile) @ W[o block, :].
+        hw_off = offs_d[None, :] * stride_hd + offs_o[:, None]  # [BLOCK_O, BLOCK_D], O contiguous
+        hw_mask = o_mask[:, None] & d_mask[None, :]
+        hw = tl.load(hw_ptr + hw_off, mask=hw_mask, other=0.0)
+        if PREC == 0:
+            out_acc = _dot_fp32(acc, hw, hwlo_ptr + hw_off, hw_mask, out_acc, H_SPLIT, HW_SPLIT, FLUSH)
+        elif PREC == 1:
+            out_acc = tl.dot(acc, hw, out_acc, input_precision="tf32")
+        else:
+            out_acc = tl.dot(acc.to(tl.float16), hw, out_acc)
+
+    if HAS_HBIAS:
+        hbias = tl.load(hb_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        out_acc = out_acc + hbias[None, :]
+    out_acc = _activate(out_acc, HEAD_ACT)
+    y_ptrs = y_ptr + n.to(tl.int64) * stride_yn + offs_t[:, None] * stride_yt + offs_d[None, :] * stride_yd
+    tl.store(y_ptrs, out_acc, mask=(offs_t < L_out)[:, None] & d_mask[None, :])
+
+
+def _kernel_interpreted() -> bool:
+    return type(_conv1d_head_kernel).__name__ == "InterpretedFunction"
+
+
+# True when TRITON_INTERPRET=1 was set before import: CPU tensors then run the Triton kernel.
+_INTERPRETED = _kernel_interpreted()
+
+
+# --------------------------------------------------------------------------------------------------------
+# config space
+# --------------------------------------------------------------------------------------------------------
+
+
+def _cfg(bt: int, bo: int, bc: int, warps: int, stages: int) -> autotune.Config:
+    meta = {"BLOCK_T": bt, "BLOCK_O": bo, "BLOCK_C": bc}
+    return autotune.Config(f"t{bt}_o{bo}_c{bc}_w{warps}_s{stages}", meta, num_warps=warps, num_stages=stages)
+
+
+def conv1d_head_space(precision: str, C: int, O: int, D: int) -> autotune.ConfigSpace:
+    """Candidate tiles for the fused kernel: [BLOCK_T steps, BLOCK_O conv channels], reduction chunk BLOCK_C.
+
+    BLOCK_D is not tuned (D rounded up to a power of two, 16 to 256). Registers hold the conv tile and the
+    [BLOCK_T, BLOCK_D] head accumulator at once (in "fp32" each with its flush partial), so candidates are
+    filtered by float32 values per thread (ptxas for sm_90, tests/kernels/test_fused.py): "fp32" at most 32
+    of each (64 x 64 per 4 warps uses 252 registers; 64 x 256 heads need 32-step tiles), "tf32" / "fp16" at
+    most 64 conv values and 96 in all (128 x 256 conv tiles per 8 warps spill about 1 KB). "fp32" keeps
+    BLOCK_O <= 64, the head product's flush granularity (see the module docstring). Timings unverified: the
+    candidates are a first guess for the tuner.
+    """
+    pb = autotune.pow2_bucket
+    return _space(precision, max(16, pb(C)), max(16, pb(O)), min(256, max(16, pb(D))), _MAX_BLOCK_O)
+
+
+@functools.lru_cache(maxsize=256)
+def _space(precision: str, C: int, O: int, D: int, max_bo: int) -> autotune.ConfigSpace:
+    if precision == "fp32":
+        cands = [
+            _cfg(64, 64, 32, 8, 3),
+            _cfg(128, 64, 32, 8, 3),
+            _cfg(64, 64, 32, 4, 3),
+            _cfg(128, 32, 32, 8, 3),
+            _cfg(64, 32, 32, 4, 3),
+            _cfg(64, 64, 16, 8, 4),
+            _cfg(32, 64, 32, 8, 3),
+        ]
+        conv_max, total_max = 32, 64
+    else:
+        bc = 64 if precision == "fp16" else 32
+        cands = [
+            _cfg(64, 128, 32, 8, 3),
+            _cfg(64, 256, 32, 8, 3),
+            _cfg(128, 128, 32, 8, 3),
+            _cfg(128, 64, 32, 8, 3),
+            _cfg(64, 64, 32, 4, 4),
+            _cfg(64, 128, bc, 8, 4),
+            _cfg(32, 64, 32, 8, 3),
+        ]
+        conv_max, total_max = 64, 96
+    bo_cap = max(16, min(O, max_bo))
+    out: list[autotune.Config] = []
+    for c in cands:
+        m = c.meta
+        new = _cfg(m["BLOCK_T"], min(m["BLOCK_O"], bo_cap), min(m["BLOCK_C"], C), c.num_warps, c.num_stages)
+        threads = 32 * c.num_warps
+        conv = new.meta["BLOCK_T"] * new.meta["BLOCK_O"] // threads
+        head = new.meta["BLOCK_T"] * D // threads
+        fits = conv <= conv_max and head <= conv_max if precision == "fp32" else conv <= conv_max
+        if fits and conv + head <= total_max and all(o.name != new.name for o in out):
+            out.append(new)
+    if not out:
+        out.append(_cfg(32, min(32, bo_cap), min(32, C), 8, 2))
+    interp = _cfg(64, min(64, bo_cap), min(32, C), 4, 1)
+    return autotune.ConfigSpace(f"conv1d_head_v1_{precision}", tuple(out), out[0], interp)
+
+
+# --------------------------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Spec:
+    conv: _conv._Spec
+    D: int
+    head_act: int
+
+    @property
+    def precision(self) -> str:
+        return self.conv.precision
+
+
+def _validate(
+    x: object,
+    weight: object,
+    bias: object,
+    head_weight: object,
+    head_bias: object,
+    out: object,
+    *,
+    dilation: object,
+    groups: object,
+    padding: object,
+    activation: object,
+    head_activation: object,
+    precision: object,
+) -> _Spec:
+    conv = _conv._validate(
+        x,
+        weight,
+        bias,
+        None,
+        dilation=dilation,
+        groups=groups,
+        padding=padding,
+        activation=activation,
+        precision=precision,
+    )
+    assert isinstance(x, torch.Tensor)
+    if not isinstance(head_weight, torch.Tensor):
+        msg = f"head_weight must be a torch.Tensor, got {type(head_weight).__name__}."
+        raise ShapeError(msg, hint="pass a [O, D] tensor (conv channels in, head outputs out).")
+    if head_weight.dim() != 2 or head_weight.shape[0] != conv.O:
+        msg = f"head_weight must be [O, D] with O = {conv.O} (the conv's output channels), got {_shape(head_weight)}."
+        raise ShapeError(msg, hint="a [D, O] weight (torch.nn.Linear layout) is passed as w.T.")
+    if head_weight.dtype not in _HW_DTYPES:
+        msg = f"head_weight must be float16 or float32 (or bfloat16), got {head_weight.dtype}."
+        raise ShapeError(msg, hint="store head weights as float16 or float32.")
+    if head_weight.device != x.device:
+        msg = f"head_weight is on {head_weight.device} but x is on {x.device}."
+        raise ShapeError(msg, hint="move the weights to x's device with head_weight.to(x.device).")
+    D = int(head_weight.shape[1])
+    if head_activation not in _ACT_CODE:
+        msg = f"head_activation must be one of None, 'none', 'relu', 'gelu', 'tanh', got {head_activation!r}."
+        raise ShapeError(msg, hint="use head_activation=None for a plain projection.")
+    if head_bias is not None:
+        if not isinstance(head_bias, torch.Tensor):
+            msg = f"head_bias must be a torch.Tensor or None, got {type(head_bias).__name__}."
+            raise ShapeError(msg, hint="[D].")
+        if head_bias.dim() != 1 or head_bias.shape[0] != D:
+            raise ShapeError(
+                f"head_bias must be [D] = [{D}], got {_shape(head_bias)}.", hint="one per output."
+            )
+        if head_bias.dtype not in _HW_DTYPES:
+            raise ShapeError(
+                f"head_bias must be a float tensor, got {head_bias.dtype}.", hint="head_bias.float()."
+            )
+        if head_bias.device != x.device:
+            msg = f"head_bias is on {head_bias.device} but x is on {x.device}."
+            raise ShapeError(msg, hint="head_bias.to(x.device).")
+    if out is not None:
+        check_out(
+            out,
+            shape=(conv.N, conv.L_out, D),
+            expected=f"[N, L_out, D] = {(conv.N, conv.L_out, D)} ({_padding_name(conv)} padding)",
+            shape_hint="the result is time-major: [N, L_out, D]; for a [N, D, L_out] buffer pass buf.transpose(1, 2).",
+            view_example="buf.transpose(1, 2)",
+            owner=("x", x),
+            inputs={
+                "x": x,
+                "weight": weight,
+                "bias": bias,
+                "head_weight": head_weight,
+                "head_bias": head_bias,
+            },
+        )
+    return _Spec(conv, D, _ACT_CODE[head_activation])
+
+
+def _padding_name(conv: _conv._Spec) -> str:
+    return "causal" if conv.causal else "valid"
+
+
+def _unfused_reason(spec: _Spec) -> str | None:
+    c = spec.conv
+    if c.groups != 1:
+        return f"groups={c.groups}: only dense convs (groups=1) are fused"
+    if c.O > _MAX_FUSED_O:
+        return f"O={c.O} > {_MAX_FUSED_O} conv channels"
+    if spec.D > _MAX_BLOCK_D:
+        return f"D={spec.D} > {_MAX_BLOCK_D} head outputs"
+    if c.O == 0 or c.C == 0:
+        return "no channels"
+    return None
+
+
+def fused_path(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    head_weight: torch.Tensor,
+    *,
+    groups: int = 1,
+    padding: str = "causal",
+    dilation: int = 1,
+) -> tuple[bool, str]:
+    """(True, "") when :func:`conv1d_head` would run the fused kernel for these shapes, else (False, why).
+
+    On CPU tensors without the interpreter both paths are the torch pair; this reports the shape rule.
+    """
+    spec = _validate(
+        x,
+        weight,
+        None,
+        head_weight,
+        None,
+        None,
+        dilation=dilation,
+        groups=groups,
+        padding=padding,
+        activation=None,
+        head_activation=None,
+        precision="fp32",
+    )
+    reason = _unfused_reason(spec)
+    return reason is None, reason or ""
+
+
+# --------------------------------------------------------------------------------------------------------
+# public entry point
+# --------------------------------------------------------------------------------------------------------
+
+
+def conv1d_head(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    head_weight: torch.Tensor,
+    head_bias: torch.Tensor | None = None,
+    *,
+    dilation: int = 1,
+    groups: int = 1,
+    padding: str = "causal",
+    activation: str | None = None,
+    head_activation: str | None = None,
+    precision: str = "fp32",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``head_act(act(conv1d(x) + bias) @ head_weight + head_bias)`` per step; returns float32 [N, L_out, D].
+
+    Args:
+        x: [N, C, L] float32 (float16 / bfloat16 accepted) with any strides, e.g. ``buf.transpose(1, 2)`` of a
+            time-major [N, L, C] buffer.
+        weight: conv weights [O, C/groups, K], float16 (float32 / bfloat16 accepted), used at stored values.
+        bias: optional [O] conv bias, added before ``activation``.
+        head_weight: [O, D] float16 (float32 / bfloat16 accepted).
+        head_bias: optional [D], added before ``head_activation``.
+        dilation, groups, padding, activation: as in :func:`tsconv.kernels.conv1d.conv1d`.
+        head_activation: None/"none", "relu", "gelu" (exact erf form) or "tanh".
+        precision: "fp32" (default; float32-accurate 3xTF32 on tensor cores for both products), or the opt-in
+            "tf32" / "fp16" (10-bit mantissas; unfit for raw price levels).
+        out: optional float32 [N, L_out, D] destination with any non-overlapping strides; it must not share
+            memory with the inputs. Without it a contiguous [N, L_out, D] tensor is allocated.
+
+    Fused for dense convs (groups = 1) with O <= 1024 and D <= 256 (see :func:`fused_path`); other shapes
+    (grouped and depthwise banks, wider convs or heads) run conv1d then gemm, with a [N, L_out, O] float32
+    intermediate. Asynchronous on CUDA and not differentiable; the first call of a shape class on a GPU
+    tunes the tiles (launches into ``out``), so make it before any CUDA graph capture.
+
+    Raises:
+        ShapeError: a shape, dtype, device, stride or option that does not fit.
+    """
+    spec = _validate(
+        x,
+        weight,
+        bias,
+        head_weight,
+        head_bias,
+        out,
+        dilation=dilation,
+        groups=groups,
+        padding=padding,
+        activation=activation,
+        head_activation=head_activation,
+        precision=precision,
+    )
+    c = spec.conv
+    if out is None:
+        out = torch.empty((c.N, c.L_out, spec.D), dtype=torch.float32, device=x.device)
+    if out.numel() == 0:
+        return out
+    reason = _unfused_reason(spec)
+    if reason is None and not x.is_cuda and not _INTERPRETED:
+        reason = "CPU tensors without the Triton interpreter take the torch path"
+    with torch.no_grad():
+        if reason is not None:
+            last_launch.clear()
+            last_launch.update(path="unfused", reason=reason)
+            _unfused(x, weight, bias, head_weight, head_bias, out, spec)
+        elif x.is_cuda:
+            with torch.cuda.device(x.device):  # Triton launches on the current device and stream
+                _fused_triton(x, weight, bias, head_weight, head_bias, out, spec)
+        else:
+            _fused_triton(x, weight, bias, head_weight, head_bias, out, spec)
+    return out
+
+
+def _unfused(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    head_weight: torch.Tensor,
+    head_bias: torch.Tensor | None,
+    out: torch.Tensor,
+    spec: _Spec,
+) -> None:
+    """conv1d into a time-major [N, L_out, O] buffer, then gemm on its [N * L_out, O] view."""
+    c = spec.conv
+    y = torch.empty((c.N, c.L_out, c.O), dtype=torch.float32, device=x.device)
+    _conv.conv1d(
+        x,
+        weight,
+        bias,
+        dilation=c.dilation,
+        groups=c.groups,
+        padding=_padding_name(c),
+        activation=_conv._ACT_NAME[c.act],
+        precision=c.precision,
+        out=y.transpose(1, 2),
+    )
+    rows = c.N * c.L_out
+    try:
+        out2 = out.view(rows, spec.D)
+    except RuntimeError:  # strides that do not merge (N, L_out): a temporary, then one copy
+        out2 = None
+    target = out2 if out2 is not None else torch.empty((rows, spec.D), dtype=torch.float32, device=x.device)
+    _gemm.gemm(
+        y.view(rows, c.O),
+        head_weight,
+        head_bias,
+        activation=_conv._ACT_NAME[spec.head_act],
+        precision=c.precision,
+        out=target,
+    )
+    if out2 is None:
+        out.copy_(target.view(c.N, c.L_out, spec.D))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Triton launcher
+# --------------------------------------------------------------------------------------------------------
+
+
+def _prepare_head_weights(hw: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[O, D] -> [D, O padded to 16], contiguous along the reduction (O), like the conv weights.
+
+    fp32/tf32: float32 TF32 high part (exact for float16 weights) and, for float32 weights in "fp32", the
+    TF32 low part; fp16: float16.
+    """
+    O, D = hw.shape
+    o_pad = -(-O // 16) * 16
+    dtype = torch.float16 if precision == "fp16" else torch.float32
+    buf = torch.zeros((D, o_pad), dtype=dtype, device=hw.device)
+    buf[:, :O] = hw.t()
+    if precision == "fp16":
+        return buf, None
+    hi = _round_tf32_torch(buf)
+    lo = None
+    if precision == "fp32" and hw.dtype == torch.float32:
+        lo = _round_tf32_torch(buf - hi)
+    return hi, lo
+
+
+def _max_offset(t: torch.Tensor) -> int:
+    return sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
+
+
+def _layout3(t: torch.Tensor, channel_dim: int) -> str:
+    if t.stride(channel_dim) == 1:
+        return "chan"
+    if t.stride(3 - channel_dim) == 1:
+        return "time"
+    return "st"
+
+
+def _fused_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    head_weight: torch.Tensor,
+    head_bias: torch.Tensor | None,
+    out: torch.Tensor,
+    spec: _Spec,
+    *,
+    config: autotune.Config | None = None,
+) -> object:
+    """Run the fused kernel; ``config`` (tests only) bypasses the tuner. Returns the last launch's result."""
+    c = spec.conv
+    w_hi, w_lo = _prepare_dense_weights(weight, 1, c.precision)  # [1, K, O, C padded to 16]
+    h_hi, h_lo = _prepare_head_weights(head_weight, c.precision)
+    b = None if bias is None else bias.contiguous()
+    hb = None if head_bias is None else head_bias.contiguous()
+    block_d = max(16, autotune.pow2_bucket(spec.D))
+    index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), w_hi.numel(), h_hi.numel()) > _INT32_MAX
+    pad = (c.K - 1) * c.dilation if c.causal else 0
+    meta = {
+        "HAS_BIAS": b is not None,
+        "HAS_HBIAS": hb is not None,
+        "ACT": c.act,
+        "HEAD_ACT": spec.head_act,
+        "PREC": _PREC_CODE[c.precision],
+        "A_SPLIT": _A_SPLIT if x.dtype == torch.float32 else 1,
+        "H_SPLIT": _A_SPLIT,
+        "W_SPLIT": w_lo is not None,
+        "HW_SPLIT": h_lo is not None,
+        "FLUSH": _FLUSH,
+        "INDEX64": index64,
+        "BLOCK_D": block_d,
+    }
+
+    def launch(cfg: autotune.Config) -> object:
+        kw = cfg.launch_kwargs()
+        kw["BLOCK_O"] = max(16, min(kw["BLOCK_O"], _MAX_BLOCK_O, autotune.pow2_bucket(c.O)))
+        n_tblk = triton.cdiv(c.L_out, kw["BLOCK_T"])
+        grid = (c.N * n_tblk,)
+        if grid[0] > _INT32_MAX:
+            msg = f"the fused conv needs {grid[0]} programs, more than one launch allows ({_INT32_MAX})."
+            raise ShapeError(msg, hint="split the batch (N) or the series length into several calls.")
+        return _conv1d_head_kernel[grid](
+            x,
+            w_hi,
+            w_hi if w_lo is None else w_lo,
+            w_hi if b is None else b,
+            h_hi,
+            h_hi if h_lo is None else h_lo,
+            h_hi if hb is None else hb,
+            out,
+            c.L,
+            c.L_out,
+            c.C,
+            c.O,
+            spec.D,
+            c.K,
+            c.dilation,
+            pad,
+            n_tblk,
+            *x.stride(),
+            w_hi.stride(1),
+            w_hi.stride(2),
+            h_hi.stride(0),
+            *out.stride(),
+            **meta,
+            **kw,
+        )
+
+    if config is None:
+        space = conv1d_head_space(c.precision, c.C, c.O, spec.D)
+        key = (
+            f"{c.precision}|x={_dtype_name(x)}|w={_dtype_name(weight)}|hw={_dtype_name(head_weight)}"
+            f"|in={_layout3(x, 1)}|out={_layout3(out, 2)}|C={autotune.pow2_bucket(c.C)}"
+            f"|O={autotune.pow2_bucket(c.O)}|D={autotune.pow2_bucket(spec.D)}|K={autotune.pow2_bucket(c.K)}"
+            f"|NL={autotune.pow2_bucket(c.N * c.L_out)}"
+        )
+        config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
+    last_launch.clear()
+    last_launch.update(path="fused", config=config.name)
+    return launch(config)
