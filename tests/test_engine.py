@@ -11,6 +11,7 @@ import zarr
 
 import tsconv
 import tsconv.engine as engine
+from tsconv.io.decode import ParallelBandReader
 from tsconv.io.reader import BlockReader
 from tsconv.spec import default_pipeline, resolve
 
@@ -40,19 +41,22 @@ def test_reader_decodes_each_store_chunk_once(tmp_path: Path) -> None:
     assert arr.slices == [(0, 16384), (16384, 32768), (32768, 49152), (49152, 50_000)]
 
 
-def test_process_reads_at_store_chunk_granularity(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_process_reads_at_store_chunk_granularity(tmp_path: Path, monkeypatch, zarr_format: int) -> None:
     x = price_series(40_000, 2, seed=0)
-    src = write_store(tmp_path / "in.zarr", x, chunks=(16384, 2))
-    readers: list[BlockReader] = []
+    src = write_store(tmp_path / "in.zarr", x, chunks=(16384, 2), zarr_format=zarr_format)
+    readers: list[ParallelBandReader] = []
 
-    class Recording(BlockReader):
+    class Recording(ParallelBandReader):
         def __init__(self, array, **kw):
             super().__init__(array, **kw)
             readers.append(self)
 
-    monkeypatch.setattr(engine, "BlockReader", Recording)
+    monkeypatch.setattr(engine, "ParallelBandReader", Recording)
     tsconv.process(src, tmp_path / "out.zarr", chunk=1024)
-    assert [r.bands_decoded for r in readers] == [3]
+    # Format 3 (zstd) takes the fast path (chunk files decoded in threads), format 2 zarr reads; either
+    # way each of the 3 bands of store chunks is decoded once.
+    assert [(r.fast, r.bands_decoded) for r in readers] == [(zarr_format == 3, 3)]
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 64, 1000])

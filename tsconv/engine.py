@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from .errors import ShapeError, StoreError, TsconvError
-from .io.reader import ArraySource, BlockReader, ColumnSource, RowSource
+from .io.decode import ParallelBandReader
+from .io.reader import ArraySource, ColumnSource, RowSource
 from .io.store import InputStore, check_time, open_input
 from .io.writer import FORMAT_VERSION, OutputWriter, output_chunk_rows, prepare_output
 from .kernels.backend import Backend
@@ -174,6 +175,9 @@ def _stream(
     for s in range(start, rows, chunk):
         e = min(s + chunk, rows)
         level = state
+        # ``raw`` may be a view of the reader's buffers, valid only until a later read (ParallelBandReader
+        # reuses its ring): it, ``filled`` (``raw`` itself when it has no NaN) and ``x`` (``filled`` when
+        # halo is 0) are used before the next read; the carry is a slice of a concatenation (a copy).
         raw = np.asarray(source.read(s, e), dtype=np.float32)
         # With fill = "none" the fill state still gives the centering level (a value no later than the
         # outputs it touches), but the backend gets the NaNs as they are.
@@ -360,9 +364,12 @@ def _run_store(
             dynamic_ncols=True,
         ) as bar,
         _exact_fp32(dev),
+        # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA); zarr reads (BlockReader)
+        # for layouts the fast path does not handle. _stream uses each block before its next read.
+        ParallelBandReader(store.values, where=str(store.path), pin=dev.type == "cuda") as reader,
     ):
         _stream(
-            BlockReader(store.values, where=str(store.path)),
+            reader,
             plan,
             backend,
             writer.append,

@@ -1,0 +1,256 @@
+"""The fast reader (tsconv.io.decode.ParallelBandReader): equal to zarr reads on every layout, fast path or not."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
+
+import tsconv
+import tsconv.engine as engine
+from tsconv.errors import StoreError
+from tsconv.io.decode import ParallelBandReader, fast_path_reason
+from tsconv.io.reader import BlockReader
+
+from .helpers import price_series, read_output, write_store
+
+
+def _data(rows: int, features: int, dtype: str, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "f":
+        x = 100.0 + np.cumsum(rng.choice([-1, 0, 0, 1], size=(rows, features)), axis=0) * 0.01
+        x[rng.random(x.shape) < 0.01] = np.nan
+        return x.astype(dt)
+    info = np.iinfo(dt)
+    return rng.integers(max(info.min, -1000), min(info.max, 1000), size=(rows, features)).astype(dt)
+
+
+def _array(path: Path, x: np.ndarray, chunks: tuple[int, int], **kw) -> zarr.Array:
+    a = zarr.create_array(str(path), shape=x.shape, chunks=chunks, dtype=x.dtype, **kw)
+    a[:] = x
+    return zarr.open_array(str(path), mode="r")
+
+
+def _windows(reader, rows: int, step: int = 1024) -> np.ndarray:
+    return np.concatenate([np.array(reader.read(a, min(a + step, rows))) for a in range(0, rows, step)])
+
+
+def _check_all_reads(reader, x: np.ndarray, seed: int = 0) -> None:
+    """Forward 1024-row windows, random-order windows and resume-style backward band reads equal ``x``."""
+    rows, band = x.shape[0], reader.band_rows
+    np.testing.assert_array_equal(_windows(reader, rows), x)
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        a = int(rng.integers(0, rows))
+        b = int(min(rows, a + 1 + rng.integers(0, 2 * band)))
+        np.testing.assert_array_equal(reader.read(a, b), x[a:b])
+    stop = rows - 7
+    while stop > 0:  # as fill_state_before walks back
+        start = (stop - 1) // band * band
+        np.testing.assert_array_equal(reader.read(start, stop), x[start:stop])
+        stop = start
+
+
+COMPRESSORS = {
+    "blosc-lz4-shuffle": BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+    "blosc-lz4-noshuffle": BloscCodec(cname="lz4", clevel=5, shuffle="noshuffle"),
+    "blosc-zstd-shuffle": BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"),
+    "blosc-zstd-bitshuffle": BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle"),
+    "zstd": ZstdCodec(level=0),
+    "zstd-checksum": ZstdCodec(level=3, checksum=True),
+    "none": None,
+}
+
+
+@pytest.mark.parametrize("name", list(COMPRESSORS))
+@pytest.mark.parametrize(
+    ("rows", "features", "chunks"),
+    [(5000, 23, (1000, 23)), (4321, 23, (777, 7)), (3000, 5, (4096, 8))],
+    ids=["whole-rows", "features-split", "chunk-wider-and-longer"],
+)
+def test_fast_path_equals_zarr(tmp_path: Path, name: str, rows: int, features: int, chunks) -> None:
+    x = _data(rows, features, "float32")
+    a = _array(tmp_path / "a.zarr", x, chunks, compressors=COMPRESSORS[name])
+    with ParallelBandReader(a, threads=3) as r:
+        assert r.fast, r.fallback_reason
+        _check_all_reads(r, np.asarray(a[:]))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16", "int32", "int64", "uint16", "int8", "uint8"])
+def test_dtypes(tmp_path: Path, dtype: str) -> None:
+    x = _data(2500, 9, dtype)
+    a = _array(tmp_path / "a.zarr", x, (600, 4), compressors=BloscCodec(cname="lz4", shuffle="shuffle"))
+    with ParallelBandReader(a, threads=2, prefetch=1) as r:
+        assert r.fast, r.fallback_reason
+        got = _windows(r, x.shape[0])
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got, x)
+
+
+@pytest.mark.parametrize("fill", [0.0, np.nan, 7.5])
+def test_missing_chunk_files_are_the_fill_value(tmp_path: Path, fill: float) -> None:
+    x = _data(3000, 10, "float32")
+    a = _array(tmp_path / "a.zarr", x, (700, 4), fill_value=fill)
+    for key in ("c/1/0", "c/2/1", "c/4/2", "c/0/0"):
+        (tmp_path / "a.zarr" / key).unlink()
+    expect = np.asarray(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[:])
+    assert np.isnan(expect[700:1400, :4]).all() if np.isnan(fill) else (expect[700:1400, :4] == fill).all()
+    with ParallelBandReader(a, threads=2) as r:
+        assert r.fast
+        _check_all_reads(r, expect)
+
+
+def _big_endian(path: Path, x: np.ndarray) -> zarr.Array:
+    return _array(path, x, (500, 6), serializer=BytesCodec(endian="big"))
+
+
+def _sharded(path: Path, x: np.ndarray) -> zarr.Array:
+    return _array(path, x, (250, 6), shards=(1000, 6))
+
+
+def _format2(path: Path, x: np.ndarray) -> zarr.Array:
+    return _array(path, x, (500, 4), zarr_format=2)
+
+
+def _memory(path: Path, x: np.ndarray) -> zarr.Array:
+    a = zarr.create_array(zarr.storage.MemoryStore(), shape=x.shape, chunks=(500, 6), dtype=x.dtype)
+    a[:] = x
+    return a
+
+
+def _filters(path: Path, x: np.ndarray) -> zarr.Array:
+    return _array(path, x, (500, 6), compressors=(BloscCodec(cname="lz4"), ZstdCodec()))
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (_big_endian, "endian"),
+        (_sharded, "sharded"),
+        (_format2, "format 2"),
+        (_memory, "MemoryStore"),
+        (_filters, "codecs"),
+    ],
+)
+def test_other_layouts_fall_back_to_zarr_reads(tmp_path: Path, make, reason: str) -> None:
+    x = _data(2300, 6, "float32")
+    a = make(tmp_path / "a.zarr", x)
+    assert reason in (fast_path_reason(a) or "")
+    with ParallelBandReader(a, threads=2) as r:
+        assert not r.fast and reason in r.fallback_reason
+        _check_all_reads(r, x)
+        assert r.bands_decoded > 0
+
+
+def test_one_dimensional_and_stand_ins_fall_back(tmp_path: Path) -> None:
+    t = np.arange(5000, dtype=np.int64)
+    a = zarr.create_array(str(tmp_path / "t.zarr"), shape=t.shape, chunks=(1024,), dtype=t.dtype)
+    a[:] = t
+    r = ParallelBandReader(a)
+    assert not r.fast and r.n_features == 1
+    np.testing.assert_array_equal(r.read(1000, 3000), t[1000:3000])
+    assert fast_path_reason(np.zeros((3, 3))) == "not a zarr array"
+
+
+def test_each_band_decoded_once_in_a_forward_pass(tmp_path: Path) -> None:
+    x = _data(10_000, 12, "float32")
+    a = _array(tmp_path / "a.zarr", x, (1500, 5))
+    for step in (1024, 1, 333, 4000):
+        with ParallelBandReader(a, threads=2, prefetch=2) as r:
+            np.testing.assert_array_equal(_windows(r, x.shape[0], step) if step > 1 else r.read(0, 10_000), x)
+            assert r.bands_decoded == 7  # ceil(10000 / 1500)
+
+
+def test_views_stay_valid_until_two_bands_further(tmp_path: Path) -> None:
+    x = _data(6000, 4, "float32")
+    a = _array(tmp_path / "a.zarr", x, (1000, 4))
+    with ParallelBandReader(a, threads=2, prefetch=1) as r:  # ring of 3 bands
+        v0 = r.read(0, 500)
+        assert not v0.flags.owndata  # a view of the ring
+        v1 = r.read(1200, 1300)  # band 1: band 0 is kept
+        np.testing.assert_array_equal(v0, x[:500])
+        np.testing.assert_array_equal(v1, x[1200:1300])
+        spanning = r.read(1900, 2100)  # spans bands 1 and 2: a fresh array
+        assert spanning.flags.owndata
+        r.read(3000, 3100)  # band 3: band 0's slot is reused, band 2 is kept
+        np.testing.assert_array_equal(spanning, x[1900:2100])
+        np.testing.assert_array_equal(r.read(2000, 2500), x[2000:2500])
+        np.testing.assert_array_equal(r.read(0, 100), x[:100])  # behind the ring: decoded again
+    assert r.prefetch == 1
+
+
+def test_pin_without_cuda_is_plain_memory(tmp_path: Path) -> None:
+    x = _data(3000, 8, "float32")
+    a = _array(tmp_path / "a.zarr", x, (1000, 8))
+    with ParallelBandReader(a, pin=True, threads=1) as r:
+        np.testing.assert_array_equal(_windows(r, 3000), x)
+        import torch
+
+        assert r.pinned == torch.cuda.is_available()
+
+
+def _corrupt(path: Path, how: str) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if how == "truncated" else b"\x00garbage" * 40)
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage"])
+@pytest.mark.parametrize("compressor", ["blosc", "zstd", "none"])
+def test_a_corrupt_chunk_is_a_store_error_like_block_reader(
+    tmp_path: Path, how: str, compressor: str
+) -> None:
+    x = _data(4000, 6, "float32")
+    codec = {"blosc": BloscCodec(cname="lz4"), "zstd": ZstdCodec(), "none": None}[compressor]
+    a = _array(tmp_path / "a.zarr", x, (1000, 3), compressors=codec)
+    _corrupt(tmp_path / "a.zarr" / "c" / "2" / "1", how)
+    prefix = re.escape("cannot read rows 2,000..3,000 of in.zarr: ")
+    with pytest.raises(StoreError, match=prefix):
+        BlockReader(a, where="in.zarr").read(1500, 2500)
+    with ParallelBandReader(a, threads=2, where="in.zarr") as r:
+        np.testing.assert_array_equal(r.read(0, 1900), x[:1900])  # band 2 is being prefetched: no error yet
+        with pytest.raises(StoreError, match=prefix + r"\w+(Error|Exception)?: .+; hint: "):
+            r.read(1500, 2500)
+        np.testing.assert_array_equal(r.read(3000, 4000), x[3000:])  # the other bands still read
+
+
+def test_corrupt_chunk_in_engine_is_a_store_error(tmp_path: Path) -> None:
+    x = price_series(9000, 3, seed=1)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(4096, 3))
+    _corrupt(src / "values" / "c" / "1" / "0", "garbage")
+    with pytest.raises(StoreError, match=r"cannot read rows 4,096..8,192 of .*in\.zarr: "):
+        tsconv.process(src, tmp_path / "out.zarr", chunk=1000)
+
+
+class _PlainReader(BlockReader):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("chunks", "chunk"), [((4096, 5), 1000), ((1500, 2), 1024), ((3000, 5), 5000)])
+def test_engine_output_unchanged(tmp_path: Path, monkeypatch, chunks, chunk: int) -> None:
+    x = price_series(12_345, 5, seed=3, nan_fraction=0.05)
+    src = write_store(tmp_path / "in.zarr", x, chunks=chunks)
+    pipe = {"conv": [{"filters": ["diff:1", "ma:16", "ema:32"]}, {"filters": ["ma:4"]}]}
+    made: list = []
+
+    def fast(array, **kw):
+        made.append(ParallelBandReader(array, threads=2, prefetch=1, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(engine, "ParallelBandReader", fast)
+    tsconv.process(src, tmp_path / "fast.zarr", pipeline=pipe, chunk=chunk)
+    assert made[0].fast
+    monkeypatch.setattr(
+        engine, "ParallelBandReader", lambda array, **kw: _PlainReader(array, where=kw["where"])
+    )
+    tsconv.process(src, tmp_path / "zarr.zarr", pipeline=pipe, chunk=chunk)
+    a, b = read_output(tmp_path / "fast.zarr"), read_output(tmp_path / "zarr.zarr")
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))  # bitwise, NaNs included
