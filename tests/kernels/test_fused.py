@@ -31,6 +31,8 @@ from tsconv.kernels.conv1d_reference import (
 from tsconv.kernels.fused import conv1d_head, fused_path
 from tsconv.kernels.gemm import gemm
 
+from .sm90 import run_compile_script
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ATOL = {"fp32": 1e-7, "tf32": 1e-5, "fp16": 1e-5}
 FACTOR = {"fp32": 4.0, "tf32": 2.0, "fp16": 2.0}
@@ -577,22 +579,4 @@ if __name__ == "__main__":
 def test_kernel_compiles_for_sm90_without_spills() -> None:
     """Compile (not run) the fused kernel for an H100/H200 with the bundled ptxas: the default config of each
     precision for the benchmark's two target shapes lowers, and ptxas reports no register spills."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        timeout=600,
-    )
-    if proc.returncode != 0 and ("ptxas" in proc.stderr and "not found" in proc.stderr):
-        pytest.skip("no ptxas available to compile for sm_90")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "compiled OK" in proc.stdout
+    run_compile_script(_COMPILE_SCRIPT)

@@ -25,6 +25,8 @@ from tsconv.kernels import gemm as gemm_mod
 from tsconv.kernels.conv1d_reference import emulate_tensor_cores, relative_error, round_to_tf32
 from tsconv.kernels.gemm import PackedWeights, gemm, gemm_space, pack_weights
 
+from .sm90 import run_compile_script
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 ATOL = {"fp32": 1e-7, "tf32": 1e-5, "fp16": 1e-5}
 FACTOR = {"fp32": 4.0, "tf32": 2.0, "fp16": 2.0}
@@ -573,22 +575,4 @@ print("compiled OK")
 def test_kernel_compiles_for_sm90() -> None:
     """Compile (not run) each precision's default narrow and wide configs for an H100/H200 with the installed
     Triton's ptxas: catches what the interpreter does not check, and pins wgmma and the shared-memory budget."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        timeout=600,
-    )
-    if proc.returncode != 0 and ("ptxas" in proc.stderr and "not found" in proc.stderr):
-        pytest.skip("no ptxas available to compile for sm_90")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "compiled OK" in proc.stdout
+    run_compile_script(_COMPILE_SCRIPT)
