@@ -125,19 +125,35 @@ def _run_process(
 )
 @click.option("--scheduler", help="Run on an existing dask cluster: its scheduler address (tcp://host:8786).")
 @click.option(
+    "--transfer",
+    type=click.Choice(["pinned", "mapped", "pageable"]),
+    default="pinned",
+    show_default=True,
+    help="CUDA only: how input reaches the GPU (async copies from pinned memory, zero-copy mapped host "
+    "memory, or plain copies).",
+)
+@click.option(
+    "--gpu-mem",
+    default="1.2GB",
+    show_default=True,
+    help="CUDA only: GPU memory budget for the engine's buffers (e.g. 1.2GB, 800MB); batch sizes follow.",
+)
+@click.option(
     "--partition-rows",
     type=click.IntRange(min=1),
     help="Rows per dask task, rounded up to whole output chunks (default: about 8 tasks per worker).",
 )
 def process(input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str,
             warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool,
-            workers: int | None, scheduler: str | None, partition_rows: int | None) -> None:  # fmt: skip
+            workers: int | None, scheduler: str | None, transfer: str, gpu_mem: str,
+            partition_rows: int | None) -> None:  # fmt: skip
     """Stream a store through a pipeline into an output store."""
     if partition_rows is not None and workers is None and scheduler is None:
         raise TsconvError("--partition-rows needs --workers or --scheduler")
     dask = {} if workers is None and scheduler is None else {"workers": workers, "client": scheduler}
     if partition_rows is not None:
         dask["partition_rows"] = partition_rows
+    dask.update(transfer=transfer, gpu_mem=gpu_mem)
     if overwrite and resume:
         raise TsconvError(
             "--overwrite and --resume exclude each other",

@@ -78,17 +78,23 @@ def run_partition(
     warmup: str,
     device: str,
     threads: int | None = None,
+    transfer: str = "pinned",
+    gpu_mem: int | None = None,
 ) -> dict[str, Any]:
-    """One dask task: compute rows [start, stop) and write them into the output store (no attributes)."""
+    """One dask task: compute rows [start, stop) and write them into the output store (no attributes).
+
+    On CUDA the task runs the batched engine (as ``tsconv.process`` does on one GPU), else chunk by chunk.
+    """
     import resource
     import socket
 
     import torch
 
     from .engine import _exact_fp32, _stream, resolve_device
-    from .io.reader import BlockReader
+    from .io.decode import ParallelBandReader
     from .io.store import open_input
     from .kernels.backend import Backend
+    from .stream.batched import DEFAULT_GPU_MEM, plan_step_rows, run_batched
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -96,17 +102,33 @@ def run_partition(
     store = open_input(input_path)
     dev = resolve_device(device)
     writer = OutputWriter.region(Path(output_path), time_source=store.time, start=start, stop=stop)
-    with _exact_fp32(dev):
-        _stream(
-            BlockReader(store.values, where=str(store.path)),
-            plan,
-            Backend(plan, dev),
-            writer.append,
-            start=start,
-            stop=stop,
-            chunk=chunk,
-            warmup=warmup,
-        )
+    cuda = dev.type == "cuda"
+    with (
+        _exact_fp32(dev),
+        ParallelBandReader(
+            store.values, where=str(store.path), pin=cuda and transfer != "pageable", threads=threads
+        ) as reader,
+    ):
+        if cuda:
+            step_rows = plan_step_rows(
+                plan, src_features=store.n_features, src_itemsize=store.dtype.itemsize,
+                budget=gpu_mem or DEFAULT_GPU_MEM, chunk=chunk, transfer=transfer, rows=stop - start,
+            )  # fmt: skip
+            run_batched(
+                reader, plan, Backend(plan, dev), writer.append, start=start, stop=stop,
+                step_rows=step_rows, warmup=warmup, transfer=transfer,
+            )  # fmt: skip
+        else:
+            _stream(
+                reader,
+                plan,
+                Backend(plan, dev),
+                writer.append,
+                start=start,
+                stop=stop,
+                chunk=chunk,
+                warmup=warmup,
+            )
     writer.finish()
     cuda = dev.type == "cuda"
     return {
@@ -197,6 +219,8 @@ def run_distributed(
     client: Any,
     partition_rows: int | None,
     retries: int = 2,
+    transfer: str = "pinned",
+    gpu_mem: int | None = None,
 ) -> Any:
     """Create (or reopen) the output, run the missing partitions on dask, mark it complete; a Report."""
     import zarr
@@ -282,6 +306,8 @@ def run_distributed(
                 warmup=warmup,
                 device=device,
                 threads=threads,
+                transfer=transfer,
+                gpu_mem=gpu_mem,
                 key=f"tsconv-{a}-{b}-{token}",
                 retries=retries,
                 pure=False,

@@ -29,6 +29,7 @@ from .io.store import InputStore, check_time, open_input
 from .io.writer import FORMAT_VERSION, OutputWriter, output_chunk_rows, prepare_output
 from .kernels.backend import Backend
 from .spec import Pipeline, ResolvedPipeline, default_pipeline, load_pipeline, pipeline_from_dict, resolve
+from .stream.batched import DEFAULT_GPU_MEM, TRANSFERS, StageTimes, parse_bytes, plan_step_rows, run_batched
 from .stream.fill import fill_state_before, forward_fill
 
 __all__ = ["Report", "process", "features", "default_output_path", "resolve_device"]
@@ -57,6 +58,10 @@ class Report:
     peak_rss_bytes: int
     peak_gpu_allocated_bytes: int | None
     peak_gpu_reserved_bytes: int | None
+    transfer: str | None = None  # the batched (GPU) engine's transfer mode; None for the chunked engine
+    step_rows: int | None = None  # rows per launch in the batched engine
+    stage_seconds: dict[str, float] | None = None  # see StageTimes: read/decode, h2d, compute, d2h, write
+    bound_by: str | None = None  # the stage with the most (per-thread) busy time
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,11 +73,19 @@ class Report:
             else ""
         )
         resumed = f" (resumed at row {self.resumed_from:,})" if self.resumed_from else ""
+        stages = ""
+        if self.stage_seconds:
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in self.stage_seconds.items() if k in _SHOWN_STAGES)
+            stages = f"; stages (s): {parts}; bound by {self.bound_by}"
         return (
             f"{self.rows:,} rows x {self.features_in} features -> {self.features_out} features{resumed} "
             f"in {self.seconds:.2f} s on {self.device}: {self.rows_per_s:,.0f} rows/s, "
-            f"{self.input_gbps:.3f} GB/s in, peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB{gpu} -> {self.output}"
+            f"{self.input_gbps:.3f} GB/s in, peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB{gpu}{stages} "
+            f"-> {self.output}"
         )
+
+
+_SHOWN_STAGES = ("decode", "h2d", "compute", "d2h", "write")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -220,8 +233,12 @@ def make_report(
     chunk: int,
     resumed_from: int,
     seconds: float,
+    stages: dict[str, Any] | None = None,
 ) -> Report:
-    """The report of a run that computed ``rows`` rows in ``seconds`` (input GB/s counts every decoded column)."""
+    """The report of a run that computed ``rows`` rows in ``seconds`` (input GB/s counts every decoded column).
+
+    ``stages``: the batched engine's ``transfer``, ``step_rows``, ``stage_seconds`` and ``bound_by``.
+    """
     cuda = dev.type == "cuda"
     return Report(
         input=str(store.path),
@@ -240,6 +257,7 @@ def make_report(
         peak_rss_bytes=_peak_rss(),
         peak_gpu_allocated_bytes=int(torch.cuda.max_memory_allocated(dev)) if cuda else None,
         peak_gpu_reserved_bytes=int(torch.cuda.max_memory_reserved(dev)) if cuda else None,
+        **(stages or {}),
     )
 
 
@@ -261,6 +279,9 @@ def process(
     workers: int | None = None,
     client: Any = None,
     partition_rows: int | None = None,
+    transfer: str = "pinned",
+    gpu_mem: int | str = DEFAULT_GPU_MEM,
+    batched: bool | None = None,
 ) -> Report:
     """Stream a zarr store through a pipeline into an output store; returns a :class:`Report`.
 
@@ -269,6 +290,12 @@ def process(
     ``workers=N`` (a local dask cluster) or ``client`` (a ``distributed.Client`` or a scheduler address)
     run the job as one dask task per time partition (see :mod:`tsconv.distributed`).
     An output ending in ``.parquet``/``.pq`` is written as Parquet (see :mod:`tsconv.io.parquet`).
+
+    On CUDA the batched engine runs (:mod:`tsconv.stream.batched`): ``transfer`` is ``pinned``
+    (default), ``mapped`` or ``pageable``; ``gpu_mem`` (bytes, or text like ``"1.2GB"``) bounds the GPU
+    memory its buffers take, and a pipeline that cannot fit is refused before anything starts.
+    ``batched`` forces the engine (True: batched, False: chunk by chunk); on the CPU the batched engine
+    needs the Triton interpreter (``TRITON_INTERPRET=1``) and exists for tests.
     """
     if output is not None and str(output).lower().endswith((".parquet", ".pq")):
         from .io.parquet import process_to_parquet
@@ -277,11 +304,20 @@ def process(
                                   overwrite=overwrite, resume=resume, warmup=warmup, progress=progress,
                                   distributed=workers is not None or client is not None)  # fmt: skip
     _check_options(chunk, warmup)
+    if transfer not in TRANSFERS:
+        raise TsconvError(f"unknown transfer mode {transfer!r}", hint=f"use one of {', '.join(TRANSFERS)}.")
+    budget = parse_bytes(gpu_mem)
     dev = resolve_device(device)
     store = open_input(input)
     pipe = _as_pipeline(pipeline)
     plan = resolve(pipe, store.features)
     _check_length(store.rows, plan, warmup, str(store.path))
+    use_batched = _use_batched(dev, batched)
+    step_rows = (
+        plan_step_rows(plan, src_features=store.n_features, src_itemsize=store.dtype.itemsize, budget=budget,
+                       chunk=chunk, transfer=transfer, rows=store.rows)
+        if use_batched else None
+    )  # fmt: skip
     check_time(store)
     r0, r1 = _time_rows(store, plan, distributed=workers is not None or client is not None)
     out_path = Path(output).expanduser().resolve() if output is not None else default_output_path(store.path)
@@ -295,12 +331,13 @@ def process(
         return run_distributed(
             store, plan, out_path, action=action, rows_done=start, chunk=chunk, device=device, warmup=warmup,
             attrs=_output_attrs(store, plan, chunk, warmup, fingerprint), progress=progress,
-            workers=workers, client=client, partition_rows=partition_rows,
+            workers=workers, client=client, partition_rows=partition_rows, transfer=transfer, gpu_mem=budget,
         )  # fmt: skip
     t0 = time.perf_counter()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
+    stages = None
     if action != "done":
         time_source = store.time if r0 == 0 or store.time is None else _Shifted(store.time, r0)
         if action == "create":
@@ -317,7 +354,7 @@ def process(
             )
         else:
             writer = OutputWriter.reopen(out_path, time_source=time_source, start=start)
-        _run_store(
+        stages = _run_store(
             store,
             plan,
             writer,
@@ -327,13 +364,46 @@ def process(
             warmup=warmup,
             progress=progress,
             rows=(r0, r1),
+            step_rows=step_rows,
+            transfer=transfer,
         )
     seconds = time.perf_counter() - t0
     done = rows - start if action != "done" else 0
     return make_report(
         store, plan, out_path, dev, rows=done, total_rows=rows, chunk=chunk,
-        resumed_from=start if action != "create" else 0, seconds=seconds,
+        resumed_from=start if action != "create" else 0, seconds=seconds, stages=stages,
     )  # fmt: skip
+
+
+def _use_batched(dev: torch.device, batched: bool | None) -> bool:
+    if batched is None:
+        return dev.type == "cuda"
+    if batched and dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise TsconvError(
+            "the batched engine runs on CUDA (on the CPU only under TRITON_INTERPRET=1, for tests)",
+            hint="leave batched unset.",
+        )
+    return bool(batched)
+
+
+def stage_summary(times: StageTimes, *, transfer: str, decode_busy: float, decode_threads: int,
+                  write_busy: float, write_threads: int) -> dict[str, Any]:  # fmt: skip
+    """The report's stage fields: seconds per stage and the one that bound the run.
+
+    GPU stages are event-timed; host stages are busy seconds summed over their threads, so they are
+    compared per thread (a stage using 16 threads for 16 s bounds a run like one taking 1 s).
+    """
+    stage = {
+        "decode": decode_busy / max(decode_threads, 1),
+        "h2d": times.h2d,
+        "compute": times.compute,
+        "d2h": times.d2h,
+        "write": write_busy / max(write_threads, 1),
+    }
+    bound = max(stage, key=stage.get)
+    seconds = {**stage, "decode_busy": decode_busy, "write_busy": write_busy, "read_wait": times.read_wait,
+               "emit": times.write}  # fmt: skip
+    return {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound}
 
 
 def _run_store(
@@ -347,12 +417,18 @@ def _run_store(
     warmup: str,
     progress: bool,
     rows: tuple[int, int] | None = None,
-) -> None:
-    """Compute input rows [r0 + start, r1) (``rows`` = (r0, r1), default the whole store) into ``writer``."""
+    step_rows: int | None = None,
+    transfer: str = "pinned",
+) -> dict[str, Any] | None:
+    """Compute input rows [r0 + start, r1) (``rows`` = (r0, r1), default the whole store) into ``writer``.
+
+    ``step_rows`` set: the batched engine, returning the report's stage fields; else chunk by chunk.
+    """
     from tqdm import tqdm
 
     r0, r1 = rows if rows is not None else (0, store.rows)
     backend = Backend(plan, dev)
+    stages = None
     with (
         tqdm(
             total=r1 - r0,
@@ -364,22 +440,37 @@ def _run_store(
             dynamic_ncols=True,
         ) as bar,
         _exact_fp32(dev),
-        # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA); zarr reads (BlockReader)
-        # for layouts the fast path does not handle. _stream uses each block before its next read.
-        ParallelBandReader(store.values, where=str(store.path), pin=dev.type == "cuda") as reader,
+        # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA unless pageable transfers
+        # are asked for); zarr reads (BlockReader) for layouts the fast path does not handle.
+        ParallelBandReader(
+            store.values, where=str(store.path), pin=dev.type == "cuda" and transfer != "pageable"
+        ) as reader,
     ):
-        _stream(
-            reader,
-            plan,
-            backend,
-            writer.append,
-            start=r0 + start,
-            stop=r1,
-            chunk=chunk,
-            warmup=warmup,
-            on_rows=bar.update,
-        )
+        if step_rows is not None:
+            times = run_batched(
+                reader, plan, backend, writer.append, start=r0 + start, stop=r1, step_rows=step_rows,
+                warmup=warmup, transfer=transfer, on_rows=bar.update,
+            )  # fmt: skip
+            stages = stage_summary(
+                times, transfer=transfer, decode_busy=reader.busy_seconds, decode_threads=reader.threads,
+                write_busy=float(getattr(writer, "busy_seconds", times.write)),
+                write_threads=int(getattr(writer, "threads", 1) or 1),
+            )  # fmt: skip
+        else:
+            # _stream uses each block before its next read.
+            _stream(
+                reader,
+                plan,
+                backend,
+                writer.append,
+                start=r0 + start,
+                stop=r1,
+                chunk=chunk,
+                warmup=warmup,
+                on_rows=bar.update,
+            )
     writer.finish()
+    return stages
 
 
 class _Shifted:

@@ -37,6 +37,7 @@ import math
 import os
 import sys
 import threading
+import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -217,11 +218,22 @@ class ParallelBandReader:
         self._pos: int | None = None  # the band the consumer reads now
         self._side: tuple[int, np.ndarray] | None = None  # the last band decoded behind the ring
         self._decoded = 0
+        self._busy = 0.0
+        self._busy_lock = threading.Lock()
         self._tls = threading.local()
         self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="tsconv-decode")
         self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
 
     # -- interface ---------------------------------------------------------------------------------
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds spent reading and decoding chunk files, summed over threads (0 on the fallback)."""
+        return self._busy if self.fast else 0.0
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.array.dtype)
 
     @property
     def bands_decoded(self) -> int:
@@ -316,6 +328,15 @@ class ParallelBandReader:
 
     def _decode_chunk(self, band: int, col: int, out: np.ndarray) -> None:
         """Decode chunk (band, col) into its place in the band buffer ``out`` [band_rows, F]."""
+        t0 = time.perf_counter()
+        try:
+            self._decode_chunk_timed(band, col, out)
+        finally:
+            dt = time.perf_counter() - t0
+            with self._busy_lock:
+                self._busy += dt
+
+    def _decode_chunk_timed(self, band: int, col: int, out: np.ndarray) -> None:
         a = band * self.band_rows
         n = self._band_len(band)
         c0 = col * self._col_width

@@ -103,10 +103,30 @@ class Backend:
         if self.pre is not None:
             x, level = self._preprocess(x, first_row, level)
             first_row += self.pre_halo
+        return self._stages(x, first_row, level, centered=False)
+
+    @torch.no_grad()
+    def run_centered(self, xc: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:
+        """:meth:`run` for an input already centered: ``xc`` = x - ``level`` (history rows included).
+
+        The batched GPU engine prepares ``xc`` in one pass over the input (:mod:`tsconv.stream.prep`);
+        pipelines with a computing ``[preprocess]`` go through :meth:`run`.
+        """
+        if self.pre is not None:
+            msg = "run_centered() is for pipelines without a computing [preprocess]"
+            raise RuntimeError(msg)
+        return self._stages(xc, first_row, level, centered=True)
+
+    def _stages(
+        self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool
+    ) -> torch.Tensor:
         start = first_row
         y = None
         for i, layer in enumerate(self.layers):
-            y = self._first_stage(x, layer, level) if i == 0 else self._conv(y, layer, layer.bias)
+            if i == 0:
+                y = self._first_stage(x, layer, level, centered=centered)
+            else:
+                y = self._conv(y, layer, layer.bias)
             start += layer.halo
             # Each stage pads its own input with zeros (F.pad semantics): rows before step 0 are zero
             # history for the next stage, not this stage's response to the previous zeros.
@@ -120,7 +140,9 @@ class Backend:
             out = apply_activation(out, self.head.activation)
         return out
 
-    def _first_stage(self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor) -> torch.Tensor:
+    def _first_stage(
+        self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor, *, centered: bool = False
+    ) -> torch.Tensor:
         """conv(x) computed as conv(x - c) + conv(c), with c a per-feature level taken from the data.
 
         Raw price levels near 100 leave fp32 about 1e-5 of absolute resolution, and a zero-sum filter
@@ -131,13 +153,14 @@ class Backend:
         the last value before the chunk, or a feature's first value where it starts inside the chunk
         (outputs before that are NaN anyway).
         """
-        centered = (x - c).T.unsqueeze(0)  # [1, C, L] view of a time-major buffer; zero history -> -c
+        # [1, C, L] view of a time-major buffer; zero history -> -c
+        xt = (x if centered else x - c).T.unsqueeze(0)
         per_group = layer.tap_sums.shape[1]
         c64 = c.to(torch.float64).view(layer.groups, per_group)
         out_per_group = layer.tap_sums.shape[0] // layer.groups
         level = (layer.tap_sums.view(layer.groups, out_per_group, per_group) * c64[:, None, :]).sum(-1)
         bias = (layer.bias64 + level.reshape(-1)).to(torch.float32)
-        return self._conv(centered, layer, bias)
+        return self._conv(xt, layer, bias)
 
     def _preprocess(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor

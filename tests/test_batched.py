@@ -1,0 +1,206 @@
+"""The batched (GPU) engine, run on CPU tensors: its prepare kernel through the Triton interpreter.
+
+The CUDA-specific parts (streams, events, pinned and mapped memory) run on the GPU machine
+(benchmarks/e2e.py); here the loop's logic is checked: steps and band pieces, the halo carried between
+steps, forward fill and centering, warm-up rows, resume, column selection, budgets and errors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+import tsconv
+from tsconv.engine import _stream
+from tsconv.errors import TsconvError
+from tsconv.io.reader import ArraySource
+from tsconv.kernels.backend import Backend
+from tsconv.spec import pipeline_from_dict, resolve
+from tsconv.stream.batched import parse_bytes, plan_step_rows, run_batched
+from tsconv.stream.fill import forward_fill
+from tsconv.stream.prep import prepare
+
+from .helpers import assert_matches_reference, price_series, read_output, write_store
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the prepare kernel runs on CPU only under the interpreter",
+)
+
+BANK = {"conv": [{"name": "bank", "filters": ["diff:1", "diff:4", "dev:8"]}]}
+TWO_STAGES = {
+    "conv": [
+        {"name": "bank", "filters": ["diff:1", "ma:4"]},
+        {"name": "smooth", "filters": ["ma:3"], "dilation": 2, "weight_dtype": "float32"},
+    ]
+}
+
+
+def _prep_reference(raw, state, carry, *, fill=True, center=True):
+    """The chunked engine's arithmetic: forward fill, level, (carry ; rows) - level."""
+    filled, new_state = forward_fill(raw.astype(np.float32), state.copy())
+    level = state.copy()
+    for j in np.flatnonzero(np.isnan(level)):
+        v = filled[~np.isnan(filled[:, j]), j]
+        level[j] = v[0] if v.size else 0.0
+    rows = filled if fill else raw.astype(np.float32)
+    x = np.concatenate([carry, rows])
+    return (x - level if center else x), new_state, level, rows[-carry.shape[0] :] if carry.shape[0] else None
+
+
+@pytest.mark.parametrize("pieces", [[90], [33, 50, 7], [1, 1, 88]])
+@pytest.mark.parametrize("fill", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_prepare_equals_the_chunked_engines_arithmetic(pieces, fill, dtype):
+    rng = np.random.default_rng(3)
+    n, C, halo = 90, 19, 6
+    raw = price_series(n, C, seed=1, nan_fraction=0.15).astype(dtype)
+    raw[:50, 2] = np.nan  # late start inside the step
+    raw[:, 4] = np.nan  # never starts
+    state = np.full(C, np.nan, np.float32)
+    state[:9] = 101.25
+    carry = rng.uniform(90, 110, size=(halo, C)).astype(np.float32)
+    want, want_state, want_level, want_carry = _prep_reference(raw, state, carry, fill=fill)
+    xc = torch.full((halo + n, C), 123.0)  # poisoned
+    st, lv = torch.from_numpy(state.copy()), torch.from_numpy(state.copy())
+    cin, cout = torch.from_numpy(carry.copy()), torch.full((halo, C), -7.0)
+    off = 0
+    for k, p in enumerate(pieces):
+        prepare(torch.from_numpy(raw[off : off + p]), xc=xc, state=st, level=lv, carry_in=cin,
+                carry_out=cout, off=off, n_step=n, fill=fill, last=k == len(pieces) - 1)  # fmt: skip
+        off += p
+    np.testing.assert_array_equal(xc.numpy(), want)
+    np.testing.assert_array_equal(st.numpy(), want_state)
+    np.testing.assert_array_equal(lv.numpy(), want_level)
+    np.testing.assert_array_equal(cout.numpy(), want_carry)
+
+
+def test_prepare_selects_columns_and_leaves_the_level_uncentered():
+    raw = price_series(40, 11, seed=2, nan_fraction=0.1)
+    cols = np.array([9, 0, 4, 4, 10])
+    state = np.full(5, np.nan, np.float32)
+    carry = np.zeros((0, 5), np.float32)
+    want, _, want_level, _ = _prep_reference(raw[:, cols], state, carry, center=False)
+    xc = torch.full((40, 5), np.nan)
+    st, lv = torch.from_numpy(state.copy()), torch.from_numpy(state.copy())
+    empty = torch.zeros((0, 5))
+    prepare(torch.from_numpy(raw), xc=xc, state=st, level=lv, carry_in=empty, carry_out=empty, off=0,
+            n_step=40, cols=torch.from_numpy(cols), center=False)  # fmt: skip
+    np.testing.assert_array_equal(xc.numpy(), want)
+    np.testing.assert_array_equal(lv.numpy(), want_level)
+
+
+def _batched(x, plan, *, step_rows, band_rows, start=0, warmup="nan"):
+    out = []
+    run_batched(ArraySource(x, band_rows=band_rows), plan, Backend(plan, torch.device("cpu")),
+                lambda a: out.append(a.copy()), start=start, step_rows=step_rows, warmup=warmup)  # fmt: skip
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize(
+    ("pipe", "step_rows", "band_rows"),
+    [(BANK, 64, 50), (BANK, 128, 128), (TWO_STAGES, 64, 37), (TWO_STAGES, 192, 500)],
+)
+@pytest.mark.parametrize("warmup", ["nan", "zero"])
+def test_batched_matches_the_float64_reference(pipe, step_rows, band_rows, warmup):
+    x = price_series(301, 5, seed=4, nan_fraction=0.05)
+    x[:70, 1] = np.nan  # late listing across the first step
+    plan = resolve(pipeline_from_dict(pipe), tuple(f"x{j}" for j in range(5)))
+    y = _batched(x, plan, step_rows=step_rows, band_rows=band_rows, warmup=warmup)
+    assert y.shape == (301, plan.n_outputs)
+    assert_matches_reference(y, x, plan, warmup=warmup)
+
+
+def test_batched_resume_equals_the_tail_of_a_whole_run():
+    x = price_series(300, 4, seed=5, nan_fraction=0.1)
+    x[:150, 3] = np.nan
+    plan = resolve(pipeline_from_dict(TWO_STAGES), tuple(f"x{j}" for j in range(4)))
+    whole = _batched(x, plan, step_rows=64, band_rows=40)
+    tail = _batched(x, plan, step_rows=64, band_rows=40, start=128)
+    assert tail.shape == (172, plan.n_outputs)
+    np.testing.assert_array_equal(np.isnan(tail), np.isnan(whole[128:]))
+    np.testing.assert_allclose(tail, whole[128:], rtol=1e-5, atol=1e-5)
+
+
+def test_batched_equals_the_chunked_engine_with_preprocess():
+    pipe = {
+        "preprocess": {"select": ["x0", "x2", "x3"], "transform": "log_return", "zscore": 16},
+        "conv": [{"name": "bank", "filters": ["diff:1", "ma:4"]}],
+    }
+    x = price_series(260, 5, seed=6, nan_fraction=0.05)
+    plan = resolve(pipeline_from_dict(pipe), tuple(f"x{j}" for j in range(5)))
+    y = _batched(x, plan, step_rows=64, band_rows=45)
+    ref: list[np.ndarray] = []
+    _stream(
+        ArraySource(x), plan, Backend(plan, torch.device("cpu")), ref.append, start=0, chunk=64, warmup="nan"
+    )
+    want = np.concatenate(ref)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    assert_matches_reference(y, x, plan)
+
+
+def test_process_batched_on_a_store_matches_the_chunked_engine(tmp_path):
+    x = price_series(700, 6, seed=7, nan_fraction=0.03)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(150, 6))
+    a = tsconv.process(src, tmp_path / "a.zarr", pipeline=BANK, device="cpu", chunk=128)
+    b = tsconv.process(src, tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=128, batched=True,
+                       gpu_mem="60MB")  # fmt: skip
+    assert a.stage_seconds is None and a.transfer is None
+    assert b.step_rows and b.step_rows % 128 == 0 and b.bound_by in b.stage_seconds
+    assert set(b.stage_seconds) >= {"decode", "h2d", "compute", "d2h", "write"}
+    ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
+    np.testing.assert_array_equal(np.isnan(ya), np.isnan(yb))
+    np.testing.assert_allclose(yb, ya, rtol=1e-5, atol=1e-5)
+    g = zarr.open_group(str(tmp_path / "b.zarr"), mode="r")
+    assert g.attrs["tsconv"]["complete"] is True
+
+
+def test_an_error_while_writing_stops_the_run():
+    x = price_series(300, 3, seed=8)
+    plan = resolve(pipeline_from_dict(BANK), ("x0", "x1", "x2"))
+    calls = []
+
+    def emit(block):
+        calls.append(block.shape[0])
+        if len(calls) == 2:
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        run_batched(ArraySource(x, band_rows=64), plan, Backend(plan, torch.device("cpu")), emit, start=0,
+                    step_rows=64, warmup="nan")  # fmt: skip
+    assert len(calls) == 2
+
+
+def test_step_rows_follow_the_budget_and_refuse_what_cannot_fit():
+    names = tuple(f"x{j}" for j in range(1024))
+    plan = resolve(pipeline_from_dict({"conv": [{"name": "b", "filters": ["diff:1", "ma:16"]}]}), names)
+    kw = dict(src_features=1024, src_itemsize=4, chunk=1024, transfer="pinned", rows=10**7)
+    small = plan_step_rows(plan, budget=parse_bytes("200MB"), **kw)
+    big = plan_step_rows(plan, budget=parse_bytes("1.2GB"), **kw)
+    assert small % 1024 == 0 and big % 1024 == 0 and 1024 <= small < big <= 65536
+    assert plan_step_rows(plan, budget=parse_bytes("1.2GB"), **{**kw, "rows": 3000}) == 3072
+    with pytest.raises(TsconvError, match="does not fit the GPU memory budget"):
+        plan_step_rows(plan, budget=parse_bytes("60MB"), **kw)
+
+
+@pytest.mark.parametrize(("text", "value"), [("1.2GB", 1_200_000_000), ("800MB", 800_000_000),
+                                             ("512MiB", 512 * 2**20), ("2e9", 2_000_000_000), (1000, 1000)])  # fmt: skip
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("bad", ["lots", "1.2TBX", "-5MB", "0"])
+def test_parse_bytes_refuses_nonsense(bad):
+    with pytest.raises(TsconvError):
+        parse_bytes(bad)
+
+
+def test_process_refuses_an_unknown_transfer_mode(tmp_path):
+    src = write_store(tmp_path / "in.zarr", price_series(100, 2))
+    with pytest.raises(TsconvError, match="unknown transfer mode"):
+        tsconv.process(src, tmp_path / "o.zarr", pipeline=BANK, device="cpu", transfer="carrier-pigeon")

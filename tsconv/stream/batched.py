@@ -1,0 +1,455 @@
+"""The batched engine loop: many 1024-step chunks per launch, host decode, copies and compute overlapped.
+
+Used for CUDA runs (and, under ``TRITON_INTERPRET=1``, on CPU tensors in tests). One *step* is
+``step_rows`` rows (a multiple of the chunk, sized from the GPU memory budget by
+:func:`plan_step_rows`), computed in one pass: prepare (:mod:`tsconv.stream.prep`), every stage's conv
+and the head. The halo travels from step to step on the device, so no row is read twice.
+
+Streams and buffers (``--transfer``):
+
+* ``pinned`` (default): the reader decodes into a pinned ring; each band is copied to a device slot on a
+  copy stream, the compute stream waits for the step's copies by event, and two device slots let the
+  next step's copies run under this step's compute;
+* ``mapped``: no device copy of the input: the prepare kernel reads the pinned ring through the GPU's
+  mapping of host memory (one read per value, over the bus);
+* ``pageable``: the reader's ring is ordinary memory, copies are synchronous (the baseline).
+
+Results go back on a third stream into a small ring of pinned host slots; a writer thread waits for each
+slot's event and hands the rows to ``emit`` (which must copy them), so writing overlaps everything else.
+
+Ring reuse: the reader rewrites the ring slot of band ``b - 2`` when band ``b`` is first read, so before
+that read every copy (or mapped read) of bands <= ``b - 2`` is waited for by its event.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import TsconvError
+from ..io.reader import ColumnSource, RowSource
+from ..kernels.backend import Backend
+from ..spec import ResolvedPipeline
+from .fill import fill_state_before, forward_fill
+from .prep import prepare
+
+__all__ = ["TRANSFERS", "DEFAULT_GPU_MEM", "StageTimes", "plan_step_rows", "parse_bytes", "run_batched"]
+
+TRANSFERS = ("pinned", "mapped", "pageable")
+DEFAULT_GPU_MEM = 1_200_000_000  # bytes: "about 1.2 GB", whatever the series' length or width
+MAX_STEP_ROWS = 65536  # beyond this a step's launch overheads are already negligible (benchmarks/NOTES.md)
+_OUT_SLOTS = 3  # pinned host result slots: one being filled, one being written, one spare
+_FIXED_BYTES = 48 << 20  # weights, carries, the allocator's rounding: headroom kept out of the step budget
+
+
+def parse_bytes(text: str | int) -> int:
+    """``1.2GB``, ``800MB``, ``512MiB``, ``2e9`` or an int -> bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        s = str(text).strip().replace(" ", "")
+        units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+        num = s.rstrip("kKmMgGiIbB")
+        unit = s[len(num) :].upper()
+        try:
+            value = int(float(num) * units[unit])
+        except (KeyError, ValueError):
+            raise TsconvError(
+                f"cannot read the memory size {text!r}", hint="write it like 1.2GB, 800MB or 512MiB."
+            ) from None
+    if value <= 0:
+        raise TsconvError(f"the GPU memory budget must be positive, got {text!r}")
+    return value
+
+
+def _bytes_per_row(plan: ResolvedPipeline, src_features: int, src_itemsize: int, transfer: str) -> int:
+    """GPU bytes a step needs per row: input slots, the prepared input, live stage outputs, the head."""
+    c = len(plan.input_names)
+    per = 4 * c  # xc
+    if transfer != "mapped":
+        per += 2 * src_features * src_itemsize  # two device slots for the raw rows
+    widths = [layer.out_channels for layer in plan.layers]
+    pairs = [widths[0]] + [a + b for a, b in zip(widths, widths[1:], strict=False)]
+    per += 4 * max(pairs)
+    if plan.head is not None:
+        per += 4 * plan.head.weight.shape[1] + 4 * widths[-1]  # head output + contiguous copy for D2H
+    if plan.preprocess is not None and plan.preprocess.computes:
+        per += 6 * 8 * c  # float64 working copies of the transform and z-score
+    return per
+
+
+def plan_step_rows(
+    plan: ResolvedPipeline,
+    *,
+    src_features: int,
+    src_itemsize: int,
+    budget: int,
+    chunk: int,
+    transfer: str,
+    rows: int,
+) -> int:
+    """Rows per step: the most chunks (up to MAX_STEP_ROWS rows) that fit ``budget`` bytes of GPU memory.
+
+    Raises before anything starts when even one chunk plus the halo does not fit.
+    """
+    per = _bytes_per_row(plan, src_features, src_itemsize, transfer)
+    weights = sum(layer.weight.size * 4 for layer in plan.layers)
+    if plan.head is not None:
+        weights += plan.head.weight.size * 4
+    halo_bytes = (plan.halo * 4 * len(plan.input_names)) * 3  # xc's halo rows and two carries
+    avail = budget - _FIXED_BYTES - weights - halo_bytes
+    fit = avail // per if avail > 0 else 0
+    if fit < chunk:
+        need = _FIXED_BYTES + weights + halo_bytes + per * chunk
+        raise TsconvError(
+            f"the pipeline does not fit the GPU memory budget: one {chunk}-step chunk of "
+            f"{len(plan.input_names)} features needs about {need / 1e6:,.0f} MB, the budget is "
+            f"{budget / 1e6:,.0f} MB",
+            hint="raise --gpu-mem, use a smaller --chunk, or select fewer features.",
+        )
+    step = min(fit // chunk * chunk, max(MAX_STEP_ROWS // chunk, 1) * chunk)
+    step = max(step, -(-plan.halo // chunk) * chunk)  # a step must hold the next step's halo
+    if step > fit:
+        raise TsconvError(
+            f"the pipeline's warm-up of {plan.halo} steps does not fit the GPU memory budget of "
+            f"{budget / 1e6:,.0f} MB at {len(plan.input_names)} features",
+            hint="raise --gpu-mem or shorten the filters.",
+        )
+    return min(step, -(-max(rows, 1) // chunk) * chunk)
+
+
+@dataclass
+class StageTimes:
+    """Seconds spent per stage. GPU stages are event-timed sums; threaded host stages are busy seconds."""
+
+    read_wait: float = 0.0  # the main thread waiting for decoded rows
+    h2d: float = 0.0
+    compute: float = 0.0
+    d2h: float = 0.0
+    write: float = 0.0  # the writer thread inside emit()
+    steps: int = 0
+    step_rows: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "read_wait": self.read_wait,
+            "h2d": self.h2d,
+            "compute": self.compute,
+            "d2h": self.d2h,
+            "write": self.write,
+            **self.extra,
+        }
+
+
+class _Gpu:
+    """Streams and events on CUDA; immediate no-ops on the CPU (interpreter tests)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.copy = self.compute = self.back = None
+        if self.cuda:
+            self.copy = torch.cuda.Stream(device)
+            self.compute = torch.cuda.Stream(device)
+            self.back = torch.cuda.Stream(device)
+
+    def event(self, stream: Any) -> Any:
+        if not self.cuda:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        return ev
+
+    def on(self, stream: Any) -> Any:
+        import contextlib
+
+        return torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
+
+    def wait(self, stream: Any, ev: Any) -> None:
+        if self.cuda and ev is not None:
+            stream.wait_event(ev)
+
+    @staticmethod
+    def sync(ev: Any) -> None:
+        if ev is not None:
+            ev.synchronize()
+
+    @staticmethod
+    def elapsed(a: Any, b: Any) -> float:
+        return a.elapsed_time(b) / 1e3 if a is not None and b is not None else 0.0
+
+
+def _host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, pin_memory=pin)
+
+
+class _MappedRows:
+    """Pinned host rows as a Triton pointer argument (what the prepare kernel needs of a tensor)."""
+
+    def __init__(self, view: np.ndarray) -> None:
+        self.view = view  # keeps the memory alive while the launch is queued
+        self.shape = view.shape
+        self.dtype = torch.from_numpy(view[:0]).dtype
+        self._strides = tuple(s // view.itemsize for s in view.strides)
+
+    def data_ptr(self) -> int:
+        return self.view.ctypes.data
+
+    def stride(self, dim: int) -> int:
+        return self._strides[dim]
+
+
+def _mapped(view: np.ndarray, device: torch.device) -> Any:
+    """The rows of a pinned ring buffer, readable by a kernel on ``device`` through the GPU's mapping
+    of host memory (unified addressing: the host pointer is valid on the device). No device copy."""
+
+    class _Iface:
+        __cuda_array_interface__ = {
+            "shape": view.shape,
+            "typestr": view.dtype.str,
+            "data": (view.ctypes.data, False),
+            "strides": view.strides,
+            "version": 2,
+        }
+
+    try:
+        with torch.cuda.device(device):
+            return torch.as_tensor(_Iface(), device=device)
+    except (RuntimeError, TypeError, ValueError):  # a torch that refuses host pointers: Triton takes them
+        return _MappedRows(view)
+
+
+def run_batched(
+    source: RowSource,
+    plan: ResolvedPipeline,
+    backend: Backend,
+    emit: Callable[[np.ndarray], None],
+    *,
+    start: int,
+    stop: int | None = None,
+    step_rows: int,
+    warmup: str,
+    transfer: str = "pinned",
+    on_rows: Callable[[int], None] | None = None,
+) -> StageTimes:
+    """Compute rows [start, stop) in steps of ``step_rows`` and hand each step's rows to ``emit`` in order.
+
+    ``emit`` runs on a writer thread and must copy what it keeps (the array is a reused host slot).
+    Equals the chunked engine's ``_stream`` within float32 rounding (the level each step is centered on
+    is the same rule applied per step instead of per chunk).
+    """
+    if transfer not in TRANSFERS:
+        raise TsconvError(f"unknown transfer mode {transfer!r}", hint=f"use one of {', '.join(TRANSFERS)}.")
+    dev = backend.device
+    gpu = _Gpu(dev)
+    rows = source.rows if stop is None else stop
+    halo, n_feat = plan.halo, len(plan.input_names)
+    fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
+    center = backend.pre is None
+    times = StageTimes(step_rows=step_rows)
+    if transfer == "mapped" and gpu.cuda and not getattr(source, "pinned", False):
+        why = getattr(source, "fallback_reason", None) or "its reader does not decode into pinned memory"
+        raise TsconvError(
+            f"--transfer mapped needs the fast reader's pinned ring, which this store cannot use ({why})",
+            hint="use --transfer pinned (the default).",
+        )
+
+    # Start state, as the chunked engine builds it: the fill state and raw filled rows before `start`.
+    sel: RowSource = ColumnSource(source, plan.columns) if plan.columns is not None else source
+    begin = max(0, start - halo)
+    state0 = fill_state_before(sel, begin, np.dtype(np.float32))
+    carry0 = np.zeros((halo - (start - begin), n_feat), dtype=np.float32)
+    if start > begin:
+        raw = np.asarray(sel.read(begin, start), dtype=np.float32)
+        prefix, state0 = forward_fill(raw, state0)
+        carry0 = np.concatenate([carry0, prefix if fill else raw], axis=0)
+
+    f32 = torch.float32
+    state = torch.from_numpy(state0).to(dev)
+    level = torch.empty_like(state)
+    carries = [
+        torch.from_numpy(np.ascontiguousarray(carry0)).to(dev),
+        torch.zeros((halo, n_feat), device=dev),
+    ]
+    cols = None if plan.columns is None else torch.tensor(plan.columns, dtype=torch.int64, device=dev)
+    xc = torch.empty((halo + step_rows, n_feat), dtype=f32, device=dev)
+    src_dtype = torch.from_numpy(np.empty(0, dtype=_source_dtype(source))).dtype
+    slots = (
+        [torch.empty((step_rows, source.n_features), dtype=src_dtype, device=dev) for _ in range(2)]
+        if transfer != "mapped" or not gpu.cuda
+        else []
+    )
+    n_out = plan.n_outputs
+    host_out = _host_buffer((_OUT_SLOTS, step_rows, n_out), f32, pin=gpu.cuda)
+    free_out = threading.Semaphore(_OUT_SLOTS)
+    band_rows = max(1, int(getattr(source, "band_rows", step_rows)))
+    pending_bands: deque[tuple[int, Any]] = deque()  # (band, event after its last reader on the GPU)
+    slot_free: list[Any] = [None, None]  # event: compute of the step that last used the slot is done
+    step_events: list[tuple[Any, ...]] = []
+
+    writer = _Writer(emit, host_out, free_out, on_rows, times)
+    writer.start()
+    try:
+        for i, s in enumerate(range(start, rows, step_rows)):
+            e = min(s + step_rows, rows)
+            n = e - s
+            k = i % 2
+            t_copy0 = gpu.event(gpu.copy) if gpu.cuda and transfer != "mapped" else None
+            if gpu.cuda and transfer != "mapped":
+                gpu.wait(gpu.copy, slot_free[k])
+            level_set = False
+            t_comp0 = None
+            pieces = _pieces(s, e, band_rows)
+            for j, (lo, hi) in enumerate(pieces):
+                band = lo // band_rows
+                while pending_bands and pending_bands[0][0] <= band - 2:
+                    gpu.sync(pending_bands.popleft()[1])
+                t0 = time.perf_counter()
+                view = source.read(lo, hi)
+                times.read_wait += time.perf_counter() - t0
+                if transfer == "mapped" and gpu.cuda:
+                    src = _mapped(np.asarray(view), dev)
+                    with gpu.on(gpu.compute):
+                        if not level_set:
+                            t_comp0 = gpu.event(gpu.compute)
+                            level.copy_(state)
+                            level_set = True
+                        prepare(
+                            src, xc=xc[: halo + n], state=state, level=level, carry_in=carries[i % 2],
+                            carry_out=carries[(i + 1) % 2], off=lo - s, n_step=n, cols=cols,
+                            fill=fill, center=center, last=j == len(pieces) - 1,
+                        )  # fmt: skip
+                        pending_bands.append((band, gpu.event(gpu.compute)))
+                else:
+                    with gpu.on(gpu.copy):
+                        host = torch.from_numpy(np.asarray(view))
+                        slots[k][lo - s : hi - s].copy_(host, non_blocking=gpu.cuda and transfer == "pinned")
+                        pending_bands.append((band, gpu.event(gpu.copy)))
+            t_copy1 = gpu.event(gpu.copy) if t_copy0 is not None else None
+            with gpu.on(gpu.compute):
+                if transfer != "mapped" or not gpu.cuda:
+                    gpu.wait(gpu.compute, t_copy1)
+                    t_comp0 = gpu.event(gpu.compute)
+                    level.copy_(state)
+                    prepare(
+                        slots[k][:n], xc=xc[: halo + n], state=state, level=level, carry_in=carries[i % 2],
+                        carry_out=carries[(i + 1) % 2], off=0, n_step=n, cols=cols, fill=fill,
+                        center=center, last=True,
+                    )  # fmt: skip
+                    slot_free[k] = gpu.event(gpu.compute)
+                x = xc[: halo + n]
+                first_row = s - halo
+                y = backend.run_centered(x, first_row, level) if center else backend.run(x, first_row, level)
+                if warmup == "nan" and s < halo:
+                    y[: min(halo - s, n)] = float("nan")
+                if not y.is_contiguous():
+                    y = y.contiguous()
+                t_comp1 = gpu.event(gpu.compute)
+            free_out.acquire()
+            writer.check()
+            o = i % _OUT_SLOTS
+            gpu.wait(gpu.back, t_comp1)
+            with gpu.on(gpu.back):
+                t_back0 = gpu.event(gpu.back)
+                host_out[o, :n].copy_(y, non_blocking=gpu.cuda)
+                if gpu.cuda:
+                    y.record_stream(gpu.back)
+                t_back1 = gpu.event(gpu.back)
+            step_events.append((t_copy0, t_copy1, t_comp0, t_comp1, t_back0, t_back1))
+            writer.put((t_back1, o, n))
+            times.steps += 1
+        writer.put(None)
+        writer.join_checked()
+    except BaseException:
+        writer.abort()
+        raise
+    if gpu.cuda:
+        torch.cuda.synchronize(dev)
+        for c0, c1, p0, p1, b0, b1 in step_events:
+            times.h2d += gpu.elapsed(c0, c1)
+            times.compute += gpu.elapsed(p0, p1)
+            times.d2h += gpu.elapsed(b0, b1)
+    return times
+
+
+def _source_dtype(source: RowSource) -> np.dtype:
+    for attr in ("dtype",):
+        if hasattr(source, attr):
+            return np.dtype(getattr(source, attr))
+    array = getattr(source, "array", None)
+    if array is not None and hasattr(array, "dtype"):
+        return np.dtype(array.dtype)
+    return np.dtype(np.float32)
+
+
+def _pieces(s: int, e: int, band_rows: int) -> list[tuple[int, int]]:
+    """[s, e) split at band boundaries, so every read is a view of one ring buffer."""
+    out = []
+    lo = s
+    while lo < e:
+        hi = min(e, (lo // band_rows + 1) * band_rows)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+class _Writer(threading.Thread):
+    """Waits for each result slot's copy, hands its rows to ``emit``, frees the slot."""
+
+    def __init__(self, emit, host_out, free_out, on_rows, times) -> None:  # noqa: ANN001
+        super().__init__(name="tsconv-emit", daemon=True)
+        self.emit, self.host_out, self.free_out, self.on_rows, self.times = (
+            emit,
+            host_out,
+            free_out,
+            on_rows,
+            times,
+        )
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.error: BaseException | None = None
+        self._halt = False
+
+    def run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None or self._halt:
+                return
+            ev, o, n = item
+            try:
+                if ev is not None:
+                    ev.synchronize()
+                t0 = time.perf_counter()
+                self.emit(self.host_out[o, :n].numpy())
+                self.times.write += time.perf_counter() - t0
+                if self.on_rows is not None:
+                    self.on_rows(n)
+            except BaseException as exc:  # surfaced on the main thread by check()/join_checked()
+                self.error = exc
+                self.free_out.release()
+                return
+            self.free_out.release()
+
+    def put(self, item: Any) -> None:
+        self.check()
+        self.queue.put(item)
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def join_checked(self) -> None:
+        self.join()
+        self.check()
+
+    def abort(self) -> None:
+        self._halt = True
+        self.queue.put(None)
+        self.join(timeout=60)
