@@ -26,6 +26,7 @@ from tsconv.kernels.conv1d_reference import (
     emulate_tensor_cores,
     relative_error,
     round_to_tf32,
+    round_to_tf32_rne,
     torch_conv1d_in_precision,
 )
 from tsconv.kernels.fused import conv1d_head, fused_path
@@ -108,10 +109,7 @@ def torch_in_precision(x, w, b, hw, hb, *, precision, activation=None, head_acti
     if precision == "fp32":
         y = h.float() @ hw.float()
     elif precision == "tf32":
-        h_t = (h.float().contiguous().view(torch.int32) & -8192).view(
-            torch.float32
-        )  # truncated, as the TC does
-        y = h_t @ round_to_tf32(hw)
+        y = round_to_tf32_rne(h.float()) @ round_to_tf32(hw)  # the conv tile is rounded, ties to even
     else:
         y = h.half().float() @ hw.half().float()
     if hb is not None:
@@ -305,6 +303,31 @@ def test_fused_equals_unfused(wdtype: torch.dtype) -> None:
     assert err_unfused <= res["bound"], (err_unfused, res["bound"])
     diff = relative_error(res["y"], unfused.double())
     assert diff <= res["bound"], (diff, res["bound"])
+
+
+@_needs_interpreter
+def test_tf32_rounds_x_and_the_conv_tile_under_tensor_core_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Precision "tf32" on normalised returns (C * K = 1024): x rounded by the pre-pass and the conv tile
+    rounded in registers, both ties to even, within the tf32 rule against torch's pair of rounded products;
+    letting the tensor core truncate both instead gives 2.1-2.7x the error (seeds 50-53)."""
+    C, K, O, D = 64, 16, 48, 24
+    x = returns(1, 60 + K - 1, C, seed=50).transpose(1, 2)
+    w, hw = zero_sum_weights(O, C, K), head_weights(O, D)
+    calls: list[int] = []
+    prepass = fused_mod._round_tf32_into
+
+    def counted(src: torch.Tensor, dst: torch.Tensor) -> None:
+        calls.append(1)
+        prepass(src, dst)
+
+    monkeypatch.setattr(fused_mod, "_round_tf32_into", counted)
+    with emulate_tensor_cores(block=4, extra_bits=0):
+        err_round = check(x, w, None, hw, precision="tf32", padding="valid")["err"]
+        assert calls == [1]
+        monkeypatch.setattr(fused_mod, "_ROUND_TF32", False)
+        y = conv1d_head(x, w, None, hw, precision="tf32", padding="valid")
+    err_trunc = relative_error(y, reference(x, w, None, hw, None, padding="valid"))
+    assert calls == [1] and err_trunc > 1.5 * err_round, (err_round, err_trunc)
 
 
 # ------------------------------------------------------------------------------- O blocks, fallbacks
@@ -540,7 +563,7 @@ def compile_one(pname, O, D, cfg):
             if spec == "D":
                 attrs[(idx,)] = [["tt.divisibility", 16]]
     consts = dict(HAS_BIAS=True, HAS_HBIAS=True, ACT=2, HEAD_ACT=3, PREC=prec, A_SPLIT=3 if prec == 0 else 1,
-                  H_SPLIT=3, W_SPLIT=False, HW_SPLIT=False, FLUSH=prec == 0, INDEX64=False,
+                  H_SPLIT=3, W_SPLIT=False, HW_SPLIT=False, FLUSH=prec == 0, ROUND_H=prec == 1, INDEX64=False,
                   BLOCK_D=max(16, D), **cfg.meta)
     for name, value in consts.items():
         sig[name] = "constexpr"

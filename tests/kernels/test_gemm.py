@@ -22,7 +22,12 @@ import torch
 from tsconv.errors import ShapeError
 from tsconv.kernels import autotune
 from tsconv.kernels import gemm as gemm_mod
-from tsconv.kernels.conv1d_reference import emulate_tensor_cores, relative_error, round_to_tf32
+from tsconv.kernels.conv1d_reference import (
+    emulate_tensor_cores,
+    relative_error,
+    round_to_tf32,
+    round_to_tf32_rne,
+)
 from tsconv.kernels.gemm import PackedWeights, gemm, gemm_space, pack_weights
 
 from .sm90 import run_compile_script
@@ -360,6 +365,71 @@ def test_flush_keeps_long_sums_accurate_on_emulated_tensor_cores(monkeypatch: py
     assert e_off > 5 * e_on, (e_off, e_on)
 
 
+_needs_interpreter = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the tensor-core model replaces tl.dot in the Triton interpreter"
+)
+
+
+@_needs_interpreter
+def test_tf32_rounds_a_instead_of_truncating_on_emulated_tensor_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Precision "tf32" on normalised returns, K = 1024, both ways of rounding a (in registers: one column
+    block; the pre-pass: two): about half the error of letting the tensor core truncate a (2x the RMS), and
+    at the TF32 yardstick (both operands rounded, float32 accumulation)."""
+    a, b = returns(32, 1024, seed=34), zero_sum_b(1024, 48)
+    ref = reference(a, b)
+    yardstick = relative_error(torch_in_precision(a, b, precision="tf32"), ref)
+    for block_n in (64, 32):  # one column block (ROUND_A in the kernel), two (the pre-pass)
+        spec = gemm_mod._validate(a, b, None, None, None, "tf32")
+        cfg = autotune.Config("c", {"BLOCK_M": 32, "BLOCK_N": block_n, "BLOCK_K": 32, "GROUP_M": 8}, 4, 1)
+        errs = []
+        for rounding in (True, False):
+            monkeypatch.setattr(gemm_mod, "_ROUND_A_TF32", rounding)
+            out = nan_out(32, 48)
+            with emulate_tensor_cores():
+                gemm_mod._gemm_triton(a, b, None, out, spec, config=cfg)
+            errs.append(relative_error(out, ref))
+        assert errs[0] <= 1.1 * yardstick and errs[1] > 1.5 * errs[0], (block_n, errs, yardstick)
+
+
+@pytest.mark.parametrize("layout", ["row", "col"])
+def test_tf32_in_kernel_rounding_equals_the_pre_pass(monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """Rounding a in the kernel's registers and rounding it in a pre-pass give the same product, bit for bit
+    (same config, only the place of the rounding differs); each path runs where it was chosen."""
+    a = returns(40, 96, seed=35) if layout == "row" else returns(96, 40, seed=35).T
+    b = zero_sum_b(96, 24)
+    spec = gemm_mod._validate(a, b, None, None, None, "tf32")
+    cfg = autotune.Config("c", {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, 4, 1)
+    calls: list[int] = []
+    prepass = gemm_mod._round_tf32_into
+
+    def counted(src: torch.Tensor, dst: torch.Tensor) -> None:
+        calls.append(1)
+        prepass(src, dst)
+
+    monkeypatch.setattr(gemm_mod, "_round_tf32_into", counted)
+    outs = []
+    for in_kernel in (True, False):
+        monkeypatch.setattr(gemm_mod, "_round_a_in_kernel", lambda n_cols, kw, v=in_kernel: v)
+        out = nan_out(40, 24)
+        gemm_mod._gemm_triton(a, b, None, out, spec, config=cfg)
+        outs.append(out)
+    assert calls == [1], "the pre-pass ran in the wrong case"
+    assert torch.equal(outs[0], outs[1])
+    ref = round_to_tf32_rne(a).double() @ round_to_tf32(b).double()
+    assert relative_error(outs[0], ref) < 1e-5
+
+
+def test_tf32_rounding_place_follows_the_traffic() -> None:
+    """In the kernel only with one column block and <= 64 a values per thread; the pre-pass otherwise."""
+    kw = {"BLOCK_M": 128, "BLOCK_K": 64, "num_warps": 4}
+    assert gemm_mod._round_a_in_kernel(1, kw)
+    assert not gemm_mod._round_a_in_kernel(2, kw)  # a loaded once per column block: round it once
+    assert not gemm_mod._round_a_in_kernel(1, {**kw, "BLOCK_K": 128})  # spills on sm_90
+    assert gemm_mod._round_a_in_kernel(1, {**kw, "BLOCK_M": 256, "num_warps": 8})
+
+
 # ------------------------------------------------------------------------------------ internal variants
 
 
@@ -520,17 +590,18 @@ def test_gpu_transposed_operands() -> None:
 
 
 _COMPILE_SCRIPT = r"""
-import os
+import os, re, subprocess, tempfile
 os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 from triton.compiler import ASTSource
 from tsconv.kernels import gemm as g
 
 fn = g._gemm_kernel
 
 
-def build(prec, cfg, a16):
+def build(prec, cfg, a16, round_a=False):
     fp32_b = prec != 2
     runtime = [
         ("a_ptr", "*fp16" if a16 else "*fp32", "D"), ("b_ptr", "*fp32" if fp32_b else "*fp16", "D"),
@@ -550,12 +621,33 @@ def build(prec, cfg, a16):
             if spec == "D":
                 attrs[(idx,)] = [["tt.divisibility", 16]]
     meta = {k: v for k, v in cfg.meta.items() if k != "A16"}
-    consts = dict(HAS_BIAS=True, ACT=2, PREC=prec, A_SPLIT=3 if prec == 0 else 1, W_SPLIT=prec == 0, FLUSH=True)
+    consts = dict(HAS_BIAS=True, ACT=2, PREC=prec, A_SPLIT=3 if prec == 0 else 1, W_SPLIT=prec == 0,
+                  FLUSH=True, ROUND_A=round_a)
     for name, value in {**consts, **meta}.items():
         sig[name] = "constexpr"
         constexprs[(fn.arg_names.index(name),)] = value
     opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     return triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def spilled_bytes(ck):
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as fh:
+            fh.write(ck.asm["ptx"])
+        proc = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx, "-o",
+                               os.path.join(tmp, "k.cubin")], capture_output=True, text=True, check=True)
+    spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stdout + proc.stderr)]
+    assert spills, proc.stdout + proc.stderr
+    return max(spills)
+
+
+def a_from_registers(ck):
+    # wgmma with A in registers lists them in braces after the accumulator list; from shared memory, a
+    # descriptor
+    wg = [ln for ln in ck.asm["ptx"].splitlines() if "wgmma.mma_async" in ln]
+    assert wg
+    return [ln.split("}", 1)[1].lstrip(", ").startswith("{") for ln in wg]
 
 
 for pname, prec in (("fp32", 0), ("tf32", 1), ("fp16", 2)):
@@ -564,6 +656,19 @@ for pname, prec in (("fp32", 0), ("tf32", 1), ("fp16", 2)):
         ck = build(prec, cfg, bool(cfg.meta.get("A16")))
         assert "warp_group_dot" in ck.asm["ttgir"], (pname, cfg.name, "no Hopper tensor cores (wgmma)")
         assert ck.metadata.shared <= 232448, (pname, cfg.name, ck.metadata.shared)
+        if pname == "tf32":  # a as loaded (pre-rounded copy): both operands straight from shared memory
+            assert not any(a_from_registers(ck)), cfg.name
+# "tf32" narrow heads: the configs that round a in registers (ROUND_A) compile without spills
+n_in_kernel = 0
+for cfg in g.gemm_space("tf32", 65536, 64, 256).configs:
+    kw = cfg.launch_kwargs()
+    if not g._round_a_in_kernel(triton.cdiv(64, kw["BLOCK_N"]), kw):
+        continue
+    n_in_kernel += 1
+    ck = build(1, cfg, False, round_a=True)
+    assert all(a_from_registers(ck)), cfg.name
+    assert spilled_bytes(ck) == 0, (cfg.name, "spills with a rounded in registers")
+assert n_in_kernel >= 4, n_in_kernel
 print("compiled OK")
 """
 

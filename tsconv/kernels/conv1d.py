@@ -21,8 +21,10 @@ Two kernels:
   result, accumulating in the tensor core gave errors growing linearly with C*K (H200: 5.7x / 9x / 20x
   cuDNN's float32 error at K = 5 / 16 / 64). ``conv1d_reference.emulate_tensor_cores`` models this
   arithmetic in the interpreter; under it the old scheme fails and this one passes (tests). "tf32" uses one
-  TF32 product: weights rounded to TF32 once per call, x fed as loaded (the tensor core truncates it, as
-  cuDNN / cuBLAS TF32 do), so both operands stay in shared memory. "fp16": float16 weights; float32 x is
+  TF32 product: weights rounded to TF32 once per call; float32 x rounded to TF32 (ties to even) by a
+  memory-bound pre-pass into a float32 copy in x's layout (``_round_tf32_into``), which the kernel reads as
+  loaded, so both operands stay in shared memory and the tensor core's truncation finds nothing to drop
+  (feeding x unrounded, truncated, doubled the error on the H200). "fp16": float16 weights; float32 x is
   either cast once by the launcher into a time-major float16 copy (configs ``*_a16``) or converted in
   registers (the tuner picks). Accumulation is always float32. ``GROUP_T``: grouped program ordering.
 - ``_conv1d_direct_kernel``: FMAs in float32 registers for depthwise filter banks (groups = C, M filters
@@ -71,6 +73,8 @@ _W_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
 _FORCE_INDEX64 = False
 _FLUSH = True
 _A_SPLIT = 3
+# "tf32": round float32 x to TF32 (ties to even) in a pre-pass; tests switch it off to get the old truncation.
+_ROUND_X_TF32 = True
 # Which kernel and config the last Triton launch used (benchmarks report it): {"path": ..., "config": ...}.
 last_launch: dict[str, str] = {}
 
@@ -86,6 +90,66 @@ def _round_tf32(v):
     bits = v.to(tl.int32, bitcast=True)
     bits = (bits + 0x1000) & -8192
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_tf32_rne(v):
+    """Round float32 to the nearest TF32 value, ties to even (IEEE round-to-nearest-even on a 10-bit
+    mantissa), kept as float32 with the low 13 bits zero. NaN stays NaN (quiet, sign kept), +-inf stays +-inf,
+    finite values at or above the midpoint between the largest TF32 (0x7F7FE000) and 2^128 become +-inf,
+    subnormals round on TF32's subnormal grid (2^-136), -0.0 stays -0.0.
+
+    Integer arithmetic on the bit pattern: adding 0xFFF plus bit 13 (the lowest kept bit) to the 13 dropped
+    bits carries into the kept ones exactly when the dropped part is above half, or exactly half with an odd
+    kept part; a carry out of the mantissa bumps the exponent, which is the right result (up to infinity).
+    The same instructions on the GPU and in the interpreter, so the interpreter tests pin the GPU's bits
+    (PTX ``cvt.rn.tf32.f32``, sm_90+, rounds finite values the same way; in a memory-bound pre-pass the few
+    integer instructions cost nothing).
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + (0x0FFF + ((bits >> 13) & 1))) & -8192
+    # NaN: the add could carry its payload into the exponent (inf) or wrap; keep the sign and high payload,
+    # set the quiet bit and clear the low 13 bits, so it stays a NaN when the tensor core drops them.
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    rounded = tl.where(is_nan, (bits | 0x00400000) & -8192, rounded)
+    return rounded.to(tl.float32, bitcast=True)
+
+
+# S (the unit-stride extent) is specialised on: its divisibility by 16 lets the masked rows use 16-byte
+# vector loads and stores (at most two variants: S % 16 == 0 or not).
+@triton.jit(do_not_specialize=["R", "n_rblk", "n_sblk"])
+def _round_tf32_kernel(
+    src_ptr,
+    dst_ptr,
+    R,
+    S,
+    n_rblk,
+    n_sblk,
+    stride_sb,
+    stride_sr,
+    stride_ss,
+    stride_db,
+    stride_dr,
+    stride_ds,
+    BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """dst[b, r, s] = tf32_rne(src[b, r, s]) over [B, R, S] views; S is dst's unit-stride dimension."""
+    pid = tl.program_id(0)
+    per_b = n_rblk * n_sblk
+    b = (pid // per_b).to(tl.int64)
+    pid_r = (pid % per_b) // n_sblk
+    pid_s = pid % n_sblk
+    offs_r = pid_r.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_s = pid_s.to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+    mask = (offs_r < R)[:, None] & (offs_s < S)[None, :]
+    v = tl.load(
+        src_ptr + b * stride_sb + offs_r[:, None] * stride_sr + offs_s[None, :] * stride_ss,
+        mask=mask,
+        other=0.0,
+    )
+    d = dst_ptr + b * stride_db + offs_r[:, None] * stride_dr + offs_s[None, :] * stride_ds
+    tl.store(d, _round_tf32_rne(v), mask=mask)
 
 
 @triton.jit
@@ -257,9 +321,10 @@ def _conv1d_dense_kernel(
         if PREC == 0:
             acc = _dot_fp32(a.to(tl.float32), b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
-            # x as loaded (no rounding in registers): the tensor core truncates float32 to TF32 itself, as
-            # cuDNN / cuBLAS TF32 do, and an operand straight from memory stays in shared memory (async copies
-            # pipelined ahead, wgmma reading both operands from shared memory). Weights were rounded once.
+            # x as loaded (no rounding in registers): the launcher's pre-pass already rounded float32 x to
+            # TF32 (ties to even), so the tensor core's truncation to TF32 changes nothing, and an operand
+            # straight from memory stays in shared memory (async copies pipelined ahead, wgmma reading both
+            # operands from shared memory). Weights were rounded once per call.
             acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
         else:
             # float16 x (the launcher's pre-cast copy, or float16 input) goes to shared memory as loaded.
@@ -653,6 +718,52 @@ def _round_tf32_torch(w: torch.Tensor) -> torch.Tensor:
     return ((bits + 0x1000) & -8192).view(torch.float32)
 
 
+def _dense_order(t: torch.Tensor) -> list[int]:
+    """``t``'s dimensions from outermost to innermost in memory (size-1 dimensions, whose stride is arbitrary,
+    first); the last one is the unit-stride dimension of a dense tensor."""
+    return sorted(range(t.dim()), key=lambda d: (t.shape[d] != 1, -t.stride(d), d))
+
+
+def _tf32_buffer(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised dense float32 tensor shaped like ``t`` (2-D or 3-D) with its dimensions in the memory
+    order of ``t``'s strides: a time-major view gets a time-major buffer, so the kernel reading the rounded
+    copy sees the same layout (and autotune key) as it would for ``t``."""
+    order = _dense_order(t)
+    buf = torch.empty([t.shape[d] for d in order], dtype=torch.float32, device=t.device)
+    return buf.permute([order.index(d) for d in range(t.dim())])
+
+
+def _round_tf32_into(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst = src`` rounded to TF32 (ties to even; see ``_round_tf32_rne``): one pass reading ``src`` through
+    its strides and writing ``dst`` (same shape, 2-D or 3-D, from :func:`_tf32_buffer`). Memory-bound: one
+    read and one write of float32 (about 0.13 ms for a [64, 1024, 1039] batch at 4 TB/s)."""
+    order = _dense_order(dst)
+    s3, d3 = src.permute(order), dst.permute(order)
+    while d3.dim() < 3:
+        s3, d3 = s3.unsqueeze(0), d3.unsqueeze(0)
+    B, R, S = d3.shape
+    if d3.numel() == 0:
+        return
+    block_s = max(16, min(256, triton.next_power_of_2(S)))
+    block_r = max(1, min(triton.next_power_of_2(R), 4096 // block_s))
+    n_rblk, n_sblk = triton.cdiv(R, block_r), triton.cdiv(S, block_s)
+    grid = (B * n_rblk * n_sblk,)
+    _check_grid(grid[0])
+    _round_tf32_kernel[grid](
+        s3,
+        d3,
+        R,
+        S,
+        n_rblk,
+        n_sblk,
+        *s3.stride(),
+        *d3.stride(),
+        BLOCK_R=block_r,
+        BLOCK_S=block_s,
+        num_warps=4,
+    )
+
+
 def _uses_gemm(Cg: int, Og: int) -> bool:
     """Tensor cores need at least 16 reduction and 16 output channels per group to pay off."""
     return Cg >= 16 and Og >= 16
@@ -713,7 +824,18 @@ def _launch_dense(
     Cg, Og = spec.C // G, spec.O // G
     w_hi, w_lo = _prepare_dense_weights(weight, G, spec.precision)
     stride_wk, stride_wo = w_hi.stride(1), w_hi.stride(2)
-    cast_numel = spec.N * spec.L * spec.C if spec.precision == "fp16" else 0  # the pre-cast float16 copy
+    # "tf32": float32 x rounded to TF32 by a pre-pass (float16 / bfloat16 x is exact in TF32). Why a
+    # pre-pass and not rounding in registers before tl.dot: the A tile of every (tap, channel block) step
+    # goes to wgmma straight from shared memory (async copies pipelined ahead); an elementwise op between
+    # the load and the dot would route it through registers on every step, and each x value is loaded
+    # K * n_oblk times (once per tap and output-channel block), so it would be rounded K * n_oblk times and
+    # lose the shared-memory operand path that run 3 gained (tf32 K=16 0.72x -> 0.91x cuDNN). The pre-pass
+    # costs one read and one write of x (memory-bound, ~8% of a chunk batch's conv) and leaves the kernel
+    # as it was: the tensor core's truncation of an already rounded value drops nothing. Rounding errors are
+    # within +-1/2 ulp instead of truncation's [0, 1) ulp: half the RMS error on normalised returns.
+    round_x = spec.precision == "tf32" and x.dtype == torch.float32 and _ROUND_X_TF32
+    # the pre-cast float16 copy / the rounded float32 copy are dense: their offsets reach numel - 1
+    cast_numel = spec.N * spec.L * spec.C if (spec.precision == "fp16" or round_x) else 0
     index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), w_hi.numel(), cast_numel) > _INT32_MAX
     pad = (K - 1) * spec.dilation if spec.causal else 0
     meta = {
@@ -740,6 +862,11 @@ def _launch_dense(
                 cast["x"] = torch.empty((spec.N, spec.L, spec.C), dtype=torch.float16, device=x.device)
             x_k = cast["x"].transpose(1, 2)
             x_k.copy_(x)
+        elif round_x:  # in every launch, so the tuner's timings include it (all tf32 configs pay it alike)
+            if "x" not in cast:
+                cast["x"] = _tf32_buffer(x)
+            x_k = cast["x"]
+            _round_tf32_into(x, x_k)
         n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
         n_oblk = triton.cdiv(Og, kw["BLOCK_O"])
         grid = (spec.N * n_tblk * G * n_oblk,)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["conv1d_reference", "relative_error", "round_to_tf32", "torch_conv1d_in_precision"]
+__all__ = [
+    "conv1d_reference",
+    "relative_error",
+    "round_to_tf32",
+    "round_to_tf32_rne",
+    "torch_conv1d_in_precision",
+]
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -58,9 +64,35 @@ def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def round_to_tf32(t: torch.Tensor) -> torch.Tensor:
-    """float32 values rounded to the nearest TF32 value (10-bit mantissa), as a new float32 tensor."""
+    """float32 values rounded to the nearest TF32 value (10-bit mantissa; ties away from zero, like PTX
+    ``cvt.rna.tf32.f32``), as a new float32 tensor."""
     bits = t.to(torch.float32).contiguous().view(torch.int32)
     return ((bits + 0x1000) & -8192).view(torch.float32)
+
+
+def round_to_tf32_rne(t: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to TF32 with round-to-nearest-even, as a new float32 tensor on ``t``'s device.
+
+    Computed in float64 arithmetic, not with bit tricks (an independent reference for the kernels'
+    ``_round_tf32_rne``): a finite value v = m * 2^e (m in [0.5, 1)) is rounded to a multiple of the TF32
+    spacing q = 2^(e - 11) (11 significant bits), at least 2^-136 (TF32's subnormal spacing), by ``np.rint``
+    (ties to even); a result of 2^128 or more becomes +-inf in float32. NaN (as a quiet NaN, sign kept) and
+    +-inf pass through; -0.0 and negative values rounding to zero give -0.0.
+    """
+    import numpy as np
+
+    v32 = t.detach().to(torch.float32).cpu().contiguous().numpy()
+    with np.errstate(over="ignore", invalid="ignore"):  # signalling NaNs, overflow to inf in the last cast
+        v = v32.astype(np.float64)
+        finite = np.isfinite(v)
+        _, e = np.frexp(np.where(finite & (v != 0), v, 1.0))
+        q = np.ldexp(1.0, np.maximum(e - 11, -136).astype(np.int32))
+        r = np.where(finite, np.rint(v / q) * q, v).astype(np.float32)
+    nan = np.isnan(v32)
+    if nan.any():  # quiet, sign and high payload kept, low 13 bits cleared (what the kernel produces)
+        bits = v32.view(np.int32)
+        r = np.where(nan, ((bits | np.int32(0x00400000)) & np.int32(-8192)).view(np.float32), r)
+    return torch.from_numpy(np.ascontiguousarray(r)).to(t.device)
 
 
 def torch_conv1d_in_precision(
@@ -129,7 +161,10 @@ def tensor_core_dot(a, b, c, *, tf32: bool = True, block: int = 4, extra_bits: i
     """``c + a @ b`` as an NVIDIA tensor core computes it (numpy arrays; float32 result).
 
     The model (Fasi et al. 2021 for V100/A100, Khattak & Mikaitis 2025 for H100): float32 operands are
-    truncated to TF32 (the low 13 mantissa bits ignored), products are exact, and every ``block`` products
+    truncated to TF32 (the low 13 mantissa bits ignored; the kernels' "tf32" modes round float32 inputs to
+    TF32 beforehand, ties to even, so the truncation leaves those unchanged, as on the hardware; switching the
+    rounding off, e.g. ``conv1d._ROUND_X_TF32 = False``, shows the old truncation), products are exact, and
+    every ``block`` products
     are added to the accumulator in one step: all terms are aligned to the largest exponent among them and the
     accumulator, bits below ``23 + extra_bits`` places under it are dropped (toward zero), and the sum is
     rounded toward zero to float32. Round-toward-zero makes the accumulation error biased: it grows linearly

@@ -23,9 +23,12 @@ Precision (accumulation is always float32):
   zero; see benchmarks/NOTES.md). The conv step is one (tap, BLOCK_C channels) chunk; the head step is one
   BLOCK_O block of the conv tile (float32, split in three), so "fp32" configs keep BLOCK_O <= 64, the flush
   granularity the GEMM head uses.
-- "tf32": single TF32 products (x and the conv tile truncated by the tensor core, weights rounded to TF32
-  once per call), as conv1d and gemm do. "fp16": float16 operands (x and the conv tile rounded in
-  registers, weights stored as float16).
+- "tf32": single TF32 products, weights rounded to TF32 once per call; float32 x rounded to TF32 (ties to
+  even) by conv1d's pre-pass (``_round_tf32_into``: one read and one write of x, so the conv's A tiles
+  still go to the tensor cores straight from shared memory, and the tensor core's truncation finds nothing
+  to drop), and the conv tile, already in registers, rounded there (``_round_tf32_rne``) before the head
+  product, as conv1d and gemm do. "fp16": float16 operands (x and the conv tile rounded in registers,
+  weights stored as float16).
 
 Scope: dense convs (groups = 1) with O up to ``_MAX_FUSED_O`` (1024) and D up to ``_MAX_BLOCK_D`` (256).
 Other shapes (grouped or depthwise banks, wider convs or heads) fall back to the unfused pair:
@@ -52,7 +55,15 @@ from tsconv.errors import ShapeError
 from tsconv.kernels import autotune
 from tsconv.kernels import conv1d as _conv
 from tsconv.kernels import gemm as _gemm
-from tsconv.kernels.conv1d import _activate, _dot_fp32, _prepare_dense_weights, _round_tf32_torch
+from tsconv.kernels.conv1d import (
+    _activate,
+    _dot_fp32,
+    _prepare_dense_weights,
+    _round_tf32_into,
+    _round_tf32_rne,
+    _round_tf32_torch,
+    _tf32_buffer,
+)
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
@@ -75,6 +86,8 @@ _MAX_BLOCK_D = 256  # the head output tile is whole per program: D above this ru
 _FORCE_INDEX64 = False
 _FLUSH = True
 _A_SPLIT = 3
+# "tf32": round x (pre-pass) and the conv tile (registers) to TF32; False: the tensor core truncates (old).
+_ROUND_TF32 = True
 # What the last call did (benchmarks report it): {"path": "fused" | "unfused", "config": ..., "reason": ...}.
 last_launch: dict[str, str] = {}
 
@@ -122,6 +135,7 @@ def _conv1d_head_kernel(
     W_SPLIT: tl.constexpr,
     HW_SPLIT: tl.constexpr,
     FLUSH: tl.constexpr,
+    ROUND_H: tl.constexpr,
     INDEX64: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_O: tl.constexpr,
@@ -174,7 +188,7 @@ def _conv1d_head_kernel(
             b = tl.load(w_ptrs + w_off, mask=w_mask, other=0.0)
             if PREC == 0:
                 acc = _dot_fp32(a.to(tl.float32), b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
-            elif PREC == 1:
+            elif PREC == 1:  # float32 x was rounded to TF32 by the launcher's pre-pass (see conv1d)
                 acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
             else:
                 acc = tl.dot(a.to(tl.float16), b, acc)
@@ -192,7 +206,10 @@ def _conv1d_head_kernel(
         if PREC == 0:
             out_acc = _dot_fp32(acc, hw, hwlo_ptr + hw_off, hw_mask, out_acc, H_SPLIT, HW_SPLIT, FLUSH)
         elif PREC == 1:
-            out_acc = tl.dot(acc, hw, out_acc, input_precision="tf32")
+            if ROUND_H:  # the tile is in registers already: rounding it costs a few integer ops, no traffic
+                out_acc = tl.dot(_round_tf32_rne(acc), hw, out_acc, input_precision="tf32")
+            else:
+                out_acc = tl.dot(acc, hw, out_acc, input_precision="tf32")
         else:
             out_acc = tl.dot(acc.to(tl.float16), hw, out_acc)
 
@@ -595,7 +612,11 @@ def _fused_triton(
     b = None if bias is None else bias.contiguous()
     hb = None if head_bias is None else head_bias.contiguous()
     block_d = max(16, autotune.pow2_bucket(spec.D))
-    index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), w_hi.numel(), h_hi.numel()) > _INT32_MAX
+    x_copy = x.numel() if c.precision == "tf32" else 0  # the rounded copy of x is dense (see round_x)
+    index64 = (
+        _FORCE_INDEX64
+        or max(_max_offset(x), x_copy, _max_offset(out), w_hi.numel(), h_hi.numel()) > _INT32_MAX
+    )
     pad = (c.K - 1) * c.dilation if c.causal else 0
     meta = {
         "HAS_BIAS": b is not None,
@@ -608,20 +629,31 @@ def _fused_triton(
         "W_SPLIT": w_lo is not None,
         "HW_SPLIT": h_lo is not None,
         "FLUSH": _FLUSH,
+        "ROUND_H": c.precision == "tf32" and _ROUND_TF32,
         "INDEX64": index64,
         "BLOCK_D": block_d,
     }
+    # "tf32": float32 x rounded to TF32 once, as conv1d does (the conv loop loads each x value K times per
+    # O block, so rounding it in registers there would cost K times and lose the shared-memory operand path).
+    round_x = c.precision == "tf32" and x.dtype == torch.float32 and _ROUND_TF32
+    cast: dict[str, torch.Tensor] = {}
 
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
         kw["BLOCK_O"] = max(16, min(kw["BLOCK_O"], _MAX_BLOCK_O, autotune.pow2_bucket(c.O)))
+        x_k = x
+        if round_x:  # per launch, so the tuner's timings include it
+            if "x" not in cast:
+                cast["x"] = _tf32_buffer(x)
+            x_k = cast["x"]
+            _round_tf32_into(x, x_k)
         n_tblk = triton.cdiv(c.L_out, kw["BLOCK_T"])
         grid = (c.N * n_tblk,)
         if grid[0] > _INT32_MAX:
             msg = f"the fused conv needs {grid[0]} programs, more than one launch allows ({_INT32_MAX})."
             raise ShapeError(msg, hint="split the batch (N) or the series length into several calls.")
         return _conv1d_head_kernel[grid](
-            x,
+            x_k,
             w_hi,
             w_hi if w_lo is None else w_lo,
             w_hi if b is None else b,
@@ -638,7 +670,7 @@ def _fused_triton(
             c.dilation,
             pad,
             n_tblk,
-            *x.stride(),
+            *x_k.stride(),
             w_hi.stride(1),
             w_hi.stride(2),
             h_hi.stride(0),

@@ -17,10 +17,14 @@ Precision modes (accumulation is always float32):
   accumulation never acts on the long running sum (its error would grow linearly with K, not like sqrt(K)).
   A two-way split ``a_hi + (a - a_hi)`` is not enough: the remainder has 13 significant bits, which the
   tensor core truncates to 10 (errors 5-20x cuBLAS fp32 on price-level data on an H200).
-- ``"tf32"``: one TF32 product, operands as the hardware takes them (``a`` truncated by the tensor core, so
-  both tiles go to the tensor cores straight from shared memory; ``b`` rounded to the nearest TF32 when
-  packed). cuBLAS with TF32 allowed also rounds ``a``, so its error is about half of this. 10-bit
-  mantissas: opt-in.
+- ``"tf32"``: one TF32 product; ``b`` rounded to the nearest TF32 when packed, float32 ``a`` rounded to TF32
+  (ties to even) before the tensor core, which would otherwise truncate it (twice the error; cuBLAS with
+  TF32 allowed rounds too). Where: with more than one column block (wide heads, compute-bound) each ``a``
+  value is loaded once per column block, so a memory-bound pre-pass writes a rounded float32 copy (one read
+  and one write of ``a``, about 6% at 4096^3) and the kernel feeds both tiles to the tensor cores straight
+  from shared memory, as before; with one column block (narrow heads, memory-bound on reading ``a``) each
+  value is loaded once, so the kernel rounds it in registers (``ROUND_A``, see ``_round_a_in_kernel``)
+  instead of tripling the traffic on ``a``. The two give identical operands. 10-bit mantissas: opt-in.
 - ``"fp16"``: ``a`` rounded to float16 (in the kernel, or by a cast pass before it when the tuner finds that
   faster for compute-bound shapes), ``b`` in float16. Opt-in.
 
@@ -50,7 +54,7 @@ import triton.language as tl
 from tsconv.errors import ShapeError
 from tsconv.kernels import autotune
 from tsconv.kernels.activations import apply_activation
-from tsconv.kernels.conv1d import _activate, _round_tf32
+from tsconv.kernels.conv1d import _activate, _round_tf32, _round_tf32_into, _round_tf32_rne, _tf32_buffer
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
@@ -78,6 +82,7 @@ _B_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
 # Module switches (tests flip them to show what each one is for).
 _FLUSH = True  # fp32 mode: per-K-block fresh tensor-core accumulator, added to the running sum with RN
 _A_SPLIT = 3  # fp32 mode, float32 a: 3 = hi + mid + lo (exact in TF32); 2 = hi + 13-bit remainder (old)
+_ROUND_A_TF32 = True  # tf32 mode, float32 a: rounded to TF32 (ties to even); False: truncated by the TC (old)
 # Which config the last Triton launch used (benchmarks report it): {"config": ...}.
 last_launch: dict[str, str] = {}
 
@@ -149,6 +154,7 @@ def _gemm_kernel(
     A_SPLIT: tl.constexpr,
     W_SPLIT: tl.constexpr,
     FLUSH: tl.constexpr,
+    ROUND_A: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -189,7 +195,10 @@ def _gemm_kernel(
                 b_lo = b
             acc = _dot_split(a.to(tl.float32), b, b_lo, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
-            acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
+            if ROUND_A:  # one column block: each a value is loaded once, rounding it here adds no traffic
+                acc = tl.dot(_round_tf32_rne(a.to(tl.float32)), b, acc, input_precision="tf32")
+            else:  # a as loaded (already rounded by the launcher's pre-pass, or exact float16 / bfloat16)
+                acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
         else:
             acc = tl.dot(a.to(tl.float16), b, acc)
         a_ptrs += BLOCK_K * stride_ak
@@ -267,8 +276,9 @@ def _space(precision: str, M: int, N: int, K: int) -> autotune.ConfigSpace:
     if narrow:
         # Memory-bound on reading a: deep K blocks (few loop trips, many bytes in flight per program), 2-3
         # programs per SM. "fp32" splits the a tile in registers (hi / mid / lo), so it keeps <= 32 a values
-        # per thread (BLOCK_M * BLOCK_K / threads) to stay clear of spills; "tf32" feeds both tiles to the
-        # tensor cores straight from shared memory.
+        # per thread (BLOCK_M * BLOCK_K / threads) to stay clear of spills; "tf32" rounds the a tile in
+        # registers (one column block) where it holds <= 64 values per thread, else pre-rounds a in a pass
+        # and feeds both tiles from shared memory (``_round_a_in_kernel``).
         bn = 64
         if precision == "fp16":
             cfgs = [
@@ -631,18 +641,26 @@ def _gemm_triton(
         "W_SPLIT": packed.lo is not None,
         "FLUSH": _FLUSH,
     }
+    round_a = spec.precision == "tf32" and a.dtype == torch.float32 and _ROUND_A_TF32
     cast: dict[str, torch.Tensor] = {}
 
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
         a16 = kw.pop("A16", 0) and spec.precision == "fp16" and a.dtype != torch.float16
         a_k = a
+        n_cols = triton.cdiv(N, kw["BLOCK_N"])
+        kw["ROUND_A"] = round_a and _round_a_in_kernel(n_cols, kw)
         if a16:  # one cast pass, then the kernel reads half the bytes through the plain fp16 pipeline
             if "a" not in cast:
                 cast["a"] = torch.empty((M, K), dtype=torch.float16, device=a.device)
             a_k = cast["a"]
             a_k.copy_(a)
-        grid = (triton.cdiv(M, kw["BLOCK_M"]) * triton.cdiv(N, kw["BLOCK_N"]),)
+        elif round_a and not kw["ROUND_A"]:  # a rounded copy in a's layout, redone per launch
+            if "r" not in cast:
+                cast["r"] = _tf32_buffer(a)
+            a_k = cast["r"]
+            _round_tf32_into(a, a_k)
+        grid = (triton.cdiv(M, kw["BLOCK_M"]) * n_cols,)
         _check_grid(grid[0])
         return _gemm_kernel[grid](
             a_k,
@@ -672,6 +690,17 @@ def _gemm_triton(
         config = autotune.select(space, key, launch, device=a.device, interpreted=_INTERPRETED)
     last_launch.update(config=config.name)
     return launch(config)
+
+
+def _round_a_in_kernel(n_cols: int, kw: dict[str, int]) -> bool:
+    """With "tf32" and float32 ``a``: round ``a`` in the kernel's registers (True) or in a pre-pass (False)?
+
+    In the kernel only with one column block (each ``a`` value loaded once: no extra traffic, where a pre-pass
+    would triple the bytes of a memory-bound narrow head) and at most 64 ``a`` values per thread per K block:
+    the rounded tile goes to wgmma from registers, and the 128 x 128 per 4 warps narrow tile (128 values per
+    thread) spills 532 bytes that way on sm_90 (ptxas), so it takes the pre-pass. Same operands either way.
+    """
+    return n_cols == 1 and kw["BLOCK_M"] * kw["BLOCK_K"] <= 64 * 32 * kw["num_warps"]
 
 
 def _check_grid(n_programs: int) -> None:
