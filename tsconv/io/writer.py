@@ -3,13 +3,26 @@
 Layout: a zarr (format 3) group with ``values`` [T, D] float32, ``time`` copied from the input when it
 has one, and attributes ``features`` (output names), ``pipeline`` (as run), ``source`` and ``tsconv``
 (``complete``, ``rows_done``, ``fingerprint``, ...). Every write covers whole chunks, and ``rows_done``
-advances only after the chunk's data is stored (zarr's local store writes each file atomically), so a
-run killed at any moment resumes from ``rows_done`` and rewrites anything after it.
+advances only over the prefix of chunks whose data is stored (each chunk file is written atomically), so
+a run killed at any moment resumes from ``rows_done`` and rewrites anything after it.
+
+Writes run in a thread pool, several chunks at once: for the layout tsconv creates, each task encodes
+its chunk with numcodecs' Blosc (which releases the GIL) and writes the chunk file itself
+(:mod:`tsconv.io.encode`, the same bytes zarr would write); other layouts are written by zarr from the
+threads (disjoint chunks). Chunks may finish out of order; ``rows_done`` still only covers a contiguous
+prefix, and the first failure surfaces at the next ``append`` or at ``finish``.
 """
 
 from __future__ import annotations
 
+import os
+import queue
 import shutil
+import threading
+import time
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +31,18 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from ..errors import OutputExistsError, StoreError
+from .encode import ChunkFileWriter, remove_partial_files
 from .store import is_zarr_store
 
-__all__ = ["OutputWriter", "prepare_output", "output_chunk_rows", "FORMAT_VERSION"]
+__all__ = ["OutputWriter", "prepare_output", "output_chunk_rows", "default_write_threads", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 _TARGET_CHUNK_BYTES = 16 << 20  # ~16 MB chunks read back fastest (see ../shared/FACTS.md)
+
+
+def default_write_threads() -> int:
+    """min(8, CPU count): ~16 MB chunks at ~1.5 GB/s of Blosc-lz4 per thread cover 15 GB/s of input."""
+    return max(1, min(8, os.cpu_count() or 1))
 
 
 def output_chunk_rows(chunk: int, n_outputs: int) -> int:
@@ -79,8 +98,24 @@ def prepare_output(
     )
 
 
+def _where(group: zarr.Group) -> str:
+    root = getattr(group.store, "root", None)
+    return f"the output store {str(root)!r}" if root is not None else f"the output store {group.store_path}"
+
+
 class OutputWriter:
-    """Buffers rows into whole output chunks and writes them in order."""
+    """Buffers rows into whole output chunks; a thread pool encodes and stores them, several at once.
+
+    ``threads``: write threads (default min(8, CPU count)); 0 or 1 writes each chunk in the caller's
+    thread as it fills. ``buffers``: chunk buffers (default threads + 1, one being filled), which bounds
+    memory: ``append`` blocks while all are in flight. ``fast=False`` always writes through zarr.
+
+    Attributes: ``rows_done`` (rows stored: a contiguous prefix, as recorded in ``tsconv.rows_done``),
+    ``fast`` and ``fallback_reason`` (whether chunk files are written directly, and why not),
+    ``busy_seconds`` (encode + write + record, summed over threads) and ``wait_seconds`` (time
+    ``append`` and ``finish`` spent blocked on free buffers or completions). ``close()`` (also leaving a
+    ``with`` block) stops the threads without marking the store complete.
+    """
 
     def __init__(
         self,
@@ -90,6 +125,9 @@ class OutputWriter:
         start: int,
         stop: int | None = None,
         record: bool = True,
+        threads: int | None = None,
+        buffers: int | None = None,
+        fast: bool = True,
     ) -> None:
         """Write rows [start, stop) (default: to the end). ``record``: advance ``tsconv.rows_done`` and mark
         the store complete; a region writer (one of several dask tasks) leaves the attributes alone."""
@@ -107,9 +145,38 @@ class OutputWriter:
             msg = f"region end {self.stop} is not on a chunk boundary of {self.chunk_rows} rows"
             raise StoreError(msg)
         self.record = record
+        self.where = _where(group)
+        self.threads = default_write_threads() if threads is None else max(0, int(threads))
+        self._sync = self.threads <= 1
+        self._max_buffers = (
+            1 if self._sync else max(1, int(buffers) if buffers is not None else self.threads + 1)
+        )
+        self._chunks: ChunkFileWriter | None = None
+        self.fallback_reason: str | None = "fast=False"
+        if fast:
+            self._chunks, self.fallback_reason = ChunkFileWriter.for_array(self.values)
+            if self._chunks is not None and self._chunks.dtype != np.float32:
+                self._chunks, self.fallback_reason = None, f"dtype {self._chunks.dtype} (buffers are float32)"
+        self.fast = self._chunks is not None
+        # A task's time rows cover whole time chunks when they are chunked like the values; otherwise two
+        # tasks could read-modify-write one time chunk at once, so those writes take turns.
+        aligned = self.time_out is None or int(self.time_out.chunks[0]) == self.chunk_rows
+        self._time_lock = None if aligned else threading.Lock()
         self.rows_done = start
-        self._buf = np.empty((self.chunk_rows, self.values.shape[1]), dtype=np.float32)
+        self.busy_seconds = 0.0
+        self.wait_seconds = 0.0
+        self._next = start  # first row of the buffer being filled
+        self._buf: np.ndarray | None = None
         self._fill = 0
+        self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        self._allocated = 0
+        self._lock = threading.Lock()  # rows_done, _stored, _error, busy_seconds and the attributes
+        self._stored: dict[int, int] = {}  # chunks stored beyond the prefix: start row -> stop row
+        self._error: StoreError | None = None
+        self._inflight: list[Future[None]] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._closed = False
 
     @classmethod
     def create(
@@ -121,6 +188,9 @@ class OutputWriter:
         chunk_rows: int,
         time_source: Any | None,
         attrs: dict[str, Any],
+        threads: int | None = None,
+        buffers: int | None = None,
+        fast: bool = True,
     ) -> OutputWriter:
         # Build the empty store beside its final place and rename it in: a kill during creation then
         # leaves no half-made store at ``path`` that a later --resume would have to refuse.
@@ -142,52 +212,227 @@ class OutputWriter:
             )
         group.attrs.update({**attrs, "features": list(names)})
         tmp.rename(path)
-        return cls(zarr.open_group(str(path), mode="r+"), time_source=time_source, start=0)
+        return cls(
+            zarr.open_group(str(path), mode="r+"),
+            time_source=time_source,
+            start=0,
+            threads=threads,
+            buffers=buffers,
+            fast=fast,
+        )
 
     @classmethod
-    def reopen(cls, path: Path, *, time_source: Any | None, start: int) -> OutputWriter:
+    def reopen(
+        cls,
+        path: Path,
+        *,
+        time_source: Any | None,
+        start: int,
+        threads: int | None = None,
+        buffers: int | None = None,
+        fast: bool = True,
+    ) -> OutputWriter:
+        """A writer resuming at ``start``; temporary chunk files a killed run left behind are removed."""
         group = zarr.open_group(str(path), mode="r+")
-        return cls(group, time_source=time_source, start=start)
+        for name in group.array_keys():  # no one else writes this store during a single-process resume
+            remove_partial_files(group[name])
+        return cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast)
 
     @classmethod
-    def region(cls, path: Path, *, time_source: Any | None, start: int, stop: int) -> OutputWriter:
+    def region(
+        cls,
+        path: Path,
+        *,
+        time_source: Any | None,
+        start: int,
+        stop: int,
+        threads: int | None = None,
+        buffers: int | None = None,
+        fast: bool = True,
+    ) -> OutputWriter:
         """A writer of the chunk-aligned rows [start, stop) only, which never touches the attributes."""
         group = zarr.open_group(str(path), mode="r+")
-        return cls(group, time_source=time_source, start=start, stop=stop, record=False)
+        return cls(
+            group,
+            time_source=time_source,
+            start=start,
+            stop=stop,
+            record=False,
+            threads=threads,
+            buffers=buffers,
+            fast=fast,
+        )
+
+    # -- the caller's side ------------------------------------------------------------------------
 
     def append(self, block: np.ndarray) -> None:
-        """Add the next rows, in order; full chunks are written at once."""
+        """Add the next rows, in order (copied before returning); full chunks go to the writer threads.
+
+        Raises the first failed write (a :class:`StoreError` naming its rows) of any earlier chunk.
+        """
+        self._check_open()
+        self._raise_if_failed()
         n, i = block.shape[0], 0
+        if self._next + self._fill + n > self.stop:
+            msg = f"internal error: {n} more rows after row {self._next + self._fill:,} overrun the end {self.stop:,}"
+            raise RuntimeError(msg)
         while i < n:
+            if self._buf is None:
+                self._buf = self._take_buffer()
             take = min(n - i, self.chunk_rows - self._fill)
             self._buf[self._fill : self._fill + take] = block[i : i + take]
             self._fill += take
             i += take
-            if self._fill == self.chunk_rows or self.rows_done + self._fill == self.stop:
-                self._flush()
+            if self._fill == self.chunk_rows or self._next + self._fill == self.stop:
+                self._submit()
 
-    def _flush(self) -> None:
-        a, b = self.rows_done, self.rows_done + self._fill
-        self.values[a:b] = self._buf[: self._fill]
+    def finish(self) -> None:
+        """Wait for every write, then mark the store complete (a region writer: just wait).
+
+        Raises the first failed write as a :class:`StoreError`; the store then stays incomplete.
+        """
+        self._check_open()
+        try:
+            self._raise_if_failed()
+            if self._next + self._fill != self.stop:
+                msg = f"internal error: finished with {self._next + self._fill} of {self.stop} rows appended"
+                raise RuntimeError(msg)
+            if self._fill:
+                self._submit()
+            self._drain()
+            self._raise_if_failed()
+            if self.rows_done != self.stop:
+                msg = f"internal error: finished with {self.rows_done} of {self.stop} rows written"
+                raise RuntimeError(msg)
+            if self.record:
+                with self._lock:
+                    self._set_meta(complete=True, rows_done=self.rows, partitions_done=None)  # None: drop it
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop: drop queued chunk writes, wait for running ones, free the threads. Never marks complete."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> OutputWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            msg = "the OutputWriter is closed (finished, or stopped after an error)"
+            raise ValueError(msg)
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _take_buffer(self) -> np.ndarray:
+        """A free chunk buffer: a returned one, a new one while under the limit, else wait for one."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            pass
+        if self._allocated < self._max_buffers:
+            self._allocated += 1
+            return np.empty((self.chunk_rows, self.values.shape[1]), dtype=np.float32)
+        t0 = time.perf_counter()
+        buf = self._free.get()
+        self.wait_seconds += time.perf_counter() - t0
+        if self._error is not None:  # surface a failure as soon as it is seen
+            self._free.put(buf)
+            raise self._error
+        return buf
+
+    def _submit(self) -> None:
+        """Hand the filled buffer to a writer thread (or write it here when synchronous)."""
+        a, b, buf = self._next, self._next + self._fill, self._buf
+        assert buf is not None
+        self._buf, self._fill, self._next = None, 0, b
+        if self._sync:
+            self._store(a, b, buf)
+            self._raise_if_failed()
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="tsconv-write")
+            # Threads die with the writer if the caller neither finishes nor closes it.
+            self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        self._inflight = [f for f in self._inflight if not f.done()]
+        self._inflight.append(self._pool.submit(self._store, a, b, buf))
+
+    def _drain(self) -> None:
+        if self._inflight:
+            t0 = time.perf_counter()
+            wait_futures(self._inflight)
+            self.wait_seconds += time.perf_counter() - t0
+            self._inflight = []
+
+    # -- the writer threads' side -----------------------------------------------------------------
+
+    def _store(self, a: int, b: int, buf: np.ndarray) -> None:
+        """Store rows [a, b) from ``buf``, then advance ``rows_done`` over the stored prefix. Never raises:
+        a failure is kept for the caller's next ``append`` or ``finish``."""
+        t0 = time.perf_counter()
+        failure: BaseException | None = None
+        try:
+            self._write(a, b, buf)
+        except Exception as exc:
+            failure = exc
+        finally:
+            self._free.put(buf)  # the data is in the file (or lost): the buffer may be refilled
+        with self._lock:
+            try:
+                if failure is None:
+                    self._advance(a, b)
+            except Exception as exc:
+                failure = exc
+            if failure is not None and self._error is None:
+                self._error = StoreError(
+                    f"cannot write rows {a:,}..{b:,} of {self.where}: {type(failure).__name__}: {failure}",
+                    hint="check free space and permissions; rows before tsconv.rows_done are stored, "
+                    "and --resume continues from there.",
+                )
+                self._error.__cause__ = failure
+            self.busy_seconds += time.perf_counter() - t0
+
+    def _write(self, a: int, b: int, buf: np.ndarray) -> None:
+        n = b - a
+        if self._chunks is not None:
+            if n < self.chunk_rows:
+                buf[n:] = self._chunks.fill  # zarr pads the edge chunk with the fill value
+            self._chunks.write(a // self.chunk_rows, buf)
+        else:
+            self.values[a:b] = buf[:n]
         if self.time_out is not None:
-            self.time_out[a:b] = np.asarray(self.time_source[a:b]).astype(np.int64)
-        self.rows_done = b
-        self._fill = 0
+            t = np.asarray(self.time_source[a:b]).astype(np.int64)
+            if self._time_lock is None:
+                self.time_out[a:b] = t
+            else:
+                with self._time_lock:
+                    self.time_out[a:b] = t
+
+    def _advance(self, a: int, b: int) -> None:
+        """Rows [a, b) are stored: extend the contiguous prefix and record it (under ``_lock``)."""
+        self._stored[a] = b
+        prefix = self.rows_done
+        while prefix in self._stored:
+            prefix = self._stored.pop(prefix)
+        if prefix == self.rows_done:
+            return  # an earlier chunk is still in flight (or failed): rows_done must not pass it
         if self.record:
-            self._set_meta(rows_done=b)
+            self._set_meta(rows_done=prefix)
+        self.rows_done = prefix
 
     def _set_meta(self, **changes: Any) -> None:
         meta = dict(self.group.attrs.get("tsconv", {}))
         meta.update(changes)
         meta = {k: v for k, v in meta.items() if v is not None or k not in changes}
         self.group.attrs["tsconv"] = meta
-
-    def finish(self) -> None:
-        """Mark the store complete; readers may trust it from now on (a region writer: just flush)."""
-        if self._fill:
-            self._flush()
-        if self.rows_done != self.stop:
-            msg = f"internal error: finished with {self.rows_done} of {self.stop} rows written"
-            raise RuntimeError(msg)
-        if self.record:
-            self._set_meta(complete=True, rows_done=self.rows, partitions_done=None)  # None: drop the key

@@ -1,0 +1,423 @@
+"""The output writer (tsconv.io.writer.OutputWriter): threaded writes, the direct chunk-file path, and crash safety.
+
+Threads on or off, chunk files written directly or through zarr: the same store, byte for byte. rows_done
+never passes a chunk that is not stored, a failed write always surfaces, and resume continues exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, ZstdCodec
+
+from tsconv.errors import StoreError
+from tsconv.io.decode import ParallelBandReader
+from tsconv.io.encode import ChunkFileWriter, fast_write_reason
+from tsconv.io.writer import OutputWriter
+
+from .helpers import price_series
+
+ROWS, FEATURES, CHUNK_ROWS = 10_000, 12, 1024  # 10 chunks, the last one partial
+
+
+def _data(rows: int = ROWS, features: int = FEATURES, seed: int = 0) -> np.ndarray:
+    x = price_series(rows, features, seed=seed, nan_fraction=0.02)
+    x[: CHUNK_ROWS + 100] = np.nan  # warm-up rows: chunk 0 all NaN (zarr stores no file), chunk 1 partly
+    x[min(rows - 1, 3 * CHUNK_ROWS + 5), 2] = -0.0
+    return x
+
+
+def _time(rows: int = ROWS) -> np.ndarray:
+    return 1_767_346_200_000_000_000 + np.arange(rows, dtype=np.int64) * 1_000_000
+
+
+def _create(path: Path, x: np.ndarray, *, time_source: np.ndarray | None = None, **kw) -> OutputWriter:
+    return OutputWriter.create(
+        path,
+        rows=x.shape[0],
+        names=tuple(f"y{j}" for j in range(x.shape[1])),
+        chunk_rows=CHUNK_ROWS,
+        time_source=time_source,
+        attrs={"tsconv": {"complete": False, "rows": x.shape[0], "rows_done": 0}},
+        **kw,
+    )
+
+
+def _append_all(writer: OutputWriter, x: np.ndarray, start: int = 0, step: int = 700) -> None:
+    """Append in blocks that straddle chunk boundaries, reusing (and scribbling over) one caller buffer."""
+    block = np.empty((step, x.shape[1]), dtype=np.float32)
+    for a in range(start, x.shape[0], step):
+        n = min(step, x.shape[0] - a)
+        block[:n] = x[a : a + n]
+        writer.append(block[:n])
+        block[:] = 12345.0  # the writer must have copied the rows already
+
+
+def _meta(path: Path) -> dict:
+    return dict(zarr.open_group(str(path), mode="r").attrs["tsconv"])
+
+
+_METADATA = {"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"}
+
+
+def _files(path: Path) -> dict[str, bytes]:
+    """Every chunk file of a store, by key."""
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name not in _METADATA
+    }
+
+
+MODES = {
+    "zarr-sync": {"threads": 0, "fast": False},  # the old behaviour
+    "direct-sync": {"threads": 0},
+    "direct-threads": {"threads": 4},
+    "zarr-threads": {"threads": 4, "fast": False},
+    "direct-threads-2-buffers": {"threads": 3, "buffers": 2},
+}
+
+
+def test_threads_and_direct_files_give_the_same_store(tmp_path: Path) -> None:
+    x, t = _data(), _time()
+    stores = {}
+    for name, kw in MODES.items():
+        path = tmp_path / f"{name}.zarr"
+        writer = _create(path, x, time_source=t, **kw)
+        assert writer.fast == (kw.get("fast", True)), writer.fallback_reason
+        _append_all(writer, x)
+        writer.finish()
+        assert writer.rows_done == ROWS
+        assert writer.busy_seconds > 0 and writer.wait_seconds >= 0
+        assert _meta(path)["complete"] is True and _meta(path)["rows_done"] == ROWS
+        g = zarr.open_group(str(path), mode="r")
+        got = np.asarray(g["values"][:])
+        np.testing.assert_array_equal(got, x)  # NaN where x is NaN
+        assert np.array_equal(got.view(np.uint32), x.view(np.uint32))  # -0.0 and the NaN bits too
+        np.testing.assert_array_equal(np.asarray(g["time"][:]), t)
+        with ParallelBandReader(g["values"], threads=2) as reader:
+            assert reader.fast
+            np.testing.assert_array_equal(reader.read(0, ROWS), x)
+        stores[name] = _files(path)
+    want = stores.pop("zarr-sync")
+    assert "values/c/0/0" not in want and "values/c/1/0" in want  # zarr keeps no all-NaN chunk
+    assert not any(k.endswith(".partial") for k in want)
+    for name, files in stores.items():
+        assert files.keys() == want.keys(), name
+        for key in want:
+            assert files[key] == want[key], f"{name}: {key} differs from zarr's bytes"
+
+
+def test_direct_path_overwrites_an_old_chunk_and_removes_an_emptied_one(tmp_path: Path) -> None:
+    x = _data()
+    path = tmp_path / "out.zarr"
+    w = _create(path, x, threads=2)
+    _append_all(w, np.nan_to_num(x, nan=1.0))
+    w.finish()
+    assert (path / "values/c/0/0").exists()
+    # A second run over the same rows (what --resume does after rows_done) replaces every chunk.
+    w = OutputWriter.reopen(path, time_source=None, start=0, threads=2)
+    _append_all(w, x)
+    w.finish()
+    assert not (path / "values/c/0/0").exists()
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
+
+
+def test_fast_write_reason(tmp_path: Path) -> None:
+    x = _data(rows=3000, features=6)
+    w = _create(tmp_path / "out.zarr", x)
+    assert fast_write_reason(w.values) is None and w.fast
+    w.close()
+
+    def array(name: str, **kw) -> zarr.Array:
+        g = zarr.open_group(str(tmp_path / f"{name}.zarr"), mode="w", zarr_format=kw.pop("zarr_format", 3))
+        return g.create_array("values", shape=x.shape, dtype="float32", fill_value=np.nan, **kw)
+
+    reasons = {
+        "zstd": array("zstd", chunks=(1024, 6), compressors=[ZstdCodec()]),
+        "raw": array("raw", chunks=(1024, 6), compressors=None),
+        "split": array("split", chunks=(1024, 4), compressors=[BloscCodec(cname="lz4")]),
+        "v2": array("v2", chunks=(1024, 6), zarr_format=2),
+        "sharded": array("sharded", chunks=(512, 6), shards=(1024, 6), compressors=[BloscCodec()]),
+    }
+    for name, arr in reasons.items():
+        assert fast_write_reason(arr) is not None, name
+    assert "ZstdCodec" in fast_write_reason(reasons["zstd"])
+    assert "columns" in fast_write_reason(reasons["split"])
+    # Blosc with other settings is still written directly, with those settings.
+    other = array(
+        "zlib", chunks=(1024, 6), compressors=[BloscCodec(cname="zlib", clevel=3, shuffle="bitshuffle")]
+    )
+    assert fast_write_reason(other) is None
+    assert ChunkFileWriter(other).codec.get_config()["cname"] == "zlib"
+
+
+@pytest.mark.parametrize("layout", ["zstd", "split", "v2", "blosc-zlib"])
+def test_other_layouts_are_written_by_zarr_from_the_threads(tmp_path: Path, layout: str) -> None:
+    x = _data(rows=5000, features=6)
+    kw: dict = {
+        "zstd": {"chunks": (1024, 6), "compressors": [ZstdCodec()]},
+        "split": {"chunks": (1024, 4), "compressors": [BloscCodec(cname="lz4")]},
+        "v2": {"chunks": (1024, 6)},
+        "blosc-zlib": {"chunks": (1024, 6), "compressors": [BloscCodec(cname="zlib", clevel=1)]},
+    }[layout]
+    outs = []
+    for threads in (0, 3):
+        path = tmp_path / f"{layout}-{threads}.zarr"
+        g = zarr.open_group(str(path), mode="w", zarr_format=2 if layout == "v2" else 3)
+        g.create_array("values", shape=x.shape, dtype="float32", fill_value=np.nan, **kw)
+        g.create_array("time", shape=(x.shape[0],), chunks=(700,), dtype="int64")  # not aligned: takes turns
+        w = OutputWriter(
+            zarr.open_group(str(path), mode="r+"), time_source=_time(5000), start=0, threads=threads
+        )
+        assert w.fast == (layout == "blosc-zlib")
+        _append_all(w, x, step=333)
+        w.finish()
+        g = zarr.open_group(str(path), mode="r")
+        np.testing.assert_array_equal(np.asarray(g["values"][:]), x)
+        np.testing.assert_array_equal(np.asarray(g["time"][:]), _time(5000))
+        outs.append(_files(path))
+    assert outs[0] == outs[1]
+
+
+def _patch_write(monkeypatch: pytest.MonkeyPatch, hook) -> None:
+    """Run ``hook(a)`` before the real write of the chunk starting at row ``a`` (it may block or raise)."""
+    real = OutputWriter._write
+
+    def write(self: OutputWriter, a: int, b: int, buf: np.ndarray) -> None:
+        hook(a)
+        real(self, a, b, buf)
+
+    monkeypatch.setattr(OutputWriter, "_write", write)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_rows_done_waits_for_a_slow_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool
+) -> None:
+    x = _data()
+    release, others_done = threading.Event(), threading.Event()
+    stored: list[int] = []
+    slow = 2 * CHUNK_ROWS
+
+    def hook(a: int) -> None:
+        if a == slow:
+            assert release.wait(30)
+        else:
+            stored.append(a)
+            if len(stored) >= 5:
+                others_done.set()
+
+    _patch_write(monkeypatch, hook)
+    path = tmp_path / "out.zarr"
+    w = _create(path, x, time_source=_time(), threads=4, buffers=8, fast=fast)
+    _append_all(w, x[: 8 * CHUNK_ROWS])
+    assert others_done.wait(30)
+    deadline = time.monotonic() + 30
+    while w.rows_done < slow and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # chunks after the slow one are stored by now, or about to be
+    # rows_done stops before the slow chunk although later chunks are stored...
+    assert w.rows_done == slow and _meta(path)["rows_done"] == slow
+    # ... and everything it covers reads back.
+    done = _meta(path)["rows_done"]
+    np.testing.assert_array_equal(
+        np.asarray(zarr.open_array(str(path / "values"), mode="r")[:done]), x[:done]
+    )
+    release.set()
+    _append_all(w, x, start=8 * CHUNK_ROWS)
+    w.finish()
+    assert _meta(path) == {"complete": True, "rows": ROWS, "rows_done": ROWS}
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
+
+
+@pytest.mark.parametrize(("threads", "fast"), [(4, True), (4, False), (0, True)])
+def test_a_failed_write_surfaces_and_resume_finishes_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, fast: bool
+) -> None:
+    x, t = _data(), _time()
+    bad = 5 * CHUNK_ROWS
+
+    def hook(a: int) -> None:
+        if a == bad:
+            raise OSError(28, "No space left on device")
+
+    _patch_write(monkeypatch, hook)
+    path = tmp_path / "out.zarr"
+    w = _create(path, x, time_source=t, threads=threads, fast=fast)
+    with pytest.raises(StoreError, match=rf"rows {bad:,}\.\.{bad + CHUNK_ROWS:,} of .*No space left") as err:
+        with w:
+            _append_all(w, x)
+            w.finish()
+    assert isinstance(err.value.__cause__, OSError)
+    assert not [th for th in threading.enumerate() if th.name.startswith("tsconv-write")]
+    meta = _meta(path)
+    assert meta["complete"] is False
+    assert meta["rows_done"] == w.rows_done == bad  # the chunks before it finished; none after counts
+    with pytest.raises(ValueError, match="closed"):
+        w.append(x[:10])
+
+    monkeypatch.undo()
+    w = OutputWriter.reopen(path, time_source=t, start=meta["rows_done"], threads=threads, fast=fast)
+    _append_all(w, x, start=meta["rows_done"])
+    w.finish()
+    g = zarr.open_group(str(path), mode="r")
+    assert g.attrs["tsconv"]["complete"] is True
+    np.testing.assert_array_equal(np.asarray(g["values"][:]), x)
+    np.testing.assert_array_equal(np.asarray(g["time"][:]), t)
+
+
+def test_a_failure_in_the_last_chunk_surfaces_at_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = _data()
+    last = (ROWS // CHUNK_ROWS) * CHUNK_ROWS
+
+    def hook(a: int) -> None:
+        if a == last:
+            time.sleep(0.2)  # fails after the last append has returned
+            raise OSError("disk gone")
+
+    _patch_write(monkeypatch, hook)
+    path = tmp_path / "out.zarr"
+    w = _create(path, x, threads=2)
+    _append_all(w, x)  # no error yet
+    with pytest.raises(StoreError, match=rf"rows {last:,}\.\.{ROWS:,} .*disk gone"):
+        w.finish()
+    assert _meta(path) == {"complete": False, "rows": ROWS, "rows_done": last}
+
+
+def test_close_after_an_engine_error_stops_threads_and_leaves_the_store_incomplete(tmp_path: Path) -> None:
+    x = _data()
+    path = tmp_path / "out.zarr"
+    with pytest.raises(ZeroDivisionError), _create(path, x, threads=3) as w:
+        _append_all(w, x[: 4 * CHUNK_ROWS + 10])
+        1 / 0  # noqa: B018 (the engine failing mid-run)
+    assert not [th for th in threading.enumerate() if th.name.startswith("tsconv-write")]
+    meta = _meta(path)
+    assert meta["complete"] is False and meta["rows_done"] == w.rows_done
+    assert meta["rows_done"] % CHUNK_ROWS == 0 and meta["rows_done"] <= 4 * CHUNK_ROWS
+    done = meta["rows_done"]
+    np.testing.assert_array_equal(
+        np.asarray(zarr.open_array(str(path / "values"), mode="r")[:done]), x[:done]
+    )
+
+
+def test_buffers_are_bounded_and_append_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = _data()
+    _patch_write(monkeypatch, lambda a: time.sleep(0.05))
+    w = _create(tmp_path / "out.zarr", x, threads=2, buffers=3)
+    _append_all(w, x)
+    w.finish()
+    assert w._allocated == 3
+    assert w.wait_seconds > 0.1  # 10 chunks of 50 ms on 2 threads: append had to wait for buffers
+    assert w.busy_seconds >= 10 * 0.05
+    np.testing.assert_array_equal(
+        np.asarray(zarr.open_array(str(tmp_path / "out.zarr/values"), mode="r")[:]), x
+    )
+
+
+def test_a_kill_mid_write_leaves_the_old_chunk_and_reopen_cleans_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = _data()
+    path = tmp_path / "out.zarr"
+    w = _create(path, x, threads=0)
+    _append_all(w, x[: 3 * CHUNK_ROWS])
+    w.close()
+    before = (path / "values/c/2/0").read_bytes()
+
+    def torn_replace(src, dst) -> None:  # the process dies between writing the file and renaming it
+        raise KeyboardInterrupt
+
+    w = OutputWriter.reopen(path, time_source=None, start=2 * CHUNK_ROWS, threads=0)
+    monkeypatch.setattr(os, "replace", torn_replace)
+    with pytest.raises(KeyboardInterrupt):
+        w.append(x[2 * CHUNK_ROWS : 3 * CHUNK_ROWS] + 1)
+    monkeypatch.undo()
+    assert (path / "values/c/2/0").read_bytes() == before  # never torn
+    (path / "values/c/2/0.deadbeef.partial").write_bytes(b"half a chunk")  # what a real kill -9 leaves
+    w = OutputWriter.reopen(path, time_source=None, start=2 * CHUNK_ROWS, threads=2)
+    assert not list(path.rglob("*.partial"))
+    _append_all(w, x, start=2 * CHUNK_ROWS)
+    w.finish()
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
+
+
+def test_region_writers_leave_the_attributes_alone(tmp_path: Path) -> None:
+    x = _data()
+    path = tmp_path / "out.zarr"
+    _create(path, x).close()
+    for a, b in [(4 * CHUNK_ROWS, ROWS), (0, 4 * CHUNK_ROWS)]:
+        w = OutputWriter.region(path, time_source=None, start=a, stop=b, threads=3)
+        _append_all(w, x[:b], start=a)
+        w.finish()
+        assert w.rows_done == b
+    assert _meta(path) == {"complete": False, "rows": ROWS, "rows_done": 0}
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
+
+
+_KILLED_WRITER = """
+import os, signal, sys, time
+import numpy as np
+from pathlib import Path
+from tsconv.io.writer import OutputWriter
+
+x, path, kill_row = np.load(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+real = OutputWriter._write
+
+def write(self, a, b, buf):
+    if a == kill_row:
+        time.sleep(0.3)  # let the other threads store (or half-store) later chunks first
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(self, a, b, buf)
+
+OutputWriter._write = write
+w = OutputWriter.create(path, rows=x.shape[0], names=tuple(f"y{j}" for j in range(x.shape[1])),
+                        chunk_rows=int(sys.argv[4]), time_source=None,
+                        attrs={"tsconv": {"complete": False, "rows": x.shape[0], "rows_done": 0}}, threads=4)
+for a in range(0, x.shape[0], 500):
+    w.append(x[a : a + 500])
+w.finish()
+"""
+
+
+def test_kill_9_during_threaded_writes_then_resume(tmp_path: Path) -> None:
+    x = _data()
+    np.save(tmp_path / "x.npy", x)
+    want = tmp_path / "want.zarr"
+    w = _create(want, x, threads=0, fast=False)
+    _append_all(w, x)
+    w.finish()
+
+    path, kill_row = tmp_path / "out.zarr", 3 * CHUNK_ROWS
+    args = [
+        sys.executable,
+        "-c",
+        _KILLED_WRITER,
+        str(tmp_path / "x.npy"),
+        str(path),
+        str(kill_row),
+        str(CHUNK_ROWS),
+    ]
+    proc = subprocess.run(args, capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()
+    done = _meta(path)["rows_done"]
+    assert done <= kill_row and done % CHUNK_ROWS == 0 and _meta(path)["complete"] is False
+    assert (path / "values/c/4/0").exists()  # a later chunk was stored, yet rows_done did not pass the gap
+    stored = np.asarray(zarr.open_array(str(path / "values"), mode="r")[:done])
+    np.testing.assert_array_equal(stored, x[:done])
+
+    w = OutputWriter.reopen(path, time_source=None, start=done, threads=4)
+    _append_all(w, x, start=done)
+    w.finish()
+    assert _meta(path)["complete"] is True
+    assert _files(path) == _files(want)  # byte for byte what an uninterrupted zarr run writes

@@ -1,0 +1,149 @@
+"""The fast write path: whole-row chunks encoded with numcodecs and written straight to their files.
+
+zarr-python encodes at about 1 GB/s per call and runs its codecs on its own event loop; numcodecs'
+Blosc releases the GIL, so several threads each encoding one chunk scale with the cores (the read side,
+:mod:`tsconv.io.decode`, does the same). :class:`ChunkFileWriter` does that for the layout tsconv
+creates for its output:
+
+* a local zarr format-3 array, 2-D, regular chunk grid, default chunk key encoding, no sharding and no
+  storage transformers, C order;
+* one chunk spans all columns (chunks[1] == shape[1]), so a chunk is a band of whole rows;
+* codecs exactly ``bytes`` (little endian) then ``blosc`` (any cname, clevel, shuffle, blocksize).
+
+The bytes written are those zarr would write: Blosc with the cname, clevel, shuffle, typesize and
+blocksize of the array's BloscCodec, the edge chunk padded with the fill value, and a chunk that is all
+fill value removed rather than written unless the array's ``write_empty_chunks`` says otherwise.
+Each file is written under a temporary name in its own directory and renamed over the chunk key
+(``os.replace``), so a kill at any moment leaves either the old file or the new one, never a torn chunk.
+Everything else goes through zarr (:class:`~tsconv.io.writer.OutputWriter` falls back itself);
+:func:`fast_write_reason` says why.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+
+from .decode import _inspect
+
+__all__ = ["ChunkFileWriter", "fast_write_reason", "remove_partial_files"]
+
+_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+PARTIAL_SUFFIX = ".partial"  # zarr's LocalStore names its temporary files the same way
+
+
+def _blosc_of(array: Any) -> tuple[numcodecs.Blosc | None, str | None]:
+    """numcodecs.Blosc configured as the array's (bytes, blosc) codecs encode, or (None, why not)."""
+    from zarr.codecs import BloscCodec
+
+    codecs = tuple(array.metadata.codecs)
+    names = ", ".join(type(c).__name__ for c in codecs)
+    if len(codecs) != 2 or not isinstance(codecs[1], BloscCodec):
+        return None, f"codecs {names} (the fast path writes bytes + blosc only)"
+    c = codecs[1]
+    # The metadata holds the codec as evolved for the dtype (typesize, shuffle resolved); zarr's own
+    # BloscCodec builds numcodecs.Blosc from exactly these fields.
+    return numcodecs.Blosc(
+        cname=c.cname.value,
+        clevel=int(c.clevel),
+        shuffle=_SHUFFLE[c.shuffle.value],
+        blocksize=int(c.blocksize),
+        typesize=int(c.typesize),
+    ), None
+
+
+class ChunkFileWriter:
+    """Encode and store whole-row chunks of one array; thread-safe (no state changes after creation)."""
+
+    def __init__(self, array: Any) -> None:
+        layout, reason = _inspect(array)
+        if layout is None:
+            raise ValueError(reason)
+        codec, reason = _blosc_of(array)
+        if codec is None:
+            raise ValueError(reason)
+        self.root: Path = layout.root
+        self.dtype: np.dtype = layout.dtype
+        self.chunk_rows, self.n_features = layout.chunks
+        self.codec = codec
+        self.fill = self.dtype.type(layout.fill)
+        self.write_empty = bool(array._async_array.config.write_empty_chunks)
+        self._key = layout.key
+
+    @classmethod
+    def for_array(cls, array: Any) -> tuple[ChunkFileWriter | None, str | None]:
+        """(writer, None) when the fast path can write ``array``, else (None, why not)."""
+        reason = fast_write_reason(array)
+        return (cls(array), None) if reason is None else (None, reason)
+
+    def path(self, band: int) -> Path:
+        """The chunk file of band ``band`` (rows band * chunk_rows ...)."""
+        return self.root / self._key((band, 0))
+
+    def write(self, band: int, chunk: np.ndarray) -> None:
+        """Store ``chunk`` (the full chunk shape, C-contiguous, edge rows already padded) as band ``band``."""
+        path = self.path(band)
+        if not self.write_empty and self._all_fill(chunk):
+            path.unlink(missing_ok=True)  # what zarr does: an all-fill chunk is read as the fill value
+            return
+        data = self.codec.encode(chunk)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # atomic: readers and a resumed run see the old file or the new one
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _all_fill(self, chunk: np.ndarray) -> bool:
+        first = chunk.flat[0]
+        if np.isnan(self.fill):
+            return bool(np.isnan(first)) and bool(np.isnan(chunk).all())
+        if self.fill == 0 and self.dtype.kind == "f":
+            # zarr compares bit patterns against 0.0, so -0.0 is data
+            bits = chunk.view(f"u{self.dtype.itemsize}")
+            return bool(bits.flat[0] == 0) and not bits.any()
+        return bool(first == self.fill) and bool((chunk == self.fill).all())
+
+
+def fast_write_reason(array: Any) -> str | None:
+    """None when :class:`ChunkFileWriter` can write ``array`` itself, else why zarr writes it."""
+    layout, reason = _inspect(array)
+    if layout is None:
+        return reason
+    if layout.chunks[1] != int(array.shape[1]):
+        return (
+            f"chunks of {layout.chunks[1]} of {int(array.shape[1])} columns (the fast path writes whole rows)"
+        )
+    config = getattr(getattr(array, "_async_array", None), "config", None)
+    if config is None or getattr(config, "order", None) != "C":
+        return f"array order {getattr(config, 'order', '?')}"
+    return _blosc_of(array)[1]
+
+
+def remove_partial_files(array: Any) -> int:
+    """Delete temporary chunk files a killed writer left in ``array``'s local directory; returns how many.
+
+    Only for a store no one else is writing (a resumed single-process run): a region writer's
+    temporary files would be in use by its siblings.
+    """
+    from zarr.storage import LocalStore
+
+    store_path = getattr(array, "store_path", None)
+    if store_path is None or not isinstance(store_path.store, LocalStore):
+        return 0
+    root = Path(store_path.store.root) / store_path.path if store_path.path else Path(store_path.store.root)
+    if not root.is_dir():
+        return 0
+    n = 0
+    for tmp in root.rglob(f"*{PARTIAL_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
+        n += 1
+    return n
