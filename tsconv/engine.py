@@ -354,6 +354,7 @@ def process(
             )
         else:
             writer = OutputWriter.reopen(out_path, time_source=time_source, start=start)
+        t_run = time.perf_counter()
         stages = _run_store(
             store,
             plan,
@@ -367,6 +368,8 @@ def process(
             step_rows=step_rows,
             transfer=transfer,
         )
+        if stages is not None:
+            stages["stage_seconds"]["before_run"] = t_run - t0
     seconds = time.perf_counter() - t0
     done = rows - start if action != "done" else 0
     return make_report(
@@ -402,7 +405,7 @@ def stage_summary(times: StageTimes, *, transfer: str, decode_busy: float, decod
     }
     bound = max(stage, key=stage.get)
     seconds = {**stage, "decode_busy": decode_busy, "write_busy": write_busy, "read_wait": times.read_wait,
-               "emit": times.write}  # fmt: skip
+               "emit": times.write, **times.extra}  # fmt: skip
     return {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound}
 
 
@@ -424,6 +427,28 @@ def _run_store(
 
     ``step_rows`` set: the batched engine, returning the report's stage fields; else chunk by chunk.
     """
+    try:
+        return _run_store_body(store, plan, writer, dev, start=start, chunk=chunk, warmup=warmup,
+                               progress=progress, rows=rows, step_rows=step_rows, transfer=transfer)  # fmt: skip
+    except BaseException:
+        writer.close()  # queued chunk writes are dropped; the store stays incomplete (resumable)
+        raise
+
+
+def _run_store_body(
+    store: InputStore,
+    plan: ResolvedPipeline,
+    writer: OutputWriter,
+    dev: torch.device,
+    *,
+    start: int,
+    chunk: int,
+    warmup: str,
+    progress: bool,
+    rows: tuple[int, int] | None,
+    step_rows: int | None,
+    transfer: str,
+) -> dict[str, Any] | None:
     from tqdm import tqdm
 
     r0, r1 = rows if rows is not None else (0, store.rows)
@@ -469,7 +494,10 @@ def _run_store(
                 warmup=warmup,
                 on_rows=bar.update,
             )
+    t0 = time.perf_counter()
     writer.finish()
+    if stages is not None:
+        stages["stage_seconds"]["finish"] = time.perf_counter() - t0
     return stages
 
 

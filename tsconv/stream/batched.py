@@ -255,6 +255,7 @@ def run_batched(
     fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
     center = backend.pre is None
     times = StageTimes(step_rows=step_rows)
+    t_setup = time.perf_counter()
     if transfer == "mapped" and gpu.cuda and not getattr(source, "pinned", False):
         why = getattr(source, "fallback_reason", None) or "its reader does not decode into pinned memory"
         raise TsconvError(
@@ -294,7 +295,10 @@ def run_batched(
     pending_bands: deque[tuple[int, Any]] = deque()  # (band, event after its last reader on the GPU)
     slot_free: list[Any] = [None, None]  # event: compute of the step that last used the slot is done
     step_events: list[tuple[Any, ...]] = []
+    copy_events: list[tuple[Any, Any]] = []  # each band's copy, for the pure H2D time
+    t_loop = time.perf_counter()
 
+    times.extra["setup"] = time.perf_counter() - t_setup
     writer = _Writer(emit, host_out, free_out, on_rows, times)
     writer.start()
     try:
@@ -310,8 +314,10 @@ def run_batched(
             pieces = _pieces(s, e, band_rows)
             for j, (lo, hi) in enumerate(pieces):
                 band = lo // band_rows
+                t0 = time.perf_counter()
                 while pending_bands and pending_bands[0][0] <= band - 2:
                     gpu.sync(pending_bands.popleft()[1])
+                times.extra["ring_wait"] = times.extra.get("ring_wait", 0.0) + time.perf_counter() - t0
                 t0 = time.perf_counter()
                 view = source.read(lo, hi)
                 times.read_wait += time.perf_counter() - t0
@@ -331,8 +337,11 @@ def run_batched(
                 else:
                     with gpu.on(gpu.copy):
                         host = torch.from_numpy(np.asarray(view))
+                        c0 = gpu.event(gpu.copy)
                         slots[k][lo - s : hi - s].copy_(host, non_blocking=gpu.cuda and transfer == "pinned")
-                        pending_bands.append((band, gpu.event(gpu.copy)))
+                        c1 = gpu.event(gpu.copy)
+                        copy_events.append((c0, c1))
+                        pending_bands.append((band, c1))
             t_copy1 = gpu.event(gpu.copy) if t_copy0 is not None else None
             with gpu.on(gpu.compute):
                 if transfer != "mapped" or not gpu.cuda:
@@ -353,7 +362,9 @@ def run_batched(
                 if not y.is_contiguous():
                     y = y.contiguous()
                 t_comp1 = gpu.event(gpu.compute)
+            t0 = time.perf_counter()
             free_out.acquire()
+            times.extra["slot_wait"] = times.extra.get("slot_wait", 0.0) + time.perf_counter() - t0
             writer.check()
             o = i % _OUT_SLOTS
             gpu.wait(gpu.back, t_comp1)
@@ -366,17 +377,20 @@ def run_batched(
             step_events.append((t_copy0, t_copy1, t_comp0, t_comp1, t_back0, t_back1))
             writer.put((t_back1, o, n))
             times.steps += 1
+        times.extra["loop"] = time.perf_counter() - t_loop
         writer.put(None)
         writer.join_checked()
+        times.extra["drain"] = time.perf_counter() - t_loop - times.extra["loop"]
     except BaseException:
         writer.abort()
         raise
     if gpu.cuda:
         torch.cuda.synchronize(dev)
         for c0, c1, p0, p1, b0, b1 in step_events:
-            times.h2d += gpu.elapsed(c0, c1)
+            times.extra["h2d_span"] = times.extra.get("h2d_span", 0.0) + gpu.elapsed(c0, c1)
             times.compute += gpu.elapsed(p0, p1)
             times.d2h += gpu.elapsed(b0, b1)
+        times.h2d = sum(gpu.elapsed(c0, c1) for c0, c1 in copy_events)
     return times
 
 
