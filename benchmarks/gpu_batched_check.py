@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import tsconv  # noqa: E402
 from e2e import _commit, write_pipeline  # noqa: E402
+
+import tsconv  # noqa: E402
 from tsconv.kernels.reference import pipeline_reference  # noqa: E402
 from tsconv.spec import load_pipeline, resolve  # noqa: E402
 from tsconv.stream.fill import forward_fill  # noqa: E402
@@ -84,7 +85,9 @@ def main() -> int:
     s_t, l_t = torch.from_numpy(state0.copy()).to(dev), torch.from_numpy(state0.copy()).to(dev)
     cin, cout = torch.from_numpy(carry.copy()).to(dev), torch.zeros((halo, raw.shape[1]), device=dev)
     r_t = torch.from_numpy(raw).to(dev)
-    prepare(r_t[:1717], xc=xc, state=s_t, level=l_t, carry_in=cin, carry_out=cout, off=0, n_step=n, last=False)
+    prepare(
+        r_t[:1717], xc=xc, state=s_t, level=l_t, carry_in=cin, carry_out=cout, off=0, n_step=n, last=False
+    )
     prepare(r_t[1717:], xc=xc, state=s_t, level=l_t, carry_in=cin, carry_out=cout, off=1717, n_step=n)
     got = xc.cpu().numpy()
     doc["prepare"] = {
