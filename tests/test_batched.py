@@ -149,7 +149,7 @@ def test_process_batched_on_a_store_matches_the_chunked_engine(tmp_path):
     src = write_store(tmp_path / "in.zarr", x, chunks=(150, 6))
     a = tsconv.process(src, tmp_path / "a.zarr", pipeline=BANK, device="cpu", chunk=128)
     b = tsconv.process(src, tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=128, batched=True,
-                       gpu_mem="60MB")  # fmt: skip
+                       gpu_mem="80MB")  # fmt: skip
     assert a.stage_seconds is None and a.transfer is None
     assert b.step_rows and b.step_rows % 128 == 0 and b.bound_by in b.stage_seconds
     assert set(b.stage_seconds) >= {"decode", "h2d", "compute", "d2h", "write"}
@@ -204,3 +204,14 @@ def test_process_refuses_an_unknown_transfer_mode(tmp_path):
     src = write_store(tmp_path / "in.zarr", price_series(100, 2))
     with pytest.raises(TsconvError, match="unknown transfer mode"):
         tsconv.process(src, tmp_path / "o.zarr", pipeline=BANK, device="cpu", transfer="carrier-pigeon")
+
+
+def test_pieces_smaller_than_a_band_wrap_the_device_ring(monkeypatch):
+    from tsconv.stream import batched
+
+    monkeypatch.setattr(batched, "PIECE_BYTES", 7 * 5 * 4)  # 7 rows of 5 float32 features per piece
+    x = price_series(250, 5, seed=9, nan_fraction=0.1)
+    x[:90, 4] = np.nan
+    plan = resolve(pipeline_from_dict(TWO_STAGES), tuple(f"x{j}" for j in range(5)))
+    y = _batched(x, plan, step_rows=64, band_rows=100)
+    assert_matches_reference(y, x, plan)

@@ -47,6 +47,10 @@ TRANSFERS = ("pinned", "mapped", "pageable")
 DEFAULT_GPU_MEM = 1_200_000_000  # bytes: "about 1.2 GB", whatever the series' length or width
 MAX_STEP_ROWS = 65536  # beyond this a step's launch overheads are already negligible (benchmarks/NOTES.md)
 _OUT_SLOTS = 3  # pinned host result slots: one being filled, one being written, one spare
+_DEVICE_RING = 4  # device slots for raw pieces: copies run up to three pieces ahead of the prepare kernel
+PIECE_BYTES = (
+    16 << 20
+)  # one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
 _FIXED_BYTES = 48 << 20  # weights, carries, the allocator's rounding: headroom kept out of the step budget
 
 
@@ -70,17 +74,15 @@ def parse_bytes(text: str | int) -> int:
     return value
 
 
-def _bytes_per_row(plan: ResolvedPipeline, src_features: int, src_itemsize: int, transfer: str) -> int:
-    """GPU bytes a step needs per row: input slots, the prepared input, live stage outputs, the head."""
+def _bytes_per_row(plan: ResolvedPipeline) -> int:
+    """GPU bytes a step holds per row: the prepared input, live stage outputs, results in flight."""
     c = len(plan.input_names)
     per = 4 * c  # xc
-    if transfer != "mapped":
-        per += 2 * src_features * src_itemsize  # two device slots for the raw rows
     widths = [layer.out_channels for layer in plan.layers]
     pairs = [widths[0]] + [a + b for a, b in zip(widths, widths[1:], strict=False)]
     per += 4 * max(pairs)
-    if plan.head is not None:
-        per += 4 * plan.head.weight.shape[1] + 4 * widths[-1]  # head output + contiguous copy for D2H
+    # each step's result stays allocated until its copy back is done: up to one per host slot, plus one
+    per += 4 * plan.n_outputs * (_OUT_SLOTS + 1)
     if plan.preprocess is not None and plan.preprocess.computes:
         per += 6 * 8 * c  # float64 working copies of the transform and z-score
     return per
@@ -100,15 +102,22 @@ def plan_step_rows(
 
     Raises before anything starts when even one chunk plus the halo does not fit.
     """
-    per = _bytes_per_row(plan, src_features, src_itemsize, transfer)
+    per = _bytes_per_row(plan)
+    row_bytes = src_features * src_itemsize
+    ring = (
+        0
+        if transfer == "mapped"
+        else _DEVICE_RING * max(row_bytes, min(PIECE_BYTES, row_bytes * MAX_STEP_ROWS))
+    )
     weights = sum(layer.weight.size * 4 for layer in plan.layers)
     if plan.head is not None:
         weights += plan.head.weight.size * 4
     halo_bytes = (plan.halo * 4 * len(plan.input_names)) * 3  # xc's halo rows and two carries
-    avail = budget - _FIXED_BYTES - weights - halo_bytes
+    # 10 % of the budget is left to the allocator's rounding and the kernels' own small buffers
+    avail = int(budget * 0.9) - _FIXED_BYTES - weights - halo_bytes - ring
     fit = avail // per if avail > 0 else 0
     if fit < chunk:
-        need = _FIXED_BYTES + weights + halo_bytes + per * chunk
+        need = (_FIXED_BYTES + weights + halo_bytes + ring + per * chunk) / 0.9
         raise TsconvError(
             f"the pipeline does not fit the GPU memory budget: one {chunk}-step chunk of "
             f"{len(plan.input_names)} features needs about {need / 1e6:,.0f} MB, the budget is "
@@ -283,77 +292,73 @@ def run_batched(
     cols = None if plan.columns is None else torch.tensor(plan.columns, dtype=torch.int64, device=dev)
     xc = torch.empty((halo + step_rows, n_feat), dtype=f32, device=dev)
     src_dtype = torch.from_numpy(np.empty(0, dtype=_source_dtype(source))).dtype
-    slots = (
-        [torch.empty((step_rows, source.n_features), dtype=src_dtype, device=dev) for _ in range(2)]
-        if transfer != "mapped" or not gpu.cuda
-        else []
-    )
+    band_rows = max(1, int(getattr(source, "band_rows", step_rows)))
+    mapped = transfer == "mapped" and gpu.cuda
+    # Pieces: the rows of one band, cut to at most PIECE_BYTES, each copied into a small device ring
+    # and prepared from there, so the raw input never needs a step-sized device buffer.
+    row_bytes = max(1, source.n_features * src_dtype.itemsize)
+    piece_rows = max(1, min(band_rows, step_rows, PIECE_BYTES // row_bytes))
+    ring = [] if mapped else [torch.empty((piece_rows, source.n_features), dtype=src_dtype, device=dev)
+                              for _ in range(_DEVICE_RING)]  # fmt: skip
+    ring_free: list[Any] = [None] * _DEVICE_RING  # event: the prepare that read the slot is done
     n_out = plan.n_outputs
     host_out = _host_buffer((_OUT_SLOTS, step_rows, n_out), f32, pin=gpu.cuda)
     free_out = threading.Semaphore(_OUT_SLOTS)
-    band_rows = max(1, int(getattr(source, "band_rows", step_rows)))
     pending_bands: deque[tuple[int, Any]] = deque()  # (band, event after its last reader on the GPU)
-    slot_free: list[Any] = [None, None]  # event: compute of the step that last used the slot is done
     step_events: list[tuple[Any, ...]] = []
-    copy_events: list[tuple[Any, Any]] = []  # each band's copy, for the pure H2D time
-    t_loop = time.perf_counter()
-
+    copy_events: list[tuple[Any, Any]] = []  # each piece's copy, for the pure H2D time
+    extra = times.extra
     times.extra["setup"] = time.perf_counter() - t_setup
+    t_loop = time.perf_counter()
     writer = _Writer(emit, host_out, free_out, on_rows, times)
     writer.start()
+    q = 0  # pieces so far (the device ring position)
     try:
         for i, s in enumerate(range(start, rows, step_rows)):
             e = min(s + step_rows, rows)
             n = e - s
-            k = i % 2
-            t_copy0 = gpu.event(gpu.copy) if gpu.cuda and transfer != "mapped" else None
-            if gpu.cuda and transfer != "mapped":
-                gpu.wait(gpu.copy, slot_free[k])
-            level_set = False
-            t_comp0 = None
-            pieces = _pieces(s, e, band_rows)
+            with gpu.on(gpu.compute):
+                t_comp0 = gpu.event(gpu.compute)
+                level.copy_(state)
+            pieces = _pieces(s, e, band_rows, piece_rows)
             for j, (lo, hi) in enumerate(pieces):
                 band = lo // band_rows
                 t0 = time.perf_counter()
+                # The reader rewrites band b - 2's ring slot when band b is first read: its readers must be done.
                 while pending_bands and pending_bands[0][0] <= band - 2:
                     gpu.sync(pending_bands.popleft()[1])
-                times.extra["ring_wait"] = times.extra.get("ring_wait", 0.0) + time.perf_counter() - t0
-                t0 = time.perf_counter()
-                view = source.read(lo, hi)
-                times.read_wait += time.perf_counter() - t0
-                if transfer == "mapped" and gpu.cuda:
-                    src = _mapped(np.asarray(view), dev)
-                    with gpu.on(gpu.compute):
-                        if not level_set:
-                            t_comp0 = gpu.event(gpu.compute)
-                            level.copy_(state)
-                            level_set = True
-                        prepare(
-                            src, xc=xc[: halo + n], state=state, level=level, carry_in=carries[i % 2],
-                            carry_out=carries[(i + 1) % 2], off=lo - s, n_step=n, cols=cols,
-                            fill=fill, center=center, last=j == len(pieces) - 1,
-                        )  # fmt: skip
-                        pending_bands.append((band, gpu.event(gpu.compute)))
+                t1 = time.perf_counter()
+                view = np.asarray(source.read(lo, hi))
+                t2 = time.perf_counter()
+                extra["ring_wait"] = extra.get("ring_wait", 0.0) + t1 - t0
+                times.read_wait += t2 - t1
+                if mapped:
+                    src = _mapped(view, dev)
+                    ready = None
                 else:
+                    r = q % _DEVICE_RING
                     with gpu.on(gpu.copy):
-                        host = torch.from_numpy(np.asarray(view))
+                        gpu.wait(gpu.copy, ring_free[r])
                         c0 = gpu.event(gpu.copy)
-                        slots[k][lo - s : hi - s].copy_(host, non_blocking=gpu.cuda and transfer == "pinned")
-                        c1 = gpu.event(gpu.copy)
-                        copy_events.append((c0, c1))
-                        pending_bands.append((band, c1))
-            t_copy1 = gpu.event(gpu.copy) if t_copy0 is not None else None
-            with gpu.on(gpu.compute):
-                if transfer != "mapped" or not gpu.cuda:
-                    gpu.wait(gpu.compute, t_copy1)
-                    t_comp0 = gpu.event(gpu.compute)
-                    level.copy_(state)
+                        src = ring[r][: hi - lo]
+                        src.copy_(torch.from_numpy(view), non_blocking=gpu.cuda and transfer == "pinned")
+                        ready = gpu.event(gpu.copy)
+                        copy_events.append((c0, ready))
+                        pending_bands.append((band, ready))
+                with gpu.on(gpu.compute):
+                    gpu.wait(gpu.compute, ready)
                     prepare(
-                        slots[k][:n], xc=xc[: halo + n], state=state, level=level, carry_in=carries[i % 2],
-                        carry_out=carries[(i + 1) % 2], off=0, n_step=n, cols=cols, fill=fill,
-                        center=center, last=True,
+                        src, xc=xc[: halo + n], state=state, level=level, carry_in=carries[i % 2],
+                        carry_out=carries[(i + 1) % 2], off=lo - s, n_step=n, cols=cols, fill=fill,
+                        center=center, last=j == len(pieces) - 1,
                     )  # fmt: skip
-                    slot_free[k] = gpu.event(gpu.compute)
+                    done = gpu.event(gpu.compute)
+                if mapped:
+                    pending_bands.append((band, done))
+                else:
+                    ring_free[q % _DEVICE_RING] = done
+                q += 1
+            with gpu.on(gpu.compute):
                 x = xc[: halo + n]
                 first_row = s - halo
                 y = backend.run_centered(x, first_row, level) if center else backend.run(x, first_row, level)
@@ -364,7 +369,7 @@ def run_batched(
                 t_comp1 = gpu.event(gpu.compute)
             t0 = time.perf_counter()
             free_out.acquire()
-            times.extra["slot_wait"] = times.extra.get("slot_wait", 0.0) + time.perf_counter() - t0
+            extra["slot_wait"] = extra.get("slot_wait", 0.0) + time.perf_counter() - t0
             writer.check()
             o = i % _OUT_SLOTS
             gpu.wait(gpu.back, t_comp1)
@@ -374,20 +379,19 @@ def run_batched(
                 if gpu.cuda:
                     y.record_stream(gpu.back)
                 t_back1 = gpu.event(gpu.back)
-            step_events.append((t_copy0, t_copy1, t_comp0, t_comp1, t_back0, t_back1))
+            step_events.append((t_comp0, t_comp1, t_back0, t_back1))
             writer.put((t_back1, o, n))
             times.steps += 1
-        times.extra["loop"] = time.perf_counter() - t_loop
+        extra["loop"] = time.perf_counter() - t_loop
         writer.put(None)
         writer.join_checked()
-        times.extra["drain"] = time.perf_counter() - t_loop - times.extra["loop"]
+        extra["drain"] = time.perf_counter() - t_loop - extra["loop"]
     except BaseException:
         writer.abort()
         raise
     if gpu.cuda:
         torch.cuda.synchronize(dev)
-        for c0, c1, p0, p1, b0, b1 in step_events:
-            times.extra["h2d_span"] = times.extra.get("h2d_span", 0.0) + gpu.elapsed(c0, c1)
+        for p0, p1, b0, b1 in step_events:
             times.compute += gpu.elapsed(p0, p1)
             times.d2h += gpu.elapsed(b0, b1)
         times.h2d = sum(gpu.elapsed(c0, c1) for c0, c1 in copy_events)
@@ -404,12 +408,12 @@ def _source_dtype(source: RowSource) -> np.dtype:
     return np.dtype(np.float32)
 
 
-def _pieces(s: int, e: int, band_rows: int) -> list[tuple[int, int]]:
-    """[s, e) split at band boundaries, so every read is a view of one ring buffer."""
+def _pieces(s: int, e: int, band_rows: int, piece_rows: int) -> list[tuple[int, int]]:
+    """[s, e) split at band boundaries (every read is a view of one ring buffer) into <= piece_rows rows."""
     out = []
     lo = s
     while lo < e:
-        hi = min(e, (lo // band_rows + 1) * band_rows)
+        hi = min(e, (lo // band_rows + 1) * band_rows, lo + piece_rows)
         out.append((lo, hi))
         lo = hi
     return out

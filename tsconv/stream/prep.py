@@ -37,11 +37,6 @@ def _last_valid(a, b):
 
 
 @triton.jit
-def _first_valid(a, b):
-    return tl.where(a == a, a, b)
-
-
-@triton.jit
 def _prep_kernel(
     src_ptr,
     stride_sr,
@@ -81,11 +76,16 @@ def _prep_kernel(
         m = (r < n)[:, None] & cmask[None, :]
         ptrs = src_ptr + r[:, None].to(tl.int64) * stride_sr + scol[None, :] * stride_sc
         x = tl.load(ptrs, mask=m, other=float("nan")).to(tl.float32)
-        filled = tl.associative_scan(x, 0, _last_valid)
-        filled = tl.where(filled == filled, filled, state[None, :])
-        last = tl.reduce(x, 0, _last_valid)
+        # A scan keeps the order of its operands; a reduction need not (GPU reductions combine lanes in
+        # butterfly order), so "last valid" and "first valid" below use order-free sums and minima.
+        scanned = tl.associative_scan(x, 0, _last_valid)
+        last = tl.sum(tl.where(rows[:, None] == BT - 1, scanned, 0.0), axis=0)  # NaN: none in this tile
+        filled = tl.where(scanned == scanned, scanned, state[None, :])
         state = tl.where(last == last, last, state)
-        first = tl.reduce(filled, 0, _first_valid)
+        valid = filled == filled
+        first_row = tl.min(tl.where(valid, rows[:, None], BT), axis=0)
+        first = tl.sum(tl.where(valid & (rows[:, None] == first_row[None, :]), filled, 0.0), axis=0)
+        first = tl.where(first_row < BT, first, float("nan"))
         lvl = tl.where(lvl == lvl, lvl, first)
         v = filled if FILL else x
         g = off + r  # row within the step
