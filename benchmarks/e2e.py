@@ -376,6 +376,29 @@ def main() -> int:
 
     section("wide", wide)
 
+    def tune() -> None:
+        # decode/write threads and the GIL switch interval, each config twice, in this one process
+        doc["tune"] = []
+        base = sys.getswitchinterval()
+        for dec, wr, sw in ((16, 8, base), (16, 2, base), (12, 2, base), (14, 4, base), (16, 2, 0.0005),
+                            (12, 4, 0.0005), (8, 2, base)):  # fmt: skip
+            os.environ["TSCONV_DECODE_THREADS"], os.environ["TSCONV_WRITE_THREADS"] = str(dec), str(wr)
+            sys.setswitchinterval(sw)
+            reps = [run_engine(a16, outp, pipe) for _ in range(2)]
+            best = min(reps, key=lambda r: r["seconds"])
+            row = {"decode_threads": dec, "write_threads": wr, "switch_interval": sw,
+                   "seconds": [r["seconds"] for r in reps], "stage_seconds": best["stage_seconds"]}  # fmt: skip
+            doc["tune"].append(row)
+            st = best["stage_seconds"]
+            print("tune", dec, wr, sw, [round(r["seconds"], 3) for r in reps],
+                  {k: round(st[k], 3) for k in ("loop", "loop_cpu", "read_wait", "ring_wait", "decode", "prepare",
+                                                "compute", "h2d")}, flush=True)  # fmt: skip
+        os.environ.pop("TSCONV_DECODE_THREADS")
+        os.environ.pop("TSCONV_WRITE_THREADS")
+        sys.setswitchinterval(base)
+
+    section("tune", tune)
+
     def cold() -> None:
         how = evict(a16)
         rep = run_engine(a16, outp, pipe)

@@ -41,7 +41,11 @@ _TARGET_CHUNK_BYTES = 16 << 20  # ~16 MB chunks read back fastest (see ../shared
 
 
 def default_write_threads() -> int:
-    """min(8, CPU count): ~16 MB chunks at ~1.5 GB/s of Blosc-lz4 per thread cover 15 GB/s of input."""
+    """``TSCONV_WRITE_THREADS`` if set, else min(8, CPU count): ~16 MB chunks at ~1.5 GB/s of Blosc-lz4 per
+    thread cover 15 GB/s of input."""
+    env = os.environ.get("TSCONV_WRITE_THREADS")
+    if env:
+        return max(0, int(env))
     return max(1, min(8, os.cpu_count() or 1))
 
 

@@ -307,9 +307,11 @@ def run_batched(
     pending_bands: deque[tuple[int, Any]] = deque()  # (band, event after its last reader on the GPU)
     step_events: list[tuple[Any, ...]] = []
     copy_events: list[tuple[Any, Any]] = []  # each piece's copy, for the pure H2D time
+    prep_events: list[tuple[Any, Any]] = []  # each piece's prepare kernel
     extra = times.extra
     times.extra["setup"] = time.perf_counter() - t_setup
     t_loop = time.perf_counter()
+    cpu_loop = time.thread_time()
     writer = _Writer(emit, host_out, free_out, on_rows, times)
     writer.start()
     q = 0  # pieces so far (the device ring position)
@@ -318,7 +320,6 @@ def run_batched(
             e = min(s + step_rows, rows)
             n = e - s
             with gpu.on(gpu.compute):
-                t_comp0 = gpu.event(gpu.compute)
                 level.copy_(state)
             pieces = _pieces(s, e, band_rows, piece_rows)
             for j, (lo, hi) in enumerate(pieces):
@@ -347,18 +348,21 @@ def run_batched(
                         pending_bands.append((band, ready))
                 with gpu.on(gpu.compute):
                     gpu.wait(gpu.compute, ready)
+                    p0 = gpu.event(gpu.compute)
                     prepare(
                         src, xc=xc[: halo + n], state=state, level=level, carry_in=carries[i % 2],
                         carry_out=carries[(i + 1) % 2], off=lo - s, n_step=n, cols=cols, fill=fill,
                         center=center, last=j == len(pieces) - 1,
                     )  # fmt: skip
                     done = gpu.event(gpu.compute)
+                    prep_events.append((p0, done))
                 if mapped:
                     pending_bands.append((band, done))
                 else:
                     ring_free[q % _DEVICE_RING] = done
                 q += 1
             with gpu.on(gpu.compute):
+                t_comp0 = gpu.event(gpu.compute)
                 x = xc[: halo + n]
                 first_row = s - halo
                 y = backend.run_centered(x, first_row, level) if center else backend.run(x, first_row, level)
@@ -383,6 +387,7 @@ def run_batched(
             writer.put((t_back1, o, n))
             times.steps += 1
         extra["loop"] = time.perf_counter() - t_loop
+        extra["loop_cpu"] = time.thread_time() - cpu_loop  # the main thread's own CPU time in the loop
         writer.put(None)
         writer.join_checked()
         extra["drain"] = time.perf_counter() - t_loop - extra["loop"]
@@ -395,6 +400,8 @@ def run_batched(
             times.compute += gpu.elapsed(p0, p1)
             times.d2h += gpu.elapsed(b0, b1)
         times.h2d = sum(gpu.elapsed(c0, c1) for c0, c1 in copy_events)
+        extra["prepare"] = sum(gpu.elapsed(a, b) for a, b in prep_events)
+        times.compute += extra["prepare"]
     return times
 
 
