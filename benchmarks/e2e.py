@@ -396,6 +396,18 @@ def main() -> int:
         os.environ.pop("TSCONV_DECODE_THREADS")
         os.environ.pop("TSCONV_WRITE_THREADS")
         sys.setswitchinterval(base)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        run_engine(a16, outp, pipe)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+        doc["main_thread_profile"] = buf.getvalue()
+        print(buf.getvalue()[-6000:], flush=True)
 
     section("tune", tune)
 
