@@ -309,7 +309,7 @@ def main() -> int:
     def check() -> None:
         for budget in ("200MB", "1.2GB"):
             rep = run_engine(a16, outp, pipe, gpu_mem=budget)
-            res = check_prefix(a16, outp, pipe, 20480 if args.quick else 40960)
+            res = check_prefix(a16, outp, pipe, 16384 if args.quick else 20480)
             res.update(gpu_mem=budget, step_rows=rep["step_rows"])
             doc["checks"].append(res)
             print("check", json.dumps(res), flush=True)
@@ -380,21 +380,23 @@ def main() -> int:
         # decode/write threads and the GIL switch interval, each config twice, in this one process
         doc["tune"] = []
         base = sys.getswitchinterval()
-        for dec, wr, sw in ((16, 8, base), (16, 2, base), (12, 2, base), (14, 4, base), (16, 2, 0.0005),
-                            (12, 4, 0.0005), (8, 2, base)):  # fmt: skip
+        for dec, wr, sw, nice in ((16, 8, base, 5), (16, 8, base, 0), (16, 4, base, 5), (14, 4, base, 5),
+                                  (16, 4, base, 10), (15, 2, base, 10), (16, 8, 0.0005, 5)):  # fmt: skip
             os.environ["TSCONV_DECODE_THREADS"], os.environ["TSCONV_WRITE_THREADS"] = str(dec), str(wr)
+            os.environ["TSCONV_IO_NICE"] = str(nice)
             sys.setswitchinterval(sw)
             reps = [run_engine(a16, outp, pipe) for _ in range(2)]
             best = min(reps, key=lambda r: r["seconds"])
-            row = {"decode_threads": dec, "write_threads": wr, "switch_interval": sw,
+            row = {"decode_threads": dec, "write_threads": wr, "switch_interval": sw, "nice": nice,
                    "seconds": [r["seconds"] for r in reps], "stage_seconds": best["stage_seconds"]}  # fmt: skip
             doc["tune"].append(row)
             st = best["stage_seconds"]
-            print("tune", dec, wr, sw, [round(r["seconds"], 3) for r in reps],
+            print("tune", dec, wr, sw, nice, [round(r["seconds"], 3) for r in reps],
                   {k: round(st[k], 3) for k in ("loop", "loop_cpu", "read_wait", "ring_wait", "decode", "prepare",
                                                 "compute", "h2d")}, flush=True)  # fmt: skip
         os.environ.pop("TSCONV_DECODE_THREADS")
         os.environ.pop("TSCONV_WRITE_THREADS")
+        os.environ.pop("TSCONV_IO_NICE")
         sys.setswitchinterval(base)
         import cProfile
         import io

@@ -50,10 +50,28 @@ import numpy as np
 from ..errors import StoreError
 from .reader import BlockReader
 
-__all__ = ["ParallelBandReader", "fast_path_reason", "default_threads"]
+__all__ = ["ParallelBandReader", "fast_path_reason", "default_threads", "lower_thread_priority"]
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_MAX_RING_BYTES = 1 << 30
+
+
+def lower_thread_priority() -> None:
+    """Thread-pool initializer: raise this worker thread's nice value by ``TSCONV_IO_NICE`` (default 5).
+
+    With every core decoding or encoding, the engine's own thread (which launches the GPU work and hands
+    out the next bands) was runnable but not running for about half of a run on the 16-core GPU machine
+    (benchmarks/NOTES.md); a lower priority for the I/O threads lets it in first. Linux nice values are
+    per thread; raising one needs no privilege. Elsewhere this does nothing.
+    """
+    nice = int(os.environ.get("TSCONV_IO_NICE", "5"))
+    if nice <= 0 or not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except OSError:
+        pass
 
 
 def default_threads() -> int:
@@ -225,7 +243,9 @@ class ParallelBandReader:
         self._busy = 0.0
         self._busy_lock = threading.Lock()
         self._tls = threading.local()
-        self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="tsconv-decode")
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.threads, thread_name_prefix="tsconv-decode", initializer=lower_thread_priority
+        )
         self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
 
     # -- interface ---------------------------------------------------------------------------------

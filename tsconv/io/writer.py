@@ -366,7 +366,11 @@ class OutputWriter:
             self._raise_if_failed()
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="tsconv-write")
+            from .decode import lower_thread_priority
+
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.threads, thread_name_prefix="tsconv-write", initializer=lower_thread_priority
+            )
             # Threads die with the writer if the caller neither finishes nor closes it.
             self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         self._inflight = [f for f in self._inflight if not f.done()]
