@@ -123,12 +123,17 @@ def evict(store: Path) -> str:
 
 
 def run_engine(src: Path, out: Path, pipe: Path, **kw: Any) -> dict[str, Any]:
+    import gc
+
+    gc.collect()
     torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()  # what this process holds before the run (counted in the peak)
     t0 = time.perf_counter()
     rep = tsconv.process(src, out, pipeline=pipe, device="cuda", overwrite=True, **kw)
     wall = time.perf_counter() - t0
     d = rep.to_dict()
     d["wall_seconds"] = wall
+    d["base_gpu_bytes"] = base
     return d
 
 
@@ -288,6 +293,7 @@ def main() -> int:
             "input_gbps": steps * feats * 4 / secs / 1e9,
             "peak_gpu_bytes": rep["peak_gpu_allocated_bytes"],
             "peak_gpu_reserved_bytes": rep["peak_gpu_reserved_bytes"],
+            "base_gpu_bytes": rep["base_gpu_bytes"],
             "transfer": rep["transfer"],
             "step_rows": rep["step_rows"],
             "stage_seconds": rep["stage_seconds"],

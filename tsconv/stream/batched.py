@@ -81,7 +81,7 @@ def _bytes_per_row(plan: ResolvedPipeline) -> int:
     widths = [layer.out_channels for layer in plan.layers]
     pairs = [widths[0]] + [a + b for a, b in zip(widths, widths[1:], strict=False)]
     per += 4 * max(pairs)
-    # each step's result stays allocated until its copy back is done: up to one per host slot, plus one
+    # the device result slots (one per host slot) plus the step's own result before it is copied there
     per += 4 * plan.n_outputs * (_OUT_SLOTS + 1)
     if plan.preprocess is not None and plan.preprocess.computes:
         per += 6 * 8 * c  # float64 working copies of the transform and z-score
@@ -303,6 +303,7 @@ def run_batched(
     ring_free: list[Any] = [None] * _DEVICE_RING  # event: the prepare that read the slot is done
     n_out = plan.n_outputs
     host_out = _host_buffer((_OUT_SLOTS, step_rows, n_out), f32, pin=gpu.cuda)
+    dev_out = torch.empty((_OUT_SLOTS, step_rows, n_out), dtype=f32, device=dev)
     free_out = threading.Semaphore(_OUT_SLOTS)
     pending_bands: deque[tuple[int, Any]] = deque()  # (band, event after its last reader on the GPU)
     step_events: list[tuple[Any, ...]] = []
@@ -368,20 +369,21 @@ def run_batched(
                 y = backend.run_centered(x, first_row, level) if center else backend.run(x, first_row, level)
                 if warmup == "nan" and s < halo:
                     y[: min(halo - s, n)] = float("nan")
-                if not y.is_contiguous():
-                    y = y.contiguous()
-                t_comp1 = gpu.event(gpu.compute)
             t0 = time.perf_counter()
-            free_out.acquire()
+            free_out.acquire()  # host slot o (and device slot o) are free once the writer is done with it
             extra["slot_wait"] = extra.get("slot_wait", 0.0) + time.perf_counter() - t0
             writer.check()
             o = i % _OUT_SLOTS
+            with gpu.on(gpu.compute):
+                # The result goes to a fixed device slot on the compute stream, so the step's own tensors
+                # are freed in stream order (no cross-stream lifetimes, nothing left pending after the run).
+                dev_out[o, :n].copy_(y)
+                del y
+                t_comp1 = gpu.event(gpu.compute)
             gpu.wait(gpu.back, t_comp1)
             with gpu.on(gpu.back):
                 t_back0 = gpu.event(gpu.back)
-                host_out[o, :n].copy_(y, non_blocking=gpu.cuda)
-                if gpu.cuda:
-                    y.record_stream(gpu.back)
+                host_out[o, :n].copy_(dev_out[o, :n], non_blocking=gpu.cuda)
                 t_back1 = gpu.event(gpu.back)
             step_events.append((t_comp0, t_comp1, t_back0, t_back1))
             writer.put((t_back1, o, n))
