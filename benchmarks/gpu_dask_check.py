@@ -59,6 +59,11 @@ def main() -> int:
     a = np.asarray(zarr.open_group(str(work / "plain.zarr"))["values"][:])
     b = np.asarray(zarr.open_group(str(work / "dask_1_worker.zarr"))["values"][:])
     same = bool(np.array_equal(a, b, equal_nan=True))
+    # The batched GPU engine centres each step on its own level, and dask tasks start steps at their
+    # partition's first row: the outputs agree to float32 rounding, not bit for bit (the CPU engine's are).
+    nan_same = bool(np.array_equal(np.isnan(a), np.isnan(b)))
+    scale = np.nanmax(np.abs(a), axis=0, keepdims=True) + 1e-30
+    rel = float(np.nanmax(np.abs(a - b) / scale))
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["dask_1_worker"] / med["plain"]
     doc = {
@@ -74,10 +79,12 @@ def main() -> int:
         "dask_over_plain": round(ratio, 3),
         "within_10_percent": ratio <= 1.10,
         "identical_output": same,
+        "nan_pattern_equal": nan_same,
+        "max_diff_over_column_scale": rel,
     }
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc))
-    return 0 if same else 1
+    return 0 if nan_same and rel < 1e-5 else 1
 
 
 if __name__ == "__main__":

@@ -159,16 +159,24 @@ class StageTimes:
         }
 
 
+_STREAMS: dict[str, tuple[Any, Any, Any]] = {}
+
+
 class _Gpu:
-    """Streams and events on CUDA; immediate no-ops on the CPU (interpreter tests)."""
+    """Streams and events on CUDA; immediate no-ops on the CPU (interpreter tests).
+
+    The streams are made once per device and process: cuBLAS keeps a workspace (32 MiB on Hopper) for
+    every stream it has run on, so fresh streams per run would pile those up in a long-lived process.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.copy = self.compute = self.back = None
         if self.cuda:
-            self.copy = torch.cuda.Stream(device)
-            self.compute = torch.cuda.Stream(device)
-            self.back = torch.cuda.Stream(device)
+            key = str(torch.device(device.type, device.index if device.index is not None else 0))
+            if key not in _STREAMS:
+                _STREAMS[key] = tuple(torch.cuda.Stream(device) for _ in range(3))
+            self.copy, self.compute, self.back = _STREAMS[key]
 
     def event(self, stream: Any) -> Any:
         if not self.cuda:
