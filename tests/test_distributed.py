@@ -182,3 +182,17 @@ def test_cli_workers_end_to_end(src: Path, want: dict[str, Path], tmp_path: Path
     assert "2 dask workers" in res.stdout
     _same(want["default"], out)
     assert '"rows": 10007' in report.read_text()
+
+
+def test_gpu_partitions_are_few_and_large():
+    from tsconv.distributed import _rows_per_partition
+
+    # 400k x 64 float32 (100 MB): one task on one GPU, where CPU workers get about 8 per worker
+    cpu = _rows_per_partition(400_000, 12_288, 256, 320, 1, None)
+    gpu = _rows_per_partition(400_000, 12_288, 256, 320, 1, None, gpu=True, row_bytes=256)
+    assert cpu * 12_288 < 100_000 and gpu * 12_288 >= 400_000
+    # 8M x 1024 (34 GB) on 2 GPUs: about 2 tasks per GPU, each at least 8 GiB of input
+    per = _rows_per_partition(8 << 20, 65_536, 4, 64, 2, None, gpu=True, row_bytes=4096)
+    assert per * 65_536 == 2 << 20
+    # an explicit request wins
+    assert _rows_per_partition(8 << 20, 65_536, 4, 64, 2, 100_000, gpu=True, row_bytes=4096) == 2

@@ -31,6 +31,8 @@ __all__ = ["run_distributed", "partitions", "local_cluster"]
 
 _MAX_TASK_OUTPUT_BYTES = 256 << 20  # at most this much output per task (resume granularity)
 _HALO_FACTOR = 16  # a partition is at least 16 halos long: recomputed halo rows cost <= 1/16
+_GPU_TASK_INPUT_BYTES = 8 << 30  # ~1 s of work per task at the engine's GB/s: fixed costs stay near 10 %
+_GPU_MAX_TASK_OUTPUT_BYTES = 4 << 30
 
 
 def partitions(rows: int, chunk_rows: int, per_partition: int) -> list[tuple[int, int]]:
@@ -56,12 +58,23 @@ def _covered(done: list[tuple[int, int]], a: int, b: int) -> bool:
 
 
 def _rows_per_partition(
-    rows: int, chunk_rows: int, halo: int, n_outputs: int, n_workers: int, requested: int | None
-) -> int:
-    """Output chunks per partition: ``requested`` rows rounded up, else about 8 tasks per worker."""
+    rows: int, chunk_rows: int, halo: int, n_outputs: int, n_workers: int, requested: int | None,
+    *, gpu: bool = False, row_bytes: int = 0,
+) -> int:  # fmt: skip
+    """Output chunks per partition: ``requested`` rows rounded up, else about 8 tasks per worker.
+
+    With GPUs a task streams at several GB/s and its fixed cost (opening the store, the pinned ring, the
+    weights, the first steps) is about 0.1 s, so tasks get at least ``_GPU_TASK_INPUT_BYTES`` of input
+    and about 2 per worker: a small job is one task.
+    """
     if requested is not None:
         return max(1, math.ceil(requested / chunk_rows))
     lo = max(_HALO_FACTOR * halo, 1)
+    if gpu:
+        lo = max(lo, _GPU_TASK_INPUT_BYTES // max(row_bytes, 1))
+        hi = max(lo, _GPU_MAX_TASK_OUTPUT_BYTES // (4 * n_outputs))
+        target = min(max(math.ceil(rows / (2 * max(n_workers, 1))), lo), hi)
+        return max(1, math.ceil(min(target, rows) / chunk_rows))
     hi = max(lo, _MAX_TASK_OUTPUT_BYTES // (4 * n_outputs))
     target = min(max(math.ceil(rows / (8 * max(n_workers, 1))), lo), hi)
     return max(1, math.ceil(target / chunk_rows))
@@ -141,6 +154,15 @@ def run_partition(
         "peak_gpu_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)) if cuda else None,
         "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)) if cuda else None,
     }
+
+
+def _uses_gpu(device: str) -> bool:
+    """Whether the tasks will run on GPUs (the client's workers are assumed to look like this machine)."""
+    if device == "cpu":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _visible_gpus() -> list[str]:
@@ -280,7 +302,9 @@ def run_distributed(
             meta = dict(group.attrs.get("tsconv", {}))
             done = _merge([(0, rows_done), *(tuple(p) for p in meta.get("partitions_done", []))])
         chunk_rows = int(group["values"].chunks[0])
-        per = _rows_per_partition(rows, chunk_rows, plan.halo, plan.n_outputs, n_workers, partition_rows)
+        gpu = _uses_gpu(device)
+        per = _rows_per_partition(rows, chunk_rows, plan.halo, plan.n_outputs, n_workers, partition_rows,
+                                  gpu=gpu, row_bytes=store.n_features * store.dtype.itemsize)  # fmt: skip
         parts = partitions(rows, chunk_rows, per)
         todo = [(a, b) for a, b in parts if not _covered(done, a, b)]
         already = rows - sum(b - a for a, b in todo)
