@@ -24,21 +24,44 @@ def _rows_done(out: Path) -> int | None:
         return None
 
 
-def _run_until_done(args: list[str], out: Path, delays: list[float]) -> list[int | None]:
-    """Start the CLI again and again, killing it after each delay; returns rows_done seen after each kill."""
+def _run_until_done(
+    args: list[str], out: Path, *, startup_kill: float, midway_kills: int
+) -> list[int | None]:
+    """Run the CLI again and again: killed once after ``startup_kill`` s, then ``midway_kills`` times as soon
+    as its ``rows_done`` has advanced (so each kill lands mid-run however fast the machine is), then to the
+    end. Returns rows_done seen after each kill."""
+    import time
+
     seen: list[int | None] = []
-    for delay in [*delays, None]:
+    plan: list[float | str | None] = [startup_kill, *["midway"] * midway_kills, None]
+    for step in plan:
+        before = _rows_done(out)
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        try:
-            proc.wait(timeout=delay if delay is not None else 120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        deadline = time.monotonic() + 120
+        killed = False
+        while proc.poll() is None and time.monotonic() < deadline:
+            if step is None:
+                time.sleep(0.05)
+                continue
+            if step == "midway":
+                now = _rows_done(out)
+                due = now is not None and now > (before or 0)
+            else:
+                due = time.monotonic() > deadline - 120 + float(step)
+            if due:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                killed = True
+                break
+            time.sleep(0.005)
+        if killed:
             seen.append(_rows_done(out))
             continue
         _, err = proc.communicate()
         assert proc.returncode == 0, err.decode()
-        return seen
+        if step is None:
+            return seen
+        seen.append(_rows_done(out))  # it finished before the kill was due
     return seen
 
 
@@ -62,8 +85,8 @@ def test_kill_9_then_resume_gives_identical_output(tmp_path: Path) -> None:
         "--resume",
         "-q",
     ]
-    # Kills land during start-up, creation and the middle of the run; each restart resumes.
-    seen = _run_until_done(args, out, [0.2, 2.2, 2.5, 2.8, 3.1, 3.4])
+    # Kills land during start-up and, polled, right after rows_done advances; each restart resumes.
+    seen = _run_until_done(args, out, startup_kill=0.2, midway_kills=3)
     rows = x.shape[0]
     midway = [r for r in seen if r is not None and 0 < r < rows]
     assert len(midway) >= 2, f"kills did not land mid-run often enough: rows_done after each kill {seen}"
