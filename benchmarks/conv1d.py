@@ -220,6 +220,8 @@ class Row:
 
 
 def _commit() -> str:
+    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy may carry stale git metadata
+        return os.environ["TSCONV_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10

@@ -106,6 +106,8 @@ def _compare(a: str, b: str) -> float:
 
 
 def _commit() -> str:
+    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy may carry stale git metadata
+        return os.environ["TSCONV_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True).strip()
     except Exception:

@@ -53,6 +53,8 @@ def _machine() -> dict:
 
 
 def _commit() -> str:
+    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy may carry stale git metadata
+        return os.environ["TSCONV_COMMIT"]
     try:
         return subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE, check=True

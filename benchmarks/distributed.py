@@ -58,6 +58,8 @@ def _equal(a: str, b: str) -> bool:
 
 
 def _commit() -> str:
+    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy may carry stale git metadata
+        return os.environ["TSCONV_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True).strip()
     except Exception:

@@ -216,14 +216,86 @@ def check_prefix(src: Path, out: Path, pipe: Path, rows: int) -> dict[str, Any]:
     return res
 
 
+def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
+    """A readable table (and, with matplotlib, a plot of time and GPU memory against steps) from the JSON."""
+    b = doc.get("baselines", {})
+    lines = [
+        "# End to end on the GPU: `tsconv process --device cuda`",
+        "",
+        f"GPU {doc['gpu']}, {doc['date']}, commit {doc['commit']}, torch {doc.get('torch', '?')}, "
+        f"{doc.get('cpus', '?')} CPU cores. Pipeline: dense causal conv K=5 over all features -> 256 (ReLU), "
+        "head -> 64; FP16-stored weights, fp32 compute. Warm page cache unless stated. `own peak` is "
+        "`max_memory_allocated` during the run less what the process held before it.",
+        "",
+        f"Baselines on the 1,048,576 x 1024 store (16 MB chunks), same process: naive loop "
+        f"{b.get('naive_seconds', float('nan')):.2f} s ({b.get('naive_gbps', float('nan')):.2f} GB/s), whole series in "
+        f"GPU memory {b.get('in_memory_seconds', float('nan')):.2f} s ({b.get('in_memory_gbps', float('nan')):.2f} GB/s, "
+        f"{b.get('in_memory_peak_gpu_bytes', 0) / 2**30:.1f} GiB of GPU memory).",
+        "",
+        "| store | steps | features | chunks | transfer | cache | seconds | GB/s in | vs naive | vs in-memory "
+        "| own peak GPU MiB | step rows | bound by | decode / h2d / compute / write (s) | commit |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["runs"] + doc.get("earlier_runs", []):
+        st = r["stage_seconds"]
+        own = r.get("own_peak_gpu_bytes")
+        lines.append(
+            f"| {r['store']} | {r['steps']:,} | {r['features']} | {r.get('chunk_mb', '?')} MB | {r['transfer']} "
+            f"| {r.get('cache', 'warm')} | {r['seconds']:.3f} | {r['input_gbps']:.2f} "
+            f"| {r['input_gbps'] / b['naive_gbps']:.1f}x | {r['input_gbps'] / b['in_memory_gbps']:.1f}x "
+            f"| {own / 2**20:.0f} | {r['step_rows']:,} | {r['bound_by']} | {st['decode']:.3f} / {st['h2d']:.3f} / "
+            f"{st['compute']:.3f} / {st['write']:.3f} | {r['commit']} |"
+            if own is not None and b
+            else f"| {r['store']} | {r['steps']:,} | {r['features']} | {r.get('chunk_mb', '?')} MB | {r['transfer']} "
+            f"| {r.get('cache', 'warm')} | {r['seconds']:.3f} | {r['input_gbps']:.2f} | | | (not separated) "
+            f"| {r['step_rows']:,} | {r['bound_by']} | {st['decode']:.3f} / {st['h2d']:.3f} / {st['compute']:.3f} / "
+            f"{st['write']:.3f} | {r['commit']} |"
+        )
+    lines += ["", "Stage seconds: decode and write are busy seconds per thread; h2d, compute (prepare kernel + "
+              "stages) and d2h are GPU event times.", ""]  # fmt: skip
+    md.write_text("\n".join(lines) + "\n")
+    if png is None:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for feats, marker in ((1024, "o"), (4096, "s")):
+        rows = [r for r in doc["runs"] + doc.get("earlier_runs", [])
+                if r["features"] == feats and r["transfer"] == "pinned" and r.get("cache", "warm") == "warm"
+                and r.get("chunk_mb") == 16]  # fmt: skip
+        pts = sorted({r["steps"]: r["seconds"] for r in rows}.items())
+        ax1.plot([p[0] / 2**20 for p in pts], [p[1] for p in pts], marker=marker, label=f"{feats} features")
+        mem = sorted({r["steps"]: r["own_peak_gpu_bytes"] for r in doc["runs"] if r in rows}.items())
+        ax2.plot(
+            [p[0] / 2**20 for p in mem], [p[1] / 2**20 for p in mem], marker=marker, label=f"{feats} features"
+        )
+    ax1.set(xlabel="steps (Mi)", ylabel="seconds", title="time against length (warm cache)")
+    ax2.axhline(1.2e9 / 2**20, color="red", linestyle="--", label="1.2 GB budget")
+    ax2.set(xlabel="steps (Mi)", ylabel="own peak GPU MiB", title="GPU memory against length", ylim=(0, 1300))
+    ax1.legend()
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "e2e.json"))
     ap.add_argument("--work", default="/tmp/tsconv-e2e")
     ap.add_argument("--quick", action="store_true", help="fewer repeats, no 8M / 4096-feature runs")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--render", type=Path, default=None, help="only write the .md and .png beside this JSON")
     ap.add_argument("--sections", default="all", help="comma list: check,modes,baselines,big,scale,wide,cold")
     args = ap.parse_args()
+    if args.render is not None:
+        doc = json.loads(args.render.read_text())
+        render(doc, args.render.with_suffix(".md"), args.render.with_suffix(".png"))
+        return 0
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     sections = set(args.sections.split(",")) if args.sections != "all" else None
