@@ -613,3 +613,21 @@ def test_bad_options_get_one_line(tmp_path: Path, option: list[str]) -> None:
     res = invoke("-i", src, "-o", tmp_path / "out.zarr", *option)
     assert_refused(res, option[0])
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--gpu-mem", "lots"], ["cannot read the memory size 'lots'", "hint:"]),
+        (["--gpu-mem", "0"], ["must be positive"]),
+        (["--transfer", "carrier-pigeon"], ["carrier-pigeon"]),
+    ],
+)
+def test_bad_gpu_options(tmp_path: Path, args: list[str], needles: list[str]) -> None:
+    src = write_store(tmp_path / "in.zarr", price_series(300, 2))
+    res = invoke("--input", src, "--output", tmp_path / "out.zarr", "--device", "cpu", *args)
+    if args[0] == "--transfer":  # click's own choice check: usage error, exit 2, no traceback
+        assert res.exit_code == 2 and "Traceback" not in res.output and needles[0] in res.output
+    else:
+        assert_refused(res, *needles)
+    assert not (tmp_path / "out.zarr").exists()
