@@ -215,3 +215,14 @@ def test_pieces_smaller_than_a_band_wrap_the_device_ring(monkeypatch):
     plan = resolve(pipeline_from_dict(TWO_STAGES), tuple(f"x{j}" for j in range(5)))
     y = _batched(x, plan, step_rows=64, band_rows=100)
     assert_matches_reference(y, x, plan)
+
+
+def test_strided_in_memory_sources_are_read_correctly():
+    x = price_series(200, 4, seed=10, nan_fraction=0.05)
+    plan = resolve(pipeline_from_dict(BANK), tuple(f"x{j}" for j in range(4)))
+    flipped = np.ascontiguousarray(x[::-1])[::-1]  # negative row stride, same values
+    fortran = np.asfortranarray(x)
+    for src in (flipped, fortran):
+        assert not src.flags.c_contiguous
+        y = _batched(src, plan, step_rows=64, band_rows=50)
+        assert_matches_reference(y, x, plan)

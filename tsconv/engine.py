@@ -608,7 +608,8 @@ def features(
 ) -> Any:
     """Run a pipeline on an in-memory series ``x`` [T, F] (numpy or torch); returns [T, D] float32 of the same kind.
 
-    The computation is the streaming engine's, so results match ``process`` on the same data.
+    The computation is the streaming engine's, so results match ``process`` on the same data (on CUDA the
+    batched engine runs, as in ``process``, and ``chunk`` is not used).
     A polars DataFrame or LazyFrame gives a polars DataFrame: its ``time_column`` (if present) is
     carried over and the other columns, all numeric, are the named features (see
     :func:`tsconv.io.loaders.features_frame`).
@@ -645,5 +646,15 @@ def features(
         pos += block.shape[0]
 
     with _exact_fp32(dev):
-        _stream(ArraySource(arr), plan, Backend(plan, dev), emit, start=0, chunk=chunk, warmup=warmup)
+        if dev.type == "cuda":
+            # The batched engine, as process() runs on CUDA; it wraps host rows in tensors, which needs
+            # C-ordered, writeable memory (it never writes to it): copy the input once if it is not.
+            src = arr if arr.flags.c_contiguous and arr.flags.writeable else np.array(arr, order="C")
+            step = plan_step_rows(plan, src_features=src.shape[1], src_itemsize=src.dtype.itemsize,
+                                  budget=DEFAULT_GPU_MEM, chunk=1024, transfer="pinned", rows=src.shape[0])  # fmt: skip
+            run_batched(
+                ArraySource(src), plan, Backend(plan, dev), emit, start=0, step_rows=step, warmup=warmup
+            )
+        else:
+            _stream(ArraySource(arr), plan, Backend(plan, dev), emit, start=0, chunk=chunk, warmup=warmup)
     return torch.from_numpy(out) if is_torch else out

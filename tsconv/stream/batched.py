@@ -339,6 +339,8 @@ def run_batched(
                     gpu.sync(pending_bands.popleft()[1])
                 t1 = time.perf_counter()
                 view = np.asarray(source.read(lo, hi))
+                if not view.flags.c_contiguous:  # e.g. a strided in-memory source; ring views are contiguous
+                    view = np.ascontiguousarray(view)
                 t2 = time.perf_counter()
                 extra["ring_wait"] = extra.get("ring_wait", 0.0) + t1 - t0
                 times.read_wait += t2 - t1
