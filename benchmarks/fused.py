@@ -27,6 +27,11 @@ call, less what was allocated before it (inputs, weights, ``out`` and the unfuse
 allocated before; the unfused rows add the [N, L_out, O] float32 intermediate, ``interm_mib``, which the
 fused kernel never writes). speedup = cuDNN + cuBLAS ms / fused ms (issue target: >= 1.5).
 
+Engine pick (CUDA, "fp32" rows): which path the engine's head chooser (``tsconv.kernels.head``) takes for the
+case's N * L_out rows as one engine step ([1, C, halo + rows], "valid"), from the decision cache or timed
+now, and each offered path's time per step measured now (CUDA events): unfused (conv1d + torch matmul),
+gemm (conv1d + tsconv gemm), fused (conv1d_head).
+
 Writes JSON to --out (after every row) and a markdown table beside it (.md), with GPU, date and commit.
 """
 
@@ -137,6 +142,15 @@ def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
 
+def _pick(r: dict) -> str:
+    """'fused (u 1.84 / g 1.90 / f 2.47)': the engine chooser's path and each path's ms per step."""
+    if not r.get("engine_pick"):
+        return "-"
+    ms = r.get("engine_ms") or {}
+    parts = " / ".join(f"{p[0]} {_f(ms.get(p), '.3f')}" for p in ("unfused", "gemm", "fused") if p in ms)
+    return f"{r['engine_pick']} ({parts})"
+
+
 def markdown(res: dict) -> str:
     lines = [
         "# tsconv fused conv1d -> head vs unfused tsconv vs cuDNN + cuBLAS",
@@ -144,13 +158,15 @@ def markdown(res: dict) -> str:
         f"GPU {res['gpu']}, {res['date']}, commit {res['commit']}, torch {res['torch']}, triton {res['triton']}.",
         f"Tuning: {res.get('tune_s', 0):.1f} s in this run. Errors: max|y - ref| / max|ref| against float64 on "
         f"the first {CHECK_SERIES} series. speedup = cuDNN+cuBLAS ms / fused ms (target >= 1.5). MiB: peak "
-        "memory a call allocates beyond its inputs and output (unfused: plus the intermediate, interm MiB).",
+        "memory a call allocates beyond its inputs and output (unfused: plus the intermediate, interm MiB). "
+        "engine pick: the engine's head path for these rows as one step, and ms per step of unfused (conv1d + "
+        "torch matmul) / gemm (conv1d + tsconv gemm) / fused.",
         "",
         "| case | N x C x L -> O (K) -> D | prec | path | config | fused ms | unfused ms | cuDNN+cuBLAS ms "
-        "| speedup | vs unfused | fused MiB | unfused MiB | cuDNN MiB | interm MiB | error | unfused err "
+        "| speedup | vs unfused | engine pick | fused MiB | unfused MiB | cuDNN MiB | interm MiB | error | unfused err "
         "| torch err | fused-unfused | pass |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-        "| --- | --- |",
+        "| --- | --- | --- |",
     ]
     for r in res["rows"]:
         path = r.get("path") or "-"
@@ -160,7 +176,7 @@ def markdown(res: dict) -> str:
             f"| {r['case']} | {r['N']}x{r['C']}x{r['L']} -> {r['O']} ({r['K']}) -> {r['D']} | {r['precision']} "
             f"| {path} | {r.get('config') or '-'} | {_f(r.get('fused_ms'), '.3f')} "
             f"| {_f(r.get('unfused_ms'), '.3f')} | {_f(r.get('torch_ms'), '.3f')} | {_f(r.get('speedup'), '.2f')} "
-            f"| {_f(r.get('vs_unfused'), '.2f')} | {_f(r.get('fused_mib'), '.1f')} "
+            f"| {_f(r.get('vs_unfused'), '.2f')} | {_pick(r)} | {_f(r.get('fused_mib'), '.1f')} "
             f"| {_f(r.get('unfused_mib'), '.1f')} | {_f(r.get('torch_mib'), '.1f')} "
             f"| {_f(r.get('interm_mib'), '.1f')} | {_f(r.get('max_err'), '.1e')} "
             f"| {_f(r.get('unfused_err'), '.1e')} | {_f(r.get('torch_err'), '.1e')} "
@@ -463,6 +479,38 @@ class Bench:
         row["vs_unfused"] = row["unfused_ms"] / row["fused_ms"]
         flops = 2.0 * case.N * L_out * (case.O * (case.C // case.groups) * case.K + case.O * case.D)
         row["tflops"] = flops / row["fused_ms"] / 1e9
+        if self.cuda and precision == "fp32":
+            self.engine_pick(case, d, row)
+
+    def engine_pick(self, case: Case, d: dict, row: dict) -> None:
+        """The engine's head chooser on this case's N * L_out rows as one step (the engine's layout)."""
+        torch = self.torch
+        from tsconv.kernels import head
+
+        halo = (case.K - 1) * case.dilation
+        rows_in = d["x"].transpose(1, 2).reshape(-1, case.C)  # the time-major [N * L, C] buffer
+        n = min(case.N * self.L_out(case), rows_in.shape[0] - halo)
+        xt = rows_in[: n + halo].T.unsqueeze(0)  # [1, C, halo + n], as Backend passes it
+        flag = torch.backends.cuda.matmul.allow_tf32
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = False  # the engine's fp32 setting for torch's matmul
+            res = head.measure_paths(
+                xt,
+                d["w"],
+                d["b"],
+                d["hw"],
+                d["hb"],
+                dilation=case.dilation,
+                groups=case.groups,
+                activation=case.activation,
+                head_activation=case.head_activation,
+            )
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = flag
+        row["engine_rows"] = n
+        row["engine_pick"] = res["pick"]
+        row["engine_source"] = res["source"]
+        row["engine_ms"] = res["timings_ms"]
 
     def run(self) -> int:
         todo = self.selected()
@@ -516,7 +564,8 @@ class Bench:
                     f"time {case.name} {prec}: fused {row.get('fused_ms', math.nan):.3f} ms unfused "
                     f"{row.get('unfused_ms', math.nan):.3f} cuDNN+cuBLAS {row.get('torch_ms', math.nan):.3f} "
                     f"speedup {row.get('speedup', math.nan):.2f} mem MiB fused/unfused/torch "
-                    f"{row.get('fused_mib')}/{row.get('unfused_mib')}/{row.get('torch_mib')}",
+                    f"{row.get('fused_mib')}/{row.get('unfused_mib')}/{row.get('torch_mib')}"
+                    + (f" engine pick {_pick(row)}" if row.get("engine_pick") else ""),
                     flush=True,
                 )
                 self.save()

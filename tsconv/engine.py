@@ -62,6 +62,7 @@ class Report:
     step_rows: int | None = None  # rows per launch in the batched engine
     stage_seconds: dict[str, float] | None = None  # see StageTimes: read/decode, h2d, compute, d2h, write
     bound_by: str | None = None  # the stage with the most (per-thread) busy time
+    head_path: str | None = None  # the last stage + head: "unfused", "gemm" or "fused"; None: no head
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +78,8 @@ class Report:
         if self.stage_seconds:
             parts = ", ".join(f"{k} {v:.3f}" for k, v in self.stage_seconds.items() if k in _SHOWN_STAGES)
             stages = f"; stages (s): {parts}; bound by {self.bound_by}"
+            if self.head_path:
+                stages += f"; head {self.head_path}"
         return (
             f"{self.rows:,} rows x {self.features_in} features -> {self.features_out} features{resumed} "
             f"in {self.seconds:.2f} s on {self.device}: {self.rows_per_s:,.0f} rows/s, "
@@ -237,7 +240,7 @@ def make_report(
 ) -> Report:
     """The report of a run that computed ``rows`` rows in ``seconds`` (input GB/s counts every decoded column).
 
-    ``stages``: the batched engine's ``transfer``, ``step_rows``, ``stage_seconds`` and ``bound_by``.
+    ``stages``: the batched engine's ``transfer``, ``step_rows``, ``stage_seconds`` and ``bound_by``; ``head_path``.
     """
     cuda = dev.type == "cuda"
     return Report(
@@ -368,7 +371,7 @@ def process(
             step_rows=step_rows,
             transfer=transfer,
         )
-        if stages is not None:
+        if stages is not None and "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
     seconds = time.perf_counter() - t0
     done = rows - start if action != "done" else 0
@@ -498,7 +501,7 @@ def _run_store_body(
     writer.finish()
     if stages is not None:
         stages["stage_seconds"]["finish"] = time.perf_counter() - t0
-    return stages
+    return {**(stages or {}), "head_path": backend.head_path}
 
 
 class _Shifted:

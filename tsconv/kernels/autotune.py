@@ -14,6 +14,9 @@ The disk cache is one JSON file per GPU model: ``$TSCONV_CACHE_DIR/autotune-<gpu
 under ``~/.cache/tsconv``. Keys carry the Triton version, so a Triton upgrade re-tunes. Writes merge with
 what another process may have written meanwhile and replace the file atomically.
 
+:func:`cached_record` / :func:`store_record` keep other measured decisions (the engine's head path,
+:mod:`tsconv.kernels.head`) in the same memory and disk caches.
+
 Tuning launches the kernel several times into the caller's output buffer: it must not run inside CUDA
 graph capture (call once before capturing), and inputs must not alias outputs (the launchers check this).
 """
@@ -41,12 +44,14 @@ __all__ = [
     "ConfigSpace",
     "TuneEvent",
     "cache_path",
+    "cached_record",
     "clear_memory_cache",
     "conv1d_dense_space",
     "conv1d_direct_space",
     "events",
     "pow2_bucket",
     "select",
+    "store_record",
 ]
 
 log = logging.getLogger("tsconv.autotune")
@@ -98,6 +103,7 @@ class TuneEvent:
 
 _events: list[TuneEvent] = []
 _memory: dict[tuple[str, str], Config] = {}
+_records: dict[tuple[str, str], dict] = {}  # cached_record / store_record: (device, full key) -> record
 _disk: dict[str, dict] = {}  # cache file path -> loaded entries
 _lock = threading.Lock()
 
@@ -111,6 +117,7 @@ def clear_memory_cache() -> None:
     """Forget in-process winners and the loaded disk files (the next call reads the disk cache again)."""
     with _lock:
         _memory.clear()
+        _records.clear()
         _disk.clear()
 
 
@@ -120,6 +127,8 @@ def pow2_bucket(n: int) -> int:
 
 
 def _gpu_name(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"  # cached_record / store_record on CPU tensors (tests): autotune-cpu.json
     name = torch.cuda.get_device_name(device)
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "gpu"
 
@@ -207,10 +216,7 @@ def select(
         if cfg is not None:
             return cfg
         path = cache_path(device)
-        entries = _disk.get(str(path))
-        if entries is None:
-            entries = _read_file(path)
-            _disk[str(path)] = entries
+        entries = _entries(path)
         record = entries.get(full)
         if isinstance(record, dict):
             cfg = space.by_name(str(record.get("config")))
@@ -227,6 +233,60 @@ def select(
         )
         log.info("tuned %s [%s]: %s in %.1f s", space.name, key, cfg.name, record["tune_s"])
         return cfg
+
+
+def _device_label(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _entries(path: Path) -> dict:
+    """The loaded entries of a cache file (read once per process; call with ``_lock`` held)."""
+    entries = _disk.get(str(path))
+    if entries is None:
+        entries = _read_file(path)
+        _disk[str(path)] = entries
+    return entries
+
+
+def cached_record(space: str, key: str, *, device: torch.device) -> dict | None:
+    """A decision stored by :func:`store_record` for ``space`` and ``key`` on ``device``'s GPU model, or None.
+
+    For choices that are not block shapes (e.g. which path computes the engine's head, see
+    :mod:`tsconv.kernels.head`): the record is the caller's dict, kept in memory and in the same disk cache
+    file as the tuned configs (under ``space|key|triton=<version>``, so a Triton upgrade decides again).
+    ``record["config"]`` names the choice. A hit from disk is listed in :func:`events` (source "disk").
+    """
+    full = f"{space}|{key}|triton={triton.__version__}"
+    mkey = (str(device), full)
+    rec = _records.get(mkey)
+    if rec is not None:
+        return rec
+    with _lock:
+        rec = _entries(cache_path(device)).get(full)
+        if not isinstance(rec, dict) or "config" not in rec:
+            return None
+        _records[mkey] = rec
+        _events.append(TuneEvent(space, key, str(rec["config"]), "disk", 0.0))
+        return rec
+
+
+def store_record(space: str, key: str, record: dict, *, device: torch.device) -> None:
+    """Keep ``record`` (a JSON-able dict with a ``"config"`` entry naming the choice) for :func:`cached_record`.
+
+    Written to memory and merged into the disk cache file of ``device``'s GPU model (atomically, as tuned
+    configs are); listed in :func:`events` as "tuned" with ``record["tune_s"]`` and ``record["timings_ms"]``.
+    """
+    full = f"{space}|{key}|triton={triton.__version__}"
+    record = {**record, "torch": torch.__version__, "when": datetime.now(UTC).isoformat(timespec="seconds")}
+    with _lock:
+        path = cache_path(device)
+        _entries(path)[full] = record
+        _write_file(path, _device_label(device), full, record)
+        _records[(str(device), full)] = record
+        timings = {k: float(v) for k, v in (record.get("timings_ms") or {}).items() if v is not None}
+        _events.append(
+            TuneEvent(space, key, str(record["config"]), "tuned", float(record.get("tune_s", 0.0)), timings)
+        )
 
 
 def _tune(

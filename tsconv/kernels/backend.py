@@ -4,7 +4,9 @@ On the CPU each stage is torch's ``F.conv1d``; on CUDA it is tsconv's Triton ``c
 FP16-stored weights upcast in the kernel, bias and activation fused, time-major in and out, so nothing
 is transposed or padded). Chunks arrive time-major with their halo, and stages run in "valid" mode.
 A ``[preprocess]`` transform and z-score run first, as torch ops in float64 on the same device, also in
-"valid" mode over the preprocessing's ``pre_halo`` rows.
+"valid" mode over the preprocessing's ``pre_halo`` rows. The last stage and the head run by one of three
+paths (torch matmul, tsconv's gemm, or the fused conv -> head kernel), on CUDA the fastest as measured on
+first use of a shape class (:mod:`tsconv.kernels.head`; ``TSCONV_HEAD_PATH`` forces one).
 """
 
 from __future__ import annotations
@@ -69,9 +71,46 @@ class Backend:
         self.head = plan.head
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
+        self._head = self._head_paths(plan) if plan.head is not None and self.layers else None
         pre = plan.preprocess
         self.pre = pre if pre is not None and pre.computes else None
         self.pre_halo = plan.pre_halo
+
+    def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily
+        """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.kernels.head`).
+
+        On the CPU: the torch path, unless Triton runs interpreted here and ``TSCONV_HEAD_PATH`` forces one.
+        """
+        from . import head
+
+        forced = head.requested_path()
+        measure = forced is None and head._can_measure(self.device)
+        active = self.triton and (
+            self.device.type == "cuda" or (head.INTERPRETED and (forced is not None or measure))
+        )
+        last = self.layers[-1]
+        # The Triton paths read float16-stored head weights as float16 (exactly their values).
+        half = active and plan.head.weight_dtype == "float16"
+        return head.HeadPaths(
+            weight=last.weight,
+            dilation=last.dilation,
+            groups=last.groups,
+            activation=last.activation,
+            head_weight=self.head_weight.to(torch.float16) if half else self.head_weight,
+            head_bias=self.head_bias,
+            head_activation=plan.head.activation,
+            head_weight_torch=self.head_weight,
+            conv=lambda xt, bias: self._conv(xt, last, bias),
+            triton=active,
+            forced=forced if active else None,
+            measure=active and measure,
+        )
+
+    @property
+    def head_path(self) -> str | None:
+        """How the last stage and the head were computed ("unfused", "gemm" or "fused": the path of most
+        rows so far); None without a head or before the first chunk."""
+        return None if self._head is None else self._head.path
 
     def _conv(self, x: torch.Tensor, layer: _DeviceLayer, bias: torch.Tensor | None) -> torch.Tensor:
         """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo]."""
@@ -122,28 +161,34 @@ class Backend:
     ) -> torch.Tensor:
         start = first_row
         y = None
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             if i == 0:
-                y = self._first_stage(x, layer, level, centered=centered)
+                y, bias = self._first_stage_input(x, layer, level, centered=centered)
             else:
-                y = self._conv(y, layer, layer.bias)
+                bias = layer.bias
+            if i == last and self._head is not None:
+                return self._head.run(y, bias)  # the last stage and the head, by the chosen path
+            y = self._conv(y, layer, bias)
             start += layer.halo
             # Each stage pads its own input with zeros (F.pad semantics): rows before step 0 are zero
             # history for the next stage, not this stage's response to the previous zeros.
             if start < 0 and i + 1 < len(self.layers):
                 y[..., : min(-start, y.shape[-1])] = 0.0
-        out = y[0].T
-        if self.head_weight is not None:
-            out = out @ self.head_weight
-            if self.head_bias is not None:
-                out += self.head_bias
-            out = apply_activation(out, self.head.activation)
-        return out
+        return y[0].T
 
     def _first_stage(
         self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor, *, centered: bool = False
     ) -> torch.Tensor:
-        """conv(x) computed as conv(x - c) + conv(c), with c a per-feature level taken from the data.
+        """conv(x) computed as conv(x - c) + conv(c) (see :meth:`_first_stage_input`)."""
+        xt, bias = self._first_stage_input(x, layer, c, centered=centered)
+        return self._conv(xt, layer, bias)
+
+    def _first_stage_input(
+        self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor, *, centered: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first stage's input x - c as [1, C, L] and its bias, so that conv(x) = conv(x - c) + conv(c)
+        with c a per-feature level taken from the data.
 
         Raw price levels near 100 leave fp32 about 1e-5 of absolute resolution, and a zero-sum filter
         (a difference, a deviation from a mean) then loses most of its digits. Centering first makes
@@ -160,7 +205,7 @@ class Backend:
         out_per_group = layer.tap_sums.shape[0] // layer.groups
         level = (layer.tap_sums.view(layer.groups, out_per_group, per_group) * c64[:, None, :]).sum(-1)
         bias = (layer.bias64 + level.reshape(-1)).to(torch.float32)
-        return self._conv(xt, layer, bias)
+        return xt, bias
 
     def _preprocess(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor
