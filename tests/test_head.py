@@ -57,7 +57,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::tsconv.errors.TsconvWarning")  
 def _clean(monkeypatch, tmp_path):
     """No forced path from the caller's environment; decisions cached under tmp_path only."""
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
-    monkeypatch.delenv(head.ENV, raising=False)
+    monkeypatch.setenv(head.ENV, "auto")
     monkeypatch.delenv("TSCONV_AUTOTUNE", raising=False)
     monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "cache"))
     autotune.clear_memory_cache()
@@ -90,7 +90,7 @@ def _batched(x, plan, backend, step_rows=128):
 
 def _cpu_backend(plan, monkeypatch, path=None):
     if path is None:
-        monkeypatch.delenv(head.ENV, raising=False)
+        monkeypatch.setenv(head.ENV, "auto")
     else:
         monkeypatch.setenv(head.ENV, path)
     return Backend(plan, torch.device("cpu"), use_triton=True)
@@ -297,7 +297,7 @@ def test_each_path_on_the_gpu_through_the_batched_engine(path, monkeypatch):
     }
     plan = resolve(pipeline_from_dict(pipe), tuple(f"x{j}" for j in range(16)))
     if path is None:
-        monkeypatch.delenv(head.ENV, raising=False)
+        monkeypatch.setenv(head.ENV, "auto")
     else:
         monkeypatch.setenv(head.ENV, path)
     backend = Backend(plan, torch.device("cuda"))
@@ -313,3 +313,10 @@ def test_each_path_on_the_gpu_through_the_batched_engine(path, monkeypatch):
         assert any(e.space == head.SPACE and e.source == "tuned" for e in autotune.events())
     else:
         assert backend.head_path == path
+
+
+def test_the_default_head_path_is_unfused(monkeypatch):
+    monkeypatch.delenv(head.ENV, raising=False)
+    assert head.requested_path() == "unfused"
+    monkeypatch.setenv(head.ENV, "auto")
+    assert head.requested_path() is None

@@ -11,7 +11,7 @@ Paths (all float32, with tsconv's fp32-accurate kernels on CUDA):
   (a dense last stage, groups = 1, within its O and D limits: :func:`tsconv.kernels.fused.fused_path`).
 
 Choice (:class:`HeadPaths`): ``TSCONV_HEAD_PATH=unfused|gemm|fused`` forces a path (``fused`` where it is not
-offered runs ``gemm``, the pair ``conv1d_head`` itself falls back to); ``auto`` (the default) on CUDA times
+offered runs ``gemm``, the pair ``conv1d_head`` itself falls back to; ``unfused`` is the default); ``auto`` on CUDA times
 each offered path on the step's actual inputs the first time a shape class is seen (exact C, O, D, K,
 dilation, groups, activations, head weight dtype, a power-of-two bucket of the step's rows, the GPU model and,
 through the cache key, the Triton version) and keeps the fastest. The decision is kept in memory and in the
@@ -57,15 +57,20 @@ _ROUNDS = 2  # timed rounds; the best counts
 INTERPRETED = _fused._INTERPRETED
 
 
+# The measured path is the default: ``auto`` (timing the paths on the first step of a shape class) is opt-in
+# until it has itself been measured in the engine on a GPU (benchmarks/NOTES.md, "engine head path").
+DEFAULT = "unfused"
+
+
 def requested_path() -> str | None:
-    """The path ``TSCONV_HEAD_PATH`` forces, or None for ``auto`` (the default)."""
-    value = os.environ.get(ENV, "auto").strip().lower()
+    """The path ``TSCONV_HEAD_PATH`` forces (default ``unfused``), or None for ``auto``."""
+    value = os.environ.get(ENV, DEFAULT).strip().lower()
     if value in ("", "auto"):
         return None
     if value not in PATHS:
         raise TsconvError(
             f"{ENV}={value!r} is not a head path",
-            hint="use unfused, gemm, fused or auto (the default: the fastest, measured on first use).",
+            hint="use unfused (the default), gemm, fused or auto (the fastest, measured on first use).",
         )
     return value
 
