@@ -103,47 +103,37 @@ def run_partition(
 
     import torch
 
-    from .engine import _exact_fp32, _stream, resolve_device
+    from .engine import _exact_fp32, compute_rows, resolve_device
     from .io.decode import ParallelBandReader
     from .io.store import open_input
     from .kernels.backend import Backend
-    from .stream.batched import DEFAULT_GPU_MEM, plan_step_rows, run_batched
+    from .stream.batched import DEFAULT_GPU_MEM, plan_step_rows
 
     if threads is not None:
         torch.set_num_threads(threads)
     t0 = time.perf_counter()
     store = open_input(input_path)
     dev = resolve_device(device)
-    writer = OutputWriter.region(Path(output_path), time_source=store.time, start=start, stop=stop)
+    # the worker's share of the cores (threads) for writing too, not the default per process
+    writer = OutputWriter.region(
+        Path(output_path), time_source=store.time, start=start, stop=stop, threads=threads
+    )
     cuda = dev.type == "cuda"
+    step_rows = (
+        plan_step_rows(plan, src_features=store.n_features, src_itemsize=store.dtype.itemsize,
+                       budget=gpu_mem or DEFAULT_GPU_MEM, chunk=chunk, transfer=transfer, rows=stop - start)
+        if cuda else None
+    )  # fmt: skip
     with (
         _exact_fp32(dev),
+        writer,  # closed on the way out (queued writes dropped on an error); a no-op after finish()
         ParallelBandReader(
             store.values, where=str(store.path), pin=cuda and transfer != "pageable", threads=threads
         ) as reader,
     ):
-        if cuda:
-            step_rows = plan_step_rows(
-                plan, src_features=store.n_features, src_itemsize=store.dtype.itemsize,
-                budget=gpu_mem or DEFAULT_GPU_MEM, chunk=chunk, transfer=transfer, rows=stop - start,
-            )  # fmt: skip
-            run_batched(
-                reader, plan, Backend(plan, dev), writer.append, start=start, stop=stop,
-                step_rows=step_rows, warmup=warmup, transfer=transfer,
-            )  # fmt: skip
-        else:
-            _stream(
-                reader,
-                plan,
-                Backend(plan, dev),
-                writer.append,
-                start=start,
-                stop=stop,
-                chunk=chunk,
-                warmup=warmup,
-            )
-    writer.finish()
-    cuda = dev.type == "cuda"
+        compute_rows(reader, plan, Backend(plan, dev), writer.append, start=start, stop=stop, chunk=chunk,
+                     warmup=warmup, step_rows=step_rows, transfer=transfer)  # fmt: skip
+        writer.finish()
     return {
         "start": start,
         "stop": stop,

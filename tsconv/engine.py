@@ -29,7 +29,14 @@ from .io.store import InputStore, check_time, open_input
 from .io.writer import FORMAT_VERSION, OutputWriter, output_chunk_rows, prepare_output
 from .kernels.backend import Backend
 from .spec import Pipeline, ResolvedPipeline, default_pipeline, load_pipeline, pipeline_from_dict, resolve
-from .stream.batched import DEFAULT_GPU_MEM, TRANSFERS, StageTimes, parse_bytes, plan_step_rows, run_batched
+from .stream.batched import (
+    DEFAULT_GPU_MEM,
+    StageTimes,
+    check_transfer,
+    parse_bytes,
+    plan_step_rows,
+    run_batched,
+)
 from .stream.fill import fill_state_before, forward_fill
 
 __all__ = ["Report", "process", "features", "default_output_path", "resolve_device"]
@@ -307,8 +314,7 @@ def process(
                                   overwrite=overwrite, resume=resume, warmup=warmup, progress=progress,
                                   distributed=workers is not None or client is not None)  # fmt: skip
     _check_options(chunk, warmup)
-    if transfer not in TRANSFERS:
-        raise TsconvError(f"unknown transfer mode {transfer!r}", hint=f"use one of {', '.join(TRANSFERS)}.")
+    check_transfer(transfer)
     budget = parse_bytes(gpu_mem)
     dev = resolve_device(device)
     store = open_input(input)
@@ -429,29 +435,8 @@ def _run_store(
     """Compute input rows [r0 + start, r1) (``rows`` = (r0, r1), default the whole store) into ``writer``.
 
     ``step_rows`` set: the batched engine, returning the report's stage fields; else chunk by chunk.
+    On an error the writer is closed (queued chunk writes dropped; the store stays incomplete, resumable).
     """
-    try:
-        return _run_store_body(store, plan, writer, dev, start=start, chunk=chunk, warmup=warmup,
-                               progress=progress, rows=rows, step_rows=step_rows, transfer=transfer)  # fmt: skip
-    except BaseException:
-        writer.close()  # queued chunk writes are dropped; the store stays incomplete (resumable)
-        raise
-
-
-def _run_store_body(
-    store: InputStore,
-    plan: ResolvedPipeline,
-    writer: OutputWriter,
-    dev: torch.device,
-    *,
-    start: int,
-    chunk: int,
-    warmup: str,
-    progress: bool,
-    rows: tuple[int, int] | None,
-    step_rows: int | None,
-    transfer: str,
-) -> dict[str, Any] | None:
     from tqdm import tqdm
 
     r0, r1 = rows if rows is not None else (0, store.rows)
@@ -468,40 +453,50 @@ def _run_store_body(
             dynamic_ncols=True,
         ) as bar,
         _exact_fp32(dev),
+        writer,  # closed on the way out; after finish() that is a no-op
         # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA unless pageable transfers
         # are asked for); zarr reads (BlockReader) for layouts the fast path does not handle.
         ParallelBandReader(
             store.values, where=str(store.path), pin=dev.type == "cuda" and transfer != "pageable"
         ) as reader,
     ):
-        if step_rows is not None:
-            times = run_batched(
-                reader, plan, backend, writer.append, start=r0 + start, stop=r1, step_rows=step_rows,
-                warmup=warmup, transfer=transfer, on_rows=bar.update,
-            )  # fmt: skip
+        times = compute_rows(
+            reader, plan, backend, writer.append, start=r0 + start, stop=r1, chunk=chunk, warmup=warmup,
+            step_rows=step_rows, transfer=transfer, on_rows=bar.update,
+        )  # fmt: skip
+        if times is not None:
             stages = stage_summary(
                 times, transfer=transfer, decode_busy=reader.busy_seconds, decode_threads=reader.threads,
-                write_busy=float(getattr(writer, "busy_seconds", times.write)),
-                write_threads=int(getattr(writer, "threads", 1) or 1),
+                write_busy=writer.busy_seconds, write_threads=max(writer.threads, 1),
             )  # fmt: skip
-        else:
-            # _stream uses each block before its next read.
-            _stream(
-                reader,
-                plan,
-                backend,
-                writer.append,
-                start=r0 + start,
-                stop=r1,
-                chunk=chunk,
-                warmup=warmup,
-                on_rows=bar.update,
-            )
-    t0 = time.perf_counter()
-    writer.finish()
-    if stages is not None:
-        stages["stage_seconds"]["finish"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        writer.finish()
+        if stages is not None:
+            stages["stage_seconds"]["finish"] = time.perf_counter() - t0
     return {**(stages or {}), "head_path": backend.head_path}
+
+
+def compute_rows(
+    reader: RowSource,
+    plan: ResolvedPipeline,
+    backend: Backend,
+    emit: Callable[[np.ndarray], None],
+    *,
+    start: int,
+    stop: int,
+    chunk: int,
+    warmup: str,
+    step_rows: int | None,
+    transfer: str = "pinned",
+    on_rows: Callable[[int], None] | None = None,
+) -> StageTimes | None:
+    """Rows [start, stop) to ``emit``: the batched engine when ``step_rows`` is set (its stage times), else
+    chunk by chunk (``_stream`` uses each block before its next read)."""
+    if step_rows is not None:
+        return run_batched(reader, plan, backend, emit, start=start, stop=stop, step_rows=step_rows,
+                           warmup=warmup, transfer=transfer, on_rows=on_rows)  # fmt: skip
+    _stream(reader, plan, backend, emit, start=start, stop=stop, chunk=chunk, warmup=warmup, on_rows=on_rows)
+    return None
 
 
 class _Shifted:

@@ -23,6 +23,7 @@ that read every copy (or mapped read) of bands <= ``b - 2`` is waited for by its
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -41,17 +42,29 @@ from ..spec import ResolvedPipeline
 from .fill import fill_state_before, forward_fill
 from .prep import prepare
 
-__all__ = ["TRANSFERS", "DEFAULT_GPU_MEM", "StageTimes", "plan_step_rows", "parse_bytes", "run_batched"]
+__all__ = [
+    "TRANSFERS",
+    "check_transfer",
+    "DEFAULT_GPU_MEM",
+    "StageTimes",
+    "plan_step_rows",
+    "parse_bytes",
+    "run_batched",
+]
 
 TRANSFERS = ("pinned", "mapped", "pageable")
 DEFAULT_GPU_MEM = 1_200_000_000  # bytes: "about 1.2 GB", whatever the series' length or width
 MAX_STEP_ROWS = 65536  # beyond this a step's launch overheads are already negligible (benchmarks/NOTES.md)
 _OUT_SLOTS = 3  # pinned host result slots: one being filled, one being written, one spare
 _DEVICE_RING = 4  # device slots for raw pieces: copies run up to three pieces ahead of the prepare kernel
-PIECE_BYTES = (
-    16 << 20
-)  # one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
+# one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
+PIECE_BYTES = 16 << 20
 _FIXED_BYTES = 48 << 20  # weights, carries, the allocator's rounding: headroom kept out of the step budget
+
+
+def check_transfer(transfer: str) -> None:
+    if transfer not in TRANSFERS:
+        raise TsconvError(f"unknown transfer mode {transfer!r}", hint=f"use one of {', '.join(TRANSFERS)}.")
 
 
 def parse_bytes(text: str | int) -> int:
@@ -148,16 +161,6 @@ class StageTimes:
     step_rows: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "read_wait": self.read_wait,
-            "h2d": self.h2d,
-            "compute": self.compute,
-            "d2h": self.d2h,
-            "write": self.write,
-            **self.extra,
-        }
-
 
 _STREAMS: dict[str, tuple[Any, Any, Any]] = {}
 
@@ -186,8 +189,6 @@ class _Gpu:
         return ev
 
     def on(self, stream: Any) -> Any:
-        import contextlib
-
         return torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
 
     def wait(self, stream: Any, ev: Any) -> None:
@@ -204,27 +205,7 @@ class _Gpu:
         return a.elapsed_time(b) / 1e3 if a is not None and b is not None else 0.0
 
 
-def _host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, pin_memory=pin)
-
-
-class _MappedRows:
-    """Pinned host rows as a Triton pointer argument (what the prepare kernel needs of a tensor)."""
-
-    def __init__(self, view: np.ndarray) -> None:
-        self.view = view  # keeps the memory alive while the launch is queued
-        self.shape = view.shape
-        self.dtype = torch.from_numpy(view[:0]).dtype
-        self._strides = tuple(s // view.itemsize for s in view.strides)
-
-    def data_ptr(self) -> int:
-        return self.view.ctypes.data
-
-    def stride(self, dim: int) -> int:
-        return self._strides[dim]
-
-
-def _mapped(view: np.ndarray, device: torch.device) -> Any:
+def _mapped(view: np.ndarray, device: torch.device) -> torch.Tensor:
     """The rows of a pinned ring buffer, readable by a kernel on ``device`` through the GPU's mapping
     of host memory (unified addressing: the host pointer is valid on the device). No device copy."""
 
@@ -237,11 +218,8 @@ def _mapped(view: np.ndarray, device: torch.device) -> Any:
             "version": 2,
         }
 
-    try:
-        with torch.cuda.device(device):
-            return torch.as_tensor(_Iface(), device=device)
-    except (RuntimeError, TypeError, ValueError):  # a torch that refuses host pointers: Triton takes them
-        return _MappedRows(view)
+    with torch.cuda.device(device):
+        return torch.as_tensor(_Iface(), device=device)
 
 
 def run_batched(
@@ -263,8 +241,7 @@ def run_batched(
     Equals the chunked engine's ``_stream`` within float32 rounding (the level each step is centered on
     is the same rule applied per step instead of per chunk).
     """
-    if transfer not in TRANSFERS:
-        raise TsconvError(f"unknown transfer mode {transfer!r}", hint=f"use one of {', '.join(TRANSFERS)}.")
+    check_transfer(transfer)
     dev = backend.device
     gpu = _Gpu(dev)
     rows = source.rows if stop is None else stop
@@ -310,7 +287,7 @@ def run_batched(
                               for _ in range(_DEVICE_RING)]  # fmt: skip
     ring_free: list[Any] = [None] * _DEVICE_RING  # event: the prepare that read the slot is done
     n_out = plan.n_outputs
-    host_out = _host_buffer((_OUT_SLOTS, step_rows, n_out), f32, pin=gpu.cuda)
+    host_out = torch.empty((_OUT_SLOTS, step_rows, n_out), dtype=f32, pin_memory=gpu.cuda)
     dev_out = torch.empty((_OUT_SLOTS, step_rows, n_out), dtype=f32, device=dev)
     free_out = threading.Semaphore(_OUT_SLOTS)
     pending_bands: deque[tuple[int, Any]] = deque()  # (band, event after its last reader on the GPU)
@@ -418,13 +395,8 @@ def run_batched(
 
 
 def _source_dtype(source: RowSource) -> np.dtype:
-    for attr in ("dtype",):
-        if hasattr(source, attr):
-            return np.dtype(getattr(source, attr))
-    array = getattr(source, "array", None)
-    if array is not None and hasattr(array, "dtype"):
-        return np.dtype(array.dtype)
-    return np.dtype(np.float32)
+    """The stored dtype (ParallelBandReader has ``dtype``; ArraySource and BlockReader hold ``array``)."""
+    return np.dtype(getattr(source, "dtype", None) or source.array.dtype)
 
 
 def _pieces(s: int, e: int, band_rows: int, piece_rows: int) -> list[tuple[int, int]]:
