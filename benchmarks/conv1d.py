@@ -47,6 +47,7 @@ from pathlib import Path
 
 import triton
 import triton.language as tl
+from provenance import commit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -217,20 +218,6 @@ class Row:
         d = asdict(self)
         d["pass"] = d.pop("pass_")
         return d
-
-
-def _commit() -> str:
-    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy may carry stale git metadata
-        return os.environ["TSCONV_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return os.environ.get("TSCONV_COMMIT", "unknown")
 
 
 def main() -> int:
@@ -635,7 +622,7 @@ class Bench:
         result = {
             "gpu": self.gpu,
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "commit": _commit(),
+            "commit": commit(),
             "torch": torch.__version__,
             "triton": self.triton.__version__,
             "partial": partial,

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import commit  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
@@ -105,15 +107,6 @@ def _compare(a: str, b: str) -> float:
     return worst
 
 
-def _commit() -> str:
-    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy may carry stale git metadata
-        return os.environ["TSCONV_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, text=True).strip()
-    except Exception:
-        return os.environ.get("TSCONV_COMMIT", "unknown")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="200000x64,1000000x256", help="comma-separated ROWSxFEATURES")
@@ -184,7 +177,7 @@ def main() -> None:
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()})",
         "gpu": None,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
-        "commit": _commit(),
+        "commit": commit(),
         "pipeline": "default (diff:1, diff:32, diff:256, dev:32, dev:256 per feature; K=257, D=5F)",
     }
     RESULTS.mkdir(exist_ok=True)

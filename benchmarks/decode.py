@@ -18,10 +18,8 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,33 +32,11 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent))
 
+from provenance import commit, machine  # noqa: E402
+
 from tsconv.io.decode import ParallelBandReader  # noqa: E402
 from tsconv.io.reader import BlockReader  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
-
-
-def _machine() -> dict:
-    try:
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        cpu = platform.processor()
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(mem / 2**30, 1), "python": platform.python_version()}  # fmt: skip
-
-
-def _commit() -> str:
-    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy may carry stale git metadata
-        return os.environ["TSCONV_COMMIT"]
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _forward(reader, rows: int, step: int) -> float:
@@ -135,8 +111,8 @@ def main() -> None:
         result = {
             "benchmark": "decode",
             "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "commit": _commit(),
-            "machine": _machine(),
+            "commit": commit(),
+            "machine": machine(),
             "load_avg_before_after": [round(x, 2) for x in (*load0[:1], os.getloadavg()[0])],
             "store": {
                 "rows": rows,

@@ -42,25 +42,13 @@ import zarr
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from provenance import commit  # noqa: E402
+
 import tsconv  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
 
 STEPS = 1 << 20
 CHUNK = 1024
-
-
-def _commit() -> str:
-    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy of the tree may carry stale git metadata
-        return os.environ["TSCONV_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return os.environ.get("TSCONV_COMMIT", "unknown")
 
 
 def write_pipeline(directory: Path, features: int, *, out: int = 256, k: int = 5, head: int = 64) -> Path:
@@ -306,7 +294,7 @@ def main() -> int:
     doc: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(0),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "commit": commit(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
         "runs": [],
@@ -476,18 +464,6 @@ def main() -> int:
         os.environ.pop("TSCONV_WRITE_THREADS")
         os.environ.pop("TSCONV_IO_NICE")
         sys.setswitchinterval(base)
-        import cProfile
-        import io
-        import pstats
-
-        prof = cProfile.Profile()
-        prof.enable()
-        run_engine(a16, outp, pipe)
-        prof.disable()
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-        doc["main_thread_profile"] = buf.getvalue()
-        print(buf.getvalue()[-6000:], flush=True)
 
     section("tune", tune)
 

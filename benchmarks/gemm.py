@@ -35,12 +35,13 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+from provenance import commit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -91,19 +92,6 @@ def smoke_cases() -> list[Case]:
     ]
 
 
-def _commit() -> str:
-    env = os.environ.get("TSCONV_COMMIT")
-    if env:
-        return env
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def _f(v: float | None, fmt: str) -> str:
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
@@ -149,7 +137,7 @@ class Bench:
         self.res = {
             "gpu": torch.cuda.get_device_name(self.dev) if self.cuda else "cpu (interpreter smoke test)",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "commit": _commit(),
+            "commit": commit(),
             "torch": torch.__version__,
             "triton": triton.__version__,
             "rows": [],

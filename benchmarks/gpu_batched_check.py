@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from e2e import _commit, write_pipeline  # noqa: E402
+from e2e import write_pipeline  # noqa: E402
+from provenance import commit  # noqa: E402
 
 import tsconv  # noqa: E402
 from tsconv.kernels.reference import pipeline_reference  # noqa: E402
@@ -65,7 +66,7 @@ def main() -> int:
     names = list(g.attrs["features"])
     plan = resolve(load_pipeline(pipe), names)
     x = np.asarray(g["values"][: args.prefix])
-    doc: dict = {"gpu": torch.cuda.get_device_name(0), "commit": _commit(), "rows": args.rows,
+    doc: dict = {"gpu": torch.cuda.get_device_name(0), "commit": commit(), "rows": args.rows,
                  "features": args.features, "prefix": args.prefix}  # fmt: skip
     dev = torch.device("cuda")
 

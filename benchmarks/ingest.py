@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from provenance import commit, machine  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -147,35 +147,6 @@ def _process_child(store: Path, work: Path) -> dict:
     return json.loads(report.read_text())
 
 
-def _machine() -> dict:
-    try:
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        cpu = platform.processor()
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "ram_gib": round(mem / 2**30, 1),
-        "python": platform.python_version(),
-    }
-
-
-def _commit() -> str:
-    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy may carry stale git metadata
-        return os.environ["TSCONV_COMMIT"]
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--timestamps", type=int, default=10_000)
@@ -236,8 +207,8 @@ def main() -> None:
     result = {
         "benchmark": "ingest",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": _commit(),
-        "machine": _machine(),
+        "commit": commit(),
+        "machine": machine(),
         "note": "shared CPU machine (2 cores, other jobs running): figures are indicative",
         "versions": {"polars": pl.__version__, "pyarrow": pa.__version__},
         "timestamps": args.timestamps,

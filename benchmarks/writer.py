@@ -20,10 +20,8 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +34,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent))
 
+from provenance import commit, machine  # noqa: E402
+
 import tsconv  # noqa: E402
 from tsconv.io.encode import ChunkFileWriter  # noqa: E402
 from tsconv.io.writer import OutputWriter, default_write_threads, output_chunk_rows  # noqa: E402
@@ -43,30 +43,6 @@ from tsconv.io.writer import OutputWriter, default_write_threads, output_chunk_r
 FEATURES_OUT = 64
 STEP = 1024
 PIPELINE = {"conv": [{"filters": ["diff:1", "diff:8", "ma:16", "dev:32"]}]}  # 4 outputs per input feature
-
-
-def _machine() -> dict:
-    try:
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        cpu = platform.processor()
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(mem / 2**30, 1), "python": platform.python_version()}  # fmt: skip
-
-
-def _commit() -> str:
-    if os.environ.get("TSCONV_COMMIT"):  # the GPU machine's copy may carry stale git metadata
-        return os.environ["TSCONV_COMMIT"]
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _features(rows: int, seed: int = 0) -> np.ndarray:
@@ -195,8 +171,8 @@ def main() -> None:
     result = {
         "benchmark": "writer",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": _commit(),
-        "machine": _machine(),
+        "commit": commit(),
+        "machine": machine(),
         "load_avg_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "output": {
             "rows": args.rows,
