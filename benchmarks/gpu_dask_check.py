@@ -25,6 +25,17 @@ import zarr
 # benchmarks/distributed.py would shadow the real `distributed` package.
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+
+def commit() -> str:
+    """benchmarks/provenance.py's commit(), loaded by path (this folder is off sys.path, see above)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("provenance", Path(__file__).with_name("provenance.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.commit()
+
+
 import tsconv  # noqa: E402
 from tsconv.distributed import local_cluster  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
@@ -36,6 +47,13 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--src", type=Path, default=None, help="an existing store (default: generate one)")
+    ap.add_argument("--pipeline", type=Path, default=None, help="pipeline file (default: the default one)")
+    ap.add_argument(
+        "--compare-mallopt",
+        action="store_true",
+        help="also time the worker without tsconv's mallopt (dask's MALLOC_TRIM_THRESHOLD_ only)",
+    )
     ap.add_argument(
         "--partition-rows", type=int, default=None, help="rows per dask task (default: the engine's)"
     )
@@ -43,15 +61,23 @@ def main() -> int:
     from distributed import Client
 
     work = Path(tempfile.mkdtemp(prefix="tsconv-dask-gpu-"))
-    src = make_ticks(work / "ticks.zarr", rows=args.rows, features=args.features, seed=0)
-    times: dict[str, list[float]] = {"plain": [], "dask_1_worker": []}
+    src = args.src or make_ticks(work / "ticks.zarr", rows=args.rows, features=args.features, seed=0)
+    names = ["plain", "dask_1_worker"]
+    if args.compare_mallopt:
+        names.insert(1, "dask_no_mallopt")
+    times: dict[str, list[float]] = {k: [] for k in names}
+    # Workers inherit this at spawn; the tasks read it per call (mallopt, once done, stays for the process).
+    os.environ["TSCONV_MALLOPT"] = "0" if args.compare_mallopt else "1"
     cluster, _ = local_cluster(1, "cuda")
     with Client(cluster) as client:
-        for name in ["plain", "dask_1_worker", "plain", "dask_1_worker"] + ["plain", "dask_1_worker"] * (
-            args.repeat - 1
-        ):
+        order = [n for n in names if n != "dask_1_worker"] * (args.repeat + 1)
+        order += ["plain", "dask_1_worker"] * (args.repeat + 1)
+        for name in order:
+            if name == "dask_1_worker":
+                client.run(os.environ.__setitem__, "TSCONV_MALLOPT", "1")
             kw = {"client": client, "partition_rows": args.partition_rows} if name != "plain" else {}
-            r = tsconv.process(src, work / f"{name}.zarr", device="cuda", overwrite=True, **kw)
+            out = work / f"{name}.zarr"
+            r = tsconv.process(src, out, device="cuda", overwrite=True, pipeline=args.pipeline, **kw)
             times[name].append(r.seconds)
             print(name, f"{r.seconds:.3f} s", r.device, flush=True)
     for name in times:
@@ -65,18 +91,25 @@ def main() -> int:
     scale = np.nanmax(np.abs(a), axis=0, keepdims=True) + 1e-30
     rel = float(np.nanmax(np.abs(a - b) / scale))
     med = {k: statistics.median(v) for k, v in times.items()}
+    v = zarr.open_group(str(src), mode="r")["values"]
+    nbytes = int(v.shape[0]) * int(v.shape[1]) * v.dtype.itemsize
     ratio = med["dask_1_worker"] / med["plain"]
     doc = {
         "gpu": torch.cuda.get_device_name(0),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
-        "commit": os.environ.get("TSCONV_COMMIT", "unknown"),
-        "rows": args.rows,
-        "features": args.features,
-        "pipeline": "default",
+        "commit": commit(),
+        "input": str(src),
+        "input_bytes": nbytes,
+        "pipeline": str(args.pipeline) if args.pipeline else "default",
         "partition_rows": args.partition_rows,
         "seconds": times,
         "median_seconds": med,
         "dask_over_plain": round(ratio, 3),
+        **(
+            {"no_mallopt_over_plain": round(med["dask_no_mallopt"] / med["plain"], 3)}
+            if args.compare_mallopt
+            else {}
+        ),  # fmt: skip
         "within_10_percent": ratio <= 1.10,
         "identical_output": same,
         "nan_pattern_equal": nan_same,

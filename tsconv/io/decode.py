@@ -49,6 +49,7 @@ import numcodecs
 import numpy as np
 
 from ..errors import StoreError
+from ..stream import trace
 from .reader import BlockReader
 
 __all__ = ["ParallelBandReader", "fast_path_reason", "default_threads", "lower_thread_priority"]
@@ -364,9 +365,11 @@ class ParallelBandReader:
         try:
             self._decode_chunk_timed(band, col, out)
         finally:
-            dt = time.perf_counter() - t0
+            t1 = time.perf_counter()
             with self._busy_lock:
-                self._busy += dt
+                self._busy += t1 - t0
+            if trace.on:
+                trace.add("decode", t0, t1, band)
 
     def _decode_chunk_timed(self, band: int, col: int, out: np.ndarray) -> None:
         a = band * self.band_rows

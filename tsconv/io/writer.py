@@ -31,6 +31,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from ..errors import OutputExistsError, StoreError
+from ..stream import trace
 from .encode import ChunkFileWriter, remove_partial_files
 from .store import is_zarr_store
 
@@ -409,7 +410,10 @@ class OutputWriter:
                     "and --resume continues from there.",
                 )
                 self._error.__cause__ = failure
-            self.busy_seconds += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.busy_seconds += t1 - t0
+        if trace.on:
+            trace.add("write", t0, t1, a)
 
     def _write(self, a: int, b: int, buf: np.ndarray) -> None:
         n = b - a

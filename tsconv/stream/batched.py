@@ -39,6 +39,7 @@ from ..errors import TsconvError
 from ..io.reader import ColumnSource, RowSource
 from ..kernels.backend import Backend
 from ..spec import ResolvedPipeline
+from . import trace
 from .fill import fill_state_before, forward_fill
 from .prep import prepare
 
@@ -316,6 +317,13 @@ def run_batched(
     prep_events: list[tuple[Any, Any]] = []  # each piece's prepare kernel
     extra = times.extra
     times.extra["setup"] = time.perf_counter() - t_setup
+    tracing = trace.on
+    base = None
+    if tracing and gpu.cuda:  # a reference event on an idle device: GPU spans on the host clock
+        torch.cuda.synchronize(dev)
+        base = gpu.event(gpu.compute)
+        base.synchronize()
+        base_t = time.perf_counter()
     t_loop = time.perf_counter()
     cpu_loop = time.thread_time()
     writer = _Writer(emit, host_out, free_out, on_rows, times)
@@ -364,11 +372,16 @@ def run_batched(
                     )  # fmt: skip
                     done = gpu.event(gpu.compute)
                     prep_events.append((p0, done))
+                if tracing:
+                    trace.add("ring_wait", t0, t1, band)
+                    trace.add("read_wait", t1, t2, band)
+                    trace.add("launch_piece", t2, time.perf_counter(), band)
                 if mapped:
                     pending_bands.append((band, done))
                 else:
                     ring_free[q % _DEVICE_RING] = done
                 q += 1
+            t_launch = time.perf_counter()
             with gpu.on(gpu.compute):
                 t_comp0 = gpu.event(gpu.compute)
                 x = xc[: halo + n]
@@ -378,7 +391,11 @@ def run_batched(
                     y[: min(halo - s, n)] = float("nan")
             t0 = time.perf_counter()
             free_out.acquire()  # host slot o (and device slot o) are free once the writer is done with it
-            extra["slot_wait"] = extra.get("slot_wait", 0.0) + time.perf_counter() - t0
+            t1 = time.perf_counter()
+            extra["slot_wait"] = extra.get("slot_wait", 0.0) + t1 - t0
+            if tracing:
+                trace.add("launch_step", t_launch, t0, i)
+                trace.add("slot_wait", t0, t1, i)
             writer.check()
             o = i % _OUT_SLOTS
             with gpu.on(gpu.compute):
@@ -411,6 +428,18 @@ def run_batched(
         times.h2d = sum(gpu.elapsed(c0, c1) for c0, c1 in copy_events)
         extra["prepare"] = sum(gpu.elapsed(a, b) for a, b in prep_events)
         times.compute += extra["prepare"]
+        if base is not None:
+
+            def at(ev: Any) -> float:
+                return base_t + gpu.elapsed(base, ev)
+
+            for k, (c0, c1) in enumerate(copy_events):
+                trace.add("gpu_copy", at(c0), at(c1), k, thread=-1)
+            for k, (a, b) in enumerate(prep_events):
+                trace.add("gpu_prepare", at(a), at(b), k, thread=-2)
+            for k, (p0, p1, b0, b1) in enumerate(step_events):
+                trace.add("gpu_compute", at(p0), at(p1), k, thread=-2)
+                trace.add("gpu_d2h", at(b0), at(b1), k, thread=-3)
     return times
 
 
@@ -457,7 +486,10 @@ class _Writer(threading.Thread):
                     ev.synchronize()
                 t0 = time.perf_counter()
                 self.emit(self.host_out[o, :n].numpy())
-                self.times.write += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                self.times.write += t1 - t0
+                if trace.on:
+                    trace.add("emit", t0, t1, n)
                 if self.on_rows is not None:
                     self.on_rows(n)
             except BaseException as exc:  # surfaced on the main thread by check()/join_checked()

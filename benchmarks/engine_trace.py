@@ -1,0 +1,206 @@
+"""Where the batched GPU engine's time goes: a timeline of every thread for one run, per variant.
+
+    python benchmarks/engine_trace.py --out $OUT/engine_trace.json [--rows 1048576 --features 1024]
+        [--variants default,threads14,nommap] [--trace-out $OUT/trace.json]
+
+Makes (or reuses) the issue-5 store (16 MB Blosc-lz4 chunks) and the e2e pipeline (conv K=5 -> 256 ->
+head 64), then for each variant: one warm-up run, ``--repeats`` timed runs (median seconds and GB/s),
+and one run under :func:`tsconv.stream.trace.recording`. The summary per variant says, over the
+traced loop: how busy the decode threads were (mean threads decoding, and the share of 5 ms bins with
+fewer than half of them busy), what the engine thread spent waiting on (ring slot, decoded rows,
+result slot) and launching, how busy the GPU's copy and compute streams were, and how far decode ran
+ahead of the engine (median of band decoded -> band read).
+
+Variants set environment knobs the engine reads at run time, or (for exploration only) module
+constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
+``headP`` (TSCONV_HEAD_PATH=P), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from provenance import commit, machine  # noqa: E402
+
+import tsconv  # noqa: E402
+from tsconv import engine  # noqa: E402
+from tsconv.io import decode  # noqa: E402
+from tsconv.stream import batched, trace  # noqa: E402
+from tsconv.synth import make_ticks  # noqa: E402
+
+
+@contextlib.contextmanager
+def variant(name: str):  # noqa: ANN201
+    """Apply one variant's knobs for the duration of the block."""
+    env: dict[str, str] = {}
+    patches: list[tuple[Any, str, Any]] = []
+    if name.startswith("threads"):
+        env["TSCONV_DECODE_THREADS"] = name[7:]
+    elif name.startswith("head"):
+        env["TSCONV_HEAD_PATH"] = name[4:]
+    elif name == "nommap":
+        env["TSCONV_MMAP"] = "0"
+    elif name.startswith("nice"):
+        env["TSCONV_IO_NICE"] = name[4:]
+    elif name.startswith("ring"):
+        patches.append((batched, "_DEVICE_RING", int(name[4:])))
+    elif name.startswith("step"):
+        patches.append((batched, "MAX_STEP_ROWS", int(name[4:])))
+    elif name.startswith("prefetch"):
+        n = int(name[8:])
+        base = decode.ParallelBandReader
+
+        class Reader(base):  # type: ignore[misc, valid-type]
+            def __init__(self, *a: Any, **kw: Any) -> None:
+                kw.setdefault("prefetch", n)
+                kw.setdefault("max_ring_bytes", 8 << 30)
+                super().__init__(*a, **kw)
+
+        patches.append((engine, "ParallelBandReader", Reader))
+    elif name != "default":
+        raise SystemExit(f"unknown variant {name!r}")
+    old_env = {k: os.environ.get(k) for k in env}
+    old = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in patches]
+    os.environ.update(env)
+    for mod, attr, value in patches:
+        setattr(mod, attr, value)
+    try:
+        yield
+    finally:
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        for mod, attr, value in old:
+            setattr(mod, attr, value)
+
+
+def summarise(spans: list[tuple[str, int, float, float, Any]], threads: int) -> dict[str, Any]:
+    """The traced run in a few numbers (see the module docstring)."""
+    by: dict[str, list[tuple[int, float, float, Any]]] = defaultdict(list)
+    for name, tid, t0, t1, arg in spans:
+        by[name].append((tid, t0, t1, arg))
+    eng = [s for k in ("ring_wait", "read_wait", "launch_piece", "launch_step", "slot_wait") for s in by[k]]
+    if not eng:
+        return {"error": "no engine spans (not the batched engine?)"}
+    lo = min(t0 for _, t0, _, _ in eng)
+    hi = max(t1 for _, _, t1, _ in eng)
+    loop = hi - lo
+    out: dict[str, Any] = {"loop_seconds": loop}
+    for k in ("ring_wait", "read_wait", "launch_piece", "launch_step", "slot_wait", "emit", "write"):
+        out[f"{k}_seconds"] = sum(t1 - t0 for _, t0, t1, _ in by[k])
+    out["engine_busy_share"] = sum(t1 - t0 for _, t0, t1, _ in eng) / loop if loop > 0 else 0.0
+    dec = by["decode"]
+    if dec:
+        bins = np.zeros(max(1, int(np.ceil(loop / 0.005))))
+        for _, t0, t1, _ in dec:
+            a, b = max(t0, lo), min(t1, hi)
+            if b <= a:
+                continue
+            i0, i1 = int((a - lo) / 0.005), int((b - lo) / 0.005)
+            for i in range(i0, min(i1, len(bins) - 1) + 1):
+                s, e = lo + i * 0.005, lo + (i + 1) * 0.005
+                bins[i] += max(0.0, min(b, e) - max(a, s)) / 0.005
+        out["decode_threads_busy_mean"] = float(bins.mean())
+        out["decode_bins_under_half"] = float((bins < threads / 2).mean())
+        per = [t1 - t0 for _, t0, t1, _ in dec]
+        out["decode_chunk_ms_median"] = 1e3 * statistics.median(per)
+        done = defaultdict(float)
+        for _, _, t1, band in dec:
+            done[band] = max(done[band], t1)
+        read = {}
+        for _, t0, _, band in by["read_wait"]:
+            read.setdefault(band, t0)
+        lead = [read[b] - done[b] for b in read if b in done]
+        if lead:
+            out["decode_lead_ms_median"] = 1e3 * statistics.median(lead)
+            out["bands_read_before_decoded"] = float(np.mean([x < 0 for x in lead]))
+    for k in ("gpu_copy", "gpu_prepare", "gpu_compute", "gpu_d2h"):
+        if by[k]:
+            out[f"{k}_busy_share"] = sum(t1 - t0 for _, t0, t1, _ in by[k]) / loop
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="engine_trace.json")
+    ap.add_argument("--trace-out", default=None, help="raw spans of the first variant's traced run")
+    ap.add_argument("--work", default="/tmp/tsconv-e2e")
+    ap.add_argument("--rows", type=int, default=1 << 20)
+    ap.add_argument("--features", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--variants", default="default")
+    ap.add_argument("--device", default="cuda", help="cpu only for a smoke test under TRITON_INTERPRET=1")
+    args = ap.parse_args()
+    from e2e import write_pipeline
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / f"ticks_{args.rows}x{args.features}_16mb.zarr"
+    if not src.exists():
+        t0 = time.perf_counter()
+        make_ticks(src, rows=args.rows, features=args.features, seed=0)
+        print(f"generated {src.name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    pipe = write_pipeline(work / "pipe", args.features)
+    out = work / "trace_out.zarr"
+    nbytes = args.rows * args.features * 4
+    kw: dict[str, Any] = {"device": args.device, "overwrite": True, "pipeline": pipe}
+    if args.device == "cpu":
+        kw["batched"] = True
+    import datetime as dt
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    doc: dict[str, Any] = {"gpu": gpu, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                           "commit": commit(), **machine(), "rows": args.rows, "features": args.features,
+                           "variants": {}}  # fmt: skip
+    tsconv.process(src, out, **kw)  # compile, autotune cache, page cache
+    for i, name in enumerate(args.variants.split(",")):
+        with variant(name):
+            tsconv.process(src, out, **kw)
+            secs, reps = [], []
+            for _ in range(args.repeats):
+                r = tsconv.process(src, out, **kw)
+                secs.append(r.seconds)
+                reps.append(r.to_dict())
+            with trace.recording() as spans:
+                r = tsconv.process(src, out, **kw)
+        med = statistics.median(secs)
+        threads = int(os.environ.get("TSCONV_DECODE_THREADS") or decode.default_threads())
+        if name.startswith("threads"):
+            threads = int(name[7:])
+        doc["variants"][name] = {
+            "seconds": secs,
+            "median_seconds": med,
+            "input_gbps": nbytes / med / 1e9,
+            "traced_seconds": r.seconds,
+            "step_rows": reps[-1].get("step_rows"),
+            "stage_seconds": reps[-1].get("stage_seconds"),
+            "summary": summarise(spans, threads),
+        }
+        print(name, json.dumps(doc["variants"][name]["summary"]), f"median {med:.3f} s", flush=True)
+        if i == 0 and args.trace_out:
+            Path(args.trace_out).write_text(json.dumps([list(s) for s in spans]))
+        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU-machine call: re-verify the CUDA paths, then measure. Each step has its own time limit and
+# writes under $OUT, so a slow step costs only itself. Steps: a comma list in $1 (default: all).
+#   bash benchmarks/gpu_checks.sh verify,e2e,trace,dask
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+steps=",${1:-verify,e2e,trace,dask},"
+want() { [[ $steps == *",$1,"* ]]; }
+run() {  # run LIMIT NAME CMD...: log to $OUT/NAME.log, say how it went
+  local limit=$1 name=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "[$name] rc=$? $((SECONDS - t0)) s"
+  tail -n 4 "$OUT/$name.log"
+}
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+if want verify; then
+  run 150 pytest_gpu python -m pytest -q -m gpu tests/test_head.py -x -p no:cacheprovider
+  run 120 batched_check python benchmarks/gpu_batched_check.py --out "$OUT/gpu_batched_check.json"
+fi
+if want e2e; then
+  run 240 e2e python benchmarks/e2e.py --quick --sections gen,check,modes --out "$OUT/e2e_quick.json"
+fi
+if want trace; then
+  run 200 trace python benchmarks/engine_trace.py --out "$OUT/engine_trace.json" \
+    --trace-out "$OUT/trace_default.json" --repeats 3 \
+    --variants "${TRACE_VARIANTS:-default,nommap,threads12,threads14,nice19,ring8,ring16,prefetch32,step16384,headauto,headgemm,headfused}"
+fi
+if want dask; then
+  run 90 dask_small python benchmarks/gpu_dask_check.py --compare-mallopt --out "$OUT/gpu_dask_check.json"
+  run 150 dask_big python benchmarks/gpu_dask_check.py --compare-mallopt \
+    --src /tmp/tsconv-e2e/ticks_1048576x1024_16mb.zarr --pipeline /tmp/tsconv-e2e/pipe/e2e_1024.toml \
+    --out "$OUT/gpu_dask_check_big.json"
+fi
