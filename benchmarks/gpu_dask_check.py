@@ -66,6 +66,7 @@ def main() -> int:
     if args.compare_mallopt:
         names.insert(1, "dask_no_mallopt")
     times: dict[str, list[float]] = {k: [] for k in names}
+    phases: dict[str, list[dict]] = {k: [] for k in names}  # a dask run's task phases, dispatch, collect
     # Workers inherit this at spawn; the tasks read it per call (mallopt, once done, stays for the process).
     os.environ["TSCONV_MALLOPT"] = "0" if args.compare_mallopt else "1"
     cluster, _ = local_cluster(1, "cuda")
@@ -79,6 +80,8 @@ def main() -> int:
             out = work / f"{name}.zarr"
             r = tsconv.process(src, out, device="cuda", overwrite=True, pipeline=args.pipeline, **kw)
             times[name].append(r.seconds)
+            if name != "plain":
+                phases[name].append(r.stage_seconds)
             print(name, f"{r.seconds:.3f} s", r.device, flush=True)
     for name in times:
         times[name] = times[name][1:]  # first run of each warms up (compile, autotune cache, allocator)
@@ -104,6 +107,7 @@ def main() -> int:
         "partition_rows": args.partition_rows,
         "seconds": times,
         "median_seconds": med,
+        "dask_phases": phases,
         "dask_over_plain": round(ratio, 3),
         **(
             {"no_mallopt_over_plain": round(med["dask_no_mallopt"] / med["plain"], 3)}

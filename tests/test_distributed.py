@@ -76,6 +76,12 @@ def test_two_workers_match_single_process(client, src: Path, want: dict[str, Pat
     assert len({t["worker"] for t in ts.data}) == 2  # both workers took part
     assert report.rows == ROWS and report.total_rows == ROWS and "2 dask workers" in report.device
     assert report.peak_rss_bytes > 0
+    # the tasks' phases add up to (at most) the run, with dispatch and collect the client's share
+    st = report.stage_seconds
+    assert set(st) == {"task_setup", "task_compute", "task_finish", "dispatch", "collect"}
+    assert st["task_compute"] > 0 and all(v >= 0 for v in st.values())
+    assert st["dispatch"] + st["collect"] < report.seconds
+    assert "stages" not in report.summary()
     assert zarr.open_group(str(out), mode="r")["values"].chunks[0] == 1024
     _same(want[name], out)
 
@@ -182,6 +188,18 @@ def test_cli_workers_end_to_end(src: Path, want: dict[str, Path], tmp_path: Path
     assert "2 dask workers" in res.stdout
     _same(want["default"], out)
     assert '"rows": 10007' in report.read_text()
+
+
+def test_tasks_let_glibc_keep_freed_buffers(monkeypatch) -> None:
+    from tsconv import distributed as dist
+
+    monkeypatch.setenv("TSCONV_MALLOPT", "0")
+    assert dist._reuse_freed_memory() is False  # switched off: nothing is called
+    monkeypatch.setenv("TSCONV_MALLOPT", "1")
+    import ctypes.util
+
+    if ctypes.util.find_library("c") and sys.platform.startswith("linux"):
+        assert dist._reuse_freed_memory() is True  # glibc accepted both settings
 
 
 def test_gpu_partitions_are_few_and_large():

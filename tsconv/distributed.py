@@ -138,7 +138,7 @@ def run_partition(
     from .kernels.backend import Backend
     from .stream.batched import DEFAULT_GPU_MEM, plan_step_rows
 
-    t0 = time.perf_counter()
+    started_at, t0 = time.time(), time.perf_counter()
     _reuse_freed_memory()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -161,13 +161,21 @@ def run_partition(
             store.values, where=str(store.path), pin=cuda and transfer != "pageable", threads=threads
         ) as reader,
     ):
-        compute_rows(reader, plan, Backend(plan, dev), writer.append, start=start, stop=stop, chunk=chunk,
+        backend = Backend(plan, dev)
+        t1 = time.perf_counter()
+        compute_rows(reader, plan, backend, writer.append, start=start, stop=stop, chunk=chunk,
                      warmup=warmup, step_rows=step_rows, transfer=transfer)  # fmt: skip
+        t2 = time.perf_counter()
         writer.finish()
+    t3 = time.perf_counter()
     return {
         "start": start,
         "stop": stop,
-        "seconds": time.perf_counter() - t0,
+        "seconds": t3 - t0,
+        # where a task's time goes, and when it ran on the wall clock (the client's dispatch and collect)
+        "phases": {"setup": t1 - t0, "compute": t2 - t1, "finish": t3 - t2},
+        "started_at": started_at,
+        "ended_at": started_at + (t3 - t0),
         "device": str(dev),
         "worker": f"{socket.gethostname()}:{os.getpid()}",
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
@@ -336,7 +344,7 @@ def run_distributed(
             group.attrs["tsconv"] = meta
 
         token = uuid.uuid4().hex[:8]
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.time()
         results: list[dict[str, Any]] = []
         futures = [
             client.submit(
@@ -379,6 +387,7 @@ def run_distributed(
             client.cancel(futures)
             raise
         seconds = time.perf_counter() - t0
+        end_wall = t0_wall + seconds
         if done != [(0, rows)]:
             msg = f"internal error: partitions done {done} do not cover [0, {rows})"
             raise RuntimeError(msg)
@@ -393,6 +402,15 @@ def run_distributed(
             cluster.close()
 
     computed = sum(r["stop"] - r["start"] for r in results)
+    stage_seconds = None
+    if (
+        results
+    ):  # task phases summed over tasks; dispatch: submit -> first task start; collect: last end -> done
+        stage_seconds = {
+            f"task_{k}": sum(r["phases"][k] for r in results) for k in ("setup", "compute", "finish")
+        }
+        stage_seconds["dispatch"] = max(0.0, min(r["started_at"] for r in results) - t0_wall)
+        stage_seconds["collect"] = max(0.0, end_wall - max(r["ended_at"] for r in results))
     gpu_alloc = [r["peak_gpu_allocated_bytes"] for r in results if r["peak_gpu_allocated_bytes"] is not None]
     gpu_res = [r["peak_gpu_reserved_bytes"] for r in results if r["peak_gpu_reserved_bytes"] is not None]
     dev = results[0]["device"] if results else device
@@ -413,4 +431,5 @@ def run_distributed(
         peak_rss_bytes=max([r["peak_rss_bytes"] for r in results], default=_peak_rss()),
         peak_gpu_allocated_bytes=max(gpu_alloc) if gpu_alloc else None,
         peak_gpu_reserved_bytes=max(gpu_res) if gpu_res else None,
+        stage_seconds=stage_seconds,
     )

@@ -82,8 +82,8 @@ class Report:
         )
         resumed = f" (resumed at row {self.resumed_from:,})" if self.resumed_from else ""
         stages = ""
-        if self.stage_seconds:
-            parts = ", ".join(f"{k} {v:.3f}" for k, v in self.stage_seconds.items() if k in _SHOWN_STAGES)
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in (self.stage_seconds or {}).items() if k in _SHOWN_STAGES)
+        if parts:  # the engine's stages (a dask run's stage_seconds hold the tasks' phases instead)
             stages = f"; stages (s): {parts}; bound by {self.bound_by}"
             if self.head_path:
                 stages += f"; head {self.head_path}"
