@@ -13,7 +13,7 @@ ahead of the engine (median of band decoded -> band read).
 
 Variants set environment knobs the engine reads at run time, or (for exploration only) module
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
-``headP`` (TSCONV_HEAD_PATH=P), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
+``headP`` (TSCONV_HEAD_PATH=P), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def variant(name: str):  # noqa: ANN201
         env["TSCONV_IO_NICE"] = name[4:]
     elif name.startswith("ring"):
         patches.append((batched, "_DEVICE_RING", int(name[4:])))
+    elif name.startswith("piece"):
+        patches.append((batched, "PIECE_BYTES", int(name[5:]) << 20))
     elif name.startswith("step"):
         patches.append((batched, "MAX_STEP_ROWS", int(name[4:])))
     elif name.startswith("prefetch"):

@@ -3,17 +3,23 @@
 # writes under $OUT, so a slow step costs only itself. Steps: a comma list in $1 (default: all).
 #   bash benchmarks/gpu_checks.sh verify,e2e,trace,dask
 set -u
+DASK_FLAGS=${DASK_FLAGS:-}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 steps=",${1:-verify,e2e,trace,dask},"
 want() { [[ $steps == *",$1,"* ]]; }
-run() {  # run LIMIT NAME CMD...: log to $OUT/NAME.log, say how it went
+# The device tool returns at most 8 files: every step logs into one file.
+run() {  # run LIMIT NAME CMD...: append to $OUT/log.txt, say how it went
   local limit=$1 name=$2
   shift 2
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  echo "[$name] rc=$? $((SECONDS - t0)) s"
-  tail -n 4 "$OUT/$name.log"
+  echo "===== $name: $*" >>"$OUT/log.txt"
+  timeout "$limit" "$@" >"$OUT/step.log" 2>&1
+  local rc=$?
+  cat "$OUT/step.log" >>"$OUT/log.txt"
+  echo "[$name] rc=$rc $((SECONDS - t0)) s"
+  grep -v "distributed\." "$OUT/step.log" | tail -n 4
+  rm -f "$OUT/step.log"
 }
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if want verify; then
@@ -25,12 +31,12 @@ if want e2e; then
 fi
 if want trace; then
   run 200 trace python benchmarks/engine_trace.py --out "$OUT/engine_trace.json" \
-    --trace-out "$OUT/trace_default.json" --repeats 3 \
+    --repeats 3 \
     --variants "${TRACE_VARIANTS:-default,nommap,threads12,threads14,nice19,ring8,ring16,prefetch32,step16384,headauto,headgemm,headfused}"
 fi
 if want dask; then
-  run 90 dask_small python benchmarks/gpu_dask_check.py --compare-mallopt --out "$OUT/gpu_dask_check.json"
-  run 150 dask_big python benchmarks/gpu_dask_check.py --compare-mallopt \
+  run 90 dask_small python benchmarks/gpu_dask_check.py $DASK_FLAGS --out "$OUT/gpu_dask_check.json"
+  run 150 dask_big python benchmarks/gpu_dask_check.py $DASK_FLAGS \
     --src /tmp/tsconv-e2e/ticks_1048576x1024_16mb.zarr --pipeline /tmp/tsconv-e2e/pipe/e2e_1024.toml \
     --out "$OUT/gpu_dask_check_big.json"
 fi

@@ -226,3 +226,40 @@ def test_strided_in_memory_sources_are_read_correctly():
         assert not src.flags.c_contiguous
         y = _batched(src, plan, step_rows=64, band_rows=50)
         assert_matches_reference(y, x, plan)
+
+
+def test_pieces_of_whole_bands_stop_at_the_ring_wrap_and_the_step_end():
+    from tsconv.stream.batched import _pieces
+
+    # bands of 100 rows, up to 3 bands per piece, a ring of 5 bands: never across band 5, 10, ...
+    assert _pieces(0, 1000, 100, 300, 5) == [(0, 300), (300, 500), (500, 800), (800, 1000)]
+    assert _pieces(250, 640, 100, 300, 5) == [(250, 500), (500, 640)]
+    # pieces below a band (or no ring): within one band, at most piece_rows rows
+    assert _pieces(0, 250, 100, 40) == [(0, 40), (40, 80), (80, 100), (100, 140), (140, 180), (180, 200),
+                                        (200, 240), (240, 250)]  # fmt: skip
+    assert _pieces(0, 250, 100, 300) == [(0, 100), (100, 200), (200, 250)]
+
+
+def test_multi_band_pieces_through_the_reader_match_the_chunked_engine(tmp_path, monkeypatch):
+    from tsconv.stream import batched
+
+    monkeypatch.setattr(batched, "_PIECES_PER_STEP", 1)  # pieces as large as a step allows...
+    monkeypatch.setattr(batched, "PIECE_BYTES", 3 * 100 * 6 * 4)  # ...up to 3 bands: the ring holds 5 + 3
+    seen: list[tuple[int, int]] = []
+    real = batched._pieces
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        seen.extend(out)
+        return out
+
+    monkeypatch.setattr(batched, "_pieces", spy)
+    x = price_series(1900, 6, seed=11, nan_fraction=0.05)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(100, 6))
+    tsconv.process(src, tmp_path / "a.zarr", pipeline=TWO_STAGES, device="cpu", chunk=128)
+    tsconv.process(src, tmp_path / "b.zarr", pipeline=TWO_STAGES, device="cpu", chunk=128, batched=True)
+    sizes = {hi - lo for lo, hi in seen}
+    assert max(sizes) == 300 and 200 in sizes  # 3-band pieces, and 2-band ones cut at the ring's wrap
+    ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
+    np.testing.assert_array_equal(np.isnan(ya), np.isnan(yb))
+    np.testing.assert_allclose(yb, ya, rtol=1e-5, atol=1e-5)

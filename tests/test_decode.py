@@ -254,3 +254,27 @@ def test_engine_output_unchanged(tmp_path: Path, monkeypatch, chunks, chunk: int
     tsconv.process(src, tmp_path / "zarr.zarr", pipeline=pipe, chunk=chunk)
     a, b = read_output(tmp_path / "fast.zarr"), read_output(tmp_path / "zarr.zarr")
     np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))  # bitwise, NaNs included
+
+
+def test_a_reader_holding_bands_serves_adjacent_bands_as_one_view(tmp_path: Path) -> None:
+    x = _data(12_000, 4, "float32")
+    a = _array(tmp_path / "a.zarr", x, (1000, 4))
+    with ParallelBandReader(a, threads=2, prefetch=2, hold=3) as r:  # ring of 2 + 1 + 3 = 6 bands
+        assert r.ring_bands == 6
+        v0 = r.read(0, 2000)  # bands 0-1, adjacent slots: one view, no copy
+        assert not v0.flags.owndata and np.shares_memory(v0, r._ring)
+        v1 = r.read(2000, 4000)  # bands 2-3: bands 0-1 are held
+        assert not v1.flags.owndata
+        np.testing.assert_array_equal(v0, x[:2000])
+        np.testing.assert_array_equal(v1, x[2000:4000])
+        r.read(4000, 4500)  # band 4: bands 1-3 held, band 0's slot reused
+        np.testing.assert_array_equal(v1, x[2000:4000])
+        wrap = r.read(5500, 6500)  # bands 5 and 6 lie in slots 5 and 0: across the wrap, a fresh array
+        assert wrap.flags.owndata
+        np.testing.assert_array_equal(wrap, x[5500:6500])
+        four = r.read(6000, 10_000)  # bands 6-9 = hold + 1 bands in slots 0-3: a view
+        assert not four.flags.owndata
+        np.testing.assert_array_equal(four, x[6000:10_000])
+        five = r.read(7000, 12_000)  # 5 bands, more than hold + 1: copied
+        assert five.flags.owndata
+        np.testing.assert_array_equal(five, x[7000:])

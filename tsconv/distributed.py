@@ -132,7 +132,7 @@ def run_partition(
 
     import torch
 
-    from .engine import _exact_fp32, compute_rows, resolve_device
+    from .engine import _exact_fp32, compute_rows, reader_hold_for, resolve_device
     from .io.decode import ParallelBandReader
     from .io.store import open_input
     from .kernels.backend import Backend
@@ -158,8 +158,12 @@ def run_partition(
         _exact_fp32(dev),
         writer,  # closed on the way out (queued writes dropped on an error); a no-op after finish()
         ParallelBandReader(
-            store.values, where=str(store.path), pin=cuda and transfer != "pageable", threads=threads
-        ) as reader,
+            store.values,
+            where=str(store.path),
+            pin=cuda and transfer != "pageable",
+            threads=threads,
+            hold=reader_hold_for(store, batched=step_rows is not None),
+        ) as reader,  # fmt: skip
     ):
         backend = Backend(plan, dev)
         t1 = time.perf_counter()

@@ -35,6 +35,7 @@ from .stream.batched import (
     check_transfer,
     parse_bytes,
     plan_step_rows,
+    reader_hold,
     run_batched,
 )
 from .stream.fill import fill_state_before, forward_fill
@@ -457,8 +458,11 @@ def _run_store(
         # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA unless pageable transfers
         # are asked for); zarr reads (BlockReader) for layouts the fast path does not handle.
         ParallelBandReader(
-            store.values, where=str(store.path), pin=dev.type == "cuda" and transfer != "pageable"
-        ) as reader,
+            store.values,
+            where=str(store.path),
+            pin=dev.type == "cuda" and transfer != "pageable",
+            hold=reader_hold_for(store, batched=step_rows is not None),
+        ) as reader,  # fmt: skip
     ):
         times = compute_rows(
             reader, plan, backend, writer.append, start=r0 + start, stop=r1, chunk=chunk, warmup=warmup,
@@ -474,6 +478,15 @@ def _run_store(
         if stages is not None:
             stages["stage_seconds"]["finish"] = time.perf_counter() - t0
     return {**(stages or {}), "head_path": backend.head_path}
+
+
+def reader_hold_for(store: InputStore, *, batched: bool) -> int:
+    """The reader's ``hold`` (bands kept intact behind the one being read): the batched engine's multi-band
+    pieces need more than the chunked engine's one."""
+    if not batched:
+        return 1
+    band_rows = int(getattr(store.values, "chunks", (1,))[0])
+    return reader_hold(band_rows * store.n_features * store.dtype.itemsize)
 
 
 def compute_rows(

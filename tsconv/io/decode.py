@@ -14,16 +14,17 @@ arrays, stand-ins that are not zarr arrays) is served by :class:`~tsconv.io.read
 (zarr reads) with the same result; :attr:`ParallelBandReader.fallback_reason` says why.
 
 How it reads. A *band* is one row of the chunk grid across all features: ``chunks[0]`` rows x F.
-The reader keeps a ring of ``prefetch + 2`` band buffers, allocated once (pinned host memory when asked
-and CUDA is present), and one task per chunk file in a thread pool. When the consumer first reads from
-band ``b``, bands ``b .. b + prefetch`` are scheduled into the ring (band ``j`` goes to slot
-``j % ring``); band ``b - 1`` stays intact, older slots are reused. A chunk spanning all features is
+The reader keeps a ring of ``prefetch + 1 + hold`` band buffers, allocated once (pinned host memory when
+asked and CUDA is present), and one task per chunk file in a thread pool. When the consumer first reads
+from band ``b``, bands ``b .. b + prefetch`` are scheduled into the ring (band ``j`` goes to slot
+``j % ring``); bands ``b - hold .. b - 1`` stay intact (``hold`` defaults to 1), older slots are reused. A chunk spanning all features is
 decoded straight into its band buffer (``codec.decode(data, out=band)``); otherwise it is decoded into
 a per-thread scratch buffer and copied into its column slice. A missing chunk file is the fill value.
 
-Buffer lifetime: :meth:`ParallelBandReader.read` returns a *view* of a ring buffer when the rows lie in
-one band. That view stays valid until a read that starts two or more bands further on (the slot is
-then reused); copy it if it must live longer. Reads spanning bands return a fresh array. The engine's
+Buffer lifetime: :meth:`ParallelBandReader.read` returns a *view* of the ring when the rows lie in one
+band, or (with ``hold > 1``) in at most ``hold + 1`` bands whose slots are adjacent (no wrap). That view
+stays valid until a read that starts ``hold + 1`` or more bands past its first band (the slot is then
+reused); copy it if it must live longer. Other reads spanning bands return a fresh array. The engine's
 ``_stream`` uses each block before its next read and keeps only copies (see there).
 
 Reads behind the ring (resume reads bands backwards to rebuild the fill state; random access) are
@@ -197,7 +198,8 @@ class ParallelBandReader:
     ``read``, ``bands_decoded``), plus ``close()`` (also a context manager). ``threads`` decode threads
     (default min(16, CPU count)); ``prefetch`` bands decoded ahead of the one being read (default: enough
     chunk files in flight for every thread, at least 2, within ``max_ring_bytes``); ``pin`` allocates the
-    ring in pinned memory when CUDA is available. Memory: ``(prefetch + 2) x band bytes``.
+    ring in pinned memory when CUDA is available; ``hold`` bands behind the one being read stay intact
+    (see the module docstring). Memory: ``(prefetch + 1 + hold) x band bytes``.
     ``fast`` says whether the fast path is used, ``fallback_reason`` why not. See the module docstring
     for how long a returned view stays valid.
     """
@@ -211,6 +213,7 @@ class ParallelBandReader:
         pin: bool = False,
         where: str = "the store",
         max_ring_bytes: int = DEFAULT_MAX_RING_BYTES,
+        hold: int = 1,
     ) -> None:
         self.array = array
         self.where = where
@@ -218,6 +221,7 @@ class ParallelBandReader:
         self.n_features = int(array.shape[1]) if array.ndim == 2 else 1
         self.band_rows = int(array.chunks[0])
         self.threads = max(1, int(threads)) if threads is not None else default_threads()
+        self.hold = max(1, int(hold))
         layout, reason = _inspect(array)
         self.fallback_reason = reason
         self.fast = layout is not None
@@ -237,9 +241,9 @@ class ParallelBandReader:
         band_bytes = self.band_rows * self.n_features * layout.dtype.itemsize
         if prefetch is None:
             prefetch = max(2, -(-self.threads // self._n_cols))
-            prefetch = min(prefetch, max(1, max_ring_bytes // max(band_bytes, 1) - 2))
+            prefetch = min(prefetch, max(1, max_ring_bytes // max(band_bytes, 1) - 1 - self.hold))
         self.prefetch = max(1, min(int(prefetch), max(1, self._n_bands - 1)))
-        self._ring_len = self.prefetch + 2
+        self._ring_len = min(self.prefetch + 1 + self.hold, max(self._n_bands, 2))  # a slot per band at most
         self._ring, self._ring_owner = _alloc_ring(
             (self._ring_len, self.band_rows, self.n_features), layout.dtype, pin
         )
@@ -258,6 +262,11 @@ class ParallelBandReader:
         self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
 
     # -- interface ---------------------------------------------------------------------------------
+
+    @property
+    def ring_bands(self) -> int | None:
+        """Bands in the ring (reads of adjacent bands are views unless they cross its wrap); None: fallback."""
+        return self._ring_len if self.fast else None
 
     @property
     def busy_seconds(self) -> float:
@@ -287,6 +296,16 @@ class ParallelBandReader:
         if first == last:
             a = first * self.band_rows
             return self._band(first)[start - a : stop - a]
+        s0 = first % self._ring_len
+        if 1 < self.hold and last - first <= self.hold and s0 + last - first < self._ring_len:
+            # Adjacent slots (reading `last` reuses only slots of bands < first): one view of them all.
+            for i in range(first, last + 1):
+                self._band(i)
+            if all(self._slot_band[s0 + k] == first + k for k in range(last - first + 1)):
+                a = first * self.band_rows
+                return self._ring[s0 : s0 + last - first + 1].reshape(-1, self.n_features)[
+                    start - a : stop - a
+                ]
         out = np.empty((stop - start, self.n_features), dtype=self._layout.dtype)
         for i in range(first, last + 1):  # each band is copied out before the ring moves past it
             a = i * self.band_rows
@@ -340,7 +359,7 @@ class ParallelBandReader:
             s = j % self._ring_len
             if self._slot_band[s] == j:
                 continue
-            # The slot's previous band (j - ring <= b - 2, or a skipped band after a jump) may still be
+            # The slot's previous band (j - ring <= b - hold - 1, or a skipped band after a jump) may still be
             # decoding into it: wait until those writes are over before reusing the buffer.
             wait_futures(self._slot_futures[s])
             self._slot_band[s] = j

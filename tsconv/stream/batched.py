@@ -17,8 +17,14 @@ Streams and buffers (``--transfer``):
 Results go back on a third stream into a small ring of pinned host slots; a writer thread waits for each
 slot's event and hands the rows to ``emit`` (which must copy them), so writing overlaps everything else.
 
-Ring reuse: the reader rewrites the ring slot of band ``b - 2`` when band ``b`` is first read, so before
-that read every copy (or mapped read) of bands <= ``b - 2`` is waited for by its event.
+Pieces: each copy and prepare launch takes up to PIECE_BYTES of rows: several whole bands when the
+reader's ring holds them side by side (one view; fewer launches, fewer Python round trips per byte), or
+part of a band when bands are larger.
+
+Ring reuse: the reader (built with ``hold=reader_hold(...)``) rewrites the ring slot of band
+``b - hold - 1`` when band ``b`` is first read, so before reading a piece whose last band is ``L`` every
+copy (or mapped read) of a piece starting at or before band ``L - hold - 1`` is waited for by its event.
+``hold`` is two pieces' worth of bands less one: one piece can be in flight while the next is read.
 """
 
 from __future__ import annotations
@@ -59,7 +65,8 @@ MAX_STEP_ROWS = 65536  # beyond this a step's launch overheads are already negli
 _OUT_SLOTS = 3  # pinned host result slots: one being filled, one being written, one spare
 _DEVICE_RING = 4  # device slots for raw pieces: copies run up to three pieces ahead of the prepare kernel
 # one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
-PIECE_BYTES = 16 << 20
+PIECE_BYTES = 32 << 20
+_PIECES_PER_STEP = 8
 _FIXED_BYTES = 48 << 20  # weights, carries, the allocator's rounding: headroom kept out of the step budget
 
 
@@ -86,6 +93,21 @@ def parse_bytes(text: str | int) -> int:
     if value <= 0:
         raise TsconvError(f"the GPU memory budget must be positive, got {text!r}")
     return value
+
+
+def _bands_per_piece(band_bytes: int, piece_bytes: int | None = None) -> int:
+    return max(1, (PIECE_BYTES if piece_bytes is None else piece_bytes) // max(band_bytes, 1))
+
+
+def _piece_bytes(step_rows: int, row_bytes: int) -> int:
+    """Raw bytes per copy and prepare launch: 1/_PIECES_PER_STEP of a step (so the device ring holds half
+    a step and small budgets get small pieces), at most PIECE_BYTES, at least one row."""
+    return max(row_bytes, min(PIECE_BYTES, step_rows * row_bytes // _PIECES_PER_STEP))
+
+
+def reader_hold(band_bytes: int) -> int:
+    """Bands the reader must keep intact behind the one being read (``ParallelBandReader(hold=...)``)."""
+    return 2 * _bands_per_piece(band_bytes) - 1
 
 
 def _bytes_per_row(plan: ResolvedPipeline) -> int:
@@ -118,19 +140,25 @@ def plan_step_rows(
     """
     per = _bytes_per_row(plan)
     row_bytes = src_features * src_itemsize
-    ring = (
-        0
-        if transfer == "mapped"
-        else _DEVICE_RING * max(row_bytes, min(PIECE_BYTES, row_bytes * MAX_STEP_ROWS))
-    )
     weights = sum(layer.weight.size * 4 for layer in plan.layers)
     if plan.head is not None:
         weights += plan.head.weight.size * 4
     halo_bytes = (plan.halo * 4 * len(plan.input_names)) * 3  # xc's halo rows and two carries
     # 10 % of the budget is left to the allocator's rounding and the kernels' own small buffers
-    avail = int(budget * 0.9) - _FIXED_BYTES - weights - halo_bytes - ring
-    fit = avail // per if avail > 0 else 0
+    avail = int(budget * 0.9) - _FIXED_BYTES - weights - halo_bytes
+    # The device ring (_DEVICE_RING pieces, see _piece_bytes): at its cap when the step is large enough,
+    # else a share of each row (the pieces shrink with the step).
+    if transfer == "mapped":
+        fit = avail // per
+    else:
+        fit = (avail - _DEVICE_RING * PIECE_BYTES) // per
+        if fit * row_bytes // _PIECES_PER_STEP < PIECE_BYTES:
+            fit = (avail - _DEVICE_RING * row_bytes) // (
+                per + -(-_DEVICE_RING * row_bytes // _PIECES_PER_STEP)
+            )
+    fit = max(fit, 0)
     if fit < chunk:
+        ring = 0 if transfer == "mapped" else _DEVICE_RING * _piece_bytes(chunk, row_bytes)
         need = (_FIXED_BYTES + weights + halo_bytes + ring + per * chunk) / 0.9
         raise TsconvError(
             f"the pipeline does not fit the GPU memory budget: one {chunk}-step chunk of "
@@ -303,7 +331,15 @@ def run_batched(
     # Pieces: the rows of one band, cut to at most PIECE_BYTES, each copied into a small device ring
     # and prepared from there, so the raw input never needs a step-sized device buffer.
     row_bytes = max(1, source.n_features * src_dtype.itemsize)
-    piece_rows = max(1, min(band_rows, step_rows, PIECE_BYTES // row_bytes))
+    hold = max(1, int(getattr(source, "hold", 1)))
+    ring_bands = getattr(source, "ring_bands", None)
+    # bands per piece: as many as fit PIECE_BYTES and the reader's hold lets stay intact with one in flight
+    piece_bytes = _piece_bytes(step_rows, row_bytes)
+    k = min((hold + 1) // 2, _bands_per_piece(band_rows * row_bytes, piece_bytes)) if ring_bands else 1
+    if k > 1:
+        piece_rows = min(k * band_rows, step_rows)
+    else:
+        piece_rows = max(1, min(band_rows, step_rows, piece_bytes // row_bytes))
     ring = [] if mapped else [torch.empty((piece_rows, source.n_features), dtype=src_dtype, device=dev)
                               for _ in range(_DEVICE_RING)]  # fmt: skip
     ring_free: list[Any] = [None] * _DEVICE_RING  # event: the prepare that read the slot is done
@@ -335,12 +371,13 @@ def run_batched(
             n = e - s
             with gpu.on(gpu.compute):
                 level.copy_(state)
-            pieces = _pieces(s, e, band_rows, piece_rows)
+            pieces = _pieces(s, e, band_rows, piece_rows, ring_bands)
             for j, (lo, hi) in enumerate(pieces):
                 band = lo // band_rows
                 t0 = time.perf_counter()
-                # The reader rewrites band b - 2's ring slot when band b is first read: its readers must be done.
-                while pending_bands and pending_bands[0][0] <= band - 2:
+                # Reading up to band L rewrites the slots of bands <= L - hold - 1: their readers must be done.
+                last_band = (hi - 1) // band_rows
+                while pending_bands and pending_bands[0][0] <= last_band - hold - 1:
                     gpu.sync(pending_bands.popleft()[1])
                 t1 = time.perf_counter()
                 view = np.asarray(source.read(lo, hi))
@@ -448,12 +485,25 @@ def _source_dtype(source: RowSource) -> np.dtype:
     return np.dtype(getattr(source, "dtype", None) or source.array.dtype)
 
 
-def _pieces(s: int, e: int, band_rows: int, piece_rows: int) -> list[tuple[int, int]]:
-    """[s, e) split at band boundaries (every read is a view of one ring buffer) into <= piece_rows rows."""
+def _pieces(
+    s: int, e: int, band_rows: int, piece_rows: int, ring_bands: int | None = None
+) -> list[tuple[int, int]]:
+    """[s, e) in pieces whose reads are views of the reader's ring.
+
+    ``piece_rows`` below a band: pieces of at most that many rows within one band. Otherwise (``ring_bands``
+    set) pieces of up to ``piece_rows // band_rows`` bands, ending at band boundaries and never spanning
+    the ring's wrap (band index a multiple of ``ring_bands``).
+    """
     out = []
     lo = s
+    k = piece_rows // band_rows if ring_bands and piece_rows >= band_rows else 0
     while lo < e:
-        hi = min(e, (lo // band_rows + 1) * band_rows, lo + piece_rows)
+        b = lo // band_rows
+        if k:
+            end_band = min(b + k, (b // ring_bands + 1) * ring_bands)
+            hi = min(e, end_band * band_rows)
+        else:
+            hi = min(e, (b + 1) * band_rows, lo + piece_rows)
         out.append((lo, hi))
         lo = hi
     return out
