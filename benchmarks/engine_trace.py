@@ -59,6 +59,8 @@ def variant(name: str):  # noqa: ANN201
         env["TSCONV_IO_NICE"] = name[4:]
     elif name.startswith("ring"):
         patches.append((batched, "_DEVICE_RING", int(name[4:])))
+    elif name == "owner":
+        patches.append((batched, "COPY_FROM_OWNER", True))
     elif name.startswith("piece"):
         patches.append((batched, "PIECE_BYTES", int(name[5:]) << 20))
     elif name.startswith("step"):
@@ -105,7 +107,8 @@ def summarise(spans: list[tuple[str, int, float, float, Any]], threads: int) -> 
     hi = max(t1 for _, _, t1, _ in eng)
     loop = hi - lo
     out: dict[str, Any] = {"loop_seconds": loop}
-    for k in ("ring_wait", "read_wait", "launch_piece", "launch_step", "slot_wait", "emit", "write"):
+    for k in ("ring_wait", "read_wait", "launch_piece", "copy_call", "prepare_call", "launch_step", "slot_wait",
+              "emit", "write"):  # fmt: skip
         out[f"{k}_seconds"] = sum(t1 - t0 for _, t0, t1, _ in by[k])
     out["engine_busy_share"] = sum(t1 - t0 for _, t0, t1, _ in eng) / loop if loop > 0 else 0.0
     dec = by["decode"]

@@ -67,7 +67,8 @@ _DEVICE_RING = 4  # device slots for raw pieces: copies run up to three pieces a
 # one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
 PIECE_BYTES = 32 << 20
 _PIECES_PER_STEP = 8
-_FIXED_BYTES = 48 << 20  # weights, carries, the allocator's rounding: headroom kept out of the step budget
+_FIXED_BYTES = 48 << 20
+COPY_FROM_OWNER = False  # copy from the reader's pinned torch tensor instead of torch.from_numpy (experiment)  # weights, carries, the allocator's rounding: headroom kept out of the step budget
 
 
 def check_transfer(transfer: str) -> None:
@@ -328,6 +329,7 @@ def run_batched(
     src_dtype = torch.from_numpy(np.empty(0, dtype=_source_dtype(source))).dtype
     band_rows = max(1, int(getattr(source, "band_rows", step_rows)))
     mapped = transfer == "mapped" and gpu.cuda
+    pinned_tensor = getattr(source, "pinned_tensor", None)  # the ring's own pinned tensor, for copy_
     # Pieces: the rows of one band, cut to at most PIECE_BYTES, each copied into a small device ring
     # and prepared from there, so the raw input never needs a step-sized device buffer.
     row_bytes = max(1, source.n_features * src_dtype.itemsize)
@@ -391,17 +393,24 @@ def run_batched(
                     ready = None
                 else:
                     r = q % _DEVICE_RING
+                    host = pinned_tensor(view) if COPY_FROM_OWNER and pinned_tensor is not None else None
                     with gpu.on(gpu.copy):
                         gpu.wait(gpu.copy, ring_free[r])
                         c0 = gpu.event(gpu.copy)
                         src = ring[r][: hi - lo]
-                        src.copy_(torch.from_numpy(view), non_blocking=gpu.cuda and transfer == "pinned")
+                        t_copy = time.perf_counter()
+                        src.copy_(host if host is not None else torch.from_numpy(view),
+                                  non_blocking=gpu.cuda and transfer == "pinned")  # fmt: skip
+                        t_copied = time.perf_counter()
                         ready = gpu.event(gpu.copy)
                         copy_events.append((c0, ready))
                         pending_bands.append((band, ready))
+                    if tracing:
+                        trace.add("copy_call", t_copy, t_copied, band)
                 with gpu.on(gpu.compute):
                     gpu.wait(gpu.compute, ready)
                     p0 = gpu.event(gpu.compute)
+                    t_prep = time.perf_counter()
                     prepare(
                         src, xc=xc[: halo + n], state=state, level=level, carry_in=carries[i % 2],
                         carry_out=carries[(i + 1) % 2], off=lo - s, n_step=n, cols=cols, fill=fill,
@@ -410,6 +419,7 @@ def run_batched(
                     done = gpu.event(gpu.compute)
                     prep_events.append((p0, done))
                 if tracing:
+                    trace.add("prepare_call", t_prep, time.perf_counter(), band)
                     trace.add("ring_wait", t0, t1, band)
                     trace.add("read_wait", t1, t2, band)
                     trace.add("launch_piece", t2, time.perf_counter(), band)
