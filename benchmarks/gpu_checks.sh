@@ -6,7 +6,7 @@ set -u
 DASK_FLAGS=${DASK_FLAGS:-}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-steps=",${1:-verify,e2e,trace,dask},"
+steps=",${1:-verify,e2e,trace,dask},"  # also: h2d
 want() { [[ $steps == *",$1,"* ]]; }
 # The device tool returns at most 8 files: every step logs into one file.
 run() {  # run LIMIT NAME CMD...: append to $OUT/log.txt, say how it went
@@ -25,6 +25,9 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if want verify; then
   run 150 pytest_gpu python -m pytest -q -m gpu tests/test_head.py -x -p no:cacheprovider
   run 120 batched_check python benchmarks/gpu_batched_check.py --out "$OUT/gpu_batched_check.json"
+fi
+if want h2d; then
+  run 60 h2d python benchmarks/h2d_call.py --out "$OUT/h2d_call.json"
 fi
 if want e2e; then
   run 240 e2e python benchmarks/e2e.py --quick --sections gen,check,modes --out "$OUT/e2e_quick.json"
