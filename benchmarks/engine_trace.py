@@ -59,8 +59,6 @@ def variant(name: str):  # noqa: ANN201
         env["TSCONV_IO_NICE"] = name[4:]
     elif name.startswith("ring"):
         patches.append((batched, "_DEVICE_RING", int(name[4:])))
-    elif name == "owner":
-        patches.append((batched, "COPY_FROM_OWNER", True))
     elif name.startswith("piece"):
         patches.append((batched, "PIECE_BYTES", int(name[5:]) << 20))
     elif name.startswith("step"):

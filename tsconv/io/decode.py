@@ -263,20 +263,6 @@ class ParallelBandReader:
 
     # -- interface ---------------------------------------------------------------------------------
 
-    def pinned_tensor(self, view: np.ndarray) -> Any:
-        """``view`` (a view of the pinned ring, as :meth:`read` returns) as a torch tensor on the ring's own
-        pinned allocation (so torch knows the memory is page-locked), or None when it is not such a view."""
-        owner = getattr(self, "_ring_owner", None)
-        if owner is None or not view.flags.c_contiguous:
-            return None
-        off = view.ctypes.data - owner.data_ptr()
-        if off < 0 or off + view.nbytes > owner.numel():
-            return None
-        import torch
-
-        dtype = torch.from_numpy(view[:0]).dtype
-        return owner[off : off + view.nbytes].view(dtype).view(view.shape)
-
     @property
     def ring_bands(self) -> int | None:
         """Bands in the ring (reads of adjacent bands are views unless they cross its wrap); None: fallback."""

@@ -67,8 +67,7 @@ _DEVICE_RING = 4  # device slots for raw pieces: copies run up to three pieces a
 # one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
 PIECE_BYTES = 32 << 20
 _PIECES_PER_STEP = 8
-_FIXED_BYTES = 48 << 20
-COPY_FROM_OWNER = False  # copy from the reader's pinned torch tensor instead of torch.from_numpy (experiment)  # weights, carries, the allocator's rounding: headroom kept out of the step budget
+_FIXED_BYTES = 48 << 20  # weights, carries, the allocator's rounding: headroom kept out of the step budget
 
 
 def check_transfer(transfer: str) -> None:
@@ -329,7 +328,6 @@ def run_batched(
     src_dtype = torch.from_numpy(np.empty(0, dtype=_source_dtype(source))).dtype
     band_rows = max(1, int(getattr(source, "band_rows", step_rows)))
     mapped = transfer == "mapped" and gpu.cuda
-    pinned_tensor = getattr(source, "pinned_tensor", None)  # the ring's own pinned tensor, for copy_
     # Pieces: the rows of one band, cut to at most PIECE_BYTES, each copied into a small device ring
     # and prepared from there, so the raw input never needs a step-sized device buffer.
     row_bytes = max(1, source.n_features * src_dtype.itemsize)
@@ -393,14 +391,12 @@ def run_batched(
                     ready = None
                 else:
                     r = q % _DEVICE_RING
-                    host = pinned_tensor(view) if COPY_FROM_OWNER and pinned_tensor is not None else None
                     with gpu.on(gpu.copy):
                         gpu.wait(gpu.copy, ring_free[r])
                         c0 = gpu.event(gpu.copy)
                         src = ring[r][: hi - lo]
                         t_copy = time.perf_counter()
-                        src.copy_(host if host is not None else torch.from_numpy(view),
-                                  non_blocking=gpu.cuda and transfer == "pinned")  # fmt: skip
+                        src.copy_(torch.from_numpy(view), non_blocking=gpu.cuda and transfer == "pinned")
                         t_copied = time.perf_counter()
                         ready = gpu.event(gpu.copy)
                         copy_events.append((c0, ready))
