@@ -263,3 +263,20 @@ def test_multi_band_pieces_through_the_reader_match_the_chunked_engine(tmp_path,
     ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
     np.testing.assert_array_equal(np.isnan(ya), np.isnan(yb))
     np.testing.assert_allclose(yb, ya, rtol=1e-5, atol=1e-5)
+
+
+def test_a_short_last_step_runs_at_the_full_step_shape(monkeypatch):
+    # one kernel shape per run: a short last step would be a new autotune shape class, tuned mid-run
+    x = price_series(301, 5, seed=12, nan_fraction=0.05)
+    plan = resolve(pipeline_from_dict(TWO_STAGES), tuple(f"x{j}" for j in range(5)))
+    lengths = []
+    real = Backend.run_centered
+
+    def spy(self, xc, first_row, level):
+        lengths.append(xc.shape[0])
+        return real(self, xc, first_row, level)
+
+    monkeypatch.setattr(Backend, "run_centered", spy)
+    y = _batched(x, plan, step_rows=128, band_rows=100)  # steps of 128, 128 and 45 rows
+    assert len(lengths) == 3 and len(set(lengths)) == 1
+    assert_matches_reference(y, x, plan)
