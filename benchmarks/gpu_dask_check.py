@@ -1,6 +1,10 @@
-"""GPU: the engine inside one dask worker against the plain engine (target: within 10%), same output.
+"""GPU: the engine inside dask workers against the plain engine on one GPU, same output.
 
     python benchmarks/gpu_dask_check.py --out $OUT/gpu_dask_check.json [--rows 400000 --features 64]
+    python benchmarks/gpu_dask_check.py --workers 2 --src STORE --pipeline TOML --out ...   # 2 GPUs
+
+One worker (issue 7): within 10% of the plain engine. N workers, one per GPU (issue 8): throughput
+against one GPU (``speedup_over_one_gpu``), with each task's engine stages in ``dask_phases``.
 
 Runs `tsconv.process(device="cuda")` plain and with `workers=1` (a one-GPU local cluster started before
 timing, so cluster start-up is excluded, as the report does), each warmed up once then timed `--repeat`
@@ -48,6 +52,7 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=1, help="dask workers, one per GPU (2 on a 2-GPU machine)")
     ap.add_argument("--src", type=Path, default=None, help="an existing store (default: generate one)")
     ap.add_argument("--pipeline", type=Path, default=None, help="pipeline file (default: the default one)")
     ap.add_argument(
@@ -63,19 +68,20 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="tsconv-dask-gpu-"))
     src = args.src or make_ticks(work / "ticks.zarr", rows=args.rows, features=args.features, seed=0)
-    names = ["plain", "plain_thread", "dask_1_worker"]
+    dname = "dask_1_worker" if args.workers == 1 else f"dask_{args.workers}_workers"
+    names = ["plain", "plain_thread", dname] if args.workers == 1 else ["plain", dname]
     if args.compare_mallopt:
         names.insert(1, "dask_no_mallopt")
     times: dict[str, list[float]] = {k: [] for k in names}
     phases: dict[str, list[dict]] = {k: [] for k in names}  # a dask run's task phases, dispatch, collect
     # Workers inherit this at spawn; the tasks read it per call (mallopt, once done, stays for the process).
     os.environ["TSCONV_MALLOPT"] = "0" if args.compare_mallopt else "1"
-    cluster, _ = local_cluster(1, "cuda")
+    cluster, _ = local_cluster(args.workers, "cuda")
     with Client(cluster) as client:
-        order = [n for n in names if n != "dask_1_worker"] * (args.repeat + 1)
-        order += ["plain", "dask_1_worker"] * (args.repeat + 1)
+        order = [n for n in names if n != dname] * (args.repeat + 1)
+        order += ["plain", dname] * (args.repeat + 1)
         for name in order:
-            if name == "dask_1_worker":
+            if name == dname:
                 client.run(os.environ.__setitem__, "TSCONV_MALLOPT", "1")
             kw = {"client": client, "partition_rows": args.partition_rows} if name.startswith("dask") else {}
             out = work / f"{name}.zarr"
@@ -92,7 +98,7 @@ def main() -> int:
     for name in times:
         times[name] = times[name][1:]  # first run of each warms up (compile, autotune cache, allocator)
     a = np.asarray(zarr.open_group(str(work / "plain.zarr"))["values"][:])
-    b = np.asarray(zarr.open_group(str(work / "dask_1_worker.zarr"))["values"][:])
+    b = np.asarray(zarr.open_group(str(work / f"{dname}.zarr"))["values"][:])
     same = bool(np.array_equal(a, b, equal_nan=True))
     # The batched GPU engine centres each step on its own level, and dask tasks start steps at their
     # partition's first row: the outputs agree to float32 rounding, not bit for bit (the CPU engine's are).
@@ -102,7 +108,8 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     v = zarr.open_group(str(src), mode="r")["values"]
     nbytes = int(v.shape[0]) * int(v.shape[1]) * v.dtype.itemsize
-    ratio = med["dask_1_worker"] / med["plain"]
+    ratio = med[dname] / med["plain"]
+    speedup = med["plain"] / med[dname]
     doc = {
         "gpu": torch.cuda.get_device_name(0),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
@@ -114,7 +121,10 @@ def main() -> int:
         "seconds": times,
         "median_seconds": med,
         "dask_phases": phases,
+        "workers": args.workers,
+        "gpus": torch.cuda.device_count(),
         "dask_over_plain": round(ratio, 3),
+        "speedup_over_one_gpu": round(speedup, 3),
         **(
             {"no_mallopt_over_plain": round(med["dask_no_mallopt"] / med["plain"], 3)}
             if args.compare_mallopt

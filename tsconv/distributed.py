@@ -132,7 +132,7 @@ def run_partition(
 
     import torch
 
-    from .engine import _exact_fp32, compute_rows, reader_hold_for, resolve_device
+    from .engine import _exact_fp32, compute_rows, reader_hold_for, resolve_device, stage_summary
     from .io.decode import ParallelBandReader
     from .io.store import open_input
     from .kernels.backend import Backend
@@ -167,10 +167,15 @@ def run_partition(
     ):
         backend = Backend(plan, dev)
         t1 = time.perf_counter()
-        compute_rows(reader, plan, backend, writer.append, start=start, stop=stop, chunk=chunk,
-                     warmup=warmup, step_rows=step_rows, transfer=transfer)  # fmt: skip
+        times = compute_rows(reader, plan, backend, writer.append, start=start, stop=stop, chunk=chunk,
+                             warmup=warmup, step_rows=step_rows, transfer=transfer)  # fmt: skip
         t2 = time.perf_counter()
         writer.finish()
+        stages = (
+            stage_summary(times, transfer=transfer, decode_busy=reader.busy_seconds, decode_threads=reader.threads,
+                          write_busy=writer.busy_seconds, write_threads=max(writer.threads, 1))
+            if times is not None else None
+        )  # fmt: skip
     t3 = time.perf_counter()
     return {
         "start": start,
@@ -178,6 +183,7 @@ def run_partition(
         "seconds": t3 - t0,
         # where a task's time goes, and when it ran on the wall clock (the client's dispatch and collect)
         "phases": {"setup": t1 - t0, "compute": t2 - t1, "finish": t3 - t2},
+        "engine_stages": stages["stage_seconds"] if stages else None,  # the batched engine's, on CUDA
         "started_at": started_at,
         "ended_at": started_at + (t3 - t0),
         "device": str(dev),
@@ -415,6 +421,11 @@ def run_distributed(
         }
         stage_seconds["dispatch"] = max(0.0, min(r["started_at"] for r in results) - t0_wall)
         stage_seconds["collect"] = max(0.0, end_wall - max(r["ended_at"] for r in results))
+        # the GPU engine's stages, the slowest task's value for each (what bounds a run of parallel tasks)
+        engine = [r["engine_stages"] for r in results if r.get("engine_stages")]
+        for k in ("decode", "h2d", "compute", "d2h", "write", "loop"):
+            if engine:
+                stage_seconds[f"engine_{k}"] = max(e.get(k, 0.0) for e in engine)
     gpu_alloc = [r["peak_gpu_allocated_bytes"] for r in results if r["peak_gpu_allocated_bytes"] is not None]
     gpu_res = [r["peak_gpu_reserved_bytes"] for r in results if r["peak_gpu_reserved_bytes"] is not None]
     dev = results[0]["device"] if results else device
