@@ -354,6 +354,8 @@ def main() -> int:
             "peak_gpu_bytes": rep["peak_gpu_allocated_bytes"],
             "peak_gpu_reserved_bytes": rep["peak_gpu_reserved_bytes"],
             "base_gpu_bytes": rep["base_gpu_bytes"],
+            "own_peak_gpu_bytes": rep["peak_gpu_allocated_bytes"] - rep["base_gpu_bytes"],
+            "commit": doc["commit"],
             "transfer": rep["transfer"],
             "step_rows": rep["step_rows"],
             "stage_seconds": rep["stage_seconds"],
