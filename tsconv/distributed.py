@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -93,7 +94,7 @@ def _reuse_freed_memory() -> bool:
     by page and unmapped on free. Measured on the 2-core VM (CPU engine, 200k x 64 store): 2.57 s with that
     variable against 1.95 s without or with these two mallopt calls. ``TSCONV_MALLOPT=0`` leaves it alone.
     """
-    if os.environ.get("TSCONV_MALLOPT", "1") == "0" or not hasattr(os, "sched_getaffinity"):
+    if os.environ.get("TSCONV_MALLOPT", "1") == "0" or not sys.platform.startswith("linux"):
         return False
     import ctypes
     import ctypes.util
@@ -172,10 +173,10 @@ def run_partition(
         t2 = time.perf_counter()
         writer.finish()
         stages = (
-            stage_summary(times, transfer=transfer, decode_busy=reader.busy_seconds, decode_threads=reader.threads,
-                          write_busy=writer.busy_seconds, write_threads=max(writer.threads, 1))
-            if times is not None else None
-        )  # fmt: skip
+            stage_summary(times, transfer=transfer, reader=reader, writer=writer)
+            if times is not None
+            else None
+        )
     t3 = time.perf_counter()
     return {
         "start": start,
@@ -423,8 +424,8 @@ def run_distributed(
         stage_seconds["collect"] = max(0.0, end_wall - max(r["ended_at"] for r in results))
         # the GPU engine's stages, the slowest task's value for each (what bounds a run of parallel tasks)
         engine = [r["engine_stages"] for r in results if r.get("engine_stages")]
-        for k in ("decode", "h2d", "compute", "d2h", "write", "loop"):
-            if engine:
+        if engine:
+            for k in ("decode", "h2d", "compute", "d2h", "write", "loop"):
                 stage_seconds[f"engine_{k}"] = max(e.get(k, 0.0) for e in engine)
     gpu_alloc = [r["peak_gpu_allocated_bytes"] for r in results if r["peak_gpu_allocated_bytes"] is not None]
     gpu_res = [r["peak_gpu_reserved_bytes"] for r in results if r["peak_gpu_reserved_bytes"] is not None]

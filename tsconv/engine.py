@@ -399,13 +399,15 @@ def _use_batched(dev: torch.device, batched: bool | None) -> bool:
     return bool(batched)
 
 
-def stage_summary(times: StageTimes, *, transfer: str, decode_busy: float, decode_threads: int,
-                  write_busy: float, write_threads: int) -> dict[str, Any]:  # fmt: skip
+def stage_summary(times: StageTimes, *, transfer: str, reader: Any, writer: OutputWriter) -> dict[str, Any]:
     """The report's stage fields: seconds per stage and the one that bound the run.
 
-    GPU stages are event-timed; host stages are busy seconds summed over their threads, so they are
-    compared per thread (a stage using 16 threads for 16 s bounds a run like one taking 1 s).
+    GPU stages are event-timed; host stages (the reader's decode, the writer's writes) are busy seconds
+    summed over their threads, so they are compared per thread (a stage using 16 threads for 16 s bounds
+    a run like one taking 1 s).
     """
+    decode_busy, decode_threads = reader.busy_seconds, reader.threads
+    write_busy, write_threads = writer.busy_seconds, max(writer.threads, 1)
     stage = {
         "decode": decode_busy / max(decode_threads, 1),
         "h2d": times.h2d,
@@ -469,10 +471,7 @@ def _run_store(
             step_rows=step_rows, transfer=transfer, on_rows=bar.update,
         )  # fmt: skip
         if times is not None:
-            stages = stage_summary(
-                times, transfer=transfer, decode_busy=reader.busy_seconds, decode_threads=reader.threads,
-                write_busy=writer.busy_seconds, write_threads=max(writer.threads, 1),
-            )  # fmt: skip
+            stages = stage_summary(times, transfer=transfer, reader=reader, writer=writer)
         t0 = time.perf_counter()
         writer.finish()
         if stages is not None:

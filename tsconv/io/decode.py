@@ -17,9 +17,10 @@ How it reads. A *band* is one row of the chunk grid across all features: ``chunk
 The reader keeps a ring of ``prefetch + 1 + hold`` band buffers, allocated once (pinned host memory when
 asked and CUDA is present), and one task per chunk file in a thread pool. When the consumer first reads
 from band ``b``, bands ``b .. b + prefetch`` are scheduled into the ring (band ``j`` goes to slot
-``j % ring``); bands ``b - hold .. b - 1`` stay intact (``hold`` defaults to 1), older slots are reused. A chunk spanning all features is
-decoded straight into its band buffer (``codec.decode(data, out=band)``); otherwise it is decoded into
-a per-thread scratch buffer and copied into its column slice. A missing chunk file is the fill value.
+``j % ring``); bands ``b - hold .. b - 1`` stay intact (``hold`` defaults to 1), older slots are
+reused. A chunk spanning all features is decoded straight into its band buffer
+(``codec.decode(data, out=band)``); otherwise it is decoded into a per-thread scratch buffer and copied
+into its column slice. A missing chunk file is the fill value.
 
 Buffer lifetime: :meth:`ParallelBandReader.read` returns a *view* of the ring when the rows lie in one
 band, or (with ``hold > 1``) in at most ``hold + 1`` bands whose slots are adjacent (no wrap). That view
@@ -265,7 +266,8 @@ class ParallelBandReader:
 
     @property
     def ring_bands(self) -> int | None:
-        """Bands in the ring (reads of adjacent bands are views unless they cross its wrap); None: fallback."""
+        """Bands in the ring (reads of adjacent bands are views unless they cross its wrap); None: fallback
+        reader."""
         return self._ring_len if self.fast else None
 
     @property
@@ -283,7 +285,8 @@ class ParallelBandReader:
         return self._fallback.bands_decoded if not self.fast else self._decoded
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Rows [start, stop): a view of a ring buffer within one band (see lifetime above), else a new array."""
+        """Rows [start, stop): a view of the ring (one band, or adjacent held bands; see the module's buffer
+        lifetime), else a new array."""
         if not self.fast:
             return self._fallback.read(start, stop)
         if not 0 <= start < stop <= self.rows:

@@ -375,7 +375,7 @@ def run_batched(
             for j, (lo, hi) in enumerate(pieces):
                 band = lo // band_rows
                 t0 = time.perf_counter()
-                # Reading up to band L rewrites the slots of bands <= L - hold - 1: their readers must be done.
+                # Reading up to band L rewrites the slots of bands <= L - hold - 1: their readers must finish.
                 last_band = (hi - 1) // band_rows
                 while pending_bands and pending_bands[0][0] <= last_band - hold - 1:
                     gpu.sync(pending_bands.popleft()[1])
