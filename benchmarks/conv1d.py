@@ -550,7 +550,7 @@ class Bench:
         Cg = case.C // case.groups
         flops = 2.0 * case.N * case.O * L_out * Cg * case.K
         nbytes = x.numel() * x.element_size() + w.numel() * w.element_size() + case.N * case.O * L_out * 4
-        cuda_cores = precision == "fp32" or row.path == "direct"
+        cuda_cores = precision == "fp32" or row.path in ("direct", "bank")
         peak = fp32_peak if cuda_cores else TC_PEAK_TFLOPS[precision]
         row.peak_used = (
             f"fp32 FMA {fp32_peak:.1f} TFLOP/s" if cuda_cores else f"{precision} TC {peak:.0f} TFLOP/s"

@@ -611,6 +611,71 @@ def test_small_blocks_direct() -> None:
     assert relative_error(out, conv1d_reference(x, w, groups=5)) < 1e-6
 
 
+_BANK_CASES = [
+    # C, M, K, dilation, padding, L, BLOCK_T, BLOCK_G, T_ITERS, UNROLL
+    (
+        16,
+        4,
+        5,
+        3,
+        "causal",
+        200,
+        16,
+        8,
+        3,
+        4,
+    ),  # whole tiles: interior blocks unmasked; last program past L_out
+    (20, 3, 11, 2, "causal", 150, 16, 8, 2, 4),  # ragged channel and filter blocks: every block masked
+    (8, 20, 7, 1, "valid", 90, 16, 4, 4, 2),  # 20 filters: two filter blocks of 16
+    (32, 1, 16, 1, "causal", 130, 32, 16, 1, 1),  # one filter per channel, K > the first block's start
+    (16, 2, 1, 1, "causal", 64, 16, 16, 2, 8),  # K = 1 (the whole tap loop is the tail)
+]
+
+
+@pytest.mark.parametrize(
+    ("C", "M", "K", "dilation", "padding", "L", "bt", "bg", "iters", "unroll"), _BANK_CASES
+)
+def test_bank_kernel_tiles(
+    C: int, M: int, K: int, dilation: int, padding: str, L: int, bt: int, bg: int, iters: int, unroll: int
+) -> None:
+    """The depthwise bank kernel's interior (unmasked) and edge paths, several time blocks per program,
+    partial filter and channel blocks, on price levels with bias and an activation, into a NaN-poisoned
+    time-major view: every output written and within the fp32 bound of a float64 reference."""
+    x = price_levels(2, L, C, seed=31).transpose(1, 2)
+    w = zero_sum_weights(C * M, 1, K, dtype=torch.float32)
+    b = torch.randn(C * M, generator=_gen(32)).to(DEVICE)
+    kw = dict(dilation=dilation, groups=C, padding=padding, activation="gelu")
+    spec = conv1d_mod._validate(x, w, b, None, precision="fp32", **kw)
+    out = nan_out(2, C * M, spec.L_out)
+    cfg = autotune.Config(
+        "bank", {"BANK": 1, "BLOCK_T": bt, "BLOCK_G": bg, "T_ITERS": iters, "UNROLL": unroll}, 4, 1
+    )
+    conv1d_mod._conv1d_triton(x, w, b, out, spec, config=cfg)
+    assert not torch.isnan(out).any(), "some outputs were not written"
+    ref = conv1d_reference(x, w, b, **kw)
+    err_torch = relative_error(torch_conv1d_in_precision(x, w, b, precision="fp32", **kw), ref)
+    assert relative_error(out, ref) <= FP32_FACTOR * err_torch + ATOL["fp32"]
+
+
+def test_bank_kernel_matches_the_direct_kernel() -> None:
+    """Both kernels of the depthwise space compute the same sums (same tap order, float32 FMAs)."""
+    x = price_levels(1, 96, 16, seed=33).transpose(1, 2)
+    w = zero_sum_weights(64, 1, 9, dtype=torch.float32)
+    spec = conv1d_mod._validate(
+        x, w, None, None, dilation=2, groups=16, padding="causal", activation=None, precision="fp32"
+    )
+    outs = []
+    for meta in (
+        {"BLOCK_T": 32, "BLOCK_G": 8, "UNROLL": 2},
+        {"BANK": 1, "BLOCK_T": 16, "BLOCK_G": 8, "T_ITERS": 2, "UNROLL": 2},
+    ):
+        out = nan_out(1, 64, 96)
+        conv1d_mod._conv1d_triton(x, w, None, out, spec, config=autotune.Config("c", meta, 4, 1))
+        outs.append(out)
+    assert conv1d_mod.last_launch["path"] == "bank"
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("path", ["dense", "depthwise"])
 def test_int64_indexing_variant(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     monkeypatch.setattr(conv1d_mod, "_FORCE_INDEX64", True)
@@ -779,6 +844,14 @@ def test_config_spaces_are_valid() -> None:
             space = autotune.conv1d_direct_space(bm, groups)
             assert 1 <= len(space.configs) <= 8
             assert all(c.meta["BLOCK_G"] <= max(1, autotune.pow2_bucket(groups)) for c in space.configs)
+            bank = autotune.conv1d_direct_space(bm, groups, one_channel=True)
+            names = [c.name for c in bank.configs]
+            assert len(names) == len(set(names)) <= 12 and bank.default.meta.get("BANK") == 1
+            for c in bank.configs:
+                assert c.meta["BLOCK_G"] <= max(1, autotune.pow2_bucket(groups))
+                if c.meta.get("BANK"):  # the weight tile stays below one value per thread (no shuffle)
+                    assert c.meta["BLOCK_G"] * bm < 32 * c.num_warps
+                    assert 8 <= c.meta["BLOCK_T"] * c.meta["BLOCK_G"] * bm / (32 * c.num_warps) <= 64
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -828,6 +901,8 @@ def build(fn, runtime, consts, cfg):
         sig[name] = "constexpr"
         constexprs[(fn.arg_names.index(name),)] = value
     opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.maxnreg:
+        opts["maxnreg"] = cfg.maxnreg
     ck = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
     assert ck.asm["cubin"], "no cubin"
     return ck
@@ -864,6 +939,36 @@ for cfg in autotune.conv1d_direct_space(4, 1024).configs[:2]:  # the one-tap loo
     loop = ttgir[ttgir.index("scf.for"):]
     loop = loop[: loop.index("scf.yield")]
     assert "convert_layout" not in loop, "the depthwise tap loop shuffles data through shared memory"
+def innermost_loops(ttgir):  # the bodies of the scf.for loops that hold no other loop (brace-matched)
+    lines, out = ttgir.splitlines(), []
+    for i, line in enumerate(lines):
+        if "scf.for" not in line:
+            continue
+        depth, body = 0, []
+        for ln in lines[i:]:
+            depth += ln.count("{") - ln.count("}")
+            body.append(ln)
+            if depth <= 0:
+                break
+        if not any("scf.for" in ln for ln in body[1:]):
+            out.append("\n".join(body))
+    return out
+
+runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
+           i32("L_in"), i32("L_out"), i32("G", "D"), i32("K"), i32("dilation"), i32("pad"), i32("n_tprog"),
+           i32("n_gblk"), i32("n_mblk"), i32("stride_xn", "D"), i32("stride_xc", "1"), i32("stride_xt", "D"),
+           i32("stride_wk", "D"), i32("stride_wm", "D"), i32("stride_yn", "D"), i32("stride_yo", "1"),
+           i32("stride_yt", "D")]
+for bm in (4, 8):
+    for cfg in autotune.conv1d_bank_configs(bm, 1024)[:2]:
+        meta = {k: v for k, v in cfg.meta.items() if k != "BANK"}
+        cfg = autotune.Config(cfg.name, meta, cfg.num_warps, cfg.num_stages, cfg.maxnreg)
+        consts = dict(OG=bm, HAS_BIAS=True, ACT=2, INDEX64=False, EVEN=True, BLOCK_M=bm)
+        ck = build(m._conv1d_bank_kernel, runtime, consts, cfg)
+        loops = innermost_loops(ck.asm["ttgir"])
+        assert loops, "no tap loop found"
+        assert all("convert_layout" not in body for body in loops), f"{cfg.name}: a tap loop shuffles data"
+        assert ck.metadata.num_warps == cfg.num_warps
 # the "tf32" pre-pass (x rounded to TF32): unit-stride rows in and out, as for a dense time-major x
 runtime = [("src_ptr", "*fp32", "D"), ("dst_ptr", "*fp32", "D"), i32("R"), i32("S", "D"), i32("n_rblk"),
            i32("n_sblk"), i32("stride_sb", "D"), i32("stride_sr", "D"), i32("stride_ss", "1"),
@@ -884,7 +989,8 @@ def test_kernels_compile_for_sm90() -> None:
     """Compile (not run) the kernels for an H100/H200 with the installed Triton's bundled ptxas.
 
     The interpreter does not type-check or lower the kernels; this catches what only the compiler sees, and
-    pins two properties of the generated code: the dense kernel uses wgmma, and the depthwise tap loop has no
-    layout conversion (each x value loaded once per tap feeds all filters of its channel from registers).
+    pins two properties of the generated code: the dense kernel uses wgmma, and the depthwise tap loops (direct
+    and bank kernels) have no layout conversion (each x value loaded once per tap feeds all filters of its
+    channel from registers).
     """
     run_compile_script(_COMPILE_SCRIPT)

@@ -48,6 +48,7 @@ __all__ = [
     "clear_memory_cache",
     "conv1d_dense_space",
     "conv1d_direct_space",
+    "conv1d_bank_configs",
     "events",
     "pow2_bucket",
     "select",
@@ -67,10 +68,14 @@ class Config:
     meta: Mapping[str, int]
     num_warps: int = 4
     num_stages: int = 2
+    maxnreg: int | None = None  # a register cap per thread (ptxas .maxnreg): more programs per SM
 
     def launch_kwargs(self) -> dict[str, int]:
         """Keyword arguments for ``kernel[grid](..., **cfg.launch_kwargs())``."""
-        return {**self.meta, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        kw = {**self.meta, "num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            kw["maxnreg"] = self.maxnreg
+        return kw
 
 
 @dataclass(frozen=True)
@@ -429,7 +434,7 @@ def _direct(bt: int, bg: int, warps: int, stages: int, unroll: int = 1) -> Confi
     return Config(name, meta, warps, stages)
 
 
-def conv1d_direct_space(block_m: int, groups: int) -> ConfigSpace:
+def conv1d_direct_space(block_m: int, groups: int, *, one_channel: bool = False) -> ConfigSpace:
     """Direct (FMA) conv1d for depthwise and few-channels-per-group convs: a [BLOCK_T, BLOCK_G, BLOCK_M] tile.
 
     Candidates keep 16 to 64 float32 accumulators per thread, no more groups per tile than there are, and a
@@ -437,6 +442,8 @@ def conv1d_direct_space(block_m: int, groups: int) -> ConfigSpace:
     accumulator's layout rather than shuffling it through shared memory on every tap). The first candidate
     is the one-tap loop; the others unroll the tap loop (``_uN``: N taps' loads in flight per chunk) on the
     same tile, on smaller-footprint tiles (more programs per SM, 2 or 4 warps) and on wider channel tiles.
+    ``one_channel`` (one input channel per group): the space of :func:`conv1d_bank_configs` first, then the
+    direct kernel's best four, so the tuner picks the kernel too.
     """
     max_g = pow2_bucket(groups)
 
@@ -465,6 +472,8 @@ def conv1d_direct_space(block_m: int, groups: int) -> ConfigSpace:
     if not base:
         bg = max(1, min(max_g, 128 // block_m // 2))
         only = _direct(max(16, min(1024, 2048 // (bg * block_m))), bg, 4, 2)
+        if one_channel:
+            return _with_bank(block_m, groups, [only])
         return ConfigSpace(f"conv1d_direct_v2_m{block_m}", (only,), only, _direct(64, min(max_g, 32), 4, 1))
     cands = [(*base[0], 1), (*base[0], 4), (*base[0], 8)]
     if len(base) > 1:
@@ -480,5 +489,54 @@ def conv1d_direct_space(block_m: int, groups: int) -> ConfigSpace:
         if all(c.name != cfg.name for c in configs):
             configs.append(cfg)
     configs = configs[:8]
+    if one_channel:
+        return _with_bank(block_m, groups, configs[:4])
     interp = _direct(64, min(max_g, 32), 4, 1, 4)
     return ConfigSpace(f"conv1d_direct_v2_m{block_m}", tuple(configs), configs[0], interp)
+
+
+def _with_bank(block_m: int, groups: int, direct: list[Config]) -> ConfigSpace:
+    """The bank kernel's candidates (its first is the default), then the direct kernel's best ones."""
+    bank = conv1d_bank_configs(block_m, groups)
+    interp = _bank(32, min(pow2_bucket(groups), 16), 4, 2, 4, None)  # two time blocks a program, a tap tail
+    return ConfigSpace(f"conv1d_bank_v1_m{block_m}", (*bank, *direct), bank[0], interp)
+
+
+def _bank(bt: int, bg: int, warps: int, t_iters: int, unroll: int, maxnreg: int | None) -> Config:
+    meta = {"BANK": 1, "BLOCK_T": bt, "BLOCK_G": bg, "T_ITERS": t_iters, "UNROLL": unroll}
+    name = f"bank_t{bt}_g{bg}_w{warps}_i{t_iters}_u{unroll}" + (f"_r{maxnreg}" if maxnreg else "")
+    return Config(name, meta, warps, 1, maxnreg)
+
+
+def conv1d_bank_configs(block_m: int, groups: int) -> list[Config]:
+    """Candidates for ``_conv1d_bank_kernel`` (one input channel per group: depthwise filter banks).
+
+    The channel tile is the widest whose [BLOCK_G, BLOCK_M] weight tile stays below one value per thread
+    (reloaded in the accumulator's layout, no shared-memory shuffle; for 4 filters and 8 warps: 32 channels,
+    so each warp load covers whole 128-byte rows of x), and the time tile gives each thread 32 or 64
+    accumulators. ``_rN`` caps registers per thread (uncapped, ptxas takes 220-255 for the 64-accumulator
+    tiles: one 8-warp program per SM; capped at 128, two, with no spills on sm_90; 80 gives the 32-accumulator
+    tiles three). ``_iN``: N time blocks per program; ``_uN``: taps per unrolled chunk.
+    """
+    max_g = pow2_bucket(groups)
+    out: list[Config] = []
+    for warps in (8, 4):
+        threads = 32 * warps
+        bg = max(1, min(max_g, 128, (threads - 1) // block_m))
+        bg = 1 << (bg.bit_length() - 1)  # a power of two below threads / block_m
+        bt = max(16, min(4096, 64 * threads // (bg * block_m)))
+        if warps == 8:
+            cands = [
+                _bank(bt, bg, 8, 4, 1, 128),
+                _bank(bt, bg, 8, 4, 2, 128),
+                _bank(bt, bg, 8, 8, 1, 128),
+                _bank(bt, bg, 8, 2, 4, 128),
+                _bank(max(16, bt // 2), bg, 8, 8, 2, 128),
+                _bank(max(16, bt // 2), bg, 8, 8, 2, 80),
+            ]
+        else:
+            cands = [_bank(bt, bg, 4, 4, 2, 128), _bank(max(16, bt // 2), bg, 4, 8, 2, 128)]
+        for cfg in cands:
+            if all(c.name != cfg.name for c in out):
+                out.append(cfg)
+    return out

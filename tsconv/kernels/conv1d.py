@@ -460,6 +460,150 @@ def _conv1d_direct_kernel(
     tl.store(y_ptrs, acc, mask=(offs_t < L_out)[:, None, None] & gm_mask[None, :, :])
 
 
+@triton.jit
+def _bank_taps(acc, x_ptrs, w_ptrs, t_base, x_live, gm_mask, K, dilation, stride_xt, stride_wk, MASKED: tl.constexpr,
+               UNROLL: tl.constexpr):  # fmt: skip
+    """acc + all K taps of a one-channel-per-group conv on one [BLOCK_T, BLOCK_G, BLOCK_M] time block.
+
+    MASKED=False is the interior of the series (every tap's rows exist, whole channel and filter blocks):
+    no masks, so no predicates or zero-filled registers in the loop."""
+    k_main = K - K % UNROLL
+    for k0 in range(0, k_main, UNROLL):
+        for j in tl.static_range(UNROLL):
+            k = k0 + j
+            if MASKED:
+                acc = _direct_tap(
+                    acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk
+                )
+            else:
+                xv = tl.load(x_ptrs + (k * dilation) * stride_xt)
+                acc += xv.to(tl.float32) * tl.load(w_ptrs + k * stride_wk)[None, :, :]
+    for k in range(k_main, K):
+        if MASKED:
+            acc = _direct_tap(acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk)
+        else:
+            xv = tl.load(x_ptrs + (k * dilation) * stride_xt)
+            acc += xv.to(tl.float32) * tl.load(w_ptrs + k * stride_wk)[None, :, :]
+    return acc
+
+
+@triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tprog", "n_gblk", "n_mblk"])
+def _conv1d_bank_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    L_in,
+    L_out,
+    G,
+    K,
+    dilation,
+    pad,
+    n_tprog,
+    n_gblk,
+    n_mblk,
+    stride_xn,
+    stride_xc,
+    stride_xt,
+    stride_wk,
+    stride_wm,
+    stride_yn,
+    stride_yo,
+    stride_yt,
+    OG: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    INDEX64: tl.constexpr,
+    EVEN: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    T_ITERS: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
+    # One input channel per group (depthwise banks: groups = C, OG = M filters per channel). A program owns
+    # BLOCK_G channels x BLOCK_M filters over T_ITERS consecutive time blocks of BLOCK_T steps: the stores of
+    # one block drain while the next block's taps run, and the rows a block shares with the previous one are
+    # still in L1. Why not _conv1d_direct_kernel: that one ends each program with its stores, and at 3 programs
+    # per SM (its registers) the loads of the next program wait on DRAM with nothing else to issue (H200:
+    # 24-32% of the floor on the banks of issue 3). The tiles here put whole 128-byte rows of x under each
+    # warp load (BLOCK_G = 32 channels with 8 warps) and keep the [BLOCK_G, BLOCK_M] weight tile below one
+    # value per thread, so the compiler reloads it in the accumulator's layout (no shared-memory shuffle).
+    pid = tl.program_id(0)
+    pid_m = pid % n_mblk
+    rest = pid // n_mblk
+    pid_g = rest % n_gblk
+    rest = rest // n_gblk
+    pid_t = rest % n_tprog
+    n = rest // n_tprog
+
+    offs_g = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if INDEX64:
+        offs_g = offs_g.to(tl.int64)
+        offs_m = offs_m.to(tl.int64)
+        stride_xt = stride_xt.to(tl.int64)  # the taps' offsets k * dilation * stride_xt
+        stride_wk = stride_wk.to(tl.int64)
+    g_mask = offs_g < G
+    m_mask = offs_m < OG
+    gm_mask = g_mask[:, None] & m_mask[None, :]
+    x_base = x_ptr + n.to(tl.int64) * stride_xn + (offs_g * stride_xc)[None, :, None]
+    w_ptrs = w_ptr + offs_m[None, :] * stride_wm + offs_g[:, None]  # weights [K, OG, G]: channels contiguous
+    o = offs_g[:, None] * OG + offs_m[None, :]
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + o, mask=gm_mask, other=0.0).to(tl.float32)
+    for it in range(T_ITERS):
+        t0 = (pid_t * T_ITERS + it) * BLOCK_T
+        if t0 < L_out:
+            offs_t = t0 + tl.arange(0, BLOCK_T)
+            if INDEX64:
+                offs_t = offs_t.to(tl.int64)
+            t_base = offs_t - pad
+            x_ptrs = x_base + t_base[:, None, None] * stride_xt
+            # tl.full, not tl.zeros (a jit function the interpreter cannot call when triton was imported before
+            # TRITON_INTERPRET was set, as in benchmarks/conv1d.py --device cpu)
+            acc = tl.full((BLOCK_T, BLOCK_G, BLOCK_M), 0.0, tl.float32)
+            y_ptrs = (
+                y_ptr
+                + n.to(tl.int64) * stride_yn
+                + o[None, :, :] * stride_yo
+                + offs_t[:, None, None] * stride_yt
+            )
+            if EVEN:
+                interior_end = L_out
+            else:
+                interior_end = 0  # ragged channel or filter blocks: every block takes the masked path
+            if (t0 >= pad) & (t0 + BLOCK_T <= interior_end):
+                acc = _bank_taps(
+                    acc, x_ptrs, w_ptrs, t_base, None, None, K, dilation, stride_xt, stride_wk, False, UNROLL
+                )
+                if HAS_BIAS:
+                    acc = acc + bias[None, :, :]
+                tl.store(y_ptrs, _activate(acc, ACT))
+            else:
+                # lanes past L_out are never stored and keep every tap's read below L_in (see the direct kernel)
+                x_live = (offs_t < L_out)[:, None, None] & g_mask[None, :, None]
+                acc = _bank_taps(
+                    acc,
+                    x_ptrs,
+                    w_ptrs,
+                    t_base,
+                    x_live,
+                    gm_mask,
+                    K,
+                    dilation,
+                    stride_xt,
+                    stride_wk,
+                    True,
+                    UNROLL,
+                )
+                if HAS_BIAS:
+                    acc = acc + bias[None, :, :]
+                tl.store(
+                    y_ptrs, _activate(acc, ACT), mask=(offs_t < L_out)[:, None, None] & gm_mask[None, :, :]
+                )
+
+
 def _kernels_interpreted() -> bool:
     return type(_conv1d_dense_kernel).__name__ == "InterpretedFunction"
 
@@ -937,6 +1081,8 @@ def _launch_direct(
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
         kw.setdefault("UNROLL", 1)
+        if kw.pop("BANK", 0):
+            return _launch_bank(x, wp, bias, out, spec, meta, kw)
         n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
         n_gblk = triton.cdiv(G, kw["BLOCK_G"])
         n_mblk = triton.cdiv(Og, block_m)
@@ -966,15 +1112,58 @@ def _launch_direct(
         )
 
     if config is None:
-        space = autotune.conv1d_direct_space(block_m, G)
+        space = autotune.conv1d_direct_space(block_m, G, one_channel=Cg == 1)
         key = (
             f"x={_dtype_name(x)}|w={_dtype_name(weight)}|in={_layout(x)}|out={_layout(out)}"
             f"|G={autotune.pow2_bucket(G)}|Cg={autotune.pow2_bucket(Cg)}|Og={autotune.pow2_bucket(Og)}"
             f"|K={autotune.pow2_bucket(K)}|NL={autotune.pow2_bucket(spec.N * spec.L_out)}"
         )
         config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
-    last_launch.update(path="direct", config=config.name)
+    last_launch.update(path="bank" if config.meta.get("BANK") else "direct", config=config.name)
     return launch(config)
+
+
+def _launch_bank(
+    x: torch.Tensor,
+    wp: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    spec: _Spec,
+    meta: dict[str, object],
+    kw: dict[str, int],
+) -> object:
+    """``_conv1d_bank_kernel`` with ``wp`` the direct kernel's [1, K, O/G, G] weights (one channel a group)."""
+    G, Og = spec.groups, spec.O // spec.groups
+    block_m = int(meta["BLOCK_M"])
+    n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
+    n_tprog = triton.cdiv(n_tblk, kw["T_ITERS"])
+    n_gblk = triton.cdiv(G, kw["BLOCK_G"])
+    n_mblk = triton.cdiv(Og, block_m)
+    grid = (spec.N * n_tprog * n_gblk * n_mblk,)
+    _check_grid(grid[0])
+    bank_meta = {k: v for k, v in meta.items() if k != "CG"}
+    bank_meta["EVEN"] = G % kw["BLOCK_G"] == 0 and Og % block_m == 0
+    return _conv1d_bank_kernel[grid](
+        x,
+        wp,
+        wp if bias is None else bias,
+        out,
+        spec.L,
+        spec.L_out,
+        G,
+        spec.K,
+        spec.dilation,
+        (spec.K - 1) * spec.dilation if spec.causal else 0,
+        n_tprog,
+        n_gblk,
+        n_mblk,
+        *x.stride(),
+        wp.stride(1),
+        wp.stride(2),
+        *out.stride(),
+        **bank_meta,
+        **kw,
+    )
 
 
 def _check_grid(n_programs: int) -> None:
