@@ -25,10 +25,10 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_xc", "stride_wg"])
 def _probe_kernel(
     x_ptr, w_ptr, y_ptr, L_out, G, K, pad, n_tblk, n_gblk,
-    stride_xn, stride_xt, stride_wk, stride_wm, stride_yn, stride_yt,
+    stride_xn, stride_xc, stride_xt, stride_wk, stride_wm, stride_wg, stride_yn, stride_yt,
     OG: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
     UNROLL: tl.constexpr, X_ONCE: tl.constexpr, W_ONCE: tl.constexpr, STORE: tl.constexpr,
 ):  # fmt: skip
@@ -41,8 +41,13 @@ def _probe_kernel(
     offs_g = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
     offs_m = tl.arange(0, BLOCK_M)
     t_base = offs_t - pad
-    x_ptrs = x_ptr + n.to(tl.int64) * stride_xn + t_base[:, None, None] * stride_xt + offs_g[None, :, None]
-    w_ptrs = w_ptr + offs_m[None, :] * stride_wm + offs_g[:, None]
+    x_ptrs = (
+        x_ptr
+        + n.to(tl.int64) * stride_xn
+        + t_base[:, None, None] * stride_xt
+        + (offs_g * stride_xc)[None, :, None]
+    )
+    w_ptrs = w_ptr + offs_m[None, :] * stride_wm + offs_g[:, None] * stride_wg
     live = (t_base >= 0)[:, None, None]
     acc = tl.full((BLOCK_T, BLOCK_G, BLOCK_M), 0.0, tl.float32)
     x0 = tl.load(x_ptrs + pad * stride_xt)

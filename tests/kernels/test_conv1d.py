@@ -849,9 +849,8 @@ def test_config_spaces_are_valid() -> None:
             assert len(names) == len(set(names)) <= 12 and bank.default.meta.get("BANK") == 1
             for c in bank.configs:
                 assert c.meta["BLOCK_G"] <= max(1, autotune.pow2_bucket(groups))
-                if c.meta.get("BANK"):  # the weight tile stays below one value per thread (no shuffle)
-                    assert c.meta["BLOCK_G"] * bm < 32 * c.num_warps
-                    assert 8 <= c.meta["BLOCK_T"] * c.meta["BLOCK_G"] * bm / (32 * c.num_warps) <= 64
+                if c.meta.get("BANK"):  # at most 128 float32 accumulators per thread
+                    assert 8 <= c.meta["BLOCK_T"] * c.meta["BLOCK_G"] * bm / (32 * c.num_warps) <= 128
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -967,7 +966,8 @@ for bm in (4, 8):
         ck = build(m._conv1d_bank_kernel, runtime, consts, cfg)
         loops = innermost_loops(ck.asm["ttgir"])
         assert loops, "no tap loop found"
-        assert all("convert_layout" not in body for body in loops), f"{cfg.name}: a tap loop shuffles data"
+        if bm == 4:  # 8 filters on 4 warps: the weight tile goes through shared memory (measured faster)
+            assert all("convert_layout" not in body for body in loops), f"{cfg.name}: a tap loop shuffles data"
         assert ck.metadata.num_warps == cfg.num_warps
 # the "tf32" pre-pass (x rounded to TF32): unit-stride rows in and out, as for a dense time-major x
 runtime = [("src_ptr", "*fp32", "D"), ("dst_ptr", "*fp32", "D"), i32("R"), i32("S", "D"), i32("n_rblk"),

@@ -511,32 +511,26 @@ def _bank(bt: int, bg: int, warps: int, t_iters: int, unroll: int, maxnreg: int 
 def conv1d_bank_configs(block_m: int, groups: int) -> list[Config]:
     """Candidates for ``_conv1d_bank_kernel`` (one input channel per group: depthwise filter banks).
 
-    The channel tile is the widest whose [BLOCK_G, BLOCK_M] weight tile stays below one value per thread
-    (reloaded in the accumulator's layout, no shared-memory shuffle; for 4 filters and 8 warps: 32 channels,
-    so each warp load covers whole 128-byte rows of x), and the time tile gives each thread 32 or 64
-    accumulators. ``_rN`` caps registers per thread (uncapped, ptxas takes 220-255 for the 64-accumulator
-    tiles: one 8-warp program per SM; capped at 128, two, with no spills on sm_90; 80 gives the 32-accumulator
-    tiles three). ``_iN``: N time blocks per program; ``_uN``: taps per unrolled chunk.
+    Measured on the H200 (``benchmarks/depthwise_probe.py``, NOTES.md): the tap loop is bound by the L1
+    data path (each 128-bit load delivers 512 bytes to registers, weights included, broadcast or not), so
+    the tiles that win keep 4 channels x all filters per thread with 8 taps' loads in flight and as many rows
+    as the registers allow: 16 channels x 128 steps on 4 warps (64 accumulators at 4 filters, 128 at 8),
+    whatever the weight tile's size. ``_iN``: N time blocks per program; ``_uN``: taps per unrolled chunk;
+    ``_rN``: a register cap per thread.
     """
-    max_g = pow2_bucket(groups)
+    bg = max(1, min(pow2_bucket(groups), 16))
+    acc = 64 if block_m <= 4 else 128  # float32 accumulators per thread on 4 warps
+    bt = max(16, min(4096, acc * 128 // (bg * block_m)))
+    cands = [
+        _bank(bt, bg, 4, 1, 8, None),
+        _bank(bt, bg, 4, 2, 8, None),
+        _bank(bt, bg, 4, 1, 4, None),
+        _bank(max(16, bt // 2), bg, 4, 2, 8, None),
+        _bank(bt, bg, 8, 1, 8, None),
+        _bank(bt, bg, 4, 4, 2, 128),
+    ]
     out: list[Config] = []
-    for warps in (8, 4):
-        threads = 32 * warps
-        bg = max(1, min(max_g, 128, (threads - 1) // block_m))
-        bg = 1 << (bg.bit_length() - 1)  # a power of two below threads / block_m
-        bt = max(16, min(4096, 64 * threads // (bg * block_m)))
-        if warps == 8:
-            cands = [
-                _bank(bt, bg, 8, 4, 1, 128),
-                _bank(bt, bg, 8, 4, 2, 128),
-                _bank(bt, bg, 8, 8, 1, 128),
-                _bank(bt, bg, 8, 2, 4, 128),
-                _bank(max(16, bt // 2), bg, 8, 8, 2, 128),
-                _bank(max(16, bt // 2), bg, 8, 8, 2, 80),
-            ]
-        else:
-            cands = [_bank(bt, bg, 4, 4, 2, 128), _bank(max(16, bt // 2), bg, 4, 8, 2, 128)]
-        for cfg in cands:
-            if all(c.name != cfg.name for c in out):
-                out.append(cfg)
+    for cfg in cands:
+        if all(c.name != cfg.name for c in out):
+            out.append(cfg)
     return out
