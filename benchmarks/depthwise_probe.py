@@ -92,8 +92,8 @@ def main() -> None:
 
                 run = functools.partial(
                     _probe_kernel[grid],
-                    x, w, y, L, C, K, K - 1, n_tblk, n_gblk, x.stride(0), x.stride(1), w.stride(0),
-                    w.stride(1), y.stride(0), y.stride(1), OG=M, BLOCK_T=bt, BLOCK_G=bg, BLOCK_M=M,
+                    x, w, y, L, C, K, K - 1, n_tblk, n_gblk, x.stride(0), x.stride(2), x.stride(1),
+                    w.stride(0), w.stride(1), w.stride(2), y.stride(0), y.stride(1), OG=M, BLOCK_T=bt, BLOCK_G=bg, BLOCK_M=M,
                     UNROLL=unroll, X_ONCE=x_once, W_ONCE=w_once, STORE=store, num_warps=warps,
                 )  # fmt: skip
                 run()
