@@ -77,11 +77,62 @@ class _Predecoded:
         self.close()
 
 
+def _hog_loop(paths: list[str], stop: Any, offset: int) -> None:
+    """Decode the chunk files round-robin into a private buffer until ``stop`` is set."""
+    import numcodecs
+
+    codec = numcodecs.Blosc()
+    out = None
+    i = offset
+    while not stop.is_set():
+        data = np.fromfile(paths[i % len(paths)], dtype=np.uint8)
+        nbytes = int.from_bytes(bytes(data[4:8]), "little")
+        if out is None or out.size < nbytes:
+            out = np.empty(nbytes, dtype=np.uint8)
+        codec.decode(data, out=out[:nbytes])
+        i += 1
+
+
+class _Hog:
+    """15 workers decoding the e2e store's chunk files in a loop (threads, or spawned processes)."""
+
+    workers = 15
+    paths: list[str] = []
+
+    def __init__(self, *, procs: bool) -> None:
+        import multiprocessing as mp
+        import threading
+
+        self.procs = procs
+        self.ctx = mp.get_context("spawn") if procs else None
+        self.stop_event = self.ctx.Event() if procs else threading.Event()
+        self.running: list[Any] = []
+
+    def start(self) -> None:
+        import threading
+
+        for k in range(self.workers):
+            args = (self.paths, self.stop_event, k * 7)
+            if self.procs:
+                w = self.ctx.Process(target=_hog_loop, args=args)
+            else:
+                w = threading.Thread(target=_hog_loop, args=args)
+            w.start()
+            self.running.append(w)
+        time.sleep(10.0 if self.procs else 0.5)  # spawned interpreters re-import this script (torch) first
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for w in self.running:
+            w.join()
+
+
 @contextlib.contextmanager
 def variant(name: str):  # noqa: ANN201
     """Apply one variant's knobs for the duration of the block."""
     env: dict[str, str] = {}
     patches: list[tuple[Any, str, Any]] = []
+    hog = None
     if name.startswith("threads"):
         env["TSCONV_DECODE_THREADS"] = name[7:]
     elif name.startswith("head"):
@@ -109,6 +160,12 @@ def variant(name: str):  # noqa: ANN201
         patches.append((engine, "ParallelBandReader", Reader))
     elif name == "predecoded":
         patches.append((engine, "ParallelBandReader", _Predecoded))
+    elif name in ("predecoded+threadhog", "predecoded+prochog"):
+        # The same decode work as the reader's threads (Blosc chunk files, 15 workers, in a loop), done next
+        # to a predecoded run: in threads of this process, or in processes. Same CPU load either way; only
+        # the threads share this process's GIL with the engine thread.
+        patches.append((engine, "ParallelBandReader", _Predecoded))
+        hog = _Hog(procs=name.endswith("prochog"))
     elif name != "default":
         raise SystemExit(f"unknown variant {name!r}")
     old_env = {k: os.environ.get(k) for k in env}
@@ -116,9 +173,13 @@ def variant(name: str):  # noqa: ANN201
     os.environ.update(env)
     for mod, attr, value in patches:
         setattr(mod, attr, value)
+    if hog is not None:
+        hog.start()
     try:
         yield
     finally:
+        if hog is not None:
+            hog.stop()
         for k, v in old_env.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -196,6 +257,7 @@ def main() -> int:
         make_ticks(src, rows=args.rows, features=args.features, seed=0)
         print(f"generated {src.name} in {time.perf_counter() - t0:.1f} s", flush=True)
     pipe = write_pipeline(work / "pipe", args.features)
+    _Hog.paths = sorted(str(p) for p in (src / "values").rglob("*") if p.is_file() and p.name != "zarr.json")
     out = work / "trace_out.zarr"
     nbytes = args.rows * args.features * 4
     kw: dict[str, Any] = {"device": args.device, "overwrite": True, "pipeline": pipe}
