@@ -127,12 +127,51 @@ class _Hog:
             w.join()
 
 
+def _pyhog_loop(paths: list[str], stop: Any, offset: int) -> None:
+    """Per chunk file: the reader's Python-side steps (open, map, header, close), then 10 ms asleep."""
+    import mmap
+
+    i = offset
+    while not stop.is_set():
+        with open(paths[i % len(paths)], "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mapped = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        data = np.frombuffer(mapped, dtype=np.uint8)
+        _ = int.from_bytes(bytes(data[4:8]), "little") + size
+        del data
+        mapped.close()
+        time.sleep(0.010)
+        i += 1
+
+
+class _PyHog:
+    """15 threads doing :func:`_pyhog_loop` (no decoding: the per-chunk Python only)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.stop_event = threading.Event()
+        self.running = [
+            threading.Thread(target=_pyhog_loop, args=(_Hog.paths, self.stop_event, k * 7)) for k in range(15)
+        ]
+
+    def start(self) -> None:
+        for t in self.running:
+            t.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.running:
+            t.join()
+
+
 @contextlib.contextmanager
 def variant(name: str):  # noqa: ANN201
     """Apply one variant's knobs for the duration of the block."""
     env: dict[str, str] = {}
     patches: list[tuple[Any, str, Any]] = []
     hog = None
+    pyhog = None
     if name.startswith("threads"):
         env["TSCONV_DECODE_THREADS"] = name[7:]
     elif name.startswith("head"):
@@ -160,6 +199,13 @@ def variant(name: str):  # noqa: ANN201
         patches.append((engine, "ParallelBandReader", Reader))
     elif name == "predecoded":
         patches.append((engine, "ParallelBandReader", _Predecoded))
+    elif name in ("predecoded+pyhog", "predecoded+prochog+pyhog"):
+        # The reader's per-chunk Python work without its decoding (15 threads: open, map, header, close,
+        # then 10 ms asleep instead of decoding), alone or beside the decoding processes: what a parent
+        # that hands chunks to decode processes would still do in this process.
+        patches.append((engine, "ParallelBandReader", _Predecoded))
+        hog = _Hog(procs=True) if "prochog" in name else None
+        pyhog = _PyHog()
     elif name in ("predecoded+threadhog", "predecoded+prochog"):
         # The same decode work as the reader's threads (Blosc chunk files, 15 workers, in a loop), done next
         # to a predecoded run: in threads of this process, or in processes. Same CPU load either way; only
@@ -175,9 +221,13 @@ def variant(name: str):  # noqa: ANN201
         setattr(mod, attr, value)
     if hog is not None:
         hog.start()
+    if pyhog is not None:
+        pyhog.start()
     try:
         yield
     finally:
+        if pyhog is not None:
+            pyhog.stop()
         if hog is not None:
             hog.stop()
         for k, v in old_env.items():
