@@ -36,7 +36,6 @@ last such band is kept, so reading it again costs nothing.
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import sys
 import threading
@@ -52,19 +51,12 @@ import numpy as np
 
 from ..errors import StoreError
 from ..stream import trace
+from .chunkfile import decode_chunk_into
 from .reader import BlockReader
 
 __all__ = ["ParallelBandReader", "fast_path_reason", "default_threads", "lower_thread_priority"]
 
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_MAX_RING_BYTES = 1 << 30
-
-
-_MMAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # populate: one fault-in per file
-
-
-def _use_mmap() -> bool:
-    return os.environ.get("TSCONV_MMAP", "1") != "0"
 
 
 def lower_thread_priority() -> None:
@@ -164,20 +156,6 @@ def _inspect(array: Any) -> tuple[_Layout | None, str | None]:
 def fast_path_reason(array: Any) -> str | None:
     """None when :class:`ParallelBandReader` decodes ``array`` itself, else why it falls back to zarr."""
     return _inspect(array)[1]
-
-
-def _zstd_content_size(data: np.ndarray) -> int | None:
-    """The decompressed size a single zstd frame declares, or None when it does not say."""
-    if data.size < 6 or bytes(data[:4]) != _ZSTD_MAGIC:
-        return None
-    fhd = int(data[4])
-    fcs_flag, single, did_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[did_flag]
-    size = (1 if single else 0) if fcs_flag == 0 else (2, 4, 8)[fcs_flag - 1]
-    if size == 0 or data.size < pos + size:
-        return None
-    value = int.from_bytes(bytes(data[pos : pos + size]), "little")
-    return value + 256 if size == 2 else value
 
 
 def _alloc_ring(shape: tuple[int, int, int], dtype: np.dtype, pin: bool) -> tuple[np.ndarray, Any]:
@@ -400,84 +378,12 @@ class ParallelBandReader:
         c1 = min(c0 + self._col_width, self.n_features)
         try:
             lay = self._layout
-            path = lay.root / lay.key((band, col))
-            if self._whole:
-                dest = out
-            else:
-                nbytes = self._col_rows * self._col_width * lay.dtype.itemsize
-                dest = self._scratch("chunk", nbytes).view(lay.dtype).reshape(self._col_rows, self._col_width)
-            if not self._decode_file(path, dest):
-                out[:n, c0:c1] = lay.fill
-            elif not self._whole:
-                out[:n, c0:c1] = dest[:n, : c1 - c0]
+            decode_chunk_into(
+                lay.root / lay.key((band, col)), out, n=n, cols=(c0, c1), whole=self._whole, fill=lay.fill,
+                chunk_shape=(self._col_rows, self._col_width), codec=lay.codec, scratch=self._scratch,
+            )  # fmt: skip
         except Exception as exc:  # a damaged chunk: say where, as BlockReader does
             raise StoreError(
                 f"cannot read rows {a:,}..{a + n:,} of {self.where}: {type(exc).__name__}: {exc}",
                 hint="the store may be damaged or truncated; check it with `tsconv inspect`.",
             ) from None
-
-    def _decode_file(self, path: Path, dest: np.ndarray) -> bool:
-        """Decode one chunk file into ``dest`` (C-contiguous, the chunk's full shape); False if it is missing."""
-        try:
-            f = open(path, "rb")  # noqa: SIM115 (closed below)
-        except FileNotFoundError:
-            return False
-        expected = dest.nbytes
-        flat = dest.reshape(-1).view(np.uint8)
-        with f:
-            size = os.fstat(f.fileno()).st_size
-            codec = self._layout.codec
-            if codec is None:
-                if size != expected:
-                    msg = f"chunk file {path.name} holds {size} bytes, expected {expected}"
-                    raise ValueError(msg)
-                got = f.readinto(flat)
-                if got != size:
-                    msg = f"short read of {path.name}: {got} of {size} bytes"
-                    raise OSError(msg)
-                return True
-            if size > 0 and _use_mmap():
-                # Decoding straight from the page cache through a mapping saves copying the compressed bytes
-                # into a scratch buffer: 1.72 -> 1.95 GB/s per thread for 16 MB Blosc-lz4 chunks on the CPU
-                # VM (benchmarks/NOTES.md). Caveat: a chunk file truncated by another process while mapped
-                # raises SIGBUS; TSCONV_MMAP=0 reads with read() instead.
-                mapped = mmap.mmap(f.fileno(), 0, flags=_MMAP_FLAGS, prot=mmap.PROT_READ)
-            else:
-                mapped = None
-                data = self._scratch("file", size)
-                got = f.readinto(data)
-                if got != size:
-                    msg = f"short read of {path.name}: {got} of {size} bytes"
-                    raise OSError(msg)
-        if mapped is None:
-            return self._decode_bytes(codec, data, flat, expected)
-        try:
-            data = np.frombuffer(mapped, dtype=np.uint8)
-            ok = self._decode_bytes(codec, data, flat, expected)
-            del data  # the mapping cannot close while an array views it
-            return ok
-        finally:
-            try:
-                mapped.close()
-            except BufferError:  # an exception still holds a view: the GC closes the mapping later
-                pass
-
-    @staticmethod
-    def _decode_bytes(codec: Any, data: np.ndarray, flat: np.ndarray, expected: int) -> bool:
-        size = data.size
-        if isinstance(codec, numcodecs.Blosc):
-            declared = int.from_bytes(bytes(data[4:8]), "little") if size >= 16 else -1
-        else:
-            declared = _zstd_content_size(data)
-        if declared == expected:
-            codec.decode(data, out=flat)
-            return True
-        if isinstance(codec, numcodecs.Blosc):
-            msg = f"chunk decodes to {declared} bytes, expected {expected}"
-            raise ValueError(msg)
-        raw = np.frombuffer(codec.decode(data), dtype=np.uint8)  # a frame that does not say its size
-        if raw.size != expected:
-            msg = f"chunk decodes to {raw.size} bytes, expected {expected}"
-            raise ValueError(msg)
-        flat[:] = raw
-        return True
