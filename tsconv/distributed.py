@@ -135,6 +135,7 @@ def run_partition(
 
     from .engine import _exact_fp32, compute_rows, reader_hold_for, resolve_device, stage_summary
     from .io.decode import ParallelBandReader
+    from .io.procdecode import ProcessBandReader, use_processes
     from .io.store import open_input
     from .kernels.backend import Backend
     from .stream.batched import DEFAULT_GPU_MEM, plan_step_rows
@@ -158,7 +159,7 @@ def run_partition(
     with (
         _exact_fp32(dev),
         writer,  # closed on the way out (queued writes dropped on an error); a no-op after finish()
-        ParallelBandReader(
+        (ProcessBandReader if use_processes() else ParallelBandReader)(
             store.values,
             where=str(store.path),
             pin=cuda and transfer != "pageable",

@@ -24,6 +24,7 @@ import torch
 
 from .errors import ShapeError, StoreError, TsconvError
 from .io.decode import ParallelBandReader
+from .io.procdecode import ProcessBandReader, use_processes
 from .io.reader import ArraySource, ColumnSource, RowSource
 from .io.store import InputStore, check_time, open_input
 from .io.writer import FORMAT_VERSION, OutputWriter, output_chunk_rows, prepare_output
@@ -459,7 +460,7 @@ def _run_store(
         writer,  # closed on the way out; after finish() that is a no-op
         # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA unless pageable transfers
         # are asked for); zarr reads (BlockReader) for layouts the fast path does not handle.
-        ParallelBandReader(
+        (ProcessBandReader if use_processes() else ParallelBandReader)(
             store.values,
             where=str(store.path),
             pin=dev.type == "cuda" and transfer != "pageable",

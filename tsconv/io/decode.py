@@ -218,23 +218,31 @@ class ParallelBandReader:
             self._n_cols == 1 and self._col_width == self.n_features
         )  # decode straight into the band
         band_bytes = self.band_rows * self.n_features * layout.dtype.itemsize
-        if prefetch is None:
-            prefetch = max(2, -(-self.threads // self._n_cols))
-            prefetch = min(prefetch, max(1, max_ring_bytes // max(band_bytes, 1) - 1 - self.hold))
-        self.prefetch = max(1, min(int(prefetch), max(1, self._n_bands - 1)))
-        self._ring_len = min(self.prefetch + 1 + self.hold, max(self._n_bands, 2))  # a slot per band at most
-        self._ring, self._ring_owner = _alloc_ring(
-            (self._ring_len, self.band_rows, self.n_features), layout.dtype, pin
-        )
-        self.pinned = self._ring_owner is not None
+        self._plan_ring(prefetch, max_ring_bytes, band_bytes)
         self._slot_band = [-1] * self._ring_len
-        self._slot_futures: list[list[Future[None]]] = [[] for _ in range(self._ring_len)]
         self._pos: int | None = None  # the band the consumer reads now
         self._side: tuple[int, np.ndarray] | None = None  # the last band decoded behind the ring
         self._decoded = 0
         self._busy = 0.0
         self._busy_lock = threading.Lock()
         self._tls = threading.local()
+        self._start(pin)
+
+    def _plan_ring(self, prefetch: int | None, max_ring_bytes: int, band_bytes: int) -> None:
+        """Set ``prefetch`` and the ring's length."""
+        if prefetch is None:
+            prefetch = max(2, -(-self.threads // self._n_cols))
+            prefetch = min(prefetch, max(1, max_ring_bytes // max(band_bytes, 1) - 1 - self.hold))
+        self.prefetch = max(1, min(int(prefetch), max(1, self._n_bands - 1)))
+        self._ring_len = min(self.prefetch + 1 + self.hold, max(self._n_bands, 2))  # a slot per band at most
+
+    def _start(self, pin: bool) -> None:
+        """Allocate the ring and start the decoders."""
+        self._ring, self._ring_owner = _alloc_ring(
+            (self._ring_len, self.band_rows, self.n_features), self._layout.dtype, pin
+        )
+        self.pinned = self._ring_owner is not None
+        self._slot_futures: list[list[Future[None]]] = [[] for _ in range(self._ring_len)]
         self._pool = ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="tsconv-decode", initializer=lower_thread_priority
         )
@@ -322,7 +330,11 @@ class ParallelBandReader:
             for fut in self._slot_futures[s]:
                 fut.result()  # raises the chunk's StoreError
             return self._ring[s, : self._band_len(i)]
-        # Behind the ring (a backward or random read): decode here, into a fresh array.
+        return self._band_behind(i)
+
+    def _band_behind(self, i: int) -> np.ndarray:
+        """Band ``i`` when the ring does not hold it (a backward or random read): decoded here, into a
+        fresh array."""
         if self._side is not None and self._side[0] == i:
             return self._side[1]
         buf = np.empty((self.band_rows, self.n_features), dtype=self._layout.dtype)

@@ -1,0 +1,123 @@
+"""A decode worker process for :class:`tsconv.io.procdecode.ProcessBandReader`.
+
+Loaded by file path in a fresh interpreter (``python -P -c <loader> _decode_worker.py``), so it imports
+numpy, numcodecs and the sibling :mod:`chunkfile` (also by path) only: not the tsconv package, not torch,
+and nothing from the folder it lives in or the caller's working directory (``-P``; ``tsconv/io`` holds an
+``inspect.py`` that would shadow the standard library's). Protocol: one JSON job a stdin line. For each
+job the worker maps the job's shared segment and decodes the bands it owns (``band % workers ==
+worker``) that lie within ``prefetch`` bands of the consumer's position, each into ring slot
+``band % ring_len``, publishing the band number in the slot's header word once the slot holds it; when the
+segment's stop word is set it answers ``done`` on stdout and waits for the next line. End of input ends it.
+A damaged chunk: the message goes to stderr and the slot's word gets ``-2 - band`` (the reader raises
+when that band is read; the other bands go on).
+Header words (int64): 0 the consumer's band (-1 before the first read), 1 stop, 2 error,
+4 .. 4 + ring_len the slots' bands, then each worker's busy nanoseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+
+
+def _load_sibling(name: str) -> Any:
+    import importlib.util
+
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"tsconv_worker_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+chunkfile = _load_sibling("chunkfile")
+
+POS, STOP, SLOT0 = 0, 1, 4
+_IDLE_S = 1e-4  # between looks at the consumer's position when nothing is due
+
+
+def run_job(job: dict[str, Any]) -> None:
+    k, n_workers = int(job["worker"]), int(job["workers"])
+    ring_len, n_bands, prefetch = int(job["ring_len"]), int(job["n_bands"]), int(job["prefetch"])
+    band_rows, n_features, rows = int(job["band_rows"]), int(job["n_features"]), int(job["rows"])
+    col_rows, col_width = int(job["chunk_rows"]), int(job["chunk_width"])
+    n_cols = -(-n_features // col_width)
+    fd = os.open(job["path"], os.O_RDWR)
+    try:
+        mm = mmap.mmap(fd, int(job["size"]))
+    finally:
+        os.close(fd)
+    header = np.frombuffer(mm, dtype=np.int64, count=int(job["header_words"]))
+    dtype = np.dtype(job["dtype"])
+    ring = np.frombuffer(
+        mm, dtype=dtype, count=ring_len * band_rows * n_features, offset=int(job["ring_offset"])
+    )
+    ring = ring.reshape(ring_len, band_rows, n_features)
+    codec = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd}.get(job["codec"])
+    codec = codec() if codec is not None else None
+    root, sep, fill, whole = Path(job["root"]), job["sep"], job["fill"], bool(job["whole"])
+    buffers: dict[str, np.ndarray] = {}
+
+    def scratch(name: str, nbytes: int) -> np.ndarray:
+        buf = buffers.get(name)
+        if buf is None or buf.size < nbytes:
+            buf = buffers[name] = np.empty(max(nbytes, 1), dtype=np.uint8)
+        return buf[:nbytes]
+
+    busy_word = SLOT0 + ring_len + k
+    busy = 0.0
+    try:
+        while not header[STOP]:
+            pos = int(header[POS])
+            if pos < 0:
+                time.sleep(_IDLE_S)
+                continue
+            last = min(pos + prefetch, n_bands - 1)
+            j = pos + (k - pos) % n_workers  # the first band of ours at or after the consumer
+            while j <= last and header[SLOT0 + j % ring_len] in (j, -2 - j):  # done, or failed
+                j += n_workers
+            if j > last:
+                time.sleep(_IDLE_S)
+                continue
+            t0 = time.perf_counter()
+            s = j % ring_len
+            header[SLOT0 + s] = -1  # the slot's previous band (ours too: ring_len % workers == 0) is gone
+            n = min(band_rows, rows - j * band_rows)
+            done = j
+            for col in range(n_cols):
+                c0 = col * col_width
+                try:
+                    chunkfile.decode_chunk_into(
+                        root / f"c{sep}{j}{sep}{col}", ring[s], n=n, cols=(c0, min(c0 + col_width, n_features)),
+                        chunk_shape=(col_rows, col_width), whole=whole, fill=fill, codec=codec, scratch=scratch,
+                    )  # fmt: skip
+                except Exception as exc:  # noqa: BLE001 - the reader raises StoreError when band j is read
+                    a = j * band_rows
+                    sys.stderr.write(f"cannot read rows {a:,}..{a + n:,}: {type(exc).__name__}: {exc}\n")
+                    sys.stderr.flush()
+                    done = -2 - j
+                    break
+            header[SLOT0 + s] = done  # x86-64 keeps stores in order: the ring's bytes are visible first
+            busy += time.perf_counter() - t0
+            header[busy_word] = int(busy * 1e9)
+    finally:
+        del ring, header
+        mm.close()
+
+
+def main() -> None:
+    numcodecs.blosc.use_threads = False  # one decoding thread a worker: the workers are the parallelism
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        run_job(json.loads(line))
+        sys.stdout.write("done\n")
+        sys.stdout.flush()
