@@ -64,15 +64,15 @@ def test_a_corrupt_chunk_is_a_store_error(tmp_path: Path) -> None:
         np.testing.assert_array_equal(r.read(3000, 4000), x[3000:])  # the other bands still read
 
 
-def test_workers_are_kept_for_the_next_reader(tmp_path: Path) -> None:
+def test_workers_and_ring_are_kept_for_the_next_reader(tmp_path: Path) -> None:
     x = _data(3000, 2, "float32")
     a = _array(tmp_path / "a.zarr", x, (1000, 2))
     procdecode._stop_idle_workers()  # none kept from earlier tests
     with ProcessBandReader(a, workers=2) as r:
-        first = {w.pid for w in r._workers}
+        first, segment = {w.pid for w in r._workers}, r._seg.path
         np.testing.assert_array_equal(r.read(0, 3000), x)
-    with ProcessBandReader(a, workers=2) as r:
-        assert {w.pid for w in r._workers} == first
+    with ProcessBandReader(a, workers=2) as r:  # the same workers and shared segment, rewritten
+        assert {w.pid for w in r._workers} == first and r._seg.path == segment
         np.testing.assert_array_equal(r.read(500, 2500), x[500:2500])
 
 

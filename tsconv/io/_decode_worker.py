@@ -44,17 +44,35 @@ POS, STOP, SLOT0 = 0, 1, 4
 _IDLE_S = 1e-4  # between looks at the consumer's position when nothing is due
 
 
+_attached: dict[tuple[str, int], mmap.mmap] = {}  # the reader keeps its segment for the next job too
+
+
+def _attach(path: str, size: int) -> mmap.mmap:
+    mm = _attached.get((path, size))
+    if mm is None:
+        for old in _attached.values():
+            try:
+                old.close()
+            except BufferError:
+                pass
+        _attached.clear()
+        fd = os.open(path, os.O_RDWR)
+        try:  # populate: the page tables once, not a fault per page per job
+            mm = _attached[(path, size)] = mmap.mmap(
+                fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            )
+        finally:
+            os.close(fd)
+    return mm
+
+
 def run_job(job: dict[str, Any]) -> None:
     k, n_workers = int(job["worker"]), int(job["workers"])
     ring_len, n_bands, prefetch = int(job["ring_len"]), int(job["n_bands"]), int(job["prefetch"])
     band_rows, n_features, rows = int(job["band_rows"]), int(job["n_features"]), int(job["rows"])
     col_rows, col_width = int(job["chunk_rows"]), int(job["chunk_width"])
     n_cols = -(-n_features // col_width)
-    fd = os.open(job["path"], os.O_RDWR)
-    try:
-        mm = mmap.mmap(fd, int(job["size"]))
-    finally:
-        os.close(fd)
+    mm = _attach(job["path"], int(job["size"]))
     header = np.frombuffer(mm, dtype=np.int64, count=int(job["header_words"]))
     dtype = np.dtype(job["dtype"])
     ring = np.frombuffer(
@@ -110,7 +128,6 @@ def run_job(job: dict[str, Any]) -> None:
             header[busy_word] = int(busy * 1e9)
     finally:
         del ring, header
-        mm.close()
 
 
 def main() -> None:

@@ -92,6 +92,65 @@ def _take_workers(n: int) -> list[subprocess.Popen]:
     return taken
 
 
+class _Segment:
+    """A shared-memory segment for a ring, page-locked for the GPU once when asked.
+
+    Kept for the next reader of the process, like the workers: a fresh segment each run cost the H200
+    runs about 0.3 s (page-locking hundreds of MB, and first-touch faults in the workers).
+    """
+
+    def __init__(self, size: int) -> None:
+        self.shm = shared_memory.SharedMemory(create=True, size=size)
+        self.size = self.shm.size
+        self.path = f"/dev/shm/{self.shm.name.lstrip('/')}"
+        self.locked = 0  # the address page-locked with cudaHostRegister, or 0
+
+    def lock(self) -> None:
+        if not self.locked:
+            self.locked = _register_pinned(np.ndarray((self.size,), dtype=np.uint8, buffer=self.shm.buf))
+
+    def free(self) -> None:
+        if self.locked:
+            try:
+                import torch
+
+                torch.cuda.cudart().cudaHostUnregister(self.locked)
+            except Exception:  # noqa: BLE001 - at exit CUDA may be gone already; the process frees it
+                pass
+            self.locked = 0
+        self.shm.unlink()
+        try:
+            self.shm.close()
+        except BufferError:  # views of it are still alive: the mapping goes when the last one does
+            pass
+
+
+_segments: list[_Segment] = []  # segments not serving a reader now (at most _KEEP_SEGMENTS)
+_KEEP_SEGMENTS = 2
+
+
+def _take_segment(size: int, pin: bool) -> _Segment:
+    with _idle_lock:
+        fits = [seg for seg in _segments if size <= seg.size <= 2 * size]
+        seg = fits[0] if fits else None
+        if seg is not None:
+            _segments.remove(seg)
+    if seg is None:
+        seg = _Segment(size)
+    if pin:
+        seg.lock()
+    return seg
+
+
+def _keep_segment(seg: _Segment) -> None:
+    with _idle_lock:
+        _segments.append(seg)
+        extra = _segments[:-_KEEP_SEGMENTS]
+        del _segments[:-_KEEP_SEGMENTS]
+    for old in extra:
+        old.free()
+
+
 def _give_back(workers: list[subprocess.Popen]) -> None:
     with _idle_lock:
         _idle.extend(w for w in workers if w.poll() is None)
@@ -101,6 +160,9 @@ def _give_back(workers: list[subprocess.Popen]) -> None:
 def _stop_idle_workers() -> None:
     with _idle_lock:
         workers, _idle[:] = list(_idle), []
+        segments, _segments[:] = list(_segments), []
+    for seg in segments:
+        seg.free()
     for w in workers:
         try:
             w.stdin.close()  # end of input: the worker returns
@@ -142,20 +204,17 @@ class ProcessBandReader(ParallelBandReader):
         header_words = _SLOT0 + self._ring_len + self.workers
         ring_offset = -(-header_words * 8 // 4096) * 4096
         ring_bytes = self._ring_len * self.band_rows * self.n_features * lay.dtype.itemsize
-        self._shm = shared_memory.SharedMemory(create=True, size=ring_offset + ring_bytes)
-        self._header = np.ndarray((header_words,), dtype=np.int64, buffer=self._shm.buf)
+        self._seg = _take_segment(ring_offset + ring_bytes, pin)
+        buf = self._seg.shm.buf
+        self._header = np.ndarray((header_words,), dtype=np.int64, buffer=buf)
         self._header[:] = 0
         self._header[_POS] = -1
         self._header[_SLOT0 : _SLOT0 + self._ring_len] = -1
         self._ring = np.ndarray(
-            (self._ring_len, self.band_rows, self.n_features), dtype=lay.dtype, buffer=self._shm.buf,
-            offset=ring_offset,
-        )  # fmt: skip
+            (self._ring_len, self.band_rows, self.n_features), dtype=lay.dtype, buffer=buf, offset=ring_offset
+        )
         self._ring_owner = None
-        self._registered = 0
-        if pin:
-            self._registered = _register_pinned(self._ring)
-        self.pinned = bool(self._registered)
+        self.pinned = bool(pin and self._seg.locked)
         if isinstance(lay.codec, numcodecs.Blosc):
             codec = "blosc"
         elif isinstance(lay.codec, numcodecs.Zstd):
@@ -163,7 +222,7 @@ class ProcessBandReader(ParallelBandReader):
         else:
             codec = None
         job = {
-            "path": f"/dev/shm/{self._shm.name.lstrip('/')}", "size": self._shm.size,
+            "path": self._seg.path, "size": self._seg.size,
             "header_words": header_words, "ring_offset": ring_offset, "ring_len": self._ring_len,
             "workers": self.workers, "n_bands": self._n_bands, "prefetch": self.prefetch, "rows": self.rows,
             "band_rows": self.band_rows, "n_features": self.n_features, "dtype": lay.dtype.str,
@@ -175,9 +234,7 @@ class ProcessBandReader(ParallelBandReader):
         for k, w in enumerate(self._workers):
             w.stdin.write(json.dumps({**job, "worker": k}) + "\n")
             w.stdin.flush()
-        self._finalizer = weakref.finalize(
-            self, _finish, self._shm, header_words, self._workers, self._registered
-        )
+        self._finalizer = weakref.finalize(self, _finish, self._seg, header_words, self._workers)
 
     @property
     def busy_seconds(self) -> float:
@@ -248,9 +305,9 @@ def _available(stream: Any) -> str:
         return ""
 
 
-def _finish(shm: shared_memory.SharedMemory, header_words: int, workers: list, registered: int) -> None:
-    """Stop the workers, keep the healthy ones for the next reader, unpin and free the ring."""
-    header = np.ndarray((header_words,), dtype=np.int64, buffer=shm.buf)
+def _finish(seg: _Segment, header_words: int, workers: list) -> None:
+    """Stop the workers and keep the healthy ones and the segment for the next reader."""
+    header = np.ndarray((header_words,), dtype=np.int64, buffer=seg.shm.buf)
     header[_STOP] = 1
     del header
     healthy = []
@@ -263,15 +320,7 @@ def _finish(shm: shared_memory.SharedMemory, header_words: int, workers: list, r
         except OSError:
             w.kill()
     _give_back(healthy)
-    if registered:
-        import torch
-
-        torch.cuda.cudart().cudaHostUnregister(registered)
-    shm.unlink()
-    try:
-        shm.close()
-    except BufferError:  # views of the ring are still alive: the mapping goes when the last one does
-        pass
+    _keep_segment(seg)
 
 
 def _register_pinned(ring: np.ndarray) -> int:
