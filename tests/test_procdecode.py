@@ -94,3 +94,36 @@ def test_engine_output_equal_with_decode_processes(tmp_path: Path, monkeypatch: 
     assert made and made[0].workers == 2
     a, b = read_output(tmp_path / "threads.zarr"), read_output(tmp_path / "procs.zarr")
     np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))  # bitwise, NaNs included
+
+
+def test_workers_exit_when_the_reader_process_dies(tmp_path: Path) -> None:
+    """A reader process killed mid-run (no close, no atexit) leaves no decode workers polling behind it."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    code = textwrap.dedent(f"""
+        import os, zarr
+        from tsconv.io.procdecode import ProcessBandReader
+        a = zarr.create_array({str(tmp_path / "a.zarr")!r}, shape=(4000, 4), chunks=(1000, 4), dtype="f4")
+        a[:] = 1.0
+        r = ProcessBandReader(zarr.open_array({str(tmp_path / "a.zarr")!r}, mode="r"), workers=2)
+        r.read(0, 10)
+        print(" ".join(str(w.pid) for w in r._workers), flush=True)
+        os._exit(0)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr
+
+    def running(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 5
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(running(p) for p in pids)

@@ -91,10 +91,13 @@ def run_job(job: dict[str, Any]) -> None:
         return buf[:nbytes]
 
     busy_word = SLOT0 + ring_len + k
+    parent = int(job["parent"])
     busy = 0.0
     try:
         while not header[STOP]:
             pos = int(header[POS])
+            if os.getppid() != parent:  # the reader's process is gone: nobody will set the stop word
+                sys.exit(0)
             if pos < 0:
                 time.sleep(_IDLE_S)
                 continue
@@ -131,6 +134,9 @@ def run_job(job: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the reader's to handle: it stops the workers
     numcodecs.blosc.use_threads = False  # one decoding thread a worker: the workers are the parallelism
     for line in sys.stdin:
         if not line.strip():

@@ -222,7 +222,7 @@ class ProcessBandReader(ParallelBandReader):
         else:
             codec = None
         job = {
-            "path": self._seg.path, "size": self._seg.size,
+            "path": self._seg.path, "size": self._seg.size, "parent": os.getpid(),
             "header_words": header_words, "ring_offset": ring_offset, "ring_len": self._ring_len,
             "workers": self.workers, "n_bands": self._n_bands, "prefetch": self.prefetch, "rows": self.rows,
             "band_rows": self.band_rows, "n_features": self.n_features, "dtype": lay.dtype.str,
