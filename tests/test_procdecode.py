@@ -33,7 +33,7 @@ def test_reads_equal_the_data(tmp_path: Path, codec: str, chunks: tuple[int, int
     x = _data(9_500, 7, "float32")
     a = _array(tmp_path / "a.zarr", x, chunks, compressors=CODECS[codec])
     with ProcessBandReader(a, workers=3, hold=hold) as r:
-        assert r.fast and r.workers == 3 and r.ring_bands % 3 == 0
+        assert r.fast and r.workers == 3
         _check_all_reads(r, x)
         assert r.busy_seconds > 0
     with pytest.raises(ValueError, match="closed"):

@@ -3,15 +3,14 @@
 Loaded by file path in a fresh interpreter (``python -P -c <loader> _decode_worker.py``), so it imports
 numpy, numcodecs and the sibling :mod:`chunkfile` (also by path) only: not the tsconv package, not torch,
 and nothing from the folder it lives in or the caller's working directory (``-P``; ``tsconv/io`` holds an
-``inspect.py`` that would shadow the standard library's). Protocol: one JSON job a stdin line. For each
-job the worker maps the job's shared segment and decodes the bands it owns (``band % workers ==
-worker``) that lie within ``prefetch`` bands of the consumer's position, each into ring slot
-``band % ring_len``, publishing the band number in the slot's header word once the slot holds it; when the
-segment's stop word is set it answers ``done`` on stdout and waits for the next line. End of input ends it.
-A damaged chunk: the message goes to stderr and the slot's word gets ``-2 - band`` (the reader raises
-when that band is read; the other bands go on).
-Header words (int64): 0 the consumer's band (-1 before the first read), 1 stop, 2 error,
-4 .. 4 + ring_len the slots' bands, then each worker's busy nanoseconds.
+``inspect.py`` that would shadow the standard library's). Protocol: one JSON job a stdin line. For a job
+the worker maps the job's shared segment, opens the job's band queue (a FIFO the reader writes 8-byte
+band numbers into as bands fall due) and decodes each band it takes into ring slot ``band % ring_len``,
+publishing the band number in the slot's header word once the slot holds it. When the reader closes the
+queue it answers ``done`` on stdout and waits for the next line; end of input ends it. A damaged chunk:
+the message goes to stderr and the slot's word gets ``-2 - band`` (the reader raises when that band is
+read; the other bands go on). Header words (int64): 0 the consumer's band, 1 stop, 4 .. 4 + ring_len the
+slots' bands, then each worker's busy nanoseconds.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ def _load_sibling(name: str) -> Any:
 chunkfile = _load_sibling("chunkfile")
 
 POS, STOP, SLOT0 = 0, 1, 4
-_IDLE_S = 1e-4  # between looks at the consumer's position when nothing is due
 
 
 _attached: dict[tuple[str, int], mmap.mmap] = {}  # the reader keeps its segment for the next job too
@@ -67,8 +65,7 @@ def _attach(path: str, size: int) -> mmap.mmap:
 
 
 def run_job(job: dict[str, Any]) -> None:
-    k, n_workers = int(job["worker"]), int(job["workers"])
-    ring_len, n_bands, prefetch = int(job["ring_len"]), int(job["n_bands"]), int(job["prefetch"])
+    k, ring_len = int(job["worker"]), int(job["ring_len"])
     band_rows, n_features, rows = int(job["band_rows"]), int(job["n_features"]), int(job["rows"])
     col_rows, col_width = int(job["chunk_rows"]), int(job["chunk_width"])
     n_cols = -(-n_features // col_width)
@@ -91,26 +88,22 @@ def run_job(job: dict[str, Any]) -> None:
         return buf[:nbytes]
 
     busy_word = SLOT0 + ring_len + k
-    parent = int(job["parent"])
     busy = 0.0
+    try:  # the reader's band tokens, 8 bytes each (pipe reads this small are atomic)
+        queue = os.open(job["queue"], os.O_RDONLY | os.O_NONBLOCK)  # never waits for a writer...
+    except FileNotFoundError:  # the reader finished before this worker got here
+        del ring, header
+        return
+    os.set_blocking(queue, True)  # ...but reads do (the reader keeps the queue open until it closes)
     try:
-        while not header[STOP]:
-            pos = int(header[POS])
-            if os.getppid() != parent:  # the reader's process is gone: nobody will set the stop word
-                sys.exit(0)
-            if pos < 0:
-                time.sleep(_IDLE_S)
-                continue
-            last = min(pos + prefetch, n_bands - 1)
-            j = pos + (k - pos) % n_workers  # the first band of ours at or after the consumer
-            while j <= last and header[SLOT0 + j % ring_len] in (j, -2 - j):  # done, or failed
-                j += n_workers
-            if j > last:
-                time.sleep(_IDLE_S)
-                continue
+        while True:
+            token = os.read(queue, 8)
+            if len(token) < 8 or header[STOP]:  # the reader closed the queue (or stopped): the job is over
+                break
+            j = int.from_bytes(token, "little", signed=True)
             t0 = time.perf_counter()
             s = j % ring_len
-            header[SLOT0 + s] = -1  # the slot's previous band (ours too: ring_len % workers == 0) is gone
+            header[SLOT0 + s] = -1  # the slot's previous band is gone (the reader waited for it to land)
             n = min(band_rows, rows - j * band_rows)
             done = j
             for col in range(n_cols):
@@ -130,6 +123,7 @@ def run_job(job: dict[str, Any]) -> None:
             busy += time.perf_counter() - t0
             header[busy_word] = int(busy * 1e9)
     finally:
+        os.close(queue)
         del ring, header
 
 

@@ -5,10 +5,12 @@ thread of the process, and with every core busy each hand-off waits for a core. 
 (``benchmarks/engine_trace.py``, benchmarks/NOTES.md): the engine's loop takes 0.22-0.30 s over a
 predecoded 4.3 GB store, 0.38-0.57 s with the decode threads, 0.34-0.46 s with the same decoding in
 15 processes, but 0.95 s with the processes plus 15 threads doing only the per-chunk Python work. So the
-read side here has no Python threads at all: workers own bands statically (band ``j`` belongs to worker
-``j % workers``), watch the consumer's position in a shared header, decode the bands due into ring
-slot ``j % ring_len`` (the ring is a multiple of the workers, so a slot only ever has one writer) and
-publish each band's number in the slot's header word; the consumer's thread waits on those words.
+read side here has no Python threads at all. The consumer's thread hands out the bands that fall due
+(``b .. b + prefetch`` when it moves to band ``b``) as 8-byte tokens on a FIFO; whichever worker is free
+takes the next one (a first version gave band ``j`` to worker ``j % workers``: on the H200 the engine
+then waited 0.12-0.16 s for bands while the workers were about 60% busy), decodes it into ring slot ``j % ring_len``
+and publishes ``j`` in the slot's header word; the consumer's thread polls that word. A slot is handed out
+again only once its previous band has landed.
 
 :class:`ProcessBandReader` has :class:`~tsconv.io.decode.ParallelBandReader`'s interface and buffer
 lifetime (it is one, with a different ring and decoders). It is used when ``TSCONV_DECODE_PROCS`` is set
@@ -25,8 +27,10 @@ import atexit
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -191,9 +195,6 @@ class ProcessBandReader(ParallelBandReader):
     def _plan_ring(self, prefetch: int | None, max_ring_bytes: int, band_bytes: int) -> None:
         super()._plan_ring(prefetch, max_ring_bytes, band_bytes)
         self.workers = max(1, min(self.threads, self._n_bands))
-        # a multiple of the workers: band j and band j + ring_len (one slot) belong to the same worker
-        self._ring_len = -(-(self.prefetch + 1 + self.hold) // self.workers) * self.workers
-        self.prefetch = self._ring_len - 1 - self.hold
 
     def _start(self, pin: bool) -> None:
         lay = self._layout
@@ -204,6 +205,12 @@ class ProcessBandReader(ParallelBandReader):
         header_words = _SLOT0 + self._ring_len + self.workers
         ring_offset = -(-header_words * 8 // 4096) * 4096
         ring_bytes = self._ring_len * self.band_rows * self.n_features * lay.dtype.itemsize
+        self._queue_dir = tempfile.mkdtemp(prefix="tsconv-decode-")
+        self._queue_path = os.path.join(self._queue_dir, "bands")
+        os.mkfifo(self._queue_path, 0o600)
+        # read-write (Linux): opening never waits, and the queue has a writer from now until close, so a
+        # worker's reads wait for bands instead of seeing the end of the queue
+        self._queue = os.open(self._queue_path, os.O_RDWR)
         self._seg = _take_segment(ring_offset + ring_bytes, pin)
         buf = self._seg.shm.buf
         self._header = np.ndarray((header_words,), dtype=np.int64, buffer=buf)
@@ -222,7 +229,7 @@ class ProcessBandReader(ParallelBandReader):
         else:
             codec = None
         job = {
-            "path": self._seg.path, "size": self._seg.size, "parent": os.getpid(),
+            "path": self._seg.path, "size": self._seg.size, "queue": self._queue_path,
             "header_words": header_words, "ring_offset": ring_offset, "ring_len": self._ring_len,
             "workers": self.workers, "n_bands": self._n_bands, "prefetch": self.prefetch, "rows": self.rows,
             "band_rows": self.band_rows, "n_features": self.n_features, "dtype": lay.dtype.str,
@@ -234,7 +241,11 @@ class ProcessBandReader(ParallelBandReader):
         for k, w in enumerate(self._workers):
             w.stdin.write(json.dumps({**job, "worker": k}) + "\n")
             w.stdin.flush()
-        self._finalizer = weakref.finalize(self, _finish, self._seg, header_words, self._workers)
+        self._issued = -1  # the highest band handed out
+        self._in_slot = [-1] * self._ring_len  # the band last handed out for each slot
+        self._finalizer = weakref.finalize(
+            self, _finish, self._seg, header_words, self._workers, self._queue, self._queue_dir
+        )
 
     @property
     def busy_seconds(self) -> float:
@@ -245,8 +256,22 @@ class ProcessBandReader(ParallelBandReader):
         return float(words.sum()) / 1e9 + self._busy
 
     def _advance(self, b: int) -> None:
+        """The consumer moved to band ``b``: hand out bands ``b .. b + prefetch`` not handed out yet."""
         self._pos = b
         self._header[_POS] = b
+        first = max(self._issued + 1, b)
+        last = min(b + self.prefetch, self._n_bands - 1)
+        if first > last:
+            return
+        for j in range(first, last + 1):
+            s = j % self._ring_len
+            prev = self._in_slot[s]
+            # After a jump, the slot's previous band may still be in a worker's hands: let it land first.
+            while prev >= 0 and self._header[_SLOT0 + s] not in (prev, -2 - prev):
+                self._wait_a_little()
+            self._in_slot[s] = j
+        os.write(self._queue, b"".join(j.to_bytes(8, "little", signed=True) for j in range(first, last + 1)))
+        self._issued = last
 
     def _band(self, i: int) -> np.ndarray:
         if self._pos is None or i > self._pos:
@@ -256,18 +281,22 @@ class ProcessBandReader(ParallelBandReader):
             return self._band_behind(i)
         s = i % self._ring_len
         word = _SLOT0 + s
-        spins = 0
+        self._spins = 0
         while self._header[word] != i:
             if self._header[word] == -2 - i:
                 self._raise_band_error(i)
-            spins += 1
-            if spins % 2048 == 0 and any(w.poll() is not None for w in self._workers):
-                self._raise_band_error(None)
-            time.sleep(2e-5 if spins < 1000 else 2e-4)
+            self._wait_a_little()
         if self._slot_band[s] != i:
             self._slot_band[s] = i
             self._decoded += 1
         return self._ring[s, : self._band_len(i)]
+
+    def _wait_a_little(self) -> None:
+        """Sleep briefly while a band lands (checking now and then that the workers live)."""
+        self._spins = getattr(self, "_spins", 0) + 1
+        if self._spins % 2048 == 0 and any(w.poll() is not None for w in self._workers):
+            self._raise_band_error(None)
+        time.sleep(2e-5 if self._spins < 1000 else 2e-4)
 
     def _raise_band_error(self, band: int | None) -> None:
         """Band ``band`` failed to decode (its worker's message), or a worker died (``band`` None)."""
@@ -305,11 +334,13 @@ def _available(stream: Any) -> str:
         return ""
 
 
-def _finish(seg: _Segment, header_words: int, workers: list) -> None:
+def _finish(seg: _Segment, header_words: int, workers: list, queue: int, queue_dir: str) -> None:
     """Stop the workers and keep the healthy ones and the segment for the next reader."""
     header = np.ndarray((header_words,), dtype=np.int64, buffer=seg.shm.buf)
     header[_STOP] = 1
     del header
+    os.close(queue)  # end of the queue: each worker answers "done" after the band in hand
+    shutil.rmtree(queue_dir, ignore_errors=True)
     healthy = []
     for w in workers:
         try:
