@@ -7,8 +7,9 @@ predecoded 4.3 GB store, 0.38-0.57 s with the decode threads, 0.34-0.46 s with t
 15 processes, but 0.95 s with the processes plus 15 threads doing only the per-chunk Python work. So the
 read side here has no Python threads at all. The consumer's thread hands out the bands that fall due
 (``b .. b + prefetch`` when it moves to band ``b``) as 8-byte tokens on a FIFO; whichever worker is free
-takes the next one (a first version gave band ``j`` to worker ``j % workers``: on the H200 the engine
-then waited 0.12-0.16 s for bands while the workers were about 60% busy), decodes it into ring slot ``j % ring_len``
+takes the next one (a first version gave band ``j`` to worker ``j % workers``; handing bands out this way
+did not shorten the engine's 0.12-0.20 s of waiting for bands on the H200, but it is no slower and keeps
+a slow worker from holding up the bands behind it), decodes it into ring slot ``j % ring_len``
 and publishes ``j`` in the slot's header word; the consumer's thread polls that word. A slot is handed out
 again only once its previous band has landed.
 
