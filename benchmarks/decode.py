@@ -5,7 +5,8 @@ On a generated tick store (tsconv.synth.make_ticks: float32, Blosc-lz4 with shuf
 pieces as the engine does, 3 times (median GB/s of decoded bytes, warm page cache):
 - zarr whole-array read (``array[:]``, zarr-python's own pipeline and concurrency);
 - BlockReader (one zarr read per band of store chunks);
-- ParallelBandReader with 1, 2 and 16 decode threads (default prefetch).
+- ParallelBandReader with 1, 2 and 16 decode threads (default prefetch; ``--threads``);
+- ProcessBandReader with ``--procs`` worker processes (none by default; first run starts the workers).
 
     python benchmarks/decode.py                      # writes benchmarks/results/decode.json and decode.md
     python benchmarks/decode.py --rows 262144         # a quick run
@@ -35,6 +36,7 @@ sys.path.insert(0, str(HERE.parent))
 from provenance import commit, machine  # noqa: E402
 
 from tsconv.io.decode import ParallelBandReader  # noqa: E402
+from tsconv.io.procdecode import ProcessBandReader  # noqa: E402
 from tsconv.io.reader import BlockReader  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
 
@@ -46,7 +48,9 @@ def _forward(reader, rows: int, step: int) -> float:
     return time.perf_counter() - t0
 
 
-def _variants(values: zarr.Array, rows: int, step: int) -> dict:
+def _variants(
+    values: zarr.Array, rows: int, step: int, threads: list[int], procs: list[int], only_fast: bool
+) -> dict:
     def whole() -> float:
         t0 = time.perf_counter()
         np.asarray(values[:])
@@ -63,13 +67,22 @@ def _variants(values: zarr.Array, rows: int, step: int) -> dict:
 
         return run
 
+    def processes(workers: int):
+        def run() -> float:
+            with ProcessBandReader(values, workers=workers) as r:
+                assert r.fast, r.fallback_reason
+                return _forward(r, rows, step)
+
+        return run
+
+    slow = {} if only_fast else {"zarr whole-array read": whole, "BlockReader, 1024-row reads": block}
     return {
-        "zarr whole-array read": whole,
-        "BlockReader, 1024-row reads": block,
+        **slow,
         **{
             f"ParallelBandReader, {t} thread{'s' if t > 1 else ''}, 1024-row reads": parallel(t)
-            for t in (1, 2, 16)
+            for t in threads
         },
+        **{f"ProcessBandReader, {n} worker processes, 1024-row reads": processes(n) for n in procs},
     }
 
 
@@ -81,6 +94,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--store", type=Path, help="an existing store (group with 'values' or a bare array)")
     ap.add_argument("--out", type=Path, default=RESULTS / "decode")
+    ap.add_argument("--threads", default="1,2,16", help="decode-thread counts (comma list)")
+    ap.add_argument("--procs", default="", help="worker-process counts for ProcessBandReader (Linux x86-64)")
+    ap.add_argument("--only-fast", action="store_true", help="skip the zarr and BlockReader variants")
     args = ap.parse_args()
 
     work = None
@@ -97,7 +113,9 @@ def main() -> None:
         stored = sum(f.stat().st_size for f in Path(args.store).rglob("*") if f.is_file())
         load0 = os.getloadavg()
         results = []
-        for name, fn in _variants(values, rows, args.step).items():
+        threads = [int(t) for t in args.threads.split(",") if t]
+        procs = [int(n) for n in args.procs.split(",") if n]
+        for name, fn in _variants(values, rows, args.step, threads, procs, args.only_fast).items():
             fn()  # warm the page cache and the allocator once
             secs = [fn() for _ in range(args.repeats)]
             med = statistics.median(secs)
