@@ -59,17 +59,9 @@ def _variants(
     def block() -> float:
         return _forward(BlockReader(values), rows, step)
 
-    def parallel(threads: int):
+    def forward(make):  # noqa: ANN001, ANN202 - a forward pass through a fresh fast reader
         def run() -> float:
-            with ParallelBandReader(values, threads=threads) as r:
-                assert r.fast, r.fallback_reason
-                return _forward(r, rows, step)
-
-        return run
-
-    def processes(workers: int):
-        def run() -> float:
-            with ProcessBandReader(values, workers=workers) as r:
+            with make() as r:
                 assert r.fast, r.fallback_reason
                 return _forward(r, rows, step)
 
@@ -79,10 +71,17 @@ def _variants(
     return {
         **slow,
         **{
-            f"ParallelBandReader, {t} thread{'s' if t > 1 else ''}, 1024-row reads": parallel(t)
+            f"ParallelBandReader, {t} thread{'s' if t > 1 else ''}, 1024-row reads": forward(
+                lambda t=t: ParallelBandReader(values, threads=t)
+            )
             for t in threads
         },
-        **{f"ProcessBandReader, {n} worker processes, 1024-row reads": processes(n) for n in procs},
+        **{
+            f"ProcessBandReader, {n} worker processes, 1024-row reads": forward(
+                lambda n=n: ProcessBandReader(values, workers=n)
+            )
+            for n in procs
+        },
     }
 
 

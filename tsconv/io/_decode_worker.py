@@ -9,8 +9,8 @@ band numbers into as bands fall due) and decodes each band it takes into ring sl
 publishing the band number in the slot's header word once the slot holds it. When the reader closes the
 queue it answers ``done`` on stdout and waits for the next line; end of input ends it. A damaged chunk:
 the message goes to stderr and the slot's word gets ``-2 - band`` (the reader raises when that band is
-read; the other bands go on). Header words (int64): 0 the consumer's band, 1 stop, 4 .. 4 + ring_len the
-slots' bands, then each worker's busy nanoseconds.
+read; the other bands go on). Header words (int64): 0 stop, 1 .. 1 + ring_len the slots' bands, then
+each worker's busy nanoseconds.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _load_sibling(name: str) -> Any:
 
 chunkfile = _load_sibling("chunkfile")
 
-POS, STOP, SLOT0 = 0, 1, 4
+STOP, SLOT0 = 0, 1  # the header's words: see the module docstring
 
 
 _attached: dict[tuple[str, int], mmap.mmap] = {}  # the reader keeps its segment for the next job too

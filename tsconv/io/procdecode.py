@@ -53,7 +53,7 @@ _LOADER = (
     "import importlib.util, sys; s = importlib.util.spec_from_file_location('tsconv_decode_worker', sys.argv[1]); "
     "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.main()"
 )
-_POS, _STOP, _SLOT0 = 0, 1, 4
+_STOP, _SLOT0 = 0, 1  # header words (int64): stop, then one a slot, then one a worker (busy ns)
 _idle: list[subprocess.Popen] = []  # started workers not serving a reader now
 _idle_lock = threading.Lock()
 
@@ -216,7 +216,6 @@ class ProcessBandReader(ParallelBandReader):
         buf = self._seg.shm.buf
         self._header = np.ndarray((header_words,), dtype=np.int64, buffer=buf)
         self._header[:] = 0
-        self._header[_POS] = -1
         self._header[_SLOT0 : _SLOT0 + self._ring_len] = -1
         self._ring = np.ndarray(
             (self._ring_len, self.band_rows, self.n_features), dtype=lay.dtype, buffer=buf, offset=ring_offset
@@ -231,8 +230,7 @@ class ProcessBandReader(ParallelBandReader):
             codec = None
         job = {
             "path": self._seg.path, "size": self._seg.size, "queue": self._queue_path,
-            "header_words": header_words, "ring_offset": ring_offset, "ring_len": self._ring_len,
-            "workers": self.workers, "n_bands": self._n_bands, "prefetch": self.prefetch, "rows": self.rows,
+            "header_words": header_words, "ring_offset": ring_offset, "ring_len": self._ring_len, "rows": self.rows,
             "band_rows": self.band_rows, "n_features": self.n_features, "dtype": lay.dtype.str,
             "chunk_rows": self._col_rows, "chunk_width": self._col_width, "whole": self._whole,
             "codec": codec, "root": str(lay.root), "sep": sep, "fill": np.asarray(lay.fill).item(),
@@ -242,6 +240,7 @@ class ProcessBandReader(ParallelBandReader):
         for k, w in enumerate(self._workers):
             w.stdin.write(json.dumps({**job, "worker": k}) + "\n")
             w.stdin.flush()
+        self._spins = 0  # polls of the current wait for a band
         self._issued = -1  # the highest band handed out
         self._in_slot = [-1] * self._ring_len  # the band last handed out for each slot
         self._finalizer = weakref.finalize(
@@ -259,7 +258,6 @@ class ProcessBandReader(ParallelBandReader):
     def _advance(self, b: int) -> None:
         """The consumer moved to band ``b``: hand out bands ``b .. b + prefetch`` not handed out yet."""
         self._pos = b
-        self._header[_POS] = b
         first = max(self._issued + 1, b)
         last = min(b + self.prefetch, self._n_bands - 1)
         if first > last:
@@ -278,7 +276,6 @@ class ProcessBandReader(ParallelBandReader):
         if self._pos is None or i > self._pos:
             self._advance(i)
         if i < self._pos - self.hold:  # behind the ring: decode here, as the thread reader does
-            self._slot_band[i % self._ring_len] = -1
             return self._band_behind(i)
         s = i % self._ring_len
         word = _SLOT0 + s
@@ -294,7 +291,7 @@ class ProcessBandReader(ParallelBandReader):
 
     def _wait_a_little(self) -> None:
         """Sleep briefly while a band lands (checking now and then that the workers live)."""
-        self._spins = getattr(self, "_spins", 0) + 1
+        self._spins += 1
         if self._spins % 2048 == 0 and any(w.poll() is not None for w in self._workers):
             self._raise_band_error(None)
         time.sleep(2e-5 if self._spins < 1000 else 2e-4)

@@ -461,29 +461,33 @@ def _conv1d_direct_kernel(
 
 
 @triton.jit
+def _bank_tap(
+    acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, MASKED: tl.constexpr
+):
+    """One tap of the bank kernel: the direct kernel's masked tap, or (interior) the same without masks."""
+    if MASKED:
+        return _direct_tap(acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk)
+    xv = tl.load(x_ptrs + (k * dilation) * stride_xt)
+    return acc + xv.to(tl.float32) * tl.load(w_ptrs + k * stride_wk)[None, :, :]
+
+
+@triton.jit
 def _bank_taps(acc, x_ptrs, w_ptrs, t_base, x_live, gm_mask, K, dilation, stride_xt, stride_wk, MASKED: tl.constexpr,
                UNROLL: tl.constexpr):  # fmt: skip
-    """acc + all K taps of a one-channel-per-group conv on one [BLOCK_T, BLOCK_G, BLOCK_M] time block.
+    """acc + all K taps on one [BLOCK_T, BLOCK_G, BLOCK_M] time block, in chunks of UNROLL taps plus a tail.
 
     MASKED=False is the interior of the series (every tap's rows exist, whole channel and filter blocks):
     no masks, so no predicates or zero-filled registers in the loop."""
     k_main = K - K % UNROLL
     for k0 in range(0, k_main, UNROLL):
         for j in tl.static_range(UNROLL):
-            k = k0 + j
-            if MASKED:
-                acc = _direct_tap(
-                    acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk
-                )
-            else:
-                xv = tl.load(x_ptrs + (k * dilation) * stride_xt)
-                acc += xv.to(tl.float32) * tl.load(w_ptrs + k * stride_wk)[None, :, :]
+            acc = _bank_tap(
+                acc, x_ptrs, w_ptrs, k0 + j, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, MASKED
+            )
     for k in range(k_main, K):
-        if MASKED:
-            acc = _direct_tap(acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk)
-        else:
-            xv = tl.load(x_ptrs + (k * dilation) * stride_xt)
-            acc += xv.to(tl.float32) * tl.load(w_ptrs + k * stride_wk)[None, :, :]
+        acc = _bank_tap(
+            acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, MASKED
+        )
     return acc
 
 
@@ -522,13 +526,10 @@ def _conv1d_bank_kernel(
     UNROLL: tl.constexpr,
 ):
     # One input channel per group (depthwise banks: groups = C, OG = M filters per channel). A program owns
-    # BLOCK_G channels x BLOCK_M filters over T_ITERS consecutive time blocks of BLOCK_T steps: the stores of
-    # one block drain while the next block's taps run, and the rows a block shares with the previous one are
-    # still in L1. Why not _conv1d_direct_kernel: that one ends each program with its stores, and at 3 programs
-    # per SM (its registers) the loads of the next program wait on DRAM with nothing else to issue (H200:
-    # 24-32% of the floor on the banks of issue 3). The tiles here put whole 128-byte rows of x under each
-    # warp load (BLOCK_G = 32 channels with 8 warps) and keep the [BLOCK_G, BLOCK_M] weight tile below one
-    # value per thread, so the compiler reloads it in the accumulator's layout (no shared-memory shuffle).
+    # BLOCK_G channels x BLOCK_M filters over T_ITERS consecutive time blocks of BLOCK_T steps; the blocks
+    # inside the series (the most) run their taps without masks. Same tap order and arithmetic as
+    # _conv1d_direct_kernel; the tuner picks between the two per shape class (on the H200 this one won the
+    # 8-filter bank, 5.30 -> 3.81 ms at K = 64, and lost the 4-filter ones: benchmarks/NOTES.md).
     pid = tl.program_id(0)
     pid_m = pid % n_mblk
     rest = pid // n_mblk
@@ -573,16 +574,24 @@ def _conv1d_bank_kernel(
                 interior_end = L_out
             else:
                 interior_end = 0  # ragged channel or filter blocks: every block takes the masked path
+            x_live = (offs_t < L_out)[:, None, None] & g_mask[None, :, None]
             if (t0 >= pad) & (t0 + BLOCK_T <= interior_end):
                 acc = _bank_taps(
-                    acc, x_ptrs, w_ptrs, t_base, None, None, K, dilation, stride_xt, stride_wk, False, UNROLL
+                    acc,
+                    x_ptrs,
+                    w_ptrs,
+                    t_base,
+                    x_live,
+                    gm_mask,
+                    K,
+                    dilation,
+                    stride_xt,
+                    stride_wk,
+                    False,
+                    UNROLL,
                 )
-                if HAS_BIAS:
-                    acc = acc + bias[None, :, :]
-                tl.store(y_ptrs, _activate(acc, ACT))
             else:
                 # lanes past L_out are never stored and keep every tap's read below L_in (see the direct kernel)
-                x_live = (offs_t < L_out)[:, None, None] & g_mask[None, :, None]
                 acc = _bank_taps(
                     acc,
                     x_ptrs,
@@ -597,11 +606,9 @@ def _conv1d_bank_kernel(
                     True,
                     UNROLL,
                 )
-                if HAS_BIAS:
-                    acc = acc + bias[None, :, :]
-                tl.store(
-                    y_ptrs, _activate(acc, ACT), mask=(offs_t < L_out)[:, None, None] & gm_mask[None, :, :]
-                )
+            if HAS_BIAS:
+                acc = acc + bias[None, :, :]
+            tl.store(y_ptrs, _activate(acc, ACT), mask=(offs_t < L_out)[:, None, None] & gm_mask[None, :, :])
 
 
 def _kernels_interpreted() -> bool:
