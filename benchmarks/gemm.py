@@ -15,7 +15,10 @@ as the kernel feeds them: "tf32" a truncated to TF32 by the tensor core and b ro
 Timing: ``triton.testing.do_bench`` medians. tsconv: ``gemm(a, b, out=out)`` with float32 ``a`` and
 float16-stored ``b`` (the call a user makes: the packed copy of ``b`` is cached after the first call) and
 ``tsconv_packed_ms`` with ``pack_weights(b)`` made once; ``kernel_ms``: the same call replayed from a CUDA graph
-(GPU time alone); ``call_wall_ms``: wall time per call of 200 back-to-back calls (host or GPU, the slower). cuBLAS: ``torch.matmul`` on operands prepared outside the timed region, in the
+(GPU time alone); ``call_wall_ms``: wall time per call of 200 back-to-back calls (host or GPU, the slower);
+``noplan_ms`` / ``noplan_wall_ms``: the same two with launch plans off (every call validated, looked up in
+the tuner and launched through ``kernel[grid]``: the path before plans); ``cublas_wall_ms``: cuBLAS's wall
+time per call the same way. cuBLAS: ``torch.matmul`` on operands prepared outside the timed region, in the
 same precision class: float32 with ``allow_tf32 = False`` vs "fp32", TF32 allowed vs "tf32", float16 ``a``
 and ``b`` vs "fp16"; for "fp16" also ``cublas_with_cast_ms``, which includes ``a.half()`` (a arrives as
 float32, as tsconv reads it). speedup = cublas_ms / tsconv_ms.
@@ -105,16 +108,20 @@ def markdown(res: dict) -> str:
         "(fp32 rows: the worse of price levels x zero-sum b and plain normals). speedup = cuBLAS / tsconv "
         "(cuBLAS on operands prepared outside the timed region; fp16 'with cast' includes a.half()).",
         "",
-        "| case | M x K x N | prec | config | tsconv ms | packed ms | kernel ms | wall/call ms | cuBLAS ms "
-        "| cuBLAS+cast ms | speedup | TFLOP/s | floor ms | error | torch error | pass |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| case | M x K x N | prec | config | tsconv ms | packed ms | kernel ms | wall/call ms | no-plan ms "
+        "| no-plan wall ms | cuBLAS ms | cuBLAS wall ms | cuBLAS+cast ms | speedup | TFLOP/s | floor ms | error "
+        "| torch error | pass |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- | --- |",
     ]
     for r in res["rows"]:
         lines.append(
             f"| {r['case']} | {r['M']}x{r['K']}x{r['N']} | {r['precision']} | {r.get('config') or '-'} "
             f"| {_f(r.get('tsconv_ms'), '.3f')} | {_f(r.get('tsconv_packed_ms'), '.3f')} "
             f"| {_f(r.get('kernel_ms'), '.3f')} | {_f(r.get('call_wall_ms'), '.3f')} "
-            f"| {_f(r.get('cublas_ms'), '.3f')} | {_f(r.get('cublas_with_cast_ms'), '.3f')} "
+            f"| {_f(r.get('noplan_ms'), '.3f')} | {_f(r.get('noplan_wall_ms'), '.3f')} "
+            f"| {_f(r.get('cublas_ms'), '.3f')} | {_f(r.get('cublas_wall_ms'), '.3f')} "
+            f"| {_f(r.get('cublas_with_cast_ms'), '.3f')} "
             f"| {_f(r.get('speedup'), '.2f')} | {_f(r.get('tflops'), '.1f')} | {_f(r.get('floor_ms'), '.3f')} "
             f"| {_f(r.get('max_err'), '.1e')} | {_f(r.get('torch_err'), '.1e')} "
             f"| {'PASS' if r.get('pass') else ('FAIL' if r.get('pass') is False else '-')} |"
@@ -319,6 +326,19 @@ class Bench:
                 gemm(a, b, bias, activation=act, precision=precision, out=out)
             self.sync()
             row["call_wall_ms"] = (time.perf_counter() - t) * 1e3 / n
+            self.gemm_mod._PLANS_ENABLED = False
+            try:
+                row["noplan_ms"] = self.bench_ms(
+                    lambda: gemm(a, b, bias, activation=act, precision=precision, out=out)
+                )
+                self.sync()
+                t = time.perf_counter()
+                for _ in range(n):
+                    gemm(a, b, bias, activation=act, precision=precision, out=out)
+                self.sync()
+                row["noplan_wall_ms"] = (time.perf_counter() - t) * 1e3 / n
+            finally:
+                self.gemm_mod._PLANS_ENABLED = True
 
         def epi(y):
             if bias is not None:
@@ -338,6 +358,13 @@ class Bench:
                 torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
                 b32 = b.float()
                 row["cublas_ms"] = self.bench_ms(lambda: epi(torch.matmul(a, b32)))
+                if self.cuda:
+                    self.sync()
+                    t = time.perf_counter()
+                    for _ in range(200):
+                        epi(torch.matmul(a, b32))
+                    self.sync()
+                    row["cublas_wall_ms"] = (time.perf_counter() - t) * 1e3 / 200
                 del b32
         finally:
             torch.backends.cuda.matmul.allow_tf32 = flag

@@ -728,6 +728,7 @@ def _bad_calls() -> list[tuple[str, dict]]:
         ("valid too short", {**ok, "weight": torch.zeros(6, 8, 11), "padding": "valid", "dilation": 2}),
         ("bad padding", {**ok, "padding": "same"}),
         ("bad activation", {**ok, "activation": "sigmoid"}),
+        ("unhashable activation", {**ok, "activation": ["relu"]}),
         ("bad precision", {**ok, "precision": "fp64"}),
         ("bias shape", {**ok, "bias": torch.zeros(5)}),
         ("bias 2-D", {**ok, "bias": torch.zeros(6, 1)}),

@@ -461,6 +461,7 @@ def _bad_calls() -> list[tuple[str, dict]]:
         ("head bias shape", {**ok, "head_bias": torch.zeros(6)}),
         ("head bias type", {**ok, "head_bias": 1.0}),
         ("head activation", {**ok, "head_activation": "sigmoid"}),
+        ("unhashable head activation", {**ok, "head_activation": ["relu"]}),
         ("activation", {**ok, "activation": "sigmoid"}),
         ("precision", {**ok, "precision": "fp64"}),
         ("out shape (channel-major)", {**ok, "out": torch.zeros(2, 4, 20)}),

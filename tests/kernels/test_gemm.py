@@ -498,6 +498,7 @@ def _bad_calls() -> list[tuple[str, dict]]:
         ("b not a tensor", {**ok, "b": [[1.0]]}),
         ("K mismatch", {**ok, "b": torch.zeros(6, 8)}),
         ("bad activation", {**ok, "activation": "sigmoid"}),
+        ("unhashable activation", {**ok, "activation": ["relu"]}),
         ("bad precision", {**ok, "precision": "fp64"}),
         ("bias shape", {**ok, "bias": torch.zeros(5)}),
         ("bias 2-D", {**ok, "bias": torch.zeros(6, 1)}),
@@ -561,6 +562,87 @@ def test_config_spaces_are_valid(precision: str) -> None:
             assert stage * c.num_stages <= _SMEM_LIMIT, c.name
 
 
+# ------------------------------------------------------------------------------------------ launch plans
+
+
+@pytest.fixture
+def plans():
+    """The gemm launch-plan cache, emptied before and after the test."""
+    gemm_mod._PLANS.clear()
+    yield gemm_mod._PLANS
+    gemm_mod._PLANS.clear()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+def test_repeated_call_replays_its_plan_with_the_new_tensors(plans, precision: str) -> None:
+    """The second call with the same layouts takes the plan and computes the product of its own operands,
+    bias and output (a plan keeps no tensor of the call that recorded it)."""
+    b, bias = zero_sum_b(48, 20, dtype=torch.float32), torch.randn(20, generator=_gen(9)).to(DEVICE)
+    y1 = gemm(returns(50, 48, seed=1), b, bias, activation="tanh", precision=precision)
+    assert (plans.hits, plans.misses, len(plans)) == (0, 1, 1)
+    a2, b2, bias2 = returns(50, 48, seed=2), zero_sum_b(48, 20, seed=3, dtype=torch.float32), bias + 1.0
+    out = nan_out(50, 20, transposed=True)
+    gemm(a2, b2, bias2, activation="tanh", precision=precision, out=out)  # out's layout: a new key
+    y2 = gemm(a2, b2, bias2, activation="tanh", precision=precision, out=nan_out(50, 20, transposed=True))
+    assert (plans.hits, len(plans)) == (1, 2)
+    torch.testing.assert_close(y2, out, rtol=0, atol=0)
+    ref = reference(a2, b2, bias2, "tanh")
+    err_torch = relative_error(torch_in_precision(a2, b2, bias2, "tanh", precision), ref)
+    assert relative_error(y2, ref) <= FACTOR[precision] * err_torch + ATOL[precision]
+    assert not torch.equal(y1, gemm(a2, b2, bias2, activation="tanh", precision=precision))
+    assert plans.hits == 2
+
+
+def test_plans_follow_layout_alignment_and_weight_writes(plans) -> None:
+    """Another stride, a 16-byte-misaligned view of a (Triton specializes on alignment) or another
+    activation record new plans; an in-place write to plain weights is seen on a plan hit."""
+    base = returns(41, 33, seed=6)
+    b = zero_sum_b(32, 16, dtype=torch.float32)
+    gemm(base[:40, :32], b)
+    gemm(base[:40, :32], b)
+    gemm(base[1:, 1:], b)  # starts 4 bytes in: not 16-byte aligned
+    gemm(base[:40, :32].T.contiguous().T, b)
+    gemm(base[:40, :32], b, activation="relu")
+    assert (plans.hits, len(plans)) == (1, 4)
+    b[3, 4] += 2.0
+    y = gemm(base[1:, 1:], b)
+    assert plans.hits == 2
+    assert relative_error(y, reference(base[1:, 1:], b)) < 1e-6
+
+
+def test_plan_hit_still_refuses_an_output_overlapping_the_inputs(plans) -> None:
+    buf = torch.zeros(2, 64, 32, device=DEVICE)
+    b = zero_sum_b(16, 16)
+    gemm(buf[0, :, :16], b, out=buf[1, :, 16:])
+    gemm(buf[0, :, :16], b, out=buf[1, :, 16:])
+    assert plans.hits == 1
+    with pytest.raises(ShapeError, match="overlaps a"):
+        gemm(buf[1, :, :16], b, out=buf[1, :, 16:])  # the plan's layouts and alignments, shared memory
+    with pytest.raises(ShapeError, match="activation must be"):
+        gemm(buf[0, :, :16], b, activation=["relu"])  # unhashable: no plan lookup, the validation's error
+
+
+def test_plans_are_dropped_with_the_tuner_memory_and_can_be_switched_off(
+    plans, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = returns(20, 16), zero_sum_b(16, 8)
+    gemm(a, b)
+    assert len(plans) == 1
+    autotune.clear_memory_cache()
+    assert len(plans) == 0
+    monkeypatch.setattr(gemm_mod, "_PLANS_ENABLED", False)
+    y = gemm(a, b)
+    assert len(plans) == 0 and plans.misses == 0
+    assert relative_error(y, reference(a, b)) < 1e-6
+
+
+def test_launch_plan_needs_every_kernel_parameter() -> None:
+    from tsconv.kernels.launch import LaunchPlan
+
+    with pytest.raises(TypeError, match="no value for kernel parameter 'blo_ptr'"):
+        LaunchPlan(gemm_mod._gemm_kernel, None, (1,), {"a_ptr": None, "b_ptr": None}, ("a_ptr",))
+
+
 # ------------------------------------------------------------------------------------------------- GPU
 
 
@@ -577,6 +659,20 @@ def test_gpu_real_sizes(
     b = zero_sum_b(K, N)
     check(a, b, torch.randn(N, generator=_gen(5)).to(DEVICE), precision=precision, activation="gelu")
     assert list(tmp_path.glob("autotune-*.json")), "the tuner did not write its cache"
+
+
+@pytest.mark.gpu
+def test_gpu_plan_replay_is_a_direct_launch_with_the_same_result(plans) -> None:
+    """On a GPU the replay calls the compiled kernel itself, and gives the full path's result bit for bit."""
+    a, b = price_levels(65536, 256), zero_sum_b(256, 64)
+    bias = torch.randn(64, generator=_gen(5)).to(DEVICE)
+    full = gemm(a, b, bias, activation="gelu")
+    entry = next(iter(plans._plans.values()))
+    assert entry.plan.compiled
+    replay = gemm(a, b, bias, activation="gelu", out=nan_out(65536, 64))
+    replay = gemm(a, b, bias, activation="gelu", out=nan_out(65536, 64))
+    assert plans.hits == 1
+    torch.testing.assert_close(replay, full, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

@@ -119,11 +119,25 @@ def events() -> list[TuneEvent]:
 
 
 def clear_memory_cache() -> None:
-    """Forget in-process winners and the loaded disk files (the next call reads the disk cache again)."""
+    """Forget in-process winners and the loaded disk files (the next call reads the disk cache again).
+
+    Launchers that keep decisions derived from the winners (launch plans) register a hook with
+    :func:`on_clear` and forget them too.
+    """
     with _lock:
         _memory.clear()
         _records.clear()
         _disk.clear()
+    for hook in _clear_hooks:
+        hook()
+
+
+_clear_hooks: list[Callable[[], None]] = []
+
+
+def on_clear(hook: Callable[[], None]) -> None:
+    """Call ``hook`` whenever :func:`clear_memory_cache` runs."""
+    _clear_hooks.append(hook)
 
 
 def pow2_bucket(n: int) -> int:

@@ -56,7 +56,7 @@ from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
-from tsconv.kernels.tensor_checks import check_out
+from tsconv.kernels.tensor_checks import check_out, is_activation
 from tsconv.kernels.tensor_checks import describe as _shape
 from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
 
@@ -722,7 +722,7 @@ def _validate(
     if not causal and L_out < 1:
         msg = f"padding='valid' needs L >= (K-1)*dilation + 1 = {(K - 1) * dilation + 1} steps, x has L={L}."
         raise ShapeError(msg, hint="pass a longer input (with its halo) or use padding='causal'.")
-    if activation not in _ACT_CODE:
+    if not is_activation(activation):
         msg = f"activation must be one of None, 'none', 'relu', 'gelu', 'tanh', got {activation!r}."
         raise ShapeError(msg, hint="use activation=None for a plain conv.")
     if precision not in PRECISIONS:

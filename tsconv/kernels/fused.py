@@ -67,7 +67,7 @@ from tsconv.kernels.conv1d import (
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
-from tsconv.kernels.tensor_checks import check_out
+from tsconv.kernels.tensor_checks import check_out, is_activation
 from tsconv.kernels.tensor_checks import describe as _shape
 from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
 
@@ -352,7 +352,7 @@ def _validate(
         msg = f"head_weight is on {head_weight.device} but x is on {x.device}."
         raise ShapeError(msg, hint="move the weights to x's device with head_weight.to(x.device).")
     D = int(head_weight.shape[1])
-    if head_activation not in _ACT_CODE:
+    if not is_activation(head_activation):
         msg = f"head_activation must be one of None, 'none', 'relu', 'gelu', 'tanh', got {head_activation!r}."
         raise ShapeError(msg, hint="use head_activation=None for a plain projection.")
     if head_bias is not None:

@@ -10,6 +10,7 @@ __all__ = [
     "PREC_CODE",
     "INT32_MAX",
     "describe",
+    "is_activation",
     "span",
     "overlap",
     "has_internal_overlap",
@@ -19,6 +20,14 @@ ACT_CODE = {None: 0, "none": 0, "relu": 1, "gelu": 2, "tanh": 3}
 ACT_NAME = {0: None, 1: "relu", 2: "gelu", 3: "tanh"}
 PREC_CODE = {"fp32": 0, "tf32": 1, "fp16": 2}
 INT32_MAX = 2**31 - 1
+
+
+def is_activation(value: object) -> bool:
+    """True for a name in ACT_CODE (False, not a TypeError, for an unhashable value such as a list)."""
+    try:
+        return value in ACT_CODE
+    except TypeError:
+        return False
 
 
 def describe(t: torch.Tensor) -> str:
