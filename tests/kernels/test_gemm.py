@@ -546,12 +546,16 @@ _SMEM_LIMIT = 232448  # bytes of shared memory per block on sm_90 (H100 / H200)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
-def test_config_spaces_are_valid(precision: str) -> None:
+@pytest.mark.parametrize("tma", [False, True])
+def test_config_spaces_are_valid(precision: str, tma: bool) -> None:
     for M, N, K in ((65536, 64, 256), (65536, 256, 8192), (4096, 4096, 4096), (100003, 24, 384), (7, 8, 5)):
-        space = gemm_space(precision, M, N, K)
+        space = gemm_space(precision, M, N, K, tma=tma)
         names = [c.name for c in space.configs]
         assert len(names) == len(set(names)) and space.default in space.configs
-        assert 3 <= len(names) <= 8 or min(M, N, K) < 16
+        assert not space.default.meta.get("TMA")  # the untuned default runs on any GPU
+        n_tma = sum(1 for c in space.configs if c.meta.get("TMA"))
+        assert (n_tma > 0) == (tma and precision != "fp32" and N > 64), (M, N, K, n_tma)
+        assert 3 <= len(names) - n_tma <= 8 or min(M, N, K) < 16
         for c in space.configs:
             m = c.meta
             assert min(m["BLOCK_M"], m["BLOCK_N"], m["BLOCK_K"]) >= 16
@@ -560,6 +564,49 @@ def test_config_spaces_are_valid(precision: str) -> None:
             b_bytes = 2 if precision == "fp16" else 4
             stage = m["BLOCK_M"] * m["BLOCK_K"] * a_bytes + m["BLOCK_K"] * m["BLOCK_N"] * b_bytes
             assert stage * c.num_stages <= _SMEM_LIMIT, c.name
+
+
+# ---------------------------------------------------------------------------------------------- TMA
+
+
+@pytest.mark.parametrize(("precision", "a16"), [("tf32", 0), ("fp16", 0), ("fp16", 1)])
+@pytest.mark.parametrize(("M", "K", "N"), [(70, 52, 96), (33, 36, 200)])
+def test_tma_kernel_matches_the_reference(precision: str, a16: int, M: int, K: int, N: int) -> None:
+    """The TMA kernel (descriptors emulated by the interpreter) over edge tiles in every dimension, with bias,
+    activation and a transposed output; the fp16 A16 variant reads a padded float16 copy of a."""
+    a = returns(M, K, seed=40)
+    b = zero_sum_b(K, N, dtype=torch.float32 if precision == "tf32" else torch.float16)
+    bias = torch.randn(N, generator=_gen(41)).to(DEVICE)
+    spec = gemm_mod._validate(a, b, bias, None, "gelu", precision)
+    assert gemm_mod._tma_ok(a, gemm_mod._pack_cached(b, precision), spec)
+    out = nan_out(M, N, transposed=True)
+    gemm_mod._gemm_triton(a, b, bias, out, spec, config=gemm_mod._cfg(32, 64, 16, 4, 1, a16=a16, tma=1))
+    ref = reference(a, b, bias, "gelu")
+    assert not torch.isnan(out).any()
+    err_torch = relative_error(torch_in_precision(a, b, bias, "gelu", precision), ref)
+    assert relative_error(out, ref) <= 2 * err_torch + ATOL[precision]
+
+
+def test_tma_needs_fitting_operands() -> None:
+    """Descriptors need a contiguous last dim and 16-byte aligned rows and base; "fp32" never uses them."""
+    from tsconv.kernels import tma
+
+    ok = returns(100, 64)
+    for a, prec, want in (
+        (ok, "tf32", True),
+        (ok, "fp16", True),
+        (ok, "fp32", False),
+        (ok.half(), "tf32", False),  # float16 a in "tf32": exact already, the plain kernel
+        (ok.T.contiguous().T, "tf32", False),  # column-major
+        (returns(100, 65)[:, 1:], "tf32", False),  # misaligned base and rows
+        (returns(100, 66)[:, :63], "tf32", False),  # 264-byte rows
+    ):
+        b = zero_sum_b(a.shape[1], 128, dtype=torch.float32)
+        spec = gemm_mod._validate(a, b, None, None, None, prec)
+        assert gemm_mod._tma_ok(a, gemm_mod._pack_cached(b, prec), spec) is want, (prec, a.stride())
+    desc = tma.descriptor(ok, [32, 16], round_tf32=True)
+    assert desc.round_f32_to_tf32 and list(desc.block_shape) == [32, 16]
+    assert not getattr(tma.descriptor(ok, [32, 16]), "round_f32_to_tf32", False)
 
 
 # ------------------------------------------------------------------------------------------ launch plans

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune
+from tsconv.kernels import autotune, tma
 from tsconv.kernels.activations import apply_activation
 from tsconv.kernels.conv1d import _activate, _round_tf32, _round_tf32_into, _round_tf32_rne, _tf32_buffer
 from tsconv.kernels.launch import LaunchPlan, PlanCache
@@ -215,6 +215,64 @@ def _gemm_kernel(
     tl.store(c_ptrs, acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit(do_not_specialize=["M"])
+def _gemm_tma_kernel(
+    a_desc,
+    b_desc,
+    bias_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_cm,
+    stride_cn,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    PREC: tl.constexpr,
+    B_NK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """The "tf32" / "fp16" product with both operands loaded by the TMA (Hopper): tiles land in shared memory
+    and go to wgmma from there, edges zero-filled by the copy engine (no masks in the loop). For "tf32" the
+    descriptor of float32 ``a`` rounds it to TF32 on the way (``tsconv.kernels.tma``); ``B_NK``: ``b`` is
+    the packed [N, K] (TF32 modes), else [K, N] float16."""
+    pid = tl.program_id(0)
+    n_pid_m = tl.cdiv(M, BLOCK_M)
+    n_pid_n = tl.cdiv(N, BLOCK_N)
+    in_group = GROUP_M * n_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_m = tl.minimum(n_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % in_group) % group_m
+    pid_n = (pid % in_group) // group_m
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = a_desc.load([off_m, k0])
+        if B_NK:
+            b = b_desc.load([off_n, k0]).T
+        else:
+            b = b_desc.load([k0, off_n])
+        if PREC == 1:
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(a.to(tl.float16), b.to(tl.float16), acc)
+
+    offs_m = off_m + tl.arange(0, BLOCK_M)
+    offs_n = off_n + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    acc = _activate(acc, ACT)
+    c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n.to(tl.int64)[None, :] * stride_cn
+    tl.store(c_ptrs, acc, mask=(offs_m < M)[:, None] & n_mask[None, :])
+
+
 def _kernel_interpreted() -> bool:
     return type(_gemm_kernel).__name__ == "InterpretedFunction"
 
@@ -228,12 +286,17 @@ _INTERPRETED = _kernel_interpreted()
 # --------------------------------------------------------------------------------------------------------
 
 
-def _cfg(bm: int, bn: int, bk: int, warps: int, stages: int, group: int = 8, a16: int = 0) -> autotune.Config:
+def _cfg(
+    bm: int, bn: int, bk: int, warps: int, stages: int, group: int = 8, a16: int = 0, tma: int = 0
+) -> autotune.Config:
     meta = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group}
     name = f"m{bm}_n{bn}_k{bk}_w{warps}_s{stages}_g{group}"
     if a16:
         meta["A16"] = 1  # launcher-level: cast a to float16 in a pass before the kernel ("fp16" only)
         name += "_a16"
+    if tma:
+        meta["TMA"] = 1  # launcher-level: _gemm_tma_kernel (Hopper; operands that fit a TMA descriptor)
+        name += "_tma"
     return autotune.Config(name, meta, num_warps=warps, num_stages=stages)
 
 
@@ -251,13 +314,14 @@ def _clamp(cfgs: list[autotune.Config], M: int, N: int, K: int) -> list[autotune
             c.num_stages,
             m["GROUP_M"],
             m.get("A16", 0),
+            m.get("TMA", 0),
         )
         if all(o.name != new.name for o in out):
             out.append(new)
     return out
 
 
-def gemm_space(precision: str, M: int, N: int, K: int) -> autotune.ConfigSpace:
+def gemm_space(precision: str, M: int, N: int, K: int, *, tma: bool = False) -> autotune.ConfigSpace:
     """Candidate tiles for one precision and shape class (built once per size bucket, then cached).
 
     Classes: "narrow" heads (N <= 64: memory-bound on reading ``a``, so a tall BLOCK_M, BLOCK_N = N rounded
@@ -266,13 +330,15 @@ def gemm_space(precision: str, M: int, N: int, K: int) -> autotune.ConfigSpace:
     in the TF32 modes (BLOCK_K 32 keeps a 128x128 stage at 32 KiB); "fp16" loads float32 ``a`` (4 bytes) and
     float16 ``b``, or float16 ``a`` when the A16 candidates cast it first. The "fp32" mode holds a second
     accumulator (the per-block flush), so its tiles stay at 128x128 outputs per 8 warps.
+    ``tma``: the operands fit TMA descriptors on a Hopper GPU (``_tma_ok``): the wide "tf32" / "fp16" spaces
+    then add candidates for ``_gemm_tma_kernel``.
     """
     pb = autotune.pow2_bucket
-    return _space(precision, max(16, pb(M)), max(16, pb(N)), max(16, pb(K)))
+    return _space(precision, max(16, pb(M)), max(16, pb(N)), max(16, pb(K)), tma)
 
 
 @functools.lru_cache(maxsize=256)
-def _space(precision: str, M: int, N: int, K: int) -> autotune.ConfigSpace:
+def _space(precision: str, M: int, N: int, K: int, tma: bool = False) -> autotune.ConfigSpace:
     # M, N, K are bucketed (powers of two >= 16): _clamp and the narrow test depend only on the bucket.
     narrow = N <= 64
     if narrow:
@@ -340,9 +406,26 @@ def _space(precision: str, M: int, N: int, K: int) -> autotune.ConfigSpace:
             _cfg(128, 256, 64, 8, 4, a16=1),
             _cfg(256, 128, 64, 8, 3, a16=1),
         ]
+    if tma and not narrow and precision == "tf32":
+        # TMA loads (a rounded to TF32 by the copy engine): both wgmma operands from shared memory, no pre-pass.
+        cfgs += [
+            _cfg(128, 256, 32, 8, 4, tma=1),
+            _cfg(128, 256, 32, 8, 3, tma=1),
+            _cfg(128, 128, 32, 8, 5, tma=1),
+            _cfg(128, 128, 32, 4, 4, tma=1),
+            _cfg(256, 128, 32, 8, 4, tma=1),
+        ]
+    elif tma and not narrow and precision == "fp16":
+        cfgs += [
+            _cfg(128, 256, 64, 8, 3, tma=1),
+            _cfg(128, 256, 64, 8, 4, a16=1, tma=1),
+            _cfg(128, 256, 64, 8, 3, a16=1, tma=1),
+            _cfg(128, 128, 64, 8, 4, a16=1, tma=1),
+            _cfg(128, 256, 32, 8, 4, tma=1),
+        ]
     cfgs = _clamp(cfgs, M, N, K)
     interp = _clamp([_cfg(64, 64, 32, 4, 1)], M, N, K)[0]
-    name = f"gemm_{'narrow' if narrow else 'wide'}_{precision}"
+    name = f"gemm_{'narrow' if narrow else 'wide'}_{precision}{'_tma' if tma and not narrow else ''}"
     return autotune.ConfigSpace(name, tuple(cfgs), cfgs[0], interp)
 
 
@@ -737,15 +820,19 @@ def _gemm_triton(
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
         a16 = kw.pop("A16", 0) and spec.precision == "fp16" and a.dtype != torch.float16
+        use_tma = kw.pop("TMA", 0)
         a_k = a
         n_cols = triton.cdiv(N, kw["BLOCK_N"])
         kw["ROUND_A"] = round_a and _round_a_in_kernel(n_cols, kw)
         if a16:  # one cast pass, then the kernel reads half the bytes through the plain fp16 pipeline
             if "a" not in cast:
-                cast["a"] = torch.empty((M, K), dtype=torch.float16, device=a.device)
+                k_pad = -(-K // 8) * 8  # 16-byte rows: a TMA descriptor can read the copy whatever K is
+                cast["a"] = torch.empty((M, k_pad), dtype=torch.float16, device=a.device)[:, :K]
             a_k = cast["a"]
             a_k.copy_(a)
-        elif round_a and not kw["ROUND_A"]:  # a rounded copy in a's layout, redone per launch
+        if use_tma:
+            return launch_tma(a_k, kw)
+        if round_a and not kw["ROUND_A"] and not a16:  # a rounded copy in a's layout, redone per launch
             if "r" not in cast:
                 cast["r"] = _tf32_buffer(a)
             a_k = cast["r"]
@@ -774,8 +861,39 @@ def _gemm_triton(
         recorded.update(grid=grid, args=args, ret=ret, direct=a_k is a)
         return ret
 
+    def launch_tma(a_k: torch.Tensor, kw: dict[str, int]) -> object:
+        bm, bn, bk = kw.pop("BLOCK_M"), kw.pop("BLOCK_N"), kw.pop("BLOCK_K")
+        kw.pop("ROUND_A")
+        round_tf32 = spec.precision == "tf32" and a_k.dtype == torch.float32
+        a_desc = tma.descriptor(a_k, [bm, bk], round_tf32=round_tf32)
+        b_nk = spec.precision != "fp16"
+        b_desc = tma.descriptor(packed.hi, [bn, bk] if b_nk else [bk, bn])
+        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+        _check_grid(grid[0])
+        recorded.update(direct=False)
+        return _gemm_tma_kernel[grid](
+            a_desc,
+            b_desc,
+            packed.hi if bias_c is None else bias_c,
+            out,
+            M,
+            N,
+            K,
+            out.stride(0),
+            out.stride(1),
+            HAS_BIAS=bias_c is not None,
+            ACT=spec.act,
+            PREC=_PREC_CODE[spec.precision],
+            B_NK=b_nk,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            **kw,
+        )
+
     if config is None:
-        space = gemm_space(spec.precision, M, N, K)
+        use_tma = _tma_ok(a, packed, spec)
+        space = gemm_space(spec.precision, M, N, K, tma=use_tma)
         key = (
             f"{spec.precision}|a={_dtype_name(a)}|b={_dtype_name(src)}|al={_layout(a)}|ol={_layout(out)}"
             f"|M={autotune.pow2_bucket(M)}|N={autotune.pow2_bucket(N)}|K={autotune.pow2_bucket(K)}"
@@ -787,6 +905,16 @@ def _gemm_triton(
         plan = LaunchPlan(_gemm_kernel, recorded["ret"], recorded["grid"], recorded["args"], _PLAN_SLOTS)
         _PLANS.put(plan_key, _GemmPlan(plan, config.name, M, N))
     return ret
+
+
+def _tma_ok(a: torch.Tensor, packed: PackedWeights, spec: _Spec) -> bool:
+    """Can ``_gemm_tma_kernel`` run this call? "tf32" with float32 ``a`` or "fp16"; both operands fit TMA
+    descriptors (``tma.fits``); a Hopper-or-later GPU (or the interpreter, which emulates the descriptors)."""
+    if spec.precision == "fp32" or (spec.precision == "tf32" and a.dtype != torch.float32):
+        return False
+    if a.is_cuda and torch.cuda.get_device_capability(a.device) < (9, 0):
+        return False
+    return tma.fits(a) and tma.fits(packed.hi)
 
 
 def _round_a_in_kernel(n_cols: int, kw: dict[str, int]) -> bool:
