@@ -21,7 +21,8 @@ the tuner and launched through ``kernel[grid]``: the path before plans); ``cubla
 time per call the same way. cuBLAS: ``torch.matmul`` on operands prepared outside the timed region, in the
 same precision class: float32 with ``allow_tf32 = False`` vs "fp32", TF32 allowed vs "tf32", float16 ``a``
 and ``b`` vs "fp16"; for "fp16" also ``cublas_with_cast_ms``, which includes ``a.half()`` (a arrives as
-float32, as tsconv reads it). speedup = cublas_ms / tsconv_ms.
+float32, as tsconv reads it), and ``tsconv_a16_ms``: tsconv given that float16 ``a`` (features stored in
+float16), ``speedup_a16`` = cublas_ms / tsconv_a16_ms. speedup = cublas_ms / tsconv_ms.
 
 floor_ms = max(bytes / 4.16 TB/s, FLOPs / peak): bytes = a read once (4 bytes per element) + b + out written
 once; peak = cuBLAS's measured TF32 / FP16 throughput (363 / 694 TFLOP/s, FACTS.md), and 363 / 3 for "fp32"
@@ -109,10 +110,10 @@ def markdown(res: dict) -> str:
         "(cuBLAS on operands prepared outside the timed region; fp16 'with cast' includes a.half()).",
         "",
         "| case | M x K x N | prec | config | tsconv ms | packed ms | kernel ms | wall/call ms | no-plan ms "
-        "| no-plan wall ms | cuBLAS ms | cuBLAS wall ms | cuBLAS+cast ms | speedup | TFLOP/s | floor ms | error "
-        "| torch error | pass |",
+        "| no-plan wall ms | cuBLAS ms | cuBLAS wall ms | cuBLAS+cast ms | tsconv fp16-a ms | speedup "
+        "| speedup fp16-a | TFLOP/s | floor ms | error | torch error | pass |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
-        "| --- | --- |",
+        "| --- | --- | --- | --- |",
     ]
     for r in res["rows"]:
         lines.append(
@@ -121,8 +122,8 @@ def markdown(res: dict) -> str:
             f"| {_f(r.get('kernel_ms'), '.3f')} | {_f(r.get('call_wall_ms'), '.3f')} "
             f"| {_f(r.get('noplan_ms'), '.3f')} | {_f(r.get('noplan_wall_ms'), '.3f')} "
             f"| {_f(r.get('cublas_ms'), '.3f')} | {_f(r.get('cublas_wall_ms'), '.3f')} "
-            f"| {_f(r.get('cublas_with_cast_ms'), '.3f')} "
-            f"| {_f(r.get('speedup'), '.2f')} | {_f(r.get('tflops'), '.1f')} | {_f(r.get('floor_ms'), '.3f')} "
+            f"| {_f(r.get('cublas_with_cast_ms'), '.3f')} | {_f(r.get('tsconv_a16_ms'), '.3f')} "
+            f"| {_f(r.get('speedup'), '.2f')} | {_f(r.get('speedup_a16'), '.2f')} | {_f(r.get('tflops'), '.1f')} | {_f(r.get('floor_ms'), '.3f')} "
             f"| {_f(r.get('max_err'), '.1e')} | {_f(r.get('torch_err'), '.1e')} "
             f"| {'PASS' if r.get('pass') else ('FAIL' if r.get('pass') is False else '-')} |"
         )
@@ -352,6 +353,11 @@ class Bench:
             if precision == "fp16":
                 a16 = a.half()
                 row["cublas_ms"] = self.bench_ms(lambda: epi(torch.matmul(a16, b).float()))
+                # tsconv on the same float16 a (features stored in float16): like for like with cuBLAS
+                row["tsconv_a16_ms"] = self.bench_ms(
+                    lambda: gemm(a16, b, bias, activation=act, precision=precision, out=out)
+                )
+                row["speedup_a16"] = row["cublas_ms"] / row["tsconv_a16_ms"]
                 del a16
                 row["cublas_with_cast_ms"] = self.bench_ms(lambda: epi(torch.matmul(a.half(), b).float()))
             else:
