@@ -840,6 +840,10 @@ def test_config_spaces_are_valid() -> None:
                     assert min(v for k, v in c.meta.items() if k.startswith("BLOCK_")) >= 16
                     assert set(c.meta) <= {"BLOCK_T", "BLOCK_O", "BLOCK_C", "GROUP_T", "A16"}
                     assert c.meta["BLOCK_O"] <= max(16, autotune.pow2_bucket(Og))
+                with_tma = autotune.conv1d_dense_space(prec, K, Cg, Og, tma=True)
+                assert with_tma.default == space.default  # the untuned default runs on any GPU
+                extra = [c for c in with_tma.configs if c.meta.get("TMA")]
+                assert (len(extra) > 0) == (prec != "fp32") and with_tma.name != space.name
     for bm in (1, 2, 4, 8, 16):
         for groups in (1, 3, 1024):
             space = autotune.conv1d_direct_space(bm, groups)
@@ -852,6 +856,61 @@ def test_config_spaces_are_valid() -> None:
                 assert c.meta["BLOCK_G"] <= max(1, autotune.pow2_bucket(groups))
                 if c.meta.get("BANK"):  # at most 128 float32 accumulators per thread
                     assert 8 <= c.meta["BLOCK_T"] * c.meta["BLOCK_G"] * bm / (32 * c.num_warps) <= 128
+
+
+# ---------------------------------------------------------------------------------------------- TMA
+
+
+@pytest.mark.parametrize(("precision", "a16"), [("tf32", 0), ("fp16", 0), ("fp16", 1)])
+@pytest.mark.parametrize(
+    ("N", "C", "L", "O", "K", "dilation", "padding"),
+    [
+        (2, 20, 45, 24, 3, 2, "causal"),  # causal zeros from the copy engine (negative coordinates)
+        (1, 36, 77, 40, 5, 1, "valid"),  # two channel blocks, the second partial; time and output tails
+        (1, 16, 40, 16, 16, 3, "causal"),  # the receptive field (46) spans the whole series
+    ],
+)
+def test_dense_tma_kernel_matches_the_reference(
+    precision: str, a16: int, N: int, C: int, L: int, O: int, K: int, dilation: int, padding: str
+) -> None:
+    """The TMA kernel (descriptors emulated by the interpreter) over a NaN-poisoned output; the fp16 A16
+    variant reads a float16 copy with padded rows."""
+    x = returns(N, L, C, seed=50).transpose(1, 2)
+    w = zero_sum_weights(O, C, K, seed=51)
+    b = torch.randn(O, generator=_gen(52)).to(DEVICE)
+    spec = conv1d_mod._validate(
+        x, w, b, None, dilation=dilation, groups=1, padding=padding, activation="relu", precision=precision
+    )
+    assert conv1d_mod._dense_tma_ok(x, spec)
+    L_out = L if padding == "causal" else L - (K - 1) * dilation
+    out = nan_out(N, O, L_out)
+    cfg = autotune._dense(32, 16, 16, 4, 1, a16=a16, tma=1)
+    conv1d_mod._conv1d_triton(x, w, b, out, spec, config=cfg)
+    assert conv1d_mod.last_launch["config"].endswith("_tma") and not torch.isnan(out).any()
+    kw = {"dilation": dilation, "padding": padding, "activation": "relu"}
+    ref = conv1d_reference(x, w, b, **kw)
+    err_torch = relative_error(torch_conv1d_in_precision(x, w, b, precision=precision, **kw), ref)
+    assert relative_error(out, ref) <= 2 * err_torch + ATOL[precision]
+
+
+def test_dense_tma_needs_time_major_aligned_dense_input() -> None:
+    """Channel-major x, rows that are not 16-byte multiples, groups > 1 and "fp32" keep the pointer kernel."""
+    tm = returns(1, 40, 16).transpose(1, 2)
+    cases = (
+        (tm, 1, "tf32", True),
+        (tm, 1, "fp16", True),
+        (tm, 1, "fp32", False),
+        (tm, 2, "tf32", False),
+        (tm.half(), 1, "tf32", False),
+        (tm.contiguous(), 1, "tf32", False),  # channel-major [N, C, L]
+        (returns(1, 40, 18).transpose(1, 2)[:, :16], 1, "tf32", False),  # 72-byte rows
+    )
+    for x, groups, prec, want in cases:
+        w = zero_sum_weights(16, 16 // groups, 3)
+        spec = conv1d_mod._validate(
+            x, w, None, None, dilation=1, groups=groups, padding="causal", activation=None, precision=prec
+        )
+        assert conv1d_mod._dense_tma_ok(x, spec) is want, (prec, groups, x.stride())
 
 
 # ------------------------------------------------------------------------------------------------- GPU

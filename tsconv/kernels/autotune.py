@@ -355,7 +355,9 @@ def _tune(
 # --------------------------------------------------------------------------------------------------------
 
 
-def _dense(bt: int, bo: int, bc: int, warps: int, stages: int, group: int = 1, a16: int = 0) -> Config:
+def _dense(
+    bt: int, bo: int, bc: int, warps: int, stages: int, group: int = 1, a16: int = 0, tma: int = 0
+) -> Config:
     meta = {"BLOCK_T": bt, "BLOCK_O": bo, "BLOCK_C": bc}
     name = f"t{bt}_o{bo}_c{bc}_w{warps}_s{stages}"
     if group > 1:
@@ -364,6 +366,9 @@ def _dense(bt: int, bo: int, bc: int, warps: int, stages: int, group: int = 1, a
     if a16:
         meta["A16"] = 1  # launcher-level ("fp16" only): cast float32 x to a float16 copy before the kernel
         name += "_a16"
+    if tma:
+        meta["TMA"] = 1  # launcher-level: the TMA kernel (Hopper, dense, time-major x)
+        name += "_tma"
     return Config(name, meta, num_warps=warps, num_stages=stages)
 
 
@@ -381,13 +386,14 @@ def _clamped(cfgs: list[Config], Cg: int, Og: int) -> list[Config]:
             cfg.num_stages,
             m.get("GROUP_T", 1),
             m.get("A16", 0),
+            m.get("TMA", 0),
         )
         if all(o.name != c.name for o in out):
             out.append(c)
     return out
 
 
-def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int) -> ConfigSpace:
+def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int, *, tma: bool = False) -> ConfigSpace:
     """Implicit-GEMM conv1d: output tile [BLOCK_T steps, BLOCK_O channels], reduction chunk BLOCK_C.
 
     Shape classes: short K (<= 8) and long K, per precision. "tf32" feeds float32 x to the tensor cores as
@@ -396,6 +402,8 @@ def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int) -> ConfigSpace:
     (both operands 2 bytes in shared memory, BLOCK_C 64), the others convert in registers; the tuner times the
     cast with the kernel. ``_gN``: grouped program ordering, N time blocks per sweep of the output blocks.
     Block sizes are clamped to the per-group channel counts ``Cg`` (reduction) and ``Og`` (outputs).
+    ``tma``: the call can use the TMA kernel (``conv1d._dense_tma_ok``): "tf32" / "fp16" add ``_tma``
+    candidates (x tiles loaded by the copy engine, which rounds float32 x to TF32 for "tf32": no pre-pass).
     """
     long_k = K > 8
     if precision == "fp16":
@@ -432,10 +440,25 @@ def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int) -> ConfigSpace:
             _dense(128, 128, 16, 8, 4),
             _dense(64, 64, 32, 4, 4),
         ]
+    if tma and precision == "tf32":
+        configs += [
+            _dense(128, 256, 32, 8, 4, tma=1),
+            _dense(128, 256, 32, 8, 3, tma=1),
+            _dense(128, 128, 32, 4, 4, tma=1),
+            _dense(256, 128, 32, 8, 4, tma=1),
+            _dense(128, 128, 32, 8, 5, group=8, tma=1),
+        ]
+    elif tma and precision == "fp16":
+        configs += [
+            _dense(128, 256, 64, 8, 4, a16=1, tma=1),
+            _dense(128, 256, 64, 8, 3, a16=1, tma=1),
+            _dense(128, 128, 64, 4, 4, a16=1, tma=1),
+            _dense(128, 256, 64, 8, 3, tma=1),
+        ]
     configs = _clamped(configs, Cg, Og)
     interp = _clamped([_dense(64, 32, 32, 4, 1, a16=int(precision == "fp16"))], Cg, Og)[0]
     version = "v2" if precision == "fp32" else "v3"
-    name = f"conv1d_dense_{version}_{'long' if long_k else 'short'}_k_{precision}"
+    name = f"conv1d_dense_{version}_{'long' if long_k else 'short'}_k_{precision}{'_tma' if tma else ''}"
     return ConfigSpace(name, tuple(configs), configs[0], interp)
 
 

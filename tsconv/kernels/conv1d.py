@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune
+from tsconv.kernels import autotune, tma
 from tsconv.kernels.activations import apply_activation
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
@@ -340,6 +340,82 @@ def _conv1d_dense_kernel(
         + (g * Og).to(tl.int64) * stride_yo
         + offs_o[None, :] * stride_yo
         + offs_t[:, None] * stride_yt
+    )
+    tl.store(y_ptrs, acc, mask=(offs_t < L_out)[:, None] & o_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk", "n_oblk"])
+def _conv1d_dense_tma_kernel(
+    x_desc,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    L_in,
+    L_out,
+    C,
+    O,
+    K,
+    dilation,
+    pad,
+    n_tblk,
+    n_oblk,
+    stride_wk,
+    stride_wo,
+    stride_yn,
+    stride_yo,
+    stride_yt,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    GROUP_T: tl.constexpr,
+):
+    """The dense (groups = 1) "tf32" / "fp16" conv with x tiles loaded by the TMA (Hopper) from the
+    time-major [N, L, C] input: a tap's [BLOCK_T, BLOCK_C] tile lands in shared memory and goes to wgmma from
+    there; steps before the series start (the causal zeros), past its end and channels past C are zero-filled
+    by the copy engine, so the loop has no masks on x. For "tf32" the descriptor rounds float32 x to TF32 on
+    the way (no pre-pass). Weights as in the pointer kernel ([K, O, C padded], masked loads)."""
+    pid = tl.program_id(0)
+    per_n = n_tblk * n_oblk
+    n = pid // per_n
+    r = pid % per_n
+    in_group = GROUP_T * n_oblk
+    first_t = (r // in_group) * GROUP_T
+    group_t = tl.minimum(n_tblk - first_t, GROUP_T)
+    pid_t = first_t + (r % in_group) % group_t
+    pid_o = (r % in_group) // group_t
+
+    t0 = pid_t * BLOCK_T
+    offs_o = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)
+    offs_c = tl.arange(0, BLOCK_C)
+    o_mask = offs_o < O
+    w_ptrs = w_ptr + offs_o[None, :] * stride_wo + offs_c[:, None]
+
+    acc = tl.full((BLOCK_T, BLOCK_O), 0.0, tl.float32)
+    n_cb = (C + BLOCK_C - 1) // BLOCK_C
+    for it in range(0, K * n_cb):  # taps fastest, as in the pointer kernel
+        k = it % K
+        c0 = (it // K) * BLOCK_C
+        a = x_desc.load([n, t0 - pad + k * dilation, c0]).reshape(BLOCK_T, BLOCK_C)
+        w_mask = (offs_c < C - c0)[:, None] & o_mask[None, :]
+        b = tl.load(w_ptrs + (k * stride_wk + c0), mask=w_mask, other=0.0)
+        if PREC == 1:
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(a.to(tl.float16), b, acc)
+
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_o, mask=o_mask, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    acc = _activate(acc, ACT)
+    y_ptrs = (
+        y_ptr
+        + n.to(tl.int64) * stride_yn
+        + offs_o.to(tl.int64)[None, :] * stride_yo
+        + offs_t.to(tl.int64)[:, None] * stride_yt
     )
     tl.store(y_ptrs, acc, mask=(offs_t < L_out)[:, None] & o_mask[None, :])
 
@@ -1005,15 +1081,21 @@ def _launch_dense(
         kw = cfg.launch_kwargs()
         kw.setdefault("GROUP_T", 1)
         a16 = kw.pop("A16", 0) and spec.precision == "fp16" and x.dtype != torch.float16
+        use_tma = kw.pop("TMA", 0)
         x_k = x
         if a16:
             # One bandwidth-bound cast pass into a time-major float16 copy; the kernel then reads half the bytes
-            # and both tl.dot operands go to shared memory as loaded (no conversion in registers).
+            # and both tl.dot operands go to shared memory as loaded (no conversion in registers). Rows padded
+            # to 16 bytes so that a TMA descriptor can read the copy whatever C is.
             if "x" not in cast:
-                cast["x"] = torch.empty((spec.N, spec.L, spec.C), dtype=torch.float16, device=x.device)
+                c_pad = -(-spec.C // 8) * 8
+                buf = torch.empty((spec.N, spec.L, c_pad), dtype=torch.float16, device=x.device)
+                cast["x"] = buf[..., : spec.C]
             x_k = cast["x"].transpose(1, 2)
             x_k.copy_(x)
-        elif round_x:  # in every launch, so the tuner's timings include it (all tf32 configs pay it alike)
+        if use_tma:
+            return launch_tma(x_k, kw)
+        if round_x and not a16:  # in every launch, so the tuner's timings include it (all tf32 configs alike)
             if "x" not in cast:
                 cast["x"] = _tf32_buffer(x)
             x_k = cast["x"]
@@ -1046,8 +1128,43 @@ def _launch_dense(
             **kw,
         )
 
+    def launch_tma(x_k: torch.Tensor, kw: dict[str, int]) -> object:
+        bt, bo, bc = kw.pop("BLOCK_T"), kw.pop("BLOCK_O"), kw.pop("BLOCK_C")
+        round_tf32 = spec.precision == "tf32" and x_k.dtype == torch.float32
+        x_desc = tma.descriptor(x_k.transpose(1, 2), [1, bt, bc], round_tf32=round_tf32)
+        n_tblk = triton.cdiv(spec.L_out, bt)
+        n_oblk = triton.cdiv(Og, bo)
+        grid = (spec.N * n_tblk * n_oblk,)
+        _check_grid(grid[0])
+        return _conv1d_dense_tma_kernel[grid](
+            x_desc,
+            w_hi,
+            w_hi if bias is None else bias,
+            out,
+            spec.L,
+            spec.L_out,
+            spec.C,
+            spec.O,
+            K,
+            spec.dilation,
+            pad,
+            n_tblk,
+            n_oblk,
+            stride_wk,
+            stride_wo,
+            *out.stride(),
+            HAS_BIAS=bias is not None,
+            ACT=spec.act,
+            PREC=_PREC_CODE[spec.precision],
+            BLOCK_T=bt,
+            BLOCK_O=bo,
+            BLOCK_C=bc,
+            **kw,
+        )
+
     if config is None:
-        space = autotune.conv1d_dense_space(spec.precision, K, Cg, Og)
+        use_tma = _dense_tma_ok(x, spec)
+        space = autotune.conv1d_dense_space(spec.precision, K, Cg, Og, tma=use_tma)
         key = (
             f"{spec.precision}|x={_dtype_name(x)}|w={_dtype_name(weight)}|in={_layout(x)}|out={_layout(out)}"
             f"|G={'1' if G == 1 else 'n'}|Cg={autotune.pow2_bucket(Cg)}|Og={autotune.pow2_bucket(Og)}"
@@ -1056,6 +1173,24 @@ def _launch_dense(
         config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
     last_launch.update(path="dense", config=config.name)
     return launch(config)
+
+
+def _dense_tma_ok(x: torch.Tensor, spec: _Spec) -> bool:
+    """Can ``_conv1d_dense_tma_kernel`` run this call? groups = 1; "tf32" with float32 x or "fp16"; x
+    time-major (channels contiguous) with 16-byte aligned base and strides; a Hopper-or-later GPU (or the
+    interpreter, which emulates the descriptors)."""
+    if (
+        spec.groups != 1
+        or spec.precision == "fp32"
+        or (spec.precision == "tf32" and x.dtype != torch.float32)
+    ):
+        return False
+    if x.is_cuda and torch.cuda.get_device_capability(x.device) < (9, 0):
+        return False
+    if x.stride(1) != 1 or spec.N == 0 or spec.L == 0 or spec.C == 0:
+        return False
+    size = x.element_size()
+    return x.data_ptr() % 16 == 0 and (x.stride(0) * size) % 16 == 0 and (x.stride(2) * size) % 16 == 0
 
 
 def _launch_direct(
