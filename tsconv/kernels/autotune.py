@@ -358,6 +358,7 @@ def _tune(
 def _dense(
     bt: int, bo: int, bc: int, warps: int, stages: int, group: int = 1, a16: int = 0, tma: int = 0
 ) -> Config:
+    """``tma``: 1 = x tiles by the TMA, 2 = x and weight tiles by the TMA."""
     meta = {"BLOCK_T": bt, "BLOCK_O": bo, "BLOCK_C": bc}
     name = f"t{bt}_o{bo}_c{bc}_w{warps}_s{stages}"
     if group > 1:
@@ -369,6 +370,9 @@ def _dense(
     if tma:
         meta["TMA"] = 1  # launcher-level: the TMA kernel (Hopper, dense, time-major x)
         name += "_tma"
+    if tma == 2:
+        meta["W_TMA"] = 1
+        name += "w"
     return Config(name, meta, num_warps=warps, num_stages=stages)
 
 
@@ -386,7 +390,7 @@ def _clamped(cfgs: list[Config], Cg: int, Og: int) -> list[Config]:
             cfg.num_stages,
             m.get("GROUP_T", 1),
             m.get("A16", 0),
-            m.get("TMA", 0),
+            m.get("TMA", 0) + m.get("W_TMA", 0),
         )
         if all(o.name != c.name for o in out):
             out.append(c)
@@ -444,16 +448,19 @@ def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int, *, tma: bool = 
         configs += [
             _dense(128, 256, 32, 8, 4, tma=1),
             _dense(128, 256, 32, 8, 3, tma=1),
-            _dense(128, 128, 32, 4, 4, tma=1),
             _dense(256, 128, 32, 8, 4, tma=1),
-            _dense(128, 128, 32, 8, 5, group=8, tma=1),
+            _dense(128, 256, 32, 8, 4, tma=2),
+            _dense(128, 256, 32, 8, 3, tma=2),
+            _dense(256, 128, 32, 8, 4, tma=2),
         ]
     elif tma and precision == "fp16":
         configs += [
             _dense(128, 256, 64, 8, 4, a16=1, tma=1),
             _dense(128, 256, 64, 8, 3, a16=1, tma=1),
-            _dense(128, 128, 64, 4, 4, a16=1, tma=1),
             _dense(128, 256, 64, 8, 3, tma=1),
+            _dense(128, 256, 64, 8, 4, a16=1, tma=2),
+            _dense(128, 256, 64, 8, 3, a16=1, tma=2),
+            _dense(256, 128, 64, 8, 3, a16=1, tma=2),
         ]
     configs = _clamped(configs, Cg, Og)
     interp = _clamped([_dense(64, 32, 32, 4, 1, a16=int(precision == "fp16"))], Cg, Og)[0]

@@ -347,6 +347,7 @@ def _conv1d_dense_kernel(
 @triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk", "n_oblk"])
 def _conv1d_dense_tma_kernel(
     x_desc,
+    w_desc,
     w_ptr,
     b_ptr,
     y_ptr,
@@ -367,6 +368,7 @@ def _conv1d_dense_tma_kernel(
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     PREC: tl.constexpr,
+    W_TMA: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -376,7 +378,8 @@ def _conv1d_dense_tma_kernel(
     time-major [N, L, C] input: a tap's [BLOCK_T, BLOCK_C] tile lands in shared memory and goes to wgmma from
     there; steps before the series start (the causal zeros), past its end and channels past C are zero-filled
     by the copy engine, so the loop has no masks on x. For "tf32" the descriptor rounds float32 x to TF32 on
-    the way (no pre-pass). Weights as in the pointer kernel ([K, O, C padded], masked loads)."""
+    the way (no pre-pass). Weights ([K, O, C padded]): ``W_TMA`` loads [BLOCK_O, BLOCK_C] tiles through a
+    descriptor over the [K * O, C padded] view, else masked pointer loads as in the pointer kernel."""
     pid = tl.program_id(0)
     per_n = n_tblk * n_oblk
     n = pid // per_n
@@ -399,8 +402,13 @@ def _conv1d_dense_tma_kernel(
         k = it % K
         c0 = (it // K) * BLOCK_C
         a = x_desc.load([n, t0 - pad + k * dilation, c0]).reshape(BLOCK_T, BLOCK_C)
-        w_mask = (offs_c < C - c0)[:, None] & o_mask[None, :]
-        b = tl.load(w_ptrs + (k * stride_wk + c0), mask=w_mask, other=0.0)
+        if W_TMA:
+            # rows past O belong to the next tap (or are zero-filled after the last): they only feed output
+            # columns >= O, which are never stored; channels past C are zero (padding, then zero-fill)
+            b = w_desc.load([k * O + pid_o * BLOCK_O, c0]).T
+        else:
+            w_mask = (offs_c < C - c0)[:, None] & o_mask[None, :]
+            b = tl.load(w_ptrs + (k * stride_wk + c0), mask=w_mask, other=0.0)
         if PREC == 1:
             acc = tl.dot(a, b, acc, input_precision="tf32")
         else:
@@ -1132,12 +1140,15 @@ def _launch_dense(
         bt, bo, bc = kw.pop("BLOCK_T"), kw.pop("BLOCK_O"), kw.pop("BLOCK_C")
         round_tf32 = spec.precision == "tf32" and x_k.dtype == torch.float32
         x_desc = tma.descriptor(x_k.transpose(1, 2), [1, bt, bc], round_tf32=round_tf32)
+        w_tma = bool(kw.pop("W_TMA", 0))
+        w_desc = tma.descriptor(w_hi.view(K * Og, w_hi.shape[-1]), [bo, bc]) if w_tma else w_hi
         n_tblk = triton.cdiv(spec.L_out, bt)
         n_oblk = triton.cdiv(Og, bo)
         grid = (spec.N * n_tblk * n_oblk,)
         _check_grid(grid[0])
         return _conv1d_dense_tma_kernel[grid](
             x_desc,
+            w_desc,
             w_hi,
             w_hi if bias is None else bias,
             out,
@@ -1156,6 +1167,7 @@ def _launch_dense(
             HAS_BIAS=bias is not None,
             ACT=spec.act,
             PREC=_PREC_CODE[spec.precision],
+            W_TMA=w_tma,
             BLOCK_T=bt,
             BLOCK_O=bo,
             BLOCK_C=bc,
