@@ -5,7 +5,7 @@ dilation=dilation, groups=groups)`` ("causal"; "valid" skips the padding) follow
 ``x`` through any strides (in particular the [N, C, L] view of a time-major [N, L, C] buffer) and writing a
 float32 result through any strides (``out=`` may be the [N, O, L] view of a time-major [N, L, O] buffer).
 
-Two kernels:
+Three kernels (and the depthwise bank variant of the direct one):
 
 - ``_conv1d_dense_kernel``: an implicit GEMM on tensor cores for dense and grouped convs with at least 16
   input and 16 output channels per group. Output tile [BLOCK_T steps, BLOCK_O channels]; the reduction runs
@@ -27,6 +27,11 @@ Two kernels:
   (feeding x unrounded, truncated, doubled the error on the H200). "fp16": float16 weights; float32 x is
   either cast once by the launcher into a time-major float16 copy (configs ``*_a16``) or converted in
   registers (the tuner picks). Accumulation is always float32. ``GROUP_T``: grouped program ordering.
+- ``_conv1d_dense_tma_kernel`` (Hopper; "tf32" / "fp16", groups = 1, time-major x with 16-byte aligned rows):
+  the same implicit GEMM with x tiles (and, ``W_TMA``, weight tiles) loaded by the TMA through a 3-D
+  [N, L, C] descriptor: the copy engine zero-fills the causal history, the series end and channels past C
+  (no masks in the loop), and for "tf32" rounds float32 x to TF32 on the way (``tsconv.kernels.tma``), so
+  the pre-pass above is not needed. Its candidates sit in the same tuning space as the pointer kernel's.
 - ``_conv1d_direct_kernel``: FMAs in float32 registers for depthwise filter banks (groups = C, M filters
   per channel) and any conv with fewer than 16 input or output channels per group. A program owns a
   [BLOCK_T steps, BLOCK_G groups, BLOCK_M filters] tile and loads each input value once per tap; the tap
