@@ -587,6 +587,31 @@ def test_tma_kernel_matches_the_reference(precision: str, a16: int, M: int, K: i
     assert relative_error(out, ref) <= 2 * err_torch + ATOL[precision]
 
 
+def test_tma_tf32_needs_rounding_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where descriptors cannot round to TF32, "tf32" keeps the pointer kernels (truncation doubles the error)."""
+    from tsconv.kernels import conv1d as conv1d_mod
+    from tsconv.kernels import tma
+
+    monkeypatch.setattr(tma, "rounds_tf32", lambda: False)
+    a, b = returns(100, 64), zero_sum_b(64, 128, dtype=torch.float32)
+    for prec, want in (("tf32", False), ("fp16", True)):
+        spec = gemm_mod._validate(a, b, None, None, None, prec)
+        assert gemm_mod._tma_ok(a, gemm_mod._pack_cached(b, prec), spec) is want
+        x = torch.randn(1, 40, 16, generator=_gen(3)).to(DEVICE).transpose(1, 2)  # time-major
+        cspec = conv1d_mod._validate(
+            x,
+            zero_sum_b(16, 16).T.unsqueeze(-1),
+            None,
+            None,
+            dilation=1,
+            groups=1,
+            padding="causal",
+            activation=None,
+            precision=prec,
+        )
+        assert conv1d_mod._dense_tma_ok(x, cspec) is want
+
+
 def test_tma_needs_fitting_operands() -> None:
     """Descriptors need a contiguous last dim and 16-byte aligned rows and base; "fp32" never uses them."""
     from tsconv.kernels import tma

@@ -1199,7 +1199,7 @@ def _dense_tma_ok(x: torch.Tensor, spec: _Spec) -> bool:
     if (
         spec.groups != 1
         or spec.precision == "fp32"
-        or (spec.precision == "tf32" and x.dtype != torch.float32)
+        or (spec.precision == "tf32" and (x.dtype != torch.float32 or not tma.rounds_tf32()))
     ):
         return False
     if x.is_cuda and torch.cuda.get_device_capability(x.device) < (9, 0):

@@ -17,7 +17,7 @@ import functools
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-__all__ = ["descriptor", "fits"]
+__all__ = ["descriptor", "fits", "rounds_tf32"]
 
 _NATIVE_ROUNDING = any(f.name == "round_f32_to_tf32" for f in dataclasses.fields(TensorDescriptor))
 _TMA_TFLOAT32 = 11
@@ -34,6 +34,20 @@ def fits(t: torch.Tensor) -> bool:
     if t.dim() != 2 or t.stride(1) != 1 or t.shape[0] == 0 or t.shape[1] == 0:
         return False
     return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+
+
+def rounds_tf32() -> bool:
+    """True when descriptors can round float32 to TF32 here (Triton >= 3.7, or the 3.6 builder to wrap).
+
+    Without it a "tf32" TMA kernel would feed truncated operands (twice the error), so callers keep their
+    pointer kernels for "tf32" when this is False."""
+    if _NATIVE_ROUNDING:
+        return True
+    try:
+        from triton.backends.nvidia import driver as nvd
+    except ImportError:
+        return False
+    return callable(getattr(nvd, "make_tensordesc_arg", None))
 
 
 def descriptor(t: torch.Tensor, block: list[int], *, round_tf32: bool = False) -> TensorDescriptor:
