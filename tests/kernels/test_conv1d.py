@@ -858,6 +858,35 @@ def test_config_spaces_are_valid() -> None:
                     assert 8 <= c.meta["BLOCK_T"] * c.meta["BLOCK_G"] * bm / (32 * c.num_warps) <= 128
 
 
+# ------------------------------------------------------------------------------------- weight cache
+
+
+@pytest.mark.parametrize(("C", "O", "groups"), [(32, 48, 1), (8, 24, 8)])  # the dense and the direct path
+def test_weights_are_rearranged_once_and_again_after_writes(
+    monkeypatch: pytest.MonkeyPatch, C: int, O: int, groups: int
+) -> None:
+    conv1d_mod.clear_weight_cache()
+    calls: list[int] = []
+    real = conv1d_mod.WeightCache.get
+
+    def counting_get(self, w, tag, build):
+        return real(self, w, tag, lambda v: calls.append(1) or build(v))
+
+    monkeypatch.setattr(conv1d_mod.WeightCache, "get", counting_get)
+    x = returns(2, 50, C, seed=60).transpose(1, 2)
+    w = zero_sum_weights(O, C // groups, 3, seed=61)
+    y0 = conv1d(x, w, groups=groups)
+    conv1d(x, w, groups=groups)
+    assert len(calls) == 1
+    w[2, 0, 1] += 0.5  # in place: the version counter moves
+    y1 = conv1d(x, w, groups=groups)
+    assert len(calls) == 2 and not torch.equal(y0, y1)
+    assert relative_error(y1, conv1d_reference(x, w, groups=groups)) < 1e-5
+    conv1d(x, w, groups=groups, precision="fp16")  # another precision (dense) or the same layout (direct)
+    assert len(calls) == (3 if groups == 1 else 2)
+    conv1d_mod.clear_weight_cache()
+
+
 # ---------------------------------------------------------------------------------------------- TMA
 
 

@@ -280,7 +280,9 @@ def test_plain_weights_are_packed_once_and_repacked_after_writes(monkeypatch: py
     gemm(a, w.T, precision="fp32")  # another precision: its own entry
     assert len(calls) == 3
     del w
-    assert all(ref() is not None for ref, _, _ in gemm_mod._PACK_CACHE.values())  # freed weights drop out
+    assert all(
+        ref() is not None for ref, _, _ in gemm_mod._PACK_CACHE.entries.values()
+    )  # freed weights drop out
     gemm_mod.clear_weight_cache()
 
 

@@ -64,8 +64,9 @@ from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
 from tsconv.kernels.tensor_checks import check_out, is_activation
 from tsconv.kernels.tensor_checks import describe as _shape
 from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
+from tsconv.kernels.weight_cache import WeightCache
 
-__all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "conv1d"]
+__all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "clear_weight_cache", "conv1d"]
 
 ACTIVATIONS = (None, "none", "relu", "gelu", "tanh")
 PADDINGS = ("causal", "valid")
@@ -76,6 +77,17 @@ _W_DTYPES = (torch.float16, torch.float32, torch.bfloat16)
 
 # Tests set this to exercise the 64-bit indexing variant on small tensors.
 _FORCE_INDEX64 = False
+# The rearranged weights of recent calls (tsconv.kernels.weight_cache): a steady-state call with the same
+# weights launches no rearranging kernels.
+_WEIGHTS = WeightCache(16)
+
+
+def clear_weight_cache() -> None:
+    """Forget the rearranged weights :func:`conv1d` keeps (needed only after writes that bypass torch's
+    version counter, e.g. through ``.data``)."""
+    _WEIGHTS.clear()
+
+
 _FLUSH = True
 _A_SPLIT = 3
 # "tf32": round float32 x to TF32 (ties to even) in a pre-pass; tests switch it off to get the old truncation.
@@ -1062,7 +1074,9 @@ def _launch_dense(
 ) -> object:
     G, K = spec.groups, spec.K
     Cg, Og = spec.C // G, spec.O // G
-    w_hi, w_lo = _prepare_dense_weights(weight, G, spec.precision)
+    w_hi, w_lo = _WEIGHTS.get(
+        weight, ("dense", G, spec.precision), lambda w: _prepare_dense_weights(w, G, spec.precision)
+    )
     stride_wk, stride_wo = w_hi.stride(1), w_hi.stride(2)
     # "tf32": float32 x rounded to TF32 by a pre-pass (float16 / bfloat16 x is exact in TF32). Why a
     # pre-pass and not rounding in registers before tl.dot: the A tile of every (tap, channel block) step
@@ -1222,7 +1236,11 @@ def _launch_direct(
     Cg, Og = spec.C // G, spec.O // G
     # [O, Cg, K] -> [Cg, K, O/G, G]: channels contiguous like x, upcast to float32 once here (the bank is small;
     # converting float16 in the tap loop would cost one instruction per weight per tap, half as many as FMAs).
-    wp = weight.reshape(G, Og, Cg, K).permute(2, 3, 1, 0).to(torch.float32).contiguous()
+    wp = _WEIGHTS.get(
+        weight,
+        ("direct", G),
+        lambda w: w.reshape(G, Og, Cg, K).permute(2, 3, 1, 0).to(torch.float32).contiguous(),
+    )
     block_m = min(autotune.pow2_bucket(Og), 16)
     index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), wp.numel()) > _INT32_MAX
     pad = (K - 1) * spec.dilation if spec.causal else 0

@@ -9,7 +9,7 @@ Kernel (``_conv1d_head_kernel``): one program per (series, BLOCK_T steps); it ow
 accumulator. It loops over blocks of BLOCK_O conv output channels (one block when O <= BLOCK_O); per block it
 computes the conv tile [BLOCK_T, BLOCK_O] exactly as ``_conv1d_dense_kernel`` does (implicit GEMM over taps
 and BLOCK_C channel chunks, x read in place through its strides, causal zeros from load masks, weights
-rearranged once per call by conv1d's ``_prepare_dense_weights``), adds the bias, applies the activation and
+rearranged by conv1d's ``_prepare_dense_weights`` and cached with conv1d's), adds the bias, applies the activation and
 multiplies the tile, still in registers, by ``head_weight[o0:o0+BLOCK_O, :]``:
 ``out_acc += act(conv_tile) @ W[o_blk, :]``, valid because the activation acts per conv channel.
 The head epilogue (bias, activation) runs once on ``out_acc``, which is then stored.
@@ -56,6 +56,7 @@ from tsconv.kernels import autotune
 from tsconv.kernels import conv1d as _conv
 from tsconv.kernels import gemm as _gemm
 from tsconv.kernels.conv1d import (
+    _WEIGHTS,
     _activate,
     _dot_fp32,
     _prepare_dense_weights,
@@ -607,7 +608,9 @@ def _fused_triton(
 ) -> object:
     """Run the fused kernel; ``config`` (tests only) bypasses the tuner. Returns the last launch's result."""
     c = spec.conv
-    w_hi, w_lo = _prepare_dense_weights(weight, 1, c.precision)  # [1, K, O, C padded to 16]
+    w_hi, w_lo = _WEIGHTS.get(  # [1, K, O, C padded to 16], shared with conv1d's cache
+        weight, ("dense", 1, c.precision), lambda w: _prepare_dense_weights(w, 1, c.precision)
+    )
     h_hi, h_lo = _prepare_head_weights(head_weight, c.precision)
     b = None if bias is None else bias.contiguous()
     hb = None if head_bias is None else head_bias.contiguous()

@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import functools
 import os
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +65,7 @@ from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
 from tsconv.kernels.tensor_checks import check_out, is_activation, overlap
 from tsconv.kernels.tensor_checks import describe as _shape
 from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
+from tsconv.kernels.weight_cache import WeightCache
 
 __all__ = [
     "ACTIVATIONS",
@@ -485,14 +484,9 @@ def _pack(b: torch.Tensor, precision: str) -> PackedWeights:
 
 
 # Packed copies of weights passed as plain tensors, so that a steady-state call with the same weights runs
-# one kernel and no packing passes. Key: (precision, data_ptr, shape, strides, dtype, device); an entry
-# holds a weak reference to the tensor that owns the storage (a view's base, so ``w.T`` made afresh on every
-# call still hits) and the version counter it was packed at: an in-place write to ``b`` (or to any view of
-# its storage) bumps the counter and the next call re-packs; a freed tensor drops its entry. Writes that
-# bypass autograd's version counter (through ``.data``, or from outside torch) are not seen: pass a
-# :class:`PackedWeights` or call :func:`clear_weight_cache` after such writes.
-_PACK_CACHE: OrderedDict[tuple, tuple[weakref.ref, int, PackedWeights]] = OrderedDict()
-_PACK_CACHE_SIZE = 16
+# one kernel and no packing passes (``tsconv.kernels.weight_cache``). Writes that bypass autograd's version
+# counter are not seen: pass a :class:`PackedWeights` or call :func:`clear_weight_cache` after such writes.
+_PACK_CACHE = WeightCache(16)
 
 
 def clear_weight_cache() -> None:
@@ -503,28 +497,7 @@ def clear_weight_cache() -> None:
 def _pack_cached(b: torch.Tensor, precision: str) -> PackedWeights:
     if precision == "fp16" and b.dtype == torch.float16:
         return PackedWeights(precision, b, b, None)  # read in place: nothing to pack
-    key = (precision, b.data_ptr(), tuple(b.shape), b.stride(), b.dtype, b.device)
-    owner = b if b._base is None else b._base
-    hit = _PACK_CACHE.get(key)
-    if hit is not None:
-        ref, version, packed = hit
-        if ref() is owner and version == b._version:
-            _PACK_CACHE.move_to_end(key)
-            return packed
-        del _PACK_CACHE[key]
-    packed = _pack(b, precision)
-
-    # The cache is bound as a default: at interpreter exit the module's globals may already be None
-    # when the last weights are collected.
-    def _drop(_ref: weakref.ref, key: tuple = key, cache: OrderedDict = _PACK_CACHE) -> None:
-        entry = cache.get(key)
-        if entry is not None and entry[0] is _ref:
-            cache.pop(key, None)
-
-    _PACK_CACHE[key] = (weakref.ref(owner, _drop), b._version, packed)
-    while len(_PACK_CACHE) > _PACK_CACHE_SIZE:
-        _PACK_CACHE.popitem(last=False)
-    return packed
+    return _PACK_CACHE.get(b, precision, lambda w: _pack(w, precision))
 
 
 def pack_weights(b: torch.Tensor, precision: str = "fp32") -> PackedWeights:
