@@ -692,6 +692,13 @@ def test_plan_hit_still_refuses_an_output_overlapping_the_inputs(plans) -> None:
     assert plans.hits == 1
     with pytest.raises(ShapeError, match="overlaps a"):
         gemm(buf[1, :, :16], b, out=buf[1, :, 16:])  # the plan's layouts and alignments, shared memory
+    flat = torch.zeros(64 * 16 + 16, device=DEVICE)
+    out_view = flat[: 64 * 16].view(64, 16)
+    gemm(buf[0, :, :16], b, flat[64 * 16 :], out=out_view)
+    gemm(buf[0, :, :16], b, flat[64 * 16 :], out=out_view)
+    assert plans.hits == 3  # the refused call above found its plan too
+    with pytest.raises(ShapeError, match="overlaps bias"):
+        gemm(buf[0, :, :16], b, flat[64 * 16 - 16 : 64 * 16], out=out_view)
     with pytest.raises(ShapeError, match="activation must be"):
         gemm(buf[0, :, :16], b, activation=["relu"])  # unhashable: no plan lookup, the validation's error
 

@@ -62,7 +62,7 @@ from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
-from tsconv.kernels.tensor_checks import check_out, is_activation, overlap
+from tsconv.kernels.tensor_checks import check_out, is_activation, span
 from tsconv.kernels.tensor_checks import describe as _shape
 from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
 from tsconv.kernels.weight_cache import WeightCache
@@ -682,6 +682,21 @@ class _GemmPlan:
     config: str
     M: int
     N: int
+    # Byte extents of (out, a, b's source, bias) as strided views (0: empty or absent), fixed by the key's
+    # layouts: a replay checks out against the inputs with four pointer reads instead of four span sums.
+    extents: tuple[int, int, int, int]
+
+
+def _extent(t: torch.Tensor | None) -> int:
+    s = None if t is None else span(t)
+    return 0 if s is None else s[1] - s[0]
+
+
+def _overlaps(start: int, size: int, t: torch.Tensor | None, t_size: int) -> bool:
+    if t is None or size == 0 or t_size == 0:
+        return False
+    p = t.data_ptr()
+    return p < start + size and start < p + t_size
 
 
 def _meta(t: torch.Tensor) -> tuple:
@@ -732,8 +747,15 @@ def _planned(key: tuple, a: torch.Tensor, b: torch.Tensor | PackedWeights, bias,
     src = packed.source
     if out is None:
         out = torch.empty((entry.M, entry.N), dtype=torch.float32, device=a.device)
-    elif overlap(out, a) or overlap(out, src) or (bias is not None and overlap(out, bias)):
-        return None  # the full path raises the error
+    else:
+        e_out, e_a, e_src, e_bias = entry.extents
+        o = out.data_ptr()
+        if (
+            _overlaps(o, e_out, a, e_a)
+            or _overlaps(o, e_out, src, e_src)
+            or _overlaps(o, e_out, bias, e_bias)
+        ):
+            return None  # the full path raises the error
     hi = packed.hi
     bias_c = hi if bias is None else bias.contiguous()
     entry.plan.launch((a, hi, hi if packed.lo is None else packed.lo, bias_c, out))
@@ -879,7 +901,8 @@ def _gemm_triton(
     ret = launch(config)
     if plan_key is not None and recorded["direct"]:  # one kernel reading a itself: replayable
         plan = LaunchPlan(_gemm_kernel, recorded["ret"], recorded["grid"], recorded["args"], _PLAN_SLOTS)
-        _PLANS.put(plan_key, _GemmPlan(plan, config.name, M, N))
+        extents = (_extent(out), _extent(a), _extent(src), _extent(bias))
+        _PLANS.put(plan_key, _GemmPlan(plan, config.name, M, N, extents))
     return ret
 
 
