@@ -237,6 +237,17 @@ def _tanh(v):
 
 
 @triton.jit
+def _grouped(pid, n_rows, n_cols, GROUP: tl.constexpr):
+    """(row block, column block) of program ``pid`` in grouped ordering (the Triton matmul tutorial): GROUP
+    row blocks sweep all column blocks together, so the rows and columns a wave of programs touches stay in
+    L2. GROUP = 1: column blocks fastest, then rows."""
+    in_group = GROUP * n_cols
+    first = (pid // in_group) * GROUP
+    group = tl.minimum(n_rows - first, GROUP)
+    return first + (pid % in_group) % group, (pid % in_group) // group
+
+
+@triton.jit
 def _activate(v, ACT: tl.constexpr):
     if ACT == 1:
         v = tl.where(v < 0.0, 0.0, v)  # keeps NaN, as torch.relu does
@@ -287,18 +298,13 @@ def _conv1d_dense_kernel(
     GROUP_T: tl.constexpr,
 ):
     # Program order within a series: GROUP_T time blocks sweep all (group, output-channel) blocks together
-    # (the grouped ordering of the Triton matmul tutorial), so the x rows and weight blocks a wave of programs
-    # touches stay in L2. GROUP_T = 1: output-channel blocks fastest (they share the same x rows), then time.
+    # (_grouped), so the x rows and weight blocks a wave of programs touches stay in L2. GROUP_T = 1:
+    # output-channel blocks fastest (they share the same x rows), then time.
     pid = tl.program_id(0)
     n_go = G * n_oblk
     per_n = n_tblk * n_go
     n = pid // per_n
-    r = pid % per_n
-    in_group = GROUP_T * n_go
-    first_t = (r // in_group) * GROUP_T
-    group_t = tl.minimum(n_tblk - first_t, GROUP_T)
-    pid_t = first_t + (r % in_group) % group_t
-    pid_go = (r % in_group) // group_t
+    pid_t, pid_go = _grouped(pid % per_n, n_tblk, n_go, GROUP_T)
     g = pid_go // n_oblk
     pid_o = pid_go % n_oblk
 
@@ -400,12 +406,7 @@ def _conv1d_dense_tma_kernel(
     pid = tl.program_id(0)
     per_n = n_tblk * n_oblk
     n = pid // per_n
-    r = pid % per_n
-    in_group = GROUP_T * n_oblk
-    first_t = (r // in_group) * GROUP_T
-    group_t = tl.minimum(n_tblk - first_t, GROUP_T)
-    pid_t = first_t + (r % in_group) % group_t
-    pid_o = (r % in_group) // group_t
+    pid_t, pid_o = _grouped(pid % per_n, n_tblk, n_oblk, GROUP_T)
 
     t0 = pid_t * BLOCK_T
     offs_o = pid_o * BLOCK_O + tl.arange(0, BLOCK_O)

@@ -56,7 +56,14 @@ import triton.language as tl
 from tsconv.errors import ShapeError
 from tsconv.kernels import autotune, tma
 from tsconv.kernels.activations import apply_activation
-from tsconv.kernels.conv1d import _activate, _round_tf32, _round_tf32_into, _round_tf32_rne, _tf32_buffer
+from tsconv.kernels.conv1d import (
+    _activate,
+    _grouped,
+    _round_tf32,
+    _round_tf32_into,
+    _round_tf32_rne,
+    _tf32_buffer,
+)
 from tsconv.kernels.launch import LaunchPlan, PlanCache
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
@@ -164,16 +171,9 @@ def _gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    # Grouped ordering (the Triton matmul tutorial): GROUP_M row blocks sweep all column blocks together, so
-    # the a rows and b columns a wave of programs touches stay in L2.
-    pid = tl.program_id(0)
-    n_pid_m = tl.cdiv(M, BLOCK_M)
-    n_pid_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * n_pid_n
-    first_m = (pid // in_group) * GROUP_M
-    group_m = tl.minimum(n_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_m
-    pid_n = (pid % in_group) // group_m
+    # Grouped ordering (_grouped): GROUP_M row blocks sweep all column blocks together, so the a rows and b
+    # columns a wave of programs touches stay in L2.
+    pid_m, pid_n = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -241,14 +241,7 @@ def _gemm_tma_kernel(
     and go to wgmma from there, edges zero-filled by the copy engine (no masks in the loop). For "tf32" the
     descriptor of float32 ``a`` rounds it to TF32 on the way (``tsconv.kernels.tma``); ``B_NK``: ``b`` is
     the packed [N, K] (TF32 modes), else [K, N] float16."""
-    pid = tl.program_id(0)
-    n_pid_m = tl.cdiv(M, BLOCK_M)
-    n_pid_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * n_pid_n
-    first_m = (pid // in_group) * GROUP_M
-    group_m = tl.minimum(n_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_m
-    pid_n = (pid % in_group) // group_m
+    pid_m, pid_n = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
 
@@ -639,7 +632,7 @@ def gemm(
     """
     key = _plan_key(a, b, bias, out, activation, precision)
     if key is not None:
-        y = _planned(key, a, b, bias, out)
+        y = _planned(key, a, b, bias, out, precision)
         if y is not None:
             return y
     spec = _validate(a, b, bias, out, activation, precision)
@@ -737,13 +730,16 @@ def _plan_key(
     )
 
 
-def _planned(key: tuple, a: torch.Tensor, b: torch.Tensor | PackedWeights, bias, out) -> torch.Tensor | None:
-    """Replay the launch recorded under ``key``; None when there is none (the caller takes the full path)."""
+def _planned(
+    key: tuple, a: torch.Tensor, b: torch.Tensor | PackedWeights, bias, out, precision: str
+) -> torch.Tensor | None:
+    """Replay the launch recorded under ``key``; None when there is none (the caller takes the full path).
+    A hit means the call's ``precision`` was validated when the plan was recorded."""
     entry = _PLANS.get(key)
     if entry is None:
         return None
     # A re-packed copy (b written in place since the plan) has the recorded layout: fresh buffers, aligned.
-    packed = b if isinstance(b, PackedWeights) else _pack_cached(b, key[-2])
+    packed = b if isinstance(b, PackedWeights) else _pack_cached(b, precision)
     src = packed.source
     if out is None:
         out = torch.empty((entry.M, entry.N), dtype=torch.float32, device=a.device)
