@@ -1208,21 +1208,9 @@ def _launch_dense(
 
 
 def _dense_tma_ok(x: torch.Tensor, spec: _Spec) -> bool:
-    """Can ``_conv1d_dense_tma_kernel`` run this call? groups = 1; "tf32" with float32 x or "fp16"; x
-    time-major (channels contiguous) with 16-byte aligned base and strides; a Hopper-or-later GPU (or the
-    interpreter, which emulates the descriptors)."""
-    if (
-        spec.groups != 1
-        or spec.precision == "fp32"
-        or (spec.precision == "tf32" and (x.dtype != torch.float32 or not tma.rounds_tf32()))
-    ):
-        return False
-    if x.is_cuda and torch.cuda.get_device_capability(x.device) < (9, 0):
-        return False
-    if x.stride(1) != 1 or spec.N == 0 or spec.L == 0 or spec.C == 0:
-        return False
-    size = x.element_size()
-    return x.data_ptr() % 16 == 0 and (x.stride(0) * size) % 16 == 0 and (x.stride(2) * size) % 16 == 0
+    """Can ``_conv1d_dense_tma_kernel`` run this call? groups = 1 and the time-major [N, L, C] view of x
+    usable by a TMA kernel (``tma.usable``: channels contiguous, 16-byte aligned base and strides)."""
+    return spec.groups == 1 and tma.usable(x.transpose(1, 2), spec.precision)
 
 
 def _launch_direct(

@@ -903,15 +903,8 @@ def _gemm_triton(
 
 
 def _tma_ok(a: torch.Tensor, packed: PackedWeights, spec: _Spec) -> bool:
-    """Can ``_gemm_tma_kernel`` run this call? "tf32" with float32 ``a`` or "fp16"; both operands fit TMA
-    descriptors (``tma.fits``); a Hopper-or-later GPU (or the interpreter, which emulates the descriptors)."""
-    if spec.precision == "fp32" or (
-        spec.precision == "tf32" and (a.dtype != torch.float32 or not tma.rounds_tf32())
-    ):
-        return False
-    if a.is_cuda and torch.cuda.get_device_capability(a.device) < (9, 0):
-        return False
-    return tma.fits(a) and tma.fits(packed.hi)
+    """Can ``_gemm_tma_kernel`` run this call? Both operands usable by a TMA kernel (``tma.usable``)."""
+    return tma.usable(a, spec.precision) and tma.fits(packed.hi)
 
 
 def _round_a_in_kernel(n_cols: int, kw: dict[str, int]) -> bool:

@@ -17,7 +17,7 @@ import functools
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-__all__ = ["descriptor", "fits", "rounds_tf32"]
+__all__ = ["descriptor", "fits", "rounds_tf32", "usable"]
 
 _NATIVE_ROUNDING = any(f.name == "round_f32_to_tf32" for f in dataclasses.fields(TensorDescriptor))
 _TMA_TFLOAT32 = 11
@@ -30,10 +30,22 @@ class _RoundingDescriptor(TensorDescriptor):
 
 
 def fits(t: torch.Tensor) -> bool:
-    """True when a 2-D tensor can back a TMA descriptor: last dim contiguous, 16-byte aligned base and rows."""
-    if t.dim() != 2 or t.stride(1) != 1 or t.shape[0] == 0 or t.shape[1] == 0:
+    """True when ``t`` can back a TMA descriptor: no empty dim, last dim contiguous, 16-byte aligned base and
+    strides."""
+    if t.numel() == 0 or t.stride(-1) != 1 or t.data_ptr() % 16:
         return False
-    return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    return all((st * t.element_size()) % 16 == 0 for st in t.stride()[:-1])
+
+
+def usable(t: torch.Tensor, precision: str) -> bool:
+    """Can a TMA kernel read the operand ``t`` (in its kernel's dim order) in ``precision``? "fp16", or
+    "tf32" with float32 ``t`` where descriptors round to TF32 (:func:`rounds_tf32`); a Hopper-or-later GPU
+    (or the interpreter, which emulates descriptors on CPU tensors); ``t`` :func:`fits`."""
+    if precision == "fp32" or (precision == "tf32" and (t.dtype != torch.float32 or not rounds_tf32())):
+        return False
+    if t.is_cuda and torch.cuda.get_device_capability(t.device) < (9, 0):
+        return False
+    return fits(t)
 
 
 def rounds_tf32() -> bool:
@@ -51,7 +63,7 @@ def rounds_tf32() -> bool:
 
 
 def descriptor(t: torch.Tensor, block: list[int], *, round_tf32: bool = False) -> TensorDescriptor:
-    """A descriptor over the 2-D ``t`` (see :func:`fits`) loading ``block`` tiles, zero-filled past the edges;
+    """A descriptor over ``t`` (see :func:`fits`) loading ``block`` tiles, zero-filled past the edges;
     ``round_tf32``: float32 values arrive rounded to TF32 (on the GPU; the interpreter loads them as they are)."""
     shape, strides = list(t.shape), list(t.stride())
     if not round_tf32:
