@@ -20,17 +20,10 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-__all__ = ["LaunchPlan", "PlanCache", "alignment"]
+__all__ = ["LaunchPlan", "PlanCache"]
 
 # Options JITFunction.run takes as keywords that are not kernel parameters.
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl")
-
-
-def alignment(t: torch.Tensor | None) -> int:
-    """The pointer property Triton specializes a tensor argument on: 1 if 16-byte aligned, else 0 (-1 for None)."""
-    if t is None:
-        return -1
-    return int(t.data_ptr() % 16 == 0)
 
 
 class LaunchPlan:
