@@ -550,7 +550,7 @@ class Bench:
         Cg = case.C // case.groups
         flops = 2.0 * case.N * case.O * L_out * Cg * case.K
         nbytes = x.numel() * x.element_size() + w.numel() * w.element_size() + case.N * case.O * L_out * 4
-        cuda_cores = precision == "fp32" or row.path in ("direct", "bank")
+        cuda_cores = precision == "fp32" or row.path in ("direct", "bank", "window")
         peak = fp32_peak if cuda_cores else TC_PEAK_TFLOPS[precision]
         row.peak_used = (
             f"fp32 FMA {fp32_peak:.1f} TFLOP/s" if cuda_cores else f"{precision} TC {peak:.0f} TFLOP/s"
@@ -613,7 +613,14 @@ class Bench:
         """Write the JSON and markdown results so far (after every case, so a timeout still leaves data)."""
         torch = self.torch
         tuning = [
-            {"space": e.space, "key": e.key, "config": e.config, "source": e.source, "seconds": e.seconds}
+            {
+                "space": e.space,
+                "key": e.key,
+                "config": e.config,
+                "source": e.source,
+                "seconds": e.seconds,
+                "timings_ms": dict(e.timings_ms),
+            }
             for e in self.autotune.events()
         ]
         tune_total = sum(e["seconds"] for e in tuning if e["source"] == "tuned")
@@ -664,7 +671,14 @@ class Bench:
         print(f"fp32 FMA peak: {fp32_peak:.1f} TFLOP/s ({peak_note})", flush=True)
         self.check_pass(todo)
         tuning = [
-            {"space": e.space, "key": e.key, "config": e.config, "source": e.source, "seconds": e.seconds}
+            {
+                "space": e.space,
+                "key": e.key,
+                "config": e.config,
+                "source": e.source,
+                "seconds": e.seconds,
+                "timings_ms": dict(e.timings_ms),
+            }
             for e in self.autotune.events()
         ]
         tune_total = sum(e["seconds"] for e in tuning if e["source"] == "tuned")

@@ -676,6 +676,77 @@ def test_bank_kernel_matches_the_direct_kernel() -> None:
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-4)
 
 
+_WINDOW_CASES = [
+    # C, M, K, dilation, padding, L, ROWS, TAPS, warps, time-major out
+    (
+        16,
+        4,
+        5,
+        1,
+        "causal",
+        75,
+        8,
+        4,
+        1,
+        True,
+    ),  # K not a multiple of TAPS (zero-padded taps); rows past L_out
+    (
+        40,
+        3,
+        11,
+        3,
+        "causal",
+        100,
+        5,
+        2,
+        1,
+        True,
+    ),  # ragged channel block, 3 filters (per-filter stores), 3 phases
+    (8, 8, 7, 1, "valid", 60, 6, 8, 1, False),  # channel-major out: per-filter stores; one tap step
+    (33, 2, 16, 2, "valid", 90, 3, 4, 2, True),  # two warps, 2 filters (a 2-wide vector store)
+    (6, 1, 1, 1, "causal", 20, 7, 1, 1, True),  # K = 1, one filter, one row window
+]
+
+
+@pytest.mark.parametrize(
+    ("C", "M", "K", "dilation", "padding", "L", "rows", "taps", "warps", "tm"), _WINDOW_CASES
+)
+def test_window_kernel(
+    C: int, M: int, K: int, dilation: int, padding: str, L: int, rows: int, taps: int, warps: int, tm: bool
+) -> None:
+    """The generated register-window kernel (tsconv.kernels.window) on price levels with bias and an
+    activation, into NaN-poisoned outputs: the causal history, the series end, partial channel blocks,
+    dilation phases and zero-padded tap steps; every output written and within the fp32 bound."""
+    x = price_levels(2, L, C, seed=41).transpose(1, 2)
+    w = zero_sum_weights(C * M, 1, K, seed=42)
+    b = torch.randn(C * M, generator=_gen(43)).to(DEVICE)
+    kw = dict(dilation=dilation, groups=C, padding=padding, activation="tanh")
+    spec = conv1d_mod._validate(x, w, b, None, precision="fp32", **kw)
+    out = nan_out(2, C * M, spec.L_out, time_major=tm)
+    meta = {"WINDOW": 1, "ROWS": rows, "TAPS": taps, "BLOCK_G": 32 * warps}
+    conv1d_mod._conv1d_triton(x, w, b, out, spec, config=autotune.Config("window", meta, warps, 1))
+    assert conv1d_mod.last_launch["path"] == "window"
+    assert not torch.isnan(out).any(), "some outputs were not written"
+    ref = conv1d_reference(x, w, b, **kw)
+    err_torch = relative_error(torch_conv1d_in_precision(x, w, b, precision="fp32", **kw), ref)
+    assert relative_error(out, ref) <= FP32_FACTOR * err_torch + ATOL["fp32"]
+
+
+def test_window_kernel_matches_the_direct_kernel() -> None:
+    """The window kernel sums the taps in the direct kernel's order with float32 FMAs: equal results."""
+    x = price_levels(1, 96, 16, seed=44).transpose(1, 2)
+    w = zero_sum_weights(64, 1, 9, dtype=torch.float32)
+    spec = conv1d_mod._validate(
+        x, w, None, None, dilation=2, groups=16, padding="causal", activation=None, precision="fp32"
+    )
+    outs = []
+    for meta in ({"BLOCK_T": 32, "BLOCK_G": 8}, {"WINDOW": 1, "ROWS": 4, "TAPS": 3, "BLOCK_G": 32}):
+        out = nan_out(1, 64, 96)
+        conv1d_mod._conv1d_triton(x, w, None, out, spec, config=autotune.Config("c", meta, 1, 1))
+        outs.append(out)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("path", ["dense", "depthwise"])
 def test_int64_indexing_variant(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     monkeypatch.setattr(conv1d_mod, "_FORCE_INDEX64", True)
@@ -852,6 +923,15 @@ def test_config_spaces_are_valid() -> None:
             bank = autotune.conv1d_direct_space(bm, groups, one_channel=True)
             names = [c.name for c in bank.configs]
             assert len(names) == len(set(names)) <= 12 and bank.default.meta.get("BANK") == 1
+            for filters in (bm, 3, 24):  # with the exact filter count: the window kernel first
+                win = autotune.conv1d_direct_space(bm, groups, one_channel=True, filters=filters)
+                names = [c.name for c in win.configs]
+                assert len(names) == len(set(names)) <= 17 and win.default.meta.get("WINDOW") == 1
+                assert win.interpreter.meta.get("WINDOW") == 1 and win.name != bank.name
+                for c in win.configs:
+                    if c.meta.get("WINDOW"):  # 64 to 128 accumulators, one channel a thread
+                        assert c.meta["BLOCK_G"] == 32 * c.num_warps
+                        assert c.meta["ROWS"] >= 2 and c.meta["ROWS"] * filters <= 128
             for c in bank.configs:
                 assert c.meta["BLOCK_G"] <= max(1, autotune.pow2_bucket(groups))
                 if c.meta.get("BANK"):  # at most 128 float32 accumulators per thread

@@ -49,6 +49,7 @@ __all__ = [
     "conv1d_dense_space",
     "conv1d_direct_space",
     "conv1d_bank_configs",
+    "conv1d_window_configs",
     "events",
     "pow2_bucket",
     "select",
@@ -478,7 +479,9 @@ def _direct(bt: int, bg: int, warps: int, stages: int, unroll: int = 1) -> Confi
     return Config(name, meta, warps, stages)
 
 
-def conv1d_direct_space(block_m: int, groups: int, *, one_channel: bool = False) -> ConfigSpace:
+def conv1d_direct_space(
+    block_m: int, groups: int, *, one_channel: bool = False, filters: int | None = None
+) -> ConfigSpace:
     """Direct (FMA) conv1d for depthwise and few-channels-per-group convs: a [BLOCK_T, BLOCK_G, BLOCK_M] tile.
 
     Candidates keep 16 to 64 float32 accumulators per thread, no more groups per tile than there are, and a
@@ -486,8 +489,9 @@ def conv1d_direct_space(block_m: int, groups: int, *, one_channel: bool = False)
     accumulator's layout rather than shuffling it through shared memory on every tap). The first candidate
     is the one-tap loop; the others unroll the tap loop (``_uN``: N taps' loads in flight per chunk) on the
     same tile, on smaller-footprint tiles (more programs per SM, 2 or 4 warps) and on wider channel tiles.
-    ``one_channel`` (one input channel per group): the space of :func:`conv1d_bank_configs` first, then the
-    direct kernel's best four, so the tuner picks the kernel too.
+    ``one_channel`` (one input channel per group): the register-window kernel's candidates
+    (:func:`conv1d_window_configs`, for ``filters`` per channel), then the bank kernel's, then the direct
+    kernel's best four, so the tuner picks the kernel too.
     """
     max_g = pow2_bucket(groups)
 
@@ -517,7 +521,7 @@ def conv1d_direct_space(block_m: int, groups: int, *, one_channel: bool = False)
         bg = max(1, min(max_g, 128 // block_m // 2))
         only = _direct(max(16, min(1024, 2048 // (bg * block_m))), bg, 4, 2)
         if one_channel:
-            return _with_bank(block_m, groups, [only])
+            return _with_bank(block_m, groups, [only], filters)
         return ConfigSpace(f"conv1d_direct_v2_m{block_m}", (only,), only, _direct(64, min(max_g, 32), 4, 1))
     cands = [(*base[0], 1), (*base[0], 4), (*base[0], 8)]
     if len(base) > 1:
@@ -534,16 +538,56 @@ def conv1d_direct_space(block_m: int, groups: int, *, one_channel: bool = False)
             configs.append(cfg)
     configs = configs[:8]
     if one_channel:
-        return _with_bank(block_m, groups, configs[:4])
+        return _with_bank(block_m, groups, configs[:4], filters)
     interp = _direct(64, min(max_g, 32), 4, 1, 4)
     return ConfigSpace(f"conv1d_direct_v2_m{block_m}", tuple(configs), configs[0], interp)
 
 
-def _with_bank(block_m: int, groups: int, direct: list[Config]) -> ConfigSpace:
-    """The bank kernel's candidates (its first is the default), then the direct kernel's best ones."""
+def _with_bank(block_m: int, groups: int, direct: list[Config], filters: int | None) -> ConfigSpace:
+    """The window kernel's candidates (its first is the default), then the bank kernel's, then the direct
+    kernel's best ones."""
     bank = conv1d_bank_configs(block_m, groups)
+    win = conv1d_window_configs(filters) if filters is not None else []
+    if win:
+        # small rows and taps: the interpreter runs it on the CPU in the tests
+        interp = _window(min(4, max(1, 64 // filters)), 4, 1)
+        return ConfigSpace(f"conv1d_bank_v2_m{filters}", (*win, *bank, *direct), win[0], interp)
     interp = _bank(32, min(pow2_bucket(groups), 16), 4, 2, 4, None)  # two time blocks a program, a tap tail
     return ConfigSpace(f"conv1d_bank_v1_m{block_m}", (*bank, *direct), bank[0], interp)
+
+
+def _window(rows: int, taps: int, warps: int, maxnreg: int | None = None) -> Config:
+    meta = {"WINDOW": 1, "ROWS": rows, "TAPS": taps, "BLOCK_G": 32 * warps}
+    name = f"win_r{rows}_k{taps}_w{warps}" + (f"_r{maxnreg}" if maxnreg else "")
+    return Config(name, meta, warps, 1, maxnreg)
+
+
+# Filters per channel up to which the window kernel is a candidate (two rows a thread at 64 accumulators).
+WINDOW_MAX_FILTERS = 32
+
+
+def conv1d_window_configs(filters: int) -> list[Config]:
+    """Candidates for the register-window kernel (:mod:`tsconv.kernels.window`) with ``filters`` (M) per
+    channel: one channel a thread, R rows x M filters of accumulators (64 or 128), KB taps per step.
+
+    Compiled for sm_90 (Triton's ptxas): at 64 accumulators about 150 registers and 82% of the tap loop's
+    instructions FMAs; at 128 accumulators 254 registers (no spills) and 83-90%.
+    """
+    if not 1 <= filters <= WINDOW_MAX_FILTERS:
+        return []
+    r64, r128 = max(2, 64 // filters), max(2, 128 // filters)
+    cands = [
+        _window(r64, 8, 4),
+        _window(r128, 4, 4),
+        _window(r128, 8, 4),
+        _window(r64, 8, 2),
+        _window(max(2, 96 // filters), 8, 4),
+    ]
+    out: list[Config] = []
+    for cfg in cands:
+        if all(c.name != cfg.name for c in out):
+            out.append(cfg)
+    return out
 
 
 def _bank(bt: int, bg: int, warps: int, t_iters: int, unroll: int, maxnreg: int | None) -> Config:

@@ -55,7 +55,7 @@ import triton
 import triton.language as tl
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune, tma
+from tsconv.kernels import autotune, tma, window
 from tsconv.kernels.activations import apply_activation
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
@@ -1223,15 +1223,19 @@ def _launch_direct(
 ) -> object:
     G, K = spec.groups, spec.K
     Cg, Og = spec.C // G, spec.O // G
+
     # [O, Cg, K] -> [Cg, K, O/G, G]: channels contiguous like x, upcast to float32 once here (the bank is small;
     # converting float16 in the tap loop would cost one instruction per weight per tap, half as many as FMAs).
-    wp = _WEIGHTS.get(
-        weight,
-        ("direct", G),
-        lambda w: w.reshape(G, Og, Cg, K).permute(2, 3, 1, 0).to(torch.float32).contiguous(),
-    )
+    # (packed when a direct or bank config runs: the window kernel packs its own)
+    def direct_weights() -> torch.Tensor:
+        return _WEIGHTS.get(
+            weight,
+            ("direct", G),
+            lambda w: w.reshape(G, Og, Cg, K).permute(2, 3, 1, 0).to(torch.float32).contiguous(),
+        )
+
     block_m = min(autotune.pow2_bucket(Og), 16)
-    index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), wp.numel()) > _INT32_MAX
+    index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), weight.numel()) > _INT32_MAX
     pad = (K - 1) * spec.dilation if spec.causal else 0
     # The channel counts per group are compile-time constants here: small, few distinct values per bank, and
     # known multiples let the compiler vectorise the weight loads and the output stores (o = g * OG + m).
@@ -1246,7 +1250,10 @@ def _launch_direct(
 
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
+        if kw.pop("WINDOW", 0):
+            return _launch_window(x, weight, bias, out, spec, index64, kw)
         kw.setdefault("UNROLL", 1)
+        wp = direct_weights()
         if kw.pop("BANK", 0):
             return _launch_bank(x, wp, bias, out, spec, meta, kw)
         n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
@@ -1278,15 +1285,64 @@ def _launch_direct(
         )
 
     if config is None:
-        space = autotune.conv1d_direct_space(block_m, G, one_channel=Cg == 1)
+        space = autotune.conv1d_direct_space(block_m, G, one_channel=Cg == 1, filters=Og)
         key = (
             f"x={_dtype_name(x)}|w={_dtype_name(weight)}|in={_layout(x)}|out={_layout(out)}"
             f"|G={autotune.pow2_bucket(G)}|Cg={autotune.pow2_bucket(Cg)}|Og={autotune.pow2_bucket(Og)}"
             f"|K={autotune.pow2_bucket(K)}|NL={autotune.pow2_bucket(spec.N * spec.L_out)}"
         )
         config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
-    last_launch.update(path="bank" if config.meta.get("BANK") else "direct", config=config.name)
+    path = "window" if config.meta.get("WINDOW") else "bank" if config.meta.get("BANK") else "direct"
+    last_launch.update(path=path, config=config.name)
     return launch(config)
+
+
+def _launch_window(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    spec: _Spec,
+    index64: bool,
+    kw: dict[str, int],
+) -> object:
+    """The generated register-window kernel (:mod:`tsconv.kernels.window`; one input channel per group)."""
+    G, Og, d = spec.groups, spec.O // spec.groups, spec.dilation
+    rows, taps, block_g = kw.pop("ROWS"), kw.pop("TAPS"), kw.pop("BLOCK_G")
+    wp = _WEIGHTS.get(
+        weight,
+        ("window", G, block_g, taps),
+        lambda w: window.pack_weights(w, groups=G, block_g=block_g, taps=taps),
+    )
+    n_tblk = triton.cdiv(spec.L_out, rows * d) * d  # d phases per block of rows * d steps
+    n_gblk = triton.cdiv(G, block_g)
+    grid = (spec.N * n_tblk * n_gblk,)
+    _check_grid(grid[0])
+    fn = window.kernel(rows, Og, taps)
+    return fn[grid](
+        x,
+        wp,
+        wp if bias is None else bias,
+        out,
+        spec.L,
+        spec.L_out,
+        spec.N,
+        G,
+        spec.K // taps,  # whole tap steps; the kernel's TAIL runs the rest
+        d,
+        (spec.K - 1) * d if spec.causal else 0,
+        n_tblk,
+        wp.stride(0),
+        *x.stride(),
+        *out.stride(),
+        HAS_BIAS=bias is not None,
+        ACT=spec.act,
+        INDEX64=index64 or wp.numel() > _INT32_MAX,
+        VEC_STORE=out.stride(1) == 1 and Og > 1 and Og & (Og - 1) == 0,
+        BLOCK_G=block_g,
+        TAIL=spec.K % taps,
+        **kw,
+    )
 
 
 def _launch_bank(
