@@ -1143,6 +1143,20 @@ for bm in (4, 8):
         if bm == 4:  # 8 filters on 4 warps: the weight tile goes through shared memory (measured faster)
             assert all("convert_layout" not in body for body in loops), f"{cfg.name}: a tap loop shuffles data"
         assert ck.metadata.num_warps == cfg.num_warps
+# the generated register-window kernels: no layout conversion in the tap loop, and every FMA of a tap step
+from tsconv.kernels import window
+runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
+           i32("L_in"), i32("L_out"), i32("N"), i32("G", "D"), i32("n_kstep"), i32("dilation"), i32("pad"),
+           i32("n_tblk"), i32("stride_wg", "D"), i32("stride_xn", "D"), i32("stride_xc", "1"),
+           i32("stride_xt", "D"), i32("stride_yn", "D"), i32("stride_yo", "1"), i32("stride_yt", "D")]
+for rows, filters in ((16, 4), (8, 8)):
+    cfg = autotune.Config("win", {"BLOCK_G": 128}, 4, 1)
+    consts = dict(HAS_BIAS=True, ACT=2, INDEX64=False, VEC_STORE=True, TAIL=3)
+    ck = build(window.kernel(rows, filters, 8), runtime, consts, cfg)
+    loops = innermost_loops(ck.asm["ttgir"])
+    assert loops and all("convert_layout" not in body for body in loops), "the window's tap loop shuffles data"
+    n_fma = ck.asm["ptx"].count("fma.rn.f32")
+    assert n_fma >= rows * filters * (8 + 3), f"{n_fma} FMAs for a tap step and a 3-tap tail"
 # the "tf32" pre-pass (x rounded to TF32): unit-stride rows in and out, as for a dense time-major x
 runtime = [("src_ptr", "*fp32", "D"), ("dst_ptr", "*fp32", "D"), i32("R"), i32("S", "D"), i32("n_rblk"),
            i32("n_sblk"), i32("stride_sb", "D"), i32("stride_sr", "D"), i32("stride_ss", "1"),

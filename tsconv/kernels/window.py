@@ -134,6 +134,9 @@ def source(rows: int, filters: int, taps: int) -> tuple[str, str]:
             add("    if HAS_BIAS:")
             add(f"        a{r}_{m} = a{r}_{m} + b{m}")
             add(f"    a{r}_{m} = _activate(a{r}_{m}, ACT)")
+    # Time-major out: stores in chunks of up to 4 filters (a tl.join tile, 16 bytes a thread). Other filter
+    # counts store filter by filter: a padded chunk at offsets that are not 16-byte aligned makes the
+    # compiler shuffle every row through shared memory (sm_90 TTGIR).
     chunk = min(M, 4) if M & (M - 1) == 0 else 1
     for r in range(R):
         add(f"    t_r = t0 + {r} * dilation")
