@@ -732,6 +732,17 @@ def test_window_kernel(
     assert relative_error(out, ref) <= FP32_FACTOR * err_torch + ATOL["fp32"]
 
 
+def test_window_generator_takes_small_integers_only() -> None:
+    """The generated source is built from validated integers: anything else is refused before any text."""
+    from tsconv.kernels import window
+
+    name, src = window.source(3, 2, 4)
+    assert name == "_conv1d_window_r3_m2_k4" and f"def {name}(" in src
+    for bad in (("3", 2, 4), (3.0, 2, 4), (True, 2, 4), (0, 2, 4), (3, 65, 4), (3, 2, 33), (64, 8, 4)):
+        with pytest.raises((TypeError, ValueError)):
+            window.source(*bad)
+
+
 def test_window_kernel_matches_the_direct_kernel() -> None:
     """The window kernel sums the taps in the direct kernel's order with float32 FMAs: equal results."""
     x = price_levels(1, 96, 16, seed=44).transpose(1, 2)
