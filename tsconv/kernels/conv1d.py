@@ -5,7 +5,7 @@ dilation=dilation, groups=groups)`` ("causal"; "valid" skips the padding) follow
 ``x`` through any strides (in particular the [N, C, L] view of a time-major [N, L, C] buffer) and writing a
 float32 result through any strides (``out=`` may be the [N, O, L] view of a time-major [N, L, O] buffer).
 
-Three kernels (and the depthwise bank variant of the direct one):
+Three kernels (and the depthwise bank variant of the direct one), and generated ones for depthwise banks:
 
 - ``_conv1d_dense_kernel``: an implicit GEMM on tensor cores for dense and grouped convs with at least 16
   input and 16 output channels per group. Output tile [BLOCK_T steps, BLOCK_O channels]; the reduction runs
@@ -37,6 +37,10 @@ Three kernels (and the depthwise bank variant of the direct one):
   [BLOCK_T steps, BLOCK_G groups, BLOCK_M filters] tile and loads each input value once per tap; the tap
   loop runs in compile-time chunks of ``UNROLL`` taps (several taps' loads in flight) plus a tail. The FLOPs
   are few, so it aims at memory bandwidth; it computes in float32 whatever ``precision`` says.
+- For one input channel per group (depthwise banks), the tuner's first candidates are the generated
+  register-window kernels of :mod:`tsconv.kernels.window` (``_launch_window``): one thread per channel keeps
+  a sliding window of x in registers, so each x value is loaded once and feeds all its thread's rows and
+  filters (2.5-5x the direct and bank kernels on the H200; benchmarks/NOTES.md).
 
 On CUDA tensors the Triton kernels run, with block shapes tuned per GPU and shape class and cached on disk
 (see :mod:`tsconv.kernels.autotune`). On CPU tensors they run through the Triton interpreter when
