@@ -609,10 +609,9 @@ class Bench:
 
     # ------------------------------------------------------------------------------------------ driver
 
-    def write_results(self, *, partial: bool, xproc: dict | None = None) -> dict:
-        """Write the JSON and markdown results so far (after every case, so a timeout still leaves data)."""
-        torch = self.torch
-        tuning = [
+    def tuning_records(self) -> list[dict]:
+        """The tuner's decisions so far, with each candidate's timing when it was tuned in this run."""
+        return [
             {
                 "space": e.space,
                 "key": e.key,
@@ -623,6 +622,11 @@ class Bench:
             }
             for e in self.autotune.events()
         ]
+
+    def write_results(self, *, partial: bool, xproc: dict | None = None) -> dict:
+        """Write the JSON and markdown results so far (after every case, so a timeout still leaves data)."""
+        torch = self.torch
+        tuning = self.tuning_records()
         tune_total = sum(e["seconds"] for e in tuning if e["source"] == "tuned")
         n_pass = sum(1 for r in self.rows if r.pass_)
         cache = str(self.autotune.cache_path(self.dev)) if self.dev.type == "cuda" else None
@@ -670,17 +674,7 @@ class Bench:
         self.fp32_peak, self.peak_note = fp32_peak, peak_note
         print(f"fp32 FMA peak: {fp32_peak:.1f} TFLOP/s ({peak_note})", flush=True)
         self.check_pass(todo)
-        tuning = [
-            {
-                "space": e.space,
-                "key": e.key,
-                "config": e.config,
-                "source": e.source,
-                "seconds": e.seconds,
-                "timings_ms": dict(e.timings_ms),
-            }
-            for e in self.autotune.events()
-        ]
+        tuning = self.tuning_records()
         tune_total = sum(e["seconds"] for e in tuning if e["source"] == "tuned")
         print(
             f"tuning: {sum(e['source'] == 'tuned' for e in tuning)} shape classes tuned in {tune_total:.1f} s, "

@@ -1230,7 +1230,7 @@ def _launch_direct(
 
     # [O, Cg, K] -> [Cg, K, O/G, G]: channels contiguous like x, upcast to float32 once here (the bank is small;
     # converting float16 in the tap loop would cost one instruction per weight per tap, half as many as FMAs).
-    # (packed when a direct or bank config runs: the window kernel packs its own)
+    # Packed only when a direct or bank config runs: the window kernel packs its own layout.
     def direct_weights() -> torch.Tensor:
         return _WEIGHTS.get(
             weight,
@@ -1342,7 +1342,7 @@ def _launch_window(
         HAS_BIAS=bias is not None,
         ACT=spec.act,
         INDEX64=index64 or wp.numel() > _INT32_MAX,
-        VEC_STORE=out.stride(1) == 1 and Og > 1 and Og & (Og - 1) == 0,
+        VEC_STORE=out.stride(1) == 1,  # the generator uses it only for power-of-two filter counts
         BLOCK_G=block_g,
         TAIL=spec.K % taps,
         **kw,
