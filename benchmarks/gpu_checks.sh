@@ -6,7 +6,7 @@ set -u
 DASK_FLAGS=${DASK_FLAGS:-}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-steps=",${1:-verify,e2e,trace,dask},"  # also: h2d
+steps=",${1:-verify,e2e,trace,dask},"  # also: h2d, recenter, recenter_cost
 want() { [[ $steps == *",$1,"* ]]; }
 # The device tool returns at most 8 files: every step logs into one file.
 run() {  # run LIMIT NAME CMD...: append to $OUT/log.txt, say how it went
@@ -25,6 +25,14 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if want verify; then
   run 150 pytest_gpu python -m pytest -q -m gpu tests/test_head.py -x -p no:cacheprovider
   run 120 batched_check python benchmarks/gpu_batched_check.py --out "$OUT/gpu_batched_check.json"
+fi
+if want recenter; then  # conv1d's recenter on the real kernels, then the engine against the CPU engine
+  run 200 pytest_recenter python -m pytest -q tests/kernels/test_recenter.py -x -p no:cacheprovider
+  run "${ENGINE_LIMIT:-330}" engine_check python benchmarks/gpu_engine_check.py \
+    --pipelines "${ENGINE_PIPELINES:-default,trend_ema,multiscale,dense_head}" --out "$OUT/gpu_engine_check.json"
+fi
+if want recenter_cost; then
+  run 200 recenter_cost python benchmarks/recenter_cost.py --out "$OUT/recenter_cost.json"
 fi
 if want h2d; then
   run 60 h2d python benchmarks/h2d_call.py --out "$OUT/h2d_call.json"

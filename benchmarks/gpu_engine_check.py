@@ -41,13 +41,14 @@ def main() -> int:
     ap.add_argument("--out", default="gpu_engine_check.json")
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--features", type=int, default=64)
+    ap.add_argument("--pipelines", default="default,trend_ema,multiscale,dense_head", help="comma list")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tsconv-gpu-"))
     src = make_ticks(work / "ticks.zarr", rows=args.rows, features=args.features, seed=0)
     x = np.asarray(zarr.open_group(str(src))["values"][:])
     names = zarr.open_group(str(src)).attrs["features"]
     results, ok = [], True
-    for name in ["default", "trend_ema", "multiscale", "dense_head"]:
+    for name in args.pipelines.split(","):
         if name == "dense_head" and args.features != 64:
             continue
         pipe = load_pipeline(ROOT / "pipelines" / f"{name}.toml")
@@ -78,19 +79,27 @@ def main() -> int:
         ok &= rec["pass"]
         results.append(rec)
         print(("PASS " if rec["pass"] else "FAIL ") + json.dumps(rec), flush=True)
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        commit = os.environ.get("TSCONV_COMMIT", "unknown")
+        _write(args.out, results)  # after every pipeline: a timeout keeps what was checked
+    return 0 if ok else 1
+
+
+def _write(path: str, results: list[dict]) -> None:
+    commit = os.environ.get("TSCONV_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.check_output(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True
+            ).strip()
+        except Exception:  # noqa: BLE001
+            commit = "unknown"
     doc = {
         "gpu": torch.cuda.get_device_name(0),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": commit,
         "torch": torch.__version__,
         "results": results,
     }
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
-    return 0 if ok else 1
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
 
 
 if __name__ == "__main__":

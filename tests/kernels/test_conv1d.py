@@ -1097,27 +1097,31 @@ for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32",
     cfg = autotune.Config(cfg.name, {"GROUP_T": 1, **cfg.meta}, cfg.num_warps, cfg.num_stages)
     xty = "*fp16" if cfg.meta.get("A16") else "*fp32"
     runtime = [("x_ptr", xty, "D"), ("w_ptr", wty, "D"), ("wlo_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"),
-               ("y_ptr", "*fp32", "D"), i32("L_in"), i32("L_out"), i32("G"), i32("Cg", "D"), i32("Og", "D"),
-               i32("K"), i32("dilation"), i32("pad"), i32("n_tblk"), i32("n_oblk"), i32("stride_xn", "D"),
+               ("s_ptr", "*fp64", "D"), ("y_ptr", "*fp32", "D"), i32("L_in"), i32("L_out"), i32("G"),
+               i32("Cg", "D"), i32("Og", "D"), i32("K"), i32("dilation"), i32("pad"), i32("n_tblk"), i32("n_oblk"), i32("stride_xn", "D"),
                i32("stride_xc", "1"), i32("stride_xt", "D"), i32("stride_wk", "D"), i32("stride_wo", "D"),
                i32("stride_yn", "D"), i32("stride_yo", "1"), i32("stride_yt", "D")]
     consts = dict(HAS_BIAS=True, ACT=2, PREC=prec, A_SPLIT=3 if prec == 0 else 1, W_SPLIT=split, FLUSH=prec == 0,
-                  INDEX64=False)
+                  INDEX64=False, RECENTER=False)
     ck = build(m._conv1d_dense_kernel, runtime, consts, cfg)
+    if prec == 0:  # the recentering variant (the engine's first stage) compiles and keeps wgmma
+        ck_rc = build(m._conv1d_dense_kernel, runtime, {**consts, "RECENTER": True}, cfg)
+        assert "warp_group_dot" in ck_rc.asm["ttgir"], "recenter=True lost the tensor cores"
     assert "warp_group_dot" in ck.asm["ttgir"], "the dense kernel does not use Hopper tensor cores (wgmma)"
     if prec != 0:
         # tf32 (x as loaded) and fp16 (pre-cast float16 x): both wgmma operands come from shared memory (a
         # 64-bit descriptor, not a register list, after the accumulator list)
         wg = [ln for ln in ck.asm["ptx"].splitlines() if "wgmma.mma_async" in ln]
         assert wg and all(not ln.split("}", 1)[1].lstrip(", ").startswith("{") for ln in wg), pname
-runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
+runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("s_ptr", "*fp64", "D"),
+           ("y_ptr", "*fp32", "D"),
            i32("L_in"), i32("L_out"), i32("G", "D"), i32("K"), i32("dilation"), i32("pad"), i32("n_tblk"),
            i32("n_gblk"), i32("n_mblk"), i32("stride_xn", "D"), i32("stride_xc", "1"), i32("stride_xt", "D"),
            i32("stride_wc", "D"), i32("stride_wk", "D"), i32("stride_wm", "D"), i32("stride_yn", "D"),
            i32("stride_yo", "1"), i32("stride_yt", "D")]
 for cfg in autotune.conv1d_direct_space(4, 1024).configs[:2]:  # the one-tap loop and its 4-tap unroll
     cfg = autotune.Config(cfg.name, {"UNROLL": 1, **cfg.meta}, cfg.num_warps, cfg.num_stages)
-    consts = dict(CG=1, OG=4, HAS_BIAS=True, ACT=3, INDEX64=False, BLOCK_M=4)
+    consts = dict(CG=1, OG=4, HAS_BIAS=True, ACT=3, INDEX64=False, BLOCK_M=4, RECENTER=cfg.meta["UNROLL"] > 1)
     ck = build(m._conv1d_direct_kernel, runtime, consts, cfg)
     ttgir = ck.asm["ttgir"]
     loop = ttgir[ttgir.index("scf.for"):]
@@ -1138,7 +1142,8 @@ def innermost_loops(ttgir):  # the bodies of the scf.for loops that hold no othe
             out.append("\n".join(body))
     return out
 
-runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
+runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("s_ptr", "*fp64", "D"),
+           ("y_ptr", "*fp32", "D"),
            i32("L_in"), i32("L_out"), i32("G", "D"), i32("K"), i32("dilation"), i32("pad"), i32("n_tprog"),
            i32("n_gblk"), i32("n_mblk"), i32("stride_xn", "D"), i32("stride_xc", "1"), i32("stride_xt", "D"),
            i32("stride_wk", "D"), i32("stride_wm", "D"), i32("stride_yn", "D"), i32("stride_yo", "1"),
@@ -1147,7 +1152,7 @@ for bm in (4, 8):
     for cfg in autotune.conv1d_bank_configs(bm, 1024)[:2]:
         meta = {k: v for k, v in cfg.meta.items() if k != "BANK"}
         cfg = autotune.Config(cfg.name, meta, cfg.num_warps, cfg.num_stages, cfg.maxnreg)
-        consts = dict(OG=bm, HAS_BIAS=True, ACT=2, INDEX64=False, EVEN=True, BLOCK_M=bm)
+        consts = dict(OG=bm, HAS_BIAS=True, ACT=2, INDEX64=False, EVEN=True, BLOCK_M=bm, RECENTER=bm == 8)
         ck = build(m._conv1d_bank_kernel, runtime, consts, cfg)
         loops = innermost_loops(ck.asm["ttgir"])
         assert loops, "no tap loop found"
@@ -1156,13 +1161,14 @@ for bm in (4, 8):
         assert ck.metadata.num_warps == cfg.num_warps
 # the generated register-window kernels: no layout conversion in the tap loop, and every FMA of a tap step
 from tsconv.kernels import window
-runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
+runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("s_ptr", "*fp64", "D"),
+           ("y_ptr", "*fp32", "D"),
            i32("L_in"), i32("L_out"), i32("N"), i32("G", "D"), i32("n_kstep"), i32("dilation"), i32("pad"),
            i32("n_tblk"), i32("stride_wg", "D"), i32("stride_xn", "D"), i32("stride_xc", "1"),
            i32("stride_xt", "D"), i32("stride_yn", "D"), i32("stride_yo", "1"), i32("stride_yt", "D")]
 for rows, filters in ((16, 4), (8, 8)):
     cfg = autotune.Config("win", {"BLOCK_G": 128}, 4, 1)
-    consts = dict(HAS_BIAS=True, ACT=2, INDEX64=False, VEC_STORE=True, TAIL=3)
+    consts = dict(HAS_BIAS=True, ACT=2, INDEX64=False, VEC_STORE=True, TAIL=3, RECENTER=filters == 8)
     ck = build(window.kernel(rows, filters, 8), runtime, consts, cfg)
     loops = innermost_loops(ck.asm["ttgir"])
     assert loops and all("convert_layout" not in body for body in loops), "the window's tap loop shuffles data"

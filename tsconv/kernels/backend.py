@@ -68,13 +68,17 @@ class Backend:
             )
             for L in plan.layers
         )
+        pre = plan.preprocess
+        self.pre = pre if pre is not None and pre.computes else None
+        self.pre_halo = plan.pre_halo
+        # Level data (no computing [preprocess]): the Triton kernels re-center the first stage per block of
+        # outputs as well (conv1d's ``recenter``), so the batched engine's error does not grow with the drift
+        # of a long step away from its one centering level (benchmarks/NOTES.md, "batched centering").
+        self.recenter_first = self.triton and self.pre is None
         self.head = plan.head
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
         self._head = self._head_paths(plan) if plan.head is not None and self.layers else None
-        pre = plan.preprocess
-        self.pre = pre if pre is not None and pre.computes else None
-        self.pre_halo = plan.pre_halo
 
     def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily
         """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.kernels.head`).
@@ -89,6 +93,7 @@ class Backend:
             self.device.type == "cuda" or (head.INTERPRETED and (forced is not None or measure))
         )
         last = self.layers[-1]
+        recenter = self.recenter_first and len(self.layers) == 1  # the last stage is also the first
         # The Triton paths read float16-stored head weights as float16 (exactly their values).
         half = active and plan.head.weight_dtype == "float16"
         return head.HeadPaths(
@@ -100,8 +105,9 @@ class Backend:
             head_bias=self.head_bias,
             head_activation=plan.head.activation,
             head_weight_torch=self.head_weight,
-            conv=lambda xt, bias: self._conv(xt, last, bias),
+            conv=lambda xt, bias: self._conv(xt, last, bias, recenter=recenter),
             triton=active,
+            recenter=recenter and active,
             forced=forced if active else None,
             measure=active and measure,
         )
@@ -112,8 +118,12 @@ class Backend:
         rows so far); None without a head or before the first chunk."""
         return None if self._head is None else self._head.path
 
-    def _conv(self, x: torch.Tensor, layer: _DeviceLayer, bias: torch.Tensor | None) -> torch.Tensor:
-        """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo]."""
+    def _conv(
+        self, x: torch.Tensor, layer: _DeviceLayer, bias: torch.Tensor | None, *, recenter: bool = False
+    ) -> torch.Tensor:
+        """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo].
+
+        ``recenter``: conv1d's per-block re-centering (the Triton kernels only; the first stage on levels)."""
         if self.triton:
             from .conv1d import conv1d
 
@@ -126,6 +136,7 @@ class Backend:
                 padding="valid",
                 activation=layer.activation,
                 precision="fp32",
+                recenter=recenter,
             )
         y = F.conv1d(x, layer.weight, bias, dilation=layer.dilation, groups=layer.groups)
         return apply_activation(y, layer.activation)
@@ -169,7 +180,7 @@ class Backend:
                 bias = layer.bias
             if i == last and self._head is not None:
                 return self._head.run(y, bias)  # the last stage and the head, by the chosen path
-            y = self._conv(y, layer, bias)
+            y = self._conv(y, layer, bias, recenter=i == 0 and self.recenter_first)
             start += layer.halo
             # Each stage pads its own input with zeros (F.pad semantics): rows before step 0 are zero
             # history for the next stage, not this stage's response to the previous zeros.
@@ -182,7 +193,7 @@ class Backend:
     ) -> torch.Tensor:
         """conv(x) computed as conv(x - c) + conv(c) (see :meth:`_first_stage_input`)."""
         xt, bias = self._first_stage_input(x, layer, c, centered=centered)
-        return self._conv(xt, layer, bias)
+        return self._conv(xt, layer, bias, recenter=self.recenter_first)
 
     def _first_stage_input(
         self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor, *, centered: bool = False

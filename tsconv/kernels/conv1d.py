@@ -174,7 +174,7 @@ def _round_tf32_kernel(
 
 
 @triton.jit
-def _dot_first(a, b, acc, FLUSH: tl.constexpr):
+def _dot_lvl(a, b, acc, FLUSH: tl.constexpr):
     if FLUSH:
         return tl.dot(a, b, input_precision="tf32")  # a fresh tensor-core accumulator
     return tl.dot(a, b, acc, input_precision="tf32")
@@ -200,21 +200,21 @@ def _dot_fp32(a, b, wlo_ptrs, w_mask, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.co
         if A_SPLIT == 3:
             a_mid = _round_tf32(a_r)
             a_lo = a_r - a_mid  # exact, at most 3 significant bits: exact in TF32
-            p = _dot_first(a_lo, b, acc, FLUSH)
+            p = _dot_lvl(a_lo, b, acc, FLUSH)
             if W_SPLIT:
                 p = tl.dot(a_mid, b_lo, p, input_precision="tf32")
             p = tl.dot(a_mid, b, p, input_precision="tf32")
         else:
-            p = _dot_first(a_r, b, acc, FLUSH)
+            p = _dot_lvl(a_r, b, acc, FLUSH)
         if W_SPLIT:
             p = tl.dot(a_hi, b_lo, p, input_precision="tf32")
         p = tl.dot(a_hi, b, p, input_precision="tf32")
     elif W_SPLIT:
         b_lo = tl.load(wlo_ptrs, mask=w_mask, other=0.0)
-        p = _dot_first(a, b_lo, acc, FLUSH)
+        p = _dot_lvl(a, b_lo, acc, FLUSH)
         p = tl.dot(a, b, p, input_precision="tf32")
     else:
-        p = _dot_first(a, b, acc, FLUSH)
+        p = _dot_lvl(a, b, acc, FLUSH)
     if FLUSH:
         p = acc + p
     return p
@@ -270,6 +270,7 @@ def _conv1d_dense_kernel(
     w_ptr,
     wlo_ptr,
     b_ptr,
+    s_ptr,
     y_ptr,
     L_in,
     L_out,
@@ -296,6 +297,7 @@ def _conv1d_dense_kernel(
     W_SPLIT: tl.constexpr,
     FLUSH: tl.constexpr,
     INDEX64: tl.constexpr,
+    RECENTER: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -328,6 +330,11 @@ def _conv1d_dense_kernel(
 
     acc = tl.full((BLOCK_T, BLOCK_O), 0.0, tl.float32)
     n_cb = (Cg + BLOCK_C - 1) // BLOCK_C
+    # recenter: each channel's level is its value at the block's first output step (see _level)
+    t_lvl = pid_t * BLOCK_T - pad + (K - 1) * dilation
+    if INDEX64:
+        t_lvl = t_lvl.to(tl.int64)
+    lv_ptrs = x_base + offs_c * stride_xc
     # One flat loop over (channel block, tap), taps fastest (consecutive A tiles overlap in time), so the
     # software pipeline spans all K * n_cb steps.
     for it in range(0, K * n_cb):
@@ -346,7 +353,10 @@ def _conv1d_dense_kernel(
         w_mask = c_ok[:, None] & o_mask[None, :]
         b = tl.load(w_ptrs + w_off, mask=w_mask, other=0.0)
         if PREC == 0:
-            acc = _dot_fp32(a.to(tl.float32), b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
+            a = a.to(tl.float32)
+            if RECENTER:  # exact where x is near its level (the case it is for); masked zeros become -level
+                a = a - _level(lv_ptrs + c0 * stride_xc, t_lvl, stride_xt, L_in, c_ok)[None, :]
+            acc = _dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
             # x as loaded (no rounding in registers): the launcher's pre-pass already rounded float32 x to
             # TF32 (ties to even), so the tensor core's truncation to TF32 changes nothing, and an operand
@@ -357,6 +367,15 @@ def _conv1d_dense_kernel(
             # float16 x (the launcher's pre-cast copy, or float16 input) goes to shared memory as loaded.
             acc = tl.dot(a.to(tl.float16), b, acc)
 
+    if RECENTER:  # + sum over channels of level * tap sum (float64 [O, Cg]; see _tap_sums), on the CUDA cores
+        addback = tl.full((BLOCK_O,), 0.0, tl.float64)
+        for c0 in range(0, Cg, BLOCK_C):
+            c_ok = offs_c < Cg - c0
+            lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, stride_xt, L_in, c_ok)
+            s_ptrs = s_ptr + (g * Og + offs_o)[None, :].to(tl.int64) * Cg + (c0 + offs_c)[:, None]
+            s = tl.load(s_ptrs, mask=c_ok[:, None] & o_mask[None, :], other=0.0)
+            addback += tl.sum(s * lv.to(tl.float64)[:, None], axis=0)
+        acc = acc + addback.to(tl.float32)[None, :]
     if HAS_BIAS:
         bias = tl.load(b_ptr + g * Og + offs_o, mask=o_mask, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
@@ -451,13 +470,43 @@ def _conv1d_dense_tma_kernel(
 
 
 @triton.jit
-def _direct_tap(acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk):
+def _level(row0_ptrs, row, stride_t, L_in, mask):
+    """The re-centering level of a block of outputs (``recenter=True``): x at ``row``, the input row of the
+    last tap of the block's first output (in "causal" padding that output's own step). It is the latest
+    value no later than any of the block's outputs, so re-centering stays causal; and it is never in the
+    zero history the engine passes before a series' first step (where a level taken from the block's
+    first input row would be the history's -level and throw the data far from it). 0 where that value is
+    not finite, so NaN and inf still reach exactly the outputs whose taps read them. ``row0_ptrs`` point
+    at input row 0."""
+    r = tl.maximum(row, 0)
+    v = tl.load(row0_ptrs + r * stride_t, mask=mask & (r < L_in), other=0.0).to(tl.float32)
+    return tl.where(tl.abs(v) < float("inf"), v, 0.0)
+
+
+@triton.jit
+def _direct_tap(
+    acc,
+    x_ptrs,
+    w_ptrs,
+    k,
+    t_base,
+    x_live,
+    gm_mask,
+    dilation,
+    stride_xt,
+    stride_wk,
+    lv,
+    RECENTER: tl.constexpr,
+):
     """acc + one tap k of the depthwise/direct conv: x [BLOCK_T, BLOCK_G, 1] times w [BLOCK_G, BLOCK_M]."""
     shift = k * dilation
     xv = tl.load(x_ptrs + shift * stride_xt, mask=(t_base >= -shift)[:, None, None] & x_live, other=0.0)
+    xv = xv.to(tl.float32)
+    if RECENTER:
+        xv = xv - lv  # a masked (zero-history) value becomes 0 - level, as it must
     # no other=: masked-off lanes only feed accumulators that are never stored
     wv = tl.load(w_ptrs + k * stride_wk, mask=gm_mask)
-    return acc + xv.to(tl.float32) * wv.to(tl.float32)[None, :, :]  # contracted to FMAs
+    return acc + xv * wv.to(tl.float32)[None, :, :]  # contracted to FMAs
 
 
 @triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk", "n_gblk", "n_mblk"])
@@ -465,6 +514,7 @@ def _conv1d_direct_kernel(
     x_ptr,
     w_ptr,
     b_ptr,
+    s_ptr,
     y_ptr,
     L_in,
     L_out,
@@ -489,6 +539,7 @@ def _conv1d_direct_kernel(
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     INDEX64: tl.constexpr,
+    RECENTER: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -532,30 +583,48 @@ def _conv1d_direct_kernel(
     x_live = (offs_t < L_out)[:, None, None] & g_mask[None, :, None]
 
     acc = tl.full((BLOCK_T, BLOCK_G, BLOCK_M), 0.0, tl.float32)
+    o = offs_g[:, None] * OG + offs_m[None, :]  # [BLOCK_G, BLOCK_M] output channels
+    # recenter: each input channel's level is its value at the block's first output step (see _level)
+    t_lvl = pid_t * BLOCK_T - pad + (K - 1) * dilation
+    if INDEX64:
+        t_lvl = t_lvl.to(tl.int64)
+    lv_ptrs = x_ptr + n.to(tl.int64) * stride_xn + (offs_g * CG) * stride_xc
+    addback = tl.full((BLOCK_G, BLOCK_M), 0.0, tl.float64)
+    lv = tl.full((1, BLOCK_G, 1), 0.0, tl.float32)
     # Taps in chunks of UNROLL (a compile-time unroll: several taps' loads in flight before their FMAs), then
     # a tail of K % UNROLL single taps.
     k_main = K - K % UNROLL
-    for _ci in range(0, CG):
+    for ci in range(0, CG):
+        if RECENTER:
+            lv1 = _level(lv_ptrs, t_lvl, stride_xt, L_in, g_mask)
+            lv = lv1[None, :, None]
+            # the level times each filter's tap sum (float64 [O, CG]), added back before the bias
+            s = tl.load(s_ptr + o * CG + ci, mask=gm_mask, other=0.0)
+            addback += lv1.to(tl.float64)[:, None] * s
+            lv_ptrs += stride_xc
         for k0 in range(0, k_main, UNROLL):
             for j in tl.static_range(UNROLL):
                 kk = k0 + j
                 if INDEX64:
                     kk = tl.cast(kk, tl.int64)
                 acc = _direct_tap(
-                    acc, x_ptrs, w_ptrs, kk, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk
-                )
+                    acc, x_ptrs, w_ptrs, kk, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, lv,
+                    RECENTER,
+                )  # fmt: skip
         if UNROLL > 1:
             for k in range(k_main, K):
                 kk = k
                 if INDEX64:
                     kk = tl.cast(k, tl.int64)
                 acc = _direct_tap(
-                    acc, x_ptrs, w_ptrs, kk, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk
-                )
+                    acc, x_ptrs, w_ptrs, kk, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, lv,
+                    RECENTER,
+                )  # fmt: skip
         x_ptrs += stride_xc
         w_ptrs += stride_wc
 
-    o = offs_g[:, None] * OG + offs_m[None, :]  # [BLOCK_G, BLOCK_M] output channels
+    if RECENTER:
+        acc = acc + addback.to(tl.float32)[None, :, :]
     if HAS_BIAS:
         bias = tl.load(b_ptr + o, mask=gm_mask, other=0.0).to(tl.float32)
         acc = acc + bias[None, :, :]
@@ -568,18 +637,23 @@ def _conv1d_direct_kernel(
 
 @triton.jit
 def _bank_tap(
-    acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, MASKED: tl.constexpr
-):
+    acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, lv, MASKED: tl.constexpr,
+    RECENTER: tl.constexpr,
+):  # fmt: skip
     """One tap of the bank kernel: the direct kernel's masked tap, or (interior) the same without masks."""
     if MASKED:
-        return _direct_tap(acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk)
-    xv = tl.load(x_ptrs + (k * dilation) * stride_xt)
-    return acc + xv.to(tl.float32) * tl.load(w_ptrs + k * stride_wk)[None, :, :]
+        return _direct_tap(
+            acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, lv, RECENTER
+        )
+    xv = tl.load(x_ptrs + (k * dilation) * stride_xt).to(tl.float32)
+    if RECENTER:
+        xv = xv - lv
+    return acc + xv * tl.load(w_ptrs + k * stride_wk)[None, :, :]
 
 
 @triton.jit
-def _bank_taps(acc, x_ptrs, w_ptrs, t_base, x_live, gm_mask, K, dilation, stride_xt, stride_wk, MASKED: tl.constexpr,
-               UNROLL: tl.constexpr):  # fmt: skip
+def _bank_taps(acc, x_ptrs, w_ptrs, t_base, x_live, gm_mask, K, dilation, stride_xt, stride_wk, lv,
+               MASKED: tl.constexpr, UNROLL: tl.constexpr, RECENTER: tl.constexpr):  # fmt: skip
     """acc + all K taps on one [BLOCK_T, BLOCK_G, BLOCK_M] time block, in chunks of UNROLL taps plus a tail.
 
     MASKED=False is the interior of the series (every tap's rows exist, whole channel and filter blocks):
@@ -588,11 +662,24 @@ def _bank_taps(acc, x_ptrs, w_ptrs, t_base, x_live, gm_mask, K, dilation, stride
     for k0 in range(0, k_main, UNROLL):
         for j in tl.static_range(UNROLL):
             acc = _bank_tap(
-                acc, x_ptrs, w_ptrs, k0 + j, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, MASKED
-            )
+                acc, x_ptrs, w_ptrs, k0 + j, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, lv, MASKED,
+                RECENTER,
+            )  # fmt: skip
     for k in range(k_main, K):
         acc = _bank_tap(
-            acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, MASKED
+            acc,
+            x_ptrs,
+            w_ptrs,
+            k,
+            t_base,
+            x_live,
+            gm_mask,
+            dilation,
+            stride_xt,
+            stride_wk,
+            lv,
+            MASKED,
+            RECENTER,
         )
     return acc
 
@@ -602,6 +689,7 @@ def _conv1d_bank_kernel(
     x_ptr,
     w_ptr,
     b_ptr,
+    s_ptr,
     y_ptr,
     L_in,
     L_out,
@@ -624,6 +712,7 @@ def _conv1d_bank_kernel(
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     INDEX64: tl.constexpr,
+    RECENTER: tl.constexpr,
     EVEN: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -659,6 +748,9 @@ def _conv1d_bank_kernel(
     o = offs_g[:, None] * OG + offs_m[None, :]
     if HAS_BIAS:
         bias = tl.load(b_ptr + o, mask=gm_mask, other=0.0).to(tl.float32)
+    if RECENTER:
+        tap_sums = tl.load(s_ptr + o, mask=gm_mask, other=0.0)
+    lv = tl.full((1, BLOCK_G, 1), 0.0, tl.float32)
     for it in range(T_ITERS):
         t0 = (pid_t * T_ITERS + it) * BLOCK_T
         if t0 < L_out:
@@ -681,6 +773,8 @@ def _conv1d_bank_kernel(
             else:
                 interior_end = 0  # ragged channel or filter blocks: every block takes the masked path
             x_live = (offs_t < L_out)[:, None, None] & g_mask[None, :, None]
+            if RECENTER:  # the level: each channel's x at this block's first output step (see _level)
+                lv = _level(x_base, t0 - pad + (K - 1) * dilation, stride_xt, L_in, g_mask[None, :, None])
             if (t0 >= pad) & (t0 + BLOCK_T <= interior_end):
                 acc = _bank_taps(
                     acc,
@@ -693,8 +787,10 @@ def _conv1d_bank_kernel(
                     dilation,
                     stride_xt,
                     stride_wk,
+                    lv,
                     False,
                     UNROLL,
+                    RECENTER,
                 )
             else:
                 # lanes past L_out are never stored and keep every tap's read below L_in (see the direct kernel)
@@ -709,9 +805,13 @@ def _conv1d_bank_kernel(
                     dilation,
                     stride_xt,
                     stride_wk,
+                    lv,
                     True,
                     UNROLL,
+                    RECENTER,
                 )
+            if RECENTER:
+                acc = acc + (lv.to(tl.float64) * tap_sums[None, :, :]).to(tl.float32)
             if HAS_BIAS:
                 acc = acc + bias[None, :, :]
             tl.store(y_ptrs, _activate(acc, ACT), mask=(offs_t < L_out)[:, None, None] & gm_mask[None, :, :])
@@ -743,6 +843,7 @@ class _Spec:
     L_out: int
     act: int
     precision: str
+    recenter: bool = False
 
 
 def _int_arg(name: str, value: object) -> int:
@@ -766,6 +867,7 @@ def _validate(
     padding: object,
     activation: object,
     precision: object,
+    recenter: object = False,
 ) -> _Spec:
     if not isinstance(x, torch.Tensor):
         raise ShapeError(
@@ -834,6 +936,13 @@ def _validate(
     if precision not in PRECISIONS:
         msg = f"precision must be 'fp32', 'tf32' or 'fp16', got {precision!r}."
         raise ShapeError(msg, hint="'fp32' is the default and the only mode fit for raw price levels.")
+    if not isinstance(recenter, bool):
+        raise ShapeError(f"recenter must be True or False, got {recenter!r}.", hint="pass recenter=True.")
+    if recenter and precision != "fp32":
+        msg = f"recenter=True is for precision='fp32', got precision={precision!r}."
+        raise ShapeError(
+            msg, hint="use precision='fp32' (the tensor-core modes are unfit for raw levels anyway)."
+        )
 
     if bias is not None:
         if not isinstance(bias, torch.Tensor):
@@ -858,7 +967,7 @@ def _validate(
             inputs={"x": x, "weight": weight, "bias": bias},
         )
 
-    return _Spec(N, C, L, O, K, groups, dilation, causal, L_out, _ACT_CODE[activation], precision)
+    return _Spec(N, C, L, O, K, groups, dilation, causal, L_out, _ACT_CODE[activation], precision, recenter)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -877,6 +986,7 @@ def conv1d(
     activation: str | None = None,
     precision: str = "fp32",
     out: torch.Tensor | None = None,
+    recenter: bool = False,
 ) -> torch.Tensor:
     """Causal conv1d with fused bias and activation; returns the float32 [N, O, L_out] result.
 
@@ -899,6 +1009,11 @@ def conv1d(
         out: optional float32 [N, O, L_out] destination with any non-overlapping strides, e.g. the
             ``transpose(1, 2)`` view of a time-major [N, L_out, O] buffer. Without it, the result is
             allocated time-major when ``x`` is a time-major view (channel stride 1) and contiguous otherwise.
+        recenter: for raw levels (prices) through zero-sum or near-zero-sum filters, with "fp32": each block
+            of outputs computes ``conv(x - v) + v * (sum of taps)`` with ``v`` the channel's value at the
+            block's first output step (causal, and skipped where not finite), so the float32 rounding scales
+            with the moves within a block's reach instead of with the level or its drift. A few percent more
+            work; the Triton kernels only (the torch path on CPU tensors computes as ``F.conv1d``).
 
     The call is asynchronous on CUDA (the current stream of ``x``'s device) and not differentiable. The first
     call for a new shape class on a GPU tunes the block shapes (several launches into ``out``, a few seconds;
@@ -918,6 +1033,7 @@ def conv1d(
         padding=padding,
         activation=activation,
         precision=precision,
+        recenter=recenter,
     )
     if out is None:
         out = _allocate_out(x, spec)
@@ -1021,6 +1137,14 @@ def _round_tf32_into(src: torch.Tensor, dst: torch.Tensor) -> None:
     )
 
 
+def _tap_sums(weight: torch.Tensor) -> torch.Tensor:
+    """float64 [O, C/groups], contiguous: each filter's sum over taps, which ``recenter`` multiplies by the
+    level it subtracted. float64, and the add-back summed in float64: a dense filter that is zero-sum over
+    channels and taps together has per-channel tap sums that cancel only across channels, and float32 sums
+    of level-sized terms would bring back the very error recentering removes (measured in the interpreter)."""
+    return _WEIGHTS.get(weight, ("tap_sums",), lambda w: w.double().sum(dim=2).contiguous())
+
+
 def _uses_gemm(Cg: int, Og: int) -> bool:
     """Tensor cores need at least 16 reduction and 16 output channels per group to pay off."""
     return Cg >= 16 and Og >= 16
@@ -1101,11 +1225,14 @@ def _launch_dense(
         "HAS_BIAS": bias is not None,
         "ACT": spec.act,
         "PREC": _PREC_CODE[spec.precision],
-        "A_SPLIT": _A_SPLIT if x.dtype == torch.float32 else 1,
+        # x minus a level is not TF32-exact even for float16 x: recentering always splits
+        "A_SPLIT": _A_SPLIT if x.dtype == torch.float32 or spec.recenter else 1,
         "W_SPLIT": w_lo is not None,
         "FLUSH": _FLUSH,
         "INDEX64": index64,
+        "RECENTER": spec.recenter,
     }
+    sums = _tap_sums(weight) if spec.recenter else w_hi
 
     cast: dict[str, torch.Tensor] = {}
 
@@ -1141,6 +1268,7 @@ def _launch_dense(
             w_hi,
             w_hi if w_lo is None else w_lo,
             w_hi if bias is None else bias,
+            sums,
             out,
             spec.L,
             spec.L_out,
@@ -1199,7 +1327,7 @@ def _launch_dense(
         )
 
     if config is None:
-        use_tma = _dense_tma_ok(x, spec)
+        use_tma = _dense_tma_ok(x, spec) and not spec.recenter
         space = autotune.conv1d_dense_space(spec.precision, K, Cg, Og, tma=use_tma)
         key = (
             f"{spec.precision}|x={_dtype_name(x)}|w={_dtype_name(weight)}|in={_layout(x)}|out={_layout(out)}"
@@ -1249,6 +1377,7 @@ def _launch_direct(
         "HAS_BIAS": bias is not None,
         "ACT": spec.act,
         "INDEX64": index64,
+        "RECENTER": spec.recenter,
         "BLOCK_M": block_m,
     }
 
@@ -1258,8 +1387,9 @@ def _launch_direct(
             return _launch_window(x, weight, bias, out, spec, index64, kw)
         kw.setdefault("UNROLL", 1)
         wp = direct_weights()
+        sums = _tap_sums(weight) if spec.recenter else wp
         if kw.pop("BANK", 0):
-            return _launch_bank(x, wp, bias, out, spec, meta, kw)
+            return _launch_bank(x, wp, bias, sums, out, spec, meta, kw)
         n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
         n_gblk = triton.cdiv(G, kw["BLOCK_G"])
         n_mblk = triton.cdiv(Og, block_m)
@@ -1269,6 +1399,7 @@ def _launch_direct(
             x,
             wp,
             wp if bias is None else bias,
+            sums,
             out,
             spec.L,
             spec.L_out,
@@ -1327,6 +1458,7 @@ def _launch_window(
         x,
         wp,
         wp if bias is None else bias,
+        _tap_sums(weight) if spec.recenter else wp,
         out,
         spec.L,
         spec.L_out,
@@ -1343,6 +1475,7 @@ def _launch_window(
         ACT=spec.act,
         INDEX64=index64 or wp.numel() > _INT32_MAX,
         VEC_STORE=out.stride(1) == 1,  # the generator uses it only for power-of-two filter counts
+        RECENTER=spec.recenter,
         BLOCK_G=block_g,
         TAIL=spec.K % taps,
         **kw,
@@ -1353,6 +1486,7 @@ def _launch_bank(
     x: torch.Tensor,
     wp: torch.Tensor,
     bias: torch.Tensor | None,
+    sums: torch.Tensor,
     out: torch.Tensor,
     spec: _Spec,
     meta: dict[str, object],
@@ -1373,6 +1507,7 @@ def _launch_bank(
         x,
         wp,
         wp if bias is None else bias,
+        sums,
         out,
         spec.L,
         spec.L_out,

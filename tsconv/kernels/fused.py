@@ -59,10 +59,12 @@ from tsconv.kernels.conv1d import (
     _WEIGHTS,
     _activate,
     _dot_fp32,
+    _level,
     _prepare_dense_weights,
     _round_tf32_into,
     _round_tf32_rne,
     _round_tf32_torch,
+    _tap_sums,
     _tf32_buffer,
 )
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
@@ -104,6 +106,7 @@ def _conv1d_head_kernel(
     w_ptr,
     wlo_ptr,
     b_ptr,
+    s_ptr,
     hw_ptr,
     hwlo_ptr,
     hb_ptr,
@@ -138,6 +141,7 @@ def _conv1d_head_kernel(
     FLUSH: tl.constexpr,
     ROUND_H: tl.constexpr,
     INDEX64: tl.constexpr,
+    RECENTER: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -160,6 +164,11 @@ def _conv1d_head_kernel(
     t_base = offs_t - pad
     a_ptrs = x_ptr + n.to(tl.int64) * stride_xn + t_base[:, None] * stride_xt + offs_c[None, :] * stride_xc
     n_cb = (C + BLOCK_C - 1) // BLOCK_C
+    # recenter (as in conv1d): each channel's level is its value at the block's first output step
+    t_lvl = pid_t * BLOCK_T - pad + (K - 1) * dilation
+    if INDEX64:
+        t_lvl = t_lvl.to(tl.int64)
+    lv_ptrs = x_ptr + n.to(tl.int64) * stride_xn + offs_c * stride_xc
 
     out_acc = tl.full((BLOCK_T, BLOCK_D), 0.0, tl.float32)
     for o0 in range(0, O, BLOCK_O):
@@ -188,12 +197,24 @@ def _conv1d_head_kernel(
             w_mask = c_ok[:, None] & o_mask[None, :]
             b = tl.load(w_ptrs + w_off, mask=w_mask, other=0.0)
             if PREC == 0:
-                acc = _dot_fp32(a.to(tl.float32), b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
+                a = a.to(tl.float32)
+                if RECENTER:
+                    a = a - _level(lv_ptrs + c0 * stride_xc, t_lvl, stride_xt, L_in, c_ok)[None, :]
+                acc = _dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
             elif PREC == 1:  # float32 x was rounded to TF32 by the launcher's pre-pass (see conv1d)
                 acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
             else:
                 acc = tl.dot(a.to(tl.float16), b, acc)
 
+        if RECENTER:  # + sum over channels of level * tap sum (float64 [O, C], as in conv1d)
+            addback = tl.full((BLOCK_O,), 0.0, tl.float64)
+            for c0 in range(0, C, BLOCK_C):
+                c_ok = offs_c < C - c0
+                lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, stride_xt, L_in, c_ok)
+                s_ptrs = s_ptr + offs_o[None, :].to(tl.int64) * C + (c0 + offs_c)[:, None]
+                sums = tl.load(s_ptrs, mask=c_ok[:, None] & o_mask[None, :], other=0.0)
+                addback += tl.sum(sums * lv.to(tl.float64)[:, None], axis=0)
+            acc = acc + addback.to(tl.float32)[None, :]
         if HAS_BIAS:
             bias = tl.load(b_ptr + offs_o, mask=o_mask, other=0.0).to(tl.float32)
             acc = acc + bias[None, :]
@@ -327,6 +348,7 @@ def _validate(
     activation: object,
     head_activation: object,
     precision: object,
+    recenter: object = False,
 ) -> _Spec:
     conv = _conv._validate(
         x,
@@ -338,6 +360,7 @@ def _validate(
         padding=padding,
         activation=activation,
         precision=precision,
+        recenter=recenter,
     )
     assert isinstance(x, torch.Tensor)
     if not isinstance(head_weight, torch.Tensor):
@@ -457,6 +480,7 @@ def conv1d_head(
     head_activation: str | None = None,
     precision: str = "fp32",
     out: torch.Tensor | None = None,
+    recenter: bool = False,
 ) -> torch.Tensor:
     """``head_act(act(conv1d(x) + bias) @ head_weight + head_bias)`` per step; returns float32 [N, L_out, D].
 
@@ -473,6 +497,8 @@ def conv1d_head(
             "tf32" / "fp16" (10-bit mantissas; unfit for raw price levels).
         out: optional float32 [N, L_out, D] destination with any non-overlapping strides; it must not share
             memory with the inputs. Without it a contiguous [N, L_out, D] tensor is allocated.
+        recenter: the conv's per-block re-centering for raw levels, as in :func:`tsconv.kernels.conv1d.conv1d`
+            ("fp32" only).
 
     Fused for dense convs (groups = 1) with O <= 1024 and D <= 256 (see :func:`fused_path`); other shapes
     (grouped and depthwise banks, wider convs or heads) run conv1d then gemm, with a [N, L_out, O] float32
@@ -495,6 +521,7 @@ def conv1d_head(
         activation=activation,
         head_activation=head_activation,
         precision=precision,
+        recenter=recenter,
     )
     c = spec.conv
     if out is None:
@@ -539,6 +566,7 @@ def _unfused(
         activation=_conv._ACT_NAME[c.act],
         precision=c.precision,
         out=y.transpose(1, 2),
+        recenter=c.recenter,
     )
     rows = c.N * c.L_out
     try:
@@ -627,15 +655,17 @@ def _fused_triton(
         "ACT": c.act,
         "HEAD_ACT": spec.head_act,
         "PREC": _PREC_CODE[c.precision],
-        "A_SPLIT": _A_SPLIT if x.dtype == torch.float32 else 1,
+        "A_SPLIT": _A_SPLIT if x.dtype == torch.float32 or c.recenter else 1,
         "H_SPLIT": _A_SPLIT,
         "W_SPLIT": w_lo is not None,
         "HW_SPLIT": h_lo is not None,
         "FLUSH": _FLUSH,
         "ROUND_H": c.precision == "tf32" and _ROUND_TF32,
         "INDEX64": index64,
+        "RECENTER": c.recenter,
         "BLOCK_D": block_d,
     }
+    sums = _tap_sums(weight) if c.recenter else w_hi
     # "tf32": float32 x rounded to TF32 once, as conv1d does (the conv loop loads each x value K times per
     # O block, so rounding it in registers there would cost K times and lose the shared-memory operand path).
     round_x = c.precision == "tf32" and x.dtype == torch.float32 and _ROUND_TF32
@@ -660,6 +690,7 @@ def _fused_triton(
             w_hi,
             w_hi if w_lo is None else w_lo,
             w_hi if b is None else b,
+            sums,
             h_hi,
             h_hi if h_lo is None else h_lo,
             h_hi if hb is None else hb,

@@ -135,6 +135,7 @@ class HeadPaths:
         triton: bool = True,
         forced: str | None = None,
         measure: bool = False,
+        recenter: bool = False,
     ) -> None:
         if forced is not None and forced not in PATHS:
             raise TsconvError(f"unknown head path {forced!r}", hint=f"use one of {', '.join(PATHS)}.")
@@ -151,6 +152,7 @@ class HeadPaths:
         self.D = int(head_weight.shape[1])
         self.halo = (self.K - 1) * self.dilation
         self.conv = conv if conv is not None else self._tsconv_conv
+        self.recenter = recenter  # conv1d's per-block re-centering in the Triton conv paths (the first stage)
         self.measure = measure and forced is None
         self.fused_reason = ""
         offered = ["unfused"]
@@ -261,6 +263,7 @@ class HeadPaths:
                 activation=self.activation,
                 head_activation=self.head_activation,
                 precision="fp32",
+                recenter=self.recenter,
             )[0]
         y = self.conv(xt, bias)[0].T  # [steps, O]
         if path == "gemm":
@@ -286,6 +289,7 @@ class HeadPaths:
             padding="valid",
             activation=self.activation,
             precision="fp32",
+            recenter=self.recenter,
         )
 
 

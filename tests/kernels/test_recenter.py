@@ -1,0 +1,156 @@
+"""conv1d's ``recenter`` option on every kernel path (Triton interpreter on CPU tensors, real kernels on a GPU).
+
+Raw levels far from zero through zero-sum filters lose digits in float32: the error scales with the level
+(or with the drift from a stale centering level), not with the moves the filters measure. ``recenter=True``
+subtracts, per block of outputs, each channel's value at the block's first input row and adds it back times
+the filter's tap sum; these tests pin that it (1) keeps the results of non-zero-sum filters (the add-back),
+(2) removes the level's share of the error, and (3) leaves NaN and inf reaching exactly the outputs they
+reached before.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tsconv.errors import ShapeError
+from tsconv.kernels import autotune
+from tsconv.kernels import conv1d as conv1d_mod
+from tsconv.kernels import fused as fused_mod
+from tsconv.kernels.conv1d_reference import conv1d_reference, relative_error, torch_conv1d_in_precision
+
+from .test_conv1d import ATOL, DEVICE, FP32_FACTOR, _gen, nan_out, zero_sum_weights
+
+# path -> (groups per C, filters per group or dense O, the config; None: the space's default / interpreter one)
+_PATHS = {
+    "dense": (1, 24, None),
+    "direct": ("C", 3, {"BLOCK_T": 16, "BLOCK_G": 8, "UNROLL": 2}),
+    "grouped_direct": ("C/2", 3, {"BLOCK_T": 16, "BLOCK_G": 8, "UNROLL": 1}),
+    "bank": ("C", 3, {"BANK": 1, "BLOCK_T": 16, "BLOCK_G": 8, "T_ITERS": 2, "UNROLL": 2}),
+    "window": ("C", 3, {"WINDOW": 1, "ROWS": 4, "TAPS": 3, "BLOCK_G": 32}),
+}
+
+
+def far_levels(N: int, L: int, C: int, seed: int = 0, level: float = 4096.0) -> torch.Tensor:
+    """A time-major [N, L, C] buffer of random walks (0.01 steps) around ``level``: float32 resolves only
+    about 5e-4 there, so a 0.01 move is 20 units in the last place."""
+    steps = 0.01 * torch.randn(N, L, C, generator=_gen(seed), dtype=torch.float64)
+    return (level + steps.cumsum(1)).to(torch.float32).to(DEVICE)
+
+
+def _case(path: str, C: int, K: int, *, zero_sum: bool = True, seed: int = 7, wdtype=torch.float32):
+    g_spec, per, meta = _PATHS[path]
+    groups = {1: 1, "C": C, "C/2": C // 2}[g_spec]
+    O = per if groups == 1 else groups * per
+    Cg = C // groups
+    if zero_sum:
+        w = zero_sum_weights(O, Cg, K, seed=seed, dtype=wdtype)
+    else:  # moving averages: tap sum 1 per output, so the add-back carries the whole level
+        w = torch.full((O, Cg, K), 1.0 / (Cg * K), dtype=torch.float32, device=DEVICE)
+    cfg = None if meta is None else autotune.Config(path, meta, 4 if path != "window" else 1, 1)
+    return groups, w, cfg
+
+
+def _run(x, w, b, *, groups, cfg, recenter, path, **kw):
+    spec = conv1d_mod._validate(x, w, b, None, groups=groups, precision="fp32", recenter=recenter, **kw)
+    out = nan_out(x.shape[0], w.shape[0], spec.L_out)
+    conv1d_mod._conv1d_triton(x, w, b, out, spec, config=cfg)
+    expected = {"grouped_direct": "direct"}.get(path, path)
+    assert conv1d_mod.last_launch["path"] == expected
+    return out
+
+
+@pytest.mark.parametrize("path", list(_PATHS))
+@pytest.mark.parametrize(("K", "dilation", "padding"), [(5, 1, "causal"), (4, 3, "valid")])
+def test_recenter_removes_the_levels_error(path: str, K: int, dilation: int, padding: str) -> None:
+    """Zero-sum filters on levels near 4096: the error falls by more than 10x and meets the fp32 bound."""
+    C, L = 16, 70
+    x = far_levels(2, L, C, seed=1).transpose(1, 2)
+    groups, w, cfg = _case(path, C, K)
+    b = torch.randn(w.shape[0], generator=_gen(3)).to(DEVICE) * 0.01
+    kw = dict(dilation=dilation, padding=padding, activation="tanh")
+    ref = conv1d_reference(x, w, b, groups=groups, **kw)
+    plain = _run(x, w, b, groups=groups, cfg=cfg, recenter=False, path=path, **kw)
+    centered = _run(x, w, b, groups=groups, cfg=cfg, recenter=True, path=path, **kw)
+    assert not torch.isnan(centered).any(), "some outputs were not written"
+    err_plain, err = relative_error(plain, ref), relative_error(centered, ref)
+    assert err * 10 < err_plain, f"recentered {err:.2e} vs plain {err_plain:.2e}"
+    err_torch = relative_error(torch_conv1d_in_precision(x, w, b, groups=groups, precision="fp32", **kw), ref)
+    assert err <= FP32_FACTOR * err_torch + ATOL["fp32"]
+
+
+@pytest.mark.parametrize("path", list(_PATHS))
+def test_recenter_adds_the_level_back(path: str) -> None:
+    """Moving averages (tap sum 1) on levels: the output is the level itself, so a missing or misplaced
+    add-back (it goes before the bias and the activation) would be off by thousands."""
+    C, L, K = 16, 50, 6
+    x = far_levels(1, L, C, seed=2).transpose(1, 2)
+    groups, w, cfg = _case(path, C, K, zero_sum=False)
+    b = torch.full((w.shape[0],), -4096.0, device=DEVICE)  # relu(level - 4096): needs the add-back first
+    kw = dict(dilation=2, padding="causal", activation="relu")
+    ref = conv1d_reference(x, w, b, groups=groups, **kw)
+    out = _run(x, w, b, groups=groups, cfg=cfg, recenter=True, path=path, **kw)
+    err_torch = relative_error(torch_conv1d_in_precision(x, w, b, groups=groups, precision="fp32", **kw), ref)
+    # the causal history's zeros make early outputs ~ -4096 before the relu: the scale of the check
+    assert (out.double() - ref).abs().max().item() <= 4096 * (FP32_FACTOR * err_torch + 1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("path", list(_PATHS))
+def test_recenter_keeps_nan_and_inf_where_they_were(path: str) -> None:
+    """NaN and inf at block starts (where the level is read), at step 0 and elsewhere reach exactly the
+    outputs the reference says: a non-finite level is skipped, never spread over its block."""
+    C, L, K = 16, 64, 3
+    buf = far_levels(1, L, C, seed=5)
+    for t in (0, 14, 16, 30, 47):
+        buf[0, t, 3] = math.nan
+    for t in (0, 16, 33):
+        buf[0, t, 9] = math.inf
+    buf[0, 20, 9] = -math.inf
+    x = buf.transpose(1, 2)
+    # float16 weights: the dense fp32 kernel's float32-weight split multiplies x by the weights' TF32 low
+    # part, and inf times a zero low part is NaN with or without recentering (see benchmarks/NOTES.md)
+    groups, w, cfg = _case(path, C, K, wdtype=torch.float16)
+    for padding in ("causal", "valid"):
+        kw = dict(dilation=1, padding=padding, activation=None)
+        ref = conv1d_reference(x, w, None, groups=groups, **kw)
+        out = _run(x, w, None, groups=groups, cfg=cfg, recenter=True, path=path, **kw)
+        assert torch.equal(torch.isnan(out), torch.isnan(ref)), padding
+        assert torch.equal(torch.isinf(out), torch.isinf(ref)), padding
+        finite = torch.isfinite(ref)
+        assert torch.allclose(out[finite].double(), ref[finite], rtol=0, atol=1e-3)
+
+
+def test_recenter_fused_head() -> None:
+    """The fused conv -> head kernel recenters its conv tile the same way (interpreted or on a GPU)."""
+    if not (DEVICE.type == "cuda" or fused_mod._INTERPRETED):
+        pytest.skip("the fused kernel runs on a GPU or in the interpreter")
+    C, L, K, O, D = 16, 60, 4, 32, 8
+    x = far_levels(2, L, C, seed=6).transpose(1, 2)
+    w = zero_sum_weights(O, C, K, dtype=torch.float32)
+    hw = torch.randn(O, D, generator=_gen(8)).to(DEVICE) / 4
+    outs = {}
+    for rc in (False, True):
+        cfg = autotune.Config("f", {"BLOCK_T": 32, "BLOCK_O": 32, "BLOCK_C": 16}, 4, 1)
+        spec = fused_mod._validate(
+            x, w, None, hw, None, None, dilation=2, groups=1, padding="valid", activation="gelu",
+            head_activation=None, precision="fp32", recenter=rc,
+        )  # fmt: skip
+        out = torch.full((2, spec.conv.L_out, D), math.nan, device=DEVICE)
+        fused_mod._fused_triton(x, w, None, hw, None, out, spec, config=cfg)
+        outs[rc] = out
+    conv = conv1d_reference(x, w, None, dilation=2, padding="valid", activation="gelu")
+    ref = conv.transpose(1, 2) @ hw.double()
+    err_plain, err = relative_error(outs[False], ref), relative_error(outs[True], ref)
+    assert err * 10 < err_plain, f"recentered {err:.2e} vs plain {err_plain:.2e}"
+
+
+def test_recenter_validation() -> None:
+    x = far_levels(1, 20, 4).transpose(1, 2)
+    w = zero_sum_weights(4, 1, 3)
+    with pytest.raises(ShapeError, match="recenter must be True or False"):
+        conv1d_mod.conv1d(x, w, groups=4, recenter="yes")
+    with pytest.raises(ShapeError, match="precision='fp32'"):
+        conv1d_mod.conv1d(x, w, groups=4, recenter=True, precision="tf32")
