@@ -542,13 +542,13 @@ from tsconv.kernels import fused as m
 def i32(name, spec=""):
     return (name, "i32", spec)
 
-def compile_one(pname, O, D, cfg):
+def compile_one(pname, O, D, cfg, recenter=False):
     # compile for sm_90, then ptxas -v on the PTX: (registers, spilled bytes, ttgir)
     fn = m._conv1d_head_kernel
     prec = {"fp32": 0, "tf32": 1, "fp16": 2}[pname]
     wty = "*fp16" if pname == "fp16" else "*fp32"
     runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", wty, "D"), ("wlo_ptr", wty, "D"), ("b_ptr", "*fp32", "D"),
-               ("hw_ptr", wty, "D"), ("hwlo_ptr", wty, "D"), ("hb_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
+               ("s_ptr", "*fp64", "D"), ("hw_ptr", wty, "D"), ("hwlo_ptr", wty, "D"), ("hb_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
                i32("L_in"), i32("L_out"), i32("C", "D"), i32("O", "D"), i32("D", "D"), i32("K"),
                i32("dilation"), i32("pad"), i32("n_tblk"), i32("stride_xn", "D"), i32("stride_xc", "1"),
                i32("stride_xt", "D"), i32("stride_wk", "D"), i32("stride_wo", "D"), i32("stride_hd", "D"),
@@ -565,7 +565,7 @@ def compile_one(pname, O, D, cfg):
                 attrs[(idx,)] = [["tt.divisibility", 16]]
     consts = dict(HAS_BIAS=True, HAS_HBIAS=True, ACT=2, HEAD_ACT=3, PREC=prec, A_SPLIT=3 if prec == 0 else 1,
                   H_SPLIT=3, W_SPLIT=False, HW_SPLIT=False, FLUSH=prec == 0, ROUND_H=prec == 1, INDEX64=False,
-                  BLOCK_D=max(16, D), **cfg.meta)
+                  RECENTER=recenter, BLOCK_D=max(16, D), **cfg.meta)
     for name, value in consts.items():
         sig[name] = "constexpr"
         constexprs[(fn.arg_names.index(name),)] = value
@@ -592,6 +592,10 @@ if __name__ == "__main__":
             print(f"{pname} O={O} D={D} {cfg.name}: {regs} registers, {spills} bytes spilled")
             assert "warp_group_dot" in ttgir, f"{pname}: no Hopper tensor-core dot (wgmma)"
             assert spills == 0, f"{pname} O={O} D={D} {cfg.name} spills {spills} bytes"
+    cfg = m.conv1d_head_space("fp32", 256, 256, 64).default  # the engine's first stage recenters
+    regs, spills, ttgir = compile_one("fp32", 256, 64, cfg, recenter=True)
+    print(f"fp32 recenter O=256 D=64 {cfg.name}: {regs} registers, {spills} bytes spilled")
+    assert "warp_group_dot" in ttgir and spills == 0, f"recenter: {spills} bytes spilled"
     print("compiled OK")
 """
 
