@@ -36,13 +36,37 @@ def _rel_err(y: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(y.astype(np.float64) - ref)[ok] / np.broadcast_to(scale, ref.shape)[ok]))
 
 
+def _worst_columns(y: np.ndarray, ref: np.ndarray, names: tuple[str, ...], n: int = 3) -> list[list]:
+    """The ``n`` output columns with the largest error (the metric of ``_rel_err``, per column)."""
+    scale = np.nanmax(np.abs(ref), axis=0) + 1e-30
+    err = np.abs(y.astype(np.float64) - ref) / scale
+    per_col = np.nanmax(np.where(np.isnan(ref), np.nan, err), axis=0)
+    order = np.argsort(np.nan_to_num(per_col, nan=-1.0))[::-1][:n]
+    return [[names[j], float(per_col[j])] for j in order]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gpu_engine_check.json")
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--features", type=int, default=64)
     ap.add_argument("--pipelines", default="default,trend_ema,multiscale,dense_head", help="comma list")
+    ap.add_argument(
+        "--no-recenter",
+        action="store_true",
+        help="A/B: the CUDA engine without conv1d's per-block recentering",
+    )
     args = ap.parse_args()
+    if args.no_recenter:
+        from tsconv.kernels.backend import Backend
+
+        init = Backend.__init__
+
+        def no_recenter(self, *a, **kw) -> None:  # noqa: ANN001, ANN002, ANN003
+            init(self, *a, **kw)
+            self.recenter_first = False
+
+        Backend.__init__ = no_recenter
     work = Path(tempfile.mkdtemp(prefix="tsconv-gpu-"))
     src = make_ticks(work / "ticks.zarr", rows=args.rows, features=args.features, seed=0)
     x = np.asarray(zarr.open_group(str(src))["values"][:])
@@ -54,7 +78,8 @@ def main() -> int:
         pipe = load_pipeline(ROOT / "pipelines" / f"{name}.toml")
         plan = resolve(pipe, names)
         ref = pipeline_reference(x, plan)
-        rec = {"pipeline": name, "rows": args.rows, "features": args.features, "outputs": plan.n_outputs}
+        rec = {"pipeline": name, "rows": args.rows, "features": args.features, "outputs": plan.n_outputs,
+               "recenter": not args.no_recenter}  # fmt: skip
         outs = {}
         for device in ["cpu", "cuda"]:
             out = work / f"{name}-{device}.zarr"
@@ -68,6 +93,7 @@ def main() -> int:
                 "rows_per_s": round(r.rows_per_s),
                 "rel_err_vs_float64": _rel_err(y, ref),
                 "nan_pattern_equal": same_nan,
+                "worst_columns": _worst_columns(y, ref, plan.output_names),
                 "peak_gpu_allocated_mib": None
                 if r.peak_gpu_allocated_bytes is None
                 else round(r.peak_gpu_allocated_bytes / 2**20, 1),
