@@ -174,7 +174,7 @@ def _round_tf32_kernel(
 
 
 @triton.jit
-def _dot_lvl(a, b, acc, FLUSH: tl.constexpr):
+def _dot_first(a, b, acc, FLUSH: tl.constexpr):
     if FLUSH:
         return tl.dot(a, b, input_precision="tf32")  # a fresh tensor-core accumulator
     return tl.dot(a, b, acc, input_precision="tf32")
@@ -200,21 +200,22 @@ def _dot_fp32(a, b, wlo_ptrs, w_mask, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.co
         if A_SPLIT == 3:
             a_mid = _round_tf32(a_r)
             a_lo = a_r - a_mid  # exact, at most 3 significant bits: exact in TF32
-            p = _dot_lvl(a_lo, b, acc, FLUSH)
+            p = _dot_first(a_lo, b, acc, FLUSH)
             if W_SPLIT:
                 p = tl.dot(a_mid, b_lo, p, input_precision="tf32")
             p = tl.dot(a_mid, b, p, input_precision="tf32")
         else:
-            p = _dot_lvl(a_r, b, acc, FLUSH)
+            p = _dot_first(a_r, b, acc, FLUSH)
         if W_SPLIT:
-            p = tl.dot(a_hi, b_lo, p, input_precision="tf32")
+            # +-inf times a zero low part would be NaN: infinities reach the sum through the high part only
+            p = tl.dot(tl.where(tl.abs(a_hi) < float("inf"), a_hi, 0.0), b_lo, p, input_precision="tf32")
         p = tl.dot(a_hi, b, p, input_precision="tf32")
     elif W_SPLIT:
         b_lo = tl.load(wlo_ptrs, mask=w_mask, other=0.0)
-        p = _dot_lvl(a, b_lo, acc, FLUSH)
+        p = _dot_first(tl.where(tl.abs(a) < float("inf"), a, 0.0), b_lo, acc, FLUSH)  # as above
         p = tl.dot(a, b, p, input_precision="tf32")
     else:
-        p = _dot_lvl(a, b, acc, FLUSH)
+        p = _dot_first(a, b, acc, FLUSH)
     if FLUSH:
         p = acc + p
     return p

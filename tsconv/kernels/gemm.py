@@ -131,10 +131,11 @@ def _dot_split(a, b, b_lo, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.constexpr, FL
         else:
             p = _dot_tf32(a_r, b, acc, FLUSH)
         if W_SPLIT:
-            p = tl.dot(a_hi, b_lo, p, input_precision="tf32")
+            # +-inf times a zero low part would be NaN: infinities reach the sum through the high part only
+            p = tl.dot(tl.where(tl.abs(a_hi) < float("inf"), a_hi, 0.0), b_lo, p, input_precision="tf32")
         p = tl.dot(a_hi, b, p, input_precision="tf32")
     elif W_SPLIT:
-        p = _dot_tf32(a, b_lo, acc, FLUSH)
+        p = _dot_tf32(tl.where(tl.abs(a) < float("inf"), a, 0.0), b_lo, acc, FLUSH)  # as above
         p = tl.dot(a, b, p, input_precision="tf32")
     else:
         p = _dot_tf32(a, b, acc, FLUSH)
