@@ -320,3 +320,37 @@ def test_the_default_head_path_is_unfused(monkeypatch):
     assert head.requested_path() == "unfused"
     monkeypatch.setenv(head.ENV, "auto")
     assert head.requested_path() is None
+
+
+@pytest.mark.parametrize("path", ["unfused", "gemm", "fused"])
+@pytest.mark.parametrize("pipe", ["single", "two"])
+def test_only_the_first_stage_recenters_on_every_head_path(pipe, path, monkeypatch):
+    """The Triton backend's first stage (level data) runs with conv1d's ``recenter``, whichever path
+    computes it; later stages never do (their inputs are features, not levels)."""
+    from tsconv.kernels import conv1d as conv1d_mod
+
+    calls: list[tuple[str, int, bool]] = []
+    real_conv, real_fused = conv1d_mod.conv1d, fused.conv1d_head
+
+    def conv_spy(x, w, *a, **kw):
+        calls.append(("conv1d", int(w.shape[1]), kw.get("recenter", False)))
+        return real_conv(x, w, *a, **kw)
+
+    def fused_spy(x, w, *a, **kw):
+        calls.append(("conv1d_head", int(w.shape[1]), kw.get("recenter", False)))
+        return real_fused(x, w, *a, **kw)
+
+    monkeypatch.setattr(conv1d_mod, "conv1d", conv_spy)
+    monkeypatch.setattr(fused, "conv1d_head", fused_spy)
+    x, plan = _data(160), _plan(pipe)
+    backend = _cpu_backend(plan, monkeypatch, path)
+    y = _batched(x, plan, backend, step_rows=64)
+    assert_matches_reference(y, x, plan)
+    first_cg = plan.layers[0].weight.shape[1]  # input channels per group of the first stage
+    assert calls and {c for c in calls if c[1] == first_cg and c[2]} == {c for c in calls if c[2]}
+    if pipe == "single":  # the first stage is the last: the head path itself recenters
+        assert all(rc for _, _, rc in calls)
+        assert {name for name, _, _ in calls} == {"conv1d_head" if path == "fused" else "conv1d"}
+    else:  # a depthwise bank (1 channel per group) recenters, the dense last stage (8 channels) does not
+        assert ("conv1d", 1, True) in calls and ("conv1d", 8, True) not in calls
+        assert not any(rc for _, cg, rc in calls if cg == 8)
