@@ -330,14 +330,19 @@ def test_only_the_first_stage_recenters_on_every_head_path(pipe, path, monkeypat
     from tsconv.kernels import conv1d as conv1d_mod
 
     calls: list[tuple[str, int, bool]] = []
+    history: list[int] = []  # recenter_from of each recentered call: the zero-history rows of its input
     real_conv, real_fused = conv1d_mod.conv1d, fused.conv1d_head
 
     def conv_spy(x, w, *a, **kw):
         calls.append(("conv1d", int(w.shape[1]), kw.get("recenter", False)))
+        if kw.get("recenter"):
+            history.append(kw.get("recenter_from", 0))
         return real_conv(x, w, *a, **kw)
 
     def fused_spy(x, w, *a, **kw):
         calls.append(("conv1d_head", int(w.shape[1]), kw.get("recenter", False)))
+        if kw.get("recenter"):
+            history.append(kw.get("recenter_from", 0))
         return real_fused(x, w, *a, **kw)
 
     monkeypatch.setattr(conv1d_mod, "conv1d", conv_spy)
@@ -348,6 +353,8 @@ def test_only_the_first_stage_recenters_on_every_head_path(pipe, path, monkeypat
     assert_matches_reference(y, x, plan)
     first_cg = plan.layers[0].weight.shape[1]  # input channels per group of the first stage
     assert calls and {c for c in calls if c[1] == first_cg and c[2]} == {c for c in calls if c[2]}
+    # the first step's input starts with the whole halo of zero history; later steps have none
+    assert history[0] == plan.halo and set(history[1:]) == {0}, history
     if pipe == "single":  # the first stage is the last: the head path itself recenters
         assert all(rc for _, _, rc in calls)
         assert {name for name, _, _ in calls} == {"conv1d_head" if path == "fused" else "conv1d"}

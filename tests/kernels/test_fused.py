@@ -550,7 +550,7 @@ def compile_one(pname, O, D, cfg, recenter=False):
     runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", wty, "D"), ("wlo_ptr", wty, "D"), ("b_ptr", "*fp32", "D"),
                ("s_ptr", "*fp64", "D"), ("hw_ptr", wty, "D"), ("hwlo_ptr", wty, "D"), ("hb_ptr", "*fp32", "D"), ("y_ptr", "*fp32", "D"),
                i32("L_in"), i32("L_out"), i32("C", "D"), i32("O", "D"), i32("D", "D"), i32("K"),
-               i32("dilation"), i32("pad"), i32("n_tblk"), i32("stride_xn", "D"), i32("stride_xc", "1"),
+               i32("dilation"), i32("pad"), i32("lv_min"), i32("n_tblk"), i32("stride_xn", "D"), i32("stride_xc", "1"),
                i32("stride_xt", "D"), i32("stride_wk", "D"), i32("stride_wo", "D"), i32("stride_hd", "D"),
                i32("stride_yn", "D"), i32("stride_yt", "D"), i32("stride_yd", "1")]
     sig, constexprs, attrs = {}, {}, {}

@@ -154,3 +154,61 @@ def test_recenter_validation() -> None:
         conv1d_mod.conv1d(x, w, groups=4, recenter="yes")
     with pytest.raises(ShapeError, match="precision='fp32'"):
         conv1d_mod.conv1d(x, w, groups=4, recenter=True, precision="tf32")
+    with pytest.raises(ShapeError, match="recenter_from must be >= 0"):
+        conv1d_mod.conv1d(x, w, groups=4, recenter=True, recenter_from=-1)
+
+
+def _spiky(L: int, C: int, spikes: tuple[int, ...], seed: int = 9) -> torch.Tensor:
+    """A [1, C, L] view of volume-like data: around 100 (+-10), with prints of 1e5 at ``spikes``."""
+    v = 100.0 + 10.0 * torch.rand(1, L, C, generator=_gen(seed), dtype=torch.float64)
+    v[0, list(spikes), :] = 1e5
+    return v.to(torch.float32).to(DEVICE).transpose(1, 2)
+
+
+@pytest.mark.parametrize("path", list(_PATHS))
+def test_a_spike_at_a_blocks_level_step_is_not_its_level(path: str) -> None:
+    """Prints of 1e5 at steps 48, 96 and 160 (block starts for 16-row tiles; for 4-row windows too): a level
+    read at that one step would put every other output of the block 1e5 away from its data. Depthwise
+    kernels take the median of three steps, so on the outputs whose taps miss the prints the recentered
+    error stays within a few times the plain kernel's. Dense kernels read one step (documented); only the
+    fp32 bound is checked there."""
+    C, L, K = 16, 200, 2  # K = 2: in a 4-row window block starting at a print, two outputs miss it
+    spikes = (48, 96, 160)
+    x = _spiky(L, C, spikes)
+    groups, w, cfg = _case(path, C, K, zero_sum=False)  # averages: the output is the volume's level
+    kw = dict(dilation=1, padding="causal", activation=None)
+    ref = conv1d_reference(x, w, None, groups=groups, **kw)
+    plain = _run(x, w, None, groups=groups, cfg=cfg, recenter=False, path=path, **kw)
+    centered = _run(x, w, None, groups=groups, cfg=cfg, recenter=True, path=path, **kw)
+    clean = torch.ones(L, dtype=torch.bool, device=DEVICE)  # outputs whose K taps miss every print
+    for s in spikes:
+        clean[s : s + K] = False
+    err_plain = (plain.double() - ref).abs()[..., clean].max().item()
+    err = (centered.double() - ref).abs()[..., clean].max().item()
+    if path == "dense":
+        assert err <= 1e-7 * ref.abs().max().item()
+    else:
+        assert err <= 4 * err_plain + 1e-6, f"recentered {err:.2e} vs plain {err_plain:.2e}"
+
+
+@pytest.mark.parametrize("path", ["dense", "direct", "bank"])
+def test_recenter_from_keeps_levels_out_of_the_zero_history(path: str) -> None:
+    """The engine's first step: ``h`` rows of zero history (-level after its centering) before data near 0,
+    in "valid" padding. The first 16-row block ends in data, but its level step is in the history; with
+    ``recenter_from=h`` the level moves to the first data row and the data-only outputs stay exact."""
+    C, K, h, L = 16, 4, 6, 70
+    data = far_levels(1, L - h, C, seed=4, level=0.0)  # centered data: small walks around 0
+    x = torch.cat([torch.full((1, h, C), -4096.0, device=DEVICE), data], dim=1).transpose(1, 2)
+    groups, w, cfg = _case(path, C, K)
+    kw = dict(dilation=1, padding="valid", activation=None)
+    ref = conv1d_reference(x, w, None, groups=groups, **kw)
+    errs = {}
+    for start in (0, h):
+        spec = conv1d_mod._validate(
+            x, w, None, None, groups=groups, precision="fp32", recenter=True, recenter_from=start, **kw
+        )
+        out = nan_out(1, w.shape[0], spec.L_out)
+        conv1d_mod._conv1d_triton(x, w, None, out, spec, config=cfg)
+        errs[start] = (out.double() - ref).abs()[..., h:].max().item()  # outputs that read data only
+    assert errs[h] * 100 < errs[0], errs
+    assert errs[h] <= 1e-6, errs

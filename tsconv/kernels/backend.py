@@ -105,7 +105,9 @@ class Backend:
             head_bias=self.head_bias,
             head_activation=plan.head.activation,
             head_weight_torch=self.head_weight,
-            conv=lambda xt, bias: self._conv(xt, last, bias, recenter=recenter),
+            conv=lambda xt, bias, recenter_from=0: self._conv(
+                xt, last, bias, recenter=recenter, recenter_from=recenter_from
+            ),
             triton=active,
             recenter=recenter and active,
             forced=forced if active else None,
@@ -119,11 +121,18 @@ class Backend:
         return None if self._head is None else self._head.path
 
     def _conv(
-        self, x: torch.Tensor, layer: _DeviceLayer, bias: torch.Tensor | None, *, recenter: bool = False
+        self,
+        x: torch.Tensor,
+        layer: _DeviceLayer,
+        bias: torch.Tensor | None,
+        *,
+        recenter: bool = False,
+        recenter_from: int = 0,
     ) -> torch.Tensor:
         """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo].
 
-        ``recenter``: conv1d's per-block re-centering (the Triton kernels only; the first stage on levels)."""
+        ``recenter``: conv1d's per-block re-centering (the Triton kernels only; the first stage on levels),
+        with ``recenter_from`` leading rows of zero history."""
         if self.triton:
             from .conv1d import conv1d
 
@@ -137,6 +146,7 @@ class Backend:
                 activation=layer.activation,
                 precision="fp32",
                 recenter=recenter,
+                recenter_from=recenter_from if recenter else 0,
             )
         y = F.conv1d(x, layer.weight, bias, dilation=layer.dilation, groups=layer.groups)
         return apply_activation(y, layer.activation)
@@ -173,14 +183,17 @@ class Backend:
         start = first_row
         y = None
         last = len(self.layers) - 1
+        history = min(max(-first_row, 0), x.shape[0])  # leading rows before step 0: zero history
         for i, layer in enumerate(self.layers):
             if i == 0:
                 y, bias = self._first_stage_input(x, layer, level, centered=centered)
             else:
                 bias = layer.bias
             if i == last and self._head is not None:
-                return self._head.run(y, bias)  # the last stage and the head, by the chosen path
-            y = self._conv(y, layer, bias, recenter=i == 0 and self.recenter_first)
+                # the last stage and the head, by the chosen path
+                return self._head.run(y, bias, recenter_from=history if i == 0 else 0)
+            first = i == 0 and self.recenter_first
+            y = self._conv(y, layer, bias, recenter=first, recenter_from=history if first else 0)
             start += layer.halo
             # Each stage pads its own input with zeros (F.pad semantics): rows before step 0 are zero
             # history for the next stage, not this stage's response to the previous zeros.
@@ -193,7 +206,7 @@ class Backend:
     ) -> torch.Tensor:
         """conv(x) computed as conv(x - c) + conv(c) (see :meth:`_first_stage_input`)."""
         xt, bias = self._first_stage_input(x, layer, c, centered=centered)
-        return self._conv(xt, layer, bias, recenter=self.recenter_first)
+        return self._conv(xt, layer, bias, recenter=self.recenter_first)  # (tests: no history rows)
 
     def _first_stage_input(
         self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor, *, centered: bool = False

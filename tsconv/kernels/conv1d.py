@@ -265,7 +265,7 @@ def _activate(v, ACT: tl.constexpr):
 
 # Sizes, offsets and block counts are not specialised on (divisibility by 16, == 1): that would compile a new
 # variant for every series length and tap count; strides and channel counts still are (they set vector widths).
-@triton.jit(do_not_specialize=["L_in", "L_out", "G", "K", "dilation", "pad", "n_tblk", "n_oblk"])
+@triton.jit(do_not_specialize=["L_in", "L_out", "G", "K", "dilation", "pad", "lv_min", "n_tblk", "n_oblk"])
 def _conv1d_dense_kernel(
     x_ptr,
     w_ptr,
@@ -281,6 +281,7 @@ def _conv1d_dense_kernel(
     K,
     dilation,
     pad,
+    lv_min,
     n_tblk,
     n_oblk,
     stride_xn,
@@ -356,7 +357,12 @@ def _conv1d_dense_kernel(
         if PREC == 0:
             a = a.to(tl.float32)
             if RECENTER:  # exact where x is near its level (the case it is for); masked zeros become -level
-                a = a - _level(lv_ptrs + c0 * stride_xc, t_lvl, stride_xt, L_in, c_ok)[None, :]
+                a = (
+                    a
+                    - _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)[
+                        None, :
+                    ]
+                )
             acc = _dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
             # x as loaded (no rounding in registers): the launcher's pre-pass already rounded float32 x to
@@ -372,7 +378,7 @@ def _conv1d_dense_kernel(
         addback = tl.full((BLOCK_O,), 0.0, tl.float64)
         for c0 in range(0, Cg, BLOCK_C):
             c_ok = offs_c < Cg - c0
-            lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, stride_xt, L_in, c_ok)
+            lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
             s_ptrs = s_ptr + (g * Og + offs_o)[None, :].to(tl.int64) * Cg + (c0 + offs_c)[:, None]
             s = tl.load(s_ptrs, mask=c_ok[:, None] & o_mask[None, :], other=0.0)
             addback += tl.sum(s * lv.to(tl.float64)[:, None], axis=0)
@@ -471,17 +477,31 @@ def _conv1d_dense_tma_kernel(
 
 
 @triton.jit
-def _level(row0_ptrs, row, stride_t, L_in, mask):
-    """The re-centering level of a block of outputs (``recenter=True``): x at ``row``, the input row of the
-    last tap of the block's first output (in "causal" padding that output's own step). It is the latest
-    value no later than any of the block's outputs, so re-centering stays causal; and it is never in the
-    zero history the engine passes before a series' first step (where a level taken from the block's
-    first input row would be the history's -level and throw the data far from it). 0 where that value is
-    not finite, so NaN and inf still reach exactly the outputs whose taps read them. ``row0_ptrs`` point
-    at input row 0."""
-    r = tl.maximum(row, 0)
+def _level(row0_ptrs, row, lv_min, dilation, stride_t, L_in, mask, SAMPLES: tl.constexpr):
+    """The re-centering level of a block of outputs (``recenter=True``).
+
+    ``row`` is the input row of the last tap of the block's first output (in "causal" padding that output's
+    own step): the latest row no later than any of the block's outputs, so re-centering stays causal. With
+    SAMPLES = 3 the level is the median of x at ``row``, ``row - d`` and ``row - 2d`` (d the dilation), so
+    one spike (a volume print) is not taken for the level; SAMPLES = 1 reads ``row`` only (the dense
+    kernels, where each extra read is one more load per pipelined step). Rows before ``lv_min`` are
+    the caller's zero history (the engine's first step; ``conv1d(recenter_from=)``): samples there move to
+    ``lv_min``, the first row of data (outputs whose own step is before it are the history's, which the
+    engine discards). A sample that is not finite counts as 0, so NaN and inf still reach exactly the
+    outputs whose taps read them. ``row0_ptrs`` point at input row 0.
+    """
+    r = tl.maximum(row, lv_min)
     v = tl.load(row0_ptrs + r * stride_t, mask=mask & (r < L_in), other=0.0).to(tl.float32)
-    return tl.where(tl.abs(v) < float("inf"), v, 0.0)
+    v = tl.where(tl.abs(v) < float("inf"), v, 0.0)
+    if SAMPLES == 3:
+        r1 = tl.maximum(row - dilation, lv_min)
+        v1 = tl.load(row0_ptrs + r1 * stride_t, mask=mask & (r1 < L_in), other=0.0).to(tl.float32)
+        v1 = tl.where(tl.abs(v1) < float("inf"), v1, 0.0)
+        r2 = tl.maximum(row - 2 * dilation, lv_min)
+        v2 = tl.load(row0_ptrs + r2 * stride_t, mask=mask & (r2 < L_in), other=0.0).to(tl.float32)
+        v2 = tl.where(tl.abs(v2) < float("inf"), v2, 0.0)
+        v = tl.maximum(tl.minimum(v, v1), tl.minimum(tl.maximum(v, v1), v2))
+    return v
 
 
 @triton.jit
@@ -510,7 +530,9 @@ def _direct_tap(
     return acc + xv * wv.to(tl.float32)[None, :, :]  # contracted to FMAs
 
 
-@triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk", "n_gblk", "n_mblk"])
+@triton.jit(
+    do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "lv_min", "n_tblk", "n_gblk", "n_mblk"]
+)
 def _conv1d_direct_kernel(
     x_ptr,
     w_ptr,
@@ -523,6 +545,7 @@ def _conv1d_direct_kernel(
     K,
     dilation,
     pad,
+    lv_min,
     n_tblk,
     n_gblk,
     n_mblk,
@@ -597,7 +620,7 @@ def _conv1d_direct_kernel(
     k_main = K - K % UNROLL
     for ci in range(0, CG):
         if RECENTER:
-            lv1 = _level(lv_ptrs, t_lvl, stride_xt, L_in, g_mask)
+            lv1 = _level(lv_ptrs, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, 3)
             lv = lv1[None, :, None]
             # the level times each filter's tap sum (float64 [O, CG]), added back before the bias
             s = tl.load(s_ptr + o * CG + ci, mask=gm_mask, other=0.0)
@@ -685,7 +708,9 @@ def _bank_taps(acc, x_ptrs, w_ptrs, t_base, x_live, gm_mask, K, dilation, stride
     return acc
 
 
-@triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tprog", "n_gblk", "n_mblk"])
+@triton.jit(
+    do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "lv_min", "n_tprog", "n_gblk", "n_mblk"]
+)
 def _conv1d_bank_kernel(
     x_ptr,
     w_ptr,
@@ -698,6 +723,7 @@ def _conv1d_bank_kernel(
     K,
     dilation,
     pad,
+    lv_min,
     n_tprog,
     n_gblk,
     n_mblk,
@@ -775,7 +801,16 @@ def _conv1d_bank_kernel(
                 interior_end = 0  # ragged channel or filter blocks: every block takes the masked path
             x_live = (offs_t < L_out)[:, None, None] & g_mask[None, :, None]
             if RECENTER:  # the level: each channel's x at this block's first output step (see _level)
-                lv = _level(x_base, t0 - pad + (K - 1) * dilation, stride_xt, L_in, g_mask[None, :, None])
+                lv = _level(
+                    x_base,
+                    t0 - pad + (K - 1) * dilation,
+                    lv_min,
+                    dilation,
+                    stride_xt,
+                    L_in,
+                    g_mask[None, :, None],
+                    3,
+                )
             if (t0 >= pad) & (t0 + BLOCK_T <= interior_end):
                 acc = _bank_taps(
                     acc,
@@ -845,6 +880,7 @@ class _Spec:
     act: int
     precision: str
     recenter: bool = False
+    recenter_from: int = 0
 
 
 def _int_arg(name: str, value: object) -> int:
@@ -869,6 +905,7 @@ def _validate(
     activation: object,
     precision: object,
     recenter: object = False,
+    recenter_from: object = 0,
 ) -> _Spec:
     if not isinstance(x, torch.Tensor):
         raise ShapeError(
@@ -939,6 +976,10 @@ def _validate(
         raise ShapeError(msg, hint="'fp32' is the default and the only mode fit for raw price levels.")
     if not isinstance(recenter, bool):
         raise ShapeError(f"recenter must be True or False, got {recenter!r}.", hint="pass recenter=True.")
+    recenter_from = _int_arg("recenter_from", recenter_from)
+    if recenter_from < 0:
+        msg = f"recenter_from must be >= 0 (an input row), got {recenter_from}."
+        raise ShapeError(msg, hint="pass the number of zero-history rows at the start of x, or 0.")
     if recenter and precision != "fp32":
         msg = f"recenter=True is for precision='fp32', got precision={precision!r}."
         raise ShapeError(
@@ -968,7 +1009,21 @@ def _validate(
             inputs={"x": x, "weight": weight, "bias": bias},
         )
 
-    return _Spec(N, C, L, O, K, groups, dilation, causal, L_out, _ACT_CODE[activation], precision, recenter)
+    return _Spec(
+        N,
+        C,
+        L,
+        O,
+        K,
+        groups,
+        dilation,
+        causal,
+        L_out,
+        _ACT_CODE[activation],
+        precision,
+        recenter,
+        recenter_from,
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -988,6 +1043,7 @@ def conv1d(
     precision: str = "fp32",
     out: torch.Tensor | None = None,
     recenter: bool = False,
+    recenter_from: int = 0,
 ) -> torch.Tensor:
     """Causal conv1d with fused bias and activation; returns the float32 [N, O, L_out] result.
 
@@ -1011,10 +1067,15 @@ def conv1d(
             ``transpose(1, 2)`` view of a time-major [N, L_out, O] buffer. Without it, the result is
             allocated time-major when ``x`` is a time-major view (channel stride 1) and contiguous otherwise.
         recenter: for raw levels (prices) through zero-sum or near-zero-sum filters, with "fp32": each block
-            of outputs computes ``conv(x - v) + v * (sum of taps)`` with ``v`` the channel's value at the
-            block's first output step (causal, and skipped where not finite), so the float32 rounding scales
-            with the moves within a block's reach instead of with the level or its drift. A few percent more
-            work; the Triton kernels only (the torch path on CPU tensors computes as ``F.conv1d``).
+            of outputs computes ``conv(x - v) + v * (sum of taps)`` with ``v`` a level of the channel read at
+            the block's first output step (the median of that step and the two taps before it for depthwise
+            and few-channel convs, that step alone for dense ones; causal, and skipped where not finite), so
+            the float32 rounding scales with the moves within a block's reach instead of with the level or
+            its drift. 3-19% more time on the H200 (benchmarks/results/recenter_cost.md); the Triton kernels
+            only (the torch path on CPU tensors computes as ``F.conv1d``).
+        recenter_from: with ``recenter``, the number of rows at the start of ``x`` that are zero history
+            rather than data (the engine's first step passes its history rows this way); levels are never
+            read there. Default 0.
 
     The call is asynchronous on CUDA (the current stream of ``x``'s device) and not differentiable. The first
     call for a new shape class on a GPU tunes the block shapes (several launches into ``out``, a few seconds;
@@ -1035,6 +1096,7 @@ def conv1d(
         activation=activation,
         precision=precision,
         recenter=recenter,
+        recenter_from=recenter_from,
     )
     if out is None:
         out = _allocate_out(x, spec)
@@ -1279,6 +1341,7 @@ def _launch_dense(
             K,
             spec.dilation,
             pad,
+            spec.recenter_from,
             n_tblk,
             n_oblk,
             *x_k.stride(),
@@ -1408,6 +1471,7 @@ def _launch_direct(
             K,
             spec.dilation,
             pad,
+            spec.recenter_from,
             n_tblk,
             n_gblk,
             n_mblk,
@@ -1468,6 +1532,7 @@ def _launch_window(
         spec.K // taps,  # whole tap steps; the kernel's TAIL runs the rest
         d,
         (spec.K - 1) * d if spec.causal else 0,
+        spec.recenter_from,
         n_tblk,
         wp.stride(0),
         *x.stride(),
@@ -1516,6 +1581,7 @@ def _launch_bank(
         spec.K,
         spec.dilation,
         (spec.K - 1) * spec.dilation if spec.causal else 0,
+        spec.recenter_from,
         n_tprog,
         n_gblk,
         n_mblk,

@@ -100,7 +100,7 @@ last_launch: dict[str, str] = {}
 # --------------------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk"])
+@triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "lv_min", "n_tblk"])
 def _conv1d_head_kernel(
     x_ptr,
     w_ptr,
@@ -119,6 +119,7 @@ def _conv1d_head_kernel(
     K,
     dilation,
     pad,
+    lv_min,
     n_tblk,
     stride_xn,
     stride_xc,
@@ -199,7 +200,12 @@ def _conv1d_head_kernel(
             if PREC == 0:
                 a = a.to(tl.float32)
                 if RECENTER:
-                    a = a - _level(lv_ptrs + c0 * stride_xc, t_lvl, stride_xt, L_in, c_ok)[None, :]
+                    a = (
+                        a
+                        - _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)[
+                            None, :
+                        ]
+                    )
                 acc = _dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
             elif PREC == 1:  # float32 x was rounded to TF32 by the launcher's pre-pass (see conv1d)
                 acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
@@ -210,7 +216,7 @@ def _conv1d_head_kernel(
             addback = tl.full((BLOCK_O,), 0.0, tl.float64)
             for c0 in range(0, C, BLOCK_C):
                 c_ok = offs_c < C - c0
-                lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, stride_xt, L_in, c_ok)
+                lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
                 s_ptrs = s_ptr + offs_o[None, :].to(tl.int64) * C + (c0 + offs_c)[:, None]
                 sums = tl.load(s_ptrs, mask=c_ok[:, None] & o_mask[None, :], other=0.0)
                 addback += tl.sum(sums * lv.to(tl.float64)[:, None], axis=0)
@@ -349,6 +355,7 @@ def _validate(
     head_activation: object,
     precision: object,
     recenter: object = False,
+    recenter_from: object = 0,
 ) -> _Spec:
     conv = _conv._validate(
         x,
@@ -361,6 +368,7 @@ def _validate(
         activation=activation,
         precision=precision,
         recenter=recenter,
+        recenter_from=recenter_from,
     )
     assert isinstance(x, torch.Tensor)
     if not isinstance(head_weight, torch.Tensor):
@@ -481,6 +489,7 @@ def conv1d_head(
     precision: str = "fp32",
     out: torch.Tensor | None = None,
     recenter: bool = False,
+    recenter_from: int = 0,
 ) -> torch.Tensor:
     """``head_act(act(conv1d(x) + bias) @ head_weight + head_bias)`` per step; returns float32 [N, L_out, D].
 
@@ -497,8 +506,8 @@ def conv1d_head(
             "tf32" / "fp16" (10-bit mantissas; unfit for raw price levels).
         out: optional float32 [N, L_out, D] destination with any non-overlapping strides; it must not share
             memory with the inputs. Without it a contiguous [N, L_out, D] tensor is allocated.
-        recenter: the conv's per-block re-centering for raw levels, as in :func:`tsconv.kernels.conv1d.conv1d`
-            ("fp32" only).
+        recenter, recenter_from: the conv's per-block re-centering for raw levels, as in
+            :func:`tsconv.kernels.conv1d.conv1d` ("fp32" only).
 
     Fused for dense convs (groups = 1) with O <= 1024 and D <= 256 (see :func:`fused_path`); other shapes
     (grouped and depthwise banks, wider convs or heads) run conv1d then gemm, with a [N, L_out, O] float32
@@ -522,6 +531,7 @@ def conv1d_head(
         head_activation=head_activation,
         precision=precision,
         recenter=recenter,
+        recenter_from=recenter_from,
     )
     c = spec.conv
     if out is None:
@@ -567,6 +577,7 @@ def _unfused(
         precision=c.precision,
         out=y.transpose(1, 2),
         recenter=c.recenter,
+        recenter_from=c.recenter_from,
     )
     rows = c.N * c.L_out
     try:
@@ -703,6 +714,7 @@ def _fused_triton(
             c.K,
             c.dilation,
             pad,
+            c.recenter_from,
             n_tblk,
             *x_k.stride(),
             w_hi.stride(1),

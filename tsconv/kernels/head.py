@@ -131,7 +131,7 @@ class HeadPaths:
         head_bias: torch.Tensor | None,
         head_activation: str | None,
         head_weight_torch: torch.Tensor | None = None,
-        conv: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor] | None = None,
+        conv: Callable[..., torch.Tensor] | None = None,  # conv(xt, bias, recenter_from=0)
         triton: bool = True,
         forced: str | None = None,
         measure: bool = False,
@@ -241,14 +241,17 @@ class HeadPaths:
 
     # ----------------------------------------------------------------------------------------- compute
 
-    def run(self, xt: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """``head_act(act(conv_valid(xt) + bias) @ W + b)``: [steps, D] float32 for ``xt`` [1, C, halo + steps]."""
+    def run(self, xt: torch.Tensor, bias: torch.Tensor | None, *, recenter_from: int = 0) -> torch.Tensor:
+        """``head_act(act(conv_valid(xt) + bias) @ W + b)``: [steps, D] float32 for ``xt`` [1, C, halo + steps]
+        (``recenter_from``: leading rows of zero history, for conv1d's recentering)."""
         path = self.choose(xt, bias)
-        out = self.compute(path, xt, bias)
+        out = self.compute(path, xt, bias, recenter_from=recenter_from)
         self.rows[path] = self.rows.get(path, 0) + int(out.shape[0])
         return out
 
-    def compute(self, path: str, xt: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def compute(
+        self, path: str, xt: torch.Tensor, bias: torch.Tensor | None, *, recenter_from: int = 0
+    ) -> torch.Tensor:
         """The step by ``path`` (one of :attr:`offered`): [steps, D] float32."""
         if path == "fused":
             return _fused.conv1d_head(
@@ -264,8 +267,9 @@ class HeadPaths:
                 head_activation=self.head_activation,
                 precision="fp32",
                 recenter=self.recenter,
+                recenter_from=recenter_from if self.recenter else 0,
             )[0]
-        y = self.conv(xt, bias)[0].T  # [steps, O]
+        y = self.conv(xt, bias, recenter_from=recenter_from)[0].T  # [steps, O]
         if path == "gemm":
             if self._packed is None:
                 self._packed = _gemm.pack_weights(self.head_weight, "fp32")
@@ -277,7 +281,9 @@ class HeadPaths:
             out += self.head_bias
         return apply_activation(out, self.head_activation)
 
-    def _tsconv_conv(self, xt: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _tsconv_conv(
+        self, xt: torch.Tensor, bias: torch.Tensor | None, recenter_from: int = 0
+    ) -> torch.Tensor:
         from .conv1d import conv1d
 
         return conv1d(
@@ -290,6 +296,7 @@ class HeadPaths:
             activation=self.activation,
             precision="fp32",
             recenter=self.recenter,
+            recenter_from=recenter_from if self.recenter else 0,
         )
 
 

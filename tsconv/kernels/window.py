@@ -58,11 +58,12 @@ def source(rows: int, filters: int, taps: int) -> tuple[str, str]:
     W = R + KB - 1  # window values live during a step
     ln: list[str] = []
     add = ln.append
-    add('@triton.jit(do_not_specialize=["L_in", "L_out", "N", "n_kstep", "dilation", "pad", "n_tblk"])')
-    add(f"def {name}(")
     add(
-        "    x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, L_in, L_out, N, G, n_kstep, dilation, pad, n_tblk, stride_wg,"
+        '@triton.jit(do_not_specialize=["L_in", "L_out", "N", "n_kstep", "dilation", "pad", "lv_min", "n_tblk"])'
     )
+    add(f"def {name}(")
+    add("    x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, L_in, L_out, N, G, n_kstep, dilation, pad, lv_min, n_tblk,")
+    add("    stride_wg,")
     add("    stride_xn, stride_xc, stride_xt, stride_yn, stride_yo, stride_yt,")
     add("    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, INDEX64: tl.constexpr, VEC_STORE: tl.constexpr,")
     add("    RECENTER: tl.constexpr,")
@@ -87,11 +88,11 @@ def source(rows: int, filters: int, taps: int) -> tuple[str, str]:
     add("    t_in = t0 - pad  # x row of window index 0")
     add("    x_rows = x_ptr + n.to(tl.int64) * stride_xn + offs_g * stride_xc + t_in * stride_xt")
     add("    w_rows = w_ptr + pid_g.to(tl.int64) * stride_wg + tl.arange(0, BLOCK_G)")
-    # recenter: the thread's level is x at its first output's step (the row of its last tap, window index
-    # K - 1); see conv1d's _level
+    # recenter: the thread's level comes from its first output's last taps (window index K - 1 and the two
+    # before it); see conv1d's _level
     add("    if RECENTER:")
     add(f"        t_lvl = t_in + (n_kstep * {KB} + TAIL - 1) * dilation")
-    add("        lv = _level(x_rows - t_in * stride_xt, t_lvl, stride_xt, L_in, g_mask)")
+    add("        lv = _level(x_rows - t_in * stride_xt, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, 3)")
     # the first R - 1 window values
     for j in range(R - 1):
         add(
