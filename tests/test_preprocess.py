@@ -295,8 +295,8 @@ def test_the_triton_path_with_preprocessing_matches_the_reference() -> None:
         plan = resolve(pipe, ["px_0", "px_1"])
         out: list[np.ndarray] = []
         backend = Backend(plan, torch.device("cpu"), use_triton=True)
-        # returns and logs are not levels: the first stage is not recentered (a select-only table would be)
-        assert backend.recenter_first is False
+        # log prices are levels and are recentered like raw ones; log-returns and z-scores are not levels
+        assert backend.recenter_first is (pre.get("transform") == "log")
         engine._stream(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup="nan")
         assert_matches_reference(np.concatenate(out), x, plan)
 

@@ -71,10 +71,12 @@ class Backend:
         pre = plan.preprocess
         self.pre = pre if pre is not None and pre.computes else None
         self.pre_halo = plan.pre_halo
-        # Level data (no computing [preprocess]): the Triton kernels re-center the first stage per block of
+        # Level data (raw values, or their logs): the Triton kernels re-center the first stage per block of
         # outputs as well (conv1d's ``recenter``), so the batched engine's error does not grow with the drift
-        # of a long step away from its one centering level (benchmarks/NOTES.md, "batched centering").
-        self.recenter_first = self.triton and self.pre is None
+        # of a long step away from its one centering level (benchmarks/NOTES.md, seventh session). Returns,
+        # differences and z-scores are not levels. The same rule as the level _preprocess returns.
+        log_levels = self.pre is not None and self.pre.transform == "log" and self.pre.zscore is None
+        self.recenter_first = self.triton and (self.pre is None or log_levels)
         self.head = plan.head
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None

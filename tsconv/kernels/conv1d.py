@@ -42,6 +42,11 @@ Three kernels (and the depthwise bank variant of the direct one), and generated 
   a sliding window of x in registers, so each x value is loaded once and feeds all its thread's rows and
   filters (2.5-5x the direct and bank kernels on the H200; benchmarks/NOTES.md).
 
+``recenter=True`` (every kernel above but the TMA one, "fp32"): each program subtracts a per-channel level
+read at its first output step (``_level``: the median of three taps in the depthwise kernels) from the x
+it loads and adds ``level * tap sum`` back in float64 before the bias, so on raw levels the rounding scales
+with the moves a block sees, not with the level or its drift (the engine's first stage; benchmarks/NOTES.md).
+
 On CUDA tensors the Triton kernels run, with block shapes tuned per GPU and shape class and cached on disk
 (see :mod:`tsconv.kernels.autotune`). On CPU tensors they run through the Triton interpreter when
 ``TRITON_INTERPRET=1`` was set before this module was imported; otherwise CPU tensors take a torch path

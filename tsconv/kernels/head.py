@@ -191,7 +191,7 @@ class HeadPaths:
             f"|rows={autotune.pow2_bucket(rows)}|gpu={self._gpu}"
         )
 
-    def choose(self, xt: torch.Tensor, bias: torch.Tensor | None) -> str:
+    def choose(self, xt: torch.Tensor, bias: torch.Tensor | None, *, recenter_from: int = 0) -> str:
         """The path for this step's input ``xt`` [1, C, halo + steps] and conv ``bias``; may time the paths."""
         if self.forced is not None:
             return self.forced
@@ -200,18 +200,18 @@ class HeadPaths:
         bucket = autotune.pow2_bucket(xt.shape[-1] - self.halo)
         path = self._chosen.get(bucket)
         if path is None:
-            path = self._decide(self.key(xt.shape[-1] - self.halo), xt, bias)
+            path = self._decide(self.key(xt.shape[-1] - self.halo), xt, bias, recenter_from)
             self._chosen[bucket] = path
         return path
 
-    def _decide(self, key: str, xt: torch.Tensor, bias: torch.Tensor | None) -> str:
+    def _decide(self, key: str, xt: torch.Tensor, bias: torch.Tensor | None, recenter_from: int = 0) -> str:
         rec = autotune.cached_record(SPACE, key, device=self.device)
         if rec is not None and rec.get("config") in self.offered:
             return str(rec["config"])
         if not autotune._tuning_enabled():
             return "unfused"
         t0 = time.perf_counter()
-        timings = self.measure_all(xt, bias)
+        timings = self.measure_all(xt, bias, recenter_from=recenter_from)
         finite = {p: ms for p, ms in timings.items() if math.isfinite(ms)}
         if not finite:
             return "unfused"  # every path failed: the plain path raises its error where the engine sees it
@@ -228,12 +228,18 @@ class HeadPaths:
         log.info("head path for [%s]: %s (%s)", key, best, record["timings_ms"])
         return best
 
-    def measure_all(self, xt: torch.Tensor, bias: torch.Tensor | None) -> dict[str, float]:
+    def measure_all(
+        self, xt: torch.Tensor, bias: torch.Tensor | None, *, recenter_from: int = 0
+    ) -> dict[str, float]:
         """Milliseconds per call of each offered path on these inputs (inf where a path fails)."""
         timings: dict[str, float] = {}
         for p in self.offered:
             try:
-                timings[p] = float(_time_path(p, lambda p=p: self.compute(p, xt, bias), self.device))
+                timings[p] = float(
+                    _time_path(
+                        p, lambda p=p: self.compute(p, xt, bias, recenter_from=recenter_from), self.device
+                    )
+                )
             except Exception as exc:  # noqa: BLE001 - a path that cannot run (resources, ...) is not chosen
                 log.warning("head path %s failed while timing: %s", p, exc)
                 timings[p] = math.inf
@@ -244,7 +250,7 @@ class HeadPaths:
     def run(self, xt: torch.Tensor, bias: torch.Tensor | None, *, recenter_from: int = 0) -> torch.Tensor:
         """``head_act(act(conv_valid(xt) + bias) @ W + b)``: [steps, D] float32 for ``xt`` [1, C, halo + steps]
         (``recenter_from``: leading rows of zero history, for conv1d's recentering)."""
-        path = self.choose(xt, bias)
+        path = self.choose(xt, bias, recenter_from=recenter_from)
         out = self.compute(path, xt, bias, recenter_from=recenter_from)
         self.rows[path] = self.rows.get(path, 0) + int(out.shape[0])
         return out
