@@ -1100,7 +1100,8 @@ for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32",
     xty = "*fp16" if cfg.meta.get("A16") else "*fp32"
     runtime = [("x_ptr", xty, "D"), ("w_ptr", wty, "D"), ("wlo_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"),
                ("s_ptr", "*fp64", "D"), ("y_ptr", "*fp32", "D"), i32("L_in"), i32("L_out"), i32("G"),
-               i32("Cg", "D"), i32("Og", "D"), i32("K"), i32("dilation"), i32("pad"), i32("lv_min"), i32("n_tblk"), i32("n_oblk"), i32("stride_xn", "D"),
+               i32("Cg", "D"), i32("Og", "D"), i32("K"), i32("dilation"), i32("pad"), i32("lv_min"),
+               i32("n_tblk"), i32("n_oblk"), i32("stride_xn", "D"),
                i32("stride_xc", "1"), i32("stride_xt", "D"), i32("stride_wk", "D"), i32("stride_wo", "D"),
                i32("stride_yn", "D"), i32("stride_yo", "1"), i32("stride_yt", "D")]
     consts = dict(HAS_BIAS=True, ACT=2, PREC=prec, A_SPLIT=3 if prec == 0 else 1, W_SPLIT=split, FLUSH=prec == 0,

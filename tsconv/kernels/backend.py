@@ -148,7 +148,7 @@ class Backend:
                 activation=layer.activation,
                 precision="fp32",
                 recenter=recenter,
-                recenter_from=recenter_from if recenter else 0,
+                recenter_from=recenter_from,
             )
         y = F.conv1d(x, layer.weight, bias, dilation=layer.dilation, groups=layer.groups)
         return apply_activation(y, layer.activation)

@@ -362,12 +362,8 @@ def _conv1d_dense_kernel(
         if PREC == 0:
             a = a.to(tl.float32)
             if RECENTER:  # exact where x is near its level (the case it is for); masked zeros become -level
-                a = (
-                    a
-                    - _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)[
-                        None, :
-                    ]
-                )
+                lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
+                a = a - lv[None, :]
             acc = _dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
             # x as loaded (no rounding in registers): the launcher's pre-pass already rounded float32 x to
@@ -511,19 +507,8 @@ def _level(row0_ptrs, row, lv_min, dilation, stride_t, L_in, mask, SAMPLES: tl.c
 
 @triton.jit
 def _direct_tap(
-    acc,
-    x_ptrs,
-    w_ptrs,
-    k,
-    t_base,
-    x_live,
-    gm_mask,
-    dilation,
-    stride_xt,
-    stride_wk,
-    lv,
-    RECENTER: tl.constexpr,
-):
+    acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, lv, RECENTER: tl.constexpr
+):  # fmt: skip
     """acc + one tap k of the depthwise/direct conv: x [BLOCK_T, BLOCK_G, 1] times w [BLOCK_G, BLOCK_M]."""
     shift = k * dilation
     xv = tl.load(x_ptrs + shift * stride_xt, mask=(t_base >= -shift)[:, None, None] & x_live, other=0.0)
@@ -696,20 +681,8 @@ def _bank_taps(acc, x_ptrs, w_ptrs, t_base, x_live, gm_mask, K, dilation, stride
             )  # fmt: skip
     for k in range(k_main, K):
         acc = _bank_tap(
-            acc,
-            x_ptrs,
-            w_ptrs,
-            k,
-            t_base,
-            x_live,
-            gm_mask,
-            dilation,
-            stride_xt,
-            stride_wk,
-            lv,
-            MASKED,
-            RECENTER,
-        )
+            acc, x_ptrs, w_ptrs, k, t_base, x_live, gm_mask, dilation, stride_xt, stride_wk, lv, MASKED, RECENTER
+        )  # fmt: skip
     return acc
 
 

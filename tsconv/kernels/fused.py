@@ -200,12 +200,8 @@ def _conv1d_head_kernel(
             if PREC == 0:
                 a = a.to(tl.float32)
                 if RECENTER:
-                    a = (
-                        a
-                        - _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)[
-                            None, :
-                        ]
-                    )
+                    lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
+                    a = a - lv[None, :]
                 acc = _dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
             elif PREC == 1:  # float32 x was rounded to TF32 by the launcher's pre-pass (see conv1d)
                 acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")

@@ -273,7 +273,7 @@ class HeadPaths:
                 head_activation=self.head_activation,
                 precision="fp32",
                 recenter=self.recenter,
-                recenter_from=recenter_from if self.recenter else 0,
+                recenter_from=recenter_from,
             )[0]
         y = self.conv(xt, bias, recenter_from=recenter_from)[0].T  # [steps, O]
         if path == "gemm":
@@ -302,7 +302,7 @@ class HeadPaths:
             activation=self.activation,
             precision="fp32",
             recenter=self.recenter,
-            recenter_from=recenter_from if self.recenter else 0,
+            recenter_from=recenter_from,
         )
 
 

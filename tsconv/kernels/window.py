@@ -149,10 +149,10 @@ def source(rows: int, filters: int, taps: int) -> tuple[str, str]:
             f"        s{m} = (lv.to(tl.float64) * tl.load(s_ptr + offs_g * {M} + {m}, mask=g_mask, other=0.0))"
             ".to(tl.float32)"
         )
+        for r in range(R):
+            add(f"        a{r}_{m} = a{r}_{m} + s{m}")
     for r in range(R):
         for m in range(M):
-            add("    if RECENTER:")
-            add(f"        a{r}_{m} = a{r}_{m} + s{m}")
             add("    if HAS_BIAS:")
             add(f"        a{r}_{m} = a{r}_{m} + b{m}")
             add(f"    a{r}_{m} = _activate(a{r}_{m}, ACT)")
