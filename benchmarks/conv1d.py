@@ -201,6 +201,8 @@ class Row:
     tune_s: float | None = None
     first_call_ms: float | None = None
     tsconv_ms: float | None = None
+    kernel_ms: float | None = None
+    call_wall_ms: float | None = None
     cudnn_ms: float | None = None
     speedup: float | None = None
     tflops: float | None = None
@@ -542,6 +544,19 @@ class Bench:
         ts = self.tsconv_call(case, x, w, b, out, precision)
         ts()
         row.tsconv_ms = self.bench_ms(ts)
+        if self.dev.type == "cuda":  # is a call bound by its host side? (GPU time alone vs wall per call)
+            from tsconv.kernels.autotune import gpu_ms
+
+            try:
+                row.kernel_ms = gpu_ms(ts, warmup_ms=10, rep_ms=50)
+            except Exception as exc:  # noqa: BLE001 - the row stands without it
+                print(f"kernel_ms for {row.case} [{precision}]: {type(exc).__name__}: {exc}", flush=True)
+            self.sync()
+            t, n = time.perf_counter(), 200
+            for _ in range(n):
+                ts()
+            self.sync()
+            row.call_wall_ms = (time.perf_counter() - t) * 1e3 / n
         self.set_cudnn_precision(precision)
         cd = self.cudnn_call(case, x, w, b, precision)
         cd()
@@ -709,17 +724,21 @@ def markdown(res: dict) -> str:
         f"{res['cross_process_cache'].get('reused', 'not checked')}.",
         "",
         "tsconv reads the time-major [N, L, C] view and writes a time-major [N, L, O] view (layout tm) unless the "
-        "layout is cm; cuDNN runs on contiguous [N, C, L]. Errors are max|y - ref| / max|ref| against float64; "
+        "layout is cm; cuDNN runs on contiguous [N, C, L]. kernel ms: the GPU time of a tsconv call "
+        "alone (calls replayed from a CUDA graph); wall/call: 200 back-to-back calls (host or GPU, the slower). "
+        "Errors are max|y - ref| / max|ref| against float64; "
         "fp32 rows on raw price levels, tf32/fp16 rows on normalised returns.",
         "",
-        "| case | N x C x L | O | K | groups | dil | prec | path / config | tsconv ms | cuDNN ms | speedup | "
-        "TFLOP/s | GB/s | floor ms | error | torch error | pass |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| case | N x C x L | O | K | groups | dil | prec | path / config | tsconv ms | kernel ms | wall/call ms | "
+        "cuDNN ms | speedup | TFLOP/s | GB/s | floor ms | error | torch error | pass |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
     for r in res["cases"]:
         lines.append(
             f"| {r['case']} | {r['N']}x{r['C']}x{r['L']} | {r['O']} | {r['K']} | {r['groups']} | {r['dilation']} | "
-            f"{r['precision']} | {r['path']} {r['config']} | {_f(r['tsconv_ms'], '.3f')} | {_f(r['cudnn_ms'], '.3f')} | "
+            f"{r['precision']} | {r['path']} {r['config']} | {_f(r['tsconv_ms'], '.3f')} | "
+            f"{_f(r.get('kernel_ms'), '.3f')} | {_f(r.get('call_wall_ms'), '.3f')} | {_f(r['cudnn_ms'], '.3f')} | "
             f"{_f(r['speedup'], '.2f')} | {_f(r['tflops'], '.1f')} | {_f(r['gbps'], '.0f')} | "
             f"{_f(r['floor_ms'], '.3f')} | {_f(r['max_err'], '.1e')} | {_f(r['torch_err'], '.1e')} | "
             f"{'PASS' if r['pass'] else 'FAIL'} |"

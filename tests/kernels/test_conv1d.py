@@ -886,7 +886,7 @@ def test_autotune_disk_cache_roundtrip(monkeypatch: pytest.MonkeyPatch, tmp_path
         assert tuned == ["fake_space"]
         data = json.loads((tmp_path / "autotune-Fake_GPU.json").read_text())
         (key,) = data["entries"]
-        assert key.startswith("fake_space|k1|triton=") and data["entries"][key]["config"] == "b"
+        assert key.startswith("fake_space|k1|gpu-time|triton=") and data["entries"][key]["config"] == "b"
 
         autotune.clear_memory_cache()  # as a new process would
         assert autotune.select(space, "k1", lambda cfg: None, device=dev).name == "b"
@@ -911,6 +911,66 @@ def test_autotune_disk_cache_roundtrip(monkeypatch: pytest.MonkeyPatch, tmp_path
 def test_autotune_interpreter_uses_fixed_config() -> None:
     space = autotune.conv1d_dense_space("fp32", 5, 37, 70)
     assert autotune.select(space, "k", lambda cfg: 1 / 0, device=torch.device("cpu")) is space.interpreter
+
+
+def _host_bound_space() -> tuple[autotune.ConfigSpace, dict]:
+    """Two candidates: "host" costs 3 ms of host time per call and a tiny kernel; "gpu" issues at once but
+    keeps the GPU busy for well over 3 ms / 100 (a chain of 1024^2 matmuls)."""
+    import time
+
+    x = torch.ones(1024, device="cuda")
+    a = torch.randn(1024, 1024, device="cuda")
+    calls = {"host": 0, "gpu": 0}
+
+    def bench(cfg: autotune.Config) -> None:
+        calls[cfg.name] += 1
+        if cfg.name == "host":
+            time.sleep(0.003)
+            x.add_(1.0)
+        else:
+            for _ in range(4):
+                torch.mm(a, a)
+
+    return _fake_space(("host", "gpu")), {"bench": bench, "calls": calls}
+
+
+@pytest.mark.gpu
+def test_gpu_ms_leaves_the_host_out() -> None:
+    x = torch.ones(1024, device="cuda")
+
+    def fn() -> None:
+        import time
+
+        time.sleep(0.003)  # a slow launcher: 3 ms of host per call
+        x.add_(1.0)
+
+    ms = autotune.gpu_ms(fn, warmup_ms=5, rep_ms=20)
+    assert 0 < ms < 0.5, f"{ms} ms: the host's 3 ms per call was timed"
+
+
+@pytest.mark.gpu
+def test_tuner_ranks_by_gpu_time() -> None:
+    space, parts = _host_bound_space()
+    cfg, record = autotune._tune(space, parts["bench"], torch.device("cuda"), warmup_ms=5, rep_ms=20)
+    assert record["timing"] == "graph"
+    assert cfg.name == "host", record["timings_ms"]  # per-call timing would have seen 3 ms on the host
+    assert record["timings_ms"]["host"] < record["timings_ms"]["gpu"]
+
+
+@pytest.mark.gpu
+def test_tuner_falls_back_to_call_timing_for_every_candidate() -> None:
+    space, parts = _host_bound_space()
+
+    def bench(cfg: autotune.Config) -> None:
+        parts["bench"](cfg)
+        if cfg.name == "gpu":
+            torch.cuda.synchronize()  # not capturable
+
+    cfg, record = autotune._tune(space, bench, torch.device("cuda"), warmup_ms=5, rep_ms=20)
+    assert record["timing"] == "calls"
+    assert record["timings_ms"]["host"] >= 2.5, record["timings_ms"]  # timed per call, as "gpu" had to be
+    assert cfg.name == min(record["timings_ms"], key=record["timings_ms"].get)
+    torch.ones(1, device="cuda").add_(1).item()  # the device is usable after the failed capture
 
 
 def test_config_spaces_are_valid() -> None:
