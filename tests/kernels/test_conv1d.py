@@ -913,25 +913,23 @@ def test_autotune_interpreter_uses_fixed_config() -> None:
     assert autotune.select(space, "k", lambda cfg: 1 / 0, device=torch.device("cpu")) is space.interpreter
 
 
-def _host_bound_space() -> tuple[autotune.ConfigSpace, dict]:
-    """Two candidates: "host" costs 3 ms of host time per call and a tiny kernel; "gpu" issues at once but
-    keeps the GPU busy for well over 3 ms / 100 (a chain of 1024^2 matmuls)."""
+def _timed_space(host_s: dict[str, float], mms: dict[str, int]) -> tuple[autotune.ConfigSpace, object]:
+    """Candidates that cost ``host_s[name]`` seconds of host time per call and then ``mms[name]`` 1024^2
+    matmuls on the GPU (~0.04 ms each on an H200), or a tiny add for 0."""
     import time
 
     x = torch.ones(1024, device="cuda")
     a = torch.randn(1024, 1024, device="cuda")
-    calls = {"host": 0, "gpu": 0}
 
     def bench(cfg: autotune.Config) -> None:
-        calls[cfg.name] += 1
-        if cfg.name == "host":
-            time.sleep(0.003)
+        if host_s[cfg.name]:
+            time.sleep(host_s[cfg.name])
+        if not mms[cfg.name]:
             x.add_(1.0)
-        else:
-            for _ in range(4):
-                torch.mm(a, a)
+        for _ in range(mms[cfg.name]):
+            torch.mm(a, a)
 
-    return _fake_space(("host", "gpu")), {"bench": bench, "calls": calls}
+    return _fake_space(tuple(host_s)), bench
 
 
 @pytest.mark.gpu
@@ -949,20 +947,31 @@ def test_gpu_ms_leaves_the_host_out() -> None:
 
 
 @pytest.mark.gpu
-def test_tuner_ranks_by_gpu_time() -> None:
-    space, parts = _host_bound_space()
-    cfg, record = autotune._tune(space, parts["bench"], torch.device("cuda"), warmup_ms=5, rep_ms=20)
+def test_tuner_ranks_host_bound_candidates_by_gpu_time() -> None:
+    # Both issue for 1 ms, longer than either runs: timed per call they tie at the host's 1 ms.
+    space, bench = _timed_space({"big": 0.001, "small": 0.001}, {"big": 4, "small": 0})
+    cfg, record = autotune._tune(space, bench, torch.device("cuda"), warmup_ms=5, rep_ms=20)
     assert record["timing"] == "graph"
-    assert cfg.name == "host", record["timings_ms"]  # per-call timing would have seen 3 ms on the host
-    assert record["timings_ms"]["host"] < record["timings_ms"]["gpu"]
+    assert cfg.name == "small", record
+    assert record["gpu_ms"]["small"] < record["gpu_ms"]["big"] < 0.9, record
+
+
+@pytest.mark.gpu
+def test_tuner_counts_the_host_time_a_candidate_adds() -> None:
+    # "host" is the faster kernel but costs 3 ms more to issue (a pre-pass, say): every call pays that.
+    space, bench = _timed_space({"host": 0.003, "gpu": 0.0}, {"host": 0, "gpu": 4})
+    cfg, record = autotune._tune(space, bench, torch.device("cuda"), warmup_ms=5, rep_ms=20)
+    assert record["gpu_ms"]["host"] < record["gpu_ms"]["gpu"], record
+    assert record["host_ms"]["host"] > 2.5, record
+    assert cfg.name == "gpu", record
 
 
 @pytest.mark.gpu
 def test_tuner_falls_back_to_call_timing_for_every_candidate() -> None:
-    space, parts = _host_bound_space()
+    space, inner = _timed_space({"host": 0.003, "gpu": 0.0}, {"host": 0, "gpu": 4})
 
     def bench(cfg: autotune.Config) -> None:
-        parts["bench"](cfg)
+        inner(cfg)
         if cfg.name == "gpu":
             torch.cuda.synchronize()  # not capturable
 
