@@ -886,7 +886,7 @@ def test_autotune_disk_cache_roundtrip(monkeypatch: pytest.MonkeyPatch, tmp_path
         assert tuned == ["fake_space"]
         data = json.loads((tmp_path / "autotune-Fake_GPU.json").read_text())
         (key,) = data["entries"]
-        assert key.startswith("fake_space|k1|gpu-time|triton=") and data["entries"][key]["config"] == "b"
+        assert key.startswith("fake_space|k1|triton=") and data["entries"][key]["config"] == "b"
 
         autotune.clear_memory_cache()  # as a new process would
         assert autotune.select(space, "k1", lambda cfg: None, device=dev).name == "b"
@@ -906,6 +906,18 @@ def test_autotune_disk_cache_roundtrip(monkeypatch: pytest.MonkeyPatch, tmp_path
         assert len(tuned) == 3
     finally:
         autotune.clear_memory_cache()
+
+
+def test_autotune_timing_mode_keys_winners_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    space = _fake_space(("a",))
+    monkeypatch.delenv("TSCONV_TUNE_TIMING", raising=False)
+    calls_key = autotune._full_key(space, "k")
+    monkeypatch.setenv("TSCONV_TUNE_TIMING", "GPU")
+    gpu_key = autotune._full_key(space, "k")
+    assert "|gpu-time|" in gpu_key and "gpu-time" not in calls_key and gpu_key != calls_key
+    monkeypatch.setenv("TSCONV_TUNE_TIMING", "fastest")
+    with pytest.raises(ValueError, match="'calls' or 'gpu', got 'fastest'"):
+        autotune._full_key(space, "k")
 
 
 def test_autotune_interpreter_uses_fixed_config() -> None:
@@ -950,7 +962,7 @@ def test_gpu_ms_leaves_the_host_out() -> None:
 def test_tuner_ranks_host_bound_candidates_by_gpu_time() -> None:
     # Both issue for 1 ms, longer than either runs: timed per call they tie at the host's 1 ms.
     space, bench = _timed_space({"big": 0.001, "small": 0.001}, {"big": 4, "small": 0})
-    cfg, record = autotune._tune(space, bench, torch.device("cuda"), warmup_ms=5, rep_ms=20)
+    cfg, record = autotune._tune(space, bench, torch.device("cuda"), warmup_ms=5, rep_ms=20, timing="gpu")
     assert record["timing"] == "graph"
     assert cfg.name == "small", record
     assert record["gpu_ms"]["small"] < record["gpu_ms"]["big"] < 0.9, record
@@ -960,7 +972,7 @@ def test_tuner_ranks_host_bound_candidates_by_gpu_time() -> None:
 def test_tuner_counts_the_host_time_a_candidate_adds() -> None:
     # "host" is the faster kernel but costs 3 ms more to issue (a pre-pass, say): every call pays that.
     space, bench = _timed_space({"host": 0.003, "gpu": 0.0}, {"host": 0, "gpu": 4})
-    cfg, record = autotune._tune(space, bench, torch.device("cuda"), warmup_ms=5, rep_ms=20)
+    cfg, record = autotune._tune(space, bench, torch.device("cuda"), warmup_ms=5, rep_ms=20, timing="gpu")
     assert record["gpu_ms"]["host"] < record["gpu_ms"]["gpu"], record
     assert record["host_ms"]["host"] > 2.5, record
     assert cfg.name == "gpu", record
@@ -975,7 +987,7 @@ def test_tuner_falls_back_to_call_timing_for_every_candidate() -> None:
         if cfg.name == "gpu":
             torch.cuda.synchronize()  # not capturable
 
-    cfg, record = autotune._tune(space, bench, torch.device("cuda"), warmup_ms=5, rep_ms=20)
+    cfg, record = autotune._tune(space, bench, torch.device("cuda"), warmup_ms=5, rep_ms=20, timing="gpu")
     assert record["timing"] == "calls"
     assert record["timings_ms"]["host"] >= 2.5, record["timings_ms"]  # timed per call, as "gpu" had to be
     assert cfg.name == min(record["timings_ms"], key=record["timings_ms"].get)

@@ -6,10 +6,13 @@ the kernel once with a given :class:`Config`. :func:`select` returns the config 
 
 - not on a CUDA device (the Triton interpreter on CPU tensors): the space's fixed ``interpreter`` config;
 - tuning disabled (``TSCONV_AUTOTUNE=0``): the space's ``default`` config;
-- otherwise the winner cached in memory, else the winner cached on disk, else it times every candidate's
-  GPU time (:func:`gpu_ms`: launches replayed from a CUDA graph, so a kernel shorter than its own host-side
-  launch is still ranked by what it costs on the GPU), keeps the fastest and writes it to the disk cache, so
-  later calls and later processes (a batch job) reuse it without tuning.
+- otherwise the winner cached in memory, else the winner cached on disk, else it times every candidate with
+  ``triton.testing.do_bench`` (median), keeps the fastest and writes it to the disk cache, so later calls
+  and later processes (a batch job) reuse it without tuning.
+- ``TSCONV_TUNE_TIMING=gpu`` (opt-in, not yet measured across the benchmarks): rank by GPU time
+  (:func:`gpu_ms`: calls replayed from a CUDA graph) plus the host time a candidate adds over the leanest
+  (:func:`host_ms`). Per-call timing measures the host whenever a launch takes longer to issue than the
+  kernel runs, and then picks among such candidates at random (benchmarks/NOTES.md).
 
 The disk cache is one JSON file per GPU model: ``$TSCONV_CACHE_DIR/autotune-<gpu name>.json``, by default
 under ``~/.cache/tsconv``. Keys carry the Triton version, so a Triton upgrade re-tunes. Writes merge with
@@ -199,13 +202,18 @@ def _write_file(path: Path, gpu: str, key: str, record: dict) -> None:
         log.warning("could not write autotune cache %s: %s (the winner is kept in memory)", path, exc)
 
 
-# The timing method is part of the key: winners picked by a method that timed the host (before "gpu-time")
-# are re-tuned once rather than trusted.
-_TIMING = "gpu-time"
+def _timing_mode() -> str:
+    """ "calls" (default: per-call do_bench) or "gpu" (``TSCONV_TUNE_TIMING=gpu``; see the module docstring)."""
+    mode = os.environ.get("TSCONV_TUNE_TIMING", "calls").strip().lower() or "calls"
+    if mode not in ("calls", "gpu"):
+        raise ValueError(f"TSCONV_TUNE_TIMING must be 'calls' or 'gpu', got {mode!r}; unset it for 'calls'.")
+    return mode
 
 
 def _full_key(space: ConfigSpace, key: str) -> str:
-    return f"{space.name}|{key}|{_TIMING}|triton={triton.__version__}"
+    # Winners of the two timing methods are kept apart: switching re-tunes rather than trusting the other's.
+    timing = "" if _timing_mode() == "calls" else "|gpu-time"
+    return f"{space.name}|{key}{timing}|triton={triton.__version__}"
 
 
 def _tuning_enabled() -> bool:
@@ -376,12 +384,13 @@ def _tune(
     *,
     warmup_ms: int,
     rep_ms: int,
+    timing: str | None = None,
 ) -> tuple[Config, dict]:
     from triton.testing import do_bench
 
     start = time.perf_counter()
     timings: dict[str, float] = {}
-    method = "graph"
+    method = "graph" if (timing or _timing_mode()) == "gpu" else "calls"
     with torch.cuda.device(device):
         for cfg in space.configs:
             try:
@@ -411,7 +420,7 @@ def _tune(
             lean = min(host.values())
             for name, ms in gpu.items():
                 timings[name] = ms + (host[name] - lean)
-        if method == "calls":  # one timing method for every candidate, or the ranking is biased
+        if method == "calls":  # per call; also every candidate again when one could not be captured
             for cfg in space.configs:
                 if math.isinf(timings[cfg.name]):
                     continue
