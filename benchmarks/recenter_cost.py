@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 
 from provenance import commit  # noqa: E402
 
-from tsconv.kernels.conv1d import conv1d  # noqa: E402
+from tsconv.kernels.conv1d import conv1d, last_launch  # noqa: E402
 
 # name, N, C, L_out, O, K, groups (None: depthwise, O = M * C)
 CASES = [
@@ -72,6 +72,9 @@ def _measure(case, level: float, dev: torch.device, do_bench) -> dict:  # noqa: 
                             return_mode="median"))  # fmt: skip
         tag = "recenter" if rc else "plain"
         rec[f"{tag}_ms"], rec[f"{tag}_err"] = ms, err
+        rec[f"{tag}_config"] = (
+            f"{last_launch.get('path')} {last_launch.get('config')}"  # to compare with conv1d.md
+        )
     rec["time_ratio"] = rec["recenter_ms"] / rec["plain_ms"]
     return rec
 
