@@ -27,6 +27,7 @@ graph capture (call once before capturing), and inputs must not alias outputs (t
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -501,6 +502,7 @@ def _clamped(cfgs: list[Config], Cg: int, Og: int) -> list[Config]:
     return out
 
 
+@functools.lru_cache(maxsize=256)  # built on every call otherwise: half the launcher's host time (NOTES.md)
 def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int, *, tma: bool = False) -> ConfigSpace:
     """Implicit-GEMM conv1d: output tile [BLOCK_T steps, BLOCK_O channels], reduction chunk BLOCK_C.
 
@@ -582,6 +584,7 @@ def _direct(bt: int, bg: int, warps: int, stages: int, unroll: int = 1) -> Confi
     return Config(name, meta, warps, stages)
 
 
+@functools.lru_cache(maxsize=256)
 def conv1d_direct_space(
     block_m: int, groups: int, *, one_channel: bool = False, filters: int | None = None
 ) -> ConfigSpace:
