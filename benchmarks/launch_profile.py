@@ -1,6 +1,11 @@
-"""Where a small gemm call's host time goes: cProfile of repeated calls, launch plans on and off.
+"""Where a small gemm or conv1d call's host time goes: cProfile of repeated calls.
 
-    python benchmarks/launch_profile.py --out $OUT/launch_profile.txt            # a CUDA GPU
+    python benchmarks/launch_profile.py --out $OUT/launch_profile.txt            # gemm, plans on and off
+    python benchmarks/launch_profile.py --op conv1d --out $OUT/launch_profile_conv1d.txt
+
+conv1d (``--conv-shape N,C,L,O,K,dilation``, default the off-sample dense case of conv1d.py whose tf32 /
+fp16 TMA calls measured 0.34-0.55 ms of host per call on the H200 hosts, more than their kernels): per
+precision, the config the tuner picked, wall time per call, host time to issue a call, and cProfile.
 
 A narrow head ([65536, 256] x [256, 64]) runs in 0.025-0.036 ms on an H200, so the host's time per call
 decides what a user's loop gets. This prints, for each mode, the wall time per call of back-to-back calls
@@ -26,7 +31,11 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--shape", default="65536,256,64", help="M,K,N")
     p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--op", choices=("gemm", "conv1d"), default="gemm")
+    p.add_argument("--conv-shape", default="32,384,2048,96,7,2", help="N,C,L,O,K,dilation")
     args = p.parse_args()
+    if args.op == "conv1d":
+        return _conv1d(args)
 
     import torch
 
@@ -74,6 +83,49 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(line for line in lines if " us per call" in line or line.startswith("gemm")))
+    return 0
+
+
+def _conv1d(args: argparse.Namespace) -> int:
+    import torch
+
+    from tsconv.kernels import conv1d as conv_mod
+
+    N, C, L, O, K, d = (int(v) for v in args.conv_shape.split(","))
+    dev = torch.device("cuda")
+    x = torch.randn(N, L, C, device=dev).transpose(1, 2)  # the engine's time-major view
+    w = (torch.randn(O, C, K, device=dev) / (C * K) ** 0.5).half()
+    out = torch.empty(N, L, O, device=dev).transpose(1, 2)
+    lines = [f"conv1d [{N}, {C}, {L}] -> {O}, K={K}, dilation={d} on {torch.cuda.get_device_name(dev)}"]
+
+    def call(precision: str) -> None:
+        conv_mod.conv1d(x, w, dilation=d, precision=precision, out=out)
+
+    for precision in ("fp32", "tf32", "fp16"):
+        call(precision)  # compile and tune
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(args.calls):
+            call(precision)
+        issue = (time.perf_counter() - t) / args.calls * 1e6
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / args.calls * 1e6
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.calls):
+            call(precision)
+        prof.disable()
+        torch.cuda.synchronize()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
+        lines += [
+            "",
+            f"## {precision} ({conv_mod.last_launch}): {wall:.1f} us per call, {issue:.1f} us to issue one",
+            s.getvalue(),
+        ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(line for line in lines if " us per call" in line or line.startswith("conv1d")))
     return 0
 
 
