@@ -51,25 +51,10 @@ def main() -> int:
         gemm_mod.gemm(a, b, precision=precision, out=out)  # compile, tune, record the plan
         for plans in (True, False):
             gemm_mod._PLANS_ENABLED = plans
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(args.calls):
-                gemm_mod.gemm(a, b, precision=precision, out=out)
-            torch.cuda.synchronize()
-            wall = (time.perf_counter() - t) / args.calls * 1e6
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(args.calls):
-                gemm_mod.gemm(a, b, precision=precision, out=out)
-            prof.disable()
-            torch.cuda.synchronize()
-            s = io.StringIO()
-            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
-            lines += [
-                "",
-                f"## {precision}, plans {'on' if plans else 'off'}: {wall:.1f} us per call",
-                s.getvalue(),
-            ]
+            _, wall, stats = _profile(
+                lambda p=precision: gemm_mod.gemm(a, b, precision=p, out=out), args.calls, 18
+            )
+            lines += ["", f"## {precision}, plans {'on' if plans else 'off'}: {wall:.1f} us per call", stats]
         gemm_mod._PLANS_ENABLED = True
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -84,6 +69,29 @@ def main() -> int:
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(line for line in lines if " us per call" in line or line.startswith("gemm")))
     return 0
+
+
+def _profile(fn, calls: int, top: int) -> tuple[float, float, str]:  # noqa: ANN001
+    """``calls`` back-to-back calls of ``fn``: us to issue one, us per call (synchronised at the end), then
+    the ``top`` functions by own time under cProfile over as many calls."""
+    import torch
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issue = (time.perf_counter() - t) / calls * 1e6
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t) / calls * 1e6
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    return issue, wall, s.getvalue()
 
 
 def _conv1d(args: argparse.Namespace) -> int:
@@ -103,25 +111,11 @@ def _conv1d(args: argparse.Namespace) -> int:
 
     for precision in ("fp32", "tf32", "fp16"):
         call(precision)  # compile and tune
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(args.calls):
-            call(precision)
-        issue = (time.perf_counter() - t) / args.calls * 1e6
-        torch.cuda.synchronize()
-        wall = (time.perf_counter() - t) / args.calls * 1e6
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(args.calls):
-            call(precision)
-        prof.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
+        issue, wall, stats = _profile(lambda p=precision: call(p), args.calls, 22)
         lines += [
             "",
             f"## {precision} ({conv_mod.last_launch}): {wall:.1f} us per call, {issue:.1f} us to issue one",
-            s.getvalue(),
+            stats,
         ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
