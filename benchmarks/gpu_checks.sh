@@ -6,7 +6,7 @@ set -u
 DASK_FLAGS=${DASK_FLAGS:-}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-steps=",${1:-verify,e2e,trace,dask},"  # also: h2d, recenter, recenter_cost, launch, tune_gpu
+steps=",${1:-verify,e2e,trace,dask},"  # also: h2d, recenter, recenter_cost, launch, tune_gpu, tune_gpu_conv
 want() { [[ $steps == *",$1,"* ]]; }
 # The device tool returns at most 8 files: every step logs into one file.
 run() {  # run LIMIT NAME CMD...: append to $OUT/log.txt, say how it went
@@ -35,14 +35,16 @@ if want recenter_cost; then
   run 200 recenter_cost python benchmarks/recenter_cost.py --out "$OUT/recenter_cost.json"
 fi
 if want launch; then  # where a small conv1d call's host time goes (TMA calls: 0.34-0.55 ms, NOTES.md)
-  run 150 launch_conv1d python benchmarks/launch_profile.py --op conv1d --calls 500 \
+  run 240 launch_conv1d python benchmarks/launch_profile.py --op conv1d --calls 500 \
     --out "$OUT/launch_profile_conv1d.txt"
 fi
-if want tune_gpu; then  # the opt-in GPU-time tuner: its tests, then conv1d and gemm tuned with it
+if want tune_gpu; then  # the opt-in GPU-time tuner: its tests, then gemm tuned with it
   run 60 pytest_tuner python -m pytest -q tests/kernels/test_conv1d.py -k "gpu_ms or tuner" -p no:cacheprovider
+  TSCONV_TUNE_TIMING=gpu run 200 gemm_gputime python benchmarks/gemm.py --budget-s 170 --out "$OUT/gemm_gputime.json"
+fi
+if want tune_gpu_conv; then  # conv1d tuned with the opt-in GPU-time tuner
   TSCONV_TUNE_TIMING=gpu run 330 conv1d_gputime python benchmarks/conv1d.py --budget-s 300 --no-subprocess \
     --out "$OUT/conv1d_gputime.json"
-  TSCONV_TUNE_TIMING=gpu run 200 gemm_gputime python benchmarks/gemm.py --budget-s 170 --out "$OUT/gemm_gputime.json"
 fi
 if want h2d; then
   run 60 h2d python benchmarks/h2d_call.py --out "$OUT/h2d_call.json"

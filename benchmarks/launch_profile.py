@@ -32,7 +32,11 @@ def main() -> int:
     p.add_argument("--shape", default="65536,256,64", help="M,K,N")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--op", choices=("gemm", "conv1d"), default="gemm")
-    p.add_argument("--conv-shape", default="32,384,2048,96,7,2", help="N,C,L,O,K,dilation")
+    p.add_argument(
+        "--conv-shape",
+        default="32,384,2048,96,7,2;64,1024,1028,256,5,1",
+        help="N,C,L,O,K,dilation; several separated by ';'",
+    )
     args = p.parse_args()
     if args.op == "conv1d":
         return _conv1d(args)
@@ -90,36 +94,55 @@ def _profile(fn, calls: int, top: int) -> tuple[float, float, str]:  # noqa: ANN
     prof.disable()
     torch.cuda.synchronize()
     s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    st = pstats.Stats(prof, stream=s)
+    st.sort_stats("tottime").print_stats(top)
+    st.sort_stats("cumulative").print_stats(top)
     return issue, wall, s.getvalue()
 
 
 def _conv1d(args: argparse.Namespace) -> int:
     import torch
+    import torch.nn.functional as F
 
     from tsconv.kernels import conv1d as conv_mod
 
-    N, C, L, O, K, d = (int(v) for v in args.conv_shape.split(","))
     dev = torch.device("cuda")
-    x = torch.randn(N, L, C, device=dev).transpose(1, 2)  # the engine's time-major view
-    w = (torch.randn(O, C, K, device=dev) / (C * K) ** 0.5).half()
-    out = torch.empty(N, L, O, device=dev).transpose(1, 2)
-    lines = [f"conv1d [{N}, {C}, {L}] -> {O}, K={K}, dilation={d} on {torch.cuda.get_device_name(dev)}"]
-
-    def call(precision: str) -> None:
-        conv_mod.conv1d(x, w, dilation=d, precision=precision, out=out)
-
-    for precision in ("fp32", "tf32", "fp16"):
-        call(precision)  # compile and tune
-        issue, wall, stats = _profile(lambda p=precision: call(p), args.calls, 22)
+    lines: list[str] = []
+    for shape in args.conv_shape.split(";"):
+        N, C, L, O, K, d = (int(v) for v in shape.split(","))
+        x = torch.randn(N, L, C, device=dev).transpose(1, 2)  # the engine's time-major view
+        w = (torch.randn(O, C, K, device=dev) / (C * K) ** 0.5).half()
+        out = torch.empty(N, L, O, device=dev).transpose(1, 2)
         lines += [
             "",
-            f"## {precision} ({conv_mod.last_launch}): {wall:.1f} us per call, {issue:.1f} us to issue one",
-            stats,
+            f"# conv1d [{N}, {C}, {L}] -> {O}, K={K}, dilation={d} on {torch.cuda.get_device_name(dev)}",
         ]
+
+        def call(precision: str) -> None:
+            conv_mod.conv1d(x, w, dilation=d, precision=precision, out=out)  # noqa: B023
+
+        for precision in ("fp32", "tf32", "fp16"):
+            call(precision)  # compile and tune
+            issue, wall, stats = _profile(lambda p=precision: call(p), args.calls, 22)
+            lines += [
+                "",
+                f"## {precision} ({conv_mod.last_launch}): {wall:.1f} us per call, {issue:.1f} us to issue one",
+                stats,
+            ]
+        # the host's speed for comparison: cuDNN's calls on the same data (fp16 on pre-cast operands)
+        torch.backends.cudnn.benchmark = True
+        xc, wc = x.contiguous(), w.float()
+        x16, w16 = xc.half(), w.contiguous()
+        for name, fn in (
+            ("F.conv1d fp32", lambda: F.conv1d(F.pad(xc, ((K - 1) * d, 0)), wc, dilation=d)),  # noqa: B023
+            ("F.conv1d fp16", lambda: F.conv1d(F.pad(x16, ((K - 1) * d, 0)), w16, dilation=d)),  # noqa: B023
+        ):
+            fn()
+            issue, wall, _ = _profile(fn, args.calls, 1)
+            lines.append(f"{name}: {wall:.1f} us per call, {issue:.1f} us to issue one")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
-    print("\n".join(line for line in lines if " us per call" in line or line.startswith("conv1d")))
+    print("\n".join(line for line in lines if " us per call" in line or line.startswith("# conv1d")))
     return 0
 
 
