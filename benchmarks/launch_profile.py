@@ -100,11 +100,28 @@ def _profile(fn, calls: int, top: int) -> tuple[float, float, str]:  # noqa: ANN
     return issue, wall, s.getvalue()
 
 
+def _host_us(fn, calls: int = 100) -> float:  # noqa: ANN001
+    """us of host time to issue one ``fn()`` while the GPU is busy (a long sleep kernel queued first), so
+    neither an idle GPU nor a full launch queue enters the figure."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(500_000_000)  # ~0.25 s at the H200's clock: longer than the calls take to issue
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = (time.perf_counter() - t) / calls * 1e6
+    torch.cuda.synchronize()
+    return host
+
+
 def _conv1d(args: argparse.Namespace) -> int:
     import torch
     import torch.nn.functional as F
 
     from tsconv.kernels import conv1d as conv_mod
+    from tsconv.kernels.autotune import gpu_ms
 
     dev = torch.device("cuda")
     lines: list[str] = []
@@ -123,23 +140,36 @@ def _conv1d(args: argparse.Namespace) -> int:
 
         for precision in ("fp32", "tf32", "fp16"):
             call(precision)  # compile and tune
-            issue, wall, stats = _profile(lambda p=precision: call(p), args.calls, 22)
-            lines += [
-                "",
-                f"## {precision} ({conv_mod.last_launch}): {wall:.1f} us per call, {issue:.1f} us to issue one",
-                stats,
-            ]
+            fn = lambda p=precision: call(p)  # noqa: E731
+            gpu = gpu_ms(fn) * 1e3
+            for plans in (True, False):
+                conv_mod._PLANS_ENABLED = plans
+                host = _host_us(fn)
+                issue, wall, stats = _profile(fn, args.calls, 14)
+                lines += [
+                    "",
+                    f"## {precision} plans {'on' if plans else 'off'} ({conv_mod.last_launch}): "
+                    f"{wall:.1f} us per call back to back, host {host:.1f} us per call (GPU busy), "
+                    f"GPU {gpu:.1f} us per call (graph), {issue:.1f} us to issue one back to back",
+                    stats,
+                ]
+            conv_mod._PLANS_ENABLED = True
         # the host's speed for comparison: cuDNN's calls on the same data (fp16 on pre-cast operands)
         torch.backends.cudnn.benchmark = True
-        xc, wc = x.contiguous(), w.float()
+        xc, wc = F.pad(x.contiguous(), ((K - 1) * d, 0)), w.float()
         x16, w16 = xc.half(), w.contiguous()
         for name, fn in (
-            ("F.conv1d fp32", lambda: F.conv1d(F.pad(xc, ((K - 1) * d, 0)), wc, dilation=d)),  # noqa: B023
-            ("F.conv1d fp16", lambda: F.conv1d(F.pad(x16, ((K - 1) * d, 0)), w16, dilation=d)),  # noqa: B023
+            ("F.conv1d fp32", lambda: F.conv1d(xc, wc, dilation=d)),  # noqa: B023
+            ("F.conv1d fp16", lambda: F.conv1d(x16, w16, dilation=d)),  # noqa: B023
         ):
             fn()
+            gpu = gpu_ms(fn) * 1e3
+            host = _host_us(fn)
             issue, wall, _ = _profile(fn, args.calls, 1)
-            lines.append(f"{name}: {wall:.1f} us per call, {issue:.1f} us to issue one")
+            lines.append(
+                f"{name} (pre-padded): {wall:.1f} us per call back to back, host {host:.1f} us per call, "
+                f"GPU {gpu:.1f} us (graph)"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(line for line in lines if " us per call" in line or line.startswith("# conv1d")))

@@ -23,3 +23,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_plans() -> None:
+    """Each test starts without the launch plans earlier tests recorded: a plan skips the launcher's
+    validation, tuner and internals, which tests monkeypatch."""
+    from tsconv.kernels import conv1d, gemm
+
+    conv1d._PLANS.clear()
+    gemm._PLANS.clear()

@@ -840,6 +840,139 @@ def test_validation_mentions_expected_and_actual() -> None:
         conv1d(torch.zeros(1, 8, 10), torch.zeros(6, 8, 3), groups=2)
 
 
+# ------------------------------------------------------------------------------------------ launch plans
+
+
+@pytest.mark.parametrize(
+    ("precision", "a16", "tma", "prep"),
+    [("fp32", 0, 0, "none"), ("tf32", 0, 0, "round"), ("tf32", 0, 1, "none"), ("fp16", 1, 0, "a16"),
+     ("fp16", 1, 2, "a16"), ("fp16", 0, 1, "none")],
+)  # fmt: skip
+def test_repeated_dense_call_replays_its_plan_with_the_new_tensors(
+    precision: str, a16: int, tma: int, prep: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second call with the same layouts takes the plan (no validation, tuner or binding) and computes
+    the conv of its own x, weights, bias and output: a plan keeps no tensor of the call that recorded it.
+    Covers the pointer and TMA kernels (weights by pointer and by descriptor), the fp16 cast copy of x, the
+    tf32 rounding pre-pass and the tf32 descriptor rounding."""
+    cfg = autotune._dense(32, 16, 16, 4, 1, a16=a16, tma=tma)
+    monkeypatch.setattr(conv1d_mod.autotune, "select", lambda *a, **kw: cfg)
+    plans = conv1d_mod._PLANS
+    x1 = returns(2, 37, 24).transpose(1, 2)
+    w1, b1 = zero_sum_weights(16, 24, 3, seed=1), torch.randn(16, generator=_gen(3)).to(DEVICE)
+    y1 = conv1d(x1, w1, b1, dilation=2, activation="tanh", precision=precision)
+    assert (plans.hits, plans.misses, len(plans)) == (0, 1, 1)
+    entry = next(iter(plans._plans.values()))
+    assert entry.config == cfg.name and (entry.tma is not None) == (tma > 0)
+    assert (
+        entry.prep
+        == {"none": conv1d_mod._PREP_NONE, "a16": conv1d_mod._PREP_A16, "round": conv1d_mod._PREP_ROUND}[prep]
+    )
+    x2, w2, b2 = returns(2, 37, 24, seed=5).transpose(1, 2), zero_sum_weights(16, 24, 3, seed=6), b1 + 1.0
+    out = nan_out(2, 16, 37)
+    y2 = conv1d(x2, w2, b2, dilation=2, activation="tanh", precision=precision, out=out)  # out given: new key
+    y3 = conv1d(x2, w2, b2, dilation=2, activation="tanh", precision=precision, out=nan_out(2, 16, 37))
+    assert (plans.hits, len(plans)) == (1, 2)
+    assert conv1d_mod.last_launch["config"] == entry.config
+    torch.testing.assert_close(y3, y2, rtol=0, atol=0)
+    check(x2, w2, b2, dilation=2, activation="tanh", precision=precision)  # the error rule, on a plan hit
+    assert plans.hits == 2
+    y4 = conv1d(x2, w2, b2, dilation=2, activation="tanh", precision=precision)  # allocates its output
+    assert plans.hits == 3 and y4.stride() == y1.stride()
+    torch.testing.assert_close(y4, y2, rtol=0, atol=0)
+    assert not torch.equal(y1, y4)
+
+
+def test_dense_plans_follow_layout_alignment_options_and_weight_writes() -> None:
+    """Another stride, a 16-byte-misaligned view of x, another dilation, activation or dtype record new
+    plans; an in-place write to the weights is seen on a plan hit."""
+    plans = conv1d_mod._PLANS
+    base = price_levels(1, 41, 21)
+    w = zero_sum_weights(16, 16, 3, dtype=torch.float32)
+    conv1d(base[:, :40, :16].transpose(1, 2), w)
+    conv1d(base[:, :40, :16].transpose(1, 2), w)
+    conv1d(base[:, 1:, 1:17].transpose(1, 2), w)  # starts 4 bytes in: not 16-byte aligned
+    conv1d(base[:, :40, :16].transpose(1, 2).contiguous(), w)  # channel-major
+    conv1d(base[:, :40, :16].transpose(1, 2), w, dilation=2)
+    conv1d(base[:, :40, :16].transpose(1, 2), w, activation="relu")
+    conv1d(base[:, :40, :16].transpose(1, 2), w.half())
+    assert (plans.hits, len(plans)) == (1, 6)
+    w[3, 4, 1] += 2.0
+    x = base[:, 1:, 1:17].transpose(1, 2)
+    y = conv1d(x, w)
+    assert plans.hits == 2
+    assert relative_error(y, conv1d_reference(x, w)) < 1e-6
+
+
+def test_dense_plan_hit_still_refuses_bad_outputs_and_options() -> None:
+    """A plan hit repeats the pointer-dependent check (out sharing memory with x or the bias); options of
+    another type than the plan's (dilation=True) or unhashable ones go through validation's errors."""
+    plans = conv1d_mod._PLANS
+    buf = torch.zeros(2, 30, 32, device=DEVICE)
+    w = zero_sum_weights(16, 16, 3)
+    conv1d(buf[0:1, :, :16].transpose(1, 2), w, out=buf[1:2, :, 16:].transpose(1, 2))
+    conv1d(buf[0:1, :, :16].transpose(1, 2), w, out=buf[1:2, :, 16:].transpose(1, 2))
+    assert plans.hits == 1
+    with pytest.raises(ShapeError, match="overlaps x"):
+        conv1d(buf[1:2, :, :16].transpose(1, 2), w, out=buf[1:2, :, 16:].transpose(1, 2))
+    assert plans.hits == 2  # the refused call found the plan, then took the full path
+    flat = torch.zeros(30 * 16 + 16, device=DEVICE)
+    out = flat[: 30 * 16].view(1, 30, 16).transpose(1, 2)
+    conv1d(buf[0:1, :, :16].transpose(1, 2), w, flat[30 * 16 :], out=out)
+    with pytest.raises(ShapeError, match="overlaps bias"):
+        conv1d(buf[0:1, :, :16].transpose(1, 2), w, flat[30 * 16 - 16 : 30 * 16], out=out)
+    x = buf[0:1, :, :16].transpose(1, 2)
+    conv1d(x, w, dilation=1)
+    with pytest.raises(ShapeError, match="dilation must be an int"):
+        conv1d(x, w, dilation=True)
+    with pytest.raises(ShapeError, match="activation must be"):
+        conv1d(x, w, activation=["relu"])
+
+
+def test_dense_plans_keep_recentering_and_go_with_the_tuner_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recentered call replays with the new weights' tap sums; clearing the tuner's memory drops the plans;
+    TSCONV_LAUNCH_PLANS=0 (the module flag) sends every call through the full path."""
+    plans = conv1d_mod._PLANS
+    x = price_levels(1, 60, 16).transpose(1, 2)
+    w1, w2 = zero_sum_weights(16, 16, 5, seed=1), zero_sum_weights(16, 16, 5, seed=2) + 0.01
+    conv1d(x, w1, recenter=True)
+    y = conv1d(x, w2, recenter=True, out=nan_out(1, 16, 60))
+    y = conv1d(x, w2, recenter=True, out=nan_out(1, 16, 60))
+    assert plans.hits == 1
+    ref = conv1d_reference(x, w2)
+    full = conv1d_mod._conv1d_triton  # the same call through the full path, for the bit-for-bit check
+    out = nan_out(1, 16, 60)
+    spec = conv1d_mod._validate(
+        x, w2, None, out, dilation=1, groups=1, padding="causal", activation=None, precision="fp32",
+        recenter=True,
+    )  # fmt: skip
+    full(x, w2, None, out, spec)
+    torch.testing.assert_close(y, out, rtol=0, atol=0)
+    assert relative_error(y, ref) < 1e-6
+    autotune.clear_memory_cache()
+    assert len(plans) == 0
+    monkeypatch.setattr(conv1d_mod, "_PLANS_ENABLED", False)
+    conv1d(x, w2, recenter=True)
+    conv1d(x, w2, recenter=True)
+    assert len(plans) == 0 and plans.misses == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16"])
+def test_gpu_dense_plan_replay_is_a_direct_launch_with_the_same_result(precision: str) -> None:
+    """On a GPU the replay calls the compiled kernel itself (TMA descriptors and the fp16 cast included) and
+    gives the full path's result bit for bit."""
+    plans = conv1d_mod._PLANS
+    x = (returns(8, 1028, 256) if precision != "fp32" else price_levels(8, 1028, 256)).transpose(1, 2)
+    w, b = zero_sum_weights(128, 256, 5), torch.randn(128, generator=_gen(3)).to(DEVICE)
+    full = conv1d(x, w, b, activation="gelu", precision=precision)
+    entry = next(iter(plans._plans.values()))
+    assert entry.plan.compiled
+    replay = conv1d(x, w, b, activation="gelu", precision=precision)
+    assert plans.hits == 1
+    torch.testing.assert_close(replay, full, rtol=0, atol=0)
+
+
 @pytest.mark.gpu
 def test_device_mismatch_gpu() -> None:
     with pytest.raises(ShapeError, match="weight is on"):

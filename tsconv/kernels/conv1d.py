@@ -66,6 +66,7 @@ import triton.language as tl
 from tsconv.errors import ShapeError
 from tsconv.kernels import autotune, tma, window
 from tsconv.kernels.activations import apply_activation
+from tsconv.kernels.launch import LaunchPlan, PlanCache, extent, overlaps, plans_enabled_by_env, tensor_key
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
@@ -1063,6 +1064,12 @@ def conv1d(
     Raises:
         ShapeError: a shape, dtype, device, stride or option that does not fit.
     """
+    options = (dilation, groups, padding, activation, precision, recenter, recenter_from)
+    key = _plan_key(x, weight, bias, out, options)
+    if key is not None:
+        y = _planned(key, x, weight, bias, out)
+        if y is not None:
+            return y
     spec = _validate(
         x,
         weight,
@@ -1082,10 +1089,13 @@ def conv1d(
         return out
     with torch.no_grad():
         if x.is_cuda:
-            with torch.cuda.device(x.device):  # Triton launches on the current device and stream
-                _conv1d_triton(x, weight, bias, out, spec)
+            if key is not None:  # x is on the current device (_plan_key)
+                _conv1d_triton(x, weight, bias, out, spec, plan_key=key)
+            else:
+                with torch.cuda.device(x.device):  # Triton launches on the current device and stream
+                    _conv1d_triton(x, weight, bias, out, spec)
         elif _INTERPRETED:
-            _conv1d_triton(x, weight, bias, out, spec)
+            _conv1d_triton(x, weight, bias, out, spec, plan_key=key)
         else:
             _conv1d_torch(x, weight, bias, out, spec)
     return out
@@ -1199,15 +1209,17 @@ def _conv1d_triton(
     spec: _Spec,
     *,
     config: autotune.Config | None = None,
+    plan_key: tuple | None = None,
 ) -> object:
     """Run the Triton path; ``config`` (tests only) bypasses the tuner and fixes the block shapes.
+    ``plan_key``: record a dense launch as a plan under this key (see :func:`_planned`).
 
     Returns what the last kernel launch returned (on a GPU the compiled kernel, whose ``asm`` holds its IR).
     """
     Cg, Og = spec.C // spec.groups, spec.O // spec.groups
     b = None if bias is None else bias.contiguous()
     if _uses_gemm(Cg, Og):
-        return _launch_dense(x, weight, b, out, spec, config)
+        return _launch_dense(x, weight, b, out, spec, config, plan_key=plan_key)
     return _launch_direct(x, weight, b, out, spec, config)
 
 
@@ -1241,12 +1253,12 @@ def _launch_dense(
     out: torch.Tensor,
     spec: _Spec,
     config: autotune.Config | None,
+    *,
+    plan_key: tuple | None = None,
 ) -> object:
     G, K = spec.groups, spec.K
     Cg, Og = spec.C // G, spec.O // G
-    w_hi, w_lo = _WEIGHTS.get(
-        weight, ("dense", G, spec.precision), lambda w: _prepare_dense_weights(w, G, spec.precision)
-    )
+    w_hi, w_lo = _dense_weights(weight, spec)
     stride_wk, stride_wo = w_hi.stride(1), w_hi.stride(2)
     # "tf32": float32 x rounded to TF32 by a pre-pass (float16 / bfloat16 x is exact in TF32). Why a
     # pre-pass and not rounding in registers before tl.dot: the A tile of every (tap, channel block) step
@@ -1276,6 +1288,7 @@ def _launch_dense(
     sums = _tap_sums(weight) if spec.recenter else w_hi
 
     cast: dict[str, torch.Tensor] = {}
+    recorded: dict[str, object] = {}
 
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
@@ -1283,90 +1296,103 @@ def _launch_dense(
         a16 = kw.pop("A16", 0) and spec.precision == "fp16" and x.dtype != torch.float16
         use_tma = kw.pop("TMA", 0)
         x_k = x
+        prep = _PREP_NONE
         if a16:
-            # One bandwidth-bound cast pass into a time-major float16 copy; the kernel then reads half the bytes
-            # and both tl.dot operands go to shared memory as loaded (no conversion in registers). Rows padded
-            # to 16 bytes so that a TMA descriptor can read the copy whatever C is.
             if "x" not in cast:
-                c_pad = -(-spec.C // 8) * 8
-                buf = torch.empty((spec.N, spec.L, c_pad), dtype=torch.float16, device=x.device)
-                cast["x"] = buf[..., : spec.C]
-            x_k = cast["x"].transpose(1, 2)
+                cast["x"] = _a16_buffer(x, spec)
+            x_k = cast["x"]
             x_k.copy_(x)
+            prep = _PREP_A16
         if use_tma:
-            return launch_tma(x_k, kw)
+            return launch_tma(x_k, kw, prep)
         if round_x and not a16:  # in every launch, so the tuner's timings include it (all tf32 configs alike)
             if "x" not in cast:
                 cast["x"] = _tf32_buffer(x)
             x_k = cast["x"]
             _round_tf32_into(x, x_k)
+            prep = _PREP_ROUND
         n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
         n_oblk = triton.cdiv(Og, kw["BLOCK_O"])
         grid = (spec.N * n_tblk * G * n_oblk,)
         _check_grid(grid[0])
-        return _conv1d_dense_kernel[grid](
-            x_k,
-            w_hi,
-            w_hi if w_lo is None else w_lo,
-            w_hi if bias is None else bias,
-            sums,
-            out,
-            spec.L,
-            spec.L_out,
-            G,
-            Cg,
-            Og,
-            K,
-            spec.dilation,
-            pad,
-            spec.recenter_from,
-            n_tblk,
-            n_oblk,
-            *x_k.stride(),
-            stride_wk,
-            stride_wo,
-            *out.stride(),
+        sx = x_k.stride()
+        so = out.stride()
+        args = {
+            "x_ptr": x_k,
+            "w_ptr": w_hi,
+            "wlo_ptr": w_hi if w_lo is None else w_lo,
+            "b_ptr": w_hi if bias is None else bias,
+            "s_ptr": sums,
+            "y_ptr": out,
+            "L_in": spec.L,
+            "L_out": spec.L_out,
+            "G": G,
+            "Cg": Cg,
+            "Og": Og,
+            "K": K,
+            "dilation": spec.dilation,
+            "pad": pad,
+            "lv_min": spec.recenter_from,
+            "n_tblk": n_tblk,
+            "n_oblk": n_oblk,
+            "stride_xn": sx[0],
+            "stride_xc": sx[1],
+            "stride_xt": sx[2],
+            "stride_wk": stride_wk,
+            "stride_wo": stride_wo,
+            "stride_yn": so[0],
+            "stride_yo": so[1],
+            "stride_yt": so[2],
             **meta,
             **kw,
-        )
+        }
+        ret = _conv1d_dense_kernel[grid](**args)
+        recorded.update(fn=_conv1d_dense_kernel, ret=ret, grid=grid, args=args, prep=prep, tma=None)
+        return ret
 
-    def launch_tma(x_k: torch.Tensor, kw: dict[str, int]) -> object:
+    def launch_tma(x_k: torch.Tensor, kw: dict[str, int], prep: int) -> object:
         bt, bo, bc = kw.pop("BLOCK_T"), kw.pop("BLOCK_O"), kw.pop("BLOCK_C")
         round_tf32 = spec.precision == "tf32" and x_k.dtype == torch.float32
-        x_desc = tma.descriptor(x_k.transpose(1, 2), [1, bt, bc], round_tf32=round_tf32)
         w_tma = bool(kw.pop("W_TMA", 0))
-        w_desc = tma.descriptor(w_hi.view(K * Og, w_hi.shape[-1]), [bo, bc]) if w_tma else w_hi
+        blocks = ([1, bt, bc], [bo, bc] if w_tma else None, round_tf32)
+        x_desc, w_desc = _dense_descriptors(x_k, w_hi, blocks)
         n_tblk = triton.cdiv(spec.L_out, bt)
         n_oblk = triton.cdiv(Og, bo)
         grid = (spec.N * n_tblk * n_oblk,)
         _check_grid(grid[0])
-        return _conv1d_dense_tma_kernel[grid](
-            x_desc,
-            w_desc,
-            w_hi,
-            w_hi if bias is None else bias,
-            out,
-            spec.L,
-            spec.L_out,
-            spec.C,
-            spec.O,
-            K,
-            spec.dilation,
-            pad,
-            n_tblk,
-            n_oblk,
-            stride_wk,
-            stride_wo,
-            *out.stride(),
-            HAS_BIAS=bias is not None,
-            ACT=spec.act,
-            PREC=_PREC_CODE[spec.precision],
-            W_TMA=w_tma,
-            BLOCK_T=bt,
-            BLOCK_O=bo,
-            BLOCK_C=bc,
+        so = out.stride()
+        args = {
+            "x_desc": x_desc,
+            "w_desc": w_desc,
+            "w_ptr": w_hi,
+            "b_ptr": w_hi if bias is None else bias,
+            "y_ptr": out,
+            "L_in": spec.L,
+            "L_out": spec.L_out,
+            "C": spec.C,
+            "O": spec.O,
+            "K": K,
+            "dilation": spec.dilation,
+            "pad": pad,
+            "n_tblk": n_tblk,
+            "n_oblk": n_oblk,
+            "stride_wk": stride_wk,
+            "stride_wo": stride_wo,
+            "stride_yn": so[0],
+            "stride_yo": so[1],
+            "stride_yt": so[2],
+            "HAS_BIAS": bias is not None,
+            "ACT": spec.act,
+            "PREC": _PREC_CODE[spec.precision],
+            "W_TMA": w_tma,
+            "BLOCK_T": bt,
+            "BLOCK_O": bo,
+            "BLOCK_C": bc,
             **kw,
-        )
+        }
+        ret = _conv1d_dense_tma_kernel[grid](**args)
+        recorded.update(fn=_conv1d_dense_tma_kernel, ret=ret, grid=grid, args=args, prep=prep, tma=blocks)
+        return ret
 
     if config is None:
         use_tma = _dense_tma_ok(x, spec) and not spec.recenter
@@ -1378,7 +1404,125 @@ def _launch_dense(
         )
         config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
     last_launch.update(path="dense", config=config.name)
-    return launch(config)
+    ret = launch(config)
+    if plan_key is not None:
+        slots = _TMA_SLOTS if recorded["tma"] is not None else _POINTER_SLOTS
+        plan = LaunchPlan(recorded["fn"], recorded["ret"], recorded["grid"], recorded["args"], slots)
+        extents = (extent(out), extent(x), extent(weight), extent(bias))
+        _PLANS.put(plan_key, _DensePlan(plan, config.name, spec, recorded["prep"], recorded["tma"], extents))
+    return ret
+
+
+def _dense_weights(weight: torch.Tensor, spec: _Spec) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The dense kernels' weights for this call (:func:`_prepare_dense_weights`, cached per weight tensor)."""
+    G, precision = spec.groups, spec.precision
+    return _WEIGHTS.get(weight, ("dense", G, precision), lambda w: _prepare_dense_weights(w, G, precision))
+
+
+def _a16_buffer(x: torch.Tensor, spec: _Spec) -> torch.Tensor:
+    """An uninitialised float16 [N, C, L] view of a time-major buffer, rows padded to 16 bytes.
+
+    The "fp16" A16 configs cast x into it in one bandwidth-bound pass; the kernel then reads half the bytes
+    and both tl.dot operands go to shared memory as loaded (no conversion in registers). The padding lets a
+    TMA descriptor read the copy whatever C is."""
+    c_pad = -(-spec.C // 8) * 8
+    buf = torch.empty((spec.N, spec.L, c_pad), dtype=torch.float16, device=x.device)
+    return buf[..., : spec.C].transpose(1, 2)
+
+
+def _dense_descriptors(x_k: torch.Tensor, w_hi: torch.Tensor, blocks: tuple) -> tuple[object, object]:
+    """The TMA kernel's x descriptor (over the time-major view of ``x_k``) and weight operand: a descriptor
+    over the [K * O, C padded] view of the packed weights, or the packed weights themselves (pointer loads)."""
+    x_block, w_block, round_tf32 = blocks
+    x_desc = tma.descriptor(x_k.transpose(1, 2), x_block, round_tf32=round_tf32)
+    if w_block is None:
+        return x_desc, w_hi
+    K, Og = w_hi.shape[1], w_hi.shape[2]
+    return x_desc, tma.descriptor(w_hi.view(K * Og, w_hi.shape[-1]), w_block)
+
+
+# --------------------------------------------------------------------------------------------------------
+# launch plans: the repeated dense call's short path (tsconv.kernels.launch)
+# --------------------------------------------------------------------------------------------------------
+
+# A tf32 / fp16 dense call through the TMA kernel cost 0.25-0.30 ms of host time on the H200 hosts with the
+# full path (validation, the tuner lookup, Triton's argument binding; benchmarks/NOTES.md, ninth session),
+# more than its kernel for small batches; a plan replays the recorded launch with the call's tensors.
+_PREP_NONE, _PREP_A16, _PREP_ROUND = 0, 1, 2
+_POINTER_SLOTS = ("x_ptr", "w_ptr", "wlo_ptr", "b_ptr", "s_ptr", "y_ptr")
+_TMA_SLOTS = ("x_desc", "w_desc", "w_ptr", "b_ptr", "y_ptr")
+_PLANS = PlanCache(64)
+autotune.on_clear(_PLANS.clear)  # plans embody the tuner's winners
+_PLANS_ENABLED = plans_enabled_by_env()
+
+
+@dataclass(frozen=True)
+class _DensePlan:
+    plan: LaunchPlan
+    config: str
+    spec: _Spec
+    prep: int  # _PREP_*: the pass that makes the kernel's copy of x, if any
+    tma: tuple | None  # (x block, weight block or None, round_tf32) for the TMA kernel; None: pointer kernel
+    extents: tuple[int, int, int, int]  # byte extents of (out, x, weight, bias): see launch.extent
+
+
+def _plan_key(x: object, weight: object, bias: object, out: object, options: tuple) -> tuple | None:
+    """Everything validation, the tuner's key and the kernels' specialization read from a call, or None (no
+    plan: plans off, x not a plain tensor on the current CUDA device or interpreted on the CPU).
+
+    Equal keys pass or fail the same checks, except the pointer-dependent overlap of ``out`` with the inputs
+    that :func:`_planned` repeats. Option values are keyed with their types, so ``dilation=True`` does not
+    share ``dilation=1``'s plan (validation refuses it)."""
+    if not _PLANS_ENABLED or type(x) is not torch.Tensor or not isinstance(weight, torch.Tensor):
+        return None
+    if not (x.is_cuda or (_INTERPRETED and x.device.type == "cpu")):
+        return None
+    if x.is_cuda and x.device.index != torch.cuda.current_device():
+        return None
+    return (
+        tensor_key(x),
+        tensor_key(weight),
+        tensor_key(bias) if isinstance(bias, torch.Tensor) else bias is None,
+        tensor_key(out) if isinstance(out, torch.Tensor) else out is None,
+        tuple((type(v), v) for v in options),
+        (_A_SPLIT, _FLUSH, _ROUND_X_TF32, _FORCE_INDEX64),  # module knobs the launch reads (tests set them)
+    )
+
+
+def _planned(
+    key: tuple, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Replay the dense launch recorded under ``key`` with this call's tensors; None when there is none, or
+    when ``out`` overlaps an input (the full path raises the error)."""
+    entry = _PLANS.get(key)
+    if entry is None:
+        return None
+    spec = entry.spec
+    if out is None:
+        out = _allocate_out(x, spec)
+    else:
+        e_out, e_x, e_w, e_b = entry.extents
+        o = out.data_ptr()
+        if overlaps(o, e_out, x, e_x) or overlaps(o, e_out, weight, e_w) or overlaps(o, e_out, bias, e_b):
+            return None
+    with torch.no_grad():
+        w_hi, w_lo = _dense_weights(weight, spec)
+        b = w_hi if bias is None else bias.contiguous()
+        x_k = x
+        if entry.prep == _PREP_A16:
+            x_k = _a16_buffer(x, spec)
+            x_k.copy_(x)
+        elif entry.prep == _PREP_ROUND:
+            x_k = _tf32_buffer(x)
+            _round_tf32_into(x, x_k)
+        if entry.tma is not None:
+            x_desc, w_desc = _dense_descriptors(x_k, w_hi, entry.tma)
+            entry.plan.launch((x_desc, w_desc, w_hi, b, out))
+        else:
+            sums = _tap_sums(weight) if spec.recenter else w_hi
+            entry.plan.launch((x_k, w_hi, w_hi if w_lo is None else w_lo, b, sums, out))
+    last_launch.update(path="dense", config=entry.config)
+    return out
 
 
 def _dense_tma_ok(x: torch.Tensor, spec: _Spec) -> bool:

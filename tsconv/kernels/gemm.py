@@ -46,7 +46,6 @@ when ``TRITON_INTERPRET=1`` was set before this module was imported; otherwise C
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -64,12 +63,12 @@ from tsconv.kernels.conv1d import (
     _round_tf32_rne,
     _tf32_buffer,
 )
-from tsconv.kernels.launch import LaunchPlan, PlanCache
+from tsconv.kernels.launch import LaunchPlan, PlanCache, extent, overlaps, plans_enabled_by_env, tensor_key
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
-from tsconv.kernels.tensor_checks import check_out, is_activation, span
+from tsconv.kernels.tensor_checks import check_out, is_activation
 from tsconv.kernels.tensor_checks import describe as _shape
 from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
 from tsconv.kernels.weight_cache import WeightCache
@@ -667,7 +666,7 @@ _PLAN_SLOTS = ("a_ptr", "b_ptr", "blo_ptr", "bias_ptr", "c_ptr")
 _PLANS = PlanCache(64)
 autotune.on_clear(_PLANS.clear)  # plans embody the tuner's winners
 # TSCONV_LAUNCH_PLANS=0 sends every call through validation, the tuner lookup and kernel[grid] (A/B timing).
-_PLANS_ENABLED = os.environ.get("TSCONV_LAUNCH_PLANS", "1").strip().lower() not in ("0", "false", "no", "off")
+_PLANS_ENABLED = plans_enabled_by_env()
 
 
 @dataclass(frozen=True)
@@ -679,22 +678,6 @@ class _GemmPlan:
     # Byte extents of (out, a, b's source, bias) as strided views (0: empty or absent), fixed by the key's
     # layouts: a replay checks out against the inputs with four pointer reads instead of four span sums.
     extents: tuple[int, int, int, int]
-
-
-def _extent(t: torch.Tensor | None) -> int:
-    s = None if t is None else span(t)
-    return 0 if s is None else s[1] - s[0]
-
-
-def _overlaps(start: int, size: int, t: torch.Tensor | None, t_size: int) -> bool:
-    if t is None or size == 0 or t_size == 0:
-        return False
-    p = t.data_ptr()
-    return p < start + size and start < p + t_size
-
-
-def _meta(t: torch.Tensor) -> tuple:
-    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
 
 
 def _plan_key(
@@ -715,15 +698,15 @@ def _plan_key(
     if a.is_cuda and a.device.index != torch.cuda.current_device():
         return None
     if isinstance(b, PackedWeights):
-        bk = (b.precision, _meta(b.source), _meta(b.hi), None if b.lo is None else _meta(b.lo))
+        bk = (b.precision, tensor_key(b.source), tensor_key(b.hi), None if b.lo is None else tensor_key(b.lo))
     else:
-        bk = (None, _meta(b))
+        bk = (None, tensor_key(b))
     return (
-        _meta(a),
+        tensor_key(a),
         bk,
-        None if not isinstance(bias, torch.Tensor) else _meta(bias),
+        None if not isinstance(bias, torch.Tensor) else tensor_key(bias),
         bias is None,
-        None if not isinstance(out, torch.Tensor) else _meta(out),
+        None if not isinstance(out, torch.Tensor) else tensor_key(out),
         out is None,
         activation,
         precision,
@@ -747,11 +730,7 @@ def _planned(
     else:
         e_out, e_a, e_src, e_bias = entry.extents
         o = out.data_ptr()
-        if (
-            _overlaps(o, e_out, a, e_a)
-            or _overlaps(o, e_out, src, e_src)
-            or _overlaps(o, e_out, bias, e_bias)
-        ):
+        if overlaps(o, e_out, a, e_a) or overlaps(o, e_out, src, e_src) or overlaps(o, e_out, bias, e_bias):
             return None  # the full path raises the error
     hi = packed.hi
     bias_c = hi if bias is None else bias.contiguous()
@@ -898,7 +877,7 @@ def _gemm_triton(
     ret = launch(config)
     if plan_key is not None and recorded["direct"]:  # one kernel reading a itself: replayable
         plan = LaunchPlan(_gemm_kernel, recorded["ret"], recorded["grid"], recorded["args"], _PLAN_SLOTS)
-        extents = (_extent(out), _extent(a), _extent(src), _extent(bias))
+        extents = (extent(out), extent(a), extent(src), extent(bias))
         _PLANS.put(plan_key, _GemmPlan(plan, config.name, M, N, extents))
     return ret
 

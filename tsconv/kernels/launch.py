@@ -15,12 +15,15 @@ recorded arguments, so the plan logic (keys, tensor slots) is testable on the CP
 from __future__ import annotations
 
 import inspect
+import os
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 import torch
 
-__all__ = ["LaunchPlan", "PlanCache"]
+from tsconv.kernels.tensor_checks import span
+
+__all__ = ["LaunchPlan", "PlanCache", "extent", "overlaps", "plans_enabled_by_env", "tensor_key"]
 
 # Options JITFunction.run takes as keywords that are not kernel parameters.
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl")
@@ -131,3 +134,30 @@ class PlanCache:
 
     def __len__(self) -> int:
         return len(self._plans)
+
+
+def plans_enabled_by_env() -> bool:
+    """``TSCONV_LAUNCH_PLANS=0`` sends every call through validation, the tuner lookup and ``kernel[grid]``
+    (A/B timing); plans are on otherwise."""
+    return os.environ.get("TSCONV_LAUNCH_PLANS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What validation and kernel specialization read from a tensor: shape, strides, dtype, device and
+    whether its base pointer is 16-byte aligned (Triton specializes on that; TMA needs it)."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16 == 0)
+
+
+def extent(t: torch.Tensor | None) -> int:
+    """Bytes from the first to one past the last element a strided view can touch (0: empty or None); fixed
+    by the layout, so a plan records it once and checks overlaps with pointer reads alone."""
+    s = None if t is None else span(t)
+    return 0 if s is None else s[1] - s[0]
+
+
+def overlaps(start: int, size: int, t: torch.Tensor | None, t_size: int) -> bool:
+    """Does the byte range [start, start + size) meet ``t``'s range of ``t_size`` bytes (see :func:`extent`)?"""
+    if t is None or size == 0 or t_size == 0:
+        return False
+    p = t.data_ptr()
+    return p < start + size and start < p + t_size

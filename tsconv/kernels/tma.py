@@ -43,9 +43,16 @@ def usable(t: torch.Tensor, precision: str) -> bool:
     (or the interpreter, which emulates descriptors on CPU tensors); ``t`` :func:`fits`."""
     if precision == "fp32" or (precision == "tf32" and (t.dtype != torch.float32 or not rounds_tf32())):
         return False
-    if t.is_cuda and torch.cuda.get_device_capability(t.device) < (9, 0):
+    if t.is_cuda and _capability(t.device.index) < (9, 0):
         return False
     return fits(t)
+
+
+@functools.cache
+def _capability(index: int | None) -> tuple[int, int]:
+    # torch.cuda.get_device_capability (a device-properties lookup) was most of usable()'s 0.04 ms per call
+    # under cProfile on the H200 hosts, and the launchers ask on every call
+    return torch.cuda.get_device_capability(index)
 
 
 def rounds_tf32() -> bool:
