@@ -669,6 +669,35 @@ def test_repeated_call_replays_its_plan_with_the_new_tensors(plans, precision: s
     assert plans.hits == 2
 
 
+@pytest.mark.parametrize(
+    ("precision", "a16", "tma", "prep"),
+    [("tf32", 0, 0, "round"), ("tf32", 0, 1, "none"), ("fp16", 1, 0, "a16"), ("fp16", 1, 1, "a16"),
+     ("fp16", 0, 1, "none")],
+)  # fmt: skip
+def test_plans_replay_copies_of_a_and_tma_launches(
+    plans, precision: str, a16: int, tma: int, prep: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plans also cover the launches that read a copy of ``a`` (the fp16 cast, the tf32 rounding pre-pass)
+    and the TMA kernel (descriptors built from the call's tensors), with the new operands' product."""
+    cfg = gemm_mod._cfg(32, 64, 16, 4, 1, a16=a16, tma=tma)
+    monkeypatch.setattr(gemm_mod.autotune, "select", lambda *a, **kw: cfg)
+    b_dtype = torch.float32 if precision == "tf32" else torch.float16
+    gemm(returns(70, 52, seed=1), zero_sum_b(52, 96, dtype=b_dtype), precision=precision)
+    entry = next(iter(plans._plans.values()))
+    assert entry.config == cfg.name and (entry.tma is not None) == (tma > 0)
+    want = {"none": gemm_mod._PREP_NONE, "a16": gemm_mod._PREP_A16, "round": gemm_mod._PREP_ROUND}[prep]
+    assert entry.prep == want
+    a, b = returns(70, 52, seed=2), zero_sum_b(52, 96, seed=3, dtype=b_dtype)
+    bias = torch.randn(96, generator=_gen(4)).to(DEVICE)
+    gemm(a, b, bias, activation="gelu", precision=precision, out=nan_out(70, 96, transposed=True))
+    y = gemm(a, b, bias, activation="gelu", precision=precision, out=nan_out(70, 96, transposed=True))
+    assert plans.hits == 1
+    ref = reference(a, b, bias, "gelu")
+    err_torch = relative_error(torch_in_precision(a, b, bias, "gelu", precision), ref)
+    assert not torch.isnan(y).any()
+    assert relative_error(y, ref) <= FACTOR[precision] * err_torch + ATOL[precision]
+
+
 def test_plans_follow_layout_alignment_and_weight_writes(plans) -> None:
     """Another stride, a 16-byte-misaligned view of a (Triton specializes on alignment) or another
     activation record new plans; an in-place write to plain weights is seen on a plan hit."""
@@ -745,15 +774,28 @@ def test_gpu_real_sizes(
 
 
 @pytest.mark.gpu
-def test_gpu_plan_replay_is_a_direct_launch_with_the_same_result(plans) -> None:
-    """On a GPU the replay calls the compiled kernel itself, and gives the full path's result bit for bit."""
-    a, b = price_levels(65536, 256), zero_sum_b(256, 64)
+@pytest.mark.parametrize(
+    ("precision", "cfg"),
+    [("fp32", None), ("tf32", None), ("fp16", None), ("tf32", (128, 64, 32, 4, 3, 8, 0, 1)),
+     ("fp16", (128, 64, 64, 4, 3, 8, 1, 1)), ("fp16", (128, 64, 64, 4, 3, 8, 1, 0))],
+)  # fmt: skip
+def test_gpu_plan_replay_is_a_direct_launch_with_the_same_result(
+    plans, precision: str, cfg: tuple | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the replay calls the compiled kernel itself (TMA descriptors and the fp16 cast included), and
+    gives the full path's result bit for bit."""
+    if cfg is not None:
+        monkeypatch.setattr(gemm_mod.autotune, "select", lambda *a, **kw: gemm_mod._cfg(*cfg))
+    a = price_levels(65536, 256) if precision == "fp32" else returns(65536, 256)
+    b = zero_sum_b(256, 64)
     bias = torch.randn(64, generator=_gen(5)).to(DEVICE)
-    full = gemm(a, b, bias, activation="gelu")
+    full = gemm(a, b, bias, activation="gelu", precision=precision)
     entry = next(iter(plans._plans.values()))
     assert entry.plan.compiled
-    replay = gemm(a, b, bias, activation="gelu", out=nan_out(65536, 64))
-    replay = gemm(a, b, bias, activation="gelu", out=nan_out(65536, 64))
+    if cfg is not None:
+        assert entry.config == gemm_mod._cfg(*cfg).name
+    replay = gemm(a, b, bias, activation="gelu", precision=precision, out=nan_out(65536, 64))
+    replay = gemm(a, b, bias, activation="gelu", precision=precision, out=nan_out(65536, 64))
     assert plans.hits == 1
     torch.testing.assert_close(replay, full, rtol=0, atol=0)
 

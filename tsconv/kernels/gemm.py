@@ -661,8 +661,10 @@ def gemm(
 # launch plans: the repeated call's short path
 # --------------------------------------------------------------------------------------------------------
 
-# Names of _gemm_kernel's tensor parameters, in the order _GemmPlan passes them.
+# Names of the kernels' tensor parameters, in the order _planned passes them (_gemm_kernel, _gemm_tma_kernel).
 _PLAN_SLOTS = ("a_ptr", "b_ptr", "blo_ptr", "bias_ptr", "c_ptr")
+_TMA_SLOTS = ("a_desc", "b_desc", "bias_ptr", "c_ptr")
+_PREP_NONE, _PREP_A16, _PREP_ROUND = 0, 1, 2  # the pass that makes the kernel's copy of a, if any
 _PLANS = PlanCache(64)
 autotune.on_clear(_PLANS.clear)  # plans embody the tuner's winners
 # TSCONV_LAUNCH_PLANS=0 sends every call through validation, the tuner lookup and kernel[grid] (A/B timing).
@@ -675,6 +677,8 @@ class _GemmPlan:
     config: str
     M: int
     N: int
+    prep: int  # _PREP_*
+    tma: tuple | None  # (a block, b block, round_tf32) for _gemm_tma_kernel; None: _gemm_kernel
     # Byte extents of (out, a, b's source, bias) as strided views (0: empty or absent), fixed by the key's
     # layouts: a replay checks out against the inputs with four pointer reads instead of four span sums.
     extents: tuple[int, int, int, int]
@@ -734,7 +738,19 @@ def _planned(
             return None  # the full path raises the error
     hi = packed.hi
     bias_c = hi if bias is None else bias.contiguous()
-    entry.plan.launch((a, hi, hi if packed.lo is None else packed.lo, bias_c, out))
+    with torch.no_grad():
+        a_k = a
+        if entry.prep == _PREP_A16:
+            a_k = _a16_buffer(a, a.shape[1])
+            a_k.copy_(a)
+        elif entry.prep == _PREP_ROUND:
+            a_k = _tf32_buffer(a)
+            _round_tf32_into(a, a_k)
+        if entry.tma is not None:
+            a_desc, b_desc = _descriptors(a_k, hi, entry.tma)
+            entry.plan.launch((a_desc, b_desc, bias_c, out))
+        else:
+            entry.plan.launch((a_k, hi, hi if packed.lo is None else packed.lo, bias_c, out))
     last_launch["config"] = entry.config
     return out
 
@@ -771,7 +787,7 @@ def _gemm_triton(
 ) -> object:
     """Run the Triton kernel; ``config`` (tests only) bypasses the tuner. Returns the last launch's result.
 
-    ``plan_key``: record the launch as a plan under this key (see :func:`_planned`) when it is one kernel.
+    ``plan_key``: record the launch as a plan under this key (see :func:`_planned`).
     """
     packed = b if isinstance(b, PackedWeights) else _pack_cached(b, spec.precision)
     src = packed.source
@@ -796,21 +812,23 @@ def _gemm_triton(
         a16 = kw.pop("A16", 0) and spec.precision == "fp16" and a.dtype != torch.float16
         use_tma = kw.pop("TMA", 0)
         a_k = a
+        prep = _PREP_NONE
         n_cols = triton.cdiv(N, kw["BLOCK_N"])
         kw["ROUND_A"] = round_a and _round_a_in_kernel(n_cols, kw)
         if a16:  # one cast pass, then the kernel reads half the bytes through the plain fp16 pipeline
             if "a" not in cast:
-                k_pad = -(-K // 8) * 8  # 16-byte rows: a TMA descriptor can read the copy whatever K is
-                cast["a"] = torch.empty((M, k_pad), dtype=torch.float16, device=a.device)[:, :K]
+                cast["a"] = _a16_buffer(a, K)
             a_k = cast["a"]
             a_k.copy_(a)
+            prep = _PREP_A16
         if use_tma:
-            return launch_tma(a_k, kw)
+            return launch_tma(a_k, kw, prep)
         if round_a and not kw["ROUND_A"] and not a16:  # a rounded copy in a's layout, redone per launch
             if "r" not in cast:
                 cast["r"] = _tf32_buffer(a)
             a_k = cast["r"]
             _round_tf32_into(a, a_k)
+            prep = _PREP_ROUND
         grid = (triton.cdiv(M, kw["BLOCK_M"]) * n_cols,)
         _check_grid(grid[0])
         args = {
@@ -832,38 +850,40 @@ def _gemm_triton(
             **kw,
         }
         ret = _gemm_kernel[grid](**args)
-        recorded.update(grid=grid, args=args, ret=ret, direct=a_k is a)
+        recorded.update(fn=_gemm_kernel, grid=grid, args=args, ret=ret, prep=prep, tma=None)
         return ret
 
-    def launch_tma(a_k: torch.Tensor, kw: dict[str, int]) -> object:
+    def launch_tma(a_k: torch.Tensor, kw: dict[str, int], prep: int) -> object:
         bm, bn, bk = kw.pop("BLOCK_M"), kw.pop("BLOCK_N"), kw.pop("BLOCK_K")
         kw.pop("ROUND_A")
         round_tf32 = spec.precision == "tf32" and a_k.dtype == torch.float32
-        a_desc = tma.descriptor(a_k, [bm, bk], round_tf32=round_tf32)
         b_nk = spec.precision != "fp16"
-        b_desc = tma.descriptor(packed.hi, [bn, bk] if b_nk else [bk, bn])
+        blocks = ([bm, bk], [bn, bk] if b_nk else [bk, bn], round_tf32)
+        a_desc, b_desc = _descriptors(a_k, packed.hi, blocks)
         grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
         _check_grid(grid[0])
-        recorded.update(direct=False)
-        return _gemm_tma_kernel[grid](
-            a_desc,
-            b_desc,
-            packed.hi if bias_c is None else bias_c,
-            out,
-            M,
-            N,
-            K,
-            out.stride(0),
-            out.stride(1),
-            HAS_BIAS=bias_c is not None,
-            ACT=spec.act,
-            PREC=_PREC_CODE[spec.precision],
-            B_NK=b_nk,
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
+        args = {
+            "a_desc": a_desc,
+            "b_desc": b_desc,
+            "bias_ptr": packed.hi if bias_c is None else bias_c,
+            "c_ptr": out,
+            "M": M,
+            "N": N,
+            "K": K,
+            "stride_cm": out.stride(0),
+            "stride_cn": out.stride(1),
+            "HAS_BIAS": bias_c is not None,
+            "ACT": spec.act,
+            "PREC": _PREC_CODE[spec.precision],
+            "B_NK": b_nk,
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": bk,
             **kw,
-        )
+        }
+        ret = _gemm_tma_kernel[grid](**args)
+        recorded.update(fn=_gemm_tma_kernel, grid=grid, args=args, ret=ret, prep=prep, tma=blocks)
+        return ret
 
     if config is None:
         use_tma = _tma_ok(a, packed, spec)
@@ -875,11 +895,25 @@ def _gemm_triton(
         config = autotune.select(space, key, launch, device=a.device, interpreted=_INTERPRETED)
     last_launch.update(config=config.name)
     ret = launch(config)
-    if plan_key is not None and recorded["direct"]:  # one kernel reading a itself: replayable
-        plan = LaunchPlan(_gemm_kernel, recorded["ret"], recorded["grid"], recorded["args"], _PLAN_SLOTS)
+    if plan_key is not None:
+        slots = _PLAN_SLOTS if recorded["tma"] is None else _TMA_SLOTS
+        plan = LaunchPlan(recorded["fn"], recorded["ret"], recorded["grid"], recorded["args"], slots)
         extents = (extent(out), extent(a), extent(src), extent(bias))
-        _PLANS.put(plan_key, _GemmPlan(plan, config.name, M, N, extents))
+        _PLANS.put(plan_key, _GemmPlan(plan, config.name, M, N, recorded["prep"], recorded["tma"], extents))
     return ret
+
+
+def _a16_buffer(a: torch.Tensor, K: int) -> torch.Tensor:
+    """An uninitialised float16 [M, K] view for the A16 configs' cast of ``a``, rows padded to 16 bytes so
+    that a TMA descriptor can read the copy whatever K is."""
+    k_pad = -(-K // 8) * 8
+    return torch.empty((a.shape[0], k_pad), dtype=torch.float16, device=a.device)[:, :K]
+
+
+def _descriptors(a_k: torch.Tensor, hi: torch.Tensor, blocks: tuple) -> tuple[object, object]:
+    """The TMA kernel's descriptors over ``a`` (or its copy) and the packed weights."""
+    a_block, b_block, round_tf32 = blocks
+    return tma.descriptor(a_k, a_block, round_tf32=round_tf32), tma.descriptor(hi, b_block)
 
 
 def _tma_ok(a: torch.Tensor, packed: PackedWeights, spec: _Spec) -> bool:
