@@ -45,6 +45,7 @@ paths of conv1d and gemm (the unfused pair), with the same semantics.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +53,7 @@ import triton
 import triton.language as tl
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune
+from tsconv.kernels import autotune, tma
 from tsconv.kernels import conv1d as _conv
 from tsconv.kernels import gemm as _gemm
 from tsconv.kernels.conv1d import (
@@ -91,6 +92,9 @@ _FLUSH = True
 _A_SPLIT = 3
 # "tf32": round x (pre-pass) and the conv tile (registers) to TF32; False: the tensor core truncates (old).
 _ROUND_TF32 = True
+# The TMA variant of the fused kernel ("tf32" / "fp16", Hopper) joins the tuner's candidates only with
+# TSCONV_FUSED_TMA=1: it passes the interpreter and sm_90 compilation but has not run on a GPU yet.
+_TMA_ENABLED = os.environ.get("TSCONV_FUSED_TMA", "0").strip().lower() in ("1", "true", "yes", "on")
 # What the last call did (benchmarks report it): {"path": "fused" | "unfused", "config": ..., "reason": ...}.
 last_launch: dict[str, str] = {}
 
@@ -245,6 +249,108 @@ def _conv1d_head_kernel(
     tl.store(y_ptrs, out_acc, mask=(offs_t < L_out)[:, None] & d_mask[None, :])
 
 
+@triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk"])
+def _conv1d_head_tma_kernel(
+    x_desc,
+    w_desc,
+    b_ptr,
+    hw_ptr,
+    hb_ptr,
+    y_ptr,
+    L_in,
+    L_out,
+    C,
+    O,
+    D,
+    K,
+    dilation,
+    pad,
+    n_tblk,
+    stride_hd,
+    stride_yn,
+    stride_yt,
+    stride_yd,
+    HAS_BIAS: tl.constexpr,
+    HAS_HBIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    HEAD_ACT: tl.constexpr,
+    PREC: tl.constexpr,
+    ROUND_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """``_conv1d_head_kernel`` for "tf32" / "fp16" with the conv operands loaded by the TMA (Hopper), as in
+    conv1d's ``_conv1d_dense_tma_kernel``: x tiles from the time-major [N, L, C] view (causal zeros, the
+    series end and channels past C zero-filled by the copy engine; "tf32" float32 x rounded to TF32 by the
+    descriptor, so no rounding pre-pass and no copy of x), weight tiles [BLOCK_O, BLOCK_C] from the packed
+    [K * O, C padded] view. The head product and epilogue are the pointer kernel's."""
+    pid = tl.program_id(0)
+    n = pid // n_tblk
+    pid_t = pid % n_tblk
+    t0 = pid_t * BLOCK_T
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    offs_ob = tl.arange(0, BLOCK_O)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    n_cb = (C + BLOCK_C - 1) // BLOCK_C
+
+    out_acc = tl.full((BLOCK_T, BLOCK_D), 0.0, tl.float32)
+    for o0 in range(0, O, BLOCK_O):
+        offs_o = o0 + offs_ob
+        o_mask = offs_o < O
+        acc = tl.full((BLOCK_T, BLOCK_O), 0.0, tl.float32)
+        for it in range(0, K * n_cb):  # taps fastest, as in conv1d
+            k = it % K
+            c0 = (it // K) * BLOCK_C
+            a = x_desc.load([n, t0 - pad + k * dilation, c0]).reshape(BLOCK_T, BLOCK_C)
+            # rows past O belong to the next tap (zero-filled after the last): they only feed columns >= O,
+            # which the tl.where below zeroes before the head product
+            b = w_desc.load([k * O + o0, c0]).T
+            if PREC == 1:
+                acc = tl.dot(a, b, acc, input_precision="tf32")
+            else:
+                acc = tl.dot(a.to(tl.float16), b, acc)
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + offs_o, mask=o_mask, other=0.0).to(tl.float32)
+            acc = acc + bias[None, :]
+        acc = _activate(acc, ACT)
+        # columns past O: exact zeros before the head product. Their head weights load as zeros already, and
+        # a non-finite product there comes with one in the real columns of the same step (the same x rows),
+        # so this only guards the invariant the pointer kernel keeps
+        acc = tl.where(o_mask[None, :], acc, 0.0)
+
+        hw_off = offs_d[None, :] * stride_hd + offs_o[:, None]  # [BLOCK_O, BLOCK_D], O contiguous
+        hw = tl.load(hw_ptr + hw_off, mask=o_mask[:, None] & d_mask[None, :], other=0.0)
+        if PREC == 1:
+            if ROUND_H:
+                out_acc = tl.dot(_round_tf32_rne(acc), hw, out_acc, input_precision="tf32")
+            else:
+                out_acc = tl.dot(acc, hw, out_acc, input_precision="tf32")
+        else:
+            out_acc = tl.dot(acc.to(tl.float16), hw, out_acc)
+
+    if HAS_HBIAS:
+        hbias = tl.load(hb_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        out_acc = out_acc + hbias[None, :]
+    out_acc = _activate(out_acc, HEAD_ACT)
+    y_ptrs = (
+        y_ptr
+        + n.to(tl.int64) * stride_yn
+        + offs_t.to(tl.int64)[:, None] * stride_yt
+        + offs_d.to(tl.int64)[None, :] * stride_yd
+    )
+    tl.store(y_ptrs, out_acc, mask=(offs_t < L_out)[:, None] & d_mask[None, :])
+
+
+def _tma_ok(x: torch.Tensor, w_hi: torch.Tensor, c: _conv._Spec) -> bool:
+    """Can ``_conv1d_head_tma_kernel`` run this call? x's time-major [N, L, C] view usable by a TMA kernel in
+    this precision (``tma.usable``: "tf32" / "fp16", channels contiguous, 16-byte aligned) and no
+    recentering (an "fp32" option)."""
+    return not c.recenter and tma.usable(x.transpose(1, 2), c.precision) and tma.fits(w_hi)
+
+
 def _kernel_interpreted() -> bool:
     return type(_conv1d_head_kernel).__name__ == "InterpretedFunction"
 
@@ -263,7 +369,16 @@ def _cfg(bt: int, bo: int, bc: int, warps: int, stages: int) -> autotune.Config:
     return autotune.Config(f"t{bt}_o{bo}_c{bc}_w{warps}_s{stages}", meta, num_warps=warps, num_stages=stages)
 
 
-def conv1d_head_space(precision: str, C: int, O: int, D: int) -> autotune.ConfigSpace:
+def _tma_cfg(bt: int, bo: int, bc: int, warps: int, stages: int, a16: int = 0) -> autotune.Config:
+    meta = {"BLOCK_T": bt, "BLOCK_O": bo, "BLOCK_C": bc, "TMA": 1}
+    name = f"t{bt}_o{bo}_c{bc}_w{warps}_s{stages}"
+    if a16:
+        meta["A16"] = 1  # launcher-level, as in conv1d: x cast to a padded float16 copy first ("fp16")
+        name += "_a16"
+    return autotune.Config(name + "_tma", meta, num_warps=warps, num_stages=stages)
+
+
+def conv1d_head_space(precision: str, C: int, O: int, D: int, *, tma: bool = False) -> autotune.ConfigSpace:
     """Candidate tiles for the fused kernel: [BLOCK_T steps, BLOCK_O conv channels], reduction chunk BLOCK_C.
 
     BLOCK_D is not tuned (D rounded up to a power of two, 16 to 256). Registers hold the conv tile and the
@@ -272,14 +387,17 @@ def conv1d_head_space(precision: str, C: int, O: int, D: int) -> autotune.Config
     of each (64 x 64 per 4 warps uses 252 registers; 64 x 256 heads need 32-step tiles), "tf32" / "fp16" at
     most 64 conv values and 96 in all (128 x 256 conv tiles per 8 warps spill about 1 KB). "fp32" keeps
     BLOCK_O <= 64, the head product's flush granularity (see the module docstring). Timings unverified: the
-    candidates are a first guess for the tuner.
+    candidates are a first guess for the tuner. ``tma`` ("tf32" / "fp16" calls that ``_tma_ok``): the TMA
+    kernel's candidates join them, under the same register rule (the space's name says so, which keeps their
+    winners apart in the cache).
     """
     pb = autotune.pow2_bucket
-    return _space(precision, max(16, pb(C)), max(16, pb(O)), min(256, max(16, pb(D))), _MAX_BLOCK_O)
+    tma = tma and precision != "fp32"
+    return _space(precision, max(16, pb(C)), max(16, pb(O)), min(256, max(16, pb(D))), _MAX_BLOCK_O, tma)
 
 
 @functools.lru_cache(maxsize=256)
-def _space(precision: str, C: int, O: int, D: int, max_bo: int) -> autotune.ConfigSpace:
+def _space(precision: str, C: int, O: int, D: int, max_bo: int, tma: bool = False) -> autotune.ConfigSpace:
     if precision == "fp32":
         cands = [
             _cfg(64, 64, 32, 8, 3),
@@ -303,11 +421,20 @@ def _space(precision: str, C: int, O: int, D: int, max_bo: int) -> autotune.Conf
             _cfg(32, 64, 32, 8, 3),
         ]
         conv_max, total_max = 64, 96
+        if tma:  # after the pointer candidates: the untuned default stays the pointer kernel
+            for a16 in (1, 0) if precision == "fp16" else (0,):
+                cands += [
+                    _tma_cfg(64, 256, bc, 8, 3, a16),
+                    _tma_cfg(128, 128, bc, 8, 3, a16),
+                    _tma_cfg(64, 128, bc, 4, 4, a16),
+                    _tma_cfg(64, 128, bc, 8, 4, a16),
+                ]
     bo_cap = max(16, min(O, max_bo))
     out: list[autotune.Config] = []
     for c in cands:
         m = c.meta
-        new = _cfg(m["BLOCK_T"], min(m["BLOCK_O"], bo_cap), min(m["BLOCK_C"], C), c.num_warps, c.num_stages)
+        make = functools.partial(_tma_cfg, a16=m.get("A16", 0)) if m.get("TMA") else _cfg
+        new = make(m["BLOCK_T"], min(m["BLOCK_O"], bo_cap), min(m["BLOCK_C"], C), c.num_warps, c.num_stages)
         threads = 32 * c.num_warps
         conv = new.meta["BLOCK_T"] * new.meta["BLOCK_O"] // threads
         head = new.meta["BLOCK_T"] * D // threads
@@ -317,7 +444,8 @@ def _space(precision: str, C: int, O: int, D: int, max_bo: int) -> autotune.Conf
     if not out:
         out.append(_cfg(32, min(32, bo_cap), min(32, C), 8, 2))
     interp = _cfg(64, min(64, bo_cap), min(32, C), 4, 1)
-    return autotune.ConfigSpace(f"conv1d_head_v1_{precision}", tuple(out), out[0], interp)
+    name = f"conv1d_head_v1_{precision}" + ("_tma" if tma else "")
+    return autotune.ConfigSpace(name, tuple(out), out[0], interp)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -646,7 +774,9 @@ def _fused_triton(
     w_hi, w_lo = _WEIGHTS.get(  # [1, K, O, C padded to 16], shared with conv1d's cache
         weight, ("dense", 1, c.precision), lambda w: _prepare_dense_weights(w, 1, c.precision)
     )
-    h_hi, h_lo = _prepare_head_weights(head_weight, c.precision)
+    h_hi, h_lo = _WEIGHTS.get(  # rebuilt per call before (three small kernels and an allocation)
+        head_weight, ("head", c.precision), lambda hw: _prepare_head_weights(hw, c.precision)
+    )
     b = None if bias is None else bias.contiguous()
     hb = None if head_bias is None else head_bias.contiguous()
     block_d = max(16, autotune.pow2_bucket(spec.D))
@@ -681,6 +811,8 @@ def _fused_triton(
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
         kw["BLOCK_O"] = max(16, min(kw["BLOCK_O"], _MAX_BLOCK_O, autotune.pow2_bucket(c.O)))
+        if kw.pop("TMA", 0):
+            return launch_tma(kw)
         x_k = x
         if round_x:  # per launch, so the tuner's timings include it
             if "x" not in cast:
@@ -721,8 +853,56 @@ def _fused_triton(
             **kw,
         )
 
+    def launch_tma(kw: dict[str, int]) -> object:
+        a16 = kw.pop("A16", 0) and c.precision == "fp16" and x.dtype != torch.float16
+        x_k = x
+        if a16:
+            if "a16" not in cast:
+                cast["a16"] = _conv._a16_buffer(x, c)
+            x_k = cast["a16"]
+            x_k.copy_(x)
+        bt, bo, bc = kw.pop("BLOCK_T"), kw.pop("BLOCK_O"), kw.pop("BLOCK_C")
+        round_tf32 = c.precision == "tf32" and x_k.dtype == torch.float32
+        x_desc, w_desc = _conv._dense_descriptors(x_k, w_hi, ([1, bt, bc], [bo, bc], round_tf32))
+        n_tblk = triton.cdiv(c.L_out, bt)
+        grid = (c.N * n_tblk,)
+        if grid[0] > _INT32_MAX:
+            msg = f"the fused conv needs {grid[0]} programs, more than one launch allows ({_INT32_MAX})."
+            raise ShapeError(msg, hint="split the batch (N) or the series length into several calls.")
+        return _conv1d_head_tma_kernel[grid](
+            x_desc,
+            w_desc,
+            w_hi if b is None else b,
+            h_hi,
+            h_hi if hb is None else hb,
+            out,
+            c.L,
+            c.L_out,
+            c.C,
+            c.O,
+            spec.D,
+            c.K,
+            c.dilation,
+            pad,
+            n_tblk,
+            h_hi.stride(0),
+            *out.stride(),
+            HAS_BIAS=b is not None,
+            HAS_HBIAS=hb is not None,
+            ACT=c.act,
+            HEAD_ACT=spec.head_act,
+            PREC=_PREC_CODE[c.precision],
+            ROUND_H=c.precision == "tf32" and _ROUND_TF32,
+            BLOCK_T=bt,
+            BLOCK_O=bo,
+            BLOCK_C=bc,
+            BLOCK_D=block_d,
+            **kw,
+        )
+
     if config is None:
-        space = conv1d_head_space(c.precision, c.C, c.O, spec.D)
+        use_tma = _TMA_ENABLED and _tma_ok(x, w_hi, c)
+        space = conv1d_head_space(c.precision, c.C, c.O, spec.D, tma=use_tma)
         key = (
             f"{c.precision}|x={_dtype_name(x)}|w={_dtype_name(weight)}|hw={_dtype_name(head_weight)}"
             f"|in={_layout3(x, 1)}|out={_layout3(out, 2)}|C={autotune.pow2_bucket(c.C)}"
