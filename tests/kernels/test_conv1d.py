@@ -883,6 +883,46 @@ def test_repeated_dense_call_replays_its_plan_with_the_new_tensors(
     assert not torch.equal(y1, y4)
 
 
+@pytest.mark.parametrize("path", ["direct", "bank", "window"])
+@pytest.mark.parametrize("recenter", [False, True])
+def test_repeated_depthwise_call_replays_its_plan(
+    path: str, recenter: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Depthwise banks replay too, through whichever kernel the tuner picked, with the new call's weights
+    packed for that kernel (and their tap sums when recentering). On a GPU this is the check that lets
+    ``_DIRECT_PLANS_CUDA`` be switched on."""
+    cfg = {
+        "direct": autotune._direct(32, 16, 4, 1),
+        "bank": autotune._bank(32, 16, 4, 2, 1, None),
+        "window": autotune._window(4, 8, 1),
+    }[path]
+    monkeypatch.setattr(conv1d_mod.autotune, "select", lambda *a, **kw: cfg)
+    monkeypatch.setattr(conv1d_mod, "_DIRECT_PLANS_CUDA", True)  # on a GPU: the run that verifies them
+    plans = conv1d_mod._PLANS
+    C, M, K = 6, 3, 11
+    x1 = price_levels(2, 50, C, seed=1).transpose(1, 2)
+    w1, b1 = zero_sum_weights(C * M, 1, K, seed=2), torch.randn(C * M, generator=_gen(3)).to(DEVICE)
+    y1 = conv1d(x1, w1, b1, groups=C, dilation=2, activation="relu", recenter=recenter)
+    assert conv1d_mod.last_launch == {"path": path, "config": cfg.name}
+    assert (plans.misses, len(plans)) == (1, 1)
+    x2 = price_levels(2, 50, C, seed=4).transpose(1, 2)
+    w2, b2 = zero_sum_weights(C * M, 1, K, seed=5), b1 - 0.5
+    conv1d_mod.last_launch.clear()
+    y2 = conv1d(
+        x2, w2, b2, groups=C, dilation=2, activation="relu", recenter=recenter, out=nan_out(2, C * M, 50)
+    )
+    y2 = conv1d(
+        x2, w2, b2, groups=C, dilation=2, activation="relu", recenter=recenter, out=nan_out(2, C * M, 50)
+    )
+    assert plans.hits == 1 and conv1d_mod.last_launch == {"path": path, "config": cfg.name}
+    kw = {"groups": C, "dilation": 2, "activation": "relu"}
+    ref = conv1d_reference(x2, w2, b2, **kw)
+    assert not torch.isnan(y2).any()
+    err_torch = relative_error(torch_conv1d_in_precision(x2, w2, b2, precision="fp32", **kw), ref)
+    assert relative_error(y2, ref) <= FP32_FACTOR * err_torch + ATOL["fp32"]
+    assert not torch.equal(y1, y2)
+
+
 def test_dense_plans_follow_layout_alignment_options_and_weight_writes() -> None:
     """Another stride, a 16-byte-misaligned view of x, another dilation, activation or dtype record new
     plans; an in-place write to the weights is seen on a plan hit."""

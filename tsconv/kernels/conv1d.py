@@ -55,7 +55,9 @@ On CUDA tensors the Triton kernels run, with block shapes tuned per GPU and shap
 
 from __future__ import annotations
 
+import functools
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,7 +68,15 @@ import triton.language as tl
 from tsconv.errors import ShapeError
 from tsconv.kernels import autotune, tma, window
 from tsconv.kernels.activations import apply_activation
-from tsconv.kernels.launch import LaunchPlan, PlanCache, extent, overlaps, plans_enabled_by_env, tensor_key
+from tsconv.kernels.launch import (
+    LaunchPlan,
+    PlanCache,
+    extent,
+    launch_recorded,
+    overlaps,
+    plans_enabled_by_env,
+    tensor_key,
+)
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
@@ -1212,7 +1222,7 @@ def _conv1d_triton(
     plan_key: tuple | None = None,
 ) -> object:
     """Run the Triton path; ``config`` (tests only) bypasses the tuner and fixes the block shapes.
-    ``plan_key``: record a dense launch as a plan under this key (see :func:`_planned`).
+    ``plan_key``: record the launch as a plan under this key (see :func:`_planned`).
 
     Returns what the last kernel launch returned (on a GPU the compiled kernel, whose ``asm`` holds its IR).
     """
@@ -1220,7 +1230,7 @@ def _conv1d_triton(
     b = None if bias is None else bias.contiguous()
     if _uses_gemm(Cg, Og):
         return _launch_dense(x, weight, b, out, spec, config, plan_key=plan_key)
-    return _launch_direct(x, weight, b, out, spec, config)
+    return _launch_direct(x, weight, b, out, spec, config, plan_key=plan_key)
 
 
 def _prepare_dense_weights(
@@ -1409,7 +1419,8 @@ def _launch_dense(
         slots = _TMA_SLOTS if recorded["tma"] is not None else _POINTER_SLOTS
         plan = LaunchPlan(recorded["fn"], recorded["ret"], recorded["grid"], recorded["args"], slots)
         extents = (extent(out), extent(x), extent(weight), extent(bias))
-        _PLANS.put(plan_key, _DensePlan(plan, config.name, spec, recorded["prep"], recorded["tma"], extents))
+        entry = _ConvPlan(plan, "dense", config.name, spec, extents, None, recorded["prep"], recorded["tma"])
+        _PLANS.put(plan_key, entry)
     return ret
 
 
@@ -1442,7 +1453,7 @@ def _dense_descriptors(x_k: torch.Tensor, w_hi: torch.Tensor, blocks: tuple) -> 
 
 
 # --------------------------------------------------------------------------------------------------------
-# launch plans: the repeated dense call's short path (tsconv.kernels.launch)
+# launch plans: the repeated call's short path (tsconv.kernels.launch)
 # --------------------------------------------------------------------------------------------------------
 
 # A tf32 / fp16 dense call through the TMA kernel cost 0.25-0.30 ms of host time on the H200 hosts with the
@@ -1450,20 +1461,28 @@ def _dense_descriptors(x_k: torch.Tensor, w_hi: torch.Tensor, blocks: tuple) -> 
 # more than its kernel for small batches; a plan replays the recorded launch with the call's tensors.
 _PREP_NONE, _PREP_A16, _PREP_ROUND = 0, 1, 2
 _POINTER_SLOTS = ("x_ptr", "w_ptr", "wlo_ptr", "b_ptr", "s_ptr", "y_ptr")
+_DIRECT_SLOTS = ("x_ptr", "w_ptr", "b_ptr", "s_ptr", "y_ptr")  # the direct, bank and window kernels
 _TMA_SLOTS = ("x_desc", "w_desc", "w_ptr", "b_ptr", "y_ptr")
 _PLANS = PlanCache(64)
 autotune.on_clear(_PLANS.clear)  # plans embody the tuner's winners
 _PLANS_ENABLED = plans_enabled_by_env()
+# Plans for the direct, bank and window kernels were written after the last GPU run: they record under the
+# interpreter (tests) and, on CUDA, only once this is True (after test_repeated_depthwise_call_replays_its_plan
+# has passed on a GPU; the test switches it on).
+_DIRECT_PLANS_CUDA = False
 
 
 @dataclass(frozen=True)
-class _DensePlan:
+class _ConvPlan:
     plan: LaunchPlan
+    path: str  # last_launch's path: "dense", "direct", "bank" or "window"
     config: str
     spec: _Spec
-    prep: int  # _PREP_*: the pass that makes the kernel's copy of x, if any
-    tma: tuple | None  # (x block, weight block or None, round_tf32) for the TMA kernel; None: pointer kernel
     extents: tuple[int, int, int, int]  # byte extents of (out, x, weight, bias): see launch.extent
+    # direct, bank and window kernels: weight tensor -> the kernel's packed copy (cached per tensor)
+    pack: Callable[[torch.Tensor], torch.Tensor] | None = None
+    prep: int = 0  # dense: _PREP_*, the pass that makes the kernel's copy of x, if any
+    tma: tuple | None = None  # dense: (x block, weight block or None, round_tf32) for the TMA kernel
 
 
 def _plan_key(x: object, weight: object, bias: object, out: object, options: tuple) -> tuple | None:
@@ -1492,8 +1511,8 @@ def _plan_key(x: object, weight: object, bias: object, out: object, options: tup
 def _planned(
     key: tuple, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
 ) -> torch.Tensor | None:
-    """Replay the dense launch recorded under ``key`` with this call's tensors; None when there is none, or
-    when ``out`` overlaps an input (the full path raises the error)."""
+    """Replay the launch recorded under ``key`` with this call's tensors; None when there is none, or when
+    ``out`` overlaps an input (the full path raises the error)."""
     entry = _PLANS.get(key)
     if entry is None:
         return None
@@ -1506,6 +1525,12 @@ def _planned(
         if overlaps(o, e_out, x, e_x) or overlaps(o, e_out, weight, e_w) or overlaps(o, e_out, bias, e_b):
             return None
     with torch.no_grad():
+        if entry.pack is not None:  # direct, bank, window: (x, packed weights, bias, tap sums, out)
+            wp = entry.pack(weight)
+            sums = _tap_sums(weight) if spec.recenter else wp
+            entry.plan.launch((x, wp, wp if bias is None else bias.contiguous(), sums, out))
+            last_launch.update(path=entry.path, config=entry.config)
+            return out
         w_hi, w_lo = _dense_weights(weight, spec)
         b = w_hi if bias is None else bias.contiguous()
         x_k = x
@@ -1538,19 +1563,14 @@ def _launch_direct(
     out: torch.Tensor,
     spec: _Spec,
     config: autotune.Config | None,
+    *,
+    plan_key: tuple | None = None,
 ) -> object:
     G, K = spec.groups, spec.K
     Cg, Og = spec.C // G, spec.O // G
-
-    # [O, Cg, K] -> [Cg, K, O/G, G]: channels contiguous like x, upcast to float32 once here (the bank is small;
-    # converting float16 in the tap loop would cost one instruction per weight per tap, half as many as FMAs).
     # Packed only when a direct or bank config runs: the window kernel packs its own layout.
-    def direct_weights() -> torch.Tensor:
-        return _WEIGHTS.get(
-            weight,
-            ("direct", G),
-            lambda w: w.reshape(G, Og, Cg, K).permute(2, 3, 1, 0).to(torch.float32).contiguous(),
-        )
+    pack_direct = functools.partial(_direct_weights, G=G, Og=Og, Cg=Cg, K=K)
+    recorded: dict[str, object] = {}
 
     block_m = min(autotune.pow2_bucket(Og), 16)
     index64 = _FORCE_INDEX64 or max(_max_offset(x), _max_offset(out), weight.numel()) > _INT32_MAX
@@ -1570,18 +1590,19 @@ def _launch_direct(
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
         if kw.pop("WINDOW", 0):
-            return _launch_window(x, weight, bias, out, spec, index64, kw)
+            return _launch_window(x, weight, bias, out, spec, index64, kw, recorded)
         kw.setdefault("UNROLL", 1)
-        wp = direct_weights()
+        wp = pack_direct(weight)
         sums = _tap_sums(weight) if spec.recenter else wp
+        recorded["pack"] = pack_direct
         if kw.pop("BANK", 0):
-            return _launch_bank(x, wp, bias, sums, out, spec, meta, kw)
+            return _launch_bank(x, wp, bias, sums, out, spec, meta, kw, recorded)
         n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
         n_gblk = triton.cdiv(G, kw["BLOCK_G"])
         n_mblk = triton.cdiv(Og, block_m)
         grid = (spec.N * n_tblk * n_gblk * n_mblk,)
         _check_grid(grid[0])
-        return _conv1d_direct_kernel[grid](
+        args = (
             x,
             wp,
             wp if bias is None else bias,
@@ -1602,9 +1623,8 @@ def _launch_direct(
             wp.stride(1),
             wp.stride(2),
             *out.stride(),
-            **meta,
-            **kw,
         )
+        return launch_recorded(recorded, _conv1d_direct_kernel, grid, args, {**meta, **kw})
 
     if config is None:
         space = autotune.conv1d_direct_space(block_m, G, one_channel=Cg == 1, filters=Og)
@@ -1616,7 +1636,32 @@ def _launch_direct(
         config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
     path = "window" if config.meta.get("WINDOW") else "bank" if config.meta.get("BANK") else "direct"
     last_launch.update(path=path, config=config.name)
-    return launch(config)
+    ret = launch(config)
+    if plan_key is not None and (_DIRECT_PLANS_CUDA or not x.is_cuda):
+        plan = LaunchPlan(recorded["fn"], recorded["ret"], recorded["grid"], recorded["args"], _DIRECT_SLOTS)
+        extents = (extent(out), extent(x), extent(weight), extent(bias))
+        _PLANS.put(plan_key, _ConvPlan(plan, path, config.name, spec, extents, recorded["pack"]))
+    return ret
+
+
+def _direct_weights(weight: torch.Tensor, *, G: int, Og: int, Cg: int, K: int) -> torch.Tensor:
+    """[O, Cg, K] -> [Cg, K, O/G, G] for the direct and bank kernels (cached per weight tensor): channels
+    contiguous like x, upcast to float32 once here (the bank is small; converting float16 in the tap loop
+    would cost one instruction per weight per tap, half as many as FMAs)."""
+    return _WEIGHTS.get(
+        weight,
+        ("direct", G),
+        lambda w: w.reshape(G, Og, Cg, K).permute(2, 3, 1, 0).to(torch.float32).contiguous(),
+    )
+
+
+def _window_weights(weight: torch.Tensor, *, G: int, block_g: int, taps: int) -> torch.Tensor:
+    """The window kernel's packed bank (:func:`window.pack_weights`, cached per weight tensor)."""
+    return _WEIGHTS.get(
+        weight,
+        ("window", G, block_g, taps),
+        lambda w: window.pack_weights(w, groups=G, block_g=block_g, taps=taps),
+    )
 
 
 def _launch_window(
@@ -1627,21 +1672,20 @@ def _launch_window(
     spec: _Spec,
     index64: bool,
     kw: dict[str, int],
+    recorded: dict[str, object],
 ) -> object:
     """The generated register-window kernel (:mod:`tsconv.kernels.window`; one input channel per group)."""
     G, Og, d = spec.groups, spec.O // spec.groups, spec.dilation
     rows, taps, block_g = kw.pop("ROWS"), kw.pop("TAPS"), kw.pop("BLOCK_G")
-    wp = _WEIGHTS.get(
-        weight,
-        ("window", G, block_g, taps),
-        lambda w: window.pack_weights(w, groups=G, block_g=block_g, taps=taps),
-    )
+    pack = functools.partial(_window_weights, G=G, block_g=block_g, taps=taps)
+    wp = pack(weight)
+    recorded["pack"] = pack
     n_tblk = triton.cdiv(spec.L_out, rows * d) * d  # d phases per block of rows * d steps
     n_gblk = triton.cdiv(G, block_g)
     grid = (spec.N * n_tblk * n_gblk,)
     _check_grid(grid[0])
     fn = window.kernel(rows, Og, taps)
-    return fn[grid](
+    args = (
         x,
         wp,
         wp if bias is None else bias,
@@ -1659,15 +1703,17 @@ def _launch_window(
         wp.stride(0),
         *x.stride(),
         *out.stride(),
-        HAS_BIAS=bias is not None,
-        ACT=spec.act,
-        INDEX64=index64 or wp.numel() > _INT32_MAX,
-        VEC_STORE=out.stride(1) == 1,  # the generator uses it only for power-of-two filter counts
-        RECENTER=spec.recenter,
-        BLOCK_G=block_g,
-        TAIL=spec.K % taps,
-        **kw,
     )
+    meta = {
+        "HAS_BIAS": bias is not None,
+        "ACT": spec.act,
+        "INDEX64": index64 or wp.numel() > _INT32_MAX,
+        "VEC_STORE": out.stride(1) == 1,  # the generator uses it only for power-of-two filter counts
+        "RECENTER": spec.recenter,
+        "BLOCK_G": block_g,
+        "TAIL": spec.K % taps,
+    }
+    return launch_recorded(recorded, fn, grid, args, {**meta, **kw})
 
 
 def _launch_bank(
@@ -1679,6 +1725,7 @@ def _launch_bank(
     spec: _Spec,
     meta: dict[str, object],
     kw: dict[str, int],
+    recorded: dict[str, object],
 ) -> object:
     """``_conv1d_bank_kernel`` with ``wp`` the direct kernel's [1, K, O/G, G] weights (one channel a group)."""
     G, Og = spec.groups, spec.O // spec.groups
@@ -1691,7 +1738,7 @@ def _launch_bank(
     _check_grid(grid[0])
     bank_meta = {k: v for k, v in meta.items() if k != "CG"}
     bank_meta["EVEN"] = G % kw["BLOCK_G"] == 0 and Og % block_m == 0
-    return _conv1d_bank_kernel[grid](
+    args = (
         x,
         wp,
         wp if bias is None else bias,
@@ -1711,9 +1758,8 @@ def _launch_bank(
         wp.stride(1),
         wp.stride(2),
         *out.stride(),
-        **bank_meta,
-        **kw,
     )
+    return launch_recorded(recorded, _conv1d_bank_kernel, grid, args, {**bank_meta, **kw})
 
 
 def _check_grid(n_programs: int) -> None:

@@ -8,8 +8,9 @@ the arguments in the kernel's parameter order) so that a later call whose argume
 (same integers, dtypes and 16-byte pointer alignments: the launcher's cache key says so) swaps in its tensors
 and calls the compiled kernel's launcher directly, as ``JITFunction.run`` itself does after its lookup.
 The tensor slots may hold TMA descriptors built from the call's tensors (the launcher's wrapper encodes
-them per launch). ``gemm`` and dense ``conv1d`` calls use plans: a tf32 / fp16 conv call through the TMA
-kernel cost 0.12-0.27 ms of host time through the full path, 0.04-0.09 ms replayed (NOTES.md, ninth session).
+them per launch). ``gemm`` and ``conv1d`` calls use plans (on CUDA dense convs only for now, see
+``conv1d._DIRECT_PLANS_CUDA``): a tf32 / fp16 conv call through the TMA kernel cost 0.12-0.30 ms of host
+time through the full path on the H200 hosts, 0.04-0.09 ms replayed (NOTES.md, ninth session).
 
 Under the Triton interpreter there is no compiled kernel: a plan then re-enters ``kernel[grid]`` with the
 recorded arguments, so the plan logic (keys, tensor slots) is testable on the CPU.
@@ -26,7 +27,15 @@ import torch
 
 from tsconv.kernels.tensor_checks import span
 
-__all__ = ["LaunchPlan", "PlanCache", "extent", "overlaps", "plans_enabled_by_env", "tensor_key"]
+__all__ = [
+    "LaunchPlan",
+    "PlanCache",
+    "extent",
+    "launch_recorded",
+    "overlaps",
+    "plans_enabled_by_env",
+    "tensor_key",
+]
 
 # Options JITFunction.run takes as keywords that are not kernel parameters.
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_pdl")
@@ -164,3 +173,12 @@ def overlaps(start: int, size: int, t: torch.Tensor | None, t_size: int) -> bool
         return False
     p = t.data_ptr()
     return p < start + size and start < p + t_size
+
+
+def launch_recorded(recorded: dict, fn: object, grid: tuple[int, ...], args: tuple, kwargs: dict) -> object:
+    """``fn[grid](*args, **kwargs)``, noting in ``recorded`` what a :class:`LaunchPlan` needs to repeat it
+    (``fn``, the returned compiled kernel, ``grid`` and every argument by name)."""
+    ret = fn[grid](*args, **kwargs)
+    named = dict(zip(fn.arg_names, args, strict=False))
+    recorded.update(fn=fn, ret=ret, grid=grid, args={**named, **kwargs})
+    return ret
