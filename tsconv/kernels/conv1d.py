@@ -1456,7 +1456,7 @@ def _dense_descriptors(x_k: torch.Tensor, w_hi: torch.Tensor, blocks: tuple) -> 
 # launch plans: the repeated call's short path (tsconv.kernels.launch)
 # --------------------------------------------------------------------------------------------------------
 
-# A tf32 / fp16 dense call through the TMA kernel cost 0.25-0.30 ms of host time on the H200 hosts with the
+# A tf32 / fp16 dense call through the TMA kernel cost 0.12-0.30 ms of host time on the H200 hosts with the
 # full path (validation, the tuner lookup, Triton's argument binding; benchmarks/NOTES.md, ninth session),
 # more than its kernel for small batches; a plan replays the recorded launch with the call's tensors.
 _PREP_NONE, _PREP_A16, _PREP_ROUND = 0, 1, 2
