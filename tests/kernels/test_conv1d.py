@@ -1014,6 +1014,26 @@ def test_gpu_dense_plan_replay_is_a_direct_launch_with_the_same_result(precision
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("recenter", [False, True])
+def test_gpu_depthwise_plan_replay_is_a_direct_launch_with_the_same_result(
+    recenter: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A depthwise bank at a chunk batch's size (the window kernel by default) replays the compiled kernel
+    and gives the full path's result bit for bit (the check before ``_DIRECT_PLANS_CUDA`` goes on)."""
+    monkeypatch.setattr(conv1d_mod, "_DIRECT_PLANS_CUDA", True)
+    plans = conv1d_mod._PLANS
+    C, M, K = 1024, 4, 16
+    x = price_levels(8, 1039, C).transpose(1, 2)
+    w, b = zero_sum_weights(C * M, 1, K), torch.randn(C * M, generator=_gen(3)).to(DEVICE)
+    full = conv1d(x, w, b, groups=C, padding="valid", recenter=recenter)
+    entry = next(iter(plans._plans.values()))
+    assert entry.plan.compiled and entry.path == conv1d_mod.last_launch["path"]
+    replay = conv1d(x, w, b, groups=C, padding="valid", recenter=recenter)
+    assert plans.hits == 1
+    torch.testing.assert_close(replay, full, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
 def test_device_mismatch_gpu() -> None:
     with pytest.raises(ShapeError, match="weight is on"):
         conv1d(torch.zeros(1, 8, 10, device="cuda"), torch.zeros(4, 8, 3))
