@@ -572,6 +572,19 @@ def test_tma_kernel_matches_the_reference(
     assert relative_error(y, ref) <= FACTOR[precision] * err_torch + ATOL[precision]
 
 
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.bfloat16])
+def test_tma_kernel_reads_half_precision_x(x_dtype: torch.dtype) -> None:
+    """float16 / bfloat16 x in "fp16": the descriptor reads x itself (no copy), with a wide head (D = 200,
+    BLOCK_D 256) over four O blocks."""
+    x = returns(1, 33, 32, seed=8).to(x_dtype).transpose(1, 2)
+    w, hw = zero_sum_weights(64, 32, 3), head_weights(64, 200)
+    kw = {"dilation": 1, "padding": "causal", "activation": "relu", "head_activation": None}
+    y = _run_tma(x, w, vec(64, 3), hw, None, fused_mod._tma_cfg(16, 16, 16, 4, 1), precision="fp16", **kw)
+    ref = reference(x, w, vec(64, 3), hw, None, **kw)
+    err_torch = relative_error(torch_in_precision(x, w, vec(64, 3), hw, None, precision="fp16", **kw), ref)
+    assert relative_error(y, ref) <= FACTOR["fp16"] * err_torch + ATOL["fp16"]
+
+
 def test_tma_kernel_nan_reaches_only_the_outputs_that_read_it() -> None:
     """O = 20 in 32-wide tiles (the 12 extra columns hold products with the next tap's weight rows): a NaN
     in x reaches exactly the outputs whose taps read it, forward in time only."""
