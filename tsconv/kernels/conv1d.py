@@ -409,6 +409,34 @@ def _conv1d_dense_kernel(
     tl.store(y_ptrs, acc, mask=(offs_t < L_out)[:, None] & o_mask[None, :])
 
 
+@triton.jit
+def _tma_conv_tile(
+    x_desc, w_desc, w_ptrs, n, t0, o0, pad, dilation, K, C, O, offs_c, o_mask, stride_wk,
+    PREC: tl.constexpr, W_TMA: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_O: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """The [BLOCK_T, BLOCK_O] conv tile of series ``n`` from step ``t0`` and output channel ``o0`` with x loaded
+    by the TMA ("tf32" / "fp16"; shared by the conv and the fused conv -> head TMA kernels). ``W_TMA``: weight
+    tiles through ``w_desc`` over the packed [K * O, C padded] view, else masked loads at ``w_ptrs``."""
+    acc = tl.full((BLOCK_T, BLOCK_O), 0.0, tl.float32)
+    n_cb = (C + BLOCK_C - 1) // BLOCK_C
+    for it in range(0, K * n_cb):  # taps fastest, as in the pointer kernel
+        k = it % K
+        c0 = (it // K) * BLOCK_C
+        a = x_desc.load([n, t0 - pad + k * dilation, c0]).reshape(BLOCK_T, BLOCK_C)
+        if W_TMA:
+            # rows past O belong to the next tap (or are zero-filled after the last): they only feed output
+            # columns >= O, which callers never store; channels past C are zero (padding, then zero-fill)
+            b = w_desc.load([k * O + o0, c0]).T
+        else:
+            w_mask = (offs_c < C - c0)[:, None] & o_mask[None, :]
+            b = tl.load(w_ptrs + (k * stride_wk + c0), mask=w_mask, other=0.0)
+        if PREC == 1:
+            acc = tl.dot(a, b, acc, input_precision="tf32")
+        else:
+            acc = tl.dot(a.to(tl.float16), b, acc)
+    return acc
+
+
 @triton.jit(do_not_specialize=["L_in", "L_out", "K", "dilation", "pad", "n_tblk", "n_oblk"])
 def _conv1d_dense_tma_kernel(
     x_desc,
@@ -456,23 +484,10 @@ def _conv1d_dense_tma_kernel(
     o_mask = offs_o < O
     w_ptrs = w_ptr + offs_o[None, :] * stride_wo + offs_c[:, None]
 
-    acc = tl.full((BLOCK_T, BLOCK_O), 0.0, tl.float32)
-    n_cb = (C + BLOCK_C - 1) // BLOCK_C
-    for it in range(0, K * n_cb):  # taps fastest, as in the pointer kernel
-        k = it % K
-        c0 = (it // K) * BLOCK_C
-        a = x_desc.load([n, t0 - pad + k * dilation, c0]).reshape(BLOCK_T, BLOCK_C)
-        if W_TMA:
-            # rows past O belong to the next tap (or are zero-filled after the last): they only feed output
-            # columns >= O, which are never stored; channels past C are zero (padding, then zero-fill)
-            b = w_desc.load([k * O + pid_o * BLOCK_O, c0]).T
-        else:
-            w_mask = (offs_c < C - c0)[:, None] & o_mask[None, :]
-            b = tl.load(w_ptrs + (k * stride_wk + c0), mask=w_mask, other=0.0)
-        if PREC == 1:
-            acc = tl.dot(a, b, acc, input_precision="tf32")
-        else:
-            acc = tl.dot(a.to(tl.float16), b, acc)
+    acc = _tma_conv_tile(
+        x_desc, w_desc, w_ptrs, n, t0, pid_o * BLOCK_O, pad, dilation, K, C, O, offs_c, o_mask, stride_wk,
+        PREC, W_TMA, BLOCK_T, BLOCK_O, BLOCK_C,
+    )  # fmt: skip
 
     offs_t = t0 + tl.arange(0, BLOCK_T)
     if HAS_BIAS:

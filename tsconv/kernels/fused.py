@@ -67,6 +67,7 @@ from tsconv.kernels.conv1d import (
     _round_tf32_torch,
     _tap_sums,
     _tf32_buffer,
+    _tma_conv_tile,
 )
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
@@ -221,31 +222,57 @@ def _conv1d_head_kernel(
                 sums = tl.load(s_ptrs, mask=c_ok[:, None] & o_mask[None, :], other=0.0)
                 addback += tl.sum(sums * lv.to(tl.float64)[:, None], axis=0)
             acc = acc + addback.to(tl.float32)[None, :]
-        if HAS_BIAS:
-            bias = tl.load(b_ptr + offs_o, mask=o_mask, other=0.0).to(tl.float32)
-            acc = acc + bias[None, :]
-        acc = _activate(acc, ACT)
-        acc = tl.where(o_mask[None, :], acc, 0.0)  # padded channels: exact zeros (NaN x times 0 weights)
+        out_acc = _head_block(
+            acc, out_acc, b_ptr, hw_ptr, hwlo_ptr, offs_o, o_mask, offs_d, d_mask, stride_hd,
+            HAS_BIAS, ACT, PREC, H_SPLIT, HW_SPLIT, FLUSH, ROUND_H,
+        )  # fmt: skip
 
-        # The head product of this block, from registers: out_acc += act(conv tile) @ W[o block, :].
-        hw_off = offs_d[None, :] * stride_hd + offs_o[:, None]  # [BLOCK_O, BLOCK_D], O contiguous
-        hw_mask = o_mask[:, None] & d_mask[None, :]
-        hw = tl.load(hw_ptr + hw_off, mask=hw_mask, other=0.0)
-        if PREC == 0:
-            out_acc = _dot_fp32(acc, hw, hwlo_ptr + hw_off, hw_mask, out_acc, H_SPLIT, HW_SPLIT, FLUSH)
-        elif PREC == 1:
-            if ROUND_H:  # the tile is in registers already: rounding it costs a few integer ops, no traffic
-                out_acc = tl.dot(_round_tf32_rne(acc), hw, out_acc, input_precision="tf32")
-            else:
-                out_acc = tl.dot(acc, hw, out_acc, input_precision="tf32")
+    _head_store(
+        out_acc, hb_ptr, y_ptr + n.to(tl.int64) * stride_yn, offs_t, offs_d, d_mask, L_out, stride_yt, stride_yd,
+        HAS_HBIAS, HEAD_ACT,
+    )  # fmt: skip
+
+
+@triton.jit
+def _head_block(
+    acc, out_acc, b_ptr, hw_ptr, hwlo_ptr, offs_o, o_mask, offs_d, d_mask, stride_hd,
+    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, PREC: tl.constexpr, H_SPLIT: tl.constexpr,
+    HW_SPLIT: tl.constexpr, FLUSH: tl.constexpr, ROUND_H: tl.constexpr,
+):  # fmt: skip
+    """``out_acc + act(conv tile + bias) @ W[o block, :]``: one O block's conv tile (registers) through the
+    conv epilogue and the head product (shared by the pointer and TMA kernels)."""
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + offs_o, mask=o_mask, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    acc = _activate(acc, ACT)
+    # columns past O: exact zeros (padded channels, and in the TMA kernel products with the next tap's rows)
+    acc = tl.where(o_mask[None, :], acc, 0.0)
+    hw_off = offs_d[None, :] * stride_hd + offs_o[:, None]  # [BLOCK_O, BLOCK_D], O contiguous
+    hw_mask = o_mask[:, None] & d_mask[None, :]
+    hw = tl.load(hw_ptr + hw_off, mask=hw_mask, other=0.0)
+    if PREC == 0:
+        out_acc = _dot_fp32(acc, hw, hwlo_ptr + hw_off, hw_mask, out_acc, H_SPLIT, HW_SPLIT, FLUSH)
+    elif PREC == 1:
+        if ROUND_H:  # the tile is in registers already: rounding it costs a few integer ops, no traffic
+            out_acc = tl.dot(_round_tf32_rne(acc), hw, out_acc, input_precision="tf32")
         else:
-            out_acc = tl.dot(acc.to(tl.float16), hw, out_acc)
+            out_acc = tl.dot(acc, hw, out_acc, input_precision="tf32")
+    else:
+        out_acc = tl.dot(acc.to(tl.float16), hw, out_acc)
+    return out_acc
 
+
+@triton.jit
+def _head_store(
+    out_acc, hb_ptr, y_base, offs_t, offs_d, d_mask, L_out, stride_yt, stride_yd,
+    HAS_HBIAS: tl.constexpr, HEAD_ACT: tl.constexpr,
+):  # fmt: skip
+    """The head's bias and activation, then the [BLOCK_T, BLOCK_D] tile stored at ``y_base`` (one series)."""
     if HAS_HBIAS:
         hbias = tl.load(hb_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
         out_acc = out_acc + hbias[None, :]
     out_acc = _activate(out_acc, HEAD_ACT)
-    y_ptrs = y_ptr + n.to(tl.int64) * stride_yn + offs_t[:, None] * stride_yt + offs_d[None, :] * stride_yd
+    y_ptrs = y_base + offs_t[:, None] * stride_yt + offs_d[None, :] * stride_yd
     tl.store(y_ptrs, out_acc, mask=(offs_t < L_out)[:, None] & d_mask[None, :])
 
 
@@ -292,56 +319,27 @@ def _conv1d_head_tma_kernel(
     t0 = pid_t * BLOCK_T
     offs_t = t0 + tl.arange(0, BLOCK_T)
     offs_ob = tl.arange(0, BLOCK_O)
+    offs_c = tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D
-    n_cb = (C + BLOCK_C - 1) // BLOCK_C
 
     out_acc = tl.full((BLOCK_T, BLOCK_D), 0.0, tl.float32)
     for o0 in range(0, O, BLOCK_O):
         offs_o = o0 + offs_ob
         o_mask = offs_o < O
-        acc = tl.full((BLOCK_T, BLOCK_O), 0.0, tl.float32)
-        for it in range(0, K * n_cb):  # taps fastest, as in conv1d
-            k = it % K
-            c0 = (it // K) * BLOCK_C
-            a = x_desc.load([n, t0 - pad + k * dilation, c0]).reshape(BLOCK_T, BLOCK_C)
-            # rows past O belong to the next tap (zero-filled after the last): they only feed columns >= O,
-            # which the tl.where below zeroes before the head product
-            b = w_desc.load([k * O + o0, c0]).T
-            if PREC == 1:
-                acc = tl.dot(a, b, acc, input_precision="tf32")
-            else:
-                acc = tl.dot(a.to(tl.float16), b, acc)
-        if HAS_BIAS:
-            bias = tl.load(b_ptr + offs_o, mask=o_mask, other=0.0).to(tl.float32)
-            acc = acc + bias[None, :]
-        acc = _activate(acc, ACT)
-        # columns past O: exact zeros before the head product. Their head weights load as zeros already, and
-        # a non-finite product there comes with one in the real columns of the same step (the same x rows),
-        # so this only guards the invariant the pointer kernel keeps
-        acc = tl.where(o_mask[None, :], acc, 0.0)
+        acc = _tma_conv_tile(
+            x_desc, w_desc, b_ptr, n, t0, o0, pad, dilation, K, C, O, offs_c, o_mask, 0,
+            PREC, True, BLOCK_T, BLOCK_O, BLOCK_C,
+        )  # weights by descriptor: the pointer arguments are unused  # fmt: skip
+        out_acc = _head_block(
+            acc, out_acc, b_ptr, hw_ptr, hw_ptr, offs_o, o_mask, offs_d, d_mask, stride_hd,
+            HAS_BIAS, ACT, PREC, 1, False, False, ROUND_H,
+        )  # fmt: skip
 
-        hw_off = offs_d[None, :] * stride_hd + offs_o[:, None]  # [BLOCK_O, BLOCK_D], O contiguous
-        hw = tl.load(hw_ptr + hw_off, mask=o_mask[:, None] & d_mask[None, :], other=0.0)
-        if PREC == 1:
-            if ROUND_H:
-                out_acc = tl.dot(_round_tf32_rne(acc), hw, out_acc, input_precision="tf32")
-            else:
-                out_acc = tl.dot(acc, hw, out_acc, input_precision="tf32")
-        else:
-            out_acc = tl.dot(acc.to(tl.float16), hw, out_acc)
-
-    if HAS_HBIAS:
-        hbias = tl.load(hb_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-        out_acc = out_acc + hbias[None, :]
-    out_acc = _activate(out_acc, HEAD_ACT)
-    y_ptrs = (
-        y_ptr
-        + n.to(tl.int64) * stride_yn
-        + offs_t.to(tl.int64)[:, None] * stride_yt
-        + offs_d.to(tl.int64)[None, :] * stride_yd
-    )
-    tl.store(y_ptrs, out_acc, mask=(offs_t < L_out)[:, None] & d_mask[None, :])
+    _head_store(
+        out_acc, hb_ptr, y_ptr + n.to(tl.int64) * stride_yn, offs_t.to(tl.int64), offs_d.to(tl.int64), d_mask,
+        L_out, stride_yt, stride_yd, HAS_HBIAS, HEAD_ACT,
+    )  # fmt: skip
 
 
 def _tma_ok(x: torch.Tensor, w_hi: torch.Tensor, c: _conv._Spec) -> bool:
