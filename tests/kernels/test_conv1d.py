@@ -1337,37 +1337,9 @@ def test_gpu_real_sizes(precision: str, path: str, monkeypatch: pytest.MonkeyPat
 
 
 _COMPILE_SCRIPT = r"""
-import os, sys
-os.environ.pop("TRITON_INTERPRET", None)
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from tsconv.kernels import autotune
 from tsconv.kernels import conv1d as m
 
-def build(fn, runtime, consts, cfg):
-    sig, constexprs, attrs = {}, {}, {}
-    for name, ty, spec in runtime:
-        idx = fn.arg_names.index(name)
-        if spec == "1":
-            sig[name] = "constexpr"
-            constexprs[(idx,)] = 1
-        else:
-            sig[name] = ty
-            if spec == "D":
-                attrs[(idx,)] = [["tt.divisibility", 16]]
-    meta = {k: v for k, v in cfg.meta.items() if k != "A16"}  # A16 is the launcher's (a float16 copy of x)
-    for name, value in {**consts, **meta}.items():
-        sig[name] = "constexpr"
-        constexprs[(fn.arg_names.index(name),)] = value
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    if cfg.maxnreg:
-        opts["maxnreg"] = cfg.maxnreg
-    ck = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-    assert ck.asm["cubin"], "no cubin"
-    return ck
-
-i32 = lambda name, spec="": (name, "i32", spec)
 for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32", False), (2, "fp16", "*fp16", False)):
     cfg = autotune.conv1d_dense_space(pname, 5, 256, 256).configs[0]
     cfg = autotune.Config(cfg.name, {"GROUP_T": 1, **cfg.meta}, cfg.num_warps, cfg.num_stages)

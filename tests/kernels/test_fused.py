@@ -655,20 +655,10 @@ def test_gpu_tma_kernel_at_real_size(precision: str, a16: int) -> None:
 
 
 _COMPILE_SCRIPT = r"""
-import os, re, subprocess, tempfile
-os.environ.pop("TRITON_INTERPRET", None)
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
 from tsconv.kernels import fused as m
-
-def i32(name, spec=""):
-    return (name, "i32", spec)
 
 def compile_one(pname, O, D, cfg, recenter=False):
     # compile for sm_90, then ptxas -v on the PTX: (registers, spilled bytes, ttgir)
-    fn = m._conv1d_head_kernel
     prec = {"fp32": 0, "tf32": 1, "fp16": 2}[pname]
     wty = "*fp16" if pname == "fp16" else "*fp32"
     runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", wty, "D"), ("wlo_ptr", wty, "D"), ("b_ptr", "*fp32", "D"),
@@ -677,36 +667,12 @@ def compile_one(pname, O, D, cfg, recenter=False):
                i32("dilation"), i32("pad"), i32("lv_min"), i32("n_tblk"), i32("stride_xn", "D"), i32("stride_xc", "1"),
                i32("stride_xt", "D"), i32("stride_wk", "D"), i32("stride_wo", "D"), i32("stride_hd", "D"),
                i32("stride_yn", "D"), i32("stride_yt", "D"), i32("stride_yd", "1")]
-    sig, constexprs, attrs = {}, {}, {}
-    for name, ty, spec in runtime:
-        idx = fn.arg_names.index(name)
-        if spec == "1":
-            sig[name] = "constexpr"
-            constexprs[(idx,)] = 1
-        else:
-            sig[name] = ty
-            if spec == "D":
-                attrs[(idx,)] = [["tt.divisibility", 16]]
     consts = dict(HAS_BIAS=True, HAS_HBIAS=True, ACT=2, HEAD_ACT=3, PREC=prec, A_SPLIT=3 if prec == 0 else 1,
                   H_SPLIT=3, W_SPLIT=False, HW_SPLIT=False, FLUSH=prec == 0, ROUND_H=prec == 1, INDEX64=False,
-                  RECENTER=recenter, BLOCK_D=max(16, D), **cfg.meta)
-    for name, value in consts.items():
-        sig[name] = "constexpr"
-        constexprs[(fn.arg_names.index(name),)] = value
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    ck = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-    assert ck.asm["cubin"], "no cubin"
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as fh:
-            fh.write(ck.asm["ptx"])
-        proc = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx, "-o",
-                               os.path.join(tmp, "k.cubin")], capture_output=True, text=True, check=True)
-    info = proc.stdout + proc.stderr
-    spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
-    regs = [int(v) for v in re.findall(r"Used (\d+) registers", info)]
-    assert spills and regs, info
-    return max(regs), max(spills), ck.asm["ttgir"]
+                  RECENTER=recenter, BLOCK_D=max(16, D))
+    ck = build(m._conv1d_head_kernel, runtime, consts, cfg)
+    regs, spills = ptxas_usage(ck)
+    return regs, spills, ck.asm["ttgir"]
 
 if __name__ == "__main__":
     for pname in ("fp32", "tf32", "fp16"):
@@ -735,19 +701,9 @@ def test_kernel_compiles_for_sm90_without_spills() -> None:
 
 
 _TMA_COMPILE_SCRIPT = r"""
-import os, re, subprocess, tempfile
-os.environ.pop("TRITON_INTERPRET", None)
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
 from tsconv.kernels import fused as m
 
-def i32(name, spec=""):
-    return (name, "i32", spec)
-
 def compile_tma(pname, D, cfg):
-    fn = m._conv1d_head_tma_kernel
     xty = "fp16" if cfg.meta.get("A16") else "fp32"
     wty = "fp16" if pname == "fp16" else "fp32"
     bt, bo, bc = cfg.meta["BLOCK_T"], cfg.meta["BLOCK_O"], cfg.meta["BLOCK_C"]
@@ -756,33 +712,10 @@ def compile_tma(pname, D, cfg):
                i32("L_in"), i32("L_out"), i32("C", "D"), i32("O", "D"), i32("D", "D"), i32("K"), i32("dilation"),
                i32("pad"), i32("n_tblk"), i32("stride_hd", "D"), i32("stride_yn", "D"), i32("stride_yt", "D"),
                i32("stride_yd", "1")]
-    sig, constexprs, attrs = {}, {}, {}
-    for name, ty, spec in runtime:
-        idx = fn.arg_names.index(name)
-        if spec == "1":
-            sig[name] = "constexpr"
-            constexprs[(idx,)] = 1
-        else:
-            sig[name] = ty
-            if spec == "D":
-                attrs[(idx,)] = [["tt.divisibility", 16]]
     consts = dict(HAS_BIAS=True, HAS_HBIAS=True, ACT=2, HEAD_ACT=3, PREC={"tf32": 1, "fp16": 2}[pname],
-                  ROUND_H=pname == "tf32", BLOCK_D=max(16, D), BLOCK_T=bt, BLOCK_O=bo, BLOCK_C=bc)
-    for name, value in consts.items():
-        sig[name] = "constexpr"
-        constexprs[(fn.arg_names.index(name),)] = value
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    ck = triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as fh:
-            fh.write(ck.asm["ptx"])
-        proc = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx, "-o",
-                               os.path.join(tmp, "k.cubin")], capture_output=True, text=True, check=True)
-    info = proc.stdout + proc.stderr
-    spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", info)]
-    assert spills, info
-    return max(spills), ck.asm["ttgir"]
+                  ROUND_H=pname == "tf32", BLOCK_D=max(16, D))
+    ck = build(m._conv1d_head_tma_kernel, runtime, consts, cfg)
+    return ptxas_usage(ck)[1], ck.asm["ttgir"]
 
 if __name__ == "__main__":
     for pname, a16 in (("tf32", 0), ("fp16", 1), ("fp16", 0)):

@@ -811,18 +811,12 @@ def test_gpu_transposed_operands() -> None:
 
 
 _COMPILE_SCRIPT = r"""
-import os, re, subprocess, tempfile
-os.environ.pop("TRITON_INTERPRET", None)
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia.compiler import get_ptxas
-from triton.compiler import ASTSource
 from tsconv.kernels import gemm as g
 
 fn = g._gemm_kernel
 
 
-def build(prec, cfg, a16, round_a=False):
+def build_gemm(prec, cfg, a16, round_a=False):
     fp32_b = prec != 2
     runtime = [
         ("a_ptr", "*fp16" if a16 else "*fp32", "D"), ("b_ptr", "*fp32" if fp32_b else "*fp16", "D"),
@@ -831,36 +825,13 @@ def build(prec, cfg, a16, round_a=False):
         ("stride_ak", "i32", "1"), ("stride_bk", "i32", "1" if fp32_b else "D"),
         ("stride_bn", "i32", "D" if fp32_b else "1"), ("stride_cm", "i32", "D"), ("stride_cn", "i32", "1"),
     ]
-    sig, constexprs, attrs = {}, {}, {}
-    for name, ty, spec in runtime:
-        idx = fn.arg_names.index(name)
-        if spec == "1":
-            sig[name] = "constexpr"
-            constexprs[(idx,)] = 1
-        else:
-            sig[name] = ty
-            if spec == "D":
-                attrs[(idx,)] = [["tt.divisibility", 16]]
-    meta = {k: v for k, v in cfg.meta.items() if k != "A16"}
     consts = dict(HAS_BIAS=True, ACT=2, PREC=prec, A_SPLIT=3 if prec == 0 else 1, W_SPLIT=prec == 0,
                   FLUSH=True, ROUND_A=round_a)
-    for name, value in {**consts, **meta}.items():
-        sig[name] = "constexpr"
-        constexprs[(fn.arg_names.index(name),)] = value
-    opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    return triton.compile(ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+    return build(fn, runtime, consts, cfg)
 
 
 def spilled_bytes(ck):
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "k.ptx")
-        with open(ptx, "w") as fh:
-            fh.write(ck.asm["ptx"])
-        proc = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", ptx, "-o",
-                               os.path.join(tmp, "k.cubin")], capture_output=True, text=True, check=True)
-    spills = [int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stdout + proc.stderr)]
-    assert spills, proc.stdout + proc.stderr
-    return max(spills)
+    return ptxas_usage(ck)[1]
 
 
 def a_from_registers(ck):
@@ -874,7 +845,7 @@ def a_from_registers(ck):
 for pname, prec in (("fp32", 0), ("tf32", 1), ("fp16", 2)):
     for M, N, K in ((65536, 64, 256), (4096, 4096, 4096)):
         cfg = g.gemm_space(pname, M, N, K).default
-        ck = build(prec, cfg, bool(cfg.meta.get("A16")))
+        ck = build_gemm(prec, cfg, bool(cfg.meta.get("A16")))
         assert "warp_group_dot" in ck.asm["ttgir"], (pname, cfg.name, "no Hopper tensor cores (wgmma)")
         assert ck.metadata.shared <= 232448, (pname, cfg.name, ck.metadata.shared)
         if pname == "tf32":  # a as loaded (pre-rounded copy): both operands straight from shared memory
@@ -886,7 +857,7 @@ for cfg in g.gemm_space("tf32", 65536, 64, 256).configs:
     if not g._round_a_in_kernel(triton.cdiv(64, kw["BLOCK_N"]), kw):
         continue
     n_in_kernel += 1
-    ck = build(1, cfg, False, round_a=True)
+    ck = build_gemm(1, cfg, False, round_a=True)
     assert all(a_from_registers(ck)), cfg.name
     assert spilled_bytes(ck) == 0, (cfg.name, "spills with a rounded in registers")
 assert n_in_kernel >= 4, n_in_kernel
