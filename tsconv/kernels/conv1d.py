@@ -1371,9 +1371,8 @@ def _launch_dense(
             **meta,
             **kw,
         }
-        ret = _conv1d_dense_kernel[grid](**args)
-        recorded.update(fn=_conv1d_dense_kernel, ret=ret, grid=grid, args=args, prep=prep, tma=None)
-        return ret
+        recorded.update(prep=prep, tma=None)
+        return launch_recorded(recorded, _conv1d_dense_kernel, grid, (), args)
 
     def launch_tma(x_k: torch.Tensor, kw: dict[str, int], prep: int) -> object:
         bt, bo, bc = kw.pop("BLOCK_T"), kw.pop("BLOCK_O"), kw.pop("BLOCK_C")
@@ -1415,9 +1414,8 @@ def _launch_dense(
             "BLOCK_C": bc,
             **kw,
         }
-        ret = _conv1d_dense_tma_kernel[grid](**args)
-        recorded.update(fn=_conv1d_dense_tma_kernel, ret=ret, grid=grid, args=args, prep=prep, tma=blocks)
-        return ret
+        recorded.update(prep=prep, tma=blocks)
+        return launch_recorded(recorded, _conv1d_dense_tma_kernel, grid, (), args)
 
     if config is None:
         use_tma = _dense_tma_ok(x, spec) and not spec.recenter

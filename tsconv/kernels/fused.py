@@ -342,6 +342,12 @@ def _conv1d_head_tma_kernel(
     )  # fmt: skip
 
 
+def _check_grid(n_programs: int) -> None:
+    if n_programs > _INT32_MAX:
+        msg = f"the fused conv needs {n_programs} programs, more than one launch allows ({_INT32_MAX})."
+        raise ShapeError(msg, hint="split the batch (N) or the series length into several calls.")
+
+
 def _tma_ok(x: torch.Tensor, w_hi: torch.Tensor, c: _conv._Spec) -> bool:
     """Can ``_conv1d_head_tma_kernel`` run this call? x's time-major [N, L, C] view usable by a TMA kernel in
     this precision (``tma.usable``: "tf32" / "fp16", channels contiguous, 16-byte aligned) and no
@@ -819,9 +825,7 @@ def _fused_triton(
             _round_tf32_into(x, x_k)
         n_tblk = triton.cdiv(c.L_out, kw["BLOCK_T"])
         grid = (c.N * n_tblk,)
-        if grid[0] > _INT32_MAX:
-            msg = f"the fused conv needs {grid[0]} programs, more than one launch allows ({_INT32_MAX})."
-            raise ShapeError(msg, hint="split the batch (N) or the series length into several calls.")
+        _check_grid(grid[0])
         return _conv1d_head_kernel[grid](
             x_k,
             w_hi,
@@ -864,9 +868,7 @@ def _fused_triton(
         x_desc, w_desc = _conv._dense_descriptors(x_k, w_hi, ([1, bt, bc], [bo, bc], round_tf32))
         n_tblk = triton.cdiv(c.L_out, bt)
         grid = (c.N * n_tblk,)
-        if grid[0] > _INT32_MAX:
-            msg = f"the fused conv needs {grid[0]} programs, more than one launch allows ({_INT32_MAX})."
-            raise ShapeError(msg, hint="split the batch (N) or the series length into several calls.")
+        _check_grid(grid[0])
         return _conv1d_head_tma_kernel[grid](
             x_desc,
             w_desc,

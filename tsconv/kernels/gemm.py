@@ -63,7 +63,15 @@ from tsconv.kernels.conv1d import (
     _round_tf32_rne,
     _tf32_buffer,
 )
-from tsconv.kernels.launch import LaunchPlan, PlanCache, extent, overlaps, plans_enabled_by_env, tensor_key
+from tsconv.kernels.launch import (
+    LaunchPlan,
+    PlanCache,
+    extent,
+    launch_recorded,
+    overlaps,
+    plans_enabled_by_env,
+    tensor_key,
+)
 from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
@@ -849,9 +857,8 @@ def _gemm_triton(
             **meta,
             **kw,
         }
-        ret = _gemm_kernel[grid](**args)
-        recorded.update(fn=_gemm_kernel, grid=grid, args=args, ret=ret, prep=prep, tma=None)
-        return ret
+        recorded.update(prep=prep, tma=None)
+        return launch_recorded(recorded, _gemm_kernel, grid, (), args)
 
     def launch_tma(a_k: torch.Tensor, kw: dict[str, int], prep: int) -> object:
         bm, bn, bk = kw.pop("BLOCK_M"), kw.pop("BLOCK_N"), kw.pop("BLOCK_K")
@@ -881,9 +888,8 @@ def _gemm_triton(
             "BLOCK_K": bk,
             **kw,
         }
-        ret = _gemm_tma_kernel[grid](**args)
-        recorded.update(fn=_gemm_tma_kernel, grid=grid, args=args, ret=ret, prep=prep, tma=blocks)
-        return ret
+        recorded.update(prep=prep, tma=blocks)
+        return launch_recorded(recorded, _gemm_tma_kernel, grid, (), args)
 
     if config is None:
         use_tma = _tma_ok(a, packed, spec)
