@@ -6,7 +6,7 @@ set -u
 DASK_FLAGS=${DASK_FLAGS:-}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-steps=",${1:-verify,e2e,trace,dask},"  # also: h2d, recenter, recenter_cost, launch, tune_gpu, tune_gpu_conv, plans, fused_tma
+steps=",${1:-verify,e2e,trace,dask},"  # also: h2d, recenter, recenter_cost, launch, tune_gpu, tune_gpu_conv, plans, fused_tma, conv_gpu
 want() { [[ $steps == *",$1,"* ]]; }
 # The device tool returns at most 8 files: every step logs into one file.
 run() {  # run LIMIT NAME CMD...: append to $OUT/log.txt, say how it went
@@ -53,6 +53,9 @@ if want tune_gpu_conv; then  # conv1d tuned with the opt-in GPU-time tuner
   TSCONV_TUNE_TIMING=gpu run 330 conv1d_gputime python benchmarks/conv1d.py --budget-s 300 --no-subprocess \
     --out "$OUT/conv1d_gputime.json"
 fi
+if want conv_gpu; then  # conv1d's GPU tests (dense pointer and TMA kernels, depthwise, recenter)
+  run 200 pytest_conv1d python -m pytest -q -m gpu tests/kernels/test_conv1d.py -p no:cacheprovider
+fi
 if want plans; then  # launch plans on the GPU: conv1d (dense, and the direct/bank/window ones behind
   # _DIRECT_PLANS_CUDA, which their test switches on) and gemm; replays must equal the full path bit for bit
   run 200 pytest_plans python -m pytest -q tests/kernels/test_conv1d.py tests/kernels/test_gemm.py -k plan \
@@ -60,7 +63,8 @@ if want plans; then  # launch plans on the GPU: conv1d (dense, and the direct/ba
 fi
 if want fused_tma; then  # the fused kernel's TMA variant (opt-in, TSCONV_FUSED_TMA=1): its tests, then fused.py
   TSCONV_FUSED_TMA=1 run 240 pytest_fused_tma python -m pytest -q tests/kernels/test_fused.py -k tma -p no:cacheprovider
-  TSCONV_FUSED_TMA=1 run 330 fused_tma python benchmarks/fused.py --budget-s 300 --out "$OUT/fused_tma.json"
+  TSCONV_FUSED_TMA=1 run $((${FUSED_BUDGET:-300} + 30)) fused_tma python benchmarks/fused.py --budget-s "${FUSED_BUDGET:-300}" \
+    --out "$OUT/fused_tma.json"
 fi
 if want h2d; then
   run 60 h2d python benchmarks/h2d_call.py --out "$OUT/h2d_call.json"
