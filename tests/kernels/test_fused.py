@@ -11,6 +11,9 @@ the interpreter's tl.dot truncates operands to TF32 and rounds partial sums towa
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -602,7 +605,7 @@ def test_tma_kernel_nan_reaches_only_the_outputs_that_read_it() -> None:
 
 def test_tma_candidates_join_only_when_switched_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """The TMA configs come after the pointer ones (the untuned default is unchanged) under their own space
-    name, only for "tf32" / "fp16" and only with TSCONV_FUSED_TMA (the module switch) on."""
+    name, only for "tf32" / "fp16" and only with the module switch on (TSCONV_FUSED_TMA=0 turns it off)."""
     for prec in ("tf32", "fp16"):
         plain = fused_mod.conv1d_head_space(prec, 256, 256, 64)
         with_tma = fused_mod.conv1d_head_space(prec, 256, 256, 64, tma=True)
@@ -622,11 +625,27 @@ def test_tma_candidates_join_only_when_switched_on(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(fused_mod.autotune, "select", spy)
     x = returns(1, 30, 16).transpose(1, 2)
     args = (x, zero_sum_weights(16, 16, 3), None, head_weights(16, 8))
+    monkeypatch.setattr(fused_mod, "_TMA_ENABLED", False)
     conv1d_head(*args, precision="tf32")
     monkeypatch.setattr(fused_mod, "_TMA_ENABLED", True)
     conv1d_head(*args, precision="tf32")
     conv1d_head(x.contiguous(), *args[1:], precision="tf32")  # channel-major x: no descriptor over [N, L, C]
-    assert seen == ["conv1d_head_v1_tf32", "conv1d_head_v1_tf32_tma", "conv1d_head_v1_tf32"]
+    assert seen == ["conv1d_head_v1_tf32", "conv1d_head_v2_tf32_tma", "conv1d_head_v1_tf32"]
+
+
+def test_tma_variant_is_on_unless_switched_off() -> None:
+    """TSCONV_FUSED_TMA decides the module switch when fused.py is imported: on by default, off for 0."""
+    code = "import tsconv.kernels.fused as f; print(f._TMA_ENABLED)"
+    got = {}
+    for value in (None, "0"):
+        env = {k: v for k, v in os.environ.items() if k != "TSCONV_FUSED_TMA"}
+        if value is not None:
+            env["TSCONV_FUSED_TMA"] = value
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        got[value] = proc.stdout.strip()
+    assert got == {None: "True", "0": "False"}
 
 
 @pytest.mark.gpu

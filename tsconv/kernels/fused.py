@@ -93,9 +93,10 @@ _FLUSH = True
 _A_SPLIT = 3
 # "tf32": round x (pre-pass) and the conv tile (registers) to TF32; False: the tensor core truncates (old).
 _ROUND_TF32 = True
-# The TMA variant of the fused kernel ("tf32" / "fp16", Hopper) joins the tuner's candidates only with
-# TSCONV_FUSED_TMA=1: it passes the interpreter and sm_90 compilation but has not run on a GPU yet.
-_TMA_ENABLED = os.environ.get("TSCONV_FUSED_TMA", "0").strip().lower() in ("1", "true", "yes", "on")
+# The TMA variant of the fused kernel ("tf32" / "fp16", Hopper) joins the tuner's candidates unless
+# TSCONV_FUSED_TMA=0. On the H200 (8ac94ec, benchmarks/NOTES.md) its winners took 0.61 / 0.44 ms where the
+# pointer kernel's took 1.00 / 0.78 ms ([64, 1024, 1028] -> 256 -> 64, tf32 / fp16).
+_TMA_ENABLED = os.environ.get("TSCONV_FUSED_TMA", "1").strip().lower() not in ("0", "false", "no", "off")
 # What the last call did (benchmarks report it): {"path": "fused" | "unfused", "config": ..., "reason": ...}.
 last_launch: dict[str, str] = {}
 
@@ -432,6 +433,10 @@ def _space(precision: str, C: int, O: int, D: int, max_bo: int, tma: bool = Fals
                     _tma_cfg(128, 128, bc, 8, 3, a16),
                     _tma_cfg(64, 128, bc, 4, 4, a16),
                     _tma_cfg(64, 128, bc, 8, 4, a16),
+                    _tma_cfg(128, 128, bc, 8, 4, a16),
+                    # The standalone TMA conv's winning tile at O = 256 (0.47 ms against the fused kernel's
+                    # 0.61 ms, 8ac94ec). With the head it spills 0.3-0.7 KB (sm_90 ptxas): the tuner decides.
+                    _tma_cfg(128, 256, bc, 8, 3, a16),
                 ]
     bo_cap = max(16, min(O, max_bo))
     out: list[autotune.Config] = []
@@ -442,13 +447,19 @@ def _space(precision: str, C: int, O: int, D: int, max_bo: int, tma: bool = Fals
         threads = 32 * c.num_warps
         conv = new.meta["BLOCK_T"] * new.meta["BLOCK_O"] // threads
         head = new.meta["BLOCK_T"] * D // threads
-        fits = conv <= conv_max and head <= conv_max if precision == "fp32" else conv <= conv_max
-        if fits and conv + head <= total_max and all(o.name != new.name for o in out):
+        if precision == "fp32":
+            fits = conv <= conv_max and head <= conv_max and conv + head <= total_max
+        elif m.get("TMA") and (m["BLOCK_T"], m["BLOCK_O"]) == (128, 256):
+            fits = conv <= 128 and conv + head <= 160  # the spilling exception above
+        else:
+            fits = conv <= conv_max and conv + head <= total_max
+        if fits and all(o.name != new.name for o in out):
             out.append(new)
     if not out:
         out.append(_cfg(32, min(32, bo_cap), min(32, C), 8, 2))
     interp = _cfg(64, min(64, bo_cap), min(32, C), 4, 1)
-    name = f"conv1d_head_v1_{precision}" + ("_tma" if tma else "")
+    # v2 of the TMA space: two larger tiles joined it (a cache tuned over v1's candidates is not reused).
+    name = f"conv1d_head_v2_{precision}_tma" if tma else f"conv1d_head_v1_{precision}"
     return autotune.ConfigSpace(name, tuple(out), out[0], interp)
 
 
