@@ -49,13 +49,7 @@ def _forward(reader, rows: int, step: int) -> float:
 
 
 def _variants(
-    values: zarr.Array,
-    rows: int,
-    step: int,
-    threads: list[int],
-    procs: list[int],
-    only_fast: bool,
-    blosc: list[int] = (),
+    values: zarr.Array, rows: int, step: int, threads: list[int], procs: list[int], only_fast: bool
 ) -> dict:
     def whole() -> float:
         t0 = time.perf_counter()
@@ -83,12 +77,6 @@ def _variants(
             for t in threads
         },
         **{
-            f"ParallelBandReader, Blosc's own {b} threads, 1024-row reads": forward(
-                lambda b=b: ParallelBandReader(values, blosc_threads=b)
-            )
-            for b in blosc
-        },
-        **{
             f"ProcessBandReader, {n} worker processes, 1024-row reads": forward(
                 lambda n=n: ProcessBandReader(values, workers=n)
             )
@@ -107,7 +95,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "decode")
     ap.add_argument("--threads", default="1,2,16", help="decode-thread counts (comma list)")
     ap.add_argument("--procs", default="", help="worker-process counts for ProcessBandReader (Linux x86-64)")
-    ap.add_argument("--blosc-threads", default="", help="Blosc-internal thread counts (ParallelBandReader)")
     ap.add_argument("--only-fast", action="store_true", help="skip the zarr and BlockReader variants")
     args = ap.parse_args()
 
@@ -127,8 +114,7 @@ def main() -> None:
         results = []
         threads = [int(t) for t in args.threads.split(",") if t]
         procs = [int(n) for n in args.procs.split(",") if n]
-        blosc = [int(n) for n in args.blosc_threads.split(",") if n]
-        for name, fn in _variants(values, rows, args.step, threads, procs, args.only_fast, blosc).items():
+        for name, fn in _variants(values, rows, args.step, threads, procs, args.only_fast).items():
             fn()  # warm the page cache and the allocator once
             secs = [fn() for _ in range(args.repeats)]
             med = statistics.median(secs)

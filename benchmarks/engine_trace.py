@@ -176,8 +176,6 @@ def variant(name: str):  # noqa: ANN201
         env["TSCONV_DECODE_THREADS"] = name[7:]
     elif name.startswith("procs"):
         env["TSCONV_DECODE_PROCS"] = name[5:]
-    elif name.startswith("blosc"):
-        env["TSCONV_BLOSC_THREADS"] = name[5:]
     elif name.startswith("head"):
         env["TSCONV_HEAD_PATH"] = name[4:]
     elif name == "nommap":

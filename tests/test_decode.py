@@ -278,35 +278,3 @@ def test_a_reader_holding_bands_serves_adjacent_bands_as_one_view(tmp_path: Path
         five = r.read(7000, 12_000)  # 5 bands, more than hold + 1: copied
         assert five.flags.owndata
         np.testing.assert_array_equal(five, x[7000:])
-
-
-@pytest.mark.parametrize("name", ["blosc-lz4-shuffle", "blosc-zstd-bitshuffle", "zstd"])
-@pytest.mark.parametrize(("features", "chunks"), [(23, (1000, 23)), (23, (777, 7))], ids=["whole", "split"])
-def test_blosc_pool_mode_equals_zarr(tmp_path: Path, monkeypatch, name: str, features: int, chunks) -> None:
-    """``blosc_threads`` (Blosc's own threads, two Python threads) reads what zarr reads; codecs other than
-    Blosc keep the per-chunk threads; the numcodecs switch it flips is restored here for the other tests."""
-    import numcodecs.blosc as nb
-
-    monkeypatch.setattr(nb, "use_threads", nb.use_threads)
-    before = nb.get_nthreads()
-    x = _data(5000, features, "float32")
-    a = _array(tmp_path / "a.zarr", x, chunks, compressors=COMPRESSORS[name])
-    try:
-        with ParallelBandReader(a, threads=5, blosc_threads=3) as r:
-            assert r.fast, r.fallback_reason
-            if name.startswith("blosc"):
-                assert (r.blosc_threads, r.threads, nb.use_threads, nb.get_nthreads()) == (3, 2, True, 3)
-            else:
-                assert (r.blosc_threads, r.threads) == (0, 5)
-            _check_all_reads(r, np.asarray(a[:]))
-    finally:
-        nb.set_nthreads(before)
-
-
-def test_blosc_pool_threads_from_the_environment(monkeypatch) -> None:
-    from tsconv.io.decode import blosc_pool_threads
-
-    monkeypatch.delenv("TSCONV_BLOSC_THREADS", raising=False)
-    assert blosc_pool_threads() == 0
-    monkeypatch.setenv("TSCONV_BLOSC_THREADS", "12")
-    assert blosc_pool_threads() == 12

@@ -54,13 +54,7 @@ from ..stream import trace
 from .chunkfile import decode_chunk_into
 from .reader import BlockReader
 
-__all__ = [
-    "ParallelBandReader",
-    "blosc_pool_threads",
-    "default_threads",
-    "fast_path_reason",
-    "lower_thread_priority",
-]
+__all__ = ["ParallelBandReader", "fast_path_reason", "default_threads", "lower_thread_priority"]
 
 DEFAULT_MAX_RING_BYTES = 1 << 30
 
@@ -90,47 +84,6 @@ def default_threads() -> int:
     if env:
         return max(1, int(env))
     return max(1, min(16, os.cpu_count() or 1))
-
-
-def blosc_pool_threads() -> int:
-    """``TSCONV_BLOSC_THREADS``: Blosc's own decoding threads per chunk (0 or unset: off; see
-    :class:`ParallelBandReader`)."""
-    env = os.environ.get("TSCONV_BLOSC_THREADS", "").strip()
-    return max(0, int(env)) if env else 0
-
-
-_POOL_LOCK = threading.Lock()
-_POOL_STATE: dict[str, Any] = {"users": 0, "saved": None}
-
-
-def _use_blosc_pool(nthreads: int) -> None:
-    """Switch numcodecs' Blosc to its global context with ``nthreads`` internal threads, process-wide, until
-    every reader that asked has called :func:`_release_blosc_pool`.
-
-    Why: 16 Python decode threads hand the GIL back and forth around every chunk, which slowed the engine
-    thread's launches 7x on the 16-core GPU machine (benchmarks/NOTES.md, fourth session); Blosc's own
-    pthreads split one chunk's blocks without touching the GIL. numcodecs serialises calls into the global
-    context with a lock, so meanwhile every Blosc decode in this process (zarr's too) goes through this pool.
-    """
-    import numcodecs.blosc as nb
-
-    with _POOL_LOCK:
-        if _POOL_STATE["users"] == 0:
-            _POOL_STATE["saved"] = (nb.use_threads, nb.get_nthreads())
-        _POOL_STATE["users"] += 1
-        nb.set_nthreads(nthreads)
-        nb.use_threads = True
-
-
-def _release_blosc_pool() -> None:
-    """Undo one :func:`_use_blosc_pool`; the last one restores numcodecs' settings."""
-    import numcodecs.blosc as nb
-
-    with _POOL_LOCK:
-        _POOL_STATE["users"] -= 1
-        if _POOL_STATE["users"] == 0 and _POOL_STATE["saved"] is not None:
-            nb.use_threads, nthreads = _POOL_STATE["saved"]
-            nb.set_nthreads(nthreads)
 
 
 class _Layout:
@@ -217,12 +170,6 @@ def _alloc_ring(shape: tuple[int, int, int], dtype: np.dtype, pin: bool) -> tupl
     return np.empty(shape, dtype=dtype), None
 
 
-def _shutdown(pool: ThreadPoolExecutor, blosc_pool: bool, wait: bool = False) -> None:
-    pool.shutdown(wait=wait, cancel_futures=True)
-    if blosc_pool:
-        _release_blosc_pool()
-
-
 class ParallelBandReader:
     """Serve row ranges of a 2-D zarr array, decoding bands of ``chunks[0]`` rows ahead in threads.
 
@@ -232,10 +179,6 @@ class ParallelBandReader:
     chunk files in flight for every thread, at least 2, within ``max_ring_bytes``); ``pin`` allocates the
     ring in pinned memory when CUDA is available; ``hold`` bands behind the one being read stay intact
     (see the module docstring). Memory: ``(prefetch + 1 + hold) x band bytes``.
-    ``blosc_threads`` (default ``TSCONV_BLOSC_THREADS``, else 0): for Blosc stores, decode each chunk with
-    that many of Blosc's own threads from two Python threads instead of ``threads`` Python threads, one
-    chunk each (experimental; until ``close()`` it switches numcodecs' Blosc to its threaded global context
-    process-wide).
     ``fast`` says whether the fast path is used, ``fallback_reason`` why not. See the module docstring
     for how long a returned view stays valid.
     """
@@ -250,7 +193,6 @@ class ParallelBandReader:
         where: str = "the store",
         max_ring_bytes: int = DEFAULT_MAX_RING_BYTES,
         hold: int = 1,
-        blosc_threads: int | None = None,
     ) -> None:
         self.array = array
         self.where = where
@@ -269,12 +211,6 @@ class ParallelBandReader:
             self._fallback = BlockReader(array, where=where)
             return
         self._layout = layout
-        bt = blosc_pool_threads() if blosc_threads is None else max(0, int(blosc_threads))
-        self.blosc_threads = bt if isinstance(layout.codec, numcodecs.Blosc) else 0
-        if self.blosc_threads:
-            # Two Python threads: one maps the next chunk file while the other is in Blosc's pool.
-            self.threads = 2
-            _use_blosc_pool(self.blosc_threads)
         self._col_rows, self._col_width = layout.chunks
         self._n_cols = -(-self.n_features // self._col_width)
         self._n_bands = -(-self.rows // self.band_rows)
@@ -310,9 +246,7 @@ class ParallelBandReader:
         self._pool = ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="tsconv-decode", initializer=lower_thread_priority
         )
-        self._finalizer = weakref.finalize(
-            self, _shutdown, self._pool, self.blosc_threads > 0
-        )  # also when the reader is dropped unclosed
+        self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
 
     # -- interface ---------------------------------------------------------------------------------
 
@@ -375,7 +309,7 @@ class ParallelBandReader:
             return
         self._closed = True
         self._finalizer.detach()
-        _shutdown(self._pool, self.blosc_threads > 0, wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> ParallelBandReader:
         return self

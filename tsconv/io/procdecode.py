@@ -189,7 +189,7 @@ class ProcessBandReader(ParallelBandReader):
         n = workers or decode_processes() or threads
         if workers is None and threads is not None and n is not None:
             n = min(n, threads)
-        super().__init__(array, threads=n, blosc_threads=0, **kw)  # the workers decode one chunk each
+        super().__init__(array, threads=n, **kw)
 
     # -- the ring and its decoders -----------------------------------------------------------------
 
