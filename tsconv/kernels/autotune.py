@@ -381,6 +381,49 @@ def host_ms(fn: Callable[[], object], *, calls: int = 10, batches: int = 7) -> f
     return min(times)
 
 
+_CHECK_MAX_BYTES = 256 << 20  # outputs larger than this are not copied for the cross-check
+
+
+def _cross_check(
+    bench: Callable[[Config], object], cfg: Config, ret: object, reference: torch.Tensor | None
+) -> tuple[torch.Tensor | None, str | None]:
+    """Run ``cfg`` once more into a NaN-poisoned output and compare it with the first candidate's output.
+
+    Why: the tuner ranks candidates by time only, and a candidate that miscompiles (on the H200, a fused TMA
+    tile left its outputs unwritten and was the fastest: benchmarks/NOTES.md) would otherwise win. The check
+    is loose on purpose (configs legitimately round differently): the same NaN pattern and a max difference
+    within 1% of the output's scale. ``ret``: what ``bench`` returned (the launch's output tensor; anything
+    else skips the check). Returns (the reference, None when ``cfg`` agrees, else why not).
+    """
+    if (
+        not isinstance(ret, torch.Tensor)
+        or not ret.is_floating_point()
+        or ret.numel() * ret.element_size() > _CHECK_MAX_BYTES
+    ):
+        return reference, None
+    ret.fill_(math.nan)
+    got = bench(cfg)
+    if not isinstance(got, torch.Tensor) or got.data_ptr() != ret.data_ptr():
+        return reference, None
+    got = got.detach().to(torch.float32)
+    if reference is None:
+        return got.clone(), None
+    if got.shape != reference.shape:
+        return reference, None
+    nan_ref, nan_got = torch.isnan(reference), torch.isnan(got)
+    if not torch.equal(nan_ref, nan_got):
+        extra = int((nan_got & ~nan_ref).sum())
+        return reference, f"{extra} outputs NaN (unwritten or wrong) where the first candidate's are not"
+    fin = torch.isfinite(reference) & torch.isfinite(got)
+    if not fin.any():
+        return reference, None
+    scale = float(reference[fin].abs().max())
+    diff = float((reference[fin] - got[fin]).abs().max())
+    if diff > 1e-2 * scale + 1e-6:
+        return reference, f"max difference {diff:.3g} against the output's scale {scale:.3g}"
+    return reference, None
+
+
 def _tune(
     space: ConfigSpace,
     bench: Callable[[Config], object],
@@ -396,11 +439,17 @@ def _tune(
     timings: dict[str, float] = {}
     method = "graph" if (timing or _timing_mode()) == "gpu" else "calls"
     with torch.cuda.device(device):
+        reference: torch.Tensor | None = None
         for cfg in space.configs:
             try:
-                bench(cfg)  # compile outside the timed region
+                ret = bench(cfg)  # compile outside the timed region
                 torch.cuda.synchronize(device)
                 timings[cfg.name] = math.nan
+                reference, why = _cross_check(bench, cfg, ret, reference)
+                if why is not None:
+                    log.warning("autotune %s: config %s disagrees with %s: %s; skipped",
+                                space.name, cfg.name, space.configs[0].name, why)  # fmt: skip
+                    timings[cfg.name] = math.inf
             except Exception as exc:  # noqa: BLE001 - any failing candidate is skipped (OutOfResources, ...)
                 log.info("autotune %s: config %s failed: %s", space.name, cfg.name, exc)
                 timings[cfg.name] = math.inf

@@ -156,11 +156,11 @@ def _blosc_lz4_kernel(
             transposed = shuffle & (~split)
             bad = tl.full((), 0, tl.int32)
             if memcpyed:
-                ip = _HEADER + block0.to(tl.int64)
+                ip = 16 + block0.to(tl.int64)  # after the header
                 cs = bsize
             else:
-                hdr_end = _HEADER + 4 * nblocks
-                p = _le32(src, _HEADER + 4 * blk, lim).to(tl.int64)
+                hdr_end = 16 + 4 * nblocks  # the header, then the block starts
+                p = _le32(src, 16 + 4 * blk, lim).to(tl.int64)
                 bad = tl.where((p < hdr_end) | (p >= lim), 1, 0)
                 for _ in range(0, k):  # skip the streams before this one
                     cs_prev = _le32(src, p, lim)

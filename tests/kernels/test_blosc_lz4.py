@@ -1,0 +1,196 @@
+"""The GPU Blosc-LZ4 decoder against numcodecs: real chunks, multi-block chunks with a leftover block,
+several chunks per launch, damaged input (flagged, nothing written outside its place)."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numcodecs
+import numpy as np
+import pytest
+import torch
+
+from tsconv.kernels import blosc_lz4 as bl
+
+from .sm90 import run_compile_script
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERP or not torch.cuda.is_available() else "cuda"
+pytestmark = pytest.mark.skipif(
+    DEVICE == "cpu" and not INTERP, reason="needs a CUDA GPU or TRITON_INTERPRET=1"
+)
+POISON = 0xAB
+
+
+def _prices(n: int, dtype=np.float32, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (100 + np.cumsum(rng.choice([-1, 0, 0, 1], size=n)) * 0.01).astype(dtype)
+    x[rng.random(n) < 0.01] = np.nan
+    return x
+
+
+def _blosc(x: np.ndarray, shuffle: int, clevel: int = 5) -> np.ndarray:
+    return np.frombuffer(numcodecs.Blosc(cname="lz4", clevel=clevel, shuffle=shuffle).encode(x), np.uint8)
+
+
+def _assemble(x: np.ndarray, blocksize: int, shuffle: int) -> np.ndarray:
+    """A multi-block chunk of ``x`` with ``blocksize``-byte blocks, as c-blosc lays one out, built from
+    single-block chunks that c-blosc compressed (it only picks small blocks for much larger inputs).
+
+    Each block's streams section is copied from a chunk of that block alone. A last, shorter block of fewer
+    than 128 elements is compressed as c-blosc compresses a leftover block: one stream, not split."""
+    raw = x.view(np.uint8)
+    parts, flags = [], None
+    for a in range(0, raw.size, blocksize):
+        one = _blosc(x[a // x.itemsize : (a + blocksize) // x.itemsize], shuffle)
+        h = bl.parse_header(one)
+        assert h.nblocks == 1 and not h.memcpyed, h
+        if flags is None:
+            flags = h.flags
+        parts.append(one[16 + 4 :].tobytes())
+    nblocks = len(parts)
+    starts, pos = [], 16 + 4 * nblocks
+    for p in parts:
+        starts.append(pos)
+        pos += len(p)
+    head = struct.pack("<BBBBiii", 2, 1, flags, x.itemsize, raw.size, blocksize, pos)
+    return np.frombuffer(head + struct.pack(f"<{nblocks}i", *starts) + b"".join(parts), np.uint8)
+
+
+def _decode(
+    chunks: list[np.ndarray], nbytes: list[int], *, row: int | None = None
+) -> tuple[np.ndarray, list[int]]:
+    """Decode ``chunks`` in one launch; (output rows [n, row] with the poison past each chunk, errors)."""
+    offs, pos, pieces = [], 0, []
+    for c in chunks:
+        offs.append(pos)
+        pad = -c.size % 16
+        pieces += [c, np.zeros(pad, np.uint8)]
+        pos += c.size + pad
+    heads = [bl.parse_header(c) for c in chunks]
+    row = row or max(nbytes)
+    out = torch.full((len(chunks), row), POISON, dtype=torch.uint8, device=DEVICE)
+    err = bl.decode_chunks(
+        torch.from_numpy(np.concatenate(pieces)).to(DEVICE),
+        torch.tensor(offs, dtype=torch.int64, device=DEVICE),
+        torch.tensor([c.size for c in chunks], dtype=torch.int64, device=DEVICE),
+        out,
+        typesize=heads[0].typesize,
+        max_blocks=max(h.nblocks for h in heads),
+    )
+    return out.cpu().numpy(), err.cpu().tolist()
+
+
+@pytest.mark.parametrize(
+    ("n", "dtype", "shuffle"),
+    [
+        (900, np.float32, numcodecs.Blosc.SHUFFLE),
+        (701, np.float32, numcodecs.Blosc.NOSHUFFLE),
+        (450, np.float64, numcodecs.Blosc.SHUFFLE),
+        (1000, np.float16, numcodecs.Blosc.SHUFFLE),
+    ],
+)
+def test_real_chunks_decode_exactly(n: int, dtype, shuffle: int) -> None:
+    x = _prices(n, dtype)
+    c = _blosc(x, shuffle)
+    h = bl.parse_header(c)
+    assert bl.unsupported_reason(h, nbytes=x.nbytes, size=c.size) is None
+    out, err = _decode([c], [x.nbytes], row=x.nbytes + 40)
+    assert err == [0]
+    np.testing.assert_array_equal(out[0, : x.nbytes], x.view(np.uint8))
+    assert (out[0, x.nbytes :] == POISON).all()
+
+
+@pytest.mark.parametrize("shuffle", [numcodecs.Blosc.SHUFFLE, numcodecs.Blosc.NOSHUFFLE])
+def test_multi_block_chunk_with_a_leftover_block(shuffle: int) -> None:
+    x = _prices(3 * 512 + 100, seed=1)  # three 2 KB blocks split into 4 streams, a 400-byte leftover
+    c = _assemble(x, 2048, shuffle)
+    assert np.array_equal(np.frombuffer(numcodecs.Blosc().decode(c), np.float32), x, equal_nan=True)
+    h = bl.parse_header(c)
+    assert h.nblocks == 4 and h.nbytes - 3 * h.blocksize == 400
+    out, err = _decode([c], [x.nbytes])
+    assert err == [0]
+    np.testing.assert_array_equal(out[0], x.view(np.uint8))
+
+
+def test_several_chunks_in_one_launch_and_a_stored_chunk() -> None:
+    xs = [_prices(700, seed=2), _prices(333, seed=3), np.random.default_rng(4).random(300).astype(np.float32)]
+    cs = [_blosc(xs[0], 1), _blosc(xs[1], 0), _blosc(xs[2], 1, clevel=1)]
+    hs = [bl.parse_header(c) for c in cs]
+    cs[2] = np.frombuffer(  # a chunk c-blosc stored as is (incompressible): the "memcpyed" flag
+        struct.pack("<BBBBiii", 2, 1, hs[2].flags | 0x02, 4, xs[2].nbytes, hs[2].blocksize, 16 + xs[2].nbytes)
+        + xs[2].tobytes(),
+        np.uint8,
+    )
+    assert np.array_equal(np.frombuffer(numcodecs.Blosc().decode(cs[2]), np.float32), xs[2])
+    out, err = _decode(cs, [x.nbytes for x in xs])
+    assert err == [0, 0, 0]
+    for i, x in enumerate(xs):
+        np.testing.assert_array_equal(out[i, : x.nbytes], x.view(np.uint8))
+        assert (out[i, x.nbytes :] == POISON).all()
+
+
+def _damage(c: np.ndarray, how: str) -> np.ndarray:
+    d = c.copy()
+    first = int.from_bytes(d[16:20].tobytes(), "little")  # block 0's start
+    if how == "truncated":
+        return d[: d.size - 50]
+    if how == "block_start":
+        d[16:20] = np.frombuffer(struct.pack("<i", d.size + 1000), np.uint8)
+    elif how == "stream_size":
+        d[first : first + 4] = np.frombuffer(struct.pack("<i", 1 << 30), np.uint8)
+    elif how == "match_offset":
+        d[first + 4 + 1 :: 7] ^= 0xFF  # scramble the stream: tokens, lengths and offsets go wrong
+    return d
+
+
+@pytest.mark.parametrize("how", ["truncated", "block_start", "stream_size", "match_offset"])
+def test_damaged_chunks_are_flagged_and_write_only_their_row(how: str) -> None:
+    good = _prices(600, seed=5)
+    x = _prices(600, seed=6)
+    bad = _damage(_blosc(x, 1), how)
+    out, err = _decode([_blosc(good, 1), bad, _blosc(good, 1)], [good.nbytes] * 3, row=good.nbytes + 64)
+    assert err == [0, 1, 0]
+    for i in (0, 2):
+        np.testing.assert_array_equal(out[i, : good.nbytes], good.view(np.uint8))
+    assert (out[:, good.nbytes :] == POISON).all()
+
+
+def test_headers_the_gpu_does_not_decode_say_why() -> None:
+    x = _prices(1000)
+    n = x.nbytes
+    z = np.frombuffer(numcodecs.Blosc(cname="zstd", shuffle=1).encode(x), np.uint8)
+    assert "compressor code" in bl.unsupported_reason(bl.parse_header(z), nbytes=n, size=z.size)
+    b = np.frombuffer(numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.BITSHUFFLE).encode(x), np.uint8)
+    assert bl.unsupported_reason(bl.parse_header(b), nbytes=n, size=b.size) == "bitshuffle"
+    c = _blosc(x, 1)
+    assert "expected" in bl.unsupported_reason(bl.parse_header(c), nbytes=n + 4, size=c.size)
+    assert "the file has" in bl.unsupported_reason(bl.parse_header(c), nbytes=n, size=c.size - 1)
+    with pytest.raises(ValueError, match="16-byte header"):
+        bl.parse_header(c[:10])
+    with pytest.raises(ValueError, match="version 3"):
+        bl.parse_header(np.concatenate([[3], c[1:]]).astype(np.uint8))
+
+
+_COMPILE = r"""
+from tsconv.kernels import blosc_lz4 as m
+runtime = [("src_ptr", "*u8", "D"), ("off_ptr", "*i64", "D"), ("len_ptr", "*i64", "D"), ("dst_ptr", "*u8", "D"),
+           ("err_ptr", "*i32", "D"), ("dst_stride", "i64", "")]
+class Cfg:
+    meta, num_warps, num_stages, maxnreg = {}, 1, 1, None
+ck = build(m._blosc_lz4_kernel, runtime, dict(TS=4, V=32), Cfg())
+regs, spills = ptxas_usage(ck)
+print(f"{regs} registers, {spills} bytes spilled")
+assert spills == 0
+print("compiled OK")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="on a GPU machine the real kernel runs in the other tests"
+)
+def test_kernel_compiles_for_sm90() -> None:
+    """The interpreter accepts what the compiler may not (globals, loop-carried types): compile for sm_90."""
+    run_compile_script(_COMPILE)
