@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .errors import ShapeError, StoreError, TsconvError
+from .io import gpudecode
 from .io.decode import ParallelBandReader
 from .io.procdecode import ProcessBandReader, use_processes
 from .io.reader import ArraySource, ColumnSource, RowSource
@@ -324,9 +325,11 @@ def process(
     plan = resolve(pipe, store.features)
     _check_length(store.rows, plan, warmup, str(store.path))
     use_batched = _use_batched(dev, batched)
+    gpu_reader = use_batched and _gpu_decode(store, dev, transfer)
     step_rows = (
         plan_step_rows(plan, src_features=store.n_features, src_itemsize=store.dtype.itemsize, budget=budget,
-                       chunk=chunk, transfer=transfer, rows=store.rows)
+                       chunk=chunk, transfer=transfer, rows=store.rows,
+                       reader_bytes=gpudecode.device_bytes(store.values) if gpu_reader else None)
         if use_batched else None
     )  # fmt: skip
     check_time(store)
@@ -460,12 +463,7 @@ def _run_store(
         writer,  # closed on the way out; after finish() that is a no-op
         # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA unless pageable transfers
         # are asked for); zarr reads (BlockReader) for layouts the fast path does not handle.
-        (ProcessBandReader if use_processes() else ParallelBandReader)(
-            store.values,
-            where=str(store.path),
-            pin=dev.type == "cuda" and transfer != "pageable",
-            hold=reader_hold_for(store, batched=step_rows is not None),
-        ) as reader,  # fmt: skip
+        _open_reader(store, dev, transfer=transfer, batched=step_rows is not None) as reader,
     ):
         times = compute_rows(
             reader, plan, backend, writer.append, start=r0 + start, stop=r1, chunk=chunk, warmup=warmup,
@@ -478,6 +476,27 @@ def _run_store(
         if stages is not None:
             stages["stage_seconds"]["finish"] = time.perf_counter() - t0
     return {**(stages or {}), "head_path": backend.head_path}
+
+
+def _gpu_decode(store: InputStore, dev: torch.device, transfer: str) -> bool:
+    """Decode on the GPU (tsconv.io.gpudecode): asked for with TSCONV_GPU_DECODE, pinned transfers, and a
+    Blosc-LZ4 store the GPU decoder handles; otherwise the CPU reader runs, as before."""
+    mode = gpudecode.requested()
+    if not mode or transfer != "pinned" or (dev.type != "cuda" and mode != "force"):
+        return False
+    return gpudecode.unsupported_reason(store.values) is None
+
+
+def _open_reader(store: InputStore, dev: torch.device, *, transfer: str, batched: bool) -> Any:
+    """The reader for ``store``: on the GPU (batched engine, opt-in), in processes or threads."""
+    if batched and _gpu_decode(store, dev, transfer):
+        return gpudecode.GpuBandReader(store.values, device=dev, where=str(store.path))
+    return (ProcessBandReader if use_processes() else ParallelBandReader)(
+        store.values,
+        where=str(store.path),
+        pin=dev.type == "cuda" and transfer != "pageable",
+        hold=reader_hold_for(store, batched=batched),
+    )
 
 
 def reader_hold_for(store: InputStore, *, batched: bool) -> int:

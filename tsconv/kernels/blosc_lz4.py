@@ -130,15 +130,15 @@ def _blosc_lz4_kernel(
     blk = pid // TS
     k = pid % TS
     base = tl.load(off_ptr + c)
-    lim = tl.load(len_ptr + c)
+    lim = tl.load(len_ptr + c)  # 0: not decoded here (a missing chunk, or one the host decodes)
     src = src_ptr + base
     dst = dst_ptr + c.to(tl.int64) * dst_stride
-    flags = tl.load(src + 2).to(tl.int32)
+    flags = tl.load(src + 2, mask=lim > 2, other=0).to(tl.int32)
     nbytes = _le32(src, 4, lim)
-    bsz_full = _le32(src, 8, lim)
+    bsz_full = tl.maximum(_le32(src, 8, lim), 1)
     nblocks = (nbytes + bsz_full - 1) // bsz_full
     lanes = tl.arange(0, V)
-    if blk < nblocks:
+    if (blk < nblocks) & (lim >= 16):
         block0 = blk * bsz_full
         bsize = tl.minimum(bsz_full, nbytes - block0)
         leftover = bsize < bsz_full
@@ -249,9 +249,9 @@ def decode_chunks(
     """Decode Blosc-LZ4 chunks from ``src`` (uint8, on the device) into the rows of ``out`` (uint8
     [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
 
-    ``offsets`` / ``sizes`` (int64 [n_chunks], same device): each chunk's place in ``src``. Every chunk must
-    have passed :func:`unsupported_reason` on the host with this ``typesize``; ``max_blocks``: the largest
-    ``nblocks`` among them. ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation.
+    ``offsets`` / ``sizes`` (int64 [n_chunks], same device): each chunk's place in ``src``; a size of 0 skips
+    the chunk (its row is left as it was). Every other chunk must have passed :func:`unsupported_reason` on
+    the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them. ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation.
     """
     n = int(offsets.numel())
     if out.dim() != 2 or out.dtype != torch.uint8 or out.stride(1) != 1 or out.shape[0] != n:

@@ -133,10 +133,12 @@ def plan_step_rows(
     chunk: int,
     transfer: str,
     rows: int,
+    reader_bytes: int | None = None,
 ) -> int:
     """Rows per step: the most chunks (up to MAX_STEP_ROWS rows) that fit ``budget`` bytes of GPU memory.
 
-    Raises before anything starts when even one chunk plus the halo does not fit.
+    ``reader_bytes``: GPU memory of a reader that decodes on the device (its rings replace the device ring of
+    raw pieces). Raises before anything starts when even one chunk plus the halo does not fit.
     """
     per = _bytes_per_row(plan)
     row_bytes = src_features * src_itemsize
@@ -148,7 +150,10 @@ def plan_step_rows(
     avail = int(budget * 0.9) - _FIXED_BYTES - weights - halo_bytes
     # The device ring (_DEVICE_RING pieces, see _piece_bytes): at its cap when the step is large enough,
     # else a share of each row (the pieces shrink with the step).
-    if transfer == "mapped":
+    if reader_bytes is not None:
+        avail -= reader_bytes
+        fit = avail // per
+    elif transfer == "mapped":
         fit = avail // per
     else:
         fit = (avail - _DEVICE_RING * PIECE_BYTES) // per
@@ -159,6 +164,8 @@ def plan_step_rows(
     fit = max(fit, 0)
     if fit < chunk:
         ring = 0 if transfer == "mapped" else _DEVICE_RING * _piece_bytes(chunk, row_bytes)
+        if reader_bytes is not None:
+            ring = reader_bytes
         need = (_FIXED_BYTES + weights + halo_bytes + ring + per * chunk) / 0.9
         raise TsconvError(
             f"the pipeline does not fit the GPU memory budget: one {chunk}-step chunk of "
@@ -327,7 +334,9 @@ def run_batched(
     xc = torch.empty((halo + step_rows, n_feat), dtype=f32, device=dev)
     src_dtype = torch.from_numpy(np.empty(0, dtype=_source_dtype(source))).dtype
     band_rows = max(1, int(getattr(source, "band_rows", step_rows)))
-    mapped = transfer == "mapped" and gpu.cuda
+    # A reader that decodes on the device (tsconv.io.gpudecode) hands out device views of its own ring.
+    on_device = hasattr(source, "read_device")
+    mapped = transfer == "mapped" and gpu.cuda and not on_device
     # Pieces: the rows of one band, cut to at most PIECE_BYTES, each copied into a small device ring
     # and prepared from there, so the raw input never needs a step-sized device buffer.
     row_bytes = max(1, source.n_features * src_dtype.itemsize)
@@ -340,8 +349,8 @@ def run_batched(
         piece_rows = min(k * band_rows, step_rows)
     else:
         piece_rows = max(1, min(band_rows, step_rows, piece_bytes // row_bytes))
-    ring = [] if mapped else [torch.empty((piece_rows, source.n_features), dtype=src_dtype, device=dev)
-                              for _ in range(_DEVICE_RING)]  # fmt: skip
+    ring = [] if mapped or on_device else [torch.empty((piece_rows, source.n_features), dtype=src_dtype, device=dev)
+                                           for _ in range(_DEVICE_RING)]  # fmt: skip
     ring_free: list[Any] = [None] * _DEVICE_RING  # event: the prepare that read the slot is done
     n_out = plan.n_outputs
     host_out = torch.empty((_OUT_SLOTS, step_rows, n_out), dtype=f32, pin_memory=gpu.cuda)
@@ -380,13 +389,20 @@ def run_batched(
                 while pending_bands and pending_bands[0][0] <= last_band - hold - 1:
                     gpu.sync(pending_bands.popleft()[1])
                 t1 = time.perf_counter()
-                view = np.asarray(source.read(lo, hi))
-                if not view.flags.c_contiguous:  # e.g. a strided in-memory source; ring views are contiguous
-                    view = np.ascontiguousarray(view)
+                if on_device:
+                    src, ready = source.read_device(lo, hi)
+                else:
+                    view = np.asarray(source.read(lo, hi))
+                    if (
+                        not view.flags.c_contiguous
+                    ):  # e.g. a strided in-memory source; ring views are contiguous
+                        view = np.ascontiguousarray(view)
                 t2 = time.perf_counter()
                 extra["ring_wait"] = extra.get("ring_wait", 0.0) + t1 - t0
                 times.read_wait += t2 - t1
-                if mapped:
+                if on_device:
+                    pass
+                elif mapped:
                     src = _mapped(view, dev)
                     ready = None
                 else:
@@ -419,7 +435,9 @@ def run_batched(
                     trace.add("ring_wait", t0, t1, band)
                     trace.add("read_wait", t1, t2, band)
                     trace.add("launch_piece", t2, time.perf_counter(), band)
-                if mapped:
+                if on_device:
+                    source.release(band, done)
+                elif mapped:
                     pending_bands.append((band, done))
                 else:
                     ring_free[q % _DEVICE_RING] = done
@@ -459,6 +477,8 @@ def run_batched(
             step_events.append((t_comp0, t_comp1, t_back0, t_back1))
             writer.put((t_back1, o, n))
             times.steps += 1
+        if on_device:
+            source.finish()  # a damaged chunk raises here, before the output is finished
         extra["loop"] = time.perf_counter() - t_loop
         extra["loop_cpu"] = time.thread_time() - cpu_loop  # the main thread's own CPU time in the loop
         writer.put(None)

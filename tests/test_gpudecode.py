@@ -1,0 +1,139 @@
+"""The GPU reader (tsconv.io.gpudecode), run on CPU tensors through the Triton interpreter: bands decoded
+"on the device" equal zarr's reads (whole and feature-split chunks, missing chunks, chunks the GPU does not
+decode), damaged chunks raise, and the batched engine reading through it equals the chunked engine."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+import torch
+import zarr
+from zarr.codecs import BloscCodec
+
+import tsconv
+from tsconv.errors import StoreError
+from tsconv.io import gpudecode
+
+from .helpers import price_series, read_output, write_store
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+    reason="the decode kernel runs on CPU only under the interpreter",
+)
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+LZ4 = BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+BANK = {"conv": [{"name": "bank", "filters": ["diff:1", "diff:4", "dev:8"]}]}
+
+
+def _store(path: Path, x: np.ndarray, chunks: tuple[int, int], **kw) -> zarr.Array:
+    a = zarr.create_array(str(path), shape=x.shape, chunks=chunks, dtype=x.dtype, compressors=LZ4, **kw)
+    a[:] = x
+    return zarr.open_array(str(path), mode="r")
+
+
+def _all_bands(r: gpudecode.GpuBandReader) -> np.ndarray:
+    parts = []
+    for b in range(-(-r.rows // r.band_rows)):
+        lo, hi = b * r.band_rows, min(r.rows, (b + 1) * r.band_rows)
+        view, ready = r.read_device(lo, hi)
+        if ready is not None:
+            ready.synchronize()
+        parts.append(view.cpu().numpy().copy())
+        r.release(b, None)
+    r.finish()
+    return np.concatenate(parts)
+
+
+@pytest.mark.parametrize("chunks", [(150, 6), (150, 4)], ids=["whole-rows", "features-split"])
+def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chunks) -> None:
+    monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)  # small batches: the halves are reused
+    x = price_series(700, 6, seed=1, nan_fraction=0.02).astype(np.float32)
+    a = _store(tmp_path / "a.zarr", x, chunks)
+    assert gpudecode.unsupported_reason(a) is None
+    with gpudecode.GpuBandReader(a, device=DEVICE) as r:
+        assert r.batch < 5  # several batches over the 5 bands
+        got = _all_bands(r)
+        np.testing.assert_array_equal(got, np.asarray(a[:]))
+        np.testing.assert_array_equal(r.read(140, 460), x[140:460])  # host reads for the start state
+
+
+def test_missing_chunks_and_chunks_the_gpu_does_not_decode(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)
+    x = price_series(600, 6, seed=2).astype(np.float32)
+    a = _store(tmp_path / "a.zarr", x, (150, 4), fill_value=np.nan)
+    root = tmp_path / "a.zarr"
+    (root / "c" / "1" / "0").unlink()  # missing: the fill value
+    # band 2, columns 4..5: Blosc-zstd (decoded on the CPU, in the reading thread)
+    chunk = np.full((150, 4), np.nan, dtype=np.float32)
+    chunk[:, :2] = x[300:450, 4:6]
+    (root / "c" / "2" / "1").write_bytes(numcodecs.Blosc(cname="zstd", shuffle=1).encode(chunk))
+    want = np.asarray(zarr.open_array(str(root), mode="r")[:])
+    assert np.isnan(want[150:300, :4]).all()
+    with gpudecode.GpuBandReader(a, device=DEVICE) as r:
+        np.testing.assert_array_equal(_all_bands(r), want)
+
+
+def test_a_damaged_chunk_raises_a_store_error(tmp_path: Path) -> None:
+    x = price_series(600, 6, seed=3).astype(np.float32)
+    a = _store(tmp_path / "a.zarr", x, (150, 6))
+    f = tmp_path / "a.zarr" / "c" / "2" / "0"
+    data = bytearray(f.read_bytes())
+    data[60:] = bytes(b ^ 0x5A for b in data[60:])  # the LZ4 streams scrambled, the header intact
+    f.write_bytes(bytes(data))
+    with gpudecode.GpuBandReader(a, device=DEVICE, where="ticks.zarr") as r:
+        with pytest.raises(StoreError, match=r"rows 300..450 of ticks.zarr"):
+            _all_bands(r)
+
+
+def test_what_the_gpu_reader_does_not_take(tmp_path: Path, monkeypatch) -> None:
+    x = price_series(300, 4, seed=4).astype(np.float32)
+    z = zarr.create_array(str(tmp_path / "z.zarr"), shape=x.shape, chunks=(100, 4), dtype=x.dtype)
+    z[:] = x  # zarr's default codec: zstd
+    assert "not Blosc" in gpudecode.unsupported_reason(zarr.open_array(str(tmp_path / "z.zarr"), mode="r"))
+    b = zarr.create_array(str(tmp_path / "b.zarr"), shape=x.shape, chunks=(100, 4), dtype=x.dtype,
+                          compressors=BloscCodec(cname="zstd", shuffle="shuffle"))  # fmt: skip
+    b[:] = x
+    assert "compressor code" in gpudecode.unsupported_reason(
+        zarr.open_array(str(tmp_path / "b.zarr"), mode="r")
+    )
+    for value, want in (("", ""), ("0", ""), ("1", "1"), ("force", "force")):
+        monkeypatch.setenv("TSCONV_GPU_DECODE", value)
+        assert gpudecode.requested() == want
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU engine run needs the interpreter"
+)
+def test_the_batched_engine_through_the_gpu_reader_equals_the_chunked_engine(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)
+    x = price_series(900, 6, seed=7, nan_fraction=0.03)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(150, 6))
+    values = tmp_path / "in.zarr" / "values"
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="a")
+    del g["values"]
+    g.create_array("values", data=x.astype(np.float32), chunks=(150, 6), compressors=LZ4)
+    assert values.exists()
+    tsconv.process(src, tmp_path / "a.zarr", pipeline=BANK, device="cpu", chunk=128)
+    opened = []
+    real = gpudecode.GpuBandReader
+
+    class Spy(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, **kw)
+            opened.append(self)
+
+    monkeypatch.setattr(gpudecode, "GpuBandReader", Spy)
+    monkeypatch.setenv("TSCONV_GPU_DECODE", "force")
+    b = tsconv.process(src, tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=128, batched=True,
+                       gpu_mem="80MB")  # fmt: skip
+    assert len(opened) == 1 and opened[0].bands_decoded == 6
+    assert b.stage_seconds["decode"] >= 0
+    ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
+    np.testing.assert_array_equal(np.isnan(ya), np.isnan(yb))
+    np.testing.assert_allclose(yb, ya, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,500 @@
+"""The GPU reader: chunk files read as stored bytes, sent to the GPU compressed, decoded there.
+
+Why: with the CPU decoding, the engine's input stage is bound by numcodecs in 16 threads (11-20 GB/s on
+the H200 host, depending on the lease) and those threads' GIL hand-offs slow the engine thread's launches.
+Measured on the H200 (``benchmarks/gpu_decode.py``, 394020d): reading the 16 MB-chunk store's files
+(2.6 GB stored) runs at 30 GB/s on 8 threads, H2D at 55 GB/s, and the GPU decodes the 4.3 GB at 53 GB/s;
+read, copy and decode pipelined in batches of 32 chunks gave 32 GB/s of decoded rows on the GPU, against
+16 GB/s for the CPU reader plus H2D in the same process. See :mod:`tsconv.kernels.blosc_lz4` for what it
+decodes.
+
+Opt-in (``TSCONV_GPU_DECODE=1``) for the batched engine on CUDA, Blosc-LZ4 stores the fast reader handles
+(:func:`unsupported_reason` says why not otherwise; the engine then uses the CPU reader). A chunk whose
+header the GPU decoder does not handle is decoded by numcodecs in the reading thread and copied in.
+
+How it runs. Bands (one row of the chunk grid) go in *batches* of ``batch`` bands, alternating between two
+halves of three rings: pinned host slots for the stored bytes, device slots for them, and device slots for
+the decoded bands. Reading batch g + 1's files (threads, ``readinto``, no decoding) overlaps the engine's use
+of batch g. Launching batch g: one H2D copy of the half on a copy stream, one decode launch on a decode
+stream (two, alternating, so consecutive batches can decode at once). A half is reused two batches later,
+after the engine has released every band of it (:meth:`GpuBandReader.release` with the event after its
+last reader). Damaged chunks set an error flag on the GPU; :meth:`GpuBandReader.finish` (called by the
+engine before it finishes the output) and every reuse of a half check them and raise ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import torch
+
+from ..errors import StoreError
+from ..kernels import blosc_lz4
+from ..stream import trace
+from .chunkfile import decode_chunk_into
+from .decode import _inspect, lower_thread_priority
+
+__all__ = ["GpuBandReader", "device_bytes", "requested", "unsupported_reason"]
+
+# A decode launch wants about this many warps (one per LZ4 stream) to fill the H200: batches of 8 16 MB
+# chunks (1,024 warps) decoded at 15 GB/s, 32 chunks at 39 GB/s, all 256 at once at 53 GB/s (394020d).
+TARGET_WARPS = 2048
+# The decoded-band ring's share of the GPU memory budget (both halves).
+MAX_DECODED_BYTES = 384 << 20
+DEFAULT_THREADS = 8  # reading stored bytes is a copy: 8 threads read 30 GB/s on the H200 host
+
+
+def requested() -> str:
+    """``TSCONV_GPU_DECODE``: "1" (on CUDA), "force" (also on the CPU, through the Triton interpreter: for
+    tests), else "" (off)."""
+    v = os.environ.get("TSCONV_GPU_DECODE", "").strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return "1"
+    return "force" if v == "force" else ""
+
+
+def _chunk_bytes(layout: Any) -> int:
+    return layout.chunks[0] * layout.chunks[1] * layout.dtype.itemsize
+
+
+def unsupported_reason(array: Any) -> str | None:
+    """None when :class:`GpuBandReader` can read ``array``; else why not (the first chunk file present
+    decides the codec details; chunks that differ later are decoded on the CPU)."""
+    layout, why = _inspect(array)
+    if why is not None:
+        return why
+    if not isinstance(layout.codec, numcodecs.Blosc):
+        return "not Blosc-compressed (the GPU decodes Blosc-LZ4)"
+    n_bands = -(-int(array.shape[0]) // layout.chunks[0])
+    n_cols = -(-int(array.shape[1]) // layout.chunks[1])
+    for b in range(min(n_bands, 4)):
+        for c in range(n_cols):
+            path = layout.root / layout.key((b, c))
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(16)
+                    size = os.fstat(f.fileno()).st_size
+            except FileNotFoundError:
+                continue
+            try:
+                h = blosc_lz4.parse_header(head)
+            except ValueError as exc:
+                return str(exc)
+            return blosc_lz4.unsupported_reason(h, nbytes=_chunk_bytes(layout), size=size)
+    return "no chunk files in the first bands"
+
+
+def _batch_bands(layout: Any, band_bytes: int, n_cols: int) -> int:
+    """Bands per decode launch: about TARGET_WARPS streams, both halves within MAX_DECODED_BYTES."""
+    chunk = _chunk_bytes(layout)
+    blocks = max(1, -(-chunk // (512 << 10)))  # c-blosc's blocks for large LZ4 chunks: 512 KB
+    warps_per_band = blocks * layout.dtype.itemsize * n_cols
+    by_warps = -(-TARGET_WARPS // warps_per_band)
+    by_memory = max(1, MAX_DECODED_BYTES // (2 * band_bytes))
+    return max(1, min(by_warps, by_memory))
+
+
+def device_bytes(array: Any) -> int:
+    """GPU memory a :class:`GpuBandReader` of ``array`` holds: the decoded-band ring and the ring of stored
+    bytes (sized from the chunk files), plus a chunk-sized buffer per chunk of a batch when chunks split
+    the features."""
+    layout, _ = _inspect(array)
+    n_cols = -(-int(array.shape[1]) // layout.chunks[1])
+    band_bytes = layout.chunks[0] * int(array.shape[1]) * layout.dtype.itemsize
+    batch = _batch_bands(layout, band_bytes, n_cols)
+    slot = _slot_bytes(layout, int(array.shape[0]), n_cols)
+    tmp = 0 if n_cols == 1 else 2 * batch * n_cols * _chunk_bytes(layout)
+    return 2 * batch * (band_bytes + slot) + tmp
+
+
+def _padded(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def _file_sizes(layout: Any, rows: int, n_cols: int) -> np.ndarray:
+    n_bands = -(-rows // layout.chunks[0])
+    sizes = np.zeros((n_bands, n_cols), dtype=np.int64)
+    for b in range(n_bands):
+        for c in range(n_cols):
+            try:
+                sizes[b, c] = os.stat(layout.root / layout.key((b, c))).st_size
+            except FileNotFoundError:
+                sizes[b, c] = 0
+    return sizes
+
+
+def _slot_bytes(layout: Any, rows: int, n_cols: int) -> int:
+    sizes = _file_sizes(layout, rows, n_cols)
+    return int(max(1, max(sum(_padded(int(s)) for s in band) for band in sizes)))
+
+
+class GpuBandReader:
+    """Rows of a Blosc-LZ4 zarr array, decoded on ``device`` band by band (see the module docstring).
+
+    For the batched engine: :meth:`read_device` returns a device view of the rows and the event to wait
+    on, :meth:`release` takes back a band once the GPU work reading it is done, :meth:`finish` checks the
+    error flags. :meth:`read` (host rows, decoded by numcodecs) serves the engine's start state.
+    """
+
+    def __init__(
+        self, array: Any, *, device: torch.device, where: str = "the store", threads: int | None = None
+    ):
+        layout, why = _inspect(array)
+        if why is not None or not isinstance(layout.codec, numcodecs.Blosc):
+            raise ValueError(f"GpuBandReader cannot read this array: {why or 'not Blosc-compressed'}")
+        self.array, self.where, self.device = array, where, torch.device(device)
+        self._layout = layout
+        self.rows = int(array.shape[0])
+        self.n_features = int(array.shape[1])
+        self.band_rows = layout.chunks[0]
+        self.dtype = np.dtype(layout.dtype)
+        self.threads = max(1, int(threads or DEFAULT_THREADS))
+        self.fast, self.fallback_reason, self.hold, self.ring_bands = True, None, 1, None
+        self.cuda = self.device.type == "cuda"
+        self.pinned = self.cuda
+        self._col_rows, self._col_width = layout.chunks
+        self._n_cols = -(-self.n_features // self._col_width)
+        self._n_bands = -(-self.rows // self.band_rows)
+        self._chunk = _chunk_bytes(layout)
+        self._whole = self._n_cols == 1 and self._col_width == self.n_features
+        band_bytes = self.band_rows * self.n_features * self.dtype.itemsize
+        self.batch = min(_batch_bands(layout, band_bytes, self._n_cols), self._n_bands)
+        self.prefetch = self.batch
+        self._sizes = _file_sizes(layout, self.rows, self._n_cols)
+        within = np.zeros_like(self._sizes)  # each chunk's offset in its band's slot
+        for b in range(self._n_bands):
+            pos = 0
+            for c in range(self._n_cols):
+                within[b, c] = pos
+                pos += _padded(int(self._sizes[b, c]))
+        self._within = within
+        self._slot = int(max(1, max(int(within[b, -1]) + _padded(int(self._sizes[b, -1]))
+                                    for b in range(self._n_bands))))  # fmt: skip
+        ring = 2 * self.batch
+        self._host = torch.empty((ring, self._slot), dtype=torch.uint8, pin_memory=self.cuda)
+        self._host_np = self._host.numpy()
+        self._dev_stored = torch.empty((ring, self._slot), dtype=torch.uint8, device=self.device)
+        torch_dtype = torch.from_numpy(np.empty(0, dtype=self.dtype)).dtype
+        self._bands = torch.empty(
+            (ring, self.band_rows, self.n_features), dtype=torch_dtype, device=self.device
+        )
+        self._tmp = (
+            None
+            if self._whole
+            else torch.empty((ring * self._n_cols, self._chunk), dtype=torch.uint8, device=self.device)
+        )
+        per = self.batch * self._n_cols
+        self._meta_host = torch.zeros((2, 2, per), dtype=torch.int64, pin_memory=self.cuda)  # offsets, sizes
+        self._meta_dev = torch.zeros((2, 2, per), dtype=torch.int64, device=self.device)
+        self._err_dev = torch.zeros((2, per), dtype=torch.int32, device=self.device)
+        self._err_host = torch.zeros((2, per), dtype=torch.int32, pin_memory=self.cuda)
+        self._max_blocks = max(1, -(-self._chunk // 16))  # refined per batch from the headers
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tsconv-read", initializer=lower_thread_priority)  # fmt: skip
+        self._reads: dict[int, list[Future[Any]]] = {}  # batch -> its chunk reads (each: header or host copy)
+        self._launched: dict[int, Any] = {}  # batch -> event after its decode
+        self._copied: dict[int, Any] = {}  # batch -> event after its H2D copy
+        self._released: dict[int, Any] = {}  # batch -> event after the engine's last use of its bands
+        self._err_batch: list[int | None] = [None, None]  # which batch's error flags each half holds
+        self._cpu_chunks: dict[tuple[int, int], np.ndarray] = {}
+        self._lock = threading.Lock()
+        self._busy = 0.0
+        self._decoded = 0
+        self._side: tuple[int, np.ndarray] | None = None
+        self._closed = False
+        if self.cuda:
+            self._copy_stream = torch.cuda.Stream(self.device)
+            self._decode_streams = [torch.cuda.Stream(self.device) for _ in range(2)]
+        self._schedule(0)
+
+    # -- interface ---------------------------------------------------------------------------------
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds the reading threads spent reading chunk files (and decoding any chunk on the CPU)."""
+        return self._busy
+
+    @property
+    def bands_decoded(self) -> int:
+        return self._decoded
+
+    def read_device(self, start: int, stop: int) -> tuple[torch.Tensor, Any]:
+        """Rows [start, stop) of one band as a view of the device ring, and the event to wait on first
+        (None on the CPU). Valid until the band is released and its half reused two batches later."""
+        b = start // self.band_rows
+        if (stop - 1) // self.band_rows != b:
+            raise ValueError(f"rows [{start}, {stop}) span bands; read_device serves one band at a time")
+        g = b // self.batch
+        if g not in self._launched:
+            self._launch(g)
+        a = b * self.band_rows
+        slot = (g % 2) * self.batch + b % self.batch
+        return self._bands[slot, start - a : stop - a], self._launched[g]
+
+    def release(self, band: int, event: Any) -> None:
+        """The GPU work that reads ``band`` ends at ``event``: its slot may be reused after it."""
+        g = band // self.batch
+        self._released[g] = event  # bands are released in order: the last one of a batch covers it
+
+    def finish(self) -> None:
+        """Wait for every launched decode and raise ``StoreError`` if a chunk was damaged."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        for h in (0, 1):
+            self._check_errors(h)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Host rows [start, stop), decoded by numcodecs (the engine's start state; not the fast path)."""
+        if not 0 <= start < stop <= self.rows:
+            raise IndexError(f"row range [{start}, {stop}) outside [0, {self.rows})")
+        out = np.empty((stop - start, self.n_features), dtype=self.dtype)
+        for b in range(start // self.band_rows, (stop - 1) // self.band_rows + 1):
+            band = self._host_band(b)
+            a = b * self.band_rows
+            lo, hi = max(start, a), min(stop, a + band.shape[0])
+            out[lo - start : hi - start] = band[lo - a : hi - a]
+        return out
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> GpuBandReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def _band_len(self, b: int) -> int:
+        return min(self.band_rows, self.rows - b * self.band_rows)
+
+    def _path(self, b: int, c: int) -> Path:
+        return self._layout.root / self._layout.key((b, c))
+
+    def _host_band(self, b: int) -> np.ndarray:
+        if self._side is not None and self._side[0] == b:
+            return self._side[1]
+        buf = np.empty((self.band_rows, self.n_features), dtype=self.dtype)
+        tls: dict[str, np.ndarray] = {}
+
+        def scratch(name: str, nbytes: int) -> np.ndarray:
+            if name not in tls or tls[name].size < nbytes:
+                tls[name] = np.empty(max(nbytes, 1), dtype=np.uint8)
+            return tls[name][:nbytes]
+
+        n = self._band_len(b)
+        for c in range(self._n_cols):
+            c0 = c * self._col_width
+            c1 = min(c0 + self._col_width, self.n_features)
+            try:
+                decode_chunk_into(
+                    self._path(b, c), buf, n=n, cols=(c0, c1), whole=self._whole, fill=self._layout.fill,
+                    chunk_shape=(self._col_rows, self._col_width), codec=self._layout.codec, scratch=scratch,
+                )  # fmt: skip
+            except Exception as exc:
+                raise self._damaged(b, f"{type(exc).__name__}: {exc}") from None
+        self._side = (b, buf[:n])
+        return buf[:n]
+
+    def _damaged(self, b: int, why: str) -> StoreError:
+        a = b * self.band_rows
+        return StoreError(
+            f"cannot read rows {a:,}..{a + self._band_len(b):,} of {self.where}: {why}",
+            hint="the store may be damaged or truncated; check it with `tsconv inspect`. "
+            "TSCONV_GPU_DECODE=0 decodes on the CPU instead.",
+        )
+
+    def _schedule(self, g: int) -> None:
+        """Start reading batch ``g``'s chunk files into host half g % 2 (its previous batch's H2D copy
+        must be done: the caller ensures it)."""
+        if g in self._reads or g * self.batch >= self._n_bands:
+            return
+        h = g % 2
+        futs = []
+        for b in range(g * self.batch, min((g + 1) * self.batch, self._n_bands)):
+            slot = h * self.batch + b % self.batch
+            for c in range(self._n_cols):
+                futs.append(self._pool.submit(self._read_chunk, b, c, slot))
+        self._reads[g] = futs
+
+    def _read_chunk(self, b: int, c: int, slot: int) -> int:
+        """Read chunk (b, c)'s stored bytes into its place in host slot ``slot``; its LZ4 block count, or
+        0 when it is missing or was decoded on the CPU here (kept in ``_cpu_chunks``)."""
+        t0 = time.perf_counter()
+        try:
+            size = int(self._sizes[b, c])
+            if size == 0:
+                return 0
+            pos = int(self._within[b, c])
+            view = self._host_np[slot, pos : pos + size]
+            try:
+                with open(self._path(b, c), "rb", buffering=0) as f:
+                    got = f.readinto(memoryview(view))
+            except OSError as exc:
+                raise self._damaged(b, f"{type(exc).__name__}: {exc}") from None
+            if got != size:
+                raise self._damaged(b, f"chunk file {self._path(b, c).name} changed size while read")
+            try:
+                h = blosc_lz4.parse_header(view)
+                why = blosc_lz4.unsupported_reason(h, nbytes=self._chunk, size=size)
+            except ValueError as exc:
+                why = str(exc)
+            if why is None:
+                return h.nblocks
+            dest = np.empty(self._chunk, dtype=np.uint8)  # the CPU decodes what the GPU does not
+            try:
+                self._layout.codec.decode(view, out=dest)
+            except Exception as exc:
+                raise self._damaged(b, f"{type(exc).__name__}: {exc}") from None
+            with self._lock:
+                self._cpu_chunks[(b, c)] = dest
+            return 0
+        finally:
+            t1 = time.perf_counter()
+            with self._lock:
+                self._busy += t1 - t0
+            if trace.on:
+                trace.add("decode", t0, t1, b)
+
+    # -- decoding ----------------------------------------------------------------------------------
+
+    def _launch(self, g: int) -> None:
+        """Copy batch ``g``'s stored bytes to the GPU and decode them (see the module docstring)."""
+        h = g % 2
+        self._schedule(g)
+        blocks = [f.result() for f in self._reads.pop(g)]  # raises a damaged chunk's StoreError
+        if g - 2 in self._launched:  # half h still holds batch g - 2: its readers must be done
+            rel = self._released.pop(g - 2, None)
+            if rel is not None:
+                rel.synchronize()
+            self._check_errors(h)
+            self._launched.pop(g - 2)
+            self._copied.pop(g - 2, None)
+        b0, b1 = g * self.batch, min((g + 1) * self.batch, self._n_bands)
+        nb = b1 - b0
+        meta = self._meta_host[h]
+        meta.zero_()
+        for i, b in enumerate(range(b0, b1)):
+            for c in range(self._n_cols):
+                k = i * self._n_cols + c
+                size = int(self._sizes[b, c]) if blocks[k] else 0
+                meta[0, k] = (h * self.batch + i) * self._slot + int(self._within[b, c])
+                meta[1, k] = size
+        used = (
+            (h * self.batch + nb - 1) * self._slot
+            + int(self._within[b1 - 1, -1])
+            + _padded(int(self._sizes[b1 - 1, -1]))
+        )
+        lo = h * self.batch * self._slot
+        stored = self._dev_stored.view(-1)
+        host = self._host.view(-1)
+        n_chunks = nb * self._n_cols
+        max_blocks = max([1, *blocks])
+        if self.cuda:
+            with torch.cuda.stream(self._copy_stream):
+                # the previous batch of this half decoded from these device bytes
+                stored[lo:used].copy_(host[lo:used], non_blocking=True)
+                self._meta_dev[h].copy_(meta, non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record(self._copy_stream)
+            stream = self._decode_streams[h]
+            stream.wait_event(copied)
+            ctx: Any = torch.cuda.stream(stream)
+        else:
+            stored[lo:used].copy_(host[lo:used])
+            self._meta_dev[h].copy_(meta)
+            copied = None
+            ctx = _Null()
+        with ctx:
+            err = self._err_dev[h, :n_chunks]
+            err.zero_()
+            if self._whole:
+                out = self._bands.view(torch.uint8).view(2 * self.batch, -1)[
+                    h * self.batch : h * self.batch + nb
+                ]
+            else:
+                assert self._tmp is not None
+                out = self._tmp[h * self.batch * self._n_cols : h * self.batch * self._n_cols + n_chunks]
+            blosc_lz4.decode_chunks(
+                stored, self._meta_dev[h, 0, :n_chunks], self._meta_dev[h, 1, :n_chunks], out,
+                typesize=self.dtype.itemsize, max_blocks=max_blocks, err=err,
+            )  # fmt: skip
+            self._place(h, b0, b1, out, blocks)
+            if self.cuda:
+                self._err_host[h, :n_chunks].copy_(err, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(stream)
+            else:
+                self._err_host[h, :n_chunks].copy_(err)
+                done = None
+        self._err_batch[h] = g
+        self._launched[g] = done
+        self._copied[g] = copied
+        self._decoded += nb
+        # Read the next batch while this one is used: its host half was copied from two batches ago.
+        nxt = g + 1
+        prev = self._copied.get(nxt - 2)
+        if prev is not None:
+            prev.synchronize()
+        self._schedule(nxt)
+
+    def _place(self, h: int, b0: int, b1: int, out: torch.Tensor, blocks: list[int]) -> None:
+        """Chunks not decoded by the kernel (missing: the fill value; decoded on the CPU: copied in), and
+        for chunks that split the features, each decoded chunk into its columns of the band."""
+        torch_dtype = self._bands.dtype
+        for i, b in enumerate(range(b0, b1)):
+            band = self._bands[h * self.batch + i]
+            for c in range(self._n_cols):
+                k = i * self._n_cols + c
+                c0 = c * self._col_width
+                c1 = min(c0 + self._col_width, self.n_features)
+                cpu = self._cpu_chunks.pop((b, c), None)
+                if cpu is not None:
+                    chunk = torch.from_numpy(cpu).to(self.device)
+                elif not blocks[k]:
+                    band[:, c0:c1] = _fill_value(self._layout.fill)
+                    continue
+                else:
+                    chunk = out[k]
+                if self._whole and cpu is None:
+                    continue  # decoded in place
+                view = chunk.view(torch_dtype).view(self._col_rows, self._col_width)
+                band[:, c0:c1] = view[: self.band_rows, : c1 - c0]
+
+    def _check_errors(self, h: int) -> None:
+        g = self._err_batch[h]
+        if g is None:
+            return
+        ev = self._launched.get(g)
+        if ev is not None:
+            ev.synchronize()
+        flags = self._err_host[h].numpy()
+        self._err_batch[h] = None
+        bad = np.flatnonzero(flags[: self.batch * self._n_cols])
+        if bad.size:
+            b = g * self.batch + int(bad[0]) // self._n_cols
+            raise self._damaged(b, "a chunk does not decode (Blosc-LZ4 on the GPU)")
+
+
+def _fill_value(fill: Any) -> float | int:
+    v = np.asarray(fill).item()
+    return float("nan") if isinstance(v, float) and math.isnan(v) else v
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
