@@ -34,6 +34,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--work", type=Path, default=Path("/tmp/tsconv-e2e"))
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--threads", default="", help="more GPU-reader variants: reading-thread counts (comma list)"
+    )
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     src = args.work / f"ticks_{STEPS}x1024_16mb.zarr"
@@ -55,9 +58,15 @@ def main() -> int:
     doc["warmup_gpu_seconds"] = run_engine(src, outs["gpu"], pipe)["wall_seconds"]
     keep = ("seconds", "wall_seconds", "input_gbps", "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes",
             "base_gpu_bytes", "stage_seconds", "bound_by", "step_rows")  # fmt: skip
+    variants = [("cpu", "0", ""), ("gpu", "1", "")] + [
+        (f"gpu_t{t}", "1", t) for t in args.threads.split(",") if t
+    ]
+    for name, _, _ in variants:
+        doc["runs"].setdefault(name, [])
     for _ in range(args.repeats):
-        for name, flag in (("cpu", "0"), ("gpu", "1")):
+        for name, flag, threads in variants:
             os.environ["TSCONV_GPU_DECODE"] = flag
+            os.environ["TSCONV_GPU_DECODE_THREADS"] = threads
             rep = run_engine(src, outs[name], pipe)
             row = {k: rep.get(k) for k in keep}
             doc["runs"][name].append(row)

@@ -8,7 +8,8 @@ read, copy and decode pipelined in batches of 32 chunks gave 32 GB/s of decoded 
 16 GB/s for the CPU reader plus H2D in the same process. See :mod:`tsconv.kernels.blosc_lz4` for what it
 decodes.
 
-Opt-in (``TSCONV_GPU_DECODE=1``) for the batched engine on CUDA, Blosc-LZ4 stores the fast reader handles
+Opt-in (``TSCONV_GPU_DECODE=1``; ``TSCONV_GPU_DECODE_THREADS`` reading threads, default 8) for the batched
+engine on CUDA, Blosc-LZ4 stores the fast reader handles
 (:func:`unsupported_reason` says why not otherwise; the engine then uses the CPU reader). A chunk whose
 header the GPU decoder does not handle is decoded by numcodecs in the reading thread and copied in.
 
@@ -156,7 +157,8 @@ class GpuBandReader:
         self.n_features = int(array.shape[1])
         self.band_rows = layout.chunks[0]
         self.dtype = np.dtype(layout.dtype)
-        self.threads = max(1, int(threads or DEFAULT_THREADS))
+        env = os.environ.get("TSCONV_GPU_DECODE_THREADS", "").strip()
+        self.threads = max(1, int(threads or (int(env) if env else DEFAULT_THREADS)))
         self.fast, self.fallback_reason, self.hold, self.ring_bands = True, None, 1, None
         self.cuda = self.device.type == "cuda"
         self.pinned = self.cuda
