@@ -129,11 +129,16 @@ def test_the_batched_engine_through_the_gpu_reader_equals_the_chunked_engine(
             opened.append(self)
 
     monkeypatch.setattr(gpudecode, "GpuBandReader", Spy)
+    c = tsconv.process(src, tmp_path / "c.zarr", pipeline=BANK, device="cpu", chunk=128, batched=True,
+                       gpu_mem="80MB")  # fmt: skip
+    assert not opened and c.reader == "threads"  # not asked for: the CPU reader
     monkeypatch.setenv("TSCONV_GPU_DECODE", "force")
     b = tsconv.process(src, tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=128, batched=True,
                        gpu_mem="80MB")  # fmt: skip
     assert len(opened) == 1 and opened[0].bands_decoded == 6
-    assert b.stage_seconds["decode"] >= 0
+    assert b.reader == "gpu" and b.stage_seconds["decode"] >= 0 and "decoded by gpu" in b.summary()
+    with pytest.raises(tsconv.errors.TsconvError, match="decode must be one of cpu, gpu"):
+        tsconv.process(src, tmp_path / "d.zarr", pipeline=BANK, device="cpu", decode="fpga")
     ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
     np.testing.assert_array_equal(np.isnan(ya), np.isnan(yb))
     np.testing.assert_allclose(yb, ya, rtol=1e-5, atol=1e-5)

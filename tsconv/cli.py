@@ -133,6 +133,14 @@ def _run_process(
     "memory, or plain copies).",
 )
 @click.option(
+    "--decode",
+    type=click.Choice(["cpu", "gpu"]),
+    default=None,
+    help="CUDA only: where input chunks are decoded: cpu (threads; the default unless TSCONV_GPU_DECODE=1) "
+    "or gpu (Blosc-LZ4 stores; others are decoded on the CPU). Single-GPU runs; dask workers read "
+    "TSCONV_GPU_DECODE.",
+)
+@click.option(
     "--gpu-mem",
     default="1.2GB",
     show_default=True,
@@ -145,7 +153,7 @@ def _run_process(
 )
 def process(input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str,
             warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool,
-            workers: int | None, scheduler: str | None, transfer: str, gpu_mem: str,
+            workers: int | None, scheduler: str | None, transfer: str, decode: str | None, gpu_mem: str,
             partition_rows: int | None) -> None:  # fmt: skip
     """Stream a store through a pipeline into an output store."""
     if partition_rows is not None and workers is None and scheduler is None:
@@ -154,6 +162,8 @@ def process(input_path: str, output: str | None, pipeline: str | None, chunk: in
     if partition_rows is not None:
         dask["partition_rows"] = partition_rows
     dask.update(transfer=transfer, gpu_mem=gpu_mem)
+    if decode is not None:
+        dask["decode"] = decode
     if overwrite and resume:
         raise TsconvError(
             "--overwrite and --resume exclude each other",

@@ -72,6 +72,7 @@ class Report:
     step_rows: int | None = None  # rows per launch in the batched engine
     stage_seconds: dict[str, float] | None = None  # see StageTimes: read/decode, h2d, compute, d2h, write
     bound_by: str | None = None  # the stage with the most (per-thread) busy time
+    reader: str | None = None  # batched engine: "gpu", "threads", "processes" or "zarr" (see reader_kind)
     head_path: str | None = None  # the last stage + head: "unfused", "gemm" or "fused"; None: no head
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,6 +91,8 @@ class Report:
             stages = f"; stages (s): {parts}; bound by {self.bound_by}"
             if self.head_path:
                 stages += f"; head {self.head_path}"
+            if self.reader:
+                stages += f"; decoded by {self.reader}"
         return (
             f"{self.rows:,} rows x {self.features_in} features -> {self.features_out} features{resumed} "
             f"in {self.seconds:.2f} s on {self.device}: {self.rows_per_s:,.0f} rows/s, "
@@ -98,7 +101,7 @@ class Report:
         )
 
 
-_SHOWN_STAGES = ("decode", "h2d", "compute", "d2h", "write")
+_SHOWN_STAGES = ("decode", "gpu_decode", "h2d", "compute", "d2h", "write")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -295,6 +298,7 @@ def process(
     transfer: str = "pinned",
     gpu_mem: int | str = DEFAULT_GPU_MEM,
     batched: bool | None = None,
+    decode: str | None = None,
 ) -> Report:
     """Stream a zarr store through a pipeline into an output store; returns a :class:`Report`.
 
@@ -308,7 +312,10 @@ def process(
     (default), ``mapped`` or ``pageable``; ``gpu_mem`` (bytes, or text like ``"1.2GB"``) bounds the GPU
     memory its buffers take, and a pipeline that cannot fit is refused before anything starts.
     ``batched`` forces the engine (True: batched, False: chunk by chunk); on the CPU the batched engine
-    needs the Triton interpreter (``TRITON_INTERPRET=1``) and exists for tests.
+    needs the Triton interpreter (``TRITON_INTERPRET=1``) and exists for tests. ``decode``: where the
+    batched engine decodes the input, ``"cpu"`` (threads, the default) or ``"gpu"`` (Blosc-LZ4 stores,
+    :mod:`tsconv.io.gpudecode`; other stores fall back to the CPU); None reads ``TSCONV_GPU_DECODE``.
+    The report's ``reader`` says which reader ran.
     """
     if output is not None and str(output).lower().endswith((".parquet", ".pq")):
         from .io.parquet import process_to_parquet
@@ -318,6 +325,7 @@ def process(
                                   distributed=workers is not None or client is not None)  # fmt: skip
     _check_options(chunk, warmup)
     check_transfer(transfer)
+    check_decode(decode)
     budget = parse_bytes(gpu_mem)
     dev = resolve_device(device)
     store = open_input(input)
@@ -325,7 +333,7 @@ def process(
     plan = resolve(pipe, store.features)
     _check_length(store.rows, plan, warmup, str(store.path))
     use_batched = _use_batched(dev, batched)
-    gpu_reader = use_batched and _gpu_decode(store, dev, transfer)
+    gpu_reader = use_batched and _gpu_decode(store, dev, transfer, decode)
     step_rows = (
         plan_step_rows(plan, src_features=store.n_features, src_itemsize=store.dtype.itemsize, budget=budget,
                        chunk=chunk, transfer=transfer, rows=store.rows,
@@ -381,6 +389,7 @@ def process(
             rows=(r0, r1),
             step_rows=step_rows,
             transfer=transfer,
+            decode=decode,
         )
         if stages is not None and "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
@@ -419,10 +428,24 @@ def stage_summary(times: StageTimes, *, transfer: str, reader: Any, writer: Outp
         "d2h": times.d2h,
         "write": write_busy / max(write_threads, 1),
     }
+    gpu_stages = getattr(reader, "gpu_stage_seconds", None)
+    if gpu_stages:  # the GPU reader: "decode" is its reading threads; the stored bytes' H2D and the decode
+        stage["h2d"] += gpu_stages["h2d"]  # launches are GPU event times
+        stage["gpu_decode"] = gpu_stages["gpu_decode"]
     bound = max(stage, key=stage.get)
     seconds = {**stage, "decode_busy": decode_busy, "write_busy": write_busy, "read_wait": times.read_wait,
                "emit": times.write, **times.extra}  # fmt: skip
-    return {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound}
+    return {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound,
+            "reader": reader_kind(reader)}  # fmt: skip
+
+
+def reader_kind(reader: Any) -> str:
+    """How the input was read: "gpu" (decoded on the GPU), "processes", "threads" or "zarr" (fallback)."""
+    if isinstance(reader, gpudecode.GpuBandReader):
+        return "gpu"
+    if not getattr(reader, "fast", False):
+        return "zarr"
+    return "processes" if isinstance(reader, ProcessBandReader) else "threads"
 
 
 def _run_store(
@@ -438,6 +461,7 @@ def _run_store(
     rows: tuple[int, int] | None = None,
     step_rows: int | None = None,
     transfer: str = "pinned",
+    decode: str | None = None,
 ) -> dict[str, Any] | None:
     """Compute input rows [r0 + start, r1) (``rows`` = (r0, r1), default the whole store) into ``writer``.
 
@@ -463,7 +487,7 @@ def _run_store(
         writer,  # closed on the way out; after finish() that is a no-op
         # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA unless pageable transfers
         # are asked for); zarr reads (BlockReader) for layouts the fast path does not handle.
-        _open_reader(store, dev, transfer=transfer, batched=step_rows is not None) as reader,
+        _open_reader(store, dev, transfer=transfer, batched=step_rows is not None, decode=decode) as reader,
     ):
         times = compute_rows(
             reader, plan, backend, writer.append, start=r0 + start, stop=r1, chunk=chunk, warmup=warmup,
@@ -478,18 +502,32 @@ def _run_store(
     return {**(stages or {}), "head_path": backend.head_path}
 
 
-def _gpu_decode(store: InputStore, dev: torch.device, transfer: str) -> bool:
-    """Decode on the GPU (tsconv.io.gpudecode): asked for with TSCONV_GPU_DECODE, pinned transfers, and a
-    Blosc-LZ4 store the GPU decoder handles; otherwise the CPU reader runs, as before."""
-    mode = gpudecode.requested()
+DECODE_CHOICES = ("cpu", "gpu")
+
+
+def check_decode(decode: str | None) -> None:
+    if decode is not None and decode not in DECODE_CHOICES:
+        raise TsconvError(
+            f"decode must be one of {', '.join(DECODE_CHOICES)}, got {decode!r}",
+            hint="cpu decodes in threads (the default); gpu decodes Blosc-LZ4 stores on the GPU.",
+        )
+
+
+def _gpu_decode(store: InputStore, dev: torch.device, transfer: str, decode: str | None = None) -> bool:
+    """Decode on the GPU (tsconv.io.gpudecode): asked for (``decode="gpu"``, or TSCONV_GPU_DECODE when
+    ``decode`` is None), pinned transfers, and a Blosc-LZ4 store the GPU decoder handles; otherwise the
+    CPU reader runs."""
+    mode = gpudecode.requested() if decode is None else ("1" if decode == "gpu" else "")
     if not mode or transfer != "pinned" or (dev.type != "cuda" and mode != "force"):
         return False
     return gpudecode.unsupported_reason(store.values) is None
 
 
-def _open_reader(store: InputStore, dev: torch.device, *, transfer: str, batched: bool) -> Any:
-    """The reader for ``store``: on the GPU (batched engine, opt-in), in processes or threads."""
-    if batched and _gpu_decode(store, dev, transfer):
+def _open_reader(
+    store: InputStore, dev: torch.device, *, transfer: str, batched: bool, decode: str | None = None
+) -> Any:
+    """The reader for ``store``: on the GPU (batched engine, when asked), in processes or threads."""
+    if batched and _gpu_decode(store, dev, transfer, decode):
         return gpudecode.GpuBandReader(store.values, device=dev, where=str(store.path))
     return (ProcessBandReader if use_processes() else ParallelBandReader)(
         store.values,

@@ -211,6 +211,8 @@ class GpuBandReader:
         self._decoded = 0
         self._side: tuple[int, np.ndarray] | None = None
         self._closed = False
+        self._spans: list[tuple[Any, Any, Any]] = []  # per batch: copy start, copy end, decode end events
+        self.gpu_stage_seconds: dict[str, float] = {"h2d": 0.0, "gpu_decode": 0.0}
         if self.cuda:
             self._copy_stream = torch.cuda.Stream(self.device)
             self._decode_streams = [torch.cuda.Stream(self.device) for _ in range(2)]
@@ -246,9 +248,13 @@ class GpuBandReader:
         self._released[g] = event  # bands are released in order: the last one of a batch covers it
 
     def finish(self) -> None:
-        """Wait for every launched decode and raise ``StoreError`` if a chunk was damaged."""
+        """Wait for every launched decode and raise ``StoreError`` if a chunk was damaged; fill
+        ``gpu_stage_seconds`` (event times of the stored bytes' H2D copies and of the decode launches)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
+            h2d = sum(a.elapsed_time(b) for a, b, _ in self._spans) / 1e3
+            dec = sum(b.elapsed_time(c) for _, b, c in self._spans) / 1e3
+            self.gpu_stage_seconds = {"h2d": h2d, "gpu_decode": dec}
         for h in (0, 1):
             self._check_errors(h)
 
@@ -405,10 +411,11 @@ class GpuBandReader:
         max_blocks = max([1, *blocks])
         if self.cuda:
             with torch.cuda.stream(self._copy_stream):
-                # the previous batch of this half decoded from these device bytes
+                c0 = torch.cuda.Event(enable_timing=True)
+                c0.record(self._copy_stream)
                 stored[lo:used].copy_(host[lo:used], non_blocking=True)
                 self._meta_dev[h].copy_(meta, non_blocking=True)
-                copied = torch.cuda.Event()
+                copied = torch.cuda.Event(enable_timing=True)
                 copied.record(self._copy_stream)
             stream = self._decode_streams[h]
             stream.wait_event(copied)
@@ -435,8 +442,9 @@ class GpuBandReader:
             self._place(h, b0, b1, out, blocks)
             if self.cuda:
                 self._err_host[h, :n_chunks].copy_(err, non_blocking=True)
-                done = torch.cuda.Event()
+                done = torch.cuda.Event(enable_timing=True)
                 done.record(stream)
+                self._spans.append((c0, copied, done))
             else:
                 self._err_host[h, :n_chunks].copy_(err)
                 done = None

@@ -1479,10 +1479,9 @@ _TMA_SLOTS = ("x_desc", "w_desc", "w_ptr", "b_ptr", "y_ptr")
 _PLANS = PlanCache(64)
 autotune.on_clear(_PLANS.clear)  # plans embody the tuner's winners
 _PLANS_ENABLED = plans_enabled_by_env()
-# Plans for the direct, bank and window kernels were written after the last GPU run: they record under the
-# interpreter (tests) and, on CUDA, only once this is True (after test_repeated_depthwise_call_replays_its_plan
-# has passed on a GPU; the test switches it on).
-_DIRECT_PLANS_CUDA = False
+# Plans for the direct, bank and window kernels on CUDA: on since their GPU tests passed on the H200
+# (test_repeated_depthwise_call_replays_its_plan and the bit-equality test, 8ac94ec, 2026-11-30).
+_DIRECT_PLANS_CUDA = True
 
 
 @dataclass(frozen=True)
