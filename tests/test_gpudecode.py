@@ -142,3 +142,39 @@ def test_the_batched_engine_through_the_gpu_reader_equals_the_chunked_engine(
     ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
     np.testing.assert_array_equal(np.isnan(ya), np.isnan(yb))
     np.testing.assert_allclose(yb, ya, rtol=1e-5, atol=1e-5)
+
+
+def test_a_first_read_past_the_start_and_a_read_behind(tmp_path: Path, monkeypatch) -> None:
+    """Resume starts the engine mid-store: the batch read at construction must not race the first batch
+    asked for (same half of the ring); reading behind the decoded batches is refused."""
+    monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)
+    x = price_series(1200, 6, seed=9).astype(np.float32)
+    a = _store(tmp_path / "a.zarr", x, (100, 6))
+    with gpudecode.GpuBandReader(a, device=DEVICE) as r:
+        assert r.batch == 2  # batches of bands {0, 1}, {2, 3}, ...: band 8 is in batch 4, half 0 like batch 0
+        for b in (8, 9, 10, 11):
+            view, ready = r.read_device(b * 100, b * 100 + 100)
+            if ready is not None:
+                ready.synchronize()
+            np.testing.assert_array_equal(view.cpu().numpy(), x[b * 100 : b * 100 + 100])
+            r.release(b, None)
+        with pytest.raises(ValueError, match="reads forward"):
+            r.read_device(0, 100)
+        r.finish()
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU engine run needs the interpreter"
+)
+def test_a_budget_too_small_for_the_gpu_readers_rings_falls_back_to_the_cpu_reader(
+    tmp_path: Path, monkeypatch
+) -> None:
+    x = price_series(900, 6, seed=8)
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w")
+    g.create_array("values", data=x.astype(np.float32), chunks=(150, 6), compressors=LZ4)
+    g.attrs["features"] = [f"x{j}" for j in range(6)]
+    monkeypatch.setenv("TSCONV_GPU_DECODE", "force")
+    kw = dict(pipeline=BANK, device="cpu", chunk=128, batched=True, gpu_mem="80MB", overwrite=True)
+    assert tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "gpu"
+    monkeypatch.setattr(gpudecode, "device_bytes", lambda array: 10**12)
+    assert tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "threads"

@@ -9,6 +9,7 @@ equals the whole-series computation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -333,13 +334,17 @@ def process(
     plan = resolve(pipe, store.features)
     _check_length(store.rows, plan, warmup, str(store.path))
     use_batched = _use_batched(dev, batched)
-    gpu_reader = use_batched and _gpu_decode(store, dev, transfer, decode)
-    step_rows = (
-        plan_step_rows(plan, src_features=store.n_features, src_itemsize=store.dtype.itemsize, budget=budget,
-                       chunk=chunk, transfer=transfer, rows=store.rows,
-                       reader_bytes=gpudecode.device_bytes(store.values) if gpu_reader else None)
-        if use_batched else None
-    )  # fmt: skip
+    step_rows = None
+    if use_batched:
+        plan_rows = functools.partial(plan_step_rows, plan, src_features=store.n_features,
+                                      src_itemsize=store.dtype.itemsize, budget=budget, chunk=chunk,
+                                      transfer=transfer, rows=store.rows)  # fmt: skip
+        step_rows = plan_rows()  # refuses a pipeline that does not fit even with the CPU reader
+        if _gpu_decode(store, dev, transfer, decode):
+            try:
+                step_rows = plan_rows(reader_bytes=gpudecode.device_bytes(store.values))
+            except TsconvError:  # the GPU reader's rings do not fit beside the pipeline: decode on the CPU
+                decode = "cpu"
     check_time(store)
     r0, r1 = _time_rows(store, plan, distributed=workers is not None or client is not None)
     out_path = Path(output).expanduser().resolve() if output is not None else default_output_path(store.path)

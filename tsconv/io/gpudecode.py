@@ -237,6 +237,8 @@ class GpuBandReader:
             raise ValueError(f"rows [{start}, {stop}) span bands; read_device serves one band at a time")
         g = b // self.batch
         if g not in self._launched:
+            if self._launched and g < max(self._launched):
+                raise ValueError(f"read_device reads forward: band {b} is behind the batches decoded")
             self._launch(g)
         a = b * self.band_rows
         slot = (g % 2) * self.batch + b % self.batch
@@ -329,6 +331,9 @@ class GpuBandReader:
         if g in self._reads or g * self.batch >= self._n_bands:
             return
         h = g % 2
+        for other in [o for o in self._reads if o % 2 == h]:  # reads of a batch never launched (a jump):
+            for f in self._reads.pop(other):  # they write into the same half, so let them end first
+                f.exception()
         futs = []
         for b in range(g * self.batch, min((g + 1) * self.batch, self._n_bands)):
             slot = h * self.batch + b % self.batch
