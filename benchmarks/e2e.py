@@ -51,6 +51,11 @@ STEPS = 1 << 20
 CHUNK = 1024
 
 
+def _mode(row: dict[str, Any]) -> str:
+    """The transfer column: the transfer mode, and "GPU decode" for runs whose input was decoded on the GPU."""
+    return row["transfer"] + (", GPU decode" if row.get("reader") == "gpu" else "")
+
+
 def write_pipeline(directory: Path, features: int, *, out: int = 256, k: int = 5, head: int = 64) -> Path:
     """conv K over all features -> ``out`` channels (ReLU), head -> ``head`` outputs; seeded weights."""
     rng = np.random.default_rng(7)
@@ -228,13 +233,13 @@ def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
         st = r["stage_seconds"]
         own = r.get("own_peak_gpu_bytes")
         lines.append(
-            f"| {r['store']} | {r['steps']:,} | {r['features']} | {r.get('chunk_mb', '?')} MB | {r['transfer']} "
+            f"| {r['store']} | {r['steps']:,} | {r['features']} | {r.get('chunk_mb', '?')} MB | {_mode(r)} "
             f"| {r.get('cache', 'warm')} | {r['seconds']:.3f} | {r['input_gbps']:.2f} "
             f"| {r['input_gbps'] / b['naive_gbps']:.1f}x | {r['input_gbps'] / b['in_memory_gbps']:.1f}x "
             f"| {own / 2**20:.0f} | {r['step_rows']:,} | {r['bound_by']} | {st['decode']:.3f} / {st['h2d']:.3f} / "
             f"{st['compute']:.3f} / {st['write']:.3f} | {r['commit']} |"
             if own is not None and b
-            else f"| {r['store']} | {r['steps']:,} | {r['features']} | {r.get('chunk_mb', '?')} MB | {r['transfer']} "
+            else f"| {r['store']} | {r['steps']:,} | {r['features']} | {r.get('chunk_mb', '?')} MB | {_mode(r)} "
             f"| {r.get('cache', 'warm')} | {r['seconds']:.3f} | {r['input_gbps']:.2f} | | | (not separated) "
             f"| {r['step_rows']:,} | {r['bound_by']} | {st['decode']:.3f} / {st['h2d']:.3f} / {st['compute']:.3f} / "
             f"{st['write']:.3f} | {r['commit']} |"
@@ -360,6 +365,7 @@ def main() -> int:
             "step_rows": rep["step_rows"],
             "stage_seconds": rep["stage_seconds"],
             "bound_by": rep["bound_by"],
+            "reader": rep.get("reader"),
             **extra,
         }
         doc["runs"].append(row)
@@ -375,10 +381,10 @@ def main() -> int:
         return rep, reps
 
     def check() -> None:
-        for budget in ("200MB", "1.2GB"):
-            rep = run_engine(a16, outp, pipe, gpu_mem=budget)
+        for budget, decode in (("200MB", "cpu"), ("1.2GB", "cpu"), ("1.2GB", "gpu")):
+            rep = run_engine(a16, outp, pipe, gpu_mem=budget, decode=decode)
             res = check_prefix(a16, outp, pipe, 16384 if args.quick else 20480)
-            res.update(gpu_mem=budget, step_rows=rep["step_rows"])
+            res.update(gpu_mem=budget, step_rows=rep["step_rows"], reader=rep.get("reader"))
             doc["checks"].append(res)
             print("check", json.dumps(res), flush=True)
 
@@ -389,6 +395,9 @@ def main() -> int:
             n = args.repeats if transfer == "pinned" else max(1, args.repeats - 1)
             rep, reps = timed(a16, pipe, n, transfer=transfer)
             record(a16, rep, reps, chunk_mb=16)
+        for src, mb in ((a16, 16), (a64, 64)):  # the GPU reader (--decode gpu) beside the pinned CPU reader
+            rep, reps = timed(src, pipe, args.repeats, decode="gpu")
+            record(src, rep, reps, chunk_mb=mb)
 
     section("modes", modes)
 

@@ -6,7 +6,7 @@ set -u
 DASK_FLAGS=${DASK_FLAGS:-}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-steps=",${1:-verify,e2e,trace,dask},"  # also: h2d, recenter, recenter_cost, launch, tune_gpu, tune_gpu_conv, plans, fused_tma, conv_gpu
+steps=",${1:-verify,e2e,trace,dask},"  # also: h2d, recenter, recenter_cost, launch, tune_gpu, tune_gpu_conv, plans, fused_tma, conv_gpu, gpudecode
 want() { [[ $steps == *",$1,"* ]]; }
 # The device tool returns at most 8 files: every step logs into one file.
 run() {  # run LIMIT NAME CMD...: append to $OUT/log.txt, say how it went
@@ -65,6 +65,15 @@ if want fused_tma; then  # the fused kernel's TMA variant (opt-in, TSCONV_FUSED_
   TSCONV_FUSED_TMA=1 run 240 pytest_fused_tma python -m pytest -q tests/kernels/test_fused.py -k tma -p no:cacheprovider
   TSCONV_FUSED_TMA=1 run $((${FUSED_BUDGET:-300} + 30)) fused_tma python benchmarks/fused.py --budget-s "${FUSED_BUDGET:-300}" \
     --out "$OUT/fused_tma.json"
+fi
+if want gpudecode; then  # Blosc-LZ4 decoded on the GPU: tests, the decoder alone, then the engine with it
+  run 120 pytest_gpudecode python -m pytest -q tests/kernels/test_blosc_lz4.py tests/test_gpudecode.py \
+    tests/kernels/test_autotune_check.py tests/kernels/test_launch.py -p no:cacheprovider
+  S=/tmp/tsconv-e2e/ticks_1048576x1024_16mb.zarr
+  [[ -d $S ]] || run 60 gen_store python -c "from tsconv.synth import make_ticks; make_ticks('$S', rows=1<<20, features=1024)"
+  run 120 gpu_decode python benchmarks/gpu_decode.py --store "$S" --batch 32 --repeats 3 --out "$OUT/gpu_decode.json"
+  run 200 engine_gpu_decode python benchmarks/engine_gpu_decode.py --repeats 3 --threads 16 \
+    --out "$OUT/engine_gpu_decode.json"
 fi
 if want h2d; then
   run 60 h2d python benchmarks/h2d_call.py --out "$OUT/h2d_call.json"
