@@ -13,14 +13,15 @@ engine on CUDA, Blosc-LZ4 stores the fast reader handles
 (:func:`unsupported_reason` says why not otherwise; the engine then uses the CPU reader). A chunk whose
 header the GPU decoder does not handle is decoded by numcodecs in the reading thread and copied in.
 
-How it runs. Bands (one row of the chunk grid) go in *batches* of ``batch`` bands, alternating between two
-halves of three rings: pinned host slots for the stored bytes, device slots for them, and device slots for
-the decoded bands. Reading batch g + 1's files (threads, ``readinto``, no decoding) overlaps the engine's use
-of batch g. Launching batch g: one H2D copy of the half on a copy stream, one decode launch on a decode
-stream (two, alternating, so consecutive batches can decode at once). A half is reused two batches later,
-after the engine has released every band of it (:meth:`GpuBandReader.release` with the event after its
-last reader). Damaged chunks set an error flag on the GPU; :meth:`GpuBandReader.finish` (called by the
-engine before it finishes the output) and every reuse of a half check them and raise ``StoreError``.
+How it runs. Bands (one row of the chunk grid) go in *batches* of ``batch`` bands, through three rings:
+pinned host slots for the stored bytes (three batches), device slots for them and device slots for the
+decoded bands (two batches each, alternating halves). Reading batches g + 1 and g + 2's files (threads,
+``readinto``, no decoding) overlaps the engine's use of batch g. Launching batch g: one H2D copy on a copy
+stream, one decode launch on a decode stream (two, alternating, so consecutive batches can decode at once).
+A device half is reused two batches later, after the engine has released every band of it
+(:meth:`GpuBandReader.release` with the event after its last reader). Damaged chunks set an error flag on
+the GPU; :meth:`GpuBandReader.finish` (called by the engine before it finishes the output) and every reuse
+of a half check them and raise ``StoreError``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ __all__ = ["GpuBandReader", "device_bytes", "requested", "unsupported_reason"]
 TARGET_WARPS = 2048
 # The decoded-band ring's share of the GPU memory budget (both halves).
 MAX_DECODED_BYTES = 384 << 20
-DEFAULT_THREADS = 8  # reading stored bytes is a copy: 8 threads read 30 GB/s on the H200 host
+DEFAULT_THREADS = 8
+_HOST_PARTS = 3  # host ring thirds: batches read ahead (two) plus the one being copied  # reading stored bytes is a copy: 8 threads read 30 GB/s on the H200 host
 
 
 def requested() -> str:
@@ -181,7 +183,10 @@ class GpuBandReader:
         self._slot = int(max(1, max(int(within[b, -1]) + _padded(int(self._sizes[b, -1]))
                                     for b in range(self._n_bands))))  # fmt: skip
         ring = 2 * self.batch
-        self._host = torch.empty((ring, self._slot), dtype=torch.uint8, pin_memory=self.cuda)
+        # Three host thirds: the files of the next two batches are read while one is in use.
+        self._host = torch.empty(
+            (_HOST_PARTS * self.batch, self._slot), dtype=torch.uint8, pin_memory=self.cuda
+        )
         self._host_np = self._host.numpy()
         self._dev_stored = torch.empty((ring, self._slot), dtype=torch.uint8, device=self.device)
         torch_dtype = torch.from_numpy(np.empty(0, dtype=self.dtype)).dtype
@@ -326,17 +331,17 @@ class GpuBandReader:
         )
 
     def _schedule(self, g: int) -> None:
-        """Start reading batch ``g``'s chunk files into host half g % 2 (its previous batch's H2D copy
-        must be done: the caller ensures it)."""
+        """Start reading batch ``g``'s chunk files into host third g % 3 (the H2D copy of the batch before
+        it there must be done: the caller ensures it)."""
         if g in self._reads or g * self.batch >= self._n_bands:
             return
-        h = g % 2
-        for other in [o for o in self._reads if o % 2 == h]:  # reads of a batch never launched (a jump):
-            for f in self._reads.pop(other):  # they write into the same half, so let them end first
+        hh = g % _HOST_PARTS
+        for other in [o for o in self._reads if o % _HOST_PARTS == hh]:  # a batch never launched (a jump):
+            for f in self._reads.pop(other):  # its reads write into the same third, so let them end first
                 f.exception()
         futs = []
         for b in range(g * self.batch, min((g + 1) * self.batch, self._n_bands)):
-            slot = h * self.batch + b % self.batch
+            slot = hh * self.batch + b % self.batch
             for c in range(self._n_cols):
                 futs.append(self._pool.submit(self._read_chunk, b, c, slot))
         self._reads[g] = futs
@@ -410,15 +415,16 @@ class GpuBandReader:
             + _padded(int(self._sizes[b1 - 1, -1]))
         )
         lo = h * self.batch * self._slot
+        hlo = (g % _HOST_PARTS) * self.batch * self._slot
         stored = self._dev_stored.view(-1)
-        host = self._host.view(-1)
+        host = self._host.view(-1)[hlo : hlo + used - lo]
         n_chunks = nb * self._n_cols
         max_blocks = max([1, *blocks])
         if self.cuda:
             with torch.cuda.stream(self._copy_stream):
                 c0 = torch.cuda.Event(enable_timing=True)
                 c0.record(self._copy_stream)
-                stored[lo:used].copy_(host[lo:used], non_blocking=True)
+                stored[lo:used].copy_(host, non_blocking=True)
                 self._meta_dev[h].copy_(meta, non_blocking=True)
                 copied = torch.cuda.Event(enable_timing=True)
                 copied.record(self._copy_stream)
@@ -426,7 +432,7 @@ class GpuBandReader:
             stream.wait_event(copied)
             ctx: Any = torch.cuda.stream(stream)
         else:
-            stored[lo:used].copy_(host[lo:used])
+            stored[lo:used].copy_(host)
             self._meta_dev[h].copy_(meta)
             copied = None
             ctx = _Null()
@@ -457,12 +463,13 @@ class GpuBandReader:
         self._launched[g] = done
         self._copied[g] = copied
         self._decoded += nb
-        # Read the next batch while this one is used: its host half was copied from two batches ago.
-        nxt = g + 1
-        prev = self._copied.get(nxt - 2)
-        if prev is not None:
-            prev.synchronize()
-        self._schedule(nxt)
+        # Read the next two batches while this one is used: their host thirds were copied from three
+        # batches before each (long done; the wait is a formality).
+        for nxt in (g + 1, g + 2):
+            prev = self._copied.get(nxt - _HOST_PARTS)
+            if prev is not None:
+                prev.synchronize()
+            self._schedule(nxt)
 
     def _place(self, h: int, b0: int, b1: int, out: torch.Tensor, blocks: list[int]) -> None:
         """Chunks not decoded by the kernel (missing: the fill value; decoded on the CPU: copied in), and
