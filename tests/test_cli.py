@@ -56,6 +56,8 @@ def test_process_then_inspect(tmp_path: Path) -> None:
     assert info["nan_total"] == int(np.isnan(x).sum())
     assert info["nan_counts"]["x1"] == int(np.isnan(x[:, 1]).sum())
     assert info["time_span"].startswith("2026-01-02T09:30:00")
+    # zarr's default codec (zstd): the threaded reader, not the GPU decoder
+    assert info["fast_reader"] == "yes" and info["gpu_decode"].startswith("no (not Blosc-compressed")
     text = runner.invoke(main, ["inspect", str(tmp_path / "o.zarr")]).output
     assert "tsconv_output: complete" in text and "rows: 4000" in text and "NaN features" in text
 

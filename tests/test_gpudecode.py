@@ -54,6 +54,9 @@ def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chu
     x = price_series(700, 6, seed=1, nan_fraction=0.02).astype(np.float32)
     a = _store(tmp_path / "a.zarr", x, chunks)
     assert gpudecode.unsupported_reason(a) is None
+    from tsconv.io.inspect import inspect_store
+
+    assert inspect_store(tmp_path / "a.zarr", count_nans=False)["gpu_decode"] == "yes"
     with gpudecode.GpuBandReader(a, device=DEVICE) as r:
         assert r.batch < 5  # several batches over the 5 bands
         got = _all_bands(r)

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from . import gpudecode
+from .decode import fast_path_reason
 from .reader import BlockReader
 from .store import check_time, open_input
 
@@ -33,6 +35,11 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
             if meta.get("complete")
             else f"INCOMPLETE: {meta.get('rows_done', 0):,} of {meta.get('rows')} rows"
         )
+    # which readers the batched engine can use on this layout (see --decode)
+    fast = fast_path_reason(store.values)
+    info["fast_reader"] = "yes" if fast is None else f"no ({fast}): zarr reads"
+    gpu = gpudecode.unsupported_reason(store.values)
+    info["gpu_decode"] = "yes" if gpu is None else f"no ({gpu})"
     info["features"] = list(store.features)
     if count_nans:
         counts = np.zeros(store.n_features, dtype=np.int64)
