@@ -79,6 +79,7 @@ def main() -> int:
         "--batch", type=int, default=8, help="chunks per launch in the batched and pipelined runs"
     )
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--streams", default="1,2,4,8", help="LZ4 streams per program to compare (decode_chunks)")
     args = ap.parse_args()
 
     arr, files = _chunk_files(args.store)
@@ -153,6 +154,15 @@ def main() -> int:
     for i in range(n):
         if not torch.equal(out[i], ref_dev[i]):
             mism.append(i)
+    # the lockstep kernel (several LZ4 streams per program): checked the same way, then timed below
+    streams = [int(v) for v in args.streams.split(",") if v and int(v) != 1]
+    doc["streams"] = {}
+    for S in streams:
+        out.fill_(0xAB)
+        e = bl.decode_chunks(dev, d_off, d_len, out, typesize=ts, max_blocks=max_blocks, streams=S)
+        bad = [i for i in range(n) if not torch.equal(out[i], ref_dev[i])]
+        doc["streams"][S] = {"mismatched_chunks": bad, "errors_flagged": int(e.sum())}
+        mism += [f"S={S}:{i}" for i in bad] + ([f"S={S}:flagged"] if int(e.sum()) else [])
     del ref_dev
     doc["mismatched_chunks"] = mism
     doc["check"] = "PASS" if not mism and not doc["errors_flagged"] else "FAIL"
@@ -169,6 +179,24 @@ def main() -> int:
                              max_blocks=max_blocks)  # fmt: skip
 
     doc["decode_batched_ms"] = _cuda_ms(batched, args.repeats)
+    for S in streams:
+        doc["streams"][S]["decode_all_ms"] = _cuda_ms(
+            lambda S=S: bl.decode_chunks(
+                dev, d_off, d_len, out, typesize=ts, max_blocks=max_blocks, streams=S
+            ),
+            args.repeats,
+        )
+
+        def batched_s(S: int = S) -> None:
+            for a in range(0, n, B):
+                bl.decode_chunks(dev, d_off[a : a + B], d_len[a : a + B], out[a : a + B], typesize=ts,
+                                 max_blocks=max_blocks, streams=S)  # fmt: skip
+
+        doc["streams"][S]["decode_batched_ms"] = _cuda_ms(batched_s, args.repeats)
+        print(f"streams {S}: all {decoded_bytes / statistics.median(doc['streams'][S]['decode_all_ms']) / 1e6:.1f} "
+              f"GB/s, batches of {B} "
+              f"{decoded_bytes / statistics.median(doc['streams'][S]['decode_batched_ms']) / 1e6:.1f} GB/s",
+              flush=True)  # fmt: skip
 
     # pipelined: read a batch into a pinned slot, copy it on a side stream, decode on the main stream
     slot_bytes = max(offs[a + min(B, n - a)] - offs[a] for a in range(0, n, B))

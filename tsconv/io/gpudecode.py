@@ -161,6 +161,8 @@ class GpuBandReader:
         self.dtype = np.dtype(layout.dtype)
         env = os.environ.get("TSCONV_GPU_DECODE_THREADS", "").strip()
         self.threads = max(1, int(threads or (int(env) if env else DEFAULT_THREADS)))
+        # LZ4 streams per decode program (1; 2 / 4 / 8: the experimental lockstep kernel, not yet measured)
+        self.streams = int(os.environ.get("TSCONV_GPU_DECODE_STREAMS", "").strip() or 1)
         self.fast, self.fallback_reason, self.hold, self.ring_bands = True, None, 1, None
         self.cuda = self.device.type == "cuda"
         self.pinned = self.cuda
@@ -448,7 +450,7 @@ class GpuBandReader:
                 out = self._tmp[h * self.batch * self._n_cols : h * self.batch * self._n_cols + n_chunks]
             blosc_lz4.decode_chunks(
                 stored, self._meta_dev[h, 0, :n_chunks], self._meta_dev[h, 1, :n_chunks], out,
-                typesize=self.dtype.itemsize, max_blocks=max_blocks, err=err,
+                typesize=self.dtype.itemsize, max_blocks=max_blocks, err=err, streams=self.streams,
             )  # fmt: skip
             self._place(h, b0, b1, out, blocks)
             if self.cuda:

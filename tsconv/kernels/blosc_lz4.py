@@ -236,6 +236,155 @@ def _blosc_lz4_kernel(
                 tl.store(err_ptr + c, 1)
 
 
+@triton.jit
+def _out_index(pos, first, stride, n_el, transposed, TS: tl.constexpr, ANY_T: tl.constexpr):
+    """Where byte ``pos`` of a stream goes in its block (see ``_blosc_lz4_kernel``); [S, V] tiles."""
+    q = first + pos * stride
+    if ANY_T:
+        q = tl.where(transposed & (pos < n_el * TS), (pos % n_el) * TS + pos // tl.maximum(n_el, 1), q)
+    return q
+
+
+@triton.jit
+def _ext_len(src, ip, iend, n, need):
+    """LZ4's extended length: while a byte is 255 add the next one ([S] lanes where ``need``)."""
+    more = tl.where(need, 255, 0)
+    while tl.max(((more == 255) & (ip < iend)).to(tl.int32), axis=0) > 0:
+        go = (more == 255) & (ip < iend)
+        b = tl.load(src + ip, mask=go, other=0).to(tl.int32)
+        ip = tl.where(go, ip + 1, ip)
+        n = tl.where(go, n + b, n)
+        more = tl.where(go, b, 0)
+    return ip, n
+
+
+@triton.jit
+def _blosc_lz4_multi_kernel(
+    src_ptr, off_ptr, len_ptr, dst_ptr, err_ptr, dst_stride,
+    TS: tl.constexpr, V: tl.constexpr, S: tl.constexpr,
+):  # fmt: skip
+    """``_blosc_lz4_kernel`` with ``S`` streams per program, decoded in lockstep ([S] state, [S, V] copies).
+
+    Why: one stream's sequences form a chain of dependent loads (token, offset, then the match's bytes,
+    written just before), about 1,300 cycles each on the H200; with one stream per warp and at most 32
+    one-warp programs per SM, batches of fewer than ~32 chunks leave the GPU idle (benchmarks/NOTES.md,
+    tenth session). ``S`` streams per warp overlap ``S`` chains. Experimental (``streams`` in
+    :func:`decode_chunks`); the same bytes as the one-stream kernel, checked against numcodecs."""
+    pid = tl.program_id(0)
+    c = tl.program_id(1)
+    base = tl.load(off_ptr + c)
+    lim = tl.load(len_ptr + c)
+    src = src_ptr + base
+    dst = dst_ptr + c.to(tl.int64) * dst_stride
+    flags = tl.load(src + 2, mask=lim > 2, other=0).to(tl.int32)
+    nbytes = _le32(src, 4, lim)
+    bsz_full = tl.maximum(_le32(src, 8, lim), 1)
+    nblocks = (nbytes + bsz_full - 1) // bsz_full
+    lanes = tl.arange(0, V)[None, :]
+    sid = pid * S + tl.arange(0, S)
+    blk = sid // TS
+    k = sid % TS
+    memcpyed = (flags & 2) != 0
+    block0 = blk * bsz_full
+    bsize = tl.minimum(bsz_full, nbytes - block0)
+    leftover = bsize < bsz_full
+    split = ((flags & 0x10) == 0) & (~leftover) & (~memcpyed)
+    nstreams = tl.where(split, TS, 1)
+    active = (blk < nblocks) & (k < nstreams) & (lim >= 16)
+    neb = tl.where(active, bsize // nstreams, 0)
+    shuffle = ((flags & 1) != 0) & (~memcpyed)
+    stride = tl.where(split & shuffle, TS, 1)
+    first = tl.where(split & shuffle, k, k * neb)
+    n_el = bsize // TS
+    transposed = shuffle & (~split)
+    any_t = tl.max((transposed & active).to(tl.int32), axis=0) > 0
+    hdr_end = 16 + 4 * nblocks
+    p = _le32(src, 16 + 4 * blk, tl.where(active, lim, 0)).to(tl.int64)
+    bad = tl.where(active & (~memcpyed) & ((p < hdr_end) | (p >= lim)), 1, 0)  # a stored chunk has no starts
+    for t in range(0, TS - 1):  # skip the streams before each lane's own
+        upd = active & (t < k)
+        cs_prev = _le32(src, p, tl.where(upd, lim, 0))
+        p = tl.where(upd, p + 4 + cs_prev, p)
+        bad = tl.where(upd & ((cs_prev < 0) | (p > lim)), 1, bad)
+    cs = tl.where(memcpyed, bsize, _le32(src, p, tl.where(active, lim, 0)))
+    ip = tl.where(memcpyed, 16 + block0.to(tl.int64), p + 4)
+    iend = ip + cs
+    bad = tl.where(active & ((cs < 0) | (iend > lim)), 1, bad)
+    raw = active & ((cs == neb) | memcpyed)
+    op = tl.where(raw, neb, 0)
+    n_raw = tl.max(tl.where(raw & (bad == 0), neb, 0), axis=0)
+    for j0 in range(0, n_raw, V):  # streams stored as is
+        j = j0 + lanes
+        m = (raw & (bad == 0))[:, None] & (j < neb[:, None])
+        v = tl.load(src + ip[:, None] + j, mask=m, other=0)
+        if any_t:
+            q = _out_index(j, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, True)
+        else:
+            q = _out_index(j, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, False)
+        tl.store(dst + block0[:, None] + q, v, mask=m)
+    todo = active & (~raw)
+    while tl.max((todo & (ip < iend) & (bad == 0)).to(tl.int32), axis=0) > 0:
+        live = todo & (ip < iend) & (bad == 0)
+        tok = tl.load(src + ip, mask=live, other=0).to(tl.int32)
+        ip = tl.where(live, ip + 1, ip)
+        ll = tok >> 4
+        ip, ll = _ext_len(src, ip, iend, ll, live & (ll == 15))
+        bad = tl.where(live & ((ip + ll > iend) | (op + ll > neb)), 1, bad)
+        ll = tl.where(live & (bad == 0), ll, 0)
+        for j0 in range(0, tl.max(ll, axis=0), V):  # literals
+            j = j0 + lanes
+            m = j < ll[:, None]
+            v = tl.load(src + ip[:, None] + j, mask=m, other=0)
+            pos = op[:, None] + j
+            if any_t:
+                q = _out_index(
+                    pos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, True
+                )
+            else:
+                q = _out_index(
+                    pos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, False
+                )
+            tl.store(dst + block0[:, None] + q, v, mask=m)
+        ip = ip + ll
+        op = op + ll
+        mt = live & (ip < iend) & (bad == 0)  # a match follows (the last sequence has none)
+        moff = tl.load(src + ip, mask=mt, other=0).to(tl.int32)
+        moff |= tl.load(src + ip + 1, mask=mt & (ip + 1 < iend), other=0).to(tl.int32) << 8
+        ip = tl.where(mt, ip + 2, ip)
+        ml = tok & 15
+        ip, ml = _ext_len(src, ip, iend, ml, mt & (ml == 15))
+        ml = ml + 4
+        bad = tl.where(mt & ((moff == 0) | (moff > op) | (op + ml > neb) | (ip > iend)), 1, bad)
+        ml = tl.where(mt & (bad == 0), ml, 0)
+        tl.debug_barrier()  # the literals just written are visible to every lane
+        moff1 = tl.maximum(moff, 1)[:, None]
+        for j0 in range(0, tl.max(ml, axis=0), V):
+            j = j0 + lanes
+            m = j < ml[:, None]
+            spos = op[:, None] - moff1 + j % moff1
+            pos = op[:, None] + j
+            if any_t:
+                sq = _out_index(
+                    spos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, True
+                )
+                q = _out_index(
+                    pos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, True
+                )
+            else:
+                sq = _out_index(
+                    spos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, False
+                )
+                q = _out_index(
+                    pos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, False
+                )
+            v = tl.load(dst + block0[:, None] + sq, mask=m, other=0)
+            tl.store(dst + block0[:, None] + q, v, mask=m)
+        op = op + ml
+        tl.debug_barrier()
+    failed = active & ((bad != 0) | (op != neb))
+    tl.store(err_ptr + c, 1, mask=tl.max(failed.to(tl.int32), axis=0) > 0)
+
+
 def decode_chunks(
     src: torch.Tensor,
     offsets: torch.Tensor,
@@ -245,13 +394,15 @@ def decode_chunks(
     typesize: int,
     max_blocks: int,
     err: torch.Tensor | None = None,
+    streams: int = 1,
 ) -> torch.Tensor:
     """Decode Blosc-LZ4 chunks from ``src`` (uint8, on the device) into the rows of ``out`` (uint8
     [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
 
     ``offsets`` / ``sizes`` (int64 [n_chunks], same device): each chunk's place in ``src``; a size of 0 skips
     the chunk (its row is left as it was). Every other chunk must have passed :func:`unsupported_reason` on
-    the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them. ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation.
+    the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them. ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation. ``streams``:
+    LZ4 streams per program (1, or 2 / 4 / 8 for the experimental lockstep kernel).
     """
     n = int(offsets.numel())
     if out.dim() != 2 or out.dtype != torch.uint8 or out.stride(1) != 1 or out.shape[0] != n:
@@ -260,6 +411,14 @@ def decode_chunks(
         err = torch.zeros(n, dtype=torch.int32, device=out.device)
     if n == 0 or max_blocks == 0:
         return err
-    grid = (max_blocks * typesize, n)
-    _blosc_lz4_kernel[grid](src, offsets, sizes, out, err, out.stride(0), TS=typesize, V=32, num_warps=1)
+    if streams == 1:
+        grid = (max_blocks * typesize, n)
+        _blosc_lz4_kernel[grid](src, offsets, sizes, out, err, out.stride(0), TS=typesize, V=32, num_warps=1)
+        return err
+    if streams not in (2, 4, 8):
+        raise ValueError(f"streams per program must be 1, 2, 4 or 8, got {streams}")
+    grid = (triton.cdiv(max_blocks * typesize, streams), n)
+    _blosc_lz4_multi_kernel[grid](
+        src, offsets, sizes, out, err, out.stride(0), TS=typesize, V=32, S=streams, num_warps=1
+    )
     return err
