@@ -163,6 +163,8 @@ class GpuBandReader:
         self.threads = max(1, int(threads or (int(env) if env else DEFAULT_THREADS)))
         # LZ4 streams per decode program (1; 2 / 4 / 8: the experimental lockstep kernel, not yet measured)
         self.streams = int(os.environ.get("TSCONV_GPU_DECODE_STREAMS", "").strip() or 1)
+        if self.streams not in (1, 2, 4, 8):
+            raise ValueError(f"TSCONV_GPU_DECODE_STREAMS must be 1, 2, 4 or 8, got {self.streams}")
         self.fast, self.fallback_reason, self.hold, self.ring_bands = True, None, 1, None
         self.cuda = self.device.type == "cuda"
         self.pinned = self.cuda
@@ -205,7 +207,6 @@ class GpuBandReader:
         self._meta_dev = torch.zeros((2, 2, per), dtype=torch.int64, device=self.device)
         self._err_dev = torch.zeros((2, per), dtype=torch.int32, device=self.device)
         self._err_host = torch.zeros((2, per), dtype=torch.int32, pin_memory=self.cuda)
-        self._max_blocks = max(1, -(-self._chunk // 16))  # refined per batch from the headers
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tsconv-read", initializer=lower_thread_priority)  # fmt: skip
         self._reads: dict[int, list[Future[Any]]] = {}  # batch -> its chunk reads (each: header or host copy)
         self._launched: dict[int, Any] = {}  # batch -> event after its decode
