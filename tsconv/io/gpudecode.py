@@ -38,7 +38,7 @@ import numcodecs
 import numpy as np
 import torch
 
-from ..errors import StoreError
+from ..errors import StoreError, TsconvError
 from ..kernels import blosc_lz4
 from ..stream import trace
 from .chunkfile import decode_chunk_into
@@ -164,7 +164,10 @@ class GpuBandReader:
         # LZ4 streams per decode program (1; 2 / 4 / 8: the experimental lockstep kernel, not yet measured)
         self.streams = int(os.environ.get("TSCONV_GPU_DECODE_STREAMS", "").strip() or 1)
         if self.streams not in (1, 2, 4, 8):
-            raise ValueError(f"TSCONV_GPU_DECODE_STREAMS must be 1, 2, 4 or 8, got {self.streams}")
+            raise TsconvError(
+                f"TSCONV_GPU_DECODE_STREAMS must be 1, 2, 4 or 8, got {self.streams}",
+                hint="unset it (1 stream per decode program is the default).",
+            )
         self.fast, self.fallback_reason, self.hold, self.ring_bands = True, None, 1, None
         self.cuda = self.device.type == "cuda"
         self.pinned = self.cuda
