@@ -115,6 +115,19 @@ def _le32(ptr, pos, lim):
 
 
 @triton.jit
+def _chunk_header(src_ptr, off_ptr, len_ptr, dst_ptr, c, dst_stride):
+    """Chunk ``c``'s bytes, output row, stored size (0: not decoded here: a missing chunk, or one the host
+    decodes) and header fields: (src, dst, lim, flags, nbytes, blocksize, nblocks)."""
+    lim = tl.load(len_ptr + c)
+    src = src_ptr + tl.load(off_ptr + c)
+    dst = dst_ptr + c.to(tl.int64) * dst_stride
+    flags = tl.load(src + 2, mask=lim > 2, other=0).to(tl.int32)
+    nbytes = _le32(src, 4, lim)
+    bsz_full = tl.maximum(_le32(src, 8, lim), 1)
+    return src, dst, lim, flags, nbytes, bsz_full, (nbytes + bsz_full - 1) // bsz_full
+
+
+@triton.jit
 def _blosc_lz4_kernel(
     src_ptr,  # uint8: every chunk's stored bytes
     off_ptr,  # int64 [n_chunks]: where each chunk starts in src
@@ -129,14 +142,9 @@ def _blosc_lz4_kernel(
     c = tl.program_id(1)
     blk = pid // TS
     k = pid % TS
-    base = tl.load(off_ptr + c)
-    lim = tl.load(len_ptr + c)  # 0: not decoded here (a missing chunk, or one the host decodes)
-    src = src_ptr + base
-    dst = dst_ptr + c.to(tl.int64) * dst_stride
-    flags = tl.load(src + 2, mask=lim > 2, other=0).to(tl.int32)
-    nbytes = _le32(src, 4, lim)
-    bsz_full = tl.maximum(_le32(src, 8, lim), 1)
-    nblocks = (nbytes + bsz_full - 1) // bsz_full
+    src, dst, lim, flags, nbytes, bsz_full, nblocks = _chunk_header(
+        src_ptr, off_ptr, len_ptr, dst_ptr, c, dst_stride
+    )
     lanes = tl.arange(0, V)
     if (blk < nblocks) & (lim >= 16):
         block0 = blk * bsz_full
@@ -272,14 +280,9 @@ def _blosc_lz4_multi_kernel(
     :func:`decode_chunks`); the same bytes as the one-stream kernel, checked against numcodecs."""
     pid = tl.program_id(0)
     c = tl.program_id(1)
-    base = tl.load(off_ptr + c)
-    lim = tl.load(len_ptr + c)
-    src = src_ptr + base
-    dst = dst_ptr + c.to(tl.int64) * dst_stride
-    flags = tl.load(src + 2, mask=lim > 2, other=0).to(tl.int32)
-    nbytes = _le32(src, 4, lim)
-    bsz_full = tl.maximum(_le32(src, 8, lim), 1)
-    nblocks = (nbytes + bsz_full - 1) // bsz_full
+    src, dst, lim, flags, nbytes, bsz_full, nblocks = _chunk_header(
+        src_ptr, off_ptr, len_ptr, dst_ptr, c, dst_stride
+    )
     lanes = tl.arange(0, V)[None, :]
     sid = pid * S + tl.arange(0, S)
     blk = sid // TS
