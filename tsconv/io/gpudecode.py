@@ -26,6 +26,7 @@ of a half check them and raise ``StoreError``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -41,8 +42,9 @@ import torch
 from ..errors import StoreError, TsconvError
 from ..kernels import blosc_lz4
 from ..stream import trace
-from .chunkfile import decode_chunk_into
+from .chunkfile import decode_bytes
 from .decode import _inspect, lower_thread_priority
+from .reader import BlockReader
 
 __all__ = ["GpuBandReader", "device_bytes", "requested", "unsupported_reason"]
 
@@ -113,7 +115,7 @@ def device_bytes(array: Any) -> int:
     n_cols = -(-int(array.shape[1]) // layout.chunks[1])
     band_bytes = layout.chunks[0] * int(array.shape[1]) * layout.dtype.itemsize
     batch = _batch_bands(layout, band_bytes, n_cols)
-    slot = _slot_bytes(layout, int(array.shape[0]), n_cols)
+    slot = _slot_layout(_file_sizes(layout, int(array.shape[0]), n_cols))[1]
     tmp = 0 if n_cols == 1 else 2 * batch * n_cols * _chunk_bytes(layout)
     return 2 * batch * (band_bytes + slot) + tmp
 
@@ -134,9 +136,11 @@ def _file_sizes(layout: Any, rows: int, n_cols: int) -> np.ndarray:
     return sizes
 
 
-def _slot_bytes(layout: Any, rows: int, n_cols: int) -> int:
-    sizes = _file_sizes(layout, rows, n_cols)
-    return int(max(1, max(sum(_padded(int(s)) for s in band) for band in sizes)))
+def _slot_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each chunk's offset in its band's slot (chunks 16-byte aligned, in column order) and the slot size."""
+    padded = -(-sizes // 16) * 16
+    within = np.cumsum(padded, axis=1) - padded
+    return within, int(max(1, padded.sum(axis=1).max()))
 
 
 class GpuBandReader:
@@ -180,15 +184,7 @@ class GpuBandReader:
         self.batch = min(_batch_bands(layout, band_bytes, self._n_cols), self._n_bands)
         self.prefetch = self.batch
         self._sizes = _file_sizes(layout, self.rows, self._n_cols)
-        within = np.zeros_like(self._sizes)  # each chunk's offset in its band's slot
-        for b in range(self._n_bands):
-            pos = 0
-            for c in range(self._n_cols):
-                within[b, c] = pos
-                pos += _padded(int(self._sizes[b, c]))
-        self._within = within
-        self._slot = int(max(1, max(int(within[b, -1]) + _padded(int(self._sizes[b, -1]))
-                                    for b in range(self._n_bands))))  # fmt: skip
+        self._within, self._slot = _slot_layout(self._sizes)
         ring = 2 * self.batch
         # Three host thirds: the files of the next two batches are read while one is in use.
         self._host = torch.empty(
@@ -220,7 +216,7 @@ class GpuBandReader:
         self._lock = threading.Lock()
         self._busy = 0.0
         self._decoded = 0
-        self._side: tuple[int, np.ndarray] | None = None
+        self._zarr = BlockReader(array, max_cached=1, where=where)
         self._closed = False
         self._spans: list[tuple[Any, Any, Any]] = []  # per batch: copy start, copy end, decode end events
         self.gpu_stage_seconds: dict[str, float] = {"h2d": 0.0, "gpu_decode": 0.0}
@@ -272,16 +268,8 @@ class GpuBandReader:
             self._check_errors(h)
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Host rows [start, stop), decoded by numcodecs (the engine's start state; not the fast path)."""
-        if not 0 <= start < stop <= self.rows:
-            raise IndexError(f"row range [{start}, {stop}) outside [0, {self.rows})")
-        out = np.empty((stop - start, self.n_features), dtype=self.dtype)
-        for b in range(start // self.band_rows, (stop - 1) // self.band_rows + 1):
-            band = self._host_band(b)
-            a = b * self.band_rows
-            lo, hi = max(start, a), min(stop, a + band.shape[0])
-            out[lo - start : hi - start] = band[lo - a : hi - a]
-        return out
+        """Host rows [start, stop), read through zarr (the engine's start state; not the fast path)."""
+        return self._zarr.read(start, stop)
 
     def close(self) -> None:
         if self._closed:
@@ -302,31 +290,6 @@ class GpuBandReader:
 
     def _path(self, b: int, c: int) -> Path:
         return self._layout.root / self._layout.key((b, c))
-
-    def _host_band(self, b: int) -> np.ndarray:
-        if self._side is not None and self._side[0] == b:
-            return self._side[1]
-        buf = np.empty((self.band_rows, self.n_features), dtype=self.dtype)
-        tls: dict[str, np.ndarray] = {}
-
-        def scratch(name: str, nbytes: int) -> np.ndarray:
-            if name not in tls or tls[name].size < nbytes:
-                tls[name] = np.empty(max(nbytes, 1), dtype=np.uint8)
-            return tls[name][:nbytes]
-
-        n = self._band_len(b)
-        for c in range(self._n_cols):
-            c0 = c * self._col_width
-            c1 = min(c0 + self._col_width, self.n_features)
-            try:
-                decode_chunk_into(
-                    self._path(b, c), buf, n=n, cols=(c0, c1), whole=self._whole, fill=self._layout.fill,
-                    chunk_shape=(self._col_rows, self._col_width), codec=self._layout.codec, scratch=scratch,
-                )  # fmt: skip
-            except Exception as exc:
-                raise self._damaged(b, f"{type(exc).__name__}: {exc}") from None
-        self._side = (b, buf[:n])
-        return buf[:n]
 
     def _damaged(self, b: int, why: str) -> StoreError:
         a = b * self.band_rows
@@ -378,7 +341,7 @@ class GpuBandReader:
                 return h.nblocks
             dest = np.empty(self._chunk, dtype=np.uint8)  # the CPU decodes what the GPU does not
             try:
-                self._layout.codec.decode(view, out=dest)
+                decode_bytes(self._layout.codec, view, dest, self._chunk)
             except Exception as exc:
                 raise self._damaged(b, f"{type(exc).__name__}: {exc}") from None
             with self._lock:
@@ -441,7 +404,7 @@ class GpuBandReader:
             stored[lo:used].copy_(host)
             self._meta_dev[h].copy_(meta)
             copied = None
-            ctx = _Null()
+            ctx = contextlib.nullcontext()
         with ctx:
             err = self._err_dev[h, :n_chunks]
             err.zero_()
@@ -518,11 +481,3 @@ class GpuBandReader:
 def _fill_value(fill: Any) -> float | int:
     v = np.asarray(fill).item()
     return float("nan") if isinstance(v, float) and math.isnan(v) else v
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
