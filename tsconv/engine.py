@@ -334,7 +334,7 @@ def process(
     plan = resolve(pipe, store.features)
     _check_length(store.rows, plan, warmup, str(store.path))
     use_batched = _use_batched(dev, batched)
-    step_rows = None
+    step_rows, gpu_reader = None, False
     if use_batched:
         plan_rows = functools.partial(plan_step_rows, plan, src_features=store.n_features,
                                       src_itemsize=store.dtype.itemsize, budget=budget, chunk=chunk,
@@ -342,9 +342,9 @@ def process(
         step_rows = plan_rows()  # refuses a pipeline that does not fit even with the CPU reader
         if _gpu_decode(store, dev, transfer, decode):
             try:
-                step_rows = plan_rows(reader_bytes=gpudecode.device_bytes(store.values))
+                step_rows, gpu_reader = plan_rows(reader_bytes=gpudecode.device_bytes(store.values)), True
             except TsconvError:  # the GPU reader's rings do not fit beside the pipeline: decode on the CPU
-                decode = "cpu"
+                pass
     check_time(store)
     r0, r1 = _time_rows(store, plan, distributed=workers is not None or client is not None)
     out_path = Path(output).expanduser().resolve() if output is not None else default_output_path(store.path)
@@ -394,7 +394,7 @@ def process(
             rows=(r0, r1),
             step_rows=step_rows,
             transfer=transfer,
-            decode=decode,
+            gpu_reader=gpu_reader,
         )
         if stages is not None and "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
@@ -434,8 +434,10 @@ def stage_summary(times: StageTimes, *, transfer: str, reader: Any, writer: Outp
         "write": write_busy / max(write_threads, 1),
     }
     gpu_stages = getattr(reader, "gpu_stage_seconds", None)
-    if gpu_stages:  # the GPU reader: "decode" is its reading threads; the stored bytes' H2D and the decode
-        stage["h2d"] += gpu_stages["h2d"]  # launches are GPU event times
+    if (
+        gpu_stages
+    ):  # GPU reader: "decode" is its reading threads; its H2D copies and decode launches are events
+        stage["h2d"] += gpu_stages["h2d"]
         stage["gpu_decode"] = gpu_stages["gpu_decode"]
     bound = max(stage, key=stage.get)
     seconds = {**stage, "decode_busy": decode_busy, "write_busy": write_busy, "read_wait": times.read_wait,
@@ -466,7 +468,7 @@ def _run_store(
     rows: tuple[int, int] | None = None,
     step_rows: int | None = None,
     transfer: str = "pinned",
-    decode: str | None = None,
+    gpu_reader: bool = False,
 ) -> dict[str, Any] | None:
     """Compute input rows [r0 + start, r1) (``rows`` = (r0, r1), default the whole store) into ``writer``.
 
@@ -492,7 +494,7 @@ def _run_store(
         writer,  # closed on the way out; after finish() that is a no-op
         # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA unless pageable transfers
         # are asked for); zarr reads (BlockReader) for layouts the fast path does not handle.
-        _open_reader(store, dev, transfer=transfer, batched=step_rows is not None, decode=decode) as reader,
+        _open_reader(store, dev, transfer=transfer, batched=step_rows is not None, gpu=gpu_reader) as reader,
     ):
         times = compute_rows(
             reader, plan, backend, writer.append, start=r0 + start, stop=r1, chunk=chunk, warmup=warmup,
@@ -529,10 +531,10 @@ def _gpu_decode(store: InputStore, dev: torch.device, transfer: str, decode: str
 
 
 def _open_reader(
-    store: InputStore, dev: torch.device, *, transfer: str, batched: bool, decode: str | None = None
+    store: InputStore, dev: torch.device, *, transfer: str, batched: bool, gpu: bool = False
 ) -> Any:
-    """The reader for ``store``: on the GPU (batched engine, when asked), in processes or threads."""
-    if batched and _gpu_decode(store, dev, transfer, decode):
+    """The reader for ``store``: on the GPU (``gpu``: chosen by :func:`process`), in processes or threads."""
+    if batched and gpu:
         return gpudecode.GpuBandReader(store.values, device=dev, where=str(store.path))
     return (ProcessBandReader if use_processes() else ParallelBandReader)(
         store.values,

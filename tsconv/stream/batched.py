@@ -151,8 +151,7 @@ def plan_step_rows(
     # The device ring (_DEVICE_RING pieces, see _piece_bytes): at its cap when the step is large enough,
     # else a share of each row (the pieces shrink with the step).
     if reader_bytes is not None:
-        avail -= reader_bytes
-        fit = avail // per
+        fit = (avail - reader_bytes) // per
     elif transfer == "mapped":
         fit = avail // per
     else:
@@ -163,9 +162,10 @@ def plan_step_rows(
             )
     fit = max(fit, 0)
     if fit < chunk:
-        ring = 0 if transfer == "mapped" else _DEVICE_RING * _piece_bytes(chunk, row_bytes)
-        if reader_bytes is not None:
-            ring = reader_bytes
+        ring = (
+            reader_bytes if reader_bytes is not None
+            else 0 if transfer == "mapped" else _DEVICE_RING * _piece_bytes(chunk, row_bytes)
+        )  # fmt: skip
         need = (_FIXED_BYTES + weights + halo_bytes + ring + per * chunk) / 0.9
         raise TsconvError(
             f"the pipeline does not fit the GPU memory budget: one {chunk}-step chunk of "
@@ -349,8 +349,14 @@ def run_batched(
         piece_rows = min(k * band_rows, step_rows)
     else:
         piece_rows = max(1, min(band_rows, step_rows, piece_bytes // row_bytes))
-    ring = [] if mapped or on_device else [torch.empty((piece_rows, source.n_features), dtype=src_dtype, device=dev)
-                                           for _ in range(_DEVICE_RING)]  # fmt: skip
+    ring = (
+        []
+        if mapped or on_device
+        else [
+            torch.empty((piece_rows, source.n_features), dtype=src_dtype, device=dev)
+            for _ in range(_DEVICE_RING)
+        ]
+    )
     ring_free: list[Any] = [None] * _DEVICE_RING  # event: the prepare that read the slot is done
     n_out = plan.n_outputs
     host_out = torch.empty((_OUT_SLOTS, step_rows, n_out), dtype=f32, pin_memory=gpu.cuda)
@@ -393,19 +399,15 @@ def run_batched(
                     src, ready = source.read_device(lo, hi)
                 else:
                     view = np.asarray(source.read(lo, hi))
-                    if (
-                        not view.flags.c_contiguous
-                    ):  # e.g. a strided in-memory source; ring views are contiguous
+                    if not view.flags.c_contiguous:  # a strided in-memory source; ring views are contiguous
                         view = np.ascontiguousarray(view)
                 t2 = time.perf_counter()
                 extra["ring_wait"] = extra.get("ring_wait", 0.0) + t1 - t0
                 times.read_wait += t2 - t1
-                if on_device:
-                    pass
-                elif mapped:
+                if mapped:  # (never with on_device)
                     src = _mapped(view, dev)
                     ready = None
-                else:
+                elif not on_device:
                     r = q % _DEVICE_RING
                     with gpu.on(gpu.copy):
                         gpu.wait(gpu.copy, ring_free[r])
