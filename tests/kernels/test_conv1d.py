@@ -890,14 +890,13 @@ def test_repeated_depthwise_call_replays_its_plan(
 ) -> None:
     """Depthwise banks replay too, through whichever kernel the tuner picked, with the new call's weights
     packed for that kernel (and their tap sums when recentering). On a GPU this is the check that lets
-    ``_DIRECT_PLANS_CUDA`` be switched on."""
+    direct, bank and window plans be switched on (8ac94ec)."""
     cfg = {
         "direct": autotune._direct(32, 16, 4, 1),
         "bank": autotune._bank(32, 16, 4, 2, 1, None),
         "window": autotune._window(4, 8, 1),
     }[path]
     monkeypatch.setattr(conv1d_mod.autotune, "select", lambda *a, **kw: cfg)
-    monkeypatch.setattr(conv1d_mod, "_DIRECT_PLANS_CUDA", True)  # on a GPU: the run that verifies them
     plans = conv1d_mod._PLANS
     C, M, K = 6, 3, 11
     x1 = price_levels(2, 50, C, seed=1).transpose(1, 2)
@@ -1019,8 +1018,7 @@ def test_gpu_depthwise_plan_replay_is_a_direct_launch_with_the_same_result(
     recenter: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A depthwise bank at a chunk batch's size (the window kernel by default) replays the compiled kernel
-    and gives the full path's result bit for bit (the check before ``_DIRECT_PLANS_CUDA`` goes on)."""
-    monkeypatch.setattr(conv1d_mod, "_DIRECT_PLANS_CUDA", True)
+    and gives the full path's result bit for bit (the check that switched those plans on, 8ac94ec)."""
     plans = conv1d_mod._PLANS
     C, M, K = 1024, 4, 16
     x = price_levels(8, 1039, C).transpose(1, 2)

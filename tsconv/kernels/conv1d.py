@@ -1479,9 +1479,6 @@ _TMA_SLOTS = ("x_desc", "w_desc", "w_ptr", "b_ptr", "y_ptr")
 _PLANS = PlanCache(64)
 autotune.on_clear(_PLANS.clear)  # plans embody the tuner's winners
 _PLANS_ENABLED = plans_enabled_by_env()
-# Plans for the direct, bank and window kernels on CUDA: on since their GPU tests passed on the H200
-# (test_repeated_depthwise_call_replays_its_plan and the bit-equality test, 8ac94ec, 2026-11-30).
-_DIRECT_PLANS_CUDA = True
 
 
 @dataclass(frozen=True)
@@ -1649,7 +1646,7 @@ def _launch_direct(
     path = "window" if config.meta.get("WINDOW") else "bank" if config.meta.get("BANK") else "direct"
     last_launch.update(path=path, config=config.name)
     ret = launch(config)
-    if plan_key is not None and (_DIRECT_PLANS_CUDA or not x.is_cuda):
+    if plan_key is not None:
         plan = LaunchPlan(recorded["fn"], recorded["ret"], recorded["grid"], recorded["args"], _DIRECT_SLOTS)
         extents = (extent(out), extent(x), extent(weight), extent(bias))
         _PLANS.put(plan_key, _ConvPlan(plan, path, config.name, spec, extents, recorded["pack"]))

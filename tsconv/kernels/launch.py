@@ -8,8 +8,7 @@ the arguments in the kernel's parameter order) so that a later call whose argume
 (same integers, dtypes and 16-byte pointer alignments: the launcher's cache key says so) swaps in its tensors
 and calls the compiled kernel's launcher directly, as ``JITFunction.run`` itself does after its lookup.
 The tensor slots may hold TMA descriptors built from the call's tensors (the launcher's wrapper encodes
-them per launch). ``gemm`` and ``conv1d`` calls use plans (the depthwise and grouped paths too since their GPU tests
-passed, see ``conv1d._DIRECT_PLANS_CUDA``): a tf32 / fp16 conv call through the TMA kernel cost 0.12-0.30 ms of host
+them per launch). ``gemm`` and ``conv1d`` calls use plans (dense, depthwise and grouped paths): a tf32 / fp16 conv call through the TMA kernel cost 0.12-0.30 ms of host
 time through the full path on the H200 hosts, 0.04-0.09 ms replayed (NOTES.md, ninth session).
 
 Under the Triton interpreter there is no compiled kernel: a plan then re-enters ``kernel[grid]`` with the
@@ -62,10 +61,10 @@ class LaunchPlan:
                 raise TypeError(f"launch plan: no value for kernel parameter {p.name!r}")
         self._names = [p.name for p in params]
         self._slots = [self._names.index(s) for s in slots]
-        for i in self._slots:  # every launch fills these: keeping the recorded call's tensors would pin them
-            values[i] = (
-                None  # (the engine's step buffers stayed allocated after its runs: 800 MB on the H200)
-            )
+        # Every launch fills the slots; keeping the recorded call's tensors would pin them (the engine's step
+        # buffers stayed allocated after its runs: 800 MB on the H200).
+        for i in self._slots:
+            values[i] = None
         self._values = values
         self._grid = tuple(grid) + (1,) * (3 - len(grid))
         self._kw = {k: v for k, v in kwargs.items() if k in _OPTIONS}
