@@ -34,6 +34,7 @@ import zarr
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from lz4_previous_kernel import decode_chunks_previous  # noqa: E402
 from provenance import commit, machine  # noqa: E402
 
 from tsconv.io.decode import ParallelBandReader  # noqa: E402
@@ -79,7 +80,10 @@ def main() -> int:
         "--batch", type=int, default=8, help="chunks per launch in the batched and pipelined runs"
     )
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--streams", default="1,2,4,8", help="LZ4 streams per program to compare (decode_chunks)")
+    ap.add_argument("--batches", type=lambda v: [int(x) for x in v.split(",")], default=[8, 12, 32],
+                    help="batch sizes (chunks per launch) to time the kernel at")  # fmt: skip
+    ap.add_argument("--previous", action=argparse.BooleanOptionalAction, default=True,
+                    help="also check and time the previous kernel (benchmarks/lz4_previous_kernel.py)")  # fmt: skip
     args = ap.parse_args()
 
     arr, files = _chunk_files(args.store)
@@ -154,15 +158,15 @@ def main() -> int:
     for i in range(n):
         if not torch.equal(out[i], ref_dev[i]):
             mism.append(i)
-    # the lockstep kernel (several LZ4 streams per program): checked the same way, then timed below
-    streams = [int(v) for v in args.streams.split(",") if v and int(v) != 1]
-    doc["streams"] = {}
-    for S in streams:
+    # the previous kernel (6493ef5): checked the same way, then timed below
+    others = {"previous": decode_chunks_previous} if args.previous else {}
+    doc["other_kernels"] = {}
+    for name, fn in others.items():
         out.fill_(0xAB)
-        e = bl.decode_chunks(dev, d_off, d_len, out, typesize=ts, max_blocks=max_blocks, streams=S)
+        e = fn(dev, d_off, d_len, out, typesize=ts, max_blocks=max_blocks)
         bad = [i for i in range(n) if not torch.equal(out[i], ref_dev[i])]
-        doc["streams"][S] = {"mismatched_chunks": bad, "errors_flagged": int(e.sum())}
-        mism += [f"S={S}:{i}" for i in bad] + ([f"S={S}:flagged"] if int(e.sum()) else [])
+        doc["other_kernels"][name] = {"mismatched_chunks": bad, "errors_flagged": int(e.sum())}
+        mism += [f"{name}:{i}" for i in bad] + ([f"{name}:flagged"] if int(e.sum()) else [])
     del ref_dev
     doc["mismatched_chunks"] = mism
     doc["check"] = "PASS" if not mism and not doc["errors_flagged"] else "FAIL"
@@ -173,29 +177,22 @@ def main() -> int:
     )
     B = args.batch
 
-    def batched() -> None:
+    def batched(fn=bl.decode_chunks, B: int = B) -> None:  # noqa: ANN001
         for a in range(0, n, B):
-            bl.decode_chunks(dev, d_off[a : a + B], d_len[a : a + B], out[a : a + B], typesize=ts,
-                             max_blocks=max_blocks)  # fmt: skip
+            fn(dev, d_off[a : a + B], d_len[a : a + B], out[a : a + B], typesize=ts, max_blocks=max_blocks)
 
     doc["decode_batched_ms"] = _cuda_ms(batched, args.repeats)
-    for S in streams:
-        doc["streams"][S]["decode_all_ms"] = _cuda_ms(
-            lambda S=S: bl.decode_chunks(
-                dev, d_off, d_len, out, typesize=ts, max_blocks=max_blocks, streams=S
-            ),
-            args.repeats,
+    doc["decode_batches_ms"] = {b: _cuda_ms(lambda b=b: batched(B=b), args.repeats) for b in args.batches}
+    for b, ms in doc["decode_batches_ms"].items():
+        print(f"batches of {b}: {decoded_bytes / statistics.median(ms) / 1e6:.1f} GB/s", flush=True)
+    for name, fn in others.items():
+        doc["other_kernels"][name]["decode_all_ms"] = _cuda_ms(
+            lambda fn=fn: fn(dev, d_off, d_len, out, typesize=ts, max_blocks=max_blocks), args.repeats
         )
-
-        def batched_s(S: int = S) -> None:
-            for a in range(0, n, B):
-                bl.decode_chunks(dev, d_off[a : a + B], d_len[a : a + B], out[a : a + B], typesize=ts,
-                                 max_blocks=max_blocks, streams=S)  # fmt: skip
-
-        doc["streams"][S]["decode_batched_ms"] = _cuda_ms(batched_s, args.repeats)
-        print(f"streams {S}: all {decoded_bytes / statistics.median(doc['streams'][S]['decode_all_ms']) / 1e6:.1f} "
-              f"GB/s, batches of {B} "
-              f"{decoded_bytes / statistics.median(doc['streams'][S]['decode_batched_ms']) / 1e6:.1f} GB/s",
+        doc["other_kernels"][name]["decode_batched_ms"] = _cuda_ms(lambda fn=fn: batched(fn), args.repeats)
+        o = doc["other_kernels"][name]
+        print(f"{name} kernel: all {decoded_bytes / statistics.median(o['decode_all_ms']) / 1e6:.1f} GB/s, "
+              f"batches of {B} {decoded_bytes / statistics.median(o['decode_batched_ms']) / 1e6:.1f} GB/s",
               flush=True)  # fmt: skip
 
     # pipelined: read a batch into a pinned slot, copy it on a side stream, decode on the main stream

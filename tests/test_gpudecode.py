@@ -48,14 +48,9 @@ def _all_bands(r: gpudecode.GpuBandReader) -> np.ndarray:
     return np.concatenate(parts)
 
 
-@pytest.mark.parametrize(
-    ("chunks", "streams"),
-    [((150, 6), "1"), ((150, 4), "1"), ((150, 6), "4")],
-    ids=["whole-rows", "features-split", "lockstep"],
-)
-def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chunks, streams) -> None:
+@pytest.mark.parametrize("chunks", [(150, 6), (150, 4)], ids=["whole-rows", "features-split"])
+def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chunks) -> None:
     monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)  # small batches: the halves are reused
-    monkeypatch.setenv("TSCONV_GPU_DECODE_STREAMS", streams)
     x = price_series(700, 6, seed=1, nan_fraction=0.02).astype(np.float32)
     a = _store(tmp_path / "a.zarr", x, chunks)
     assert gpudecode.unsupported_reason(a) is None

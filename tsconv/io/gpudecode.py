@@ -39,7 +39,7 @@ import numcodecs
 import numpy as np
 import torch
 
-from ..errors import StoreError, TsconvError
+from ..errors import StoreError
 from ..kernels import blosc_lz4
 from ..stream import trace
 from .chunkfile import decode_bytes
@@ -53,8 +53,9 @@ __all__ = ["GpuBandReader", "device_bytes", "requested", "unsupported_reason"]
 TARGET_WARPS = 2048
 # The decoded-band ring's share of the GPU memory budget (both halves).
 MAX_DECODED_BYTES = 384 << 20
-DEFAULT_THREADS = 8
-_HOST_PARTS = 3  # host ring thirds: batches read ahead (two) plus the one being copied  # reading stored bytes is a copy: 8 threads read 30 GB/s on the H200 host
+DEFAULT_THREADS = 8  # reading stored bytes is a copy: 8 threads read 30 GB/s on the H200 host
+_HOST_PARTS = 3  # host ring thirds: batches read ahead (two) plus the one being copied
+_META = 4  # per-batch metadata and error-flag slots
 
 
 def requested() -> str:
@@ -165,13 +166,6 @@ class GpuBandReader:
         self.dtype = np.dtype(layout.dtype)
         env = os.environ.get("TSCONV_GPU_DECODE_THREADS", "").strip()
         self.threads = max(1, int(threads or (int(env) if env else DEFAULT_THREADS)))
-        # LZ4 streams per decode program (1; 2 / 4 / 8: the experimental lockstep kernel, not yet measured)
-        self.streams = int(os.environ.get("TSCONV_GPU_DECODE_STREAMS", "").strip() or 1)
-        if self.streams not in (1, 2, 4, 8):
-            raise TsconvError(
-                f"TSCONV_GPU_DECODE_STREAMS must be 1, 2, 4 or 8, got {self.streams}",
-                hint="unset it (1 stream per decode program is the default).",
-            )
         self.fast, self.fallback_reason, self.hold, self.ring_bands = True, None, 1, None
         self.cuda = self.device.type == "cuda"
         self.pinned = self.cuda
@@ -202,23 +196,25 @@ class GpuBandReader:
             else torch.empty((ring * self._n_cols, self._chunk), dtype=torch.uint8, device=self.device)
         )
         per = self.batch * self._n_cols
-        self._meta_host = torch.zeros((2, 2, per), dtype=torch.int64, pin_memory=self.cuda)  # offsets, sizes
-        self._meta_dev = torch.zeros((2, 2, per), dtype=torch.int64, device=self.device)
-        self._err_dev = torch.zeros((2, per), dtype=torch.int32, device=self.device)
-        self._err_host = torch.zeros((2, per), dtype=torch.int32, pin_memory=self.cuda)
+        # Per batch, in a ring of _META slots: chunk offsets and sizes (host, device), error flags (device,
+        # host). A slot is reused four batches later, long after its copies and its check.
+        self._meta_host = torch.zeros((_META, 2, per), dtype=torch.int64, pin_memory=self.cuda)
+        self._meta_dev = torch.zeros((_META, 2, per), dtype=torch.int64, device=self.device)
+        self._err_dev = torch.zeros((_META, per), dtype=torch.int32, device=self.device)
+        self._err_host = torch.zeros((_META, per), dtype=torch.int32, pin_memory=self.cuda)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tsconv-read", initializer=lower_thread_priority)  # fmt: skip
         self._reads: dict[int, list[Future[Any]]] = {}  # batch -> its chunk reads (each: header or host copy)
         self._launched: dict[int, Any] = {}  # batch -> event after its decode
         self._copied: dict[int, Any] = {}  # batch -> event after its H2D copy
         self._released: dict[int, Any] = {}  # batch -> event after the engine's last use of its bands
-        self._err_batch: list[int | None] = [None, None]  # which batch's error flags each half holds
+        self._unchecked: list[tuple[int, Any]] = []  # (batch, decode event): error flags not checked yet
         self._cpu_chunks: dict[tuple[int, int], np.ndarray] = {}
         self._lock = threading.Lock()
         self._busy = 0.0
         self._decoded = 0
         self._zarr = BlockReader(array, max_cached=1, where=where)
         self._closed = False
-        self._spans: list[tuple[Any, Any, Any]] = []  # per batch: copy start, copy end, decode end events
+        self._spans: list[tuple[Any, Any, Any, Any]] = []  # per batch: copy start / end, decode start / end
         self.gpu_stage_seconds: dict[str, float] = {"h2d": 0.0, "gpu_decode": 0.0}
         if self.cuda:
             self._copy_stream = torch.cuda.Stream(self.device)
@@ -247,6 +243,7 @@ class GpuBandReader:
             if self._launched and g < max(self._launched):
                 raise ValueError(f"read_device reads forward: band {b} is behind the batches decoded")
             self._launch(g)
+        self._ahead(g)
         a = b * self.band_rows
         slot = (g % 2) * self.batch + b % self.batch
         return self._bands[slot, start - a : stop - a], self._launched[g]
@@ -261,11 +258,10 @@ class GpuBandReader:
         ``gpu_stage_seconds`` (event times of the stored bytes' H2D copies and of the decode launches)."""
         if self.cuda:
             torch.cuda.synchronize(self.device)
-            h2d = sum(a.elapsed_time(b) for a, b, _ in self._spans) / 1e3
-            dec = sum(b.elapsed_time(c) for _, b, c in self._spans) / 1e3
+            h2d = sum(a.elapsed_time(b) for a, b, _, _ in self._spans) / 1e3
+            dec = sum(c.elapsed_time(d) for _, _, c, d in self._spans) / 1e3
             self.gpu_stage_seconds = {"h2d": h2d, "gpu_decode": dec}
-        for h in (0, 1):
-            self._check_errors(h)
+        self._check_errors(wait_upto=math.inf)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Host rows [start, stop), read through zarr (the engine's start state; not the fast path)."""
@@ -299,11 +295,18 @@ class GpuBandReader:
             "TSCONV_GPU_DECODE=0 decodes on the CPU instead.",
         )
 
-    def _schedule(self, g: int) -> None:
-        """Start reading batch ``g``'s chunk files into host third g % 3 (the H2D copy of the batch before
-        it there must be done: the caller ensures it)."""
-        if g in self._reads or g * self.batch >= self._n_bands:
-            return
+    def _schedule(self, g: int, *, wait: bool = True) -> bool:
+        """Start reading batch ``g``'s chunk files into host third g % 3 (True once they are started).
+
+        The third is free once the H2D copy of batch g - 3 is done: ``wait`` waits for it, else this
+        returns False while it is not."""
+        if g in self._reads or g in self._launched or g * self.batch >= self._n_bands:
+            return True
+        prev = self._copied.get(g - _HOST_PARTS)
+        if prev is not None:
+            if not (wait or prev.query()):
+                return False
+            prev.synchronize()
         hh = g % _HOST_PARTS
         for other in [o for o in self._reads if o % _HOST_PARTS == hh]:  # a batch never launched (a jump):
             for f in self._reads.pop(other):  # its reads write into the same third, so let them end first
@@ -314,6 +317,21 @@ class GpuBandReader:
             for c in range(self._n_cols):
                 futs.append(self._pool.submit(self._read_chunk, b, c, slot))
         self._reads[g] = futs
+        return True
+
+    def _ahead(self, g: int) -> None:
+        """While the engine reads batch ``g``: launch batch g + 1 once its files are read, and read the
+        files of the batches after it as their host thirds free up. Nothing here waits (the GPU work waits
+        for the GPU work before it on the GPU)."""
+        nxt = g + 1
+        if nxt not in self._launched and nxt * self.batch < self._n_bands:
+            futs = self._reads.get(nxt)
+            if futs is not None and all(f.done() for f in futs):
+                self._launch(nxt)
+        for x in (g + 1, g + 2, g + 3):
+            if not self._schedule(x, wait=False):
+                break
+        self._check_errors()
 
     def _read_chunk(self, b: int, c: int, slot: int) -> int:
         """Read chunk (b, c)'s stored bytes into its place in host slot ``slot``; its LZ4 block count, or
@@ -358,19 +376,20 @@ class GpuBandReader:
 
     def _launch(self, g: int) -> None:
         """Copy batch ``g``'s stored bytes to the GPU and decode them (see the module docstring)."""
-        h = g % 2
+        h, ms = g % 2, g % _META
         self._schedule(g)
         blocks = [f.result() for f in self._reads.pop(g)]  # raises a damaged chunk's StoreError
-        if g - 2 in self._launched:  # half h still holds batch g - 2: its readers must be done
-            rel = self._released.pop(g - 2, None)
-            if rel is not None:
-                rel.synchronize()
-            self._check_errors(h)
-            self._launched.pop(g - 2)
-            self._copied.pop(g - 2, None)
+        # Half h held batch g - 2: the copy waits for its decode (which read the stored half), the decode for
+        # the engine's last read of its bands; on the GPU, so the engine thread does not wait here.
+        before = [
+            e for e in (self._launched.pop(g - 2, None), self._released.pop(g - 2, None)) if e is not None
+        ]
+        self._check_errors(wait_upto=g - _META)  # its flags' slot is reused (four batches on: long decoded)
+        for old in [o for o in self._copied if o < g - _HOST_PARTS]:
+            del self._copied[old]
         b0, b1 = g * self.batch, min((g + 1) * self.batch, self._n_bands)
         nb = b1 - b0
-        meta = self._meta_host[h]
+        meta = self._meta_host[ms]
         meta.zero_()
         for i, b in enumerate(range(b0, b1)):
             for c in range(self._n_cols):
@@ -391,22 +410,27 @@ class GpuBandReader:
         max_blocks = max([1, *blocks])
         if self.cuda:
             with torch.cuda.stream(self._copy_stream):
+                for e in before:
+                    self._copy_stream.wait_event(e)
                 c0 = torch.cuda.Event(enable_timing=True)
                 c0.record(self._copy_stream)
                 stored[lo:used].copy_(host, non_blocking=True)
-                self._meta_dev[h].copy_(meta, non_blocking=True)
+                self._meta_dev[ms].copy_(meta, non_blocking=True)
                 copied = torch.cuda.Event(enable_timing=True)
                 copied.record(self._copy_stream)
             stream = self._decode_streams[h]
-            stream.wait_event(copied)
+            stream.wait_event(copied)  # (after the waits above, on the copy stream)
             ctx: Any = torch.cuda.stream(stream)
         else:
             stored[lo:used].copy_(host)
-            self._meta_dev[h].copy_(meta)
+            self._meta_dev[ms].copy_(meta)
             copied = None
             ctx = contextlib.nullcontext()
         with ctx:
-            err = self._err_dev[h, :n_chunks]
+            if self.cuda:
+                d0 = torch.cuda.Event(enable_timing=True)
+                d0.record(stream)
+            err = self._err_dev[ms, :n_chunks]
             err.zero_()
             if self._whole:
                 out = self._bands.view(torch.uint8).view(2 * self.batch, -1)[
@@ -416,29 +440,24 @@ class GpuBandReader:
                 assert self._tmp is not None
                 out = self._tmp[h * self.batch * self._n_cols : h * self.batch * self._n_cols + n_chunks]
             blosc_lz4.decode_chunks(
-                stored, self._meta_dev[h, 0, :n_chunks], self._meta_dev[h, 1, :n_chunks], out,
-                typesize=self.dtype.itemsize, max_blocks=max_blocks, err=err, streams=self.streams,
+                stored, self._meta_dev[ms, 0, :n_chunks], self._meta_dev[ms, 1, :n_chunks], out,
+                typesize=self.dtype.itemsize, max_blocks=max_blocks, err=err,
             )  # fmt: skip
             self._place(h, b0, b1, out, blocks)
             if self.cuda:
-                self._err_host[h, :n_chunks].copy_(err, non_blocking=True)
+                self._err_host[ms].zero_()
+                self._err_host[ms, :n_chunks].copy_(err, non_blocking=True)
                 done = torch.cuda.Event(enable_timing=True)
                 done.record(stream)
-                self._spans.append((c0, copied, done))
+                self._spans.append((c0, copied, d0, done))
             else:
-                self._err_host[h, :n_chunks].copy_(err)
+                self._err_host[ms].zero_()
+                self._err_host[ms, :n_chunks].copy_(err)
                 done = None
-        self._err_batch[h] = g
+        self._unchecked.append((g, done))
         self._launched[g] = done
         self._copied[g] = copied
         self._decoded += nb
-        # Read the next two batches while this one is used: their host thirds were copied from three
-        # batches before each (long done; the wait is a formality).
-        for nxt in (g + 1, g + 2):
-            prev = self._copied.get(nxt - _HOST_PARTS)
-            if prev is not None:
-                prev.synchronize()
-            self._schedule(nxt)
 
     def _place(self, h: int, b0: int, b1: int, out: torch.Tensor, blocks: list[int]) -> None:
         """Chunks not decoded by the kernel (missing: the fill value; decoded on the CPU: copied in), and
@@ -463,19 +482,21 @@ class GpuBandReader:
                 view = chunk.view(torch_dtype).view(self._col_rows, self._col_width)
                 band[:, c0:c1] = view[: self.band_rows, : c1 - c0]
 
-    def _check_errors(self, h: int) -> None:
-        g = self._err_batch[h]
-        if g is None:
-            return
-        ev = self._launched.get(g)
-        if ev is not None:
-            ev.synchronize()
-        flags = self._err_host[h].numpy()
-        self._err_batch[h] = None
-        bad = np.flatnonzero(flags[: self.batch * self._n_cols])
-        if bad.size:
-            b = g * self.batch + int(bad[0]) // self._n_cols
-            raise self._damaged(b, "a chunk does not decode (Blosc-LZ4 on the GPU)")
+    def _check_errors(self, *, wait_upto: float = -1) -> None:
+        """Raise ``StoreError`` for the first damaged chunk among the launched batches whose decode has
+        ended, waiting for those up to batch ``wait_upto``."""
+        while self._unchecked:
+            g, ev = self._unchecked[0]
+            if ev is not None:
+                if g > wait_upto and not ev.query():
+                    return
+                ev.synchronize()
+            self._unchecked.pop(0)
+            flags = self._err_host[g % _META].numpy()
+            bad = np.flatnonzero(flags[: self.batch * self._n_cols])
+            if bad.size:
+                b = g * self.batch + int(bad[0]) // self._n_cols
+                raise self._damaged(b, "a chunk does not decode (Blosc-LZ4 on the GPU)")
 
 
 def _fill_value(fill: Any) -> float | int:

@@ -17,8 +17,14 @@ The kernel: one program (one warp) per (chunk, block, stream) decodes one LZ4 bl
 literals and matches ``V`` bytes at a time, and writes each byte straight to its unshuffled place (byte
 ``p`` of stream ``k`` of a split, shuffled block is byte ``k`` of element ``p``), so there is no unshuffle
 pass. A match reads bytes written by earlier sequences of the same program; the source of a byte at match
-position ``j`` is ``op - offset + j % offset``, always behind ``op``, so one barrier between writing and
-reading suffices even for overlapping matches (offset < length).
+position ``j`` is ``op - offset + j % offset``, always behind ``op``, so one barrier per sequence, before
+the match reads, suffices even for overlapping matches (offset < length; without overlap, the common case,
+no modulo is taken).
+
+Why it is written this way: the H200 runs at most 32 one-warp programs per SM, and on price-like float32
+data a sequence decodes to about 6 bytes (21,000 sequences per 128 KB stream), so decoding is bound by
+each warp's chain of dependent instructions per sequence. The next sequence's token and offset are loaded
+while the current match is copied, and positions are int32 (chunks under 2 GiB).
 
 Input is untrusted: every load is masked to the chunk's bytes, every store to the stream's output range,
 and a chunk whose streams do not decode to exactly their size (bad offsets, lengths past the end, a
@@ -85,6 +91,8 @@ def unsupported_reason(h: BloscHeader, *, nbytes: int, size: int) -> str | None:
     ``nbytes``; else why not."""
     if h.nbytes != nbytes:
         return f"chunk decodes to {h.nbytes} bytes, expected {nbytes}"
+    if max(nbytes, size) >= 1 << 31:
+        return "a chunk of 2 GiB or more (the kernel indexes a chunk in int32)"
     if h.blocksize <= 0:
         return f"blocksize {h.blocksize}"
     if h.cbytes != size:
@@ -106,11 +114,12 @@ def unsupported_reason(h: BloscHeader, *, nbytes: int, size: int) -> str | None:
 
 @triton.jit
 def _le32(ptr, pos, lim):
-    """The little-endian int32 at byte ``pos`` (masked to ``lim``: 0 past it)."""
-    b0 = tl.load(ptr + pos, mask=pos < lim, other=0).to(tl.int32)
-    b1 = tl.load(ptr + pos + 1, mask=pos + 1 < lim, other=0).to(tl.int32)
-    b2 = tl.load(ptr + pos + 2, mask=pos + 2 < lim, other=0).to(tl.int32)
-    b3 = tl.load(ptr + pos + 3, mask=pos + 3 < lim, other=0).to(tl.int32)
+    """The little-endian int32 at byte ``pos`` (masked to [0, ``lim``): 0 outside)."""
+    ok = pos >= 0
+    b0 = tl.load(ptr + pos, mask=ok & (pos < lim), other=0).to(tl.int32)
+    b1 = tl.load(ptr + pos + 1, mask=ok & (pos + 1 < lim), other=0).to(tl.int32)
+    b2 = tl.load(ptr + pos + 2, mask=ok & (pos + 2 < lim), other=0).to(tl.int32)
+    b3 = tl.load(ptr + pos + 3, mask=ok & (pos + 3 < lim), other=0).to(tl.int32)
     return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
 
 
@@ -131,7 +140,7 @@ def _chunk_header(src_ptr, off_ptr, len_ptr, dst_ptr, c, dst_stride):
 def _blosc_lz4_kernel(
     src_ptr,  # uint8: every chunk's stored bytes
     off_ptr,  # int64 [n_chunks]: where each chunk starts in src
-    len_ptr,  # int64 [n_chunks]: its stored size
+    len_ptr,  # int64 [n_chunks]: its stored size (< 2 GiB: the host checks)
     dst_ptr,  # uint8: chunk c decodes to dst[c * dst_stride : c * dst_stride + nbytes]
     err_ptr,  # int32 [n_chunks]: set to 1 when the chunk is damaged
     dst_stride,
@@ -142,9 +151,10 @@ def _blosc_lz4_kernel(
     c = tl.program_id(1)
     blk = pid // TS
     k = pid % TS
-    src, dst, lim, flags, nbytes, bsz_full, nblocks = _chunk_header(
+    src, dst, lim64, flags, nbytes, bsz_full, nblocks = _chunk_header(
         src_ptr, off_ptr, len_ptr, dst_ptr, c, dst_stride
     )
+    lim = lim64.to(tl.int32)
     lanes = tl.arange(0, V)
     if (blk < nblocks) & (lim >= 16):
         block0 = blk * bsz_full
@@ -162,22 +172,25 @@ def _blosc_lz4_kernel(
             # a leftover (unsplit) shuffled block: elements' bytes are transposed within it
             n_el = bsize // TS
             transposed = shuffle & (~split)
+            dstb = dst + block0
             bad = tl.full((), 0, tl.int32)
             if memcpyed:
-                ip = 16 + block0.to(tl.int64)  # after the header
+                ip64 = 16 + block0.to(tl.int64)  # after the header
                 cs = bsize
             else:
                 hdr_end = 16 + 4 * nblocks  # the header, then the block starts
-                p = _le32(src, 16 + 4 * blk, lim).to(tl.int64)
+                p = _le32(src, 16 + 4 * blk, lim).to(tl.int64)  # int64: a damaged size must not wrap
                 bad = tl.where((p < hdr_end) | (p >= lim), 1, 0)
                 for _ in range(0, k):  # skip the streams before this one
                     cs_prev = _le32(src, p, lim)
                     p += 4 + cs_prev
                     bad = tl.where((cs_prev < 0) | (p > lim), 1, bad)
                 cs = _le32(src, p, lim)
-                ip = p + 4
-            iend = ip + cs
-            bad = tl.where((cs < 0) | (iend > lim), 1, bad)
+                ip64 = p + 4
+            bad = tl.where((cs < 0) | (ip64 + cs > lim), 1, bad)
+            # every position below fits in int32 once checked: chunks are < 2 GiB
+            ip = tl.where(bad == 0, ip64, 0).to(tl.int32)
+            iend = tl.where(bad == 0, ip64 + cs, 0).to(tl.int32)
             op = tl.full((), 0, tl.int32)
             if (cs == neb) | memcpyed:  # stored as is
                 for j0 in range(0, neb, V):
@@ -187,205 +200,84 @@ def _blosc_lz4_kernel(
                     q = first + j * stride
                     if transposed:
                         q = tl.where(j < n_el * TS, (j % n_el) * TS + j // n_el, j)
-                    tl.store(dst + block0 + q, v, mask=m)
+                    tl.store(dstb + q, v, mask=m)
                 op = neb
             else:
+                # The token and the two bytes after it (the match offset when there are no literals) are
+                # loaded one sequence ahead, while the match before is copied: a sequence's chain of
+                # dependent loads is then the match copy alone (benchmarks/NOTES.md, eleventh session).
+                tok_next = tl.load(src + ip, mask=ip < iend, other=0).to(tl.int32)
+                b1 = tl.load(src + ip + 1, mask=ip + 1 < iend, other=0).to(tl.int32)
+                b2 = tl.load(src + ip + 2, mask=ip + 2 < iend, other=0).to(tl.int32)
                 while (ip < iend) & (bad == 0):
-                    tok = tl.load(src + ip).to(tl.int32)
+                    tok = tok_next
                     ip += 1
                     ll = tok >> 4
                     if ll == 15:
                         more = tl.full((), 255, tl.int32)
-                        while (more == 255) & (ip < iend):
+                        while (more == 255) & (ip < iend) & (ll <= neb):  # a bound: ll cannot wrap
                             more = tl.load(src + ip).to(tl.int32)
                             ip += 1
                             ll += more
-                    bad = tl.where((ip + ll > iend) | (op + ll > neb), 1, bad)
+                    bad = tl.where((ll > iend - ip) | (ll > neb - op), 1, bad)
+                    ll = tl.where(bad == 0, ll, 0)
                     for j0 in range(0, ll, V):  # literals
                         j = j0 + lanes
-                        m = (j < ll) & (bad == 0)
+                        m = j < ll
                         v = tl.load(src + ip + j, mask=m, other=0)
                         pos = op + j
                         q = first + pos * stride
                         if transposed:
                             q = tl.where(pos < n_el * TS, (pos % n_el) * TS + pos // n_el, pos)
-                        tl.store(dst + block0 + q, v, mask=m)
+                        tl.store(dstb + q, v, mask=m)
+                    if ll == 0:  # the offset was loaded with the token
+                        moff = b1 | (b2 << 8)
+                    else:
+                        moff = tl.load(src + ip + ll, mask=ip + ll < iend, other=0).to(tl.int32)
+                        moff |= tl.load(src + ip + ll + 1, mask=ip + ll + 1 < iend, other=0).to(tl.int32) << 8
                     ip += ll
                     op += ll
                     if (ip < iend) & (bad == 0):  # a match follows (the last sequence has none)
-                        moff = tl.load(src + ip, mask=ip < iend, other=0).to(tl.int32)
-                        moff |= tl.load(src + ip + 1, mask=ip + 1 < iend, other=0).to(tl.int32) << 8
                         ip += 2
                         ml = tok & 15
                         if ml == 15:
                             more = tl.full((), 255, tl.int32)
-                            while (more == 255) & (ip < iend):
+                            while (more == 255) & (ip < iend) & (ml <= neb):
                                 more = tl.load(src + ip).to(tl.int32)
                                 ip += 1
                                 ml += more
                         ml += 4
-                        bad = tl.where((moff == 0) | (moff > op) | (op + ml > neb) | (ip > iend), 1, bad)
-                        tl.debug_barrier()  # the literals just written are visible to every lane
-                        for j0 in range(0, ml, V):
-                            j = j0 + lanes
-                            m = (j < ml) & (bad == 0)
-                            spos = op - moff + j % tl.maximum(moff, 1)
-                            sq = first + spos * stride
-                            pos = op + j
-                            q = first + pos * stride
-                            if transposed:
-                                sq = tl.where(spos < n_el * TS, (spos % n_el) * TS + spos // n_el, spos)
-                                q = tl.where(pos < n_el * TS, (pos % n_el) * TS + pos // n_el, pos)
-                            v = tl.load(dst + block0 + sq, mask=m, other=0)
-                            tl.store(dst + block0 + q, v, mask=m)
-                        op += ml
+                        bad = tl.where((moff == 0) | (moff > op) | (ml > neb - op) | (ip > iend), 1, bad)
+                        ml = tl.where(bad == 0, ml, 0)
+                        tok_next = tl.load(src + ip, mask=ip < iend, other=0).to(tl.int32)
+                        b1 = tl.load(src + ip + 1, mask=ip + 1 < iend, other=0).to(tl.int32)
+                        b2 = tl.load(src + ip + 2, mask=ip + 2 < iend, other=0).to(tl.int32)
+                        # One barrier per sequence: every byte written so far (the literals just now, the
+                        # matches before) is visible to every lane before this match reads.
                         tl.debug_barrier()
+                        if (moff >= ml) & (~transposed):  # no overlap: no modulo (almost every match)
+                            for j0 in range(0, ml, V):
+                                j = j0 + lanes
+                                m = j < ml
+                                v = tl.load(dstb + first + (op - moff + j) * stride, mask=m, other=0)
+                                tl.store(dstb + first + (op + j) * stride, v, mask=m)
+                        else:  # the source of match byte j is op - moff + j % moff, always behind op
+                            moff1 = tl.maximum(moff, 1)
+                            for j0 in range(0, ml, V):
+                                j = j0 + lanes
+                                m = j < ml
+                                spos = op - moff1 + j % moff1
+                                sq = first + spos * stride
+                                pos = op + j
+                                q = first + pos * stride
+                                if transposed:
+                                    sq = tl.where(spos < n_el * TS, (spos % n_el) * TS + spos // n_el, spos)
+                                    q = tl.where(pos < n_el * TS, (pos % n_el) * TS + pos // n_el, pos)
+                                v = tl.load(dstb + sq, mask=m, other=0)
+                                tl.store(dstb + q, v, mask=m)
+                        op += ml
             if (bad != 0) | (op != neb):
                 tl.store(err_ptr + c, 1)
-
-
-@triton.jit
-def _out_index(pos, first, stride, n_el, transposed, TS: tl.constexpr, ANY_T: tl.constexpr):
-    """Where byte ``pos`` of a stream goes in its block (see ``_blosc_lz4_kernel``); [S, V] tiles."""
-    q = first + pos * stride
-    if ANY_T:
-        q = tl.where(transposed & (pos < n_el * TS), (pos % n_el) * TS + pos // tl.maximum(n_el, 1), q)
-    return q
-
-
-@triton.jit
-def _ext_len(src, ip, iend, n, need):
-    """LZ4's extended length: while a byte is 255 add the next one ([S] lanes where ``need``)."""
-    more = tl.where(need, 255, 0)
-    while tl.max(((more == 255) & (ip < iend)).to(tl.int32), axis=0) > 0:
-        go = (more == 255) & (ip < iend)
-        b = tl.load(src + ip, mask=go, other=0).to(tl.int32)
-        ip = tl.where(go, ip + 1, ip)
-        n = tl.where(go, n + b, n)
-        more = tl.where(go, b, 0)
-    return ip, n
-
-
-@triton.jit
-def _blosc_lz4_multi_kernel(
-    src_ptr, off_ptr, len_ptr, dst_ptr, err_ptr, dst_stride,
-    TS: tl.constexpr, V: tl.constexpr, S: tl.constexpr,
-):  # fmt: skip
-    """``_blosc_lz4_kernel`` with ``S`` streams per program, decoded in lockstep ([S] state, [S, V] copies).
-
-    Why: one stream's sequences form a chain of dependent loads (token, offset, then the match's bytes,
-    written just before), about 1,300 cycles each on the H200; with one stream per warp and at most 32
-    one-warp programs per SM, batches of fewer than ~32 chunks leave the GPU idle (benchmarks/NOTES.md,
-    tenth session). ``S`` streams per warp overlap ``S`` chains. Experimental (``streams`` in
-    :func:`decode_chunks`); the same bytes as the one-stream kernel, checked against numcodecs."""
-    pid = tl.program_id(0)
-    c = tl.program_id(1)
-    src, dst, lim, flags, nbytes, bsz_full, nblocks = _chunk_header(
-        src_ptr, off_ptr, len_ptr, dst_ptr, c, dst_stride
-    )
-    lanes = tl.arange(0, V)[None, :]
-    sid = pid * S + tl.arange(0, S)
-    blk = sid // TS
-    k = sid % TS
-    memcpyed = (flags & 2) != 0
-    block0 = blk * bsz_full
-    bsize = tl.minimum(bsz_full, nbytes - block0)
-    leftover = bsize < bsz_full
-    split = ((flags & 0x10) == 0) & (~leftover) & (~memcpyed)
-    nstreams = tl.where(split, TS, 1)
-    active = (blk < nblocks) & (k < nstreams) & (lim >= 16)
-    neb = tl.where(active, bsize // nstreams, 0)
-    shuffle = ((flags & 1) != 0) & (~memcpyed)
-    stride = tl.where(split & shuffle, TS, 1)
-    first = tl.where(split & shuffle, k, k * neb)
-    n_el = bsize // TS
-    transposed = shuffle & (~split)
-    any_t = tl.max((transposed & active).to(tl.int32), axis=0) > 0
-    hdr_end = 16 + 4 * nblocks
-    p = _le32(src, 16 + 4 * blk, tl.where(active, lim, 0)).to(tl.int64)
-    bad = tl.where(active & (~memcpyed) & ((p < hdr_end) | (p >= lim)), 1, 0)  # a stored chunk has no starts
-    for t in range(0, TS - 1):  # skip the streams before each lane's own
-        upd = active & (t < k)
-        cs_prev = _le32(src, p, tl.where(upd, lim, 0))
-        p = tl.where(upd, p + 4 + cs_prev, p)
-        bad = tl.where(upd & ((cs_prev < 0) | (p > lim)), 1, bad)
-    cs = tl.where(memcpyed, bsize, _le32(src, p, tl.where(active, lim, 0)))
-    ip = tl.where(memcpyed, 16 + block0.to(tl.int64), p + 4)
-    iend = ip + cs
-    bad = tl.where(active & ((cs < 0) | (iend > lim)), 1, bad)
-    raw = active & ((cs == neb) | memcpyed)
-    op = tl.where(raw, neb, 0)
-    n_raw = tl.max(tl.where(raw & (bad == 0), neb, 0), axis=0)
-    for j0 in range(0, n_raw, V):  # streams stored as is
-        j = j0 + lanes
-        m = (raw & (bad == 0))[:, None] & (j < neb[:, None])
-        v = tl.load(src + ip[:, None] + j, mask=m, other=0)
-        if any_t:
-            q = _out_index(j, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, True)
-        else:
-            q = _out_index(j, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, False)
-        tl.store(dst + block0[:, None] + q, v, mask=m)
-    todo = active & (~raw)
-    while tl.max((todo & (ip < iend) & (bad == 0)).to(tl.int32), axis=0) > 0:
-        live = todo & (ip < iend) & (bad == 0)
-        tok = tl.load(src + ip, mask=live, other=0).to(tl.int32)
-        ip = tl.where(live, ip + 1, ip)
-        ll = tok >> 4
-        ip, ll = _ext_len(src, ip, iend, ll, live & (ll == 15))
-        bad = tl.where(live & ((ip + ll > iend) | (op + ll > neb)), 1, bad)
-        ll = tl.where(live & (bad == 0), ll, 0)
-        for j0 in range(0, tl.max(ll, axis=0), V):  # literals
-            j = j0 + lanes
-            m = j < ll[:, None]
-            v = tl.load(src + ip[:, None] + j, mask=m, other=0)
-            pos = op[:, None] + j
-            if any_t:
-                q = _out_index(
-                    pos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, True
-                )
-            else:
-                q = _out_index(
-                    pos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, False
-                )
-            tl.store(dst + block0[:, None] + q, v, mask=m)
-        ip = ip + ll
-        op = op + ll
-        mt = live & (ip < iend) & (bad == 0)  # a match follows (the last sequence has none)
-        moff = tl.load(src + ip, mask=mt, other=0).to(tl.int32)
-        moff |= tl.load(src + ip + 1, mask=mt & (ip + 1 < iend), other=0).to(tl.int32) << 8
-        ip = tl.where(mt, ip + 2, ip)
-        ml = tok & 15
-        ip, ml = _ext_len(src, ip, iend, ml, mt & (ml == 15))
-        ml = ml + 4
-        bad = tl.where(mt & ((moff == 0) | (moff > op) | (op + ml > neb) | (ip > iend)), 1, bad)
-        ml = tl.where(mt & (bad == 0), ml, 0)
-        tl.debug_barrier()  # the literals just written are visible to every lane
-        moff1 = tl.maximum(moff, 1)[:, None]
-        for j0 in range(0, tl.max(ml, axis=0), V):
-            j = j0 + lanes
-            m = j < ml[:, None]
-            spos = op[:, None] - moff1 + j % moff1
-            pos = op[:, None] + j
-            if any_t:
-                sq = _out_index(
-                    spos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, True
-                )
-                q = _out_index(
-                    pos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, True
-                )
-            else:
-                sq = _out_index(
-                    spos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, False
-                )
-                q = _out_index(
-                    pos, first[:, None], stride[:, None], n_el[:, None], transposed[:, None], TS, False
-                )
-            v = tl.load(dst + block0[:, None] + sq, mask=m, other=0)
-            tl.store(dst + block0[:, None] + q, v, mask=m)
-        op = op + ml
-        tl.debug_barrier()
-    failed = active & ((bad != 0) | (op != neb))
-    tl.store(err_ptr + c, 1, mask=tl.max(failed.to(tl.int32), axis=0) > 0)
 
 
 def decode_chunks(
@@ -397,15 +289,14 @@ def decode_chunks(
     typesize: int,
     max_blocks: int,
     err: torch.Tensor | None = None,
-    streams: int = 1,
 ) -> torch.Tensor:
     """Decode Blosc-LZ4 chunks from ``src`` (uint8, on the device) into the rows of ``out`` (uint8
     [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
 
     ``offsets`` / ``sizes`` (int64 [n_chunks], same device): each chunk's place in ``src``; a size of 0 skips
     the chunk (its row is left as it was). Every other chunk must have passed :func:`unsupported_reason` on
-    the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them. ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation. ``streams``:
-    LZ4 streams per program (1, or 2 / 4 / 8 for the experimental lockstep kernel).
+    the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them.
+    ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation.
     """
     n = int(offsets.numel())
     if out.dim() != 2 or out.dtype != torch.uint8 or out.stride(1) != 1 or out.shape[0] != n:
@@ -414,14 +305,7 @@ def decode_chunks(
         err = torch.zeros(n, dtype=torch.int32, device=out.device)
     if n == 0 or max_blocks == 0:
         return err
-    if streams == 1:
-        grid = (max_blocks * typesize, n)
-        _blosc_lz4_kernel[grid](src, offsets, sizes, out, err, out.stride(0), TS=typesize, V=32, num_warps=1)
-        return err
-    if streams not in (2, 4, 8):
-        raise ValueError(f"streams per program must be 1, 2, 4 or 8, got {streams}")
-    grid = (triton.cdiv(max_blocks * typesize, streams), n)
-    _blosc_lz4_multi_kernel[grid](
-        src, offsets, sizes, out, err, out.stride(0), TS=typesize, V=32, S=streams, num_warps=1
+    _blosc_lz4_kernel[(max_blocks * typesize, n)](
+        src, offsets, sizes, out, err, out.stride(0), TS=typesize, V=32, num_warps=1
     )
     return err
