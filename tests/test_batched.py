@@ -20,6 +20,7 @@ from tsconv.errors import TsconvError
 from tsconv.io.reader import ArraySource
 from tsconv.kernels.backend import Backend
 from tsconv.spec import pipeline_from_dict, resolve
+from tsconv.stream import prep
 from tsconv.stream.batched import parse_bytes, plan_step_rows, run_batched
 from tsconv.stream.fill import forward_fill
 from tsconv.stream.prep import prepare
@@ -52,15 +53,20 @@ def _prep_reference(raw, state, carry, *, fill=True, center=True):
     return (x - level if center else x), new_state, level, rows[-carry.shape[0] :] if carry.shape[0] else None
 
 
-@pytest.mark.parametrize("pieces", [[90], [33, 50, 7], [1, 1, 88]])
+@pytest.mark.parametrize("pieces", [[90], [33, 50, 7], [1, 1, 88], [700], [300, 3, 397]])
 @pytest.mark.parametrize("fill", [True, False])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
-def test_prepare_equals_the_chunked_engines_arithmetic(pieces, fill, dtype):
+@pytest.mark.parametrize("split", [True, False])
+def test_prepare_equals_the_chunked_engines_arithmetic(pieces, fill, dtype, split, monkeypatch):
+    monkeypatch.setattr(prep, "_SEG", 64)  # pieces of 90+ rows in several segments (up to 11)
     rng = np.random.default_rng(3)
-    n, C, halo = 90, 19, 6
+    n, C, halo = sum(pieces), 19, 6
     raw = price_series(n, C, seed=1, nan_fraction=0.15).astype(dtype)
     raw[:50, 2] = np.nan  # late start inside the step
     raw[:, 4] = np.nan  # never starts
+    raw[:, 5] = np.nan
+    raw[n - 150 : n - 140, 5] = 99.5  # valid only in one segment, NaN for several segments after it
+    raw[60:260, 6] = np.nan  # NaN across whole segments
     state = np.full(C, np.nan, np.float32)
     state[:9] = 101.25
     carry = rng.uniform(90, 110, size=(halo, C)).astype(np.float32)
@@ -71,7 +77,7 @@ def test_prepare_equals_the_chunked_engines_arithmetic(pieces, fill, dtype):
     off = 0
     for k, p in enumerate(pieces):
         prepare(torch.from_numpy(raw[off : off + p]), xc=xc, state=st, level=lv, carry_in=cin,
-                carry_out=cout, off=off, n_step=n, fill=fill, last=k == len(pieces) - 1)  # fmt: skip
+                carry_out=cout, off=off, n_step=n, fill=fill, last=k == len(pieces) - 1, split=split)  # fmt: skip
         off += p
     np.testing.assert_array_equal(xc.numpy(), want)
     np.testing.assert_array_equal(st.numpy(), want_state)

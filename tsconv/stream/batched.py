@@ -428,7 +428,7 @@ def run_batched(
                     prepare(
                         src, xc=xc[: halo + n], state=state, level=level, carry_in=carries[i % 2],
                         carry_out=carries[(i + 1) % 2], off=lo - s, n_step=n, cols=cols, fill=fill,
-                        center=center, last=j == len(pieces) - 1,
+                        center=center, last=j == len(pieces) - 1, split=not mapped,
                     )  # fmt: skip
                     done = gpu.event(gpu.compute)
                     prep_events.append((p0, done))

@@ -12,10 +12,15 @@ The level is the one the CPU engine uses (see ``Backend._first_stage``): the las
 or, for a feature that has none yet, its first value in the step (earlier rows are NaN anyway), else 0.
 Subtracting it is the same float32 operation the CPU engine performs, so the conv sees the same numbers.
 
-Reading the input once matters: in ``--transfer mapped`` mode ``src`` is host memory mapped into the
-GPU's address space and this kernel is its only reader. One program owns a block of features and walks
-the rows in tiles, so the fill carry stays in registers; a few dozen programs suffice to reach the
-bandwidth this pass needs (a step's conv costs several times more).
+Up to three launches per piece. The rows are cut into segments (up to 32) so that a piece runs on enough
+programs: one program per (block of 16 features, segment). The first kernel summarises each segment (its
+last and first non-NaN value per feature); the second fills and centres each segment, starting from the
+piece's fill state folded with the summaries of the segments before it; the third writes the state and
+level leaving the piece, and after a step's last piece the halo rows. Why: one program per feature block
+walking every row (64 programs at 1024 features) ran at about 43 GB/s on the H200, 0.1 s of GPU time per
+4.3 GB (benchmarks/NOTES.md, eleventh session); the segments read the input twice and run at memory speed.
+In ``--transfer mapped`` mode the input is host memory read over PCIe: one segment there (``split``), read
+once.
 """
 
 from __future__ import annotations
@@ -27,13 +32,73 @@ import triton.language as tl
 __all__ = ["prepare"]
 
 _BT = 64  # rows per tile
-_BC = 16  # features per program: 64 programs at 1024 features; each tile row is 64 contiguous bytes
+_BC = 16  # features per program block: each tile row is 64 contiguous bytes
+_SEG = 256  # rows per segment at least (4 tiles)
+_MAX_SEGS = 32  # segments per piece at most: each program folds the summaries of the ones before it
 
 
 @triton.jit
 def _last_valid(a, b):
     # Associative: the later of two values unless it is NaN (x != x only for NaN).
     return tl.where(b == b, b, a)
+
+
+@triton.jit
+def _tile(src_ptr, stride_sr, stride_sc, scol, r, m):
+    ptrs = src_ptr + r[:, None].to(tl.int64) * stride_sr + scol[None, :] * stride_sc
+    return tl.load(ptrs, mask=m, other=float("nan")).to(tl.float32)
+
+
+@triton.jit
+def _columns(cols_ptr, cidx, cmask, HAS_COLS: tl.constexpr):
+    if HAS_COLS:
+        return tl.load(cols_ptr + cidx, mask=cmask, other=0).to(tl.int64)
+    return cidx.to(tl.int64)
+
+
+@triton.jit
+def _summary_kernel(
+    src_ptr, stride_sr, stride_sc, cols_ptr, n, C, seg_rows, summ_ptr, nseg,
+    HAS_COLS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Per (segment, feature): the last and the first non-NaN value of the segment's raw rows (NaN: none)."""
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    cidx = pid * BC + tl.arange(0, BC)
+    cmask = cidx < C
+    scol = _columns(cols_ptr, cidx, cmask, HAS_COLS)
+    rows = tl.arange(0, BT)
+    last = tl.full((BC,), float("nan"), tl.float32)
+    first = tl.full((BC,), float("nan"), tl.float32)
+    r0 = s * seg_rows
+    r1 = tl.minimum(r0 + seg_rows, n)
+    for t0 in range(r0, r1, BT):
+        r = t0 + rows
+        m = (r < r1)[:, None] & cmask[None, :]
+        x = _tile(src_ptr, stride_sr, stride_sc, scol, r, m)
+        valid = x == x
+        # order-free reductions (see _prep_kernel): the row index of the last / first valid value
+        last_row = tl.max(tl.where(valid, rows[:, None], -1), axis=0)
+        first_row = tl.min(tl.where(valid, rows[:, None], BT), axis=0)
+        t_last = tl.sum(tl.where(valid & (rows[:, None] == last_row[None, :]), x, 0.0), axis=0)
+        t_first = tl.sum(tl.where(valid & (rows[:, None] == first_row[None, :]), x, 0.0), axis=0)
+        last = tl.where(last_row >= 0, t_last, last)
+        first = tl.where((first != first) & (first_row < BT), t_first, first)
+    tl.store(summ_ptr + s * C + cidx, last, mask=cmask)
+    tl.store(summ_ptr + (nseg + s) * C + cidx, first, mask=cmask)
+
+
+@triton.jit
+def _entering(state_ptr, level_ptr, summ_ptr, cidx, cmask, s, nseg, C):
+    """The fill state and the level entering segment ``s``: the piece's, then each earlier segment's."""
+    state = tl.load(state_ptr + cidx, mask=cmask, other=float("nan"))
+    lvl = tl.load(level_ptr + cidx, mask=cmask, other=0.0)  # NaN: not known yet
+    for k in range(0, s):
+        last = tl.load(summ_ptr + k * C + cidx, mask=cmask, other=float("nan"))
+        first = tl.load(summ_ptr + (nseg + k) * C + cidx, mask=cmask, other=float("nan"))
+        state = tl.where(last == last, last, state)
+        lvl = tl.where(lvl == lvl, lvl, first)
+    return state, lvl
 
 
 @triton.jit
@@ -49,33 +114,33 @@ def _prep_kernel(
     C,
     state_ptr,
     level_ptr,
-    carry_in_ptr,
+    summ_ptr,
+    nseg,
+    seg_rows,
     carry_out_ptr,
     xc_ptr,
     stride_xr,
     FILL: tl.constexpr,
     CENTER: tl.constexpr,
-    LAST: tl.constexpr,
     HAS_COLS: tl.constexpr,
+    ONE_SEGMENT: tl.constexpr,
     BT: tl.constexpr,
     BC: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    s = tl.program_id(1)
     cidx = pid * BC + tl.arange(0, BC)
     cmask = cidx < C
-    if HAS_COLS:
-        scol = tl.load(cols_ptr + cidx, mask=cmask, other=0).to(tl.int64)
-    else:
-        scol = cidx.to(tl.int64)
-    state = tl.load(state_ptr + cidx, mask=cmask, other=float("nan"))
-    lvl = tl.load(level_ptr + cidx, mask=cmask, other=0.0)  # NaN: not known yet
+    scol = _columns(cols_ptr, cidx, cmask, HAS_COLS)
+    state, lvl = _entering(state_ptr, level_ptr, summ_ptr, cidx, cmask, s, nseg, C)
     rows = tl.arange(0, BT)
     keep_from = n_step - halo  # step rows at or after this one are the next step's halo
-    for t0 in range(0, n, BT):
+    r0 = s * seg_rows
+    r1 = tl.minimum(r0 + seg_rows, n)
+    for t0 in range(r0, r1, BT):
         r = t0 + rows
-        m = (r < n)[:, None] & cmask[None, :]
-        ptrs = src_ptr + r[:, None].to(tl.int64) * stride_sr + scol[None, :] * stride_sc
-        x = tl.load(ptrs, mask=m, other=float("nan")).to(tl.float32)
+        m = (r < r1)[:, None] & cmask[None, :]
+        x = _tile(src_ptr, stride_sr, stride_sc, scol, r, m)
         # A scan keeps the order of its operands; a reduction need not (GPU reductions combine lanes in
         # butterfly order), so "last valid" and "first valid" below use order-free sums and minima.
         scanned = tl.associative_scan(x, 0, _last_valid)
@@ -99,9 +164,26 @@ def _prep_kernel(
             crow = (g - keep_from).to(tl.int64)
             cm = m & (g >= keep_from)[:, None]
             tl.store(carry_out_ptr + crow[:, None] * C + cidx[None, :], v, mask=cm)
+    if ONE_SEGMENT:  # no summary kernel ran: this program's state and level leaving the piece stand for it
+        tl.store(summ_ptr + cidx, state, mask=cmask)
+        tl.store(summ_ptr + C + cidx, lvl, mask=cmask)
+
+
+@triton.jit
+def _finish_kernel(
+    state_ptr, level_ptr, summ_ptr, nseg, C, halo, carry_in_ptr, xc_ptr, stride_xr,
+    CENTER: tl.constexpr, LAST: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """After every segment: the fill state and level leaving the piece; after a step's last piece, the
+    halo rows (the carried raw filled rows minus the final level)."""
+    pid = tl.program_id(0)
+    cidx = pid * BC + tl.arange(0, BC)
+    cmask = cidx < C
+    state, lvl = _entering(state_ptr, level_ptr, summ_ptr, cidx, cmask, nseg, nseg, C)
     tl.store(state_ptr + cidx, state, mask=cmask)
     if LAST:
         lvl = tl.where(lvl == lvl, lvl, 0.0)
+        rows = tl.arange(0, BT)
         for h0 in range(0, halo, BT):
             h = h0 + rows
             hm = (h < halo)[:, None] & cmask[None, :]
@@ -110,6 +192,16 @@ def _prep_kernel(
                 c = c - lvl[None, :]
             tl.store(xc_ptr + h[:, None].to(tl.int64) * stride_xr + cidx[None, :], c, mask=hm)
     tl.store(level_ptr + cidx, lvl, mask=cmask)
+
+
+def _segments(n: int, split: bool) -> tuple[int, int]:
+    """(rows per segment, segments): whole tiles, at least _SEG rows, at most _MAX_SEGS segments (one
+    unless ``split``)."""
+    if not split:
+        return max(n, 1), 1
+    seg = max(_SEG, -(-n // _MAX_SEGS))
+    seg = -(-seg // _BT) * _BT
+    return seg, max(1, -(-n // seg))
 
 
 def prepare(
@@ -126,6 +218,7 @@ def prepare(
     fill: bool = True,
     center: bool = True,
     last: bool = True,
+    split: bool = True,
 ) -> None:
     """Prepare rows ``off .. off + len(src)`` of a step of ``n_step`` rows into ``xc`` (see the module doc).
 
@@ -134,37 +227,33 @@ def prepare(
     (fill state, updated), ``level`` [C] (set it to ``state`` before a step's first piece; NaN where
     unknown; final after the ``last`` piece), ``carry_in``/``carry_out`` [halo, C] float32 contiguous
     (the previous step's last raw filled rows, and this step's), ``xc`` [halo + n_step, C] float32 with
-    unit column stride. Pieces of one step must be prepared in order, on one stream.
+    unit column stride. Pieces of one step must be prepared in order, on one stream. ``split=False``
+    reads ``src`` once, in one segment (for mapped host memory, where each read crosses PCIe).
     """
     C = xc.shape[1]
     halo = xc.shape[0] - n_step
     n = src.shape[0]
     if n == 0 and not last:
         return
-    if halo == 0:  # no carry rows: any valid pointer will do, the kernel never touches them
+    if halo == 0:  # no carry rows: any valid pointer will do, the kernels never touch them
         carry_in = carry_out = state
-    grid = (triton.cdiv(C, _BC),)
-    _prep_kernel[grid](
-        src,
-        src.stride(0),
-        src.stride(1),
-        cols if cols is not None else state,
-        n,
-        off,
-        n_step,
-        halo,
-        C,
-        state,
-        level,
-        carry_in,
-        carry_out,
-        xc,
-        xc.stride(0),
-        FILL=fill,
-        CENTER=center,
-        LAST=last,
-        HAS_COLS=cols is not None,
-        BT=_BT,
-        BC=_BC,
-        num_warps=2,
-    )
+    seg, nseg = _segments(n, split)
+    summ = torch.empty((2, nseg, C), dtype=torch.float32, device=xc.device)
+    fb = triton.cdiv(C, _BC)
+    cols_arg = cols if cols is not None else state
+    common = dict(HAS_COLS=cols is not None, BT=_BT, BC=_BC, num_warps=2)
+    if n:
+        if nseg > 1:
+            _summary_kernel[(fb, nseg)](
+                src, src.stride(0), src.stride(1), cols_arg, n, C, seg, summ, nseg, **common
+            )  # fmt: skip
+        _prep_kernel[(fb, nseg)](
+            src, src.stride(0), src.stride(1), cols_arg, n, off, n_step, halo, C, state, level, summ, nseg,
+            seg, carry_out, xc, xc.stride(0), FILL=fill, CENTER=center, ONE_SEGMENT=nseg == 1, **common,
+        )  # fmt: skip
+    else:
+        summ.fill_(float("nan"))
+    _finish_kernel[(fb,)](
+        state, level, summ, nseg, C, halo, carry_in, xc, xc.stride(0), CENTER=center, LAST=last, BT=_BT,
+        BC=_BC, num_warps=2,
+    )  # fmt: skip
