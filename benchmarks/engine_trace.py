@@ -13,7 +13,7 @@ ahead of the engine (median of band decoded -> band read).
 
 Variants set environment knobs the engine reads at run time, or (for exploration only) module
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
-``headP`` (TSCONV_HEAD_PATH=P), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
+``headP`` (TSCONV_HEAD_PATH=P), ``gpudecode`` (TSCONV_GPU_DECODE=1), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
 """
 
 from __future__ import annotations
@@ -180,6 +180,8 @@ def variant(name: str):  # noqa: ANN201
         env["TSCONV_HEAD_PATH"] = name[4:]
     elif name == "nommap":
         env["TSCONV_MMAP"] = "0"
+    elif name == "gpudecode":
+        env["TSCONV_GPU_DECODE"] = "1"
     elif name.startswith("nice"):
         env["TSCONV_IO_NICE"] = name[4:]
     elif name.startswith("ring"):

@@ -144,9 +144,9 @@ def main() -> int:
     marks: list = []
     orig = be_mod.Backend._conv
 
-    def traced(self, x, layer, bias):  # noqa: ANN001, ANN202
+    def traced(self, x, layer, bias, **kw):  # noqa: ANN001, ANN202
         a = torch.cuda.memory_allocated()
-        y = orig(self, x, layer, bias)
+        y = orig(self, x, layer, bias, **kw)
         torch.cuda.synchronize()
         marks.append({"before_conv": a, "after_conv": torch.cuda.memory_allocated(),
                       "peak": torch.cuda.max_memory_allocated(), "x_shape": list(x.shape)})  # fmt: skip
