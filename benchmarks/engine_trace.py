@@ -13,7 +13,8 @@ ahead of the engine (median of band decoded -> band read).
 
 Variants set environment knobs the engine reads at run time, or (for exploration only) module
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
-``headP`` (TSCONV_HEAD_PATH=P), ``gpudecode`` (TSCONV_GPU_DECODE=1), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
+``headP`` (TSCONV_HEAD_PATH=P), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
+``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
 """
 
 from __future__ import annotations
@@ -166,6 +167,10 @@ class _PyHog:
 
 
 @contextlib.contextmanager
+class _Sys:
+    interval = 0.0  # a GIL switch interval to set for a variant (0: leave it)
+
+
 def variant(name: str):  # noqa: ANN201
     """Apply one variant's knobs for the duration of the block."""
     env: dict[str, str] = {}
@@ -180,8 +185,10 @@ def variant(name: str):  # noqa: ANN201
         env["TSCONV_HEAD_PATH"] = name[4:]
     elif name == "nommap":
         env["TSCONV_MMAP"] = "0"
-    elif name == "gpudecode":
+    elif name.startswith("gpudecode"):  # gpudecode, or gpudecode+switchN: also the GIL switch interval N µs
         env["TSCONV_GPU_DECODE"] = "1"
+        if "+switch" in name:
+            patches.append((_Sys, "interval", int(name.split("+switch")[1]) * 1e-6))
     elif name.startswith("nice"):
         env["TSCONV_IO_NICE"] = name[4:]
     elif name.startswith("ring"):
@@ -223,6 +230,9 @@ def variant(name: str):  # noqa: ANN201
     os.environ.update(env)
     for mod, attr, value in patches:
         setattr(mod, attr, value)
+    old_switch = sys.getswitchinterval()
+    if _Sys.interval:
+        sys.setswitchinterval(_Sys.interval)
     if hog is not None:
         hog.start()
     if pyhog is not None:
@@ -234,6 +244,7 @@ def variant(name: str):  # noqa: ANN201
             pyhog.stop()
         if hog is not None:
             hog.stop()
+        sys.setswitchinterval(old_switch)
         for k, v in old_env.items():
             if v is None:
                 os.environ.pop(k, None)

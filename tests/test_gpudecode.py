@@ -35,15 +35,20 @@ def _store(path: Path, x: np.ndarray, chunks: tuple[int, int], **kw) -> zarr.Arr
     return zarr.open_array(str(path), mode="r")
 
 
-def _all_bands(r: gpudecode.GpuBandReader) -> np.ndarray:
+def _all_bands(r: gpudecode.GpuBandReader, *, bands: int = 1) -> np.ndarray:
+    """Every row, read ``bands`` bands at a time (pieces never cross a batch's end, as the engine cuts them)."""
     parts = []
-    for b in range(-(-r.rows // r.band_rows)):
-        lo, hi = b * r.band_rows, min(r.rows, (b + 1) * r.band_rows)
+    b = 0
+    n_bands = -(-r.rows // r.band_rows)
+    while b < n_bands:
+        e = min(b + bands, (b // r.batch + 1) * r.batch, n_bands)
+        lo, hi = b * r.band_rows, min(r.rows, e * r.band_rows)
         view, ready = r.read_device(lo, hi)
         if ready is not None:
             ready.synchronize()
         parts.append(view.cpu().numpy().copy())
         r.release(b, None)
+        b = e
     r.finish()
     return np.concatenate(parts)
 
@@ -61,6 +66,12 @@ def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chu
         assert r.batch < 5  # several batches over the 5 bands
         got = _all_bands(r)
         np.testing.assert_array_equal(got, np.asarray(a[:]))
+    with gpudecode.GpuBandReader(a, device=DEVICE) as r:  # whole batches per read (the engine's pieces)
+        assert r.piece_bands == r.batch
+        assert r.batch > 1 or chunks[1] < 6  # (whole rows: two bands per batch)
+        np.testing.assert_array_equal(_all_bands(r, bands=r.batch), np.asarray(a[:]))
+        with pytest.raises(ValueError, match="span batches"):
+            r.read_device(0, (r.batch + 1) * r.band_rows)
         np.testing.assert_array_equal(r.read(140, 460), x[140:460])  # host reads for the start state
 
 

@@ -166,7 +166,7 @@ class GpuBandReader:
         self.dtype = np.dtype(layout.dtype)
         env = os.environ.get("TSCONV_GPU_DECODE_THREADS", "").strip()
         self.threads = max(1, int(threads or (int(env) if env else DEFAULT_THREADS)))
-        self.fast, self.fallback_reason, self.hold, self.ring_bands = True, None, 1, None
+        self.fast, self.fallback_reason, self.hold = True, None, 1
         self.cuda = self.device.type == "cuda"
         self.pinned = self.cuda
         self._col_rows, self._col_width = layout.chunks
@@ -176,6 +176,8 @@ class GpuBandReader:
         self._whole = self._n_cols == 1 and self._col_width == self.n_features
         band_bytes = self.band_rows * self.n_features * self.dtype.itemsize
         self.batch = min(_batch_bands(layout, band_bytes, self._n_cols), self._n_bands)
+        # The engine's pieces: up to a whole batch (one prepare launch over its bands), never across one's end.
+        self.piece_bands = self.ring_bands = self.batch
         self.prefetch = self.batch
         self._sizes = _file_sizes(layout, self.rows, self._n_cols)
         self._within, self._slot = _slot_layout(self._sizes)
@@ -233,20 +235,20 @@ class GpuBandReader:
         return self._decoded
 
     def read_device(self, start: int, stop: int) -> tuple[torch.Tensor, Any]:
-        """Rows [start, stop) of one band as a view of the device ring, and the event to wait on first
-        (None on the CPU). Valid until the band is released and its half reused two batches later."""
+        """Rows [start, stop) of bands of one batch as a view of the device ring, and the event to wait on
+        first (None on the CPU). Valid until the batch is released and its half reused two batches later."""
         b = start // self.band_rows
-        if (stop - 1) // self.band_rows != b:
-            raise ValueError(f"rows [{start}, {stop}) span bands; read_device serves one band at a time")
         g = b // self.batch
+        if (stop - 1) // self.band_rows // self.batch != g:
+            raise ValueError(f"rows [{start}, {stop}) span batches; read_device serves one batch at a time")
         if g not in self._launched:
             if self._launched and g < max(self._launched):
                 raise ValueError(f"read_device reads forward: band {b} is behind the batches decoded")
             self._launch(g)
         self._ahead(g)
-        a = b * self.band_rows
-        slot = (g % 2) * self.batch + b % self.batch
-        return self._bands[slot, start - a : stop - a], self._launched[g]
+        half = self._bands[(g % 2) * self.batch : (g % 2 + 1) * self.batch].view(-1, self.n_features)
+        a = g * self.batch * self.band_rows
+        return half[start - a : stop - a], self._launched[g]
 
     def release(self, band: int, event: Any) -> None:
         """The GPU work that reads ``band`` ends at ``event``: its slot may be reused after it."""

@@ -344,7 +344,10 @@ def run_batched(
     ring_bands = getattr(source, "ring_bands", None)
     # bands per piece: as many as fit PIECE_BYTES and the reader's hold lets stay intact with one in flight
     piece_bytes = _piece_bytes(step_rows, row_bytes)
-    k = min((hold + 1) // 2, _bands_per_piece(band_rows * row_bytes, piece_bytes)) if ring_bands else 1
+    if on_device:  # no copy to size: as many bands as the reader serves in one view (fewer launches)
+        k = max(1, int(getattr(source, "piece_bands", 1)))
+    else:
+        k = min((hold + 1) // 2, _bands_per_piece(band_rows * row_bytes, piece_bytes)) if ring_bands else 1
     if k > 1:
         piece_rows = min(k * band_rows, step_rows)
     else:
