@@ -166,11 +166,11 @@ class _PyHog:
             t.join()
 
 
-@contextlib.contextmanager
 class _Sys:
     interval = 0.0  # a GIL switch interval to set for a variant (0: leave it)
 
 
+@contextlib.contextmanager
 def variant(name: str):  # noqa: ANN201
     """Apply one variant's knobs for the duration of the block."""
     env: dict[str, str] = {}
