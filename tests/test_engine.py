@@ -204,3 +204,23 @@ def test_the_triton_path_of_the_engine_matches_the_reference() -> None:
         backend = Backend(plan, torch.device("cpu"), use_triton=True)
         _stream(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup=warmup)
         assert_matches_reference(np.concatenate(out), x, plan, warmup=warmup)
+
+
+def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored(monkeypatch):
+    import sys
+
+    from tsconv.engine import SWITCH_INTERVAL_US, _gil_switch
+    from tsconv.errors import TsconvError
+
+    before = sys.getswitchinterval()
+    with _gil_switch(torch.device("cuda")):
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_US * 1e-6)
+    assert sys.getswitchinterval() == before
+    with _gil_switch(torch.device("cpu")):
+        assert sys.getswitchinterval() == before
+    monkeypatch.setenv("TSCONV_SWITCH_INTERVAL_US", "0")
+    with _gil_switch(torch.device("cuda")):
+        assert sys.getswitchinterval() == before
+    monkeypatch.setenv("TSCONV_SWITCH_INTERVAL_US", "fast")
+    with pytest.raises(TsconvError, match="microseconds"), _gil_switch(torch.device("cuda")):
+        pass
