@@ -214,7 +214,9 @@ def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored(monkeyp
 
     before = sys.getswitchinterval()
     with _gil_switch(torch.device("cuda")):
-        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_US * 1e-6)
+        assert sys.getswitchinterval() == pytest.approx(
+            SWITCH_INTERVAL_US * 1e-6, rel=0.02
+        )  # (microsecond clock)
     assert sys.getswitchinterval() == before
     with _gil_switch(torch.device("cpu")):
         assert sys.getswitchinterval() == before
