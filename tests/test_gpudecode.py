@@ -114,7 +114,7 @@ def test_what_the_gpu_reader_does_not_take(tmp_path: Path, monkeypatch) -> None:
     assert "compressor code" in gpudecode.unsupported_reason(
         zarr.open_array(str(tmp_path / "b.zarr"), mode="r")
     )
-    for value, want in (("", ""), ("0", ""), ("1", "1"), ("force", "force")):
+    for value, want in (("", "1"), ("0", ""), ("off", ""), ("1", "1"), ("force", "force")):
         monkeypatch.setenv("TSCONV_GPU_DECODE", value)
         assert gpudecode.requested() == want
 

@@ -136,9 +136,9 @@ def _run_process(
     "--decode",
     type=click.Choice(["cpu", "gpu"]),
     default=None,
-    help="CUDA only: where input chunks are decoded: cpu (threads; the default unless TSCONV_GPU_DECODE=1) "
-    "or gpu (Blosc-LZ4 stores; others are decoded on the CPU). Single-GPU runs; dask workers read "
-    "TSCONV_GPU_DECODE.",
+    help="CUDA only: where input chunks are decoded: gpu (the default: Blosc-LZ4 stores with pinned transfers; "
+    "others are decoded on the CPU) or cpu (threads; also the default with TSCONV_GPU_DECODE=0). "
+    "Single-GPU runs; dask workers read TSCONV_GPU_DECODE.",
 )
 @click.option(
     "--gpu-mem",

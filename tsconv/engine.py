@@ -345,8 +345,9 @@ def process(
     memory its buffers take, and a pipeline that cannot fit is refused before anything starts.
     ``batched`` forces the engine (True: batched, False: chunk by chunk); on the CPU the batched engine
     needs the Triton interpreter (``TRITON_INTERPRET=1``) and exists for tests. ``decode``: where the
-    batched engine decodes the input, ``"cpu"`` (threads, the default) or ``"gpu"`` (Blosc-LZ4 stores,
-    :mod:`tsconv.io.gpudecode`; other stores fall back to the CPU); None reads ``TSCONV_GPU_DECODE``.
+    batched engine decodes the input, ``"gpu"`` (Blosc-LZ4 stores with pinned transfers,
+    :mod:`tsconv.io.gpudecode`; other stores fall back to the CPU) or ``"cpu"`` (threads); None: gpu
+    unless ``TSCONV_GPU_DECODE=0``.
     The report's ``reader`` says which reader ran.
     """
     if output is not None and str(output).lower().endswith((".parquet", ".pq")):
@@ -548,14 +549,14 @@ def check_decode(decode: str | None) -> None:
     if decode is not None and decode not in DECODE_CHOICES:
         raise TsconvError(
             f"decode must be one of {', '.join(DECODE_CHOICES)}, got {decode!r}",
-            hint="cpu decodes in threads (the default); gpu decodes Blosc-LZ4 stores on the GPU.",
+            hint="gpu (the default) decodes Blosc-LZ4 stores on the GPU; cpu decodes in threads.",
         )
 
 
 def _gpu_decode(store: InputStore, dev: torch.device, transfer: str, decode: str | None = None) -> bool:
-    """Decode on the GPU (tsconv.io.gpudecode): asked for (``decode="gpu"``, or TSCONV_GPU_DECODE when
-    ``decode`` is None), pinned transfers, and a Blosc-LZ4 store the GPU decoder handles; otherwise the
-    CPU reader runs."""
+    """Decode on the GPU (tsconv.io.gpudecode): not turned off (``decode="cpu"``, or TSCONV_GPU_DECODE=0
+    when ``decode`` is None), pinned transfers, and a Blosc-LZ4 store the GPU decoder handles; otherwise
+    the CPU reader runs."""
     mode = gpudecode.requested() if decode is None else ("1" if decode == "gpu" else "")
     if not mode or transfer != "pinned" or (dev.type != "cuda" and mode != "force"):
         return False

@@ -8,8 +8,9 @@ read, copy and decode pipelined in batches of 32 chunks gave 32 GB/s of decoded 
 16 GB/s for the CPU reader plus H2D in the same process. See :mod:`tsconv.kernels.blosc_lz4` for what it
 decodes.
 
-Opt-in (``TSCONV_GPU_DECODE=1``; ``TSCONV_GPU_DECODE_THREADS`` reading threads, default 8) for the batched
-engine on CUDA, Blosc-LZ4 stores the fast reader handles
+The default reader of the batched engine on CUDA with pinned transfers (``TSCONV_GPU_DECODE=0`` or
+``--decode cpu`` turn it off; ``TSCONV_GPU_DECODE_THREADS`` reading threads, default 8), for Blosc-LZ4
+stores the fast reader handles
 (:func:`unsupported_reason` says why not otherwise; the engine then uses the CPU reader). A chunk whose
 header the GPU decoder does not handle is decoded by numcodecs in the reading thread and copied in.
 
@@ -59,12 +60,12 @@ _META = 4  # per-batch metadata and error-flag slots
 
 
 def requested() -> str:
-    """``TSCONV_GPU_DECODE``: "1" (on CUDA), "force" (also on the CPU, through the Triton interpreter: for
-    tests), else "" (off)."""
+    """``TSCONV_GPU_DECODE``: "1" (the default, unset: on CUDA, for stores the GPU decodes), "force" (also
+    on the CPU, through the Triton interpreter: for tests), "" when set to 0 / false / no / off."""
     v = os.environ.get("TSCONV_GPU_DECODE", "").strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return "1"
-    return "force" if v == "force" else ""
+    if v in ("0", "false", "no", "off"):
+        return ""
+    return "force" if v == "force" else "1"
 
 
 def _chunk_bytes(layout: Any) -> int:
