@@ -11,28 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _le32(ptr, pos, lim):
-    """The little-endian int32 at byte ``pos`` (masked to ``lim``: 0 past it)."""
-    b0 = tl.load(ptr + pos, mask=pos < lim, other=0).to(tl.int32)
-    b1 = tl.load(ptr + pos + 1, mask=pos + 1 < lim, other=0).to(tl.int32)
-    b2 = tl.load(ptr + pos + 2, mask=pos + 2 < lim, other=0).to(tl.int32)
-    b3 = tl.load(ptr + pos + 3, mask=pos + 3 < lim, other=0).to(tl.int32)
-    return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
-
-
-@triton.jit
-def _chunk_header(src_ptr, off_ptr, len_ptr, dst_ptr, c, dst_stride):
-    """Chunk ``c``'s bytes, output row, stored size (0: not decoded here: a missing chunk, or one the host
-    decodes) and header fields: (src, dst, lim, flags, nbytes, blocksize, nblocks)."""
-    lim = tl.load(len_ptr + c)
-    src = src_ptr + tl.load(off_ptr + c)
-    dst = dst_ptr + c.to(tl.int64) * dst_stride
-    flags = tl.load(src + 2, mask=lim > 2, other=0).to(tl.int32)
-    nbytes = _le32(src, 4, lim)
-    bsz_full = tl.maximum(_le32(src, 8, lim), 1)
-    return src, dst, lim, flags, nbytes, bsz_full, (nbytes + bsz_full - 1) // bsz_full
+from tsconv.kernels.blosc_lz4 import _chunk_header, _le32  # unchanged since, but for _le32's mask below 0
 
 
 @triton.jit

@@ -102,6 +102,15 @@ def test_real_chunks_decode_exactly(n: int, dtype, shuffle: int) -> None:
     assert (out[0, x.nbytes :] == POISON).all()
 
 
+def _ext_len(d: bytes, ip: int, n: int) -> tuple[int, int]:
+    """LZ4's extended length: add bytes while they are 255 (and the first that is not)."""
+    while True:
+        n += d[ip]
+        ip += 1
+        if d[ip - 1] != 255:
+            return ip, n
+
+
 def _sequence_kinds(c: np.ndarray) -> set[str]:
     """Which kinds of LZ4 sequence a single-block, unsplit Blosc chunk holds (the kernel's code paths)."""
     d = c.tobytes()
@@ -113,11 +122,7 @@ def _sequence_kinds(c: np.ndarray) -> set[str]:
         ll = tok >> 4
         if ll == 15:
             kinds.add("long literal length")
-            while True:
-                ll += d[ip]
-                ip += 1
-                if d[ip - 1] != 255:
-                    break
+            ip, ll = _ext_len(d, ip, ll)
         kinds.add("no literals" if ll == 0 else "literals > 32" if ll > 32 else "literals")
         ip += ll
         if ip >= len(d):
@@ -127,11 +132,7 @@ def _sequence_kinds(c: np.ndarray) -> set[str]:
         ml = tok & 15
         if ml == 15:
             kinds.add("long match length")
-            while True:
-                ml += d[ip]
-                ip += 1
-                if d[ip - 1] != 255:
-                    break
+            ip, ml = _ext_len(d, ip, ml)
         ml += 4
         kinds.add("overlapping match" if off < ml else "match")
         if off < 32 <= ml:

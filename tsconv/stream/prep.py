@@ -57,6 +57,14 @@ def _columns(cols_ptr, cidx, cmask, HAS_COLS: tl.constexpr):
 
 
 @triton.jit
+def _first_valid(vals, valid, rows, BT: tl.constexpr):
+    """Per column of a [BT, BC] tile, the first value where ``valid`` (NaN: none), by order-free reductions."""
+    first_row = tl.min(tl.where(valid, rows[:, None], BT), axis=0)
+    first = tl.sum(tl.where(valid & (rows[:, None] == first_row[None, :]), vals, 0.0), axis=0)
+    return tl.where(first_row < BT, first, float("nan"))
+
+
+@triton.jit
 def _summary_kernel(
     src_ptr, stride_sr, stride_sc, cols_ptr, n, C, seg_rows, summ_ptr, nseg,
     HAS_COLS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
@@ -79,11 +87,9 @@ def _summary_kernel(
         valid = x == x
         # order-free reductions (see _prep_kernel): the row index of the last / first valid value
         last_row = tl.max(tl.where(valid, rows[:, None], -1), axis=0)
-        first_row = tl.min(tl.where(valid, rows[:, None], BT), axis=0)
         t_last = tl.sum(tl.where(valid & (rows[:, None] == last_row[None, :]), x, 0.0), axis=0)
-        t_first = tl.sum(tl.where(valid & (rows[:, None] == first_row[None, :]), x, 0.0), axis=0)
         last = tl.where(last_row >= 0, t_last, last)
-        first = tl.where((first != first) & (first_row < BT), t_first, first)
+        first = tl.where(first == first, first, _first_valid(x, valid, rows, BT))
     tl.store(summ_ptr + s * C + cidx, last, mask=cmask)
     tl.store(summ_ptr + (nseg + s) * C + cidx, first, mask=cmask)
 
@@ -147,11 +153,7 @@ def _prep_kernel(
         last = tl.sum(tl.where(rows[:, None] == BT - 1, scanned, 0.0), axis=0)  # NaN: none in this tile
         filled = tl.where(scanned == scanned, scanned, state[None, :])
         state = tl.where(last == last, last, state)
-        valid = filled == filled
-        first_row = tl.min(tl.where(valid, rows[:, None], BT), axis=0)
-        first = tl.sum(tl.where(valid & (rows[:, None] == first_row[None, :]), filled, 0.0), axis=0)
-        first = tl.where(first_row < BT, first, float("nan"))
-        lvl = tl.where(lvl == lvl, lvl, first)
+        lvl = tl.where(lvl == lvl, lvl, _first_valid(filled, filled == filled, rows, BT))
         v = filled if FILL else x
         g = off + r  # row within the step
         if CENTER:
