@@ -17,6 +17,7 @@ Correctness first: every chunk decoded on the GPU is compared byte for byte with
 from __future__ import annotations
 
 import argparse
+import functools
 import concurrent.futures as cf
 import datetime as dt
 import json
@@ -82,6 +83,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batches", type=lambda v: [int(x) for x in v.split(",")], default=[8, 12, 32],
                     help="batch sizes (chunks per launch) to time the kernel at")  # fmt: skip
+    ap.add_argument("--variants", type=lambda v: [x for x in v.split(",") if x], default=[],
+                    help="also check and time the current kernel at other GROUPxWxT, e.g. 64x8x32,32x4x16")  # fmt: skip
     ap.add_argument("--previous", action=argparse.BooleanOptionalAction, default=True,
                     help="also check and time the previous kernel (benchmarks/lz4_previous_kernel.py)")  # fmt: skip
     args = ap.parse_args()
@@ -160,6 +163,9 @@ def main() -> int:
             mism.append(i)
     # the previous kernel (6493ef5): checked the same way, then timed below
     others = {"previous": decode_chunks_previous} if args.previous else {}
+    for v in args.variants:
+        g, w, t = (int(x) for x in v.split("x"))
+        others[v] = functools.partial(bl.decode_chunks, group=g, tile=(w, t))
     doc["other_kernels"] = {}
     for name, fn in others.items():
         out.fill_(0xAB)

@@ -43,6 +43,10 @@ __all__ = ["BloscHeader", "decode_chunks", "parse_header", "unsupported_reason"]
 
 _HEADER = 16
 _LZ4 = 1
+# sequences per group, and the [G, W] tiles' width and reach (bytes per sequence): price data's matches
+# are 6 bytes at the median, 24 at the 99th percentile (benchmarks/NOTES.md, twelfth session)
+GROUP = 32
+TILE = (8, 32)
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,62 @@ def _chunk_header(src_ptr, off_ptr, len_ptr, dst_ptr, c, dst_stride):
 
 
 @triton.jit
+def _place(pos, first, stride, transposed, n_el, TS: tl.constexpr):
+    """Where byte ``pos`` of a stream goes in its block (see the module docstring)."""
+    q = first + pos * stride
+    if transposed:
+        q = tl.where(pos < n_el * TS, (pos % n_el) * TS + pos // n_el, pos)
+    return q
+
+
+@triton.jit
+def _copy_group(
+    from_ptr, dstb, s_pos, d_pos, length, active, period, first, stride, transposed, n_el,
+    TS: tl.constexpr, G: tl.constexpr, W: tl.constexpr, T: tl.constexpr, MATCH: tl.constexpr,
+):  # fmt: skip
+    """Copy, for every ``active`` sequence i of a group, ``length[i]`` bytes to stream positions
+    ``d_pos[i] + j``: literals (``MATCH`` false) from ``from_ptr + s_pos[i] + j`` in the compressed input,
+    matches from stream position ``s_pos[i] + j % period[i]`` of the output ``dstb``. The first ``T`` bytes
+    of every sequence go in [W, G] tiles; longer sequences then go one at a time, ``G`` bytes per step."""
+    ln = tl.where(active, length, 0)
+    # the modulo only where a match overlaps its source (0.2% of matches on price data)
+    wrap = tl.max((period < ln).to(tl.int32), axis=0) > 0
+    # [W, G] tiles: a thread holds one sequence's W bytes, so the [G] vectors need no layout change
+    wv = tl.arange(0, W)
+    for j0 in range(0, tl.minimum(tl.max(ln, axis=0), T), W):
+        j = j0 + wv[:, None] + tl.zeros([W, G], tl.int32)
+        m = j < ln[None, :]
+        if MATCH:
+            jj = j
+            if wrap:
+                jj = j % period[None, :]
+            sp = _place(s_pos[None, :] + jj, first, stride, transposed, n_el, TS)
+        else:
+            sp = s_pos[None, :] + j
+        v = tl.load(from_ptr + sp, mask=m, other=0)
+        tl.store(dstb + _place(d_pos[None, :] + j, first, stride, transposed, n_el, TS), v, mask=m)
+    idx = tl.arange(0, G)
+    rest = ln > T
+    while tl.max(rest.to(tl.int32), axis=0) > 0:  # long literals or matches: rare on price data
+        i = tl.min(tl.where(rest, idx, G), axis=0)
+        one = idx == i
+        s_i = tl.sum(tl.where(one, s_pos, 0), axis=0)
+        d_i = tl.sum(tl.where(one, d_pos, 0), axis=0)
+        n_i = tl.sum(tl.where(one, ln, 0), axis=0)
+        p_i = tl.sum(tl.where(one, period, 0), axis=0)
+        for j0 in range(T, n_i, G):
+            j = j0 + idx
+            m = j < n_i
+            if MATCH:
+                sp = _place(s_i + j % p_i, first, stride, transposed, n_el, TS)
+            else:
+                sp = s_i + j
+            v = tl.load(from_ptr + sp, mask=m, other=0)
+            tl.store(dstb + _place(d_i + j, first, stride, transposed, n_el, TS), v, mask=m)
+        rest = rest & (~one)
+
+
+@triton.jit
 def _blosc_lz4_kernel(
     src_ptr,  # uint8: every chunk's stored bytes
     off_ptr,  # int64 [n_chunks]: where each chunk starts in src
@@ -145,7 +205,10 @@ def _blosc_lz4_kernel(
     err_ptr,  # int32 [n_chunks]: set to 1 when the chunk is damaged
     dst_stride,
     TS: tl.constexpr,  # the typesize the host checked (streams per split block)
-    V: tl.constexpr,  # bytes copied per step
+    V: tl.constexpr,  # bytes copied per step of a stored stream
+    G: tl.constexpr,  # sequences parsed, then copied, together
+    W: tl.constexpr,  # bytes per sequence per tile step
+    T: tl.constexpr,  # bytes per sequence copied in tiles (the rest one sequence at a time)
 ):
     pid = tl.program_id(0)
     c = tl.program_id(1)
@@ -203,79 +266,70 @@ def _blosc_lz4_kernel(
                     tl.store(dstb + q, v, mask=m)
                 op = neb
             else:
-                # The token and the two bytes after it (the match offset when there are no literals) are
-                # loaded one sequence ahead, while the match before is copied: a sequence's chain of
-                # dependent loads is then the match copy alone (benchmarks/NOTES.md, eleventh session).
-                tok_next = tl.load(src + ip, mask=ip < iend, other=0).to(tl.int32)
-                b1 = tl.load(src + ip + 1, mask=ip + 1 < iend, other=0).to(tl.int32)
-                b2 = tl.load(src + ip + 2, mask=ip + 2 < iend, other=0).to(tl.int32)
+                # G sequences at a time: parse their tokens (a short scalar chain per sequence), then copy
+                # every literal of the group at once, then the matches in rounds, each round the matches
+                # whose source no unfinished match of the group writes (benchmarks/NOTES.md, twelfth session).
+                idx = tl.arange(0, G)
                 while (ip < iend) & (bad == 0):
-                    tok = tok_next
-                    ip += 1
-                    ll = tok >> 4
-                    if ll == 15:
-                        more = tl.full((), 255, tl.int32)
-                        while (more == 255) & (ip < iend) & (ll <= neb):  # a bound: ll cannot wrap
-                            more = tl.load(src + ip).to(tl.int32)
-                            ip += 1
-                            ll += more
-                    bad = tl.where((ll > iend - ip) | (ll > neb - op), 1, bad)
-                    ll = tl.where(bad == 0, ll, 0)
-                    for j0 in range(0, ll, V):  # literals
-                        j = j0 + lanes
-                        m = j < ll
-                        v = tl.load(src + ip + j, mask=m, other=0)
-                        pos = op + j
-                        q = first + pos * stride
-                        if transposed:
-                            q = tl.where(pos < n_el * TS, (pos % n_el) * TS + pos // n_el, pos)
-                        tl.store(dstb + q, v, mask=m)
-                    if ll == 0:  # the offset was loaded with the token
-                        moff = b1 | (b2 << 8)
-                    else:
-                        moff = tl.load(src + ip + ll, mask=ip + ll < iend, other=0).to(tl.int32)
-                        moff |= tl.load(src + ip + ll + 1, mask=ip + ll + 1 < iend, other=0).to(tl.int32) << 8
-                    ip += ll
-                    op += ll
-                    if (ip < iend) & (bad == 0):  # a match follows (the last sequence has none)
-                        ip += 2
-                        ml = tok & 15
-                        if ml == 15:
+                    g_lit_in = tl.zeros([G], tl.int32)  # where each sequence's literals start in src
+                    g_lit_out = tl.zeros([G], tl.int32)  # and in the stream's output
+                    g_ll = tl.zeros([G], tl.int32)
+                    g_off = tl.full([G], 1, tl.int32)
+                    g_ml = tl.zeros([G], tl.int32)
+                    n = 0
+                    while (n < G) & (ip < iend) & (bad == 0):
+                        tok = tl.load(src + ip).to(tl.int32)
+                        ip += 1
+                        ll = tok >> 4
+                        if ll == 15:
                             more = tl.full((), 255, tl.int32)
-                            while (more == 255) & (ip < iend) & (ml <= neb):
+                            while (more == 255) & (ip < iend) & (ll <= neb):  # a bound: ll cannot wrap
                                 more = tl.load(src + ip).to(tl.int32)
                                 ip += 1
-                                ml += more
-                        ml += 4
-                        bad = tl.where((moff == 0) | (moff > op) | (ml > neb - op) | (ip > iend), 1, bad)
-                        ml = tl.where(bad == 0, ml, 0)
-                        tok_next = tl.load(src + ip, mask=ip < iend, other=0).to(tl.int32)
-                        b1 = tl.load(src + ip + 1, mask=ip + 1 < iend, other=0).to(tl.int32)
-                        b2 = tl.load(src + ip + 2, mask=ip + 2 < iend, other=0).to(tl.int32)
-                        # One barrier per sequence: every byte written so far (the literals just now, the
-                        # matches before) is visible to every lane before this match reads.
+                                ll += more
+                        bad = tl.where((ll > iend - ip) | (ll > neb - op), 1, bad)
+                        ll = tl.where(bad == 0, ll, 0)
+                        sel = idx == n
+                        g_lit_in = tl.where(sel, ip, g_lit_in)
+                        g_lit_out = tl.where(sel, op, g_lit_out)
+                        g_ll = tl.where(sel, ll, g_ll)
+                        ip += ll
+                        op += ll
+                        if (ip < iend) & (bad == 0):  # a match follows (the last sequence has none)
+                            moff = tl.load(src + ip, mask=ip < iend, other=0).to(tl.int32)
+                            moff |= tl.load(src + ip + 1, mask=ip + 1 < iend, other=0).to(tl.int32) << 8
+                            ip += 2
+                            ml = tok & 15
+                            if ml == 15:
+                                more = tl.full((), 255, tl.int32)
+                                while (more == 255) & (ip < iend) & (ml <= neb):
+                                    more = tl.load(src + ip).to(tl.int32)
+                                    ip += 1
+                                    ml += more
+                            ml += 4
+                            bad = tl.where((moff == 0) | (moff > op) | (ml > neb - op) | (ip > iend), 1, bad)
+                            ml = tl.where(bad == 0, ml, 0)
+                            g_off = tl.where(sel, tl.maximum(moff, 1), g_off)
+                            g_ml = tl.where(sel, ml, g_ml)
+                            op += ml
+                        n += 1
+                    # literals: independent of each other and of the output
+                    _copy_group(src, dstb, g_lit_in, g_lit_out, g_ll, g_ll > 0, g_ll, first, stride,
+                                transposed, n_el, TS, G, W, T, False)  # fmt: skip
+                    # matches: the source of match byte j is out - off + j % off, always behind out
+                    m_out = g_lit_out + g_ll
+                    s_lo = m_out - g_off
+                    s_hi = s_lo + tl.minimum(g_off, g_ml)
+                    pending = g_ml > 0
+                    while tl.max(pending.to(tl.int32), axis=0) > 0:
+                        # every byte written so far is visible to every lane before the matches read
                         tl.debug_barrier()
-                        if (moff >= ml) & (~transposed):  # no overlap: no modulo (almost every match)
-                            for j0 in range(0, ml, V):
-                                j = j0 + lanes
-                                m = j < ml
-                                v = tl.load(dstb + first + (op - moff + j) * stride, mask=m, other=0)
-                                tl.store(dstb + first + (op + j) * stride, v, mask=m)
-                        else:  # the source of match byte j is op - moff + j % moff, always behind op
-                            moff1 = tl.maximum(moff, 1)
-                            for j0 in range(0, ml, V):
-                                j = j0 + lanes
-                                m = j < ml
-                                spos = op - moff1 + j % moff1
-                                sq = first + spos * stride
-                                pos = op + j
-                                q = first + pos * stride
-                                if transposed:
-                                    sq = tl.where(spos < n_el * TS, (spos % n_el) * TS + spos // n_el, spos)
-                                    q = tl.where(pos < n_el * TS, (pos % n_el) * TS + pos // n_el, pos)
-                                v = tl.load(dstb + sq, mask=m, other=0)
-                                tl.store(dstb + q, v, mask=m)
-                        op += ml
+                        # ready: the source ends before the first unfinished match (always true of that
+                        # one); an exact overlap test saves 13% of the rounds but spills registers
+                        ready = pending & (s_hi <= tl.min(tl.where(pending, m_out, neb), axis=0))
+                        _copy_group(dstb, dstb, s_lo, m_out, g_ml, ready, g_off, first, stride,
+                                    transposed, n_el, TS, G, W, T, True)  # fmt: skip
+                        pending = pending & (~ready)
             if (bad != 0) | (op != neb):
                 tl.store(err_ptr + c, 1)
 
@@ -289,6 +343,8 @@ def decode_chunks(
     typesize: int,
     max_blocks: int,
     err: torch.Tensor | None = None,
+    group: int = GROUP,
+    tile: tuple[int, int] = TILE,
 ) -> torch.Tensor:
     """Decode Blosc-LZ4 chunks from ``src`` (uint8, on the device) into the rows of ``out`` (uint8
     [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
@@ -296,7 +352,8 @@ def decode_chunks(
     ``offsets`` / ``sizes`` (int64 [n_chunks], same device): each chunk's place in ``src``; a size of 0 skips
     the chunk (its row is left as it was). Every other chunk must have passed :func:`unsupported_reason` on
     the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them.
-    ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation.
+    ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation. ``group`` (sequences decoded
+    together) and ``tile`` (bytes per sequence per step, bytes per sequence in tiles) are for benchmarks.
     """
     n = int(offsets.numel())
     if out.dim() != 2 or out.dtype != torch.uint8 or out.stride(1) != 1 or out.shape[0] != n:
@@ -306,6 +363,7 @@ def decode_chunks(
     if n == 0 or max_blocks == 0:
         return err
     _blosc_lz4_kernel[(max_blocks * typesize, n)](
-        src, offsets, sizes, out, err, out.stride(0), TS=typesize, V=32, num_warps=1
+        src, offsets, sizes, out, err, out.stride(0), TS=typesize, V=32, G=group, W=tile[0], T=tile[1],
+        num_warps=1,
     )
     return err
