@@ -17,9 +17,9 @@ Correctness first: every chunk decoded on the GPU is compared byte for byte with
 from __future__ import annotations
 
 import argparse
-import functools
 import concurrent.futures as cf
 import datetime as dt
+import functools
 import json
 import os
 import statistics
