@@ -363,6 +363,17 @@ def decode_chunks(
     if n == 0 or max_blocks == 0:
         return err
     _blosc_lz4_kernel[(max_blocks * typesize, n)](
-        src, offsets, sizes, out, err, out.stride(0), TS=typesize, V=32, G=group, W=tile[0], T=tile[1], num_warps=1
+        src,
+        offsets,
+        sizes,
+        out,
+        err,
+        out.stride(0),
+        TS=typesize,
+        V=32,
+        G=group,
+        W=tile[0],
+        T=tile[1],
+        num_warps=1,
     )
     return err
