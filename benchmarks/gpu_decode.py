@@ -201,6 +201,24 @@ def main() -> int:
               f"batches of {B} {decoded_bytes / statistics.median(o['decode_batched_ms']) / 1e6:.1f} GB/s",
               flush=True)  # fmt: skip
 
+    # phases of the current kernel, timed alone (their output is incomplete): parsing only, then parsing and
+    # the literals; the rest of a full decode is the matches
+    def probe(mode: int, fn_b: int) -> None:
+        for a in range(0, n, fn_b):
+            m = min(fn_b, n - a)
+            bl._blosc_lz4_kernel[(max_blocks * ts, m)](
+                dev, d_off[a : a + m], d_len[a : a + m], out[a : a + m], torch.zeros(m, dtype=torch.int32,
+                device="cuda"), out.stride(0), TS=ts, V=bl.LONG_STEP, G=bl.GROUP, W=bl.TILE[0], T=bl.TILE[1],
+                PROBE=mode, num_warps=1)  # fmt: skip
+
+    doc["probe_ms"] = {
+        f"{name}_batches_of_{b}": _cuda_ms(lambda mode=mode, b=b: probe(mode, b), args.repeats)
+        for name, mode in (("parse", 1), ("parse_literals", 2))
+        for b in (B, n)
+    }
+    for key, ms in doc["probe_ms"].items():
+        print(f"probe {key}: {statistics.median(ms):.2f} ms", flush=True)
+
     # pipelined: read a batch into a pinned slot, copy it on a side stream, decode on the main stream
     slot_bytes = max(offs[a + min(B, n - a)] - offs[a] for a in range(0, n, B))
     slots = [torch.empty(slot_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(3)]

@@ -219,6 +219,27 @@ def test_damaged_chunks_are_flagged_and_write_only_their_row(how: str) -> None:
     assert (out[:, good.nbytes :] == POISON).all()
 
 
+def _hand_chunk(stream: bytes, nbytes: int) -> np.ndarray:
+    """A one-block, unsplit, unshuffled Blosc-LZ4 chunk (typesize 1) around a hand-written LZ4 stream."""
+    body = struct.pack("<i", 20) + struct.pack("<i", len(stream)) + stream
+    head = struct.pack("<BBBBiii", 2, 1, 0x30, 1, nbytes, nbytes, 16 + len(body))
+    return np.frombuffer(head + body, np.uint8)
+
+
+@pytest.mark.parametrize(("offset", "ok"), [(4, True), (1, True), (0, False), (5, False)])
+def test_a_match_offset_of_zero_or_before_the_stream_is_flagged(offset: int, ok: bool) -> None:
+    """Four literals, an eight-byte match at ``offset``, a last literal: the kernel checks offsets after
+    parsing a group of sequences, and must then copy nothing of the group."""
+    stream = bytes([0x44]) + b"abcd" + struct.pack("<H", offset) + bytes([0x10]) + b"e"
+    out, err = _decode([_hand_chunk(stream, 13)], [13], row=20)
+    assert err == [0 if ok else 1]
+    if ok:
+        assert out[0, :13].tobytes() == (b"abcdabcdabcde" if offset == 4 else b"abcd" + b"d" * 8 + b"e")
+    else:
+        assert (out[0, 4:] == POISON).all()  # no match byte, nothing read before the stream
+    assert (out[0, 13:] == POISON).all()
+
+
 def test_headers_the_gpu_does_not_decode_say_why() -> None:
     x = _prices(1000)
     n = x.nbytes
@@ -241,7 +262,7 @@ runtime = [("src_ptr", "*u8", "D"), ("off_ptr", "*i64", "D"), ("len_ptr", "*i64"
            ("err_ptr", "*i32", "D"), ("dst_stride", "i64", "")]
 class Cfg:
     meta, num_warps, num_stages, maxnreg = {}, 1, 1, None
-ck = build(m._blosc_lz4_kernel, runtime, dict(TS=4, V=32, G=m.GROUP, W=m.TILE[0], T=m.TILE[1]), Cfg())
+ck = build(m._blosc_lz4_kernel, runtime, dict(TS=4, V=m.LONG_STEP, G=m.GROUP, W=m.TILE[0], T=m.TILE[1], PROBE=0), Cfg())
 regs, spills = ptxas_usage(ck)
 print(f"{regs} registers, {spills} bytes spilled")
 assert spills == 0

@@ -47,6 +47,8 @@ _LZ4 = 1
 # are 6 bytes at the median, 24 at the 99th percentile (benchmarks/NOTES.md, twelfth session)
 GROUP = 32
 TILE = (8, 32)
+# bytes per step of a stored stream or a long sequence: one memory latency per step
+LONG_STEP = 256
 
 
 @dataclass(frozen=True)
@@ -151,19 +153,21 @@ def _place(pos, first, stride, transposed, n_el, TS: tl.constexpr):
 
 @triton.jit
 def _copy_group(
-    from_ptr, dstb, s_pos, d_pos, length, active, period, first, stride, transposed, n_el,
-    TS: tl.constexpr, G: tl.constexpr, W: tl.constexpr, T: tl.constexpr, MATCH: tl.constexpr,
+    from_ptr, dstb, s_pos, d_pos, length, active, period, wrap, first, stride, transposed, n_el,
+    TS: tl.constexpr, G: tl.constexpr, W: tl.constexpr, T: tl.constexpr, L: tl.constexpr,
+    MATCH: tl.constexpr,
 ):  # fmt: skip
     """Copy, for every ``active`` sequence i of a group, ``length[i]`` bytes to stream positions
     ``d_pos[i] + j``: literals (``MATCH`` false) from ``from_ptr + s_pos[i] + j`` in the compressed input,
-    matches from stream position ``s_pos[i] + j % period[i]`` of the output ``dstb``. The first ``T`` bytes
-    of every sequence go in [W, G] tiles; longer sequences then go one at a time, ``G`` bytes per step."""
+    matches from stream position ``s_pos[i] + j % period[i]`` of the output ``dstb`` (``wrap`` false: no
+    match overlaps its source, ``j % period[i]`` is ``j``). The first ``T`` bytes
+    of every sequence go in [W, G] tiles; longer sequences then go one at a time, ``L * G`` bytes per step
+    (a step's loads are all issued before its stores: the step costs one memory latency)."""
     ln = tl.where(active, length, 0)
-    # the modulo only where a match overlaps its source (0.2% of matches on price data)
-    wrap = tl.max((period < ln).to(tl.int32), axis=0) > 0
+    reach = tl.max(ln, axis=0)
     # [W, G] tiles: a thread holds one sequence's W bytes, so the [G] vectors need no layout change
     wv = tl.arange(0, W)
-    for j0 in range(0, tl.minimum(tl.max(ln, axis=0), T), W):
+    for j0 in range(0, tl.minimum(reach, T), W):
         j = j0 + wv[:, None] + tl.zeros([W, G], tl.int32)
         m = j < ln[None, :]
         if MATCH:
@@ -175,25 +179,27 @@ def _copy_group(
             sp = s_pos[None, :] + j
         v = tl.load(from_ptr + sp, mask=m, other=0)
         tl.store(dstb + _place(d_pos[None, :] + j, first, stride, transposed, n_el, TS), v, mask=m)
-    idx = tl.arange(0, G)
-    rest = ln > T
-    while tl.max(rest.to(tl.int32), axis=0) > 0:  # long literals or matches: rare on price data
-        i = tl.min(tl.where(rest, idx, G), axis=0)
-        one = idx == i
-        s_i = tl.sum(tl.where(one, s_pos, 0), axis=0)
-        d_i = tl.sum(tl.where(one, d_pos, 0), axis=0)
-        n_i = tl.sum(tl.where(one, ln, 0), axis=0)
-        p_i = tl.sum(tl.where(one, period, 0), axis=0)
-        for j0 in range(T, n_i, G):
-            j = j0 + idx
-            m = j < n_i
-            if MATCH:
-                sp = _place(s_i + j % p_i, first, stride, transposed, n_el, TS)
-            else:
-                sp = s_i + j
-            v = tl.load(from_ptr + sp, mask=m, other=0)
-            tl.store(dstb + _place(d_i + j, first, stride, transposed, n_el, TS), v, mask=m)
-        rest = rest & (~one)
+    if reach > T:  # long literals or matches: rare on price data
+        idx = tl.arange(0, G)
+        rest = ln > T
+        step = tl.arange(0, L)[:, None] * G + idx[None, :]
+        while tl.max(rest.to(tl.int32), axis=0) > 0:
+            i = tl.min(tl.where(rest, idx, G), axis=0)
+            one = idx == i
+            s_i = tl.sum(tl.where(one, s_pos, 0), axis=0)
+            d_i = tl.sum(tl.where(one, d_pos, 0), axis=0)
+            n_i = tl.sum(tl.where(one, ln, 0), axis=0)
+            p_i = tl.sum(tl.where(one, period, 0), axis=0)
+            for j0 in range(T, n_i, L * G):
+                j = j0 + step
+                m = j < n_i
+                if MATCH:
+                    sp = _place(s_i + j % p_i, first, stride, transposed, n_el, TS)
+                else:
+                    sp = s_i + j
+                v = tl.load(from_ptr + sp, mask=m, other=0)
+                tl.store(dstb + _place(d_i + j, first, stride, transposed, n_el, TS), v, mask=m)
+            rest = rest & (~one)
 
 
 @triton.jit
@@ -205,10 +211,11 @@ def _blosc_lz4_kernel(
     err_ptr,  # int32 [n_chunks]: set to 1 when the chunk is damaged
     dst_stride,
     TS: tl.constexpr,  # the typesize the host checked (streams per split block)
-    V: tl.constexpr,  # bytes copied per step of a stored stream
+    V: tl.constexpr,  # bytes copied per step of a stored stream, or of a long sequence
     G: tl.constexpr,  # sequences parsed, then copied, together
     W: tl.constexpr,  # bytes per sequence per tile step
     T: tl.constexpr,  # bytes per sequence copied in tiles (the rest one sequence at a time)
+    PROBE: tl.constexpr,  # 0: decode; 1: parse only; 2: parse and copy literals (benchmarks/gpu_decode.py)
 ):
     pid = tl.program_id(0)
     c = tl.program_id(1)
@@ -218,7 +225,6 @@ def _blosc_lz4_kernel(
         src_ptr, off_ptr, len_ptr, dst_ptr, c, dst_stride
     )
     lim = lim64.to(tl.int32)
-    lanes = tl.arange(0, V)
     if (blk < nblocks) & (lim >= 16):
         block0 = blk * bsz_full
         bsize = tl.minimum(bsz_full, nbytes - block0)
@@ -256,8 +262,8 @@ def _blosc_lz4_kernel(
             iend = tl.where(bad == 0, ip64 + cs, 0).to(tl.int32)
             op = tl.full((), 0, tl.int32)
             if (cs == neb) | memcpyed:  # stored as is
-                for j0 in range(0, neb, V):
-                    j = j0 + lanes
+                for j0 in range(0, neb, V):  # a step's loads all go out before its stores
+                    j = j0 + tl.arange(0, V)
                     m = (j < neb) & (bad == 0)
                     v = tl.load(src + ip + j, mask=m, other=0)
                     q = first + j * stride
@@ -307,29 +313,40 @@ def _blosc_lz4_kernel(
                                     ip += 1
                                     ml += more
                             ml += 4
-                            bad = tl.where((moff == 0) | (moff > op) | (ml > neb - op) | (ip > iend), 1, bad)
+                            # the offset is checked after the group: it is not on this loop's chain
+                            bad = tl.where((ml > neb - op) | (ip > iend), 1, bad)
                             ml = tl.where(bad == 0, ml, 0)
-                            g_off = tl.where(sel, tl.maximum(moff, 1), g_off)
+                            g_off = tl.where(sel, moff, g_off)
                             g_ml = tl.where(sel, ml, g_ml)
                             op += ml
                         n += 1
-                    # literals: independent of each other and of the output
-                    _copy_group(src, dstb, g_lit_in, g_lit_out, g_ll, g_ll > 0, g_ll, first, stride,
-                                transposed, n_el, TS, G, W, T, False)  # fmt: skip
-                    # matches: the source of match byte j is out - off + j % off, always behind out
                     m_out = g_lit_out + g_ll
-                    s_lo = m_out - g_off
-                    s_hi = s_lo + tl.minimum(g_off, g_ml)
-                    pending = g_ml > 0
-                    while tl.max(pending.to(tl.int32), axis=0) > 0:
-                        # every byte written so far is visible to every lane before the matches read
-                        tl.debug_barrier()
-                        # ready: the source ends before the first unfinished match (always true of that
-                        # one); an exact overlap test saves 13% of the rounds but spills registers
-                        ready = pending & (s_hi <= tl.min(tl.where(pending, m_out, neb), axis=0))
-                        _copy_group(dstb, dstb, s_lo, m_out, g_ml, ready, g_off, first, stride,
-                                    transposed, n_el, TS, G, W, T, True)  # fmt: skip
-                        pending = pending & (~ready)
+                    # an offset of 0, or one reaching before the stream, damages the chunk: nothing is copied
+                    bad_off = (g_ml > 0) & ((g_off == 0) | (g_off > m_out))
+                    bad = tl.where(tl.max(bad_off.to(tl.int32), axis=0) > 0, 1, bad)
+                    g_off = tl.maximum(g_off, 1)
+                    if (bad == 0) & (PROBE != 1):
+                        # literals: independent of each other and of the output
+                        _copy_group(src, dstb, g_lit_in, g_lit_out, g_ll, g_ll > 0, g_ll, False, first, stride,
+                                    transposed, n_el, TS, G, W, T, V // G, False)  # fmt: skip
+                        # matches: the source of match byte j is out - off + j % off, always behind out
+                        s_lo = m_out - g_off
+                        s_hi = s_lo + tl.minimum(g_off, g_ml)
+                        # a match that overlaps its source (0.2% on price data): the modulo for the group
+                        wrap = tl.max((g_off < g_ml).to(tl.int32), axis=0) > 0
+                        pending = (g_ml > 0) & (PROBE == 0)
+                        # the first unfinished match (neb: none)
+                        first_open = tl.min(tl.where(pending, m_out, neb), axis=0)
+                        while first_open < neb:
+                            # every byte written so far is visible to every lane before the matches read
+                            tl.debug_barrier()
+                            # ready: the source ends before the first unfinished match (always true of that
+                            # one); an exact overlap test saves 13% of the rounds but spills registers
+                            ready = pending & (s_hi <= first_open)
+                            _copy_group(dstb, dstb, s_lo, m_out, g_ml, ready, g_off, wrap, first, stride,
+                                        transposed, n_el, TS, G, W, T, V // G, True)  # fmt: skip
+                            pending = pending & (~ready)
+                            first_open = tl.min(tl.where(pending, m_out, neb), axis=0)
             if (bad != 0) | (op != neb):
                 tl.store(err_ptr + c, 1)
 
@@ -370,10 +387,11 @@ def decode_chunks(
         err,
         out.stride(0),
         TS=typesize,
-        V=32,
+        V=LONG_STEP,
         G=group,
         W=tile[0],
         T=tile[1],
+        PROBE=0,
         num_warps=1,
     )
     return err
