@@ -13,7 +13,8 @@ ahead of the engine (median of band decoded -> band read).
 
 Variants set environment knobs the engine reads at run time, or (for exploration only) module
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
-``headP`` (TSCONV_HEAD_PATH=P), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
+``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
+GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
 ``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
 """
 
@@ -40,7 +41,7 @@ from provenance import commit, machine  # noqa: E402
 
 import tsconv  # noqa: E402
 from tsconv import engine  # noqa: E402
-from tsconv.io import decode  # noqa: E402
+from tsconv.io import decode, gpudecode  # noqa: E402
 from tsconv.stream import batched, trace  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
 
@@ -197,6 +198,12 @@ def variant(name: str):  # noqa: ANN201
         patches.append((batched, "PIECE_BYTES", int(name[5:]) << 20))
     elif name.startswith("step"):
         patches.append((batched, "MAX_STEP_ROWS", int(name[4:])))
+    elif name.startswith("cprio"):  # the compute stream's CUDA priority -N (higher than the default 0)
+        patches.append((batched, "COMPUTE_STREAM_PRIORITY", -int(name[5:])))
+    elif name.startswith("dprio"):  # the GPU reader's decode streams' priority -N
+        patches.append((gpudecode, "DECODE_STREAM_PRIORITY", -int(name[5:])))
+    elif name.startswith("decmb"):  # the GPU reader's decoded ring: N MB (both halves)
+        patches.append((gpudecode, "MAX_DECODED_BYTES", int(name[5:]) << 20))
     elif name.startswith("prefetch"):
         n = int(name[8:])
         base = decode.ParallelBandReader
@@ -295,9 +302,28 @@ def summarise(spans: list[tuple[str, int, float, float, Any]], threads: int) -> 
         if lead:
             out["decode_lead_ms_median"] = 1e3 * statistics.median(lead)
             out["bands_read_before_decoded"] = float(np.mean([x < 0 for x in lead]))
-    for k in ("gpu_copy", "gpu_prepare", "gpu_compute", "gpu_d2h"):
+    for k in ("gpu_copy", "gpu_prepare", "gpu_compute", "gpu_d2h", "gpu_stored_h2d", "gpu_decode"):
         if by[k]:
             out[f"{k}_busy_share"] = sum(t1 - t0 for _, t0, t1, _ in by[k]) / loop
+    for k in ("reader_wait_files", "reader_launch"):
+        if by[k]:
+            out[f"{k}_seconds"] = sum(t1 - t0 for _, t0, t1, _ in by[k])
+    if by[
+        "gpu_decode"
+    ]:  # how much of the loop the GPU ran decode and the engine's kernels, apart and together
+        step = 1e-4
+        n = max(1, int(np.ceil(loop / step)))
+
+        def mask(keys: tuple[str, ...]) -> np.ndarray:
+            m = np.zeros(n, dtype=bool)
+            for k in keys:
+                for _, t0, t1, _ in by[k]:
+                    m[max(0, int((t0 - lo) / step)) : max(0, int((t1 - lo) / step))] = True
+            return m
+
+        d, c = mask(("gpu_decode",)), mask(("gpu_prepare", "gpu_compute"))
+        out["gpu_share"] = {"decode_only": float((d & ~c).mean()), "engine_only": float((c & ~d).mean()),
+                            "both": float((d & c).mean()), "idle": float((~d & ~c).mean())}  # fmt: skip
     return out
 
 

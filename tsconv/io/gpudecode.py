@@ -54,6 +54,8 @@ __all__ = ["GpuBandReader", "device_bytes", "requested", "unsupported_reason"]
 TARGET_WARPS = 2048
 # The decoded-band ring's share of the GPU memory budget (both halves).
 MAX_DECODED_BYTES = 384 << 20
+# CUDA priority of the decode streams (0: the default; lower is higher); engine_trace.py's dprioN variants
+DECODE_STREAM_PRIORITY = 0
 DEFAULT_THREADS = 8  # reading stored bytes is a copy: 8 threads read 30 GB/s on the H200 host
 _HOST_PARTS = 3  # host ring thirds: batches read ahead (two) plus the one being copied
 _META = 4  # per-batch metadata and error-flag slots
@@ -219,9 +221,18 @@ class GpuBandReader:
         self._closed = False
         self._spans: list[tuple[Any, Any, Any, Any]] = []  # per batch: copy start / end, decode start / end
         self.gpu_stage_seconds: dict[str, float] = {"h2d": 0.0, "gpu_decode": 0.0}
+        self._trace_base: tuple[Any, float] | None = None
         if self.cuda:
+            if trace.on:  # a reference event on an idle device: the GPU spans on the host clock
+                torch.cuda.synchronize(self.device)
+                base = torch.cuda.Event(enable_timing=True)
+                base.record()
+                base.synchronize()
+                self._trace_base = (base, time.perf_counter())
             self._copy_stream = torch.cuda.Stream(self.device)
-            self._decode_streams = [torch.cuda.Stream(self.device) for _ in range(2)]
+            self._decode_streams = [
+                torch.cuda.Stream(self.device, priority=DECODE_STREAM_PRIORITY) for _ in range(2)
+            ]
         self._schedule(0)
 
     # -- interface ---------------------------------------------------------------------------------
@@ -264,6 +275,13 @@ class GpuBandReader:
             h2d = sum(a.elapsed_time(b) for a, b, _, _ in self._spans) / 1e3
             dec = sum(c.elapsed_time(d) for _, _, c, d in self._spans) / 1e3
             self.gpu_stage_seconds = {"h2d": h2d, "gpu_decode": dec}
+            if self._trace_base is not None:
+                base, base_t = self._trace_base
+                for g, (c0, c1, d0, d1) in enumerate(self._spans):
+                    trace.add("gpu_stored_h2d", base_t + base.elapsed_time(c0) / 1e3,
+                              base_t + base.elapsed_time(c1) / 1e3, g, thread=-4)  # fmt: skip
+                    trace.add("gpu_decode", base_t + base.elapsed_time(d0) / 1e3,
+                              base_t + base.elapsed_time(d1) / 1e3, g, thread=-5)  # fmt: skip
         self._check_errors(wait_upto=math.inf)
 
     def read(self, start: int, stop: int) -> np.ndarray:
@@ -380,8 +398,10 @@ class GpuBandReader:
     def _launch(self, g: int) -> None:
         """Copy batch ``g``'s stored bytes to the GPU and decode them (see the module docstring)."""
         h, ms = g % 2, g % _META
+        t0 = time.perf_counter()
         self._schedule(g)
         blocks = [f.result() for f in self._reads.pop(g)]  # raises a damaged chunk's StoreError
+        t1 = time.perf_counter()
         # Half h held batch g - 2: the copy waits for its decode (which read the stored half), the decode for
         # the engine's last read of its bands; on the GPU, so the engine thread does not wait here.
         before = [
@@ -458,6 +478,9 @@ class GpuBandReader:
                 self._err_host[ms, :n_chunks].copy_(err)
                 done = None
         self._unchecked.append((g, done))
+        if trace.on:
+            trace.add("reader_wait_files", t0, t1, g)
+            trace.add("reader_launch", t1, time.perf_counter(), g)
         self._launched[g] = done
         self._copied[g] = copied
         self._decoded += nb

@@ -198,7 +198,10 @@ class StageTimes:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-_STREAMS: dict[str, tuple[Any, Any, Any]] = {}
+_STREAMS: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+# CUDA priority of the compute stream (0: the default; lower is higher) beside the GPU reader's decode
+# streams (tsconv.io.gpudecode.DECODE_STREAM_PRIORITY); benchmarks/engine_trace.py's cprioN variants
+COMPUTE_STREAM_PRIORITY = 0
 
 
 class _Gpu:
@@ -212,9 +215,14 @@ class _Gpu:
         self.cuda = device.type == "cuda"
         self.copy = self.compute = self.back = None
         if self.cuda:
-            key = str(torch.device(device.type, device.index if device.index is not None else 0))
+            key = (str(torch.device(device.type, device.index if device.index is not None else 0)),
+                   COMPUTE_STREAM_PRIORITY)  # fmt: skip
             if key not in _STREAMS:
-                _STREAMS[key] = tuple(torch.cuda.Stream(device) for _ in range(3))
+                _STREAMS[key] = (
+                    torch.cuda.Stream(device),
+                    torch.cuda.Stream(device, priority=COMPUTE_STREAM_PRIORITY),
+                    torch.cuda.Stream(device),
+                )
             self.copy, self.compute, self.back = _STREAMS[key]
 
     def event(self, stream: Any) -> Any:
