@@ -122,7 +122,9 @@ def _sequence_kinds(c: np.ndarray) -> set[str]:
         ll = tok >> 4
         if ll == 15:
             kinds.add("long literal length")
+            ip0 = ip
             ip, ll = _ext_len(d, ip, ll)
+            kinds.add("literal length in one extra byte" if ip - ip0 == 1 else "literal length in 2+ bytes")
         kinds.add("no literals" if ll == 0 else "literals > 32" if ll > 32 else "literals")
         ip += ll
         if ip >= len(d):
@@ -132,7 +134,9 @@ def _sequence_kinds(c: np.ndarray) -> set[str]:
         ml = tok & 15
         if ml == 15:
             kinds.add("long match length")
+            ip0 = ip
             ip, ml = _ext_len(d, ip, ml)
+            kinds.add("match length in one extra byte" if ip - ip0 == 1 else "match length in 2+ bytes")
         ml += 4
         kinds.add("overlapping match" if off < ml else "match")
         if off < 32 <= ml:
@@ -146,7 +150,9 @@ def test_every_kind_of_sequence_decodes() -> None:
     rng = np.random.default_rng(7)
     period3 = np.tile(rng.integers(0, 255, 3, dtype=np.uint8), 200)
     period40 = np.tile(rng.integers(0, 255, 40, dtype=np.uint8), 30)
-    parts = [np.zeros(700, np.uint8), rng.integers(0, 255, 300, dtype=np.uint8), period3,
+    twice = rng.integers(0, 255, 100, dtype=np.uint8)  # its second copy: a 100-byte match
+    parts = [twice, rng.integers(0, 255, 20, dtype=np.uint8), twice,
+             np.zeros(700, np.uint8), rng.integers(0, 255, 300, dtype=np.uint8), period3,
              rng.integers(0, 4, 500, dtype=np.uint8), period40, rng.integers(0, 255, 20, dtype=np.uint8)]  # fmt: skip
     x = np.concatenate(parts * 3)
     c = np.frombuffer(
@@ -155,8 +161,10 @@ def test_every_kind_of_sequence_decodes() -> None:
     h = bl.parse_header(c)
     assert h.nblocks == 1 and not h.split or h.typesize == 1
     kinds = _sequence_kinds(c)
+    # the window parse takes one-byte extensions; longer ones go a byte at a time
     for kind in ("long literal length", "long match length", "no literals", "literals > 32", "literals",
-                 "overlapping match", "match", "offset < 32 <= length"):  # fmt: skip
+                 "overlapping match", "match", "offset < 32 <= length", "literal length in one extra byte",
+                 "literal length in 2+ bytes", "match length in one extra byte", "match length in 2+ bytes"):  # fmt: skip
         assert kind in kinds, (kind, kinds)
     out, err = _decode([c], [x.nbytes], row=x.nbytes + 33)
     assert err == [0]
@@ -262,7 +270,7 @@ runtime = [("src_ptr", "*u8", "D"), ("off_ptr", "*i64", "D"), ("len_ptr", "*i64"
            ("err_ptr", "*i32", "D"), ("dst_stride", "i64", "")]
 class Cfg:
     meta, num_warps, num_stages, maxnreg = {}, 1, 1, None
-ck = build(m._blosc_lz4_kernel, runtime, dict(TS=4, V=m.LONG_STEP, G=m.GROUP, W=m.TILE[0], T=m.TILE[1], PROBE=0), Cfg())
+ck = build(m._blosc_lz4_kernel, runtime, dict(TS=4, V=m.LONG_STEP, G=m.GROUP, W=m.TILE[0], T=m.TILE[1], B=m.WINDOW, PROBE=0), Cfg())
 regs, spills = ptxas_usage(ck)
 print(f"{regs} registers, {spills} bytes spilled")
 assert spills == 0

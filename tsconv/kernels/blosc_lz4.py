@@ -47,6 +47,7 @@ _LZ4 = 1
 # are 6 bytes at the median, 24 at the 99th percentile (benchmarks/NOTES.md, twelfth session)
 GROUP = 32
 TILE = (8, 32)
+WINDOW = 128
 # bytes per step of a stored stream or a long sequence: one memory latency per step
 LONG_STEP = 256
 
@@ -203,6 +204,66 @@ def _copy_group(
 
 
 @triton.jit
+def _hop(table, x, B: tl.constexpr):
+    """``table[x]`` where x < B; x itself where x >= B (past the window: the chain has left it)."""
+    return tl.where(x >= B, x, tl.gather(table, tl.minimum(x, B - 1), axis=0))
+
+
+@triton.jit
+def _window_parse(src, ip, iend, op, neb, G: tl.constexpr, B: tl.constexpr):
+    """Parse up to G sequences from the ``B`` bytes at ``src + ip``, all lanes at once.
+
+    Every window position p is taken as a token: its sequence's lengths and where the next token would
+    be (``nxt``) follow from the bytes there, so the real tokens are the chain 0, nxt(0), nxt(nxt(0)), ...
+    Sequence i's position is nxt applied i times, found by composing nxt with itself (pointer doubling,
+    log2(G) gathers) instead of i dependent loads. The chain stops at a sequence the window cannot parse
+    alone: its header past the window, an extension of two or more bytes, the stream's last sequence.
+
+    Returns per lane (sequence i, for i below the count parsed, zeros past it): literal start in src, output
+    position, literal length, match offset, match length; then the count, the bytes of src consumed, the
+    output bytes, and whether a sequence overruns the output (a damaged stream).
+    """
+    pw = tl.arange(0, B)
+    at = ip + pw
+    w = tl.load(src + at, mask=at < iend, other=0).to(tl.int32)
+    w1 = tl.load(src + at + 1, mask=at + 1 < iend, other=0).to(tl.int32)
+    l_ext = (w >> 4) == 15
+    m_ext = (w & 15) == 15
+    ll = (w >> 4) + tl.where(l_ext, w1, 0)
+    offp = pw + 1 + l_ext.to(tl.int32) + ll  # the match offset's first byte
+    e2 = tl.gather(w, tl.minimum(offp + 2, B - 1), axis=0)  # the match length's extension byte, if any
+    nxt = offp + 2 + m_ext.to(tl.int32)
+    ok = (nxt <= B) & (ip + nxt <= iend) & ~(l_ext & (w1 == 255)) & ~(m_ext & (e2 == 255))
+    ml = (w & 15) + 4 + tl.where(m_ext, e2, 0)
+    # hops of 1, 2, 4, ... sequences; a position that cannot be parsed hops to itself, ending the chain
+    hop = tl.where(ok, nxt, pw)
+    i = tl.arange(0, G)
+    pos = tl.zeros([G], tl.int32)
+    for k in tl.static_range(0, G.bit_length() - 1):  # G is a power of two
+        pos = tl.where(((i >> k) & 1) != 0, _hop(hop, pos, B), pos)
+        hop = _hop(hop, hop, B)
+    pc = tl.minimum(pos, B - 1)
+    fields = (
+        ll | (ml << 9) | (l_ext.to(tl.int32) << 18) | (m_ext.to(tl.int32) << 19) | (ok.to(tl.int32) << 20)
+    )
+    f = tl.gather(fields, pc, axis=0)
+    valid = (pos < B) & (((f >> 20) & 1) != 0)  # a prefix of the lanes
+    s_ll = tl.where(valid, f & 511, 0)
+    s_ml = tl.where(valid, (f >> 9) & 511, 0)
+    lit0 = pos + 1 + ((f >> 18) & 1)
+    s_offp = lit0 + s_ll
+    s_off = tl.gather(w, tl.minimum(s_offp, B - 1), axis=0) | (
+        tl.gather(w, tl.minimum(s_offp + 1, B - 1), axis=0) << 8
+    )
+    ln = s_ll + s_ml
+    out = op + tl.cumsum(ln, axis=0) - ln
+    used = tl.max(tl.where(valid, s_offp + 2 + ((f >> 19) & 1), 0), axis=0)
+    over = tl.max((valid & (out + ln > neb)).to(tl.int32), axis=0) > 0
+    return (tl.where(valid, ip + lit0, 0), tl.where(valid, out, 0), s_ll, tl.where(valid, s_off, 1), s_ml,
+            tl.sum(valid.to(tl.int32), axis=0), used, tl.sum(ln, axis=0), over)  # fmt: skip
+
+
+@triton.jit
 def _blosc_lz4_kernel(
     src_ptr,  # uint8: every chunk's stored bytes
     off_ptr,  # int64 [n_chunks]: where each chunk starts in src
@@ -215,6 +276,7 @@ def _blosc_lz4_kernel(
     G: tl.constexpr,  # sequences parsed, then copied, together
     W: tl.constexpr,  # bytes per sequence per tile step
     T: tl.constexpr,  # bytes per sequence copied in tiles (the rest one sequence at a time)
+    B: tl.constexpr,  # bytes of the window the sequences' headers are parsed from at once
     PROBE: tl.constexpr,  # 0: decode; 1: parse only; 2: parse and copy literals (benchmarks/gpu_decode.py)
 ):
     pid = tl.program_id(0)
@@ -277,13 +339,17 @@ def _blosc_lz4_kernel(
                 # whose source no unfinished match of the group writes (benchmarks/NOTES.md, twelfth session).
                 idx = tl.arange(0, G)
                 while (ip < iend) & (bad == 0):
-                    g_lit_in = tl.zeros([G], tl.int32)  # where each sequence's literals start in src
-                    g_lit_out = tl.zeros([G], tl.int32)  # and in the stream's output
-                    g_ll = tl.zeros([G], tl.int32)
-                    g_off = tl.full([G], 1, tl.int32)
-                    g_ml = tl.zeros([G], tl.int32)
-                    n = 0
-                    while (n < G) & (ip < iend) & (bad == 0):
+                    # per lane (sequence): literals' start in src and in the output, literal length, match
+                    # offset and length; first as many as the window parses at once
+                    g_lit_in, g_lit_out, g_ll, g_off, g_ml, n, used, made, over = _window_parse(
+                        src, ip, iend, op, neb, G, B
+                    )
+                    ip += used
+                    op += made
+                    bad = tl.where(over, 1, bad)
+                    # then one sequence the window could not parse, a byte at a time
+                    n_end = tl.minimum(n + 1, G)
+                    while (n < n_end) & (ip < iend) & (bad == 0):
                         tok = tl.load(src + ip).to(tl.int32)
                         ip += 1
                         ll = tok >> 4
@@ -362,6 +428,7 @@ def decode_chunks(
     err: torch.Tensor | None = None,
     group: int = GROUP,
     tile: tuple[int, int] = TILE,
+    window: int = WINDOW,
 ) -> torch.Tensor:
     """Decode Blosc-LZ4 chunks from ``src`` (uint8, on the device) into the rows of ``out`` (uint8
     [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
@@ -370,7 +437,8 @@ def decode_chunks(
     the chunk (its row is left as it was). Every other chunk must have passed :func:`unsupported_reason` on
     the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them.
     ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation. ``group`` (sequences decoded
-    together) and ``tile`` (bytes per sequence per step, bytes per sequence in tiles) are for benchmarks.
+    together), ``tile`` (bytes per sequence per step, bytes per sequence in tiles) and ``window`` (bytes
+    parsed at once) are for benchmarks.
     """
     n = int(offsets.numel())
     if out.dim() != 2 or out.dtype != torch.uint8 or out.stride(1) != 1 or out.shape[0] != n:
@@ -391,6 +459,7 @@ def decode_chunks(
         G=group,
         W=tile[0],
         T=tile[1],
+        B=window,
         PROBE=0,
         num_warps=1,
     )
