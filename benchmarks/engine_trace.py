@@ -14,7 +14,8 @@ ahead of the engine (median of band decoded -> band read).
 Variants set environment knobs the engine reads at run time, or (for exploration only) module
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
-GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
+GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``notime`` /
+``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
 ``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
 """
 
@@ -204,6 +205,26 @@ def variant(name: str):  # noqa: ANN201
         patches.append((gpudecode, "DECODE_STREAM_PRIORITY", -int(name[5:])))
     elif name.startswith("decmb"):  # the GPU reader's decoded ring: N MB (both halves)
         patches.append((gpudecode, "MAX_DECODED_BYTES", int(name[5:]) << 20))
+    elif name in ("notime", "nometa", "notime+nometa"):  # exploration: the writer's zarr calls left out
+        from tsconv.io import writer as writer_mod
+
+        cls = writer_mod.OutputWriter
+        if "notime" in name:
+            init = cls.__init__
+
+            def init_notime(self: Any, *a: Any, **kw: Any) -> None:
+                init(self, *a, **kw)
+                self.time_out = None
+
+            patches.append((cls, "__init__", init_notime))
+        if "nometa" in name:
+            set_meta = cls._set_meta
+
+            def set_meta_final(self: Any, **changes: Any) -> None:
+                if "complete" in changes:
+                    set_meta(self, **changes)
+
+            patches.append((cls, "_set_meta", set_meta_final))
     elif name.startswith("prefetch"):
         n = int(name[8:])
         base = decode.ParallelBandReader
