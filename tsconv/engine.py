@@ -30,6 +30,7 @@ from .io.decode import ParallelBandReader
 from .io.procdecode import ProcessBandReader, use_processes
 from .io.reader import ArraySource, ColumnSource, RowSource
 from .io.store import InputStore, check_time, open_input
+from .io.timecolumn import ShiftedTime
 from .io.writer import FORMAT_VERSION, OutputWriter, output_chunk_rows, prepare_output
 from .kernels.backend import Backend
 from .spec import Pipeline, ResolvedPipeline, default_pipeline, load_pipeline, pipeline_from_dict, resolve
@@ -398,7 +399,7 @@ def process(
     rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
     stages = None
     if action != "done":
-        time_source = store.time if r0 == 0 or store.time is None else _Shifted(store.time, r0)
+        time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)
         if action == "create":
             attrs = _output_attrs(store, plan, chunk, warmup, fingerprint)
             if (r0, r1) != (0, store.rows):
@@ -607,16 +608,6 @@ def compute_rows(
                            warmup=warmup, transfer=transfer, on_rows=on_rows)  # fmt: skip
     _stream(reader, plan, backend, emit, start=start, stop=stop, chunk=chunk, warmup=warmup, on_rows=on_rows)
     return None
-
-
-class _Shifted:
-    """A 1-D array seen from row ``offset`` on: the output's time when it covers a time_range."""
-
-    def __init__(self, array: Any, offset: int) -> None:
-        self.array, self.offset = array, offset
-
-    def __getitem__(self, rows: slice) -> np.ndarray:
-        return np.asarray(self.array[rows.start + self.offset : rows.stop + self.offset])
 
 
 def _lower_bound(time: Any, rows: int, value: int) -> int:

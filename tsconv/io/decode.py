@@ -100,14 +100,17 @@ class _Layout:
         )
 
 
-def _inspect(array: Any) -> tuple[_Layout | None, str | None]:
-    """(layout, None) when the fast path can read ``array``, else (None, why not)."""
+def _inspect(array: Any, *, ndim: int = 2) -> tuple[_Layout | None, str | None]:
+    """(layout, None) when the fast path can read ``array`` (an ``ndim``-D array), else (None, why not).
+
+    A 1-D array's layout has chunks (rows, 1) and a key function taking (band, 0), like a one-column
+    2-D array's."""
     meta = getattr(array, "metadata", None)
     if meta is None or not hasattr(array, "store_path"):
         return None, "not a zarr array"
     if getattr(meta, "zarr_format", None) != 3:
         return None, f"zarr format {getattr(meta, 'zarr_format', '?')}"
-    if array.ndim != 2:
+    if array.ndim != ndim:
         return None, f"{array.ndim}-D array"
     from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
     from zarr.core.chunk_grids import RegularChunkGrid
@@ -148,9 +151,12 @@ def _inspect(array: Any) -> tuple[_Layout | None, str | None]:
     root = Path(store.root)
     if array.store_path.path:
         root = root / array.store_path.path
-    chunks = (int(array.chunks[0]), int(array.chunks[1]))
     fill = meta.fill_value if meta.fill_value is not None else 0
-    return _Layout(root, dtype, chunks, codec, fill, meta.chunk_key_encoding.encode_chunk_key), None
+    key = meta.chunk_key_encoding.encode_chunk_key
+    if ndim == 1:
+        return _Layout(root, dtype, (int(array.chunks[0]), 1), codec, fill, lambda idx: key(idx[:1])), None
+    chunks = (int(array.chunks[0]), int(array.chunks[1]))
+    return _Layout(root, dtype, chunks, codec, fill, key), None
 
 
 def fast_path_reason(array: Any) -> str | None:

@@ -5,7 +5,7 @@ Blosc releases the GIL, so several threads each encoding one chunk scale with th
 :mod:`tsconv.io.decode`, does the same). :class:`ChunkFileWriter` does that for the layout tsconv
 creates for its output:
 
-* a local zarr format-3 array, 2-D, regular chunk grid, default chunk key encoding, no sharding and no
+* a local zarr format-3 array, 2-D (or 1-D: the time column), regular chunk grid, default chunk key encoding, no sharding and no
   storage transformers, C order;
 * one chunk spans all columns (chunks[1] == shape[1]), so a chunk is a band of whole rows;
 * codecs exactly ``bytes`` (little endian) then ``blosc`` (any cname, clevel, shuffle, blocksize).
@@ -61,7 +61,7 @@ class ChunkFileWriter:
     """Encode and store whole-row chunks of one array; thread-safe (no state changes after creation)."""
 
     def __init__(self, array: Any) -> None:
-        layout, reason = _inspect(array)
+        layout, reason = _inspect(array, ndim=1 if getattr(array, "ndim", 2) == 1 else 2)
         if layout is None:
             raise ValueError(reason)
         codec, reason = _blosc_of(array)
@@ -86,7 +86,8 @@ class ChunkFileWriter:
         return self.root / self._key((band, 0))
 
     def write(self, band: int, chunk: np.ndarray) -> None:
-        """Store ``chunk`` (the full chunk shape, C-contiguous, edge rows already padded) as band ``band``."""
+        """Store ``chunk`` (the full chunk shape, C-contiguous, edge rows already padded) as band ``band``
+        (for a 1-D array: ``chunk_rows`` values)."""
         path = self.path(band)
         if not self.write_empty and self._all_fill(chunk):
             path.unlink(missing_ok=True)  # what zarr does: an all-fill chunk is read as the fill value
@@ -115,10 +116,10 @@ class ChunkFileWriter:
 
 def fast_write_reason(array: Any) -> str | None:
     """None when :class:`ChunkFileWriter` can write ``array`` itself, else why zarr writes it."""
-    layout, reason = _inspect(array)
+    layout, reason = _inspect(array, ndim=1 if getattr(array, "ndim", 2) == 1 else 2)
     if layout is None:
         return reason
-    if layout.chunks[1] != int(array.shape[1]):
+    if len(array.shape) == 2 and layout.chunks[1] != int(array.shape[1]):
         return (
             f"chunks of {layout.chunks[1]} of {int(array.shape[1])} columns (the fast path writes whole rows)"
         )

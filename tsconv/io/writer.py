@@ -15,11 +15,13 @@ prefix, and the first failure surfaces at the next ``append`` or at ``finish``.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
 import threading
 import time
+import uuid
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -34,6 +36,7 @@ from ..errors import OutputExistsError, StoreError
 from ..stream import trace
 from .encode import ChunkFileWriter, remove_partial_files
 from .store import is_zarr_store
+from .timecolumn import TimeReader
 
 __all__ = ["OutputWriter", "prepare_output", "output_chunk_rows", "default_write_threads", "FORMAT_VERSION"]
 
@@ -103,6 +106,17 @@ def prepare_output(
     )
 
 
+def _local_group_json(group: zarr.Group) -> Path | None:
+    """The zarr.json holding a local format-3 group's attributes, or None (other stores: through zarr)."""
+    from zarr.storage import LocalStore
+
+    store = getattr(group, "store", None)
+    if not isinstance(store, LocalStore) or group.metadata.zarr_format != 3:
+        return None
+    path = Path(store.root) / group.path / "zarr.json" if group.path else Path(store.root) / "zarr.json"
+    return path if path.is_file() else None
+
+
 def _where(group: zarr.Group) -> str:
     root = getattr(group.store, "root", None)
     return f"the output store {str(root)!r}" if root is not None else f"the output store {group.store_path}"
@@ -167,7 +181,17 @@ class OutputWriter:
         # tasks could read-modify-write one time chunk at once, so those writes take turns.
         aligned = self.time_out is None or int(self.time_out.chunks[0]) == self.chunk_rows
         self._time_lock = None if aligned else threading.Lock()
+        # The time rows are read from the input's chunk files and written as chunk files (GIL-free) where
+        # the layouts allow: zarr's Python in these threads slows the engine thread (timecolumn.py).
+        self._time_in = (
+            TimeReader(time_source) if self.time_out is not None and time_source is not None else None
+        )
+        self._time_chunks: ChunkFileWriter | None = None
+        if fast and aligned and self.time_out is not None:
+            self._time_chunks, _ = ChunkFileWriter.for_array(self.time_out)
         self.rows_done = start
+        self._meta: dict[str, Any] | None = None  # the tsconv attributes as last written
+        self._group_json = _local_group_json(group)
         self.busy_seconds = 0.0
         self.wait_seconds = 0.0
         self._next = start  # first row of the buffer being filled
@@ -424,8 +448,15 @@ class OutputWriter:
         else:
             self.values[a:b] = buf[:n]
         if self.time_out is not None:
-            t = np.asarray(self.time_source[a:b]).astype(np.int64)
-            if self._time_lock is None:
+            assert self._time_in is not None
+            t = self._time_in.read(a, b)
+            if self._time_chunks is not None:
+                full = (
+                    t if n == self.chunk_rows else np.full(self.chunk_rows, self._time_chunks.fill, np.int64)
+                )
+                full[:n] = t
+                self._time_chunks.write(a // self.chunk_rows, full)
+            elif self._time_lock is None:
                 self.time_out[a:b] = t
             else:
                 with self._time_lock:
@@ -444,7 +475,18 @@ class OutputWriter:
         self.rows_done = prefix
 
     def _set_meta(self, **changes: Any) -> None:
-        meta = dict(self.group.attrs.get("tsconv", {}))
+        meta = dict(self._meta if self._meta is not None else self.group.attrs.get("tsconv", {}))
         meta.update(changes)
         meta = {k: v for k, v in meta.items() if v is not None or k not in changes}
-        self.group.attrs["tsconv"] = meta
+        if self._group_json is not None and set(changes) == {"rows_done"}:
+            # Progress, once per chunk: the group's zarr.json rewritten here (atomically), because zarr's
+            # attribute update runs Python on its event loop that slows the engine thread (timecolumn.py
+            # says how much). The final update goes through zarr, which writes its whole metadata.
+            doc = json.loads(self._group_json.read_text())
+            doc.setdefault("attributes", {})["tsconv"] = meta
+            tmp = self._group_json.with_name(f"zarr.json.{uuid.uuid4().hex}.partial")
+            tmp.write_text(json.dumps(doc, indent=2))
+            os.replace(tmp, self._group_json)
+        else:
+            self.group.attrs["tsconv"] = meta
+        self._meta = meta
