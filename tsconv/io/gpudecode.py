@@ -49,8 +49,9 @@ from .reader import BlockReader
 
 __all__ = ["GpuBandReader", "device_bytes", "requested", "unsupported_reason"]
 
-# A decode launch wants about this many warps (one per LZ4 stream) to fill the H200: batches of 8 16 MB
-# chunks (1,024 warps) decoded at 15 GB/s, 32 chunks at 39 GB/s, all 256 at once at 53 GB/s (394020d).
+# A decode launch wants about this many warps (one per LZ4 stream) to fill the H200: batches of 8 / 12 / 32
+# 16 MB chunks (1,024 / 1,536 / 4,096 warps) decode at 41 / 53 / 66 GB/s, all 256 at once at 77 GB/s
+# (e964f2f); the decoded ring's share of the budget below caps 16 MB chunks at 12 per batch.
 TARGET_WARPS = 2048
 # The decoded-band ring's share of the GPU memory budget (both halves).
 MAX_DECODED_BYTES = 384 << 20

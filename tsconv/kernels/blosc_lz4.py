@@ -13,18 +13,28 @@ a chunk: 16-byte header (version, versionlz, flags, typesize, nbytes, blocksize,
 block starts, then per block ``nstreams`` x (int32 csize, csize bytes). :func:`parse_header` checks a chunk
 on the host; anything else is decoded on the CPU by the caller.
 
-The kernel: one program (one warp) per (chunk, block, stream) decodes one LZ4 block sequentially, copying
-literals and matches ``V`` bytes at a time, and writes each byte straight to its unshuffled place (byte
-``p`` of stream ``k`` of a split, shuffled block is byte ``k`` of element ``p``), so there is no unshuffle
-pass. A match reads bytes written by earlier sequences of the same program; the source of a byte at match
-position ``j`` is ``op - offset + j % offset``, always behind ``op``, so one barrier per sequence, before
-the match reads, suffices even for overlapping matches (offset < length; without overlap, the common case,
-no modulo is taken).
+The kernel: one program (one warp) per (chunk, block, stream) decodes one LZ4 block, writing each byte
+straight to its unshuffled place (byte ``p`` of stream ``k`` of a split, shuffled block is byte ``k`` of
+element ``p``), so there is no unshuffle pass. It goes G (32) sequences at a time, a lane per sequence:
+
+1. parse: every position of a 128-byte window of the stream is taken as a token, which gives the lengths
+   and where the next token would be; the real tokens are the chain from the window's start, found by
+   pointer doubling (log2 G gathers) instead of one dependent load per sequence. A sequence the window
+   cannot parse alone (its header past the window, a length extension of two or more bytes, the last
+   sequence) is then parsed a byte at a time.
+2. literals: every sequence's literals at once, in [W, G] tiles (a thread holds one sequence's bytes);
+   a sequence longer than the tiles' reach goes alone, 256 bytes per step.
+3. matches, in rounds: the source of match byte ``j`` is ``out - offset + j % offset``, always behind
+   ``out``; a round copies every match whose source ends before the group's first unfinished match, then
+   a barrier. Price data needs about two rounds per group. The modulo is taken only in a group with an
+   overlapping match (offset < length).
 
 Why it is written this way: the H200 runs at most 32 one-warp programs per SM, and on price-like float32
-data a sequence decodes to about 6 bytes (21,000 sequences per 128 KB stream), so decoding is bound by
-each warp's chain of dependent instructions per sequence. The next sequence's token and offset are loaded
-while the current match is copied, and positions are int32 (chunks under 2 GiB).
+data a sequence decodes to about 6 bytes (14,000-21,000 sequences per 128 KB stream), so a one-sequence-
+at-a-time decoder is bound by each warp's chain of dependent loads (about 750 cycles per sequence). In
+batches of 12 chunks (the engine's), the grouped kernel with the window parse decodes at 53 GB/s against
+22 GB/s one sequence at a time (benchmarks/NOTES.md, twelfth session). Positions are int32 (chunks under
+2 GiB).
 
 Input is untrusted: every load is masked to the chunk's bytes, every store to the stream's output range,
 and a chunk whose streams do not decode to exactly their size (bad offsets, lengths past the end, a
