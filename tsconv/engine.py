@@ -351,6 +351,7 @@ def process(
     unless ``TSCONV_GPU_DECODE=0``.
     The report's ``reader`` says which reader ran.
     """
+    t_enter = time.perf_counter()
     if output is not None and str(output).lower().endswith((".parquet", ".pq")):
         from .io.parquet import process_to_parquet
 
@@ -431,6 +432,8 @@ def process(
         )
         if stages is not None and "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
+            # opening and checking the input, planning, clearing an old output: before ``seconds`` starts
+            stages["stage_seconds"]["open"] = t0 - t_enter
     seconds = time.perf_counter() - t0
     done = rows - start if action != "done" else 0
     return make_report(
