@@ -270,7 +270,7 @@ runtime = [("src_ptr", "*u8", "D"), ("off_ptr", "*i64", "D"), ("len_ptr", "*i64"
            ("err_ptr", "*i32", "D"), ("dst_stride", "i64", "")]
 class Cfg:
     meta, num_warps, num_stages, maxnreg = {}, 1, 1, None
-ck = build(m._blosc_lz4_kernel, runtime, dict(TS=4, V=m.LONG_STEP, G=m.GROUP, W=m.TILE[0], T=m.TILE[1], B=m.WINDOW, PROBE=0), Cfg())
+ck = build(m._blosc_lz4_kernel, runtime, dict(TS=4, V=m.LONG_STEP, G=m.GROUP, W=m.TILE[0], T=m.TILE[1], B=m.WINDOW, WL=m.LITERAL_WIDTH, PROBE=0), Cfg())
 regs, spills = ptxas_usage(ck)
 print(f"{regs} registers, {spills} bytes spilled")
 assert spills == 0

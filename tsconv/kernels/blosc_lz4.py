@@ -57,6 +57,7 @@ _LZ4 = 1
 # are 6 bytes at the median, 24 at the 99th percentile (benchmarks/NOTES.md, twelfth session)
 GROUP = 32
 TILE = (8, 32)
+LITERAL_WIDTH = 8
 WINDOW = 128
 # bytes per step of a stored stream or a long sequence: one memory latency per step
 LONG_STEP = 256
@@ -284,7 +285,8 @@ def _blosc_lz4_kernel(
     TS: tl.constexpr,  # the typesize the host checked (streams per split block)
     V: tl.constexpr,  # bytes copied per step of a stored stream, or of a long sequence
     G: tl.constexpr,  # sequences parsed, then copied, together
-    W: tl.constexpr,  # bytes per sequence per tile step
+    W: tl.constexpr,  # bytes per sequence per tile step (matches)
+    WL: tl.constexpr,  # the same for literals (a tile step's loads wait for the step before)
     T: tl.constexpr,  # bytes per sequence copied in tiles (the rest one sequence at a time)
     B: tl.constexpr,  # bytes of the window the sequences' headers are parsed from at once
     PROBE: tl.constexpr,  # 0: decode; 1: parse only; 2: parse and copy literals (benchmarks/gpu_decode.py)
@@ -404,7 +406,7 @@ def _blosc_lz4_kernel(
                     if (bad == 0) & (PROBE != 1):
                         # literals: independent of each other and of the output
                         _copy_group(src, dstb, g_lit_in, g_lit_out, g_ll, g_ll > 0, g_ll, False, first, stride,
-                                    transposed, n_el, TS, G, W, T, V // G, False)  # fmt: skip
+                                    transposed, n_el, TS, G, WL, T, V // G, False)  # fmt: skip
                         # matches: the source of match byte j is out - off + j % off, always behind out
                         s_lo = m_out - g_off
                         s_hi = s_lo + tl.minimum(g_off, g_ml)
@@ -439,6 +441,7 @@ def decode_chunks(
     group: int = GROUP,
     tile: tuple[int, int] = TILE,
     window: int = WINDOW,
+    literal_width: int = LITERAL_WIDTH,
 ) -> torch.Tensor:
     """Decode Blosc-LZ4 chunks from ``src`` (uint8, on the device) into the rows of ``out`` (uint8
     [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
@@ -447,8 +450,8 @@ def decode_chunks(
     the chunk (its row is left as it was). Every other chunk must have passed :func:`unsupported_reason` on
     the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them.
     ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation. ``group`` (sequences decoded
-    together), ``tile`` (bytes per sequence per step, bytes per sequence in tiles) and ``window`` (bytes
-    parsed at once) are for benchmarks.
+    together), ``tile`` (bytes per sequence per step, bytes per sequence in tiles), ``literal_width``
+    (bytes per sequence per step for literals) and ``window`` (bytes parsed at once) are for benchmarks.
     """
     n = int(offsets.numel())
     if out.dim() != 2 or out.dtype != torch.uint8 or out.stride(1) != 1 or out.shape[0] != n:
@@ -468,6 +471,7 @@ def decode_chunks(
         V=LONG_STEP,
         G=group,
         W=tile[0],
+        WL=literal_width,
         T=tile[1],
         B=window,
         PROBE=0,
