@@ -15,7 +15,8 @@ Variants set environment knobs the engine reads at run time, or (for exploration
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
 GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``notime`` /
-``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
+``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
+``outmbN`` (output chunks of about N MB), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
 ``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
 """
 
@@ -225,6 +226,10 @@ def variant(name: str):  # noqa: ANN201
                     set_meta(self, **changes)
 
             patches.append((cls, "_set_meta", set_meta_final))
+    elif name.startswith("outmb"):  # output chunks of about N MB (the writer's target; default 16)
+        from tsconv.io import writer as writer_mod
+
+        patches.append((writer_mod, "_TARGET_CHUNK_BYTES", int(name[5:]) << 20))
     elif name.startswith("prefetch"):
         n = int(name[8:])
         base = decode.ParallelBandReader
