@@ -192,3 +192,43 @@ def test_a_budget_too_small_for_the_gpu_readers_rings_falls_back_to_the_cpu_read
     assert tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "gpu"
     monkeypatch.setattr(gpudecode, "device_bytes", lambda array: 10**12)
     assert tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "threads"
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU engine run needs the interpreter"
+)
+def test_rows_from_a_damaged_chunk_never_reach_the_output(tmp_path: Path, monkeypatch) -> None:
+    """The engine stops at a chunk that does not decode, and no row computed from it is written: the
+    output thread checks the decode of a step's input before it hands the step's rows to the writer."""
+    from tsconv.io import writer as writer_mod
+    from tsconv.stream import batched
+
+    monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)  # batches of two 150-row bands
+    monkeypatch.setattr(batched, "MAX_STEP_ROWS", 256)  # steps [0, 256), [256, 512), [512, 768), ...
+    monkeypatch.setattr(writer_mod, "_TARGET_CHUNK_BYTES", 128 * 3 * 4)  # 128-row output chunks
+    monkeypatch.setenv("TSCONV_GPU_DECODE", "force")
+    # On the CPU every decode has ended when it is launched, so the engine thread's own non-blocking checks
+    # would catch the chunk before its rows are computed; on a GPU they usually find it still running.
+    real_check = gpudecode.GpuBandReader._check_errors
+
+    def as_on_a_gpu(self, *, wait_upto: float = -1) -> None:  # noqa: ANN001
+        if wait_upto >= 0:
+            real_check(self, wait_upto=wait_upto)
+
+    monkeypatch.setattr(gpudecode.GpuBandReader, "_check_errors", as_on_a_gpu)
+    x = price_series(900, 6, seed=8)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(150, 6))
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="a")
+    del g["values"]
+    g.create_array("values", data=x.astype(np.float32), chunks=(150, 6), compressors=LZ4)
+    f = tmp_path / "in.zarr" / "values" / "c" / "4" / "0"  # rows 600..750, read by the third step
+    data = bytearray(f.read_bytes())
+    data[60:] = bytes(b ^ 0x5A for b in data[60:])
+    f.write_bytes(bytes(data))
+    out = tmp_path / "out.zarr"
+    with pytest.raises(StoreError, match=r"rows 600..750"):
+        tsconv.process(src, out, pipeline=BANK, device="cpu", chunk=128, batched=True, progress=False)
+    meta = zarr.open_group(str(out), mode="r").attrs["tsconv"]
+    assert meta["complete"] is False and meta["rows_done"] <= 600
+    stored = sorted(int(p.name) for p in (out / "values" / "c").iterdir())
+    assert stored and max(stored) * 128 < 600  # no output chunk holding rows from 600 on was written

@@ -21,8 +21,9 @@ decoded bands (two batches each, alternating halves). Reading batches g + 1 and 
 stream, one decode launch on a decode stream (two, alternating, so consecutive batches can decode at once).
 A device half is reused two batches later, after the engine has released every band of it
 (:meth:`GpuBandReader.release` with the event after its last reader). Damaged chunks set an error flag on
-the GPU; :meth:`GpuBandReader.finish` (called by the engine before it finishes the output) and every reuse
-of a half check them and raise ``StoreError``.
+the GPU; the engine's output thread checks the flags of a step's input (:meth:`GpuBandReader.verify`)
+before it hands the step's rows to the writer, so no row computed from a damaged chunk is stored, and
+:meth:`GpuBandReader.finish` and every reuse of a half check them too; each raises ``StoreError``.
 """
 
 from __future__ import annotations
@@ -217,6 +218,8 @@ class GpuBandReader:
         self._unchecked: list[tuple[int, Any]] = []  # (batch, decode event): error flags not checked yet
         self._cpu_chunks: dict[tuple[int, int], np.ndarray] = {}
         self._lock = threading.Lock()
+        self._err_lock = threading.Lock()  # error flags: checked by the engine thread and the output thread
+        self._failure: StoreError | None = None
         self._busy = 0.0
         self._decoded = 0
         self._zarr = BlockReader(array, max_cached=1, where=where)
@@ -263,6 +266,14 @@ class GpuBandReader:
         half = self._bands[(g % 2) * self.batch : (g % 2 + 1) * self.batch].view(-1, self.n_features)
         a = g * self.batch * self.band_rows
         return half[start - a : stop - a], self._launched[g]
+
+    def verify(self, stop: int) -> None:
+        """Raise ``StoreError`` if a chunk of the batches holding rows before ``stop`` did not decode.
+
+        For the engine's output thread, before it hands on rows computed from rows before ``stop``: the GPU
+        work that read them is done by then, so their decodes are too and this does not wait."""
+        if stop > 0:
+            self._check_errors(wait_upto=(stop - 1) // self.band_rows // self.batch)
 
     def release(self, band: int, event: Any) -> None:
         """The GPU work that reads ``band`` ends at ``event``: its slot may be reused after it."""
@@ -482,7 +493,8 @@ class GpuBandReader:
                 self._err_host[ms].zero_()
                 self._err_host[ms, :n_chunks].copy_(err)
                 done = None
-        self._unchecked.append((g, done))
+        with self._err_lock:
+            self._unchecked.append((g, done))
         if trace.on:
             trace.add("reader_wait_files", t0, t1, g)
             trace.add("reader_launch", t1, time.perf_counter(), g)
@@ -515,19 +527,24 @@ class GpuBandReader:
 
     def _check_errors(self, *, wait_upto: float = -1) -> None:
         """Raise ``StoreError`` for the first damaged chunk among the launched batches whose decode has
-        ended, waiting for those up to batch ``wait_upto``."""
-        while self._unchecked:
-            g, ev = self._unchecked[0]
-            if ev is not None:
-                if g > wait_upto and not ev.query():
-                    return
-                ev.synchronize()
-            self._unchecked.pop(0)
-            flags = self._err_host[g % _META].numpy()
-            bad = np.flatnonzero(flags[: self.batch * self._n_cols])
-            if bad.size:
-                b = g * self.batch + int(bad[0]) // self._n_cols
-                raise self._damaged(b, "a chunk does not decode (Blosc-LZ4 on the GPU)")
+        ended, waiting for those up to batch ``wait_upto``. Once raised, every later call raises it again
+        (the engine thread and the output thread both check)."""
+        with self._err_lock:
+            if self._failure is not None:
+                raise self._failure
+            while self._unchecked:
+                g, ev = self._unchecked[0]
+                if ev is not None:
+                    if g > wait_upto and not ev.query():
+                        return
+                    ev.synchronize()
+                self._unchecked.pop(0)
+                flags = self._err_host[g % _META].numpy()
+                bad = np.flatnonzero(flags[: self.batch * self._n_cols])
+                if bad.size:
+                    b = g * self.batch + int(bad[0]) // self._n_cols
+                    self._failure = self._damaged(b, "a chunk does not decode (Blosc-LZ4 on the GPU)")
+                    raise self._failure
 
 
 def _fill_value(fill: Any) -> float | int:

@@ -388,7 +388,7 @@ def run_batched(
         base_t = time.perf_counter()
     t_loop = time.perf_counter()
     cpu_loop = time.thread_time()
-    writer = _Writer(emit, host_out, free_out, on_rows, times)
+    writer = _Writer(emit, host_out, free_out, on_rows, times, verify=getattr(source, "verify", None))
     writer.start()
     q = 0  # pieces so far (the device ring position)
     try:
@@ -488,7 +488,7 @@ def run_batched(
                 host_out[o, :n].copy_(dev_out[o, :n], non_blocking=gpu.cuda)
                 t_back1 = gpu.event(gpu.back)
             step_events.append((t_comp0, t_comp1, t_back0, t_back1))
-            writer.put((t_back1, o, n))
+            writer.put((t_back1, o, n, e))
             times.steps += 1
         if on_device:
             source.finish()  # a damaged chunk raises here, before the output is finished
@@ -553,10 +553,15 @@ def _pieces(
 
 
 class _Writer(threading.Thread):
-    """Waits for each result slot's copy, hands its rows to ``emit``, frees the slot."""
+    """Waits for each result slot's copy, hands its rows to ``emit``, frees the slot.
 
-    def __init__(self, emit, host_out, free_out, on_rows, times) -> None:  # noqa: ANN001
+    ``verify(stop)`` (the GPU reader's): raise if an input chunk before row ``stop`` did not decode. It runs
+    before a step's rows are emitted, once the step's copy is done (so the decodes it read are too): rows
+    computed from a damaged chunk never reach the output, and ``rows_done`` never covers them."""
+
+    def __init__(self, emit, host_out, free_out, on_rows, times, *, verify=None) -> None:  # noqa: ANN001
         super().__init__(name="tsconv-emit", daemon=True)
+        self.verify = verify
         self.emit, self.host_out, self.free_out, self.on_rows, self.times = (
             emit,
             host_out,
@@ -573,10 +578,12 @@ class _Writer(threading.Thread):
             item = self.queue.get()
             if item is None or self._halt:
                 return
-            ev, o, n = item
+            ev, o, n, stop = item
             try:
                 if ev is not None:
                     ev.synchronize()
+                if self.verify is not None:
+                    self.verify(stop)
                 t0 = time.perf_counter()
                 self.emit(self.host_out[o, :n].numpy())
                 t1 = time.perf_counter()
