@@ -345,6 +345,7 @@ def test_a_kill_mid_write_leaves_the_old_chunk_and_reopen_cleans_up(
     monkeypatch.undo()
     assert (path / "values/c/2/0").read_bytes() == before  # never torn
     (path / "values/c/2/0.deadbeef.partial").write_bytes(b"half a chunk")  # what a real kill -9 leaves
+    (path / "zarr.json.deadbeef.partial").write_text('{"half": ')  # ... or one during a progress update
     w = OutputWriter.reopen(path, time_source=None, start=2 * CHUNK_ROWS, threads=2)
     assert not list(path.rglob("*.partial"))
     _append_all(w, x, start=2 * CHUNK_ROWS)

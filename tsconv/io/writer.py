@@ -262,6 +262,8 @@ class OutputWriter:
         fast: bool = True,
     ) -> OutputWriter:
         """A writer resuming at ``start``; temporary chunk files a killed run left behind are removed."""
+        for tmp in Path(path).glob("zarr.json.*.partial"):  # a progress update cut short (_set_meta)
+            tmp.unlink(missing_ok=True)
         group = zarr.open_group(str(path), mode="r+")
         for name in group.array_keys():  # no one else writes this store during a single-process resume
             remove_partial_files(group[name])
