@@ -84,7 +84,7 @@ def main() -> int:
     ap.add_argument("--batches", type=lambda v: [int(x) for x in v.split(",")], default=[8, 12, 32],
                     help="batch sizes (chunks per launch) to time the kernel at")  # fmt: skip
     ap.add_argument("--variants", type=lambda v: [x for x in v.split(",") if x], default=[],
-                    help="also check and time the current kernel at other GROUPxWxT[xWINDOW[xLITERAL_WIDTH]], e.g. 32x8x32x128x16")  # fmt: skip
+                    help="also check and time the current kernel at other GROUPxWxT[xWINDOW[xLITERAL_WIDTH[xLITERAL_SPAN]]], e.g. 32x8x32x128x8x256")  # fmt: skip
     ap.add_argument("--previous", action=argparse.BooleanOptionalAction, default=True,
                     help="also check and time the previous kernel (benchmarks/lz4_previous_kernel.py)")  # fmt: skip
     args = ap.parse_args()
@@ -166,7 +166,8 @@ def main() -> int:
     for v in args.variants:
         g, w, t, *more = (int(x) for x in v.split("x"))
         others[v] = functools.partial(bl.decode_chunks, group=g, tile=(w, t), window=more[0] if more else bl.WINDOW,
-                                      literal_width=more[1] if len(more) > 1 else bl.LITERAL_WIDTH)  # fmt: skip
+                                      literal_width=more[1] if len(more) > 1 else bl.LITERAL_WIDTH,
+                                      literal_span=more[2] if len(more) > 2 else 0)  # fmt: skip
     doc["other_kernels"] = {}
     for name, fn in others.items():
         out.fill_(0xAB)
@@ -209,7 +210,7 @@ def main() -> int:
             m = min(fn_b, n - a)
             bl._blosc_lz4_kernel[(max_blocks * ts, m)](
                 dev, d_off[a : a + m], d_len[a : a + m], out[a : a + m], torch.zeros(m, dtype=torch.int32,
-                device="cuda"), out.stride(0), TS=ts, V=bl.LONG_STEP, G=bl.GROUP, W=bl.TILE[0], T=bl.TILE[1], B=bl.WINDOW, WL=bl.LITERAL_WIDTH,
+                device="cuda"), out.stride(0), TS=ts, V=bl.LONG_STEP, G=bl.GROUP, W=bl.TILE[0], T=bl.TILE[1], B=bl.WINDOW, WL=bl.LITERAL_WIDTH, LS=0,
                 PROBE=mode, num_warps=1)  # fmt: skip
 
     doc["probe_ms"] = {

@@ -59,7 +59,7 @@ def _assemble(x: np.ndarray, blocksize: int, shuffle: int) -> np.ndarray:
 
 
 def _decode(
-    chunks: list[np.ndarray], nbytes: list[int], *, row: int | None = None
+    chunks: list[np.ndarray], nbytes: list[int], *, row: int | None = None, **kw
 ) -> tuple[np.ndarray, list[int]]:
     """Decode ``chunks`` in one launch; (output rows [n, row] with the poison past each chunk, errors)."""
     offs, pos, pieces = [], 0, []
@@ -78,6 +78,7 @@ def _decode(
         out,
         typesize=heads[0].typesize,
         max_blocks=max(h.nblocks for h in heads),
+        **kw,
     )
     return out.cpu().numpy(), err.cpu().tolist()
 
@@ -147,6 +148,21 @@ def _sequence_kinds(c: np.ndarray) -> set[str]:
 def test_every_kind_of_sequence_decodes() -> None:
     """Runs, short and long periods, noise: literals with and without extended lengths, matches with and
     without overlap, offsets below the 32-byte copy width (each kind checked present in the chunk)."""
+    x, c = _every_kind()
+    kinds = _sequence_kinds(c)
+    # the window parse takes one-byte extensions; longer ones go a byte at a time
+    for kind in ("long literal length", "long match length", "no literals", "literals > 32", "literals",
+                 "overlapping match", "match", "offset < 32 <= length", "literal length in one extra byte",
+                 "literal length in 2+ bytes", "match length in one extra byte", "match length in 2+ bytes"):  # fmt: skip
+        assert kind in kinds, (kind, kinds)
+    out, err = _decode([c], [x.nbytes], row=x.nbytes + 33)
+    assert err == [0]
+    np.testing.assert_array_equal(out[0, : x.nbytes], x)
+    assert (out[0, x.nbytes :] == POISON).all()
+
+
+def _every_kind() -> tuple[np.ndarray, np.ndarray]:
+    """Bytes holding every kind of LZ4 sequence, and their one-block, unsplit Blosc-LZ4 chunk."""
     rng = np.random.default_rng(7)
     period3 = np.tile(rng.integers(0, 255, 3, dtype=np.uint8), 200)
     period40 = np.tile(rng.integers(0, 255, 40, dtype=np.uint8), 30)
@@ -160,16 +176,19 @@ def test_every_kind_of_sequence_decodes() -> None:
     )
     h = bl.parse_header(c)
     assert h.nblocks == 1 and not h.split or h.typesize == 1
-    kinds = _sequence_kinds(c)
-    # the window parse takes one-byte extensions; longer ones go a byte at a time
-    for kind in ("long literal length", "long match length", "no literals", "literals > 32", "literals",
-                 "overlapping match", "match", "offset < 32 <= length", "literal length in one extra byte",
-                 "literal length in 2+ bytes", "match length in one extra byte", "match length in 2+ bytes"):  # fmt: skip
-        assert kind in kinds, (kind, kinds)
-    out, err = _decode([c], [x.nbytes], row=x.nbytes + 33)
-    assert err == [0]
-    np.testing.assert_array_equal(out[0, : x.nbytes], x)
-    assert (out[0, x.nbytes :] == POISON).all()
+    return x, c
+
+
+@pytest.mark.parametrize("span", [64, 256])
+def test_literals_read_as_one_span_decode_the_same(span: int) -> None:
+    """``literal_span``: a group's literals from one read of their span of the input (a benchmark variant)."""
+    x, c = _every_kind()
+    p = _prices(900, np.float32, seed=9)  # typesize 4: another launch
+    for want, chunk in ((x, c), (p.view(np.uint8), _blosc(p, 1))):
+        out, err = _decode([chunk], [want.nbytes], row=want.nbytes + 33, literal_span=span)
+        assert err == [0]
+        np.testing.assert_array_equal(out[0, : want.nbytes], want)
+        assert (out[0, want.nbytes :] == POISON).all()
 
 
 @pytest.mark.parametrize("shuffle", [1, 0])
@@ -270,10 +289,12 @@ runtime = [("src_ptr", "*u8", "D"), ("off_ptr", "*i64", "D"), ("len_ptr", "*i64"
            ("err_ptr", "*i32", "D"), ("dst_stride", "i64", "")]
 class Cfg:
     meta, num_warps, num_stages, maxnreg = {}, 1, 1, None
-ck = build(m._blosc_lz4_kernel, runtime, dict(TS=4, V=m.LONG_STEP, G=m.GROUP, W=m.TILE[0], T=m.TILE[1], B=m.WINDOW, WL=m.LITERAL_WIDTH, PROBE=0), Cfg())
-regs, spills = ptxas_usage(ck)
-print(f"{regs} registers, {spills} bytes spilled")
-assert spills == 0
+base = dict(TS=4, V=m.LONG_STEP, G=m.GROUP, W=m.TILE[0], T=m.TILE[1], B=m.WINDOW, WL=m.LITERAL_WIDTH, PROBE=0)
+for ls in (0, 256):  # the default, and the literal-span variant
+    ck = build(m._blosc_lz4_kernel, runtime, dict(base, LS=ls), Cfg())
+    regs, spills = ptxas_usage(ck)
+    print(f"LS={ls}: {regs} registers, {spills} bytes spilled")
+    assert spills == 0
 print("compiled OK")
 """
 

@@ -215,6 +215,37 @@ def _copy_group(
 
 
 @triton.jit
+def _copy_literal_span(
+    src, dstb, lit_in, lit_out, ll, n, first, stride, transposed, n_el,
+    TS: tl.constexpr, G: tl.constexpr, S: tl.constexpr,
+):  # fmt: skip
+    """Every literal of a group (sequences below ``n``) read from the span of the compressed input they lie
+    in, ``S`` bytes per step: each byte finds its sequence by a binary search over the sequences' literal
+    starts (increasing with the sequence), so a step costs one memory latency however the lengths vary.
+    An alternative to :func:`_copy_group`'s tiles for literals (``literal_span``; benchmarks/NOTES.md)."""
+    i = tl.arange(0, G)
+    big = 2147483647
+    key = tl.where(i < n, lit_in, big)
+    has = (i < n) & (ll > 0)
+    lo = tl.min(tl.where(has, lit_in, big), axis=0)
+    hi = tl.max(tl.where(has, lit_in + ll, 0), axis=0)
+    pv = tl.arange(0, S)
+    LOG: tl.constexpr = G.bit_length() - 1  # G is a power of two
+    for s0 in range(lo, hi, S):
+        p = s0 + pv
+        at = tl.zeros([S], tl.int32)
+        for kk in tl.static_range(0, LOG):
+            cand = at + (1 << (LOG - 1 - kk))
+            kv = tl.gather(key, tl.minimum(cand, G - 1), axis=0)
+            at = tl.where((cand < G) & (kv <= p), cand, at)
+        k0 = tl.gather(key, at, axis=0)
+        m = (p < hi) & (p < k0 + tl.gather(ll, at, axis=0))
+        v = tl.load(src + p, mask=m, other=0)
+        q = tl.gather(lit_out, at, axis=0) + (p - k0)
+        tl.store(dstb + _place(q, first, stride, transposed, n_el, TS), v, mask=m)
+
+
+@triton.jit
 def _hop(table, x, B: tl.constexpr):
     """``table[x]`` where x < B; x itself where x >= B (past the window: the chain has left it)."""
     return tl.where(x >= B, x, tl.gather(table, tl.minimum(x, B - 1), axis=0))
@@ -287,6 +318,7 @@ def _blosc_lz4_kernel(
     G: tl.constexpr,  # sequences parsed, then copied, together
     W: tl.constexpr,  # bytes per sequence per tile step (matches)
     WL: tl.constexpr,  # the same for literals (a tile step's loads wait for the step before)
+    LS: tl.constexpr,  # > 0: literals read as one span, LS bytes per step, instead of in tiles
     T: tl.constexpr,  # bytes per sequence copied in tiles (the rest one sequence at a time)
     B: tl.constexpr,  # bytes of the window the sequences' headers are parsed from at once
     PROBE: tl.constexpr,  # 0: decode; 1: parse only; 2: parse and copy literals (benchmarks/gpu_decode.py)
@@ -405,8 +437,12 @@ def _blosc_lz4_kernel(
                     g_off = tl.maximum(g_off, 1)
                     if (bad == 0) & (PROBE != 1):
                         # literals: independent of each other and of the output
-                        _copy_group(src, dstb, g_lit_in, g_lit_out, g_ll, g_ll > 0, g_ll, False, first, stride,
-                                    transposed, n_el, TS, G, WL, T, V // G, False)  # fmt: skip
+                        if LS > 0:
+                            _copy_literal_span(src, dstb, g_lit_in, g_lit_out, g_ll, n, first, stride,
+                                               transposed, n_el, TS, G, LS)  # fmt: skip
+                        else:
+                            _copy_group(src, dstb, g_lit_in, g_lit_out, g_ll, g_ll > 0, g_ll, False, first,
+                                        stride, transposed, n_el, TS, G, WL, T, V // G, False)  # fmt: skip
                         # matches: the source of match byte j is out - off + j % off, always behind out
                         s_lo = m_out - g_off
                         s_hi = s_lo + tl.minimum(g_off, g_ml)
@@ -442,6 +478,7 @@ def decode_chunks(
     tile: tuple[int, int] = TILE,
     window: int = WINDOW,
     literal_width: int = LITERAL_WIDTH,
+    literal_span: int = 0,
 ) -> torch.Tensor:
     """Decode Blosc-LZ4 chunks from ``src`` (uint8, on the device) into the rows of ``out`` (uint8
     [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
@@ -451,7 +488,9 @@ def decode_chunks(
     the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them.
     ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation. ``group`` (sequences decoded
     together), ``tile`` (bytes per sequence per step, bytes per sequence in tiles), ``literal_width``
-    (bytes per sequence per step for literals) and ``window`` (bytes parsed at once) are for benchmarks.
+    (bytes per sequence per step for literals), ``literal_span`` (> 0: literals read as one span of the
+    input, that many bytes per step; not measured on a GPU yet) and ``window`` (bytes parsed at once) are
+    for benchmarks.
     """
     n = int(offsets.numel())
     if out.dim() != 2 or out.dtype != torch.uint8 or out.stride(1) != 1 or out.shape[0] != n:
@@ -472,6 +511,7 @@ def decode_chunks(
         G=group,
         W=tile[0],
         WL=literal_width,
+        LS=literal_span,
         T=tile[1],
         B=window,
         PROBE=0,
