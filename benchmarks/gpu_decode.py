@@ -35,7 +35,6 @@ import zarr
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from lz4_previous_kernel import decode_chunks_previous  # noqa: E402
 from provenance import commit, machine  # noqa: E402
 
 from tsconv.io.decode import ParallelBandReader  # noqa: E402
@@ -85,8 +84,6 @@ def main() -> int:
                     help="batch sizes (chunks per launch) to time the kernel at")  # fmt: skip
     ap.add_argument("--variants", type=lambda v: [x for x in v.split(",") if x], default=[],
                     help="also check and time the current kernel at other GROUPxWxT[xWINDOW[xLITERAL_WIDTH[xLITERAL_SPAN]]], e.g. 32x8x32x128x8x256")  # fmt: skip
-    ap.add_argument("--previous", action=argparse.BooleanOptionalAction, default=True,
-                    help="also check and time the previous kernel (benchmarks/lz4_previous_kernel.py)")  # fmt: skip
     args = ap.parse_args()
 
     arr, files = _chunk_files(args.store)
@@ -161,8 +158,9 @@ def main() -> int:
     for i in range(n):
         if not torch.equal(out[i], ref_dev[i]):
             mism.append(i)
-    # the previous kernel (ae7787a) and variants of the current one: checked the same way, then timed below
-    others = {"previous": decode_chunks_previous} if args.previous else {}
+    # variants of the kernel: checked the same way, then timed below (the one-sequence-at-a-time kernel
+    # it replaced, ae7787a, was timed beside it in results/gpu_decode_{edd7490,4d069c3,e964f2f}.json)
+    others: dict = {}
     for v in args.variants:
         g, w, t, *more = (int(x) for x in v.split("x"))
         others[v] = functools.partial(bl.decode_chunks, group=g, tile=(w, t), window=more[0] if more else bl.WINDOW,

@@ -57,11 +57,16 @@ def _blosc_of(array: Any) -> tuple[numcodecs.Blosc | None, str | None]:
     ), None
 
 
+def _inspect_rows(array: Any) -> tuple[Any, str | None]:
+    """The fast path's layout of a 2-D array, or of a 1-D one (the time column)."""
+    return _inspect(array, ndim=1 if getattr(array, "ndim", 2) == 1 else 2)
+
+
 class ChunkFileWriter:
     """Encode and store whole-row chunks of one array; thread-safe (no state changes after creation)."""
 
     def __init__(self, array: Any) -> None:
-        layout, reason = _inspect(array, ndim=1 if getattr(array, "ndim", 2) == 1 else 2)
+        layout, reason = _inspect_rows(array)
         if layout is None:
             raise ValueError(reason)
         codec, reason = _blosc_of(array)
@@ -116,7 +121,7 @@ class ChunkFileWriter:
 
 def fast_write_reason(array: Any) -> str | None:
     """None when :class:`ChunkFileWriter` can write ``array`` itself, else why zarr writes it."""
-    layout, reason = _inspect(array, ndim=1 if getattr(array, "ndim", 2) == 1 else 2)
+    layout, reason = _inspect_rows(array)
     if layout is None:
         return reason
     if len(array.shape) == 2 and layout.chunks[1] != int(array.shape[1]):

@@ -453,11 +453,9 @@ class OutputWriter:
             assert self._time_in is not None
             t = self._time_in.read(a, b)
             if self._time_chunks is not None:
-                full = (
-                    t if n == self.chunk_rows else np.full(self.chunk_rows, self._time_chunks.fill, np.int64)
-                )
-                full[:n] = t
-                self._time_chunks.write(a // self.chunk_rows, full)
+                if n < self.chunk_rows:  # the edge chunk, padded as zarr pads it
+                    t = np.concatenate([t, np.full(self.chunk_rows - n, self._time_chunks.fill, np.int64)])
+                self._time_chunks.write(a // self.chunk_rows, t)
             elif self._time_lock is None:
                 self.time_out[a:b] = t
             else:
