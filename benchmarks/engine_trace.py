@@ -14,7 +14,8 @@ ahead of the engine (median of band decoded -> band read).
 Variants set environment knobs the engine reads at run time, or (for exploration only) module
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
-GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``notime`` /
+GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``rthreadsN`` (its file-reading threads),
+``lspanN`` (the decoder's literal-span variant, N bytes per step), ``notime`` /
 ``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
 ``outmbN`` (output chunks of about N MB), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
 ``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
@@ -204,6 +205,12 @@ def variant(name: str):  # noqa: ANN201
         patches.append((batched, "COMPUTE_STREAM_PRIORITY", -int(name[5:])))
     elif name.startswith("dprio"):  # the GPU reader's decode streams' priority -N
         patches.append((gpudecode, "DECODE_STREAM_PRIORITY", -int(name[5:])))
+    elif name.startswith("rthreads"):  # the GPU reader's file-reading threads
+        env["TSCONV_GPU_DECODE_THREADS"] = name[8:]
+    elif name.startswith("lspan"):  # the decoder's literal-span variant, N bytes per step
+        from tsconv.kernels import blosc_lz4
+
+        patches.append((blosc_lz4, "LITERAL_SPAN", int(name[5:])))
     elif name.startswith("decmb"):  # the GPU reader's decoded ring: N MB (both halves)
         patches.append((gpudecode, "MAX_DECODED_BYTES", int(name[5:]) << 20))
     elif name in ("notime", "nometa", "notime+nometa"):  # exploration: the writer's zarr calls left out

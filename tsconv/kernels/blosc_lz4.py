@@ -59,6 +59,9 @@ GROUP = 32
 TILE = (8, 32)
 LITERAL_WIDTH = 8
 WINDOW = 128
+# > 0: literals read as one span of the input, this many bytes per step (_copy_literal_span); 0: tiles.
+# A module constant so benchmarks/engine_trace.py's lspanN variant can set it for the engine's reader.
+LITERAL_SPAN = 0
 # bytes per step of a stored stream or a long sequence: one memory latency per step
 LONG_STEP = 256
 
@@ -478,7 +481,7 @@ def decode_chunks(
     tile: tuple[int, int] = TILE,
     window: int = WINDOW,
     literal_width: int = LITERAL_WIDTH,
-    literal_span: int = 0,
+    literal_span: int | None = None,
 ) -> torch.Tensor:
     """Decode Blosc-LZ4 chunks from ``src`` (uint8, on the device) into the rows of ``out`` (uint8
     [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
@@ -511,7 +514,7 @@ def decode_chunks(
         G=group,
         W=tile[0],
         WL=literal_width,
-        LS=literal_span,
+        LS=LITERAL_SPAN if literal_span is None else literal_span,
         T=tile[1],
         B=window,
         PROBE=0,
