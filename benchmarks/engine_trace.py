@@ -15,7 +15,7 @@ Variants set environment knobs the engine reads at run time, or (for exploration
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
 GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``rthreadsN`` (its file-reading threads),
-``lspanN`` (the decoder's literal-span variant, N bytes per step), ``notime`` /
+``lspanN`` (the decoder's literal-span variant, N bytes per step), ``nograph`` (no CUDA graph of the steps), ``notime`` /
 ``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
 ``outmbN`` (output chunks of about N MB), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
 ``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
@@ -205,6 +205,8 @@ def variant(name: str):  # noqa: ANN201
         patches.append((batched, "COMPUTE_STREAM_PRIORITY", -int(name[5:])))
     elif name.startswith("dprio"):  # the GPU reader's decode streams' priority -N
         patches.append((gpudecode, "DECODE_STREAM_PRIORITY", -int(name[5:])))
+    elif name == "nograph":  # the steps' launches issued one by one (no CUDA graph)
+        env["TSCONV_CUDA_GRAPH"] = "0"
     elif name.startswith("rthreads"):  # the GPU reader's file-reading threads
         env["TSCONV_GPU_DECODE_THREADS"] = name[8:]
     elif name.startswith("lspan"):  # the decoder's literal-span variant, N bytes per step
@@ -396,7 +398,9 @@ def main() -> int:
                            "commit": commit(), **machine(), "rows": args.rows, "features": args.features,
                            "variants": {}}  # fmt: skip
     tsconv.process(src, out, **kw)  # compile, autotune cache, page cache
-    for i, name in enumerate(args.variants.split(",")):
+    names = args.variants.split(",")
+    for i, name in enumerate(names):
+        key = name if names[:i].count(name) == 0 else f"{name}#{names[:i].count(name) + 1}"  # a repeat
         with variant(name):
             first = tsconv.process(src, out, **kw).seconds  # a new variant's first run (workers start)
             secs, reps = [], []
@@ -410,7 +414,7 @@ def main() -> int:
         threads = int(os.environ.get("TSCONV_DECODE_THREADS") or decode.default_threads())
         if name.startswith("threads"):
             threads = int(name[7:])
-        doc["variants"][name] = {
+        doc["variants"][key] = {
             "first_seconds": first,
             "seconds": secs,
             "median_seconds": med,
@@ -421,12 +425,15 @@ def main() -> int:
             "loop_seconds": statistics.median(
                 (rep.get("stage_seconds") or {}).get("loop", float("nan")) for rep in reps
             ),
+            "cuda_graph": reps[-1].get("cuda_graph"),
+            "peak_gpu_allocated_bytes": max(rep["peak_gpu_allocated_bytes"] or 0 for rep in reps),
+            "peak_gpu_reserved_bytes": max(rep["peak_gpu_reserved_bytes"] or 0 for rep in reps),
             "summary": summarise(spans, threads),
         }
-        loop = doc["variants"][name]["loop_seconds"]
+        loop = doc["variants"][key]["loop_seconds"]
         print(
-            name,
-            json.dumps(doc["variants"][name]["summary"]),
+            key,
+            json.dumps(doc["variants"][key]["summary"]),
             f"median {med:.3f} s, loop {loop:.3f} s",
             flush=True,
         )

@@ -77,6 +77,9 @@ class Report:
     bound_by: str | None = None  # the stage with the most (per-thread) busy time
     reader: str | None = None  # batched engine: "gpu", "threads", "processes" or "zarr" (see reader_kind)
     head_path: str | None = None  # the last stage + head: "unfused", "gemm" or "fused"; None: no head
+    # batched engine: "replayed" (the steps' launches as one CUDA graph), "eager" (too few steps to capture),
+    # "off" (not CUDA, or TSCONV_CUDA_GRAPH=0) or "off: why" (the capture failed)
+    cuda_graph: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -479,7 +482,7 @@ def stage_summary(times: StageTimes, *, transfer: str, reader: Any, writer: Outp
     seconds = {**stage, "decode_busy": decode_busy, "write_busy": write_busy, "read_wait": times.read_wait,
                "emit": times.write, **times.extra}  # fmt: skip
     return {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound,
-            "reader": reader_kind(reader)}  # fmt: skip
+            "reader": reader_kind(reader), "cuda_graph": times.graph}  # fmt: skip
 
 
 def reader_kind(reader: Any) -> str:

@@ -30,6 +30,8 @@ copy (or mapped read) of a piece starting at or before band ``L - hold - 1`` is 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import queue
 import threading
 import time
@@ -196,6 +198,76 @@ class StageTimes:
     steps: int = 0
     step_rows: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    graph: str = "off"  # the steps' CUDA graph (_StepGraph.status): off, eager, replayed or "off: why"
+
+
+log = logging.getLogger("tsconv.batched")
+
+GRAPH_ENV = "TSCONV_CUDA_GRAPH"
+
+
+def graphs_requested() -> bool:
+    """``TSCONV_CUDA_GRAPH`` (default on): replay each step's conv and head launches as one CUDA graph."""
+    return os.environ.get(GRAPH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class _StepGraph:
+    """A step's conv and head launches, captured once as a CUDA graph and replayed for every later step.
+
+    Why: issuing a step's launches (conv, head, the centering bias: a few dozen Triton and torch calls)
+    took the engine thread 1.7 ms per step on a fast H200 host and 5.5 ms on a slow one
+    (``launch_step`` in benchmarks/results/engine_trace_*.json), while the thread was busy 86-95% of the
+    loop. A replay is one launch. Every step from the second on has the same buffers and shapes (a short
+    last step is computed at full size, and ``xc``, ``level`` and the weights never move), so the launches
+    differ only for steps whose rows start inside the warm-up history (``first_row < 0``), which run eagerly.
+
+    The first eligible step runs eagerly (it compiles, tunes, packs weights); the second is captured
+    (``thread_local``: the reader's and writer's threads keep using CUDA meanwhile), then replayed. If the
+    capture fails (a launch that synchronizes, say) every later step runs eagerly; ``status`` says why.
+    """
+
+    def __init__(self, fn: Callable[[int], torch.Tensor], stream: Any, *, enabled: bool) -> None:
+        self.fn, self.stream = fn, stream  # fn(first_row): the step's output rows
+        self.status = "eager" if enabled else "off"  # then "replayed", or "off: why" after a failed capture
+        self._eager = 0  # eligible steps run eagerly so far
+        self._graph: Any = None
+        self._out: torch.Tensor | None = None
+
+    def __call__(self, first_row: int) -> torch.Tensor:
+        if first_row < 0:  # rows of the warm-up history: launches that differ (zeroed history)
+            return self.fn(first_row)
+        if self._graph is not None:
+            self._graph.replay()
+            return self._out  # type: ignore[return-value]
+        if self.status != "eager" or self._eager == 0:
+            self._eager += 1
+            return self.fn(first_row)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            out = self._capture(graph, first_row)
+        except Exception as exc:  # noqa: BLE001 - any capture failure: the steps run as before
+            self.status = f"off: the capture failed ({type(exc).__name__}: {exc})"
+            log.warning("CUDA graph of the step not used: %s", exc)
+            return self.fn(first_row)
+        self._graph, self._out = graph, out
+        self.status = "replayed"
+        graph.replay()
+        return out
+
+    def _capture(self, graph: Any, first_row: int) -> torch.Tensor:
+        # Not torch.cuda.graph(): it synchronizes the device and empties the allocator's caches (cudaFree
+        # synchronizes too), which would drain the decode and compute queued behind this step.
+        # ``thread_local``: the reader's and writer's threads keep using CUDA meanwhile.
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                out = self.fn(first_row)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+        return out
 
 
 _STREAMS: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
@@ -386,6 +458,10 @@ def run_batched(
         base = gpu.event(gpu.compute)
         base.synchronize()
         base_t = time.perf_counter()
+    run_step = backend.run_centered if center else backend.run
+    graph = _StepGraph(
+        lambda first_row: run_step(xc, first_row, level), gpu.compute, enabled=gpu.cuda and graphs_requested()
+    )
     t_loop = time.perf_counter()
     cpu_loop = time.thread_time()
     writer = _Writer(emit, host_out, free_out, on_rows, times, verify=getattr(source, "verify", None))
@@ -462,9 +538,7 @@ def run_batched(
                 # reach rows before it, and they are dropped): one shape per run, so no kernel is tuned for
                 # a new shape class mid-run (tuning briefly holds a 256 MB buffer: 1.33 GB peaks at 4096
                 # features when the last step of a 1M-row store was tuned, against 1.14 GB otherwise).
-                x = xc
-                first_row = s - halo
-                y = backend.run_centered(x, first_row, level) if center else backend.run(x, first_row, level)
+                y = graph(s - halo)
                 if warmup == "nan" and s < halo:
                     y[: min(halo - s, n)] = float("nan")
             t0 = time.perf_counter()
@@ -493,6 +567,7 @@ def run_batched(
         if on_device:
             source.finish()  # a damaged chunk raises here, before the output is finished
         extra["loop"] = time.perf_counter() - t_loop
+        times.graph = graph.status
         extra["loop_cpu"] = time.thread_time() - cpu_loop  # the main thread's own CPU time in the loop
         writer.put(None)
         writer.join_checked()
