@@ -15,7 +15,8 @@ Variants set environment knobs the engine reads at run time, or (for exploration
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
 GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``rthreadsN`` (its file-reading threads),
-``lspanN`` (the decoder's literal-span variant, N bytes per step), ``nograph`` (no CUDA graph of the steps), ``notime`` /
+``lspanN`` (the decoder's literal-span variant, N bytes per step), ``nograph`` (no CUDA graph of the steps),
+``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle), ``notime`` /
 ``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
 ``outmbN`` (output chunks of about N MB), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
 ``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
@@ -205,6 +206,14 @@ def variant(name: str):  # noqa: ANN201
         patches.append((batched, "COMPUTE_STREAM_PRIORITY", -int(name[5:])))
     elif name.startswith("dprio"):  # the GPU reader's decode streams' priority -N
         patches.append((gpudecode, "DECODE_STREAM_PRIORITY", -int(name[5:])))
+    elif name.startswith("outcodec-"):  # the output's Blosc codec: outcodec-CNAME-CLEVEL-SHUFFLE
+        from zarr.codecs import BloscCodec
+
+        from tsconv.io import writer as writer_mod
+
+        _, cname, clevel, shuffle = name.split("-")
+        codec = BloscCodec(cname=cname, clevel=int(clevel), shuffle=shuffle)
+        patches.append((writer_mod, "_codec", lambda: codec))
     elif name == "nograph":  # the steps' launches issued one by one (no CUDA graph)
         env["TSCONV_CUDA_GRAPH"] = "0"
     elif name.startswith("rthreads"):  # the GPU reader's file-reading threads
