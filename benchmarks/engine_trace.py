@@ -16,7 +16,8 @@ constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``n
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
 GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``rthreadsN`` (its file-reading threads),
 ``lspanN`` (the decoder's literal-span variant, N bytes per step), ``nograph`` (no CUDA graph of the steps),
-``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle), ``notime`` /
+``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle),
+``compression-C`` (the output compression option: auto, lz4, none), ``notime`` /
 ``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
 ``outmbN`` (output chunks of about N MB), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
 ``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
@@ -179,6 +180,7 @@ class _Sys:
 def variant(name: str):  # noqa: ANN201
     """Apply one variant's knobs for the duration of the block."""
     env: dict[str, str] = {}
+    extra: dict[str, Any] = {}  # tsconv.process keyword arguments
     patches: list[tuple[Any, str, Any]] = []
     hog = None
     pyhog = None
@@ -213,7 +215,10 @@ def variant(name: str):  # noqa: ANN201
 
         _, cname, clevel, shuffle = name.split("-")
         codec = BloscCodec(cname=cname, clevel=int(clevel), shuffle=shuffle)
-        patches.append((writer_mod, "_codec", lambda: codec))
+        patches.append((writer_mod, "_codec", lambda clevel=5: codec))
+        extra["compression"] = "lz4"  # as patched, never switched by auto
+    elif name.startswith("compression-"):  # tsconv.process(compression=...): auto, lz4 or none
+        extra["compression"] = name.split("-", 1)[1]
     elif name == "nograph":  # the steps' launches issued one by one (no CUDA graph)
         env["TSCONV_CUDA_GRAPH"] = "0"
     elif name.startswith("rthreads"):  # the GPU reader's file-reading threads
@@ -289,7 +294,7 @@ def variant(name: str):  # noqa: ANN201
     if pyhog is not None:
         pyhog.start()
     try:
-        yield
+        yield extra
     finally:
         if pyhog is not None:
             pyhog.stop()
@@ -410,15 +415,16 @@ def main() -> int:
     names = args.variants.split(",")
     for i, name in enumerate(names):
         key = name if names[:i].count(name) == 0 else f"{name}#{names[:i].count(name) + 1}"  # a repeat
-        with variant(name):
-            first = tsconv.process(src, out, **kw).seconds  # a new variant's first run (workers start)
+        with variant(name) as extra:
+            # a new variant's first run (workers start)
+            first = tsconv.process(src, out, **kw, **extra).seconds
             secs, reps = [], []
             for _ in range(args.repeats):
-                r = tsconv.process(src, out, **kw)
+                r = tsconv.process(src, out, **kw, **extra)
                 secs.append(r.seconds)
                 reps.append(r.to_dict())
             with trace.recording() as spans:
-                r = tsconv.process(src, out, **kw)
+                r = tsconv.process(src, out, **kw, **extra)
         med = statistics.median(secs)
         threads = int(os.environ.get("TSCONV_DECODE_THREADS") or decode.default_threads())
         if name.startswith("threads"):
@@ -435,6 +441,7 @@ def main() -> int:
                 (rep.get("stage_seconds") or {}).get("loop", float("nan")) for rep in reps
             ),
             "cuda_graph": reps[-1].get("cuda_graph"),
+            "compression": reps[-1].get("compression"),
             "peak_gpu_allocated_bytes": max(rep["peak_gpu_allocated_bytes"] or 0 for rep in reps),
             "peak_gpu_reserved_bytes": max(rep["peak_gpu_reserved_bytes"] or 0 for rep in reps),
             "summary": summarise(spans, threads),

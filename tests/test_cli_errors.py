@@ -632,3 +632,24 @@ def test_bad_gpu_options(tmp_path: Path, args: list[str], needles: list[str]) ->
     else:
         assert_refused(res, *needles)
     assert not (tmp_path / "out.zarr").exists()
+
+
+def test_compression_for_a_parquet_output_is_refused(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.parquet", "--compression", "lz4")
+    assert_refused(res, "compression='lz4' is for zarr outputs")
+    assert not (tmp_path / "out.parquet").exists()
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_the_compression_asked_for_is_used_and_reported(tmp_path: Path, compression: str) -> None:
+    import json
+
+    src = good_store(tmp_path)
+    report = tmp_path / "report.json"
+    res = CliRunner().invoke(main, ["process", "-i", str(src), "-o", str(tmp_path / "out.zarr"), "-q",
+                                    "--device", "cpu", "--compression", compression, "--report", str(report)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(report.read_text())["compression"] == compression
+    codecs = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["values"].metadata.codecs
+    assert [int(c.clevel) for c in codecs if hasattr(c, "clevel")] == [0 if compression == "none" else 5]

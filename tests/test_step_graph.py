@@ -5,7 +5,6 @@ writes exactly the bytes of a run without it."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +20,9 @@ from .helpers import price_series, read_output, write_store
 class _FakeGraph:
     log: list = []
 
-    def capture_begin(self, *, pool, capture_error_mode: str) -> None:
+    def capture_begin(self, *, capture_error_mode: str) -> None:
         assert capture_error_mode == "thread_local"
         self.log.append("begin")
-        self.log.append(("pool", pool))
 
     def capture_end(self) -> None:
         self.log.append("end")
@@ -37,13 +35,10 @@ def _step_graph(monkeypatch, *, fail: bool = False) -> tuple[batched._StepGraph,
     log: list = []
     monkeypatch.setattr(_FakeGraph, "log", log)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
-    monkeypatch.setattr(batched, "_GRAPH_POOLS", {})
-    pools = iter(range(100))
-    monkeypatch.setattr(batched, "_new_graph_pool", lambda: f"pool{next(pools)}")
     capturing = {"now": False}
 
     def fn(first_row: int) -> torch.Tensor:
-        capturing["now"] = log[-2:-1] == ["begin"]
+        capturing["now"] = log[-1:] == ["begin"]
         log.append(("fn", first_row))
         if fail and capturing["now"]:
             raise RuntimeError("operation not permitted when stream is capturing")
@@ -61,27 +56,9 @@ def test_the_second_eligible_step_is_captured_and_later_steps_replay_it(monkeypa
     out = g(120)  # captured, then replayed
     assert g.status == "replayed" and out[0] == 120
     assert g(184) is out and g(248) is out  # replays write the captured output buffer
-    assert log == [("fn", -8), ("fn", 56), "begin", ("pool", "pool0"), ("fn", 120), "end", "replay", "replay",
-                   "replay"]  # fmt: skip
+    assert log == [("fn", -8), ("fn", 56), "begin", ("fn", 120), "end", "replay", "replay", "replay"]
     assert g(-1)[0] == -1 and log[-1] == ("fn", -1)
-
-
-def test_a_threads_runs_share_one_graph_pool_and_other_threads_get_their_own(monkeypatch) -> None:
-    g, log = _step_graph(monkeypatch)
-    for r in (0, 64):
-        g(r)
-    g2 = batched._StepGraph(g.fn, None, enabled=True)  # the same thread's next run
-    for r in (0, 64):
-        g2(r)
-    other = []
-    t = threading.Thread(target=lambda: other.append(batched._graph_pool(None)))
-    t.start()
-    t.join()
-    assert [x for x in log if isinstance(x, tuple) and x[0] == "pool"] == [
-        ("pool", "pool0"),
-        ("pool", "pool0"),
-    ]
-    assert other == ["pool1"]
+    assert g.release() and not g.release()  # the graph dropped once
 
 
 def test_a_failed_capture_leaves_every_step_eager(monkeypatch) -> None:
@@ -89,7 +66,8 @@ def test_a_failed_capture_leaves_every_step_eager(monkeypatch) -> None:
     g(0)
     assert g(64)[0] == 64  # the capture failed: the step ran again, eagerly
     assert g.status.startswith("off: the capture failed (RuntimeError: operation not permitted")
-    assert log == [("fn", 0), "begin", ("pool", "pool0"), ("fn", 64), "end", ("fn", 64)]
+    assert log == [("fn", 0), "begin", ("fn", 64), "end", ("fn", 64)]
+    assert not g.release()
     g(128)
     assert log[-1] == ("fn", 128) and "replay" not in log
 
@@ -149,4 +127,7 @@ def test_a_run_with_the_step_graph_writes_the_bytes_of_one_without(tmp_path: Pat
     assert b.rows == 40_000 and b.step_rows == 4096
     ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
     assert np.isfinite(yb[-1000:]).all()
+    reserved = torch.cuda.memory_reserved()
+    tsconv.process(src, tmp_path / "c.zarr", **kw)
+    assert torch.cuda.memory_reserved() <= reserved + (8 << 20)  # a run's graph leaves no memory behind
     np.testing.assert_array_equal(ya.view(np.uint32), yb.view(np.uint32))

@@ -422,3 +422,85 @@ def test_kill_9_during_threaded_writes_then_resume(tmp_path: Path) -> None:
     w.finish()
     assert _meta(path)["complete"] is True
     assert _files(path) == _files(want)  # byte for byte what an uninterrupted zarr run writes
+
+
+def _noise(rows: int = ROWS, features: int = FEATURES, seed: int = 1) -> np.ndarray:
+    """Float features LZ4 cannot shrink much (the e2e pipeline's outputs save about 7%)."""
+    return np.random.default_rng(seed).standard_normal((rows, features)).astype(np.float32)
+
+
+def _values_clevel(path: Path) -> int:
+    codecs = zarr.open_group(str(path), mode="r")["values"].metadata.codecs
+    return int(next(c for c in codecs if isinstance(c, BloscCodec)).clevel)
+
+
+@pytest.mark.parametrize("threads", [0, 4])
+def test_auto_compression_stores_values_lz4_cannot_shrink_uncompressed(tmp_path: Path, threads: int) -> None:
+    x, t = _noise(), _time()
+    path = tmp_path / "auto.zarr"
+    w = _create(path, x, time_source=t, threads=threads)  # compression="auto", the default
+    _append_all(w, x)
+    w.finish()
+    assert w.compression.startswith("none (auto: lz4 saved"), w.compression
+    assert _values_clevel(path) == 0  # the metadata says how the chunks are stored
+    g = zarr.open_group(str(path), mode="r")
+    assert np.array_equal(np.asarray(g["values"][:]).view(np.uint32), x.view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(g["time"][:]), t)
+    with ParallelBandReader(g["values"], threads=2) as reader:
+        assert reader.fast
+        np.testing.assert_array_equal(reader.read(0, ROWS), x)
+    # every chunk file holds the bytes zarr writes for that codec; the time column stays lz4
+    ref = tmp_path / "ref.zarr"
+    rw = _create(ref, x, time_source=t, threads=0, fast=False, compression="none")
+    _append_all(rw, x)
+    rw.finish()
+    assert _files(path) == _files(ref)
+    time_codec = next(c for c in g["time"].metadata.codecs if isinstance(c, BloscCodec))
+    assert int(time_codec.clevel) == 5
+    assert sum(len(v) for k, v in _files(path).items() if k.startswith("values")) > x.nbytes
+
+
+def test_auto_compression_keeps_lz4_where_it_pays(tmp_path: Path) -> None:
+    x = price_series(ROWS, FEATURES, seed=4)  # prices on a tick grid: LZ4 with shuffle saves a lot
+    path = tmp_path / "auto.zarr"
+    w = _create(path, x, threads=3)
+    _append_all(w, x)
+    w.finish()
+    assert w.compression.startswith("lz4 (auto: it saved"), w.compression
+    assert _values_clevel(path) == 5
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
+    assert sum(len(v) for v in _files(path).values()) < 0.8 * x.nbytes
+
+
+@pytest.mark.parametrize(("compression", "clevel"), [("lz4", 5), ("none", 0)])
+def test_forced_compression_is_kept_whatever_the_data(tmp_path: Path, compression: str, clevel: int) -> None:
+    x = _noise() if compression == "lz4" else price_series(ROWS, FEATURES, seed=4)
+    path = tmp_path / f"{compression}.zarr"
+    w = _create(path, x, threads=2, compression=compression)
+    _append_all(w, x)
+    w.finish()
+    assert w.compression == compression and _values_clevel(path) == clevel
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
+
+
+def test_a_resumed_writer_keeps_the_codec_auto_chose(tmp_path: Path) -> None:
+    x = _noise()
+    path = tmp_path / "out.zarr"
+    w = _create(path, x, threads=2)
+    _append_all(w, x[: 4 * CHUNK_ROWS])
+    w._drain()
+    w.close()
+    assert _values_clevel(path) == 0
+    r = OutputWriter.reopen(path, time_source=None, start=4 * CHUNK_ROWS, threads=2)
+    assert r.compression == "none"
+    _append_all(r, x, start=4 * CHUNK_ROWS)
+    r.finish()
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
+
+
+def test_an_unknown_compression_is_refused(tmp_path: Path) -> None:
+    from tsconv.errors import TsconvError
+
+    with pytest.raises(TsconvError, match="unknown output compression 'zip'"):
+        _create(tmp_path / "o.zarr", _noise(), compression="zip")
+    assert not (tmp_path / "o.zarr").exists()

@@ -147,6 +147,14 @@ def _run_process(
     help="CUDA only: GPU memory budget for the engine's buffers (e.g. 1.2GB, 800MB); batch sizes follow.",
 )
 @click.option(
+    "--compression",
+    type=click.Choice(["auto", "lz4", "none"]),
+    default="auto",
+    show_default=True,
+    help="The output values' codec: lz4 (Blosc-LZ4), none (uncompressed), or auto: lz4 where it saves at "
+    "least 10% of a sample of the first output chunk, else none (dask runs: lz4).",
+)
+@click.option(
     "--partition-rows",
     type=click.IntRange(min=1),
     help="Rows per dask task, rounded up to whole output chunks (default: about 8 tasks per worker).",
@@ -154,14 +162,14 @@ def _run_process(
 def process(input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str,
             warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool,
             workers: int | None, scheduler: str | None, transfer: str, decode: str | None, gpu_mem: str,
-            partition_rows: int | None) -> None:  # fmt: skip
+            compression: str, partition_rows: int | None) -> None:  # fmt: skip
     """Stream a store through a pipeline into an output store."""
     if partition_rows is not None and workers is None and scheduler is None:
         raise TsconvError("--partition-rows needs --workers or --scheduler")
     dask = {} if workers is None and scheduler is None else {"workers": workers, "client": scheduler}
     if partition_rows is not None:
         dask["partition_rows"] = partition_rows
-    dask.update(transfer=transfer, gpu_mem=gpu_mem)
+    dask.update(transfer=transfer, gpu_mem=gpu_mem, compression=compression)
     if decode is not None:
         dask["decode"] = decode
     if overwrite and resume:

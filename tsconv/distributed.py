@@ -283,8 +283,12 @@ def run_distributed(
     retries: int = 2,
     transfer: str = "pinned",
     gpu_mem: int | None = None,
+    compression: str = "lz4",
 ) -> Any:
-    """Create (or reopen) the output, run the missing partitions on dask, mark it complete; a Report."""
+    """Create (or reopen) the output, run the missing partitions on dask, mark it complete; a Report.
+
+    ``compression``: the new output's codec, ``lz4`` or ``none`` (the tasks write their chunks with the
+    array's codec, so no task chooses one from the data)."""
     import zarr
     from tqdm import tqdm
 
@@ -334,6 +338,7 @@ def run_distributed(
                 chunk_rows=chunk_rows,
                 time_source=store.time,
                 attrs=attrs,
+                compression=compression,
             )
             group = writer.group
             done: list[tuple[int, int]] = []

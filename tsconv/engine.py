@@ -31,7 +31,7 @@ from .io.procdecode import ProcessBandReader, use_processes
 from .io.reader import ArraySource, ColumnSource, RowSource
 from .io.store import InputStore, check_time, open_input
 from .io.timecolumn import ShiftedTime
-from .io.writer import FORMAT_VERSION, OutputWriter, output_chunk_rows, prepare_output
+from .io.writer import FORMAT_VERSION, OutputWriter, check_compression, output_chunk_rows, prepare_output
 from .kernels.backend import Backend
 from .spec import Pipeline, ResolvedPipeline, default_pipeline, load_pipeline, pipeline_from_dict, resolve
 from .stream.batched import (
@@ -77,6 +77,8 @@ class Report:
     bound_by: str | None = None  # the stage with the most (per-thread) busy time
     reader: str | None = None  # batched engine: "gpu", "threads", "processes" or "zarr" (see reader_kind)
     head_path: str | None = None  # the last stage + head: "unfused", "gemm" or "fused"; None: no head
+    # the output values' codec: "lz4", "none", or with "(auto: ...)" saying what the sample showed
+    compression: str | None = None
     # batched engine: "replayed" (the steps' launches as one CUDA graph), "eager" (too few steps to capture),
     # "off" (not CUDA, or TSCONV_CUDA_GRAPH=0) or "off: why" (the capture failed)
     cuda_graph: str | None = None
@@ -335,6 +337,7 @@ def process(
     gpu_mem: int | str = DEFAULT_GPU_MEM,
     batched: bool | None = None,
     decode: str | None = None,
+    compression: str = "auto",
 ) -> Report:
     """Stream a zarr store through a pipeline into an output store; returns a :class:`Report`.
 
@@ -352,10 +355,17 @@ def process(
     batched engine decodes the input, ``"gpu"`` (Blosc-LZ4 stores with pinned transfers,
     :mod:`tsconv.io.gpudecode`; other stores fall back to the CPU) or ``"cpu"`` (threads); None: gpu
     unless ``TSCONV_GPU_DECODE=0``.
-    The report's ``reader`` says which reader ran.
+    The report's ``reader`` says which reader ran. ``compression``: the output values' codec, ``auto``
+    (lz4 where it saves at least 10% of a sample of the first chunk, else uncompressed; dask runs keep lz4),
+    ``lz4`` or ``none`` (see :meth:`tsconv.io.writer.OutputWriter.create`); the report says which was used.
     """
     t_enter = time.perf_counter()
+    check_compression(compression)
     if output is not None and str(output).lower().endswith((".parquet", ".pq")):
+        if compression != "auto":
+            raise TsconvError(
+                f"compression={compression!r} is for zarr outputs", hint="leave it out for Parquet outputs."
+            )
         from .io.parquet import process_to_parquet
 
         return process_to_parquet(input, output, pipeline=pipeline, chunk=chunk, device=device,
@@ -396,6 +406,7 @@ def process(
             store, plan, out_path, action=action, rows_done=start, chunk=chunk, device=device, warmup=warmup,
             attrs=_output_attrs(store, plan, chunk, warmup, fingerprint), progress=progress,
             workers=workers, client=client, partition_rows=partition_rows, transfer=transfer, gpu_mem=budget,
+            compression="lz4" if compression == "auto" else compression,
         )  # fmt: skip
     t0 = time.perf_counter()
     if dev.type == "cuda":
@@ -415,6 +426,7 @@ def process(
                 chunk_rows=output_chunk_rows(chunk, plan.n_outputs),
                 time_source=time_source,
                 attrs=attrs,
+                compression=compression,
             )
         else:
             writer = OutputWriter.reopen(out_path, time_source=time_source, start=start)
@@ -437,6 +449,7 @@ def process(
             stages["stage_seconds"]["before_run"] = t_run - t0
             # opening and checking the input, planning, clearing an old output: before ``seconds`` starts
             stages["stage_seconds"]["open"] = t0 - t_enter
+        stages = {**(stages or {}), "compression": writer.compression}
     seconds = time.perf_counter() - t0
     done = rows - start if action != "done" else 0
     return make_report(

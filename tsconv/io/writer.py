@@ -32,13 +32,21 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
 
-from ..errors import OutputExistsError, StoreError
+from ..errors import OutputExistsError, StoreError, TsconvError
 from ..stream import trace
 from .encode import ChunkFileWriter, remove_partial_files
 from .store import is_zarr_store
 from .timecolumn import TimeReader
 
-__all__ = ["OutputWriter", "prepare_output", "output_chunk_rows", "default_write_threads", "FORMAT_VERSION"]
+__all__ = [
+    "COMPRESSIONS",
+    "FORMAT_VERSION",
+    "OutputWriter",
+    "check_compression",
+    "default_write_threads",
+    "output_chunk_rows",
+    "prepare_output",
+]
 
 FORMAT_VERSION = 1
 _TARGET_CHUNK_BYTES = 16 << 20  # ~16 MB chunks read back fastest (see ../shared/FACTS.md)
@@ -59,8 +67,23 @@ def output_chunk_rows(chunk: int, n_outputs: int) -> int:
     return chunk * max(1, _TARGET_CHUNK_BYTES // max(per_chunk, 1))
 
 
-def _codec() -> BloscCodec:
-    return BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")
+COMPRESSIONS = ("auto", "lz4", "none")
+# "auto": lz4 unless a sample of the first chunk written shows it saving less than this share of the bytes
+AUTO_MIN_SAVING = 0.10
+_AUTO_SAMPLE_BYTES = 1 << 20
+
+
+def check_compression(compression: str) -> None:
+    if compression not in COMPRESSIONS:
+        raise TsconvError(
+            f"unknown output compression {compression!r}", hint=f"use one of {', '.join(COMPRESSIONS)}."
+        )
+
+
+def _codec(clevel: int = 5) -> BloscCodec:
+    """The output's codec: Blosc-LZ4 with byte shuffle; clevel 0 stores the bytes uncompressed (Blosc's framing
+    only), which any Blosc reader decodes."""
+    return BloscCodec(cname="lz4", clevel=clevel, shuffle="shuffle")
 
 
 def prepare_output(
@@ -115,6 +138,15 @@ def _local_group_json(group: zarr.Group) -> Path | None:
         return None
     path = Path(store.root) / group.path / "zarr.json" if group.path else Path(store.root) / "zarr.json"
     return path if path.is_file() else None
+
+
+def _compression_of(array: zarr.Array) -> str:
+    """ "lz4" or "none" (clevel 0) for tsconv's Blosc-LZ4 outputs; else the codecs' names."""
+    codecs = tuple(array.metadata.codecs) if array.metadata.zarr_format == 3 else ()
+    blosc = [c for c in codecs if isinstance(c, BloscCodec)]
+    if blosc:
+        return "none" if int(blosc[0].clevel) == 0 else str(blosc[0].cname.value)
+    return ", ".join(type(c).__name__ for c in codecs) or "zarr format 2"
 
 
 def _where(group: zarr.Group) -> str:
@@ -177,6 +209,9 @@ class OutputWriter:
             if self._chunks is not None and self._chunks.dtype != np.float32:
                 self._chunks, self.fallback_reason = None, f"dtype {self._chunks.dtype} (buffers are float32)"
         self.fast = self._chunks is not None
+        self._auto_pending = False  # create(compression="auto"): the codec is chosen at the first chunk
+        self._auto_lock = threading.Lock()
+        self.compression = _compression_of(self.values)
         # A task's time rows cover whole time chunks when they are chunked like the values; otherwise two
         # tasks could read-modify-write one time chunk at once, so those writes take turns.
         aligned = self.time_out is None or int(self.time_out.chunks[0]) == self.chunk_rows
@@ -220,7 +255,14 @@ class OutputWriter:
         threads: int | None = None,
         buffers: int | None = None,
         fast: bool = True,
+        compression: str = "auto",
     ) -> OutputWriter:
+        """A writer of a new output store at ``path``. ``compression`` (the values' codec): ``lz4`` (Blosc-LZ4,
+        byte shuffle), ``none`` (Blosc without compression) or ``auto`` (lz4, switched to none before the
+        first chunk is stored when lz4 saves less than AUTO_MIN_SAVING of a sample of it: float features
+        often do not compress, and encoding them cost the writer threads more CPU than the rest of the
+        run; benchmarks/NOTES.md, thirteenth session). The time column is always lz4."""
+        check_compression(compression)
         # Build the empty store beside its final place and rename it in: a kill during creation then
         # leaves no half-made store at ``path`` that a later --resume would have to refuse.
         tmp = path.with_name(f".{path.name}.creating")
@@ -232,7 +274,7 @@ class OutputWriter:
             shape=(rows, len(names)),
             chunks=(min(chunk_rows, rows), len(names)),
             dtype="float32",
-            compressors=[_codec()],
+            compressors=[_codec(0 if compression == "none" else 5)],
             fill_value=np.nan,
         )
         if time_source is not None:
@@ -241,7 +283,7 @@ class OutputWriter:
             )
         group.attrs.update({**attrs, "features": list(names)})
         tmp.rename(path)
-        return cls(
+        writer = cls(
             zarr.open_group(str(path), mode="r+"),
             time_source=time_source,
             start=0,
@@ -249,6 +291,8 @@ class OutputWriter:
             buffers=buffers,
             fast=fast,
         )
+        writer._auto_pending = compression == "auto" and writer.fast
+        return writer
 
     @classmethod
     def reopen(
@@ -444,6 +488,11 @@ class OutputWriter:
     def _write(self, a: int, b: int, buf: np.ndarray) -> None:
         n = b - a
         if self._chunks is not None:
+            if self._auto_pending:
+                with self._auto_lock:  # the other writer threads wait for the choice (~1 ms)
+                    if self._auto_pending:
+                        self._choose_compression(buf[:n])
+                        self._auto_pending = False
             if n < self.chunk_rows:
                 buf[n:] = self._chunks.fill  # zarr pads the edge chunk with the fill value
             self._chunks.write(a // self.chunk_rows, buf)
@@ -461,6 +510,30 @@ class OutputWriter:
             else:
                 with self._time_lock:
                     self.time_out[a:b] = t
+
+    def _choose_compression(self, rows: np.ndarray) -> None:
+        """compression="auto": keep lz4 if it saves at least AUTO_MIN_SAVING of a sample of ``rows`` (about
+        1 MiB from their middle, past a warm-up's NaN rows), else store the values uncompressed from now on
+        (the array's codec rewritten to clevel 0, so its metadata says how the chunks are stored)."""
+        assert self._chunks is not None
+        take = max(1, _AUTO_SAMPLE_BYTES // max(rows[:1].nbytes, 1))
+        lo = max(0, min(rows.shape[0] - take, rows.shape[0] // 2))
+        sample = np.ascontiguousarray(rows[lo : lo + take])
+        saving = 1.0 - len(self._chunks.codec.encode(sample)) / max(sample.nbytes, 1)
+        if saving >= AUTO_MIN_SAVING:
+            self.compression = f"lz4 (auto: it saved {saving:.0%} of a sample)"
+            return
+        path = self._chunks.root / "zarr.json"
+        doc = json.loads(path.read_text())
+        for codec in doc["codecs"]:
+            if codec.get("name") == "blosc":
+                codec["configuration"]["clevel"] = 0
+        tmp = path.with_name(f"zarr.json.{uuid.uuid4().hex}.partial")
+        tmp.write_text(json.dumps(doc, indent=2))
+        os.replace(tmp, path)
+        self.values = self.group["values"]
+        self._chunks = ChunkFileWriter(self.values)
+        self.compression = f"none (auto: lz4 saved {saving:.0%} of a sample)"
 
     def _advance(self, a: int, b: int) -> None:
         """Rows [a, b) are stored: extend the contiguous prefix and record it (under ``_lock``)."""

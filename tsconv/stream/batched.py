@@ -254,12 +254,18 @@ class _StepGraph:
         graph.replay()
         return out
 
+    def release(self) -> bool:
+        """Drop the graph and its output; True if there was one (its memory pool is then freeable)."""
+        had = self._graph is not None
+        self._graph = self._out = None
+        return had
+
     def _capture(self, graph: Any, first_row: int) -> torch.Tensor:
         # Not torch.cuda.graph(): it synchronizes the device and empties the allocator's caches (cudaFree
         # synchronizes too), which would drain the decode and compute queued behind this step.
         # ``thread_local``: the reader's and writer's threads keep using CUDA meanwhile.
         with torch.cuda.stream(self.stream):
-            graph.capture_begin(pool=_graph_pool(self.stream), capture_error_mode="thread_local")
+            graph.capture_begin(capture_error_mode="thread_local")
             try:
                 out = self.fn(first_row)
             except BaseException:
@@ -268,25 +274,6 @@ class _StepGraph:
                 raise
             graph.capture_end()
         return out
-
-
-# One memory pool per device and thread for the step graphs, shared by a thread's runs one after another:
-# a pool of its own per graph stayed reserved after its run (torch frees a dead graph's pool only when the
-# cache is emptied), 70-80 MB more per run in a long-lived process (engine_trace at b389d18). A run's graph
-# is dead before the same thread captures the next, which is what sharing a pool needs; concurrent runs
-# (threads) get pools of their own.
-_GRAPH_POOLS: dict[tuple[str, int], Any] = {}
-
-
-def _new_graph_pool() -> Any:
-    return torch.cuda.graph_pool_handle()
-
-
-def _graph_pool(stream: Any) -> Any:
-    key = (str(getattr(stream, "device", None)), threading.get_ident())
-    if key not in _GRAPH_POOLS:
-        _GRAPH_POOLS[key] = _new_graph_pool()
-    return _GRAPH_POOLS[key]
 
 
 _STREAMS: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
@@ -596,6 +583,11 @@ def run_batched(
         raise
     if gpu.cuda:
         torch.cuda.synchronize(dev)
+        if graph.release():
+            # A dead graph's private memory pool stays reserved until the cache is emptied: 70-80 MB more
+            # per run in a long-lived process (engine_trace at b389d18). Sharing one pool between runs
+            # trips an allocator assert in torch 2.11 (5e55765). The device is idle here, so this is cheap.
+            torch.cuda.empty_cache()
         for p0, p1, b0, b1 in step_events:
             times.compute += gpu.elapsed(p0, p1)
             times.d2h += gpu.elapsed(b0, b1)
