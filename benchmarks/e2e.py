@@ -369,6 +369,8 @@ def main() -> int:
             "base_gpu_bytes": rep["base_gpu_bytes"],
             "own_peak_gpu_bytes": rep["peak_gpu_allocated_bytes"] - rep["base_gpu_bytes"],
             "commit": doc["commit"],
+            "gpu": doc["gpu"],
+            "date": doc["date"],
             "transfer": rep["transfer"],
             "step_rows": rep["step_rows"],
             "stage_seconds": rep["stage_seconds"],
