@@ -376,6 +376,15 @@ def main() -> int:
             "stage_seconds": rep["stage_seconds"],
             "bound_by": rep["bound_by"],
             "reader": rep.get("reader"),
+            # the same process's baselines, for rows recorded after them (earlier rows get them there)
+            **(
+                {
+                    "naive_gbps": doc["baselines"]["naive_gbps"],
+                    "in_memory_gbps": doc["baselines"]["in_memory_gbps"],
+                }
+                if "baselines" in doc
+                else {}
+            ),
             "compression": rep.get("compression"),
             "cuda_graph": rep.get("cuda_graph"),
             **extra,
