@@ -226,3 +226,52 @@ def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored(monkeyp
     monkeypatch.setenv("TSCONV_SWITCH_INTERVAL_US", "fast")
     with pytest.raises(TsconvError, match="microseconds"), _gil_switch(torch.device("cuda")):
         pass
+
+
+def test_a_failed_output_creation_surfaces_and_the_reader_is_closed(tmp_path: Path, monkeypatch) -> None:
+    """The output store is made in a thread beside the reader's start: its error reaches the caller as
+    raised, and the reader's threads are shut down."""
+    import threading
+
+    from tsconv.errors import StoreError
+    from tsconv.io.writer import OutputWriter
+
+    src = write_store(tmp_path / "in.zarr", price_series(3000, 4, seed=2))
+    opened = []
+    real_open = engine._open_reader
+
+    def spy(*a, **kw):
+        r = real_open(*a, **kw)
+        opened.append(r)
+        return r
+
+    def boom(*a, **kw):
+        raise StoreError("cannot create the output store: no space left on device")
+
+    monkeypatch.setattr(engine, "_open_reader", spy)
+    monkeypatch.setattr(OutputWriter, "create", boom)
+    with pytest.raises(StoreError, match="no space left on device"):
+        tsconv.process(src, tmp_path / "out.zarr", device="cpu")
+    assert len(opened) == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith(("tsconv-open-output", "tsconv-read"))]
+
+
+def test_the_output_is_made_while_the_run_starts(tmp_path: Path, monkeypatch) -> None:
+    """Creation runs on its own thread, and the report's stages say how long it took and was waited for."""
+    import threading
+
+    from tsconv.io.writer import OutputWriter
+
+    src = write_store(tmp_path / "in.zarr", price_series(3000, 4, seed=2))
+    where = []
+    real = OutputWriter.create.__func__
+
+    def spy(cls, *a, **kw):
+        where.append(threading.current_thread().name)
+        return real(cls, *a, **kw)
+
+    monkeypatch.setattr(OutputWriter, "create", classmethod(spy))
+    rep = tsconv.process(src, tmp_path / "out.zarr", device="cpu")
+    assert where == ["tsconv-open-output"]
+    assert rep.rows == 3000 and rep.compression is not None
+    np.testing.assert_array_equal(np.isnan(read_output(tmp_path / "out.zarr")[:10]).all(axis=1), [True] * 10)
