@@ -17,8 +17,7 @@ constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``n
 GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``rthreadsN`` (its file-reading threads),
 ``lspanN`` (the decoder's literal-span variant, N bytes per step), ``nograph`` (no CUDA graph of the steps),
 ``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle),
-``compression-C`` (the output compression option: auto, lz4, none), ``syncopen`` (the output store
-made before the run on the calling thread, not beside it), ``notime`` /
+``compression-C`` (the output compression option: auto, lz4, none), ``notime`` /
 ``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
 ``outmbN`` (output chunks of about N MB), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
 ``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
@@ -32,7 +31,6 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -221,16 +219,6 @@ def variant(name: str):  # noqa: ANN201
         extra["compression"] = "lz4"  # as patched, never switched by auto
     elif name.startswith("compression-"):  # tsconv.process(compression=...): auto, lz4 or none
         extra["compression"] = name.split("-", 1)[1]
-    elif name == "syncopen":  # the output store made on the calling thread before the run (as up to 12th)
-
-        class _SyncPending(engine._PendingWriter):
-            def __init__(self, make: Any) -> None:
-                self.seconds, self._make, self._writer, self._error = 0.0, make, None, None
-                self._thread = threading.Thread(target=lambda: None)
-                self._thread.start()
-                self._run()
-
-        patches.append((engine, "_PendingWriter", _SyncPending))
     elif name == "nograph":  # the steps' launches issued one by one (no CUDA graph)
         env["TSCONV_CUDA_GRAPH"] = "0"
     elif name.startswith("rthreads"):  # the GPU reader's file-reading threads

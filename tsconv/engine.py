@@ -15,7 +15,6 @@ import json
 import os
 import resource
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -417,31 +416,25 @@ def process(
     if action != "done":
         time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)
         if action == "create":
-
-            def make_writer() -> (
-                OutputWriter
-            ):  # in a thread (see _run_store): the attributes hash the weights
-                attrs = _output_attrs(store, plan, chunk, warmup, fingerprint)
-                if (r0, r1) != (0, store.rows):
-                    attrs["tsconv"].update(rows=rows, input_rows=[r0, r1])
-                return OutputWriter.create(
-                    out_path,
-                    rows=rows,
-                    names=plan.output_names,
-                    chunk_rows=output_chunk_rows(chunk, plan.n_outputs),
-                    time_source=time_source,
-                    attrs=attrs,
-                    compression=compression,
-                )
-
-        else:
-            make_writer = functools.partial(
-                OutputWriter.reopen, out_path, time_source=time_source, start=start
+            attrs = _output_attrs(store, plan, chunk, warmup, fingerprint)
+            if (r0, r1) != (0, store.rows):
+                attrs["tsconv"].update(rows=rows, input_rows=[r0, r1])
+            writer = OutputWriter.create(
+                out_path,
+                rows=rows,
+                names=plan.output_names,
+                chunk_rows=output_chunk_rows(chunk, plan.n_outputs),
+                time_source=time_source,
+                attrs=attrs,
+                compression=compression,
             )
+        else:
+            writer = OutputWriter.reopen(out_path, time_source=time_source, start=start)
+        t_run = time.perf_counter()
         stages = _run_store(
             store,
             plan,
-            make_writer,
+            writer,
             dev,
             start=start,
             chunk=chunk,
@@ -451,11 +444,12 @@ def process(
             step_rows=step_rows,
             transfer=transfer,
             gpu_reader=gpu_reader,
-            t0=t0,
         )
-        if "stage_seconds" in stages:
+        if stages is not None and "stage_seconds" in stages:
+            stages["stage_seconds"]["before_run"] = t_run - t0
             # opening and checking the input, planning, clearing an old output: before ``seconds`` starts
             stages["stage_seconds"]["open"] = t0 - t_enter
+        stages = {**(stages or {}), "compression": writer.compression}
     seconds = time.perf_counter() - t0
     done = rows - start if action != "done" else 0
     return make_report(
@@ -513,44 +507,10 @@ def reader_kind(reader: Any) -> str:
     return "processes" if isinstance(reader, ProcessBandReader) else "threads"
 
 
-class _PendingWriter:
-    """The output writer, made in a thread of its own while the run starts (see :func:`_run_store`)."""
-
-    def __init__(self, make: Callable[[], OutputWriter]) -> None:
-        self.seconds = 0.0  # how long making it took, in its thread
-        self._make = make
-        self._writer: OutputWriter | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="tsconv-open-output", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        t = time.perf_counter()
-        try:
-            self._writer = self._make()
-        except BaseException as exc:  # re-raised on the caller's thread by result()
-            self._error = exc
-        finally:
-            self.seconds = time.perf_counter() - t
-
-    def result(self) -> OutputWriter:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._writer is not None
-        return self._writer
-
-    def close(self) -> None:
-        """Close the writer once it exists (after ``finish()`` a no-op); a failed creation raises nothing here."""
-        self._thread.join()
-        if self._writer is not None:
-            self._writer.close()
-
-
 def _run_store(
     store: InputStore,
     plan: ResolvedPipeline,
-    make_writer: Callable[[], OutputWriter],
+    writer: OutputWriter,
     dev: torch.device,
     *,
     start: int,
@@ -561,63 +521,45 @@ def _run_store(
     step_rows: int | None = None,
     transfer: str = "pinned",
     gpu_reader: bool = False,
-    t0: float | None = None,
-) -> dict[str, Any]:
-    """Compute input rows [r0 + start, r1) (``rows`` = (r0, r1), default the whole store) into the writer
-    ``make_writer()`` returns; the report's fields (stage fields for the batched engine, ``step_rows`` set).
+) -> dict[str, Any] | None:
+    """Compute input rows [r0 + start, r1) (``rows`` = (r0, r1), default the whole store) into ``writer``.
 
-    The writer is made in a thread while the kernels' weights are prepared and the reader opens (whose
-    threads start reading the first chunk files): creating the output store through zarr took 18-24 ms
-    before the loop on the H200 (benchmarks/NOTES.md, thirteenth session). On an error the writer is closed
-    (queued chunk writes dropped; the store stays incomplete, resumable). ``t0``: when the report's
-    ``seconds`` started (``before_run`` counts from it).
+    ``step_rows`` set: the batched engine, returning the report's stage fields; else chunk by chunk.
+    On an error the writer is closed (queued chunk writes dropped; the store stays incomplete, resumable).
     """
     from tqdm import tqdm
 
-    t_start = time.perf_counter() if t0 is None else t0
     r0, r1 = rows if rows is not None else (0, store.rows)
-    pending = _PendingWriter(make_writer)
+    backend = Backend(plan, dev)
     stages = None
-    with contextlib.ExitStack() as stack:
-        stack.callback(pending.close)  # registered first: closed after the reader
-        backend = Backend(plan, dev)
-        bar = stack.enter_context(
-            tqdm(
-                total=r1 - r0,
-                initial=start,
-                unit="rows",
-                unit_scale=True,
-                disable=not progress,
-                desc=store.path.name,
-                dynamic_ncols=True,
-            )
-        )
-        stack.enter_context(_exact_fp32(dev))
-        stack.enter_context(_gil_switch(dev))
+    with (
+        tqdm(
+            total=r1 - r0,
+            initial=start,
+            unit="rows",
+            unit_scale=True,
+            disable=not progress,
+            desc=store.path.name,
+            dynamic_ncols=True,
+        ) as bar,
+        _exact_fp32(dev),
+        _gil_switch(dev),
+        writer,  # closed on the way out; after finish() that is a no-op
         # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA unless pageable transfers
         # are asked for); zarr reads (BlockReader) for layouts the fast path does not handle.
-        reader = stack.enter_context(
-            _open_reader(store, dev, transfer=transfer, batched=step_rows is not None, gpu=gpu_reader)
-        )
-        t_wait = time.perf_counter()
-        writer = pending.result()
-        t_loop = time.perf_counter()
+        _open_reader(store, dev, transfer=transfer, batched=step_rows is not None, gpu=gpu_reader) as reader,
+    ):
         times = compute_rows(
             reader, plan, backend, writer.append, start=r0 + start, stop=r1, chunk=chunk, warmup=warmup,
             step_rows=step_rows, transfer=transfer, on_rows=bar.update,
         )  # fmt: skip
         if times is not None:
             stages = stage_summary(times, transfer=transfer, reader=reader, writer=writer)
-            # from the report's start to the loop: the output store made (output_create, in its thread)
-            # beside the weights and the reader; output_wait: the part the run waited for it
-            stages["stage_seconds"].update(
-                before_run=t_loop - t_start, output_create=pending.seconds, output_wait=t_loop - t_wait
-            )
-        t1 = time.perf_counter()
+        t0 = time.perf_counter()
         writer.finish()
         if stages is not None:
-            stages["stage_seconds"]["finish"] = time.perf_counter() - t1
-    return {**(stages or {}), "head_path": backend.head_path, "compression": writer.compression}
+            stages["stage_seconds"]["finish"] = time.perf_counter() - t0
+    return {**(stages or {}), "head_path": backend.head_path}
 
 
 DECODE_CHOICES = ("cpu", "gpu")
