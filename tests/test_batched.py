@@ -194,26 +194,6 @@ def test_step_rows_follow_the_budget_and_refuse_what_cannot_fit():
         plan_step_rows(plan, budget=parse_bytes("60MB"), **kw)
 
 
-def test_steps_of_whole_decode_batches(monkeypatch):
-    """With a reader that decodes on the device, steps are rounded down to whole batches of its rows, unless
-    that would cost more than a third more steps, or the batch is not whole chunks."""
-    from tsconv.stream import batched
-
-    names = tuple(f"x{j}" for j in range(1024))
-    plan = resolve(pipeline_from_dict({"conv": [{"name": "b", "filters": ["diff:1", "ma:16"]}]}), names)
-    kw = dict(src_features=1024, src_itemsize=4, chunk=1024, transfer="pinned", rows=10**7,
-              reader_bytes=600 << 20)  # fmt: skip
-    budget = parse_bytes("8GB")
-    free = plan_step_rows(plan, budget=budget, **kw)
-    assert free == 65536  # MAX_STEP_ROWS
-    assert plan_step_rows(plan, budget=budget, align_rows=49152, **kw) == 49152
-    assert plan_step_rows(plan, budget=budget, align_rows=12288, **kw) == 61440
-    assert plan_step_rows(plan, budget=budget, align_rows=43008, **kw) == free  # would take 1.5x the steps
-    assert plan_step_rows(plan, budget=budget, align_rows=49152 + 100, **kw) == free  # not whole chunks
-    monkeypatch.setattr(batched, "ALIGN_STEPS", False)
-    assert plan_step_rows(plan, budget=budget, align_rows=49152, **kw) == free
-
-
 @pytest.mark.parametrize(("text", "value"), [("1.2GB", 1_200_000_000), ("800MB", 800_000_000),
                                              ("512MiB", 512 * 2**20), ("2e9", 2_000_000_000), (1000, 1000)])  # fmt: skip
 def test_parse_bytes(text, value):

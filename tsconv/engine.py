@@ -389,11 +389,7 @@ def process(
         step_rows = plan_rows()  # refuses a pipeline that does not fit even with the CPU reader
         if _gpu_decode(store, dev, transfer, decode):
             try:
-                step_rows = plan_rows(
-                    reader_bytes=gpudecode.device_bytes(store.values),
-                    align_rows=gpudecode.batch_rows(store.values),
-                )
-                gpu_reader = True
+                step_rows, gpu_reader = plan_rows(reader_bytes=gpudecode.device_bytes(store.values)), True
             except TsconvError:  # the GPU reader's rings do not fit beside the pipeline: decode on the CPU
                 pass
     check_time(store)

@@ -48,7 +48,7 @@ from .chunkfile import decode_bytes
 from .decode import _inspect, lower_thread_priority
 from .reader import BlockReader
 
-__all__ = ["GpuBandReader", "batch_rows", "device_bytes", "requested", "unsupported_reason"]
+__all__ = ["GpuBandReader", "device_bytes", "requested", "unsupported_reason"]
 
 # A decode launch wants about this many warps (one per LZ4 stream) to fill the H200: batches of 8 / 12 / 32
 # 16 MB chunks (1,024 / 1,536 / 4,096 warps) decode at 41 / 53 / 66 GB/s, all 256 at once at 77 GB/s
@@ -111,15 +111,6 @@ def _batch_bands(layout: Any, band_bytes: int, n_cols: int) -> int:
     by_warps = -(-TARGET_WARPS // warps_per_band)
     by_memory = max(1, MAX_DECODED_BYTES // (2 * band_bytes))
     return max(1, min(by_warps, by_memory))
-
-
-def batch_rows(array: Any) -> int:
-    """Rows of one decode batch of a :class:`GpuBandReader` of ``array`` (the engine's pieces end at
-    batch boundaries)."""
-    layout, _ = _inspect(array)
-    n_cols = -(-int(array.shape[1]) // layout.chunks[1])
-    band_bytes = layout.chunks[0] * int(array.shape[1]) * layout.dtype.itemsize
-    return _batch_bands(layout, band_bytes, n_cols) * layout.chunks[0]
 
 
 def device_bytes(array: Any) -> int:

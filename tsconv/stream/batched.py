@@ -69,9 +69,6 @@ _DEVICE_RING = 4  # device slots for raw pieces: copies run up to three pieces a
 # one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
 PIECE_BYTES = 32 << 20
 _PIECES_PER_STEP = 8
-# Steps of whole decode batches with a reader that decodes on the device: one prepare piece per batch
-# instead of pieces cut at both the steps' and the batches' ends (benchmarks/NOTES.md, thirteenth session).
-ALIGN_STEPS = True
 _FIXED_BYTES = 48 << 20  # weights, carries, the allocator's rounding: headroom kept out of the step budget
 
 
@@ -139,14 +136,11 @@ def plan_step_rows(
     transfer: str,
     rows: int,
     reader_bytes: int | None = None,
-    align_rows: int | None = None,
 ) -> int:
     """Rows per step: the most chunks (up to MAX_STEP_ROWS rows) that fit ``budget`` bytes of GPU memory.
 
     ``reader_bytes``: GPU memory of a reader that decodes on the device (its rings replace the device ring of
-    raw pieces). ``align_rows``: that reader's batch of rows; the step is rounded down to a multiple of it
-    where it holds one (ALIGN_STEPS), so each step reads whole batches. Raises before anything starts when
-    even one chunk plus the halo does not fit.
+    raw pieces). Raises before anything starts when even one chunk plus the halo does not fit.
     """
     per = _bytes_per_row(plan)
     row_bytes = src_features * src_itemsize
@@ -182,10 +176,6 @@ def plan_step_rows(
             hint="raise --gpu-mem, use a smaller --chunk, or select fewer features.",
         )
     step = min(fit // chunk * chunk, max(MAX_STEP_ROWS // chunk, 1) * chunk)
-    if ALIGN_STEPS and align_rows and align_rows % chunk == 0 and step >= align_rows:
-        aligned = step // align_rows * align_rows
-        if aligned * 4 >= step * 3:  # not at the cost of many more steps (each has its own launches)
-            step = aligned
     step = max(step, -(-plan.halo // chunk) * chunk)  # a step must hold the next step's halo
     if step > fit:
         raise TsconvError(
