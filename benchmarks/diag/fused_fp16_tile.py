@@ -1,0 +1,72 @@
+"""Which outputs the fused TMA kernel's fp16 128 x 256 tile (x cast in the kernel) leaves unwritten on the GPU.
+
+    python benchmarks/diag/fused_fp16_tile.py --out $OUT/fused_fp16_tile.json
+
+The tile left NaN outputs on the H200 (tenth session) but runs correctly in the interpreter. For a few
+shapes, each tile config runs into a NaN-poisoned output; the script records the NaN fraction, which time
+blocks and output columns hold them, and the error against float64 where there are none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.kernels.test_fused import (  # noqa: E402
+    _run_tma,
+    head_weights,
+    reference,
+    relative_error,
+    returns,
+    vec,
+    zero_sum_weights,
+)
+from tsconv.kernels import fused as fused_mod  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    rows = []
+    configs = [(128, 256, 64, 8, 3, 0), (128, 256, 64, 8, 3, 1), (64, 128, 64, 4, 4, 0)]
+    for N, C, L, O in ((1, 128, 300, 256), (4, 256, 1028, 256), (64, 1024, 1028, 256)):
+        x = returns(N, L, C, seed=3).transpose(1, 2)
+        w, hw = zero_sum_weights(O, C, 5), head_weights(O, 64)
+        b, hb = vec(O, 1), vec(64, 2)
+        ref = reference(x, w, b, hw, hb, activation="relu") if N * C <= 4 * 256 else None
+        for bt, bo, bc, warps, stages, a16 in configs:
+            cfg = fused_mod._tma_cfg(bt, bo, bc, warps, stages, a16)
+            row = {"shape": [N, C, L, O, 64], "config": cfg.name}
+            try:
+                y = _run_tma(x, w, b, hw, hb, cfg, precision="fp16", activation="relu")
+                torch.cuda.synchronize()
+                nan = torch.isnan(y)
+                row["nan_fraction"] = float(nan.float().mean())
+                if nan.any():
+                    t_nan = nan.any(dim=1)  # [N, L_out]: steps with any NaN output
+                    blocks = sorted({int(t) // bt for t in t_nan.nonzero()[:, 1].tolist()})
+                    row["nan_time_blocks"] = blocks[:20] + (["..."] if len(blocks) > 20 else [])
+                    row["nan_series"] = sorted({int(n) for n in t_nan.nonzero()[:, 0].tolist()})[:20]
+                    row["nan_columns"] = sorted({int(d) for d in nan.any(dim=2).nonzero()[:, 1].tolist()})[
+                        :70
+                    ]
+                if ref is not None and not nan.any():
+                    row["rel_err"] = float(relative_error(y, ref))
+            except Exception as exc:  # noqa: BLE001 - record and go on
+                row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
