@@ -50,14 +50,13 @@ def main() -> int:
                 torch.cuda.synchronize()
                 nan = torch.isnan(y)
                 row["nan_fraction"] = float(nan.float().mean())
-                if nan.any():
-                    t_nan = nan.any(dim=1)  # [N, L_out]: steps with any NaN output
-                    blocks = sorted({int(t) // bt for t in t_nan.nonzero()[:, 1].tolist()})
+                if nan.any():  # y and nan: [N, L_out, D]
+                    steps = nan.any(dim=2).nonzero()  # (series, step) pairs with a NaN output
+                    blocks = sorted({int(t) // bt for t in steps[:, 1].tolist()})
                     row["nan_time_blocks"] = blocks[:20] + (["..."] if len(blocks) > 20 else [])
-                    row["nan_series"] = sorted({int(n) for n in t_nan.nonzero()[:, 0].tolist()})[:20]
-                    row["nan_columns"] = sorted({int(d) for d in nan.any(dim=2).nonzero()[:, 1].tolist()})[
-                        :70
-                    ]
+                    row["nan_series"] = sorted({int(n) for n in steps[:, 0].tolist()})[:20]
+                    row["nan_steps"] = sorted({int(t) for t in steps[:, 1].tolist()})[:70]
+                    row["nan_columns"] = sorted({int(d) for d in nan.any(dim=1).nonzero()[:, 1].tolist()})
                 if ref is not None and not nan.any():
                     row["rel_err"] = float(relative_error(y, ref))
             except Exception as exc:  # noqa: BLE001 - record and go on
