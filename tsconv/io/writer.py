@@ -140,6 +140,13 @@ def _local_group_json(group: zarr.Group) -> Path | None:
     return path if path.is_file() else None
 
 
+def _replace_json(path: Path, doc: dict[str, Any]) -> None:
+    """Write a zarr.json atomically: a kill leaves the old file (and a ``.partial`` that reopening removes)."""
+    tmp = path.with_name(f"zarr.json.{uuid.uuid4().hex}.partial")
+    tmp.write_text(json.dumps(doc, indent=2))
+    os.replace(tmp, path)
+
+
 def _compression_of(array: zarr.Array) -> str:
     """ "lz4" or "none" (clevel 0) for tsconv's Blosc-LZ4 outputs; else the codecs' names."""
     codecs = tuple(array.metadata.codecs) if array.metadata.zarr_format == 3 else ()
@@ -528,9 +535,7 @@ class OutputWriter:
         for codec in doc["codecs"]:
             if codec.get("name") == "blosc":
                 codec["configuration"]["clevel"] = 0
-        tmp = path.with_name(f"zarr.json.{uuid.uuid4().hex}.partial")
-        tmp.write_text(json.dumps(doc, indent=2))
-        os.replace(tmp, path)
+        _replace_json(path, doc)
         self.values = self.group["values"]
         self._chunks = ChunkFileWriter(self.values)
         self.compression = f"none (auto: lz4 saved {saving:.0%} of a sample)"
@@ -557,9 +562,7 @@ class OutputWriter:
             # says how much). The final update goes through zarr, which writes its whole metadata.
             doc = json.loads(self._group_json.read_text())
             doc.setdefault("attributes", {})["tsconv"] = meta
-            tmp = self._group_json.with_name(f"zarr.json.{uuid.uuid4().hex}.partial")
-            tmp.write_text(json.dumps(doc, indent=2))
-            os.replace(tmp, self._group_json)
+            _replace_json(self._group_json, doc)
         else:
             self.group.attrs["tsconv"] = meta
         self._meta = meta

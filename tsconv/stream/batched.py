@@ -229,7 +229,7 @@ class _StepGraph:
     def __init__(self, fn: Callable[[int], torch.Tensor], stream: Any, *, enabled: bool) -> None:
         self.fn, self.stream = fn, stream  # fn(first_row): the step's output rows
         self.status = "eager" if enabled else "off"  # then "replayed", or "off: why" after a failed capture
-        self._eager = 0  # eligible steps run eagerly so far
+        self._warm = False  # an eligible step ran eagerly (compiled, tuned, packed)
         self._graph: Any = None
         self._out: torch.Tensor | None = None
 
@@ -239,8 +239,8 @@ class _StepGraph:
         if self._graph is not None:
             self._graph.replay()
             return self._out  # type: ignore[return-value]
-        if self.status != "eager" or self._eager == 0:
-            self._eager += 1
+        if self.status != "eager" or not self._warm:
+            self._warm = True
             return self.fn(first_row)
         graph = torch.cuda.CUDAGraph()
         try:
@@ -580,6 +580,7 @@ def run_batched(
         extra["drain"] = time.perf_counter() - t_loop - extra["loop"]
     except BaseException:
         writer.abort()
+        graph.release()  # its pool is freed by the next run's emptying of the cache
         raise
     if gpu.cuda:
         torch.cuda.synchronize(dev)
