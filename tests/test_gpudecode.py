@@ -16,7 +16,7 @@ from zarr.codecs import BloscCodec
 
 import tsconv
 from tsconv.errors import StoreError
-from tsconv.io import gpudecode
+from tsconv.io import fileread, gpudecode
 
 from .helpers import price_series, read_output, write_store
 
@@ -33,6 +33,18 @@ def _store(path: Path, x: np.ndarray, chunks: tuple[int, int], **kw) -> zarr.Arr
     a = zarr.create_array(str(path), shape=x.shape, chunks=chunks, dtype=x.dtype, compressors=LZ4, **kw)
     a[:] = x
     return zarr.open_array(str(path), mode="r")
+
+
+@pytest.fixture(params=["native", "python"])
+def file_reads(request, monkeypatch) -> str:
+    """Chunk files read by the native batch reader (tsconv.io.fileread) or by a Python task per file."""
+    if request.param == "python":
+        monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
+    else:
+        monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+        if fileread.native_reader() is None:
+            pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
+    return request.param
 
 
 def _all_bands(r: gpudecode.GpuBandReader, *, bands: int = 1) -> np.ndarray:
@@ -54,7 +66,7 @@ def _all_bands(r: gpudecode.GpuBandReader, *, bands: int = 1) -> np.ndarray:
 
 
 @pytest.mark.parametrize("chunks", [(150, 6), (150, 4)], ids=["whole-rows", "features-split"])
-def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chunks) -> None:
+def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chunks, file_reads) -> None:
     monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)  # small batches: the halves are reused
     x = price_series(700, 6, seed=1, nan_fraction=0.02).astype(np.float32)
     a = _store(tmp_path / "a.zarr", x, chunks)
@@ -63,6 +75,7 @@ def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chu
 
     assert inspect_store(tmp_path / "a.zarr", count_nans=False)["gpu_decode"] == "yes"
     with gpudecode.GpuBandReader(a, device=DEVICE) as r:
+        assert r.file_reads.startswith(file_reads)
         assert r.batch < 5  # several batches over the 5 bands
         got = _all_bands(r)
         np.testing.assert_array_equal(got, np.asarray(a[:]))
@@ -75,7 +88,7 @@ def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chu
         np.testing.assert_array_equal(r.read(140, 460), x[140:460])  # host reads for the start state
 
 
-def test_missing_chunks_and_chunks_the_gpu_does_not_decode(tmp_path: Path, monkeypatch) -> None:
+def test_missing_chunks_and_chunks_the_gpu_does_not_decode(tmp_path: Path, monkeypatch, file_reads) -> None:
     monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)
     x = price_series(600, 6, seed=2).astype(np.float32)
     a = _store(tmp_path / "a.zarr", x, (150, 4), fill_value=np.nan)
@@ -91,7 +104,7 @@ def test_missing_chunks_and_chunks_the_gpu_does_not_decode(tmp_path: Path, monke
         np.testing.assert_array_equal(_all_bands(r), want)
 
 
-def test_a_damaged_chunk_raises_a_store_error(tmp_path: Path) -> None:
+def test_a_damaged_chunk_raises_a_store_error(tmp_path: Path, file_reads) -> None:
     x = price_series(600, 6, seed=3).astype(np.float32)
     a = _store(tmp_path / "a.zarr", x, (150, 6))
     f = tmp_path / "a.zarr" / "c" / "2" / "0"
@@ -101,6 +114,49 @@ def test_a_damaged_chunk_raises_a_store_error(tmp_path: Path) -> None:
     with gpudecode.GpuBandReader(a, device=DEVICE, where="ticks.zarr") as r:
         with pytest.raises(StoreError, match=r"rows 300..450 of ticks.zarr"):
             _all_bands(r)
+
+
+@pytest.mark.parametrize("change", ["shrinks", "vanishes"])
+def test_a_chunk_file_that_changes_after_the_reader_opened(tmp_path: Path, monkeypatch, file_reads, change) -> None:
+    monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)  # batches of 2 bands: band 2's file is read later
+    x = price_series(600, 6, seed=5).astype(np.float32)
+    a = _store(tmp_path / "a.zarr", x, (150, 6))
+    f = tmp_path / "a.zarr" / "c" / "2" / "0"
+    with gpudecode.GpuBandReader(a, device=DEVICE, where="ticks.zarr") as r:
+        assert r.batch == 2
+        if change == "shrinks":
+            f.write_bytes(f.read_bytes()[:-10])
+            why = r"rows 300..450 of ticks.zarr: chunk file 0 changed size while read"
+        else:
+            f.unlink()
+            why = r"rows 300..450 of ticks.zarr: FileNotFoundError: \[Errno 2\] No such file"
+        with pytest.raises(StoreError, match=why):
+            _all_bands(r)
+
+
+def test_the_native_reader_reads_files_into_place(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+    nr = fileread.native_reader()
+    if nr is None:
+        pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
+    rng = np.random.default_rng(0)
+    blobs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 4097, 70000, 3)]
+    paths = []
+    for i, blob in enumerate(blobs):
+        (tmp_path / f"f{i}").write_bytes(blob)
+        paths.append(os.fsencode(tmp_path / f"f{i}"))
+    paths.append(os.fsencode(tmp_path / "missing"))
+    sizes = np.array([len(b) for b in blobs] + [8])
+    sizes[4] = 10  # asks for more than the file holds: reads what is there
+    offsets = np.concatenate([[0], np.cumsum(sizes[:-1] + 5)])
+    buf = np.full(int(offsets[-1] + 16), 0xEE, dtype=np.uint8)
+    status = nr.read(paths, buf.ctypes.data, offsets, sizes, threads=3)
+    assert status.tolist() == [0, 1, 4097, 70000, 3, -2]
+    for i, blob in enumerate(blobs):
+        assert buf[offsets[i] : offsets[i] + len(blob)].tobytes() == blob
+        assert (buf[offsets[i] + len(blob) : offsets[i] + len(blob) + 5] == 0xEE).all()  # nothing past it
+    monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
+    assert fileread.native_reader() is None and fileread.unavailable_reason() == "TSCONV_NATIVE_READ=0"
 
 
 def test_what_the_gpu_reader_does_not_take(tmp_path: Path, monkeypatch) -> None:

@@ -82,6 +82,8 @@ class Report:
     # batched engine: "replayed" (the steps' launches as one CUDA graph), "eager" (too few steps to capture),
     # "off" (not CUDA, or TSCONV_CUDA_GRAPH=0) or "off: why" (the capture failed)
     cuda_graph: str | None = None
+    # the GPU reader: how chunk files are read, "native" (tsconv.io.fileread) or "python (why not native)"
+    file_reads: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -494,8 +496,11 @@ def stage_summary(times: StageTimes, *, transfer: str, reader: Any, writer: Outp
     bound = max(stage, key=stage.get)
     seconds = {**stage, "decode_busy": decode_busy, "write_busy": write_busy, "read_wait": times.read_wait,
                "emit": times.write, **times.extra}  # fmt: skip
-    return {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound,
-            "reader": reader_kind(reader), "cuda_graph": times.graph}  # fmt: skip
+    out = {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound,
+           "reader": reader_kind(reader), "cuda_graph": times.graph}  # fmt: skip
+    if hasattr(reader, "file_reads"):  # the GPU reader: "native" or "python (why)"
+        out["file_reads"] = reader.file_reads
+    return out
 
 
 def reader_kind(reader: Any) -> str:

@@ -16,8 +16,9 @@ header the GPU decoder does not handle is decoded by numcodecs in the reading th
 
 How it runs. Bands (one row of the chunk grid) go in *batches* of ``batch`` bands, through three rings:
 pinned host slots for the stored bytes (three batches), device slots for them and device slots for the
-decoded bands (two batches each, alternating halves). Reading batches g + 1 and g + 2's files (threads,
-``readinto``, no decoding) overlaps the engine's use of batch g. Launching batch g: one H2D copy on a copy
+decoded bands (two batches each, alternating halves). Reading batches g + 1 and g + 2's files (no
+decoding: one call of :mod:`tsconv.io.fileread`'s native reader per batch, or a thread per file with
+``readinto`` without it) overlaps the engine's use of batch g. Launching batch g: one H2D copy on a copy
 stream, one decode launch on a decode stream (two, alternating, so consecutive batches can decode at once).
 A device half is reused two batches later, after the engine has released every band of it
 (:meth:`GpuBandReader.release` with the event after its last reader). Damaged chunks set an error flag on
@@ -44,6 +45,7 @@ import torch
 from ..errors import StoreError
 from ..kernels import blosc_lz4
 from ..stream import trace
+from . import fileread
 from .chunkfile import decode_bytes
 from .decode import _inspect, lower_thread_priority
 from .reader import BlockReader
@@ -211,7 +213,12 @@ class GpuBandReader:
         self._err_dev = torch.zeros((_META, per), dtype=torch.int32, device=self.device)
         self._err_host = torch.zeros((_META, per), dtype=torch.int32, pin_memory=self.cuda)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tsconv-read", initializer=lower_thread_priority)  # fmt: skip
-        self._reads: dict[int, list[Future[Any]]] = {}  # batch -> its chunk reads (each: header or host copy)
+        # A batch's chunk files are read by one native call (GIL released throughout; fileread.py says why),
+        # else one task per file in the pool. Each future gives its chunks' LZ4 block counts (see _check_chunk).
+        self._native = fileread.native_reader()
+        self.file_reads = "native" if self._native is not None else f"python ({fileread.unavailable_reason()})"
+        self._root = os.fspath(layout.root)
+        self._reads: dict[int, list[Future[list[int]]]] = {}  # batch -> its reads
         self._launched: dict[int, Any] = {}  # batch -> event after its decode
         self._copied: dict[int, Any] = {}  # batch -> event after its H2D copy
         self._released: dict[int, Any] = {}  # batch -> event after the engine's last use of its bands
@@ -345,6 +352,9 @@ class GpuBandReader:
         for other in [o for o in self._reads if o % _HOST_PARTS == hh]:  # a batch never launched (a jump):
             for f in self._reads.pop(other):  # its reads write into the same third, so let them end first
                 f.exception()
+        if self._native is not None:
+            self._reads[g] = [self._pool.submit(self._read_batch, g, hh)]
+            return True
         futs = []
         for b in range(g * self.batch, min((g + 1) * self.batch, self._n_bands)):
             slot = hh * self.batch + b % self.batch
@@ -367,14 +377,49 @@ class GpuBandReader:
                 break
         self._check_errors()
 
-    def _read_chunk(self, b: int, c: int, slot: int) -> int:
-        """Read chunk (b, c)'s stored bytes into its place in host slot ``slot``; its LZ4 block count, or
-        0 when it is missing or was decoded on the CPU here (kept in ``_cpu_chunks``)."""
+    def _read_batch(self, g: int, hh: int) -> list[int]:
+        """Read batch ``g``'s chunk files into host third ``hh`` with one native call; each chunk's LZ4
+        block count as :meth:`_check_chunk` gives it (0: missing, or decoded on the CPU)."""
+        t0 = time.perf_counter()
+        b0, b1 = g * self.batch, min((g + 1) * self.batch, self._n_bands)
+        used = 1
+        try:
+            sizes = self._sizes[b0:b1].reshape(-1)
+            slots = hh * self.batch + np.arange(b0, b1) % self.batch
+            offsets = (slots[:, None] * self._slot + self._within[b0:b1]).reshape(-1)
+            present = np.flatnonzero(sizes)
+            keys = [divmod(int(k), self._n_cols) for k in present]
+            paths = [os.fsencode(f"{self._root}/{self._layout.key((b0 + i, c))}") for i, c in keys]
+            used = min(self.threads, max(1, len(paths)))
+            assert self._native is not None
+            status = self._native.read(
+                paths, self._host.data_ptr(), offsets[present], sizes[present], threads=self.threads
+            )
+            blocks = [0] * sizes.size
+            for k, (i, c), got, path in zip(present, keys, status, paths, strict=True):
+                b, size = b0 + i, int(sizes[k])
+                if got < 0:  # OSError(errno, ...) is the subclass Python's open would raise
+                    exc = OSError(-int(got), os.strerror(-int(got)), os.fsdecode(path))
+                    raise self._damaged(b, f"{type(exc).__name__}: {exc}")
+                if got != size:
+                    raise self._damaged(b, f"chunk file {os.path.basename(path).decode()} changed size while read")
+                pos = int(offsets[k]) - int(slots[i]) * self._slot
+                blocks[k] = self._check_chunk(b, c, self._host_np[slots[i], pos : pos + size])
+            return blocks
+        finally:
+            t1 = time.perf_counter()
+            with self._lock:
+                self._busy += (t1 - t0) * used  # thread-seconds, as the per-file tasks count them
+            if trace.on:
+                trace.add("decode", t0, t1, b0)
+
+    def _read_chunk(self, b: int, c: int, slot: int) -> list[int]:
+        """Read chunk (b, c)'s stored bytes into its place in host slot ``slot`` (the per-file path)."""
         t0 = time.perf_counter()
         try:
             size = int(self._sizes[b, c])
             if size == 0:
-                return 0
+                return [0]
             pos = int(self._within[b, c])
             view = self._host_np[slot, pos : pos + size]
             try:
@@ -384,27 +429,32 @@ class GpuBandReader:
                 raise self._damaged(b, f"{type(exc).__name__}: {exc}") from None
             if got != size:
                 raise self._damaged(b, f"chunk file {self._path(b, c).name} changed size while read")
-            try:
-                h = blosc_lz4.parse_header(view)
-                why = blosc_lz4.unsupported_reason(h, nbytes=self._chunk, size=size)
-            except ValueError as exc:
-                why = str(exc)
-            if why is None:
-                return h.nblocks
-            dest = np.empty(self._chunk, dtype=np.uint8)  # the CPU decodes what the GPU does not
-            try:
-                decode_bytes(self._layout.codec, view, dest, self._chunk)
-            except Exception as exc:
-                raise self._damaged(b, f"{type(exc).__name__}: {exc}") from None
-            with self._lock:
-                self._cpu_chunks[(b, c)] = dest
-            return 0
+            return [self._check_chunk(b, c, view)]
         finally:
             t1 = time.perf_counter()
             with self._lock:
                 self._busy += t1 - t0
             if trace.on:
                 trace.add("decode", t0, t1, b)
+
+    def _check_chunk(self, b: int, c: int, view: np.ndarray) -> int:
+        """Chunk (b, c)'s LZ4 block count when the GPU decodes its stored bytes ``view``; else 0, after
+        decoding it on the CPU here (kept in ``_cpu_chunks``)."""
+        try:
+            h = blosc_lz4.parse_header(view)
+            why = blosc_lz4.unsupported_reason(h, nbytes=self._chunk, size=view.size)
+        except ValueError as exc:
+            why = str(exc)
+        if why is None:
+            return h.nblocks
+        dest = np.empty(self._chunk, dtype=np.uint8)  # the CPU decodes what the GPU does not
+        try:
+            decode_bytes(self._layout.codec, view, dest, self._chunk)
+        except Exception as exc:
+            raise self._damaged(b, f"{type(exc).__name__}: {exc}") from None
+        with self._lock:
+            self._cpu_chunks[(b, c)] = dest
+        return 0
 
     # -- decoding ----------------------------------------------------------------------------------
 
@@ -413,7 +463,7 @@ class GpuBandReader:
         h, ms = g % 2, g % _META
         t0 = time.perf_counter()
         self._schedule(g)
-        blocks = [f.result() for f in self._reads.pop(g)]  # raises a damaged chunk's StoreError
+        blocks = [n for f in self._reads.pop(g) for n in f.result()]  # raises a damaged chunk's StoreError
         t1 = time.perf_counter()
         # Half h held batch g - 2: the copy waits for its decode (which read the stored half), the decode for
         # the engine's last read of its bands; on the GPU, so the engine thread does not wait here.
