@@ -389,6 +389,7 @@ def main() -> int:
             ),
             "compression": rep.get("compression"),
             "cuda_graph": rep.get("cuda_graph"),
+            "file_reads": rep.get("file_reads"),
             **extra,
         }
         doc["runs"].append(row)

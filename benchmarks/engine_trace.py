@@ -15,7 +15,8 @@ Variants set environment knobs the engine reads at run time, or (for exploration
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
 GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``rthreadsN`` (its file-reading threads),
-``lspanN`` (the decoder's literal-span variant, N bytes per step), ``nograph`` (no CUDA graph of the steps), ``switchN`` (TSCONV_SWITCH_INTERVAL_US=N),
+``lspanN`` (the decoder's literal-span variant, N bytes per step), ``pyread`` (chunk files read by Python
+threads, TSCONV_NATIVE_READ=0), ``nograph`` (no CUDA graph of the steps), ``switchN`` (TSCONV_SWITCH_INTERVAL_US=N),
 ``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle),
 ``compression-C`` (the output compression option: auto, lz4, none), ``notime`` /
 ``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
@@ -221,6 +222,8 @@ def variant(name: str):  # noqa: ANN201
         extra["compression"] = name.split("-", 1)[1]
     elif name.startswith("switch"):  # the GIL switch interval while the run lasts, N µs (default 200)
         env["TSCONV_SWITCH_INTERVAL_US"] = name[6:]
+    elif name == "pyread":  # chunk and time files read by Python threads, not the native reader
+        env["TSCONV_NATIVE_READ"] = "0"
     elif name == "nograph":  # the steps' launches issued one by one (no CUDA graph)
         env["TSCONV_CUDA_GRAPH"] = "0"
     elif name.startswith("rthreads"):  # the GPU reader's file-reading threads
@@ -444,6 +447,7 @@ def main() -> int:
             ),
             "cuda_graph": reps[-1].get("cuda_graph"),
             "compression": reps[-1].get("compression"),
+            "file_reads": reps[-1].get("file_reads"),
             "peak_gpu_allocated_bytes": max(rep["peak_gpu_allocated_bytes"] or 0 for rep in reps),
             "peak_gpu_reserved_bytes": max(rep["peak_gpu_reserved_bytes"] or 0 for rep in reps),
             "summary": summarise(spans, threads),

@@ -117,7 +117,9 @@ def test_a_damaged_chunk_raises_a_store_error(tmp_path: Path, file_reads) -> Non
 
 
 @pytest.mark.parametrize("change", ["shrinks", "vanishes"])
-def test_a_chunk_file_that_changes_after_the_reader_opened(tmp_path: Path, monkeypatch, file_reads, change) -> None:
+def test_a_chunk_file_that_changes_after_the_reader_opened(
+    tmp_path: Path, monkeypatch, file_reads, change
+) -> None:
     monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)  # batches of 2 bands: band 2's file is read later
     x = price_series(600, 6, seed=5).astype(np.float32)
     a = _store(tmp_path / "a.zarr", x, (150, 6))

@@ -9,9 +9,22 @@ import pytest
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
+from tsconv.io import fileread
 from tsconv.io.timecolumn import ShiftedTime, TimeReader
 
 T0 = 1_767_346_200_000_000_000
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def file_reads(request, monkeypatch) -> str:
+    """Every test with the files read by the native batch reader and by Python."""
+    if request.param == "python":
+        monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
+    else:
+        monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+        if fileread.native_reader() is None:
+            pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
+    return request.param
 
 
 def _time_array(path: Path, rows: int, chunk: int, **kw) -> zarr.Array:
@@ -59,3 +72,29 @@ def test_layouts_the_fast_path_does_not_take_read_through_zarr(tmp_path: Path) -
     r = TimeReader(floats)
     assert not r.fast and "dtype" in r.fallback_reason
     np.testing.assert_array_equal(r.read(5, 15), np.arange(5, 15))
+
+
+def test_other_integer_dtypes_and_incompressible_chunks(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    t = zarr.create_array(str(tmp_path / "t.zarr"), shape=(5000,), chunks=(1000,), dtype="int32",
+                          compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")])  # fmt: skip
+    t[:] = rng.integers(-(2**31), 2**31 - 1, 5000, dtype=np.int32)  # random: stored larger than raw
+    r = TimeReader(t)
+    assert r.fast
+    got = r.read(0, 5000)
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, np.asarray(t[:]).astype(np.int64))
+    np.testing.assert_array_equal(r.read(999, 3001), np.asarray(t[999:3001]).astype(np.int64))
+
+
+def test_a_chunk_that_decodes_to_the_wrong_size_raises(tmp_path: Path) -> None:
+    t = _time_array(tmp_path / "t.zarr", 4096, 1024, compressors=[BloscCodec(cname="lz4")])
+    import numcodecs
+
+    short = numcodecs.Blosc(cname="lz4").encode(np.arange(1000, dtype=np.int64))  # 1000 of 1024 rows
+    (tmp_path / "t.zarr" / "c" / "2").write_bytes(short)
+    r = TimeReader(t)
+    np.testing.assert_array_equal(r.read(0, 2048), np.asarray(t[:2048]))
+    for a, b in [(0, 4096), (2048, 3072), (2100, 2200)]:
+        with pytest.raises(ValueError, match=r"time chunk .*c/2: chunk decodes to 8000 bytes, expected 8192"):
+            r.read(a, b)

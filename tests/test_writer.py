@@ -504,3 +504,38 @@ def test_an_unknown_compression_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TsconvError, match="unknown output compression 'zip'"):
         _create(tmp_path / "o.zarr", _noise(), compression="zip")
     assert not (tmp_path / "o.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    ("compression", "with_time", "rows"), [("lz4", True, 1000), ("none", False, 50), ("auto", True, 300)]
+)
+def test_the_new_stores_metadata_equals_zarrs_own(tmp_path: Path, compression, with_time, rows) -> None:
+    """create() writes the metadata files itself (writer._write_layout): the documents zarr would write."""
+    import json
+
+    names = ("f0", "f1", "f2")
+    attrs = {"tsconv": {"format": 1, "rows_done": 0, "x": [1.5, None]}, "pipeline": {"conv": [{"k": 3}]},
+             "source": "ticks.zarr"}  # fmt: skip
+    src = None
+    if with_time:
+        src = zarr.create_array(str(tmp_path / "t.zarr"), shape=(rows,), chunks=(64,), dtype="int64")
+        src[:] = _time(rows)
+    OutputWriter.create(tmp_path / "ours.zarr", rows=rows, names=names, chunk_rows=128, time_source=src,
+                        attrs=attrs, compression=compression).close()  # fmt: skip
+    g = zarr.open_group(str(tmp_path / "zarr.zarr"), mode="w-", zarr_format=3)
+    codec = BloscCodec(cname="lz4", clevel=0 if compression == "none" else 5, shuffle="shuffle")
+    g.create_array("values", shape=(rows, 3), chunks=(min(128, rows), 3), dtype="float32", compressors=[codec],
+                   fill_value=np.nan)  # fmt: skip
+    if with_time:
+        g.create_array("time", shape=(rows,), chunks=(min(128, rows),), dtype="int64",
+                       compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")])  # fmt: skip
+    g.attrs.update({**attrs, "features": list(names)})
+    files = ["zarr.json", "values/zarr.json"] + (["time/zarr.json"] if with_time else [])
+    assert sorted(str(p.relative_to(tmp_path / "ours.zarr")) for p in (tmp_path / "ours.zarr").rglob("*")
+                  if p.is_file()) == sorted(files)  # fmt: skip
+    for rel in files:
+        assert json.loads((tmp_path / "ours.zarr" / rel).read_text()) == json.loads(
+            (tmp_path / "zarr.zarr" / rel).read_text()
+        ), rel
+    ours = zarr.open_group(str(tmp_path / "ours.zarr"), mode="r")
+    assert ours["values"].shape == (rows, 3) and np.isnan(ours["values"][:5]).all()

@@ -216,7 +216,9 @@ class GpuBandReader:
         # A batch's chunk files are read by one native call (GIL released throughout; fileread.py says why),
         # else one task per file in the pool. Each future gives its chunks' LZ4 block counts (see _check_chunk).
         self._native = fileread.native_reader()
-        self.file_reads = "native" if self._native is not None else f"python ({fileread.unavailable_reason()})"
+        self.file_reads = (
+            "native" if self._native is not None else f"python ({fileread.unavailable_reason()})"
+        )
         self._root = os.fspath(layout.root)
         self._reads: dict[int, list[Future[list[int]]]] = {}  # batch -> its reads
         self._launched: dict[int, Any] = {}  # batch -> event after its decode
@@ -402,7 +404,9 @@ class GpuBandReader:
                     exc = OSError(-int(got), os.strerror(-int(got)), os.fsdecode(path))
                     raise self._damaged(b, f"{type(exc).__name__}: {exc}")
                 if got != size:
-                    raise self._damaged(b, f"chunk file {os.path.basename(path).decode()} changed size while read")
+                    raise self._damaged(
+                        b, f"chunk file {os.path.basename(path).decode()} changed size while read"
+                    )
                 pos = int(offsets[k]) - int(slots[i]) * self._slot
                 blocks[k] = self._check_chunk(b, c, self._host_np[slots[i], pos : pos + size])
             return blocks

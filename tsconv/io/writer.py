@@ -140,11 +140,61 @@ def _local_group_json(group: zarr.Group) -> Path | None:
     return path if path.is_file() else None
 
 
-def _replace_json(path: Path, doc: dict[str, Any]) -> None:
-    """Write a zarr.json atomically: a kill leaves the old file (and a ``.partial`` that reopening removes)."""
+def _replace_json(path: Path, doc: dict[str, Any], *, indent: int | None = 2) -> None:
+    """Write a zarr.json atomically: a kill leaves the old file (and a ``.partial`` that reopening removes).
+    ``indent=None`` for frequent updates: only then does ``json`` encode in C, not in Python."""
     tmp = path.with_name(f"zarr.json.{uuid.uuid4().hex}.partial")
-    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.write_text(json.dumps(doc, indent=indent))
     os.replace(tmp, path)
+
+
+def _array_doc(shape: list[int], chunks: list[int], dtype: str, fill: Any, clevel: int) -> dict[str, Any]:
+    """A zarr format-3 array's zarr.json as zarr 3.1 writes it for ``create_array(..., compressors=[_codec(clevel)])``."""
+    return {
+        "shape": shape,
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": fill,
+        "codecs": [
+            {"name": "bytes", "configuration": {"endian": "little"}},
+            {
+                "name": "blosc",
+                "configuration": {
+                    "typesize": np.dtype(dtype).itemsize,
+                    "cname": "lz4",
+                    "clevel": clevel,
+                    "shuffle": "shuffle",
+                    "blocksize": 0,
+                },
+            },  # fmt: skip
+        ],
+        "attributes": {},
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
+
+
+def _write_layout(
+    root: Path, *, rows: int, n_values: int, chunk_rows: int, clevel: int, time: bool, attrs: dict[str, Any]
+) -> None:
+    """The empty output store's metadata, written as files. Why not zarr's ``create_array``: through its event
+    loop the three documents took 19-24 ms on the H200 host, about a tenth of the e2e job, against about
+    1 ms here (benchmarks/NOTES.md, fourteenth session). tests/test_writer.py checks the documents equal
+    zarr's own for the same calls."""
+    root.mkdir(parents=True)
+    docs = {
+        root / "zarr.json": {"attributes": attrs, "zarr_format": 3, "node_type": "group"},
+        root / "values" / "zarr.json": _array_doc(
+            [rows, n_values], [chunk_rows, n_values], "float32", "NaN", clevel
+        ),
+    }
+    if time:
+        docs[root / "time" / "zarr.json"] = _array_doc([rows], [chunk_rows], "int64", 0, 5)
+    for path, doc in docs.items():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2))
 
 
 def _compression_of(array: zarr.Array) -> str:
@@ -234,6 +284,7 @@ class OutputWriter:
         self.rows_done = start
         self._meta: dict[str, Any] | None = None  # the tsconv attributes as last written
         self._group_json = _local_group_json(group)
+        self._group_doc: dict[str, Any] | None = None  # its contents, as last written by _set_meta
         self.busy_seconds = 0.0
         self.wait_seconds = 0.0
         self._next = start  # first row of the buffer being filled
@@ -275,20 +326,15 @@ class OutputWriter:
         tmp = path.with_name(f".{path.name}.creating")
         if tmp.exists():
             shutil.rmtree(tmp)
-        group = zarr.open_group(str(tmp), mode="w-", zarr_format=3)
-        group.create_array(
-            "values",
-            shape=(rows, len(names)),
-            chunks=(min(chunk_rows, rows), len(names)),
-            dtype="float32",
-            compressors=[_codec(0 if compression == "none" else 5)],
-            fill_value=np.nan,
+        _write_layout(
+            tmp,
+            rows=rows,
+            n_values=len(names),
+            chunk_rows=min(chunk_rows, rows),
+            clevel=0 if compression == "none" else 5,
+            time=time_source is not None,
+            attrs={**attrs, "features": list(names)},
         )
-        if time_source is not None:
-            group.create_array(
-                "time", shape=(rows,), chunks=(min(chunk_rows, rows),), dtype="int64", compressors=[_codec()]
-            )
-        group.attrs.update({**attrs, "features": list(names)})
         tmp.rename(path)
         writer = cls(
             zarr.open_group(str(path), mode="r+"),
@@ -556,13 +602,16 @@ class OutputWriter:
         meta = dict(self._meta if self._meta is not None else self.group.attrs.get("tsconv", {}))
         meta.update(changes)
         meta = {k: v for k, v in meta.items() if v is not None or k not in changes}
-        if self._group_json is not None and set(changes) == {"rows_done"}:
-            # Progress, once per chunk: the group's zarr.json rewritten here (atomically), because zarr's
-            # attribute update runs Python on its event loop that slows the engine thread (timecolumn.py
-            # says how much). The final update goes through zarr, which writes its whole metadata.
-            doc = json.loads(self._group_json.read_text())
-            doc.setdefault("attributes", {})["tsconv"] = meta
-            _replace_json(self._group_json, doc)
+        if self._group_json is not None:
+            # The group's zarr.json rewritten here (atomically), not through zarr: zarr's attribute update
+            # runs Python on its event loop that slows the engine thread (timecolumn.py says how much), and
+            # the final one took 2-3 ms of the run's tail. The document is read once: nothing else writes
+            # this store's attributes while it runs. Progress is written compact (json's C encoder).
+            if self._group_doc is None:
+                self._group_doc = json.loads(self._group_json.read_text())
+            self._group_doc.setdefault("attributes", {})["tsconv"] = meta
+            done = meta.get("complete", False)
+            _replace_json(self._group_json, self._group_doc, indent=2 if done else None)
         else:
             self.group.attrs["tsconv"] = meta
         self._meta = meta
