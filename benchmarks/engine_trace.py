@@ -16,7 +16,7 @@ constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``n
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
 GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``rthreadsN`` (its file-reading threads),
 ``lspanN`` (the decoder's literal-span variant, N bytes per step), ``pyread`` (chunk files read by Python
-threads, TSCONV_NATIVE_READ=0), ``nograph`` (no CUDA graph of the steps), ``switchN`` (TSCONV_SWITCH_INTERVAL_US=N),
+threads, TSCONV_NATIVE_READ=0), ``rpartN`` (the native reader's parts of N KB), ``nograph`` (no CUDA graph of the steps), ``switchN`` (TSCONV_SWITCH_INTERVAL_US=N),
 ``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle),
 ``compression-C`` (the output compression option: auto, lz4, none), ``notime`` /
 ``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
@@ -222,6 +222,10 @@ def variant(name: str):  # noqa: ANN201
         extra["compression"] = name.split("-", 1)[1]
     elif name.startswith("switch"):  # the GIL switch interval while the run lasts, N µs (default 200)
         env["TSCONV_SWITCH_INTERVAL_US"] = name[6:]
+    elif name.startswith("rpart"):  # the native reader's parts: N KB
+        from tsconv.io import fileread
+
+        patches.append((fileread, "PART_BYTES", int(name[5:]) << 10))
     elif name == "pyread":  # chunk and time files read by Python threads, not the native reader
         env["TSCONV_NATIVE_READ"] = "0"
     elif name == "nograph":  # the steps' launches issued one by one (no CUDA graph)

@@ -151,12 +151,13 @@ def test_the_native_reader_reads_files_into_place(tmp_path: Path, monkeypatch) -
     sizes = np.array([len(b) for b in blobs] + [8])
     sizes[4] = 10  # asks for more than the file holds: reads what is there
     offsets = np.concatenate([[0], np.cumsum(sizes[:-1] + 5)])
-    buf = np.full(int(offsets[-1] + 16), 0xEE, dtype=np.uint8)
-    status = nr.read(paths, buf.ctypes.data, offsets, sizes, threads=3)
-    assert status.tolist() == [0, 1, 4097, 70000, 3, -2]
-    for i, blob in enumerate(blobs):
-        assert buf[offsets[i] : offsets[i] + len(blob)].tobytes() == blob
-        assert (buf[offsets[i] + len(blob) : offsets[i] + len(blob) + 5] == 0xEE).all()  # nothing past it
+    for threads, part in [(3, 1 << 20), (1, 1 << 20), (4, 1000), (8, 4096), (2, 1)]:  # parts: whole or cut
+        buf = np.full(int(offsets[-1] + 16), 0xEE, dtype=np.uint8)
+        status = nr.read(paths, buf.ctypes.data, offsets, sizes, threads=threads, part=part)
+        assert status.tolist() == [0, 1, 4097, 70000, 3, -2]
+        for i, blob in enumerate(blobs):
+            assert buf[offsets[i] : offsets[i] + len(blob)].tobytes() == blob
+            assert (buf[offsets[i] + len(blob) : offsets[i] + len(blob) + 5] == 0xEE).all()  # nothing past it
     monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
     assert fileread.native_reader() is None and fileread.unavailable_reason() == "TSCONV_NATIVE_READ=0"
 

@@ -5,7 +5,7 @@ with a few dozen microseconds of Python around the ``readinto`` (open, paths, th
 return from ``readinto`` asked for the GIL back, so the engine thread, which launches the GPU work, was
 made to hand it over about a thousand times a run; its launches took 2-3x their own CPU time
 (benchmarks/NOTES.md, thirteenth and fourteenth sessions). Python's stdlib and the project's libraries
-have no call that reads a list of files into caller-given places, so ``fileread.c`` (70 lines of C:
+have no call that reads a list of files into caller-given places, so ``fileread.c`` (about 120 lines of C:
 ``open`` / ``pread`` on a few pthreads) does it, compiled on first use with the system C compiler into
 the user cache directory and called through ctypes (which releases the GIL during the call).
 
@@ -31,6 +31,7 @@ import numpy as np
 __all__ = ["NativeReader", "native_reader", "unavailable_reason"]
 
 _SOURCE = Path(__file__).with_name("fileread.c")
+PART_BYTES = 2 << 20  # a file is read in parts of this size, spread over the threads
 _lock = threading.Lock()
 _loaded: tuple[NativeReader | None, str | None] | None = None
 
@@ -53,16 +54,25 @@ class NativeReader:
             ctypes.c_void_p,
             ctypes.c_void_p,
             ctypes.c_int,
+            ctypes.c_int64,
         ]
         fn.restype = ctypes.c_int
         self._fn = fn
 
     def read(
-        self, paths: Sequence[bytes], base: int, offsets: np.ndarray, sizes: np.ndarray, *, threads: int
+        self,
+        paths: Sequence[bytes],
+        base: int,
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        *,
+        threads: int,
+        part: int | None = None,
     ) -> np.ndarray:
         """Read ``sizes[i]`` bytes of file ``paths[i]`` (fsencoded) to address ``base + offsets[i]``, on up
-        to ``threads`` threads. Returns, per file, the bytes read (fewer than asked when the file is
-        shorter) or ``-errno``. The caller keeps the buffer at ``base`` alive and large enough."""
+        to ``threads`` threads, in parts of at most ``part`` bytes (default PART_BYTES). Returns, per file, the bytes read (fewer
+        than asked when the file is shorter) or ``-errno``. The caller keeps the buffer at ``base`` alive and
+        large enough."""
         n = len(paths)
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         sizes = np.ascontiguousarray(sizes, dtype=np.int64)
@@ -70,8 +80,10 @@ class NativeReader:
             raise ValueError(f"{n} paths need {n} offsets and sizes, got {offsets.shape} and {sizes.shape}")
         status = np.zeros(n, dtype=np.int64)
         if n:
-            self._fn(n, (ctypes.c_char_p * n)(*paths), base, offsets.ctypes.data, sizes.ctypes.data,
-                     status.ctypes.data, max(1, int(threads)))  # fmt: skip
+            used = self._fn(n, (ctypes.c_char_p * n)(*paths), base, offsets.ctypes.data, sizes.ctypes.data,
+                            status.ctypes.data, max(1, int(threads)), int(part or PART_BYTES))  # fmt: skip
+            if used < 0:
+                raise MemoryError("tsconv_read_files could not allocate its work list")
         return status
 
 
