@@ -14,7 +14,7 @@ ahead of the engine (median of band decoded -> band read).
 Variants set environment knobs the engine reads at run time, or (for exploration only) module
 constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
-GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``rthreadsN`` (its file-reading threads),
+GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``twarpsN`` (its target warps per decode launch), ``rthreadsN`` (its file-reading threads),
 ``lspanN`` (the decoder's literal-span variant, N bytes per step), ``pyread`` (chunk files read by Python
 threads, TSCONV_NATIVE_READ=0), ``rpartN`` (the native reader's parts of N KB), ``nograph`` (no CUDA graph of the steps), ``switchN`` (TSCONV_SWITCH_INTERVAL_US=N),
 ``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle),
@@ -179,7 +179,14 @@ class _Sys:
 
 @contextlib.contextmanager
 def variant(name: str):  # noqa: ANN201
-    """Apply one variant's knobs for the duration of the block."""
+    """Apply one variant's knobs for the duration of the block; ``a+b`` applies both."""
+    if "+" in name and not name.startswith("gpudecode"):
+        with contextlib.ExitStack() as stack:
+            merged: dict[str, Any] = {}
+            for part in name.split("+"):
+                merged.update(stack.enter_context(variant(part)))
+            yield merged
+        return
     env: dict[str, str] = {}
     extra: dict[str, Any] = {}  # tsconv.process keyword arguments
     patches: list[tuple[Any, str, Any]] = []
@@ -236,6 +243,8 @@ def variant(name: str):  # noqa: ANN201
         from tsconv.kernels import blosc_lz4
 
         patches.append((blosc_lz4, "LITERAL_SPAN", int(name[5:])))
+    elif name.startswith("twarps"):  # the GPU reader's target warps per decode launch
+        patches.append((gpudecode, "TARGET_WARPS", int(name[6:])))
     elif name.startswith("decmb"):  # the GPU reader's decoded ring: N MB (both halves)
         patches.append((gpudecode, "MAX_DECODED_BYTES", int(name[5:]) << 20))
     elif name in ("notime", "nometa", "notime+nometa"):  # exploration: the writer's zarr calls left out

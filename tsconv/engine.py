@@ -535,7 +535,8 @@ def _run_store(
     from tqdm import tqdm
 
     r0, r1 = rows if rows is not None else (0, store.rows)
-    backend = Backend(plan, dev)
+    setup: dict[str, float] = {}  # seconds before compute_rows, for the report's stage_seconds
+    backend = _timed(setup, "backend", Backend, plan, dev)
     stages = None
     with (
         tqdm(
@@ -552,7 +553,16 @@ def _run_store(
         writer,  # closed on the way out; after finish() that is a no-op
         # Chunk files decoded ahead in threads into a reused ring (pinned on CUDA unless pageable transfers
         # are asked for); zarr reads (BlockReader) for layouts the fast path does not handle.
-        _open_reader(store, dev, transfer=transfer, batched=step_rows is not None, gpu=gpu_reader) as reader,
+        _timed(
+            setup,
+            "open_reader",
+            _open_reader,
+            store,
+            dev,
+            transfer=transfer,
+            batched=step_rows is not None,
+            gpu=gpu_reader,
+        ) as reader,
     ):
         times = compute_rows(
             reader, plan, backend, writer.append, start=r0 + start, stop=r1, chunk=chunk, warmup=warmup,
@@ -560,11 +570,21 @@ def _run_store(
         )  # fmt: skip
         if times is not None:
             stages = stage_summary(times, transfer=transfer, reader=reader, writer=writer)
+            stages["stage_seconds"].update(setup)
         t0 = time.perf_counter()
         writer.finish()
         if stages is not None:
             stages["stage_seconds"]["finish"] = time.perf_counter() - t0
     return {**(stages or {}), "head_path": backend.head_path}
+
+
+def _timed(into: dict[str, float], key: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, its seconds kept in ``into[key]``."""
+    t0 = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        into[key] = time.perf_counter() - t0
 
 
 DECODE_CHOICES = ("cpu", "gpu")
