@@ -179,9 +179,10 @@ def _every_kind() -> tuple[np.ndarray, np.ndarray]:
     return x, c
 
 
-@pytest.mark.parametrize("span", [64, 256])
+@pytest.mark.parametrize("span", [0, 64, 256])
 def test_literals_read_as_one_span_decode_the_same(span: int) -> None:
-    """``literal_span``: a group's literals from one read of their span of the input (a benchmark variant)."""
+    """``literal_span``: a group's literals from one read of their span of the input (the default, 64 bytes
+    a step, and another width), or (0) through the [G, W] tiles."""
     x, c = _every_kind()
     p = _prices(900, np.float32, seed=9)  # typesize 4: another launch
     for want, chunk in ((x, c), (p.view(np.uint8), _blosc(p, 1))):
@@ -290,7 +291,7 @@ runtime = [("src_ptr", "*u8", "D"), ("off_ptr", "*i64", "D"), ("len_ptr", "*i64"
 class Cfg:
     meta, num_warps, num_stages, maxnreg = {}, 1, 1, None
 base = dict(TS=4, V=m.LONG_STEP, G=m.GROUP, W=m.TILE[0], T=m.TILE[1], B=m.WINDOW, WL=m.LITERAL_WIDTH, PROBE=0)
-for ls in (0, 256):  # the default, and the literal-span variant
+for ls in (64, 0, 256):  # the default literal span, the tiles, another span
     ck = build(m._blosc_lz4_kernel, runtime, dict(base, LS=ls), Cfg())
     regs, spills = ptxas_usage(ck)
     print(f"LS={ls}: {regs} registers, {spills} bytes spilled")

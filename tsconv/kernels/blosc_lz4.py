@@ -60,8 +60,10 @@ TILE = (8, 32)
 LITERAL_WIDTH = 8
 WINDOW = 128
 # > 0: literals read as one span of the input, this many bytes per step (_copy_literal_span); 0: tiles.
+# 64: batches of 12 16 MB chunks decode at 60 GB/s against 53 with tiles (thirteenth session), and with the
+# GPU decode the e2e loop's bound, the engine's runs were 4-7 ms shorter (fourteenth; benchmarks/NOTES.md).
 # A module constant so benchmarks/engine_trace.py's lspanN variant can set it for the engine's reader.
-LITERAL_SPAN = 0
+LITERAL_SPAN = 64
 # bytes per step of a stored stream or a long sequence: one memory latency per step
 LONG_STEP = 256
 
