@@ -35,6 +35,15 @@ class _DeviceLayer:
     activation: str
 
 
+def _tap_sums(w: np.ndarray) -> np.ndarray:
+    """``w.astype(float64).sum(axis=2)`` tap by tap: 1.5 ms instead of 6 for a [256, 1024, 5] conv on the
+    development VM (numpy reduces a short last axis slowly), about 4% of the e2e job before."""
+    acc = w[..., 0].astype(np.float64)
+    for k in range(1, w.shape[2]):
+        acc += w[..., k]
+    return acc
+
+
 class Backend:
     """Holds a pipeline's weights on a device and runs chunks through it, computing in float32."""
 
@@ -58,7 +67,7 @@ class Backend:
         self.layers = tuple(
             _DeviceLayer(
                 weight=stored(L),
-                tap_sums=put(L.weight.astype(np.float64).sum(axis=2), torch.float64),
+                tap_sums=put(_tap_sums(L.weight), torch.float64),
                 bias=put(L.bias),
                 bias64=put(L.bias if L.bias is not None else np.zeros(L.out_channels), torch.float64),
                 dilation=L.dilation,
