@@ -135,7 +135,9 @@ def _padded(n: int) -> int:
 def _chunk_paths(layout: Any, rows: int, n_cols: int) -> list[list[str]]:
     """Every chunk file's path, [band][column], as strings (pathlib costs ~10 us a path; 256+ a run)."""
     root = os.fspath(layout.root)
-    return [[f"{root}/{layout.key((b, c))}" for c in range(n_cols)] for b in range(-(-rows // layout.chunks[0]))]
+    return [
+        [f"{root}/{layout.key((b, c))}" for c in range(n_cols)] for b in range(-(-rows // layout.chunks[0]))
+    ]
 
 
 def _file_sizes(layout: Any, rows: int, n_cols: int, paths: list[list[str]] | None = None) -> np.ndarray:
