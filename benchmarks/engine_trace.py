@@ -16,7 +16,8 @@ constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``n
 ``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
 GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``twarpsN`` (its target warps per decode launch), ``rthreadsN`` (its file-reading threads),
 ``lspanN`` (the decoder's literal-span variant, N bytes per step), ``pyread`` (chunk files read by Python
-threads, TSCONV_NATIVE_READ=0), ``rpartN`` (the native reader's parts of N KB), ``nograph`` (no CUDA graph of the steps), ``switchN`` (TSCONV_SWITCH_INTERVAL_US=N),
+threads, TSCONV_NATIVE_READ=0), ``rpartN`` (the native reader's parts of N KB), ``lateread``
+(reads started only from the engine's calls, EARLY_READS off), ``nograph`` (no CUDA graph of the steps), ``switchN`` (TSCONV_SWITCH_INTERVAL_US=N),
 ``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle),
 ``compression-C`` (the output compression option: auto, lz4, none), ``notime`` /
 ``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
@@ -233,6 +234,8 @@ def variant(name: str):  # noqa: ANN201
         from tsconv.io import fileread
 
         patches.append((fileread, "PART_BYTES", int(name[5:]) << 10))
+    elif name == "lateread":  # the GPU reader's reads scheduled only from the engine's read_device calls
+        patches.append((gpudecode, "EARLY_READS", False))
     elif name == "pyread":  # chunk and time files read by Python threads, not the native reader
         env["TSCONV_NATIVE_READ"] = "0"
     elif name == "nograph":  # the steps' launches issued one by one (no CUDA graph)
