@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -70,9 +71,9 @@ class NativeReader:
         part: int | None = None,
     ) -> np.ndarray:
         """Read ``sizes[i]`` bytes of file ``paths[i]`` (fsencoded) to address ``base + offsets[i]``, on up
-        to ``threads`` threads, in parts of at most ``part`` bytes (default PART_BYTES). Returns, per file, the bytes read (fewer
-        than asked when the file is shorter) or ``-errno``. The caller keeps the buffer at ``base`` alive and
-        large enough."""
+        to ``threads`` threads, in parts of at most ``part`` bytes (default PART_BYTES). Returns, per file,
+        the bytes read (fewer than asked when the file is shorter) or ``-errno``. The caller keeps the buffer
+        at ``base`` alive and large enough."""
         n = len(paths)
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         sizes = np.ascontiguousarray(sizes, dtype=np.int64)
@@ -89,7 +90,7 @@ class NativeReader:
 
 def _build() -> tuple[NativeReader | None, str | None]:
     source = _SOURCE.read_bytes()
-    tag = hashlib.sha256(source + sys.platform.encode()).hexdigest()[:16]
+    tag = hashlib.sha256(source + f"{sys.platform}-{platform.machine()}".encode()).hexdigest()[:16]
     lib_path = _cache_dir() / f"fileread-{tag}.so"
     if not lib_path.exists():
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
