@@ -136,32 +136,6 @@ def test_a_chunk_file_that_changes_after_the_reader_opened(
             _all_bands(r)
 
 
-def test_the_native_reader_reads_files_into_place(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
-    nr = fileread.native_reader()
-    if nr is None:
-        pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
-    rng = np.random.default_rng(0)
-    blobs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 4097, 70000, 3)]
-    paths = []
-    for i, blob in enumerate(blobs):
-        (tmp_path / f"f{i}").write_bytes(blob)
-        paths.append(os.fsencode(tmp_path / f"f{i}"))
-    paths.append(os.fsencode(tmp_path / "missing"))
-    sizes = np.array([len(b) for b in blobs] + [8])
-    sizes[4] = 10  # asks for more than the file holds: reads what is there
-    offsets = np.concatenate([[0], np.cumsum(sizes[:-1] + 5)])
-    for threads, part in [(3, 1 << 20), (1, 1 << 20), (4, 1000), (8, 4096), (2, 1)]:  # parts: whole or cut
-        buf = np.full(int(offsets[-1] + 16), 0xEE, dtype=np.uint8)
-        status = nr.read(paths, buf.ctypes.data, offsets, sizes, threads=threads, part=part)
-        assert status.tolist() == [0, 1, 4097, 70000, 3, -2]
-        for i, blob in enumerate(blobs):
-            assert buf[offsets[i] : offsets[i] + len(blob)].tobytes() == blob
-            assert (buf[offsets[i] + len(blob) : offsets[i] + len(blob) + 5] == 0xEE).all()  # nothing past it
-    monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
-    assert fileread.native_reader() is None and fileread.unavailable_reason() == "TSCONV_NATIVE_READ=0"
-
-
 def test_what_the_gpu_reader_does_not_take(tmp_path: Path, monkeypatch) -> None:
     x = price_series(300, 4, seed=4).astype(np.float32)
     z = zarr.create_array(str(tmp_path / "z.zarr"), shape=x.shape, chunks=(100, 4), dtype=x.dtype)

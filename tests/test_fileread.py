@@ -1,0 +1,69 @@
+"""The native batch file reader (tsconv.io.fileread): files read into place, and what happens when it
+cannot be built."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tsconv.io import fileread
+
+
+def test_the_native_reader_reads_files_into_place(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+    nr = fileread.native_reader()
+    if nr is None:
+        pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
+    rng = np.random.default_rng(0)
+    blobs = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 4097, 70000, 3)]
+    paths = []
+    for i, blob in enumerate(blobs):
+        (tmp_path / f"f{i}").write_bytes(blob)
+        paths.append(os.fsencode(tmp_path / f"f{i}"))
+    paths.append(os.fsencode(tmp_path / "missing"))
+    sizes = np.array([len(b) for b in blobs] + [8])
+    sizes[4] = 10  # asks for more than the file holds: reads what is there
+    offsets = np.concatenate([[0], np.cumsum(sizes[:-1] + 5)])
+    for threads, part in [(3, 1 << 20), (1, 1 << 20), (4, 1000), (8, 4096), (2, 1)]:  # parts: whole or cut
+        buf = np.full(int(offsets[-1] + 16), 0xEE, dtype=np.uint8)
+        status = nr.read(paths, buf.ctypes.data, offsets, sizes, threads=threads, part=part)
+        assert status.tolist() == [0, 1, 4097, 70000, 3, -2]
+        for i, blob in enumerate(blobs):
+            assert buf[offsets[i] : offsets[i] + len(blob)].tobytes() == blob
+            assert (buf[offsets[i] + len(blob) : offsets[i] + len(blob) + 5] == 0xEE).all()  # nothing past it
+    monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
+    assert fileread.native_reader() is None and fileread.unavailable_reason() == "TSCONV_NATIVE_READ=0"
+
+
+@pytest.mark.parametrize("how", ["no compiler", "compiler fails"])
+def test_without_a_working_compiler_the_reader_says_why(tmp_path: Path, monkeypatch, how) -> None:
+    monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "cache"))  # nothing built there yet
+    monkeypatch.setattr(fileread, "_loaded", None)
+    if how == "no compiler":
+        monkeypatch.delenv("CC", raising=False)
+        monkeypatch.setattr(fileread.shutil, "which", lambda name: None)
+        want = "no C compiler"
+    else:
+        monkeypatch.setenv("CC", "false")  # runs, fails
+        want = "false failed on fileread.c"
+    assert fileread.native_reader() is None
+    assert want in fileread.unavailable_reason()
+    assert not list((tmp_path / "cache").glob("*.so"))  # no half-built library left behind
+
+
+def test_the_library_is_built_once_into_the_cache(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fileread, "_loaded", None)
+    if fileread.native_reader() is None:
+        pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
+    built = list(tmp_path.glob("fileread-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    monkeypatch.setattr(fileread, "_loaded", None)  # a new process: loads, does not rebuild
+    assert fileread.native_reader() is not None
+    assert built[0].stat().st_mtime_ns == stamp
