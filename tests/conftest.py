@@ -33,3 +33,17 @@ def _fresh_launch_plans() -> None:
 
     conv1d._PLANS.clear()
     gemm._PLANS.clear()
+
+
+@pytest.fixture(params=["native", "python"])
+def file_reads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Files read by the native batch reader (tsconv.io.fileread) or by Python (TSCONV_NATIVE_READ=0)."""
+    from tsconv.io import fileread
+
+    if request.param == "python":
+        monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
+    else:
+        monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+        if fileread.native_reader() is None:
+            pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
+    return request.param

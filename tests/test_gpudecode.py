@@ -16,7 +16,7 @@ from zarr.codecs import BloscCodec
 
 import tsconv
 from tsconv.errors import StoreError
-from tsconv.io import fileread, gpudecode
+from tsconv.io import gpudecode
 
 from .helpers import price_series, read_output, write_store
 
@@ -33,18 +33,6 @@ def _store(path: Path, x: np.ndarray, chunks: tuple[int, int], **kw) -> zarr.Arr
     a = zarr.create_array(str(path), shape=x.shape, chunks=chunks, dtype=x.dtype, compressors=LZ4, **kw)
     a[:] = x
     return zarr.open_array(str(path), mode="r")
-
-
-@pytest.fixture(params=["native", "python"])
-def file_reads(request, monkeypatch) -> str:
-    """Chunk files read by the native batch reader (tsconv.io.fileread) or by a Python task per file."""
-    if request.param == "python":
-        monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
-    else:
-        monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
-        if fileread.native_reader() is None:
-            pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
-    return request.param
 
 
 def _all_bands(r: gpudecode.GpuBandReader, *, bands: int = 1) -> np.ndarray:

@@ -9,22 +9,14 @@ import pytest
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
-from tsconv.io import fileread
 from tsconv.io.timecolumn import ShiftedTime, TimeReader
 
 T0 = 1_767_346_200_000_000_000
 
 
-@pytest.fixture(autouse=True, params=["native", "python"])
-def file_reads(request, monkeypatch) -> str:
-    """Every test with the files read by the native batch reader and by Python."""
-    if request.param == "python":
-        monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
-    else:
-        monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
-        if fileread.native_reader() is None:
-            pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
-    return request.param
+@pytest.fixture(autouse=True)
+def _both_readers(file_reads: str) -> None:
+    """Every test with the files read by the native batch reader and by Python (conftest's file_reads)."""
 
 
 def _time_array(path: Path, rows: int, chunk: int, **kw) -> zarr.Array:

@@ -496,11 +496,9 @@ def stage_summary(times: StageTimes, *, transfer: str, reader: Any, writer: Outp
     bound = max(stage, key=stage.get)
     seconds = {**stage, "decode_busy": decode_busy, "write_busy": write_busy, "read_wait": times.read_wait,
                "emit": times.write, **times.extra}  # fmt: skip
-    out = {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound,
-           "reader": reader_kind(reader), "cuda_graph": times.graph}  # fmt: skip
-    if hasattr(reader, "file_reads"):  # the GPU reader: "native" or "python (why)"
-        out["file_reads"] = reader.file_reads
-    return out
+    return {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound,
+            "reader": reader_kind(reader), "cuda_graph": times.graph,
+            "file_reads": getattr(reader, "file_reads", None)}  # fmt: skip
 
 
 def reader_kind(reader: Any) -> str:

@@ -148,8 +148,12 @@ def _replace_json(path: Path, doc: dict[str, Any], *, indent: int | None = 2) ->
     os.replace(tmp, path)
 
 
-def _array_doc(shape: list[int], chunks: list[int], dtype: str, fill: Any, clevel: int) -> dict[str, Any]:
-    """A zarr format-3 array's zarr.json as zarr 3.1 writes it for ``create_array(..., compressors=[_codec(clevel)])``."""
+def _array_doc(
+    shape: list[int], chunks: list[int], dtype: str, fill: Any, codec: BloscCodec
+) -> dict[str, Any]:
+    """A zarr format-3 array's zarr.json as zarr 3.1 writes it for ``create_array(..., compressors=[codec])``."""
+    blosc = {"typesize": np.dtype(dtype).itemsize, "cname": codec.cname.value, "clevel": int(codec.clevel),
+             "shuffle": codec.shuffle.value, "blocksize": int(codec.blocksize)}  # fmt: skip
     return {
         "shape": shape,
         "data_type": dtype,
@@ -158,16 +162,7 @@ def _array_doc(shape: list[int], chunks: list[int], dtype: str, fill: Any, cleve
         "fill_value": fill,
         "codecs": [
             {"name": "bytes", "configuration": {"endian": "little"}},
-            {
-                "name": "blosc",
-                "configuration": {
-                    "typesize": np.dtype(dtype).itemsize,
-                    "cname": "lz4",
-                    "clevel": clevel,
-                    "shuffle": "shuffle",
-                    "blocksize": 0,
-                },
-            },  # fmt: skip
+            {"name": "blosc", "configuration": blosc},
         ],
         "attributes": {},
         "zarr_format": 3,
@@ -187,11 +182,11 @@ def _write_layout(
     docs = {
         root / "zarr.json": {"attributes": attrs, "zarr_format": 3, "node_type": "group"},
         root / "values" / "zarr.json": _array_doc(
-            [rows, n_values], [chunk_rows, n_values], "float32", "NaN", clevel
+            [rows, n_values], [chunk_rows, n_values], "float32", "NaN", _codec(clevel)
         ),
     }
     if time:
-        docs[root / "time" / "zarr.json"] = _array_doc([rows], [chunk_rows], "int64", 0, 5)
+        docs[root / "time" / "zarr.json"] = _array_doc([rows], [chunk_rows], "int64", 0, _codec())
     for path, doc in docs.items():
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(doc, indent=2))
