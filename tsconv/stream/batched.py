@@ -204,6 +204,11 @@ class StageTimes:
 log = logging.getLogger("tsconv.batched")
 
 GRAPH_ENV = "TSCONV_CUDA_GRAPH"
+# Where the step's intermediates live (exploration, engine_trace.py / diag/gpu_memory.py): "private" (the
+# graph's own pool, the eager warm step's in the general one), "shared" (one MemPool for both), "empty"
+# (the general pool's cache emptied before the capture).
+POOL_ENV = "TSCONV_GRAPH_POOL"
+POOL_MODE = "private"
 
 
 def graphs_requested() -> bool:
@@ -232,6 +237,16 @@ class _StepGraph:
         self._warm = False  # an eligible step ran eagerly (compiled, tuned, packed)
         self._graph: Any = None
         self._out: torch.Tensor | None = None
+        self._pool: Any = None
+        self._mode = os.environ.get(POOL_ENV, POOL_MODE).strip().lower() if enabled else "private"
+        if self._mode == "shared" and hasattr(torch.cuda, "MemPool"):
+            self._pool = torch.cuda.MemPool()
+
+    def _eager_warm(self, first_row: int) -> torch.Tensor:
+        if self._pool is not None:
+            with torch.cuda.use_mem_pool(self._pool):
+                return self.fn(first_row)
+        return self.fn(first_row)
 
     def __call__(self, first_row: int) -> torch.Tensor:
         if first_row < 0:  # rows of the warm-up history: launches that differ (zeroed history)
@@ -239,9 +254,13 @@ class _StepGraph:
         if self._graph is not None:
             self._graph.replay()
             return self._out  # type: ignore[return-value]
-        if self.status != "eager" or not self._warm:
-            self._warm = True
+        if self.status != "eager":
             return self.fn(first_row)
+        if not self._warm:
+            self._warm = True
+            return self._eager_warm(first_row)
+        if self._mode == "empty":
+            torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         try:
             out = self._capture(graph, first_row)
@@ -256,8 +275,8 @@ class _StepGraph:
 
     def release(self) -> bool:
         """Drop the graph and its output; True if there was one (its memory pool is then freeable)."""
-        had = self._graph is not None
-        self._graph = self._out = None
+        had = self._graph is not None or self._pool is not None
+        self._graph = self._out = self._pool = None
         return had
 
     def _capture(self, graph: Any, first_row: int) -> torch.Tensor:
@@ -265,7 +284,8 @@ class _StepGraph:
         # synchronizes too), which would drain the decode and compute queued behind this step.
         # ``thread_local``: the reader's and writer's threads keep using CUDA meanwhile.
         with torch.cuda.stream(self.stream):
-            graph.capture_begin(capture_error_mode="thread_local")
+            pool = None if self._pool is None else self._pool.id
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 out = self.fn(first_row)
             except BaseException:
