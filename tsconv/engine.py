@@ -412,6 +412,12 @@ def process(
         )  # fmt: skip
     t0 = time.perf_counter()
     if dev.type == "cuda":
+        if os.environ.get("TSCONV_EMPTY_CACHE", "1") != "0":
+            # Blocks cached by earlier work in the process (an earlier run's rings, freed in another order)
+            # are reused imperfectly: a second 4096-feature run peaked at 1.60 GB reserved against 1.28 GB
+            # for the first (benchmarks/NOTES.md, fifteenth session). Only unused cached blocks are freed.
+            with torch.cuda.device(dev):
+                torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
     rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
     stages = None

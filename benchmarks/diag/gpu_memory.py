@@ -11,7 +11,8 @@ tsconv frames of the allocation that made it) and the live blocks grouped by whe
 
 Variants are environment settings: ``nograph`` (TSCONV_CUDA_GRAPH=0), ``pool-MODE``
 (TSCONV_GRAPH_POOL=MODE: private, shared, empty), ``expandable`` (PYTORCH_CUDA_ALLOC_CONF=
-expandable_segments:True), ``cpudecode`` (TSCONV_GPU_DECODE=0); combine them with ``+``.
+expandable_segments:True), ``cpudecode`` (TSCONV_GPU_DECODE=0), ``keepcache`` (TSCONV_EMPTY_CACHE=0: no
+emptying of the allocator's cache at the start of a run); combine them with ``+``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ ENV = {
     "nograph": {"TSCONV_CUDA_GRAPH": "0"},
     "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     "cpudecode": {"TSCONV_GPU_DECODE": "0"},
+    "keepcache": {"TSCONV_EMPTY_CACHE": "0"},
 }
 
 
@@ -73,11 +75,15 @@ def analyse(before: dict[str, Any], snap: dict[str, Any]) -> dict[str, Any]:
     for s in before["segments"]:
         for b in s["blocks"]:
             if b["state"] == "active_allocated":
-                blocks[b["address"]] = (b["size"], "before the run")
+                blocks[b["address"]] = (b["size"], "before the run: " + _where(b.get("frames")))
     reserved = sum(v[0] for v in segs.values())
     peak, at_peak = reserved, (dict(segs), dict(blocks))
     start = reserved
-    for e in snap["device_traces"][0]:
+    events = snap["device_traces"][0]
+    seen = before["device_traces"][0]
+    if seen and len(events) >= len(seen) and events[len(seen) - 1] == seen[-1]:
+        events = events[len(seen) :]  # the trace of the earlier runs, already in ``before``'s state
+    for e in events:
         act = e["action"]
         if act == "segment_alloc":
             segs[e["addr"]] = (e["size"], _where(e.get("frames")))
@@ -142,12 +148,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         return {k: rep.get(k) for k in ("seconds", "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes",
                                          "step_rows", "cuda_graph", "reader")}  # fmt: skip
 
+    # recorded from the start, so the blocks that outlive a run carry the frames that made them
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     first = run()
     reps = [run() for _ in range(args.repeats)]
     torch.cuda.synchronize()
     before = torch.cuda.memory._snapshot()
     pools.clear()
-    torch.cuda.memory._record_memory_history(max_entries=500_000)
     traced = run()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
@@ -210,7 +217,7 @@ def main() -> int:
                   f"{time.perf_counter() - t0:.0f} s", flush=True)  # fmt: skip
             for s in t["segments_at_peak"][:12]:
                 print(f"    seg {s['bytes'] / 2**20:8.1f} MiB  {s['made_by']}", flush=True)
-            for b in t["blocks_at_peak_by_site"][:10]:
+            for b in t["blocks_at_peak_by_site"][:16]:
                 print(f"    blk {b['bytes'] / 2**20:8.1f} MiB x{b['count']}  {b['site']}", flush=True)
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     return 0

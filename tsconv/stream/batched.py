@@ -204,11 +204,12 @@ class StageTimes:
 log = logging.getLogger("tsconv.batched")
 
 GRAPH_ENV = "TSCONV_CUDA_GRAPH"
-# Where the step's intermediates live (exploration, engine_trace.py / diag/gpu_memory.py): "private" (the
-# graph's own pool, the eager warm step's in the general one), "shared" (one MemPool for both), "empty"
-# (the general pool's cache emptied before the capture).
+# Where the step's intermediates live (diag/gpu_memory.py's pool-MODE variants): "empty" (the default: the
+# eager steps' cached blocks freed before the capture, which puts the same intermediates in the graph's
+# own pool; 1.13 GB peak reserved against 1.21-1.23 GB without, at the same speed: benchmarks/NOTES.md,
+# fifteenth session), "private" (not freed), "shared" (the eager steps and the capture in one MemPool).
 POOL_ENV = "TSCONV_GRAPH_POOL"
-POOL_MODE = "private"
+POOL_MODE = "empty"
 
 
 def graphs_requested() -> bool:
@@ -242,7 +243,7 @@ class _StepGraph:
         if self._mode == "shared" and hasattr(torch.cuda, "MemPool"):
             self._pool = torch.cuda.MemPool()
 
-    def _eager_warm(self, first_row: int) -> torch.Tensor:
+    def _eager(self, first_row: int) -> torch.Tensor:
         if self._pool is not None:
             with torch.cuda.use_mem_pool(self._pool):
                 return self.fn(first_row)
@@ -250,7 +251,7 @@ class _StepGraph:
 
     def __call__(self, first_row: int) -> torch.Tensor:
         if first_row < 0:  # rows of the warm-up history: launches that differ (zeroed history)
-            return self.fn(first_row)
+            return self._eager(first_row)
         if self._graph is not None:
             self._graph.replay()
             return self._out  # type: ignore[return-value]
@@ -258,7 +259,7 @@ class _StepGraph:
             return self.fn(first_row)
         if not self._warm:
             self._warm = True
-            return self._eager_warm(first_row)
+            return self._eager(first_row)
         if self._mode == "empty":
             torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
