@@ -20,8 +20,8 @@ from .helpers import price_series, read_output, write_store
 class _FakeGraph:
     log: list = []
 
-    def capture_begin(self, *, capture_error_mode: str) -> None:
-        assert capture_error_mode == "thread_local"
+    def capture_begin(self, *, pool: object = None, capture_error_mode: str) -> None:
+        assert capture_error_mode == "thread_local" and pool is None
         self.log.append("begin")
 
     def capture_end(self) -> None:
@@ -31,10 +31,12 @@ class _FakeGraph:
         self.log.append("replay")
 
 
-def _step_graph(monkeypatch, *, fail: bool = False) -> tuple[batched._StepGraph, list]:
+def _step_graph(monkeypatch, *, fail: bool = False, pool: str = "private") -> tuple[batched._StepGraph, list]:
     log: list = []
     monkeypatch.setattr(_FakeGraph, "log", log)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: log.append("empty"))
+    monkeypatch.setenv(batched.POOL_ENV, pool)
     capturing = {"now": False}
 
     def fn(first_row: int) -> torch.Tensor:
@@ -59,6 +61,16 @@ def test_the_second_eligible_step_is_captured_and_later_steps_replay_it(monkeypa
     assert log == [("fn", -8), ("fn", 56), "begin", ("fn", 120), "end", "replay", "replay", "replay"]
     assert g(-1)[0] == -1 and log[-1] == ("fn", -1)
     assert g.release() and not g.release()  # the graph dropped once
+
+
+def test_by_default_the_eager_steps_cached_blocks_are_freed_before_the_capture(monkeypatch) -> None:
+    monkeypatch.delenv(batched.POOL_ENV, raising=False)
+    assert batched.POOL_MODE == "empty"
+    g, log = _step_graph(monkeypatch, pool=batched.POOL_MODE)
+    for r in (-8, 56, 120, 184):
+        g(r)
+    # freed once, after the eager steps and before the capture (the graph's pool then holds the intermediates)
+    assert log == [("fn", -8), ("fn", 56), "empty", "begin", ("fn", 120), "end", "replay", "replay"]
 
 
 def test_a_failed_capture_leaves_every_step_eager(monkeypatch) -> None:

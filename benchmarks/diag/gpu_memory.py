@@ -12,7 +12,8 @@ tsconv frames of the allocation that made it) and the live blocks grouped by whe
 Variants are environment settings: ``nograph`` (TSCONV_CUDA_GRAPH=0), ``pool-MODE``
 (TSCONV_GRAPH_POOL=MODE: private, shared, empty), ``expandable`` (PYTORCH_CUDA_ALLOC_CONF=
 expandable_segments:True), ``cpudecode`` (TSCONV_GPU_DECODE=0), ``keepcache`` (TSCONV_EMPTY_CACHE=0: no
-emptying of the allocator's cache at the start of a run); combine them with ``+``.
+emptying of the allocator's cache at the start of a run), ``fresh`` (an empty autotune cache: the first
+run tunes); combine them with ``+``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def variant_env(name: str) -> dict[str, str]:
             continue
         if part.startswith("pool-"):
             env["TSCONV_GRAPH_POOL"] = part[5:]
+        elif part == "fresh":  # an empty autotune cache: the first run tunes every kernel it launches
+            import tempfile
+
+            env["TSCONV_CACHE_DIR"] = tempfile.mkdtemp(prefix="tsconv-tune-")
         elif part in ENV:
             env.update(ENV[part])
         else:

@@ -204,7 +204,7 @@ def _write_file(path: Path, gpu: str, key: str, record: dict) -> None:
 
 
 def _timing_mode() -> str:
-    """ "calls" (default: per-call do_bench) or "gpu" (``TSCONV_TUNE_TIMING=gpu``; see the module docstring)."""
+    """ "calls" (default: per-call timing, :func:`calls_ms`) or "gpu" (``TSCONV_TUNE_TIMING=gpu``; see the module docstring)."""
     mode = os.environ.get("TSCONV_TUNE_TIMING", "calls").strip().lower() or "calls"
     if mode not in ("calls", "gpu"):
         raise ValueError(f"TSCONV_TUNE_TIMING must be 'calls' or 'gpu', got {mode!r}; unset it for 'calls'.")
@@ -365,6 +365,43 @@ def gpu_ms(fn: Callable[[], object], *, warmup_ms: float = 10.0, rep_ms: float =
     return sorted(times)[len(times) // 2]
 
 
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    """A buffer the size of the GPU's L2 cache (50 MB on the H100, 60 MB on the H200), zeroed before each
+    timed call so no candidate finds its inputs cached. ``triton.testing.do_bench`` allocates 256 MB per
+    call for this: inside the engine's first step that took a 4096-feature run to 1.31 GB allocated against
+    its 1.2 GB budget (benchmarks/NOTES.md, fifteenth session)."""
+    size = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or (64 << 20)
+    return torch.empty(size // 4, dtype=torch.int32, device=device)
+
+
+def calls_ms(fn: Callable[[], object], flush: torch.Tensor, *, warmup_ms: float, rep_ms: float) -> float:
+    """Median milliseconds of one ``fn()`` call between CUDA events, the L2 cache flushed before each (what
+    ``triton.testing.do_bench(..., return_mode="median")`` measures, with the caller's ``flush`` buffer)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    pairs = []
+    for _ in range(max(1, min(1000, int(rep_ms / estimate)))):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flush.zero_()
+        a.record()
+        fn()
+        b.record()
+        pairs.append((a, b))
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in pairs)
+    return times[len(times) // 2]
+
+
 def host_ms(fn: Callable[[], object], *, calls: int = 10, batches: int = 7) -> float:
     """Host milliseconds to issue one ``fn()`` call, the GPU not waited for (queued work is not timed): the
     fastest of ``batches`` batches. Interruptions only ever add to a batch, so the minimum is the stable
@@ -433,8 +470,6 @@ def _tune(
     rep_ms: int,
     timing: str | None = None,
 ) -> tuple[Config, dict]:
-    from triton.testing import do_bench
-
     start = time.perf_counter()
     timings: dict[str, float] = {}
     method = "graph" if (timing or _timing_mode()) == "gpu" else "calls"
@@ -474,18 +509,18 @@ def _tune(
             for name, ms in gpu.items():
                 timings[name] = ms + (host[name] - lean)
         if method == "calls":  # per call; also every candidate again when one could not be captured
+            flush = _flush_buffer(device)
             for cfg in space.configs:
                 if math.isinf(timings[cfg.name]):
                     continue
                 try:
-                    timings[cfg.name] = float(
-                        do_bench(
-                            lambda cfg=cfg: bench(cfg), warmup=warmup_ms, rep=rep_ms, return_mode="median"
-                        )
+                    timings[cfg.name] = calls_ms(
+                        lambda cfg=cfg: bench(cfg), flush, warmup_ms=warmup_ms, rep_ms=rep_ms
                     )
                 except Exception as exc:  # noqa: BLE001
                     log.info("autotune %s: config %s failed: %s", space.name, cfg.name, exc)
                     timings[cfg.name] = math.inf
+            del flush
     finite = {name: ms for name, ms in timings.items() if math.isfinite(ms)}
     if not finite:
         msg = f"every candidate config of {space.name} failed to run on {torch.cuda.get_device_name(device)}"

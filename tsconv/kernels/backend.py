@@ -11,6 +11,7 @@ first use of a shape class (:mod:`tsconv.kernels.head`; ``TSCONV_HEAD_PATH`` for
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +43,38 @@ def _tap_sums(w: np.ndarray) -> np.ndarray:
     for k in range(1, w.shape[2]):
         acc += w[..., k]
     return acc
+
+
+def _conv_layer(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    layer: _DeviceLayer,
+    triton: bool,
+    recenter: bool = False,
+    recenter_from: int = 0,
+) -> torch.Tensor:
+    """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo].
+
+    ``recenter``: conv1d's per-block re-centering (the Triton kernels only; the first stage on levels),
+    with ``recenter_from`` leading rows of zero history."""
+    if triton:
+        from .conv1d import conv1d
+
+        return conv1d(
+            x,
+            layer.weight,
+            bias,
+            dilation=layer.dilation,
+            groups=layer.groups,
+            padding="valid",
+            activation=layer.activation,
+            precision="fp32",
+            recenter=recenter,
+            recenter_from=recenter_from,
+        )
+    y = F.conv1d(x, layer.weight, bias, dilation=layer.dilation, groups=layer.groups)
+    return apply_activation(y, layer.activation)
 
 
 class Backend:
@@ -116,9 +149,9 @@ class Backend:
             head_bias=self.head_bias,
             head_activation=plan.head.activation,
             head_weight_torch=self.head_weight,
-            conv=lambda xt, bias, recenter_from=0: self._conv(
-                xt, last, bias, recenter=recenter, recenter_from=recenter_from
-            ),
+            # Not a closure over self: a Backend <-> HeadPaths cycle kept each run's GPU weights alive until
+            # the cyclic GC ran (4 earlier runs' weights, 184 MB at 4096 features, in one process's peak).
+            conv=functools.partial(_conv_layer, layer=last, triton=self.triton, recenter=recenter),
             triton=active,
             recenter=recenter and active,
             forced=forced if active else None,
@@ -140,27 +173,9 @@ class Backend:
         recenter: bool = False,
         recenter_from: int = 0,
     ) -> torch.Tensor:
-        """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo].
-
-        ``recenter``: conv1d's per-block re-centering (the Triton kernels only; the first stage on levels),
-        with ``recenter_from`` leading rows of zero history."""
-        if self.triton:
-            from .conv1d import conv1d
-
-            return conv1d(
-                x,
-                layer.weight,
-                bias,
-                dilation=layer.dilation,
-                groups=layer.groups,
-                padding="valid",
-                activation=layer.activation,
-                precision="fp32",
-                recenter=recenter,
-                recenter_from=recenter_from,
-            )
-        y = F.conv1d(x, layer.weight, bias, dilation=layer.dilation, groups=layer.groups)
-        return apply_activation(y, layer.activation)
+        return _conv_layer(
+            x, bias, layer=layer, triton=self.triton, recenter=recenter, recenter_from=recenter_from
+        )
 
     @torch.no_grad()
     def run(self, x: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:

@@ -69,7 +69,14 @@ _DEVICE_RING = 4  # device slots for raw pieces: copies run up to three pieces a
 # one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
 PIECE_BYTES = 32 << 20
 _PIECES_PER_STEP = 8
-_FIXED_BYTES = 48 << 20  # weights, carries, the allocator's rounding: headroom kept out of the step budget
+_FIXED_BYTES = (
+    48 << 20
+)  # carries, levels, small buffers, the allocator's rounding: kept out of the step budget
+# cuBLAS's workspace on the compute stream (32 MiB on Hopper), made by the head's torch path and kept by
+# torch for the process: measured in the engine's peak (benchmarks/diag/gpu_memory.py, fifteenth session).
+_CUBLAS_BYTES = 32 << 20
+# The share of the budget planned as allocated tensors, so that the peak *reserved* stays within it too.
+_ALLOCATED_SHARE = 0.88
 
 
 def check_transfer(transfer: str) -> None:
@@ -126,6 +133,21 @@ def _bytes_per_row(plan: ResolvedPipeline) -> int:
     return per
 
 
+def weight_bytes(plan: ResolvedPipeline) -> int:
+    """GPU bytes of a pipeline's weights in every form the engine keeps: per conv stage the stored copy
+    (float16 or float32), the kernels' prepared float32 copy and two float64 tap-sum tables; for the head
+    float32, float16 and packed copies. At 4096 features -> 256 -> 64 that is 48 MB measured (20 + 10 + 8
+    + 8 MiB for the stage), which an estimate of the float32 weights alone (21 MB) undercounted."""
+    total = 0
+    for layer in plan.layers:
+        o, cg, k = layer.weight.shape
+        total += (2 if layer.weight_dtype == "float16" else 4) * o * cg * k + 4 * o * cg * k + 16 * o * cg
+        total += 8 * o * 2  # bias, float32 and float64
+    if plan.head is not None:
+        total += 16 * plan.head.weight.size + 8 * plan.head.weight.shape[1]
+    return total
+
+
 def plan_step_rows(
     plan: ResolvedPipeline,
     *,
@@ -144,12 +166,11 @@ def plan_step_rows(
     """
     per = _bytes_per_row(plan)
     row_bytes = src_features * src_itemsize
-    weights = sum(layer.weight.size * 4 for layer in plan.layers)
-    if plan.head is not None:
-        weights += plan.head.weight.size * 4
+    weights = weight_bytes(plan) + (_CUBLAS_BYTES if plan.head is not None else 0)
     halo_bytes = (plan.halo * 4 * len(plan.input_names)) * 3  # xc's halo rows and two carries
-    # 10 % of the budget is left to the allocator's rounding and the kernels' own small buffers
-    avail = int(budget * 0.9) - _FIXED_BYTES - weights - halo_bytes
+    # The rest of the budget is the allocator's: segment rounding, medium blocks in 20 MiB segments and the
+    # step graph's pool held 51-76 MB of reserved memory above the allocated peak (diag/gpu_memory.py).
+    avail = int(budget * _ALLOCATED_SHARE) - _FIXED_BYTES - weights - halo_bytes
     # The device ring (_DEVICE_RING pieces, see _piece_bytes): at its cap when the step is large enough,
     # else a share of each row (the pieces shrink with the step).
     if reader_bytes is not None:
@@ -168,7 +189,7 @@ def plan_step_rows(
             reader_bytes if reader_bytes is not None
             else 0 if transfer == "mapped" else _DEVICE_RING * _piece_bytes(chunk, row_bytes)
         )  # fmt: skip
-        need = (_FIXED_BYTES + weights + halo_bytes + ring + per * chunk) / 0.9
+        need = (_FIXED_BYTES + weights + halo_bytes + ring + per * chunk) / _ALLOCATED_SHARE
         raise TsconvError(
             f"the pipeline does not fit the GPU memory budget: one {chunk}-step chunk of "
             f"{len(plan.input_names)} features needs about {need / 1e6:,.0f} MB, the budget is "
