@@ -144,7 +144,8 @@ def _run_process(
     "--gpu-mem",
     default="1.2GB",
     show_default=True,
-    help="CUDA only: GPU memory budget for the engine's buffers (e.g. 1.2GB, 800MB); batch sizes follow.",
+    help="CUDA only: the GPU memory a run may take, allocated and reserved (e.g. 1.2GB, 800MB); batch "
+    "sizes follow.",
 )
 @click.option(
     "--compression",

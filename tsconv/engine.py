@@ -351,7 +351,9 @@ def process(
 
     On CUDA the batched engine runs (:mod:`tsconv.stream.batched`): ``transfer`` is ``pinned``
     (default), ``mapped`` or ``pageable``; ``gpu_mem`` (bytes, or text like ``"1.2GB"``) bounds the GPU
-    memory its buffers take, and a pipeline that cannot fit is refused before anything starts.
+    memory the run allocates and reserves (what the process already held aside; unused cached blocks are
+    freed at the start, ``TSCONV_EMPTY_CACHE=0`` keeps them), and a pipeline that cannot fit is refused
+    before anything starts.
     ``batched`` forces the engine (True: batched, False: chunk by chunk); on the CPU the batched engine
     needs the Triton interpreter (``TRITON_INTERPRET=1``) and exists for tests. ``decode``: where the
     batched engine decodes the input, ``"gpu"`` (Blosc-LZ4 stores with pinned transfers,
