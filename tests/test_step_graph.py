@@ -20,8 +20,8 @@ from .helpers import price_series, read_output, write_store
 class _FakeGraph:
     log: list = []
 
-    def capture_begin(self, *, pool: object = None, capture_error_mode: str) -> None:
-        assert capture_error_mode == "thread_local" and pool is None
+    def capture_begin(self, *, capture_error_mode: str) -> None:
+        assert capture_error_mode == "thread_local"
         self.log.append("begin")
 
     def capture_end(self) -> None:

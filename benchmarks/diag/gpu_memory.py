@@ -10,7 +10,7 @@ rebuilds the reserved total over the run and lists, at its peak, each live segme
 tsconv frames of the allocation that made it) and the live blocks grouped by where they were allocated.
 
 Variants are environment settings: ``nograph`` (TSCONV_CUDA_GRAPH=0), ``pool-MODE``
-(TSCONV_GRAPH_POOL=MODE: private, shared, empty), ``expandable`` (PYTORCH_CUDA_ALLOC_CONF=
+(TSCONV_GRAPH_POOL=MODE: empty, the default, or private), ``expandable`` (PYTORCH_CUDA_ALLOC_CONF=
 expandable_segments:True), ``cpudecode`` (TSCONV_GPU_DECODE=0), ``keepcache`` (TSCONV_EMPTY_CACHE=0: no
 emptying of the allocator's cache at the start of a run), ``fresh`` (an empty autotune cache: the first
 run tunes); combine them with ``+``.
@@ -181,7 +181,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--variants", default="default,nograph,pool-shared,pool-empty,expandable")
+    ap.add_argument("--variants", default="default,nograph,pool-private,expandable")
     ap.add_argument("--rows", type=int, default=1 << 20)
     ap.add_argument("--features", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)

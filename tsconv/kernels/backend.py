@@ -164,19 +164,6 @@ class Backend:
         rows so far); None without a head or before the first chunk."""
         return None if self._head is None else self._head.path
 
-    def _conv(
-        self,
-        x: torch.Tensor,
-        layer: _DeviceLayer,
-        bias: torch.Tensor | None,
-        *,
-        recenter: bool = False,
-        recenter_from: int = 0,
-    ) -> torch.Tensor:
-        return _conv_layer(
-            x, bias, layer=layer, triton=self.triton, recenter=recenter, recenter_from=recenter_from
-        )
-
     @torch.no_grad()
     def run(self, x: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:
         """Compute outputs for a chunk.
@@ -219,7 +206,14 @@ class Backend:
                 # the last stage and the head, by the chosen path
                 return self._head.run(y, bias, recenter_from=history if i == 0 else 0)
             first = i == 0 and self.recenter_first
-            y = self._conv(y, layer, bias, recenter=first, recenter_from=history if first else 0)
+            y = _conv_layer(
+                y,
+                bias,
+                layer=layer,
+                triton=self.triton,
+                recenter=first,
+                recenter_from=history if first else 0,
+            )
             start += layer.halo
             # Each stage pads its own input with zeros (F.pad semantics): rows before step 0 are zero
             # history for the next stage, not this stage's response to the previous zeros.
@@ -232,7 +226,8 @@ class Backend:
     ) -> torch.Tensor:
         """conv(x) computed as conv(x - c) + conv(c) (see :meth:`_first_stage_input`)."""
         xt, bias = self._first_stage_input(x, layer, c, centered=centered)
-        return self._conv(xt, layer, bias, recenter=self.recenter_first)  # (tests: no history rows)
+        # (tests: no history rows)
+        return _conv_layer(xt, bias, layer=layer, triton=self.triton, recenter=self.recenter_first)
 
     def _first_stage_input(
         self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor, *, centered: bool = False

@@ -69,9 +69,8 @@ _DEVICE_RING = 4  # device slots for raw pieces: copies run up to three pieces a
 # one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
 PIECE_BYTES = 32 << 20
 _PIECES_PER_STEP = 8
-_FIXED_BYTES = (
-    48 << 20
-)  # carries, levels, small buffers, the allocator's rounding: kept out of the step budget
+# carries, levels, small buffers, the allocator's rounding: kept out of the step budget
+_FIXED_BYTES = 48 << 20
 # cuBLAS's workspace on the compute stream (32 MiB on Hopper), made by the head's torch path and kept by
 # torch for the process: measured in the engine's peak (benchmarks/diag/gpu_memory.py, fifteenth session).
 _CUBLAS_BYTES = 32 << 20
@@ -225,10 +224,10 @@ class StageTimes:
 log = logging.getLogger("tsconv.batched")
 
 GRAPH_ENV = "TSCONV_CUDA_GRAPH"
-# Where the step's intermediates live (diag/gpu_memory.py's pool-MODE variants): "empty" (the default: the
-# eager steps' cached blocks freed before the capture, which puts the same intermediates in the graph's
-# own pool; 1.13 GB peak reserved against 1.21-1.23 GB without, at the same speed: benchmarks/NOTES.md,
-# fifteenth session), "private" (not freed), "shared" (the eager steps and the capture in one MemPool).
+# "empty" (the default): the eager steps' cached blocks are freed before the capture, which allocates the
+# same intermediates again in the graph's own pool: 1.13 GB peak reserved against 1.21-1.23 GB for
+# "private" (not freed), at the same speed (diag/gpu_memory.py's pool-MODE variants; NOTES.md, fifteenth
+# session).
 POOL_ENV = "TSCONV_GRAPH_POOL"
 POOL_MODE = "empty"
 
@@ -259,29 +258,18 @@ class _StepGraph:
         self._warm = False  # an eligible step ran eagerly (compiled, tuned, packed)
         self._graph: Any = None
         self._out: torch.Tensor | None = None
-        self._pool: Any = None
-        self._mode = os.environ.get(POOL_ENV, POOL_MODE).strip().lower() if enabled else "private"
-        if self._mode == "shared" and hasattr(torch.cuda, "MemPool"):
-            self._pool = torch.cuda.MemPool()
-
-    def _eager(self, first_row: int) -> torch.Tensor:
-        if self._pool is not None:
-            with torch.cuda.use_mem_pool(self._pool):
-                return self.fn(first_row)
-        return self.fn(first_row)
+        self._empty = os.environ.get(POOL_ENV, POOL_MODE).strip().lower() == "empty"
 
     def __call__(self, first_row: int) -> torch.Tensor:
         if first_row < 0:  # rows of the warm-up history: launches that differ (zeroed history)
-            return self._eager(first_row)
+            return self.fn(first_row)
         if self._graph is not None:
             self._graph.replay()
             return self._out  # type: ignore[return-value]
-        if self.status != "eager":
-            return self.fn(first_row)
-        if not self._warm:
+        if self.status != "eager" or not self._warm:
             self._warm = True
-            return self._eager(first_row)
-        if self._mode == "empty":
+            return self.fn(first_row)
+        if self._empty:
             torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         try:
@@ -297,8 +285,8 @@ class _StepGraph:
 
     def release(self) -> bool:
         """Drop the graph and its output; True if there was one (its memory pool is then freeable)."""
-        had = self._graph is not None or self._pool is not None
-        self._graph = self._out = self._pool = None
+        had = self._graph is not None
+        self._graph = self._out = None
         return had
 
     def _capture(self, graph: Any, first_row: int) -> torch.Tensor:
@@ -306,8 +294,7 @@ class _StepGraph:
         # synchronizes too), which would drain the decode and compute queued behind this step.
         # ``thread_local``: the reader's and writer's threads keep using CUDA meanwhile.
         with torch.cuda.stream(self.stream):
-            pool = None if self._pool is None else self._pool.id
-            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            graph.capture_begin(capture_error_mode="thread_local")
             try:
                 out = self.fn(first_row)
             except BaseException:
