@@ -47,17 +47,18 @@ def read_output(path: Path) -> np.ndarray:
     return np.asarray(zarr.open_group(str(path), mode="r")["values"][:])
 
 
-def error_bound(x: np.ndarray, plan: ResolvedPipeline) -> np.ndarray:
+def error_bound(x: np.ndarray, plan: ResolvedPipeline, *, level: np.ndarray | None = None) -> np.ndarray:
     """Elementwise bound on fp32 rounding error: a multiple of eps32 times the magnitude pipeline.
 
     The magnitude pipeline runs |x| through |w|, |b| without activations (all used activations are
     1-Lipschitz), so it bounds every partial sum the float32 computation forms. The engine centres each
-    feature on a level taken from the chunk before the first stage, so |x - c| <= |x| + max|x| is used.
-    With a ``[preprocess]`` block, x is the preprocessed float64 series (computed in float64 by the
-    engine too, then rounded once to float32).
+    feature on a level taken from the data before the first stage, so |x - c| <= |x| + |c| with |c| at
+    most ``level`` per feature (default max|x|: any value of the series). With a ``[preprocess]`` block,
+    x is the preprocessed float64 series (computed in float64 by the engine too, then rounded once to
+    float32).
     """
     mag_x = np.nan_to_num(np.abs(preprocess_reference(x, plan)), nan=0.0, posinf=0.0)
-    mag = mag_x + mag_x.max(axis=0, keepdims=True)
+    mag = mag_x + (mag_x.max(axis=0, keepdims=True) if level is None else np.asarray(level)[None, :])
     import torch
     import torch.nn.functional as F
 

@@ -44,6 +44,7 @@ from .stream.batched import (
     run_batched,
 )
 from .stream.fill import fill_state_before, forward_fill
+from .stream.level import centering_level, level_before, tail_rows
 
 __all__ = ["Report", "process", "features", "default_output_path", "resolve_device"]
 
@@ -243,7 +244,7 @@ def _stream(
     device = backend.device
     for s in range(start, rows, chunk):
         e = min(s + chunk, rows)
-        level = state
+        before = level_before(carry[halo - tail_rows(halo, s) :], state)
         # ``raw`` may be a view of the reader's buffers, valid only until a later read (ParallelBandReader
         # reuses its ring): it, ``filled`` (``raw`` itself when it has no NaN) and ``x`` (``filled`` when
         # halo is 0) are used before the next read; the carry is a slice of a concatenation (a copy).
@@ -251,7 +252,7 @@ def _stream(
         # With fill = "none" the fill state still gives the centering level (a value no later than the
         # outputs it touches), but the backend gets the NaNs as they are.
         filled, state = forward_fill(raw, state)
-        level = _centering_level(level, filled)
+        level = centering_level(before, filled)
         if not fill:
             filled = raw
         x = np.concatenate([carry, filled], axis=0) if halo else filled
@@ -264,18 +265,6 @@ def _stream(
             carry = x[x.shape[0] - halo :]
         if on_rows is not None:
             on_rows(e - s)
-
-
-def _centering_level(before: np.ndarray, filled: np.ndarray) -> np.ndarray:
-    """Per feature, the last value before the chunk, else its first value in the chunk, else 0."""
-    level = before.copy()
-    late = np.flatnonzero(np.isnan(level))
-    if late.size:
-        valid = ~np.isnan(filled[:, late])
-        has = valid.any(axis=0)
-        level[late[has]] = filled[np.argmax(valid[:, has], axis=0), late[has]]
-        level[late[~has]] = 0.0
-    return level
 
 
 def make_report(

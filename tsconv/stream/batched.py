@@ -49,6 +49,7 @@ from ..kernels.backend import Backend
 from ..spec import ResolvedPipeline
 from . import trace
 from .fill import fill_state_before, forward_fill
+from .level import level_before_torch, tail_rows
 from .prep import prepare
 
 __all__ = [
@@ -507,7 +508,7 @@ def run_batched(
             e = min(s + step_rows, rows)
             n = e - s
             with gpu.on(gpu.compute):
-                level.copy_(state)
+                level_before_torch(carries[i % 2][halo - tail_rows(halo, s) :], state, level)
             pieces = _pieces(s, e, band_rows, piece_rows, ring_bands)
             for j, (lo, hi) in enumerate(pieces):
                 band = lo // band_rows

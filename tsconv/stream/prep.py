@@ -8,13 +8,14 @@ The batched engine (:mod:`tsconv.stream.batched`) hands the raw rows of a step (
 * rows ``0 .. halo``: the previous rows (``carry_in``, raw filled values kept exactly) minus the level,
   written by the step's last piece once the level is final.
 
-The level is the one the CPU engine uses (see ``Backend._first_stage``): the last value before the step,
-or, for a feature that has none yet, its first value in the step (earlier rows are NaN anyway), else 0.
+The level is the one the CPU engine uses (:mod:`tsconv.stream.level`): the batched engine sets it before
+the step from the last rows before it and the fill state; a feature without one takes its first finite
+value in the step (earlier rows of it are not finite), else 0.
 Subtracting it is the same float32 operation the CPU engine performs, so the conv sees the same numbers.
 
 Up to three launches per piece. The rows are cut into segments (up to 32) so that a piece runs on enough
 programs: one program per (block of 16 features, segment). The first kernel summarises each segment (its
-last and first non-NaN value per feature); the second fills and centres each segment, starting from the
+last non-NaN and first finite value per feature); the second fills and centres each segment, starting from the
 piece's fill state folded with the summaries of the segments before it; the third writes the state and
 level leaving the piece, and after a step's last piece the halo rows. Why: one program per feature block
 walking every row (64 programs at 1024 features) ran at about 43 GB/s on the H200, 0.1 s of GPU time per
@@ -69,7 +70,8 @@ def _summary_kernel(
     src_ptr, stride_sr, stride_sc, cols_ptr, n, C, seg_rows, summ_ptr, nseg,
     HAS_COLS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
-    """Per (segment, feature): the last and the first non-NaN value of the segment's raw rows (NaN: none)."""
+    """Per (segment, feature): the last non-NaN and the first finite value of the segment's raw rows (NaN:
+    none)."""
     pid = tl.program_id(0)
     s = tl.program_id(1)
     cidx = pid * BC + tl.arange(0, BC)
@@ -89,7 +91,7 @@ def _summary_kernel(
         last_row = tl.max(tl.where(valid, rows[:, None], -1), axis=0)
         t_last = tl.sum(tl.where(valid & (rows[:, None] == last_row[None, :]), x, 0.0), axis=0)
         last = tl.where(last_row >= 0, t_last, last)
-        first = tl.where(first == first, first, _first_valid(x, valid, rows, BT))
+        first = tl.where(first == first, first, _first_valid(x, tl.abs(x) < float("inf"), rows, BT))
     tl.store(summ_ptr + s * C + cidx, last, mask=cmask)
     tl.store(summ_ptr + (nseg + s) * C + cidx, first, mask=cmask)
 
@@ -153,7 +155,7 @@ def _prep_kernel(
         last = tl.sum(tl.where(rows[:, None] == BT - 1, scanned, 0.0), axis=0)  # NaN: none in this tile
         filled = tl.where(scanned == scanned, scanned, state[None, :])
         state = tl.where(last == last, last, state)
-        lvl = tl.where(lvl == lvl, lvl, _first_valid(filled, filled == filled, rows, BT))
+        lvl = tl.where(lvl == lvl, lvl, _first_valid(filled, tl.abs(filled) < float("inf"), rows, BT))
         v = filled if FILL else x
         g = off + r  # row within the step
         if CENTER:
@@ -226,10 +228,10 @@ def prepare(
 
     ``src`` [n, F_src] any float/int dtype and strides (device memory, or mapped host memory), ``cols``
     the int64 source column of each of the C prepared features (None: the first C). ``state`` [C]
-    (fill state, updated), ``level`` [C] (set it to ``state`` before a step's first piece; NaN where
-    unknown; final after the ``last`` piece), ``carry_in``/``carry_out`` [halo, C] float32 contiguous
-    (the previous step's last raw filled rows, and this step's), ``xc`` [halo + n_step, C] float32 with
-    unit column stride. Pieces of one step must be prepared in order, on one stream. ``split=False``
+    (fill state, updated), ``level`` [C] (set before a step's first piece by
+    :func:`tsconv.stream.level.level_before_torch`; NaN where unknown; final after the ``last`` piece),
+    ``carry_in``/``carry_out`` [halo, C] float32 contiguous (the previous step's last raw filled rows, and
+    this step's), ``xc`` [halo + n_step, C] float32 with unit column stride. Pieces of one step must be prepared in order, on one stream. ``split=False``
     reads ``src`` once, in one segment (for mapped host memory, where each read crosses PCIe).
     """
     C = xc.shape[1]
