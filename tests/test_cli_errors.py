@@ -235,6 +235,30 @@ def _time_of_wrong_length(root: Path) -> Path:
     return p
 
 
+def _time_array(data: np.ndarray, **attrs: object) -> Callable[[Path], Path]:
+    """A good store whose 'time' is replaced by ``data`` with ``attrs`` (e.g. CF units)."""
+
+    def make(root: Path) -> Path:
+        p = good_store(root, rows=ROWS)
+        g = zarr.open_group(str(p), mode="r+")
+        del g["time"]
+        g.create_array("time", data=data).attrs.update(attrs)
+        return p
+
+    return make
+
+
+def _two_data_variables(root: Path) -> Path:
+    """An xarray-like group (dimension names, a 'time' coordinate) with two candidate variables."""
+    g = zarr.open_group(str(root / "in.zarr"), mode="w")
+    g.create_array("time", data=T0 + np.arange(ROWS, dtype=np.int64), dimension_names=["time"])
+    for name in ("bid", "ask"):
+        g.create_array(name, data=price_series(ROWS, FEATURES), dimension_names=["time", "feature"])
+    return root / "in.zarr"
+
+
+_SECONDS = {"units": "seconds since 2026-01-02 00:00:00", "calendar": "standard"}
+
 STORE_CASES = {
     "plain file": (_plain_file, ["is not a zarr store (a file)"]),
     "directory without zarr metadata": (
@@ -255,6 +279,38 @@ STORE_CASES = {
         ["attribute 'features' names 2 features but values have 3 columns"],
     ),
     "time of wrong length": (_time_of_wrong_length, [f"'time' has shape [{ROWS - 1}], expected [{ROWS}]"]),
+    "repeated feature names": (
+        _group(np.zeros((ROWS, 16), np.float32), features=["px"] * 16),
+        ["feature names repeat (15 repeats of 1 name: 'px')", "hint: give every feature a distinct name"],
+    ),
+    "uint64 time above 2^63": (
+        _time_array(np.uint64(2**63 - 10) + np.arange(ROWS, dtype=np.uint64)),
+        ["'time': row 10 holds 9223372036854775808, above the int64 maximum 2^63-1"],
+    ),
+    "noleap calendar": (
+        _time_array(np.arange(ROWS, dtype=np.int64), units="days since 2000-01-01", calendar="noleap"),
+        ["calendar 'noleap'", "standard, gregorian, proleptic_gregorian", "convert_calendar"],
+    ),
+    "unreadable time units": (
+        _time_array(np.arange(ROWS, dtype=np.int64), units="fortnights since 2000-01-01"),
+        ["cannot read the time units 'fortnights since 2000-01-01'"],
+    ),
+    "time past 2262": (
+        _time_array(np.arange(ROWS, dtype=np.int64) * 100_000, units="days since 2000-01-01"),
+        ["'time': row 1 holds 100000", "outside the int64 nanosecond range"],
+    ),
+    "missing CF time": (
+        _time_array(np.where(np.arange(ROWS) == 123, -1, np.arange(ROWS)), _FillValue=-1, **_SECONDS),
+        ["the time of row 123 is missing"],
+    ),
+    "float time without units": (
+        _time_array(np.arange(ROWS, dtype=np.float64)),
+        ["holds floats (float64) but has no 'units' attribute"],
+    ),
+    "two data variables": (
+        _two_data_variables,
+        ["2 2-D data variables along 'time': ask, bid; expected one"],
+    ),
 }
 
 

@@ -171,6 +171,9 @@ def test_features_refuses_non_numeric_columns_and_bad_time(series: np.ndarray) -
         tsconv.features(unsorted, PIPE)
     with pytest.raises(ShapeError, match="names= is for arrays"):
         tsconv.features(_frame(series), PIPE, names=NAMES)
+    with pytest.raises(ShapeError, match=r"names repeat \(2 repeats of 1 name: 'x0'\)") as err:
+        tsconv.features(series, PIPE, names=["x0", "x0", "x2", "x0"])
+    assert "distinct name" in err.value.hint
     with pytest.raises(TsconvError, match="pipeline|feature"):
         tsconv.features(_frame(series), {"conv": [{"weights": np.ones((2, 3, 4))}]})
 

@@ -1,4 +1,5 @@
-"""The time column's reader (tsconv.io.timecolumn): chunk files read directly equal zarr's reads."""
+"""The time column's reader (tsconv.io.timecolumn): chunk files read directly equal zarr's reads; and
+the decoding of CF and datetime64 times to int64 ns (tsconv.io.timecoding)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
-from tsconv.io.timecolumn import ShiftedTime, TimeReader
+from tsconv.errors import StoreError
+from tsconv.io.timecoding import time_coding
+from tsconv.io.timecolumn import ShiftedTime, TimeColumn, TimeReader
 
 T0 = 1_767_346_200_000_000_000
 
@@ -90,3 +93,108 @@ def test_a_chunk_that_decodes_to_the_wrong_size_raises(tmp_path: Path) -> None:
     for a, b in [(0, 4096), (2048, 3072), (2100, 2200)]:
         with pytest.raises(ValueError, match=r"time chunk .*c/2: chunk decodes to 8000 bytes, expected 8192"):
             r.read(a, b)
+
+
+# ------------------------------------------------------------------ decoded time (tsconv.io.timecoding)
+
+_S = 1_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("units", "ref_ns"),
+    [
+        ("seconds since 1970-01-01", 0),
+        ("seconds since 2026-01-02 09:30:00", T0 // _S * _S),
+        ("second since 2026-01-02T09:30", T0),
+        ("seconds since 2026-01-02 10:30:00+01:00", T0),
+        ("seconds since 2026-01-02T04:00:00-0530", T0),
+        ("seconds since 2026-01-02 09:30:00Z", T0),
+        ("seconds since 2026-01-02 09:30:00.5 UTC", T0 + _S // 2),
+        ("seconds since 2026-1-2", T0 - (9 * 3600 + 1800) * _S),
+    ],
+)
+def test_reference_dates_with_and_without_time_and_offset(tmp_path: Path, units: str, ref_ns: int) -> None:
+    t = zarr.create_array(str(tmp_path / "t.zarr"), shape=(100,), chunks=(32,), dtype="int32")
+    t[:] = np.arange(100, dtype=np.int32) * 3
+    t.attrs.update(units=units, calendar="proleptic_gregorian")
+    col = TimeColumn(t)
+    want = ref_ns + np.arange(100, dtype=np.int64) * 3 * _S
+    np.testing.assert_array_equal(col[:], want)
+    r = TimeReader(ShiftedTime(col, 10))
+    assert r.fast, r.fallback_reason  # CF-encoded times take the chunk-file path too
+    np.testing.assert_array_equal(r.read(5, 80), want[15:90])
+
+
+@pytest.mark.parametrize(
+    ("unit", "ns"),
+    [("days", 86_400 * _S), ("hours", 3_600 * _S), ("minutes", 60 * _S), ("milliseconds", 10**6),
+     ("microseconds", 1_000), ("nanoseconds", 1)],
+)  # fmt: skip
+def test_every_unit_with_integers_and_floats(tmp_path: Path, unit: str, ns: int) -> None:
+    for dtype, values in [("int64", np.arange(50)), ("float64", np.arange(50) + 0.25)]:
+        t = zarr.create_array(str(tmp_path / f"{dtype}.zarr"), shape=(50,), chunks=(16,), dtype=dtype)
+        t[:] = values
+        t.attrs.update(units=f"{unit} since 2000-01-01")
+        ref = 946_684_800 * _S
+        np.testing.assert_array_equal(
+            TimeReader(TimeColumn(t)).read(0, 50), ref + np.rint(values * ns).astype(np.int64)
+        )
+
+
+def test_datetime64_arrays_and_nat(tmp_path: Path) -> None:
+    want = np.datetime64("2026-01-02T09:30") + np.arange(40) * np.timedelta64(7, "s")
+    for unit in ("s", "ms", "ns"):
+        t = zarr.create_array(
+            str(tmp_path / f"{unit}.zarr"), shape=(40,), chunks=(16,), dtype=f"datetime64[{unit}]"
+        )
+        t[:] = want.astype(f"datetime64[{unit}]")
+        col = TimeColumn(t)
+        np.testing.assert_array_equal(
+            TimeReader(col).read(0, 40), want.astype("datetime64[ns]").view(np.int64)
+        )
+        t[33] = np.datetime64("NaT")
+        with pytest.raises(StoreError, match="the time of row 33 is missing"):
+            TimeReader(ShiftedTime(col, 3)).read(20, 37)
+
+
+def test_nat_nan_and_fill_values_are_missing_rows() -> None:
+    cf = time_coding(_Attrs(np.zeros(1, np.int64), units="seconds since 2000-01-01"))
+    with pytest.raises(StoreError, match="the time of row 12 is missing"):
+        cf.decode(np.array([0, 1, np.iinfo(np.int64).min]), 10)
+    floats = time_coding(
+        _Attrs(np.zeros(1), units="hours since 2000-01-01", _FillValue="AAAAAAAA8L8=")
+    )  # -1.0
+    with pytest.raises(StoreError, match="the time of row 1 is missing"):
+        floats.decode(np.array([0.5, np.nan]))
+    with pytest.raises(StoreError, match="the time of row 2 is missing"):
+        floats.decode(np.array([0.5, 1.0, -1.0]))
+    # without units: tsconv's own int64 ns, passed through as stored
+    plain = time_coding(_Attrs(np.zeros(1, np.int64)))
+    assert plain.identity and plain.decode(np.array([-5, 7])).tolist() == [-5, 7]
+
+
+def test_ranges_and_calendars_that_cannot_be_decoded() -> None:
+    big = time_coding(_Attrs(np.zeros(1, np.uint64)))
+    with pytest.raises(StoreError, match="row 5 holds 9223372036854775808, above the int64 maximum"):
+        big.decode(np.array([1, 2, 3, 4, 2**63], dtype=np.uint64), 1)
+    days = time_coding(_Attrs(np.zeros(1, np.int64), units="days since 2262-04-01"))
+    assert days.decode(np.array([10]))[0] == np.datetime64("2262-04-11", "ns").view(np.int64)
+    with pytest.raises(StoreError, match="row 0 holds 11 .* outside the int64 nanosecond range"):
+        days.decode(np.array([11]))
+    old = time_coding(_Attrs(np.zeros(1), units="days since 0001-01-01", calendar="proleptic_gregorian"))
+    assert old.decode(np.array([739_251.5]))[0] == np.datetime64("2025-01-01T12:00", "ns").view(np.int64)
+    with pytest.raises(StoreError, match="before 1582-10-15, where that calendar is Julian"):
+        time_coding(_Attrs(np.zeros(1), units="days since 0001-01-01", calendar="standard"))
+    for cal in ("noleap", "360_day", "julian", "all_leap"):
+        with pytest.raises(StoreError, match=f"calendar '{cal}'"):
+            time_coding(_Attrs(np.zeros(1), units="days since 2000-01-01", calendar=cal))
+    for units in ("days", "days since yesterday", "days since 2000-13-01", "weeks since 2000-01-01"):
+        with pytest.raises(StoreError, match="cannot read the time units"):
+            time_coding(_Attrs(np.zeros(1), units=units))
+
+
+class _Attrs:
+    """A stand-in array: a dtype and attributes, all time_coding looks at."""
+
+    def __init__(self, a: np.ndarray, **attrs: object) -> None:
+        self.dtype, self.attrs = a.dtype, attrs

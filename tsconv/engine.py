@@ -29,7 +29,7 @@ from .io import gpudecode
 from .io.decode import ParallelBandReader
 from .io.procdecode import ProcessBandReader, use_processes
 from .io.reader import ArraySource, ColumnSource, RowSource
-from .io.store import InputStore, check_time, open_input
+from .io.store import InputStore, check_time, describe_repeats, open_input, repeated_names
 from .io.timecolumn import ShiftedTime
 from .io.writer import FORMAT_VERSION, OutputWriter, check_compression, output_chunk_rows, prepare_output
 from .kernels.backend import Backend
@@ -771,6 +771,11 @@ def features(
     feature_names = tuple(names) if names is not None else tuple(f"f{j}" for j in range(arr.shape[1]))
     if len(feature_names) != arr.shape[1]:
         raise ShapeError(f"{len(feature_names)} names given for {arr.shape[1]} features")
+    if dups := repeated_names(feature_names):
+        raise ShapeError(
+            f"features(): names repeat ({describe_repeats(feature_names, dups)})",
+            hint="give every feature a distinct name: a pipeline selects features by name.",
+        )
     plan = resolve(_as_pipeline(pipeline), feature_names)
     _refuse_time_range(plan, "features() on arrays")
     _check_length(arr.shape[0], plan, warmup, "features()")

@@ -627,6 +627,13 @@ def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times:
     store = open_input(out, allow_incomplete=True)
     if store.time is None:
         raise StoreError(f"cannot append to {str(out)!r}: it has no 'time' array")
+    if not store.time.plain or store.values.basename != "values" or store.time.array.basename != "time":
+        # e.g. a store written by xarray: new rows would be written in tsconv's encoding
+        raise StoreError(
+            f"cannot append to {str(out)!r}: it is not in tsconv's own layout ('values', and 'time' as int64 "
+            f"ns; its time is {store.time.coding.description})",
+            hint="append to a store made by `tsconv ingest`, or write the combined series with the tool that made it.",
+        )
     old_rows = int(meta["rows_before"]) if rolled_back else store.rows
     last = int(np.asarray(store.time[old_rows - 1])) if old_rows else None
     if last is not None and times[0] <= last:

@@ -101,8 +101,7 @@ def open_store(path: str | os.PathLike[str] | InputStore | StoreInfo) -> StoreIn
     store = path if isinstance(path, InputStore) else open_input(path)
     t0 = t1 = None
     if store.time is not None:
-        ends = np.asarray(store.time.get_orthogonal_selection(np.array([0, store.rows - 1])))
-        t0, t1 = (np.datetime64(int(v), "ns") for v in ends.astype(np.int64))
+        t0, t1 = (np.datetime64(int(store.time[i]), "ns") for i in (0, store.rows - 1))
     return StoreInfo(
         path=store.path,
         rows=store.rows,

@@ -49,6 +49,8 @@ class BlockReader:
             a = i * self.band_rows
             try:
                 band = np.asarray(self.array[a : min(a + self.band_rows, self.rows)])
+            except StoreError:  # already says what is wrong (e.g. a time that cannot be decoded)
+                raise
             except Exception as exc:  # a damaged chunk: say where, without a traceback
                 raise StoreError(
                     f"cannot read rows {a:,}..{min(a + self.band_rows, self.rows):,} of {self.where}: "

@@ -3,6 +3,12 @@
 An input is either a group holding ``values`` [T, F] (time-major), ``time`` [T] int64 nanoseconds
 strictly increasing and the attribute ``features`` (F names), or a bare 2-D array [T, F] whose
 features are named f0, f1, ... and which has no time.
+
+Groups written by xarray (``Dataset.to_zarr``) are read too: the values are ``values`` or the one 2-D
+data variable along the time dimension, the feature names the coordinate of its second dimension, and
+the time ``time`` or the coordinate of its first dimension, decoded from CF units
+(:mod:`tsconv.io.timecoding`). Dimension names come from zarr 3's ``dimension_names`` or xarray's
+``_ARRAY_DIMENSIONS`` attribute in format 2.
 """
 
 from __future__ import annotations
@@ -16,11 +22,12 @@ import numpy as np
 import zarr
 
 from ..errors import StoreError
-from .timecolumn import TimeReader
+from .timecolumn import TimeColumn, TimeReader
 
-__all__ = ["InputStore", "open_input", "is_zarr_store", "check_time"]
+__all__ = ["InputStore", "open_input", "is_zarr_store", "check_time", "repeated_names", "describe_repeats"]
 
 _ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")
+_NAT = int(np.iinfo(np.int64).min)
 
 
 def is_zarr_store(path: Path) -> bool:
@@ -34,7 +41,7 @@ class InputStore:
 
     path: Path
     values: zarr.Array
-    time: zarr.Array | None
+    time: TimeColumn | None  # int64 ns since the epoch (UTC), decoded from the stored array on each read
     features: tuple[str, ...]
 
     @property
@@ -73,6 +80,7 @@ class InputStore:
             "shards": list(v.shards) if getattr(v, "shards", None) else None,
             "codecs": codecs,
             "has_time": self.time is not None,
+            "time_encoding": self.time.coding.description if self.time is not None else None,
         }
 
 
@@ -131,26 +139,15 @@ def open_input(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
         _check_values(node, where)
         names = tuple(f"f{j}" for j in range(node.shape[1]))
         return InputStore(path=p, values=node, time=None, features=names)
-    members = set(node.array_keys())
-    if "values" not in members:
-        raise StoreError(
-            f"{where}: the group has no 'values' array (it has: {', '.join(sorted(members)) or 'nothing'})",
-            hint="an input group holds 'values' [T, F], 'time' [T] and the attribute 'features'.",
-        )
-    values = node["values"]
-    _check_values(values, where)
-    time = node["time"] if "time" in members else None
-    if time is not None:
-        if time.ndim != 1 or time.shape[0] != values.shape[0]:
-            raise StoreError(
-                f"{where}: 'time' has shape {list(time.shape)}, expected [{values.shape[0]}] (one per row of values)"
-            )
-        if np.dtype(time.dtype).kind not in "iuM":
-            raise StoreError(f"{where}: 'time' has dtype {time.dtype}, expected int64 nanoseconds")
+    arrays = dict(node.arrays())
+    name = _values_name(arrays, where)
+    values = arrays[name]
+    _check_values(values, where if name == "values" else f"{where}: {name!r}")
+    _refuse_scaling(values, name, where)
+    dims = _dims(values)
+    time = _time_array(arrays, dims, values, where)
     names_attr = node.attrs.get("features")
-    if names_attr is None:
-        names = tuple(f"f{j}" for j in range(values.shape[1]))
-    else:
+    if names_attr is not None:
         if not isinstance(names_attr, list) or not all(isinstance(n, str) for n in names_attr):
             raise StoreError(f"{where}: attribute 'features' must be a list of strings")
         if len(names_attr) != values.shape[1]:
@@ -158,11 +155,156 @@ def open_input(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
                 f"{where}: attribute 'features' names {len(names_attr)} features but values have {values.shape[1]} columns"
             )
         names = tuple(names_attr)
+    elif dims is not None and len(dims) == 2 and dims[1] in arrays and dims[1] != name:
+        names = _coordinate_names(arrays[dims[1]], dims[1], values.shape[1], where)
+    else:
+        names = tuple(f"f{j}" for j in range(values.shape[1]))
+    dups = repeated_names(names)
+    if dups:  # a pipeline selects features by name
+        raise StoreError(
+            f"{where}: feature names repeat ({describe_repeats(names, dups)})",
+            hint="give every feature a distinct name (the 'features' attribute or the feature coordinate).",
+        )
     return InputStore(path=p, values=values, time=time, features=names)
 
 
+def repeated_names(names: tuple[str, ...] | list[str]) -> list[str]:
+    """The names that occur more than once, in order of their first repeat (empty when all differ)."""
+    if len(set(names)) == len(names):
+        return []
+    seen: set[str] = set()
+    dups: dict[str, None] = {}
+    for n in names:
+        if n in seen:
+            dups[n] = None
+        seen.add(n)
+    return list(dups)
+
+
+def describe_repeats(names: tuple[str, ...] | list[str], dups: list[str]) -> str:
+    """'N repeats of M names: 'a', 'b' ...' for an error message."""
+    shown = ", ".join(repr(n) for n in dups[:5]) + (f" and {len(dups) - 5} more" if len(dups) > 5 else "")
+    extra = len(names) - len(set(names))
+    return f"{extra} repeat{'s' * (extra != 1)} of {len(dups)} name{'s' * (len(dups) != 1)}: {shown}"
+
+
+def _dims(array: zarr.Array) -> tuple[str, ...] | None:
+    """An array's dimension names: zarr 3 ``dimension_names``, or xarray's ``_ARRAY_DIMENSIONS`` in format 2."""
+    names = getattr(array.metadata, "dimension_names", None)
+    if names is None:
+        names = array.attrs.get("_ARRAY_DIMENSIONS")
+    if not isinstance(names, (list, tuple)) or len(names) != array.ndim or None in names:
+        return None
+    return tuple(str(n) for n in names)
+
+
+def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
+    """The values array: ``values``, else the one 2-D data variable along the time dimension."""
+    if "values" in arrays:
+        return "values"
+    dims = {k: _dims(a) for k, a in arrays.items()}
+    coords = {d for ds in dims.values() if ds for d in ds}  # arrays named after a dimension (xarray)
+    for a in arrays.values():  # and the other coordinates, which xarray lists in this CF attribute
+        listed = a.attrs.get("coordinates")
+        coords.update(listed.split() if isinstance(listed, str) else ())
+    time = arrays.get("time")
+    if time is not None:
+        time_dims = {(dims["time"] or ("time",))[0]}
+    else:  # the dimensions whose coordinate holds instants, if any
+        time_dims = {d for d in coords if d in arrays and arrays[d].ndim == 1 and _holds_instants(arrays[d])}
+    candidates = []
+    for k, a in sorted(arrays.items()):
+        if a.ndim != 2 or k in coords:
+            continue
+        d = dims[k]
+        if d is not None and time_dims and d[0] not in time_dims:
+            continue
+        if d is None and time is not None and a.shape[0] != time.shape[0]:
+            continue
+        candidates.append(k)
+    if len(candidates) == 1:
+        return candidates[0]
+    shown = ", ".join(sorted(arrays)) or "nothing"
+    along = f" along {' or '.join(repr(d) for d in sorted(time_dims))}" if time_dims else ""
+    if not candidates:
+        raise StoreError(
+            f"{where}: the group has no 'values' array (it has: {shown}) and no 2-D data variable{along}",
+            hint="an input group holds 'values' [T, F] (or one 2-D data variable [time, feature]), "
+            "optionally 'time' [T] and the attribute 'features'.",
+        )
+    raise StoreError(
+        f"{where}: the group has no 'values' array and {len(candidates)} 2-D data variables{along}: "
+        f"{', '.join(candidates)}; expected one",
+        hint="write one data variable per store (e.g. ds[['name']].to_zarr(...)), or name the one to read "
+        "'values'.",
+    )
+
+
+def _refuse_scaling(values: zarr.Array, name: str, where: str) -> None:
+    keys = [k for k in ("scale_factor", "add_offset") if k in values.attrs]
+    if keys:
+        raise StoreError(
+            f"{where}: {name!r} is CF-packed ({', '.join(f'{k}={values.attrs[k]!r}' for k in keys)}); "
+            "tsconv reads stored values as they are",
+            hint="write the store unpacked (xarray: drop scale_factor/add_offset from the variable's encoding).",
+        )
+
+
+def _time_array(
+    arrays: dict[str, zarr.Array], dims: tuple[str, ...] | None, values: zarr.Array, where: str
+) -> TimeColumn | None:
+    """``time``, else the coordinate of the values' first dimension when it holds instants (CF units or
+    datetime64: an integer index coordinate is not a time); decoded to int64 ns."""
+    if "time" in arrays:
+        key = "time"
+    elif dims is not None and dims[0] in arrays and _holds_instants(arrays[dims[0]]):
+        key = dims[0]
+    else:
+        return None
+    t = arrays[key]
+    if t.ndim != 1 or t.shape[0] != values.shape[0]:
+        raise StoreError(
+            f"{where}: {key!r} has shape {list(t.shape)}, expected [{values.shape[0]}] (one per row of values)"
+        )
+    return TimeColumn(t, where=f"{where}: {key!r}")
+
+
+def _holds_instants(array: zarr.Array) -> bool:
+    units = array.attrs.get("units")
+    return np.dtype(array.dtype).kind == "M" or (isinstance(units, str) and " since " in units)
+
+
+def _coordinate_names(coord: zarr.Array, key: str, n: int, where: str) -> tuple[str, ...]:
+    """Feature names from the coordinate variable ``key`` of the values' second dimension, as strings."""
+    if coord.ndim != 1 or coord.shape[0] != n:
+        raise StoreError(
+            f"{where}: the feature coordinate {key!r} has shape {list(coord.shape)}, expected [{n}] "
+            "(one name per column of values)"
+        )
+    raw = np.asarray(coord[:])
+    if raw.dtype.kind not in "USOT":
+        raise StoreError(
+            f"{where}: the feature coordinate {key!r} has dtype {raw.dtype}, expected strings",
+            hint=f"name the features with strings (xarray: ds.assign_coords({key}=ds[{key!r}].astype(str))).",
+        )
+    names = []
+    for v in raw.tolist():
+        if isinstance(v, bytes):
+            try:
+                v = v.decode("utf-8")
+            except UnicodeDecodeError:
+                raise StoreError(
+                    f"{where}: the feature coordinate {key!r} holds {v!r}, not UTF-8 text"
+                ) from None
+        if not isinstance(v, str):
+            raise StoreError(f"{where}: the feature coordinate {key!r} holds {v!r}, expected strings")
+        names.append(v)
+    return tuple(names)
+
+
 def check_time(store: InputStore) -> tuple[int, int] | None:
-    """Check ``time`` is strictly increasing, reading one store chunk at a time; return (first, last)."""
+    """Check ``time`` is strictly increasing, reading one store chunk at a time; return (first, last) in
+    int64 ns since the epoch. A time that cannot be decoded (missing, out of range) is a StoreError."""
     if store.time is None:
         return None
     t = store.time
@@ -174,17 +316,22 @@ def check_time(store: InputStore) -> tuple[int, int] | None:
         block = reader.read(a, min(a + step, int(t.shape[0])))
         if first is None:
             first = int(block[0])
+            if first == _NAT:  # increasing int64 ns can hold NaT only in row 0
+                raise StoreError(
+                    f"{t.where}: the time of row 0 is missing (NaT, the int64 minimum)",
+                    hint="every row needs a timestamp: drop or fill the rows without one.",
+                )
         if prev is not None and block[0] <= prev:
             bad = a
             raise StoreError(
-                f"{store.path}: 'time' is not strictly increasing at row {bad} ({block[0]} after {prev})",
+                f"{t.where} is not strictly increasing at row {bad} ({block[0]} after {prev})",
                 hint="sort the series by time and drop duplicate timestamps.",
             )
         d = np.diff(block)
         if (d <= 0).any():
             bad = a + int(np.argmax(d <= 0)) + 1
             raise StoreError(
-                f"{store.path}: 'time' is not strictly increasing at row {bad} "
+                f"{t.where} is not strictly increasing at row {bad} "
                 f"({block[bad - a]} after {block[bad - a - 1]})",
                 hint="sort the series by time and drop duplicate timestamps.",
             )

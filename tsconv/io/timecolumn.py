@@ -9,6 +9,10 @@ releases the GIL (:class:`TimeReader`; the files of one read are read by one cal
 :mod:`tsconv.io.fileread`'s native reader when it is there); the output's time chunks go through
 :class:`~tsconv.io.encode.ChunkFileWriter` like the values. Layouts the fast path does not take (other
 codecs, sharding, remote or format-2 stores) are read through zarr, as before.
+
+Every reader of an input's time goes through :class:`TimeColumn`, which decodes the stored values (CF
+units, datetime64; :mod:`tsconv.io.timecoding`) to int64 ns block by block; tsconv's own int64 ns arrays
+pass through untouched, so the fast path costs nothing more for them.
 """
 
 from __future__ import annotations
@@ -21,8 +25,49 @@ import numpy as np
 from . import fileread
 from .chunkfile import decode_bytes
 from .decode import _inspect
+from .timecoding import TimeCoding, time_coding
 
-__all__ = ["ShiftedTime", "TimeReader"]
+__all__ = ["ShiftedTime", "TimeColumn", "TimeReader"]
+
+
+class TimeColumn:
+    """A 1-D stored time array seen as int64 nanoseconds since the epoch (UTC), decoded on each read.
+
+    ``array`` is the stored array and ``coding`` how its values encode instants (default: read from its
+    dtype and attributes, refusing what cannot be decoded). Slicing returns decoded int64 rows."""
+
+    ndim = 1
+    dtype = np.dtype(np.int64)
+
+    def __init__(self, array: Any, coding: TimeCoding | None = None, *, where: str = "'time'") -> None:
+        self.array = array
+        self.where = where
+        self.coding = coding if coding is not None else time_coding(array, where=where)
+        self.shape = (int(array.shape[0]),)
+        self.chunks = tuple(getattr(array, "chunks", None) or (max(1, self.shape[0]),))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def plain(self) -> bool:
+        """Whether the stored values are int64 ns as they are (tsconv's own layout)."""
+        return self.coding.identity
+
+    def decode(self, raw: np.ndarray, row0: int) -> np.ndarray:
+        """Stored values of rows row0, row0 + 1, ... as int64 ns."""
+        return self.coding.decode(raw, row0, where=self.where)
+
+    def __getitem__(self, key: slice | int) -> Any:
+        if isinstance(key, slice):
+            a, b, step = key.indices(self.shape[0])
+            if step != 1:
+                raise IndexError("time rows are read as contiguous slices")
+            return self.decode(np.asarray(self.array[a:b]), a)
+        i = int(key) + (self.shape[0] if int(key) < 0 else 0)
+        if not 0 <= i < self.shape[0]:
+            raise IndexError(f"time row {key} outside 0..{self.shape[0]}")
+        return self.decode(np.asarray(self.array[i : i + 1]), i)[0]
 
 
 class ShiftedTime:
@@ -36,31 +81,37 @@ class ShiftedTime:
 
 
 class TimeReader:
-    """Rows [a, b) of a 1-D time source (a zarr array, or a :class:`ShiftedTime` of one) as int64.
+    """Rows [a, b) of a 1-D time source (a :class:`TimeColumn`, a stored array taken as int ns, or a
+    :class:`ShiftedTime` of either) as int64 ns.
 
     Thread-safe. ``fast`` says whether chunk files are read directly; ``fallback_reason`` why not."""
 
     def __init__(self, source: Any) -> None:
         self.source = source
-        self.array, self.offset = (
-            (source.array, source.offset) if isinstance(source, ShiftedTime) else (source, 0)
+        inner, self.offset = (source.array, source.offset) if isinstance(source, ShiftedTime) else (source, 0)
+        self.column = (
+            inner
+            if isinstance(inner, TimeColumn)
+            else TimeColumn(inner, TimeCoding(np.dtype(inner.dtype), description="the time rows"))
         )
+        self.array = self.column.array
         self._layout, self.fallback_reason = _inspect(self.array, ndim=1)
-        if self._layout is not None and self._layout.dtype.kind not in "iu":
+        kinds = "iuf" if self.column.coding.cf else "iu"  # floats only with units: they are decoded
+        if self._layout is not None and self._layout.dtype.kind not in kinds:
             self._layout, self.fallback_reason = None, f"dtype {self._layout.dtype}"
         self.fast = self._layout is not None
         self._rows = int(self.array.shape[0]) if self.fast else 0
 
     def read(self, a: int, b: int) -> np.ndarray:
         """Rows [a, b) of the source (after its offset)."""
-        if self._layout is None:
-            return np.asarray(self.source[a:b]).astype(np.int64)
         lo, hi = a + self.offset, b + self.offset
+        if self._layout is None:
+            return self.column.decode(np.asarray(self.array[lo:hi]), lo)
         if not 0 <= lo <= hi <= self._rows:
             raise IndexError(f"time rows {lo}..{hi} outside 0..{self._rows}")
         lay = self._layout
         n = lay.chunks[0]
-        out = np.empty(hi - lo, dtype=np.int64)
+        out = np.empty(hi - lo, dtype=lay.dtype)  # the stored values, decoded to ns at the end
         chunks = range(lo // n, -(-hi // n))
         native = fileread.native_reader()
         stored = self._read_files(native, chunks) if native is not None else None
@@ -70,13 +121,13 @@ class TimeReader:
             dest = out[s0 - lo : s1 - lo]
             if stored is not None and stored[i] is not None:
                 data = stored[i]
-                if lay.dtype == np.int64 and s1 - s0 == n and lay.codec is not None:
+                if s1 - s0 == n and lay.codec is not None:
                     self._decode(c, data, dest.view(np.uint8))  # a whole chunk: straight into place
                     continue
             else:
                 data = self._file(c)
             dest[:] = self._values(c, data)[s0 - c0 : s1 - c0]
-        return out
+        return out if self.column.plain else self.column.decode(out, lo)
 
     def _path(self, c: int) -> str:
         lay = self._layout
@@ -119,12 +170,12 @@ class TimeReader:
             raise ValueError(f"time chunk {self._path(c)}: {exc}") from None
 
     def _values(self, c: int, data: Any) -> np.ndarray:
-        """Chunk ``c`` as int64 from its stored bytes (``None``: the fill value)."""
+        """Chunk ``c``'s stored values from its stored bytes (``None``: the fill value)."""
         lay = self._layout
         assert lay is not None
         n = lay.chunks[0]
         if data is None:
-            return np.full(n, lay.fill, dtype=np.int64)
+            return np.full(n, lay.fill, dtype=lay.dtype)
         raw = np.empty(n * lay.dtype.itemsize, dtype=np.uint8)
         self._decode(c, data, raw)
-        return raw.view(lay.dtype).astype(np.int64, copy=False)
+        return raw.view(lay.dtype)

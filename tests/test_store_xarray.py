@@ -1,0 +1,166 @@
+"""Stores written by xarray (``Dataset.to_zarr``): values, feature names and CF-encoded time read as xarray
+means them, copied to the output as int64 ns, and the refusals for what tsconv cannot decode."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import tsconv
+from tsconv.cli import main
+from tsconv.errors import StoreError
+
+from .helpers import price_series
+
+xr = pytest.importorskip("xarray")
+pd = pytest.importorskip("pandas")
+
+ROWS, FEATURES = 600, 3  # longer than the default pipeline's warm-up of 256 steps
+PIPE = {"conv": [{"filters": ["ma:4", "diff:1"]}]}
+
+
+def _ns(times) -> np.ndarray:  # noqa: ANN001
+    """pandas datetimes as int64 ns (pandas may hold them in another resolution)."""
+    return np.asarray(times).astype("datetime64[ns]").view(np.int64)
+
+
+def _write(ds, path: Path, **kw) -> Path:  # noqa: ANN001
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr: fixed-length strings and consolidated metadata in format 3
+        ds.to_zarr(str(path), **kw)
+    return path
+
+
+def _dataset(times, *, var: str = "values", dims: tuple[str, str] = ("time", "feature"), names=None):  # noqa: ANN001, ANN202
+    x = price_series(len(times), FEATURES, seed=3)
+    names = [f"s{j}" for j in range(FEATURES)] if names is None else names
+    return xr.Dataset({var: (dims, x)}, coords={dims[0]: times, dims[1]: names}), x
+
+
+CASES = {
+    # name: (times, time encoding, data variable, dimensions)
+    "seconds": (pd.date_range("2026-01-02 09:30", periods=ROWS, freq="s"), {}, "values", ("time", "feature")),
+    "days": (
+        pd.date_range("1999-12-01", periods=ROWS, freq="D"),
+        {"units": "days since 1990-06-15"},
+        "px",
+        ("t", "sensor"),
+    ),
+    "float days, offset": (
+        pd.date_range("2026-01-02 09:30", periods=ROWS, freq="min"),
+        {"units": "days since 2026-01-01T00:00:00+01:00", "dtype": "float64"},
+        "values",
+        ("time", "sensor"),
+    ),
+}
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])
+@pytest.mark.parametrize("case", list(CASES))
+def test_process_copies_the_decoded_time_and_names_features_from_the_coordinate(
+    tmp_path: Path, case: str, zarr_format: int
+) -> None:
+    times, enc, var, dims = CASES[case]
+    ds, x = _dataset(times, var=var, dims=dims)
+    src = _write(ds, tmp_path / "in.zarr", zarr_format=zarr_format, encoding={dims[0]: enc})
+    store = tsconv.open_input(src)
+    assert store.features == ("s0", "s1", "s2") and store.time is not None and not store.time.plain
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=256)
+    g = zarr.open_group(str(out), mode="r")
+    np.testing.assert_array_equal(np.asarray(g["time"][:]), _ns(times))
+    assert g.attrs["features"] == [f"s{j}.{f}" for j in range(FEATURES) for f in ("ma4", "diff1")]
+    want = tsconv.features(x, PIPE, names=["s0", "s1", "s2"])
+    np.testing.assert_array_equal(np.asarray(g["values"][:]), want)
+
+
+def test_inspect_shows_the_decoded_span_and_the_coordinate_names(tmp_path: Path) -> None:
+    times = pd.date_range("2026-01-02 09:30", periods=ROWS, freq="s")
+    src = _write(_dataset(times, dims=("time", "instrument"))[0], tmp_path / "in.zarr", zarr_format=3)
+    info = json.loads(CliRunner().invoke(main, ["inspect", str(src), "--json"]).output)
+    assert info["time_span"] == "2026-01-02T09:30:00+00:00 .. 2026-01-02T09:39:59+00:00"
+    assert info["features"] == ["s0", "s1", "s2"]
+    assert "seconds since" in info["time_encoding"]
+    chunk = next(tsconv.open_store(src).iter_chunks(rows=100))
+    assert chunk.columns == ["time", "s0", "s1", "s2"]
+    np.testing.assert_array_equal(chunk["time"].dt.epoch("ns").to_numpy(), _ns(times[:100]))
+
+
+def test_nanosecond_units_bytes_names_and_a_non_time_first_coordinate(tmp_path: Path) -> None:
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="ns")
+    ds, _ = _dataset(times, names=np.array([b"a", b"bb", b"c"]))
+    src = _write(
+        ds, tmp_path / "ns.zarr", zarr_format=2, encoding={"time": {"units": "nanoseconds since 1970-01-01"}}
+    )
+    store = tsconv.open_input(src)
+    assert store.features == ("a", "bb", "c")
+    np.testing.assert_array_equal(store.time[:], _ns(times))
+    # an integer index coordinate is not a time: no time, and a name from it is still read
+    step = xr.Dataset(
+        {"values": (("step", "feature"), np.zeros((10, 2)))},
+        coords={"step": np.arange(10), "feature": ["p", "q"]},
+    )
+    store = tsconv.open_input(_write(step, tmp_path / "step.zarr", zarr_format=3))
+    assert store.time is None and store.features == ("p", "q")
+
+
+def test_a_missing_time_is_refused_naming_its_row(tmp_path: Path) -> None:
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s").to_numpy().copy()
+    times[417] = np.datetime64("NaT")
+    src = _write(_dataset(times)[0], tmp_path / "in.zarr", zarr_format=3)
+    with pytest.raises(StoreError, match="the time of row 417 is missing"):
+        tsconv.process(src, tmp_path / "out.zarr", pipeline=PIPE, device="cpu")
+    assert not (tmp_path / "out.zarr").exists()
+
+
+def test_a_calendar_other_than_gregorian_is_refused(tmp_path: Path) -> None:
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    src = _write(_dataset(times)[0], tmp_path / "in.zarr", zarr_format=3, consolidated=False)
+    zarr.open_array(str(src / "time"), mode="r+").attrs["calendar"] = "noleap"
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert "calendar 'noleap'" in res.output and "convert_calendar" in res.output
+
+
+def test_several_data_variables_are_refused_listing_them(tmp_path: Path) -> None:
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    ds, x = _dataset(times, var="bid")
+    ds["ask"] = (("time", "feature"), x + 1)
+    ds["note"] = ("feature", ["u", "v", "w"])  # not along time: never a candidate
+    src = _write(ds, tmp_path / "in.zarr", zarr_format=3)
+    with pytest.raises(StoreError, match="2 2-D data variables along 'time': ask, bid; expected one") as err:
+        tsconv.open_input(src)
+    assert "ds[['name']]" in err.value.hint
+    one = _write(ds[["bid"]], tmp_path / "one.zarr", zarr_format=3)
+    assert tsconv.open_input(one).values.basename == "bid"
+
+
+def test_repeated_coordinate_names_and_packed_values_are_refused(tmp_path: Path) -> None:
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    src = _write(_dataset(times, names=["a", "b", "a"])[0], tmp_path / "dup.zarr", zarr_format=3)
+    with pytest.raises(StoreError, match=r"feature names repeat \(1 repeat of 1 name: 'a'\)"):
+        tsconv.open_input(src)
+    ds, _ = _dataset(times)
+    ds["values"].encoding.update(scale_factor=0.01, dtype="int16")
+    src = _write(ds, tmp_path / "packed.zarr", zarr_format=3)
+    with pytest.raises(StoreError, match="'values' is CF-packed"):
+        tsconv.open_input(src)
+
+
+def test_ingest_does_not_append_to_an_xarray_store(tmp_path: Path) -> None:
+    import polars as pl
+
+    from tsconv.io.ingest import ingest
+
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    src = _write(_dataset(times)[0], tmp_path / "in.zarr", zarr_format=3)
+    later = int(_ns(times)[-1]) + 10**9
+    pl.DataFrame({"time": [later], "feature": ["s0"], "value": [1.0]}).write_parquet(tmp_path / "new.parquet")
+    with pytest.raises(StoreError, match="not in tsconv's own layout .*seconds since 2026-01-02"):
+        ingest(tmp_path / "new.parquet", src, append=True)
