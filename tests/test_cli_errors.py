@@ -117,7 +117,9 @@ def _setup_pickled(root: Path) -> list[str]:
 
 def _setup_fp16_warning(root: Path) -> list[str]:
     good_store(root)
-    write_toml(root, '[[conv]]\nfilters = ["ma:5"]\n')
+    head = np.random.default_rng(0).normal(size=(2 * FEATURES, 3))
+    np.save(root / "head.npy", head - head.mean(axis=0))  # zero-sum columns over price-level inputs
+    write_toml(root, '[[conv]]\nfilters = ["ma:16", "ma:4"]\n[head]\nweights = "head.npy"\n')
     return ["-i", str(root / "in.zarr"), "-o", str(root / "out.zarr"), "--pipeline", str(root / "pipe.toml")]
 
 
@@ -174,13 +176,13 @@ def test_real_pickled_weights_refused_without_unpickling(real_runs: dict[str, Re
     assert snapshot(r.root) == r.before
 
 
-def test_real_fp16_sum_shift_warning_is_one_line(real_runs: dict[str, RealRun]) -> None:
+def test_real_fp16_storage_warning_is_one_line(real_runs: dict[str, RealRun]) -> None:
     r = real_runs["fp16_warning"]
     assert r.code == 0, r.stderr
     lines = r.stderr.splitlines()
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("tsconv: warning: ")
-    assert "FP16 weights shift the sum" in lines[0] and "pipe.toml" in lines[0]
+    assert "[head]: storing its weights as float16 moves output" in lines[0] and "pipe.toml" in lines[0]
     assert (r.root / "out.zarr" / "zarr.json").is_file()
     assert r.before_input and snapshot(r.root / "in.zarr") == r.before_input
 
@@ -519,14 +521,20 @@ def test_no_fp16_warning_when_weights_are_exact(tmp_path: Path, pipeline: str | 
 
 def test_fp16_warning_in_process_is_one_line(tmp_path: Path) -> None:
     src = good_store(tmp_path)
+    # a rounded bank alone is fine (its level term uses the exact sums): no warning
     toml = write_toml(tmp_path, '[[conv]]\nname = "smooth"\nfilters = ["ma:4", "ma:5"]\n')
     res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", toml)
+    assert res.exit_code == 0 and res.stderr == "", res.output
+    # a zero-sum mix of the averages (price levels) is moved by its rounded weights: warned, named
+    w = np.random.default_rng(3).normal(size=(4, 2 * FEATURES, 3))
+    np.save(tmp_path / "mix.npy", w - w.mean(axis=(1, 2), keepdims=True))
+    toml.write_text(toml.read_text() + '[[conv]]\nname = "mix"\nweights = "mix.npy"\n')
+    res = invoke("-i", src, "-o", tmp_path / "out2.zarr", "--pipeline", toml)
     assert res.exit_code == 0, res.output
     lines = res.stderr.splitlines()
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith("tsconv: warning: ")
-    # ma:4 (filter 0) is exact: the warning names ma:5, filter 1 of the bank
-    assert "(smooth)" in lines[0] and "sum of filter 1 " in lines[0]
+    assert "[[conv]] #2 (mix): storing its weights as float16 moves output" in lines[0]
 
 
 # ----------------------------------------------------------------------------------------- outputs

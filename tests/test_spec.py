@@ -19,7 +19,6 @@ from tsconv.errors import PipelineError, ShapeError, TsconvError, TsconvWarning
 from tsconv.spec import (
     DEFAULT_PIPELINE_TOML,
     default_pipeline,
-    fp16_sum_shift,
     load_pipeline,
     pipeline_from_dict,
     resolve,
@@ -521,20 +520,13 @@ def test_float32_keeps_values() -> None:
     np.testing.assert_array_equal(top.layers[1].weight[0, 0], np.full(3, 1 / 3, dtype=np.float32))
 
 
-def test_fp16_sum_shift_warning() -> None:
-    with pytest.warns(
-        TsconvWarning, match=r"\[\[conv\]\] #1 \(smooth\): FP16 weights shift the sum of filter 1"
-    ):
-        resolve(pipeline_from_dict({"conv": [{"name": "smooth", "filters": ["ma:8", "ma:5"]}]}), NAMES3)
-    assert fp16_sum_shift(bank_weights(("ma:5",), 1))[0] > 1e-4
-    # exact in FP16, or kept in float32: no warning
-    strict_resolve(pipeline_from_dict({"conv": [{"filters": ["ma:8", "dev:64", "diff:5", "id"]}]}))
-    strict_resolve(pipeline_from_dict({"conv": [{"filters": ["ma:5", "ema:7"], "weight_dtype": "float32"}]}))
-    with pytest.warns(TsconvWarning, match=r"\[head\]: FP16 weights shift"):
-        resolve(
-            pipeline_from_dict({"conv": [{"filters": ["id"]}], "head": {"weights": np.full((3, 1), 0.1)}}),
-            NAMES3,
-        )
+def test_layers_keep_the_weights_as_given_and_their_exact_tap_sums() -> None:
+    plan = strict_resolve(pipeline_from_dict({"conv": [{"filters": ["ma:5", "dev:10"]}]}))
+    layer = plan.layers[0]
+    assert layer.weight.dtype == np.float32 and layer.given.dtype == np.float64
+    np.testing.assert_array_equal(layer.given, bank_weights(("ma:5", "dev:10"), 3))
+    assert not np.array_equal(layer.weight, layer.given)  # 0.2 and 0.1 are rounded in float16
+    np.testing.assert_allclose(layer.tap_sums[:, 0], np.tile([1.0, 0.0], 3), atol=1e-15)
 
 
 def test_weights_beyond_float16_range_are_refused() -> None:
@@ -562,8 +554,7 @@ def test_default_pipeline() -> None:
     assert layer.weight_dtype == "float16" and layer.groups == 2
     exact = bank_weights(filters, 2)
     assert layer.weight.shape == exact.shape == (10, 1, 257)
-    np.testing.assert_array_equal(layer.weight.astype(np.float64), exact)
-    assert (fp16_sum_shift(exact) == 0).all()
+    np.testing.assert_array_equal(layer.weight.astype(np.float64), exact)  # every weight exact in float16
     assert plan.output_names[:5] == ("p.diff1", "p.diff32", "p.diff256", "p.dev32", "p.dev256")
     assert plan.halo == 256 and plan.head is None
 

@@ -13,7 +13,8 @@ Filters:
 - ``id``         the input itself (one tap).
 
 Power-of-two windows (``ma:16``, ``dev:64``) have weights that FP16 stores exactly; other windows are
-rounded, which shifts the filter's sum (see :func:`tsconv.spec.fp16_sum_shift`).
+rounded (the level term still uses the exact sum; tsconv warns where the rounding moves the outputs by
+more than 1e-3 of their scale on the data it runs on).
 """
 
 from __future__ import annotations

@@ -12,12 +12,14 @@ first use of a shape class (:mod:`tsconv.kernels.head`; ``TSCONV_HEAD_PATH`` for
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import TsconvWarning
 from ..spec import ResolvedPipeline
 from .activations import apply_activation
 
@@ -27,22 +29,15 @@ __all__ = ["Backend"]
 @dataclass(frozen=True)
 class _DeviceLayer:
     weight: torch.Tensor  # the stored values: float16 for the Triton kernel, else float32
-    tap_sums: torch.Tensor  # [O, C/groups] float64: sum over taps of each filter, for re-centering
+    # [O, C/groups] float64: sum over taps of each filter as given (before FP16 rounding), which the level
+    # is added back with: rounding then never adds level x (rounded sum - true sum) to the outputs
+    tap_sums: torch.Tensor
     bias: torch.Tensor | None  # float32
     bias64: torch.Tensor  # [O] float64 (zeros without bias)
     dilation: int
     groups: int
     halo: int
     activation: str
-
-
-def _tap_sums(w: np.ndarray) -> np.ndarray:
-    """``w.astype(float64).sum(axis=2)`` tap by tap: 1.5 ms instead of 6 for a [256, 1024, 5] conv on the
-    development VM (numpy reduces a short last axis slowly), about 4% of the e2e job before."""
-    acc = w[..., 0].astype(np.float64)
-    for k in range(1, w.shape[2]):
-        acc += w[..., k]
-    return acc
 
 
 def _conv_layer(
@@ -57,7 +52,8 @@ def _conv_layer(
     """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo].
 
     ``recenter``: conv1d's per-block re-centering (the Triton kernels only; the first stage on levels),
-    with ``recenter_from`` leading rows of zero history."""
+    with ``recenter_from`` leading rows of zero history; the level is added back with the exact tap sums
+    of the weights as given."""
     if triton:
         from .conv1d import conv1d
 
@@ -72,9 +68,63 @@ def _conv_layer(
             precision="fp32",
             recenter=recenter,
             recenter_from=recenter_from,
+            tap_sums=layer.tap_sums if recenter else None,
         )
+    if recenter:
+        return apply_activation(_conv_recentered(x, bias, layer, recenter_from), layer.activation)
     y = F.conv1d(x, layer.weight, bias, dilation=layer.dilation, groups=layer.groups)
     return apply_activation(y, layer.activation)
+
+
+# Output rows per re-centred block on the CPU (at least the halo, so a block's input is at most twice its
+# outputs). Why blocks: a chunk centred on one level leaves x - level as large as the series' drift over
+# the chunk, and FP16-stored weights then move a zero-sum filter's outputs by drift x (rounding of each
+# tap). For a random zero-sum dense conv (32 -> 16 channels, K = 5) on a 20,000-step price walk, relative
+# to the output's scale: 1.8e-2 with one level per chunk, 1.5e-3 / 1.0e-3 / 6.9e-4 / 5.2e-4 with blocks
+# of 64 / 32 / 16 / 8 rows (float32 weights: 1.4e-5 per chunk, 4.8e-7 in blocks).
+_CPU_BLOCK = 16
+
+
+def _conv_recentered(
+    x: torch.Tensor,
+    bias: torch.Tensor | None,
+    layer: _DeviceLayer,
+    recenter_from: int,
+    *,
+    weight: torch.Tensor | None = None,
+    tap_sums: torch.Tensor | None = None,
+    block: int = _CPU_BLOCK,
+) -> torch.Tensor:
+    """conv_valid(x, w) + bias for x [1, C, L] on the CPU, each block of output rows computed as
+    conv(x - v) + v * (exact tap sums): the torch twin of conv1d's ``recenter``. ``v`` per channel and
+    block is the median of x at the block's first output step and the two steps before it (a sample
+    that is not finite counts as 0, samples in the leading ``recenter_from`` rows of zero history move
+    to the first data row), so it is causal and one spike is never a block's level. ``weight`` and
+    ``tap_sums`` replace the layer's (the FP16 storage check runs the rounding residual this way)."""
+    weight = layer.weight if weight is None else weight
+    tap_sums = layer.tap_sums if tap_sums is None else tap_sums
+    _, C, L = x.shape
+    halo = layer.halo
+    n_out = L - halo
+    block = max(block, halo)
+    nb = -(-n_out // block)
+    xp = F.pad(x, (0, nb * block - n_out))
+    rows = torch.arange(nb) * block + halo  # each block's first output step, as an input row
+    picks = torch.stack([rows, rows - 1, rows - 2]).clamp_(min=min(recenter_from, L - 1), max=L - 1)
+    samples = x[0][:, picks]  # [C, 3, nb]
+    samples = torch.where(torch.isfinite(samples), samples, 0.0)
+    v = samples.median(dim=1).values  # [C, nb]
+    blocks = xp[0].unfold(1, block + halo, block)  # [C, nb, block + halo], a view
+    xb = (blocks - v[:, :, None]).permute(1, 0, 2)  # [nb, C, block + halo]
+    y = F.conv1d(xb, weight, None, dilation=layer.dilation, groups=layer.groups)  # [nb, O, block]
+    g = layer.groups
+    o_g, c_g = tap_sums.shape[0] // g, tap_sums.shape[1]
+    addback = torch.einsum("goc,gcb->gob", tap_sums.view(g, o_g, c_g), v.double().view(g, c_g, nb))
+    addback = addback.reshape(g * o_g, nb)
+    if bias is not None:
+        addback = addback + bias.double()[:, None]
+    y = y + addback.T.to(y.dtype)[:, :, None]
+    return y.permute(1, 0, 2).reshape(1, -1, nb * block)[..., :n_out]
 
 
 class Backend:
@@ -100,7 +150,7 @@ class Backend:
         self.layers = tuple(
             _DeviceLayer(
                 weight=stored(L),
-                tap_sums=put(_tap_sums(L.weight), torch.float64),
+                tap_sums=put(L.tap_sums, torch.float64),
                 bias=put(L.bias),
                 bias64=put(L.bias if L.bias is not None else np.zeros(L.out_channels), torch.float64),
                 dilation=L.dilation,
@@ -113,13 +163,15 @@ class Backend:
         pre = plan.preprocess
         self.pre = pre if pre is not None and pre.computes else None
         self.pre_halo = plan.pre_halo
-        # Level data (raw values, or their logs): the Triton kernels re-center the first stage per block of
-        # outputs as well (conv1d's ``recenter``), so the batched engine's error does not grow with the drift
-        # of a long step away from its one centering level (benchmarks/NOTES.md, seventh session). Returns,
-        # differences and z-scores are not levels. The same rule as the level _preprocess returns.
+        # Level data (raw values, or their logs): the first stage re-centres per block of outputs as well
+        # (conv1d's ``recenter`` in the Triton kernels, _conv_recentered on the torch path), so the error
+        # does not grow with the drift of a long chunk or step away from its one centering level (NOTES.md,
+        # "Precision"). Returns, differences and z-scores are not levels. The same rule as the level
+        # _preprocess returns.
         log_levels = self.pre is not None and self.pre.transform == "log" and self.pre.zscore is None
-        self.recenter_first = self.triton and (self.pre is None or log_levels)
+        self.recenter_first = self.pre is None or log_levels
         self.head = plan.head
+        self._storage = _StorageCheck(plan) if _StorageCheck.needed(plan) else None
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
         self._head = self._head_paths(plan) if plan.head is not None and self.layers else None
@@ -154,6 +206,7 @@ class Backend:
             conv=functools.partial(_conv_layer, layer=last, triton=self.triton, recenter=recenter),
             triton=active,
             recenter=recenter and active,
+            tap_sums=last.tap_sums,
             forced=forced if active else None,
             measure=active and measure,
         )
@@ -193,6 +246,8 @@ class Backend:
     def _stages(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool
     ) -> torch.Tensor:
+        if self._storage is not None and self._storage.check(self, x, first_row, level, centered=centered):
+            self._storage = None
         start = first_row
         y = None
         last = len(self.layers) - 1
@@ -324,3 +379,95 @@ def _rolling_zscore(p: torch.Tensor, w: int) -> torch.Tensor:
     var = (s2 - s1 * mean) / w
     z = (q[w - 1 :] - mean) / torch.sqrt(var)
     return torch.where((bad > 0) | (moves == 0) | ~(var > 0), torch.nan, z)
+
+
+# A stage whose FP16-stored weights move its outputs by more than this share of their scale gets a warning.
+FP16_WARN = 1e-3
+_CHECK_ROWS = 128  # output rows of the first chunk the check computes in float64
+# The recentering block the check assumes on CUDA: the dense kernels' largest fp32 time tile.
+_CUDA_BLOCK = 128
+
+
+class _StorageCheck:
+    """How far FP16 storage moves each stage's (and the head's) outputs on the data at hand, warned once.
+
+    On the first chunk with enough data rows, each stage runs in float64 on up to _CHECK_ROWS output
+    rows with the weights as given; the change that rounding them makes is that stage's conv with the
+    rounding residual (for the centred first stage, block by block as the engine re-centres), compared per
+    output with the largest finite value of the exact output. Stages stored in float32, or whose weights
+    float16 holds exactly, cost nothing.
+    """
+
+    def __init__(self, plan: ResolvedPipeline) -> None:
+        self.plan = plan
+
+    @staticmethod
+    def needed(plan: ResolvedPipeline) -> bool:
+        layers = [(L.weight_dtype, L.weight, L.given) for L in plan.layers]
+        if plan.head is not None:
+            layers.append((plan.head.weight_dtype, plan.head.weight, plan.head.given))
+        return any(dt == "float16" and not np.array_equal(w, g) for dt, w, g in layers)
+
+    def check(
+        self, backend: Backend, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool
+    ) -> bool:
+        """Check on this chunk's stage input ``x`` [L, C] (row 0 is global step ``first_row``); False
+        when it has too few data rows (try the next chunk) or a CUDA graph is being captured."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        plan = self.plan
+        halo = sum(layer.halo for layer in plan.layers)
+        a = max(0, -first_row)  # the first data row: earlier rows are zero history
+        m = min(_CHECK_ROWS, x.shape[0] - a - halo)
+        if m < 1:
+            return False
+        u = x[a : a + halo + m].double()
+        if centered:
+            u = u + level.double()
+        y = u.T.unsqueeze(0)  # [1, C, L]
+        dev = x.device
+        block = _CUDA_BLOCK if backend.triton else _CPU_BLOCK
+        origin = plan.pipeline.origin
+        for i, (layer, dl) in enumerate(zip(plan.layers, backend.layers, strict=True)):
+            w = torch.from_numpy(layer.given).to(dev)
+            b = None if layer.bias is None else torch.from_numpy(layer.bias.astype(np.float64)).to(dev)
+            exact = F.conv1d(y, w, b, dilation=layer.dilation, groups=layer.groups)
+            if layer.weight_dtype == "float16":
+                dw = w - torch.from_numpy(layer.weight.astype(np.float64)).to(dev)
+                if bool(dw.any()):
+                    if i == 0 and backend.recenter_first:
+                        zeros = torch.zeros_like(dl.tap_sums)
+                        err = _conv_recentered(y, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
+                    else:
+                        err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
+                    _warn_if_moved(err[0].T, exact[0].T, f"{origin}: [[conv]] #{i + 1} ({layer.name})")
+            y = apply_activation(exact, layer.activation)
+        head = plan.head
+        if head is not None and head.weight_dtype == "float16":
+            h = y[0].T
+            W = torch.from_numpy(head.given).to(dev)
+            dW = W - torch.from_numpy(head.weight.astype(np.float64)).to(dev)
+            if bool(dW.any()):
+                exact = h @ W
+                if head.bias is not None:
+                    exact = exact + torch.from_numpy(head.bias.astype(np.float64)).to(dev)
+                _warn_if_moved(h @ dW, exact, f"{origin}: [head]")
+        return True
+
+
+def _warn_if_moved(err: torch.Tensor, exact: torch.Tensor, what: str) -> None:
+    """Warn when ``err`` [rows, outputs] exceeds FP16_WARN of each output's scale (its largest finite
+    |value| in ``exact``), naming the worst output."""
+    finite = torch.isfinite(exact) & torch.isfinite(err)
+    scale = torch.where(finite, exact.abs(), 0.0).amax(dim=0)
+    moved = torch.where(finite, err.abs(), 0.0).amax(dim=0)
+    rel = torch.where(scale > 0, moved / scale, 0.0)
+    worst = int(torch.argmax(rel))
+    if float(rel[worst]) > FP16_WARN:
+        warnings.warn(
+            f"{what}: storing its weights as float16 moves output {worst} by up to {float(rel[worst]):.1e} of "
+            'its scale on this data; set weight_dtype = "float32" for it (or use weights that float16 '
+            "holds exactly, such as power-of-two windows)",
+            TsconvWarning,
+            stacklevel=2,
+        )

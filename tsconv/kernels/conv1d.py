@@ -1048,6 +1048,7 @@ def conv1d(
     out: torch.Tensor | None = None,
     recenter: bool = False,
     recenter_from: int = 0,
+    tap_sums: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal conv1d with fused bias and activation; returns the float32 [N, O, L_out] result.
 
@@ -1080,6 +1081,10 @@ def conv1d(
         recenter_from: with ``recenter``, the number of rows at the start of ``x`` that are zero history
             rather than data (the engine's first step passes its history rows this way); levels are never
             read there. Default 0.
+        tap_sums: with ``recenter``, float64 [O, C/groups]: the per-filter sums over taps that the level is
+            added back with (default: the stored weight's own). Pass the sums of the weights as given
+            before rounding them to float16, so that the rounding does not add level x (rounded sum - true
+            sum) to every output.
 
     The call is asynchronous on CUDA (the current stream of ``x``'s device) and not differentiable. The first
     call for a new shape class on a GPU tunes the block shapes (several launches into ``out``, a few seconds;
@@ -1090,9 +1095,9 @@ def conv1d(
         ShapeError: a shape, dtype, device, stride or option that does not fit.
     """
     options = (dilation, groups, padding, activation, precision, recenter, recenter_from)
-    key = _plan_key(x, weight, bias, out, options)
+    key = _plan_key(x, weight, bias, out, options, tap_sums)
     if key is not None:
-        y = _planned(key, x, weight, bias, out)
+        y = _planned(key, x, weight, bias, out, tap_sums)
         if y is not None:
             return y
     spec = _validate(
@@ -1108,6 +1113,7 @@ def conv1d(
         recenter=recenter,
         recenter_from=recenter_from,
     )
+    _check_tap_sums(tap_sums, weight, spec)
     if out is None:
         out = _allocate_out(x, spec)
     if out.numel() == 0:
@@ -1115,12 +1121,12 @@ def conv1d(
     with torch.no_grad():
         if x.is_cuda:
             if key is not None:  # x is on the current device (_plan_key)
-                _conv1d_triton(x, weight, bias, out, spec, plan_key=key)
+                _conv1d_triton(x, weight, bias, out, spec, plan_key=key, tap_sums=tap_sums)
             else:
                 with torch.cuda.device(x.device):  # Triton launches on the current device and stream
-                    _conv1d_triton(x, weight, bias, out, spec)
+                    _conv1d_triton(x, weight, bias, out, spec, tap_sums=tap_sums)
         elif _INTERPRETED:
-            _conv1d_triton(x, weight, bias, out, spec, plan_key=key)
+            _conv1d_triton(x, weight, bias, out, spec, plan_key=key, tap_sums=tap_sums)
         else:
             _conv1d_torch(x, weight, bias, out, spec)
     return out
@@ -1213,6 +1219,31 @@ def _round_tf32_into(src: torch.Tensor, dst: torch.Tensor) -> None:
     )
 
 
+def _check_tap_sums(tap_sums: object, weight: torch.Tensor, spec: _Spec) -> None:
+    if tap_sums is None:
+        return
+    if not spec.recenter:
+        raise ShapeError("tap_sums is for recenter=True.", hint="pass recenter=True, or leave tap_sums out.")
+    want = (spec.O, spec.C // spec.groups)
+    if (
+        not isinstance(tap_sums, torch.Tensor)
+        or tuple(tap_sums.shape) != want
+        or tap_sums.dtype != torch.float64
+        or tap_sums.device != weight.device
+        or not tap_sums.is_contiguous()
+    ):
+        got = _shape(tap_sums) if isinstance(tap_sums, torch.Tensor) else type(tap_sums).__name__
+        raise ShapeError(
+            f"tap_sums must be a contiguous float64 tensor of shape {list(want)} on {weight.device}, got {got}.",
+            hint="pass weight.double().sum(dim=2) of the weights as given.",
+        )
+
+
+def _recenter_sums(weight: torch.Tensor, tap_sums: torch.Tensor | None) -> torch.Tensor:
+    """The tap sums the level is added back with: the caller's, else the stored weight's own."""
+    return tap_sums if tap_sums is not None else _tap_sums(weight)
+
+
 def _tap_sums(weight: torch.Tensor) -> torch.Tensor:
     """float64 [O, C/groups], contiguous: each filter's sum over taps, which ``recenter`` multiplies by the
     level it subtracted. float64, and the add-back summed in float64: a dense filter that is zero-sum over
@@ -1235,6 +1266,7 @@ def _conv1d_triton(
     *,
     config: autotune.Config | None = None,
     plan_key: tuple | None = None,
+    tap_sums: torch.Tensor | None = None,
 ) -> object:
     """Run the Triton path; ``config`` (tests only) bypasses the tuner and fixes the block shapes.
     ``plan_key``: record the launch as a plan under this key (see :func:`_planned`).
@@ -1244,8 +1276,8 @@ def _conv1d_triton(
     Cg, Og = spec.C // spec.groups, spec.O // spec.groups
     b = None if bias is None else bias.contiguous()
     if _uses_gemm(Cg, Og):
-        return _launch_dense(x, weight, b, out, spec, config, plan_key=plan_key)
-    return _launch_direct(x, weight, b, out, spec, config, plan_key=plan_key)
+        return _launch_dense(x, weight, b, out, spec, config, plan_key=plan_key, tap_sums=tap_sums)
+    return _launch_direct(x, weight, b, out, spec, config, plan_key=plan_key, tap_sums=tap_sums)
 
 
 def _prepare_dense_weights(
@@ -1280,6 +1312,7 @@ def _launch_dense(
     config: autotune.Config | None,
     *,
     plan_key: tuple | None = None,
+    tap_sums: torch.Tensor | None = None,
 ) -> object:
     G, K = spec.groups, spec.K
     Cg, Og = spec.C // G, spec.O // G
@@ -1310,7 +1343,7 @@ def _launch_dense(
         "INDEX64": index64,
         "RECENTER": spec.recenter,
     }
-    sums = _tap_sums(weight) if spec.recenter else w_hi
+    sums = _recenter_sums(weight, tap_sums) if spec.recenter else w_hi
 
     cast: dict[str, torch.Tensor] = {}
     recorded: dict[str, object] = {}
@@ -1494,7 +1527,9 @@ class _ConvPlan:
     tma: tuple | None = None  # dense: (x block, weight block or None, round_tf32) for the TMA kernel
 
 
-def _plan_key(x: object, weight: object, bias: object, out: object, options: tuple) -> tuple | None:
+def _plan_key(
+    x: object, weight: object, bias: object, out: object, options: tuple, tap_sums: object = None
+) -> tuple | None:
     """Everything validation, the tuner's key and the kernels' specialization read from a call, or None (no
     plan: plans off, x not a plain tensor on the current CUDA device or interpreted on the CPU).
 
@@ -1513,12 +1548,18 @@ def _plan_key(x: object, weight: object, bias: object, out: object, options: tup
         tensor_key(bias) if isinstance(bias, torch.Tensor) else bias is None,
         tensor_key(out) if isinstance(out, torch.Tensor) else out is None,
         tuple((type(v), v) for v in options),
+        tensor_key(tap_sums) if isinstance(tap_sums, torch.Tensor) else tap_sums is None,
         (_A_SPLIT, _FLUSH, _ROUND_X_TF32, _FORCE_INDEX64),  # module knobs the launch reads (tests set them)
     )
 
 
 def _planned(
-    key: tuple, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None
+    key: tuple,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    tap_sums: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Replay the launch recorded under ``key`` with this call's tensors; None when there is none, or when
     ``out`` overlaps an input (the full path raises the error)."""
@@ -1536,7 +1577,7 @@ def _planned(
     with torch.no_grad():
         if entry.pack is not None:  # direct, bank, window: (x, packed weights, bias, tap sums, out)
             wp = entry.pack(weight)
-            sums = _tap_sums(weight) if spec.recenter else wp
+            sums = _recenter_sums(weight, tap_sums) if spec.recenter else wp
             entry.plan.launch((x, wp, wp if bias is None else bias.contiguous(), sums, out))
             last_launch.update(path=entry.path, config=entry.config)
             return out
@@ -1553,7 +1594,7 @@ def _planned(
             x_desc, w_desc = _dense_descriptors(x_k, w_hi, entry.tma)
             entry.plan.launch((x_desc, w_desc, w_hi, b, out))
         else:
-            sums = _tap_sums(weight) if spec.recenter else w_hi
+            sums = _recenter_sums(weight, tap_sums) if spec.recenter else w_hi
             entry.plan.launch((x_k, w_hi, w_hi if w_lo is None else w_lo, b, sums, out))
     last_launch.update(path="dense", config=entry.config)
     return out
@@ -1574,6 +1615,7 @@ def _launch_direct(
     config: autotune.Config | None,
     *,
     plan_key: tuple | None = None,
+    tap_sums: torch.Tensor | None = None,
 ) -> object:
     G, K = spec.groups, spec.K
     Cg, Og = spec.C // G, spec.O // G
@@ -1599,10 +1641,10 @@ def _launch_direct(
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
         if kw.pop("WINDOW", 0):
-            return _launch_window(x, weight, bias, out, spec, index64, kw, recorded)
+            return _launch_window(x, weight, bias, out, spec, index64, kw, recorded, tap_sums)
         kw.setdefault("UNROLL", 1)
         wp = pack_direct(weight)
-        sums = _tap_sums(weight) if spec.recenter else wp
+        sums = _recenter_sums(weight, tap_sums) if spec.recenter else wp
         recorded["pack"] = pack_direct
         if kw.pop("BANK", 0):
             return _launch_bank(x, wp, bias, sums, out, spec, meta, kw, recorded)
@@ -1682,6 +1724,7 @@ def _launch_window(
     index64: bool,
     kw: dict[str, int],
     recorded: dict[str, object],
+    tap_sums: torch.Tensor | None = None,
 ) -> object:
     """The generated register-window kernel (:mod:`tsconv.kernels.window`; one input channel per group)."""
     G, Og, d = spec.groups, spec.O // spec.groups, spec.dilation
@@ -1698,7 +1741,7 @@ def _launch_window(
         x,
         wp,
         wp if bias is None else bias,
-        _tap_sums(weight) if spec.recenter else wp,
+        _recenter_sums(weight, tap_sums) if spec.recenter else wp,
         out,
         spec.L,
         spec.L_out,

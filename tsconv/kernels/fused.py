@@ -62,10 +62,10 @@ from tsconv.kernels.conv1d import (
     _dot_fp32,
     _level,
     _prepare_dense_weights,
+    _recenter_sums,
     _round_tf32_into,
     _round_tf32_rne,
     _round_tf32_torch,
-    _tap_sums,
     _tf32_buffer,
     _tma_conv_tile,
 )
@@ -631,6 +631,7 @@ def conv1d_head(
     out: torch.Tensor | None = None,
     recenter: bool = False,
     recenter_from: int = 0,
+    tap_sums: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``head_act(act(conv1d(x) + bias) @ head_weight + head_bias)`` per step; returns float32 [N, L_out, D].
 
@@ -647,7 +648,7 @@ def conv1d_head(
             "tf32" / "fp16" (10-bit mantissas; unfit for raw price levels).
         out: optional float32 [N, L_out, D] destination with any non-overlapping strides; it must not share
             memory with the inputs. Without it a contiguous [N, L_out, D] tensor is allocated.
-        recenter, recenter_from: the conv's per-block re-centering for raw levels, as in
+        recenter, recenter_from, tap_sums: the conv's per-block re-centering for raw levels, as in
             :func:`tsconv.kernels.conv1d.conv1d` ("fp32" only).
 
     Fused for dense convs (groups = 1) with O <= 1024 and D <= 256 (see :func:`fused_path`); other shapes
@@ -675,6 +676,7 @@ def conv1d_head(
         recenter_from=recenter_from,
     )
     c = spec.conv
+    _conv._check_tap_sums(tap_sums, weight, c)
     if out is None:
         out = torch.empty((c.N, c.L_out, spec.D), dtype=torch.float32, device=x.device)
     if out.numel() == 0:
@@ -686,12 +688,12 @@ def conv1d_head(
         if reason is not None:
             last_launch.clear()
             last_launch.update(path="unfused", reason=reason)
-            _unfused(x, weight, bias, head_weight, head_bias, out, spec)
+            _unfused(x, weight, bias, head_weight, head_bias, out, spec, tap_sums)
         elif x.is_cuda:
             with torch.cuda.device(x.device):  # Triton launches on the current device and stream
-                _fused_triton(x, weight, bias, head_weight, head_bias, out, spec)
+                _fused_triton(x, weight, bias, head_weight, head_bias, out, spec, tap_sums=tap_sums)
         else:
-            _fused_triton(x, weight, bias, head_weight, head_bias, out, spec)
+            _fused_triton(x, weight, bias, head_weight, head_bias, out, spec, tap_sums=tap_sums)
     return out
 
 
@@ -703,6 +705,7 @@ def _unfused(
     head_bias: torch.Tensor | None,
     out: torch.Tensor,
     spec: _Spec,
+    tap_sums: torch.Tensor | None = None,
 ) -> None:
     """conv1d into a time-major [N, L_out, O] buffer, then gemm on its [N * L_out, O] view."""
     c = spec.conv
@@ -719,6 +722,7 @@ def _unfused(
         out=y.transpose(1, 2),
         recenter=c.recenter,
         recenter_from=c.recenter_from,
+        tap_sums=tap_sums,
     )
     rows = c.N * c.L_out
     try:
@@ -785,6 +789,7 @@ def _fused_triton(
     spec: _Spec,
     *,
     config: autotune.Config | None = None,
+    tap_sums: torch.Tensor | None = None,
 ) -> object:
     """Run the fused kernel; ``config`` (tests only) bypasses the tuner. Returns the last launch's result."""
     c = spec.conv
@@ -819,7 +824,7 @@ def _fused_triton(
         "RECENTER": c.recenter,
         "BLOCK_D": block_d,
     }
-    sums = _tap_sums(weight) if c.recenter else w_hi
+    sums = _recenter_sums(weight, tap_sums) if c.recenter else w_hi
     # "tf32": float32 x rounded to TF32 once, as conv1d does (the conv loop loads each x value K times per
     # O block, so rounding it in registers there would cost K times and lose the shared-memory operand path).
     round_x = c.precision == "tf32" and x.dtype == torch.float32 and _ROUND_TF32

@@ -136,6 +136,7 @@ class HeadPaths:
         forced: str | None = None,
         measure: bool = False,
         recenter: bool = False,
+        tap_sums: torch.Tensor | None = None,
     ) -> None:
         if forced is not None and forced not in PATHS:
             raise TsconvError(f"unknown head path {forced!r}", hint=f"use one of {', '.join(PATHS)}.")
@@ -153,6 +154,7 @@ class HeadPaths:
         self.halo = (self.K - 1) * self.dilation
         self.conv = conv if conv is not None else self._tsconv_conv
         self.recenter = recenter  # conv1d's per-block re-centering in the Triton conv paths (the first stage)
+        self.tap_sums = tap_sums if recenter else None  # the sums it adds the level back with (conv1d)
         self.measure = measure and forced is None
         self.fused_reason = ""
         offered = ["unfused"]
@@ -274,6 +276,7 @@ class HeadPaths:
                 precision="fp32",
                 recenter=self.recenter,
                 recenter_from=recenter_from,
+                tap_sums=self.tap_sums,
             )[0]
         y = self.conv(xt, bias, recenter_from=recenter_from)[0].T  # [steps, O]
         if path == "gemm":
@@ -303,6 +306,7 @@ class HeadPaths:
             precision="fp32",
             recenter=self.recenter,
             recenter_from=recenter_from,
+            tap_sums=self.tap_sums,
         )
 
 

@@ -67,17 +67,18 @@ def preprocess_reference(x: np.ndarray, plan: ResolvedPipeline) -> np.ndarray:
 
 
 def pipeline_reference(x: np.ndarray, plan: ResolvedPipeline, *, warmup: str = "nan") -> np.ndarray:
-    """Run ``plan`` on the whole series ``x`` [T, F] in float64; returns [T, D]."""
+    """Run ``plan`` on the whole series ``x`` [T, F] in float64 with the weights as given (before any
+    rounding to their stored dtype; biases as stored); returns [T, D]."""
     filled = preprocess_reference(x, plan)
     y = torch.from_numpy(filled.T.copy())[None]  # [1, C, T]
     for layer in plan.layers:
-        w = torch.from_numpy(layer.weight.astype(np.float64))
+        w = torch.from_numpy(layer.given)
         b = None if layer.bias is None else torch.from_numpy(layer.bias.astype(np.float64))
         y = F.conv1d(F.pad(y, (layer.halo, 0)), w, b, dilation=layer.dilation, groups=layer.groups)
         y = apply_activation(y, layer.activation)
     out = y[0].T  # [T, O]
     if plan.head is not None:
-        out = out @ torch.from_numpy(plan.head.weight.astype(np.float64))
+        out = out @ torch.from_numpy(plan.head.given)
         if plan.head.bias is not None:
             out = out + torch.from_numpy(plan.head.bias.astype(np.float64))
         out = apply_activation(out, plan.head.activation)

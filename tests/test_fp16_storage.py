@@ -1,0 +1,123 @@
+"""FP16-stored weights, FP32 compute: the level term uses the exact sums, and what storage still moves is warned.
+
+A zero-sum filter on price levels is where FP16 storage hurts: rounding its taps shifts their sum, and
+level x (rounded sum - true sum) reached every output (1.17x a random zero-sum dense conv's own output
+scale on a price walk). The engines add the level back with the sums of the weights as given and
+re-centre the first stage block by block; the rest is measured on the first chunk and warned.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import tsconv
+from tsconv.errors import TsconvWarning
+from tsconv.kernels.conv1d import conv1d
+from tsconv.kernels.reference import pipeline_reference
+from tsconv.spec import pipeline_from_dict, resolve
+
+from .helpers import price_series
+
+C, O, K = 32, 16, 5
+
+
+def _zero_sum_dense(seed: int = 0) -> np.ndarray:
+    w = np.random.default_rng(seed).normal(size=(O, C, K)).astype(np.float32)
+    return w - w.mean(axis=2, keepdims=True)  # zero-sum per filter and channel: a difference of prices
+
+
+def _run(x: np.ndarray, pipe: dict, **kw) -> tuple[np.ndarray, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = tsconv.features(x, pipe, **kw)
+    return y, [str(w.message) for w in caught if issubclass(w.category, TsconvWarning)]
+
+
+def _relative_error(y: np.ndarray, x: np.ndarray, pipe: dict) -> float:
+    """The worst output's largest error against float64 with the weights as given, over its scale."""
+    exact = {**pipe, "weight_dtype": "float32"}
+    if "head" in pipe:
+        exact["head"] = {**pipe["head"], "weight_dtype": "float32"}
+    ref = pipeline_reference(x, resolve(pipeline_from_dict(exact), [f"f{j}" for j in range(x.shape[1])]))
+    ok = np.isfinite(ref)
+    scale = np.where(ok, np.abs(ref), 0).max(axis=0)
+    return float((np.where(ok, np.abs(y - ref), 0).max(axis=0) / scale).max())
+
+
+@pytest.mark.parametrize("chunk", [1024, 65536])
+def test_a_zero_sum_dense_conv_with_fp16_storage_stays_within_1e_3_of_its_scale(chunk):
+    x = price_series(20000, C, seed=3)
+    pipe = {"conv": [{"weights": _zero_sum_dense()}]}
+    y, warned = _run(x, pipe, chunk=chunk)
+    assert _relative_error(y, x, pipe) < 1e-3  # 1.17 when the level term used the rounded sums
+    assert warned == []
+
+
+def test_averages_of_prices_with_rounded_weights_stay_exact_to_float32():
+    x = price_series(5000, 4, seed=4)
+    pipe = {"conv": [{"filters": ["ma:5", "ma:10", "ema:6", "dev:10"]}]}
+    y, warned = _run(x, pipe, chunk=512)
+    assert warned == []
+    ref = pipeline_reference(
+        x, resolve(pipeline_from_dict({**pipe, "weight_dtype": "float32"}), [f"f{j}" for j in range(4)])
+    )
+    # 0.2 stored as 0.19995 shifted a 5-step mean of prices near 100 by 0.024 before
+    assert np.nanmax(np.abs(y - ref)) < 1e-4
+
+
+def test_a_zero_sum_head_over_price_levels_is_warned_with_its_error():
+    x = price_series(4000, 2 * C, seed=5)
+    head = np.random.default_rng(1).normal(size=(4 * C, 3))
+    pipe = {"conv": [{"filters": ["ma:16", "ma:4"]}], "head": {"weights": head - head.mean(axis=0)}}
+    y, warned = _run(x, pipe, chunk=1024)
+    assert len(warned) == 1 and "[head]: storing its weights as float16 moves output" in warned[0]
+    said = float(warned[0].split("by up to ")[1].split(" ")[0])
+    actual = _relative_error(y, x, pipe)
+    # the warning measures what happens (on its sample of the first chunk)
+    assert actual > 1e-3 and actual / 4 <= said <= 4 * actual
+
+
+def test_no_check_and_no_warning_where_storage_is_exact_or_float32():
+    x = price_series(3000, C, seed=6)
+    for pipe in (
+        {"conv": [{"weights": _zero_sum_dense(), "weight_dtype": "float32"}]},
+        {"conv": [{"filters": ["diff:1", "dev:32", "ma:16"]}]},  # exact in float16: nothing to measure
+        None,  # the default pipeline
+    ):
+        _, warned = _run(x, pipe, chunk=1024)
+        assert warned == []
+
+
+def test_a_later_stage_that_storage_moves_is_named():
+    x = price_series(4000, 4, seed=7)
+    w2 = np.random.default_rng(2).normal(size=(3, 8, 3))
+    pipe = {"conv": [{"filters": ["ma:16", "ma:8"]}, {"name": "mix", "weights": w2 - w2.mean(axis=(1, 2), keepdims=True)}]}  # fmt: skip
+    _, warned = _run(x, pipe, chunk=1024)
+    assert len(warned) == 1 and "[[conv]] #2 (mix): storing its weights as float16" in warned[0]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="tsconv's conv1d runs on the GPU or under the interpreter")  # fmt: skip
+def test_conv1d_adds_the_level_back_with_the_given_tap_sums():
+    rng = np.random.default_rng(8)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.from_numpy(price_series(300, 16, seed=8).T.copy())[None].to(dev)
+    w = rng.normal(size=(16, 16, 3))
+    w -= w.mean(axis=2, keepdims=True)
+    w16 = torch.from_numpy(w).to(dev, torch.float16)
+    exact = torch.from_numpy(w.sum(axis=2)).to(dev)  # zeros, up to float64 rounding
+    ref = torch.nn.functional.conv1d(x.double(), torch.from_numpy(w).to(dev))
+    plain = conv1d(x, w16, padding="valid", recenter=True)
+    given = conv1d(x, w16, padding="valid", recenter=True, tap_sums=exact)
+    scale = ref.abs().max()
+    assert (given.double() - ref).abs().max() < (plain.double() - ref).abs().max() / 4
+    assert (given.double() - ref).abs().max() / scale < 3e-3  # what remains: the drift within a tile
+    with pytest.raises(tsconv.TsconvError, match="tap_sums is for recenter=True"):
+        conv1d(x, w16, padding="valid", tap_sums=exact)
+    with pytest.raises(tsconv.TsconvError, match="tap_sums must be a contiguous float64"):
+        conv1d(x, w16, padding="valid", recenter=True, tap_sums=exact.float())
