@@ -4,7 +4,8 @@ Reading the input's bytes again would cost as much as the run, so a digest is ta
 system instead: for each chunk file of the input's ``values`` and ``time`` arrays, its size, mtime_ns and
 inode (a missing chunk file, which zarr reads as the fill value, counts as absent), grouped by row band
 of the array's chunk grid (every chunk file holding those rows) and hashed per band (BLAKE2b, 8 bytes).
-The arrays' metadata documents are hashed by content. A band's digest changes when any of its chunk
+The arrays' metadata documents are hashed by content but for their shape, which is recorded beside (rows
+appended to an input change the shape alone). A band's digest changes when any of its chunk
 files is rewritten, replaced or removed, so bands can be told apart one by one: ``--resume`` refuses an
 input whose already processed rows changed, naming the first changed band, and a later ``--update``
 (rows appended, the input's last partial band rewritten) can tell unchanged bands from changed ones.
@@ -63,7 +64,7 @@ def _array_digest(array: Any) -> dict[str, Any] | str:
     docs = hashlib.sha256()
     for name in _METADATA:
         try:
-            docs.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
+            docs.update(name.encode() + b"\0" + _without_shape((root / name).read_bytes()) + b"\0")
         except FileNotFoundError:
             pass
     shape = tuple(int(n) for n in array.shape)
@@ -95,6 +96,17 @@ def _array_digest(array: Any) -> dict[str, Any] | str:
     }
 
 
+def _without_shape(doc: bytes) -> bytes:
+    """A metadata document, canonical and without its ``shape``; other bytes as they are."""
+    try:
+        parsed = json.loads(doc)
+    except ValueError:
+        return doc
+    if isinstance(parsed, dict):
+        parsed.pop("shape", None)
+    return json.dumps(parsed, sort_keys=True).encode()
+
+
 def input_digest(store: Any) -> dict[str, Any]:
     """The digest of an input store (:class:`~tsconv.io.store.InputStore`): its ``values`` and ``time``
     arrays' metadata and chunk-file bands; ``{"skipped": why}`` where the files cannot be listed."""
@@ -117,8 +129,9 @@ def digest_note(digest: dict[str, Any]) -> str:
 
 
 def changed_bands(recorded: dict[str, Any], current: dict[str, Any]) -> dict[str, list[int] | None]:
-    """Per array, the indices of the bands whose digest differs, over the bands both digests have;
-    None for an array whose metadata, band rows or presence differ (every band counts as changed)."""
+    """Per array, the indices of the bands whose digest differs, over the bands both digests have (an
+    input grown by appended rows: its old bands, the last partial one rewritten); None for an array whose
+    metadata (but for its shape), band rows or presence differ (every band counts as changed)."""
     out: dict[str, list[int] | None] = {}
     old, new = recorded.get("arrays", {}), current.get("arrays", {})
     for name in sorted(set(old) | set(new)):
