@@ -237,17 +237,21 @@ def _is_digest_file(name: str) -> bool:
 
 
 def _foreign_chunk_tree(top: Path, root: Path) -> list[str]:
-    """Entries under an array's chunk directory ``top`` that are not chunk files or chunk directories."""
-    bad: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in [*dirnames, *filenames]:
-            full = os.path.join(dirpath, name)
-            if not _CHUNK_PART.fullmatch(name) or os.path.islink(full):
-                bad.append(os.path.relpath(full, root) + ("/" if name in dirnames else ""))
-        dirnames[:] = [d for d in dirnames if _CHUNK_PART.fullmatch(d)]
+    """Entries under an array's chunk directory ``top`` that are not chunk files or chunk directories
+    (the first directory holding any; DirEntry types come from the listing, no stat per file)."""
+    stack = [str(top)]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            bad = []
+            for entry in entries:
+                if entry.is_symlink() or not _CHUNK_PART.fullmatch(entry.name):
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    bad.append(os.path.relpath(entry.path, root) + ("/" if is_dir else ""))
+                elif entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
         if bad:
-            break
-    return bad
+            return sorted(bad)
+    return []
 
 
 def prepare_output(
