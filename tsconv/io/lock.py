@@ -48,6 +48,7 @@ class OutputLock:
 
     @property
     def held(self) -> bool:
+        """Whether this lock is taken (by this object)."""
         return self._fd is not None
 
     def acquire(self) -> OutputLock:
