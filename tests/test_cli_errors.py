@@ -586,12 +586,17 @@ def test_existing_output_refused_then_replaced_with_overwrite(tmp_path: Path) ->
     assert_refused(res, "already exists", "--overwrite", "--resume")
     assert snapshot(tmp_path) == before
 
+    before_out = snapshot(out)  # a file that is not zarr data is not tsconv's to delete
+    res = invoke("-i", src, "-o", out, "--overwrite")
+    assert_refused(res, "refusing to overwrite", "not zarr data (stale.txt)", "remove the store yourself")
+    assert snapshot(out) == before_out
+
+    (out / "stale.txt").unlink()
     before_input = snapshot(src)
     res = invoke("-i", src, "-o", out, "--overwrite")
     assert res.exit_code == 0, res.output
     assert res.stderr == ""
     assert snapshot(src) == before_input
-    assert not (out / "stale.txt").exists()
     g = zarr.open_group(str(out), mode="r")
     assert g["values"].shape == (ROWS, DEFAULT_OUTPUTS)
     assert g.attrs["features"][:5] == ["x0.diff1", "x0.diff32", "x0.diff256", "x0.dev32", "x0.dev256"]

@@ -214,3 +214,49 @@ def test_gpu_partitions_are_few_and_large():
     assert per * 65_536 == 2 << 20
     # an explicit request wins
     assert _rows_per_partition(8 << 20, 65_536, 4, 64, 2, 100_000, gpu=True, row_bytes=4096) == 2
+
+
+class _SwapStore(distributed.WorkerPlugin):
+    """When the task of one partition starts, put a copy of the output in its place (another writer's
+    store renamed in over it, as its --overwrite would)."""
+
+    def __init__(self, out: str, start: int) -> None:
+        self.out, self.prefix = out, f"tsconv-{start}-"
+
+    def transition(self, key, start, finish, **kwargs) -> None:  # noqa: ANN001, ANN003
+        out = Path(self.out)
+        aside = out.with_name("ours-aside.zarr")
+        if finish == "executing" and str(key).startswith(self.prefix) and not aside.exists():
+            import shutil
+
+            shutil.copytree(out, out.with_name("theirs.zarr"))
+            os.rename(out, aside)
+            os.rename(out.with_name("theirs.zarr"), out)
+
+
+def test_the_client_does_not_mark_a_replaced_store_complete(client, src: Path) -> None:
+    out = src.with_name("dist-swapped.zarr")
+    client.register_plugin(_SwapStore(str(out), 3072), name="swap-store")
+    try:
+        with pytest.raises(tsconv.TsconvError, match="was replaced while this run .*another directory"):
+            tsconv.process(src, out, pipeline=DILATED, chunk=CHUNK, client=client, partition_rows=PART)
+    finally:
+        client.unregister_worker_plugin("swap-store")
+    assert src.with_name("ours-aside.zarr").exists(), "the store was not swapped"
+    assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"] is False
+
+
+def test_a_distributed_output_records_its_run_and_input(client, src: Path) -> None:
+    out = src.with_name("dist-owned.zarr")
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
+    meta = zarr.open_group(str(out), mode="r").attrs["tsconv"]
+    assert len(meta["run_id"]) == 32 and meta["input_digest"] == "values/.tsconv-input.json"
+    assert (out / "values" / ".tsconv-input.json").is_file()
+    first = meta["run_id"]
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["tsconv"] = {**meta, "complete": False, "rows_done": 0, "partitions_done": [[0, 5120]]}
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART, resume=True)
+    meta = zarr.open_group(str(out), mode="r").attrs["tsconv"]
+    assert (
+        meta["complete"] is True and len(meta["run_id"]) == 32 and meta["run_id"] != first
+    )  # resumed: its own

@@ -1,8 +1,10 @@
-"""Nothing lost: a run killed with SIGKILL at any moment and resumed gives the uninterrupted output."""
+"""Nothing lost: a run killed with SIGKILL at any moment and resumed gives the uninterrupted output; and
+nothing mixed: a resume refuses an input whose rows already computed have changed since."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -96,7 +98,7 @@ def test_kill_9_then_resume_gives_identical_output(tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.asarray(a["values"][:]), np.asarray(b["values"][:]))
     np.testing.assert_array_equal(np.asarray(a["time"][:]), np.asarray(b["time"][:]))
     assert a.attrs["features"] == b.attrs["features"]
-    assert not list(tmp_path.glob(".*.creating"))
+    assert not list(tmp_path.glob(".*.tsconv-*"))  # no store being created, no lock file
 
 
 def test_partial_output_is_marked_and_refused_as_input(tmp_path: Path) -> None:
@@ -130,3 +132,182 @@ def test_resume_refuses_a_different_pipeline_or_chunk(tmp_path: Path) -> None:
     with pytest.raises(tsconv.TsconvError, match="different input, pipeline or chunk"):
         tsconv.process(src, out, chunk=512, resume=True, pipeline={"conv": [{"filters": ["ma:4"]}]})
     assert tsconv.process(src, out, chunk=512, resume=True).rows == 0  # complete: nothing to do
+
+
+# ------------------------------------------------------------------------ the input changed under it
+
+ROWS, FEATURES, CHUNK, BAND = 5000, 3, 256, 1000  # input chunks of 1000 rows; output chunks of 256 rows
+DONE = 2048  # rows an interrupted run had stored: input bands 0, 1 and part of 2
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output chunks of one engine chunk, so an interrupted run can stop between chunks of a small store."""
+    import tsconv.engine
+
+    monkeypatch.setattr(tsconv.engine, "output_chunk_rows", lambda chunk, n_outputs: chunk)
+
+
+def _interrupted(tmp_path: Path, x: np.ndarray, *, done: int = DONE) -> tuple[Path, Path]:
+    """An input store and an output that looks like a run killed after ``done`` rows (garbage after)."""
+    src = write_store(tmp_path / "in.zarr", x, chunks=(BAND, FEATURES))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    g = zarr.open_group(str(out), mode="r+")
+    assert int(g["values"].chunks[0]) == CHUNK
+    g["values"][done:] = 12345.0
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": done}
+    return src, out
+
+
+def _chunk_files(path: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(path)): p.read_bytes()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name not in ("zarr.json", ".tsconv-input.json")
+    }
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_resume_refuses_an_input_rewritten_with_other_data_of_the_same_shape(
+    tmp_path: Path, small_chunks: None
+) -> None:
+    src, out = _interrupted(tmp_path, price_series(ROWS, FEATURES, seed=4))
+    before = _snapshot(out)
+    write_store(src, price_series(ROWS, FEATURES, seed=5), chunks=(BAND, FEATURES))  # same shape and names
+    with pytest.raises(tsconv.TsconvError) as err:
+        tsconv.process(src, out, chunk=CHUNK, resume=True)
+    msg = str(err.value)
+    assert "changed since the output was started, first at rows 0..1,000 (values chunk files)" in msg
+    assert "(up to row 2,048)" in msg and "hint: use --overwrite" in msg
+    assert _snapshot(out) == before  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    "rows, refused",
+    [
+        ((1000, 2000), "rows 1,000..2,000 (values chunk files)"),
+        ((2000, 2001), "rows 2,000..3,000 (values chunk"),
+    ],
+)
+def test_resume_refuses_a_change_in_rows_already_computed(
+    tmp_path: Path, small_chunks: None, rows: tuple[int, int], refused: str
+) -> None:
+    src, out = _interrupted(tmp_path, price_series(ROWS, FEATURES, seed=4))
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][rows[0] : rows[1]] = np.asarray(g["values"][rows[0] : rows[1]]) + 1  # one band rewritten
+    with pytest.raises(tsconv.TsconvError, match=re.escape(f"first at {refused}")):
+        tsconv.process(src, out, chunk=CHUNK, resume=True)
+
+
+def test_resume_refuses_a_changed_time_column(tmp_path: Path, small_chunks: None) -> None:
+    src, out = _interrupted(tmp_path, price_series(ROWS, FEATURES, seed=4))
+    g = zarr.open_group(str(src), mode="r+")
+    g["time"][:1000] = np.asarray(g["time"][:1000]) - 1  # still increasing, other timestamps
+    with pytest.raises(tsconv.TsconvError, match="first at rows 0..1,000 \\(time chunk files\\)"):
+        tsconv.process(src, out, chunk=CHUNK, resume=True)
+
+
+def test_resume_takes_a_change_in_rows_not_yet_computed(tmp_path: Path, small_chunks: None) -> None:
+    from tsconv.io.digest import input_digest, read_digest
+
+    src, out = _interrupted(tmp_path, price_series(ROWS, FEATURES, seed=4))
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][3000:4000] = np.asarray(g["values"][3000:4000]) + 1  # after every row already computed
+    report = tsconv.process(src, out, chunk=CHUNK, resume=True)
+    assert report.resumed_from == DONE
+    want = tmp_path / "want.zarr"
+    tsconv.process(src, want, chunk=CHUNK)  # the new input from scratch
+    assert _chunk_files(out) == _chunk_files(want)
+    assert read_digest(out) == input_digest(tsconv.open_input(src))  # what the output now comes from
+
+
+def test_resume_of_an_unchanged_input_gives_the_uninterrupted_bytes(
+    tmp_path: Path, small_chunks: None
+) -> None:
+    x = price_series(ROWS, FEATURES, seed=4, nan_fraction=0.01)
+    src, out = _interrupted(tmp_path, x)
+    meta = zarr.open_group(str(out), mode="r").attrs["tsconv"]
+    assert meta["input_digest"] == "values/.tsconv-input.json"
+    report = tsconv.process(src, out, chunk=CHUNK, resume=True)
+    assert report.resumed_from == DONE and report.rows == ROWS - DONE
+    want = tmp_path / "want.zarr"
+    tsconv.process(src, want, chunk=CHUNK)
+    assert _chunk_files(out) == _chunk_files(want)
+    assert (out / "values" / ".tsconv-input.json").read_bytes() == (
+        want / "values" / ".tsconv-input.json"
+    ).read_bytes()
+
+
+def test_resume_of_a_complete_output_refuses_a_changed_input(tmp_path: Path) -> None:
+    x = price_series(ROWS, FEATURES, seed=4)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(BAND, FEATURES))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    assert tsconv.process(src, out, chunk=CHUNK, resume=True).rows == 0  # unchanged: nothing to do
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][4500:] = np.asarray(g["values"][4500:]) + 1
+    with pytest.raises(tsconv.TsconvError, match="first at rows 4,000..5,000 \\(values chunk files\\)"):
+        tsconv.process(src, out, chunk=CHUNK, resume=True)
+
+
+def test_a_dask_resume_refuses_a_change_before_its_furthest_partition(
+    tmp_path: Path, small_chunks: None
+) -> None:
+    src, out = _interrupted(tmp_path, price_series(ROWS, FEATURES, seed=4), done=0)
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "partitions_done": [[3072, 4096]]}  # a dask run's later task
+    s = zarr.open_group(str(src), mode="r+")
+    s["values"][2500:2600] = np.asarray(s["values"][2500:2600]) + 1
+    for kw in ({}, {"workers": 2}):  # refused before any cluster starts
+        with pytest.raises(tsconv.TsconvError, match="first at rows 2,000..3,000 .*\\(up to row 4,096\\)"):
+            tsconv.process(src, out, chunk=CHUNK, resume=True, **kw)
+
+
+def test_resume_without_a_recorded_digest_checks_the_fingerprint_only(
+    tmp_path: Path, small_chunks: None
+) -> None:
+    from tsconv.io.digest import input_digest, write_digest
+
+    src, out = _interrupted(tmp_path, price_series(ROWS, FEATURES, seed=4))
+    write_digest(out, {"version": 1, "skipped": "values: MemoryStore (not a local directory)"})
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][:1000] = np.asarray(g["values"][:1000]) + 1
+    assert tsconv.process(src, out, chunk=CHUNK, resume=True).resumed_from == DONE
+
+    class Remote:  # an input whose arrays live in a store that is not a directory
+        path = src
+        values = zarr.create_array(zarr.storage.MemoryStore(), shape=(10, 2), chunks=(5, 2), dtype="f4")
+        time = None
+
+    assert input_digest(Remote()) == {"version": 1, "skipped": "values: MemoryStore (not a local directory)"}
+
+
+def test_the_digest_is_small_per_band_and_cheap(tmp_path: Path) -> None:
+    import time
+
+    from tsconv.io.digest import changed_bands, input_digest
+
+    src = write_store(tmp_path / "in.zarr", price_series(ROWS, FEATURES, seed=4), chunks=(BAND, FEATURES))
+    store = tsconv.open_input(src)
+    t0 = time.perf_counter()
+    d = input_digest(store)
+    assert time.perf_counter() - t0 < 0.5
+    assert set(d["arrays"]) == {"values", "time"}
+    assert d["arrays"]["values"]["band_rows"] == BAND and len(d["arrays"]["values"]["bands"]) == 5
+    assert all(len(b) == 16 for b in d["arrays"]["values"]["bands"])
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][4500:] = np.asarray(g["values"][4500:]) + 1  # the last band rewritten
+    assert changed_bands(d, input_digest(store)) == {"time": [], "values": [4]}
+    # Rows appended (a later --update's case): the old bands compare, the metadata digest ignores the shape.
+    d = input_digest(store)
+    for name, more in (("values", price_series(700, FEATURES, seed=6)), ("time", None)):
+        a = g[name]
+        a.resize((ROWS + 700, *a.shape[1:]))
+        a[ROWS:] = more if more is not None else np.asarray(a[ROWS - 1 : ROWS]) + 1 + np.arange(700)
+    grown = input_digest(tsconv.open_input(src))
+    assert changed_bands(d, grown) == {"time": [], "values": []}
+    assert len(grown["arrays"]["values"]["bands"]) == 6

@@ -25,7 +25,7 @@ from typing import Any
 
 from .errors import TsconvError
 from .io.store import InputStore
-from .io.writer import OutputWriter, output_chunk_rows
+from .io.writer import OutputWriter, check_owner, output_chunk_rows, store_identity
 from .spec import ResolvedPipeline
 
 __all__ = ["run_distributed", "partitions", "local_cluster"]
@@ -284,11 +284,16 @@ def run_distributed(
     transfer: str = "pinned",
     gpu_mem: int | None = None,
     compression: str = "lz4",
+    run_id: str | None = None,
+    input_digest: dict[str, Any] | None = None,
 ) -> Any:
     """Create (or reopen) the output, run the missing partitions on dask, mark it complete; a Report.
 
-    ``compression``: the new output's codec, ``lz4`` or ``none`` (the tasks write their chunks with the
-    array's codec, so no task chooses one from the data)."""
+    The caller holds the output's lock (:class:`tsconv.io.lock.OutputLock`) and has cleared an old store
+    (``action`` "replace"). ``compression``: the new output's codec, ``lz4`` or ``none`` (the tasks write
+    their chunks with the array's codec, so no task chooses one from the data). ``run_id``: recorded in
+    a resumed output and checked before marking it complete (``attrs`` carries it for a new one);
+    ``input_digest``: recorded in a new output."""
     import zarr
     from tqdm import tqdm
 
@@ -327,7 +332,7 @@ def run_distributed(
     try:
         n_workers = _n_workers(client)
         rows = store.rows
-        if action == "create":
+        if action in ("create", "replace"):
             chunk_rows = output_chunk_rows(chunk, plan.n_outputs)
             if partition_rows is not None:  # small partitions: chunk the output by them
                 chunk_rows = min(chunk_rows, chunk * math.ceil(partition_rows / chunk))
@@ -339,6 +344,7 @@ def run_distributed(
                 time_source=store.time,
                 attrs=attrs,
                 compression=compression,
+                input_digest=input_digest,
             )
             group = writer.group
             done: list[tuple[int, int]] = []
@@ -346,6 +352,9 @@ def run_distributed(
             group = zarr.open_group(str(out_path), mode="r+")
             meta = dict(group.attrs.get("tsconv", {}))
             done = _merge([(0, rows_done), *(tuple(p) for p in meta.get("partitions_done", []))])
+            if run_id is not None:
+                group.attrs["tsconv"] = {**meta, "run_id": run_id}
+        identity = store_identity(out_path)
         chunk_rows = int(group["values"].chunks[0])
         gpu = _uses_gpu(device)
         per = _rows_per_partition(rows, chunk_rows, plan.halo, plan.n_outputs, n_workers, partition_rows,
@@ -408,6 +417,8 @@ def run_distributed(
         if done != [(0, rows)]:
             msg = f"internal error: partitions done {done} do not cover [0, {rows})"
             raise RuntimeError(msg)
+        own = run_id if run_id is not None else dict(group.attrs.get("tsconv", {})).get("run_id")
+        check_owner(out_path, run_id=own, identity=identity)
         meta = dict(group.attrs.get("tsconv", {}))
         meta.pop("partitions_done", None)
         meta.update(complete=True, rows_done=rows)
@@ -446,7 +457,7 @@ def run_distributed(
         features_out=plan.n_outputs,
         halo=plan.halo,
         chunk=chunk,
-        resumed_from=already if action != "create" else 0,
+        resumed_from=already if action not in ("create", "replace") else 0,
         seconds=seconds,
         rows_per_s=computed / seconds if seconds > 0 else 0.0,
         input_gbps=computed * store.n_features * store.dtype.itemsize / seconds / 1e9 if seconds > 0 else 0.0,

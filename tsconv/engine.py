@@ -16,6 +16,7 @@ import os
 import resource
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,11 +28,24 @@ import torch
 from .errors import ShapeError, StoreError, TsconvError
 from .io import gpudecode
 from .io.decode import ParallelBandReader
+from .io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
+from .io.lock import OutputLock
 from .io.procdecode import ProcessBandReader, use_processes
 from .io.reader import ArraySource, ColumnSource, RowSource
 from .io.store import InputStore, check_time, describe_repeats, open_input, repeated_names
 from .io.timecolumn import ShiftedTime
-from .io.writer import FORMAT_VERSION, OutputWriter, check_compression, output_chunk_rows, prepare_output
+from .io.writer import (
+    FORMAT_VERSION,
+    OutputWriter,
+    check_compression,
+    check_output_flags,
+    check_output_path,
+    discard_output,
+    output_chunk_rows,
+    prepare_output,
+    remove_leftovers,
+    rows_written,
+)
 from .kernels.backend import Backend
 from .spec import Pipeline, ResolvedPipeline, default_pipeline, load_pipeline, pipeline_from_dict, resolve
 from .stream.batched import (
@@ -333,7 +347,9 @@ def process(
     """Stream a zarr store through a pipeline into an output store; returns a :class:`Report`.
 
     ``output`` defaults to ``<input stem>.features.zarr`` beside the input. An existing output is
-    refused unless ``overwrite`` (replace) or ``resume`` (finish an interrupted run) is given.
+    refused unless ``overwrite`` (replace) or ``resume`` (finish an interrupted run; refused when the input
+    rows already computed changed since) is given. One run writes an output at a time: it holds a lock
+    beside the output, and another run on it raises :class:`~tsconv.errors.OutputBusyError` at once.
     ``workers=N`` (a local dask cluster) or ``client`` (a ``distributed.Client`` or a scheduler address)
     run the job as one dask task per time partition (see :mod:`tsconv.distributed`).
     An output ending in ``.parquet``/``.pq`` is written as Parquet (see :mod:`tsconv.io.parquet`).
@@ -354,6 +370,7 @@ def process(
     """
     t_enter = time.perf_counter()
     check_compression(compression)
+    check_output_flags(overwrite=overwrite, resume=resume)
     if output is not None and str(output).lower().endswith((".parquet", ".pq")):
         if compression != "auto":
             raise TsconvError(
@@ -388,72 +405,91 @@ def process(
     check_time(store)
     r0, r1 = _time_rows(store, plan, distributed=workers is not None or client is not None)
     out_path = Path(output).expanduser().resolve() if output is not None else default_output_path(store.path)
-    fingerprint = _fingerprint(store, plan, chunk, warmup)
-    action, start = prepare_output(
-        out_path, input_path=store.path, overwrite=overwrite, resume=resume, fingerprint=fingerprint
-    )
-    if (workers is not None or client is not None) and action != "done":
-        from .distributed import run_distributed
-
-        return run_distributed(
-            store, plan, out_path, action=action, rows_done=start, chunk=chunk, device=device, warmup=warmup,
-            attrs=_output_attrs(store, plan, chunk, warmup, fingerprint), progress=progress,
-            workers=workers, client=client, partition_rows=partition_rows, transfer=transfer, gpu_mem=budget,
-            compression="lz4" if compression == "auto" else compression,
-        )  # fmt: skip
-    t0 = time.perf_counter()
-    if dev.type == "cuda":
-        if os.environ.get("TSCONV_EMPTY_CACHE", "1") != "0":
-            # Blocks cached by earlier work in the process (an earlier run's rings, freed in another order)
-            # are reused imperfectly: a second 4096-feature run peaked at 1.60 GB reserved against 1.28 GB
-            # for the first (benchmarks/NOTES.md, fifteenth session). Only unused cached blocks are freed.
-            with torch.cuda.device(dev):
-                torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(dev)
-    rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
-    stages = None
-    if action != "done":
-        time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)
-        if action == "create":
-            attrs = _output_attrs(store, plan, chunk, warmup, fingerprint)
-            if (r0, r1) != (0, store.rows):
-                attrs["tsconv"].update(rows=rows, input_rows=[r0, r1])
-            writer = OutputWriter.create(
-                out_path,
-                rows=rows,
-                names=plan.output_names,
-                chunk_rows=output_chunk_rows(chunk, plan.n_outputs),
-                time_source=time_source,
-                attrs=attrs,
-                compression=compression,
-            )
-        else:
-            writer = OutputWriter.reopen(out_path, time_source=time_source, start=start)
-        t_run = time.perf_counter()
-        stages = _run_store(
-            store,
-            plan,
-            writer,
-            dev,
-            start=start,
-            chunk=chunk,
-            warmup=warmup,
-            progress=progress,
-            rows=(r0, r1),
-            step_rows=step_rows,
-            transfer=transfer,
-            gpu_reader=gpu_reader,
+    check_output_path(out_path, input_path=store.path, overwrite=overwrite, resume=resume)
+    run_id = uuid.uuid4().hex
+    # One run owns the output from here to the end (creation, an overwrite's swap, every write, the final
+    # mark); a dask run's client holds it for its workers.
+    with OutputLock(out_path, run_id=run_id):
+        remove_leftovers(out_path)
+        fingerprint = _fingerprint(store, plan, chunk, warmup)
+        action, start = prepare_output(
+            out_path, input_path=store.path, overwrite=overwrite, resume=resume, fingerprint=fingerprint
         )
-        if stages is not None and "stage_seconds" in stages:
-            stages["stage_seconds"]["before_run"] = t_run - t0
-            # opening and checking the input, planning, clearing an old output: before ``seconds`` starts
-            stages["stage_seconds"]["open"] = t0 - t_enter
-        stages = {**(stages or {}), "compression": writer.compression}
-    seconds = time.perf_counter() - t0
+        digest = None
+        if action in ("create", "replace"):
+            digest = input_digest(store)
+            if action == "replace":
+                discard_output(out_path)  # before t0: deleting the old store is not the run's time
+        else:  # rows computed from the input so far: output rows [0, n) come from input rows [0, r0 + n)
+            current = verify_input(out_path, store, before=r0 + rows_written(out_path))
+            if action == "resume" and current != read_digest(out_path):
+                # the rows still to compute come from the input as it is now: record that
+                write_digest(out_path, current)
+        if (workers is not None or client is not None) and action != "done":
+            from .distributed import run_distributed
+
+            return run_distributed(
+                store, plan, out_path, action=action, rows_done=start, chunk=chunk, device=device,
+                warmup=warmup, attrs=_output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest),
+                progress=progress, workers=workers, client=client, partition_rows=partition_rows,
+                transfer=transfer, gpu_mem=budget, compression="lz4" if compression == "auto" else compression,
+                run_id=run_id, input_digest=digest,
+            )  # fmt: skip
+        t0 = time.perf_counter()
+        if dev.type == "cuda":
+            if os.environ.get("TSCONV_EMPTY_CACHE", "1") != "0":
+                # Blocks cached by earlier work in the process (an earlier run's rings, freed in another order)
+                # are reused imperfectly: a second 4096-feature run peaked at 1.60 GB reserved against 1.28 GB
+                # for the first (benchmarks/NOTES.md, fifteenth session). Only unused cached blocks are freed.
+                with torch.cuda.device(dev):
+                    torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
+        rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
+        stages = None
+        if action != "done":
+            time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)
+            if action in ("create", "replace"):
+                attrs = _output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest)
+                if (r0, r1) != (0, store.rows):
+                    attrs["tsconv"].update(rows=rows, input_rows=[r0, r1])
+                writer = OutputWriter.create(
+                    out_path,
+                    rows=rows,
+                    names=plan.output_names,
+                    chunk_rows=output_chunk_rows(chunk, plan.n_outputs),
+                    time_source=time_source,
+                    attrs=attrs,
+                    compression=compression,
+                    input_digest=digest,
+                )
+            else:
+                writer = OutputWriter.reopen(out_path, time_source=time_source, start=start, run_id=run_id)
+            t_run = time.perf_counter()
+            stages = _run_store(
+                store,
+                plan,
+                writer,
+                dev,
+                start=start,
+                chunk=chunk,
+                warmup=warmup,
+                progress=progress,
+                rows=(r0, r1),
+                step_rows=step_rows,
+                transfer=transfer,
+                gpu_reader=gpu_reader,
+            )
+            if stages is not None and "stage_seconds" in stages:
+                stages["stage_seconds"]["before_run"] = t_run - t0
+                # opening and checking the input, planning, the input's digest, clearing an old output: before
+                # ``seconds`` starts
+                stages["stage_seconds"]["open"] = t0 - t_enter
+            stages = {**(stages or {}), "compression": writer.compression}
+        seconds = time.perf_counter() - t0
     done = rows - start if action != "done" else 0
     return make_report(
         store, plan, out_path, dev, rows=done, total_rows=rows, chunk=chunk,
-        resumed_from=start if action != "create" else 0, seconds=seconds, stages=stages,
+        resumed_from=start if action not in ("create", "replace") else 0, seconds=seconds, stages=stages,
     )  # fmt: skip
 
 
@@ -713,8 +749,16 @@ def _fingerprint(store: InputStore, plan: ResolvedPipeline, chunk: int, warmup: 
 
 
 def _output_attrs(
-    store: InputStore, plan: ResolvedPipeline, chunk: int, warmup: str, fingerprint: str
+    store: InputStore,
+    plan: ResolvedPipeline,
+    chunk: int,
+    warmup: str,
+    fingerprint: str,
+    run_id: str,
+    digest: dict[str, Any] | None,
 ) -> dict[str, Any]:
+    """A new output's attributes; ``tsconv.run_id`` names the run that owns it (OutputWriter.finish checks
+    it), ``tsconv.input_digest`` where the input's digest is kept (or why there is none)."""
     from . import __version__
 
     return {
@@ -730,6 +774,8 @@ def _output_attrs(
             "warmup": warmup,
             "halo": plan.halo,
             "fingerprint": fingerprint,
+            "run_id": run_id,
+            "input_digest": digest_note(digest) if digest is not None else None,
         },
     }
 

@@ -28,5 +28,9 @@ class OutputExistsError(TsconvError):
     """The output store exists and neither overwrite nor resume was asked for."""
 
 
+class OutputBusyError(StoreError):
+    """Another run holds the output's lock: one writer per output at a time."""
+
+
 class TsconvWarning(UserWarning):
     """A result is computed but may not be what the user expects (e.g. FP16 weight rounding)."""

@@ -5,18 +5,22 @@ pipeline output, named by the pipeline. Row groups of :data:`ROW_GROUP_ROWS` row
 would buffer more than 256 MiB) are written as the engine streams (memory: one row group plus the
 engine's chunk). The file is written under a temporary
 name beside the output (``.<name>.tsconv-<pid>.tmp``) and renamed into place at the end, so the final
-name never holds a partial file; an error removes the temporary file. The schema metadata key
+name never holds a partial file; an error removes the temporary file, and the temporary file of a
+killed run is removed by the next run on the same output. A run holds the output's lock
+(:class:`tsconv.io.lock.OutputLock`) throughout, as zarr outputs do. The schema metadata key
 ``tsconv`` holds the zarr output's attributes as JSON (source, pipeline as run, chunk, warm-up, halo,
-features). ``resume`` is not supported (a Parquet file cannot be appended to after a crash); an
+features, run id). ``resume`` is not supported (a Parquet file cannot be appended to after a crash); an
 existing file is replaced only with ``overwrite`` (and only once the new file is complete), and a
 directory at the output path is never replaced.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +28,36 @@ import numpy as np
 
 from ..errors import OutputExistsError, StoreError, TsconvError
 from .loaders import transpose_into
+from .lock import OutputLock
 from .reader import BlockReader
+from .writer import check_output_flags
 
 __all__ = ["is_parquet_path", "process_to_parquet", "ROW_GROUP_ROWS"]
 
 ROW_GROUP_ROWS = 1 << 16
 _GROUP_BYTES = 256 << 20  # at most this much buffered output (fewer rows per group beyond 1024 outputs)
 _SUFFIXES = (".parquet", ".pq")
+_TMP_INFIX, _TMP_SUFFIX = ".tsconv-", ".tmp"  # .<name>.tsconv-<pid>.tmp
 
 
 def is_parquet_path(path: str | os.PathLike[str] | None) -> bool:
     return path is not None and str(path).lower().endswith(_SUFFIXES)
+
+
+def _temp_path(out: Path) -> Path:
+    return out.with_name(f".{out.name}{_TMP_INFIX}{os.getpid()}{_TMP_SUFFIX}")
+
+
+def remove_stale_temp_files(out: Path) -> list[Path]:
+    """Delete the temporary files killed runs left beside the Parquet output ``out``; call it holding the
+    output's lock (no other run is writing one). Returns the files removed."""
+    pattern = f".{glob.escape(out.name)}{_TMP_INFIX}*{_TMP_SUFFIX}"
+    removed = []
+    for tmp in out.parent.glob(pattern):
+        if tmp.is_file() and not tmp.is_symlink():
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
 
 
 def _check_output(out: Path, inp: Path, *, overwrite: bool, resume: bool) -> None:
@@ -115,18 +138,15 @@ def process_to_parquet(
             "Parquet output is written by one process; workers/client (dask) are not supported for it",
             hint="write a .zarr output with dask, or leave workers/client out for Parquet.",
         )
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import torch
-    from tqdm import tqdm
-
-    from .. import __version__, engine
+    from .. import engine
     from .store import check_time, open_input
 
+    check_output_flags(overwrite=overwrite, resume=resume)
     engine._check_options(chunk, warmup)
     out = Path(output).expanduser().absolute()
     dev = engine.resolve_device(device)
     store = open_input(input)
+    # Checked before the lock file is made beside ``out`` (never inside the input), and again holding it.
     _check_output(out.resolve(), store.path, overwrite=overwrite, resume=resume)
     plan = engine.resolve(engine._as_pipeline(pipeline), store.features)
     engine._refuse_time_range(plan, "Parquet output")
@@ -137,6 +157,37 @@ def process_to_parquet(
             "the pipeline has an output named 'time', which the Parquet file's time column uses",
             hint="rename that output, or write a .zarr output.",
         )
+    run_id = uuid.uuid4().hex
+    # The name the finished file is renamed onto (a symlink there is replaced, not followed) is what the
+    # lock and the temporary files belong to.
+    target = out.parent.resolve() / out.name
+    with OutputLock(target, run_id=run_id):
+        remove_stale_temp_files(target)
+        _check_output(out.resolve(), store.path, overwrite=overwrite, resume=resume)
+        return _write_parquet(store, plan, out, dev, chunk=chunk, warmup=warmup, progress=progress,
+                              row_group_rows=row_group_rows, run_id=run_id)  # fmt: skip
+
+
+def _write_parquet(
+    store: Any,
+    plan: Any,
+    out: Path,
+    dev: Any,
+    *,
+    chunk: int,
+    warmup: str,
+    progress: bool,
+    row_group_rows: int,
+    run_id: str,
+) -> Any:
+    """Stream ``store`` through ``plan`` into the Parquet file ``out`` (the caller holds its lock)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+    from tqdm import tqdm
+
+    from .. import __version__, engine
+
     fields = [pa.field(n, pa.float32()) for n in plan.output_names]
     if store.time is not None:
         fields.insert(0, pa.field("time", pa.timestamp("ns", tz="UTC")))
@@ -145,10 +196,10 @@ def process_to_parquet(
         "features": list(plan.output_names),
         "pipeline": plan.as_run(),
         "tsconv": {"version": __version__, "rows": store.rows, "chunk": chunk, "warmup": warmup,
-                   "halo": plan.halo, "complete": True},
+                   "halo": plan.halo, "complete": True, "run_id": run_id},
     }  # fmt: skip
     schema = pa.schema(fields, metadata={"tsconv": json.dumps(meta)})
-    tmp = out.with_name(f".{out.name}.tsconv-{os.getpid()}.tmp")
+    tmp = _temp_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     if dev.type == "cuda":

@@ -2,9 +2,15 @@
 
 Layout: a zarr (format 3) group with ``values`` [T, D] float32, ``time`` copied from the input when it
 has one, and attributes ``features`` (output names), ``pipeline`` (as run), ``source`` and ``tsconv``
-(``complete``, ``rows_done``, ``fingerprint``, ...). Every write covers whole chunks, and ``rows_done``
-advances only over the prefix of chunks whose data is stored (each chunk file is written atomically), so
-a run killed at any moment resumes from ``rows_done`` and rewrites anything after it.
+(``complete``, ``rows_done``, ``fingerprint``, ``run_id``, ``input_digest``, ...); the input's digest
+itself is ``values/.tsconv-input.json`` (:mod:`tsconv.io.digest`). Every write covers whole chunks, and
+``rows_done`` advances only over the prefix of chunks whose data is stored (each chunk file is written
+atomically), so a run killed at any moment resumes from ``rows_done`` and rewrites anything after it.
+
+Ownership: the engine holds the output's lock (:mod:`tsconv.io.lock`) for the whole run and calls
+:func:`prepare_output`, :func:`remove_leftovers` and :func:`discard_output` under it. A writer marks the
+store complete only after :func:`check_owner` has read back from disk that the store still names its run
+and is the directory it opened.
 
 Writes run in a thread pool, several chunks at once: for the layout tsconv creates, each task encodes
 its chunk with numcodecs' Blosc (which releases the GIL) and writes the chunk file itself
@@ -18,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import threading
 import time
@@ -34,18 +41,29 @@ from zarr.codecs import BloscCodec
 
 from ..errors import OutputExistsError, StoreError, TsconvError
 from ..stream import trace
+from .digest import DIGEST_FILE, write_digest
 from .encode import ChunkFileWriter, remove_partial_files
 from .store import is_zarr_store
 from .timecolumn import TimeReader
 
 __all__ = [
     "COMPRESSIONS",
+    "CREATING_SUFFIX",
+    "DISCARDED_SUFFIX",
     "FORMAT_VERSION",
     "OutputWriter",
     "check_compression",
+    "check_output_flags",
+    "check_output_path",
+    "check_owner",
     "default_write_threads",
+    "discard_output",
+    "foreign_entries",
     "output_chunk_rows",
     "prepare_output",
+    "remove_leftovers",
+    "rows_written",
+    "store_identity",
 ]
 
 FORMAT_VERSION = 1
@@ -86,14 +104,26 @@ def _codec(clevel: int = 5) -> BloscCodec:
     return BloscCodec(cname="lz4", clevel=clevel, shuffle="shuffle")
 
 
-def prepare_output(
-    path: Path, *, input_path: Path, overwrite: bool, resume: bool, fingerprint: str
-) -> tuple[str, int]:
-    """Decide what to do with ``path``: returns (action, rows_done), action one of create/resume/done.
+def check_output_flags(*, overwrite: object, resume: object) -> None:
+    """``overwrite`` and ``resume`` are booleans and not both true."""
+    for name, value in (("overwrite", overwrite), ("resume", resume)):
+        if not isinstance(value, bool):
+            raise TsconvError(
+                f"{name} must be True or False, got {value!r}",
+                hint="overwrite=True replaces the output; resume=True finishes an interrupted run.",
+            )
+    if overwrite and resume:
+        raise TsconvError(
+            "overwrite=True and resume=True exclude each other",
+            hint="resume finishes an interrupted run; overwrite starts again from scratch.",
+        )
 
-    Refuses to touch the input, a path that is not a zarr store, or an existing output without
-    ``overwrite`` or ``resume``.
-    """
+
+def check_output_path(path: Path, *, input_path: Path, overwrite: bool, resume: bool) -> None:
+    """The refusals that need no lock, made before the lock file is written beside ``path`` (so a refused
+    run writes nothing; :func:`prepare_output` makes them again holding the lock): an output that is,
+    contains or lies inside the input, a path that is not a zarr store, an existing store without
+    ``overwrite`` or ``resume``."""
     out, inp = path.resolve(), input_path.resolve()
     if out == inp or inp.is_relative_to(out) or out.is_relative_to(inp):
         raise StoreError(
@@ -101,12 +131,143 @@ def prepare_output(
             hint="choose an output path outside the input store; tsconv never writes into its input.",
         )
     if not out.exists():
-        return "create", 0
+        return
     if not is_zarr_store(out):
         raise StoreError(
             f"output path {str(out)!r} exists and is not a zarr store; refusing to replace it",
             hint="remove it yourself or choose another --output.",
         )
+    if not overwrite and not resume:
+        raise OutputExistsError(
+            f"output store {str(out)!r} already exists",
+            hint="pass --overwrite to replace it or --resume to finish an interrupted run.",
+        )
+
+
+CREATING_SUFFIX = ".tsconv-creating"  # a new store being built, renamed into place once laid out
+DISCARDED_SUFFIX = ".tsconv-discarded"  # an old store being deleted by --overwrite
+
+
+def _sibling(path: Path, suffix: str) -> Path:
+    return path.with_name(f".{path.name}{suffix}")
+
+
+def remove_leftovers(path: Path) -> list[str]:
+    """Delete what a killed run left beside the output ``path``: a store it was creating, or an old one it
+    was deleting for ``--overwrite``. Call it holding the output's lock; returns the names removed."""
+    done = []
+    for suffix in (CREATING_SUFFIX, DISCARDED_SUFFIX):
+        leftover = _sibling(path, suffix)
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover)
+            done.append(leftover.name)
+    return done
+
+
+def discard_output(path: Path) -> None:
+    """Delete the output store at ``path`` for ``--overwrite``: call it holding the output's lock, once
+    :func:`prepare_output` has said "replace" (the store holds zarr data only).
+
+    It is renamed aside first, so ``path`` holds the old store or nothing, never a half-deleted store
+    whose metadata still says complete; a kill during the deletion leaves the rest to
+    :func:`remove_leftovers`. The new store is then built beside ``path`` and renamed in
+    (:meth:`OutputWriter.create`).
+    """
+    aside = _sibling(path, DISCARDED_SUFFIX)
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.rename(path, aside)
+    shutil.rmtree(aside)
+
+
+_METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
+# A chunk key's parts (v3 default "c/0/1" or "c.0.1", v2 "0.1" or "0/1"); writers' temporary files end in
+# ".partial" (zarr's LocalStore and tsconv's chunk writer).
+_CHUNK_PART = re.compile(r"(c|\d+)(\.\d+)*(\.[^/]*\.partial)?")
+_PARTIAL_META = re.compile(r"zarr\.json\.[0-9a-f]+\.partial")
+
+
+def _node_type(path: Path) -> str | None:
+    """ "array", "group" or None (not a zarr node) for the directory ``path``."""
+    if (path / ".zarray").is_file():
+        return "array"
+    if (path / ".zgroup").is_file():
+        return "group"
+    try:
+        doc = json.loads((path / "zarr.json").read_text())
+    except (OSError, ValueError):
+        return None
+    kind = doc.get("node_type") if isinstance(doc, dict) else None
+    return kind if kind in ("array", "group") else None
+
+
+def foreign_entries(root: Path, *, limit: int = 5) -> list[str]:
+    """Paths in the zarr store ``root`` that are not zarr data (at most ``limit``, relative, directories
+    ending in "/"): zarr metadata, chunk files under arrays, sub-nodes and tsconv's own files are data.
+
+    ``--overwrite`` deletes a store only when this is empty: a file someone kept in a store is not
+    tsconv's to delete.
+    """
+    found: list[str] = []
+    nodes = [(root, _node_type(root))]
+    while nodes and len(found) < limit:
+        node, kind = nodes.pop()
+        for entry in sorted(os.scandir(node), key=lambda e: e.name):
+            name, rel = entry.name, os.path.relpath(entry.path, root)
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if not is_dir and (name in _METADATA_FILES or _PARTIAL_META.fullmatch(name)):
+                continue
+            if is_dir and (sub := _node_type(Path(entry.path))) is not None:
+                nodes.append((Path(entry.path), sub))
+                continue
+            if kind == "array" and _CHUNK_PART.fullmatch(name) and not entry.is_symlink():
+                bad = _foreign_chunk_tree(Path(entry.path), root) if is_dir else []
+                found.extend(bad[: limit - len(found)])
+            elif kind == "array" and node == root / "values" and not is_dir and _is_digest_file(name):
+                continue
+            else:
+                found.append(rel + ("/" if is_dir else ""))
+            if len(found) >= limit:
+                break
+    return found
+
+
+def _is_digest_file(name: str) -> bool:
+    return name == DIGEST_FILE or (name.startswith(f"{DIGEST_FILE}.") and name.endswith(".partial"))
+
+
+def _foreign_chunk_tree(top: Path, root: Path) -> list[str]:
+    """Entries under an array's chunk directory ``top`` that are not chunk files or chunk directories
+    (the first directory holding any; DirEntry types come from the listing, no stat per file)."""
+    stack = [str(top)]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            bad = []
+            for entry in entries:
+                if entry.is_symlink() or not _CHUNK_PART.fullmatch(entry.name):
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    bad.append(os.path.relpath(entry.path, root) + ("/" if is_dir else ""))
+                elif entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+        if bad:
+            return sorted(bad)
+    return []
+
+
+def prepare_output(
+    path: Path, *, input_path: Path, overwrite: bool, resume: bool, fingerprint: str
+) -> tuple[str, int]:
+    """Decide what to do with ``path``: returns (action, rows_done), action one of create, replace
+    (``overwrite`` of an existing store: :func:`discard_output` it, then create), resume or done. Call it
+    holding the output's lock (:class:`tsconv.io.lock.OutputLock`).
+
+    Refuses to touch the input, a path that is not a zarr store, a store holding files that are not
+    zarr data, or an existing output without ``overwrite`` or ``resume``.
+    """
+    check_output_path(path, input_path=input_path, overwrite=overwrite, resume=resume)
+    out = path.resolve()
+    if not out.exists():
+        return "create", 0
     if resume:
         try:
             meta = dict(zarr.open_group(str(out), mode="r").attrs.get("tsconv", {}))
@@ -120,13 +281,62 @@ def prepare_output(
         if meta.get("complete"):
             return "done", int(meta["rows"])
         return "resume", int(meta.get("rows_done", 0))
-    if overwrite:
-        shutil.rmtree(out)
-        return "create", 0
-    raise OutputExistsError(
-        f"output store {str(out)!r} already exists",
-        hint="pass --overwrite to replace it or --resume to finish an interrupted run.",
-    )
+    foreign = foreign_entries(out)
+    if foreign:
+        raise StoreError(
+            f"refusing to overwrite {str(out)!r}: it holds files that are not zarr data ({', '.join(foreign)})",
+            hint="move them out of the store, or remove the store yourself.",
+        )
+    return "replace", 0
+
+
+def rows_written(path: Path) -> int:
+    """The end of the furthest rows an output store holds: ``rows`` when complete, else the furthest of
+    ``tsconv.rows_done`` and the dask run's ``partitions_done``."""
+    meta = dict(zarr.open_group(str(path), mode="r").attrs.get("tsconv", {}))
+    if meta.get("complete"):
+        return int(meta["rows"])
+    stops = [int(p[1]) for p in meta.get("partitions_done", []) or []]
+    return max([int(meta.get("rows_done", 0)), *stops])
+
+
+def store_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a local store's root directory: a store replaced by another has another."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_owner(
+    path: Path, *, run_id: str | None, identity: tuple[int, int] | None, group: zarr.Group | None = None
+) -> None:
+    """Refuse to go on when the output store at ``path`` is no longer the one this run created or resumed:
+    its ``tsconv.run_id``, read from disk, is another run's, or its root is another directory (``identity``,
+    from :func:`store_identity`). ``group``: read the attributes through zarr (stores that are not local
+    format-3 directories)."""
+    if run_id is None:
+        return
+    try:
+        if group is None:
+            doc = json.loads((Path(path) / "zarr.json").read_text())
+            found = doc.get("attributes", {}).get("tsconv", {}).get("run_id")
+        else:
+            fresh = zarr.open_group(store=group.store, path=group.path, mode="r")
+            found = dict(fresh.attrs.get("tsconv", {})).get("run_id")
+    except (OSError, ValueError, AttributeError, KeyError):
+        found = None
+    moved = identity is not None and store_identity(Path(path)) != identity
+    if found != run_id or moved:
+        why = (
+            "another directory is at that path now" if moved else f"its metadata names run {str(found)[:12]}"
+        )
+        raise StoreError(
+            f"the output store {str(path)!r} was replaced while this run (run {run_id[:12]}) was writing it: "
+            f"{why}; not marking it complete",
+            hint="another writer replaced it; check which run's output you want, then rerun with --overwrite.",
+        )
 
 
 def _local_group_json(group: zarr.Group) -> Path | None:
@@ -279,6 +489,9 @@ class OutputWriter:
         self.rows_done = start
         self._meta: dict[str, Any] | None = None  # the tsconv attributes as last written
         self._group_json = _local_group_json(group)
+        # Whose store this is, checked against the disk before marking it complete (check_owner).
+        self.run_id: str | None = (group.attrs.get("tsconv") or {}).get("run_id") if record else None
+        self._identity = store_identity(self._group_json.parent) if self._group_json is not None else None
         self._group_doc: dict[str, Any] | None = None  # its contents, as last written by _set_meta
         self.busy_seconds = 0.0
         self.wait_seconds = 0.0
@@ -309,16 +522,18 @@ class OutputWriter:
         buffers: int | None = None,
         fast: bool = True,
         compression: str = "auto",
+        input_digest: dict[str, Any] | None = None,
     ) -> OutputWriter:
         """A writer of a new output store at ``path``. ``compression`` (the values' codec): ``lz4`` (Blosc-LZ4,
         byte shuffle), ``none`` (Blosc without compression) or ``auto`` (lz4, switched to none before the
         first chunk is stored when lz4 saves less than AUTO_MIN_SAVING of a sample of it: float features
         often do not compress, and encoding them cost the writer threads more CPU than the rest of the
-        run; benchmarks/NOTES.md, thirteenth session). The time column is always lz4."""
+        run; benchmarks/NOTES.md, thirteenth session). The time column is always lz4. ``input_digest``
+        (:func:`tsconv.io.digest.input_digest`) is recorded in the new store."""
         check_compression(compression)
         # Build the empty store beside its final place and rename it in: a kill during creation then
         # leaves no half-made store at ``path`` that a later --resume would have to refuse.
-        tmp = path.with_name(f".{path.name}.creating")
+        tmp = _sibling(path, CREATING_SUFFIX)
         if tmp.exists():
             shutil.rmtree(tmp)
         _write_layout(
@@ -330,7 +545,9 @@ class OutputWriter:
             time=time_source is not None,
             attrs={**attrs, "features": list(names)},
         )
-        tmp.rename(path)
+        if input_digest is not None:
+            write_digest(tmp, input_digest)
+        os.rename(tmp, path)
         writer = cls(
             zarr.open_group(str(path), mode="r+"),
             time_source=time_source,
@@ -352,14 +569,20 @@ class OutputWriter:
         threads: int | None = None,
         buffers: int | None = None,
         fast: bool = True,
+        run_id: str | None = None,
     ) -> OutputWriter:
-        """A writer resuming at ``start``; temporary chunk files a killed run left behind are removed."""
+        """A writer resuming at ``start``; temporary chunk files a killed run left behind are removed.
+        ``run_id``: recorded as the store's ``tsconv.run_id`` (this run owns it now)."""
         for tmp in Path(path).glob("zarr.json.*.partial"):  # a progress update cut short (_set_meta)
             tmp.unlink(missing_ok=True)
         group = zarr.open_group(str(path), mode="r+")
         for name in group.array_keys():  # no one else writes this store during a single-process resume
             remove_partial_files(group[name])
-        return cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast)
+        writer = cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast)
+        if run_id is not None:
+            writer._set_meta(run_id=run_id)
+            writer.run_id = run_id
+        return writer
 
     @classmethod
     def region(
@@ -429,6 +652,9 @@ class OutputWriter:
                 raise RuntimeError(msg)
             if self.record:
                 with self._lock:
+                    local = self._group_json is not None
+                    check_owner(self._root(), run_id=self.run_id, identity=self._identity,
+                                group=None if local else self.group)  # fmt: skip
                     self._set_meta(complete=True, rows_done=self.rows, partitions_done=None)  # None: drop it
         finally:
             self.close()
@@ -442,6 +668,12 @@ class OutputWriter:
             if self._finalizer is not None:
                 self._finalizer.detach()
             self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _root(self) -> Path:
+        if self._group_json is not None:
+            return self._group_json.parent
+        root = getattr(self.group.store, "root", None)
+        return Path(root) / self.group.path if root is not None else Path(str(self.group.store_path))
 
     def __enter__(self) -> OutputWriter:
         return self

@@ -1,0 +1,489 @@
+"""Nothing mixed: one writer per output, a crash-safe ``--overwrite``, no foreign file deleted, no stale
+temporary file kept.
+
+A second process holds the lock for real (a subprocess); crashes inside the overwrite's swap are raised
+from the file-system calls themselves, and one real ``kill -9`` lands during the deletion of a large old
+store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import tsconv
+import tsconv.io.writer as writer_module
+from tsconv.cli import main
+from tsconv.errors import OutputBusyError, StoreError, TsconvError
+from tsconv.io.lock import OutputLock, lock_path
+from tsconv.io.parquet import remove_stale_temp_files
+from tsconv.io.writer import (
+    CREATING_SUFFIX,
+    DISCARDED_SUFFIX,
+    OutputWriter,
+    check_owner,
+    foreign_entries,
+    store_identity,
+)
+
+from .helpers import price_series, write_store
+
+ROWS, FEATURES, CHUNK = 3000, 3, 256
+OLD_PIPE = {"conv": [{"filters": ["ma:4", "diff:1"]}]}  # what the store being overwritten was made with
+REPO = Path(tsconv.__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    return write_store(tmp_path / "in.zarr", price_series(ROWS, FEATURES, seed=1), chunks=(1000, FEATURES))
+
+
+def _meta(out: Path) -> dict:
+    return dict(json.loads((out / "zarr.json").read_text())["attributes"]["tsconv"])
+
+
+def _set_run_id(out: Path, run_id: str) -> None:
+    doc = json.loads((out / "zarr.json").read_text())
+    doc["attributes"]["tsconv"]["run_id"] = run_id
+    (out / "zarr.json").write_text(json.dumps(doc))
+
+
+def _values(out: Path) -> np.ndarray:
+    return np.asarray(zarr.open_group(str(out), mode="r")["values"][:])
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if ".tsconv-" in p.name)
+
+
+# ----------------------------------------------------------------------------------- the lock
+
+_HOLDER = """
+import sys
+from pathlib import Path
+from tsconv.io.lock import OutputLock
+OutputLock(Path(sys.argv[1]), run_id="0123456789ab" + "0" * 20).acquire()
+print("held", flush=True)
+sys.stdin.read()  # holds the lock until the test kills it
+"""
+
+
+@contextmanager
+def _held_by_another_process(out: Path) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def _cli(monkeypatch: pytest.MonkeyPatch, *args: str | os.PathLike[str]):  # noqa: ANN202
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # the CLI replaces it
+    return CliRunner().invoke(main, ["process", *map(str, args), "-q"])
+
+
+@pytest.mark.parametrize("name", ["out.zarr", "out.parquet"])
+def test_a_second_writer_is_refused_at_once_naming_the_holder(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    out = tmp_path / name
+    with _held_by_another_process(out) as holder:
+        holder_text = f"pid {holder.pid} on {socket.gethostname()}, started 20"
+        cases = [{}, {"overwrite": True}] + ([{"resume": True}] if name.endswith(".zarr") else [])
+        for kw in cases:
+            t0 = time.perf_counter()
+            with pytest.raises(
+                OutputBusyError, match=f"being written by another tsconv run \\({holder_text}"
+            ):
+                tsconv.process(src, out, chunk=CHUNK, **kw)
+            assert time.perf_counter() - t0 < 5  # refused, not waited for
+        assert not out.exists()
+        res = _cli(monkeypatch, "-i", src, "-o", out, "--overwrite")
+        assert res.exit_code == 2 and "Traceback" not in res.stderr
+        assert res.stderr.count("\n") == 1
+        assert res.stderr.startswith(
+            f"tsconv: error: output {str(out.resolve())!r} is being written by another"
+        )
+        assert "run 0123456789ab" in res.stderr and "hint: wait for that run" in res.stderr
+        os.kill(holder.pid, signal.SIGKILL)  # it never lets go itself: the kernel releases the lock
+        holder.wait()
+    assert lock_path(out).exists()  # a killed holder leaves the file; the next run reuses it
+    tsconv.process(src, out, chunk=CHUNK)
+    assert not lock_path(out).exists()  # a run that ends removes it
+
+
+def test_a_dask_run_is_refused_before_any_cluster_starts(src: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out.zarr"
+    with _held_by_another_process(out):
+        t0 = time.perf_counter()
+        with pytest.raises(OutputBusyError):
+            tsconv.process(src, out, chunk=CHUNK, workers=2)
+        assert time.perf_counter() - t0 < 5
+    assert not out.exists()
+
+
+def test_one_lock_per_output_within_a_process_too(tmp_path: Path) -> None:
+    out = tmp_path / "out.zarr"
+    with OutputLock(out, run_id="a" * 32) as lock:
+        assert lock.held and json.loads(lock_path(out).read_text())["run_id"] == "a" * 32
+        with pytest.raises(OutputBusyError, match=f"pid {os.getpid()}"):
+            OutputLock(out, run_id="b" * 32).acquire()
+        OutputLock(tmp_path / "other.zarr", run_id="c" * 32).acquire().release()  # another output is free
+    assert not lock_path(out).exists()
+    OutputLock(out, run_id="d" * 32).acquire().release()
+
+
+# ----------------------------------------------------------------------- the store replaced mid-run
+
+
+def test_a_store_replaced_mid_run_is_not_marked_complete(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, calls = tmp_path / "out.zarr", []
+    real_append = OutputWriter.append
+
+    def append(self: OutputWriter, block: np.ndarray) -> None:
+        calls.append(block.shape[0])
+        if len(calls) == 3:  # another writer's store renamed in over ours (as its --overwrite would)
+            shutil.copytree(out, tmp_path / "theirs.zarr")
+            _set_run_id(tmp_path / "theirs.zarr", "f" * 32)
+            os.rename(out, tmp_path / "ours.zarr")
+            os.rename(tmp_path / "theirs.zarr", out)
+        real_append(self, block)
+
+    monkeypatch.setattr(OutputWriter, "append", append)
+    with pytest.raises(
+        StoreError, match="was replaced while this run .*: another directory is at that path now; not marking"
+    ):
+        tsconv.process(src, out, chunk=CHUNK)
+    assert len(calls) > 3
+    assert _meta(out)["complete"] is False and _meta(tmp_path / "ours.zarr")["complete"] is False
+
+
+def test_a_run_whose_run_id_changed_on_disk_is_not_marked_complete(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out.zarr"
+    monkeypatch.setenv("TSCONV_WRITE_THREADS", "0")  # every chunk and its progress are stored by append
+    real_finish = OutputWriter.finish
+
+    def finish(self: OutputWriter) -> None:
+        _set_run_id(out, "e" * 32)  # another run took the store after our last chunk
+        real_finish(self)
+
+    monkeypatch.setattr(OutputWriter, "finish", finish)
+    with pytest.raises(StoreError, match="its metadata names run eeeeeeeeeeee; not marking it complete"):
+        tsconv.process(src, out, chunk=CHUNK)
+    assert _meta(out)["complete"] is False and _meta(out)["rows_done"] == ROWS
+
+
+def test_check_owner(tmp_path: Path, src: Path) -> None:
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    run_id, identity = _meta(out)["run_id"], store_identity(out)
+    assert len(run_id) == 32
+    check_owner(out, run_id=run_id, identity=identity)
+    with pytest.raises(StoreError, match="its metadata names run"):
+        check_owner(out, run_id="9" * 32, identity=identity)
+    shutil.copytree(out, tmp_path / "copy.zarr")
+    with pytest.raises(StoreError, match="another directory is at that path now"):
+        check_owner(tmp_path / "copy.zarr", run_id=run_id, identity=identity)
+    resumed = tsconv.process(src, out, chunk=CHUNK, resume=True)
+    assert resumed.rows == 0 and _meta(out)["run_id"] == run_id  # nothing to do: nothing rewritten
+
+
+# ---------------------------------------------------------------------------- overwrite crash safety
+
+
+class _Crash(BaseException):
+    """The process dying here (a BaseException: no ``except Exception`` handles it)."""
+
+
+def _half_rmtree(real):  # noqa: ANN001, ANN202
+    def rmtree(path, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        if str(path).endswith(DISCARDED_SUFFIX):
+            for i, f in enumerate(sorted(p for p in Path(path).rglob("*") if p.is_file())):
+                if i % 2 == 0:
+                    f.unlink()  # killed halfway through the deletion
+            raise _Crash
+        real(path, *args, **kwargs)
+
+    return rmtree
+
+
+def _failing_rename(real, when):  # noqa: ANN001, ANN202
+    def rename(a, b, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        if when(str(a), str(b)):
+            raise _Crash
+        real(a, b, *args, **kwargs)
+
+    return rename
+
+
+def _raise(*args: object, **kwargs: object) -> None:
+    raise _Crash
+
+
+# step -> what the output path may hold right after a crash there
+_STEPS = {
+    "rename the old store aside": "old",
+    "delete the old store": "nothing",
+    "lay out the new store": "nothing",
+    "rename the new store in": "nothing",
+    "store the first chunk": "new, incomplete",
+    "mark it complete": "new, incomplete",
+}
+
+
+def _crash_at(step: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if step == "rename the old store aside":
+        monkeypatch.setattr(
+            os, "rename", _failing_rename(os.rename, lambda a, b: b.endswith(DISCARDED_SUFFIX))
+        )
+    elif step == "delete the old store":
+        monkeypatch.setattr(shutil, "rmtree", _half_rmtree(shutil.rmtree))
+    elif step == "lay out the new store":
+        monkeypatch.setattr(writer_module, "write_digest", _raise)
+    elif step == "rename the new store in":
+        monkeypatch.setattr(
+            os, "rename", _failing_rename(os.rename, lambda a, b: a.endswith(CREATING_SUFFIX))
+        )
+    elif step == "store the first chunk":
+        monkeypatch.setattr(OutputWriter, "append", _raise)
+    elif step == "mark it complete":
+        monkeypatch.setattr(writer_module, "check_owner", _raise)
+
+
+def _state(out: Path, old: np.ndarray, old_features: list[str], new_features: list[str]) -> str:
+    """What ``out`` holds; reading it must never fail halfway."""
+    if not out.exists():
+        return "nothing"
+    g = zarr.open_group(str(out), mode="r")
+    values, meta, features = np.asarray(g["values"][:]), dict(g.attrs["tsconv"]), g.attrs["features"]
+    if features == old_features and meta["complete"] is True:
+        assert np.array_equal(values, old, equal_nan=True)
+        return "old"
+    assert features == new_features and values.shape[1] == len(new_features)
+    return "new, incomplete" if meta["complete"] is False else "new, complete"
+
+
+@pytest.mark.parametrize("step", list(_STEPS))
+def test_overwrite_crashing_at_any_step_leaves_old_nothing_or_new_incomplete(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    want = tmp_path / "want.zarr"
+    tsconv.process(src, want, chunk=CHUNK)
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, pipeline=OLD_PIPE)
+    old, old_features = _values(out), zarr.open_group(str(out), mode="r").attrs["features"]
+    new_features = zarr.open_group(str(want), mode="r").attrs["features"]
+
+    with monkeypatch.context() as m:
+        _crash_at(step, m)
+        with pytest.raises(_Crash):
+            tsconv.process(src, out, chunk=CHUNK, overwrite=True)
+    assert _state(out, old, old_features, new_features) == _STEPS[step]
+
+    # The next run on the output tidies what the crash left and finishes the job.
+    again = {"overwrite": True} if _STEPS[step] == "old" else {"resume": True}
+    tsconv.process(src, out, chunk=CHUNK, **again)
+    assert _state(out, old, old_features, new_features) == "new, complete"
+    np.testing.assert_array_equal(_values(out), _values(want))
+    assert _leftovers(tmp_path) == []
+
+
+def _old_store_of_many_chunks(path: Path, chunks: int = 4000) -> np.ndarray:
+    """A complete-looking old output whose deletion takes a while: ``chunks`` chunk files (copies of one)."""
+    block = np.random.default_rng(0).standard_normal((10, 2)).astype(np.float32)
+    g = zarr.open_group(str(path), mode="w")
+    g.create_array("values", shape=(10 * chunks, 2), chunks=(10, 2), dtype="float32")[:10] = block
+    g.attrs.update(
+        features=["a", "b"], tsconv={"complete": True, "rows": 10 * chunks, "rows_done": 10 * chunks}
+    )
+    first = path / "values" / "c" / "0" / "0"
+    for i in range(1, chunks):
+        (path / "values" / "c" / str(i)).mkdir()
+        shutil.copyfile(first, path / "values" / "c" / str(i) / "0")
+    return np.tile(block, (chunks, 1))
+
+
+@pytest.mark.slow
+def test_kill_9_during_overwrite_leaves_a_store_that_resume_finishes(src: Path, tmp_path: Path) -> None:
+    want = tmp_path / "want.zarr"
+    tsconv.process(src, want, chunk=CHUNK)
+    out = tmp_path / "out.zarr"
+    old = _old_store_of_many_chunks(out)
+    args = [sys.executable, "-m", "tsconv", "process", "-i", str(src), "-o", str(out), "--chunk", str(CHUNK)]
+    proc = subprocess.Popen([*args, "--overwrite", "-q", "--device", "cpu"], env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    aside = tmp_path / f".out.zarr{DISCARDED_SUFFIX}"
+    deadline, seen = time.monotonic() + 120, False
+    while proc.poll() is None and time.monotonic() < deadline:
+        if aside.exists():  # the old store is being deleted: kill it now
+            seen = True
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.0005)
+    proc.communicate()
+    assert seen, "the kill never landed during the deletion of the old store"
+    assert proc.returncode == -9
+    new_features = zarr.open_group(str(want), mode="r").attrs["features"]
+    assert _state(out, old, ["a", "b"], new_features) in ("old", "nothing", "new, incomplete")
+
+    report = tsconv.process(src, out, chunk=CHUNK, resume=True)
+    assert report.rows == ROWS
+    np.testing.assert_array_equal(_values(out), _values(want))
+    assert _leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------ foreign files
+
+
+@pytest.mark.parametrize(
+    "foreign, named",
+    [
+        ({"notes.txt": "mine"}, "notes.txt"),
+        ({"sub/notes.txt": "mine"}, "sub/"),
+        ({"values/README": "mine"}, "values/README"),
+        ({"values/c/0/notes": "mine"}, "values/c/0/notes"),
+        ({"time/c/0.bak": "mine"}, "time/c/0.bak"),
+    ],
+)
+def test_overwrite_refuses_a_store_holding_foreign_files(
+    src: Path, tmp_path: Path, foreign: dict[str, str], named: str
+) -> None:
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, pipeline=OLD_PIPE)
+    for rel, text in foreign.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    with pytest.raises(StoreError, match=f"not zarr data \\({named}\\); hint: move them out"):
+        tsconv.process(src, out, chunk=CHUNK, overwrite=True)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+    assert all((out / rel).read_text() == text for rel, text in foreign.items())
+
+
+def test_foreign_entries_are_named_and_zarr_data_is_not(tmp_path: Path, src: Path) -> None:
+    assert foreign_entries(src) == []  # a plain zarr store: metadata and chunk files only
+    v2 = write_store(tmp_path / "v2.zarr", price_series(100, 2), chunks=(10, 2), zarr_format=2)
+    assert foreign_entries(v2) == []
+    nested = zarr.open_group(str(tmp_path / "nested.zarr"), mode="w")
+    nested.create_group("a").create_array("b", data=np.ones((20, 2), np.float32), chunks=(5, 2))
+    assert foreign_entries(tmp_path / "nested.zarr") == []
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    (out / "values" / "c" / "0" / "0.1f2e.partial").write_bytes(b"a killed writer's chunk")
+    (out / "zarr.json.5a5a.partial").write_text("{")
+    assert foreign_entries(out) == []  # tsconv's own layout, its digest and leftovers of a kill
+    (out / "a.txt").write_text("x")
+    (out / "b").mkdir()
+    (out / "link").symlink_to(src)
+    assert foreign_entries(out) == ["a.txt", "b/", "link"]
+    assert len(foreign_entries(out, limit=2)) == 2
+    tsconv.process(src, v2, chunk=CHUNK, overwrite=True)  # another program's zarr store may be replaced
+    assert zarr.open_group(str(v2), mode="r").attrs["tsconv"]["complete"] is True
+
+
+# -------------------------------------------------------------------------------- Parquet temp files
+
+
+def test_the_next_parquet_run_removes_a_killed_runs_temporary_file(src: Path, tmp_path: Path) -> None:
+    out = tmp_path / "x.parquet"
+    stale = tmp_path / ".x.parquet.tsconv-99999.tmp"
+    stale.write_bytes(b"PAR1 and half a row group")
+    kept = [
+        tmp_path / ".x.parquet.notes",
+        tmp_path / ".y.parquet.tsconv-99999.tmp",
+        tmp_path / "x.parquet.tmp",
+    ]
+    for p in kept:
+        p.write_text("not this run's")
+    tsconv.process(src, out, chunk=CHUNK)
+    assert not stale.exists() and all(p.exists() for p in kept)
+    import pyarrow.parquet as pq
+
+    meta = json.loads(pq.read_schema(out).metadata[b"tsconv"])
+    assert len(meta["tsconv"]["run_id"]) == 32
+    assert remove_stale_temp_files(out) == []
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_parquet_run_then_the_next_run_cleans_up(tmp_path: Path) -> None:
+    src = write_store(tmp_path / "in.zarr", price_series(100_000, 4, seed=2), chunks=(25_000, 4))
+    out = tmp_path / "x.parquet"
+    args = [
+        sys.executable,
+        "-m",
+        "tsconv",
+        "process",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "-q",
+        "--device",
+        "cpu",
+    ]
+    proc = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline, tmp = time.monotonic() + 120, None
+    while proc.poll() is None and time.monotonic() < deadline and tmp is None:
+        tmp = next(iter(tmp_path.glob(".x.parquet.tsconv-*.tmp")), None)
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert tmp is not None and tmp.exists() and not out.exists(), "the kill did not land mid-write"
+    tsconv.process(src, out, chunk=1024)
+    assert not tmp.exists() and out.exists()
+    assert _leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------ library options
+
+
+@pytest.mark.parametrize("name", ["out.zarr", "out.parquet"])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"overwrite": True, "resume": True}, "overwrite=True and resume=True exclude each other"),
+        ({"overwrite": "no"}, "overwrite must be True or False, got 'no'"),
+        ({"resume": 1}, "resume must be True or False, got 1"),
+    ],
+)
+def test_contradictory_or_non_bool_output_flags_are_refused(
+    src: Path, tmp_path: Path, name: str, kw: dict, needle: str
+) -> None:
+    out = tmp_path / name
+    tsconv.process(src, out, chunk=CHUNK)
+    before = out.stat().st_mtime_ns
+    with pytest.raises(TsconvError, match=needle):
+        tsconv.process(src, out, chunk=CHUNK, **kw)
+    assert out.stat().st_mtime_ns == before
