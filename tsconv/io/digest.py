@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
+from .timecolumn import TimeColumn
 
 __all__ = [
     "DIGEST_FILE",
@@ -111,7 +112,8 @@ def input_digest(store: Any) -> dict[str, Any]:
     """The digest of an input store (:class:`~tsconv.io.store.InputStore`): its ``values`` and ``time``
     arrays' metadata and chunk-file bands; ``{"skipped": why}`` where the files cannot be listed."""
     arrays: dict[str, Any] = {}
-    for name, array in (("values", store.values), ("time", store.time)):
+    time = store.time.array if isinstance(store.time, TimeColumn) else store.time  # the stored array
+    for name, array in (("values", store.values), ("time", time)):
         if array is None:
             continue
         got = _array_digest(array)
