@@ -35,12 +35,12 @@ sys.path.insert(0, str(HERE))
 from gpu_engine_check import _rel_err  # noqa: E402
 
 import tsconv  # noqa: E402
-from tsconv.io.reader import ArraySource  # noqa: E402
+from tsconv.engine.batched import run_batched  # noqa: E402
+from tsconv.engine.compute import Backend  # noqa: E402
+from tsconv.io.readers.blocks import ArraySource  # noqa: E402
 from tsconv.kernels import conv1d as conv1d_mod  # noqa: E402
-from tsconv.kernels.backend import Backend  # noqa: E402
 from tsconv.kernels.reference import pipeline_reference  # noqa: E402
-from tsconv.spec import load_pipeline, resolve  # noqa: E402
-from tsconv.stream.batched import run_batched  # noqa: E402
+from tsconv.pipeline.spec import load_pipeline, resolve  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
 
 

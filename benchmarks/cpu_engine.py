@@ -42,7 +42,7 @@ def _variant(name: str, src: str, out: str, chunk: int) -> dict:
     import zarr
 
     import tsconv
-    from tsconv.spec import default_pipeline, resolve
+    from tsconv.pipeline.spec import default_pipeline, resolve
 
     t0 = time.perf_counter()
     if name == "tsconv":

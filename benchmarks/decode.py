@@ -34,10 +34,10 @@ RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent))
 
 from provenance import commit, machine  # noqa: E402
-
-from tsconv.io.decode import ParallelBandReader  # noqa: E402
 from tsconv.io.procdecode import ProcessBandReader  # noqa: E402
-from tsconv.io.reader import BlockReader  # noqa: E402
+
+from tsconv.io.readers.blocks import BlockReader  # noqa: E402
+from tsconv.io.readers.threads import ParallelBandReader  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
 
 

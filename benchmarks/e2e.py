@@ -183,7 +183,7 @@ def check_prefix(src: Path, out: Path, pipe: Path, rows: int) -> dict[str, Any]:
     """GPU output rows [0, rows) against the CPU engine and the float64 reference on the same prefix."""
     from tests.helpers import error_bound
     from tsconv.kernels.reference import pipeline_reference
-    from tsconv.spec import load_pipeline, resolve
+    from tsconv.pipeline.spec import load_pipeline, resolve
 
     g = zarr.open_group(str(src), mode="r")
     x = np.asarray(g["values"][:rows])
@@ -451,7 +451,7 @@ def main() -> int:
     section("modes", modes)
 
     def baselines() -> None:
-        from tsconv.spec import load_pipeline, resolve
+        from tsconv.pipeline.spec import load_pipeline, resolve
 
         names = list(zarr.open_group(str(a16), mode="r").attrs["features"])
         plan = resolve(load_pipeline(pipe), names)

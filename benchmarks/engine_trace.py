@@ -5,7 +5,7 @@
 
 Makes (or reuses) the issue-5 store (16 MB Blosc-lz4 chunks) and the e2e pipeline (conv K=5 -> 256 ->
 head 64), then for each variant: one warm-up run, ``--repeats`` timed runs (median seconds and GB/s),
-and one run under :func:`tsconv.stream.trace.recording`. The summary per variant says, over the
+and one run under :func:`tsconv.trace.recording`. The summary per variant says, over the
 traced loop: how busy the decode threads were (mean threads decoding, and the share of 5 ms bins with
 fewer than half of them busy), what the engine thread spent waiting on (ring slot, decoded rows,
 result slot) and launching, how busy the GPU's copy and compute streams were, and how far decode ran
@@ -47,9 +47,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import commit, machine  # noqa: E402
 
 import tsconv  # noqa: E402
-from tsconv import engine  # noqa: E402
-from tsconv.io import decode, gpudecode  # noqa: E402
-from tsconv.stream import batched, trace  # noqa: E402
+from tsconv import trace
+from tsconv.engine import api as engine
+from tsconv.engine import batched
+from tsconv.io.readers import gpu as gpudecode
+from tsconv.io.readers import threads as decode
 from tsconv.synth import make_ticks  # noqa: E402
 
 
@@ -220,7 +222,7 @@ def variant(name: str):  # noqa: ANN201
     elif name.startswith("outcodec-"):  # the output's Blosc codec: outcodec-CNAME-CLEVEL-SHUFFLE
         from zarr.codecs import BloscCodec
 
-        from tsconv.io import writer as writer_mod
+        from tsconv.io.writers import zarr_writer as writer_mod
 
         _, cname, clevel, shuffle = name.split("-")
         codec = BloscCodec(cname=cname, clevel=int(clevel), shuffle=shuffle)
@@ -231,7 +233,7 @@ def variant(name: str):  # noqa: ANN201
     elif name.startswith("switch"):  # the GIL switch interval while the run lasts, N µs (default 200)
         env["TSCONV_SWITCH_INTERVAL_US"] = name[6:]
     elif name.startswith("rpart"):  # the native reader's parts: N KB
-        from tsconv.io import fileread
+        from tsconv.io.readers import fileread
 
         patches.append((fileread, "PART_BYTES", int(name[5:]) << 10))
     elif name == "lateread":  # the GPU reader's reads scheduled only from the engine's read_device calls
@@ -251,7 +253,7 @@ def variant(name: str):  # noqa: ANN201
     elif name.startswith("decmb"):  # the GPU reader's decoded ring: N MB (both halves)
         patches.append((gpudecode, "MAX_DECODED_BYTES", int(name[5:]) << 20))
     elif name in ("notime", "nometa", "notime+nometa"):  # exploration: the writer's zarr calls left out
-        from tsconv.io import writer as writer_mod
+        from tsconv.io.writers import zarr_writer as writer_mod
 
         cls = writer_mod.OutputWriter
         if "notime" in name:
@@ -271,7 +273,7 @@ def variant(name: str):  # noqa: ANN201
 
             patches.append((cls, "_set_meta", set_meta_final))
     elif name.startswith("outmb"):  # output chunks of about N MB (the writer's target; default 16)
-        from tsconv.io import writer as writer_mod
+        from tsconv.io.writers import zarr_writer as writer_mod
 
         patches.append((writer_mod, "_TARGET_CHUNK_BYTES", int(name[5:]) << 20))
     elif name.startswith("prefetch"):

@@ -27,7 +27,7 @@ call, less what was allocated before it (inputs, weights, ``out`` and the unfuse
 allocated before; the unfused rows add the [N, L_out, O] float32 intermediate, ``interm_mib``, which the
 fused kernel never writes). speedup = cuDNN + cuBLAS ms / fused ms (issue target: >= 1.5).
 
-Engine pick (CUDA, "fp32" rows): which path the engine's head chooser (``tsconv.kernels.head``) takes for the
+Engine pick (CUDA, "fp32" rows): which path the engine's head chooser (``tsconv.engine.head``) takes for the
 case's N * L_out rows as one engine step ([1, C, halo + rows], "valid"), from the decision cache or timed
 now, and each offered path's time per step measured now (CUDA events): unfused (conv1d + torch matmul),
 gemm (conv1d + tsconv gemm), fused (conv1d_head).
@@ -507,7 +507,7 @@ class Bench:
     def engine_pick(self, case: Case, d: dict, row: dict) -> None:
         """The engine's head chooser on this case's N * L_out rows as one step (the engine's layout)."""
         torch = self.torch
-        from tsconv.kernels import head
+        from tsconv.engine import head
 
         halo = (case.K - 1) * case.dilation
         rows_in = d["x"].transpose(1, 2).reshape(-1, case.C)  # the time-major [N * L, C] buffer

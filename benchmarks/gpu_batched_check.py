@@ -31,10 +31,10 @@ from e2e import write_pipeline  # noqa: E402
 from provenance import commit  # noqa: E402
 
 import tsconv  # noqa: E402
+from tsconv.engine.fill import forward_fill  # noqa: E402
+from tsconv.kernels.prepare import prepare  # noqa: E402
 from tsconv.kernels.reference import pipeline_reference  # noqa: E402
-from tsconv.spec import load_pipeline, resolve  # noqa: E402
-from tsconv.stream.fill import forward_fill  # noqa: E402
-from tsconv.stream.prep import prepare  # noqa: E402
+from tsconv.pipeline.spec import load_pipeline, resolve  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
 
 warnings.simplefilter("ignore")
@@ -139,7 +139,7 @@ def main() -> int:
         doc["worst"] = {"row": i, "col": j, "ref": float(ref[i, j]), "cpu": float(yc[i, j])}
 
     # 4. memory per stage over the first steps
-    from tsconv.kernels import backend as be_mod
+    from tsconv.engine import compute as be_mod
 
     marks: list = []
     orig = be_mod.Backend._conv

@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from provenance import commit, machine  # noqa: E402
 
-from tsconv.io.decode import ParallelBandReader  # noqa: E402
+from tsconv.io.readers.threads import ParallelBandReader  # noqa: E402
 from tsconv.kernels import blosc_lz4 as bl  # noqa: E402
 
 

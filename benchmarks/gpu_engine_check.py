@@ -24,7 +24,7 @@ import zarr
 
 import tsconv
 from tsconv.kernels.reference import pipeline_reference
-from tsconv.spec import load_pipeline, resolve
+from tsconv.pipeline.spec import load_pipeline, resolve
 from tsconv.synth import make_ticks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.no_recenter:
-        from tsconv.kernels.backend import Backend
+        from tsconv.engine.compute import Backend
 
         init = Backend.__init__
 

@@ -1,4 +1,4 @@
-"""The batched engine's input preparation (tsconv.stream.prep.prepare) alone on the GPU: kernel time per
+"""The batched engine's input preparation (tsconv.kernels.prepare.prepare) alone on the GPU: kernel time per
 piece, in one segment or split into row segments, against the bytes it must move.
 
     python benchmarks/prep_kernel.py --out $OUT/prep_kernel.json
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from provenance import commit, machine  # noqa: E402
 
-from tsconv.stream.prep import prepare  # noqa: E402
+from tsconv.kernels.prepare import prepare  # noqa: E402
 
 
 def main() -> int:

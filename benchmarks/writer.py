@@ -37,8 +37,8 @@ sys.path.insert(0, str(HERE.parent))
 from provenance import commit, machine  # noqa: E402
 
 import tsconv  # noqa: E402
-from tsconv.io.encode import ChunkFileWriter  # noqa: E402
-from tsconv.io.writer import OutputWriter, default_write_threads, output_chunk_rows  # noqa: E402
+from tsconv.io.writers.encode import ChunkFileWriter  # noqa: E402
+from tsconv.io.writers.zarr_writer import OutputWriter, default_write_threads, output_chunk_rows  # noqa: E402
 
 FEATURES_OUT = 64
 STEP = 1024

@@ -37,8 +37,8 @@ def _fresh_launch_plans() -> None:
 
 @pytest.fixture(params=["native", "python"])
 def file_reads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Files read by the native batch reader (tsconv.io.fileread) or by Python (TSCONV_NATIVE_READ=0)."""
-    from tsconv.io import fileread
+    """Files read by the native batch reader (tsconv.io.readers.fileread) or by Python (TSCONV_NATIVE_READ=0)."""
+    from tsconv.io.readers import fileread
 
     if request.param == "python":
         monkeypatch.setenv("TSCONV_NATIVE_READ", "0")

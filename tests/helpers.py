@@ -8,7 +8,7 @@ import numpy as np
 import zarr
 
 from tsconv.kernels.reference import pipeline_reference, preprocess_reference
-from tsconv.spec import ResolvedPipeline
+from tsconv.pipeline.spec import ResolvedPipeline
 
 T0 = 1_767_346_200_000_000_000  # 2026-01-02 09:30 UTC in ns
 

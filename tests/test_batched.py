@@ -15,15 +15,15 @@ import torch
 import zarr
 
 import tsconv
-from tsconv.engine import _stream
+from tsconv.engine.api import _stream
+from tsconv.engine.batched import parse_bytes, plan_step_rows, run_batched
+from tsconv.engine.compute import Backend
+from tsconv.engine.fill import forward_fill
 from tsconv.errors import TsconvError
-from tsconv.io.reader import ArraySource
-from tsconv.kernels.backend import Backend
-from tsconv.spec import pipeline_from_dict, resolve
-from tsconv.stream import prep
-from tsconv.stream.batched import parse_bytes, plan_step_rows, run_batched
-from tsconv.stream.fill import forward_fill
-from tsconv.stream.prep import prepare
+from tsconv.io.readers.blocks import ArraySource
+from tsconv.kernels import prepare as prep
+from tsconv.kernels.prepare import prepare
+from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
 from .helpers import assert_matches_reference, price_series, read_output, write_store
 
@@ -213,7 +213,7 @@ def test_process_refuses_an_unknown_transfer_mode(tmp_path):
 
 
 def test_pieces_smaller_than_a_band_wrap_the_device_ring(monkeypatch):
-    from tsconv.stream import batched
+    from tsconv.engine import batched
 
     monkeypatch.setattr(batched, "PIECE_BYTES", 7 * 5 * 4)  # 7 rows of 5 float32 features per piece
     x = price_series(250, 5, seed=9, nan_fraction=0.1)
@@ -235,7 +235,7 @@ def test_strided_in_memory_sources_are_read_correctly():
 
 
 def test_pieces_of_whole_bands_stop_at_the_ring_wrap_and_the_step_end():
-    from tsconv.stream.batched import _pieces
+    from tsconv.engine.batched import _pieces
 
     # bands of 100 rows, up to 3 bands per piece, a ring of 5 bands: never across band 5, 10, ...
     assert _pieces(0, 1000, 100, 300, 5) == [(0, 300), (300, 500), (500, 800), (800, 1000)]
@@ -247,7 +247,7 @@ def test_pieces_of_whole_bands_stop_at_the_ring_wrap_and_the_step_end():
 
 
 def test_multi_band_pieces_through_the_reader_match_the_chunked_engine(tmp_path, monkeypatch):
-    from tsconv.stream import batched
+    from tsconv.engine import batched
 
     monkeypatch.setattr(batched, "_PIECES_PER_STEP", 1)  # pieces as large as a step allows...
     monkeypatch.setattr(batched, "PIECE_BYTES", 3 * 100 * 6 * 4)  # ...up to 3 bands: the ring holds 5 + 3
@@ -325,7 +325,7 @@ def test_recentering_keeps_a_long_steps_error_at_the_chunked_engines():
 
 
 def test_weight_bytes_count_every_form_the_engine_keeps():
-    from tsconv.stream.batched import weight_bytes
+    from tsconv.engine.batched import weight_bytes
 
     names = tuple(f"x{j}" for j in range(64))
     rng = np.random.default_rng(0)

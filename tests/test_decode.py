@@ -1,4 +1,4 @@
-"""The fast reader (tsconv.io.decode.ParallelBandReader): equal to zarr reads on every layout, fast path or not."""
+"""The fast reader (tsconv.io.readers.threads.ParallelBandReader): equal to zarr reads on every layout, fast path or not."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
 
 import tsconv
-import tsconv.engine as engine
+import tsconv.engine.api as engine
 from tsconv.errors import StoreError
-from tsconv.io.decode import ParallelBandReader, fast_path_reason
-from tsconv.io.reader import BlockReader
+from tsconv.io.readers.blocks import BlockReader
+from tsconv.io.readers.threads import ParallelBandReader, fast_path_reason
 
 from .helpers import price_series, read_output, write_store
 

@@ -191,7 +191,7 @@ def test_cli_workers_end_to_end(src: Path, want: dict[str, Path], tmp_path: Path
 
 
 def test_tasks_let_glibc_keep_freed_buffers(monkeypatch) -> None:
-    from tsconv import distributed as dist
+    from tsconv.engine import distributed as dist
 
     monkeypatch.setenv("TSCONV_MALLOPT", "0")
     assert dist._reuse_freed_memory() is False  # switched off: nothing is called
@@ -203,7 +203,7 @@ def test_tasks_let_glibc_keep_freed_buffers(monkeypatch) -> None:
 
 
 def test_gpu_partitions_are_few_and_large():
-    from tsconv.distributed import _rows_per_partition
+    from tsconv.engine.distributed import _rows_per_partition
 
     # 400k x 64 float32 (100 MB): one task on one GPU, where CPU workers get about 8 per worker
     cpu = _rows_per_partition(400_000, 12_288, 256, 320, 1, None)

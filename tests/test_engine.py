@@ -10,10 +10,10 @@ import torch
 import zarr
 
 import tsconv
-import tsconv.engine as engine
-from tsconv.io.decode import ParallelBandReader
-from tsconv.io.reader import BlockReader
-from tsconv.spec import default_pipeline, resolve
+import tsconv.engine.api as engine
+from tsconv.io.readers.blocks import BlockReader
+from tsconv.io.readers.threads import ParallelBandReader
+from tsconv.pipeline.spec import default_pipeline, resolve
 
 from .helpers import T0, assert_matches_reference, price_series, read_output, write_store
 
@@ -95,7 +95,7 @@ def test_warmup_rows_are_nan_or_zero_history() -> None:
         "conv": [{"filters": ["ma:4"], "dilation": 3}, {"filters": ["diff:2"]}],
         "weight_dtype": "float32",
     }
-    plan = resolve(tsconv.spec.pipeline_from_dict(pipe), ["a", "b"])
+    plan = resolve(tsconv.pipeline.spec.pipeline_from_dict(pipe), ["a", "b"])
     assert plan.halo == 3 * 3 + 2
     y_nan = tsconv.features(x, pipe, chunk=7)
     assert np.isnan(y_nan[: plan.halo]).all() and not np.isnan(y_nan[plan.halo :]).any()
@@ -174,10 +174,10 @@ def test_the_triton_path_of_the_engine_matches_the_reference() -> None:
     """The CUDA route (Triton conv1d per stage) run through the interpreter on CPU tensors."""
     import os
 
-    from tsconv.engine import _stream
-    from tsconv.io.reader import ArraySource
-    from tsconv.kernels.backend import Backend
-    from tsconv.spec import pipeline_from_dict
+    from tsconv.engine.api import _stream
+    from tsconv.engine.compute import Backend
+    from tsconv.io.readers.blocks import ArraySource
+    from tsconv.pipeline.spec import pipeline_from_dict
 
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
     x = price_series(300, 4, seed=4, nan_fraction=0.02)
@@ -209,7 +209,7 @@ def test_the_triton_path_of_the_engine_matches_the_reference() -> None:
 def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored(monkeypatch):
     import sys
 
-    from tsconv.engine import SWITCH_INTERVAL_US, _gil_switch
+    from tsconv.engine.api import SWITCH_INTERVAL_US, _gil_switch
     from tsconv.errors import TsconvError
 
     before = sys.getswitchinterval()

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tsconv
-from tsconv.spec import pipeline_from_dict, resolve
+from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
 from .helpers import assert_matches_reference, error_bound, price_series, read_output, write_store
 

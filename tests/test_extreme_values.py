@@ -1,6 +1,6 @@
 """Chunked equals whole for every input value: infinities, NaN and huge values at chunk and step edges.
 
-The first stage is centred on a level taken from the rows before each chunk (tsconv.stream.level). An
+The first stage is centred on a level taken from the rows before each chunk (tsconv.engine.level). An
 infinite level made every output of the next chunk NaN, and a huge one left them off by about 1e23;
 here each engine's chunked result must have the whole-series result's non-finite pattern exactly, and
 its finite values within the fp32 bound of the values the outputs actually read.
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import tsconv
-from tsconv.io.reader import ArraySource
-from tsconv.kernels.backend import Backend
-from tsconv.spec import pipeline_from_dict, resolve
-from tsconv.stream.batched import run_batched
+from tsconv.engine.batched import run_batched
+from tsconv.engine.compute import Backend
+from tsconv.io.readers.blocks import ArraySource
+from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
 from .helpers import error_bound, price_series
 
@@ -59,7 +59,7 @@ def _series(value: float, where: str) -> tuple[np.ndarray, np.ndarray]:
     if where == "late_start":  # a symbol whose first print is the extreme value, just before an edge
         x[: 2 * CHUNK - 1, 2] = np.nan
         x[2 * CHUNK - 1, 2] = value
-        if np.isfinite(value):  # its first finite value is the only causal level (tsconv.stream.level)
+        if np.isfinite(value):  # its first finite value is the only causal level (tsconv.engine.level)
             typical[2] = abs(value)
     return x, typical
 
@@ -87,7 +87,7 @@ CASES = [
 @pytest.mark.parametrize(("value", "where"), CASES)
 def test_chunked_cpu_engine_equals_whole(value, where, pipe):
     x, typical = _series(value, where)
-    plan = resolve(pipeline_from_dict(PIPELINES[pipe]) if PIPELINES[pipe] else tsconv.spec.default_pipeline(),
+    plan = resolve(pipeline_from_dict(PIPELINES[pipe]) if PIPELINES[pipe] else tsconv.pipeline.spec.default_pipeline(),
                    tuple(f"f{j}" for j in range(FEATURES)))  # fmt: skip
     whole = tsconv.features(x, PIPELINES[pipe], chunk=ROWS)
     chunked = tsconv.features(x, PIPELINES[pipe], chunk=CHUNK)
@@ -104,7 +104,9 @@ def _batched(x, plan, device, *, triton: bool) -> np.ndarray:
 
 def _batched_case(value, where, pipe, device, *, triton):
     x, typical = _series(value, where)
-    pipeline = pipeline_from_dict(PIPELINES[pipe]) if PIPELINES[pipe] else tsconv.spec.default_pipeline()
+    pipeline = (
+        pipeline_from_dict(PIPELINES[pipe]) if PIPELINES[pipe] else tsconv.pipeline.spec.default_pipeline()
+    )
     plan = resolve(pipeline, tuple(f"f{j}" for j in range(FEATURES)))
     whole = tsconv.features(x, PIPELINES[pipe], chunk=ROWS)
     _assert_same(_batched(x, plan, device, triton=triton), whole, x, plan, typical)

@@ -1,4 +1,4 @@
-"""The native batch file reader (tsconv.io.fileread): files read into place, and what happens when it
+"""The native batch file reader (tsconv.io.readers.fileread): files read into place, and what happens when it
 cannot be built."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tsconv.io import fileread
+from tsconv.io.readers import fileread
 
 
 def test_the_native_reader_reads_files_into_place(tmp_path: Path, monkeypatch) -> None:

@@ -19,7 +19,7 @@ import tsconv
 from tsconv.errors import TsconvWarning
 from tsconv.kernels.conv1d import conv1d
 from tsconv.kernels.reference import pipeline_reference
-from tsconv.spec import pipeline_from_dict, resolve
+from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
 from .helpers import price_series
 

@@ -1,4 +1,4 @@
-"""The GPU reader (tsconv.io.gpudecode), run on CPU tensors through the Triton interpreter: bands decoded
+"""The GPU reader (tsconv.io.readers.gpu), run on CPU tensors through the Triton interpreter: bands decoded
 "on the device" equal zarr's reads (whole and feature-split chunks, missing chunks, chunks the GPU does not
 decode), damaged chunks raise, and the batched engine reading through it equals the chunked engine."""
 
@@ -16,7 +16,7 @@ from zarr.codecs import BloscCodec
 
 import tsconv
 from tsconv.errors import StoreError
-from tsconv.io import gpudecode
+from tsconv.io.readers import gpu as gpudecode
 
 from .helpers import price_series, read_output, write_store
 
@@ -221,8 +221,8 @@ def test_a_budget_too_small_for_the_gpu_readers_rings_falls_back_to_the_cpu_read
 def test_rows_from_a_damaged_chunk_never_reach_the_output(tmp_path: Path, monkeypatch) -> None:
     """The engine stops at a chunk that does not decode, and no row computed from it is written: the
     output thread checks the decode of a step's input before it hands the step's rows to the writer."""
-    from tsconv.io import writer as writer_mod
-    from tsconv.stream import batched
+    from tsconv.engine import batched
+    from tsconv.io.writers import zarr_writer as writer_mod
 
     monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)  # batches of two 150-row bands
     monkeypatch.setattr(batched, "MAX_STEP_ROWS", 256)  # steps [0, 256), [256, 512), [512, 768), ...

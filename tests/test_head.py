@@ -1,4 +1,4 @@
-"""The engine's head path (tsconv.kernels.head): forced paths, the auto chooser, its decision cache.
+"""The engine's head path (tsconv.engine.head): forced paths, the auto chooser, its decision cache.
 
 The Triton paths run through the interpreter on CPU tensors (small shapes: each program costs milliseconds).
 """
@@ -13,13 +13,14 @@ import pytest
 import torch
 
 import tsconv
-from tsconv.engine import _stream
+from tsconv.engine import head
+from tsconv.engine.api import _stream
+from tsconv.engine.batched import run_batched
+from tsconv.engine.compute import Backend
 from tsconv.errors import TsconvError
-from tsconv.io.reader import ArraySource
-from tsconv.kernels import autotune, fused, head
-from tsconv.kernels.backend import Backend
-from tsconv.spec import pipeline_from_dict, resolve
-from tsconv.stream.batched import run_batched
+from tsconv.io.readers.blocks import ArraySource
+from tsconv.kernels import autotune, fused
+from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
 from .helpers import assert_matches_reference, error_bound, price_series, write_store
 

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 import tsconv
 from tsconv.cli import main
 from tsconv.errors import OutputExistsError, ShapeError, StoreError, TsconvError
-from tsconv.io.loaders import ArrayChunk, StoreInfo
-from tsconv.io.parquet import process_to_parquet
+from tsconv.io.frames import ArrayChunk, StoreInfo
+from tsconv.io.writers.parquet_writer import process_to_parquet
 
 from .helpers import T0, price_series, read_output, write_store
 

@@ -27,12 +27,12 @@ import zarr
 from click.testing import CliRunner
 
 import tsconv
-import tsconv.io.writer as writer_module
+import tsconv.io.writers.zarr_writer as writer_module
 from tsconv.cli import main
 from tsconv.errors import OutputBusyError, StoreError, TsconvError
 from tsconv.io.lock import OutputLock, lock_path
-from tsconv.io.parquet import remove_stale_temp_files
-from tsconv.io.writer import (
+from tsconv.io.writers.parquet_writer import remove_stale_temp_files
+from tsconv.io.writers.zarr_writer import (
     CREATING_SUFFIX,
     DISCARDED_SUFFIX,
     OutputWriter,

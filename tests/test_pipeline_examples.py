@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tsconv
-from tsconv.spec import DEFAULT_PIPELINE_TOML, load_pipeline, resolve
+from tsconv.pipeline.spec import DEFAULT_PIPELINE_TOML, load_pipeline, resolve
 from tsconv.synth import feature_names
 
 from .helpers import assert_matches_reference, price_series

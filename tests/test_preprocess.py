@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tsconv
-import tsconv.engine as engine
+import tsconv.engine.api as engine
 from tsconv.errors import PipelineError, TsconvError
 from tsconv.kernels.reference import preprocess_reference
-from tsconv.spec import load_pipeline, pipeline_from_dict, resolve
+from tsconv.pipeline.spec import load_pipeline, pipeline_from_dict, resolve
 
 from .helpers import T0, assert_matches_reference, error_bound, price_series, read_output, write_store
 
@@ -276,8 +276,8 @@ def test_time_range_refusals(tmp_path: Path) -> None:
 
 
 def test_the_triton_path_with_preprocessing_matches_the_reference() -> None:
-    from tsconv.io.reader import ArraySource
-    from tsconv.kernels.backend import Backend
+    from tsconv.engine.compute import Backend
+    from tsconv.io.readers.blocks import ArraySource
 
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
     x = _series(300, seed=4)[:, [0, 2]]  # two price features, one starting late

@@ -14,9 +14,9 @@ import torch
 from safetensors.numpy import save_file
 
 import tsconv
-from tsconv.banks import bank_weights, parse_filter
 from tsconv.errors import PipelineError, ShapeError, TsconvError, TsconvWarning
-from tsconv.spec import (
+from tsconv.pipeline.filters import bank_weights, parse_filter
+from tsconv.pipeline.spec import (
     DEFAULT_PIPELINE_TOML,
     default_pipeline,
     load_pipeline,

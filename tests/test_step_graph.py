@@ -1,4 +1,4 @@
-"""The batched engine's step graph (tsconv.stream.batched._StepGraph): which steps run eagerly, when the
+"""The batched engine's step graph (tsconv.engine.batched._StepGraph): which steps run eagerly, when the
 capture happens, replays after it, and the fall back to eager steps when a capture fails. The orchestration
 runs on the CPU with a stand-in for torch.cuda.CUDAGraph; the GPU test checks that a run with the graph
 writes exactly the bytes of a run without it."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tsconv
-from tsconv.stream import batched
+from tsconv.engine import batched
 
 from .helpers import price_series, read_output, write_store
 

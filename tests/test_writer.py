@@ -1,4 +1,4 @@
-"""The output writer (tsconv.io.writer.OutputWriter): threaded writes, the direct chunk-file path, and crash safety.
+"""The output writer (tsconv.io.writers.zarr_writer.OutputWriter): threaded writes, the direct chunk-file path, and crash safety.
 
 Threads on or off, chunk files written directly or through zarr: the same store, byte for byte. rows_done
 never passes a chunk that is not stored, a failed write always surfaces, and resume continues exactly.
@@ -19,9 +19,9 @@ import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from tsconv.errors import StoreError
-from tsconv.io.decode import ParallelBandReader
-from tsconv.io.encode import ChunkFileWriter, fast_write_reason
-from tsconv.io.writer import OutputWriter
+from tsconv.io.readers.threads import ParallelBandReader
+from tsconv.io.writers.encode import ChunkFileWriter, fast_write_reason
+from tsconv.io.writers.zarr_writer import OutputWriter
 
 from .helpers import price_series
 
@@ -370,7 +370,7 @@ _KILLED_WRITER = """
 import os, signal, sys, time
 import numpy as np
 from pathlib import Path
-from tsconv.io.writer import OutputWriter
+from tsconv.io.writers.zarr_writer import OutputWriter
 
 x, path, kill_row = np.load(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 real = OutputWriter._write

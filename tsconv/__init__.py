@@ -17,17 +17,17 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "process": "tsconv.engine",
-    "features": "tsconv.engine",
-    "Report": "tsconv.engine",
-    "load_pipeline": "tsconv.spec",
-    "default_pipeline": "tsconv.spec",
-    "Pipeline": "tsconv.spec",
+    "process": "tsconv.engine.api",
+    "features": "tsconv.engine.api",
+    "Report": "tsconv.engine.api",
+    "load_pipeline": "tsconv.pipeline.spec",
+    "default_pipeline": "tsconv.pipeline.spec",
+    "Pipeline": "tsconv.pipeline.spec",
     "open_input": "tsconv.io.store",
     "ingest": "tsconv.io.ingest",
-    "open_store": "tsconv.io.loaders",
-    "iter_chunks": "tsconv.io.loaders",
-    "StoreInfo": "tsconv.io.loaders",
+    "open_store": "tsconv.io.frames",
+    "iter_chunks": "tsconv.io.frames",
+    "StoreInfo": "tsconv.io.frames",
     "TsconvError": "tsconv.errors",
     "TsconvWarning": "tsconv.errors",
 }

@@ -1,3 +1,3 @@
-from .cli import main
+from tsconv.cli import main
 
 main()

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .errors import TsconvError
+from tsconv.errors import TsconvError
 
 DEMO_ROWS, DEMO_FEATURES = 200_000, 64
 
@@ -85,7 +85,7 @@ def _run_process(
     input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str, overwrite: bool,
     resume: bool, warmup: str, report_path: str | None, quiet: bool, dask: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
-    from .engine import process
+    from tsconv.engine.api import process
 
     report = process(
         input_path,
@@ -191,7 +191,7 @@ def process(input_path: str, output: str | None, pipeline: str | None, chunk: in
 def demo(rows: int, features: int, directory: str, pipeline: str | None, chunk: int, device: str,
          warmup: str, report_path: str | None, quiet: bool) -> None:  # fmt: skip
     """Run the main job on a synthetic tick store, creating it first when absent."""
-    from .synth import make_ticks
+    from tsconv.synth import make_ticks
 
     src = Path(directory) / f"ticks-{rows}x{features}.zarr"
     if not src.exists():
@@ -207,7 +207,7 @@ def demo(rows: int, features: int, directory: str, pipeline: str | None, chunk: 
 @click.option("--no-nan-count", is_flag=True, help="Skip the NaN count (it reads the whole store).")
 def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
     """Print a store's shape, dtype, chunks, codecs, time span, features and NaN counts."""
-    from .io.inspect import inspect_store
+    from tsconv.io.inspect import inspect_store
 
     info = inspect_store(store, count_nans=not no_nan_count)
     if as_json:
@@ -264,7 +264,7 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
 def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, feature_column: str,
            value_column: str, time_unit: str, dtype: str, append: bool, overwrite: bool, quiet: bool) -> None:  # fmt: skip
     """Ingest Parquet, CSV(.gz) or Arrow IPC files (paths or quoted globs) into a zarr store."""
-    from .io.ingest import ingest as run_ingest
+    from tsconv.io.ingest import ingest as run_ingest
 
     report = run_ingest(
         list(files),

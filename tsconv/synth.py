@@ -30,8 +30,8 @@ import zarr
 import zarr.codecs
 from tqdm.auto import tqdm
 
-from .errors import StoreError
-from .io.store import is_zarr_store
+from tsconv.errors import StoreError
+from tsconv.io.store import is_zarr_store
 
 __all__ = ["make_ticks", "feature_names", "default_chunk_rows", "START_NS"]
 

@@ -55,7 +55,7 @@ def main() -> int:
     from e2e import write_pipeline
 
     import tsconv
-    from tsconv.kernels.backend import Backend
+    from tsconv.engine.compute import Backend
     from tsconv.synth import make_ticks
 
     work = Path(args.work)

@@ -125,7 +125,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from e2e import write_pipeline
 
     import tsconv
-    from tsconv.stream import batched
+    from tsconv.engine import batched
 
     work = Path(args.work)
     src = work / f"ticks_{args.rows}x{args.features}.zarr"

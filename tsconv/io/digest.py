@@ -27,8 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError
-from .timecolumn import TimeColumn
+from tsconv.errors import StoreError
+from tsconv.io.timecolumn import TimeColumn
 
 __all__ = [
     "DIGEST_FILE",

@@ -54,8 +54,8 @@ import zarr
 from tqdm import tqdm
 from zarr.codecs import BloscCodec
 
-from ..errors import OutputExistsError, StoreError
-from .store import is_zarr_store, open_input
+from tsconv.errors import OutputExistsError, StoreError
+from tsconv.io.store import is_zarr_store, open_input
 
 __all__ = ["IngestReport", "ingest", "expand_files"]
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from . import gpudecode
-from .decode import fast_path_reason
-from .reader import BlockReader
-from .store import check_time, open_input
+from tsconv.io.readers import gpu as gpudecode
+from tsconv.io.readers.blocks import BlockReader
+from tsconv.io.readers.threads import fast_path_reason
+from tsconv.io.store import check_time, open_input
 
 __all__ = ["inspect_store"]
 

@@ -18,7 +18,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ..errors import OutputBusyError, StoreError
+from tsconv.errors import OutputBusyError, StoreError
 
 __all__ = ["LOCK_SUFFIX", "OutputLock", "lock_path"]
 

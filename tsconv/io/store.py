@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from ..errors import StoreError
-from .timecolumn import TimeColumn, TimeReader
+from tsconv.errors import StoreError
+from tsconv.io.timecolumn import TimeColumn, TimeReader
 
 __all__ = ["InputStore", "open_input", "is_zarr_store", "check_time", "repeated_names", "describe_repeats"]
 

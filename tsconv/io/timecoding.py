@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError
+from tsconv.errors import StoreError
 
 __all__ = ["TimeCoding", "time_coding"]
 

@@ -6,8 +6,8 @@ development VM). On the H200 host those calls held the GIL the engine thread lau
 (1M x 1024, 16 MB chunks) took 0.255 s without the time column against 0.40-0.43 s with it
 (benchmarks/NOTES.md, twelfth session). Here chunk files are read and decoded with numcodecs, which
 releases the GIL (:class:`TimeReader`; the files of one read are read by one call of
-:mod:`tsconv.io.fileread`'s native reader when it is there); the output's time chunks go through
-:class:`~tsconv.io.encode.ChunkFileWriter` like the values. Layouts the fast path does not take (other
+:mod:`tsconv.io.readers.fileread`'s native reader when it is there); the output's time chunks go through
+:class:`~tsconv.io.writers.encode.ChunkFileWriter` like the values. Layouts the fast path does not take (other
 codecs, sharding, remote or format-2 stores) are read through zarr, as before.
 
 Every reader of an input's time goes through :class:`TimeColumn`, which decodes the stored values (CF
@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from . import fileread
-from .chunkfile import decode_bytes
-from .decode import _inspect
-from .timecoding import TimeCoding, time_coding
+from tsconv.io.readers import fileread
+from tsconv.io.readers.chunkfile import decode_bytes
+from tsconv.io.readers.threads import _inspect
+from tsconv.io.timecoding import TimeCoding, time_coding
 
 __all__ = ["ShiftedTime", "TimeColumn", "TimeReader"]
 

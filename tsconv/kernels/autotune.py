@@ -19,7 +19,7 @@ under ``~/.cache/tsconv``. Keys carry the Triton version, so a Triton upgrade re
 what another process may have written meanwhile and replace the file atomically.
 
 :func:`cached_record` / :func:`store_record` keep other measured decisions (the engine's head path,
-:mod:`tsconv.kernels.head`) in the same memory and disk caches.
+:mod:`tsconv.engine.head`) in the same memory and disk caches.
 
 Tuning launches the kernel several times into the caller's output buffer: it must not run inside CUDA
 graph capture (call once before capturing), and inputs must not alias outputs (the launchers check this).
@@ -287,7 +287,7 @@ def cached_record(space: str, key: str, *, device: torch.device) -> dict | None:
     """A decision stored by :func:`store_record` for ``space`` and ``key`` on ``device``'s GPU model, or None.
 
     For choices that are not block shapes (e.g. which path computes the engine's head, see
-    :mod:`tsconv.kernels.head`): the record is the caller's dict, kept in memory and in the same disk cache
+    :mod:`tsconv.engine.head`): the record is the caller's dict, kept in memory and in the same disk cache
     file as the tuned configs (under ``space|key|triton=<version>``, so a Triton upgrade decides again).
     ``record["config"]`` names the choice. A hit from disk is listed in :func:`events` (source "disk").
     """

@@ -68,6 +68,13 @@ import triton.language as tl
 from tsconv.errors import ShapeError
 from tsconv.kernels import autotune, tma, window
 from tsconv.kernels.activations import apply_activation
+from tsconv.kernels.checks import ACT_CODE as _ACT_CODE
+from tsconv.kernels.checks import ACT_NAME as _ACT_NAME
+from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
+from tsconv.kernels.checks import PREC_CODE as _PREC_CODE
+from tsconv.kernels.checks import check_out, is_activation
+from tsconv.kernels.checks import describe as _shape
+from tsconv.kernels.checks import dtype_name as _dtype_name
 from tsconv.kernels.launch import (
     LaunchPlan,
     PlanCache,
@@ -77,13 +84,6 @@ from tsconv.kernels.launch import (
     plans_enabled_by_env,
     tensor_key,
 )
-from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
-from tsconv.kernels.tensor_checks import ACT_NAME as _ACT_NAME
-from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
-from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
-from tsconv.kernels.tensor_checks import check_out, is_activation
-from tsconv.kernels.tensor_checks import describe as _shape
-from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
 from tsconv.kernels.weight_cache import WeightCache
 
 __all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "clear_weight_cache", "conv1d"]

@@ -56,6 +56,12 @@ from tsconv.errors import ShapeError
 from tsconv.kernels import autotune, tma
 from tsconv.kernels import conv1d as _conv
 from tsconv.kernels import gemm as _gemm
+from tsconv.kernels.checks import ACT_CODE as _ACT_CODE
+from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
+from tsconv.kernels.checks import PREC_CODE as _PREC_CODE
+from tsconv.kernels.checks import check_out, is_activation
+from tsconv.kernels.checks import describe as _shape
+from tsconv.kernels.checks import dtype_name as _dtype_name
 from tsconv.kernels.conv1d import (
     _WEIGHTS,
     _activate,
@@ -69,12 +75,6 @@ from tsconv.kernels.conv1d import (
     _tf32_buffer,
     _tma_conv_tile,
 )
-from tsconv.kernels.tensor_checks import ACT_CODE as _ACT_CODE
-from tsconv.kernels.tensor_checks import INT32_MAX as _INT32_MAX
-from tsconv.kernels.tensor_checks import PREC_CODE as _PREC_CODE
-from tsconv.kernels.tensor_checks import check_out, is_activation
-from tsconv.kernels.tensor_checks import describe as _shape
-from tsconv.kernels.tensor_checks import dtype_name as _dtype_name
 
 __all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "conv1d_head", "conv1d_head_space", "fused_path"]
 

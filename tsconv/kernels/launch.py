@@ -24,7 +24,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from tsconv.kernels.tensor_checks import span
+from tsconv.kernels.checks import span
 
 __all__ = [
     "LaunchPlan",

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..spec import ResolvedPipeline
-from .activations import apply_activation
+from tsconv.kernels.activations import apply_activation
+from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = ["forward_fill_reference", "preprocess_reference", "pipeline_reference"]
 

@@ -14,7 +14,7 @@ and is the directory it opened.
 
 Writes run in a thread pool, several chunks at once: for the layout tsconv creates, each task encodes
 its chunk with numcodecs' Blosc (which releases the GIL) and writes the chunk file itself
-(:mod:`tsconv.io.encode`, the same bytes zarr would write); other layouts are written by zarr from the
+(:mod:`tsconv.io.writers.encode`, the same bytes zarr would write); other layouts are written by zarr from the
 threads (disjoint chunks). Chunks may finish out of order; ``rows_done`` still only covers a contiguous
 prefix, and the first failure surfaces at the next ``append`` or at ``finish``.
 """
@@ -39,12 +39,12 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
 
-from ..errors import OutputExistsError, StoreError, TsconvError
-from ..stream import trace
-from .digest import DIGEST_FILE, write_digest
-from .encode import ChunkFileWriter, remove_partial_files
-from .store import is_zarr_store
-from .timecolumn import TimeReader
+from tsconv import trace
+from tsconv.errors import OutputExistsError, StoreError, TsconvError
+from tsconv.io.digest import DIGEST_FILE, write_digest
+from tsconv.io.store import is_zarr_store
+from tsconv.io.timecolumn import TimeReader
+from tsconv.io.writers.encode import ChunkFileWriter, remove_partial_files
 
 __all__ = [
     "COMPRESSIONS",
@@ -717,7 +717,7 @@ class OutputWriter:
             self._raise_if_failed()
             return
         if self._pool is None:
-            from .decode import lower_thread_priority
+            from tsconv.io.readers.threads import lower_thread_priority
 
             self._pool = ThreadPoolExecutor(
                 max_workers=self.threads, thread_name_prefix="tsconv-write", initializer=lower_thread_priority

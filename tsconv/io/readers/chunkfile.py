@@ -1,8 +1,4 @@
-"""Decoding one zarr chunk file into a caller's buffer: shared by the decode threads and processes.
-
-Imports nothing from tsconv (only numpy and numcodecs), so that the decode worker processes
-(:mod:`tsconv.io._decode_worker`, run as a plain script) load it without importing the package.
-"""
+"""Decoding one zarr chunk file into a caller's buffer: shared by the decode threads and the writer."""
 
 from __future__ import annotations
 

@@ -23,10 +23,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .errors import TsconvError
-from .io.store import InputStore
-from .io.writer import OutputWriter, check_owner, output_chunk_rows, store_identity
-from .spec import ResolvedPipeline
+from tsconv.errors import TsconvError
+from tsconv.io.store import InputStore
+from tsconv.io.writers.zarr_writer import OutputWriter, check_owner, output_chunk_rows, store_identity
+from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = ["run_distributed", "partitions", "local_cluster"]
 
@@ -133,12 +133,11 @@ def run_partition(
 
     import torch
 
-    from .engine import _exact_fp32, compute_rows, reader_hold_for, resolve_device, stage_summary
-    from .io.decode import ParallelBandReader
-    from .io.procdecode import ProcessBandReader, use_processes
-    from .io.store import open_input
-    from .kernels.backend import Backend
-    from .stream.batched import DEFAULT_GPU_MEM, plan_step_rows
+    from tsconv.engine.api import _exact_fp32, compute_rows, reader_hold_for, resolve_device, stage_summary
+    from tsconv.engine.batched import DEFAULT_GPU_MEM, plan_step_rows
+    from tsconv.engine.compute import Backend
+    from tsconv.io.readers.threads import ParallelBandReader
+    from tsconv.io.store import open_input
 
     started_at, t0 = time.time(), time.perf_counter()
     _reuse_freed_memory()
@@ -159,7 +158,7 @@ def run_partition(
     with (
         _exact_fp32(dev),
         writer,  # closed on the way out (queued writes dropped on an error); a no-op after finish()
-        (ProcessBandReader if use_processes() else ParallelBandReader)(
+        ParallelBandReader(
             store.values,
             where=str(store.path),
             pin=cuda and transfer != "pageable",
@@ -297,7 +296,7 @@ def run_distributed(
     import zarr
     from tqdm import tqdm
 
-    from .engine import Report, _peak_rss
+    from tsconv.engine.api import Report, _peak_rss
 
     try:
         from distributed import Client, as_completed

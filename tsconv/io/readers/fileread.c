@@ -1,6 +1,6 @@
 /* Read many whole files into one buffer, in parallel, without the Python interpreter.
  *
- * tsconv.io.fileread compiles this with the system C compiler and calls it through ctypes, which releases
+ * tsconv.io.readers.fileread compiles this with the system C compiler and calls it through ctypes, which releases
  * the GIL for the whole call: the GPU reader's batches of chunk files (and the writer's time chunks) are
  * read without the per-file Python that, in reading threads, kept taking the GIL from the engine thread
  * (benchmarks/NOTES.md, fourteenth session).

@@ -10,7 +10,7 @@ releases the GIL) into reused buffers reach about 22 GB/s on the GPU machine (``
   or ``zstd`` (any level, with or without checksum); no filters, no transpose.
 
 Everything else (format 2, sharding, other codecs, big-endian bytes, remote or in-memory stores, 1-D
-arrays, stand-ins that are not zarr arrays) is served by :class:`~tsconv.io.reader.BlockReader`
+arrays, stand-ins that are not zarr arrays) is served by :class:`~tsconv.io.readers.blocks.BlockReader`
 (zarr reads) with the same result; :attr:`ParallelBandReader.fallback_reason` says why.
 
 How it reads. A *band* is one row of the chunk grid across all features: ``chunks[0]`` rows x F.
@@ -49,10 +49,10 @@ from typing import Any
 import numcodecs
 import numpy as np
 
-from ..errors import StoreError
-from ..stream import trace
-from .chunkfile import decode_chunk_into
-from .reader import BlockReader
+from tsconv import trace
+from tsconv.errors import StoreError
+from tsconv.io.readers.blocks import BlockReader
+from tsconv.io.readers.chunkfile import decode_chunk_into
 
 __all__ = ["ParallelBandReader", "fast_path_reason", "default_threads", "lower_thread_priority"]
 
@@ -179,7 +179,7 @@ def _alloc_ring(shape: tuple[int, int, int], dtype: np.dtype, pin: bool) -> tupl
 class ParallelBandReader:
     """Serve row ranges of a 2-D zarr array, decoding bands of ``chunks[0]`` rows ahead in threads.
 
-    Same interface as :class:`~tsconv.io.reader.BlockReader` (``rows``, ``n_features``, ``band_rows``,
+    Same interface as :class:`~tsconv.io.readers.blocks.BlockReader` (``rows``, ``n_features``, ``band_rows``,
     ``read``, ``bands_decoded``), plus ``close()`` (also a context manager). ``threads`` decode threads
     (default min(16, CPU count)); ``prefetch`` bands decoded ahead of the one being read (default: enough
     chunk files in flight for every thread, at least 2, within ``max_ring_bytes``); ``pin`` allocates the

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import OutputExistsError, StoreError, TsconvError
-from .loaders import transpose_into
-from .lock import OutputLock
-from .reader import BlockReader
-from .writer import check_output_flags
+from tsconv.errors import OutputExistsError, StoreError, TsconvError
+from tsconv.io.frames import transpose_into
+from tsconv.io.lock import OutputLock
+from tsconv.io.readers.blocks import BlockReader
+from tsconv.io.writers.zarr_writer import check_output_flags
 
 __all__ = ["is_parquet_path", "process_to_parquet", "ROW_GROUP_ROWS"]
 
@@ -138,8 +138,8 @@ def process_to_parquet(
             "Parquet output is written by one process; workers/client (dask) are not supported for it",
             hint="write a .zarr output with dask, or leave workers/client out for Parquet.",
         )
-    from .. import engine
-    from .store import check_time, open_input
+    from tsconv.engine import api as engine
+    from tsconv.io.store import check_time, open_input
 
     check_output_flags(overwrite=overwrite, resume=resume)
     engine._check_options(chunk, warmup)
@@ -186,7 +186,8 @@ def _write_parquet(
     import torch
     from tqdm import tqdm
 
-    from .. import __version__, engine
+    from tsconv import __version__
+    from tsconv.engine import api as engine
 
     fields = [pa.field(n, pa.float32()) for n in plan.output_names]
     if store.time is not None:

@@ -2,7 +2,7 @@
 
 zarr-python encodes at about 1 GB/s per call and runs its codecs on its own event loop; numcodecs'
 Blosc releases the GIL, so several threads each encoding one chunk scale with the cores (the read side,
-:mod:`tsconv.io.decode`, does the same). :class:`ChunkFileWriter` does that for the layout tsconv
+:mod:`tsconv.io.readers.threads`, does the same). :class:`ChunkFileWriter` does that for the layout tsconv
 creates for its output:
 
 * a local zarr format-3 array, 2-D (or 1-D: the time column), regular chunk grid, default chunk key encoding, no sharding and no
@@ -15,7 +15,7 @@ blocksize of the array's BloscCodec, the edge chunk padded with the fill value, 
 fill value removed rather than written unless the array's ``write_empty_chunks`` says otherwise.
 Each file is written under a temporary name in its own directory and renamed over the chunk key
 (``os.replace``), so a kill at any moment leaves either the old file or the new one, never a torn chunk.
-Everything else goes through zarr (:class:`~tsconv.io.writer.OutputWriter` falls back itself);
+Everything else goes through zarr (:class:`~tsconv.io.writers.zarr_writer.OutputWriter` falls back itself);
 :func:`fast_write_reason` says why.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import numcodecs
 import numpy as np
 
-from .decode import _inspect
+from tsconv.io.readers.threads import _inspect
 
 __all__ = ["ChunkFileWriter", "fast_write_reason", "remove_partial_files"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..io.reader import RowSource
+from tsconv.io.readers.blocks import RowSource
 
 __all__ = ["forward_fill", "fill_state_before"]
 

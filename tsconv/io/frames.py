@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShapeError, StoreError, TsconvError
-from .reader import BlockReader
-from .store import InputStore, open_input
+from tsconv.errors import ShapeError, StoreError, TsconvError
+from tsconv.io.readers.blocks import BlockReader
+from tsconv.io.store import InputStore, open_input
 
 __all__ = ["StoreInfo", "ArrayChunk", "open_store", "iter_chunks", "features_frame", "HALO_COLUMN"]
 
@@ -193,7 +193,7 @@ def iter_chunks(
     rows earlier (clipped at row 0) and a boolean column ``is_halo`` marks those leading rows; record
     batches also carry ``tsconv.halo`` / ``tsconv.start`` in their schema metadata.
     ``as_="numpy"`` yields :class:`ArrayChunk` (``values`` a view of the decoded store chunk where
-    possible). Store chunks are decoded once each (:class:`~tsconv.io.reader.BlockReader`).
+    possible). Store chunks are decoded once each (:class:`~tsconv.io.readers.blocks.BlockReader`).
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise TsconvError(f"rows must be a positive integer, got {rows!r}")
@@ -301,7 +301,7 @@ def features_frame(
     """
     import polars as pl
 
-    from .. import engine
+    from tsconv.engine import api as engine
 
     engine._check_options(chunk, warmup)
     if isinstance(frame, pl.LazyFrame):

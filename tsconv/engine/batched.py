@@ -2,7 +2,7 @@
 
 Used for CUDA runs (and, under ``TRITON_INTERPRET=1``, on CPU tensors in tests). One *step* is
 ``step_rows`` rows (a multiple of the chunk, sized from the GPU memory budget by
-:func:`plan_step_rows`), computed in one pass: prepare (:mod:`tsconv.stream.prep`), every stage's conv
+:func:`plan_step_rows`), computed in one pass: prepare (:mod:`tsconv.kernels.prepare`), every stage's conv
 and the head. The halo travels from step to step on the device, so no row is read twice.
 
 Streams and buffers (``--transfer``):
@@ -43,14 +43,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import TsconvError
-from ..io.reader import ColumnSource, RowSource
-from ..kernels.backend import Backend
-from ..spec import ResolvedPipeline
-from . import trace
-from .fill import fill_state_before, forward_fill
-from .level import level_before_torch, tail_rows
-from .prep import prepare
+from tsconv import trace
+from tsconv.engine.compute import Backend
+from tsconv.engine.fill import fill_state_before, forward_fill
+from tsconv.engine.level import level_before_torch, tail_rows
+from tsconv.errors import TsconvError
+from tsconv.io.readers.blocks import ColumnSource, RowSource
+from tsconv.kernels.prepare import prepare
+from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = [
     "TRANSFERS",
@@ -308,7 +308,7 @@ class _StepGraph:
 
 _STREAMS: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
 # CUDA priority of the compute stream (0: the default; lower is higher) beside the GPU reader's decode
-# streams (tsconv.io.gpudecode.DECODE_STREAM_PRIORITY); benchmarks/engine_trace.py's cprioN variants
+# streams (tsconv.io.readers.gpu.DECODE_STREAM_PRIORITY); benchmarks/engine_trace.py's cprioN variants
 COMPUTE_STREAM_PRIORITY = 0
 
 
@@ -450,7 +450,7 @@ def run_batched(
     xc = torch.empty((halo + step_rows, n_feat), dtype=f32, device=dev)
     src_dtype = torch.from_numpy(np.empty(0, dtype=_source_dtype(source))).dtype
     band_rows = max(1, int(getattr(source, "band_rows", step_rows)))
-    # A reader that decodes on the device (tsconv.io.gpudecode) hands out device views of its own ring.
+    # A reader that decodes on the device (tsconv.io.readers.gpu) hands out device views of its own ring.
     on_device = hasattr(source, "read_device")
     mapped = transfer == "mapped" and gpu.cuda and not on_device
     # Pieces: the rows of one band, cut to at most PIECE_BYTES, each copied into a small device ring

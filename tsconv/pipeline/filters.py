@@ -24,7 +24,7 @@ import re
 
 import numpy as np
 
-from ..errors import PipelineError
+from tsconv.errors import PipelineError
 
 __all__ = ["FILTER_KINDS", "parse_filter", "bank_weights"]
 

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import StoreError
+from tsconv.errors import StoreError
 
 __all__ = ["RowSource", "BlockReader", "ArraySource", "ColumnSource"]
 

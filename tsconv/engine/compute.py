@@ -6,7 +6,7 @@ is transposed or padded). Chunks arrive time-major with their halo, and stages r
 A ``[preprocess]`` transform and z-score run first, as torch ops in float64 on the same device, also in
 "valid" mode over the preprocessing's ``pre_halo`` rows. The last stage and the head run by one of three
 paths (torch matmul, tsconv's gemm, or the fused conv -> head kernel), on CUDA the fastest as measured on
-first use of a shape class (:mod:`tsconv.kernels.head`; ``TSCONV_HEAD_PATH`` forces one).
+first use of a shape class (:mod:`tsconv.engine.head`; ``TSCONV_HEAD_PATH`` forces one).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import TsconvWarning
-from ..spec import ResolvedPipeline
-from .activations import apply_activation
+from tsconv.errors import TsconvWarning
+from tsconv.kernels.activations import apply_activation
+from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = ["Backend"]
 
@@ -55,7 +55,7 @@ def _conv_layer(
     with ``recenter_from`` leading rows of zero history; the level is added back with the exact tap sums
     of the weights as given."""
     if triton:
-        from .conv1d import conv1d
+        from tsconv.kernels.conv1d import conv1d
 
         return conv1d(
             x,
@@ -177,11 +177,11 @@ class Backend:
         self._head = self._head_paths(plan) if plan.head is not None and self.layers else None
 
     def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily
-        """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.kernels.head`).
+        """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.engine.head`).
 
         On the CPU: the torch path, unless Triton runs interpreted here and ``TSCONV_HEAD_PATH`` forces one.
         """
-        from . import head
+        from tsconv.engine import head
 
         forced = head.requested_path()
         measure = forced is None and head._can_measure(self.device)
@@ -235,7 +235,7 @@ class Backend:
     def run_centered(self, xc: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:
         """:meth:`run` for an input already centered: ``xc`` = x - ``level`` (history rows included).
 
-        The batched GPU engine prepares ``xc`` in one pass over the input (:mod:`tsconv.stream.prep`);
+        The batched GPU engine prepares ``xc`` in one pass over the input (:mod:`tsconv.kernels.prepare`);
         pipelines with a computing ``[preprocess]`` go through :meth:`run`.
         """
         if self.pre is not None:

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .banks import bank_weights, parse_filter
-from .errors import PipelineError, ShapeError
+from tsconv.errors import PipelineError, ShapeError
+from tsconv.pipeline.filters import bank_weights, parse_filter
 
 __all__ = [
     "ACTIVATIONS",

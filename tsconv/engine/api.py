@@ -25,16 +25,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import ShapeError, StoreError, TsconvError
-from .io import gpudecode
-from .io.decode import ParallelBandReader
-from .io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
-from .io.lock import OutputLock
-from .io.procdecode import ProcessBandReader, use_processes
-from .io.reader import ArraySource, ColumnSource, RowSource
-from .io.store import InputStore, check_time, describe_repeats, open_input, repeated_names
-from .io.timecolumn import ShiftedTime
-from .io.writer import (
+from tsconv.engine.batched import (
+    DEFAULT_GPU_MEM,
+    StageTimes,
+    check_transfer,
+    parse_bytes,
+    plan_step_rows,
+    reader_hold,
+    run_batched,
+)
+from tsconv.engine.compute import Backend
+from tsconv.engine.fill import fill_state_before, forward_fill
+from tsconv.engine.level import centering_level, level_before, tail_rows
+from tsconv.errors import ShapeError, StoreError, TsconvError
+from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
+from tsconv.io.lock import OutputLock
+from tsconv.io.readers import gpu as gpudecode
+from tsconv.io.readers.blocks import ArraySource, ColumnSource, RowSource
+from tsconv.io.readers.threads import ParallelBandReader
+from tsconv.io.store import InputStore, check_time, describe_repeats, open_input, repeated_names
+from tsconv.io.timecolumn import ShiftedTime
+from tsconv.io.writers.zarr_writer import (
     FORMAT_VERSION,
     OutputWriter,
     check_compression,
@@ -46,19 +57,14 @@ from .io.writer import (
     remove_leftovers,
     rows_written,
 )
-from .kernels.backend import Backend
-from .spec import Pipeline, ResolvedPipeline, default_pipeline, load_pipeline, pipeline_from_dict, resolve
-from .stream.batched import (
-    DEFAULT_GPU_MEM,
-    StageTimes,
-    check_transfer,
-    parse_bytes,
-    plan_step_rows,
-    reader_hold,
-    run_batched,
+from tsconv.pipeline.spec import (
+    Pipeline,
+    ResolvedPipeline,
+    default_pipeline,
+    load_pipeline,
+    pipeline_from_dict,
+    resolve,
 )
-from .stream.fill import fill_state_before, forward_fill
-from .stream.level import centering_level, level_before, tail_rows
 
 __all__ = ["Report", "process", "features", "default_output_path", "resolve_device"]
 
@@ -97,7 +103,7 @@ class Report:
     # batched engine: "replayed" (the steps' launches as one CUDA graph), "eager" (too few steps to capture),
     # "off" (not CUDA, or TSCONV_CUDA_GRAPH=0) or "off: why" (the capture failed)
     cuda_graph: str | None = None
-    # the GPU reader: how chunk files are read, "native" (tsconv.io.fileread) or "python (why not native)"
+    # the GPU reader: how chunk files are read, "native" (tsconv.io.readers.fileread) or "python (why not native)"
     file_reads: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -351,10 +357,10 @@ def process(
     rows already computed changed since) is given. One run writes an output at a time: it holds a lock
     beside the output, and another run on it raises :class:`~tsconv.errors.OutputBusyError` at once.
     ``workers=N`` (a local dask cluster) or ``client`` (a ``distributed.Client`` or a scheduler address)
-    run the job as one dask task per time partition (see :mod:`tsconv.distributed`).
-    An output ending in ``.parquet``/``.pq`` is written as Parquet (see :mod:`tsconv.io.parquet`).
+    run the job as one dask task per time partition (see :mod:`tsconv.engine.distributed`).
+    An output ending in ``.parquet``/``.pq`` is written as Parquet (see :mod:`tsconv.io.writers.parquet_writer`).
 
-    On CUDA the batched engine runs (:mod:`tsconv.stream.batched`): ``transfer`` is ``pinned``
+    On CUDA the batched engine runs (:mod:`tsconv.engine.batched`): ``transfer`` is ``pinned``
     (default), ``mapped`` or ``pageable``; ``gpu_mem`` (bytes, or text like ``"1.2GB"``) bounds the GPU
     memory the run allocates and reserves (what the process already held aside; unused cached blocks are
     freed at the start, ``TSCONV_EMPTY_CACHE=0`` keeps them), and a pipeline that cannot fit is refused
@@ -362,11 +368,11 @@ def process(
     ``batched`` forces the engine (True: batched, False: chunk by chunk); on the CPU the batched engine
     needs the Triton interpreter (``TRITON_INTERPRET=1``) and exists for tests. ``decode``: where the
     batched engine decodes the input, ``"gpu"`` (Blosc-LZ4 stores with pinned transfers,
-    :mod:`tsconv.io.gpudecode`; other stores fall back to the CPU) or ``"cpu"`` (threads); None: gpu
+    :mod:`tsconv.io.readers.gpu`; other stores fall back to the CPU) or ``"cpu"`` (threads); None: gpu
     unless ``TSCONV_GPU_DECODE=0``.
     The report's ``reader`` says which reader ran. ``compression``: the output values' codec, ``auto``
     (lz4 where it saves at least 10% of a sample of the first chunk, else uncompressed; dask runs keep lz4),
-    ``lz4`` or ``none`` (see :meth:`tsconv.io.writer.OutputWriter.create`); the report says which was used.
+    ``lz4`` or ``none`` (see :meth:`tsconv.io.writers.zarr_writer.OutputWriter.create`); the report says which was used.
     """
     t_enter = time.perf_counter()
     check_compression(compression)
@@ -376,7 +382,7 @@ def process(
             raise TsconvError(
                 f"compression={compression!r} is for zarr outputs", hint="leave it out for Parquet outputs."
             )
-        from .io.parquet import process_to_parquet
+        from tsconv.io.writers.parquet_writer import process_to_parquet
 
         return process_to_parquet(input, output, pipeline=pipeline, chunk=chunk, device=device,
                                   overwrite=overwrite, resume=resume, warmup=warmup, progress=progress,
@@ -426,7 +432,7 @@ def process(
                 # the rows still to compute come from the input as it is now: record that
                 write_digest(out_path, current)
         if (workers is not None or client is not None) and action != "done":
-            from .distributed import run_distributed
+            from tsconv.engine.distributed import run_distributed
 
             return run_distributed(
                 store, plan, out_path, action=action, rows_done=start, chunk=chunk, device=device,
@@ -540,7 +546,7 @@ def reader_kind(reader: Any) -> str:
         return "gpu"
     if not getattr(reader, "fast", False):
         return "zarr"
-    return "processes" if isinstance(reader, ProcessBandReader) else "threads"
+    return "threads"
 
 
 def _run_store(
@@ -630,7 +636,7 @@ def check_decode(decode: str | None) -> None:
 
 
 def _gpu_decode(store: InputStore, dev: torch.device, transfer: str, decode: str | None = None) -> bool:
-    """Decode on the GPU (tsconv.io.gpudecode): not turned off (``decode="cpu"``, or TSCONV_GPU_DECODE=0
+    """Decode on the GPU (tsconv.io.readers.gpu): not turned off (``decode="cpu"``, or TSCONV_GPU_DECODE=0
     when ``decode`` is None), pinned transfers, and a Blosc-LZ4 store the GPU decoder handles; otherwise
     the CPU reader runs."""
     mode = gpudecode.requested() if decode is None else ("1" if decode == "gpu" else "")
@@ -645,7 +651,7 @@ def _open_reader(
     """The reader for ``store``: on the GPU (``gpu``: chosen by :func:`process`), in processes or threads."""
     if batched and gpu:
         return gpudecode.GpuBandReader(store.values, device=dev, where=str(store.path))
-    return (ProcessBandReader if use_processes() else ParallelBandReader)(
+    return ParallelBandReader(
         store.values,
         where=str(store.path),
         pin=dev.type == "cuda" and transfer != "pageable",
@@ -759,7 +765,7 @@ def _output_attrs(
 ) -> dict[str, Any]:
     """A new output's attributes; ``tsconv.run_id`` names the run that owns it (OutputWriter.finish checks
     it), ``tsconv.input_digest`` where the input's digest is kept (or why there is none)."""
-    from . import __version__
+    from tsconv import __version__
 
     return {
         "source": str(store.path),
@@ -796,12 +802,12 @@ def features(
     batched engine runs, as in ``process``, and ``chunk`` is not used).
     A polars DataFrame or LazyFrame gives a polars DataFrame: its ``time_column`` (if present) is
     carried over and the other columns, all numeric, are the named features (see
-    :func:`tsconv.io.loaders.features_frame`).
+    :func:`tsconv.io.frames.features_frame`).
     """
     if type(x).__module__.split(".")[0] == "polars":
         if names is not None:
             raise ShapeError("names= is for arrays; a frame's features are named by its columns")
-        from .io.loaders import features_frame
+        from tsconv.io.frames import features_frame
 
         return features_frame(x, pipeline, time_column=time_column, warmup=warmup, chunk=chunk, device=device)
     _check_options(chunk, warmup)

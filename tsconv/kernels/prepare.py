@@ -1,6 +1,6 @@
 """Input preparation on the GPU: upcast, forward fill, centering and the halo, in one pass over the input.
 
-The batched engine (:mod:`tsconv.stream.batched`) hands the raw rows of a step (or of one band of it) to
+The batched engine (:mod:`tsconv.engine.batched`) hands the raw rows of a step (or of one band of it) to
 :func:`prepare`, which writes the first stage's input ``xc`` [halo + n, C] float32, time-major:
 
 * rows ``halo ..``: the step's rows, upcast to float32, forward filled (NaN takes the feature's last
@@ -8,7 +8,7 @@ The batched engine (:mod:`tsconv.stream.batched`) hands the raw rows of a step (
 * rows ``0 .. halo``: the previous rows (``carry_in``, raw filled values kept exactly) minus the level,
   written by the step's last piece once the level is final.
 
-The level is the one the CPU engine uses (:mod:`tsconv.stream.level`): the batched engine sets it before
+The level is the one the CPU engine uses (:mod:`tsconv.engine.level`): the batched engine sets it before
 the step from the last rows before it and the fill state; a feature without one takes its first finite
 value in the step (earlier rows of it are not finite), else 0.
 Subtracting it is the same float32 operation the CPU engine performs, so the conv sees the same numbers.
@@ -229,7 +229,7 @@ def prepare(
     ``src`` [n, F_src] any float/int dtype and strides (device memory, or mapped host memory), ``cols``
     the int64 source column of each of the C prepared features (None: the first C). ``state`` [C]
     (fill state, updated), ``level`` [C] (set before a step's first piece by
-    :func:`tsconv.stream.level.level_before_torch`; NaN where unknown; final after the ``last`` piece),
+    :func:`tsconv.engine.level.level_before_torch`; NaN where unknown; final after the ``last`` piece),
     ``carry_in``/``carry_out`` [halo, C] float32 contiguous (the previous step's last raw filled rows, and
     this step's), ``xc`` [halo + n_step, C] float32 with unit column stride. Pieces of one step must be prepared in order, on one stream. ``split=False``
     reads ``src`` once, in one segment (for mapped host memory, where each read crosses PCIe).

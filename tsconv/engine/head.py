@@ -37,11 +37,11 @@ from collections.abc import Callable
 
 import torch
 
-from ..errors import TsconvError
-from . import autotune
-from . import fused as _fused
-from . import gemm as _gemm
-from .activations import apply_activation
+from tsconv.errors import TsconvError
+from tsconv.kernels import autotune
+from tsconv.kernels import fused as _fused
+from tsconv.kernels import gemm as _gemm
+from tsconv.kernels.activations import apply_activation
 
 __all__ = ["ENV", "PATHS", "SPACE", "HeadPaths", "measure_paths", "requested_path"]
 
@@ -293,7 +293,7 @@ class HeadPaths:
     def _tsconv_conv(
         self, xt: torch.Tensor, bias: torch.Tensor | None, recenter_from: int = 0
     ) -> torch.Tensor:
-        from .conv1d import conv1d
+        from tsconv.kernels.conv1d import conv1d
 
         return conv1d(
             xt,

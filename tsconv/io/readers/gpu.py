@@ -17,7 +17,7 @@ header the GPU decoder does not handle is decoded by numcodecs in the reading th
 How it runs. Bands (one row of the chunk grid) go in *batches* of ``batch`` bands, through three rings:
 pinned host slots for the stored bytes (three batches), device slots for them and device slots for the
 decoded bands (two batches each, alternating halves). Reading batches g + 1 and g + 2's files (no
-decoding: one call of :mod:`tsconv.io.fileread`'s native reader per batch, or a thread per file with
+decoding: one call of :mod:`tsconv.io.readers.fileread`'s native reader per batch, or a thread per file with
 ``readinto`` without it) overlaps the engine's use of batch g. Launching batch g: one H2D copy on a copy
 stream, one decode launch on a decode stream (two, alternating, so consecutive batches can decode at once).
 A device half is reused two batches later, after the engine has released every band of it
@@ -42,13 +42,13 @@ import numcodecs
 import numpy as np
 import torch
 
-from ..errors import StoreError
-from ..kernels import blosc_lz4
-from ..stream import trace
-from . import fileread
-from .chunkfile import decode_bytes
-from .decode import _inspect, lower_thread_priority
-from .reader import BlockReader
+from tsconv import trace
+from tsconv.errors import StoreError
+from tsconv.io.readers import fileread
+from tsconv.io.readers.blocks import BlockReader
+from tsconv.io.readers.chunkfile import decode_bytes
+from tsconv.io.readers.threads import _inspect, lower_thread_priority
+from tsconv.kernels import blosc_lz4
 
 __all__ = ["GpuBandReader", "device_bytes", "requested", "unsupported_reason"]
 
