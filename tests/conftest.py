@@ -8,6 +8,7 @@ the interpreter. On a GPU machine the real kernels run.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -36,14 +37,13 @@ def _fresh_launch_plans() -> None:
 
 
 @pytest.fixture(params=["native", "python"])
-def file_reads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Files read by the native batch reader (tsconv.io.readers.fileread) or by Python (TSCONV_NATIVE_READ=0)."""
+def file_reads(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Files read by the native batch reader (tsconv.io.readers.fileread) or by Python (the native_read
+    setting off)."""
+    from tsconv import config
     from tsconv.io.readers import fileread
 
-    if request.param == "python":
-        monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
-    else:
-        monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
-        if fileread.native_reader() is None:
-            pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
-    return request.param
+    if request.param == "native" and fileread.native_reader() is None:
+        pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
+    with config.override(native_read=request.param == "native"):
+        yield request.param

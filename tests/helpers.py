@@ -43,6 +43,15 @@ def write_store(
     return path
 
 
+def process_batched(*args: object, **kw: object) -> object:
+    """``tsconv.process`` with the batched engine forced (on the CPU: through the Triton interpreter)."""
+    import tsconv
+    from tsconv import config
+
+    with config.override(engine="batched"):
+        return tsconv.process(*args, **kw)
+
+
 def read_output(path: Path) -> np.ndarray:
     return np.asarray(zarr.open_group(str(path), mode="r")["values"][:])
 

@@ -15,8 +15,8 @@ import torch
 import zarr
 
 import tsconv
-from tsconv.engine.api import _stream
 from tsconv.engine.batched import parse_bytes, plan_step_rows, run_batched
+from tsconv.engine.chunked import run_chunked
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import forward_fill
 from tsconv.errors import TsconvError
@@ -25,7 +25,7 @@ from tsconv.kernels import prepare as prep
 from tsconv.kernels.prepare import prepare
 from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
-from .helpers import assert_matches_reference, price_series, read_output, write_store
+from .helpers import assert_matches_reference, price_series, process_batched, read_output, write_store
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
@@ -141,7 +141,7 @@ def test_batched_equals_the_chunked_engine_with_preprocess():
     plan = resolve(pipeline_from_dict(pipe), tuple(f"x{j}" for j in range(5)))
     y = _batched(x, plan, step_rows=64, band_rows=45)
     ref: list[np.ndarray] = []
-    _stream(
+    run_chunked(
         ArraySource(x), plan, Backend(plan, torch.device("cpu")), ref.append, start=0, chunk=64, warmup="nan"
     )
     want = np.concatenate(ref)
@@ -154,7 +154,7 @@ def test_process_batched_on_a_store_matches_the_chunked_engine(tmp_path):
     x = price_series(700, 6, seed=7, nan_fraction=0.03)
     src = write_store(tmp_path / "in.zarr", x, chunks=(150, 6))
     a = tsconv.process(src, tmp_path / "a.zarr", pipeline=BANK, device="cpu", chunk=128)
-    b = tsconv.process(src, tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=128, batched=True,
+    b = process_batched(src, tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=128,
                        gpu_mem="80MB")  # fmt: skip
     assert a.stage_seconds is None and a.transfer is None
     assert b.step_rows and b.step_rows % 128 == 0 and b.bound_by in b.stage_seconds
@@ -206,10 +206,18 @@ def test_parse_bytes_refuses_nonsense(bad):
         parse_bytes(bad)
 
 
-def test_process_refuses_an_unknown_transfer_mode(tmp_path):
+def test_process_refuses_an_unknown_transfer_mode_and_cuda_options_on_the_cpu(tmp_path):
     src = write_store(tmp_path / "in.zarr", price_series(100, 2))
     with pytest.raises(TsconvError, match="unknown transfer mode"):
-        tsconv.process(src, tmp_path / "o.zarr", pipeline=BANK, device="cpu", transfer="carrier-pigeon")
+        process_batched(src, tmp_path / "o.zarr", pipeline=BANK, device="cpu", transfer="carrier-pigeon")
+    for option in ({"transfer": "pinned"}, {"gpu_mem": "1GB"}, {"decode": "cpu"}):
+        name = next(iter(option))
+        with pytest.raises(TsconvError, match=f"{name}=.* does not apply to a run on the CPU"):
+            tsconv.process(src, tmp_path / "o.zarr", pipeline=BANK, device="cpu", **option)
+        if name != "decode":  # features() decodes nothing
+            with pytest.raises(TsconvError, match=f"{name}=.* does not apply to a run on the CPU"):
+                tsconv.features(price_series(100, 2), BANK, device="cpu", **option)
+    assert not (tmp_path / "o.zarr").exists()
 
 
 def test_pieces_smaller_than_a_band_wrap_the_device_ring(monkeypatch):
@@ -263,7 +271,7 @@ def test_multi_band_pieces_through_the_reader_match_the_chunked_engine(tmp_path,
     x = price_series(1900, 6, seed=11, nan_fraction=0.05)
     src = write_store(tmp_path / "in.zarr", x, chunks=(100, 6))
     tsconv.process(src, tmp_path / "a.zarr", pipeline=TWO_STAGES, device="cpu", chunk=128)
-    tsconv.process(src, tmp_path / "b.zarr", pipeline=TWO_STAGES, device="cpu", chunk=128, batched=True)
+    process_batched(src, tmp_path / "b.zarr", pipeline=TWO_STAGES, device="cpu", chunk=128)
     sizes = {hi - lo for lo, hi in seen}
     assert max(sizes) == 300 and 200 in sizes  # 3-band pieces, and 2-band ones cut at the ring's wrap
     ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
@@ -317,7 +325,7 @@ def test_recentering_keeps_a_long_steps_error_at_the_chunked_engines():
                     start=0, step_rows=n, warmup="nan")  # fmt: skip
         errs[recenter] = err(np.concatenate(out))
     chunked: list[np.ndarray] = []
-    _stream(ArraySource(x), plan, Backend(plan, torch.device("cpu")), chunked.append, start=0, chunk=128,
+    run_chunked(ArraySource(x), plan, Backend(plan, torch.device("cpu")), chunked.append, start=0, chunk=128,
             warmup="nan")  # fmt: skip
     err_cpu = err(np.concatenate(chunked))
     assert errs[True] * 5 < errs[False], errs

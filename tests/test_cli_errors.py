@@ -706,7 +706,7 @@ def test_bad_gpu_options(tmp_path: Path, args: list[str], needles: list[str]) ->
 def test_compression_for_a_parquet_output_is_refused(tmp_path: Path) -> None:
     src = good_store(tmp_path)
     res = invoke("-i", src, "-o", tmp_path / "out.parquet", "--compression", "lz4")
-    assert_refused(res, "compression='lz4' is for zarr outputs")
+    assert_refused(res, "compression='lz4' does not apply to a Parquet output")
     assert not (tmp_path / "out.parquet").exists()
 
 

@@ -11,7 +11,7 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
 
 import tsconv
-import tsconv.engine.api as engine
+import tsconv.io.source as engine
 from tsconv.errors import StoreError
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.threads import ParallelBandReader, fast_path_reason
@@ -242,7 +242,7 @@ def test_engine_output_unchanged(tmp_path: Path, monkeypatch, chunks, chunk: int
     made: list = []
 
     def fast(array, **kw):
-        made.append(ParallelBandReader(array, threads=2, prefetch=1, **kw))
+        made.append(ParallelBandReader(array, prefetch=1, **{**kw, "threads": 2}))
         return made[-1]
 
     monkeypatch.setattr(engine, "ParallelBandReader", fast)

@@ -10,7 +10,7 @@ import torch
 import zarr
 
 import tsconv
-import tsconv.engine.api as engine
+import tsconv.io.source as engine
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.pipeline.spec import default_pipeline, resolve
@@ -23,6 +23,7 @@ class _CountingArray:
 
     def __init__(self, array):
         self.array, self.shape, self.chunks, self.ndim = array, array.shape, array.chunks, array.ndim
+        self.dtype = array.dtype
         self.slices: list[tuple[int, int]] = []
 
     def __getitem__(self, key):
@@ -174,7 +175,7 @@ def test_the_triton_path_of_the_engine_matches_the_reference() -> None:
     """The CUDA route (Triton conv1d per stage) run through the interpreter on CPU tensors."""
     import os
 
-    from tsconv.engine.api import _stream
+    from tsconv.engine.chunked import run_chunked
     from tsconv.engine.compute import Backend
     from tsconv.io.readers.blocks import ArraySource
     from tsconv.pipeline.spec import pipeline_from_dict
@@ -202,27 +203,20 @@ def test_the_triton_path_of_the_engine_matches_the_reference() -> None:
     for warmup in ["nan", "zero"]:
         out: list[np.ndarray] = []
         backend = Backend(plan, torch.device("cpu"), use_triton=True)
-        _stream(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup=warmup)
+        run_chunked(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup=warmup)
         assert_matches_reference(np.concatenate(out), x, plan, warmup=warmup)
 
 
-def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored(monkeypatch):
+def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored():
     import sys
 
-    from tsconv.engine.api import SWITCH_INTERVAL_US, _gil_switch
-    from tsconv.errors import TsconvError
+    from tsconv.engine import run
 
     before = sys.getswitchinterval()
-    with _gil_switch(torch.device("cuda")):
+    with run._gil_switch(torch.device("cuda")):
         assert sys.getswitchinterval() == pytest.approx(
-            SWITCH_INTERVAL_US * 1e-6, rel=0.02
+            run.SWITCH_INTERVAL_S, rel=0.02
         )  # (microsecond clock)
     assert sys.getswitchinterval() == before
-    with _gil_switch(torch.device("cpu")):
+    with run._gil_switch(torch.device("cpu")):
         assert sys.getswitchinterval() == before
-    monkeypatch.setenv("TSCONV_SWITCH_INTERVAL_US", "0")
-    with _gil_switch(torch.device("cuda")):
-        assert sys.getswitchinterval() == before
-    monkeypatch.setenv("TSCONV_SWITCH_INTERVAL_US", "fast")
-    with pytest.raises(TsconvError, match="microseconds"), _gil_switch(torch.device("cuda")):
-        pass

@@ -35,7 +35,9 @@ def test_the_native_reader_reads_files_into_place(tmp_path: Path, monkeypatch) -
             assert buf[offsets[i] : offsets[i] + len(blob)].tobytes() == blob
             assert (buf[offsets[i] + len(blob) : offsets[i] + len(blob) + 5] == 0xEE).all()  # nothing past it
     monkeypatch.setenv("TSCONV_NATIVE_READ", "0")
-    assert fileread.native_reader() is None and fileread.unavailable_reason() == "TSCONV_NATIVE_READ=0"
+    assert (
+        fileread.native_reader() is None and fileread.unavailable_reason() == "the native_read setting is off"
+    )
 
 
 @pytest.mark.parametrize("how", ["no compiler", "compiler fails"])

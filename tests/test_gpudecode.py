@@ -18,7 +18,7 @@ import tsconv
 from tsconv.errors import StoreError
 from tsconv.io.readers import gpu as gpudecode
 
-from .helpers import price_series, read_output, write_store
+from .helpers import price_series, process_batched, read_output, write_store
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -135,9 +135,6 @@ def test_what_the_gpu_reader_does_not_take(tmp_path: Path, monkeypatch) -> None:
     assert "compressor code" in gpudecode.unsupported_reason(
         zarr.open_array(str(tmp_path / "b.zarr"), mode="r")
     )
-    for value, want in (("", "1"), ("0", ""), ("off", ""), ("1", "1"), ("force", "force")):
-        monkeypatch.setenv("TSCONV_GPU_DECODE", value)
-        assert gpudecode.requested() == want
 
 
 @pytest.mark.skipif(
@@ -164,16 +161,16 @@ def test_the_batched_engine_through_the_gpu_reader_equals_the_chunked_engine(
             opened.append(self)
 
     monkeypatch.setattr(gpudecode, "GpuBandReader", Spy)
-    c = tsconv.process(src, tmp_path / "c.zarr", pipeline=BANK, device="cpu", chunk=128, batched=True,
-                       gpu_mem="80MB")  # fmt: skip
-    assert not opened and c.reader == "threads"  # not asked for: the CPU reader
-    monkeypatch.setenv("TSCONV_GPU_DECODE", "force")
-    b = tsconv.process(src, tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=128, batched=True,
-                       gpu_mem="80MB")  # fmt: skip
+    c = process_batched(src, tmp_path / "c.zarr", pipeline=BANK, device="cpu", chunk=128, gpu_mem="80MB")
+    assert not opened and c.reader == "threads"  # not asked for on the CPU: the CPU reader
+    b = process_batched(src, tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=128, gpu_mem="80MB",
+                        decode="gpu")  # fmt: skip
     assert len(opened) == 1 and opened[0].bands_decoded == 6
     assert b.reader == "gpu" and b.stage_seconds["decode"] >= 0 and "decoded by gpu" in b.summary()
-    with pytest.raises(tsconv.errors.TsconvError, match="decode must be one of cpu, gpu"):
-        tsconv.process(src, tmp_path / "d.zarr", pipeline=BANK, device="cpu", decode="fpga")
+    with pytest.raises(tsconv.errors.TsconvError, match="decode must be one of gpu, cpu"):
+        process_batched(src, tmp_path / "d.zarr", pipeline=BANK, device="cpu", decode="fpga")
+    with pytest.raises(tsconv.errors.TsconvError, match="decode='gpu' does not apply to a run on the CPU"):
+        tsconv.process(src, tmp_path / "d.zarr", pipeline=BANK, device="cpu", decode="gpu")
     ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
     np.testing.assert_array_equal(np.isnan(ya), np.isnan(yb))
     np.testing.assert_allclose(yb, ya, rtol=1e-5, atol=1e-5)
@@ -208,11 +205,10 @@ def test_a_budget_too_small_for_the_gpu_readers_rings_falls_back_to_the_cpu_read
     g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w")
     g.create_array("values", data=x.astype(np.float32), chunks=(150, 6), compressors=LZ4)
     g.attrs["features"] = [f"x{j}" for j in range(6)]
-    monkeypatch.setenv("TSCONV_GPU_DECODE", "force")
-    kw = dict(pipeline=BANK, device="cpu", chunk=128, batched=True, gpu_mem="80MB", overwrite=True)
-    assert tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "gpu"
+    kw = dict(pipeline=BANK, device="cpu", chunk=128, gpu_mem="80MB", overwrite=True, decode="gpu")
+    assert process_batched(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "gpu"
     monkeypatch.setattr(gpudecode, "device_bytes", lambda array: 10**12)
-    assert tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "threads"
+    assert process_batched(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "threads"
 
 
 @pytest.mark.skipif(
@@ -227,7 +223,6 @@ def test_rows_from_a_damaged_chunk_never_reach_the_output(tmp_path: Path, monkey
     monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)  # batches of two 150-row bands
     monkeypatch.setattr(batched, "MAX_STEP_ROWS", 256)  # steps [0, 256), [256, 512), [512, 768), ...
     monkeypatch.setattr(writer_mod, "_TARGET_CHUNK_BYTES", 128 * 3 * 4)  # 128-row output chunks
-    monkeypatch.setenv("TSCONV_GPU_DECODE", "force")
     # On the CPU every decode has ended when it is launched, so the engine thread's own non-blocking checks
     # would catch the chunk before its rows are computed; on a GPU they usually find it still running.
     real_check = gpudecode.GpuBandReader._check_errors
@@ -248,7 +243,7 @@ def test_rows_from_a_damaged_chunk_never_reach_the_output(tmp_path: Path, monkey
     f.write_bytes(bytes(data))
     out = tmp_path / "out.zarr"
     with pytest.raises(StoreError, match=r"rows 600..750"):
-        tsconv.process(src, out, pipeline=BANK, device="cpu", chunk=128, batched=True, progress=False)
+        process_batched(src, out, pipeline=BANK, device="cpu", chunk=128, decode="gpu")
     meta = zarr.open_group(str(out), mode="r").attrs["tsconv"]
     assert meta["complete"] is False and meta["rows_done"] <= 600
     stored = sorted(int(p.name) for p in (out / "values" / "c").iterdir())

@@ -14,8 +14,8 @@ import torch
 
 import tsconv
 from tsconv.engine import head
-from tsconv.engine.api import _stream
 from tsconv.engine.batched import run_batched
+from tsconv.engine.chunked import run_chunked
 from tsconv.engine.compute import Backend
 from tsconv.errors import TsconvError
 from tsconv.io.readers.blocks import ArraySource
@@ -58,7 +58,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::tsconv.errors.TsconvWarning")  
 def _clean(monkeypatch, tmp_path):
     """No forced path from the caller's environment; decisions cached under tmp_path only."""
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
-    monkeypatch.setenv(head.ENV, "auto")
+    monkeypatch.setenv("TSCONV_HEAD_PATH", "auto")
     monkeypatch.delenv("TSCONV_AUTOTUNE", raising=False)
     monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "cache"))
     autotune.clear_memory_cache()
@@ -78,7 +78,7 @@ def _data(rows=300):
 
 def _chunked(x, plan, backend, chunk=128):
     out: list[np.ndarray] = []
-    _stream(ArraySource(x), plan, backend, out.append, start=0, chunk=chunk, warmup="nan")
+    run_chunked(ArraySource(x), plan, backend, out.append, start=0, chunk=chunk, warmup="nan")
     return np.concatenate(out)
 
 
@@ -93,9 +93,9 @@ def _cpu_backend(plan, monkeypatch, path=None):
     if os.environ.get("TRITON_INTERPRET") != "1":  # (a GPU host runs these kernels on CUDA, in other tests)
         pytest.skip("Triton kernels on CPU tensors need the interpreter")
     if path is None:
-        monkeypatch.setenv(head.ENV, "auto")
+        monkeypatch.setenv("TSCONV_HEAD_PATH", "auto")
     else:
-        monkeypatch.setenv(head.ENV, path)
+        monkeypatch.setenv("TSCONV_HEAD_PATH", path)
     return Backend(plan, torch.device("cpu"), use_triton=True)
 
 
@@ -154,7 +154,7 @@ def test_auto_on_the_cpu_keeps_the_torch_path(monkeypatch):
     _chunked(x, plan, triton_backend)
     assert triton_backend.head_path == "unfused"
     # a forced path does not apply to a backend that does not run Triton kernels
-    monkeypatch.setenv(head.ENV, "fused")
+    monkeypatch.setenv("TSCONV_HEAD_PATH", "fused")
     forced_torch = Backend(plan, torch.device("cpu"))
     _chunked(x, plan, forced_torch)
     assert forced_torch.head_path == "unfused"
@@ -270,10 +270,10 @@ def test_no_head_or_a_grouped_last_stage_never_offers_fused(monkeypatch):
 
 
 def test_a_bad_head_path_is_a_one_line_error(monkeypatch):
-    monkeypatch.setenv(head.ENV, "cudnn")
+    monkeypatch.setenv("TSCONV_HEAD_PATH", "cudnn")
     with pytest.raises(TsconvError, match="TSCONV_HEAD_PATH"):
         Backend(_plan("single"), torch.device("cpu"), use_triton=True)
-    monkeypatch.setenv(head.ENV, " Auto ")
+    monkeypatch.setenv("TSCONV_HEAD_PATH", " Auto ")
     assert head.requested_path() is None
 
 
@@ -300,9 +300,9 @@ def test_each_path_on_the_gpu_through_the_batched_engine(path, monkeypatch):
     }
     plan = resolve(pipeline_from_dict(pipe), tuple(f"x{j}" for j in range(16)))
     if path is None:
-        monkeypatch.setenv(head.ENV, "auto")
+        monkeypatch.setenv("TSCONV_HEAD_PATH", "auto")
     else:
-        monkeypatch.setenv(head.ENV, path)
+        monkeypatch.setenv("TSCONV_HEAD_PATH", path)
     backend = Backend(plan, torch.device("cuda"))
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # as the engine runs
@@ -319,9 +319,9 @@ def test_each_path_on_the_gpu_through_the_batched_engine(path, monkeypatch):
 
 
 def test_the_default_head_path_is_unfused(monkeypatch):
-    monkeypatch.delenv(head.ENV, raising=False)
+    monkeypatch.delenv("TSCONV_HEAD_PATH", raising=False)
     assert head.requested_path() == "unfused"
-    monkeypatch.setenv(head.ENV, "auto")
+    monkeypatch.setenv("TSCONV_HEAD_PATH", "auto")
     assert head.requested_path() is None
 
 

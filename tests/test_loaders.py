@@ -18,7 +18,7 @@ import tsconv
 from tsconv.cli import main
 from tsconv.errors import OutputExistsError, ShapeError, StoreError, TsconvError
 from tsconv.io.frames import ArrayChunk, StoreInfo
-from tsconv.io.writers.parquet_writer import process_to_parquet
+from tsconv.io.writers import parquet_writer
 
 from .helpers import T0, price_series, read_output, write_store
 
@@ -181,7 +181,7 @@ def test_features_refuses_non_numeric_columns_and_bad_time(series: np.ndarray) -
 # -------------------------------------------------------------------------------- Parquet output
 
 
-def test_parquet_output_equals_zarr_output(store: Path, tmp_path: Path) -> None:
+def test_parquet_output_equals_zarr_output(store: Path, tmp_path: Path, monkeypatch) -> None:
     tsconv.process(store, tmp_path / "o.zarr", chunk=512)
     report = tsconv.process(store, tmp_path / "o.parquet", chunk=512)
     assert report.rows == 5000 and report.output == str(tmp_path / "o.parquet")
@@ -199,7 +199,8 @@ def test_parquet_output_equals_zarr_output(store: Path, tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*tmp"))
     # row groups as the engine streams; no time for a bare array input
     bare = write_store(tmp_path / "bare.zarr", price_series(3000, 2), time=False)
-    process_to_parquet(bare, tmp_path / "b.pq", pipeline=PIPE, chunk=100, row_group_rows=1000)
+    monkeypatch.setattr(parquet_writer, "ROW_GROUP_ROWS", 1000)
+    tsconv.process(bare, tmp_path / "b.pq", pipeline=PIPE, chunk=100)
     f = pq.ParquetFile(tmp_path / "b.pq")
     assert f.metadata.num_row_groups == 3 and f.schema_arrow.names[0] == "x0.diff1"
 
@@ -238,8 +239,10 @@ def test_parquet_output_exists_resume_and_cli(store: Path, tmp_path: Path) -> No
     assert res.exit_code == 0, res.output
     assert "5,000 rows x 4 features -> 20 features" in res.output
     assert pl.read_parquet(out).shape == (5000, 21)
-    with pytest.raises(TsconvError, match="not supported for it"):
+    with pytest.raises(TsconvError, match="workers=2 does not apply to a Parquet output"):
         tsconv.process(store, tmp_path / "w.parquet", workers=2)
+    with pytest.raises(TsconvError, match="compression='lz4' does not apply to a Parquet output"):
+        tsconv.process(store, tmp_path / "w.parquet", compression="lz4")
     (tmp_path / "d.parquet").mkdir()
     with pytest.raises(StoreError, match="is a directory"):
         tsconv.process(store, tmp_path / "d.parquet", overwrite=True)

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tsconv
-import tsconv.engine.api as engine
+import tsconv.engine.outputs as engine
+from tsconv.engine.chunked import run_chunked
 from tsconv.errors import PipelineError, TsconvError
 from tsconv.kernels.reference import preprocess_reference
 from tsconv.pipeline.spec import load_pipeline, pipeline_from_dict, resolve
@@ -297,7 +298,7 @@ def test_the_triton_path_with_preprocessing_matches_the_reference() -> None:
         backend = Backend(plan, torch.device("cpu"), use_triton=True)
         # log prices are levels and are recentered like raw ones; log-returns and z-scores are not levels
         assert backend.recenter_first is (pre.get("transform") == "log")
-        engine._stream(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup="nan")
+        run_chunked(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup="nan")
         assert_matches_reference(np.concatenate(out), x, plan)
 
 

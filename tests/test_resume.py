@@ -143,9 +143,9 @@ DONE = 2048  # rows an interrupted run had stored: input bands 0, 1 and part of 
 @pytest.fixture
 def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Output chunks of one engine chunk, so an interrupted run can stop between chunks of a small store."""
-    import tsconv.engine.api
+    import tsconv.engine.outputs
 
-    monkeypatch.setattr(tsconv.engine.api, "output_chunk_rows", lambda chunk, n_outputs: chunk)
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: chunk)
 
 
 def _interrupted(tmp_path: Path, x: np.ndarray, *, done: int = DONE) -> tuple[Path, Path]:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tsconv
+from tsconv import config
 from tsconv.engine import batched
 
 from .helpers import price_series, read_output, write_store
@@ -31,12 +32,11 @@ class _FakeGraph:
         self.log.append("replay")
 
 
-def _step_graph(monkeypatch, *, fail: bool = False, pool: str = "private") -> tuple[batched._StepGraph, list]:
+def _step_graph(monkeypatch, *, fail: bool = False) -> tuple[batched._StepGraph, list]:
     log: list = []
     monkeypatch.setattr(_FakeGraph, "log", log)
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: log.append("empty"))
-    monkeypatch.setenv(batched.POOL_ENV, pool)
     capturing = {"now": False}
 
     def fn(first_row: int) -> torch.Tensor:
@@ -58,15 +58,13 @@ def test_the_second_eligible_step_is_captured_and_later_steps_replay_it(monkeypa
     out = g(120)  # captured, then replayed
     assert g.status == "replayed" and out[0] == 120
     assert g(184) is out and g(248) is out  # replays write the captured output buffer
-    assert log == [("fn", -8), ("fn", 56), "begin", ("fn", 120), "end", "replay", "replay", "replay"]
+    assert log == [("fn", -8), ("fn", 56), "empty", "begin", ("fn", 120), "end", "replay", "replay", "replay"]
     assert g(-1)[0] == -1 and log[-1] == ("fn", -1)
     assert g.release() and not g.release()  # the graph dropped once
 
 
-def test_by_default_the_eager_steps_cached_blocks_are_freed_before_the_capture(monkeypatch) -> None:
-    monkeypatch.delenv(batched.POOL_ENV, raising=False)
-    assert batched.POOL_MODE == "empty"
-    g, log = _step_graph(monkeypatch, pool=batched.POOL_MODE)
+def test_the_eager_steps_cached_blocks_are_freed_before_the_capture(monkeypatch) -> None:
+    g, log = _step_graph(monkeypatch)
     for r in (-8, 56, 120, 184):
         g(r)
     # freed once, after the eager steps and before the capture (the graph's pool then holds the intermediates)
@@ -78,7 +76,7 @@ def test_a_failed_capture_leaves_every_step_eager(monkeypatch) -> None:
     g(0)
     assert g(64)[0] == 64  # the capture failed: the step ran again, eagerly
     assert g.status.startswith("off: the capture failed (RuntimeError: operation not permitted")
-    assert log == [("fn", 0), "begin", ("fn", 64), "end", ("fn", 64)]
+    assert log == [("fn", 0), "empty", "begin", ("fn", 64), "end", ("fn", 64)]
     assert not g.release()
     g(128)
     assert log[-1] == ("fn", 128) and "replay" not in log
@@ -94,12 +92,12 @@ def test_disabled_graphs_run_every_step_eagerly(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("0", False), ("off", False)])
-def test_the_environment_switch(monkeypatch, value, on) -> None:
+def test_the_cuda_graph_setting(monkeypatch, value, on) -> None:
     if value is None:
-        monkeypatch.delenv(batched.GRAPH_ENV, raising=False)
+        monkeypatch.delenv("TSCONV_CUDA_GRAPH", raising=False)
     else:
-        monkeypatch.setenv(batched.GRAPH_ENV, value)
-    assert batched.graphs_requested() is on
+        monkeypatch.setenv("TSCONV_CUDA_GRAPH", value)
+    assert config.current().cuda_graph is on
 
 
 def _dense_pipeline(directory: Path, features: int) -> Path:
@@ -133,9 +131,8 @@ def test_a_run_with_the_step_graph_writes_the_bytes_of_one_without(tmp_path: Pat
     }[pipe]
     monkeypatch.setattr(batched, "MAX_STEP_ROWS", 4096)  # ten steps
     kw = dict(pipeline=pipeline, device="cuda", decode=decode)
-    monkeypatch.setenv(batched.GRAPH_ENV, "0")
-    a = tsconv.process(src, tmp_path / "a.zarr", **kw)
-    monkeypatch.delenv(batched.GRAPH_ENV)
+    with config.override(cuda_graph=False):
+        a = tsconv.process(src, tmp_path / "a.zarr", **kw)
     b = tsconv.process(src, tmp_path / "b.zarr", **kw)
     assert a.cuda_graph == "off" and b.cuda_graph == "replayed", (a.cuda_graph, b.cuda_graph)
     assert b.rows == 40_000 and b.step_rows == 4096

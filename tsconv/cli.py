@@ -81,24 +81,10 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
     return f
 
 
-def _run_process(
-    input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str, overwrite: bool,
-    resume: bool, warmup: str, report_path: str | None, quiet: bool, dask: dict[str, Any] | None = None,
-) -> None:  # fmt: skip
+def _run_process(input_path: str, output: str | None, *, report_path: str | None, quiet: bool, **options: Any) -> None:  # fmt: skip
     from tsconv.engine.api import process
 
-    report = process(
-        input_path,
-        output,
-        pipeline=pipeline,
-        chunk=chunk,
-        device=device,
-        overwrite=overwrite,
-        resume=resume,
-        warmup=warmup,
-        progress=not quiet,
-        **(dask or {}),
-    )
+    report = process(input_path, output, progress=not quiet, **options)
     if report.rows == 0 and report.resumed_from:
         click.echo(f"{report.output} is already complete ({report.total_rows:,} rows); nothing to do.")
     else:
@@ -127,33 +113,26 @@ def _run_process(
 @click.option(
     "--transfer",
     type=click.Choice(["pinned", "mapped", "pageable"]),
-    default="pinned",
-    show_default=True,
-    help="CUDA only: how input reaches the GPU (async copies from pinned memory, zero-copy mapped host "
-    "memory, or plain copies).",
+    help="CUDA only: how input reaches the GPU: async copies from pinned memory (the default), zero-copy "
+    "mapped host memory, or plain copies.",
 )
 @click.option(
     "--decode",
     type=click.Choice(["cpu", "gpu"]),
     default=None,
     help="CUDA only: where input chunks are decoded: gpu (the default: Blosc-LZ4 stores with pinned transfers; "
-    "others are decoded on the CPU) or cpu (threads; also the default with TSCONV_GPU_DECODE=0). "
-    "Single-GPU runs; dask workers read TSCONV_GPU_DECODE.",
+    "others are decoded on the CPU) or cpu (threads). dask workers decode where a single process would.",
 )
 @click.option(
     "--gpu-mem",
-    default="1.2GB",
-    show_default=True,
-    help="CUDA only: the GPU memory a run may take, allocated and reserved (e.g. 1.2GB, 800MB); batch "
-    "sizes follow.",
+    help="CUDA only: the GPU memory a run may take, allocated and reserved (default 1.2GB; e.g. 800MB, "
+    "2GiB); batch sizes follow.",
 )
 @click.option(
     "--compression",
     type=click.Choice(["auto", "lz4", "none"]),
-    default="auto",
-    show_default=True,
-    help="The output values' codec: lz4 (Blosc-LZ4), none (uncompressed), or auto: lz4 where it saves at "
-    "least 10% of a sample of the first output chunk, else none (dask runs: lz4).",
+    help="Zarr outputs: the values' codec: lz4 (Blosc-LZ4), none (uncompressed), or auto (the default): lz4 "
+    "where it saves at least 10% of a sample of the first output chunk, else none (dask runs: lz4).",
 )
 @click.option(
     "--partition-rows",
@@ -162,25 +141,18 @@ def _run_process(
 )
 def process(input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str,
             warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool,
-            workers: int | None, scheduler: str | None, transfer: str, decode: str | None, gpu_mem: str,
-            compression: str, partition_rows: int | None) -> None:  # fmt: skip
+            workers: int | None, scheduler: str | None, transfer: str | None, decode: str | None,
+            gpu_mem: str | None, compression: str | None, partition_rows: int | None) -> None:  # fmt: skip
     """Stream a store through a pipeline into an output store."""
-    if partition_rows is not None and workers is None and scheduler is None:
-        raise TsconvError("--partition-rows needs --workers or --scheduler")
-    dask = {} if workers is None and scheduler is None else {"workers": workers, "client": scheduler}
-    if partition_rows is not None:
-        dask["partition_rows"] = partition_rows
-    dask.update(transfer=transfer, gpu_mem=gpu_mem, compression=compression)
-    if decode is not None:
-        dask["decode"] = decode
     if overwrite and resume:
         raise TsconvError(
             "--overwrite and --resume exclude each other",
             hint="--resume finishes an interrupted run; --overwrite starts again from scratch.",
         )
-    _run_process(
-        input_path, output, pipeline, chunk, device, overwrite, resume, warmup, report_path, quiet, dask
-    )
+    _run_process(input_path, output, report_path=report_path, quiet=quiet, pipeline=pipeline, chunk=chunk,
+                 device=device, warmup=warmup, overwrite=overwrite, resume=resume, workers=workers,
+                 client=scheduler, partition_rows=partition_rows, transfer=transfer, gpu_mem=gpu_mem,
+                 decode=decode, compression=compression)  # fmt: skip
 
 
 @main.command()
@@ -198,7 +170,8 @@ def demo(rows: int, features: int, directory: str, pipeline: str | None, chunk: 
         click.echo(f"creating {src} ({rows:,} steps x {features} features of synthetic ticks)")
         make_ticks(src, rows=rows, features=features, seed=0, progress=not quiet)
     out = Path(directory) / f"ticks-{rows}x{features}.features.zarr"
-    _run_process(str(src), str(out), pipeline, chunk, device, True, False, warmup, report_path, quiet)
+    _run_process(str(src), str(out), report_path=report_path, quiet=quiet, pipeline=pipeline, chunk=chunk,
+                 device=device, warmup=warmup, overwrite=True)  # fmt: skip
 
 
 @main.command()

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -43,12 +42,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from tsconv import trace
+from tsconv import config, trace
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import fill_state_before, forward_fill
 from tsconv.engine.level import level_before_torch, tail_rows
 from tsconv.errors import TsconvError
-from tsconv.io.readers.blocks import ColumnSource, RowSource
+from tsconv.io.contracts import BandReader
+from tsconv.io.readers.blocks import ColumnSource
 from tsconv.kernels.prepare import prepare
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -224,19 +224,6 @@ class StageTimes:
 
 log = logging.getLogger("tsconv.batched")
 
-GRAPH_ENV = "TSCONV_CUDA_GRAPH"
-# "empty" (the default): the eager steps' cached blocks are freed before the capture, which allocates the
-# same intermediates again in the graph's own pool: 1.13 GB peak reserved against 1.21-1.23 GB for
-# "private" (not freed), at the same speed (diag/gpu_memory.py's pool-MODE variants; NOTES.md, fifteenth
-# session).
-POOL_ENV = "TSCONV_GRAPH_POOL"
-POOL_MODE = "empty"
-
-
-def graphs_requested() -> bool:
-    """``TSCONV_CUDA_GRAPH`` (default on): replay each step's conv and head launches as one CUDA graph."""
-    return os.environ.get(GRAPH_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
 
 class _StepGraph:
     """A step's conv and head launches, captured once as a CUDA graph and replayed for every later step.
@@ -259,7 +246,6 @@ class _StepGraph:
         self._warm = False  # an eligible step ran eagerly (compiled, tuned, packed)
         self._graph: Any = None
         self._out: torch.Tensor | None = None
-        self._empty = os.environ.get(POOL_ENV, POOL_MODE).strip().lower() == "empty"
 
     def __call__(self, first_row: int) -> torch.Tensor:
         if first_row < 0:  # rows of the warm-up history: launches that differ (zeroed history)
@@ -270,8 +256,10 @@ class _StepGraph:
         if self.status != "eager" or not self._warm:
             self._warm = True
             return self.fn(first_row)
-        if self._empty:
-            torch.cuda.empty_cache()
+        # The eager steps' cached blocks are freed before the capture, which allocates the same intermediates
+        # again in the graph's own pool: 1.13 GB peak reserved against 1.21-1.23 GB when they were kept, at
+        # the same speed (benchmarks/NOTES.md, "GPU memory and the step budget").
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         try:
             out = self._capture(graph, first_row)
@@ -395,7 +383,7 @@ def _mapped(view: np.ndarray, device: torch.device) -> Any:
 
 
 def run_batched(
-    source: RowSource,
+    source: BandReader,
     plan: ResolvedPipeline,
     backend: Backend,
     emit: Callable[[np.ndarray], None],
@@ -410,7 +398,7 @@ def run_batched(
     """Compute rows [start, stop) in steps of ``step_rows`` and hand each step's rows to ``emit`` in order.
 
     ``emit`` runs on a writer thread and must copy what it keeps (the array is a reused host slot).
-    Equals the chunked engine's ``_stream`` within float32 rounding (the level each step is centered on
+    Equals the chunked engine's (:func:`tsconv.engine.chunked.run_chunked`) within float32 rounding (the level each step is centered on
     is the same rule applied per step instead of per chunk).
     """
     check_transfer(transfer)
@@ -422,15 +410,15 @@ def run_batched(
     center = backend.pre is None
     times = StageTimes(step_rows=step_rows)
     t_setup = time.perf_counter()
-    if transfer == "mapped" and gpu.cuda and not getattr(source, "pinned", False):
-        why = getattr(source, "fallback_reason", None) or "its reader does not decode into pinned memory"
+    if transfer == "mapped" and gpu.cuda and not source.pinned:
+        why = source.fallback_reason or "its reader does not decode into pinned memory"
         raise TsconvError(
             f"--transfer mapped needs the fast reader's pinned ring, which this store cannot use ({why})",
             hint="use --transfer pinned (the default).",
         )
 
     # Start state, as the chunked engine builds it: the fill state and raw filled rows before `start`.
-    sel: RowSource = ColumnSource(source, plan.columns) if plan.columns is not None else source
+    sel: BandReader = ColumnSource(source, plan.columns) if plan.columns is not None else source
     begin = max(0, start - halo)
     state0 = fill_state_before(sel, begin, np.dtype(np.float32))
     carry0 = np.zeros((halo - (start - begin), n_feat), dtype=np.float32)
@@ -448,20 +436,20 @@ def run_batched(
     ]
     cols = None if plan.columns is None else torch.tensor(plan.columns, dtype=torch.int64, device=dev)
     xc = torch.empty((halo + step_rows, n_feat), dtype=f32, device=dev)
-    src_dtype = torch.from_numpy(np.empty(0, dtype=_source_dtype(source))).dtype
-    band_rows = max(1, int(getattr(source, "band_rows", step_rows)))
+    src_dtype = torch.from_numpy(np.empty(0, dtype=source.dtype)).dtype
+    band_rows = max(1, source.band_rows)
     # A reader that decodes on the device (tsconv.io.readers.gpu) hands out device views of its own ring.
-    on_device = hasattr(source, "read_device")
+    on_device = source.on_device
     mapped = transfer == "mapped" and gpu.cuda and not on_device
     # Pieces: the rows of one band, cut to at most PIECE_BYTES, each copied into a small device ring
     # and prepared from there, so the raw input never needs a step-sized device buffer.
     row_bytes = max(1, source.n_features * src_dtype.itemsize)
-    hold = max(1, int(getattr(source, "hold", 1)))
-    ring_bands = getattr(source, "ring_bands", None)
+    hold = max(1, source.hold)
+    ring_bands = source.ring_bands
     # bands per piece: as many as fit PIECE_BYTES and the reader's hold lets stay intact with one in flight
     piece_bytes = _piece_bytes(step_rows, row_bytes)
     if on_device:  # no copy to size: as many bands as the reader serves in one view (fewer launches)
-        k = max(1, int(getattr(source, "piece_bands", 1)))
+        k = max(1, source.piece_bands)
     else:
         k = min((hold + 1) // 2, _bands_per_piece(band_rows * row_bytes, piece_bytes)) if ring_bands else 1
     if k > 1:
@@ -496,11 +484,13 @@ def run_batched(
         base_t = time.perf_counter()
     run_step = backend.run_centered if center else backend.run
     graph = _StepGraph(
-        lambda first_row: run_step(xc, first_row, level), gpu.compute, enabled=gpu.cuda and graphs_requested()
+        lambda first_row: run_step(xc, first_row, level),
+        gpu.compute,
+        enabled=gpu.cuda and config.current().cuda_graph,
     )
     t_loop = time.perf_counter()
     cpu_loop = time.thread_time()
-    writer = _Writer(emit, host_out, free_out, on_rows, times, verify=getattr(source, "verify", None))
+    writer = _Writer(emit, host_out, free_out, on_rows, times, verify=source.verify)
     writer.start()
     q = 0  # pieces so far (the device ring position)
     try:
@@ -638,11 +628,6 @@ def run_batched(
                 trace.add("gpu_compute", at(p0), at(p1), k, thread=-2)
                 trace.add("gpu_d2h", at(b0), at(b1), k, thread=-3)
     return times
-
-
-def _source_dtype(source: RowSource) -> np.dtype:
-    """The stored dtype (ParallelBandReader has ``dtype``; ArraySource and BlockReader hold ``array``)."""
-    return np.dtype(getattr(source, "dtype", None) or source.array.dtype)
 
 
 def _pieces(

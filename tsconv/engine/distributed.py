@@ -15,6 +15,7 @@ pickled by value), never open zarr handles.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -23,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tsconv import config
+from tsconv.engine.run import CudaOptions
 from tsconv.errors import TsconvError
 from tsconv.io.store import InputStore
 from tsconv.io.writers.zarr_writer import OutputWriter, check_owner, output_chunk_rows, store_identity
@@ -92,9 +95,9 @@ def _reuse_freed_memory() -> bool:
     dask's nannies start workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also freezes glibc's mmap
     threshold at 128 KiB: every large buffer the engine allocates is then a fresh mmap, faulted in page
     by page and unmapped on free. Measured on the 2-core VM (CPU engine, 200k x 64 store): 2.57 s with that
-    variable against 1.95 s without or with these two mallopt calls. ``TSCONV_MALLOPT=0`` leaves it alone.
+    variable against 1.95 s without or with these two mallopt calls.
     """
-    if os.environ.get("TSCONV_MALLOPT", "1") == "0" or not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux"):
         return False
     import ctypes
     import ctypes.util
@@ -120,78 +123,61 @@ def run_partition(
     chunk: int,
     warmup: str,
     device: str,
+    cuda: CudaOptions,
+    settings: config.Settings,
     threads: int | None = None,
-    transfer: str = "pinned",
-    gpu_mem: int | None = None,
 ) -> dict[str, Any]:
     """One dask task: compute rows [start, stop) and write them into the output store (no attributes).
 
-    On CUDA the task runs the batched engine (as ``tsconv.process`` does on one GPU), else chunk by chunk.
+    It runs exactly as a single process would (:func:`tsconv.engine.run.run`: on CUDA the batched engine,
+    with the GPU reader where the store allows it), under the client's ``settings``.
     """
-    import resource
     import socket
 
     import torch
 
-    from tsconv.engine.api import _exact_fp32, compute_rows, reader_hold_for, resolve_device, stage_summary
-    from tsconv.engine.batched import DEFAULT_GPU_MEM, plan_step_rows
-    from tsconv.engine.compute import Backend
-    from tsconv.io.readers.threads import ParallelBandReader
+    from tsconv.engine.report import peak_rss
+    from tsconv.engine.run import plan_run, reset_device, resolve_device, run
+    from tsconv.io.source import StoreSource
     from tsconv.io.store import open_input
 
     started_at, t0 = time.time(), time.perf_counter()
     _reuse_freed_memory()
     if threads is not None:
         torch.set_num_threads(threads)
-    store = open_input(input_path)
-    dev = resolve_device(device)
-    # the worker's share of the cores (threads) for writing too, not the default per process
-    writer = OutputWriter.region(
-        Path(output_path), time_source=store.time, start=start, stop=stop, threads=threads
-    )
-    cuda = dev.type == "cuda"
-    step_rows = (
-        plan_step_rows(plan, src_features=store.n_features, src_itemsize=store.dtype.itemsize,
-                       budget=gpu_mem or DEFAULT_GPU_MEM, chunk=chunk, transfer=transfer, rows=stop - start)
-        if cuda else None
-    )  # fmt: skip
-    with (
-        _exact_fp32(dev),
-        writer,  # closed on the way out (queued writes dropped on an error); a no-op after finish()
-        ParallelBandReader(
-            store.values,
-            where=str(store.path),
-            pin=cuda and transfer != "pageable",
-            threads=threads,
-            hold=reader_hold_for(store, batched=step_rows is not None),
-        ) as reader,  # fmt: skip
-    ):
-        backend = Backend(plan, dev)
-        t1 = time.perf_counter()
-        times = compute_rows(reader, plan, backend, writer.append, start=start, stop=stop, chunk=chunk,
-                             warmup=warmup, step_rows=step_rows, transfer=transfer)  # fmt: skip
-        t2 = time.perf_counter()
-        writer.finish()
-        stages = (
-            stage_summary(times, transfer=transfer, reader=reader, writer=writer)
-            if times is not None
-            else None
+    with config.override(**dataclasses.asdict(settings)):
+        store = open_input(input_path)
+        dev = resolve_device(device)
+        source = StoreSource(store)
+        rp = plan_run(source, plan, device=dev, chunk=chunk, warmup=warmup, start=start, stop=stop, cuda=cuda)
+        # the worker's share of the cores (threads) for writing too, not the default per process
+        writer = OutputWriter.region(
+            Path(output_path), time_source=store.time, start=start, stop=stop, threads=threads
         )
-    t3 = time.perf_counter()
+        reset_device(dev)
+        t1 = time.perf_counter()
+        stages = run(rp, source, plan, writer, threads=threads)
+        t2 = time.perf_counter()
+    cuda_dev = dev.type == "cuda"
     return {
         "start": start,
         "stop": stop,
-        "seconds": t3 - t0,
+        "seconds": t2 - t0,
         # where a task's time goes, and when it ran on the wall clock (the client's dispatch and collect)
-        "phases": {"setup": t1 - t0, "compute": t2 - t1, "finish": t3 - t2},
-        "engine_stages": stages["stage_seconds"] if stages else None,  # the batched engine's, on CUDA
+        "phases": {
+            "setup": t1 - t0,
+            "compute": t2 - t1,
+            "finish": stages.get("stage_seconds", {}).get("finish", 0.0),
+        },
+        "engine_stages": stages.get("stage_seconds"),  # the batched engine's, on CUDA
+        "reader": stages.get("reader"),
         "started_at": started_at,
-        "ended_at": started_at + (t3 - t0),
+        "ended_at": started_at + (t2 - t0),
         "device": str(dev),
         "worker": f"{socket.gethostname()}:{os.getpid()}",
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "peak_gpu_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)) if cuda else None,
-        "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)) if cuda else None,
+        "peak_rss_bytes": peak_rss(),
+        "peak_gpu_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)) if cuda_dev else None,
+        "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)) if cuda_dev else None,
     }
 
 
@@ -205,7 +191,7 @@ def _uses_gpu(device: str) -> bool:
 
 
 def _visible_gpus() -> list[str]:
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    env = config.cuda_visible_devices()
     if env is not None:
         return [d.strip() for d in env.split(",") if d.strip()]
     import torch
@@ -280,8 +266,7 @@ def run_distributed(
     client: Any,
     partition_rows: int | None,
     retries: int = 2,
-    transfer: str = "pinned",
-    gpu_mem: int | None = None,
+    cuda: CudaOptions | None = None,
     compression: str = "lz4",
     run_id: str | None = None,
     input_digest: dict[str, Any] | None = None,
@@ -296,7 +281,7 @@ def run_distributed(
     import zarr
     from tqdm import tqdm
 
-    from tsconv.engine.api import Report, _peak_rss
+    from tsconv.engine.report import Report, peak_rss
 
     try:
         from distributed import Client, as_completed
@@ -382,9 +367,9 @@ def run_distributed(
                 chunk=chunk,
                 warmup=warmup,
                 device=device,
+                cuda=cuda if cuda is not None else CudaOptions(),
+                settings=config.current(),
                 threads=threads,
-                transfer=transfer,
-                gpu_mem=gpu_mem,
                 key=f"tsconv-{a}-{b}-{token}",
                 retries=retries,
                 pure=False,
@@ -460,8 +445,9 @@ def run_distributed(
         seconds=seconds,
         rows_per_s=computed / seconds if seconds > 0 else 0.0,
         input_gbps=computed * store.n_features * store.dtype.itemsize / seconds / 1e9 if seconds > 0 else 0.0,
-        peak_rss_bytes=max([r["peak_rss_bytes"] for r in results], default=_peak_rss()),
+        peak_rss_bytes=max([r["peak_rss_bytes"] for r in results], default=peak_rss()),
         peak_gpu_allocated_bytes=max(gpu_alloc) if gpu_alloc else None,
         peak_gpu_reserved_bytes=max(gpu_res) if gpu_res else None,
         stage_seconds=stage_seconds,
+        reader=results[0]["reader"] if results else None,
     )

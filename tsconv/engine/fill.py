@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tsconv.io.readers.blocks import RowSource
+from tsconv.io.contracts import BandReader
 
 __all__ = ["forward_fill", "fill_state_before"]
 
@@ -27,7 +27,7 @@ def forward_fill(block: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.nd
     return filled, filled[-1].copy()
 
 
-def fill_state_before(source: RowSource, row: int, dtype: np.dtype) -> np.ndarray:
+def fill_state_before(source: BandReader, row: int, dtype: np.dtype) -> np.ndarray:
     """The forward-fill state at ``row``: per feature, the last non-NaN value in rows < ``row``.
 
     Walks back one band at a time and stops once every feature has a value, so a resume after a

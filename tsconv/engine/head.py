@@ -31,24 +31,23 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 
 import torch
 
+from tsconv import config
 from tsconv.errors import TsconvError
 from tsconv.kernels import autotune
 from tsconv.kernels import fused as _fused
 from tsconv.kernels import gemm as _gemm
 from tsconv.kernels.activations import apply_activation
 
-__all__ = ["ENV", "PATHS", "SPACE", "HeadPaths", "measure_paths", "requested_path"]
+__all__ = ["PATHS", "SPACE", "HeadPaths", "measure_paths", "requested_path"]
 
 log = logging.getLogger("tsconv.head")
 
 PATHS = ("unfused", "gemm", "fused")
-ENV = "TSCONV_HEAD_PATH"
 SPACE = "head_path_v1"  # the decisions' name in the autotune cache
 _REPS = 3  # calls per timed round
 _ROUNDS = 2  # timed rounds; the best counts
@@ -57,22 +56,10 @@ _ROUNDS = 2  # timed rounds; the best counts
 INTERPRETED = _fused._INTERPRETED
 
 
-# The measured path is the default: ``auto`` (timing the paths on the first step of a shape class) is opt-in
-# until it has itself been measured in the engine on a GPU (benchmarks/NOTES.md, "engine head path").
-DEFAULT = "unfused"
-
-
 def requested_path() -> str | None:
-    """The path ``TSCONV_HEAD_PATH`` forces (default ``unfused``), or None for ``auto``."""
-    value = os.environ.get(ENV, DEFAULT).strip().lower()
-    if value in ("", "auto"):
-        return None
-    if value not in PATHS:
-        raise TsconvError(
-            f"{ENV}={value!r} is not a head path",
-            hint="use unfused (the default), gemm, fused or auto (the fastest, measured on first use).",
-        )
-    return value
+    """The path the ``head_path`` setting forces (default ``unfused``), or None for ``auto``."""
+    value = config.current().head_path
+    return None if value == "auto" else value
 
 
 def _can_measure(device: torch.device) -> bool:

@@ -3,7 +3,8 @@
 - :func:`open_store` returns a :class:`StoreInfo` (rows, features, dtype, chunks, time span).
 - :func:`iter_chunks` yields the store in row chunks as polars DataFrames, Arrow record batches or
   :class:`ArrayChunk` (numpy), optionally each with ``halo`` rows of history before it.
-- :func:`features_frame` is :func:`tsconv.features` for a polars DataFrame or LazyFrame.
+- :func:`frame_input` and :func:`frame_output` are what :func:`tsconv.features` needs of a polars DataFrame
+  or LazyFrame: its feature columns as a run's source, and the result frame.
 
 What is and is not zero-copy (the store is row-major [T, F], the one unavoidable step is decoding
 the store's chunks):
@@ -36,10 +37,21 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import ShapeError, StoreError, TsconvError
+from tsconv.io.contracts import BandReader
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.store import InputStore, open_input
+from tsconv.io.transpose import transpose_into
 
-__all__ = ["StoreInfo", "ArrayChunk", "open_store", "iter_chunks", "features_frame", "HALO_COLUMN"]
+__all__ = [
+    "ArrayChunk",
+    "FrameColumns",
+    "HALO_COLUMN",
+    "StoreInfo",
+    "frame_input",
+    "frame_output",
+    "iter_chunks",
+    "open_store",
+]
 
 HALO_COLUMN = "is_halo"  # boolean column added to polars/arrow chunks when halo > 0
 _FORMATS = ("polars", "arrow", "numpy")
@@ -121,7 +133,7 @@ class _Columns:
     def __init__(self, array: Any, cols: np.ndarray) -> None:
         self.array, self.cols = array, cols
         self.shape = (array.shape[0], cols.size)
-        self.chunks, self.ndim = array.chunks, 2
+        self.chunks, self.ndim, self.dtype = array.chunks, 2, array.dtype
         contiguous = cols.size and (np.diff(cols) == 1).all()
         self._slice = slice(int(cols[0]), int(cols[-1]) + 1) if contiguous else None
 
@@ -153,17 +165,6 @@ def _select(store: InputStore, columns: Sequence[str] | None) -> tuple[tuple[str
     if cols.size == store.n_features and (cols == np.arange(cols.size)).all():
         return store.features, store.values
     return tuple(columns), _Columns(store.values, cols)
-
-
-def transpose_into(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[:] = src.T`` for a row-major block ``src`` [n, F], in cache-sized row blocks.
-
-    A plain ``dst[:] = src.T`` walks one of the two with a large stride and runs at about 0.5 GB/s;
-    blocks of ~256 KB of ``src`` run at 1.5-3.5 GB/s (measured for F = 8..1024 on the dev machine).
-    """
-    step = max(16, (256 << 10) // max(1, src.shape[1] * src.itemsize))
-    for s in range(0, src.shape[0], step):
-        dst[:, s : s + step] = src[s : s + step].T
 
 
 def _pieces(reader: BlockReader, a: int, b: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -261,14 +262,18 @@ def _frame(names: tuple[str, ...], cols: np.ndarray, t: np.ndarray | None, a: in
 # ---------------------------------------------------------------------------------- research API
 
 
-class _SeriesSource:
-    """Polars columns (as 1-D numpy arrays) as an engine row source: each read stacks one chunk."""
+class FrameColumns(BandReader):
+    """A polars frame's feature columns (as 1-D numpy arrays) as a run's source and its own reader: each
+    read stacks the rows of one chunk into a [rows, F] float32 block."""
+
+    where = "the frame"
 
     def __init__(self, columns: list[np.ndarray], *, band_rows: int = 65536) -> None:
         self.columns = columns
         self.rows = int(columns[0].shape[0])
         self.n_features = len(columns)
         self.band_rows = band_rows
+        self.dtype = np.dtype(np.float32)
 
     def read(self, start: int, stop: int) -> np.ndarray:
         out = np.empty((stop - start, self.n_features), dtype=np.float32)
@@ -276,34 +281,27 @@ class _SeriesSource:
             out[:, j] = c[start:stop]
         return out
 
+    def gpu_reader(self) -> tuple[int, str | None]:
+        return 0, "an in-memory frame"
+
+    def open(self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None) -> BandReader:
+        return self
+
 
 def _is_numeric(dtype: Any) -> bool:
     return dtype.is_numeric() and not dtype.is_decimal()
 
 
-def features_frame(
-    frame: Any,
-    pipeline: Any = None,
-    *,
-    time_column: str | None = "time",
-    warmup: str = "nan",
-    chunk: int = 65536,
-    device: str = "cpu",
-) -> Any:
-    """:func:`tsconv.features` for a polars DataFrame or LazyFrame; returns a polars DataFrame.
+def frame_input(frame: Any, *, time_column: str | None, band_rows: int) -> tuple[tuple[str, ...], FrameColumns, Any]:  # fmt: skip
+    """A polars DataFrame or LazyFrame as (feature names, their columns as a source, the time Series or
+    None): for :func:`tsconv.features` on frames.
 
-    The column ``time_column`` (if present; ``None``: no time column) is carried to the output
-    unchanged and must be strictly increasing without nulls; every other column is a feature (its
-    name is the pipeline's input name) and must be numeric: select other columns away first. Nulls
-    count as missing values (NaN, forward-filled like NaN). A LazyFrame is collected first (the
-    whole frame in memory); use :func:`tsconv.process` on a store for series that do not fit.
-    The result holds the time column (if any) and one float32 column per pipeline output.
+    The column ``time_column`` (if present; ``None``: no time column) is carried to the output unchanged and
+    must be strictly increasing without nulls; every other column is a feature (its name is the pipeline's
+    input name) and must be numeric. Nulls count as missing values (NaN). A LazyFrame is collected first.
     """
     import polars as pl
 
-    from tsconv.engine import api as engine
-
-    engine._check_options(chunk, warmup)
     if isinstance(frame, pl.LazyFrame):
         frame = frame.collect()
     if not isinstance(frame, pl.DataFrame):
@@ -323,30 +321,16 @@ def features_frame(
         )
     if feats.width == 0:
         raise ShapeError("features(): the frame has no feature columns")
-    plan = engine.resolve(engine._as_pipeline(pipeline), tuple(feats.columns))
-    engine._refuse_time_range(plan, "features() on polars frames")
-    engine._check_length(feats.height, plan, warmup, "features()")
-    dev = engine.resolve_device(device)
     columns = [s.to_numpy() for s in feats.get_columns()]  # zero-copy for floats without nulls
-    out = np.empty((plan.n_outputs, feats.height), dtype=np.float32)  # feature-major: polars' layout
-    pos = 0
+    return tuple(feats.columns), FrameColumns(columns, band_rows=band_rows), time
 
-    def emit(block: np.ndarray) -> None:
-        nonlocal pos
-        transpose_into(out[:, pos : pos + block.shape[0]], block)
-        pos += block.shape[0]
 
-    with engine._exact_fp32(dev):
-        engine._stream(
-            _SeriesSource(columns, band_rows=chunk),
-            plan,
-            engine.Backend(plan, dev),
-            emit,
-            start=0,
-            chunk=chunk,
-            warmup=warmup,
-        )
-    result = pl.DataFrame([pl.Series(n, out[j]) for j, n in enumerate(plan.output_names)])
+def frame_output(names: tuple[str, ...], values: np.ndarray, time: Any) -> Any:
+    """The result frame: the time Series (if any), then one float32 column per output from the
+    feature-major ``values`` [D, T]."""
+    import polars as pl
+
+    result = pl.DataFrame([pl.Series(n, values[j]) for j, n in enumerate(names)])
     return result.insert_column(0, time) if time is not None else result
 
 

@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.io.readers import fileread
-from tsconv.io.readers.chunkfile import decode_bytes
-from tsconv.io.readers.threads import _inspect
+from tsconv.io.readers.chunkfile import chunk_layout, decode_bytes
 from tsconv.io.timecoding import TimeCoding, time_coding
 
 __all__ = ["ShiftedTime", "TimeColumn", "TimeReader"]
@@ -95,7 +94,7 @@ class TimeReader:
             else TimeColumn(inner, TimeCoding(np.dtype(inner.dtype), description="the time rows"))
         )
         self.array = self.column.array
-        self._layout, self.fallback_reason = _inspect(self.array, ndim=1)
+        self._layout, self.fallback_reason = chunk_layout(self.array, ndim=1)
         kinds = "iuf" if self.column.coding.cf else "iu"  # floats only with units: they are decoded
         if self._layout is not None and self._layout.dtype.kind not in kinds:
             self._layout, self.fallback_reason = None, f"dtype {self._layout.dtype}"

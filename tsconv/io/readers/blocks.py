@@ -7,34 +7,28 @@ decodes whole row bands of the store's chunk grid and serves pieces from them.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any
 
 import numpy as np
 
 from tsconv.errors import StoreError
+from tsconv.io.contracts import BandReader
 
-__all__ = ["RowSource", "BlockReader", "ArraySource", "ColumnSource"]
-
-
-class RowSource(Protocol):
-    """Anything the engine can pull raw rows [a, b) of a [T, F] series from."""
-
-    rows: int
-    n_features: int
-    band_rows: int  # natural read granularity
-
-    def read(self, start: int, stop: int) -> np.ndarray: ...
+__all__ = ["BlockReader", "ArraySource", "ColumnSource"]
 
 
-class BlockReader:
+class BlockReader(BandReader):
     """Serve row ranges of a zarr array (2-D values or 1-D time), decoding each band of ``chunks[0]`` rows once.
 
     Bands before the last requested start are dropped, so memory stays at about two bands when the
     engine reads forward. Reading backward (resume) simply decodes again.
     """
 
-    def __init__(self, array, *, max_cached: int = 4, where: str = "the store") -> None:
+    kind = "zarr"
+
+    def __init__(self, array: Any, *, max_cached: int = 4, where: str = "the store") -> None:
         self.array = array
+        self.dtype = np.dtype(array.dtype)
         self.rows = int(array.shape[0])
         self.n_features = int(array.shape[1]) if array.ndim == 2 else 1
         self.band_rows = int(array.chunks[0])
@@ -81,11 +75,14 @@ class BlockReader:
         return np.concatenate(parts, axis=0)
 
 
-class ArraySource:
-    """An in-memory [T, F] array as a row source."""
+class ArraySource(BandReader):
+    """An in-memory [T, F] array as a run's source and its own reader."""
+
+    where = "the array"
 
     def __init__(self, array: np.ndarray, *, band_rows: int = 65536) -> None:
         self.array = array
+        self.dtype = np.dtype(array.dtype)
         self.rows = int(array.shape[0])
         self.n_features = int(array.shape[1])
         self.band_rows = band_rows
@@ -93,13 +90,21 @@ class ArraySource:
     def read(self, start: int, stop: int) -> np.ndarray:
         return self.array[start:stop]
 
+    def gpu_reader(self) -> tuple[int, str | None]:
+        return 0, "an in-memory array"
 
-class ColumnSource:
-    """A row source seen through a column selection (``[preprocess]`` select): takes the columns from
-    each block the inner source decodes."""
+    def open(self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None) -> BandReader:
+        return self
 
-    def __init__(self, source: RowSource, columns: tuple[int, ...]) -> None:
+
+class ColumnSource(BandReader):
+    """A reader seen through a column selection (``[preprocess]`` select): takes the columns from each
+    block the inner reader decodes."""
+
+    def __init__(self, source: BandReader, columns: tuple[int, ...]) -> None:
         self.source = source
+        self.dtype = source.dtype
+        self.where = source.where
         self.columns = np.asarray(columns, dtype=np.int64)
         self.rows = source.rows
         self.n_features = len(columns)

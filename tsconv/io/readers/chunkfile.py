@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,13 +12,15 @@ from typing import Any
 import numcodecs
 import numpy as np
 
+from tsconv import config
+
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _MMAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # populate: one fault-in per file
 
 
 def use_mmap() -> bool:
-    """Decode straight from a mapping of the file (default); ``TSCONV_MMAP=0`` reads it into a buffer."""
-    return os.environ.get("TSCONV_MMAP", "1") != "0"
+    """Decode straight from a mapping of the file (the ``mmap`` setting, on by default), else read it."""
+    return config.current().mmap
 
 
 def zstd_content_size(data: np.ndarray) -> int | None:
@@ -133,3 +136,79 @@ def decode_chunk_into(
         band[:n, c0:c1] = fill
     elif not whole:
         band[:n, c0:c1] = dest[:n, : c1 - c0]
+
+
+class ChunkLayout:
+    """Where an array's chunk files are and how each decodes: what reading them directly needs."""
+
+    def __init__(self, root: Path, dtype: np.dtype, chunks: tuple[int, int], codec: Any, fill: Any, key) -> None:  # fmt: skip
+        self.root, self.dtype, self.chunks, self.codec, self.fill, self.key = (
+            root,
+            dtype,
+            chunks,
+            codec,
+            fill,
+            key,
+        )
+
+
+def chunk_layout(array: Any, *, ndim: int = 2) -> tuple[ChunkLayout | None, str | None]:
+    """(layout, None) when ``array``'s (an ``ndim``-D zarr array's) chunk files can be read and decoded
+    directly, else (None, why not): format 3, a regular grid, local files, bytes then Blosc or Zstd.
+
+    A 1-D array's layout has chunks (rows, 1) and a key function taking (band, 0), like a one-column
+    2-D array's."""
+    meta = getattr(array, "metadata", None)
+    if meta is None or not hasattr(array, "store_path"):
+        return None, "not a zarr array"
+    if getattr(meta, "zarr_format", None) != 3:
+        return None, f"zarr format {getattr(meta, 'zarr_format', '?')}"
+    if array.ndim != ndim:
+        return None, f"{array.ndim}-D array"
+    from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
+    from zarr.core.chunk_grids import RegularChunkGrid
+    from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
+    from zarr.storage import LocalStore
+
+    if getattr(array, "shards", None) is not None:
+        return None, "sharded array"
+    if not isinstance(meta.chunk_grid, RegularChunkGrid):
+        return None, f"chunk grid {type(meta.chunk_grid).__name__}"
+    if not isinstance(meta.chunk_key_encoding, DefaultChunkKeyEncoding):
+        return None, f"chunk key encoding {type(meta.chunk_key_encoding).__name__}"
+    if meta.storage_transformers:
+        return None, "storage transformers"
+    dtype = np.dtype(array.dtype)
+    if dtype.kind not in "fiu" or sys.byteorder != "little":
+        return None, f"dtype {dtype} on a {sys.byteorder}-endian machine"
+    codecs = tuple(meta.codecs)
+    names = ", ".join(type(c).__name__ for c in codecs)
+    if not codecs or not isinstance(codecs[0], BytesCodec) or len(codecs) > 2:
+        return None, f"codecs {names}"
+    endian = codecs[0].endian
+    if (endian.value if endian is not None else None) != "little" and not (
+        endian is None and dtype.itemsize == 1
+    ):
+        return None, f"bytes codec endian {endian}"
+    codec: Any = None
+    if len(codecs) == 2:
+        if isinstance(codecs[1], BloscCodec):
+            codec = numcodecs.Blosc()  # the blosc header says how to decode (cname, shuffle, typesize)
+        elif isinstance(codecs[1], ZstdCodec):
+            codec = numcodecs.Zstd()
+        else:
+            return None, f"codecs {names}"
+    store = array.store_path.store
+    if not isinstance(store, LocalStore):
+        return None, f"{type(store).__name__} (not a local directory)"
+    root = Path(store.root)
+    if array.store_path.path:
+        root = root / array.store_path.path
+    fill = meta.fill_value if meta.fill_value is not None else 0
+    key = meta.chunk_key_encoding.encode_chunk_key
+    if ndim == 1:
+        return ChunkLayout(
+            root, dtype, (int(array.chunks[0]), 1), codec, fill, lambda idx: key(idx[:1])
+        ), None
+    chunks = (int(array.chunks[0]), int(array.chunks[1]))
+    return ChunkLayout(root, dtype, chunks, codec, fill, key), None

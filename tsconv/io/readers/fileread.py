@@ -29,17 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
+from tsconv import config
+
 __all__ = ["NativeReader", "native_reader", "unavailable_reason"]
 
 _SOURCE = Path(__file__).with_name("fileread.c")
 PART_BYTES = 2 << 20  # a file is read in parts of this size, spread over the threads
 _lock = threading.Lock()
 _loaded: tuple[NativeReader | None, str | None] | None = None
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("TSCONV_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tsconv")
-    return Path(root)
 
 
 class NativeReader:
@@ -91,9 +88,9 @@ class NativeReader:
 def _build() -> tuple[NativeReader | None, str | None]:
     source = _SOURCE.read_bytes()
     tag = hashlib.sha256(source + f"{sys.platform}-{platform.machine()}".encode()).hexdigest()[:16]
-    lib_path = _cache_dir() / f"fileread-{tag}.so"
+    lib_path = config.cache_dir() / f"fileread-{tag}.so"
     if not lib_path.exists():
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        cc = config.current().compiler or shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             return None, "no C compiler (cc) to build tsconv/io/fileread.c"
         try:
@@ -121,8 +118,8 @@ def _build() -> tuple[NativeReader | None, str | None]:
 
 def _get() -> tuple[NativeReader | None, str | None]:
     global _loaded
-    if os.environ.get("TSCONV_NATIVE_READ", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, "TSCONV_NATIVE_READ=0"
+    if not config.current().native_read:
+        return None, "the native_read setting is off"
     with _lock:
         if _loaded is None:
             _loaded = _build()
@@ -135,5 +132,5 @@ def native_reader() -> NativeReader | None:
 
 
 def unavailable_reason() -> str | None:
-    """Why :func:`native_reader` is None (no compiler, the build failed, ``TSCONV_NATIVE_READ=0``), or None."""
+    """Why :func:`native_reader` is None (no compiler, the build failed, the setting off), or None."""
     return _get()[1]

@@ -42,15 +42,16 @@ import numcodecs
 import numpy as np
 import torch
 
-from tsconv import trace
+from tsconv import config, trace
 from tsconv.errors import StoreError
+from tsconv.io.contracts import DeviceBandReader
 from tsconv.io.readers import fileread
 from tsconv.io.readers.blocks import BlockReader
-from tsconv.io.readers.chunkfile import decode_bytes
-from tsconv.io.readers.threads import _inspect, lower_thread_priority
+from tsconv.io.readers.chunkfile import chunk_layout, decode_bytes
+from tsconv.io.readers.threads import lower_thread_priority
 from tsconv.kernels import blosc_lz4
 
-__all__ = ["GpuBandReader", "device_bytes", "requested", "unsupported_reason"]
+__all__ = ["GpuBandReader", "device_bytes", "unsupported_reason"]
 
 # A decode launch wants about this many warps (one per LZ4 stream) to fill the H200: batches of 8 / 12 / 32
 # 16 MB chunks (1,024 / 1,536 / 4,096 warps) decode at 41 / 53 / 66 GB/s, all 256 at once at 77 GB/s
@@ -60,22 +61,12 @@ TARGET_WARPS = 2048
 MAX_DECODED_BYTES = 384 << 20
 # CUDA priority of the decode streams (0: the default; lower is higher); engine_trace.py's dprioN variants
 DECODE_STREAM_PRIORITY = 0
-DEFAULT_THREADS = 8  # reading stored bytes is a copy: 8 threads read 30 GB/s on the H200 host
 # With the native reader, a batch whose host third is still being copied from is handed to its task at
 # once, which waits for the copy: otherwise its read starts only at the engine's next read_device, one
 # batch later (engine_trace.py's lateread variant turns this off).
 EARLY_READS = True
 _HOST_PARTS = 3  # host ring thirds: batches read ahead (two) plus the one being copied
 _META = 4  # per-batch metadata and error-flag slots
-
-
-def requested() -> str:
-    """``TSCONV_GPU_DECODE``: "1" (the default, unset: on CUDA, for stores the GPU decodes), "force" (also
-    on the CPU, through the Triton interpreter: for tests), "" when set to 0 / false / no / off."""
-    v = os.environ.get("TSCONV_GPU_DECODE", "").strip().lower()
-    if v in ("0", "false", "no", "off"):
-        return ""
-    return "force" if v == "force" else "1"
 
 
 def _chunk_bytes(layout: Any) -> int:
@@ -85,7 +76,7 @@ def _chunk_bytes(layout: Any) -> int:
 def unsupported_reason(array: Any) -> str | None:
     """None when :class:`GpuBandReader` can read ``array``; else why not (the first chunk file present
     decides the codec details; chunks that differ later are decoded on the CPU)."""
-    layout, why = _inspect(array)
+    layout, why = chunk_layout(array)
     if why is not None:
         return why
     if not isinstance(layout.codec, numcodecs.Blosc):
@@ -123,7 +114,7 @@ def device_bytes(array: Any) -> int:
     """GPU memory a :class:`GpuBandReader` of ``array`` holds: the decoded-band ring and the ring of stored
     bytes (sized from the chunk files), plus a chunk-sized buffer per chunk of a batch when chunks split
     the features."""
-    layout, _ = _inspect(array)
+    layout, _ = chunk_layout(array)
     n_cols = -(-int(array.shape[1]) // layout.chunks[1])
     band_bytes = layout.chunks[0] * int(array.shape[1]) * layout.dtype.itemsize
     batch = _batch_bands(layout, band_bytes, n_cols)
@@ -163,7 +154,7 @@ def _slot_layout(sizes: np.ndarray) -> tuple[np.ndarray, int]:
     return within, int(max(1, padded.sum(axis=1).max()))
 
 
-class GpuBandReader:
+class GpuBandReader(DeviceBandReader):
     """Rows of a Blosc-LZ4 zarr array, decoded on ``device`` band by band (see the module docstring).
 
     For the batched engine: :meth:`read_device` returns a device view of the rows and the event to wait
@@ -174,7 +165,7 @@ class GpuBandReader:
     def __init__(
         self, array: Any, *, device: torch.device, where: str = "the store", threads: int | None = None
     ):
-        layout, why = _inspect(array)
+        layout, why = chunk_layout(array)
         if why is not None or not isinstance(layout.codec, numcodecs.Blosc):
             raise ValueError(f"GpuBandReader cannot read this array: {why or 'not Blosc-compressed'}")
         self.array, self.where, self.device = array, where, torch.device(device)
@@ -183,8 +174,7 @@ class GpuBandReader:
         self.n_features = int(array.shape[1])
         self.band_rows = layout.chunks[0]
         self.dtype = np.dtype(layout.dtype)
-        env = os.environ.get("TSCONV_GPU_DECODE_THREADS", "").strip()
-        self.threads = max(1, int(threads or (int(env) if env else DEFAULT_THREADS)))
+        self.threads = max(1, int(threads or config.current().gpu_read_threads))
         self.fast, self.fallback_reason, self.hold = True, None, 1
         self.cuda = self.device.type == "cuda"
         self.pinned = self.cuda

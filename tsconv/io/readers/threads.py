@@ -26,7 +26,7 @@ Buffer lifetime: :meth:`ParallelBandReader.read` returns a *view* of the ring wh
 band, or (with ``hold > 1``) in at most ``hold + 1`` bands whose slots are adjacent (no wrap). That view
 stays valid until a read that starts ``hold + 1`` or more bands past its first band (the slot is then
 reused); copy it if it must live longer. Other reads spanning bands return a fresh array. The engine's
-``_stream`` uses each block before its next read and keeps only copies (see there).
+the chunked engine uses each block before its next read and keeps only copies (see there).
 
 Reads behind the ring (resume reads bands backwards to rebuild the fill state; random access) are
 decoded synchronously in the calling thread into a fresh array, leaving the prefetch state alone; the
@@ -37,38 +37,39 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from pathlib import Path
 from typing import Any
 
-import numcodecs
 import numpy as np
 
-from tsconv import trace
+from tsconv import config, trace
 from tsconv.errors import StoreError
+from tsconv.io.contracts import BandReader
 from tsconv.io.readers.blocks import BlockReader
-from tsconv.io.readers.chunkfile import decode_chunk_into
+from tsconv.io.readers.chunkfile import chunk_layout, decode_chunk_into
 
 __all__ = ["ParallelBandReader", "fast_path_reason", "default_threads", "lower_thread_priority"]
 
 DEFAULT_MAX_RING_BYTES = 1 << 30
 
 
+IO_NICE = 5  # the decode and write threads' nice value above the engine's thread
+
+
 def lower_thread_priority() -> None:
-    """Thread-pool initializer: raise this worker thread's nice value by ``TSCONV_IO_NICE`` (default 5).
+    """Thread-pool initializer: raise this worker thread's nice value by IO_NICE.
 
     With every core decoding or encoding, the engine's own thread (which launches the GPU work and hands
     out the next bands) was runnable but not running for about half of a run on the 16-core GPU machine
     (benchmarks/NOTES.md); a lower priority for the I/O threads lets it in first. Linux nice values are
     per thread; raising one needs no privilege. Elsewhere this does nothing.
     """
-    nice = int(os.environ.get("TSCONV_IO_NICE", "5"))
-    if nice <= 0 or not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+    nice = IO_NICE
+    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
         return
     try:
         tid = threading.get_native_id()
@@ -78,90 +79,15 @@ def lower_thread_priority() -> None:
 
 
 def default_threads() -> int:
-    """``TSCONV_DECODE_THREADS`` if set, else min(16, CPU count): 16 threads reached the measured 22 GB/s
+    """The ``decode_threads`` setting, else min(16, CPU count): 16 threads reached the measured 22 GB/s
     on the 16-core GPU machine."""
-    env = os.environ.get("TSCONV_DECODE_THREADS")
-    if env:
-        return max(1, int(env))
-    return max(1, min(16, os.cpu_count() or 1))
-
-
-class _Layout:
-    """What the fast path needs to know about an eligible array."""
-
-    def __init__(self, root: Path, dtype: np.dtype, chunks: tuple[int, int], codec: Any, fill: Any, key) -> None:  # fmt: skip
-        self.root, self.dtype, self.chunks, self.codec, self.fill, self.key = (
-            root,
-            dtype,
-            chunks,
-            codec,
-            fill,
-            key,
-        )
-
-
-def _inspect(array: Any, *, ndim: int = 2) -> tuple[_Layout | None, str | None]:
-    """(layout, None) when the fast path can read ``array`` (an ``ndim``-D array), else (None, why not).
-
-    A 1-D array's layout has chunks (rows, 1) and a key function taking (band, 0), like a one-column
-    2-D array's."""
-    meta = getattr(array, "metadata", None)
-    if meta is None or not hasattr(array, "store_path"):
-        return None, "not a zarr array"
-    if getattr(meta, "zarr_format", None) != 3:
-        return None, f"zarr format {getattr(meta, 'zarr_format', '?')}"
-    if array.ndim != ndim:
-        return None, f"{array.ndim}-D array"
-    from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
-    from zarr.core.chunk_grids import RegularChunkGrid
-    from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
-    from zarr.storage import LocalStore
-
-    if getattr(array, "shards", None) is not None:
-        return None, "sharded array"
-    if not isinstance(meta.chunk_grid, RegularChunkGrid):
-        return None, f"chunk grid {type(meta.chunk_grid).__name__}"
-    if not isinstance(meta.chunk_key_encoding, DefaultChunkKeyEncoding):
-        return None, f"chunk key encoding {type(meta.chunk_key_encoding).__name__}"
-    if meta.storage_transformers:
-        return None, "storage transformers"
-    dtype = np.dtype(array.dtype)
-    if dtype.kind not in "fiu" or sys.byteorder != "little":
-        return None, f"dtype {dtype} on a {sys.byteorder}-endian machine"
-    codecs = tuple(meta.codecs)
-    names = ", ".join(type(c).__name__ for c in codecs)
-    if not codecs or not isinstance(codecs[0], BytesCodec) or len(codecs) > 2:
-        return None, f"codecs {names}"
-    endian = codecs[0].endian
-    if (endian.value if endian is not None else None) != "little" and not (
-        endian is None and dtype.itemsize == 1
-    ):
-        return None, f"bytes codec endian {endian}"
-    codec: Any = None
-    if len(codecs) == 2:
-        if isinstance(codecs[1], BloscCodec):
-            codec = numcodecs.Blosc()  # the blosc header says how to decode (cname, shuffle, typesize)
-        elif isinstance(codecs[1], ZstdCodec):
-            codec = numcodecs.Zstd()
-        else:
-            return None, f"codecs {names}"
-    store = array.store_path.store
-    if not isinstance(store, LocalStore):
-        return None, f"{type(store).__name__} (not a local directory)"
-    root = Path(store.root)
-    if array.store_path.path:
-        root = root / array.store_path.path
-    fill = meta.fill_value if meta.fill_value is not None else 0
-    key = meta.chunk_key_encoding.encode_chunk_key
-    if ndim == 1:
-        return _Layout(root, dtype, (int(array.chunks[0]), 1), codec, fill, lambda idx: key(idx[:1])), None
-    chunks = (int(array.chunks[0]), int(array.chunks[1]))
-    return _Layout(root, dtype, chunks, codec, fill, key), None
+    n = config.current().decode_threads
+    return max(1, n) if n is not None else max(1, min(16, config.cpu_count()))
 
 
 def fast_path_reason(array: Any) -> str | None:
     """None when :class:`ParallelBandReader` decodes ``array`` itself, else why it falls back to zarr."""
-    return _inspect(array)[1]
+    return chunk_layout(array)[1]
 
 
 def _alloc_ring(shape: tuple[int, int, int], dtype: np.dtype, pin: bool) -> tuple[np.ndarray, Any]:
@@ -176,7 +102,7 @@ def _alloc_ring(shape: tuple[int, int, int], dtype: np.dtype, pin: bool) -> tupl
     return np.empty(shape, dtype=dtype), None
 
 
-class ParallelBandReader:
+class ParallelBandReader(BandReader):
     """Serve row ranges of a 2-D zarr array, decoding bands of ``chunks[0]`` rows ahead in threads.
 
     Same interface as :class:`~tsconv.io.readers.blocks.BlockReader` (``rows``, ``n_features``, ``band_rows``,
@@ -207,7 +133,7 @@ class ParallelBandReader:
         self.band_rows = int(array.chunks[0])
         self.threads = max(1, int(threads)) if threads is not None else default_threads()
         self.hold = max(1, int(hold))
-        layout, reason = _inspect(array)
+        layout, reason = chunk_layout(array)
         self.fallback_reason = reason
         self.fast = layout is not None
         self.pinned = False
@@ -255,6 +181,10 @@ class ParallelBandReader:
         self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
 
     # -- interface ---------------------------------------------------------------------------------
+
+    @property
+    def kind(self) -> str:
+        return "threads" if self.fast else "zarr"
 
     @property
     def ring_bands(self) -> int | None:

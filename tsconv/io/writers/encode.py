@@ -29,7 +29,7 @@ from typing import Any
 import numcodecs
 import numpy as np
 
-from tsconv.io.readers.threads import _inspect
+from tsconv.io.readers.chunkfile import chunk_layout
 
 __all__ = ["ChunkFileWriter", "fast_write_reason", "remove_partial_files"]
 
@@ -59,7 +59,7 @@ def _blosc_of(array: Any) -> tuple[numcodecs.Blosc | None, str | None]:
 
 def _inspect_rows(array: Any) -> tuple[Any, str | None]:
     """The fast path's layout of a 2-D array, or of a 1-D one (the time column)."""
-    return _inspect(array, ndim=1 if getattr(array, "ndim", 2) == 1 else 2)
+    return chunk_layout(array, ndim=1 if getattr(array, "ndim", 2) == 1 else 2)
 
 
 class ChunkFileWriter:

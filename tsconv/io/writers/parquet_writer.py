@@ -1,4 +1,5 @@
-"""``process(..., output="x.parquet")``: the engine's stream written as Parquet instead of zarr.
+"""A run's rows written as a Parquet file instead of a zarr store (the format; the run is wired in
+:mod:`tsconv.engine.outputs`).
 
 Columns: ``time`` (``timestamp[ns, UTC]``) when the input has time, then one float32 column per
 pipeline output, named by the pipeline. Row groups of :data:`ROW_GROUP_ROWS` rows (fewer when that
@@ -20,19 +21,22 @@ import glob
 import json
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tsconv.errors import OutputExistsError, StoreError, TsconvError
-from tsconv.io.frames import transpose_into
-from tsconv.io.lock import OutputLock
 from tsconv.io.readers.blocks import BlockReader
-from tsconv.io.writers.zarr_writer import check_output_flags
+from tsconv.io.transpose import transpose_into
 
-__all__ = ["is_parquet_path", "process_to_parquet", "ROW_GROUP_ROWS"]
+__all__ = [
+    "ROW_GROUP_ROWS",
+    "ParquetSink",
+    "check_parquet_output",
+    "is_parquet_path",
+    "remove_stale_temp_files",
+]
 
 ROW_GROUP_ROWS = 1 << 16
 _GROUP_BYTES = 256 << 20  # at most this much buffered output (fewer rows per group beyond 1024 outputs)
@@ -60,7 +64,9 @@ def remove_stale_temp_files(out: Path) -> list[Path]:
     return removed
 
 
-def _check_output(out: Path, inp: Path, *, overwrite: bool, resume: bool) -> None:
+def check_parquet_output(out: Path, inp: Path, *, overwrite: bool, resume: bool) -> None:
+    """Refuse what a Parquet output cannot do: resume, lie inside the input, replace a directory, or replace
+    a file without ``overwrite``."""
     if resume:
         raise TsconvError(
             f"--resume is not supported for Parquet output ({out.name})",
@@ -82,16 +88,45 @@ def _check_output(out: Path, inp: Path, *, overwrite: bool, resume: bool) -> Non
         )
 
 
-class _RowGroupWriter:
-    """Buffers the engine's blocks and writes row groups of ``group_rows`` rows."""
+class ParquetSink:
+    """Rows appended in order, written as row groups of ``group_rows`` rows into ``out``'s temporary file,
+    which :meth:`finish` renames onto ``out`` (:meth:`close` unfinished removes it). ``time_source``: the
+    input's time column (int64 ns), written as the first column."""
 
-    def __init__(self, writer: Any, names: tuple[str, ...], times: BlockReader | None, group_rows: int) -> None:  # fmt: skip
-        self.writer, self.names, self.times, self.group_rows = writer, names, times, group_rows
-        self.buf = np.empty((len(names), group_rows), dtype=np.float32)  # feature-major: Arrow's layout
+    threads = 0
+
+    def __init__(
+        self,
+        out: Path,
+        *,
+        names: tuple[str, ...],
+        time_source: Any | None,
+        metadata: dict[str, Any],
+        row_group_rows: int | None = None,
+        where: str = "the input",
+    ) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.out, self.names = out, names
+        fields = [pa.field(n, pa.float32()) for n in names]
+        if time_source is not None:
+            fields.insert(0, pa.field("time", pa.timestamp("ns", tz="UTC")))
+        schema = pa.schema(fields, metadata={"tsconv": json.dumps(metadata)})
+        self.tmp = _temp_path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.writer = pq.ParquetWriter(str(self.tmp), schema)
+        self.times = BlockReader(time_source, where=where) if time_source is not None else None
+        cap = max(1024, _GROUP_BYTES // (4 * len(names)))  # bound the buffer for wide outputs
+        self.group_rows = min(ROW_GROUP_ROWS if row_group_rows is None else row_group_rows, cap)
+        self.buf = np.empty((len(names), self.group_rows), dtype=np.float32)  # feature-major: Arrow's layout
         self.fill = 0
         self.row = 0  # first row of the buffer
+        self.busy_seconds = 0.0
+        self._done = False
 
     def append(self, block: np.ndarray) -> None:
+        t0 = time.perf_counter()
         done = 0
         while done < block.shape[0]:
             n = min(block.shape[0] - done, self.group_rows - self.fill)
@@ -99,9 +134,25 @@ class _RowGroupWriter:
             self.fill += n
             done += n
             if self.fill == self.group_rows:
-                self.flush()
+                self._flush()
+        self.busy_seconds += time.perf_counter() - t0
 
-    def flush(self) -> None:
+    def finish(self) -> None:
+        self._flush()
+        self.writer.close()
+        os.replace(self.tmp, self.out)
+        self._done = True
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self.writer.close()
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+    def _flush(self) -> None:
         import pyarrow as pa
 
         if not self.fill:
@@ -116,129 +167,3 @@ class _RowGroupWriter:
         self.writer.write_batch(pa.RecordBatch.from_arrays(arrays, names=names), row_group_size=n)
         self.row += n
         self.fill = 0
-
-
-def process_to_parquet(
-    input: str | os.PathLike[str],
-    output: str | os.PathLike[str],
-    *,
-    pipeline: Any = None,
-    chunk: int = 1024,
-    device: str = "auto",
-    overwrite: bool = False,
-    resume: bool = False,
-    warmup: str = "nan",
-    progress: bool = False,
-    row_group_rows: int = ROW_GROUP_ROWS,
-    distributed: bool = False,
-) -> Any:
-    """Like :func:`tsconv.process` but writes the Parquet file ``output``; returns a ``Report``."""
-    if distributed:
-        raise TsconvError(
-            "Parquet output is written by one process; workers/client (dask) are not supported for it",
-            hint="write a .zarr output with dask, or leave workers/client out for Parquet.",
-        )
-    from tsconv.engine import api as engine
-    from tsconv.io.store import check_time, open_input
-
-    check_output_flags(overwrite=overwrite, resume=resume)
-    engine._check_options(chunk, warmup)
-    out = Path(output).expanduser().absolute()
-    dev = engine.resolve_device(device)
-    store = open_input(input)
-    # Checked before the lock file is made beside ``out`` (never inside the input), and again holding it.
-    _check_output(out.resolve(), store.path, overwrite=overwrite, resume=resume)
-    plan = engine.resolve(engine._as_pipeline(pipeline), store.features)
-    engine._refuse_time_range(plan, "Parquet output")
-    engine._check_length(store.rows, plan, warmup, str(store.path))
-    check_time(store)
-    if store.time is not None and "time" in plan.output_names:
-        raise StoreError(
-            "the pipeline has an output named 'time', which the Parquet file's time column uses",
-            hint="rename that output, or write a .zarr output.",
-        )
-    run_id = uuid.uuid4().hex
-    # The name the finished file is renamed onto (a symlink there is replaced, not followed) is what the
-    # lock and the temporary files belong to.
-    target = out.parent.resolve() / out.name
-    with OutputLock(target, run_id=run_id):
-        remove_stale_temp_files(target)
-        _check_output(out.resolve(), store.path, overwrite=overwrite, resume=resume)
-        return _write_parquet(store, plan, out, dev, chunk=chunk, warmup=warmup, progress=progress,
-                              row_group_rows=row_group_rows, run_id=run_id)  # fmt: skip
-
-
-def _write_parquet(
-    store: Any,
-    plan: Any,
-    out: Path,
-    dev: Any,
-    *,
-    chunk: int,
-    warmup: str,
-    progress: bool,
-    row_group_rows: int,
-    run_id: str,
-) -> Any:
-    """Stream ``store`` through ``plan`` into the Parquet file ``out`` (the caller holds its lock)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import torch
-    from tqdm import tqdm
-
-    from tsconv import __version__
-    from tsconv.engine import api as engine
-
-    fields = [pa.field(n, pa.float32()) for n in plan.output_names]
-    if store.time is not None:
-        fields.insert(0, pa.field("time", pa.timestamp("ns", tz="UTC")))
-    meta = {
-        "source": str(store.path),
-        "features": list(plan.output_names),
-        "pipeline": plan.as_run(),
-        "tsconv": {"version": __version__, "rows": store.rows, "chunk": chunk, "warmup": warmup,
-                   "halo": plan.halo, "complete": True, "run_id": run_id},
-    }  # fmt: skip
-    schema = pa.schema(fields, metadata={"tsconv": json.dumps(meta)})
-    tmp = _temp_path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    try:
-        with pq.ParquetWriter(str(tmp), schema) as writer:
-            times = BlockReader(store.time, where=str(store.path)) if store.time is not None else None
-            cap = max(1024, _GROUP_BYTES // (4 * plan.n_outputs))  # bound the buffer for wide outputs
-            groups = _RowGroupWriter(writer, plan.output_names, times, min(row_group_rows, cap))
-            with (
-                tqdm(total=store.rows, unit="rows", unit_scale=True, disable=not progress,
-                     desc=store.path.name, dynamic_ncols=True) as bar,
-                engine._exact_fp32(dev),
-            ):  # fmt: skip
-                engine._stream(
-                    BlockReader(store.values, where=str(store.path)),
-                    plan,
-                    engine.Backend(plan, dev),
-                    groups.append,
-                    start=0,
-                    chunk=chunk,
-                    warmup=warmup,
-                    on_rows=bar.update,
-                )
-            groups.flush()
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    seconds = time.perf_counter() - t0
-    return engine.make_report(
-        store,
-        plan,
-        out,
-        dev,
-        rows=store.rows,
-        total_rows=store.rows,
-        chunk=chunk,
-        resumed_from=0,
-        seconds=seconds,
-    )

@@ -39,7 +39,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
 
-from tsconv import trace
+from tsconv import config, trace
 from tsconv.errors import OutputExistsError, StoreError, TsconvError
 from tsconv.io.digest import DIGEST_FILE, write_digest
 from tsconv.io.store import is_zarr_store
@@ -71,12 +71,10 @@ _TARGET_CHUNK_BYTES = 16 << 20  # ~16 MB chunks read back fastest (see ../shared
 
 
 def default_write_threads() -> int:
-    """``TSCONV_WRITE_THREADS`` if set, else min(8, CPU count): ~16 MB chunks at ~1.5 GB/s of Blosc-lz4 per
+    """The ``write_threads`` setting, else min(8, CPU count): ~16 MB chunks at ~1.5 GB/s of Blosc-lz4 per
     thread cover 15 GB/s of input."""
-    env = os.environ.get("TSCONV_WRITE_THREADS")
-    if env:
-        return max(0, int(env))
-    return max(1, min(8, os.cpu_count() or 1))
+    n = config.current().write_threads
+    return n if n is not None else max(1, min(8, config.cpu_count()))
 
 
 def output_chunk_rows(chunk: int, n_outputs: int) -> int:

@@ -1,0 +1,78 @@
+"""The chunked engine: each chunk of ``chunk`` steps computed together with the halo rows before it.
+
+The CPU's engine (and the reference the batched engine is tested against): memory is bounded by
+(chunk + halo) x features whatever the series' length, and the result equals the whole-series
+computation. The carry between chunks is the halo: the prepared input rows just before the next chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from tsconv.engine.compute import Backend
+from tsconv.engine.fill import fill_state_before, forward_fill
+from tsconv.engine.level import centering_level, level_before, tail_rows
+from tsconv.io.contracts import BandReader
+from tsconv.io.readers.blocks import ColumnSource
+from tsconv.pipeline.spec import ResolvedPipeline
+
+__all__ = ["run_chunked"]
+
+
+def run_chunked(
+    source: BandReader,
+    plan: ResolvedPipeline,
+    backend: Backend,
+    emit: Callable[[np.ndarray], None],
+    *,
+    start: int,
+    chunk: int,
+    warmup: str,
+    on_rows: Callable[[int], None] | None = None,
+    stop: int | None = None,
+) -> None:
+    """Compute rows [start, stop) (default: to T) chunk by chunk and hand each result block to ``emit`` in order.
+
+    ``source`` holds all the features the plan was resolved against; ``[preprocess]`` selection is applied
+    here, and its transform and z-score in the backend.
+    """
+    if plan.columns is not None:
+        source = ColumnSource(source, plan.columns)
+    fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
+    halo, rows, nf = plan.halo, source.rows if stop is None else stop, source.n_features
+    # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
+    # before step 0 as zeros (the first stage's zero history).
+    begin = max(0, start - halo)
+    state = fill_state_before(source, begin, np.dtype(np.float32))
+    carry = np.zeros((halo - (start - begin), nf), dtype=np.float32)
+    if start > begin:
+        raw = np.asarray(source.read(begin, start), dtype=np.float32)
+        prefix, state = forward_fill(raw, state)
+        carry = np.concatenate([carry, prefix if fill else raw], axis=0)
+    device = backend.device
+    for s in range(start, rows, chunk):
+        e = min(s + chunk, rows)
+        before = level_before(carry[halo - tail_rows(halo, s) :], state)
+        # ``raw`` may be a view of the reader's buffers, valid only until a later read (ParallelBandReader
+        # reuses its ring): it, ``filled`` (``raw`` itself when it has no NaN) and ``x`` (``filled`` when
+        # halo is 0) are used before the next read; the carry is a slice of a concatenation (a copy).
+        raw = np.asarray(source.read(s, e), dtype=np.float32)
+        # With fill = "none" the fill state still gives the centering level (a value no later than the
+        # outputs it touches), but the backend gets the NaNs as they are.
+        filled, state = forward_fill(raw, state)
+        level = centering_level(before, filled)
+        if not fill:
+            filled = raw
+        x = np.concatenate([carry, filled], axis=0) if halo else filled
+        y = backend.run(torch.from_numpy(x).to(device), s - halo, torch.from_numpy(level).to(device))
+        out = y.cpu().numpy() if device.type != "cpu" else y.numpy()
+        if warmup == "nan" and s < halo:
+            out[: min(halo - s, e - s)] = np.nan
+        emit(out)
+        if halo:
+            carry = x[x.shape[0] - halo :]
+        if on_rows is not None:
+            on_rows(e - s)

@@ -1,0 +1,265 @@
+"""The one place that wires a run: source -> reader -> preprocessing and stages -> head -> sink.
+
+Every entry (a zarr output, a Parquet output, ``features()`` on arrays and frames, a dask partition) builds
+a :class:`~tsconv.io.contracts.Source` and a :class:`~tsconv.io.contracts.Sink`, asks :func:`plan_run` how
+the rows will be computed (the chunked engine, or on CUDA the batched engine with its rows per step and
+reader), then calls :func:`run`. Planning comes first so that a pipeline that cannot fit the GPU memory
+budget is refused before an entry creates or replaces anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tsconv import config
+from tsconv.engine.batched import (
+    DEFAULT_GPU_MEM,
+    TRANSFERS,
+    parse_bytes,
+    plan_step_rows,
+    reader_hold,
+    run_batched,
+)
+from tsconv.engine.chunked import run_chunked
+from tsconv.engine.compute import Backend
+from tsconv.engine.report import stage_summary
+from tsconv.errors import TsconvError
+from tsconv.io.contracts import Sink, Source
+from tsconv.pipeline.spec import ResolvedPipeline
+
+__all__ = [
+    "CudaOptions",
+    "DECODES",
+    "RunPlan",
+    "batched_on",
+    "exact_fp32",
+    "plan_run",
+    "reset_device",
+    "resolve_device",
+    "run",
+]
+
+DECODES = ("gpu", "cpu")
+# The GIL switch interval while a CUDA run lasts. The engine thread launches the GPU work and hands the
+# GIL back and forth with the reading and writing threads; at Python's default of 5 ms it waits longer
+# for it each time: 0.329 s at 5 ms, 0.302 s at 500 us, 0.300 s at 200 us for the 4.3 GB e2e job on the
+# H200 (benchmarks/NOTES.md, "The batched engine").
+SWITCH_INTERVAL_S = 200e-6
+
+
+@dataclass(frozen=True)
+class CudaOptions:
+    """How a CUDA run moves and decodes its input: ``transfer`` (``pinned`` async copies from page-locked
+    memory, ``mapped`` zero-copy reads of it, ``pageable`` plain copies), ``gpu_mem`` (bytes the run may
+    allocate and reserve), ``decode`` (``gpu``: stores the GPU decodes are decoded there; ``cpu``: in
+    threads; None: ``gpu`` on CUDA)."""
+
+    transfer: str = "pinned"
+    gpu_mem: int = DEFAULT_GPU_MEM
+    decode: str | None = None
+
+    @classmethod
+    def from_args(cls, *, transfer: str | None, gpu_mem: int | str | None, decode: str | None) -> CudaOptions:
+        """Checked options from user arguments (None: the default)."""
+        transfer = "pinned" if transfer is None else transfer
+        if transfer not in TRANSFERS:
+            raise TsconvError(
+                f"unknown transfer mode {transfer!r}", hint=f"use one of {', '.join(TRANSFERS)}."
+            )
+        if decode is not None and decode not in DECODES:
+            raise TsconvError(
+                f"decode must be one of {', '.join(DECODES)}, got {decode!r}",
+                hint="gpu (the default) decodes Blosc-LZ4 stores on the GPU; cpu decodes in threads.",
+            )
+        return cls(transfer, DEFAULT_GPU_MEM if gpu_mem is None else parse_bytes(gpu_mem), decode)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How input rows [start, stop) will be computed: by the batched engine when ``step_rows`` is set (with
+    the GPU reader when ``gpu_reader``), else chunk by chunk."""
+
+    device: torch.device
+    chunk: int
+    warmup: str
+    start: int
+    stop: int
+    step_rows: int | None = None
+    gpu_reader: bool = False
+    transfer: str = "pinned"
+
+
+def plan_run(
+    source: Source,
+    plan: ResolvedPipeline,
+    *,
+    device: torch.device,
+    chunk: int,
+    warmup: str,
+    start: int = 0,
+    stop: int | None = None,
+    cuda: CudaOptions | None = None,
+) -> RunPlan:
+    """Choose the engine, the rows per step and the reader; refuse a pipeline that does not fit the budget.
+
+    On CUDA (or with the ``engine`` setting ``batched``, on the CPU through the Triton interpreter, for
+    tests) the batched engine runs, with the GPU reader where the store allows it and its rings fit.
+    """
+    stop = source.rows if stop is None else stop
+    cuda = cuda if cuda is not None else CudaOptions()
+    if not batched_on(device):
+        return RunPlan(device, chunk, warmup, start, stop)
+    if device.type != "cuda" and not config.interpreted():
+        raise TsconvError(
+            "the batched engine runs on CUDA (on the CPU only under TRITON_INTERPRET=1, for tests)",
+            hint="leave the engine setting at auto.",
+        )
+
+    def step_rows(reader_bytes: int | None = None) -> int:
+        return plan_step_rows(plan, src_features=source.n_features, src_itemsize=source.dtype.itemsize,
+                              budget=cuda.gpu_mem, chunk=chunk, transfer=cuda.transfer, rows=stop - start,
+                              reader_bytes=reader_bytes)  # fmt: skip
+
+    rows = step_rows()  # refuses a pipeline that does not fit even with the CPU reader
+    # The GPU reader on CUDA by default; on the CPU (the interpreter) only when asked for.
+    wanted = cuda.decode == "gpu" or (cuda.decode is None and device.type == "cuda")
+    if wanted and cuda.transfer == "pinned":
+        nbytes, why = source.gpu_reader()
+        if why is None:
+            with contextlib.suppress(
+                TsconvError
+            ):  # its rings do not fit beside the pipeline: decode on the CPU
+                return RunPlan(device, chunk, warmup, start, stop, step_rows(nbytes), True, cuda.transfer)
+    return RunPlan(device, chunk, warmup, start, stop, rows, False, cuda.transfer)
+
+
+def batched_on(device: torch.device) -> bool:
+    """Whether a run on ``device`` uses the batched engine: on CUDA, unless the ``engine`` setting says
+    otherwise (``batched`` on the CPU runs it through the Triton interpreter, for tests)."""
+    engine = config.current().engine
+    return engine == "batched" or (engine == "auto" and device.type == "cuda")
+
+
+def resolve_device(device: str) -> torch.device:
+    """Map ``auto``/``cpu``/``cuda`` (or ``cuda:N``) to a torch device, or say why not."""
+    if not isinstance(device, str):
+        raise TsconvError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        return torch.device("cpu")
+    if device == "cuda" or device.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise TsconvError(
+                f"device {device!r} was asked for but no CUDA GPU is available",
+                hint="use --device cpu or --device auto.",
+            )
+        return torch.device(device)
+    raise TsconvError(f"unknown device {device!r}", hint="use auto, cpu or cuda.")
+
+
+def reset_device(device: torch.device) -> None:
+    """Before a CUDA run: free the allocator's unused cached blocks (unless the ``empty_cache`` setting is
+    off) and start the peak-memory counters afresh. Blocks cached by earlier work in the process are reused
+    out of order: a second 4096-feature run peaked at 1.60 GB reserved against 1.28 GB for the first
+    (benchmarks/NOTES.md, "GPU memory and the step budget")."""
+    if device.type != "cuda":
+        return
+    if config.current().empty_cache:
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+
+
+def run(
+    rp: RunPlan,
+    source: Source,
+    plan: ResolvedPipeline,
+    sink: Sink,
+    *,
+    progress: bool = False,
+    desc: str = "",
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Compute the planned rows of ``source`` through ``plan`` into ``sink``, then finish the sink.
+
+    Returns the report's engine fields: ``head_path``, and for the batched engine its stage fields. On an
+    error the sink is closed unfinished (a zarr output stays incomplete and resumable). ``threads``: decode
+    threads for the reader (None: the default).
+    """
+    from tqdm import tqdm
+
+    dev = rp.device
+    setup: dict[str, float] = {}  # seconds before the loop, for the report's stage_seconds
+    backend = _timed(setup, "backend", Backend, plan, dev)
+    batched = rp.step_rows is not None
+    band_bytes = source.band_rows * source.n_features * source.dtype.itemsize
+    stages: dict[str, Any] | None = None
+    with (
+        tqdm(total=rp.stop - rp.start, unit="rows", unit_scale=True, disable=not progress, desc=desc,
+             dynamic_ncols=True) as bar,
+        exact_fp32(dev),
+        _gil_switch(dev),
+        contextlib.closing(sink),  # closed on the way out; after finish() that is a no-op
+        _timed(setup, "open_reader", source.open, device=dev, pinned=dev.type == "cuda" and rp.transfer != "pageable",
+               hold=reader_hold(band_bytes) if batched else 1, gpu=rp.gpu_reader, threads=threads) as reader,
+    ):  # fmt: skip
+        if batched:
+            times = run_batched(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop,
+                                step_rows=rp.step_rows, warmup=rp.warmup, transfer=rp.transfer,
+                                on_rows=bar.update)  # fmt: skip
+            stages = stage_summary(times, transfer=rp.transfer, reader=reader, sink=sink)
+            stages["stage_seconds"].update(setup)
+        else:
+            run_chunked(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop, chunk=rp.chunk,
+                        warmup=rp.warmup, on_rows=bar.update)  # fmt: skip
+        t0 = time.perf_counter()
+        sink.finish()
+        if stages is not None:
+            stages["stage_seconds"]["finish"] = time.perf_counter() - t0
+    return {**(stages or {}), "head_path": backend.head_path}
+
+
+@contextlib.contextmanager
+def exact_fp32(device: torch.device) -> Iterator[None]:
+    """cuDNN and cuBLAS may use TF32 by default, which cannot resolve price levels: keep fp32."""
+    if device.type != "cuda":
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@contextlib.contextmanager
+def _gil_switch(device: torch.device) -> Iterator[None]:
+    """A short GIL switch interval while the engine runs on CUDA; process-wide while it lasts, restored after."""
+    if device.type != "cuda":
+        yield
+        return
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _timed(into: dict[str, float], key: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, its seconds kept in ``into[key]``."""
+    t0 = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        into[key] = time.perf_counter() - t0

@@ -1,0 +1,41 @@
+"""An input store as a run's source: the readers it can open (the GPU reader, or decode threads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tsconv.io.contracts import BandReader
+from tsconv.io.readers import gpu as gpu_reader
+from tsconv.io.readers.threads import ParallelBandReader
+from tsconv.io.store import InputStore
+
+__all__ = ["StoreSource"]
+
+
+class StoreSource:
+    """The ``values`` of an :class:`~tsconv.io.store.InputStore` as a :class:`~tsconv.io.contracts.Source`."""
+
+    def __init__(self, store: InputStore) -> None:
+        self.store = store
+        self.rows = store.rows
+        self.n_features = store.n_features
+        self.dtype = np.dtype(store.dtype)
+        self.where = str(store.path)
+
+    @property
+    def band_rows(self) -> int:
+        return int(self.store.values.chunks[0])
+
+    def gpu_reader(self) -> tuple[int, str | None]:
+        """(device bytes, None) when the GPU decodes this store's chunks (Blosc-LZ4), else (0, why not)."""
+        why = gpu_reader.unsupported_reason(self.store.values)
+        return (0, why) if why is not None else (gpu_reader.device_bytes(self.store.values), None)
+
+    def open(self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None) -> BandReader:
+        if gpu:
+            return gpu_reader.GpuBandReader(
+                self.store.values, device=device, where=self.where, threads=threads
+            )
+        return ParallelBandReader(self.store.values, where=self.where, pin=pinned, hold=hold, threads=threads)

@@ -1,0 +1,40 @@
+"""In-memory sinks: the rows of a run into a preallocated array, row-major or feature-major."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tsconv.io.transpose import transpose_into
+
+__all__ = ["ArraySink"]
+
+
+class ArraySink:
+    """Rows appended in order into ``out``: [T, D] float32, or [D, T] with ``feature_major`` (polars' and
+    Arrow's layout, each column then a contiguous view), written by a blocked transpose."""
+
+    threads = 0
+    busy_seconds = 0.0
+
+    def __init__(self, rows: int, outputs: int, *, feature_major: bool = False) -> None:
+        shape = (outputs, rows) if feature_major else (rows, outputs)
+        self.out = np.empty(shape, dtype=np.float32)
+        self.feature_major = feature_major
+        self.pos = 0
+
+    def append(self, block: np.ndarray) -> None:
+        n = block.shape[0]
+        if self.feature_major:
+            transpose_into(self.out[:, self.pos : self.pos + n], block)
+        else:
+            self.out[self.pos : self.pos + n] = block
+        self.pos += n
+
+    def finish(self) -> None:
+        rows = self.out.shape[1] if self.feature_major else self.out.shape[0]
+        if self.pos != rows:
+            msg = f"internal error: {self.pos} of {rows} rows computed"
+            raise RuntimeError(msg)
+
+    def close(self) -> None:
+        pass
