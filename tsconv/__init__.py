@@ -1,12 +1,13 @@
 """tsconv: causal conv1d feature pipelines for long, wide time series, streamed out of and into zarr.
 
-Public API (imported lazily, so ``import tsconv.kernels`` needs neither zarr nor polars):
-- :func:`process`: stream a zarr store through a pipeline into an output store.
-- :func:`features`: run a pipeline on an in-memory [T, F] array.
-- :func:`load_pipeline`, :func:`default_pipeline`: pipeline files.
-- :func:`open_input`: open and validate an input store.
+Public API (imported lazily, so ``import tsconv`` is cheap and ``tsconv.conv1d`` needs neither zarr nor polars):
+- :func:`process`: stream a zarr store through a pipeline into an output store or Parquet file.
+- :func:`features`: run a pipeline on an in-memory [T, F] array, tensor or polars frame.
+- :func:`load_pipeline`, :func:`default_pipeline`: pipeline files; :class:`Pipeline`.
+- :func:`open_input`, :func:`open_store`, :func:`iter_chunks`: stores, and their rows as polars/Arrow/numpy.
 - :func:`ingest`: Parquet / CSV / Arrow IPC tick files (long or wide) into a store.
-- :func:`open_store`, :func:`iter_chunks`: a store's metadata, and its rows as polars/Arrow/numpy chunks.
+- :func:`conv1d`, :func:`gemm`, :func:`conv1d_head`: the Triton kernels.
+- :mod:`config`: the settings; the error and warning classes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "process": "tsconv.engine.api",
     "features": "tsconv.engine.api",
-    "Report": "tsconv.engine.api",
+    "Report": "tsconv.engine.report",
     "load_pipeline": "tsconv.pipeline.spec",
     "default_pipeline": "tsconv.pipeline.spec",
     "Pipeline": "tsconv.pipeline.spec",
@@ -28,19 +29,30 @@ _EXPORTS = {
     "open_store": "tsconv.io.frames",
     "iter_chunks": "tsconv.io.frames",
     "StoreInfo": "tsconv.io.frames",
+    "conv1d": "tsconv.kernels.conv1d",
+    "gemm": "tsconv.kernels.gemm",
+    "conv1d_head": "tsconv.kernels.fused",
     "TsconvError": "tsconv.errors",
     "TsconvWarning": "tsconv.errors",
+    "ShapeError": "tsconv.errors",
+    "StoreError": "tsconv.errors",
+    "PipelineError": "tsconv.errors",
+    "OutputExistsError": "tsconv.errors",
+    "OutputBusyError": "tsconv.errors",
 }
+_MODULES = {"config": "tsconv.config"}
 
-__all__ = [*_EXPORTS, "__version__"]
+__all__ = [*_EXPORTS, *_MODULES, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
         msg = f"module 'tsconv' has no attribute {name!r}"
         raise AttributeError(msg)
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

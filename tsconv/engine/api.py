@@ -188,9 +188,9 @@ def features(
 
 def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: torch.device, *, chunk: int,
                    warmup: str, cuda: CudaOptions) -> None:  # fmt: skip
-    rp = plan_run(
-        source, plan, device=dev, chunk=chunk if dev.type != "cuda" else 1024, warmup=warmup, cuda=cuda
-    )
+    # the batched engine plans its steps in 1024-row chunks; ``chunk`` is the chunked engine's
+    step_chunk = 1024 if batched_on(dev) else chunk
+    rp = plan_run(source, plan, device=dev, chunk=step_chunk, warmup=warmup, cuda=cuda)
     reset_device(dev)
     run(rp, source, plan, sink)
 

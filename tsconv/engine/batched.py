@@ -73,7 +73,7 @@ _PIECES_PER_STEP = 8
 # carries, levels, small buffers, the allocator's rounding: kept out of the step budget
 _FIXED_BYTES = 48 << 20
 # cuBLAS's workspace on the compute stream (32 MiB on Hopper), made by the head's torch path and kept by
-# torch for the process: measured in the engine's peak (benchmarks/diag/gpu_memory.py, fifteenth session).
+# torch for the process: measured in the engine's peak (benchmarks/diag/gpu_memory.py).
 _CUBLAS_BYTES = 32 << 20
 # The share of the budget planned as allocated tensors, so that the peak *reserved* stays within it too.
 _ALLOCATED_SHARE = 0.88
@@ -606,8 +606,8 @@ def run_batched(
         torch.cuda.synchronize(dev)
         if graph.release():
             # A dead graph's private memory pool stays reserved until the cache is emptied: 70-80 MB more
-            # per run in a long-lived process (engine_trace at b389d18). Sharing one pool between runs
-            # trips an allocator assert in torch 2.11 (5e55765). The device is idle here, so this is cheap.
+            # per run in a long-lived process. Sharing one pool between runs trips an allocator assert in
+            # torch 2.11 (benchmarks/NOTES.md, "A CUDA graph per step"). The device is idle here: cheap.
             torch.cuda.empty_cache()
         for p0, p1, b0, b1 in step_events:
             times.compute += gpu.elapsed(p0, p1)

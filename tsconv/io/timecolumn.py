@@ -4,7 +4,7 @@ Why not through zarr: the writer copies each output chunk's time rows while the 
 zarr-python reads and writes them in Python on its event loop (14 + 4 ms per 65,536 rows on the 2-core
 development VM). On the H200 host those calls held the GIL the engine thread launches with: the e2e job
 (1M x 1024, 16 MB chunks) took 0.255 s without the time column against 0.40-0.43 s with it
-(benchmarks/NOTES.md, twelfth session). Here chunk files are read and decoded with numcodecs, which
+(benchmarks/NOTES.md, "The writer"). Here chunk files are read and decoded with numcodecs, which
 releases the GIL (:class:`TimeReader`; the files of one read are read by one call of
 :mod:`tsconv.io.readers.fileread`'s native reader when it is there); the output's time chunks go through
 :class:`~tsconv.io.writers.encode.ChunkFileWriter` like the values. Layouts the fast path does not take (other

@@ -3,7 +3,7 @@
  * tsconv.io.readers.fileread compiles this with the system C compiler and calls it through ctypes, which releases
  * the GIL for the whole call: the GPU reader's batches of chunk files (and the writer's time chunks) are
  * read without the per-file Python that, in reading threads, kept taking the GIL from the engine thread
- * (benchmarks/NOTES.md, fourteenth session).
+ * (benchmarks/NOTES.md, "Native file reads").
  */
 #define _GNU_SOURCE
 #include <errno.h>

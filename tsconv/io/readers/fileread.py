@@ -4,12 +4,12 @@ Why native: the GPU reader's reading threads read 256 chunk files a run (1M x 10
 with a few dozen microseconds of Python around the ``readinto`` (open, paths, the header check). Every
 return from ``readinto`` asked for the GIL back, so the engine thread, which launches the GPU work, was
 made to hand it over about a thousand times a run; its launches took 2-3x their own CPU time
-(benchmarks/NOTES.md, thirteenth and fourteenth sessions). Python's stdlib and the project's libraries
+(benchmarks/NOTES.md, "Native file reads"). Python's stdlib and the project's libraries
 have no call that reads a list of files into caller-given places, so ``fileread.c`` (about 120 lines of C:
 ``open`` / ``pread`` on a few pthreads) does it, compiled on first use with the system C compiler into
 the user cache directory and called through ctypes (which releases the GIL during the call).
 
-Without a C compiler, or with ``TSCONV_NATIVE_READ=0``, :func:`native_reader` returns None and callers
+Without a C compiler, or with the ``native_read`` setting off, :func:`native_reader` returns None and callers
 keep their Python reading threads: the results are the same.
 """
 

@@ -1,15 +1,15 @@
 """The GPU reader: chunk files read as stored bytes, sent to the GPU compressed, decoded there.
 
 Why: with the CPU decoding, the engine's input stage is bound by numcodecs in 16 threads (11-20 GB/s on
-the H200 host, depending on the lease) and those threads' GIL hand-offs slow the engine thread's launches.
-Measured on the H200 (``benchmarks/gpu_decode.py``, 394020d): reading the 16 MB-chunk store's files
+H200 hosts) and those threads' GIL hand-offs slow the engine thread's launches. Measured on the H200
+(``benchmarks/gpu_decode.py``): reading the 16 MB-chunk store's files
 (2.6 GB stored) runs at 30 GB/s on 8 threads, H2D at 55 GB/s, and the GPU decodes the 4.3 GB at 53 GB/s;
 read, copy and decode pipelined in batches of 32 chunks gave 32 GB/s of decoded rows on the GPU, against
 16 GB/s for the CPU reader plus H2D in the same process. See :mod:`tsconv.kernels.blosc_lz4` for what it
 decodes.
 
-The default reader of the batched engine on CUDA with pinned transfers (``TSCONV_GPU_DECODE=0`` or
-``--decode cpu`` turn it off; ``TSCONV_GPU_DECODE_THREADS`` reading threads, default 8), for Blosc-LZ4
+The default reader of the batched engine on CUDA with pinned transfers (``--decode cpu`` turns it off; the
+``gpu_read_threads`` setting gives its reading threads, default 8), for Blosc-LZ4
 stores the fast reader handles
 (:func:`unsupported_reason` says why not otherwise; the engine then uses the CPU reader). A chunk whose
 header the GPU decoder does not handle is decoded by numcodecs in the reading thread and copied in.

@@ -384,7 +384,7 @@ def _write_layout(
 ) -> None:
     """The empty output store's metadata, written as files. Why not zarr's ``create_array``: through its event
     loop the three documents took 19-24 ms on the H200 host, about a tenth of the e2e job, against about
-    1 ms here (benchmarks/NOTES.md, fourteenth session). tests/test_writer.py checks the documents equal
+    1 ms here (benchmarks/NOTES.md, "The writer"). tests/test_writer.py checks the documents equal
     zarr's own for the same calls."""
     root.mkdir(parents=True)
     docs = {
@@ -526,7 +526,7 @@ class OutputWriter:
         byte shuffle), ``none`` (Blosc without compression) or ``auto`` (lz4, switched to none before the
         first chunk is stored when lz4 saves less than AUTO_MIN_SAVING of a sample of it: float features
         often do not compress, and encoding them cost the writer threads more CPU than the rest of the
-        run; benchmarks/NOTES.md, thirteenth session). The time column is always lz4. ``input_digest``
+        run; benchmarks/NOTES.md, "The writer"). The time column is always lz4. ``input_digest``
         (:func:`tsconv.io.digest.input_digest`) is recorded in the new store."""
         check_compression(compression)
         # Build the empty store beside its final place and rename it in: a kill during creation then

@@ -1,0 +1,122 @@
+"""One run path: every entry runs the engine the device calls for, with the reader a single process would use.
+
+On the CPU the batched (CUDA) engine runs through the Triton interpreter when the ``engine`` setting asks
+for it, which stands in for a CUDA device here: the same entries then must take the batched engine,
+report its stages, and (for dask) decode on the GPU reader exactly where a single process does. The GPU
+tests at the end check the same on CUDA with the default settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+import zarr
+from zarr.codecs import BloscCodec
+
+import tsconv
+from tsconv import config
+from tsconv.engine.run import batched_on
+
+from .helpers import price_series, read_output, write_store
+
+BANK = {"conv": [{"name": "bank", "filters": ["diff:1", "ma:4"], "weight_dtype": "float32"}]}
+INTERPRETED = config.interpreted()
+batched_cpu = pytest.mark.skipif(not INTERPRETED, reason="the batched engine runs on CPU only interpreted")
+
+
+@pytest.fixture
+def lz4_store(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """A Blosc-LZ4 store (what the GPU reader decodes) with time."""
+    x = price_series(1200, 5, seed=3, nan_fraction=0.02)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(200, 5))
+    g = zarr.open_group(str(src), mode="a")
+    del g["values"]
+    g.create_array("values", data=x, chunks=(200, 5), compressors=BloscCodec(cname="lz4", shuffle="shuffle"))
+    return src, x
+
+
+def test_the_engine_follows_the_device_and_the_setting():
+    assert batched_on(torch.device("cuda")) and not batched_on(torch.device("cpu"))
+    with config.override(engine="batched"):
+        assert batched_on(torch.device("cpu"))
+    with config.override(engine="chunked"):
+        assert not batched_on(torch.device("cuda"))
+
+
+@batched_cpu
+def test_parquet_output_runs_the_batched_engine_and_takes_its_options(lz4_store, tmp_path):
+    src, _ = lz4_store
+    plain = tsconv.process(src, tmp_path / "a.parquet", pipeline=BANK, device="cpu")
+    assert plain.step_rows is None and plain.transfer is None  # the chunked engine
+    with config.override(engine="batched"):
+        r = tsconv.process(src, tmp_path / "b.parquet", pipeline=BANK, device="cpu", gpu_mem="64MB",
+                           transfer="pageable")  # fmt: skip
+    assert r.step_rows is not None and r.transfer == "pageable" and "compute" in r.stage_seconds
+    a, b = pl.read_parquet(tmp_path / "a.parquet"), pl.read_parquet(tmp_path / "b.parquet")
+    assert a.columns == b.columns
+    np.testing.assert_allclose(b.drop("time").to_numpy(), a.drop("time").to_numpy(), rtol=1e-6, atol=1e-5)
+
+
+@batched_cpu
+def test_polars_frames_run_the_batched_engine(lz4_store):
+    _, x = lz4_store
+    frame = pl.DataFrame({"time": np.arange(x.shape[0]), **{f"x{j}": x[:, j] for j in range(x.shape[1])}})
+    chunked = tsconv.features(frame, BANK, device="cpu", chunk=256)
+    arrays = tsconv.features(x, BANK, device="cpu", chunk=256, names=[f"x{j}" for j in range(x.shape[1])])
+    calls = []
+    from tsconv.engine import run as run_module
+
+    real = run_module.run_batched
+
+    def spy(*args, **kw):
+        calls.append(kw["step_rows"])
+        return real(*args, **kw)
+
+    with pytest.MonkeyPatch.context() as mp, config.override(engine="batched"):
+        mp.setattr(run_module, "run_batched", spy)
+        batched = tsconv.features(frame, BANK, device="cpu", gpu_mem="64MB")
+    assert calls and calls[0] >= 1024
+    assert batched.columns == chunked.columns and batched["time"].equals(chunked["time"])
+    np.testing.assert_allclose(batched.drop("time").to_numpy(), chunked.drop("time").to_numpy(), rtol=1e-6,
+                               atol=1e-5)  # fmt: skip
+    np.testing.assert_array_equal(chunked.drop("time").to_numpy(), arrays)
+
+
+@batched_cpu
+@pytest.mark.slow
+def test_dask_workers_decode_on_the_gpu_where_a_single_process_does(lz4_store, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    src, _ = lz4_store
+    with config.override(engine="batched"):
+        single = tsconv.process(src, tmp_path / "single.zarr", pipeline=BANK, device="cpu", decode="gpu")
+        cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                           dashboard_address=None)  # fmt: skip
+        try:
+            with distributed.Client(cluster) as client:
+                dask = tsconv.process(src, tmp_path / "dask.zarr", pipeline=BANK, device="cpu", decode="gpu",
+                                      client=client)  # fmt: skip
+        finally:
+            cluster.close()
+    assert single.reader == "gpu" and dask.reader == "gpu"  # the workers got the option and the settings
+    np.testing.assert_allclose(read_output(tmp_path / "dask.zarr"), read_output(tmp_path / "single.zarr"),
+                               rtol=1e-6, atol=1e-5)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_on_cuda_parquet_frames_and_dask_take_the_batched_engine_and_the_gpu_reader(lz4_store, tmp_path):
+    src, x = lz4_store
+    r = tsconv.process(src, tmp_path / "a.parquet", pipeline=BANK)
+    assert r.step_rows is not None and r.reader == "gpu"
+    frame = pl.DataFrame({f"x{j}": x[:, j] for j in range(x.shape[1])})
+    y = tsconv.features(frame, BANK)
+    np.testing.assert_allclose(y.to_numpy(), pl.read_parquet(tmp_path / "a.parquet").drop("time").to_numpy(),
+                               rtol=1e-6, atol=1e-5)  # fmt: skip
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cl:  # fmt: skip
+        with distributed.Client(cl) as client:
+            d = tsconv.process(src, tmp_path / "d.zarr", pipeline=BANK, client=client)
+    assert d.reader == "gpu"
