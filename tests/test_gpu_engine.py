@@ -1,0 +1,119 @@
+"""The CUDA engine at real sizes: the prepare kernel, the engine against the CPU engine and float64, memory.
+
+GPU only (``pytest -m gpu`` on a GPU machine); each test prints the figures it checked, so a run's log
+records them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+import tsconv
+from tsconv.engine.fill import forward_fill
+from tsconv.kernels.prepare import prepare
+from tsconv.kernels.reference import pipeline_reference
+from tsconv.pipeline.spec import load_pipeline, resolve
+from tsconv.synth import make_ticks
+
+pytestmark = pytest.mark.gpu
+PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
+
+
+def _col_rel(y: np.ndarray, ref: np.ndarray) -> float:
+    """The largest |y - ref| relative to its column's largest |ref|."""
+    ok = ~np.isnan(ref)
+    scale = np.nanmax(np.abs(ref), axis=0, keepdims=True) + 1e-30
+    return float(np.max(np.where(ok, np.abs(y.astype(np.float64) - ref) / scale, 0.0)))
+
+
+@pytest.fixture(scope="module")
+def ticks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_ticks(tmp_path_factory.mktemp("gpu") / "ticks.zarr", rows=60_000, features=64, seed=0)
+
+
+def test_the_prepare_kernel_equals_the_chunked_engines_arithmetic_bit_for_bit(ticks: Path) -> None:
+    x = np.asarray(zarr.open_group(str(ticks), mode="r")["values"][:8000])
+    dev = torch.device("cuda")
+    n, halo = 5000, 4
+    raw = x[1000 : 1000 + n]
+    state0 = x[999].copy()
+    state0[::7] = np.nan
+    carry = x[995:999]
+    filled, st = forward_fill(raw, state0.copy())
+    lvl = state0.copy()
+    for j in np.flatnonzero(np.isnan(lvl)):
+        v = filled[np.isfinite(filled[:, j]), j]
+        lvl[j] = v[0] if v.size else 0.0
+    want = np.concatenate([carry, filled]) - lvl
+    xc = torch.full((halo + n, raw.shape[1]), 123.0, device=dev)
+    s_t, l_t = torch.from_numpy(state0.copy()).to(dev), torch.from_numpy(state0.copy()).to(dev)
+    cin, cout = torch.from_numpy(carry.copy()).to(dev), torch.zeros((halo, raw.shape[1]), device=dev)
+    r_t = torch.from_numpy(raw).to(dev)
+    prepare(
+        r_t[:1717], xc=xc, state=s_t, level=l_t, carry_in=cin, carry_out=cout, off=0, n_step=n, last=False
+    )
+    prepare(r_t[1717:], xc=xc, state=s_t, level=l_t, carry_in=cin, carry_out=cout, off=1717, n_step=n)
+    np.testing.assert_array_equal(xc.cpu().numpy(), want)
+    np.testing.assert_array_equal(s_t.cpu().numpy(), st)
+    np.testing.assert_array_equal(l_t.cpu().numpy(), lvl)
+    np.testing.assert_array_equal(cout.cpu().numpy(), filled[-halo:])
+
+
+@pytest.mark.parametrize("name", ["default", "trend_ema", "multiscale", "dense_head", "returns_zscore"])
+def test_the_cuda_engine_matches_the_cpu_engine_and_float64(ticks: Path, tmp_path: Path, name: str) -> None:
+    g = zarr.open_group(str(ticks), mode="r")
+    x, names = np.asarray(g["values"][:]), list(g.attrs["features"])
+    pipe = load_pipeline(PIPELINES / f"{name}.toml")
+    plan = resolve(pipe, names)
+    ref = pipeline_reference(x, plan)
+    errors = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for device, kw in (("cpu", {}), ("cuda", {}), ("cuda", {"gpu_mem": "150MB"})):
+            label = device + ("_small_steps" if kw else "")
+            out = tmp_path / f"{label}.zarr"
+            report = tsconv.process(ticks, out, pipeline=pipe, device=device, **kw)
+            y = np.asarray(zarr.open_group(str(out), mode="r")["values"][:])
+            np.testing.assert_array_equal(np.isnan(y), np.isnan(ref), err_msg=f"{label}: NaN pattern")
+            errors[label] = _col_rel(y, ref)
+            if device == "cuda":
+                assert report.peak_gpu_reserved_bytes <= (150e6 if kw else 1.2e9)
+    print(f"{name}: error against float64, relative to each column's scale: {errors}")
+    assert errors["cuda"] <= max(4 * errors["cpu"], 1e-6)
+    assert errors["cuda_small_steps"] <= max(4 * errors["cpu"], 1e-6)
+
+
+def test_a_wide_dense_job_matches_float64_within_its_budget(tmp_path: Path) -> None:
+    """The e2e benchmark's kind of job, smaller: 65,536 x 1024 ticks, dense K=5 -> 256 (ReLU) -> head 64."""
+    src = make_ticks(tmp_path / "wide.zarr", rows=65_536, features=1024, seed=3)
+    rng = np.random.default_rng(5)
+    np.save(
+        tmp_path / "conv.npy", (rng.standard_normal((256, 1024, 5)) / np.sqrt(1024 * 5)).astype(np.float32)
+    )
+    np.save(tmp_path / "head.npy", (rng.standard_normal((256, 64)) / 16).astype(np.float32))
+    pipe_path = tmp_path / "dense.toml"
+    pipe_path.write_text(
+        '[[conv]]\nweights = "conv.npy"\nactivation = "relu"\n[head]\nweights = "head.npy"\n'
+    )
+    pipe = load_pipeline(pipe_path)
+    g = zarr.open_group(str(src), mode="r")
+    prefix = 8192
+    x = np.asarray(g["values"][:prefix])
+    plan = resolve(pipe, list(g.attrs["features"]))
+    ref = pipeline_reference(x, plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = tsconv.process(src, tmp_path / "out.zarr", pipeline=pipe, device="cuda")
+    y = np.asarray(zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["values"][:prefix])
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+    err = _col_rel(y, ref)
+    print(f"wide dense: error {err:.2e}, reader {report.reader}, head {report.head_path}, "
+          f"{report.peak_gpu_allocated_bytes / 1e6:.0f} / {report.peak_gpu_reserved_bytes / 1e6:.0f} MB")  # fmt: skip
+    assert err < 1e-3  # FP16-stored weights as given: their rounding, not fp32's, bounds this
+    assert report.peak_gpu_reserved_bytes <= 1.2e9
