@@ -43,7 +43,7 @@ from tsconv.kernels import fused as _fused
 from tsconv.kernels import gemm as _gemm
 from tsconv.kernels.activations import apply_activation
 
-__all__ = ["ENV", "PATHS", "SPACE", "HeadPaths", "measure_paths", "requested_path"]
+__all__ = ["ENV", "PATHS", "SPACE", "HeadPaths", "can_measure", "measure_paths", "requested_path"]
 
 log = logging.getLogger("tsconv.head")
 
@@ -75,7 +75,7 @@ def requested_path() -> str | None:
     return value
 
 
-def _can_measure(device: torch.device) -> bool:
+def can_measure(device: torch.device) -> bool:
     """Whether auto times the paths on ``device`` (CUDA only; tests patch this)."""
     return device.type == "cuda"
 
@@ -172,7 +172,7 @@ class HeadPaths:
             # conv1d_head's own fallback is conv1d + gemm; without Triton paths, the torch pair
             self.forced = "gemm" if forced == "fused" and "gemm" in self.offered else "unfused"
             log.info("head path %s is not offered here (%s): %s", forced, self.fused_reason, self.forced)
-        self._gpu = autotune._device_label(self.device)
+        self._gpu = autotune.device_label(self.device)
         self._packed: _gemm.PackedWeights | None = None
         self._chosen: dict[int, str] = {}  # rows bucket -> path
         self.timings: dict[str, dict[str, float]] = {}  # key -> ms per path, for decisions timed here
@@ -210,7 +210,7 @@ class HeadPaths:
         rec = autotune.cached_record(SPACE, key, device=self.device)
         if rec is not None and rec.get("config") in self.offered:
             return str(rec["config"])
-        if not autotune._tuning_enabled():
+        if not autotune.tuning_enabled():
             return "unfused"
         t0 = time.perf_counter()
         timings = self.measure_all(xt, bias, recenter_from=recenter_from)

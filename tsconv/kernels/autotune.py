@@ -55,10 +55,12 @@ __all__ = [
     "conv1d_direct_space",
     "conv1d_bank_configs",
     "conv1d_window_configs",
+    "device_label",
     "events",
     "pow2_bucket",
     "select",
     "store_record",
+    "tuning_enabled",
 ]
 
 log = logging.getLogger("tsconv.autotune")
@@ -217,7 +219,8 @@ def _full_key(space: ConfigSpace, key: str) -> str:
     return f"{space.name}|{key}{timing}|triton={triton.__version__}"
 
 
-def _tuning_enabled() -> bool:
+def tuning_enabled() -> bool:
+    """False when ``TSCONV_AUTOTUNE`` is 0 / false / no / off: :func:`select` then takes the default."""
     return os.environ.get("TSCONV_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
@@ -239,7 +242,7 @@ def select(
     """
     if interpreted or device.type != "cuda":
         return space.interpreter
-    if not _tuning_enabled():
+    if not tuning_enabled():
         return space.default
     full = _full_key(space, key)
     mkey = (str(device), full)
@@ -270,7 +273,8 @@ def select(
         return cfg
 
 
-def _device_label(device: torch.device) -> str:
+def device_label(device: torch.device) -> str:
+    """The GPU model's name (the disk cache is kept per model), or "cpu"."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
@@ -316,7 +320,7 @@ def store_record(space: str, key: str, record: dict, *, device: torch.device) ->
     with _lock:
         path = cache_path(device)
         _entries(path)[full] = record
-        _write_file(path, _device_label(device), full, record)
+        _write_file(path, device_label(device), full, record)
         _records[(str(device), full)] = record
         timings = {k: float(v) for k, v in (record.get("timings_ms") or {}).items() if v is not None}
         _events.append(
