@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tsconv.errors import TsconvWarning
-from tsconv.kernels.activations import apply_activation
+from tsconv.kernels.common import apply_activation
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = ["Backend"]

@@ -38,10 +38,10 @@ from collections.abc import Callable
 import torch
 
 from tsconv.errors import TsconvError
-from tsconv.kernels import autotune
+from tsconv.kernels import autotune, common
 from tsconv.kernels import fused as _fused
 from tsconv.kernels import gemm as _gemm
-from tsconv.kernels.activations import apply_activation
+from tsconv.kernels.common import apply_activation
 
 __all__ = ["ENV", "PATHS", "SPACE", "HeadPaths", "can_measure", "measure_paths", "requested_path"]
 
@@ -54,7 +54,7 @@ _REPS = 3  # calls per timed round
 _ROUNDS = 2  # timed rounds; the best counts
 
 # True when TRITON_INTERPRET=1 was set before the kernels were imported: CPU tensors run them interpreted.
-INTERPRETED = _fused._INTERPRETED
+INTERPRETED = common.INTERPRETED
 
 
 # The measured path is the default: ``auto`` (timing the paths on the first step of a shape class) is opt-in
