@@ -38,7 +38,7 @@ import tsconv  # noqa: E402
 from tsconv.engine.batched import run_batched  # noqa: E402
 from tsconv.engine.compute import Backend  # noqa: E402
 from tsconv.io.readers.blocks import ArraySource  # noqa: E402
-from tsconv.kernels import conv1d as conv1d_mod  # noqa: E402
+from tsconv.kernels import common  # noqa: E402
 from tsconv.kernels.reference import pipeline_reference  # noqa: E402
 from tsconv.pipeline.spec import load_pipeline, resolve  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
@@ -51,7 +51,7 @@ def main() -> int:
     ap.add_argument("--pipeline", default="default", help="a pipelines/ name")
     ap.add_argument("--steps", default="1024,16384,65536", help="comma-separated step_rows")
     args = ap.parse_args()
-    conv1d_mod._INTERPRETED = False  # the convs take torch's CPU path: only the engine's arithmetic differs
+    common.INTERPRETED = False  # the convs take torch's CPU path: only the engine's arithmetic differs
 
     work = Path(tempfile.mkdtemp(prefix="tsconv-centering-"))
     src = make_ticks(work / "ticks.zarr", rows=args.rows, features=args.features, seed=0)

@@ -263,12 +263,15 @@ class Bench:
 
         from tsconv.kernels import autotune
         from tsconv.kernels import conv1d as conv1d_mod
+        from tsconv.kernels.conv1d import api as conv1d_api
+        from tsconv.kernels.conv1d import spec as conv1d_spec
 
         self.args = args
         self.torch = torch
         self.triton = triton
         self.autotune = autotune
         self.mod = conv1d_mod
+        self.api, self.spec = conv1d_api, conv1d_spec
         self.dev = torch.device(args.device)
         self.gpu = (
             torch.cuda.get_device_name(self.dev) if self.dev.type == "cuda" else "cpu (Triton interpreter)"
@@ -496,7 +499,7 @@ class Bench:
             self.dump_ir(case, x, w, b, out, precision)
 
     def dump_ir(self, case: Case, x, w, b, out, precision: str) -> None:
-        spec = self.mod._validate(
+        spec = self.spec.validate(
             x,
             w,
             b,
@@ -507,7 +510,7 @@ class Bench:
             activation=case.activation,
             precision=precision,
         )
-        compiled = self.mod._conv1d_triton(x, w, b, out, spec)
+        compiled = self.api._conv1d_triton(x, w, b, out, spec)
         asm = getattr(compiled, "asm", None)
         if not asm:
             return

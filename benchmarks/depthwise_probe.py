@@ -1,6 +1,6 @@
 """Where does the depthwise (direct) kernel's time go? Variants of its tap loop on the H200.
 
-A probe, not a product path: the same tile and tap loop as ``tsconv.kernels.conv1d._conv1d_direct_kernel``
+A probe, not a product path: the same tile and tap loop as ``tsconv.kernels.conv1d.direct._conv1d_direct_kernel``
 (CG = 1, time-major x and output), with switches that take one cost away at a time:
 
 - ``X_ONCE``: x loaded once before the tap loop instead of once per tap (no per-tap x traffic);

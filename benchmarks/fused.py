@@ -301,7 +301,7 @@ class Bench:
         return {"dilation": case.dilation, "groups": case.groups, "padding": case.padding}
 
     def reference(self, case: Case, d: dict):
-        from tsconv.kernels.activations import apply_activation
+        from tsconv.kernels.common import apply_activation
         from tsconv.kernels.conv1d_reference import conv1d_reference
 
         S = min(case.N, CHECK_SERIES)
@@ -316,7 +316,7 @@ class Bench:
     ):
         """cuDNN conv1d + cuBLAS matmul in a precision class (or its CPU emulation), float32 [N, L_out, D]."""
         torch = self.torch
-        from tsconv.kernels.activations import apply_activation
+        from tsconv.kernels.common import apply_activation
         from tsconv.kernels.conv1d_reference import round_to_tf32, torch_conv1d_in_precision
 
         x = d["x"] if series is None else d["x"][:series]
@@ -434,7 +434,7 @@ class Bench:
     def time_one(self, case: Case, precision: str, row: dict) -> None:
         torch = self.torch
         F = torch.nn.functional
-        from tsconv.kernels.activations import apply_activation
+        from tsconv.kernels.common import apply_activation
 
         d = self.data(case, "normals", seed=7)
         L_out = self.L_out(case)

@@ -223,7 +223,7 @@ class Bench:
 
     def torch_in_precision(self, a, b, bias, activation, precision: str, *, emulate: bool = False):
         torch = self.torch
-        from tsconv.kernels.activations import apply_activation
+        from tsconv.kernels.common import apply_activation
         from tsconv.kernels.conv1d_reference import round_to_tf32
 
         if self.cuda and not emulate:

@@ -30,9 +30,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _fresh_launch_plans() -> None:
     """Each test starts without the launch plans earlier tests recorded: a plan skips the launcher's
     validation, tuner and internals, which tests monkeypatch."""
-    from tsconv.kernels import conv1d, gemm
+    from tsconv.kernels import gemm
+    from tsconv.kernels.conv1d import state
 
-    conv1d._PLANS.clear()
+    state.PLANS.clear()
     gemm._PLANS.clear()
 
 

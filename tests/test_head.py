@@ -168,7 +168,7 @@ def _measured(monkeypatch, table):
         calls.append(path)
         return table[path]
 
-    monkeypatch.setattr(head, "_can_measure", lambda device: True)
+    monkeypatch.setattr(head, "can_measure", lambda device: True)
     monkeypatch.setattr(head, "_time_path", fake)
     return calls
 
@@ -189,7 +189,7 @@ def test_auto_picks_the_fastest_path_and_decides_once_per_shape_class(table, wan
 
 
 def test_a_failing_path_is_not_chosen(monkeypatch):
-    monkeypatch.setattr(head, "_can_measure", lambda device: True)
+    monkeypatch.setattr(head, "can_measure", lambda device: True)
 
     def fake(path, fn, device):
         if path == "fused":

@@ -16,9 +16,13 @@ import pytest
 import torch
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune
+from tsconv.kernels import autotune, common
 from tsconv.kernels import conv1d as conv1d_mod
+from tsconv.kernels.conv1d import api as conv_api
 from tsconv.kernels.conv1d import conv1d
+from tsconv.kernels.conv1d import dense as conv_dense
+from tsconv.kernels.conv1d import spec as conv_spec
+from tsconv.kernels.conv1d import state as conv_state
 from tsconv.kernels.conv1d_reference import (
     conv1d_reference,
     emulate_tensor_cores,
@@ -28,6 +32,7 @@ from tsconv.kernels.conv1d_reference import (
     tensor_core_dot,
     torch_conv1d_in_precision,
 )
+from tsconv.kernels.weight_cache import WeightCache
 
 from .sm90 import run_compile_script
 
@@ -216,8 +221,8 @@ def test_old_fp32_schemes_fail_under_tensor_core_model(
     """Accumulating every product into the running tensor-core sum (the scheme that failed on the H200, with
     the 2-part or the 3-part split of x) breaks the bound under the model: round-toward-zero on a large
     running sum is what fails, the flush to a CUDA-core accumulator is what fixes it."""
-    monkeypatch.setattr(conv1d_mod, "_A_SPLIT", a_split)
-    monkeypatch.setattr(conv1d_mod, "_FLUSH", flush)
+    monkeypatch.setattr(conv_state, "A_SPLIT", a_split)
+    monkeypatch.setattr(conv_state, "FLUSH", flush)
     x, w = _fp32_price_case()
     ref = conv1d_reference(x, w, padding="valid")
     with emulate_tensor_cores(block=4, extra_bits=0):
@@ -268,8 +273,8 @@ def _bits(t: torch.Tensor) -> list[int]:
 
 
 def _round_with_kernel(x: torch.Tensor) -> torch.Tensor:
-    out = conv1d_mod._tf32_buffer(x)
-    conv1d_mod._round_tf32_into(x, out)
+    out = common.tf32_buffer(x)
+    common.round_tf32_into(x, out)
     return out
 
 
@@ -306,8 +311,8 @@ def test_tf32_rounding_copy_keeps_the_layout(layout: str) -> None:
     """The rounded copy has x's memory order (the dense kernel sees the same layout); strided views work."""
     x = _x_layouts(2, 20, 41)[layout]
     y = _round_with_kernel(x)
-    assert y.shape == x.shape and conv1d_mod._layout(y) == conv1d_mod._layout(x)
-    assert conv1d_mod._dense_order(y) == conv1d_mod._dense_order(x)
+    assert y.shape == x.shape and conv_spec.layout(y) == conv_spec.layout(x)
+    assert common._dense_order(y) == common._dense_order(x)
     assert torch.equal(y.cpu(), round_to_tf32_rne(x).cpu())
     a = returns(1, 37, 29, seed=41)[0].T  # a transposed 2-D view (gemm's "c" layout)
     ya = _round_with_kernel(a)
@@ -326,7 +331,7 @@ def test_tf32_conv_reads_the_rounded_x(monkeypatch: pytest.MonkeyPatch) -> None:
     e_given = relative_error(y, conv1d_reference(x, wt))
     assert e_rounded < 2e-6 and e_given > 50 * e_rounded, (e_rounded, e_given)
     calls = []
-    monkeypatch.setattr(conv1d_mod, "_round_tf32_into", lambda *a: calls.append(a))
+    monkeypatch.setattr(conv_dense, "round_tf32_into", lambda *a: calls.append(a))
     conv1d(x.half(), w, precision="tf32")
     conv1d(x, w, precision="fp16")
     assert not calls
@@ -338,7 +343,7 @@ def _tf32_errors(monkeypatch, x, w) -> tuple[float, float, float]:
     ref = conv1d_reference(x, w, padding="valid")
     errs = []
     for rounding in (True, False):
-        monkeypatch.setattr(conv1d_mod, "_ROUND_X_TF32", rounding)
+        monkeypatch.setattr(conv_state, "ROUND_X_TF32", rounding)
         with emulate_tensor_cores(block=4, extra_bits=0) as emu:
             errs.append(relative_error(conv1d(x, w, padding="valid", precision="tf32"), ref))
         assert emu.calls > 0
@@ -555,12 +560,12 @@ def test_small_blocks_cover_every_boundary() -> None:
     """Fixed 16-wide blocks: many time, channel and output blocks with ragged edges on every side."""
     x = price_levels(1, 45, 37, seed=14).transpose(1, 2)
     w = zero_sum_weights(35, 37, 3)
-    spec = conv1d_mod._validate(
+    spec = conv_spec.validate(
         x, w, None, None, dilation=2, groups=1, padding="causal", activation=None, precision="fp32"
     )
     out = nan_out(1, 35, 45)
     cfg = autotune.Config("small", {"BLOCK_T": 16, "BLOCK_O": 16, "BLOCK_C": 16}, 4, 1)
-    conv1d_mod._conv1d_triton(x, w, None, out, spec, config=cfg)
+    conv_api._conv1d_triton(x, w, None, out, spec, config=cfg)
     assert not torch.isnan(out).any()
     assert relative_error(out, conv1d_reference(x, w, dilation=2)) < 1e-5
 
@@ -571,14 +576,14 @@ def test_fp16_cast_variants_and_grouped_order(a16: int) -> None:
     (a16=1); grouped program ordering with ragged time groups (5 time blocks in groups of 3, 3 output blocks)."""
     x = returns(2, 70, 24, seed=17).transpose(1, 2)
     w = zero_sum_weights(40, 24, 5, dtype=torch.float32)
-    spec = conv1d_mod._validate(
+    spec = conv_spec.validate(
         x, w, None, None, dilation=1, groups=1, padding="causal", activation=None, precision="fp16"
     )
     out = nan_out(2, 40, 70)
     meta = {"BLOCK_T": 16, "BLOCK_O": 16, "BLOCK_C": 16, "GROUP_T": 3}
     if a16:
         meta["A16"] = 1
-    conv1d_mod._conv1d_triton(x, w, None, out, spec, config=autotune.Config("grouped", meta, 4, 1))
+    conv_api._conv1d_triton(x, w, None, out, spec, config=autotune.Config("grouped", meta, 4, 1))
     assert not torch.isnan(out).any()
     ref = conv1d_reference(x, w)
     err_torch = relative_error(torch_conv1d_in_precision(x, w, precision="fp16", emulate=True), ref)
@@ -590,12 +595,12 @@ def test_direct_tap_unroll(unroll: int) -> None:
     """Unrolled tap chunks with a tail (K = 11), dilation and causal zeros across the first time block."""
     x = price_levels(1, 50, 8, seed=18).transpose(1, 2)
     w = zero_sum_weights(24, 1, 11, dtype=torch.float32)
-    spec = conv1d_mod._validate(
+    spec = conv_spec.validate(
         x, w, None, None, dilation=3, groups=8, padding="causal", activation=None, precision="fp32"
     )
     out = nan_out(1, 24, 50)
     cfg = autotune.Config("unroll", {"BLOCK_T": 32, "BLOCK_G": 8, "UNROLL": unroll}, 4, 1)
-    conv1d_mod._conv1d_triton(x, w, None, out, spec, config=cfg)
+    conv_api._conv1d_triton(x, w, None, out, spec, config=cfg)
     assert not torch.isnan(out).any()
     assert relative_error(out, conv1d_reference(x, w, groups=8, dilation=3)) < 1e-6
 
@@ -603,12 +608,12 @@ def test_direct_tap_unroll(unroll: int) -> None:
 def test_small_blocks_direct() -> None:
     x = returns(1, 40, 10, seed=15).transpose(1, 2)
     w = zero_sum_weights(10 * 20, 2, 3)  # groups=5: 2 in, 40 out per group -> 3 filter blocks of 16
-    spec = conv1d_mod._validate(
+    spec = conv_spec.validate(
         x, w, None, None, dilation=1, groups=5, padding="causal", activation=None, precision="fp32"
     )
     out = nan_out(1, 200, 40)
     cfg = autotune.Config("small", {"BLOCK_T": 16, "BLOCK_G": 2}, 4, 1)
-    conv1d_mod._conv1d_triton(x, w, None, out, spec, config=cfg)
+    conv_api._conv1d_triton(x, w, None, out, spec, config=cfg)
     assert not torch.isnan(out).any()
     assert relative_error(out, conv1d_reference(x, w, groups=5)) < 1e-6
 
@@ -647,12 +652,12 @@ def test_bank_kernel_tiles(
     w = zero_sum_weights(C * M, 1, K, dtype=torch.float32)
     b = torch.randn(C * M, generator=_gen(32)).to(DEVICE)
     kw = dict(dilation=dilation, groups=C, padding=padding, activation="gelu")
-    spec = conv1d_mod._validate(x, w, b, None, precision="fp32", **kw)
+    spec = conv_spec.validate(x, w, b, None, precision="fp32", **kw)
     out = nan_out(2, C * M, spec.L_out)
     cfg = autotune.Config(
         "bank", {"BANK": 1, "BLOCK_T": bt, "BLOCK_G": bg, "T_ITERS": iters, "UNROLL": unroll}, 4, 1
     )
-    conv1d_mod._conv1d_triton(x, w, b, out, spec, config=cfg)
+    conv_api._conv1d_triton(x, w, b, out, spec, config=cfg)
     assert not torch.isnan(out).any(), "some outputs were not written"
     ref = conv1d_reference(x, w, b, **kw)
     err_torch = relative_error(torch_conv1d_in_precision(x, w, b, precision="fp32", **kw), ref)
@@ -663,7 +668,7 @@ def test_bank_kernel_matches_the_direct_kernel() -> None:
     """Both kernels of the depthwise space compute the same sums (same tap order, float32 FMAs)."""
     x = price_levels(1, 96, 16, seed=33).transpose(1, 2)
     w = zero_sum_weights(64, 1, 9, dtype=torch.float32)
-    spec = conv1d_mod._validate(
+    spec = conv_spec.validate(
         x, w, None, None, dilation=2, groups=16, padding="causal", activation=None, precision="fp32"
     )
     outs = []
@@ -672,7 +677,7 @@ def test_bank_kernel_matches_the_direct_kernel() -> None:
         {"BANK": 1, "BLOCK_T": 16, "BLOCK_G": 8, "T_ITERS": 2, "UNROLL": 2},
     ):
         out = nan_out(1, 64, 96)
-        conv1d_mod._conv1d_triton(x, w, None, out, spec, config=autotune.Config("c", meta, 4, 1))
+        conv_api._conv1d_triton(x, w, None, out, spec, config=autotune.Config("c", meta, 4, 1))
         outs.append(out)
     assert conv1d_mod.last_launch["path"] == "bank"
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-4)
@@ -716,17 +721,17 @@ _WINDOW_CASES = [
 def test_window_kernel(
     C: int, M: int, K: int, dilation: int, padding: str, L: int, rows: int, taps: int, warps: int, tm: bool
 ) -> None:
-    """The generated register-window kernel (tsconv.kernels.window) on price levels with bias and an
+    """The generated register-window kernel (tsconv.kernels.conv1d.window) on price levels with bias and an
     activation, into NaN-poisoned outputs: the causal history, the series end, partial channel blocks,
     dilation phases and zero-padded tap steps; every output written and within the fp32 bound."""
     x = price_levels(2, L, C, seed=41).transpose(1, 2)
     w = zero_sum_weights(C * M, 1, K, seed=42)
     b = torch.randn(C * M, generator=_gen(43)).to(DEVICE)
     kw = dict(dilation=dilation, groups=C, padding=padding, activation="tanh")
-    spec = conv1d_mod._validate(x, w, b, None, precision="fp32", **kw)
+    spec = conv_spec.validate(x, w, b, None, precision="fp32", **kw)
     out = nan_out(2, C * M, spec.L_out, time_major=tm)
     meta = {"WINDOW": 1, "ROWS": rows, "TAPS": taps, "BLOCK_G": 32 * warps}
-    conv1d_mod._conv1d_triton(x, w, b, out, spec, config=autotune.Config("window", meta, warps, 1))
+    conv_api._conv1d_triton(x, w, b, out, spec, config=autotune.Config("window", meta, warps, 1))
     assert conv1d_mod.last_launch["path"] == "window"
     assert not torch.isnan(out).any(), "some outputs were not written"
     ref = conv1d_reference(x, w, b, **kw)
@@ -736,7 +741,7 @@ def test_window_kernel(
 
 def test_window_generator_takes_small_integers_only() -> None:
     """The generated source is built from validated integers: anything else is refused before any text."""
-    from tsconv.kernels import window
+    from tsconv.kernels.conv1d import window
 
     name, src = window.source(3, 2, 4)
     assert name == "_conv1d_window_r3_m2_k4" and f"def {name}(" in src
@@ -749,20 +754,20 @@ def test_window_kernel_matches_the_direct_kernel() -> None:
     """The window kernel sums the taps in the direct kernel's order with float32 FMAs: equal results."""
     x = price_levels(1, 96, 16, seed=44).transpose(1, 2)
     w = zero_sum_weights(64, 1, 9, dtype=torch.float32)
-    spec = conv1d_mod._validate(
+    spec = conv_spec.validate(
         x, w, None, None, dilation=2, groups=16, padding="causal", activation=None, precision="fp32"
     )
     outs = []
     for meta in ({"BLOCK_T": 32, "BLOCK_G": 8}, {"WINDOW": 1, "ROWS": 4, "TAPS": 3, "BLOCK_G": 32}):
         out = nan_out(1, 64, 96)
-        conv1d_mod._conv1d_triton(x, w, None, out, spec, config=autotune.Config("c", meta, 1, 1))
+        conv_api._conv1d_triton(x, w, None, out, spec, config=autotune.Config("c", meta, 1, 1))
         outs.append(out)
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("path", ["dense", "depthwise"])
 def test_int64_indexing_variant(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    monkeypatch.setattr(conv1d_mod, "_FORCE_INDEX64", True)
+    monkeypatch.setattr(conv_state, "FORCE_INDEX64", True)
     x = returns(2, 40, 16, seed=16).transpose(1, 2)
     if path == "dense":
         check(x, zero_sum_weights(20, 16, 3), dilation=2)
@@ -774,12 +779,12 @@ def test_int64_indexing_variant(monkeypatch: pytest.MonkeyPatch, path: str) -> N
 @pytest.mark.parametrize("groups", [1, 16])
 def test_torch_path_without_interpreter(monkeypatch: pytest.MonkeyPatch, groups: int) -> None:
     """Without TRITON_INTERPRET, CPU tensors go through F.conv1d with the same semantics."""
-    monkeypatch.setattr(conv1d_mod, "_INTERPRETED", False)
+    monkeypatch.setattr(common, "INTERPRETED", False)
 
     def no_triton(*args: object, **kwargs: object) -> None:
         raise AssertionError("the Triton path ran")
 
-    monkeypatch.setattr(conv1d_mod, "_conv1d_triton", no_triton)
+    monkeypatch.setattr(conv_api, "_conv1d_triton", no_triton)
     x = price_levels(2, 300, 16).transpose(1, 2)
     w = zero_sum_weights(32, 16 // groups, 5)
     b = torch.randn(32, generator=_gen(1))
@@ -856,8 +861,8 @@ def test_repeated_dense_call_replays_its_plan_with_the_new_tensors(
     Covers the pointer and TMA kernels (weights by pointer and by descriptor), the fp16 cast copy of x, the
     tf32 rounding pre-pass and the tf32 descriptor rounding."""
     cfg = autotune._dense(32, 16, 16, 4, 1, a16=a16, tma=tma)
-    monkeypatch.setattr(conv1d_mod.autotune, "select", lambda *a, **kw: cfg)
-    plans = conv1d_mod._PLANS
+    monkeypatch.setattr(autotune, "select", lambda *a, **kw: cfg)
+    plans = conv_state.PLANS
     x1 = returns(2, 37, 24).transpose(1, 2)
     w1, b1 = zero_sum_weights(16, 24, 3, seed=1), torch.randn(16, generator=_gen(3)).to(DEVICE)
     y1 = conv1d(x1, w1, b1, dilation=2, activation="tanh", precision=precision)
@@ -866,7 +871,7 @@ def test_repeated_dense_call_replays_its_plan_with_the_new_tensors(
     assert entry.config == cfg.name and (entry.tma is not None) == (tma > 0)
     assert (
         entry.prep
-        == {"none": conv1d_mod._PREP_NONE, "a16": conv1d_mod._PREP_A16, "round": conv1d_mod._PREP_ROUND}[prep]
+        == {"none": conv_state.PREP_NONE, "a16": conv_state.PREP_A16, "round": conv_state.PREP_ROUND}[prep]
     )
     x2, w2, b2 = returns(2, 37, 24, seed=5).transpose(1, 2), zero_sum_weights(16, 24, 3, seed=6), b1 + 1.0
     out = nan_out(2, 16, 37)
@@ -890,14 +895,14 @@ def test_repeated_depthwise_call_replays_its_plan(
 ) -> None:
     """Depthwise banks replay too, through whichever kernel the tuner picked, with the new call's weights
     packed for that kernel (and their tap sums when recentering). On a GPU this is the check that lets
-    direct, bank and window plans be switched on (8ac94ec)."""
+    direct, bank and window plans be on (benchmarks/NOTES.md, "Launch plans and weight caches")."""
     cfg = {
         "direct": autotune._direct(32, 16, 4, 1),
         "bank": autotune._bank(32, 16, 4, 2, 1, None),
         "window": autotune._window(4, 8, 1),
     }[path]
-    monkeypatch.setattr(conv1d_mod.autotune, "select", lambda *a, **kw: cfg)
-    plans = conv1d_mod._PLANS
+    monkeypatch.setattr(autotune, "select", lambda *a, **kw: cfg)
+    plans = conv_state.PLANS
     C, M, K = 6, 3, 11
     x1 = price_levels(2, 50, C, seed=1).transpose(1, 2)
     w1, b1 = zero_sum_weights(C * M, 1, K, seed=2), torch.randn(C * M, generator=_gen(3)).to(DEVICE)
@@ -925,7 +930,7 @@ def test_repeated_depthwise_call_replays_its_plan(
 def test_dense_plans_follow_layout_alignment_options_and_weight_writes() -> None:
     """Another stride, a 16-byte-misaligned view of x, another dilation, activation or dtype record new
     plans; an in-place write to the weights is seen on a plan hit."""
-    plans = conv1d_mod._PLANS
+    plans = conv_state.PLANS
     base = price_levels(1, 41, 21)
     w = zero_sum_weights(16, 16, 3, dtype=torch.float32)
     conv1d(base[:, :40, :16].transpose(1, 2), w)
@@ -946,7 +951,7 @@ def test_dense_plans_follow_layout_alignment_options_and_weight_writes() -> None
 def test_dense_plan_hit_still_refuses_bad_outputs_and_options() -> None:
     """A plan hit repeats the pointer-dependent check (out sharing memory with x or the bias); options of
     another type than the plan's (dilation=True) or unhashable ones go through validation's errors."""
-    plans = conv1d_mod._PLANS
+    plans = conv_state.PLANS
     buf = torch.zeros(2, 30, 32, device=DEVICE)
     w = zero_sum_weights(16, 16, 3)
     conv1d(buf[0:1, :, :16].transpose(1, 2), w, out=buf[1:2, :, 16:].transpose(1, 2))
@@ -971,7 +976,7 @@ def test_dense_plan_hit_still_refuses_bad_outputs_and_options() -> None:
 def test_dense_plans_keep_recentering_and_go_with_the_tuner_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     """A recentered call replays with the new weights' tap sums; clearing the tuner's memory drops the plans;
     TSCONV_LAUNCH_PLANS=0 (the module flag) sends every call through the full path."""
-    plans = conv1d_mod._PLANS
+    plans = conv_state.PLANS
     x = price_levels(1, 60, 16).transpose(1, 2)
     w1, w2 = zero_sum_weights(16, 16, 5, seed=1), zero_sum_weights(16, 16, 5, seed=2) + 0.01
     conv1d(x, w1, recenter=True)
@@ -979,9 +984,9 @@ def test_dense_plans_keep_recentering_and_go_with_the_tuner_memory(monkeypatch: 
     y = conv1d(x, w2, recenter=True, out=nan_out(1, 16, 60))
     assert plans.hits == 1
     ref = conv1d_reference(x, w2)
-    full = conv1d_mod._conv1d_triton  # the same call through the full path, for the bit-for-bit check
+    full = conv_api._conv1d_triton  # the same call through the full path, for the bit-for-bit check
     out = nan_out(1, 16, 60)
-    spec = conv1d_mod._validate(
+    spec = conv_spec.validate(
         x, w2, None, out, dilation=1, groups=1, padding="causal", activation=None, precision="fp32",
         recenter=True,
     )  # fmt: skip
@@ -990,7 +995,7 @@ def test_dense_plans_keep_recentering_and_go_with_the_tuner_memory(monkeypatch: 
     assert relative_error(y, ref) < 1e-6
     autotune.clear_memory_cache()
     assert len(plans) == 0
-    monkeypatch.setattr(conv1d_mod, "_PLANS_ENABLED", False)
+    monkeypatch.setattr(conv_api, "_PLANS_ENABLED", False)
     conv1d(x, w2, recenter=True)
     conv1d(x, w2, recenter=True)
     assert len(plans) == 0 and plans.misses == 0
@@ -1001,7 +1006,7 @@ def test_dense_plans_keep_recentering_and_go_with_the_tuner_memory(monkeypatch: 
 def test_gpu_dense_plan_replay_is_a_direct_launch_with_the_same_result(precision: str) -> None:
     """On a GPU the replay calls the compiled kernel itself (TMA descriptors and the fp16 cast included) and
     gives the full path's result bit for bit."""
-    plans = conv1d_mod._PLANS
+    plans = conv_state.PLANS
     x = (returns(8, 1028, 256) if precision != "fp32" else price_levels(8, 1028, 256)).transpose(1, 2)
     w, b = zero_sum_weights(128, 256, 5), torch.randn(128, generator=_gen(3)).to(DEVICE)
     full = conv1d(x, w, b, activation="gelu", precision=precision)
@@ -1017,9 +1022,10 @@ def test_gpu_dense_plan_replay_is_a_direct_launch_with_the_same_result(precision
 def test_gpu_depthwise_plan_replay_is_a_direct_launch_with_the_same_result(
     recenter: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A depthwise bank at a chunk batch's size (the window kernel by default) replays the compiled kernel
-    and gives the full path's result bit for bit (the check that switched those plans on, 8ac94ec)."""
-    plans = conv1d_mod._PLANS
+    """A depthwise bank at a chunk batch's size (the window kernel by default) replays the compiled kernel and
+    gives the full path's result bit for bit (the check behind those plans: benchmarks/NOTES.md, "Launch plans
+    and weight caches")."""
+    plans = conv_state.PLANS
     C, M, K = 1024, 4, 16
     x = price_levels(8, 1039, C).transpose(1, 2)
     w, b = zero_sum_weights(C * M, 1, K), torch.randn(C * M, generator=_gen(3)).to(DEVICE)
@@ -1232,12 +1238,12 @@ def test_weights_are_rearranged_once_and_again_after_writes(
 ) -> None:
     conv1d_mod.clear_weight_cache()
     calls: list[int] = []
-    real = conv1d_mod.WeightCache.get
+    real = WeightCache.get
 
     def counting_get(self, w, tag, build):
         return real(self, w, tag, lambda v: calls.append(1) or build(v))
 
-    monkeypatch.setattr(conv1d_mod.WeightCache, "get", counting_get)
+    monkeypatch.setattr(WeightCache, "get", counting_get)
     x = returns(2, 50, C, seed=60).transpose(1, 2)
     w = zero_sum_weights(O, C // groups, 3, seed=61)
     y0 = conv1d(x, w, groups=groups)
@@ -1276,14 +1282,14 @@ def test_dense_tma_kernel_matches_the_reference(
     x = returns(N, L, C, seed=50).transpose(1, 2)
     w = zero_sum_weights(O, C, K, seed=51)
     b = torch.randn(O, generator=_gen(52)).to(DEVICE)
-    spec = conv1d_mod._validate(
+    spec = conv_spec.validate(
         x, w, b, None, dilation=dilation, groups=1, padding=padding, activation="relu", precision=precision
     )
-    assert conv1d_mod._dense_tma_ok(x, spec)
+    assert conv_dense._dense_tma_ok(x, spec)
     L_out = L if padding == "causal" else L - (K - 1) * dilation
     out = nan_out(N, O, L_out)
     cfg = autotune._dense(32, 16, 16, 4, 1, a16=a16, tma=tma)
-    conv1d_mod._conv1d_triton(x, w, b, out, spec, config=cfg)
+    conv_api._conv1d_triton(x, w, b, out, spec, config=cfg)
     assert conv1d_mod.last_launch["config"].endswith("_tma" if tma == 1 else "_tmaw")
     assert not torch.isnan(out).any()
     kw = {"dilation": dilation, "padding": padding, "activation": "relu"}
@@ -1306,10 +1312,10 @@ def test_dense_tma_needs_time_major_aligned_dense_input() -> None:
     )
     for x, groups, prec, want in cases:
         w = zero_sum_weights(16, 16 // groups, 3)
-        spec = conv1d_mod._validate(
+        spec = conv_spec.validate(
             x, w, None, None, dilation=1, groups=groups, padding="causal", activation=None, precision=prec
         )
-        assert conv1d_mod._dense_tma_ok(x, spec) is want, (prec, groups, x.stride())
+        assert conv_dense._dense_tma_ok(x, spec) is want, (prec, groups, x.stride())
 
 
 # ------------------------------------------------------------------------------------------------- GPU
@@ -1335,8 +1341,8 @@ def test_gpu_real_sizes(precision: str, path: str, monkeypatch: pytest.MonkeyPat
 
 
 _COMPILE_SCRIPT = r"""
-from tsconv.kernels import autotune
-from tsconv.kernels import conv1d as m
+from tsconv.kernels import autotune, common
+from tsconv.kernels.conv1d import dense, direct, window
 
 for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32", False), (2, "fp16", "*fp16", False)):
     cfg = autotune.conv1d_dense_space(pname, 5, 256, 256).configs[0]
@@ -1350,9 +1356,9 @@ for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32",
                i32("stride_yn", "D"), i32("stride_yo", "1"), i32("stride_yt", "D")]
     consts = dict(HAS_BIAS=True, ACT=2, PREC=prec, A_SPLIT=3 if prec == 0 else 1, W_SPLIT=split, FLUSH=prec == 0,
                   INDEX64=False, RECENTER=False)
-    ck = build(m._conv1d_dense_kernel, runtime, consts, cfg)
+    ck = build(dense._conv1d_dense_kernel, runtime, consts, cfg)
     if prec == 0:  # the recentering variant (the engine's first stage) compiles and keeps wgmma
-        ck_rc = build(m._conv1d_dense_kernel, runtime, {**consts, "RECENTER": True}, cfg)
+        ck_rc = build(dense._conv1d_dense_kernel, runtime, {**consts, "RECENTER": True}, cfg)
         assert "warp_group_dot" in ck_rc.asm["ttgir"], "recenter=True lost the tensor cores"
     assert "warp_group_dot" in ck.asm["ttgir"], "the dense kernel does not use Hopper tensor cores (wgmma)"
     if prec != 0:
@@ -1369,7 +1375,7 @@ runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", 
 for cfg in autotune.conv1d_direct_space(4, 1024).configs[:2]:  # the one-tap loop and its 4-tap unroll
     cfg = autotune.Config(cfg.name, {"UNROLL": 1, **cfg.meta}, cfg.num_warps, cfg.num_stages)
     consts = dict(CG=1, OG=4, HAS_BIAS=True, ACT=3, INDEX64=False, BLOCK_M=4, RECENTER=cfg.meta["UNROLL"] > 1)
-    ck = build(m._conv1d_direct_kernel, runtime, consts, cfg)
+    ck = build(direct._conv1d_direct_kernel, runtime, consts, cfg)
     ttgir = ck.asm["ttgir"]
     loop = ttgir[ttgir.index("scf.for"):]
     loop = loop[: loop.index("scf.yield")]
@@ -1400,14 +1406,13 @@ for bm in (4, 8):
         meta = {k: v for k, v in cfg.meta.items() if k != "BANK"}
         cfg = autotune.Config(cfg.name, meta, cfg.num_warps, cfg.num_stages, cfg.maxnreg)
         consts = dict(OG=bm, HAS_BIAS=True, ACT=2, INDEX64=False, EVEN=True, BLOCK_M=bm, RECENTER=bm == 8)
-        ck = build(m._conv1d_bank_kernel, runtime, consts, cfg)
+        ck = build(direct._conv1d_bank_kernel, runtime, consts, cfg)
         loops = innermost_loops(ck.asm["ttgir"])
         assert loops, "no tap loop found"
         if bm == 4:  # 8 filters on 4 warps: the weight tile goes through shared memory (measured faster)
             assert all("convert_layout" not in body for body in loops), f"{cfg.name}: a tap loop shuffles data"
         assert ck.metadata.num_warps == cfg.num_warps
 # the generated register-window kernels: no layout conversion in the tap loop, and every FMA of a tap step
-from tsconv.kernels import window
 runtime = [("x_ptr", "*fp32", "D"), ("w_ptr", "*fp32", "D"), ("b_ptr", "*fp32", "D"), ("s_ptr", "*fp64", "D"),
            ("y_ptr", "*fp32", "D"),
            i32("L_in"), i32("L_out"), i32("N"), i32("G", "D"), i32("n_kstep"), i32("dilation"), i32("pad"), i32("lv_min"),
@@ -1426,7 +1431,7 @@ runtime = [("src_ptr", "*fp32", "D"), ("dst_ptr", "*fp32", "D"), i32("R"), i32("
            i32("n_sblk"), i32("stride_sb", "D"), i32("stride_sr", "D"), i32("stride_ss", "1"),
            i32("stride_db", "D"), i32("stride_dr", "D"), i32("stride_ds", "1")]
 cfg = autotune.Config("prepass", {"BLOCK_R": 16, "BLOCK_S": 256}, 4, 1)
-ck = build(m._round_tf32_kernel, runtime, {}, cfg)
+ck = build(common._round_tf32_kernel, runtime, {}, cfg)
 ptx = ck.asm["ptx"]
 assert "ld.global.v4" in ptx and "st.global.v4" in ptx, "the rounding pre-pass is not vectorised"
 print("compiled OK")

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune
-from tsconv.kernels import conv1d as conv1d_mod
+from tsconv.kernels import autotune, common
 from tsconv.kernels import fused as fused_mod
 from tsconv.kernels import gemm as gemm_mod
-from tsconv.kernels.conv1d import conv1d
+from tsconv.kernels.conv1d import api as conv_api
+from tsconv.kernels.conv1d import conv1d, dense
 from tsconv.kernels.conv1d_reference import (
     conv1d_reference,
     emulate_tensor_cores,
@@ -317,13 +317,13 @@ def test_tf32_rounds_x_and_the_conv_tile_under_tensor_core_model(monkeypatch: py
     x = returns(1, 60 + K - 1, C, seed=50).transpose(1, 2)
     w, hw = zero_sum_weights(O, C, K), head_weights(O, D)
     calls: list[int] = []
-    prepass = fused_mod._round_tf32_into
+    prepass = fused_mod.round_tf32_into
 
     def counted(src: torch.Tensor, dst: torch.Tensor) -> None:
         calls.append(1)
         prepass(src, dst)
 
-    monkeypatch.setattr(fused_mod, "_round_tf32_into", counted)
+    monkeypatch.setattr(fused_mod, "round_tf32_into", counted)
     with emulate_tensor_cores(block=4, extra_bits=0):
         err_round = check(x, w, None, hw, precision="tf32", padding="valid")["err"]
         assert calls == [1]
@@ -406,14 +406,13 @@ def test_fused_path_reports_dense() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the torch path serves CPU tensors only")
 def test_torch_path_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without TRITON_INTERPRET, CPU tensors run conv1d's and gemm's torch paths, same semantics."""
-    for mod in (fused_mod, conv1d_mod, gemm_mod):
-        monkeypatch.setattr(mod, "_INTERPRETED", False)
+    monkeypatch.setattr(common, "INTERPRETED", False)  # read by fused, conv1d and gemm alike
 
     def no_triton(*args: object, **kwargs: object) -> None:
         raise AssertionError("a Triton path ran")
 
     monkeypatch.setattr(fused_mod, "_fused_triton", no_triton)
-    monkeypatch.setattr(conv1d_mod, "_conv1d_triton", no_triton)
+    monkeypatch.setattr(conv_api, "_conv1d_triton", no_triton)
     monkeypatch.setattr(gemm_mod, "_gemm_triton", no_triton)
     x = price_levels(2, 200, 16).transpose(1, 2)
     for padding in ("causal", "valid"):
@@ -543,7 +542,7 @@ def _run_tma(x, w, b, hw, hb, cfg, *, precision, **kw) -> torch.Tensor:
         x, w, b, hw, hb, out, dilation=kw.get("dilation", 1), groups=1, padding=kw.get("padding", "causal"),
         activation=kw.get("activation"), head_activation=kw.get("head_activation"), precision=precision,
     )  # fmt: skip
-    w_hi, _ = fused_mod._conv._dense_weights(w, spec.conv)
+    w_hi, _ = dense.dense_weights(w, spec.conv)
     assert fused_mod._tma_ok(x, w_hi, spec.conv), "the TMA kernel cannot read this x"
     fused_mod._fused_triton(x, w, b, hw, hb, out, spec, config=cfg)
     assert fused_mod.last_launch == {"path": "fused", "config": cfg.name}

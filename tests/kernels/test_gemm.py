@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune
+from tsconv.kernels import autotune, common
 from tsconv.kernels import gemm as gemm_mod
 from tsconv.kernels.conv1d_reference import (
     emulate_tensor_cores,
@@ -406,13 +406,13 @@ def test_tf32_in_kernel_rounding_equals_the_pre_pass(monkeypatch: pytest.MonkeyP
     spec = gemm_mod._validate(a, b, None, None, None, "tf32")
     cfg = autotune.Config("c", {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, 4, 1)
     calls: list[int] = []
-    prepass = gemm_mod._round_tf32_into
+    prepass = gemm_mod.round_tf32_into
 
     def counted(src: torch.Tensor, dst: torch.Tensor) -> None:
         calls.append(1)
         prepass(src, dst)
 
-    monkeypatch.setattr(gemm_mod, "_round_tf32_into", counted)
+    monkeypatch.setattr(gemm_mod, "round_tf32_into", counted)
     outs = []
     for in_kernel in (True, False):
         monkeypatch.setattr(gemm_mod, "_round_a_in_kernel", lambda n_cols, kw, v=in_kernel: v)
@@ -465,7 +465,7 @@ def test_a16_candidate_casts_a_first() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the torch path serves CPU tensors only")
 def test_torch_path_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gemm_mod, "_INTERPRETED", False)
+    monkeypatch.setattr(common, "INTERPRETED", False)
 
     def no_triton(*args: object, **kwargs: object) -> None:
         raise AssertionError("the Triton path ran")
@@ -593,8 +593,9 @@ def test_tma_kernel_matches_the_reference(precision: str, a16: int, M: int, K: i
 
 def test_tma_tf32_needs_rounding_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where descriptors cannot round to TF32, "tf32" keeps the pointer kernels (truncation doubles the error)."""
-    from tsconv.kernels import conv1d as conv1d_mod
     from tsconv.kernels import tma
+    from tsconv.kernels.conv1d import dense
+    from tsconv.kernels.conv1d import spec as conv_spec
 
     monkeypatch.setattr(tma, "rounds_tf32", lambda: False)
     a, b = returns(100, 64), zero_sum_b(64, 128, dtype=torch.float32)
@@ -602,7 +603,7 @@ def test_tma_tf32_needs_rounding_descriptors(monkeypatch: pytest.MonkeyPatch) ->
         spec = gemm_mod._validate(a, b, None, None, None, prec)
         assert gemm_mod._tma_ok(a, gemm_mod._pack_cached(b, prec), spec) is want
         x = torch.randn(1, 40, 16, generator=_gen(3)).to(DEVICE).transpose(1, 2)  # time-major
-        cspec = conv1d_mod._validate(
+        cspec = conv_spec.validate(
             x,
             zero_sum_b(16, 16).T.unsqueeze(-1),
             None,
@@ -613,7 +614,7 @@ def test_tma_tf32_needs_rounding_descriptors(monkeypatch: pytest.MonkeyPatch) ->
             activation=None,
             precision=prec,
         )
-        assert conv1d_mod._dense_tma_ok(x, cspec) is want
+        assert dense._dense_tma_ok(x, cspec) is want
 
 
 def test_tma_needs_fitting_operands() -> None:

@@ -16,9 +16,11 @@ import pytest
 import torch
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune
+from tsconv.kernels import autotune, common
 from tsconv.kernels import conv1d as conv1d_mod
 from tsconv.kernels import fused as fused_mod
+from tsconv.kernels.conv1d import api as conv_api
+from tsconv.kernels.conv1d import spec as conv_spec
 from tsconv.kernels.conv1d_reference import conv1d_reference, relative_error, torch_conv1d_in_precision
 
 from .test_conv1d import ATOL, DEVICE, FP32_FACTOR, _gen, nan_out, zero_sum_weights
@@ -54,9 +56,9 @@ def _case(path: str, C: int, K: int, *, zero_sum: bool = True, seed: int = 7, wd
 
 
 def _run(x, w, b, *, groups, cfg, recenter, path, **kw):
-    spec = conv1d_mod._validate(x, w, b, None, groups=groups, precision="fp32", recenter=recenter, **kw)
+    spec = conv_spec.validate(x, w, b, None, groups=groups, precision="fp32", recenter=recenter, **kw)
     out = nan_out(x.shape[0], w.shape[0], spec.L_out)
-    conv1d_mod._conv1d_triton(x, w, b, out, spec, config=cfg)
+    conv_api._conv1d_triton(x, w, b, out, spec, config=cfg)
     expected = {"grouped_direct": "direct"}.get(path, path)
     assert conv1d_mod.last_launch["path"] == expected
     return out
@@ -111,7 +113,8 @@ def test_recenter_keeps_nan_and_inf_where_they_were(path: str) -> None:
     buf[0, 20, 9] = -math.inf
     x = buf.transpose(1, 2)
     # float16 weights: the dense fp32 kernel's float32-weight split multiplies x by the weights' TF32 low
-    # part, and inf times a zero low part is NaN with or without recentering (see benchmarks/NOTES.md)
+    # part, and inf times a zero low part is NaN with or without recentering (benchmarks/NOTES.md,
+    # "Precision")
     groups, w, cfg = _case(path, C, K, wdtype=torch.float16)
     for padding in ("causal", "valid"):
         kw = dict(dilation=1, padding=padding, activation=None)
@@ -125,7 +128,7 @@ def test_recenter_keeps_nan_and_inf_where_they_were(path: str) -> None:
 
 def test_recenter_fused_head() -> None:
     """The fused conv -> head kernel recenters its conv tile the same way (interpreted or on a GPU)."""
-    if not (DEVICE.type == "cuda" or fused_mod._INTERPRETED):
+    if not (DEVICE.type == "cuda" or common.INTERPRETED):
         pytest.skip("the fused kernel runs on a GPU or in the interpreter")
     C, L, K, O, D = 16, 60, 4, 32, 8
     x = far_levels(2, L, C, seed=6).transpose(1, 2)
@@ -204,11 +207,11 @@ def test_recenter_from_keeps_levels_out_of_the_zero_history(path: str) -> None:
     ref = conv1d_reference(x, w, None, groups=groups, **kw)
     errs = {}
     for start in (0, h):
-        spec = conv1d_mod._validate(
+        spec = conv_spec.validate(
             x, w, None, None, groups=groups, precision="fp32", recenter=True, recenter_from=start, **kw
         )
         out = nan_out(1, w.shape[0], spec.L_out)
-        conv1d_mod._conv1d_triton(x, w, None, out, spec, config=cfg)
+        conv_api._conv1d_triton(x, w, None, out, spec, config=cfg)
         errs[start] = (out.double() - ref).abs()[..., h:].max().item()  # outputs that read data only
     assert errs[h] * 100 < errs[0], errs
     assert errs[h] <= 1e-6, errs

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tsconv.errors import TsconvWarning
-from tsconv.kernels.activations import apply_activation
+from tsconv.kernels.common import apply_activation
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = ["Backend"]
@@ -184,7 +184,7 @@ class Backend:
         from tsconv.engine import head
 
         forced = head.requested_path()
-        measure = forced is None and head._can_measure(self.device)
+        measure = forced is None and head.can_measure(self.device)
         active = self.triton and (
             self.device.type == "cuda" or (head.INTERPRETED and (forced is not None or measure))
         )

@@ -38,12 +38,12 @@ import torch
 
 from tsconv import config
 from tsconv.errors import TsconvError
-from tsconv.kernels import autotune
+from tsconv.kernels import autotune, common
 from tsconv.kernels import fused as _fused
 from tsconv.kernels import gemm as _gemm
-from tsconv.kernels.activations import apply_activation
+from tsconv.kernels.common import apply_activation
 
-__all__ = ["PATHS", "SPACE", "HeadPaths", "measure_paths", "requested_path"]
+__all__ = ["PATHS", "SPACE", "HeadPaths", "can_measure", "measure_paths", "requested_path"]
 
 log = logging.getLogger("tsconv.head")
 
@@ -53,7 +53,7 @@ _REPS = 3  # calls per timed round
 _ROUNDS = 2  # timed rounds; the best counts
 
 # True when TRITON_INTERPRET=1 was set before the kernels were imported: CPU tensors run them interpreted.
-INTERPRETED = _fused._INTERPRETED
+INTERPRETED = common.INTERPRETED
 
 
 def requested_path() -> str | None:
@@ -62,7 +62,7 @@ def requested_path() -> str | None:
     return None if value == "auto" else value
 
 
-def _can_measure(device: torch.device) -> bool:
+def can_measure(device: torch.device) -> bool:
     """Whether auto times the paths on ``device`` (CUDA only; tests patch this)."""
     return device.type == "cuda"
 
@@ -159,7 +159,7 @@ class HeadPaths:
             # conv1d_head's own fallback is conv1d + gemm; without Triton paths, the torch pair
             self.forced = "gemm" if forced == "fused" and "gemm" in self.offered else "unfused"
             log.info("head path %s is not offered here (%s): %s", forced, self.fused_reason, self.forced)
-        self._gpu = autotune._device_label(self.device)
+        self._gpu = autotune.device_label(self.device)
         self._packed: _gemm.PackedWeights | None = None
         self._chosen: dict[int, str] = {}  # rows bucket -> path
         self.timings: dict[str, dict[str, float]] = {}  # key -> ms per path, for decisions timed here
@@ -197,7 +197,7 @@ class HeadPaths:
         rec = autotune.cached_record(SPACE, key, device=self.device)
         if rec is not None and rec.get("config") in self.offered:
             return str(rec["config"])
-        if not autotune._tuning_enabled():
+        if not autotune.tuning_enabled():
             return "unfused"
         t0 = time.perf_counter()
         timings = self.measure_all(xt, bias, recenter_from=recenter_from)

@@ -12,7 +12,7 @@ the kernel once with a given :class:`Config`. :func:`select` returns the config 
 - ``TSCONV_TUNE_TIMING=gpu`` (opt-in, not yet measured across the benchmarks): rank by GPU time
   (:func:`gpu_ms`: calls replayed from a CUDA graph) plus the host time a candidate adds over the leanest
   (:func:`host_ms`). Per-call timing measures the host whenever a launch takes longer to issue than the
-  kernel runs, and then picks among such candidates at random (benchmarks/NOTES.md).
+  kernel runs, and then picks among such candidates at random (benchmarks/NOTES.md, "Autotuning").
 
 The disk cache is one JSON file per GPU model: ``$TSCONV_CACHE_DIR/autotune-<gpu name>.json``, by default
 under ``~/.cache/tsconv``. Keys carry the Triton version, so a Triton upgrade re-tunes. Writes merge with
@@ -55,10 +55,12 @@ __all__ = [
     "conv1d_direct_space",
     "conv1d_bank_configs",
     "conv1d_window_configs",
+    "device_label",
     "events",
     "pow2_bucket",
     "select",
     "store_record",
+    "tuning_enabled",
 ]
 
 log = logging.getLogger("tsconv.autotune")
@@ -217,7 +219,8 @@ def _full_key(space: ConfigSpace, key: str) -> str:
     return f"{space.name}|{key}{timing}|triton={triton.__version__}"
 
 
-def _tuning_enabled() -> bool:
+def tuning_enabled() -> bool:
+    """False when ``TSCONV_AUTOTUNE`` is 0 / false / no / off: :func:`select` then takes the default."""
     return os.environ.get("TSCONV_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
@@ -239,7 +242,7 @@ def select(
     """
     if interpreted or device.type != "cuda":
         return space.interpreter
-    if not _tuning_enabled():
+    if not tuning_enabled():
         return space.default
     full = _full_key(space, key)
     mkey = (str(device), full)
@@ -270,7 +273,8 @@ def select(
         return cfg
 
 
-def _device_label(device: torch.device) -> str:
+def device_label(device: torch.device) -> str:
+    """The GPU model's name (the disk cache is kept per model), or "cpu"."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
@@ -316,7 +320,7 @@ def store_record(space: str, key: str, record: dict, *, device: torch.device) ->
     with _lock:
         path = cache_path(device)
         _entries(path)[full] = record
-        _write_file(path, _device_label(device), full, record)
+        _write_file(path, device_label(device), full, record)
         _records[(str(device), full)] = record
         timings = {k: float(v) for k, v in (record.get("timings_ms") or {}).items() if v is not None}
         _events.append(
@@ -330,10 +334,11 @@ def gpu_ms(fn: Callable[[], object], *, warmup_ms: float = 10.0, rep_ms: float =
     The calls are captured in a CUDA graph and replayed, so the host's launch cost is left out: timing each
     call with events, as ``triton.testing.do_bench`` does, measures the host whenever a launch takes longer to
     issue than the kernel takes to run (a [65536, 256] x [256, 64] head: ~0.03 ms of kernel against
-    0.06-0.11 ms of un-replayed launch), and the tuner then picked among configs at random (benchmarks/NOTES.md).
-    Written here rather than ``triton.testing.do_bench_cudagraph`` for ``capture_error_mode="thread_local"``:
-    the engine's reader and writer threads may use CUDA while a first step tunes, which a global-mode capture
-    would turn into errors. Raises whatever the capture raises (``fn`` synchronizing, say); callers fall back.
+    0.06-0.11 ms of un-replayed launch), and the tuner then picked among configs at random
+    (benchmarks/NOTES.md, "Autotuning"). Written here rather than ``triton.testing.do_bench_cudagraph`` for
+    ``capture_error_mode="thread_local"``: the engine's reader and writer threads may use CUDA while a first
+    step tunes, which a global-mode capture would turn into errors. Raises whatever the capture raises (``fn``
+    synchronizing, say); callers fall back.
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -369,7 +374,7 @@ def _flush_buffer(device: torch.device) -> torch.Tensor:
     """A buffer the size of the GPU's L2 cache (50 MB on the H100, 60 MB on the H200), zeroed before each
     timed call so no candidate finds its inputs cached. ``triton.testing.do_bench`` allocates 256 MB per
     call for this: inside the engine's first step that took a 4096-feature run to 1.31 GB allocated against
-    its 1.2 GB budget (benchmarks/NOTES.md, fifteenth session)."""
+    its 1.2 GB budget (benchmarks/NOTES.md, "Autotuning")."""
     size = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or (64 << 20)
     return torch.empty(size // 4, dtype=torch.int32, device=device)
 
@@ -427,10 +432,10 @@ def _cross_check(
     """Run ``cfg`` once more into a NaN-poisoned output and compare it with the first candidate's output.
 
     Why: the tuner ranks candidates by time only, and a candidate that miscompiles (on the H200, a fused TMA
-    tile left its outputs unwritten and was the fastest: benchmarks/NOTES.md) would otherwise win. The check
-    is loose on purpose (configs legitimately round differently): the same NaN pattern and a max difference
-    within 1% of the output's scale. ``ret``: what ``bench`` returned (the launch's output tensor; anything
-    else skips the check). Returns (the reference, None when ``cfg`` agrees, else why not).
+    tile left its outputs unwritten and was the fastest: benchmarks/NOTES.md, "Autotuning") would otherwise
+    win. The check is loose on purpose (configs legitimately round differently): the same NaN pattern and a
+    max difference within 1% of the output's scale. ``ret``: what ``bench`` returned (the launch's output
+    tensor; anything else skips the check). Returns (the reference, None when ``cfg`` agrees, else why not).
     """
     if (
         not isinstance(ret, torch.Tensor)
@@ -589,7 +594,9 @@ def _clamped(cfgs: list[Config], Cg: int, Og: int) -> list[Config]:
     return out
 
 
-@functools.lru_cache(maxsize=256)  # built on every call otherwise: half the launcher's host time (NOTES.md)
+# cached: built on every call, a space took half the launcher's host time (benchmarks/NOTES.md, "Kernels: the
+# GEMM head")
+@functools.lru_cache(maxsize=256)
 def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int, *, tma: bool = False) -> ConfigSpace:
     """Implicit-GEMM conv1d: output tile [BLOCK_T steps, BLOCK_O channels], reduction chunk BLOCK_C.
 
@@ -599,7 +606,7 @@ def conv1d_dense_space(precision: str, K: int, Cg: int, Og: int, *, tma: bool = 
     (both operands 2 bytes in shared memory, BLOCK_C 64), the others convert in registers; the tuner times the
     cast with the kernel. ``_gN``: grouped program ordering, N time blocks per sweep of the output blocks.
     Block sizes are clamped to the per-group channel counts ``Cg`` (reduction) and ``Og`` (outputs).
-    ``tma``: the call can use the TMA kernel (``conv1d._dense_tma_ok``): "tf32" / "fp16" add ``_tma``
+    ``tma``: the call can use the TMA kernel (``conv1d.dense._dense_tma_ok``): "tf32" / "fp16" add ``_tma``
     candidates (x tiles loaded by the copy engine, which rounds float32 x to TF32 for "tf32": no pre-pass).
     """
     long_k = K > 8
@@ -743,8 +750,9 @@ def _with_bank(block_m: int, groups: int, direct: list[Config], filters: int | N
     win = conv1d_window_configs(filters) if filters is not None else []
     if win:
         # On the H200 the window kernel beat every bank and direct config by 3-5x on the time-major banks
-        # (benchmarks/NOTES.md), and each generated kernel takes ~10 s to compile: the bank and direct kernels
-        # keep one candidate each (channel-major or strided x, where the window's loads do not coalesce).
+        # (benchmarks/NOTES.md, "Kernels: depthwise banks"), and each generated kernel takes ~10 s to compile:
+        # the bank and direct kernels keep one candidate each (channel-major or strided x, where the window's
+        # loads do not coalesce).
         # The interpreter config: small rows and taps, so the CPU tests run it quickly.
         interp = _window(min(4, max(1, 64 // filters)), 4, 1)
         return ConfigSpace(f"conv1d_bank_v3_m{filters}", (*win, bank[0], direct[-1]), win[0], interp)
@@ -763,12 +771,13 @@ WINDOW_MAX_FILTERS = 32
 
 
 def conv1d_window_configs(filters: int) -> list[Config]:
-    """Candidates for the register-window kernel (:mod:`tsconv.kernels.window`) with ``filters`` (M) per
-    channel: one channel a thread, R rows x M filters of accumulators (64 or 128), KB taps per step.
+    """Candidates for the register-window kernel (:mod:`tsconv.kernels.conv1d.window`) with ``filters`` (M)
+    per channel: one channel a thread, R rows x M filters of accumulators (64 or 128), KB taps per step.
 
-    Compiled for sm_90 (Triton's ptxas): at 64 accumulators about 130-150 registers and 82% of the tap
-    loop's instructions FMAs; at 128 accumulators 226-254 registers (no spills). Tuned on the H200 (896b9dd,
-    benchmarks/NOTES.md), 8 taps a step won everywhere; 4 taps and 96 accumulators never did (dropped).
+    Compiled for sm_90 (Triton's ptxas): at 64 accumulators about 130-150 registers and 82% of the tap loop's
+    instructions FMAs; at 128 accumulators 226-254 registers (no spills). Tuned on the H200 (896b9dd,
+    benchmarks/NOTES.md, "Kernels: depthwise banks"), 8 taps a step won everywhere; 4 taps and 96 accumulators
+    never did (dropped).
     """
     if not 1 <= filters <= WINDOW_MAX_FILTERS:
         return []
@@ -792,12 +801,12 @@ def _bank(bt: int, bg: int, warps: int, t_iters: int, unroll: int, maxnreg: int 
 def conv1d_bank_configs(block_m: int, groups: int) -> list[Config]:
     """Candidates for ``_conv1d_bank_kernel`` (one input channel per group: depthwise filter banks).
 
-    Measured on the H200 (``benchmarks/depthwise_probe.py``, NOTES.md): the tap loop is bound by the L1
-    data path (each 128-bit load delivers 512 bytes to registers, weights included, broadcast or not), so
-    the tiles that win keep 4 channels x all filters per thread with 8 taps' loads in flight and as many rows
-    as the registers allow: 16 channels x 128 steps on 4 warps (64 accumulators at 4 filters, 128 at 8),
-    whatever the weight tile's size. ``_iN``: N time blocks per program; ``_uN``: taps per unrolled chunk;
-    ``_rN``: a register cap per thread.
+    Measured on the H200 (``benchmarks/depthwise_probe.py``; benchmarks/NOTES.md, "Kernels: depthwise banks"):
+    the tap loop is bound by the L1 data path (each 128-bit load delivers 512 bytes to registers, weights
+    included, broadcast or not), so the tiles that win keep 4 channels x all filters per thread with 8 taps'
+    loads in flight and as many rows as the registers allow: 16 channels x 128 steps on 4 warps (64
+    accumulators at 4 filters, 128 at 8), whatever the weight tile's size. ``_iN``: N time blocks per program;
+    ``_uN``: taps per unrolled chunk; ``_rN``: a register cap per thread.
     """
     bg = max(1, min(pow2_bucket(groups), 16))
     acc = 64 if block_m <= 4 else 128  # float32 accumulators per thread on 4 warps

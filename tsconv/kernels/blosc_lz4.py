@@ -1,10 +1,10 @@
 """Blosc-LZ4 chunks decoded on the GPU: the compressed bytes go to the device, the decoded ones never cross.
 
-Why on the GPU: on the 16-core H200 host, numcodecs decoding in 16 threads reaches 11-20 GB/s depending on
-the lease, and the engine thread loses its launches to those threads' GIL hand-offs (benchmarks/NOTES.md);
-the issue's 15 GB/s end to end cannot be met with the CPU doing the decoding. Reading the compressed files
-is a plain copy (the 1.64x-compressed store is 2.6 GB for 4.3 GB of float32), and H2D moves 1.64x fewer
-bytes.
+Why on the GPU: on the 16-core H200 host, numcodecs decoding in 16 threads reaches 11-20 GB/s depending on the
+machine, and the engine thread loses its launches to those threads' GIL hand-offs (benchmarks/NOTES.md,
+"Reading and decoding on the CPU"); the issue's 15 GB/s end to end cannot be met with the CPU doing the
+decoding. Reading the compressed files is a plain copy (the 1.64x-compressed store is 2.6 GB for 4.3 GB of
+float32), and H2D moves 1.64x fewer bytes.
 
 Format handled (c-blosc 1.x, which numcodecs and zarr's ``BloscCodec`` write): header version 2, compressor
 LZ4 (``flags >> 5 == 1``), byte shuffle or none (no bitshuffle), blocks split into ``typesize`` streams or
@@ -31,9 +31,9 @@ element ``p``), so there is no unshuffle pass. It goes G (32) sequences at a tim
 
 Why it is written this way: the H200 runs at most 32 one-warp programs per SM, and on price-like float32
 data a sequence decodes to about 6 bytes (14,000-21,000 sequences per 128 KB stream), so a one-sequence-
-at-a-time decoder is bound by each warp's chain of dependent loads (about 750 cycles per sequence). In
-batches of 12 chunks (the engine's), the grouped kernel with the window parse decodes at 53 GB/s against
-22 GB/s one sequence at a time (benchmarks/NOTES.md, twelfth session). Positions are int32 (chunks under
+at-a-time decoder is bound by each warp's chain of dependent loads (about 750 cycles per sequence). In batches
+of 12 chunks (the engine's), the grouped kernel with the window parse decodes at 53 GB/s against 22 GB/s one
+sequence at a time (benchmarks/NOTES.md, "The GPU Blosc-LZ4 decoder"). Positions are int32 (chunks under
 2 GiB).
 
 Input is untrusted: every load is masked to the chunk's bytes, every store to the stream's output range,
@@ -54,14 +54,14 @@ __all__ = ["BloscHeader", "decode_chunks", "parse_header", "unsupported_reason"]
 _HEADER = 16
 _LZ4 = 1
 # sequences per group, and the [G, W] tiles' width and reach (bytes per sequence): price data's matches
-# are 6 bytes at the median, 24 at the 99th percentile (benchmarks/NOTES.md, twelfth session)
+# are 6 bytes at the median, 24 at the 99th percentile (benchmarks/NOTES.md, "The GPU Blosc-LZ4 decoder")
 GROUP = 32
 TILE = (8, 32)
 LITERAL_WIDTH = 8
 WINDOW = 128
 # > 0: literals read as one span of the input, this many bytes per step (_copy_literal_span); 0: tiles.
-# 64: batches of 12 16 MB chunks decode at 60 GB/s against 53 with tiles (thirteenth session), and with the
-# GPU decode the e2e loop's bound, the engine's runs were 4-7 ms shorter (fourteenth; benchmarks/NOTES.md).
+# 64: batches of 12 16 MB chunks decode at 60 GB/s against 53 with tiles, and with the GPU decode the e2e
+# loop's bound, the engine's runs were 4-7 ms shorter (benchmarks/NOTES.md, "The GPU Blosc-LZ4 decoder").
 # A module constant so benchmarks/engine_trace.py's lspanN variant can set it for the engine's reader.
 LITERAL_SPAN = 64
 # bytes per step of a stored stream or a long sequence: one memory latency per step
@@ -227,7 +227,8 @@ def _copy_literal_span(
     """Every literal of a group (sequences below ``n``) read from the span of the compressed input they lie
     in, ``S`` bytes per step: each byte finds its sequence by a binary search over the sequences' literal
     starts (increasing with the sequence), so a step costs one memory latency however the lengths vary.
-    An alternative to :func:`_copy_group`'s tiles for literals (``literal_span``; benchmarks/NOTES.md)."""
+    An alternative to :func:`_copy_group`'s tiles for literals (``literal_span``; benchmarks/NOTES.md,
+    "The GPU Blosc-LZ4 decoder")."""
     i = tl.arange(0, G)
     big = 2147483647
     key = tl.where(i < n, lit_in, big)
@@ -384,8 +385,9 @@ def _blosc_lz4_kernel(
                 op = neb
             else:
                 # G sequences at a time: parse their tokens (a short scalar chain per sequence), then copy
-                # every literal of the group at once, then the matches in rounds, each round the matches
-                # whose source no unfinished match of the group writes (benchmarks/NOTES.md, twelfth session).
+                # every literal of the group at once, then the matches in rounds, each round the matches whose
+                # source no unfinished match of the group writes (benchmarks/NOTES.md, "The GPU Blosc-LZ4
+                # decoder").
                 idx = tl.arange(0, G)
                 while (ip < iend) & (bad == 0):
                     # per lane (sequence): literals' start in src and in the output, literal length, match

@@ -163,7 +163,7 @@ def tensor_core_dot(a, b, c, *, tf32: bool = True, block: int = 4, extra_bits: i
     The model (Fasi et al. 2021 for V100/A100, Khattak & Mikaitis 2025 for H100): float32 operands are
     truncated to TF32 (the low 13 mantissa bits ignored; the kernels' "tf32" modes round float32 inputs to
     TF32 beforehand, ties to even, so the truncation leaves those unchanged, as on the hardware; switching the
-    rounding off, e.g. ``conv1d._ROUND_X_TF32 = False``, shows the old truncation), products are exact, and
+    rounding off, e.g. ``conv1d.state.ROUND_X_TF32 = False``, shows the old truncation), products are exact, and
     every ``block`` products
     are added to the accumulator in one step: all terms are aligned to the largest exponent among them and the
     accumulator, bits below ``23 + extra_bits`` places under it are dropped (toward zero), and the sum is

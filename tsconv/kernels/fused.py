@@ -4,29 +4,29 @@
 ``head_act(act(conv1d(x) + bias) @ head_weight + head_bias)`` (conv as in :func:`tsconv.kernels.conv1d.conv1d`,
 head as in :func:`tsconv.kernels.gemm.gemm`) and writes a float32 [N, L_out, D] result through any strides.
 
-Kernel (``_conv1d_head_kernel``): one program per (series, BLOCK_T steps); it owns the whole
-[BLOCK_T, BLOCK_D] output tile (BLOCK_D = D rounded up to a power of two, 16 to 256) in a float32
-accumulator. It loops over blocks of BLOCK_O conv output channels (one block when O <= BLOCK_O); per block it
-computes the conv tile [BLOCK_T, BLOCK_O] exactly as ``_conv1d_dense_kernel`` does (implicit GEMM over taps
-and BLOCK_C channel chunks, x read in place through its strides, causal zeros from load masks, weights
-rearranged by conv1d's ``_prepare_dense_weights`` and cached with conv1d's), adds the bias, applies the activation and
-multiplies the tile, still in registers, by ``head_weight[o0:o0+BLOCK_O, :]``:
-``out_acc += act(conv_tile) @ W[o_blk, :]``, valid because the activation acts per conv channel.
-The head epilogue (bias, activation) runs once on ``out_acc``, which is then stored.
+Kernel (``_conv1d_head_kernel``): one program per (series, BLOCK_T steps); it owns the whole [BLOCK_T,
+BLOCK_D] output tile (BLOCK_D = D rounded up to a power of two, 16 to 256) in a float32 accumulator. It loops
+over blocks of BLOCK_O conv output channels (one block when O <= BLOCK_O); per block it computes the conv tile
+[BLOCK_T, BLOCK_O] exactly as conv1d's ``_conv1d_dense_kernel`` does (implicit GEMM over taps and BLOCK_C
+channel chunks, x read in place through its strides, causal zeros from load masks, weights rearranged by
+:func:`~tsconv.kernels.conv1d.dense.prepare_dense_weights` and kept in conv1d's cache, ``common.WEIGHTS``),
+adds the bias, applies the activation and multiplies the tile, still in registers, by
+``head_weight[o0:o0+BLOCK_O, :]``: ``out_acc += act(conv_tile) @ W[o_blk, :]``, valid because the activation
+acts per conv channel. The head epilogue (bias, activation) runs once on ``out_acc``, which is then stored.
 
 Precision (accumulation is always float32):
 
-- "fp32" (default): both products use conv1d's ``_dot_fp32`` (imported, not copied): float32 operands split
-  three ways into TF32-exact parts, float16 weights exact in TF32, float32 weights split once per call into
-  a TF32 high and low part, and each reduction step's products summed in a fresh tensor-core accumulator
-  then added to the running float32 sum on the CUDA cores (Hopper tensor cores round partial sums toward
-  zero; see benchmarks/NOTES.md). The conv step is one (tap, BLOCK_C channels) chunk; the head step is one
+- "fp32" (default): both products use ``common.dot_fp32``, as conv1d does: float32 operands split three ways
+  into TF32-exact parts, float16 weights exact in TF32, float32 weights split once per call into a TF32 high
+  and low part, and each reduction step's products summed in a fresh tensor-core accumulator then added to the
+  running float32 sum on the CUDA cores (Hopper tensor cores round partial sums toward zero; see
+  benchmarks/NOTES.md, "Precision"). The conv step is one (tap, BLOCK_C channels) chunk; the head step is one
   BLOCK_O block of the conv tile (float32, split in three), so "fp32" configs keep BLOCK_O <= 64, the flush
   granularity the GEMM head uses.
 - "tf32": single TF32 products, weights rounded to TF32 once per call; float32 x rounded to TF32 (ties to
-  even) by conv1d's pre-pass (``_round_tf32_into``: one read and one write of x, so the conv's A tiles
+  even) by conv1d's pre-pass (``common.round_tf32_into``: one read and one write of x, so the conv's A tiles
   still go to the tensor cores straight from shared memory, and the tensor core's truncation finds nothing
-  to drop), and the conv tile, already in registers, rounded there (``_round_tf32_rne``) before the head
+  to drop), and the conv tile, already in registers, rounded there (``round_tf32_rne``) before the head
   product, as conv1d and gemm do. "fp16": float16 operands (x and the conv tile rounded in registers,
   weights stored as float16).
 
@@ -53,28 +53,30 @@ import triton
 import triton.language as tl
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune, tma
+from tsconv.kernels import autotune, common, tma
 from tsconv.kernels import conv1d as _conv
 from tsconv.kernels import gemm as _gemm
 from tsconv.kernels.checks import ACT_CODE as _ACT_CODE
+from tsconv.kernels.checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.checks import PREC_CODE as _PREC_CODE
 from tsconv.kernels.checks import check_out, is_activation
 from tsconv.kernels.checks import describe as _shape
 from tsconv.kernels.checks import dtype_name as _dtype_name
-from tsconv.kernels.conv1d import (
-    _WEIGHTS,
-    _activate,
-    _dot_fp32,
-    _level,
-    _prepare_dense_weights,
-    _recenter_sums,
-    _round_tf32_into,
-    _round_tf32_rne,
-    _round_tf32_torch,
-    _tf32_buffer,
-    _tma_conv_tile,
+from tsconv.kernels.common import (
+    WEIGHTS,
+    activate,
+    dot_fp32,
+    level,
+    max_offset,
+    recenter_sums,
+    round_tf32_into,
+    round_tf32_rne,
+    round_tf32_torch,
+    tf32_buffer,
 )
+from tsconv.kernels.conv1d.dense import a16_buffer, dense_descriptors, prepare_dense_weights, tma_conv_tile
+from tsconv.kernels.conv1d.spec import ConvSpec, check_tap_sums, validate
 
 __all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "conv1d_head", "conv1d_head_space", "fused_path"]
 
@@ -94,8 +96,9 @@ _A_SPLIT = 3
 # "tf32": round x (pre-pass) and the conv tile (registers) to TF32; False: the tensor core truncates (old).
 _ROUND_TF32 = True
 # The TMA variant of the fused kernel ("tf32" / "fp16", Hopper) joins the tuner's candidates unless
-# TSCONV_FUSED_TMA=0. On the H200 (8ac94ec, benchmarks/NOTES.md) its winners took 0.61 / 0.44 ms where the
-# pointer kernel's took 1.00 / 0.78 ms ([64, 1024, 1028] -> 256 -> 64, tf32 / fp16).
+# TSCONV_FUSED_TMA=0. On the H200 its winners took 0.61 / 0.44 ms where the pointer kernel's took 1.00 /
+# 0.78 ms ([64, 1024, 1028] -> 256 -> 64, tf32 / fp16; benchmarks/NOTES.md, "Kernels: fused conv -> head, and
+# the engine's head path").
 _TMA_ENABLED = os.environ.get("TSCONV_FUSED_TMA", "1").strip().lower() not in ("0", "false", "no", "off")
 # What the last call did (benchmarks report it): {"path": "fused" | "unfused", "config": ..., "reason": ...}.
 last_launch: dict[str, str] = {}
@@ -206,9 +209,9 @@ def _conv1d_head_kernel(
             if PREC == 0:
                 a = a.to(tl.float32)
                 if RECENTER:
-                    lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
+                    lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
                     a = a - lv[None, :]
-                acc = _dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
+                acc = dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
             elif PREC == 1:  # float32 x was rounded to TF32 by the launcher's pre-pass (see conv1d)
                 acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
             else:
@@ -218,7 +221,7 @@ def _conv1d_head_kernel(
             addback = tl.full((BLOCK_O,), 0.0, tl.float64)
             for c0 in range(0, C, BLOCK_C):
                 c_ok = offs_c < C - c0
-                lv = _level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
+                lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
                 s_ptrs = s_ptr + offs_o[None, :].to(tl.int64) * C + (c0 + offs_c)[:, None]
                 sums = tl.load(s_ptrs, mask=c_ok[:, None] & o_mask[None, :], other=0.0)
                 addback += tl.sum(sums * lv.to(tl.float64)[:, None], axis=0)
@@ -245,17 +248,17 @@ def _head_block(
     if HAS_BIAS:
         bias = tl.load(b_ptr + offs_o, mask=o_mask, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
-    acc = _activate(acc, ACT)
+    acc = activate(acc, ACT)
     # columns past O: exact zeros (padded channels, and in the TMA kernel products with the next tap's rows)
     acc = tl.where(o_mask[None, :], acc, 0.0)
     hw_off = offs_d[None, :] * stride_hd + offs_o[:, None]  # [BLOCK_O, BLOCK_D], O contiguous
     hw_mask = o_mask[:, None] & d_mask[None, :]
     hw = tl.load(hw_ptr + hw_off, mask=hw_mask, other=0.0)
     if PREC == 0:
-        out_acc = _dot_fp32(acc, hw, hwlo_ptr + hw_off, hw_mask, out_acc, H_SPLIT, HW_SPLIT, FLUSH)
+        out_acc = dot_fp32(acc, hw, hwlo_ptr + hw_off, hw_mask, out_acc, H_SPLIT, HW_SPLIT, FLUSH)
     elif PREC == 1:
         if ROUND_H:  # the tile is in registers already: rounding it costs a few integer ops, no traffic
-            out_acc = tl.dot(_round_tf32_rne(acc), hw, out_acc, input_precision="tf32")
+            out_acc = tl.dot(round_tf32_rne(acc), hw, out_acc, input_precision="tf32")
         else:
             out_acc = tl.dot(acc, hw, out_acc, input_precision="tf32")
     else:
@@ -272,7 +275,7 @@ def _head_store(
     if HAS_HBIAS:
         hbias = tl.load(hb_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
         out_acc = out_acc + hbias[None, :]
-    out_acc = _activate(out_acc, HEAD_ACT)
+    out_acc = activate(out_acc, HEAD_ACT)
     y_ptrs = y_base + offs_t[:, None] * stride_yt + offs_d[None, :] * stride_yd
     tl.store(y_ptrs, out_acc, mask=(offs_t < L_out)[:, None] & d_mask[None, :])
 
@@ -328,7 +331,7 @@ def _conv1d_head_tma_kernel(
     for o0 in range(0, O, BLOCK_O):
         offs_o = o0 + offs_ob
         o_mask = offs_o < O
-        acc = _tma_conv_tile(
+        acc = tma_conv_tile(
             x_desc, w_desc, b_ptr, n, t0, o0, pad, dilation, K, C, O, offs_c, o_mask, 0,
             PREC, True, BLOCK_T, BLOCK_O, BLOCK_C,
         )  # weights by descriptor: the pointer arguments are unused  # fmt: skip
@@ -349,19 +352,11 @@ def _check_grid(n_programs: int) -> None:
         raise ShapeError(msg, hint="split the batch (N) or the series length into several calls.")
 
 
-def _tma_ok(x: torch.Tensor, w_hi: torch.Tensor, c: _conv._Spec) -> bool:
+def _tma_ok(x: torch.Tensor, w_hi: torch.Tensor, c: ConvSpec) -> bool:
     """Can ``_conv1d_head_tma_kernel`` run this call? x's time-major [N, L, C] view usable by a TMA kernel in
     this precision (``tma.usable``: "tf32" / "fp16", channels contiguous, 16-byte aligned) and no
     recentering (an "fp32" option)."""
     return not c.recenter and tma.usable(x.transpose(1, 2), c.precision) and tma.fits(w_hi)
-
-
-def _kernel_interpreted() -> bool:
-    return type(_conv1d_head_kernel).__name__ == "InterpretedFunction"
-
-
-# True when TRITON_INTERPRET=1 was set before import: CPU tensors then run the Triton kernel.
-_INTERPRETED = _kernel_interpreted()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -472,7 +467,7 @@ def _space(precision: str, C: int, O: int, D: int, max_bo: int, tma: bool = Fals
 
 @dataclass(frozen=True)
 class _Spec:
-    conv: _conv._Spec
+    conv: ConvSpec
     D: int
     head_act: int
 
@@ -498,7 +493,7 @@ def _validate(
     recenter: object = False,
     recenter_from: object = 0,
 ) -> _Spec:
-    conv = _conv._validate(
+    conv = validate(
         x,
         weight,
         bias,
@@ -562,7 +557,7 @@ def _validate(
     return _Spec(conv, D, _ACT_CODE[head_activation])
 
 
-def _padding_name(conv: _conv._Spec) -> str:
+def _padding_name(conv: ConvSpec) -> str:
     return "causal" if conv.causal else "valid"
 
 
@@ -676,13 +671,13 @@ def conv1d_head(
         recenter_from=recenter_from,
     )
     c = spec.conv
-    _conv._check_tap_sums(tap_sums, weight, c)
+    check_tap_sums(tap_sums, weight, c)
     if out is None:
         out = torch.empty((c.N, c.L_out, spec.D), dtype=torch.float32, device=x.device)
     if out.numel() == 0:
         return out
     reason = _unfused_reason(spec)
-    if reason is None and not x.is_cuda and not _INTERPRETED:
+    if reason is None and not x.is_cuda and not common.INTERPRETED:
         reason = "CPU tensors without the Triton interpreter take the torch path"
     with torch.no_grad():
         if reason is not None:
@@ -717,7 +712,7 @@ def _unfused(
         dilation=c.dilation,
         groups=c.groups,
         padding=_padding_name(c),
-        activation=_conv._ACT_NAME[c.act],
+        activation=_ACT_NAME[c.act],
         precision=c.precision,
         out=y.transpose(1, 2),
         recenter=c.recenter,
@@ -734,7 +729,7 @@ def _unfused(
         y.view(rows, c.O),
         head_weight,
         head_bias,
-        activation=_conv._ACT_NAME[spec.head_act],
+        activation=_ACT_NAME[spec.head_act],
         precision=c.precision,
         out=target,
     )
@@ -760,15 +755,11 @@ def _prepare_head_weights(hw: torch.Tensor, precision: str) -> tuple[torch.Tenso
     buf[:, :O] = hw.t()
     if precision == "fp16":
         return buf, None
-    hi = _round_tf32_torch(buf)
+    hi = round_tf32_torch(buf)
     lo = None
     if precision == "fp32" and hw.dtype == torch.float32:
-        lo = _round_tf32_torch(buf - hi)
+        lo = round_tf32_torch(buf - hi)
     return hi, lo
-
-
-def _max_offset(t: torch.Tensor) -> int:
-    return sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
 
 
 def _layout3(t: torch.Tensor, channel_dim: int) -> str:
@@ -793,10 +784,10 @@ def _fused_triton(
 ) -> object:
     """Run the fused kernel; ``config`` (tests only) bypasses the tuner. Returns the last launch's result."""
     c = spec.conv
-    w_hi, w_lo = _WEIGHTS.get(  # [1, K, O, C padded to 16], shared with conv1d's cache
-        weight, ("dense", 1, c.precision), lambda w: _prepare_dense_weights(w, 1, c.precision)
+    w_hi, w_lo = WEIGHTS.get(  # [1, K, O, C padded to 16], shared with conv1d's cache
+        weight, ("dense", 1, c.precision), lambda w: prepare_dense_weights(w, 1, c.precision)
     )
-    h_hi, h_lo = _WEIGHTS.get(  # rebuilt per call before (three small kernels and an allocation)
+    h_hi, h_lo = WEIGHTS.get(  # cached: building it takes three small kernels and an allocation
         head_weight, ("head", c.precision), lambda hw: _prepare_head_weights(hw, c.precision)
     )
     b = None if bias is None else bias.contiguous()
@@ -804,8 +795,7 @@ def _fused_triton(
     block_d = max(16, autotune.pow2_bucket(spec.D))
     x_copy = x.numel() if c.precision == "tf32" else 0  # the rounded copy of x is dense (see round_x)
     index64 = (
-        _FORCE_INDEX64
-        or max(_max_offset(x), x_copy, _max_offset(out), w_hi.numel(), h_hi.numel()) > _INT32_MAX
+        _FORCE_INDEX64 or max(max_offset(x), x_copy, max_offset(out), w_hi.numel(), h_hi.numel()) > _INT32_MAX
     )
     pad = (c.K - 1) * c.dilation if c.causal else 0
     meta = {
@@ -824,7 +814,7 @@ def _fused_triton(
         "RECENTER": c.recenter,
         "BLOCK_D": block_d,
     }
-    sums = _recenter_sums(weight, tap_sums) if c.recenter else w_hi
+    sums = recenter_sums(weight, tap_sums) if c.recenter else w_hi
     # "tf32": float32 x rounded to TF32 once, as conv1d does (the conv loop loads each x value K times per
     # O block, so rounding it in registers there would cost K times and lose the shared-memory operand path).
     round_x = c.precision == "tf32" and x.dtype == torch.float32 and _ROUND_TF32
@@ -838,9 +828,9 @@ def _fused_triton(
         x_k = x
         if round_x:  # per launch, so the tuner's timings include it
             if "x" not in cast:
-                cast["x"] = _tf32_buffer(x)
+                cast["x"] = tf32_buffer(x)
             x_k = cast["x"]
-            _round_tf32_into(x, x_k)
+            round_tf32_into(x, x_k)
         n_tblk = triton.cdiv(c.L_out, kw["BLOCK_T"])
         grid = (c.N * n_tblk,)
         _check_grid(grid[0])
@@ -878,12 +868,12 @@ def _fused_triton(
         x_k = x
         if a16:
             if "a16" not in cast:
-                cast["a16"] = _conv._a16_buffer(x, c)
+                cast["a16"] = a16_buffer(x, c)
             x_k = cast["a16"]
             x_k.copy_(x)
         bt, bo, bc = kw.pop("BLOCK_T"), kw.pop("BLOCK_O"), kw.pop("BLOCK_C")
         round_tf32 = c.precision == "tf32" and x_k.dtype == torch.float32
-        x_desc, w_desc = _conv._dense_descriptors(x_k, w_hi, ([1, bt, bc], [bo, bc], round_tf32))
+        x_desc, w_desc = dense_descriptors(x_k, w_hi, ([1, bt, bc], [bo, bc], round_tf32))
         n_tblk = triton.cdiv(c.L_out, bt)
         grid = (c.N * n_tblk,)
         _check_grid(grid[0])
@@ -927,7 +917,7 @@ def _fused_triton(
             f"|O={autotune.pow2_bucket(c.O)}|D={autotune.pow2_bucket(spec.D)}|K={autotune.pow2_bucket(c.K)}"
             f"|NL={autotune.pow2_bucket(c.N * c.L_out)}"
         )
-        config = autotune.select(space, key, launch, device=x.device, interpreted=_INTERPRETED)
+        config = autotune.select(space, key, launch, device=x.device, interpreted=common.INTERPRETED)
     last_launch.clear()
     last_launch.update(path="fused", config=config.name)
     return launch(config)

@@ -53,8 +53,7 @@ import triton
 import triton.language as tl
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune, tma
-from tsconv.kernels.activations import apply_activation
+from tsconv.kernels import autotune, common, tma
 from tsconv.kernels.checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
@@ -62,13 +61,15 @@ from tsconv.kernels.checks import PREC_CODE as _PREC_CODE
 from tsconv.kernels.checks import check_out, is_activation
 from tsconv.kernels.checks import describe as _shape
 from tsconv.kernels.checks import dtype_name as _dtype_name
-from tsconv.kernels.conv1d import (
-    _activate,
-    _grouped,
-    _round_tf32,
-    _round_tf32_into,
-    _round_tf32_rne,
-    _tf32_buffer,
+from tsconv.kernels.common import (
+    activate,
+    apply_activation,
+    grouped,
+    round_tf32,
+    round_tf32_into,
+    round_tf32_rne,
+    round_tf32_torch,
+    tf32_buffer,
 )
 from tsconv.kernels.launch import (
     LaunchPlan,
@@ -126,10 +127,10 @@ def _dot_split(a, b, b_lo, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.constexpr, FL
     3 = three-way split (default), 2 = the two-way split (kept to show it fails under the emulation tests).
     """
     if A_SPLIT >= 2:
-        a_hi = _round_tf32(a)
+        a_hi = round_tf32(a)
         a_r = tl.where(a_hi == a, 0.0, a - a_hi)  # exact; the where() keeps +-inf inputs from making NaN
         if A_SPLIT == 3:
-            a_mid = _round_tf32(a_r)
+            a_mid = round_tf32(a_r)
             a_lo = a_r - a_mid  # exact, at most 3 significant bits: exact in TF32
             p = _dot_tf32(a_lo, b, acc, FLUSH)
             if W_SPLIT:
@@ -179,9 +180,9 @@ def _gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    # Grouped ordering (_grouped): GROUP_M row blocks sweep all column blocks together, so the a rows and b
-    # columns a wave of programs touches stay in L2.
-    pid_m, pid_n = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    # Grouped ordering (common.grouped): GROUP_M row blocks sweep all column blocks together, so the a rows
+    # and b columns a wave of programs touches stay in L2.
+    pid_m, pid_n = grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -208,7 +209,7 @@ def _gemm_kernel(
             acc = _dot_split(a.to(tl.float32), b, b_lo, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
             if ROUND_A:  # one column block: each a value is loaded once, rounding it here adds no traffic
-                acc = tl.dot(_round_tf32_rne(a.to(tl.float32)), b, acc, input_precision="tf32")
+                acc = tl.dot(round_tf32_rne(a.to(tl.float32)), b, acc, input_precision="tf32")
             else:  # a as loaded (already rounded by the launcher's pre-pass, or exact float16 / bfloat16)
                 acc = tl.dot(a.to(tl.float32), b, acc, input_precision="tf32")
         else:
@@ -220,7 +221,7 @@ def _gemm_kernel(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
-    acc = _activate(acc, ACT)
+    acc = activate(acc, ACT)
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n.to(tl.int64)[None, :] * stride_cn
     tl.store(c_ptrs, acc, mask=m_mask[:, None] & n_mask[None, :])
 
@@ -249,7 +250,7 @@ def _gemm_tma_kernel(
     and go to wgmma from there, edges zero-filled by the copy engine (no masks in the loop). For "tf32" the
     descriptor of float32 ``a`` rounds it to TF32 on the way (``tsconv.kernels.tma``); ``B_NK``: ``b`` is
     the packed [N, K] (TF32 modes), else [K, N] float16."""
-    pid_m, pid_n = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    pid_m, pid_n = grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
 
@@ -271,17 +272,9 @@ def _gemm_tma_kernel(
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
-    acc = _activate(acc, ACT)
+    acc = activate(acc, ACT)
     c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n.to(tl.int64)[None, :] * stride_cn
     tl.store(c_ptrs, acc, mask=(offs_m < M)[:, None] & n_mask[None, :])
-
-
-def _kernel_interpreted() -> bool:
-    return type(_gemm_kernel).__name__ == "InterpretedFunction"
-
-
-# True when TRITON_INTERPRET=1 was set before import: CPU tensors then run the Triton kernel.
-_INTERPRETED = _kernel_interpreted()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -437,12 +430,6 @@ def _space(precision: str, M: int, N: int, K: int, tma: bool = False) -> autotun
 # --------------------------------------------------------------------------------------------------------
 
 
-def _round_tf32_torch(t: torch.Tensor) -> torch.Tensor:
-    """float32 rounded to the nearest TF32 value, as ``_round_tf32`` does in the kernels."""
-    bits = t.contiguous().view(torch.int32)
-    return ((bits + 0x1000) & -8192).view(torch.float32)
-
-
 @dataclass(frozen=True, eq=False)
 class PackedWeights:
     """``b`` [K, N] rearranged for one precision mode (see :func:`pack_weights`); pass it to :func:`gemm`.
@@ -476,11 +463,11 @@ def _pack(b: torch.Tensor, precision: str) -> PackedWeights:
     buf = torch.empty((N, k_pad), dtype=torch.float32, device=b.device)
     bt = buf[:, :K]
     bt.copy_(b.t())
-    hi_buf = _round_tf32_torch(buf)  # exact for float16 / bfloat16 b
+    hi_buf = round_tf32_torch(buf)  # exact for float16 / bfloat16 b
     hi = hi_buf[:, :K]
     lo = None
     if precision == "fp32" and b.dtype == torch.float32:
-        lo = _round_tf32_torch(buf - hi_buf)[:, :K]
+        lo = round_tf32_torch(buf - hi_buf)[:, :K]
     return PackedWeights(precision, b, hi, lo)
 
 
@@ -658,7 +645,7 @@ def gemm(
             else:
                 with torch.cuda.device(a.device):  # Triton launches on the current device and stream
                     _gemm_triton(a, b, bias, out, spec)
-        elif _INTERPRETED:
+        elif common.INTERPRETED:
             _gemm_triton(a, b, bias, out, spec, plan_key=key)
         else:
             out.copy_(_epilogue_torch(a.float() @ src.float(), bias, spec))
@@ -705,7 +692,7 @@ def _plan_key(
     """
     if not _PLANS_ENABLED or type(a) is not torch.Tensor or not isinstance(b, torch.Tensor | PackedWeights):
         return None
-    if not (a.is_cuda or (_INTERPRETED and a.device.type == "cpu")):
+    if not (a.is_cuda or (common.INTERPRETED and a.device.type == "cpu")):
         return None
     if a.is_cuda and a.device.index != torch.cuda.current_device():
         return None
@@ -752,8 +739,8 @@ def _planned(
             a_k = _a16_buffer(a, a.shape[1])
             a_k.copy_(a)
         elif entry.prep == _PREP_ROUND:
-            a_k = _tf32_buffer(a)
-            _round_tf32_into(a, a_k)
+            a_k = tf32_buffer(a)
+            round_tf32_into(a, a_k)
         if entry.tma is not None:
             a_desc, b_desc = _descriptors(a_k, hi, entry.tma)
             entry.plan.launch((a_desc, b_desc, bias_c, out))
@@ -833,9 +820,9 @@ def _gemm_triton(
             return launch_tma(a_k, kw, prep)
         if round_a and not kw["ROUND_A"] and not a16:  # a rounded copy in a's layout, redone per launch
             if "r" not in cast:
-                cast["r"] = _tf32_buffer(a)
+                cast["r"] = tf32_buffer(a)
             a_k = cast["r"]
-            _round_tf32_into(a, a_k)
+            round_tf32_into(a, a_k)
             prep = _PREP_ROUND
         grid = (triton.cdiv(M, kw["BLOCK_M"]) * n_cols,)
         _check_grid(grid[0])
@@ -898,7 +885,7 @@ def _gemm_triton(
             f"{spec.precision}|a={_dtype_name(a)}|b={_dtype_name(src)}|al={_layout(a)}|ol={_layout(out)}"
             f"|M={autotune.pow2_bucket(M)}|N={autotune.pow2_bucket(N)}|K={autotune.pow2_bucket(K)}"
         )
-        config = autotune.select(space, key, launch, device=a.device, interpreted=_INTERPRETED)
+        config = autotune.select(space, key, launch, device=a.device, interpreted=common.INTERPRETED)
     last_launch.update(config=config.name)
     ret = launch(config)
     if plan_key is not None:

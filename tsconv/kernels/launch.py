@@ -2,14 +2,15 @@
 
 ``kernel[grid](*args, **meta)`` binds every argument, computes a specialization key and looks the compiled
 kernel up on each call; with our launchers' own validation and tuner lookup on top, a call cost 0.08-0.12 ms
-of host time on the H200 hosts (benchmarks/NOTES.md, "GEMM run 2"): three to four times the kernel itself for
-a [65536, 256] x [256, 64] head. A :class:`LaunchPlan` records one launch (the compiled kernel, the grid and
-the arguments in the kernel's parameter order) so that a later call whose arguments specialize the same way
-(same integers, dtypes and 16-byte pointer alignments: the launcher's cache key says so) swaps in its tensors
-and calls the compiled kernel's launcher directly, as ``JITFunction.run`` itself does after its lookup.
-The tensor slots may hold TMA descriptors built from the call's tensors (the launcher's wrapper encodes
-them per launch). ``gemm`` and ``conv1d`` calls use plans (dense, depthwise and grouped paths): a tf32 / fp16 conv call through the TMA kernel cost 0.12-0.30 ms of host
-time through the full path on the H200 hosts, 0.04-0.09 ms replayed (NOTES.md, ninth session).
+of host time on the H200 hosts (benchmarks/NOTES.md, "Launch plans and weight caches"): three to four times
+the kernel itself for a [65536, 256] x [256, 64] head. A :class:`LaunchPlan` records one launch (the compiled
+kernel, the grid and the arguments in the kernel's parameter order) so that a later call whose arguments
+specialize the same way (same integers, dtypes and 16-byte pointer alignments: the launcher's cache key says
+so) swaps in its tensors and calls the compiled kernel's launcher directly, as ``JITFunction.run`` itself does
+after its lookup. The tensor slots may hold TMA descriptors built from the call's tensors (the launcher's
+wrapper encodes them per launch). ``gemm`` and ``conv1d`` calls use plans (dense, depthwise and grouped
+paths): a tf32 / fp16 conv call through the TMA kernel cost 0.12-0.30 ms of host time through the full path on
+the H200 hosts, 0.04-0.09 ms replayed (benchmarks/NOTES.md, "Launch plans and weight caches").
 
 Under the Triton interpreter there is no compiled kernel: a plan then re-enters ``kernel[grid]`` with the
 recorded arguments, so the plan logic (keys, tensor slots) is testable on the CPU.

@@ -19,9 +19,9 @@ last non-NaN and first finite value per feature); the second fills and centres e
 piece's fill state folded with the summaries of the segments before it; the third writes the state and
 level leaving the piece, and after a step's last piece the halo rows. Why: one program per feature block
 walking every row (64 programs at 1024 features) ran at about 43 GB/s on the H200, 0.1 s of GPU time per
-4.3 GB (benchmarks/NOTES.md, eleventh session); the segments read the input twice and run at memory speed.
-In ``--transfer mapped`` mode the input is host memory read over PCIe: one segment there (``split``), read
-once.
+4.3 GB (benchmarks/NOTES.md, "Host-device transfer and input preparation"); the segments read the input twice
+and run at memory speed. In ``--transfer mapped`` mode the input is host memory read over PCIe: one segment there
+(``split``), read once.
 """
 
 from __future__ import annotations

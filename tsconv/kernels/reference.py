@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tsconv.kernels.activations import apply_activation
+from tsconv.kernels.common import apply_activation
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = ["forward_fill_reference", "preprocess_reference", "pipeline_reference"]

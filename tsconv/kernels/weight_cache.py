@@ -2,12 +2,13 @@
 
 A launcher that rearranges its weights before every launch (the GEMM's TF32 packing, conv1d's [K, O, C]
 layout) pays a few small kernels and allocations per call: 0.13 ms per GEMM call on the H200 before the GEMM
-cached them (benchmarks/NOTES.md), the better part of a small conv's time. :class:`WeightCache` keeps the
-derived copy keyed by (tag, data_ptr, shape, strides, dtype, device). An entry holds a weak reference to the
-tensor that owns the storage (a view's base, so ``w.T`` made afresh on every call still hits) and the
-version counter it was built at: an in-place write to the weights (or to any view of their storage) bumps
-the counter and the next call rebuilds; a freed tensor drops its entry. Writes that bypass autograd's
-version counter (through ``.data``, or from outside torch) are not seen: callers document how to clear.
+cached them (benchmarks/NOTES.md, "Launch plans and weight caches"), the better part of a small conv's time.
+:class:`WeightCache` keeps the derived copy keyed by (tag, data_ptr, shape, strides, dtype, device). An entry
+holds a weak reference to the tensor that owns the storage (a view's base, so ``w.T`` made afresh on every
+call still hits) and the version counter it was built at: an in-place write to the weights (or to any view of
+their storage) bumps the counter and the next call rebuilds; a freed tensor drops its entry. Writes that
+bypass autograd's version counter (through ``.data``, or from outside torch) are not seen: callers document
+how to clear.
 """
 
 from __future__ import annotations
