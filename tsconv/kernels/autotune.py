@@ -5,17 +5,16 @@ identifies its shape class (e.g. precision, layout and bucketed sizes) and a ``b
 the kernel once with a given :class:`Config`. :func:`select` returns the config to use:
 
 - not on a CUDA device (the Triton interpreter on CPU tensors): the space's fixed ``interpreter`` config;
-- tuning disabled (``TSCONV_AUTOTUNE=0``): the space's ``default`` config;
-- otherwise the winner cached in memory, else the winner cached on disk, else it times every candidate with
-  ``triton.testing.do_bench`` (median), keeps the fastest and writes it to the disk cache, so later calls
-  and later processes (a batch job) reuse it without tuning.
-- ``TSCONV_TUNE_TIMING=gpu`` (opt-in, not yet measured across the benchmarks): rank by GPU time
-  (:func:`gpu_ms`: calls replayed from a CUDA graph) plus the host time a candidate adds over the leanest
-  (:func:`host_ms`). Per-call timing measures the host whenever a launch takes longer to issue than the
-  kernel runs, and then picks among such candidates at random (benchmarks/NOTES.md, "Autotuning").
+- tuning disabled (the ``autotune`` setting off): the space's ``default`` config;
+- otherwise the winner cached in memory, else the winner cached on disk, else it times every candidate
+  (:func:`calls_ms`: the median of event-timed calls, the L2 cache flushed before each), keeps the fastest
+  and writes it to the disk cache, so later calls and later processes (a batch job) reuse it without
+  tuning. Per-call timing measures the host whenever a launch takes longer to issue than the kernel runs;
+  ranking by GPU time from a CUDA graph instead picked configs within 5% of these on every GEMM row and was
+  removed (benchmarks/NOTES.md, "Autotuning").
 
-The disk cache is one JSON file per GPU model: ``$TSCONV_CACHE_DIR/autotune-<gpu name>.json``, by default
-under ``~/.cache/tsconv``. Keys carry the Triton version, so a Triton upgrade re-tunes. Writes merge with
+The disk cache is one JSON file per GPU model: ``autotune-<gpu name>.json`` in the ``cache_dir`` setting's
+folder (by default ``~/.cache/tsconv``). Keys carry the Triton version, so a Triton upgrade re-tunes. Writes merge with
 what another process may have written meanwhile and replace the file atomically.
 
 :func:`cached_record` / :func:`store_record` keep other measured decisions (the engine's head path,
@@ -43,6 +42,8 @@ from pathlib import Path
 
 import torch
 import triton
+
+from tsconv import config
 
 __all__ = [
     "Config",
@@ -162,7 +163,7 @@ def _gpu_name(device: torch.device) -> str:
 
 def cache_path(device: torch.device | int | str | None = None) -> Path:
     """The JSON file holding the tuned winners for the GPU model of ``device``."""
-    root = os.environ.get("TSCONV_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "tsconv")
+    root = config.cache_dir()
     dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -205,23 +206,13 @@ def _write_file(path: Path, gpu: str, key: str, record: dict) -> None:
         log.warning("could not write autotune cache %s: %s (the winner is kept in memory)", path, exc)
 
 
-def _timing_mode() -> str:
-    """ "calls" (default: per-call timing, :func:`calls_ms`) or "gpu" (``TSCONV_TUNE_TIMING=gpu``; see the module docstring)."""
-    mode = os.environ.get("TSCONV_TUNE_TIMING", "calls").strip().lower() or "calls"
-    if mode not in ("calls", "gpu"):
-        raise ValueError(f"TSCONV_TUNE_TIMING must be 'calls' or 'gpu', got {mode!r}; unset it for 'calls'.")
-    return mode
-
-
 def _full_key(space: ConfigSpace, key: str) -> str:
-    # Winners of the two timing methods are kept apart: switching re-tunes rather than trusting the other's.
-    timing = "" if _timing_mode() == "calls" else "|gpu-time"
-    return f"{space.name}|{key}{timing}|triton={triton.__version__}"
+    return f"{space.name}|{key}|triton={triton.__version__}"
 
 
 def tuning_enabled() -> bool:
-    """False when ``TSCONV_AUTOTUNE`` is 0 / false / no / off: :func:`select` then takes the default."""
-    return os.environ.get("TSCONV_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    """The ``autotune`` setting: off, :func:`select` takes the space's default config."""
+    return config.current().autotune
 
 
 def select(
@@ -407,22 +398,6 @@ def calls_ms(fn: Callable[[], object], flush: torch.Tensor, *, warmup_ms: float,
     return times[len(times) // 2]
 
 
-def host_ms(fn: Callable[[], object], *, calls: int = 10, batches: int = 7) -> float:
-    """Host milliseconds to issue one ``fn()`` call, the GPU not waited for (queued work is not timed): the
-    fastest of ``batches`` batches. Interruptions only ever add to a batch, so the minimum is the stable
-    estimate of what a config's launch costs; a median of a few batches can move by more than the GPU-time
-    differences the tuner ranks (a narrow head's configs differ by about 0.01 ms)."""
-    times = []
-    for _ in range(batches):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - t) * 1e3 / calls)
-    torch.cuda.synchronize()
-    return min(times)
-
-
 _CHECK_MAX_BYTES = 256 << 20  # outputs larger than this are not copied for the cross-check
 
 
@@ -473,11 +448,9 @@ def _tune(
     *,
     warmup_ms: int,
     rep_ms: int,
-    timing: str | None = None,
 ) -> tuple[Config, dict]:
     start = time.perf_counter()
     timings: dict[str, float] = {}
-    method = "graph" if (timing or _timing_mode()) == "gpu" else "calls"
     with torch.cuda.device(device):
         reference: torch.Tensor | None = None
         for cfg in space.configs:
@@ -493,39 +466,18 @@ def _tune(
             except Exception as exc:  # noqa: BLE001 - any failing candidate is skipped (OutOfResources, ...)
                 log.info("autotune %s: config %s failed: %s", space.name, cfg.name, exc)
                 timings[cfg.name] = math.inf
-        gpu: dict[str, float] = {}
-        host: dict[str, float] = {}
+        flush = _flush_buffer(device)
         for cfg in space.configs:
-            if math.isinf(timings[cfg.name]) or method != "graph":
+            if math.isinf(timings[cfg.name]):
                 continue
             try:
-                gpu[cfg.name] = gpu_ms(lambda cfg=cfg: bench(cfg), warmup_ms=warmup_ms, rep_ms=rep_ms)
-                host[cfg.name] = host_ms(lambda cfg=cfg: bench(cfg))
-            except Exception as exc:  # noqa: BLE001 - e.g. a launcher that synchronizes
-                log.info(
-                    "autotune %s: %s cannot be graph-captured (%s): timing calls", space.name, cfg.name, exc
+                timings[cfg.name] = calls_ms(
+                    lambda cfg=cfg: bench(cfg), flush, warmup_ms=warmup_ms, rep_ms=rep_ms
                 )
-                torch.cuda.synchronize(device)
-                method = "calls"
-        if method == "graph" and host:
-            # GPU time plus the host time a config adds over the leanest one (a pre-pass, descriptors): what
-            # all configs share is not counted, as the engine's replayed or overlapped calls do not pay it.
-            lean = min(host.values())
-            for name, ms in gpu.items():
-                timings[name] = ms + (host[name] - lean)
-        if method == "calls":  # per call; also every candidate again when one could not be captured
-            flush = _flush_buffer(device)
-            for cfg in space.configs:
-                if math.isinf(timings[cfg.name]):
-                    continue
-                try:
-                    timings[cfg.name] = calls_ms(
-                        lambda cfg=cfg: bench(cfg), flush, warmup_ms=warmup_ms, rep_ms=rep_ms
-                    )
-                except Exception as exc:  # noqa: BLE001
-                    log.info("autotune %s: config %s failed: %s", space.name, cfg.name, exc)
-                    timings[cfg.name] = math.inf
-            del flush
+            except Exception as exc:  # noqa: BLE001
+                log.info("autotune %s: config %s failed: %s", space.name, cfg.name, exc)
+                timings[cfg.name] = math.inf
+        del flush
     finite = {name: ms for name, ms in timings.items() if math.isfinite(ms)}
     if not finite:
         msg = f"every candidate config of {space.name} failed to run on {torch.cuda.get_device_name(device)}"
@@ -538,9 +490,7 @@ def _tune(
         "ms": finite[best],
         "timings_ms": {name: (ms if math.isfinite(ms) else None) for name, ms in timings.items()},
         "tune_s": round(time.perf_counter() - start, 3),
-        "timing": method,
-        "gpu_ms": gpu if method == "graph" else {},
-        "host_ms": host if method == "graph" else {},
+        "timing": "calls",
         "torch": torch.__version__,
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -45,7 +45,6 @@ paths of conv1d and gemm (the unfused pair), with the same semantics.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -95,11 +94,11 @@ _FLUSH = True
 _A_SPLIT = 3
 # "tf32": round x (pre-pass) and the conv tile (registers) to TF32; False: the tensor core truncates (old).
 _ROUND_TF32 = True
-# The TMA variant of the fused kernel ("tf32" / "fp16", Hopper) joins the tuner's candidates unless
-# TSCONV_FUSED_TMA=0. On the H200 its winners took 0.61 / 0.44 ms where the pointer kernel's took 1.00 /
-# 0.78 ms ([64, 1024, 1028] -> 256 -> 64, tf32 / fp16; benchmarks/NOTES.md, "Kernels: fused conv -> head, and
-# the engine's head path").
-_TMA_ENABLED = os.environ.get("TSCONV_FUSED_TMA", "1").strip().lower() not in ("0", "false", "no", "off")
+# The TMA variant of the fused kernel ("tf32" / "fp16", Hopper) joins the tuner's candidates (tests turn
+# it off). On the H200 its winners took 0.61 / 0.44 ms where the pointer kernel's took 1.00 / 0.78 ms
+# ([64, 1024, 1028] -> 256 -> 64, tf32 / fp16; benchmarks/NOTES.md, "Kernels: fused conv -> head, and the
+# engine's head path").
+_TMA_ENABLED = True
 # What the last call did (benchmarks report it): {"path": "fused" | "unfused", "config": ..., "reason": ...}.
 last_launch: dict[str, str] = {}
 

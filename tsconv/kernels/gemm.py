@@ -77,7 +77,6 @@ from tsconv.kernels.launch import (
     extent,
     launch_recorded,
     overlaps,
-    plans_enabled_by_env,
     tensor_key,
 )
 from tsconv.kernels.weight_cache import WeightCache
@@ -662,8 +661,8 @@ _TMA_SLOTS = ("a_desc", "b_desc", "bias_ptr", "c_ptr")
 _PREP_NONE, _PREP_A16, _PREP_ROUND = 0, 1, 2  # the pass that makes the kernel's copy of a, if any
 _PLANS = PlanCache(64)
 autotune.on_clear(_PLANS.clear)  # plans embody the tuner's winners
-# TSCONV_LAUNCH_PLANS=0 sends every call through validation, the tuner lookup and kernel[grid] (A/B timing).
-_PLANS_ENABLED = plans_enabled_by_env()
+# False (tests) sends every call through validation, the tuner lookup and kernel[grid].
+_PLANS_ENABLED = True
 
 
 @dataclass(frozen=True)

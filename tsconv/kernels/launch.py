@@ -19,7 +19,6 @@ recorded arguments, so the plan logic (keys, tensor slots) is testable on the CP
 from __future__ import annotations
 
 import inspect
-import os
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
@@ -33,7 +32,6 @@ __all__ = [
     "extent",
     "launch_recorded",
     "overlaps",
-    "plans_enabled_by_env",
     "tensor_key",
 ]
 
@@ -150,12 +148,6 @@ class PlanCache:
 
     def __len__(self) -> int:
         return len(self._plans)
-
-
-def plans_enabled_by_env() -> bool:
-    """``TSCONV_LAUNCH_PLANS=0`` sends every call through validation, the tuner lookup and ``kernel[grid]``
-    (A/B timing); plans are on otherwise."""
-    return os.environ.get("TSCONV_LAUNCH_PLANS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
