@@ -16,7 +16,7 @@ import zarr
 
 import tsconv
 
-from .helpers import price_series, write_store
+from ..helpers import price_series, write_store
 
 
 def _rows_done(out: Path) -> int | None:

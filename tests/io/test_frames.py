@@ -20,7 +20,7 @@ from tsconv.errors import OutputExistsError, ShapeError, StoreError, TsconvError
 from tsconv.io.frames import ArrayChunk, StoreInfo
 from tsconv.io.writers import parquet_writer
 
-from .helpers import T0, price_series, read_output, write_store
+from ..helpers import T0, price_series, read_output, write_store
 
 NAMES = ["x0", "x1", "x2", "x3"]
 PIPE = {"conv": [{"filters": ["diff:1", "ma:16", "ema:8"]}]}

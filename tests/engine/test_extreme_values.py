@@ -20,7 +20,7 @@ from tsconv.engine.compute import Backend
 from tsconv.io.readers.blocks import ArraySource
 from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
-from .helpers import error_bound, price_series
+from ..helpers import error_bound, price_series
 
 ROWS, FEATURES, CHUNK = 1300, 3, 256
 EDGES = range(CHUNK, ROWS, CHUNK)

@@ -22,7 +22,7 @@ from tsconv.io.readers.blocks import ArraySource
 from tsconv.kernels import autotune, fused
 from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
-from .helpers import assert_matches_reference, error_bound, price_series, write_store
+from ..helpers import assert_matches_reference, error_bound, price_series, write_store
 
 NAMES = ("a", "b", "c", "d")
 RNG = np.random.default_rng(7)

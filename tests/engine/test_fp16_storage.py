@@ -21,7 +21,7 @@ from tsconv.kernels.conv1d import conv1d
 from tsconv.kernels.reference import pipeline_reference
 from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
-from .helpers import price_series
+from ..helpers import price_series
 
 C, O, K = 32, 16, 5
 

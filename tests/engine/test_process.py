@@ -15,7 +15,7 @@ from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.pipeline.spec import default_pipeline, resolve
 
-from .helpers import T0, assert_matches_reference, price_series, read_output, write_store
+from ..helpers import T0, assert_matches_reference, price_series, read_output, write_store
 
 
 class _CountingArray:

@@ -13,7 +13,7 @@ import zarr
 
 import tsconv
 
-from .helpers import price_series, write_store
+from ..helpers import price_series, write_store
 
 distributed = pytest.importorskip("distributed")
 

@@ -23,7 +23,7 @@ from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.writers.encode import ChunkFileWriter, fast_write_reason
 from tsconv.io.writers.zarr_writer import OutputWriter
 
-from .helpers import price_series
+from ..helpers import price_series
 
 ROWS, FEATURES, CHUNK_ROWS = 10_000, 12, 1024  # 10 chunks, the last one partial
 

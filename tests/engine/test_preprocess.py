@@ -22,7 +22,7 @@ from tsconv.errors import PipelineError, TsconvError
 from tsconv.kernels.reference import preprocess_reference
 from tsconv.pipeline.spec import load_pipeline, pipeline_from_dict, resolve
 
-from .helpers import T0, assert_matches_reference, error_bound, price_series, read_output, write_store
+from ..helpers import T0, assert_matches_reference, error_bound, price_series, read_output, write_store
 
 pytestmark = pytest.mark.filterwarnings("ignore::tsconv.errors.TsconvWarning")
 
@@ -316,7 +316,7 @@ def test_polars_features_with_select_and_log_return() -> None:
 
 
 def test_example_returns_zscore_pipeline_on_a_synthetic_store_layout() -> None:
-    path = Path(__file__).resolve().parents[1] / "pipelines" / "returns_zscore.toml"
+    path = Path(__file__).resolve().parents[2] / "pipelines" / "returns_zscore.toml"
     pipe = load_pipeline(path)
     names = [f"{k}_{i}" for i in range(4) for k in ("px", "vol", "spread")]
     x = price_series(1500, len(names), seed=8, nan_fraction=0.01)

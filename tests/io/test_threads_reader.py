@@ -16,7 +16,7 @@ from tsconv.errors import StoreError
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.threads import ParallelBandReader, fast_path_reason
 
-from .helpers import price_series, read_output, write_store
+from ..helpers import price_series, read_output, write_store
 
 
 def _data(rows: int, features: int, dtype: str, seed: int = 0) -> np.ndarray:

@@ -15,7 +15,7 @@ import tsconv
 from tsconv import config
 from tsconv.engine import batched
 
-from .helpers import price_series, read_output, write_store
+from ..helpers import price_series, read_output, write_store
 
 
 class _FakeGraph:

@@ -21,7 +21,7 @@ import tsconv
 from tsconv import config
 from tsconv.engine.run import batched_on
 
-from .helpers import price_series, read_output, write_store
+from ..helpers import price_series, read_output, write_store
 
 BANK = {"conv": [{"name": "bank", "filters": ["diff:1", "ma:4"], "weight_dtype": "float32"}]}
 INTERPRETED = config.interpreted()

@@ -22,7 +22,7 @@ from tsconv.pipeline.spec import load_pipeline, resolve
 from tsconv.synth import make_ticks
 
 pytestmark = pytest.mark.gpu
-PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 
 
 def _col_rel(y: np.ndarray, ref: np.ndarray) -> float:

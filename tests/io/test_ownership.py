@@ -41,7 +41,7 @@ from tsconv.io.writers.zarr_writer import (
     store_identity,
 )
 
-from .helpers import price_series, write_store
+from ..helpers import price_series, write_store
 
 ROWS, FEATURES, CHUNK = 3000, 3, 256
 OLD_PIPE = {"conv": [{"filters": ["ma:4", "diff:1"]}]}  # what the store being overwritten was made with

@@ -18,7 +18,7 @@ import tsconv
 from tsconv.errors import StoreError
 from tsconv.io.readers import gpu as gpudecode
 
-from .helpers import price_series, process_batched, read_output, write_store
+from ..helpers import price_series, process_batched, read_output, write_store
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),

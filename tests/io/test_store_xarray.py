@@ -16,7 +16,7 @@ import tsconv
 from tsconv.cli import main
 from tsconv.errors import StoreError
 
-from .helpers import price_series
+from ..helpers import price_series
 
 xr = pytest.importorskip("xarray")
 pd = pytest.importorskip("pandas")

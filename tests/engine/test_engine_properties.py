@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import tsconv
 from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
-from .helpers import assert_matches_reference, error_bound, price_series, read_output, write_store
+from ..helpers import assert_matches_reference, error_bound, price_series, read_output, write_store
 
 ACTS = ["none", "relu", "gelu", "tanh"]
 # Random FP16 weights trip the sum-shift warning by design; here only the arithmetic is under test.

@@ -12,9 +12,9 @@ import tsconv
 from tsconv.pipeline.spec import DEFAULT_PIPELINE_TOML, load_pipeline, resolve
 from tsconv.synth import feature_names
 
-from .helpers import assert_matches_reference, price_series
+from ..helpers import assert_matches_reference, price_series
 
-PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 
 
 @pytest.mark.parametrize("path", sorted(PIPELINES.glob("*.toml")), ids=lambda p: p.stem)

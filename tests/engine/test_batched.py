@@ -25,7 +25,7 @@ from tsconv.kernels import prepare as prep
 from tsconv.kernels.prepare import prepare
 from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
-from .helpers import assert_matches_reference, price_series, process_batched, read_output, write_store
+from ..helpers import assert_matches_reference, price_series, process_batched, read_output, write_store
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
