@@ -220,3 +220,34 @@ def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored():
     assert sys.getswitchinterval() == before
     with run._gil_switch(torch.device("cpu")):
         assert sys.getswitchinterval() == before
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda x, src: tsconv.features(x, 42),
+            "pipeline must be a path to a TOML file, a dict or a Pipeline",
+        ),
+        (lambda x, src: tsconv.features([[1.0, 2.0], [3.0]], None), "expected a 2-D series"),
+        (lambda x, src: tsconv.process(src, device=None), "device must be 'auto', 'cpu' or 'cuda', got None"),
+        (lambda x, src: tsconv.process(src, overwrite="no"), "overwrite must be True or False"),
+        (lambda x, src: tsconv.process(src, resume=True, overwrite=True), "exclude each other"),
+        (lambda x, src: tsconv.process(src, progress="yes"), "progress must be True or False"),
+        (lambda x, src: tsconv.process(src, workers=0), "workers must be a positive integer"),
+        (lambda x, src: tsconv.process(src, partition_rows=1000), "partition_rows needs workers or client"),
+        (lambda x, src: tsconv.load_pipeline(3), "a pipeline is a path to a TOML file or a dict"),
+    ],
+)
+def test_library_misuse_is_a_clear_error(tmp_path: Path, call, match) -> None:
+    x = price_series(400, 2, seed=1)
+    src = write_store(tmp_path / "in.zarr", x)
+    with pytest.raises(tsconv.TsconvError, match=match):
+        call(x, src)
+    assert not (tmp_path / "in.features.zarr").exists()
+
+
+def test_load_pipeline_takes_the_dict_features_takes() -> None:
+    pipe = {"conv": [{"filters": ["diff:1", "ma:4"]}]}
+    x = price_series(300, 2, seed=2)
+    np.testing.assert_array_equal(tsconv.features(x, tsconv.load_pipeline(pipe)), tsconv.features(x, pipe))

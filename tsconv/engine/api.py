@@ -160,7 +160,13 @@ def features(
         _run_in_memory(source, plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
         return frame_output(plan.output_names, sink.out, time_series)
     is_torch = isinstance(x, torch.Tensor)
-    arr = x.detach().cpu().numpy() if is_torch else np.asarray(x)
+    try:
+        arr = x.detach().cpu().numpy() if is_torch else np.asarray(x)
+    except (TypeError, ValueError) as exc:  # ragged lists, objects numpy cannot make an array of
+        raise ShapeError(
+            f"expected a 2-D series [T, F] (an array, a tensor or a polars frame), got {type(x).__name__}: {exc}",
+            hint="pass a numpy array or torch tensor with one row per time step and one column per feature.",
+        ) from None
     if arr.ndim != 2:
         raise ShapeError(
             f"expected a 2-D series [T, F] (time-major), got {arr.ndim}-D with shape {list(arr.shape)}",

@@ -13,6 +13,7 @@ import difflib
 import fnmatch
 import hashlib
 import json
+import os
 import re
 import tomllib
 import warnings
@@ -299,8 +300,16 @@ class ResolvedPipeline:
 # --------------------------------------------------------------------------------------------- loading
 
 
-def load_pipeline(path: str | Path) -> Pipeline:
-    """Read and validate a pipeline TOML file; weight paths are relative to the file."""
+def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
+    """Read and validate a pipeline TOML file (weight paths are relative to the file), or a pipeline given
+    as a dict with the TOML file's structure (:func:`pipeline_from_dict`)."""
+    if isinstance(path, dict):
+        return pipeline_from_dict(path)
+    if not isinstance(path, str | os.PathLike):
+        raise PipelineError(
+            f"a pipeline is a path to a TOML file or a dict, got {type(path).__name__}",
+            hint="pass pipeline='pipelines/trend_ema.toml' or a dict like {'conv': [{'filters': ['ma:16']}]}.",
+        )
     p = Path(path)
     if not p.is_file():
         raise PipelineError(
