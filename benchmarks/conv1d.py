@@ -230,7 +230,11 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: interpreter smoke test")
     ap.add_argument("--dump-ir", type=Path, default=None, help="write each tuned kernel's TTGIR and PTX here")
     ap.add_argument("--no-subprocess", action="store_true", help="skip the cross-process cache check")
-    ap.add_argument("--cache-dir", default=None, help="autotune cache folder (sets TSCONV_CACHE_DIR)")
+    ap.add_argument(
+        "--cache-dir",
+        default=None,
+        help="autotune cache folder (sets TSCONV_CACHE_DIR, which the replay child reads too)",
+    )
     ap.add_argument(
         "--cases", default=None, help="comma-separated case names or prefixes (e.g. depthwise,chunk_k16)"
     )

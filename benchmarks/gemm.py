@@ -439,13 +439,18 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="the correctness pass only (no timings)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="start no new row after this many seconds")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: interpreter smoke test")
-    ap.add_argument("--cache-dir", default=None, help="autotune cache folder (sets TSCONV_CACHE_DIR)")
+    ap.add_argument("--cache-dir", default=None, help="autotune cache folder (the cache_dir setting)")
     args = ap.parse_args()
-    if args.cache_dir:
-        os.environ["TSCONV_CACHE_DIR"] = str(args.cache_dir)
     if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first @triton.jit runs
-    return Bench(args).run()
+        os.environ.setdefault(
+            "TRITON_INTERPRET", "1"
+        )  # Triton's own variable: before the first @triton.jit runs
+    import contextlib
+
+    from tsconv import config
+
+    with config.override(cache_dir=args.cache_dir) if args.cache_dir else contextlib.nullcontext():
+        return Bench(args).run()
 
 
 if __name__ == "__main__":
