@@ -1,5 +1,9 @@
 """tsconv.kernels.fused.conv1d_head on a GPU: correctness at real sizes, then fused vs unfused vs cuDNN + cuBLAS.
 
+Claim measured: the fused conv -> head kernel is as accurate as the unfused pair, never writes the
+intermediate, and how its speed compares with unfused tsconv and with cuDNN + cuBLAS (issue target 1.5x;
+benchmarks/NOTES.md, "Kernels: fused conv -> head, and the engine's head path").
+
     python benchmarks/fused.py --out $OUT/fused.json --cache-dir $OUT      # full run (H200)
     python benchmarks/fused.py --quick --out $OUT/fused.json               # fp32 rows only
     python benchmarks/fused.py --cases chunk_k5_o256_d64                   # chosen cases

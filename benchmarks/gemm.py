@@ -1,5 +1,9 @@
 """tsconv.kernels.gemm on a GPU: a correctness pass at real sizes, then timings against cuBLAS.
 
+Claim measured: tsconv's gemm (the projection head, float16-stored weights) is as accurate as cuBLAS in the
+same precision class, and its speed against cuBLAS on square, head-shaped and off-sample products (the
+engine's narrow head [65536, 256] x [256, 64]: level or faster; benchmarks/NOTES.md, "Kernels: the GEMM head").
+
     python benchmarks/gemm.py --out $OUT/gemm.json --cache-dir $OUT      # full run (about 3 minutes, H200)
     python benchmarks/gemm.py --quick --out $OUT/gemm.json               # a subset
     python benchmarks/gemm.py --cases square_4096,head_256x64            # chosen cases
