@@ -1,5 +1,9 @@
 """tsconv.kernels.conv1d on a GPU: a correctness pass at real sizes, then timings against cuDNN.
 
+Claim measured: tsconv's conv1d (dense and depthwise banks, in fp32 / tf32 / fp16) is as accurate as cuDNN in
+the same precision class and faster than it at the engine's shapes (benchmarks/NOTES.md, "Kernels: conv1d"
+and "depthwise banks").
+
     python benchmarks/conv1d.py --out $OUT/conv1d.json            # full run (about 4-6 minutes on an H200)
     python benchmarks/conv1d.py --quick --out $OUT/conv1d.json    # a subset
     python benchmarks/conv1d.py --check                           # the correctness pass only
@@ -230,7 +234,11 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: interpreter smoke test")
     ap.add_argument("--dump-ir", type=Path, default=None, help="write each tuned kernel's TTGIR and PTX here")
     ap.add_argument("--no-subprocess", action="store_true", help="skip the cross-process cache check")
-    ap.add_argument("--cache-dir", default=None, help="autotune cache folder (sets TSCONV_CACHE_DIR)")
+    ap.add_argument(
+        "--cache-dir",
+        default=None,
+        help="autotune cache folder (sets TSCONV_CACHE_DIR, which the replay child reads too)",
+    )
     ap.add_argument(
         "--cases", default=None, help="comma-separated case names or prefixes (e.g. depthwise,chunk_k16)"
     )

@@ -1,12 +1,14 @@
 """Decode throughput: a forward pass of 1024-row reads through BlockReader vs ParallelBandReader.
 
+Claim measured: the CPU reader's decode threads read a Blosc-LZ4 store faster than zarr's own read and
+than BlockReader, scaling with threads up to the cores (benchmarks/NOTES.md, "Reading and decoding on the CPU").
+
 On a generated tick store (tsconv.synth.make_ticks: float32, Blosc-lz4 with shuffle, chunks of about
 16 MiB of whole rows; default 1,048,576 x 256 = 1 GiB), each variant reads the whole store in 1024-row
 pieces as the engine does, 3 times (median GB/s of decoded bytes, warm page cache):
 - zarr whole-array read (``array[:]``, zarr-python's own pipeline and concurrency);
 - BlockReader (one zarr read per band of store chunks);
-- ParallelBandReader with 1, 2 and 16 decode threads (default prefetch; ``--threads``);
-- ProcessBandReader with ``--procs`` worker processes (none by default; first run starts the workers).
+- ParallelBandReader with 1, 2 and 16 decode threads (default prefetch; ``--threads``).
 
     python benchmarks/decode.py                      # writes benchmarks/results/decode.json and decode.md
     python benchmarks/decode.py --rows 262144         # a quick run
@@ -34,7 +36,6 @@ RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent))
 
 from provenance import commit, machine  # noqa: E402
-from tsconv.io.procdecode import ProcessBandReader  # noqa: E402
 
 from tsconv.io.readers.blocks import BlockReader  # noqa: E402
 from tsconv.io.readers.threads import ParallelBandReader  # noqa: E402
@@ -48,9 +49,7 @@ def _forward(reader, rows: int, step: int) -> float:
     return time.perf_counter() - t0
 
 
-def _variants(
-    values: zarr.Array, rows: int, step: int, threads: list[int], procs: list[int], only_fast: bool
-) -> dict:
+def _variants(values: zarr.Array, rows: int, step: int, threads: list[int], only_fast: bool) -> dict:
     def whole() -> float:
         t0 = time.perf_counter()
         np.asarray(values[:])
@@ -76,12 +75,6 @@ def _variants(
             )
             for t in threads
         },
-        **{
-            f"ProcessBandReader, {n} worker processes, 1024-row reads": forward(
-                lambda n=n: ProcessBandReader(values, workers=n)
-            )
-            for n in procs
-        },
     }
 
 
@@ -94,7 +87,6 @@ def main() -> None:
     ap.add_argument("--store", type=Path, help="an existing store (group with 'values' or a bare array)")
     ap.add_argument("--out", type=Path, default=RESULTS / "decode")
     ap.add_argument("--threads", default="1,2,16", help="decode-thread counts (comma list)")
-    ap.add_argument("--procs", default="", help="worker-process counts for ProcessBandReader (Linux x86-64)")
     ap.add_argument("--only-fast", action="store_true", help="skip the zarr and BlockReader variants")
     args = ap.parse_args()
 
@@ -113,8 +105,7 @@ def main() -> None:
         load0 = os.getloadavg()
         results = []
         threads = [int(t) for t in args.threads.split(",") if t]
-        procs = [int(n) for n in args.procs.split(",") if n]
-        for name, fn in _variants(values, rows, args.step, threads, procs, args.only_fast).items():
+        for name, fn in _variants(values, rows, args.step, threads, args.only_fast).items():
             fn()  # warm the page cache and the allocator once
             secs = [fn() for _ in range(args.repeats)]
             med = statistics.median(secs)

@@ -1,5 +1,9 @@
 """Scale-out on dask: `tsconv process` single-process vs a LocalCluster of 1 and 2 workers, same store.
 
+Claim measured: on the CPU, a job split over dask workers gives the single process's output bit for bit;
+the timings show what the workers cost or gain against the single process (benchmarks/NOTES.md, "dask on
+the VM"; the GPU counterpart is gpu_dask_check.py).
+
 Each variant runs once in a fresh process on a synthetic tick store (tsconv.synth.make_ticks) with the
 default pipeline. Recorded: wall seconds of the whole call (cluster start-up included), the report's
 seconds (partitions only, from submit to the last result), rows/s of both, peak RSS (max over workers),
@@ -7,8 +11,9 @@ and whether the output equals the single-process one bit for bit.
 
     python benchmarks/distributed.py                         # 400000x64, variants single,1,2
     python benchmarks/distributed.py --size 1000000x64 --workers 1,2,4
+    python benchmarks/distributed.py --size 20000x8 --workers 0,1 --out /tmp/distributed   # a smoke test
 
-Writes benchmarks/results/distributed.json and distributed.md.
+Writes OUT.json and OUT.md (default benchmarks/results/distributed).
 """
 
 from __future__ import annotations
@@ -31,11 +36,11 @@ RESULTS = HERE / "results"
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
 
-def _child(src: str, out: str, chunk: int, workers: int) -> dict:
+def _child(src: str, out: str, chunk: int, workers: int, device: str) -> dict:
     import tsconv
 
     t0 = time.perf_counter()
-    r = tsconv.process(src, out, chunk=chunk, overwrite=True, workers=workers or None)
+    r = tsconv.process(src, out, chunk=chunk, overwrite=True, workers=workers or None, device=device)
     wall = time.perf_counter() - t0
     return {
         "wall_seconds": wall,
@@ -72,11 +77,17 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--workers", default="0,1,2", help="comma-separated; 0 = single process, no dask")
     ap.add_argument("--workdir", default=None, help="where to put the stores (default: a temp dir)")
-    ap.add_argument("--child", nargs=4, metavar=("SRC", "OUT", "CHUNK", "WORKERS"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--device", default="cpu", choices=("cpu", "auto", "cuda"), help="tsconv.process(device=...)"
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS / "distributed", help="writes OUT.json and OUT.md")
+    ap.add_argument(
+        "--child", nargs=5, metavar=("SRC", "OUT", "CHUNK", "WORKERS", "DEVICE"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args()
     if args.child:
-        src, out, chunk, workers = args.child
-        print(json.dumps(_child(src, out, int(chunk), int(workers))))
+        src, out, chunk, workers, device = args.child
+        print(json.dumps(_child(src, out, int(chunk), int(workers), device)))
         return
 
     from tsconv.synth import make_ticks
@@ -92,7 +103,7 @@ def main() -> None:
         out = work / f"out-{w}.zarr"
         shutil.rmtree(out, ignore_errors=True)
         res = subprocess.run(
-            [sys.executable, __file__, "--child", str(src), str(out), str(args.chunk), str(w)],
+            [sys.executable, __file__, "--child", str(src), str(out), str(args.chunk), str(w), args.device],
             capture_output=True,
             text=True,
         )
@@ -129,15 +140,15 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
     meta = {
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()})",
-        "gpu": None,
+        "gpu": None if args.device == "cpu" else "see each row's device",
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "commit": _commit(),
         "pipeline": "default (diff:1, diff:32, diff:256, dev:32, dev:256 per feature; K=257, D=5F)",
         "note": "dask workers: one thread each, torch threads = cpu_count // workers; "
         "single process: torch's default threads",
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "distributed.json").write_text(json.dumps({**meta, "results": records}, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({**meta, "results": records}, indent=2) + "\n")
     lines = [
         f"# dask scale-out ({meta['machine']}, {meta['date']}, commit {meta['commit']})",
         "",
@@ -155,7 +166,7 @@ def main() -> None:
             f"{r['compute_rows_per_s']:,} | {r['speedup_wall']:.2f}x | {r['speedup_compute']:.2f}x | "
             f"{r['peak_rss_mib']:,} | {'yes' if r['identical_to_first'] else 'NO'} |"
         )
-    (RESULTS / "distributed.md").write_text("\n".join(lines) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -1,6 +1,11 @@
 """End to end on the GPU: `tsconv process --device cuda` against the naive loop and the whole series in GPU memory.
 
-    python benchmarks/e2e.py --out $OUT/e2e.json [--work /tmp/tsconv-e2e] [--quick]
+Claim measured: the engine streams a 4.3 GB store through the e2e pipeline many times faster than a naive
+chunk loop and faster than the whole series held in GPU memory, within its 1.2 GB GPU memory budget at any
+length, with output matching the CPU engine and float64 (benchmarks/NOTES.md, "The batched engine").
+
+    python benchmarks/e2e.py --out $OUT/e2e.json [--work /tmp/tsconv-e2e] [--quick] [--sections gen,check,modes]
+    python benchmarks/e2e.py --render benchmarks/results/e2e.json   # only the .md and .png from a JSON
 
 What it does, in one process (H200 machine; warm page cache unless stated):
 
@@ -11,10 +16,11 @@ What it does, in one process (H200 machine; warm page cache unless stated):
 3. checks the GPU output against the CPU engine and a float64 reference on a prefix (NaN pattern
    identical, error within the fp32 bound of tests/helpers.py), with several steps per run;
 4. times the engine (median of repeats) in each transfer mode, the naive loop (once: 17-20 s) and the
-   in-memory run (median of repeats, from the thirteenth session on);
+   in-memory run (median of repeats);
 5. longer stores (2M, 4M, 8M steps) and a 4096-feature store, made by hard-linking the chunk files of
    the generated ones cyclically (the same bytes repeat; the page cache holds them once), for the GPU
-   memory and time against length; a cold-cache run after evicting the chunk files (posix_fadvise).
+   memory and time against length; a cold-cache run after evicting the chunk files (posix_fadvise);
+6. (section ``tune``) decode and write threads, with the CPU reader.
 
 One JSON object per run in ``runs`` (keys: steps, features, input_gbps, seconds, peak_gpu_bytes,
 naive_gbps, in_memory_gbps, transfer, stage_seconds, gpu, date, commit, ...), the same gpu, date and
@@ -55,7 +61,7 @@ CHUNK = 1024
 
 def _mode(row: dict[str, Any]) -> str:
     """The transfer column: the transfer mode, and "GPU decode" for runs whose input was decoded on the GPU."""
-    codec = (row.get("compression") or "").split(" ")[0]  # recorded from the thirteenth session on
+    codec = (row.get("compression") or "").split(" ")[0]  # absent in older rows
     return (row["transfer"] + (", GPU decode" if row.get("reader") == "gpu" else "")
             + (f", output {codec}" if codec else ""))  # fmt: skip
 
@@ -257,8 +263,8 @@ def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
             f"{st['write']:.3f} | {r['commit']} |"
         )
     lines += ["", "`seconds`: the report's (from creating the output to its end); `wall s`: the whole tsconv.process "
-              "call, opening and checking the input and removing the previous output included (recorded from "
-              "the twelfth session on). Stage seconds: decode and write are busy seconds per thread; h2d, "
+              "call, opening and checking the input and removing the previous output included (absent in older "
+              "rows). Stage seconds: decode and write are busy seconds per thread; h2d, "
               "compute (prepare kernel + stages) and d2h are GPU event times. `output`: the values' codec "
               "(`--compression auto` keeps lz4 only where it saves 10% of a sample; these outputs save about "
               "5-7%); the baselines write with zarr's default codec.", ""]  # fmt: skip
@@ -312,7 +318,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repeats, no 8M / 4096-feature runs")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--render", type=Path, default=None, help="only write the .md and .png beside this JSON")
-    ap.add_argument("--sections", default="all", help="comma list: check,modes,baselines,big,scale,wide,cold")
+    ap.add_argument(
+        "--sections", default="all", help="comma list: gen,check,modes,baselines,big,scale,wide,tune,cold"
+    )
     args = ap.parse_args()
     if args.render is not None:
         doc = json.loads(args.render.read_text())
@@ -460,7 +468,7 @@ def main() -> int:
         with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
             torch.backends.cuda.matmul.allow_tf32 = False
             naive = naive_loop(a16, work / "naive.zarr", w, hw)
-            # the in-memory run, like tsconv's, as a median (one run moved 1.31-1.58 GB/s between leases)
+            # the in-memory run, like tsconv's, as a median (one run moved 1.31-1.58 GB/s between machines)
             mem = [in_memory(a16, work / "inmem.zarr", w, hw) for _ in range(args.repeats)]
             mem_s, mem_peak = statistics.median(m[0] for m in mem), max(m[1] for m in mem)
         gb = STEPS * 1024 * 4 / 1e9
@@ -506,27 +514,20 @@ def main() -> int:
     section("wide", wide)
 
     def tune() -> None:
-        # decode/write threads and the GIL switch interval, each config twice, in this one process
+        # decode and write threads with the CPU reader (whose threads they are), each config twice, in this
+        # one process (the I/O threads' nice value and the GIL switch interval are fixed since they were tuned)
         doc["tune"] = []
-        base = sys.getswitchinterval()
-        for dec, wr, sw, nice in ((16, 8, base, 5), (16, 8, base, 0), (16, 4, base, 5), (14, 4, base, 5),
-                                  (16, 4, base, 10), (15, 2, base, 10), (16, 8, 0.0005, 5)):  # fmt: skip
-            os.environ["TSCONV_DECODE_THREADS"], os.environ["TSCONV_WRITE_THREADS"] = str(dec), str(wr)
-            os.environ["TSCONV_IO_NICE"] = str(nice)
-            sys.setswitchinterval(sw)
-            reps = [run_engine(a16, outp, pipe) for _ in range(2)]
+        for dec, wr in ((16, 8), (16, 4), (14, 4), (15, 2)):
+            with tsconv.config.override(decode_threads=dec, write_threads=wr):
+                reps = [run_engine(a16, outp, pipe, decode="cpu") for _ in range(2)]
             best = min(reps, key=lambda r: r["seconds"])
-            row = {"decode_threads": dec, "write_threads": wr, "switch_interval": sw, "nice": nice,
+            row = {"decode_threads": dec, "write_threads": wr, "reader": best.get("reader"),
                    "seconds": [r["seconds"] for r in reps], "stage_seconds": best["stage_seconds"]}  # fmt: skip
             doc["tune"].append(row)
             st = best["stage_seconds"]
-            print("tune", dec, wr, sw, nice, [round(r["seconds"], 3) for r in reps],
+            print("tune", dec, wr, [round(r["seconds"], 3) for r in reps],
                   {k: round(st[k], 3) for k in ("loop", "loop_cpu", "read_wait", "ring_wait", "decode", "prepare",
-                                                "compute", "h2d")}, flush=True)  # fmt: skip
-        os.environ.pop("TSCONV_DECODE_THREADS")
-        os.environ.pop("TSCONV_WRITE_THREADS")
-        os.environ.pop("TSCONV_IO_NICE")
-        sys.setswitchinterval(base)
+                                                "compute", "h2d") if k in st}, flush=True)  # fmt: skip
 
     section("tune", tune)
 

@@ -1,7 +1,12 @@
 """Where the batched GPU engine's time goes: a timeline of every thread for one run, per variant.
 
+Claim measured: what bounds the e2e job's loop on the GPU (benchmarks/NOTES.md, "The batched engine"), and
+how each knob below moves it.
+
     python benchmarks/engine_trace.py --out $OUT/engine_trace.json [--rows 1048576 --features 1024]
         [--variants default,threads14,nommap] [--trace-out $OUT/trace.json]
+    TRITON_INTERPRET=1 python benchmarks/engine_trace.py --device cpu --rows 8192 --features 8 --repeats 1
+        # a smoke test of the script (the batched engine through Triton's interpreter)
 
 Makes (or reuses) the issue-5 store (16 MB Blosc-lz4 chunks) and the e2e pipeline (conv K=5 -> 256 ->
 head 64), then for each variant: one warm-up run, ``--repeats`` timed runs (median seconds and GB/s),
@@ -11,18 +16,23 @@ fewer than half of them busy), what the engine thread spent waiting on (ring slo
 result slot) and launching, how busy the GPU's copy and compute streams were, and how far decode ran
 ahead of the engine (median of band decoded -> band read).
 
-Variants set environment knobs the engine reads at run time, or (for exploration only) module
-constants: ``threadsN`` (TSCONV_DECODE_THREADS), ``nommap`` (TSCONV_MMAP=0), ``niceN`` (TSCONV_IO_NICE),
-``headP`` (TSCONV_HEAD_PATH=P), ``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the
-GPU reader's decode streams), ``decmbN`` (the GPU reader's decoded ring of N MB), ``twarpsN`` (its target warps per decode launch), ``rthreadsN`` (its file-reading threads),
-``lspanN`` (the decoder's literal-span variant, N bytes per step), ``pyread`` (chunk files read by Python
-threads, TSCONV_NATIVE_READ=0), ``rpartN`` (the native reader's parts of N KB), ``lateread``
-(reads started only from the engine's calls, EARLY_READS off), ``nograph`` (no CUDA graph of the steps), ``switchN`` (TSCONV_SWITCH_INTERVAL_US=N),
-``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle),
-``compression-C`` (the output compression option: auto, lz4, none), ``notime`` /
-``nometa`` (exploration: the writer skips the time column / the per-chunk ``rows_done`` update),
-``outmbN`` (output chunks of about N MB), ``gpudecode`` (TSCONV_GPU_DECODE=1; ``gpudecode+switchN``: and
-``sys.setswitchinterval`` N µs), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``prefetchN`` (reader window of N bands), ``stepN`` (N-row steps).
+Variants set tsconv's settings (``tsconv.config.override``), ``tsconv.process`` options, or (for
+exploration only) module constants; ``a+b`` applies both:
+``threadsN`` (decode_threads=N), ``nommap`` (mmap off), ``headP`` (head_path=P), ``pyread`` (chunk files
+read by Python threads: native_read off), ``nograph`` (cuda_graph off: no CUDA graph of the steps),
+``rthreadsN`` (gpu_read_threads=N: the GPU reader's file-reading threads); ``cpudecode`` (decode="cpu":
+the CPU reader), ``compression-C`` (the output compression option: auto, lz4, none);
+``cprioN`` / ``dprioN`` (CUDA priority -N for the compute / the GPU reader's decode streams), ``decmbN``
+(the GPU reader's decoded ring of N MB), ``twarpsN`` (its target warps per decode launch), ``lspanN`` (the
+decoder's literal-span variant, N bytes per step), ``rpartN`` (the native reader's parts of N KB),
+``lateread`` (the GPU reader's reads started only from the engine's calls, EARLY_READS off),
+``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle), ``notime`` /
+``nometa`` (the writer skips the time column / the per-chunk ``rows_done`` update), ``outmbN`` (output
+chunks of about N MB), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``stepN`` (N-row
+steps); with the CPU reader: ``prefetchN`` (reader window of N bands), ``predecoded`` (the store decoded
+into one pinned buffer at open: no decode threads in the loop), and ``predecoded+threadhog`` /
+``predecoded+prochog`` / ``predecoded+pyhog`` / ``predecoded+prochog+pyhog`` (beside it, 15 threads or
+processes decoding chunk files in a loop, or 15 threads doing only the per-chunk Python).
 """
 
 from __future__ import annotations
@@ -47,15 +57,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from provenance import commit, machine  # noqa: E402
 
 import tsconv  # noqa: E402
-from tsconv import trace
-from tsconv.engine import api as engine
-from tsconv.engine import batched
-from tsconv.io.readers import gpu as gpudecode
-from tsconv.io.readers import threads as decode
+from tsconv import config, trace  # noqa: E402
+from tsconv.engine import batched  # noqa: E402
+from tsconv.io import source  # noqa: E402
+from tsconv.io.contracts import BandReader  # noqa: E402
+from tsconv.io.readers import gpu as gpudecode  # noqa: E402
+from tsconv.io.readers import threads as decode  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
 
 
-class _Predecoded:
+class _Predecoded(BandReader):
     """Variant ``predecoded``: the whole store decoded into one pinned buffer when the engine opens it, so
     the engine's loop runs with no decode threads in the process (the read side's ceiling; compare the
     variants' ``loop_seconds``, which leave the up-front decode out)."""
@@ -72,20 +83,13 @@ class _Predecoded:
             for s in range(0, self.rows, self.band_rows):
                 e = min(s + self.band_rows, self.rows)
                 self._data[s:e] = r.read(s, e)
-        self.pinned, self.hold, self.ring_bands = pin, hold, None
-        self.busy_seconds, self.bands_decoded, self.fast, self.fallback_reason = 0.0, 0, True, None
+        self.where, self.pinned, self.hold = where, pin, hold
 
     def read(self, start: int, stop: int) -> np.ndarray:
         return self._data[start:stop]
 
     def close(self) -> None:
         self._data = None
-
-    def __enter__(self) -> _Predecoded:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _hog_loop(paths: list[str], stop: Any, offset: int) -> None:
@@ -176,39 +180,33 @@ class _PyHog:
             t.join()
 
 
-class _Sys:
-    interval = 0.0  # a GIL switch interval to set for a variant (0: leave it)
+# compound names that are one variant (not split at "+")
+_HOG_VARIANTS = ("predecoded+pyhog", "predecoded+prochog+pyhog", "predecoded+threadhog", "predecoded+prochog")
 
 
 @contextlib.contextmanager
 def variant(name: str):  # noqa: ANN201
     """Apply one variant's knobs for the duration of the block; ``a+b`` applies both."""
-    if "+" in name and not name.startswith("gpudecode"):
+    if "+" in name and name not in _HOG_VARIANTS:
         with contextlib.ExitStack() as stack:
             merged: dict[str, Any] = {}
             for part in name.split("+"):
                 merged.update(stack.enter_context(variant(part)))
             yield merged
         return
-    env: dict[str, str] = {}
+    settings: dict[str, Any] = {}  # tsconv.config.override(...)
     extra: dict[str, Any] = {}  # tsconv.process keyword arguments
     patches: list[tuple[Any, str, Any]] = []
     hog = None
     pyhog = None
     if name.startswith("threads"):
-        env["TSCONV_DECODE_THREADS"] = name[7:]
-    elif name.startswith("procs"):
-        env["TSCONV_DECODE_PROCS"] = name[5:]
+        settings["decode_threads"] = int(name[7:])
     elif name.startswith("head"):
-        env["TSCONV_HEAD_PATH"] = name[4:]
+        settings["head_path"] = name[4:]
     elif name == "nommap":
-        env["TSCONV_MMAP"] = "0"
-    elif name.startswith("gpudecode"):  # gpudecode, or gpudecode+switchN: also the GIL switch interval N µs
-        env["TSCONV_GPU_DECODE"] = "1"
-        if "+switch" in name:
-            patches.append((_Sys, "interval", int(name.split("+switch")[1]) * 1e-6))
-    elif name.startswith("nice"):
-        env["TSCONV_IO_NICE"] = name[4:]
+        settings["mmap"] = False
+    elif name == "cpudecode":  # the CPU reader (decode threads) instead of the GPU reader
+        extra["decode"] = "cpu"
     elif name.startswith("ring"):
         patches.append((batched, "_DEVICE_RING", int(name[4:])))
     elif name.startswith("piece"):
@@ -230,8 +228,6 @@ def variant(name: str):  # noqa: ANN201
         extra["compression"] = "lz4"  # as patched, never switched by auto
     elif name.startswith("compression-"):  # tsconv.process(compression=...): auto, lz4 or none
         extra["compression"] = name.split("-", 1)[1]
-    elif name.startswith("switch"):  # the GIL switch interval while the run lasts, N µs (default 200)
-        env["TSCONV_SWITCH_INTERVAL_US"] = name[6:]
     elif name.startswith("rpart"):  # the native reader's parts: N KB
         from tsconv.io.readers import fileread
 
@@ -239,11 +235,11 @@ def variant(name: str):  # noqa: ANN201
     elif name == "lateread":  # the GPU reader's reads scheduled only from the engine's read_device calls
         patches.append((gpudecode, "EARLY_READS", False))
     elif name == "pyread":  # chunk and time files read by Python threads, not the native reader
-        env["TSCONV_NATIVE_READ"] = "0"
+        settings["native_read"] = False
     elif name == "nograph":  # the steps' launches issued one by one (no CUDA graph)
-        env["TSCONV_CUDA_GRAPH"] = "0"
+        settings["cuda_graph"] = False
     elif name.startswith("rthreads"):  # the GPU reader's file-reading threads
-        env["TSCONV_GPU_DECODE_THREADS"] = name[8:]
+        settings["gpu_read_threads"] = int(name[8:])
     elif name.startswith("lspan"):  # the decoder's literal-span variant, N bytes per step
         from tsconv.kernels import blosc_lz4
 
@@ -286,49 +282,43 @@ def variant(name: str):  # noqa: ANN201
                 kw.setdefault("max_ring_bytes", 8 << 30)
                 super().__init__(*a, **kw)
 
-        patches.append((engine, "ParallelBandReader", Reader))
+        patches.append((source, "ParallelBandReader", Reader))
+        extra["decode"] = "cpu"
     elif name == "predecoded":
-        patches.append((engine, "ParallelBandReader", _Predecoded))
+        patches.append((source, "ParallelBandReader", _Predecoded))
+        extra["decode"] = "cpu"
     elif name in ("predecoded+pyhog", "predecoded+prochog+pyhog"):
         # The reader's per-chunk Python work without its decoding (15 threads: open, map, header, close,
         # then 10 ms asleep instead of decoding), alone or beside the decoding processes: what a parent
         # that hands chunks to decode processes would still do in this process.
-        patches.append((engine, "ParallelBandReader", _Predecoded))
+        patches.append((source, "ParallelBandReader", _Predecoded))
+        extra["decode"] = "cpu"
         hog = _Hog(procs=True) if "prochog" in name else None
         pyhog = _PyHog()
     elif name in ("predecoded+threadhog", "predecoded+prochog"):
         # The same decode work as the reader's threads (Blosc chunk files, 15 workers, in a loop), done next
         # to a predecoded run: in threads of this process, or in processes. Same CPU load either way; only
         # the threads share this process's GIL with the engine thread.
-        patches.append((engine, "ParallelBandReader", _Predecoded))
+        patches.append((source, "ParallelBandReader", _Predecoded))
+        extra["decode"] = "cpu"
         hog = _Hog(procs=name.endswith("prochog"))
     elif name != "default":
         raise SystemExit(f"unknown variant {name!r}")
-    old_env = {k: os.environ.get(k) for k in env}
     old = [(mod, attr, getattr(mod, attr)) for mod, attr, _ in patches]
-    os.environ.update(env)
     for mod, attr, value in patches:
         setattr(mod, attr, value)
-    old_switch = sys.getswitchinterval()
-    if _Sys.interval:
-        sys.setswitchinterval(_Sys.interval)
     if hog is not None:
         hog.start()
     if pyhog is not None:
         pyhog.start()
     try:
-        yield extra
+        with config.override(**settings):
+            yield extra
     finally:
         if pyhog is not None:
             pyhog.stop()
         if hog is not None:
             hog.stop()
-        sys.setswitchinterval(old_switch)
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         for mod, attr, value in old:
             setattr(mod, attr, value)
 
@@ -410,6 +400,10 @@ def main() -> int:
     ap.add_argument("--variants", default="default")
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke test under TRITON_INTERPRET=1")
     args = ap.parse_args()
+    if args.device == "cpu" and not config.interpreted():
+        raise SystemExit(
+            "--device cpu runs the batched engine through Triton's interpreter: set TRITON_INTERPRET=1"
+        )
     from e2e import write_pipeline
 
     work = Path(args.work)
@@ -424,8 +418,11 @@ def main() -> int:
     out = work / "trace_out.zarr"
     nbytes = args.rows * args.features * 4
     kw: dict[str, Any] = {"device": args.device, "overwrite": True, "pipeline": pipe}
-    if args.device == "cpu":
-        kw["batched"] = True
+
+    # on the CPU (a smoke test) the batched engine is asked for, through Triton's interpreter
+    def cpu() -> contextlib.AbstractContextManager[Any]:
+        return config.override(engine="batched") if args.device == "cpu" else contextlib.nullcontext()
+
     import datetime as dt
 
     import torch
@@ -434,11 +431,12 @@ def main() -> int:
     doc: dict[str, Any] = {"gpu": gpu, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                            "commit": commit(), **machine(), "rows": args.rows, "features": args.features,
                            "variants": {}}  # fmt: skip
-    tsconv.process(src, out, **kw)  # compile, autotune cache, page cache
+    with cpu():
+        tsconv.process(src, out, **kw)  # compile, autotune cache, page cache
     names = args.variants.split(",")
     for i, name in enumerate(names):
         key = name if names[:i].count(name) == 0 else f"{name}#{names[:i].count(name) + 1}"  # a repeat
-        with variant(name) as extra:
+        with cpu(), variant(name) as extra:
             # a new variant's first run (workers start)
             first = tsconv.process(src, out, **kw, **extra).seconds
             secs, reps = [], []
@@ -448,10 +446,8 @@ def main() -> int:
                 reps.append(r.to_dict())
             with trace.recording() as spans:
                 r = tsconv.process(src, out, **kw, **extra)
+            threads = decode.default_threads()  # the decode threads in force for this variant
         med = statistics.median(secs)
-        threads = int(os.environ.get("TSCONV_DECODE_THREADS") or decode.default_threads())
-        if name.startswith("threads"):
-            threads = int(name[7:])
         doc["variants"][key] = {
             "first_seconds": first,
             "seconds": secs,

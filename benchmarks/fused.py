@@ -1,5 +1,9 @@
 """tsconv.kernels.fused.conv1d_head on a GPU: correctness at real sizes, then fused vs unfused vs cuDNN + cuBLAS.
 
+Claim measured: the fused conv -> head kernel is as accurate as the unfused pair, never writes the
+intermediate, and how its speed compares with unfused tsconv and with cuDNN + cuBLAS (issue target 1.5x;
+benchmarks/NOTES.md, "Kernels: fused conv -> head, and the engine's head path").
+
     python benchmarks/fused.py --out $OUT/fused.json --cache-dir $OUT      # full run (H200)
     python benchmarks/fused.py --quick --out $OUT/fused.json               # fp32 rows only
     python benchmarks/fused.py --cases chunk_k5_o256_d64                   # chosen cases
@@ -604,13 +608,18 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="the correctness pass only (no timings)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="start no new row after this many seconds")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: interpreter smoke test")
-    ap.add_argument("--cache-dir", default=None, help="autotune cache folder (sets TSCONV_CACHE_DIR)")
+    ap.add_argument("--cache-dir", default=None, help="autotune cache folder (the cache_dir setting)")
     args = ap.parse_args()
-    if args.cache_dir:
-        os.environ["TSCONV_CACHE_DIR"] = str(args.cache_dir)
     if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first @triton.jit runs
-    return Bench(args).run()
+        os.environ.setdefault(
+            "TRITON_INTERPRET", "1"
+        )  # Triton's own variable: before the first @triton.jit runs
+    import contextlib
+
+    from tsconv import config
+
+    with config.override(cache_dir=args.cache_dir) if args.cache_dir else contextlib.nullcontext():
+        return Bench(args).run()
 
 
 if __name__ == "__main__":

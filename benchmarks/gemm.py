@@ -1,5 +1,9 @@
 """tsconv.kernels.gemm on a GPU: a correctness pass at real sizes, then timings against cuBLAS.
 
+Claim measured: tsconv's gemm (the projection head, float16-stored weights) is as accurate as cuBLAS in the
+same precision class, and its speed against cuBLAS on square, head-shaped and off-sample products (the
+engine's narrow head [65536, 256] x [256, 64]: level or faster; benchmarks/NOTES.md, "Kernels: the GEMM head").
+
     python benchmarks/gemm.py --out $OUT/gemm.json --cache-dir $OUT      # full run (about 3 minutes, H200)
     python benchmarks/gemm.py --quick --out $OUT/gemm.json               # a subset
     python benchmarks/gemm.py --cases square_4096,head_256x64            # chosen cases
@@ -439,13 +443,18 @@ def main() -> int:
     ap.add_argument("--check", action="store_true", help="the correctness pass only (no timings)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="start no new row after this many seconds")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: interpreter smoke test")
-    ap.add_argument("--cache-dir", default=None, help="autotune cache folder (sets TSCONV_CACHE_DIR)")
+    ap.add_argument("--cache-dir", default=None, help="autotune cache folder (the cache_dir setting)")
     args = ap.parse_args()
-    if args.cache_dir:
-        os.environ["TSCONV_CACHE_DIR"] = str(args.cache_dir)
     if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the first @triton.jit runs
-    return Bench(args).run()
+        os.environ.setdefault(
+            "TRITON_INTERPRET", "1"
+        )  # Triton's own variable: before the first @triton.jit runs
+    import contextlib
+
+    from tsconv import config
+
+    with config.override(cache_dir=args.cache_dir) if args.cache_dir else contextlib.nullcontext():
+        return Bench(args).run()
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One GPU-machine call: re-verify the CUDA paths, then measure. Each step has its own time limit and
-# writes under $OUT, so a slow step costs only itself. Steps: a comma list in $1 (default: all).
+# writes under $OUT, so a slow step costs only itself. Steps: a comma list in $1 (default: verify,e2e,trace,dask).
 #   bash benchmarks/gpu_checks.sh verify,e2e,trace,dask
+# Claims re-checked: the CUDA paths pass their GPU tests (pytest -m gpu), and the engine's timings in
+# benchmarks/NOTES.md still hold on this machine (e2e, engine_trace, dask, fused, gpu_decode).
 set -u
 DASK_FLAGS=${DASK_FLAGS:-}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-steps=",${1:-verify,e2e,trace,dask},"  # also: h2d, recenter, recenter_cost, launch, tune_gpu, tune_gpu_conv, plans, fused_tma, conv_gpu, gpudecode
+steps=",${1:-verify,e2e,trace,dask},"  # also: recenter, plans, fused, conv_gpu, gpudecode
 want() { [[ $steps == *",$1,"* ]]; }
+tests_named() { for n; do find tests -name "$n" -print; done; }  # test files wherever tests/ keeps them
 # The device tool returns at most 8 files: every step logs into one file.
 run() {  # run LIMIT NAME CMD...: append to $OUT/log.txt, say how it went
   local limit=$1 name=$2
@@ -30,53 +33,33 @@ if [[ ${SEED_TUNING:-0} == 1 && -n ${TSCONV_CACHE_DIR:-} ]]; then
   [[ -f $seed && ! -f $TSCONV_CACHE_DIR/$(basename "$seed") ]] && cp "$seed" "$TSCONV_CACHE_DIR/" && echo "seeded $seed"
 fi
 if want verify; then
-  run 150 pytest_gpu python -m pytest -q -m gpu tests/test_head.py -x -p no:cacheprovider
-  run 120 batched_check python benchmarks/gpu_batched_check.py --out "$OUT/gpu_batched_check.json"
+  # the head paths, then the engine against the CPU engine and float64 (the prepare kernel bit for bit)
+  run 330 pytest_gpu python -m pytest -q -m gpu $(tests_named test_head.py test_gpu_engine.py) -x -p no:cacheprovider
 fi
 if want recenter; then  # conv1d's recenter on the real kernels, then the engine against the CPU engine
   run 200 pytest_recenter python -m pytest -q tests/kernels/test_recenter.py -x -p no:cacheprovider
-  run "${ENGINE_LIMIT:-330}" engine_check python benchmarks/gpu_engine_check.py \
-    --pipelines "${ENGINE_PIPELINES:-default,trend_ema,multiscale,dense_head}" --out "$OUT/gpu_engine_check.json"
-fi
-if want recenter_cost; then
-  run 200 recenter_cost python benchmarks/recenter_cost.py --out "$OUT/recenter_cost.json"
-fi
-if want launch; then  # where a small conv1d call's host time goes (TMA calls: 0.34-0.55 ms, NOTES.md)
-  run 240 launch_conv1d python benchmarks/launch_profile.py --op conv1d --calls 500 \
-    --out "$OUT/launch_profile_conv1d.txt"
-fi
-if want tune_gpu; then  # the opt-in GPU-time tuner: its tests, then gemm tuned with it
-  run 60 pytest_tuner python -m pytest -q tests/kernels/test_conv1d.py -k "gpu_ms or tuner" -p no:cacheprovider
-  TSCONV_TUNE_TIMING=gpu run 200 gemm_gputime python benchmarks/gemm.py --budget-s 170 --out "$OUT/gemm_gputime.json"
-fi
-if want tune_gpu_conv; then  # conv1d tuned with the opt-in GPU-time tuner
-  TSCONV_TUNE_TIMING=gpu run 330 conv1d_gputime python benchmarks/conv1d.py --budget-s 300 --no-subprocess \
-    --out "$OUT/conv1d_gputime.json"
+  run "${ENGINE_LIMIT:-330}" engine_check python -m pytest -q -m gpu $(tests_named test_gpu_engine.py) \
+    -k cuda_engine_matches -p no:cacheprovider
 fi
 if want conv_gpu; then  # conv1d's GPU tests (dense pointer and TMA kernels, depthwise, recenter)
   run 200 pytest_conv1d python -m pytest -q -m gpu tests/kernels/test_conv1d.py -p no:cacheprovider
 fi
-if want plans; then  # launch plans on the GPU: conv1d (dense, and the direct/bank/window ones behind
-  # _DIRECT_PLANS_CUDA, which their test switches on) and gemm; replays must equal the full path bit for bit
+if want plans; then  # launch plans on the GPU: conv1d (dense, direct, bank, window) and gemm; replays must
+  # equal the full path bit for bit
   run 200 pytest_plans python -m pytest -q tests/kernels/test_conv1d.py tests/kernels/test_gemm.py -k plan \
     -p no:cacheprovider
 fi
-if want fused_tma; then  # the fused kernel's TMA variant (opt-in, TSCONV_FUSED_TMA=1): its tests, then fused.py
-  TSCONV_FUSED_TMA=1 run 240 pytest_fused_tma python -m pytest -q tests/kernels/test_fused.py -k tma -p no:cacheprovider
-  TSCONV_FUSED_TMA=1 run $((${FUSED_BUDGET:-300} + 30)) fused_tma python benchmarks/fused.py --budget-s "${FUSED_BUDGET:-300}" \
-    --out "$OUT/fused_tma.json"
+if want fused; then  # the fused conv -> head kernel (its TMA variant, the default on sm_90): its tests, then fused.py
+  run 240 pytest_fused python -m pytest -q tests/kernels/test_fused.py -k tma -p no:cacheprovider
+  run $((${FUSED_BUDGET:-300} + 30)) fused python benchmarks/fused.py --budget-s "${FUSED_BUDGET:-300}" \
+    --out "$OUT/fused.json"
 fi
-if want gpudecode; then  # Blosc-LZ4 decoded on the GPU: tests, the decoder alone, then the engine with it
-  run 120 pytest_gpudecode python -m pytest -q tests/kernels/test_blosc_lz4.py tests/test_gpudecode.py \
-    tests/kernels/test_autotune_check.py tests/kernels/test_launch.py -p no:cacheprovider
+if want gpudecode; then  # Blosc-LZ4 decoded on the GPU: tests, then the decoder alone
+  run 120 pytest_gpudecode python -m pytest -q $(tests_named test_blosc_lz4.py test_gpudecode.py \
+    test_autotune_check.py test_launch.py) -p no:cacheprovider
   S=/tmp/tsconv-e2e/ticks_1048576x1024_16mb.zarr
   [[ -d $S ]] || run 60 gen_store python -c "from tsconv.synth import make_ticks; make_ticks('$S', rows=1<<20, features=1024)"
   run 120 gpu_decode python benchmarks/gpu_decode.py --store "$S" --batch 32 --repeats 3 --out "$OUT/gpu_decode.json"
-  run 200 engine_gpu_decode python benchmarks/engine_gpu_decode.py --repeats 3 --threads 16 \
-    --out "$OUT/engine_gpu_decode.json"
-fi
-if want h2d; then
-  run 60 h2d python benchmarks/h2d_call.py --out "$OUT/h2d_call.json"
 fi
 if want e2e; then
   run 240 e2e python benchmarks/e2e.py --quick --sections gen,check,modes --out "$OUT/e2e_quick.json"
@@ -84,7 +67,7 @@ fi
 if want trace; then
   run 200 trace python benchmarks/engine_trace.py --out "$OUT/engine_trace.json" \
     --repeats 3 \
-    --variants "${TRACE_VARIANTS:-default,nommap,threads12,threads14,nice19,ring8,ring16,prefetch32,step16384,headauto,headgemm,headfused}"
+    --variants "${TRACE_VARIANTS:-default,cpudecode,nommap,threads12,threads14,ring8,ring16,prefetch32,step16384,headauto,headgemm,headfused}"
 fi
 if want dask; then
   run 90 dask_small python benchmarks/gpu_dask_check.py $DASK_FLAGS --out "$OUT/gpu_dask_check.json"

@@ -1,5 +1,8 @@
 """GPU: the engine inside dask workers against the plain engine on one GPU, same output.
 
+Claim measured: one dask worker runs within 10% of the plain engine, N workers (one per GPU) scale the
+throughput, and the outputs agree (benchmarks/NOTES.md, "dask and several GPUs"). GPU only.
+
     python benchmarks/gpu_dask_check.py --out $OUT/gpu_dask_check.json [--rows 400000 --features 64]
     python benchmarks/gpu_dask_check.py --workers 2 --src STORE --pipeline TOML --out ...   # 2 GPUs
 
@@ -16,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -47,7 +49,7 @@ from tsconv.synth import make_ticks  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="gpu_dask_check.json")
     ap.add_argument("--rows", type=int, default=400_000)
     ap.add_argument("--features", type=int, default=64)
@@ -55,11 +57,6 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="dask workers, one per GPU (2 on a 2-GPU machine)")
     ap.add_argument("--src", type=Path, default=None, help="an existing store (default: generate one)")
     ap.add_argument("--pipeline", type=Path, default=None, help="pipeline file (default: the default one)")
-    ap.add_argument(
-        "--compare-mallopt",
-        action="store_true",
-        help="also time the worker without tsconv's mallopt (dask's MALLOC_TRIM_THRESHOLD_ only)",
-    )
     ap.add_argument(
         "--partition-rows", type=int, default=None, help="rows per dask task (default: the engine's)"
     )
@@ -70,19 +67,13 @@ def main() -> int:
     src = args.src or make_ticks(work / "ticks.zarr", rows=args.rows, features=args.features, seed=0)
     dname = "dask_1_worker" if args.workers == 1 else f"dask_{args.workers}_workers"
     names = ["plain", "plain_thread", dname] if args.workers == 1 else ["plain", dname]
-    if args.compare_mallopt:
-        names.insert(1, "dask_no_mallopt")
     times: dict[str, list[float]] = {k: [] for k in names}
     phases: dict[str, list[dict]] = {k: [] for k in names}  # a dask run's task phases, dispatch, collect
-    # Workers inherit this at spawn; the tasks read it per call (mallopt, once done, stays for the process).
-    os.environ["TSCONV_MALLOPT"] = "0" if args.compare_mallopt else "1"
     cluster, _ = local_cluster(args.workers, "cuda")
     with Client(cluster) as client:
         order = [n for n in names if n != dname] * (args.repeat + 1)
         order += ["plain", dname] * (args.repeat + 1)
         for name in order:
-            if name == dname:
-                client.run(os.environ.__setitem__, "TSCONV_MALLOPT", "1")
             kw = {"client": client, "partition_rows": args.partition_rows} if name.startswith("dask") else {}
             out = work / f"{name}.zarr"
             if name == "plain_thread":  # the plain engine in a non-main thread, as a dask task runs
@@ -125,11 +116,6 @@ def main() -> int:
         "gpus": torch.cuda.device_count(),
         "dask_over_plain": round(ratio, 3),
         "speedup_over_one_gpu": round(speedup, 3),
-        **(
-            {"no_mallopt_over_plain": round(med["dask_no_mallopt"] / med["plain"], 3)}
-            if args.compare_mallopt
-            else {}
-        ),  # fmt: skip
         "within_10_percent": ratio <= 1.10,
         "identical_output": same,
         "nan_pattern_equal": nan_same,

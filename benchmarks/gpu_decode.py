@@ -1,5 +1,9 @@
 """Blosc-LZ4 decoded on the GPU (tsconv.kernels.blosc_lz4) against the CPU decode threads, on a real store.
 
+Claim measured: the GPU decoder turns the stored bytes into decoded rows on the GPU faster than the CPU
+decode threads plus the H2D copy, byte for byte as numcodecs decodes them (benchmarks/NOTES.md, "The GPU
+Blosc-LZ4 decoder"). GPU only.
+
     python benchmarks/gpu_decode.py --store /tmp/tsconv-e2e/ticks_1048576x1024_16mb.zarr --out $OUT/gpu_decode.json
 
 Stages, each timed alone (medians of --repeats) and then overlapped as an engine would run them:
@@ -9,7 +13,7 @@ Stages, each timed alone (medians of --repeats) and then overlapped as an engine
 - pipelined: read a batch of chunks into a pinned slot, copy it on a side stream, decode it on the main
   stream, double-buffered: compressed bytes in, decoded bytes on the GPU;
 - baseline: tsconv's ParallelBandReader (16 decode threads into a pinned ring) plus the H2D of each band:
-  decoded bytes on the GPU the way the engine gets them today.
+  decoded bytes on the GPU the way the CPU reader gets them to the engine (its threads at nice +5, as there).
 
 Correctness first: every chunk decoded on the GPU is compared byte for byte with numcodecs' decode.
 """
@@ -21,7 +25,6 @@ import concurrent.futures as cf
 import datetime as dt
 import functools
 import json
-import os
 import statistics
 import sys
 import time
@@ -309,5 +312,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TSCONV_IO_NICE", "0")
     raise SystemExit(main())

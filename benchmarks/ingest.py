@@ -1,5 +1,9 @@
 """Ingest: seconds, input rows/s and peak RSS of `tsconv.ingest` on a 10M-row long-format Parquet file.
 
+Claim measured: `tsconv.ingest` turns long-format Parquet into a store at millions of input rows per second
+in bounded memory (one band of output), exactly, and the store then runs through `tsconv process`
+(benchmarks/NOTES.md, "Ingest").
+
 The input (generated streaming, one row group at a time with pyarrow's ParquetWriter) holds 10,000
 irregular timestamps x 1024 features = 10.24M (time, feature, value) rows minus 1 % dropped at random
 (missing cells), values being per-feature random walks on a 0.01 price grid, times timestamp[ns, UTC].
@@ -14,6 +18,7 @@ Variants, each ingested in its own child process (so ru_maxrss is the ingest's o
 
     python benchmarks/ingest.py                 # writes benchmarks/results/ingest.json and ingest.md
     python benchmarks/ingest.py --timestamps 2000   # a quick run
+    python benchmarks/ingest.py --timestamps 1500 --features 32 --out /tmp/ingest   # a smoke test
 """
 
 from __future__ import annotations
@@ -156,6 +161,7 @@ def main() -> None:
         "--workdir", type=Path, default=None, help="where the Parquet files go (default: a temp dir)"
     )
     ap.add_argument("--no-shuffled", action="store_true", help="skip the shuffled-input variants")
+    ap.add_argument("--out", type=Path, default=RESULTS / "ingest", help="writes OUT.json and OUT.md")
     args = ap.parse_args()
 
     import polars as pl
@@ -216,8 +222,8 @@ def main() -> None:
         "results": rows_out,
         "process_after_ingest": processed,
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ingest.json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     m = result["machine"]
     lines = [
         "# Ingest: long-format Parquet -> zarr store",
@@ -244,7 +250,7 @@ def main() -> None:
             f"{processed['features_in']} -> {processed['features_out']} features in {processed['seconds']:.2f} s "
             f"({processed['rows_per_s']:,.0f} rows/s, peak RSS {processed['peak_rss_bytes'] / 2**20:.0f} MiB).",
         ]
-    (RESULTS / "ingest.md").write_text("\n".join(lines) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

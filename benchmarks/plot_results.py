@@ -1,6 +1,11 @@
 """Plots from the benchmark JSON files in benchmarks/results (run on any machine with matplotlib).
 
-    python benchmarks/plot_results.py            # writes results/conv1d.png (and others when present)
+Claim shown (measures nothing itself): conv1d.py's figures, tsconv against cuDNN as the taps grow
+(benchmarks/NOTES.md, "Kernels: conv1d" and "depthwise banks"). e2e.png comes from
+``python benchmarks/e2e.py --render results/e2e.json``.
+
+    python benchmarks/plot_results.py                   # writes results/conv1d.png from results/conv1d.json
+    python benchmarks/plot_results.py --out-dir /tmp    # the same figure elsewhere
 
 conv1d.png: time against K, tsconv vs cuDNN, for the dense chunk batches [64, 1024, 1024+K-1] -> 256
 in each precision and for the depthwise banks, from results/conv1d.json.
@@ -8,6 +13,7 @@ in each precision and for the depthwise banks, from results/conv1d.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -19,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def plot_conv1d() -> Path | None:
+def plot_conv1d(out_dir: Path = RESULTS) -> Path | None:
     src = RESULTS / "conv1d.json"
     if not src.exists():
         return None
@@ -59,12 +65,16 @@ def plot_conv1d() -> Path | None:
     ax_dw.legend(fontsize=7)
     fig.suptitle(f"conv1d on {doc['gpu']}, {doc['date'][:10]}, commit {doc['commit']}", fontsize=9)
     fig.tight_layout()
-    out = RESULTS / "conv1d.png"
+    out = out_dir / "conv1d.png"
     fig.savefig(out, dpi=110)
     return out
 
 
 if __name__ == "__main__":
-    for made in [plot_conv1d()]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out-dir", type=Path, default=RESULTS, help="where the figures go (default: results/)")
+    args = ap.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for made in [plot_conv1d(args.out_dir)]:
         if made:
             print(f"wrote {made}")

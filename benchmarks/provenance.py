@@ -1,4 +1,7 @@
-"""Where a benchmark figure comes from: the commit and the machine, recorded beside every result."""
+"""Where a benchmark figure comes from: the commit and the machine, recorded beside every result.
+
+A helper the scripts import (it measures nothing); ``python benchmarks/provenance.py`` prints both as JSON.
+"""
 
 from __future__ import annotations
 
@@ -37,3 +40,9 @@ def machine() -> dict:
         cpu = platform.processor()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(mem / 2**30, 1), "python": platform.python_version()}  # fmt: skip
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps({"commit": commit(), **machine()}))

@@ -1,5 +1,8 @@
 """Write throughput of the output writer: zarr in the caller's thread (the old path) vs threads and direct files.
 
+Claim measured: writing output chunk files directly from threads costs the engine's thread far less than
+zarr in the caller's thread, with the same bytes (benchmarks/NOTES.md, "The writer").
+
 The output is what the engine writes: ``rows`` x 64 float32 features (default 1,048,576 rows, 268 MB),
 65,536-row chunks (about 16 MB, ``output_chunk_rows(1024, 64)``), Blosc-lz4 with shuffle, appended in
 1024-row blocks as the engine emits them. The rows are real features: a causal filter bank (diff, ma, dev)

@@ -1,5 +1,9 @@
 """What holds the GPU engine's reserved memory at its peak: one fresh process per variant.
 
+Claim measured: a CUDA run stays within its GPU memory budget (1.2 GB by default), allocated and reserved,
+and every reserved segment at the peak is accounted for by the tsconv frame that made it
+(benchmarks/NOTES.md, "GPU memory and the step budget"). GPU only.
+
     python benchmarks/diag/gpu_memory.py --out $OUT/gpu_memory.json [--variants default,nograph,...]
         [--rows 1048576 --features 1024]
 
@@ -9,11 +13,11 @@ reserved), the last under ``torch.cuda.memory._record_memory_history``. From tha
 rebuilds the reserved total over the run and lists, at its peak, each live segment (size, and the
 tsconv frames of the allocation that made it) and the live blocks grouped by where they were allocated.
 
-Variants are environment settings: ``nograph`` (TSCONV_CUDA_GRAPH=0), ``pool-MODE``
-(TSCONV_GRAPH_POOL=MODE: empty, the default, or private), ``expandable`` (PYTORCH_CUDA_ALLOC_CONF=
-expandable_segments:True), ``cpudecode`` (TSCONV_GPU_DECODE=0), ``keepcache`` (TSCONV_EMPTY_CACHE=0: no
-emptying of the allocator's cache at the start of a run), ``fresh`` (an empty autotune cache: the first
-run tunes); combine them with ``+``.
+Variants are the child process's environment settings, or its ``tsconv.process`` options:
+``nograph`` (TSCONV_CUDA_GRAPH=0), ``expandable`` (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True),
+``keepcache`` (TSCONV_EMPTY_CACHE=0: no emptying of the allocator's cache at the start of a run), ``fresh``
+(TSCONV_CACHE_DIR an empty autotune cache: the first run tunes), ``cpudecode`` (``decode="cpu"``: the CPU
+reader); combine them with ``+``.
 """
 
 from __future__ import annotations
@@ -36,18 +40,19 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 ENV = {
     "nograph": {"TSCONV_CUDA_GRAPH": "0"},
     "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-    "cpudecode": {"TSCONV_GPU_DECODE": "0"},
     "keepcache": {"TSCONV_EMPTY_CACHE": "0"},
 }
 
 
-def variant_env(name: str) -> dict[str, str]:
+def variant_env(name: str) -> tuple[dict[str, str], list[str]]:
+    """A variant's environment for the child process, and the child's extra arguments."""
     env: dict[str, str] = {}
+    argv: list[str] = []
     for part in name.split("+"):
         if part == "default":
             continue
-        if part.startswith("pool-"):
-            env["TSCONV_GRAPH_POOL"] = part[5:]
+        if part == "cpudecode":
+            argv += ["--decode", "cpu"]
         elif part == "fresh":  # an empty autotune cache: the first run tunes every kernel it launches
             import tempfile
 
@@ -56,7 +61,7 @@ def variant_env(name: str) -> dict[str, str]:
             env.update(ENV[part])
         else:
             raise SystemExit(f"unknown variant {part!r}")
-    return env
+    return env, argv
 
 
 def _where(frames: list[dict[str, Any]] | None) -> str:
@@ -149,7 +154,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     batched._StepGraph.release = spy  # type: ignore[method-assign]
 
     def run() -> dict[str, Any]:
-        rep = tsconv.process(src, out, pipeline=pipe, device="cuda", overwrite=True).to_dict()
+        rep = tsconv.process(
+            src, out, pipeline=pipe, device="cuda", overwrite=True, decode=args.decode
+        ).to_dict()
         return {k: rep.get(k) for k in ("seconds", "peak_gpu_allocated_bytes", "peak_gpu_reserved_bytes",
                                          "step_rows", "cuda_graph", "reader")}  # fmt: skip
 
@@ -181,12 +188,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--variants", default="default,nograph,pool-private,expandable")
+    ap.add_argument("--variants", default="default,nograph,expandable")
     ap.add_argument("--rows", type=int, default=1 << 20)
     ap.add_argument("--features", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", default="/tmp/tsconv-e2e")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--decode", default=None, help=argparse.SUPPRESS)  # the child's process(decode=...)
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
@@ -204,9 +212,11 @@ def main() -> int:
     doc: dict[str, Any] = {"machine": machine(), "commit": commit(), "rows": args.rows,
                            "features": args.features, "variants": {}}  # fmt: skip
     for v in args.variants.split(","):
-        env = {**os.environ, **variant_env(v)}
+        extra_env, extra_argv = variant_env(v)
+        env = {**os.environ, **extra_env}
         cmd = [sys.executable, __file__, "--child", "--out", args.out, "--rows", str(args.rows),
-               "--features", str(args.features), "--repeats", str(args.repeats), "--work", args.work]  # fmt: skip
+               "--features", str(args.features), "--repeats", str(args.repeats), "--work", args.work,
+               *extra_argv]  # fmt: skip
         t0 = time.perf_counter()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
