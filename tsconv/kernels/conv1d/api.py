@@ -95,7 +95,7 @@ def conv1d(
             the block's first output step (the median of that step and the two taps before it for depthwise
             and few-channel convs, that step alone for dense ones; causal, and skipped where not finite), so
             the float32 rounding scales with the moves within a block's reach instead of with the level or
-            its drift. 3-19% more time on the H200 (benchmarks/results/recenter_cost.md); the Triton kernels
+            its drift. 3-19% more time on the H200 (benchmarks/NOTES.md, "Per-block recentering"); the Triton kernels
             only (the torch path on CPU tensors computes as ``F.conv1d``).
         recenter_from: with ``recenter``, the number of rows at the start of ``x`` that are zero history
             rather than data (the engine's first step passes its history rows this way); levels are never
