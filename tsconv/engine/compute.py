@@ -119,10 +119,10 @@ def _conv_recentered(
     y = F.conv1d(xb, weight, None, dilation=layer.dilation, groups=layer.groups)  # [nb, O, block]
     g = layer.groups
     o_g, c_g = tap_sums.shape[0] // g, tap_sums.shape[1]
-    addback = torch.einsum("goc,gcb->gob", tap_sums.view(g, o_g, c_g), v.double().view(g, c_g, nb))
+    addback = torch.einsum("goc,gcb->gob", tap_sums.view(g, o_g, c_g), v.to(tap_sums.dtype).view(g, c_g, nb))
     addback = addback.reshape(g * o_g, nb)
     if bias is not None:
-        addback = addback + bias.double()[:, None]
+        addback = addback + bias.to(addback.dtype)[:, None]
     y = y + addback.T.to(y.dtype)[:, :, None]
     return y.permute(1, 0, 2).reshape(1, -1, nb * block)[..., :n_out]
 
@@ -391,15 +391,21 @@ _CUDA_BLOCK = 128
 class _StorageCheck:
     """How far FP16 storage moves each stage's (and the head's) outputs on the data at hand, warned once.
 
-    On the first chunk with enough data rows, each stage runs in float64 on up to _CHECK_ROWS output
-    rows with the weights as given; the change that rounding them makes is that stage's conv with the
-    rounding residual (for the centred first stage, block by block as the engine re-centres), compared per
-    output with the largest finite value of the exact output. Stages stored in float32, or whose weights
-    float16 holds exactly, cost nothing.
+    On the first chunk with enough data rows, up to _CHECK_ROWS output rows: each stage's output is
+    computed with its stored weights (an estimate of its scale), and the change that rounding made is
+    that stage's conv with the rounding residual (for the centred first stage block by block, as the
+    engine re-centres), compared per output with the largest finite value of the output. In float32 (the
+    residual is small, so its product is exact enough) and without cuDNN, whose first call in a process
+    costs a fresh batch job hundreds of milliseconds. Stages stored in float32, or whose weights float16
+    holds exactly, cost nothing.
     """
 
     def __init__(self, plan: ResolvedPipeline) -> None:
         self.plan = plan
+        # the rounding residuals (given - stored), float32, None where there is none
+        self.residuals = [_residual(L.weight_dtype, L.weight, L.given) for L in plan.layers]
+        head = plan.head
+        self.head_residual = None if head is None else _residual(head.weight_dtype, head.weight, head.given)
 
     @staticmethod
     def needed(plan: ResolvedPipeline) -> bool:
@@ -421,38 +427,40 @@ class _StorageCheck:
         m = min(_CHECK_ROWS, x.shape[0] - a - halo)
         if m < 1:
             return False
-        u = x[a : a + halo + m].double()
+        u = x[a : a + halo + m].float()
         if centered:
-            u = u + level.double()
+            u = u + level.float()
         y = u.T.unsqueeze(0)  # [1, C, L]
         dev = x.device
         block = _CUDA_BLOCK if backend.triton else _CPU_BLOCK
         origin = plan.pipeline.origin
-        for i, (layer, dl) in enumerate(zip(plan.layers, backend.layers, strict=True)):
-            w = torch.from_numpy(layer.given).to(dev)
-            b = None if layer.bias is None else torch.from_numpy(layer.bias.astype(np.float64)).to(dev)
-            exact = F.conv1d(y, w, b, dilation=layer.dilation, groups=layer.groups)
-            if layer.weight_dtype == "float16":
-                dw = w - torch.from_numpy(layer.weight.astype(np.float64)).to(dev)
-                if bool(dw.any()):
+        with torch.backends.cudnn.flags(enabled=False):
+            for i, (layer, dl, res) in enumerate(
+                zip(plan.layers, backend.layers, self.residuals, strict=True)
+            ):
+                out = F.conv1d(y, dl.weight.float(), None if dl.bias is None else dl.bias.float(),
+                               dilation=layer.dilation, groups=layer.groups)  # fmt: skip
+                if res is not None:
+                    dw = torch.from_numpy(res).to(dev)
                     if i == 0 and backend.recenter_first:
-                        zeros = torch.zeros_like(dl.tap_sums)
+                        zeros = torch.zeros(dl.tap_sums.shape, dtype=torch.float32, device=dev)
                         err = _conv_recentered(y, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
                     else:
                         err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
-                    _warn_if_moved(err[0].T, exact[0].T, f"{origin}: [[conv]] #{i + 1} ({layer.name})")
-            y = apply_activation(exact, layer.activation)
-        head = plan.head
-        if head is not None and head.weight_dtype == "float16":
-            h = y[0].T
-            W = torch.from_numpy(head.given).to(dev)
-            dW = W - torch.from_numpy(head.weight.astype(np.float64)).to(dev)
-            if bool(dW.any()):
-                exact = h @ W
-                if head.bias is not None:
-                    exact = exact + torch.from_numpy(head.bias.astype(np.float64)).to(dev)
-                _warn_if_moved(h @ dW, exact, f"{origin}: [head]")
+                    _warn_if_moved(err[0].T, out[0].T, f"{origin}: [[conv]] #{i + 1} ({layer.name})")
+                y = apply_activation(out, layer.activation)
+            if self.head_residual is not None:
+                h = y[0].T
+                _warn_if_moved(h @ torch.from_numpy(self.head_residual).to(dev), h @ backend.head_weight.float(),
+                               f"{origin}: [head]")  # fmt: skip
         return True
+
+
+def _residual(dtype: str, stored: np.ndarray, given: np.ndarray) -> np.ndarray | None:
+    """given - stored as float32 for an FP16-stored weight that float16 does not hold exactly, else None."""
+    if dtype != "float16" or np.array_equal(stored, given):
+        return None
+    return (given - stored.astype(np.float64)).astype(np.float32)
 
 
 def _warn_if_moved(err: torch.Tensor, exact: torch.Tensor, what: str) -> None:
