@@ -129,22 +129,25 @@ def error_bound(x: np.ndarray, plan: ResolvedPipeline, *, level: np.ndarray | No
 
 
 def _local_range(p: np.ndarray, window: int, mag: np.ndarray) -> np.ndarray:
-    """Per row and feature, max - min of ``p`` over the ``window`` rows ending there; ``mag`` where the
-    window reaches before row 0 or holds a value that is not finite."""
+    """Per row and feature, max - min of ``p`` over the ``window`` rows ending there; where the window
+    reaches before row 0 or holds a value that is not finite, the largest ``mag`` over that window (the
+    residual reads every row of it, not only the last)."""
     import torch
     import torch.nn.functional as F
 
     n = p.shape[0]
+    m = torch.from_numpy(mag.T.copy())[None]  # [1, C, T], >= 0: zero padding never raises a max
+    mag_win = F.max_pool1d(F.pad(m, (window - 1, 0)), window, stride=1)[0].T.numpy()
     if n < window:
-        return mag.copy()
+        return mag_win
     finite = np.isfinite(p)
     t = torch.from_numpy(np.where(finite, p, 0.0).T.copy())[None]  # [1, C, T]
     hi = F.max_pool1d(t, window, stride=1)[0].T.numpy()  # rows window-1 .. n-1
     lo = -F.max_pool1d(-t, window, stride=1)[0].T.numpy()
     bad = torch.from_numpy((~finite).astype(np.float64).T.copy())[None]
     any_bad = F.max_pool1d(bad, window, stride=1)[0].T.numpy() > 0
-    out = mag.copy()
-    tail = mag[window - 1 :]
+    out = mag_win.copy()
+    tail = mag_win[window - 1 :]
     out[window - 1 :] = np.where(any_bad, tail, np.minimum(hi - lo, tail))
     return out
 
