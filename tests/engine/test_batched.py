@@ -46,7 +46,7 @@ def _prep_reference(raw, state, carry, *, fill=True, center=True):
     filled, new_state = forward_fill(raw.astype(np.float32), state.copy())
     level = state.copy()
     for j in np.flatnonzero(np.isnan(level)):
-        v = filled[~np.isnan(filled[:, j]), j]
+        v = filled[np.isfinite(filled[:, j]), j]
         level[j] = v[0] if v.size else 0.0
     rows = filled if fill else raw.astype(np.float32)
     x = np.concatenate([carry, rows])
@@ -67,6 +67,8 @@ def test_prepare_equals_the_chunked_engines_arithmetic(pieces, fill, dtype, spli
     raw[:, 5] = np.nan
     raw[n - 150 : n - 140, 5] = 99.5  # valid only in one segment, NaN for several segments after it
     raw[60:260, 6] = np.nan  # NaN across whole segments
+    raw[: 3 * n // 4, 12] = np.nan  # infinite first prints, whole tiles before the first finite value
+    raw[n // 3, 12], raw[n // 2, 12] = np.inf, -np.inf
     state = np.full(C, np.nan, np.float32)
     state[:9] = 101.25
     carry = rng.uniform(90, 110, size=(halo, C)).astype(np.float32)

@@ -159,7 +159,10 @@ def _prep_kernel(
         v = filled if FILL else x
         g = off + r  # row within the step
         if CENTER:
-            y = v - lvl[None, :]
+            # Until a feature's first finite value, its level is unknown (NaN) but its rows are NaN or
+            # infinite, which any finite level leaves as they are: subtracting the NaN would turn an
+            # infinite first print into NaN (and NaN every output that reads it).
+            y = v - tl.where(lvl == lvl, lvl, 0.0)[None, :]
         else:
             y = v
         xrow = (halo + g).to(tl.int64)
