@@ -383,7 +383,7 @@ def _rolling_zscore(p: torch.Tensor, w: int) -> torch.Tensor:
 
 # A stage whose FP16-stored weights move its outputs by more than this share of their scale gets a warning.
 FP16_WARN = 1e-3
-_CHECK_ROWS = 128  # output rows of the first chunk the check computes in float64
+_CHECK_ROWS = 128  # output rows of the first chunk the check computes
 # The recentering block the check assumes on CUDA: the dense kernels' largest fp32 time tile.
 _CUDA_BLOCK = 128
 
@@ -395,9 +395,10 @@ class _StorageCheck:
     computed with its stored weights (an estimate of its scale), and the change that rounding made is
     that stage's conv with the rounding residual (for the centred first stage block by block, as the
     engine re-centres), compared per output with the largest finite value of the output. In float32 (the
-    residual is small, so its product is exact enough) and without cuDNN, whose first call in a process
-    costs a fresh batch job hundreds of milliseconds. Stages stored in float32, or whose weights float16
-    holds exactly, cost nothing.
+    residual is small, so its product is exact enough), on the CPU whatever the engine's device: on CUDA,
+    torch's conv and matmul would load cuBLAS (or cuDNN) into a batch job whose own kernels are Triton's,
+    hundreds of milliseconds of a fresh process, where the CPU needs a few milliseconds for 128 rows. Stages
+    stored in float32, or whose weights float16 holds exactly, cost nothing.
     """
 
     def __init__(self, plan: ResolvedPipeline) -> None:
@@ -427,32 +428,29 @@ class _StorageCheck:
         m = min(_CHECK_ROWS, x.shape[0] - a - halo)
         if m < 1:
             return False
-        u = x[a : a + halo + m].float()
+        u = x[a : a + halo + m].float().cpu()
         if centered:
-            u = u + level.float()
+            u = u + level.float().cpu()
         y = u.T.unsqueeze(0)  # [1, C, L]
-        dev = x.device
         block = _CUDA_BLOCK if backend.triton else _CPU_BLOCK
         origin = plan.pipeline.origin
-        with torch.backends.cudnn.flags(enabled=False):
-            for i, (layer, dl, res) in enumerate(
-                zip(plan.layers, backend.layers, self.residuals, strict=True)
-            ):
-                out = F.conv1d(y, dl.weight.float(), None if dl.bias is None else dl.bias.float(),
-                               dilation=layer.dilation, groups=layer.groups)  # fmt: skip
-                if res is not None:
-                    dw = torch.from_numpy(res).to(dev)
-                    if i == 0 and backend.recenter_first:
-                        zeros = torch.zeros(dl.tap_sums.shape, dtype=torch.float32, device=dev)
-                        err = _conv_recentered(y, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
-                    else:
-                        err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
-                    _warn_if_moved(err[0].T, out[0].T, f"{origin}: [[conv]] #{i + 1} ({layer.name})")
-                y = apply_activation(out, layer.activation)
-            if self.head_residual is not None:
-                h = y[0].T
-                _warn_if_moved(h @ torch.from_numpy(self.head_residual).to(dev), h @ backend.head_weight.float(),
-                               f"{origin}: [head]")  # fmt: skip
+        for i, (layer, dl, res) in enumerate(zip(plan.layers, backend.layers, self.residuals, strict=True)):
+            bias = None if layer.bias is None else torch.from_numpy(layer.bias).float()
+            out = F.conv1d(y, torch.from_numpy(layer.weight).float(), bias, dilation=layer.dilation,
+                           groups=layer.groups)  # fmt: skip
+            if res is not None:
+                dw = torch.from_numpy(res)
+                if i == 0 and backend.recenter_first:
+                    zeros = torch.zeros(dl.tap_sums.shape, dtype=torch.float32)
+                    err = _conv_recentered(y, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
+                else:
+                    err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
+                _warn_if_moved(err[0].T, out[0].T, f"{origin}: [[conv]] #{i + 1} ({layer.name})")
+            y = apply_activation(out, layer.activation)
+        if self.head_residual is not None:
+            h = y[0].T
+            _warn_if_moved(h @ torch.from_numpy(self.head_residual), h @ torch.from_numpy(plan.head.weight).float(),
+                           f"{origin}: [head]")  # fmt: skip
         return True
 
 
