@@ -55,7 +55,14 @@ def _prep_reference(raw, state, carry, *, fill=True, center=True):
 
 @pytest.mark.parametrize("pieces", [[90], [33, 50, 7], [1, 1, 88], [700], [300, 3, 397]])
 @pytest.mark.parametrize("fill", [True, False])
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.float32,
+        pytest.param(np.float64, marks=pytest.mark.slow),
+        pytest.param(np.float16, marks=pytest.mark.slow),
+    ],
+)
 @pytest.mark.parametrize("split", [True, False])
 def test_prepare_equals_the_chunked_engines_arithmetic(pieces, fill, dtype, split, monkeypatch):
     monkeypatch.setattr(prep, "_SEG", 64)  # pieces of 90+ rows in several segments (up to 11)
@@ -113,7 +120,7 @@ def _batched(x, plan, *, step_rows, band_rows, start=0, warmup="nan"):
     ("pipe", "step_rows", "band_rows"),
     [(BANK, 64, 50), (BANK, 128, 128), (TWO_STAGES, 64, 37), (TWO_STAGES, 192, 500)],
 )
-@pytest.mark.parametrize("warmup", ["nan", "zero"])
+@pytest.mark.parametrize("warmup", ["nan", pytest.param("zero", marks=pytest.mark.slow)])
 def test_batched_matches_the_float64_reference(pipe, step_rows, band_rows, warmup):
     x = price_series(301, 5, seed=4, nan_fraction=0.05)
     x[:70, 1] = np.nan  # late listing across the first step
@@ -123,6 +130,7 @@ def test_batched_matches_the_float64_reference(pipe, step_rows, band_rows, warmu
     assert_matches_reference(y, x, plan, warmup=warmup)
 
 
+@pytest.mark.slow
 def test_batched_resume_equals_the_tail_of_a_whole_run():
     x = price_series(300, 4, seed=5, nan_fraction=0.1)
     x[:150, 3] = np.nan
@@ -233,6 +241,7 @@ def test_pieces_smaller_than_a_band_wrap_the_device_ring(monkeypatch):
     assert_matches_reference(y, x, plan)
 
 
+@pytest.mark.slow
 def test_strided_in_memory_sources_are_read_correctly():
     x = price_series(200, 4, seed=10, nan_fraction=0.05)
     plan = resolve(pipeline_from_dict(BANK), tuple(f"x{j}" for j in range(4)))
@@ -298,6 +307,7 @@ def test_a_short_last_step_runs_at_the_full_step_shape(monkeypatch):
     assert_matches_reference(y, x, plan)
 
 
+@pytest.mark.slow
 def test_recentering_keeps_a_long_steps_error_at_the_chunked_engines():
     """A trending series in one long step: one centering level per step lets the centered input grow with
     the trend, and a zero-sum filter over it loses digits (the CUDA engine's error at 64 features was 7x

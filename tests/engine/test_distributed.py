@@ -178,6 +178,7 @@ def test_workers_and_client_exclude_each_other(client, src: Path) -> None:
         tsconv.process(src, src.with_name("x.zarr"), chunk=CHUNK, client=client, workers=2)
 
 
+@pytest.mark.slow
 def test_cli_workers_end_to_end(src: Path, want: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "cli.zarr"
     report = tmp_path / "report.json"

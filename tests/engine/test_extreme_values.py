@@ -117,14 +117,14 @@ def _batched_case(value, where, pipe, device, *, triton):
 # The interpreted prepare kernel takes seconds per case: the cases where the level is chosen, each pipeline
 # taking half of them (all of them run on the GPU below).
 BATCHED_CASES = [
-    pytest.param(value, where, pipe, id=f"{value:g}-{where}-{pipe}")
-    for value, where, pipe in [
-        (np.inf, "before_edge", "default"),
-        (-np.inf, "tail", "dense_head"),
-        (np.nan, "late_start", "default"),
-        (np.inf, "late_start", "dense_head"),
-        (1e30, "tail", "default"),
-        (-1e30, "at_edge", "dense_head"),
+    pytest.param(value, where, pipe, id=f"{value:g}-{where}-{pipe}", marks=() if fast else pytest.mark.slow)
+    for value, where, pipe, fast in [
+        (np.inf, "before_edge", "default", True),
+        (-np.inf, "tail", "dense_head", False),
+        (np.nan, "late_start", "default", False),
+        (np.inf, "late_start", "dense_head", False),
+        (1e30, "tail", "default", False),
+        (-1e30, "at_edge", "dense_head", True),
     ]
 ]
 
@@ -139,7 +139,11 @@ def test_batched_engine_steps_equal_whole(value, where, pipe):
 
 @pytest.mark.skipif(not INTERPRETED, reason="the Triton kernels run on CPU only under the interpreter")
 @pytest.mark.filterwarnings("ignore::tsconv.errors.TsconvWarning")
-@pytest.mark.parametrize(("value", "where"), [(1e30, "at_edge"), (np.inf, "before_edge"), (-1e30, "tail")])
+@pytest.mark.parametrize(
+    ("value", "where"),
+    [(1e30, "at_edge"), pytest.param(np.inf, "before_edge", marks=pytest.mark.slow),
+     pytest.param(-1e30, "tail", marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_batched_engine_with_the_triton_kernels_equals_whole(value, where):
     """The same through tsconv's dense conv1d, whose blocks re-centre on their own level (interpreted; the
     banks' kernels, slow to interpret, run in the GPU test below)."""

@@ -245,6 +245,7 @@ def test_autotune_off_keeps_the_unfused_path_without_timing(monkeypatch):
     assert backend.head_path == "unfused" and calls == []
 
 
+@pytest.mark.slow
 def test_no_head_or_a_grouped_last_stage_never_offers_fused(monkeypatch):
     calls = _measured(monkeypatch, {"unfused": 3.0, "gemm": 2.0, "fused": 1.0})
     x = _data(128)

@@ -276,6 +276,7 @@ def test_time_range_refusals(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------- triton, polars
 
 
+@pytest.mark.slow
 def test_the_triton_path_with_preprocessing_matches_the_reference() -> None:
     from tsconv.engine.compute import Backend
     from tsconv.io.readers.blocks import ArraySource

@@ -54,6 +54,7 @@ def _all_bands(r: gpudecode.GpuBandReader, *, bands: int = 1) -> np.ndarray:
 
 
 @pytest.mark.parametrize("chunks", [(150, 6), (150, 4)], ids=["whole-rows", "features-split"])
+@pytest.mark.slow
 def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chunks, file_reads) -> None:
     monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)  # small batches: the halves are reused
     x = price_series(700, 6, seed=1, nan_fraction=0.02).astype(np.float32)
@@ -76,6 +77,7 @@ def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chu
         np.testing.assert_array_equal(r.read(140, 460), x[140:460])  # host reads for the start state
 
 
+@pytest.mark.slow
 def test_missing_chunks_and_chunks_the_gpu_does_not_decode(tmp_path: Path, monkeypatch, file_reads) -> None:
     monkeypatch.setattr(gpudecode, "TARGET_WARPS", 8)
     x = price_series(600, 6, seed=2).astype(np.float32)
@@ -140,6 +142,7 @@ def test_what_the_gpu_reader_does_not_take(tmp_path: Path, monkeypatch) -> None:
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU engine run needs the interpreter"
 )
+@pytest.mark.slow
 def test_the_batched_engine_through_the_gpu_reader_equals_the_chunked_engine(
     tmp_path: Path, monkeypatch
 ) -> None:
@@ -198,6 +201,7 @@ def test_a_first_read_past_the_start_and_a_read_behind(tmp_path: Path, monkeypat
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU engine run needs the interpreter"
 )
+@pytest.mark.slow
 def test_a_budget_too_small_for_the_gpu_readers_rings_falls_back_to_the_cpu_reader(
     tmp_path: Path, monkeypatch
 ) -> None:
@@ -214,6 +218,7 @@ def test_a_budget_too_small_for_the_gpu_readers_rings_falls_back_to_the_cpu_read
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU engine run needs the interpreter"
 )
+@pytest.mark.slow
 def test_rows_from_a_damaged_chunk_never_reach_the_output(tmp_path: Path, monkeypatch) -> None:
     """The engine stops at a chunk that does not decode, and no row computed from it is written: the
     output thread checks the decode of a step's input before it hands the step's rows to the writer."""

@@ -193,6 +193,7 @@ def test_literals_read_as_one_span_decode_the_same(span: int) -> None:
 
 
 @pytest.mark.parametrize("shuffle", [1, 0])
+@pytest.mark.slow
 def test_multi_block_chunk_with_a_leftover_block(shuffle: int) -> None:
     x = _prices(3 * 512 + 100, seed=1)  # three 2 KB blocks split into 4 streams, a 400-byte leftover
     c = _assemble(x, 2048, shuffle)
@@ -304,6 +305,7 @@ print("compiled OK")
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="on a GPU machine the real kernel runs in the other tests"
 )
+@pytest.mark.slow
 def test_kernel_compiles_for_sm90() -> None:
     """The interpreter accepts what the compiler may not (globals, loop-carried types): compile for sm_90."""
     run_compile_script(_COMPILE)

@@ -140,6 +140,7 @@ def test_dense_price_levels_fp32(N: int, C: int, L: int, O: int, K: int, dilatio
 
 
 @pytest.mark.parametrize("path", ["dense", "depthwise"])
+@pytest.mark.slow
 def test_k256(path: str) -> None:
     """K = 256 (about a year of daily steps): long tap loops, causal zeros over a whole block."""
     if path == "dense":
@@ -890,6 +891,7 @@ def test_repeated_dense_call_replays_its_plan_with_the_new_tensors(
 
 @pytest.mark.parametrize("path", ["direct", "bank", "window"])
 @pytest.mark.parametrize("recenter", [False, True])
+@pytest.mark.slow
 def test_repeated_depthwise_call_replays_its_plan(
     path: str, recenter: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1375,6 +1377,7 @@ print("compiled OK")
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="on a GPU machine the real kernels run in the other tests"
 )
+@pytest.mark.slow
 def test_kernels_compile_for_sm90() -> None:
     """Compile (not run) the kernels for an H100/H200 with the installed Triton's bundled ptxas.
 

@@ -270,6 +270,7 @@ def test_fp32_price_levels_under_tensor_core_model(block: int, extra_bits: int) 
 
 
 @_needs_interpreter
+@pytest.mark.slow
 def test_fp32_without_flush_fails_under_tensor_core_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flush is what the fp32 bound rests on: without it a long reduction (C * K = 8192) breaks the
     bound (about 9x torch's float32 error; with the flush about 0.7x)."""
@@ -694,6 +695,7 @@ if __name__ == "__main__":
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="on a GPU machine the real kernel runs in the other tests"
 )
+@pytest.mark.slow
 def test_kernel_compiles_for_sm90_without_spills() -> None:
     """Compile (not run) the fused kernel for an H100/H200 with the bundled ptxas: the default config of each
     precision for the benchmark's two target shapes lowers, and ptxas reports no register spills."""
@@ -734,6 +736,7 @@ if __name__ == "__main__":
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="on a GPU machine the real kernel runs in the other tests"
 )
+@pytest.mark.slow
 def test_tma_kernel_compiles_for_sm90_without_spills() -> None:
     """The TMA variant's first candidates (tf32; fp16 with and without the float16 copy) for the benchmark's
     [64, 1024, 1028] -> 256 -> 64 shape lower to TMA loads and wgmma for an H100/H200 without spills."""

@@ -870,6 +870,7 @@ print("compiled OK")
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="on a GPU machine the real kernels run in the other tests"
 )
+@pytest.mark.slow
 def test_kernel_compiles_for_sm90() -> None:
     """Compile (not run) each precision's default narrow and wide configs for an H100/H200 with the installed
     Triton's ptxas: catches what the interpreter does not check, and pins wgmma and the shared-memory budget."""

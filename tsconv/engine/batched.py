@@ -129,9 +129,8 @@ def _bytes_per_row(plan: ResolvedPipeline) -> int:
     # the device result slots (one per host slot) plus the step's own result before it is copied there
     per += 4 * plan.n_outputs * (_OUT_SLOTS + 1)
     if plan.preprocess is not None and plan.preprocess.computes:
-        # float64 working copies of the transform (a few) and of the rolling z-score (its window sums,
-        # counts and moments: up to 16 live at once), which an estimate of 6 undercounted: a 150 MB run of
-        # the returns_zscore pipeline reserved 157 MB
+        # float64 working copies: a few for the transform, up to 16 live at once for a rolling z-score (its
+        # window sums, counts and moments; benchmarks/NOTES.md, "GPU memory and the step budget")
         per += 8 * c * (16 if plan.preprocess.zscore is not None else 6)
     return per
 
