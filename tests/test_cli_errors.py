@@ -280,7 +280,10 @@ STORE_CASES = {
         _group(np.zeros((ROWS, 3), np.float32), features=["a", "b"]),
         ["attribute 'features' names 2 features but values have 3 columns"],
     ),
-    "time of wrong length": (_time_of_wrong_length, [f"'time' has shape [{ROWS - 1}], expected [{ROWS}]"]),
+    "time of wrong length": (
+        _time_of_wrong_length,
+        [f"'time' has {ROWS - 1} rows but the values have {ROWS}", "re-create it"],
+    ),
     "repeated feature names": (
         _group(np.zeros((ROWS, 16), np.float32), features=["px"] * 16),
         ["feature names repeat (15 repeats of 1 name: 'px')", "hint: give every feature a distinct name"],
