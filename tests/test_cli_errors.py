@@ -669,6 +669,26 @@ def test_corrupt_chunk_in_input(tmp_path: Path) -> None:
     assert snapshot(src) == before
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_damaged_time_chunk_in_input(tmp_path: Path, file_reads: str, damage: str, zarr_format: int) -> None:
+    src = write_store(
+        tmp_path / "in.zarr", price_series(ROWS, FEATURES), chunks=(100, FEATURES), zarr_format=zarr_format
+    )
+    chunk = src / "time" / ("c/1" if zarr_format == 3 else "1")
+    assert chunk.is_file()
+    data = chunk.read_bytes()
+    chunk.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a zstd frame" * 4)
+    before = snapshot(src)
+    needles = [str(src), "'time'", "chunk", "damaged or truncated", "--overwrite"]
+    line = assert_refused(invoke("-i", src, "-o", tmp_path / "out.zarr"), *needles)
+    assert "rows 100" in line or "chunk 1 " in line  # the damaged chunk is named
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert_refused(res, *needles)
+    assert snapshot(src) == before
+    assert not (tmp_path / "out.zarr").exists()
+
+
 def test_huge_dilation_with_zero_warmup(tmp_path: Path) -> None:
     src = good_store(tmp_path)
     toml = write_toml(tmp_path, '[[conv]]\nfilters = ["diff:1"]\ndilation = 1000000000000\n')
