@@ -301,8 +301,9 @@ class ResolvedPipeline:
 
 
 def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
-    """Read and validate a pipeline TOML file (weight paths are relative to the file), or a pipeline given
-    as a dict with the TOML file's structure (:func:`pipeline_from_dict`)."""
+    """Read and validate a pipeline TOML file (weight paths are relative to the file, and the weight files
+    must lie inside its folder), or a pipeline given as a dict with the TOML file's structure
+    (:func:`pipeline_from_dict`)."""
     if isinstance(path, dict):
         return pipeline_from_dict(path)
     if not isinstance(path, str | os.PathLike):
@@ -323,7 +324,7 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PipelineError(f"{p}: not valid TOML: {exc}") from None
-    return pipeline_from_dict(data, base_dir=p.parent, origin=str(p), text=text)
+    return pipeline_from_dict(data, base_dir=p.parent, origin=str(p), text=text, confine=True)
 
 
 def default_pipeline() -> Pipeline:
@@ -334,14 +335,23 @@ def default_pipeline() -> Pipeline:
 
 
 def pipeline_from_dict(
-    data: dict[str, Any], *, base_dir: str | Path = ".", origin: str = "<dict>", text: str | None = None
+    data: dict[str, Any],
+    *,
+    base_dir: str | Path = ".",
+    origin: str = "<dict>",
+    text: str | None = None,
+    confine: bool = False,
 ) -> Pipeline:
-    """Validate a pipeline given as a dict with the TOML file's structure."""
+    """Validate a pipeline given as a dict with the TOML file's structure.
+
+    Relative weight paths are taken from ``base_dir``. With ``confine`` (pipeline files), every weight file
+    must lie inside ``base_dir`` once resolved, symlinks followed: a pipeline file from elsewhere cannot
+    make tsconv read files outside its own folder. A dict from library code may name any file."""
     where = origin
     if not isinstance(data, dict):
         raise PipelineError(f"{where}: a pipeline must be a table, got {type(data).__name__}")
     _check_keys(data, _TOP_KEYS, where, "top level")
-    base = Path(base_dir)
+    base = _Base(Path(base_dir), confine)
     default_dtype = _choice(data, "weight_dtype", WEIGHT_DTYPES, "float16", where, "top level")
     convs = data.get("conv")
     if convs is None:
@@ -515,7 +525,7 @@ def _positive_int(d: dict[str, Any], key: str, default: int, where: str, table: 
     return value
 
 
-def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, default_dtype: str) -> StageSpec:
+def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, default_dtype: str) -> StageSpec:
     table = f"[[conv]] #{index}"
     _check_keys(d, _CONV_KEYS, where, table)
     _check_key_pairs(d, where, table)
@@ -596,7 +606,7 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, defa
 
 
 def _head_from_dict(
-    d: dict[str, Any], base: Path, where: str, default_dtype: str, inputs: int | None = None
+    d: dict[str, Any], base: _Base, where: str, default_dtype: str, inputs: int | None = None
 ) -> HeadSpec:
     table = "[head]"
     _check_keys(d, _HEAD_KEYS, where, table)
@@ -642,7 +652,7 @@ def _source(d: dict[str, Any]) -> dict[str, Any]:
 def _load_array(
     d: dict[str, Any],
     key: str,
-    base: Path,
+    base: _Base,
     where: str,
     table: str,
     *,
@@ -668,7 +678,9 @@ def _load_array(
         return _check_array(arr, key, "<array>", where, table, ndim)
     if not rel:
         raise PipelineError(f"{where}: {table}: {key} must be a file path, got an empty string")
-    path = Path(rel) if Path(rel).is_absolute() else base / rel
+    path = Path(rel) if Path(rel).is_absolute() else base.dir / rel
+    if base.confine:
+        _check_inside(path, rel, base.dir, key, where, table)
     if not path.is_file():
         raise PipelineError(
             f"{where}: {table}: {key} file {str(path)!r} does not exist",
@@ -764,6 +776,27 @@ def _bytes(n: int) -> str:
         if n >= scale:
             return f"{n / scale:,.1f} {unit}"
     return f"{n:,} bytes"
+
+
+@dataclass(frozen=True)
+class _Base:
+    """Where relative weight paths start, and whether weight files must stay inside it."""
+
+    dir: Path
+    confine: bool
+
+
+def _check_inside(path: Path, rel: str, folder: Path, key: str, where: str, table: str) -> None:
+    """Refuse a weight file outside the pipeline file's folder (``..``, an absolute path, a symlink)."""
+    root = folder.resolve()
+    target = path.resolve()  # follows every symlink on the way, the file's own included
+    if not target.is_relative_to(root):
+        via = "" if target == path.absolute() else f", which resolves to {str(target)!r}"
+        raise PipelineError(
+            f"{where}: {table}: {key} file {rel!r}{via} lies outside the pipeline file's folder {str(root)!r}",
+            hint="weight files must lie inside the folder of the pipeline file (subfolders are fine): copy "
+            "the file there (a symlink must point there too).",
+        )
 
 
 def _check_array(arr: np.ndarray, key: str, label: str, where: str, table: str, ndim: int) -> np.ndarray:
