@@ -280,7 +280,10 @@ STORE_CASES = {
         _group(np.zeros((ROWS, 3), np.float32), features=["a", "b"]),
         ["attribute 'features' names 2 features but values have 3 columns"],
     ),
-    "time of wrong length": (_time_of_wrong_length, [f"'time' has shape [{ROWS - 1}], expected [{ROWS}]"]),
+    "time of wrong length": (
+        _time_of_wrong_length,
+        [f"'time' has {ROWS - 1} rows but the values have {ROWS}", "re-create it"],
+    ),
     "repeated feature names": (
         _group(np.zeros((ROWS, 16), np.float32), features=["px"] * 16),
         ["feature names repeat (15 repeats of 1 name: 'px')", "hint: give every feature a distinct name"],
@@ -396,6 +399,22 @@ def _two_tensors(root: Path) -> None:
     )
 
 
+def _npy_claiming(
+    shape: tuple[int, ...], descr: str = "<f8", body: bytes = b"\0" * 64, name: str = "w.npy"
+) -> Callable[[Path], None]:
+    """A .npy file whose header declares ``shape`` but whose data are only ``body``; beside it, for a
+    file other than w.npy, good stage weights w.npy of shape [4, 3, 2]."""
+
+    def make(root: Path) -> None:
+        if name != "w.npy":
+            np.save(root / "w.npy", np.ones((4, 3, 2)))
+        with open(root / name, "wb") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": shape})
+            f.write(body)
+
+    return make
+
+
 W_TOML = '[[conv]]\nweights = "w.npy"\n'
 
 PIPELINE_CASES = {
@@ -441,6 +460,44 @@ PIPELINE_CASES = {
         ["cannot read weights file", "w.npy"],
     ),
     "corrupt npy (truncated)": (W_TOML, _truncated_npy, ["cannot read weights file", "w.npy"]),
+    "npy header claiming 8 GiB, tiny body": (
+        W_TOML,
+        _npy_claiming((1024, 1024, 1024)),
+        [
+            "w.npy",
+            "declares shape [1024, 1024, 1024] float64 (8.0 GiB of data) but it holds 64 bytes",
+            "truncated",
+        ],
+    ),
+    "npy header with an overflowing shape": (
+        W_TOML,
+        _npy_claiming((2**62, 2**62, 4)),
+        ["w.npy", "declares shape", "but it holds 64 bytes"],
+    ),
+    "npy of Python objects, refused by its header": (
+        W_TOML,
+        _npy_claiming((2, 3, 2), descr="|O"),
+        ["w.npy", "holds Python objects", "never unpickles"],
+    ),
+    "npy of the wrong rank, refused by its header": (
+        W_TOML,
+        _npy_claiming((2**20, 2**20)),
+        ["w.npy", "has shape [1048576, 1048576], expected 3-D"],
+    ),
+    "npy bias of the wrong length, refused by its header": (
+        W_TOML + 'bias = "b.npy"\n',
+        _npy_claiming((2**30,), body=b"", name="b.npy"),  # header only: its data are never read
+        ["b.npy", "bias has 1073741824 values but weights have 4 output channels", "data were not read"],
+    ),
+    "npy head weights not fitting the last stage, refused by its header": (
+        W_TOML + '[head]\nweights = "head.npy"\n',
+        _npy_claiming((2**20, 2), name="head.npy"),
+        [
+            "[head]",
+            "head.npy",
+            "weights of shape [1048576, 2] expect 1048576 inputs, but the last stage gives 4",
+        ],
+    ),
     "safetensors with two tensors, no weights_key": (
         '[[conv]]\nweights = "w.safetensors"\n',
         _two_tensors,
@@ -652,6 +709,24 @@ def test_cuda_without_cuda(tmp_path: Path) -> None:
     assert snapshot(tmp_path) == before
 
 
+def test_weights_too_big_for_memory_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What numpy raises when the memory limit is below the array's size (its _ArrayMemoryError is a
+    # MemoryError), without allocating gigabytes here.
+    src = good_store(tmp_path)
+    np.save(tmp_path / "w.npy", np.ones((4, 3, 2)))
+    toml = write_toml(tmp_path, W_TOML)
+
+    def no_memory(*args: object, **kwargs: object) -> np.ndarray:
+        raise MemoryError(
+            "Unable to allocate 8.00 GiB for an array with shape (1073741824,) and data type float64"
+        )
+
+    monkeypatch.setattr(np, "load", no_memory)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", toml)
+    assert_refused(res, str(toml), "not enough memory to load weights file", "w.npy", "hint: ")
+    assert not (tmp_path / "out.zarr").exists()
+
+
 # ------------------------------------------------------------------------------- damaged input data
 
 
@@ -664,6 +739,26 @@ def test_corrupt_chunk_in_input(tmp_path: Path) -> None:
     res = invoke("-i", src, "-o", tmp_path / "out.zarr")
     assert_refused(res, str(src))
     assert snapshot(src) == before
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_damaged_time_chunk_in_input(tmp_path: Path, file_reads: str, damage: str, zarr_format: int) -> None:
+    src = write_store(
+        tmp_path / "in.zarr", price_series(ROWS, FEATURES), chunks=(100, FEATURES), zarr_format=zarr_format
+    )
+    chunk = src / "time" / ("c/1" if zarr_format == 3 else "1")
+    assert chunk.is_file()
+    data = chunk.read_bytes()
+    chunk.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"not a zstd frame" * 4)
+    before = snapshot(src)
+    needles = [str(src), "'time'", "chunk", "damaged or truncated", "--overwrite"]
+    line = assert_refused(invoke("-i", src, "-o", tmp_path / "out.zarr"), *needles)
+    assert "rows 100" in line or "chunk 1 " in line  # the damaged chunk is named
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert_refused(res, *needles)
+    assert snapshot(src) == before
+    assert not (tmp_path / "out.zarr").exists()
 
 
 def test_huge_dilation_with_zero_warmup(tmp_path: Path) -> None:

@@ -255,5 +255,18 @@ def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, f
     click.echo(report.summary())
 
 
+@main.command()
+@click.argument("store", type=click.Path())
+def repair(store: str) -> None:
+    """Roll back an interrupted `tsconv ingest --append`: keep the rows the store had before it."""
+    from tsconv.io.ingest import repair as run_repair
+
+    kept = run_repair(store)
+    if kept is None:
+        click.echo(f"nothing to repair: {store} has no interrupted append")
+    else:
+        click.echo(f"rolled back an interrupted append: {store} keeps its {kept:,} rows")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
+import signal
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -291,6 +295,159 @@ def test_append_rolls_back_an_interrupted_append(tmp_path: Path) -> None:
     ingest([a, b], tmp_path / "once.zarr")
     np.testing.assert_array_equal(read(out)[0], read(tmp_path / "once.zarr")[0])
     np.testing.assert_array_equal(read(out)[1], read(tmp_path / "once.zarr")[1])
+
+
+# Stores of 16-row chunks, appended in 16-row bands: the append of b (14 rows after 25) starts mid-chunk and
+# writes in two bands (rows 25..32, 32..39), so that a crash can land between any two of its store changes.
+_CRASH_CHUNK_BYTES, _CRASH_BAND_BYTES = 16 * 4 * 4, 1
+# The append's store changes: the marker, both resizes, (values, time) per band, the commit.
+_APPEND_CHANGES = (
+    ["attrs ingest", "resize values", "resize time"] + ["write values", "write time"] * 2 + ["attrs ingest"]
+)
+
+
+class _Crash(BaseException):
+    """A crash in-process: not an Exception, so no handler of tsconv's runs, as after a kill -9."""
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file of a store by relative path: the store byte for byte."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _crash_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path, Path]:
+    """(a, b, the store of a, the store of a with b appended uninterrupted)."""
+    import tsconv.io.ingest as ing
+
+    monkeypatch.setattr(ing, "_CHUNK_BYTES", _CRASH_CHUNK_BYTES)
+    monkeypatch.setattr(ing, "_BAND_BYTES", _CRASH_BAND_BYTES)
+    _, a, b = _two_halves(tmp_path)
+    ref = tmp_path / "ref.zarr"
+    ingest(a, ref)
+    base = tmp_path / "base.zarr"
+    shutil.copytree(ref, base)
+    ingest(b, ref, append=True)
+    return a, b, base, ref
+
+
+def _assert_crashed_store_handled(out: Path, after: int, ref: Path, tmp_path: Path) -> None:
+    """After a crash right after change ``after``: readers refuse the store with the fix, or (after the
+    commit) read it as complete; a further --append then gives exactly the uninterrupted store."""
+    if after == len(_APPEND_CHANGES) - 1:
+        assert _files(out) == _files(ref)
+        return
+    with pytest.raises(StoreError, match="did not finish") as info:
+        open_input(out)
+    assert f"tsconv repair {out}" in str(info.value)
+    res = CliRunner().invoke(main, ["inspect", str(out)])
+    assert_refused(res, "--append", "did not finish", "the rows before it: 25", "tsconv repair")
+    assert cli(tmp_path / "b.csv", "-o", out, "--append").exit_code == 0
+    assert _files(out) == _files(ref)
+    assert check_time(open_input(out)) is not None
+
+
+def test_append_change_points_are_the_crash_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The crash tests below stop an append after each of these changes: check they are all of them.
+    from tests.io import crashpoints
+
+    _, b, base, ref = _crash_setup(tmp_path, monkeypatch)
+    log, undo = crashpoints.install(10**9, lambda: None)
+    try:
+        ingest(b, base, append=True)
+    finally:
+        undo()
+    assert log == _APPEND_CHANGES
+    assert _files(base) == _files(ref)
+
+
+@pytest.mark.parametrize("after", range(len(_APPEND_CHANGES)))
+def test_append_crash_at_every_change_then_append_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after: int
+) -> None:
+    from tests.io import crashpoints
+
+    _, b, out, ref = _crash_setup(tmp_path, monkeypatch)
+
+    def crash() -> None:
+        raise _Crash
+
+    log, undo = crashpoints.install(after, crash)
+    try:
+        with pytest.raises(_Crash):
+            ingest(b, out, append=True)
+    finally:
+        undo()
+    assert log == _APPEND_CHANGES[: after + 1]
+    _assert_crashed_store_handled(out, after, ref, tmp_path)
+
+
+@pytest.mark.slow
+def test_append_killed_at_points_of_the_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A real kill -9 (SIGKILL) of `ingest --append` in a subprocess: after the marker, after each resize,
+    # mid-write (values of a band written, not its time), after the last write and after the commit.
+    _, b, base, ref = _crash_setup(tmp_path, monkeypatch)
+    root = Path(tsconv.__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    points = [0, 1, 2, 3, 6, 7]
+    procs = {}
+    for k in points:
+        out = tmp_path / f"killed{k}.zarr"
+        shutil.copytree(base, out)
+        args = [str(k), str(_CRASH_CHUNK_BYTES), str(_CRASH_BAND_BYTES), str(b), str(out)]
+        procs[k] = subprocess.Popen(
+            [sys.executable, "-m", "tests.io.crashpoints", *args],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    for k, proc in procs.items():
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGKILL, err
+        _assert_crashed_store_handled(tmp_path / f"killed{k}.zarr", k, ref, tmp_path)
+
+
+def test_repair_rolls_back_an_interrupted_append(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.io import crashpoints
+
+    _, b, out, ref = _crash_setup(tmp_path, monkeypatch)
+    before = read(out), dict(zarr.open_group(str(out), mode="r").attrs)
+    res = CliRunner().invoke(main, ["repair", str(out)])
+    assert res.exit_code == 0 and "nothing to repair" in res.stdout
+    log, undo = crashpoints.install(1, lambda: (_ for _ in ()).throw(_Crash()))
+    try:
+        with pytest.raises(_Crash):
+            ingest(b, out, append=True)
+    finally:
+        undo()
+    g = zarr.open_group(str(out), mode="r")
+    total = zarr.open_group(str(ref), mode="r")["values"].shape[0]
+    assert (g["values"].shape[0], g["time"].shape[0]) == (total, 25)  # the state the crash left
+    res = CliRunner().invoke(main, ["process", "-i", str(out), "-o", str(tmp_path / "f.zarr"), "-q"])
+    assert_refused(res, "did not finish", f"'values' has {total} rows, 'time' has 25 rows", "tsconv repair")
+    assert not (tmp_path / "f.zarr").exists()
+    res = CliRunner().invoke(main, ["repair", str(out)])
+    assert res.exit_code == 0, res.stderr
+    assert "keeps its 25 rows" in res.stdout
+    after = read(out), dict(zarr.open_group(str(out), mode="r").attrs)
+    np.testing.assert_array_equal(after[0][0], before[0][0])
+    np.testing.assert_array_equal(after[0][1], before[0][1])
+    assert after[1] == before[1]
+    ingest(b, out, append=True)
+    assert _files(out) == _files(ref)
+
+
+def test_repair_refuses_a_mismatch_it_has_no_record_of(tmp_path: Path) -> None:
+    _, a, _ = _two_halves(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(a, out)
+    zarr.open_group(str(out), mode="r+")["values"].resize((30, 4))
+    before = snapshot(out)
+    res = CliRunner().invoke(main, ["repair", str(out)])
+    assert_refused(res, "'values' has 30 rows and 'time' 25", "no record", "--overwrite")
+    assert snapshot(out) == before
+    assert_refused(CliRunner().invoke(main, ["repair", str(tmp_path / "nope.zarr")]), "does not exist")
 
 
 def test_append_refused_overlap_and_new_features(tmp_path: Path) -> None:

@@ -91,7 +91,9 @@ def test_a_chunk_that_decodes_to_the_wrong_size_raises(tmp_path: Path) -> None:
     r = TimeReader(t)
     np.testing.assert_array_equal(r.read(0, 2048), np.asarray(t[:2048]))
     for a, b in [(0, 4096), (2048, 3072), (2100, 2200)]:
-        with pytest.raises(ValueError, match=r"time chunk .*c/2: chunk decodes to 8000 bytes, expected 8192"):
+        with pytest.raises(
+            ValueError, match=r"chunk 2 \(file .*c/2\) of .*: chunk decodes to 8000 bytes, expected 8192"
+        ):
             r.read(a, b)
 
 

@@ -203,12 +203,63 @@ def test_toml_with_npy_weights_and_bias_relative_to_the_file(
     assert stage.weight_dtype == "float16"  # the default
 
 
-def test_toml_with_absolute_weight_path(tmp_path: Path) -> None:
+def _outside_case(tmp_path: Path, case: str) -> str:
+    """The weights path of ``case`` in sub/p.toml, for weights w.npy that lie in tmp_path (outside sub/)."""
+    sub = tmp_path / "sub"
+    if case == "parent":
+        return "../w.npy"
+    if case == "absolute":
+        return str(tmp_path / "w.npy")
+    (sub / "link.npy").symlink_to(tmp_path / "w.npy")  # inside the folder, pointing outside
+    return "link.npy"
+
+
+@pytest.mark.parametrize("case", ["parent", "absolute", "symlink"])
+def test_weights_outside_the_pipeline_folder_are_refused(tmp_path: Path, case: str) -> None:
+    np.save(tmp_path / "w.npy", np.ones((2, 3, 2)))
+    (tmp_path / "sub").mkdir()
+    rel = _outside_case(tmp_path, case)
+    toml = tmp_path / "sub" / "p.toml"
+    toml.write_text(f'[[conv]]\nweights = "{rel}"\n[[conv]]\nfilters = ["ma:2"]\n')
+    with pytest.raises(PipelineError) as info:
+        load_pipeline(toml)
+    msg = str(info.value)
+    assert f"weights file {rel!r}" in msg and "lies outside the pipeline file's folder" in msg
+    assert str((tmp_path / "sub").resolve()) in msg and "hint: weight files must lie inside" in msg
+    if case != "absolute":  # the message says where the path really leads
+        assert f"resolves to {str((tmp_path / 'w.npy').resolve())!r}" in msg
+    # The bias and the head are held to the same rule.
+    np.save(tmp_path / "sub" / "w.npy", np.ones((2, 3, 2)))
+    toml.write_text(f'[[conv]]\nweights = "w.npy"\nbias = "{rel}"\n')
+    np.save(tmp_path / "w.npy", np.ones(2))
+    with pytest.raises(PipelineError, match="bias file .* lies outside"):
+        load_pipeline(toml)
+    toml.write_text(f'[[conv]]\nweights = "w.npy"\n[head]\nweights = "{rel}"\n')
+    with pytest.raises(PipelineError, match=r"\[head\]: weights file .* lies outside"):
+        load_pipeline(toml)
+
+
+def test_weights_inside_the_pipeline_folder_are_read(tmp_path: Path) -> None:
+    w = RNG.normal(size=(2, 3, 2))
+    (tmp_path / "sub" / "weights" / "deep").mkdir(parents=True)
+    np.save(tmp_path / "sub" / "weights" / "deep" / "w.npy", w)
+    (tmp_path / "sub" / "weights" / "link.npy").symlink_to(tmp_path / "sub" / "weights" / "deep" / "w.npy")
+    toml = tmp_path / "sub" / "p.toml"
+    for rel in ["weights/deep/w.npy", "weights/../weights/deep/w.npy", "weights/link.npy",
+                str(tmp_path / "sub" / "weights" / "deep" / "w.npy")]:  # fmt: skip
+        toml.write_text(f'[[conv]]\nweights = "{rel}"\n')
+        np.testing.assert_array_equal(load_pipeline(toml).stages[0].weight, w)
+
+
+@pytest.mark.parametrize("case", ["parent", "absolute", "symlink"])
+def test_a_pipeline_dict_reads_weights_from_anywhere(tmp_path: Path, case: str) -> None:
+    # Library code passing a dict chooses its files itself: base_dir only anchors relative paths.
     w = RNG.normal(size=(2, 3, 2))
     np.save(tmp_path / "w.npy", w)
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "p.toml").write_text(f'[[conv]]\nweights = "{tmp_path / "w.npy"}"\n')
-    np.testing.assert_array_equal(load_pipeline(tmp_path / "sub" / "p.toml").stages[0].weight, w)
+    rel = _outside_case(tmp_path, case)
+    pipe = pipeline_from_dict({"conv": [{"weights": rel}]}, base_dir=tmp_path / "sub")
+    np.testing.assert_array_equal(pipe.stages[0].weight, w)
 
 
 def test_weights_are_not_resolved_against_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

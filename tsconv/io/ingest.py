@@ -55,9 +55,10 @@ from tqdm import tqdm
 from zarr.codecs import BloscCodec
 
 from tsconv.errors import OutputExistsError, StoreError
-from tsconv.io.store import is_zarr_store, open_input
+from tsconv.io.lock import OutputLock
+from tsconv.io.store import interrupted_append, is_zarr_store, open_input
 
-__all__ = ["IngestReport", "ingest", "expand_files"]
+__all__ = ["IngestReport", "ingest", "expand_files", "repair"]
 
 INGEST_VERSION = 1
 _CHUNK_BYTES = 16 << 20  # ~16 MB chunks of all features read back fastest (as tsconv.synth writes)
@@ -617,13 +618,21 @@ def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times:
             names: Sequence[str], layout: str, progress: bool, t0: float) -> IngestReport:  # fmt: skip
     """Append rows to an existing store. Everything is checked before the first write.
 
-    Crash safety: the attribute ``ingest`` is set to ``complete: false`` with ``rows_before`` before the
-    arrays are resized, and back to ``complete: true`` after the last row is written. A crash in between
-    leaves the old rows intact and a tail that the next ``--append`` rolls back (resizes away) first.
+    Crash safety (a kill at any instant): the attribute ``ingest`` is set to ``complete: false`` with
+    ``rows_before`` (the committed rows) before either array is resized, and back to ``complete: true``
+    only after both arrays are resized and every new row is written. Until then readers refuse the store
+    (:func:`tsconv.io.store.open_input`) and the next ``--append`` or :func:`repair` cuts both arrays back
+    to ``rows_before``, whatever their lengths, so the old rows are never touched.
     """
-    group = zarr.open_group(str(out), mode="r+")
+    with OutputLock(out, run_id=f"ingest-append-{os.getpid()}"):  # a repair must not cut a running append
+        group = zarr.open_group(str(out), mode="r+")
+        _roll_back(out, group)
+        return _append_locked(out, group, paths, sources, times, names, layout, progress, t0)
+
+
+def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources: Sequence[_Source],
+                   times: np.ndarray, names: Sequence[str], layout: str, progress: bool, t0: float) -> IngestReport:  # fmt: skip
     meta = dict(group.attrs.get("ingest", {}))
-    rolled_back = meta.get("complete") is False and "rows_before" in meta
     store = open_input(out, allow_incomplete=True)
     if store.time is None:
         raise StoreError(f"cannot append to {str(out)!r}: it has no 'time' array")
@@ -634,7 +643,7 @@ def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times:
             f"ns; its time is {store.time.coding.description})",
             hint="append to a store made by `tsconv ingest`, or write the combined series with the tool that made it.",
         )
-    old_rows = int(meta["rows_before"]) if rolled_back else store.rows
+    old_rows = store.rows
     last = int(np.asarray(store.time[old_rows - 1])) if old_rows else None
     if last is not None and times[0] <= last:
         raise StoreError(
@@ -655,9 +664,8 @@ def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times:
     for s in sources:  # values are read in the store's precision (float64 only when the store has it)
         s.dtype = pl.Float64 if np.dtype(values.dtype) == np.float64 else pl.Float32
     total = old_rows + int(times.size)
-    # Every check passed: from here on the store changes.
+    # Every check passed: from here on the store changes. The marker goes first, the commit last.
     group.attrs["ingest"] = {**meta, "complete": False, "rows_before": old_rows, "rows": total}
-    meta.pop("rows_before", None)
     try:
         values.resize((total, values.shape[1]))
         time_arr.resize((total,))
@@ -665,12 +673,77 @@ def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times:
             read = _write_rows(values, time_arr, old_rows, times, sources, store_names, layout, bar)
     except Exception:
         # An error while writing (e.g. a bad value deep in a CSV file): take the new rows away again.
-        values.resize((old_rows, values.shape[1]))
-        time_arr.resize((old_rows,))
-        group.attrs["ingest"] = {**meta, "complete": True, "rows": old_rows}
+        _roll_back(out, group)
         raise
     group.attrs["ingest"] = {**meta, "complete": True, "rows": total, "version": INGEST_VERSION}
     return _report(times.size, len(store_names), t0, out, read, len(paths), appended=True)
+
+
+def repair(output: str | os.PathLike[str]) -> int | None:
+    """Roll back an interrupted ``tsconv ingest --append`` on ``output``: cut ``values`` and ``time``
+    back to the rows committed before it. Returns those rows, or None when there was nothing to repair."""
+    out = Path(output).expanduser().absolute()
+    if not out.exists():
+        raise StoreError(f"cannot repair: store {str(out)!r} does not exist", hint="check the path.")
+    if not is_zarr_store(out):
+        raise StoreError(f"cannot repair: {str(out)!r} is not a zarr store")
+    with OutputLock(out, run_id=f"ingest-repair-{os.getpid()}"):
+        try:
+            group = zarr.open_group(str(out), mode="r+")
+        except Exception as exc:
+            raise StoreError(f"cannot repair {str(out)!r}: it is not a zarr group ({exc})") from None
+        kept = _roll_back(out, group)
+        if kept is None:
+            _check_lengths(out, group)
+        return kept
+
+
+def _check_lengths(out: Path, group: zarr.Group) -> None:
+    """Refuse a store whose arrays disagree without the record of an interrupted append."""
+    arrays = dict(group.arrays())
+    if "values" in arrays and "time" in arrays and arrays["values"].shape[0] != arrays["time"].shape[0]:
+        raise StoreError(
+            f"cannot repair {str(out)!r}: 'values' has {arrays['values'].shape[0]:,} rows and 'time' "
+            f"{arrays['time'].shape[0]:,}, but the store holds no record of an interrupted `tsconv ingest "
+            "--append` that says which rows are complete",
+            hint="re-create the store from its source files (`tsconv ingest FILES -o STORE --overwrite`).",
+        )
+
+
+def _roll_back(out: Path, group: zarr.Group) -> int | None:
+    """Cut both arrays back to the committed rows when an append did not finish; the committed rows, or
+    None when none was pending. Safe to interrupt: the record of the append is cleared last."""
+    keep = interrupted_append(group.attrs)
+    if keep is None:
+        return None
+    values, time_arr = group["values"], group["time"]
+    if not isinstance(values, zarr.Array) or not isinstance(time_arr, zarr.Array):
+        raise StoreError(f"cannot repair {str(out)!r}: 'values' and 'time' must be arrays")
+    shortest = min(int(values.shape[0]), int(time_arr.shape[0]))
+    if keep > shortest:  # the committed rows are gone: nothing here can bring them back
+        raise StoreError(
+            f"cannot repair {str(out)!r}: an interrupted append recorded {keep:,} committed rows, but "
+            f"'values' has {values.shape[0]:,} and 'time' {time_arr.shape[0]:,}",
+            hint="re-create the store from its source files (`tsconv ingest FILES -o STORE --overwrite`).",
+        )
+    if values.shape[0] != keep:
+        values.resize((keep, values.shape[1]))
+    if time_arr.shape[0] != keep:
+        time_arr.resize((keep,))
+    _remove_partial_files(out)
+    meta = dict(group.attrs["ingest"])
+    meta.pop("rows_before")
+    group.attrs["ingest"] = {**meta, "complete": True, "rows": keep}
+    return keep
+
+
+def _remove_partial_files(out: Path) -> None:
+    # zarr writes every file under a temporary name and renames it into place: a killed write leaves that
+    # temporary file behind ('<name>.<32 hex>.partial'), which nothing reads.
+    for p in out.rglob("*.partial"):
+        tag = p.name[: -len(".partial")].rsplit(".", 1)[-1]
+        if len(tag) == 32 and all(c in "0123456789abcdef" for c in tag) and p.is_file():
+            p.unlink()
 
 
 def _iso(ns: int) -> str:

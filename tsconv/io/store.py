@@ -24,7 +24,15 @@ import zarr
 from tsconv.errors import StoreError
 from tsconv.io.timecolumn import TimeColumn, TimeReader
 
-__all__ = ["InputStore", "open_input", "is_zarr_store", "check_time", "repeated_names", "describe_repeats"]
+__all__ = [
+    "InputStore",
+    "open_input",
+    "is_zarr_store",
+    "check_time",
+    "interrupted_append",
+    "repeated_names",
+    "describe_repeats",
+]
 
 _ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")
 _NAT = int(np.iinfo(np.int64).min)
@@ -135,6 +143,14 @@ def open_input(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
             f"{meta.get('rows', '?'):,} rows written)",
             hint="finish it with `tsconv process ... --resume` before reading it.",
         )
+    committed = interrupted_append(node.attrs) if isinstance(node, zarr.Group) else None
+    if committed is not None:
+        raise StoreError(
+            f"{where}: a `tsconv ingest --append` to this store did not finish, or is still running "
+            f"({_lengths(node)}; the rows before it: {committed:,})",
+            hint=f"roll it back with `tsconv repair {where}`, or run the append again, which rolls it back "
+            "first.",
+        )
     if isinstance(node, zarr.Array):
         _check_values(node, where)
         names = tuple(f"f{j}" for j in range(node.shape[1]))
@@ -166,6 +182,27 @@ def open_input(path: str | os.PathLike[str], *, allow_incomplete: bool = False) 
             hint="give every feature a distinct name (the 'features' attribute or the feature coordinate).",
         )
     return InputStore(path=p, values=values, time=time, features=names)
+
+
+def interrupted_append(attrs: Any) -> int | None:
+    """The committed rows of a store whose last ``tsconv ingest --append`` did not finish, read from its
+    root group's attributes; None when no append is pending."""
+    meta = attrs.get("ingest") if hasattr(attrs, "get") else None
+    if not isinstance(meta, dict) or meta.get("complete") is not False or "rows_before" not in meta:
+        return None
+    rows = meta["rows_before"]
+    return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0 else None
+
+
+def _lengths(group: zarr.Group) -> str:
+    """'values' and 'time' rows of a group, for a message."""
+    parts = []
+    for key in ("values", "time"):
+        try:
+            parts.append(f"{key!r} has {int(group[key].shape[0]):,} rows")
+        except Exception:
+            parts.append(f"no {key!r} array")
+    return ", ".join(parts)
 
 
 def repeated_names(names: tuple[str, ...] | list[str]) -> list[str]:
@@ -262,9 +299,16 @@ def _time_array(
     else:
         return None
     t = arrays[key]
-    if t.ndim != 1 or t.shape[0] != values.shape[0]:
+    if t.ndim != 1:
         raise StoreError(
             f"{where}: {key!r} has shape {list(t.shape)}, expected [{values.shape[0]}] (one per row of values)"
+        )
+    if t.shape[0] != values.shape[0]:
+        raise StoreError(
+            f"{where}: {key!r} has {t.shape[0]:,} rows but the values have {values.shape[0]:,}; every row of "
+            "the values needs one time",
+            hint="the store is damaged (e.g. a writer was killed between resizing its arrays); re-create it, "
+            "for a store of `tsconv ingest` with `tsconv ingest FILES -o STORE --overwrite`.",
         )
     return TimeColumn(t, where=f"{where}: {key!r}")
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tsconv.errors import StoreError
 from tsconv.io.readers import fileread
 from tsconv.io.readers.chunkfile import chunk_layout, decode_bytes
 from tsconv.io.timecoding import TimeCoding, time_coding
@@ -62,11 +63,36 @@ class TimeColumn:
             a, b, step = key.indices(self.shape[0])
             if step != 1:
                 raise IndexError("time rows are read as contiguous slices")
-            return self.decode(np.asarray(self.array[a:b]), a)
+            return self.decode(self.stored(a, b), a)
         i = int(key) + (self.shape[0] if int(key) < 0 else 0)
         if not 0 <= i < self.shape[0]:
             raise IndexError(f"time row {key} outside 0..{self.shape[0]}")
-        return self.decode(np.asarray(self.array[i : i + 1]), i)[0]
+        return self.decode(self.stored(i, i + 1), i)[0]
+
+    def stored(self, a: int, b: int) -> np.ndarray:
+        """Stored values of rows [a, b) as zarr reads them; a chunk that does not decode is a StoreError."""
+        try:
+            return np.asarray(self.array[a:b])
+        except Exception as exc:  # a damaged chunk file: name it, without a traceback
+            first = exc
+        n = self.chunks[0]
+        for c in range(a // n, -(-b // n)):  # read chunk by chunk to find the one that fails
+            c0, c1 = c * n, min((c + 1) * n, self.shape[0])
+            try:
+                self.array[c0:c1]
+            except Exception as exc:
+                raise damaged(self.where, f"chunk {c} (rows {c0:,}..{c1:,})", exc) from None
+        raise damaged(self.where, f"rows {a:,}..{b:,}", first) from None
+
+
+def damaged(where: str, what: str, exc: BaseException) -> StoreError:
+    """The error for time rows that cannot be read: which array and chunk, why, and the fix."""
+    why = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+    return StoreError(
+        f"cannot read {what} of {where}: {why}",
+        hint="the time array's chunk file is damaged or truncated: restore it from a copy, or re-create the "
+        "store (one made by `tsconv ingest`: `tsconv ingest FILES -o STORE --overwrite`).",
+    )
 
 
 class ShiftedTime:
@@ -105,7 +131,7 @@ class TimeReader:
         """Rows [a, b) of the source (after its offset)."""
         lo, hi = a + self.offset, b + self.offset
         if self._layout is None:
-            return self.column.decode(np.asarray(self.array[lo:hi]), lo)
+            return self.column.decode(self.column.stored(lo, hi), lo)
         if not 0 <= lo <= hi <= self._rows:
             raise IndexError(f"time rows {lo}..{hi} outside 0..{self._rows}")
         lay = self._layout
@@ -165,8 +191,8 @@ class TimeReader:
                 raw[:] = data
             else:
                 decode_bytes(lay.codec, data, raw, raw.size)  # checks the size the chunk declares
-        except ValueError as exc:
-            raise ValueError(f"time chunk {self._path(c)}: {exc}") from None
+        except Exception as exc:  # e.g. a truncated frame: numcodecs raises RuntimeError or ValueError
+            raise damaged(self.column.where, f"chunk {c} (file {self._path(c)})", exc) from None
 
     def _values(self, c: int, data: Any) -> np.ndarray:
         """Chunk ``c``'s stored values from its stored bytes (``None``: the fill value)."""

@@ -301,8 +301,9 @@ class ResolvedPipeline:
 
 
 def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
-    """Read and validate a pipeline TOML file (weight paths are relative to the file), or a pipeline given
-    as a dict with the TOML file's structure (:func:`pipeline_from_dict`)."""
+    """Read and validate a pipeline TOML file (weight paths are relative to the file, and the weight files
+    must lie inside its folder), or a pipeline given as a dict with the TOML file's structure
+    (:func:`pipeline_from_dict`)."""
     if isinstance(path, dict):
         return pipeline_from_dict(path)
     if not isinstance(path, str | os.PathLike):
@@ -323,7 +324,7 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PipelineError(f"{p}: not valid TOML: {exc}") from None
-    return pipeline_from_dict(data, base_dir=p.parent, origin=str(p), text=text)
+    return pipeline_from_dict(data, base_dir=p.parent, origin=str(p), text=text, confine=True)
 
 
 def default_pipeline() -> Pipeline:
@@ -334,14 +335,23 @@ def default_pipeline() -> Pipeline:
 
 
 def pipeline_from_dict(
-    data: dict[str, Any], *, base_dir: str | Path = ".", origin: str = "<dict>", text: str | None = None
+    data: dict[str, Any],
+    *,
+    base_dir: str | Path = ".",
+    origin: str = "<dict>",
+    text: str | None = None,
+    confine: bool = False,
 ) -> Pipeline:
-    """Validate a pipeline given as a dict with the TOML file's structure."""
+    """Validate a pipeline given as a dict with the TOML file's structure.
+
+    Relative weight paths are taken from ``base_dir``. With ``confine`` (pipeline files), every weight file
+    must lie inside ``base_dir`` once resolved, symlinks followed: a pipeline file from elsewhere cannot
+    make tsconv read files outside its own folder. A dict from library code may name any file."""
     where = origin
     if not isinstance(data, dict):
         raise PipelineError(f"{where}: a pipeline must be a table, got {type(data).__name__}")
     _check_keys(data, _TOP_KEYS, where, "top level")
-    base = Path(base_dir)
+    base = _Base(Path(base_dir), confine)
     default_dtype = _choice(data, "weight_dtype", WEIGHT_DTYPES, "float16", where, "top level")
     convs = data.get("conv")
     if convs is None:
@@ -360,7 +370,9 @@ def pipeline_from_dict(
     if "head" in data:
         if not isinstance(data["head"], dict):
             raise PipelineError(f"{where}: 'head' must be a table written [head]")
-        head = _head_from_dict(data["head"], base, where, default_dtype)
+        last = stages[-1].weight
+        inputs = int(last.shape[0]) if last is not None else None  # a filter bank's width needs the input
+        head = _head_from_dict(data["head"], base, where, default_dtype, inputs)
     name = data.get("name", Path(origin).stem if origin not in ("<dict>", "default") else origin)
     if not isinstance(name, str):
         raise PipelineError(f"{where}: top level: 'name' must be a string, got {name!r}")
@@ -513,7 +525,7 @@ def _positive_int(d: dict[str, Any], key: str, default: int, where: str, table: 
     return value
 
 
-def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, default_dtype: str) -> StageSpec:
+def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, default_dtype: str) -> StageSpec:
     table = f"[[conv]] #{index}"
     _check_keys(d, _CONV_KEYS, where, table)
     _check_key_pairs(d, where, table)
@@ -559,7 +571,8 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, defa
     else:
         weight = _load_array(d, "weights", base, where, table, ndim=3)
         if "bias" in d:
-            bias = _load_array(d, "bias", base, where, table, ndim=1)
+            why = f"bias has {{got}} values but weights have {weight.shape[0]} output channels"
+            bias = _load_array(d, "bias", base, where, table, ndim=1, expect={0: (weight.shape[0], why)})
             if bias.shape[0] != weight.shape[0]:
                 raise PipelineError(
                     f"{where}: {table}: bias has {bias.shape[0]} values but weights have "
@@ -592,7 +605,9 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: Path, where: str, defa
     )
 
 
-def _head_from_dict(d: dict[str, Any], base: Path, where: str, default_dtype: str) -> HeadSpec:
+def _head_from_dict(
+    d: dict[str, Any], base: _Base, where: str, default_dtype: str, inputs: int | None = None
+) -> HeadSpec:
     table = "[head]"
     _check_keys(d, _HEAD_KEYS, where, table)
     _check_key_pairs(d, where, table)
@@ -600,10 +615,17 @@ def _head_from_dict(d: dict[str, Any], base: Path, where: str, default_dtype: st
         raise PipelineError(
             f"{where}: {table}: 'weights' is required", hint='weights = "head.npy" of shape [O, D].'
         )
-    weight = _load_array(d, "weights", base, where, table, ndim=2)
+    expect = {}
+    if inputs is not None:
+        expect[0] = (
+            inputs,
+            f"weights of shape {{shape}} expect {{got}} inputs, but the last stage gives {inputs}",
+        )
+    weight = _load_array(d, "weights", base, where, table, ndim=2, expect=expect)
     bias = None
     if "bias" in d:
-        bias = _load_array(d, "bias", base, where, table, ndim=1)
+        why = f"bias has {{got}} values but weights have {weight.shape[1]} outputs"
+        bias = _load_array(d, "bias", base, where, table, ndim=1, expect={0: (weight.shape[1], why)})
         if bias.shape[0] != weight.shape[1]:
             raise PipelineError(
                 f"{where}: {table}: bias has {bias.shape[0]} values but weights have {weight.shape[1]} outputs",
@@ -627,11 +649,22 @@ def _source(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (d[k] if isinstance(d[k], str) else "<array>") for k in ("weights", "bias") if k in d}
 
 
-def _load_array(d: dict[str, Any], key: str, base: Path, where: str, table: str, *, ndim: int) -> np.ndarray:
+def _load_array(
+    d: dict[str, Any],
+    key: str,
+    base: _Base,
+    where: str,
+    table: str,
+    *,
+    ndim: int,
+    expect: dict[int, tuple[int, str]] | None = None,
+) -> np.ndarray:
     """Load a weight array from .npy (never unpickling) or .safetensors, as float64.
 
-    Library callers may pass the array itself (numpy, torch or nested lists) instead of a path.
+    Library callers may pass the array itself (numpy, torch or nested lists) instead of a path. ``expect``
+    (axis -> (size, why)) is checked against a .npy file's header before its data are read.
     """
+    expect = expect or {}
     rel = d[key]
     if not isinstance(rel, str):
         try:
@@ -645,7 +678,9 @@ def _load_array(d: dict[str, Any], key: str, base: Path, where: str, table: str,
         return _check_array(arr, key, "<array>", where, table, ndim)
     if not rel:
         raise PipelineError(f"{where}: {table}: {key} must be a file path, got an empty string")
-    path = Path(rel) if Path(rel).is_absolute() else base / rel
+    path = Path(rel) if Path(rel).is_absolute() else base.dir / rel
+    if base.confine:
+        _check_inside(path, rel, base.dir, key, where, table)
     if not path.is_file():
         raise PipelineError(
             f"{where}: {table}: {key} file {str(path)!r} does not exist",
@@ -655,6 +690,7 @@ def _load_array(d: dict[str, Any], key: str, base: Path, where: str, table: str,
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
+            _check_npy_header(path, key, where, table, ndim, expect)
             arr = np.load(path, allow_pickle=False)
         elif suffix == ".safetensors":
             arr = _load_safetensors(path, tensor_key, where, table, key)
@@ -665,9 +701,102 @@ def _load_array(d: dict[str, Any], key: str, base: Path, where: str, table: str,
             )
     except PipelineError:
         raise
+    except MemoryError:
+        raise _too_big(path, key, where, table) from None
     except Exception as exc:  # a corrupt or hostile file: say which and why, no traceback
         raise PipelineError(f"{where}: {table}: cannot read {key} file {str(path)!r}: {exc}") from None
-    return _check_array(arr, key, repr(str(path)), where, table, ndim)
+    try:
+        return _check_array(arr, key, repr(str(path)), where, table, ndim)
+    except MemoryError:  # the float64 copy
+        raise _too_big(path, key, where, table) from None
+
+
+def _too_big(path: Path, key: str, where: str, table: str) -> PipelineError:
+    size = path.stat().st_size
+    return PipelineError(
+        f"{where}: {table}: not enough memory to load {key} file {str(path)!r} ({size / 2**20:,.1f} MiB, "
+        "held as float64 once loaded)",
+        hint="check that this is the intended weights file; a pipeline's weights are usually a few MiB.",
+    )
+
+
+def _check_npy_header(
+    path: Path, key: str, where: str, table: str, ndim: int, expect: dict[int, tuple[int, str]]
+) -> None:
+    """Check a .npy file's header (shape, dtype, data size) before anything is allocated for it: a
+    header that claims gigabytes, or a shape the pipeline cannot use, is refused without reading the data.
+
+    ``expect`` maps an axis to the size the pipeline needs there and the message when it differs
+    (``{got}``: the size in the file, ``{shape}``: its shape)."""
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            # format 3.0 differs from 2.0 only in allowing UTF-8 in field names, which weights never have
+            read = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read(f)
+        except Exception as exc:
+            raise PipelineError(
+                f"{where}: {table}: cannot read {key} file {str(path)!r}: not a valid .npy header ({exc})"
+            ) from None
+        offset = f.tell()
+    label = repr(str(path))
+    if dtype.hasobject:
+        raise PipelineError(
+            f"{where}: {table}: cannot read {key} file {label}: it holds Python objects (dtype {dtype}); "
+            "tsconv never unpickles",
+            hint="save the weights as a numeric array: np.save(path, np.asarray(w, dtype=np.float32)).",
+        )
+    if dtype.kind not in "fiu":
+        raise PipelineError(f"{where}: {table}: {key} in {label} has non-numeric dtype {dtype}")
+    if len(shape) != ndim:
+        want = {3: "[O, C/groups, K]", 2: "[O, D]", 1: "[n]"}[ndim]
+        raise PipelineError(
+            f"{where}: {table}: {key} in {label} has shape {list(shape)}, expected {ndim}-D {want}"
+        )
+    for axis, (size, why) in expect.items():
+        if shape[axis] != size:
+            msg = why.format(got=shape[axis], shape=list(shape))
+            raise PipelineError(f"{where}: {table}: {msg} (the header of {label}; its data were not read)")
+    need = int(np.prod(shape, dtype=object)) * dtype.itemsize  # Python ints: a hostile shape cannot overflow
+    held = path.stat().st_size - offset
+    if held < need:
+        raise PipelineError(
+            f"{where}: {table}: cannot read {key} file {label}: its header declares shape {list(shape)} "
+            f"{dtype} ({_bytes(need)} of data) but it holds {_bytes(held)} after the header",
+            hint="the file is truncated or its header is damaged: save the weights again.",
+        )
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,} bytes"
+
+
+@dataclass(frozen=True)
+class _Base:
+    """Where relative weight paths start, and whether weight files must stay inside it."""
+
+    dir: Path
+    confine: bool
+
+
+def _check_inside(path: Path, rel: str, folder: Path, key: str, where: str, table: str) -> None:
+    """Refuse a weight file outside the pipeline file's folder (``..``, an absolute path, a symlink)."""
+    root = folder.resolve()
+    target = path.resolve()  # follows every symlink on the way, the file's own included
+    if not target.is_relative_to(root):
+        via = "" if target == path.absolute() else f", which resolves to {str(target)!r}"
+        raise PipelineError(
+            f"{where}: {table}: {key} file {rel!r}{via} lies outside the pipeline file's folder {str(root)!r}",
+            hint="weight files must lie inside the folder of the pipeline file (subfolders are fine): copy "
+            "the file there (a symlink must point there too).",
+        )
 
 
 def _check_array(arr: np.ndarray, key: str, label: str, where: str, table: str, ndim: int) -> np.ndarray:
