@@ -58,6 +58,25 @@ def _same(a: Path, b: Path) -> None:
     assert np.array_equal(np.asarray(ga["values"][:]), np.asarray(gb["values"][:]), equal_nan=True)
     assert np.array_equal(np.asarray(ga["time"][:]), np.asarray(gb["time"][:]))
     assert ga.attrs["features"] == gb.attrs["features"]
+    _opens_with_xarray(b)
+
+
+def _opens_with_xarray(path: Path) -> None:
+    """The output's consolidated metadata holds its arrays' documents as they are, and xarray reads it."""
+    import json
+    import warnings
+
+    xr = pytest.importorskip("xarray")
+    consolidated = json.loads((path / "zarr.json").read_text())["consolidated_metadata"]["metadata"]
+    for name in ("values", "time", "feature"):
+        assert consolidated[name] == json.loads((path / name / "zarr.json").read_text()), name
+    g = zarr.open_group(str(path), mode="r", use_consolidated=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+        ds = xr.open_zarr(str(path), consolidated=True)
+    assert ds["values"].dims == ("time", "feature")
+    assert [str(n) for n in ds["feature"].values] == g.attrs["features"]
+    np.testing.assert_array_equal(ds["time"].values.view(np.int64), np.asarray(g["time"][:]))
 
 
 def _tasks_run(stream) -> list[str]:  # noqa: ANN001

@@ -510,7 +510,8 @@ def test_an_unknown_compression_is_refused(tmp_path: Path) -> None:
     ("compression", "with_time", "rows"), [("lz4", True, 1000), ("none", False, 50), ("auto", True, 300)]
 )
 def test_the_new_stores_metadata_equals_zarrs_own(tmp_path: Path, compression, with_time, rows) -> None:
-    """create() writes the metadata files itself (writer._write_layout): the documents zarr would write."""
+    """create() writes the metadata files and the feature names itself (writer._write_layout): the files zarr
+    would write."""
     import json
 
     names = ("f0", "f1", "f2")
@@ -525,17 +526,25 @@ def test_the_new_stores_metadata_equals_zarrs_own(tmp_path: Path, compression, w
     g = zarr.open_group(str(tmp_path / "zarr.zarr"), mode="w-", zarr_format=3)
     codec = BloscCodec(cname="lz4", clevel=0 if compression == "none" else 5, shuffle="shuffle")
     g.create_array("values", shape=(rows, 3), chunks=(min(128, rows), 3), dtype="float32", compressors=[codec],
-                   fill_value=np.nan)  # fmt: skip
+                   fill_value=np.nan, dimension_names=("time", "feature"))  # fmt: skip
     if with_time:
         g.create_array("time", shape=(rows,), chunks=(min(128, rows),), dtype="int64",
-                       compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")])  # fmt: skip
+                       compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")], dimension_names=("time",),
+                       attributes={"units": "nanoseconds since 1970-01-01", "calendar": "proleptic_gregorian"})  # fmt: skip
+    g.create_array(
+        "feature", shape=(3,), chunks=(3,), dtype=str, compressors=None, dimension_names=("feature",)
+    )
+    g["feature"][:] = np.array(names)
     g.attrs.update({**attrs, "features": list(names)})
-    files = ["zarr.json", "values/zarr.json"] + (["time/zarr.json"] if with_time else [])
+    files = ["zarr.json", "values/zarr.json", "feature/zarr.json", "feature/c/0"]
+    files += ["time/zarr.json"] if with_time else []
     assert sorted(str(p.relative_to(tmp_path / "ours.zarr")) for p in (tmp_path / "ours.zarr").rglob("*")
                   if p.is_file()) == sorted(files)  # fmt: skip
     for rel in files:
-        assert json.loads((tmp_path / "ours.zarr" / rel).read_text()) == json.loads(
-            (tmp_path / "zarr.zarr" / rel).read_text()
-        ), rel
+        ours, theirs = (
+            (tmp_path / "ours.zarr" / rel).read_bytes(),
+            (tmp_path / "zarr.zarr" / rel).read_bytes(),
+        )
+        assert (json.loads(ours) == json.loads(theirs)) if rel.endswith(".json") else ours == theirs, rel
     ours = zarr.open_group(str(tmp_path / "ours.zarr"), mode="r")
     assert ours["values"].shape == (rows, 3) and np.isnan(ours["values"][:5]).all()

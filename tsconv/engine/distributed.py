@@ -6,7 +6,8 @@ Each task opens the input read-only and the output ``r+``, rebuilds the halo and
 before its first row from the input (exactly as a resume does), streams rows [start, stop) through the
 single-node engine and writes them as whole chunks. Tasks never touch the store's attributes: the client
 alone records finished partitions (``tsconv.partitions_done``, merged [start, stop) intervals, and
-``tsconv.rows_done``, the finished prefix) as futures complete, and marks the store complete at the end.
+``tsconv.rows_done``, the finished prefix) as futures complete, and marks the store complete at the end
+and consolidates its metadata (a resumed store's is removed before any task runs).
 A task that is rerun (its worker died, or the run is resumed) writes the same bytes to the same chunks.
 
 Nothing here imports dask at module level; tasks receive paths and the resolved pipeline (numpy arrays,
@@ -28,7 +29,14 @@ from tsconv import config
 from tsconv.engine.run import CudaOptions
 from tsconv.errors import TsconvError
 from tsconv.io.store import InputStore
-from tsconv.io.writers.zarr_writer import OutputWriter, check_owner, output_chunk_rows, store_identity
+from tsconv.io.writers.zarr_writer import (
+    OutputWriter,
+    check_owner,
+    consolidate,
+    drop_consolidated,
+    output_chunk_rows,
+    store_identity,
+)
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = ["run_distributed", "partitions", "local_cluster"]
@@ -333,7 +341,8 @@ def run_distributed(
             group = writer.group
             done: list[tuple[int, int]] = []
         else:
-            group = zarr.open_group(str(out_path), mode="r+")
+            drop_consolidated(out_path)  # refreshed when the run completes
+            group = zarr.open_group(str(out_path), mode="r+", use_consolidated=False)
             meta = dict(group.attrs.get("tsconv", {}))
             done = _merge([(0, rows_done), *(tuple(p) for p in meta.get("partitions_done", []))])
             if run_id is not None:
@@ -407,6 +416,7 @@ def run_distributed(
         meta.pop("partitions_done", None)
         meta.update(complete=True, rows_done=rows)
         group.attrs["tsconv"] = meta
+        consolidate(out_path)
     finally:
         if own_client:
             client.close()

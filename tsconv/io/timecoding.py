@@ -1,6 +1,7 @@
 """How an input's time array encodes instants, and its decoding to int64 nanoseconds since the epoch (UTC).
 
-tsconv's own stores hold int64 nanoseconds without attributes. Stores written by xarray follow CF:
+tsconv's ingested stores hold int64 nanoseconds without attributes; its outputs hold them with the CF
+attributes :data:`NS_SINCE_EPOCH`. Stores written by xarray follow CF:
 ``units`` "<unit> since <reference datetime>" and ``calendar``, integer or float values, and a missing
 time as NaT (int64 minimum), NaN or ``_FillValue``. zarr can also store numpy datetime64 directly.
 Decoding is a vectorised multiply-add per block, so the time column is never read whole; the bounds are
@@ -22,7 +23,7 @@ import numpy as np
 
 from tsconv.errors import StoreError
 
-__all__ = ["TimeCoding", "time_coding"]
+__all__ = ["NS_SINCE_EPOCH", "TimeCoding", "time_coding"]
 
 _I64_MIN = int(np.iinfo(np.int64).min)
 _I64_MAX = int(np.iinfo(np.int64).max)
@@ -54,6 +55,9 @@ _REF = re.compile(
     r"\s*(?P<tz>Z|UTC|GMT|[+-]\d{1,2}(?::?\d{2})?)?",
     re.IGNORECASE,
 )
+# The CF attributes of tsconv's int64 ns since the epoch (UTC): written on the output's time so xarray decodes
+# it to datetime64[ns]; :func:`time_coding` reads them back as 1 ns per unit from the epoch.
+NS_SINCE_EPOCH = {"units": "nanoseconds since 1970-01-01", "calendar": "proleptic_gregorian"}
 _FIX_UNITS = "write the store with times as datetime64 (xarray's default CF encoding), or as int64 ns"
 
 

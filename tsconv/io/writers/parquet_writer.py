@@ -2,7 +2,8 @@
 :mod:`tsconv.engine.outputs`).
 
 Columns: ``time`` (``timestamp[ns, UTC]``) when the input has time, then one float32 column per
-pipeline output, named by the pipeline. Row groups of :data:`ROW_GROUP_ROWS` rows (fewer when that
+pipeline output, named by the pipeline. A missing value (NaN: warm-up rows, NaN inputs) is written as a
+null, so Parquet readers' aggregates (``avg``, ``mean``, ``count``) skip it; +-inf stays inf. Row groups of :data:`ROW_GROUP_ROWS` rows (fewer when that
 would buffer more than 256 MiB) are written as the engine streams (memory: one row group plus the
 engine's chunk). The file is written under a temporary
 name beside the output (``.<name>.tsconv-<pid>.tmp``) and renamed into place at the end, so the final
@@ -88,6 +89,22 @@ def check_parquet_output(out: Path, inp: Path, *, overwrite: bool, resume: bool)
         )
 
 
+def _nulls_for_nan(col: np.ndarray) -> Any:
+    """A float32 Arrow array over the contiguous ``col`` (not copied) whose NaNs are nulls. The validity
+    bitmap is packed here: ``pa.array(col, mask=...)`` and ``from_pandas=True`` copy the data and took
+    5-10x as long (0.4 ms against 1.8-3.8 ms per 65,536 x 16 row group)."""
+    import pyarrow as pa
+
+    missing = np.isnan(col)
+    nulls = int(np.count_nonzero(missing))
+    if not nulls:
+        return pa.array(col)
+    valid = np.packbits(~missing, bitorder="little")  # Arrow's bitmap: bit i of byte i // 8, LSB first
+    return pa.Array.from_buffers(
+        pa.float32(), col.size, [pa.py_buffer(valid), pa.py_buffer(col)], null_count=nulls
+    )
+
+
 class ParquetSink:
     """Rows appended in order, written as row groups of ``group_rows`` rows into ``out``'s temporary file,
     which :meth:`finish` renames onto ``out`` (:meth:`close` unfinished removes it). ``time_source``: the
@@ -158,7 +175,7 @@ class ParquetSink:
         if not self.fill:
             return
         n, a = self.fill, self.row
-        arrays = [pa.array(self.buf[j, :n]) for j in range(len(self.names))]
+        arrays = [_nulls_for_nan(self.buf[j, :n]) for j in range(len(self.names))]
         names = list(self.names)
         if self.times is not None:
             t = self.times.read(a, a + n).astype(np.int64, copy=False)

@@ -1,9 +1,14 @@
 """The output store: created up front, written in whole chunks, marked complete only at the end.
 
 Layout: a zarr (format 3) group with ``values`` [T, D] float32, ``time`` copied from the input when it
-has one, and attributes ``features`` (output names), ``pipeline`` (as run), ``source`` and ``tsconv``
-(``complete``, ``rows_done``, ``fingerprint``, ``run_id``, ``input_digest``, ...); the input's digest
-itself is ``values/.tsconv-input.json`` (:mod:`tsconv.io.digest`). Every write covers whole chunks, and
+has one (int64 ns since the epoch, with the CF attributes that say so), ``feature`` (the output names, a
+string array), and attributes ``features`` (the names again), ``pipeline`` (as run), ``source`` and
+``tsconv`` (``complete``, ``rows_done``, ``fingerprint``, ``run_id``, ``input_digest``, ...); the input's
+digest itself is ``values/.tsconv-input.json`` (:mod:`tsconv.io.digest`). The arrays carry the dimension
+names (time, feature), so ``xarray.open_zarr`` reads the store as a Dataset with datetime64 ``time`` and a
+``feature`` coordinate. A finished store also holds consolidated metadata (in its root ``zarr.json``),
+written with the mark ``complete`` in one atomic write; a resumed store has it removed first
+(:func:`drop_consolidated`), so nothing reads metadata a run could make stale. Every write covers whole chunks, and
 ``rows_done`` advances only over the prefix of chunks whose data is stored (each chunk file is written
 atomically), so a run killed at any moment resumes from ``rows_done`` and rewrites anything after it.
 
@@ -29,12 +34,14 @@ import shutil
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
+import numcodecs
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
@@ -43,6 +50,7 @@ from tsconv import config, trace
 from tsconv.errors import OutputExistsError, StoreError, TsconvError
 from tsconv.io.digest import DIGEST_FILE, write_digest
 from tsconv.io.store import is_zarr_store
+from tsconv.io.timecoding import NS_SINCE_EPOCH
 from tsconv.io.timecolumn import TimeReader
 from tsconv.io.writers.encode import ChunkFileWriter, remove_partial_files
 
@@ -56,8 +64,10 @@ __all__ = [
     "check_output_flags",
     "check_output_path",
     "check_owner",
+    "consolidate",
     "default_write_threads",
     "discard_output",
+    "drop_consolidated",
     "foreign_entries",
     "output_chunk_rows",
     "prepare_output",
@@ -357,22 +367,35 @@ def _replace_json(path: Path, doc: dict[str, Any], *, indent: int | None = 2) ->
 
 
 def _array_doc(
-    shape: list[int], chunks: list[int], dtype: str, fill: Any, codec: BloscCodec
+    shape: list[int],
+    chunks: list[int],
+    dtype: str,
+    fill: Any,
+    codec: BloscCodec | None,
+    dims: list[str],
+    attributes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A zarr format-3 array's zarr.json as zarr 3.1 writes it for ``create_array(..., compressors=[codec])``."""
-    blosc = {"typesize": np.dtype(dtype).itemsize, "cname": codec.cname.value, "clevel": int(codec.clevel),
-             "shuffle": codec.shuffle.value, "blocksize": int(codec.blocksize)}  # fmt: skip
+    """A zarr format-3 array's zarr.json as zarr 3.1 writes it for ``create_array(..., compressors=[codec],
+    dimension_names=dims, attributes=attributes)``; ``codec`` None: the "string" array's, without a
+    compressor."""
+    if codec is None:
+        codecs: list[dict[str, Any]] = [{"name": "vlen-utf8", "configuration": {}}]
+    else:
+        blosc = {"typesize": np.dtype(dtype).itemsize, "cname": codec.cname.value, "clevel": int(codec.clevel),
+                 "shuffle": codec.shuffle.value, "blocksize": int(codec.blocksize)}  # fmt: skip
+        codecs = [
+            {"name": "bytes", "configuration": {"endian": "little"}},
+            {"name": "blosc", "configuration": blosc},
+        ]
     return {
         "shape": shape,
         "data_type": dtype,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "fill_value": fill,
-        "codecs": [
-            {"name": "bytes", "configuration": {"endian": "little"}},
-            {"name": "blosc", "configuration": blosc},
-        ],
-        "attributes": {},
+        "codecs": codecs,
+        "attributes": dict(attributes or {}),
+        "dimension_names": dims,
         "zarr_format": 3,
         "node_type": "array",
         "storage_transformers": [],
@@ -380,24 +403,72 @@ def _array_doc(
 
 
 def _write_layout(
-    root: Path, *, rows: int, n_values: int, chunk_rows: int, clevel: int, time: bool, attrs: dict[str, Any]
+    root: Path,
+    *,
+    rows: int,
+    names: tuple[str, ...],
+    chunk_rows: int,
+    clevel: int,
+    time: bool,
+    attrs: dict[str, Any],
 ) -> None:
-    """The empty output store's metadata, written as files. Why not zarr's ``create_array``: through its event
-    loop the three documents took 19-24 ms on the H200 host, about a tenth of the e2e job, against about
-    1 ms here (benchmarks/NOTES.md, "The writer"). tests/test_writer.py checks the documents equal
-    zarr's own for the same calls."""
+    """The empty output store's metadata and its ``feature`` array, written as files. Why not zarr's
+    ``create_array``: through its event loop the documents took 19-24 ms on the H200 host, about a tenth
+    of the e2e job, against about 1 ms here (benchmarks/NOTES.md, "The writer"). tests/test_writer.py
+    checks the documents and the feature chunk equal zarr's own for the same calls."""
     root.mkdir(parents=True)
+    n = len(names)
     docs = {
         root / "zarr.json": {"attributes": attrs, "zarr_format": 3, "node_type": "group"},
         root / "values" / "zarr.json": _array_doc(
-            [rows, n_values], [chunk_rows, n_values], "float32", "NaN", _codec(clevel)
+            [rows, n], [chunk_rows, n], "float32", "NaN", _codec(clevel), ["time", "feature"]
         ),
+        root / "feature" / "zarr.json": _array_doc([n], [n], "string", "", None, ["feature"]),
     }
     if time:
-        docs[root / "time" / "zarr.json"] = _array_doc([rows], [chunk_rows], "int64", 0, _codec())
+        docs[root / "time" / "zarr.json"] = _array_doc(
+            [rows], [chunk_rows], "int64", 0, _codec(), ["time"], NS_SINCE_EPOCH
+        )
     for path, doc in docs.items():
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(doc, indent=2))
+    (root / "feature" / "c").mkdir()
+    (root / "feature" / "c" / "0").write_bytes(numcodecs.VLenUTF8().encode(np.array(names, dtype=object)))
+
+
+def _consolidated_doc(root: Path) -> dict[str, Any]:
+    """The ``consolidated_metadata`` entry zarr.consolidate_metadata writes into a local format-3 group's
+    zarr.json, built from its arrays' zarr.json files as they are on disk (tsconv's layout: no sub-groups)."""
+    found = {}
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        doc_path = Path(entry.path) / "zarr.json"
+        if entry.is_dir(follow_symlinks=False) and doc_path.is_file():
+            doc = json.loads(doc_path.read_text())
+            if doc.get("node_type") != "array":
+                msg = f"internal error: {entry.name!r} in {str(root)!r} is not an array"
+                raise RuntimeError(msg)
+            found[entry.name] = doc
+    return {"kind": "inline", "must_understand": False, "metadata": found}
+
+
+def consolidate(path: Path) -> None:
+    """Write consolidated metadata into the output store at ``path`` through zarr (a dask run's end)."""
+    with warnings.catch_warnings():
+        # zarr: consolidated metadata is not part of the format 3 specification (xarray reads it)
+        warnings.simplefilter("ignore", UserWarning)
+        zarr.consolidate_metadata(str(path), zarr_format=3)
+
+
+def drop_consolidated(path: Path) -> None:
+    """Remove the consolidated metadata of the local output store at ``path`` (a resumed run: its arrays
+    and attributes are then read from their own documents, and readers see no copy that could go stale)."""
+    root = path / "zarr.json"
+    try:
+        doc = json.loads(root.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(doc, dict) and doc.pop("consolidated_metadata", None) is not None:
+        _replace_json(root, doc)
 
 
 def _compression_of(array: zarr.Array) -> str:
@@ -537,7 +608,7 @@ class OutputWriter:
         _write_layout(
             tmp,
             rows=rows,
-            n_values=len(names),
+            names=names,
             chunk_rows=min(chunk_rows, rows),
             clevel=0 if compression == "none" else 5,
             time=time_source is not None,
@@ -573,7 +644,8 @@ class OutputWriter:
         ``run_id``: recorded as the store's ``tsconv.run_id`` (this run owns it now)."""
         for tmp in Path(path).glob("zarr.json.*.partial"):  # a progress update cut short (_set_meta)
             tmp.unlink(missing_ok=True)
-        group = zarr.open_group(str(path), mode="r+")
+        drop_consolidated(Path(path))
+        group = zarr.open_group(str(path), mode="r+", use_consolidated=False)
         for name in group.array_keys():  # no one else writes this store during a single-process resume
             remove_partial_files(group[name])
         writer = cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast)
@@ -653,7 +725,7 @@ class OutputWriter:
                     local = self._group_json is not None
                     check_owner(self._root(), run_id=self.run_id, identity=self._identity,
                                 group=None if local else self.group)  # fmt: skip
-                    self._set_meta(complete=True, rows_done=self.rows, partitions_done=None)  # None: drop it
+                    self._set_meta(complete=True, rows_done=self.rows, partitions_done=None, consolidate=True)
         finally:
             self.close()
 
@@ -823,7 +895,9 @@ class OutputWriter:
             self._set_meta(rows_done=prefix)
         self.rows_done = prefix
 
-    def _set_meta(self, **changes: Any) -> None:
+    def _set_meta(self, *, consolidate: bool = False, **changes: Any) -> None:
+        """Update the ``tsconv`` attributes (a change to None drops the key); ``consolidate``: also write the
+        store's consolidated metadata, in the same write for a local store."""
         meta = dict(self._meta if self._meta is not None else self.group.attrs.get("tsconv", {}))
         meta.update(changes)
         meta = {k: v for k, v in meta.items() if v is not None or k not in changes}
@@ -835,8 +909,15 @@ class OutputWriter:
             if self._group_doc is None:
                 self._group_doc = json.loads(self._group_json.read_text())
             self._group_doc.setdefault("attributes", {})["tsconv"] = meta
+            if consolidate:
+                self._group_doc["consolidated_metadata"] = _consolidated_doc(self._group_json.parent)
             done = meta.get("complete", False)
             _replace_json(self._group_json, self._group_doc, indent=2 if done else None)
         else:
             self.group.attrs["tsconv"] = meta
+            if consolidate:
+                with warnings.catch_warnings():  # as in consolidate()
+                    warnings.simplefilter("ignore", UserWarning)
+                    fmt = self.group.metadata.zarr_format
+                    zarr.consolidate_metadata(self.group.store, path=self.group.path, zarr_format=fmt)
         self._meta = meta

@@ -1,0 +1,89 @@
+"""Parquet outputs: missing values (warm-up rows, NaN inputs) are nulls, so Parquet readers aggregate over
+the values that are there; +-inf stays inf; tsconv reads the file back (ingest) with NaN where it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+import tsconv
+from tsconv.io.writers.parquet_writer import ParquetSink
+
+from ..helpers import price_series, read_output, write_store
+
+ROWS = 700
+PIPE = {"conv": [{"filters": ["ma:8", "diff:1"]}]}
+
+
+@pytest.fixture
+def outputs(tmp_path: Path) -> tuple[Path, np.ndarray, list[str]]:
+    """A Parquet output of a store with NaN inputs (one feature starting late), and the same run's values
+    as a zarr output."""
+    x = price_series(ROWS, 3, seed=5, nan_fraction=0.02)
+    x[:150, 1] = np.nan
+    src = write_store(tmp_path / "in.zarr", x, chunks=(256, 3))
+    out = tmp_path / "out.parquet"
+    tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=256)
+    tsconv.process(src, tmp_path / "out.zarr", pipeline=PIPE, device="cpu", chunk=256)
+    names = [c for c in pq.read_schema(out).names if c != "time"]
+    return out, read_output(tmp_path / "out.zarr"), names
+
+
+def test_missing_values_are_nulls_and_polars_aggregates_skip_them(outputs) -> None:  # noqa: ANN001
+    out, want, names = outputs
+    missing = np.isnan(want)
+    assert (
+        missing[:7].all() and missing[100:149, 2:4].all() and not missing[200:].any()
+    )  # warm-up, late start
+    table = pq.read_table(out)
+    for j, name in enumerate(names):
+        col = table[name]
+        assert col.null_count == int(missing[:, j].sum())
+        assert not np.isnan(col.drop_null().to_numpy()).any()
+    frame = pl.read_parquet(out)
+    got = frame.select([pl.col(n).mean() for n in names]).row(0)
+    counts = frame.select([pl.col(n).count() for n in names]).row(0)
+    np.testing.assert_allclose(got, np.nanmean(want.astype(np.float64), axis=0), rtol=1e-6)
+    assert list(counts) == [int((~missing[:, j]).sum()) for j in range(len(names))]
+    np.testing.assert_array_equal(frame.select(names).to_numpy(), want)  # nulls read as NaN
+
+
+def test_duckdb_aggregates_skip_the_missing_values(outputs) -> None:  # noqa: ANN001
+    duckdb = pytest.importorskip("duckdb")
+    out, want, names = outputs
+    cols = ", ".join(f'avg("{n}"), count("{n}")' for n in names)
+    row = duckdb.sql(f"SELECT {cols}, count(*) FROM read_parquet('{out}')").fetchall()[0]
+    for j in range(len(names)):
+        ok = want[~np.isnan(want[:, j]), j].astype(np.float64)
+        assert row[2 * j] == pytest.approx(ok.mean(), rel=1e-6)
+        assert row[2 * j + 1] == ok.size
+    assert row[-1] == ROWS
+
+
+def test_only_nan_becomes_null_and_infinities_stay(tmp_path: Path) -> None:
+    block = np.array([[np.nan, 1.0], [np.inf, np.nan], [-np.inf, 2.5], [0.0, -0.0]], dtype=np.float32)
+    out = tmp_path / "x.parquet"
+    sink = ParquetSink(out, names=("a", "b"), time_source=None, metadata={}, row_group_rows=3)
+    sink.append(block[:1])
+    sink.append(block[1:])
+    sink.finish()
+    table = pq.read_table(out)
+    assert table.num_rows == 4 and table["a"].null_count == 1 and table["b"].null_count == 1
+    assert table["a"].to_pylist() == [None, float("inf"), float("-inf"), 0.0]
+    assert table["b"].to_pylist() == [1.0, None, 2.5, -0.0]
+    assert pq.ParquetFile(out).metadata.num_row_groups == 2
+
+
+def test_ingest_reads_a_parquet_output_back_with_nan_where_values_are_missing(
+    outputs, tmp_path: Path
+) -> None:  # noqa: ANN001
+    out, want, names = outputs
+    back = tmp_path / "back.zarr"
+    tsconv.ingest(str(out), back, layout="wide")
+    store = tsconv.open_input(back)
+    assert list(store.features) == names
+    np.testing.assert_array_equal(np.asarray(store.values[:]), want)
