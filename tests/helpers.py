@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 
 from tsconv.kernels.reference import pipeline_reference, preprocess_reference
 from tsconv.pipeline.spec import ResolvedPipeline
 
 T0 = 1_767_346_200_000_000_000  # 2026-01-02 09:30 UTC in ns
+
+
+def mostly_slow(cases: Sequence[object], *, fast: Collection[int]) -> list[object]:
+    """``cases`` for ``pytest.mark.parametrize`` with every case but those at the ``fast`` indices marked
+    slow: the default run keeps a representative few, ``pytest -m slow`` runs the rest. A tuple is one
+    case of several arguments."""
+    out: list[object] = []
+    for i, case in enumerate(cases):
+        values = case if isinstance(case, tuple) else (case,)
+        out.append(pytest.param(*values, marks=() if i in fast else pytest.mark.slow))
+    return out
 
 
 def price_series(rows: int, features: int, *, seed: int = 0, nan_fraction: float = 0.0) -> np.ndarray:

@@ -25,7 +25,14 @@ from tsconv.kernels import prepare as prep
 from tsconv.kernels.prepare import prepare
 from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
-from ..helpers import assert_matches_reference, price_series, process_batched, read_output, write_store
+from ..helpers import (
+    assert_matches_reference,
+    mostly_slow,
+    price_series,
+    process_batched,
+    read_output,
+    write_store,
+)
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
@@ -53,7 +60,9 @@ def _prep_reference(raw, state, carry, *, fill=True, center=True):
     return (x - level if center else x), new_state, level, rows[-carry.shape[0] :] if carry.shape[0] else None
 
 
-@pytest.mark.parametrize("pieces", [[90], [33, 50, 7], [1, 1, 88], [700], [300, 3, 397]])
+@pytest.mark.parametrize(
+    "pieces", mostly_slow([[90], [33, 50, 7], [1, 1, 88], [700], [300, 3, 397]], fast=(0, 1, 4))
+)
 @pytest.mark.parametrize("fill", [True, False])
 @pytest.mark.parametrize(
     "dtype",
@@ -118,7 +127,9 @@ def _batched(x, plan, *, step_rows, band_rows, start=0, warmup="nan"):
 
 @pytest.mark.parametrize(
     ("pipe", "step_rows", "band_rows"),
-    [(BANK, 64, 50), (BANK, 128, 128), (TWO_STAGES, 64, 37), (TWO_STAGES, 192, 500)],
+    mostly_slow(
+        [(BANK, 64, 50), (BANK, 128, 128), (TWO_STAGES, 64, 37), (TWO_STAGES, 192, 500)], fast=(0, 2)
+    ),
 )
 @pytest.mark.parametrize("warmup", ["nan", pytest.param("zero", marks=pytest.mark.slow)])
 def test_batched_matches_the_float64_reference(pipe, step_rows, band_rows, warmup):

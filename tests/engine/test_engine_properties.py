@@ -87,7 +87,7 @@ def cases(draw):
 
 
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 @given(cases())
 def test_streamed_store_equals_whole_series_reference(case):

@@ -124,7 +124,7 @@ BATCHED_CASES = [
         (np.nan, "late_start", "default", False),
         (np.inf, "late_start", "dense_head", False),
         (1e30, "tail", "default", False),
-        (-1e30, "at_edge", "dense_head", True),
+        (-1e30, "at_edge", "dense_head", False),
     ]
 ]
 

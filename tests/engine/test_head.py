@@ -22,7 +22,7 @@ from tsconv.io.readers.blocks import ArraySource
 from tsconv.kernels import autotune, fused
 from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
-from ..helpers import assert_matches_reference, error_bound, price_series, write_store
+from ..helpers import assert_matches_reference, error_bound, mostly_slow, price_series, write_store
 
 NAMES = ("a", "b", "c", "d")
 RNG = np.random.default_rng(7)
@@ -108,7 +108,7 @@ def _assert_close_to(y, ref_y, x, plan):
     assert (err <= bound).all(), f"{err.max():.3g} over the bound"
 
 
-@pytest.mark.parametrize("pipe", ["single", "two"])
+@pytest.mark.parametrize("pipe", mostly_slow(["single", "two"], fast=(0,)))
 def test_each_forced_path_matches_the_unfused_path_and_the_reference(pipe, monkeypatch):
     x, plan = _data(), _plan(pipe)
     base = _cpu_backend(plan, monkeypatch, "unfused")
@@ -326,7 +326,7 @@ def test_the_default_head_path_is_unfused(monkeypatch):
     assert head.requested_path() is None
 
 
-@pytest.mark.parametrize("path", ["unfused", "gemm", "fused"])
+@pytest.mark.parametrize("path", mostly_slow(["unfused", "gemm", "fused"], fast=(1,)))
 @pytest.mark.parametrize("pipe", ["single", "two"])
 def test_only_the_first_stage_recenters_on_every_head_path(pipe, path, monkeypatch):
     """The Triton backend's first stage (level data) runs with conv1d's ``recenter``, whichever path

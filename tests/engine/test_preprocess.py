@@ -22,7 +22,15 @@ from tsconv.errors import PipelineError, TsconvError
 from tsconv.kernels.reference import preprocess_reference
 from tsconv.pipeline.spec import load_pipeline, pipeline_from_dict, resolve
 
-from ..helpers import T0, assert_matches_reference, error_bound, price_series, read_output, write_store
+from ..helpers import (
+    T0,
+    assert_matches_reference,
+    error_bound,
+    mostly_slow,
+    price_series,
+    read_output,
+    write_store,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::tsconv.errors.TsconvWarning")
 
@@ -99,7 +107,7 @@ def test_halo_adds_the_preprocessing_steps() -> None:
 # ----------------------------------------------------------------------------------- against reference
 
 
-@pytest.mark.parametrize("transform", ["none", "log", "diff", "log_return"])
+@pytest.mark.parametrize("transform", mostly_slow(["none", "log", "diff", "log_return"], fast=(1, 3)))
 @pytest.mark.parametrize("zscore", [None, 16])
 @pytest.mark.parametrize("fill", ["ffill", "none"])
 def test_transform_and_zscore_match_the_float64_reference(

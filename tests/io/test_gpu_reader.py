@@ -18,7 +18,7 @@ import tsconv
 from tsconv.errors import StoreError
 from tsconv.io.readers import gpu as gpudecode
 
-from ..helpers import price_series, process_batched, read_output, write_store
+from ..helpers import mostly_slow, price_series, process_batched, read_output, write_store
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -106,7 +106,7 @@ def test_a_damaged_chunk_raises_a_store_error(tmp_path: Path, file_reads) -> Non
             _all_bands(r)
 
 
-@pytest.mark.parametrize("change", ["shrinks", "vanishes"])
+@pytest.mark.parametrize("change", mostly_slow(["shrinks", "vanishes"], fast=(0,)))
 def test_a_chunk_file_that_changes_after_the_reader_opened(
     tmp_path: Path, monkeypatch, file_reads, change
 ) -> None:

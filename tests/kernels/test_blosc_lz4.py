@@ -13,6 +13,7 @@ import torch
 
 from tsconv.kernels import blosc_lz4 as bl
 
+from ..helpers import mostly_slow
 from .sm90 import run_compile_script
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
@@ -85,12 +86,15 @@ def _decode(
 
 @pytest.mark.parametrize(
     ("n", "dtype", "shuffle"),
-    [
-        (900, np.float32, numcodecs.Blosc.SHUFFLE),
-        (701, np.float32, numcodecs.Blosc.NOSHUFFLE),
-        (450, np.float64, numcodecs.Blosc.SHUFFLE),
-        (1000, np.float16, numcodecs.Blosc.SHUFFLE),
-    ],
+    mostly_slow(
+        [
+            (900, np.float32, numcodecs.Blosc.SHUFFLE),
+            (701, np.float32, numcodecs.Blosc.NOSHUFFLE),
+            (450, np.float64, numcodecs.Blosc.SHUFFLE),
+            (1000, np.float16, numcodecs.Blosc.SHUFFLE),
+        ],
+        fast=(0, 1),
+    ),
 )
 def test_real_chunks_decode_exactly(n: int, dtype, shuffle: int) -> None:
     x = _prices(n, dtype)
@@ -179,7 +183,7 @@ def _every_kind() -> tuple[np.ndarray, np.ndarray]:
     return x, c
 
 
-@pytest.mark.parametrize("span", [0, 64, 256])
+@pytest.mark.parametrize("span", mostly_slow([0, 64, 256], fast=(1,)))
 def test_literals_read_as_one_span_decode_the_same(span: int) -> None:
     """``literal_span``: a group's literals from one read of their span of the input (the default, 64 bytes
     a step, and another width), or (0) through the [G, W] tiles."""
@@ -205,6 +209,7 @@ def test_multi_block_chunk_with_a_leftover_block(shuffle: int) -> None:
     np.testing.assert_array_equal(out[0], x.view(np.uint8))
 
 
+@pytest.mark.slow
 def test_several_chunks_in_one_launch_and_a_stored_chunk() -> None:
     xs = [_prices(700, seed=2), _prices(333, seed=3), np.random.default_rng(4).random(300).astype(np.float32)]
     cs = [_blosc(xs[0], 1), _blosc(xs[1], 0), _blosc(xs[2], 1, clevel=1)]
@@ -236,7 +241,9 @@ def _damage(c: np.ndarray, how: str) -> np.ndarray:
     return d
 
 
-@pytest.mark.parametrize("how", ["truncated", "block_start", "stream_size", "match_offset"])
+@pytest.mark.parametrize(
+    "how", mostly_slow(["truncated", "block_start", "stream_size", "match_offset"], fast=(0, 3))
+)
 def test_damaged_chunks_are_flagged_and_write_only_their_row(how: str) -> None:
     good = _prices(600, seed=5)
     x = _prices(600, seed=6)

@@ -34,6 +34,7 @@ from tsconv.kernels.conv1d_reference import (
 )
 from tsconv.kernels.weight_cache import WeightCache
 
+from ..helpers import mostly_slow
 from .sm90 import run_compile_script
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -388,14 +389,17 @@ def test_tf32_rounding_beats_truncation_on_price_levels(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize(
     ("C", "M", "K", "dilation", "padding", "wdtype"),
-    [
-        (40, 1, 16, 2, "causal", torch.float16),
-        (24, 4, 5, 1, "causal", torch.float32),
-        (13, 3, 64, 1, "causal", torch.float16),  # odd C, M not a power of two
-        (9, 8, 2, 4, "valid", torch.float16),
-        (5, 20, 3, 1, "causal", torch.float32),  # M > 16: two filter blocks
-        (6, 2, 1, 1, "causal", torch.float16),  # K = 1
-    ],
+    mostly_slow(
+        [
+            (40, 1, 16, 2, "causal", torch.float16),
+            (24, 4, 5, 1, "causal", torch.float32),
+            (13, 3, 64, 1, "causal", torch.float16),  # odd C, M not a power of two
+            (9, 8, 2, 4, "valid", torch.float16),
+            (5, 20, 3, 1, "causal", torch.float32),  # M > 16: two filter blocks
+            (6, 2, 1, 1, "causal", torch.float16),  # K = 1
+        ],
+        fast=(1, 3, 5),
+    ),
 )
 def test_depthwise(C: int, M: int, K: int, dilation: int, padding: str, wdtype: torch.dtype) -> None:
     N, L = 2, 83
@@ -641,7 +645,8 @@ _BANK_CASES = [
 
 
 @pytest.mark.parametrize(
-    ("C", "M", "K", "dilation", "padding", "L", "bt", "bg", "iters", "unroll"), _BANK_CASES
+    ("C", "M", "K", "dilation", "padding", "L", "bt", "bg", "iters", "unroll"),
+    mostly_slow(_BANK_CASES, fast=(0, len(_BANK_CASES) - 1)),
 )
 def test_bank_kernel_tiles(
     C: int, M: int, K: int, dilation: int, padding: str, L: int, bt: int, bg: int, iters: int, unroll: int
@@ -717,7 +722,8 @@ _WINDOW_CASES = [
 
 
 @pytest.mark.parametrize(
-    ("C", "M", "K", "dilation", "padding", "L", "rows", "taps", "warps", "tm"), _WINDOW_CASES
+    ("C", "M", "K", "dilation", "padding", "L", "rows", "taps", "warps", "tm"),
+    mostly_slow(_WINDOW_CASES, fast=(0, len(_WINDOW_CASES) - 1)),
 )
 def test_window_kernel(
     C: int, M: int, K: int, dilation: int, padding: str, L: int, rows: int, taps: int, warps: int, tm: bool
@@ -851,8 +857,8 @@ def test_validation_mentions_expected_and_actual() -> None:
 
 @pytest.mark.parametrize(
     ("precision", "a16", "tma", "prep"),
-    [("fp32", 0, 0, "none"), ("tf32", 0, 0, "round"), ("tf32", 0, 1, "none"), ("fp16", 1, 0, "a16"),
-     ("fp16", 1, 2, "a16"), ("fp16", 0, 1, "none")],
+    mostly_slow([("fp32", 0, 0, "none"), ("tf32", 0, 0, "round"), ("tf32", 0, 1, "none"), ("fp16", 1, 0, "a16"),
+                 ("fp16", 1, 2, "a16"), ("fp16", 0, 1, "none")], fast=(0, 3)),
 )  # fmt: skip
 def test_repeated_dense_call_replays_its_plan_with_the_new_tensors(
     precision: str, a16: int, tma: int, prep: str, monkeypatch: pytest.MonkeyPatch

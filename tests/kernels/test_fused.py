@@ -32,6 +32,7 @@ from tsconv.kernels.conv1d_reference import (
 from tsconv.kernels.fused import conv1d_head, fused_path
 from tsconv.kernels.gemm import gemm
 
+from ..helpers import mostly_slow
 from .sm90 import run_compile_script
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -360,7 +361,7 @@ def test_o_blocked_loop_price_levels(monkeypatch: pytest.MonkeyPatch) -> None:
         check(x, w, b, hw, hb, activation="relu")
 
 
-@pytest.mark.parametrize("case", ["depthwise", "grouped", "wide_O", "wide_D"])
+@pytest.mark.parametrize("case", mostly_slow(["depthwise", "grouped", "wide_O", "wide_D"], fast=(0, 2)))
 def test_fallbacks(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
     N, L, C = 2, 37, 12
     x = returns(N, L, C, seed=14).transpose(1, 2)

@@ -23,6 +23,7 @@ from tsconv.kernels.conv1d import api as conv_api
 from tsconv.kernels.conv1d import spec as conv_spec
 from tsconv.kernels.conv1d_reference import conv1d_reference, relative_error, torch_conv1d_in_precision
 
+from ..helpers import mostly_slow
 from .test_conv1d import ATOL, DEVICE, FP32_FACTOR, _gen, nan_out, zero_sum_weights
 
 # path -> (groups per C, filters per group or dense O, the config; None: the space's default / interpreter one)
@@ -64,7 +65,7 @@ def _run(x, w, b, *, groups, cfg, recenter, path, **kw):
     return out
 
 
-@pytest.mark.parametrize("path", list(_PATHS))
+@pytest.mark.parametrize("path", mostly_slow(list(_PATHS), fast=(0, 4)))
 @pytest.mark.parametrize(("K", "dilation", "padding"), [(5, 1, "causal"), (4, 3, "valid")])
 def test_recenter_removes_the_levels_error(path: str, K: int, dilation: int, padding: str) -> None:
     """Zero-sum filters on levels near 4096: the error falls by more than 10x and meets the fp32 bound."""
@@ -168,7 +169,7 @@ def _spiky(L: int, C: int, spikes: tuple[int, ...], seed: int = 9) -> torch.Tens
     return v.to(torch.float32).to(DEVICE).transpose(1, 2)
 
 
-@pytest.mark.parametrize("path", list(_PATHS))
+@pytest.mark.parametrize("path", mostly_slow(list(_PATHS), fast=(0, 4)))
 def test_a_spike_at_a_blocks_level_step_is_not_its_level(path: str) -> None:
     """Prints of 1e5 at steps 48, 96 and 160 (block starts for 16-row tiles; for 4-row windows too): a level
     read at that one step would put every other output of the block 1e5 away from its data. Depthwise
