@@ -57,9 +57,12 @@ def test_process_then_inspect(tmp_path: Path) -> None:
     assert info["nan_counts"]["x1"] == int(np.isnan(x[:, 1]).sum())
     assert info["time_span"].startswith("2026-01-02T09:30:00")
     # zarr's default codec (zstd): the threaded reader, not the GPU decoder
-    assert info["fast_reader"] == "yes" and info["gpu_decode"].startswith("no (not Blosc-compressed")
+    assert info["reader"].startswith("tsconv's native reader")
+    assert info["gpu_decoding"].startswith("no: on CUDA, chunks are decoded on the CPU")
+    assert "not Blosc-compressed" in info["gpu_decoding"]
     text = runner.invoke(main, ["inspect", str(tmp_path / "o.zarr")]).output
-    assert "tsconv_output: complete" in text and "rows: 4000" in text and "NaN features" in text
+    assert "tsconv output: complete" in text and "4,000 rows x 15 features, float32" in text
+    assert "warm-up NaNs" in text and "NaNs: 0 in the data; 0 of 15 features have NaNs" in text
 
 
 def test_python_dash_m_runs_the_cli() -> None:

@@ -180,26 +180,10 @@ def demo(rows: int, features: int, directory: str, pipeline: str | None, chunk: 
 @click.option("--no-nan-count", is_flag=True, help="Skip the NaN count (it reads the whole store).")
 def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
     """Print a store's shape, dtype, chunks, codecs, time span, features and NaN counts."""
-    from tsconv.io.inspect import inspect_store
+    from tsconv.io.inspect import inspect_lines, inspect_store
 
     info = inspect_store(store, count_nans=not no_nan_count)
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
-    for key, value in info.items():
-        if key == "nan_counts":
-            continue
-        if key == "features":
-            shown = ", ".join(value[:12]) + (f", ... ({len(value)} in all)" if len(value) > 12 else "")
-            click.echo(f"{'features':>14}: {shown}")
-        else:
-            click.echo(f"{key:>14}: {value}")
-    if "nan_counts" in info:
-        nz = {k: v for k, v in info["nan_counts"].items() if v}
-        worst = sorted(nz.items(), key=lambda kv: -kv[1])[:10]
-        click.echo(f"{'NaN features':>14}: {len(nz)} of {len(info['nan_counts'])} have NaNs")
-        for name, count in worst:
-            click.echo(f"{'':>16}{name}: {count:,}")
+    click.echo(json.dumps(info, indent=2) if as_json else "\n".join(inspect_lines(info)))
 
 
 @main.command()

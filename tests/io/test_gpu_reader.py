@@ -62,7 +62,7 @@ def test_bands_decoded_on_the_device_equal_zarr(tmp_path: Path, monkeypatch, chu
     assert gpudecode.unsupported_reason(a) is None
     from tsconv.io.inspect import inspect_store
 
-    assert inspect_store(tmp_path / "a.zarr", count_nans=False)["gpu_decode"] == "yes"
+    assert inspect_store(tmp_path / "a.zarr", count_nans=False)["gpu_decoding"].startswith("yes: ")
     with gpudecode.GpuBandReader(a, device=DEVICE) as r:
         assert r.file_reads.startswith(file_reads)
         assert r.batch < 5  # several batches over the 5 bands

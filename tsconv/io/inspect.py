@@ -1,4 +1,8 @@
-"""What ``tsconv inspect`` shows about a store."""
+"""What ``tsconv inspect`` shows about a store, in plain words.
+
+:func:`inspect_store` returns a JSON-able dict (numbers where a program wants numbers, words elsewhere);
+:func:`inspect_lines` turns it into the lines the CLI prints.
+"""
 
 from __future__ import annotations
 
@@ -11,48 +15,212 @@ import numpy as np
 from tsconv.io.readers import gpu as gpudecode
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.threads import fast_path_reason
-from tsconv.io.store import check_time, open_input
+from tsconv.io.store import InputStore, check_time, open_input
 
-__all__ = ["inspect_store"]
+__all__ = ["inspect_store", "inspect_lines", "codec_words"]
+
+DEFAULT_CHUNK = 1024  # `tsconv process --chunk` when not given: left out of the --resume command
+
+_BLOSC_NAMES = {
+    "lz4": "LZ4",
+    "lz4hc": "LZ4HC",
+    "zstd": "Zstd",
+    "blosclz": "BloscLZ",
+    "zlib": "zlib",
+    "snappy": "Snappy",
+}
+_BLOSC_SHUFFLE = {0: "", 1: "shuffle", 2: "bitshuffle", -1: "automatic shuffle"}
+_NAMES = {"zstd": "zstd", "gzip": "gzip", "zlib": "zlib", "bz2": "bz2", "lzma": "LZMA", "lz4": "LZ4"}
 
 
 def _iso(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat()
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'s' * (n != 1)}"
+
+
+def _name_and_config(codec: Any) -> tuple[str, dict[str, Any]]:
+    """A codec's name and settings: zarr 3 codecs (``to_dict``) and numcodecs codecs (``get_config``)."""
+    if hasattr(codec, "get_config"):
+        config = dict(codec.get_config())
+        name = str(config.pop("id", type(codec).__name__))
+    elif hasattr(codec, "to_dict"):
+        d = codec.to_dict()
+        name, config = str(d.get("name", type(codec).__name__)), dict(d.get("configuration") or {})
+    else:
+        name, config = type(codec).__name__, {}
+    return name.removeprefix("numcodecs.").lower(), config
+
+
+def codec_words(codec: Any) -> str | None:
+    """A codec in words ("Blosc LZ4 level 5 + shuffle", "zstd level 3"); None for the plain little-endian
+    bytes serializer, which changes nothing a user needs to know."""
+    name, c = _name_and_config(codec)
+    if name == "bytes":
+        return None if c.get("endian") in (None, "little") else f"{c['endian']}-endian bytes"
+    if name == "blosc":
+        cname = str(getattr(c.get("cname"), "value", c.get("cname")))
+        shuffle = c.get("shuffle")
+        shuffle = getattr(shuffle, "value", shuffle)
+        shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}.get(shuffle, shuffle)
+        words = f"Blosc {_BLOSC_NAMES.get(cname, cname)} level {c.get('clevel')}"
+        extra = _BLOSC_SHUFFLE.get(shuffle, f"shuffle {shuffle}")
+        return f"{words} + {extra}" if extra else words
+    if name in ("zstd", "gzip", "zlib", "bz2"):
+        level = c.get("level")
+        if name == "zstd" and level == 0:  # zstd reads 0 as its default level
+            level = "3 (the default)"
+        words = _NAMES[name] + (f" level {level}" if level is not None else "")
+        return words + (" with checksum" if c.get("checksum") else "")
+    if name in ("crc32c", "crc32", "adler32", "fletcher32"):
+        return f"{name.upper()} checksum"
+    if name == "shuffle":
+        return "shuffle"
+    if name == "delta":
+        return "delta"
+    if name == "transpose":
+        return f"transposed ({tuple(c.get('order', ()))})"
+    if name == "sharding_indexed":
+        return "sharded"
+    settings = ", ".join(f"{k} {v}" for k, v in c.items() if isinstance(v, (int, float, str)))
+    return _NAMES.get(name, name) + (f" ({settings})" if settings else "")
+
+
+def _chunking(rows: int, features: int, chunks: list[int], shards: list[int] | None) -> str:
+    along = -(-rows // chunks[0])
+    across = -(-features // chunks[1])
+    words = (
+        f"{chunks[0]:,} rows x {_plural(chunks[1], 'feature')} per chunk; {_plural(along * across, 'chunk')}"
+        f" ({along:,} along time x {across:,} across features)"
+    )
+    if shards:
+        files = -(-rows // shards[0]) * -(-features // shards[1])
+        words += f", stored in {_plural(files, 'shard file')} of {shards[0]:,} rows x {shards[1]:,} features"
+    return words
+
+
+def _resume_command(store: InputStore, meta: dict[str, Any], source: Any) -> str:
+    """The command that finishes an unfinished output: the input, the output, and the recorded settings."""
+    parts = ["tsconv process", "-i", str(source) if source else "INPUT", "-o", str(store.path)]
+    if meta.get("chunk") not in (None, DEFAULT_CHUNK):
+        parts += ["--chunk", str(meta["chunk"])]
+    if meta.get("warmup") == "zero":
+        parts += ["--warmup", "zero"]
+    return " ".join(parts) + " --resume"
+
+
+def _warmup_rows(meta: dict[str, Any], rows: int) -> int:
+    """Output rows the pipeline's warm-up left NaN: the first ``halo`` input rows, less those before a
+    ``[preprocess] time_range``; none with ``--warmup zero``."""
+    if meta.get("warmup") != "nan":
+        return 0
+    first = (meta.get("input_rows") or [0])[0]
+    return max(0, min(rows, int(meta.get("halo") or 0) - int(first)))
+
+
 def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> dict[str, Any]:
-    """Describe a store; with ``count_nans`` read it once, band by band, to count NaNs per feature."""
+    """Describe a store; with ``count_nans`` read it once, band by band, to count NaNs per feature.
+
+    For a tsconv output, the NaNs of the warm-up rows (``warmup_nans``) are counted apart from the
+    data's (``nan_total``, ``nan_counts``), and an unfinished output is described over the rows it has.
+    """
     store = open_input(path, allow_incomplete=True)
     info = store.describe()
+    info["chunking"] = _chunking(store.rows, store.n_features, info["chunks"], info["shards"])
+    attrs = _group_attrs(store)
+    meta = attrs.get("tsconv")
+    written = store.rows
+    warmup = 0
+    if isinstance(meta, dict):
+        if meta.get("complete"):
+            info["tsconv_output"] = "complete"
+        else:
+            written = min(store.rows, int(meta.get("rows_done") or 0))
+            info["tsconv_output"] = (
+                f"unfinished: {written:,} of {store.rows:,} rows written; finish it with "
+                f"`{_resume_command(store, meta, attrs.get('source'))}` "
+                "(with the --pipeline of the run that started it, if it had one)"
+            )
+        info["rows_written"] = written
+        info["warmup"] = meta.get("warmup")
+        warmup = min(written, _warmup_rows(meta, store.rows))
+        info["warmup_rows"] = warmup
     if store.time is not None:
-        first, last = check_time(store)
-        info["time_span"] = f"{_iso(first)} .. {_iso(last)}"
-    group_attrs = _group_attrs(store)
-    if "tsconv" in group_attrs:
-        meta = group_attrs["tsconv"]
-        info["tsconv_output"] = (
-            "complete"
-            if meta.get("complete")
-            else f"INCOMPLETE: {meta.get('rows_done', 0):,} of {meta.get('rows')} rows"
-        )
-    # which readers the batched engine can use on this layout (see --decode)
+        span = check_time(store, stop=written)
+        info["time_span"] = f"{_iso(span[0])} .. {_iso(span[1])}" if span else None
     fast = fast_path_reason(store.values)
-    info["fast_reader"] = "yes" if fast is None else f"no ({fast}): zarr reads"
+    info["reader"] = (
+        "tsconv's native reader (chunk files decoded in threads)"
+        if fast is None
+        else f"zarr's reader, slower; tsconv's native reader does not read this layout: {fast}"
+    )
     gpu = gpudecode.unsupported_reason(store.values)
-    info["gpu_decode"] = "yes" if gpu is None else f"no ({gpu})"
+    info["gpu_decoding"] = (
+        "yes: on CUDA, chunks are decoded on the GPU"
+        if gpu is None
+        else f"no: on CUDA, chunks are decoded on the CPU; the GPU does not decode this store: {gpu}"
+    )
     info["features"] = list(store.features)
     if count_nans:
         counts = np.zeros(store.n_features, dtype=np.int64)
+        warm = 0
         if store.dtype.kind == "f":
             reader = BlockReader(store.values, max_cached=1)
-            for a in range(0, store.rows, reader.band_rows):
-                counts += np.isnan(reader.read(a, min(a + reader.band_rows, store.rows))).sum(axis=0)
+            for a in range(0, written, reader.band_rows):
+                band = np.isnan(reader.read(a, min(a + reader.band_rows, written)))
+                cut = max(0, min(warmup - a, band.shape[0]))
+                warm += int(band[:cut].sum())
+                counts += band[cut:].sum(axis=0)
         info["nan_total"] = int(counts.sum())
         info["nan_counts"] = {n: int(c) for n, c in zip(store.features, counts, strict=True)}
+        if isinstance(meta, dict):
+            info["warmup_nans"] = warm
     return info
 
 
-def _group_attrs(store) -> dict[str, Any]:  # noqa: ANN001
+def inspect_lines(info: dict[str, Any]) -> list[str]:
+    """The text ``tsconv inspect`` prints for an :func:`inspect_store` result."""
+    names = info["features"]
+    what = "a group" if info["layout"] == "group" else "a bare array (features f0, f1, ...; no time)"
+    rows = [
+        ("store", f"{info['path']} (zarr format {info['zarr_format']}, {what})"),
+        ("values", f"{info['rows']:,} rows x {_plural(len(names), 'feature')}, {info['dtype']}"),
+        ("chunks", info["chunking"]),
+        ("codecs", " + ".join(info["codecs"]) or "none (stored uncompressed)"),
+    ]
+    if info["has_time"]:
+        span = info.get("time_span") or "no rows written yet"
+        rows.append(("time", f"{span} ({info['time_encoding']})"))
+    else:
+        rows.append(("time", "none (rows are numbered steps)"))
+    if "tsconv_output" in info:
+        rows.append(("tsconv output", info["tsconv_output"]))
+    rows += [("reading", info["reader"]), ("GPU decoding", info["gpu_decoding"])]
+    shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+    rows.append(("features", shown))
+    lines = [f"{k:>14}: {v}" for k, v in rows]
+    if "nan_counts" in info:
+        counts = info["nan_counts"]
+        nz = sorted(((k, v) for k, v in counts.items() if v), key=lambda kv: -kv[1])
+        output = "warmup_nans" in info
+        head = f"{info['nan_total']:,}{' in the data' if output else ''}"
+        lines.append(f"{'NaNs':>14}: {head}; {len(nz)} of {len(counts)} features have NaNs")
+        lines += [f"{'':>16}{name}: {count:,}" for name, count in nz[:10]]
+        if output and info.get("warmup") == "zero":
+            lines.append(f"{'warm-up NaNs':>14}: none (the run computed the first rows with zero history)")
+        elif output:
+            lines.append(
+                f"{'warm-up NaNs':>14}: {info['warmup_nans']:,} in the first {_plural(info['warmup_rows'], 'row')}"
+                " (their receptive field reaches before the first input row; --warmup zero computes them)"
+            )
+        if info.get("rows_written", info["rows"]) < info["rows"]:
+            lines.append(f"{'':>16}(counted over the {info['rows_written']:,} rows written)")
+    return lines
+
+
+def _group_attrs(store: InputStore) -> dict[str, Any]:
     import zarr
 
     try:

@@ -69,14 +69,16 @@ class InputStore:
         return np.dtype(self.values.dtype)
 
     def describe(self) -> dict[str, Any]:
-        """Shape, dtype, chunks and codecs, for ``tsconv inspect`` and reports."""
+        """Shape, dtype, chunks and codecs (in words), for ``tsconv inspect`` and reports."""
         v = self.values
         fmt = v.metadata.zarr_format
-        codecs: list[str]
+        from tsconv.io.inspect import codec_words
+
         if fmt == 3:
-            codecs = [repr(c) for c in (*v.filters, v.serializer, *v.compressors) if c is not None]
+            chain = (*v.filters, v.serializer, *v.compressors)
         else:
-            codecs = [repr(c) for c in (*(v.filters or ()), *v.compressors) if c is not None]
+            chain = (*(v.filters or ()), *v.compressors)
+        codecs = [w for w in (codec_words(c) for c in chain if c is not None) if w is not None]
         return {
             "path": str(self.path),
             "zarr_format": fmt,
@@ -346,18 +348,22 @@ def _coordinate_names(coord: zarr.Array, key: str, n: int, where: str) -> tuple[
     return tuple(names)
 
 
-def check_time(store: InputStore) -> tuple[int, int] | None:
+def check_time(store: InputStore, *, stop: int | None = None) -> tuple[int, int] | None:
     """Check ``time`` is strictly increasing, reading one store chunk at a time; return (first, last) in
-    int64 ns since the epoch. A time that cannot be decoded (missing, out of range) is a StoreError."""
+    int64 ns since the epoch (None without time or rows). ``stop``: check only rows [0, stop). A time
+    that cannot be decoded (missing, out of range) is a StoreError."""
     if store.time is None:
         return None
     t = store.time
+    n = int(t.shape[0]) if stop is None else min(stop, int(t.shape[0]))
+    if n <= 0:
+        return None
     reader = TimeReader(t)  # chunk files decoded by numcodecs: 0.02 s for 1M rows against zarr's 0.16 s
     step = int(t.chunks[0]) * max(1, (1 << 22) // (8 * int(t.chunks[0])))
     prev = None
     first = None
-    for a in range(0, t.shape[0], step):
-        block = reader.read(a, min(a + step, int(t.shape[0])))
+    for a in range(0, n, step):
+        block = reader.read(a, min(a + step, n))
         if first is None:
             first = int(block[0])
             if first == _NAT:  # increasing int64 ns can hold NaT only in row 0

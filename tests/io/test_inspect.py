@@ -1,0 +1,168 @@
+"""`tsconv inspect` in plain words: codecs, chunking, readers, warm-up NaNs and unfinished outputs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+import tsconv
+from tsconv.cli import main
+from tsconv.io.inspect import codec_words, inspect_store
+
+from ..helpers import price_series, write_store
+
+PIPE = '[[conv]]\nfilters = ["diff:1", "diff:16"]\n'  # halo 16
+HALO = 16
+
+
+def _text(path: Path) -> str:
+    res = CliRunner().invoke(main, ["inspect", str(path)])
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def _store(path: Path, x: np.ndarray, *, zarr_format: int = 3, **codecs: object) -> Path:
+    g = zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
+    g.create_array("values", data=x, chunks=(100, 2), **codecs)
+    g.attrs["features"] = [f"x{j}" for j in range(x.shape[1])]
+    return path
+
+
+def _no_internals(text: str) -> None:
+    for word in ("fast_reader", "gpu_decode", "tsconv_output", "nan_total", "Codec(", "<", "None"):
+        assert word not in text, (word, text)
+
+
+@pytest.mark.parametrize(
+    ("zarr_format", "codecs", "words"),
+    [
+        (3, {"compressors": BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")}, "Blosc LZ4 level 5 + shuffle"),
+        (3, {"compressors": BloscCodec(cname="zstd", clevel=2, shuffle="bitshuffle")}, "Blosc Zstd level 2 + bitshuffle"),
+        (3, {"compressors": ZstdCodec(level=3)}, "zstd level 3"),
+        (3, {"compressors": GzipCodec(level=6)}, "gzip level 6"),
+        (3, {"compressors": None}, "none (stored uncompressed)"),
+        (2, {"compressors": numcodecs.Blosc("lz4", 5, numcodecs.Blosc.NOSHUFFLE)}, "Blosc LZ4 level 5"),
+        (2, {"compressors": numcodecs.Zstd(level=3), "filters": [numcodecs.Delta("<f4")]}, "delta + zstd level 3"),
+        (2, {"compressors": None}, "none (stored uncompressed)"),
+    ],
+)  # fmt: skip
+def test_codecs_are_named_in_words(tmp_path: Path, zarr_format: int, codecs: dict, words: str) -> None:
+    src = _store(tmp_path / "s.zarr", price_series(300, 5), zarr_format=zarr_format, **codecs)
+    text = _text(src)
+    assert f"codecs: {words}\n" in text
+    _no_internals(text)
+
+
+def test_zarrs_default_zstd_names_its_level() -> None:
+    assert codec_words(ZstdCodec(level=0)) == "zstd level 3 (the default)"
+    assert codec_words(ZstdCodec(level=1, checksum=True)) == "zstd level 1 with checksum"
+
+
+def test_chunking_in_words_rows_by_features_and_how_many(tmp_path: Path) -> None:
+    src = _store(tmp_path / "s.zarr", price_series(250, 5))  # chunks of 100 x 2: 3 x 3
+    info = inspect_store(src, count_nans=False)
+    assert info["chunks"] == [100, 2]
+    want = "100 rows x 2 features per chunk; 9 chunks (3 along time x 3 across features)"
+    assert info["chunking"] == want
+    assert f"chunks: {want}\n" in _text(src)
+    g = zarr.open_group(str(tmp_path / "sh.zarr"), mode="w")
+    g.create_array("values", data=price_series(400, 4), chunks=(100, 4), shards=(200, 4))
+    assert inspect_store(tmp_path / "sh.zarr", count_nans=False)["chunking"] == (
+        "100 rows x 4 features per chunk; 4 chunks (4 along time x 1 across features), stored in 2 shard files "
+        "of 200 rows x 4 features"
+    )
+
+
+def test_readers_are_described_by_what_they_mean(tmp_path: Path) -> None:
+    lz4 = _store(tmp_path / "lz4.zarr", price_series(300, 4), compressors=BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"))  # fmt: skip
+    text = _text(lz4)
+    assert "reading: tsconv's native reader (chunk files decoded in threads)" in text
+    assert "GPU decoding: yes: on CUDA, chunks are decoded on the GPU" in text
+    _no_internals(text)
+    g = zarr.open_group(str(tmp_path / "sh.zarr"), mode="w")
+    g.create_array("values", data=price_series(400, 4), chunks=(100, 4), shards=(200, 4))
+    text = _text(tmp_path / "sh.zarr")
+    assert (
+        "reading: zarr's reader, slower; tsconv's native reader does not read this layout: sharded array"
+        in text
+    )
+    assert "GPU decoding: no: on CUDA, chunks are decoded on the CPU" in text
+    _no_internals(text)
+
+
+def _output(tmp_path: Path, x: np.ndarray, *, warmup: str = "nan") -> Path:
+    src = write_store(tmp_path / "in.zarr", x, chunks=(256, x.shape[1]))
+    pipe = tmp_path / "p.toml"
+    pipe.write_text(PIPE)
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline=pipe, chunk=256, device="cpu", warmup=warmup)
+    return out
+
+
+def test_warmup_nans_are_counted_apart_from_data_nans(tmp_path: Path) -> None:
+    x = price_series(1000, 2, seed=3)
+    x[:100, 0] = np.nan  # before x0's first value: its outputs stay NaN past the warm-up
+    out = _output(tmp_path, x)
+    y = np.asarray(zarr.open_group(str(out), mode="r")["values"][:])
+    info = inspect_store(out)
+    assert info["warmup_rows"] == HALO
+    assert info["warmup_nans"] == HALO * y.shape[1] == int(np.isnan(y[:HALO]).sum())
+    assert info["nan_total"] == int(np.isnan(y[HALO:]).sum()) > 0
+    assert info["nan_counts"]["x0.diff1"] == int(np.isnan(y[HALO:, 0]).sum())
+    assert info["nan_counts"]["x1.diff1"] == 0
+    text = _text(out)
+    assert f"NaNs: {info['nan_total']:,} in the data; 2 of 4 features have NaNs" in text
+    assert f"warm-up NaNs: {HALO * 4} in the first {HALO} rows" in text
+    _no_internals(text)
+
+
+def test_zero_warmup_has_no_warmup_nans(tmp_path: Path) -> None:
+    out = _output(tmp_path, price_series(600, 2), warmup="zero")
+    info = inspect_store(out)
+    assert info["warmup_rows"] == 0 and info["warmup_nans"] == 0 and info["nan_total"] == 0
+    assert "warm-up NaNs: none (the run computed the first rows with zero history)" in _text(out)
+
+
+def test_an_input_store_has_no_warmup_line(tmp_path: Path) -> None:
+    x = price_series(300, 2, nan_fraction=0.1)
+    src = write_store(tmp_path / "in.zarr", x)
+    info = inspect_store(src)
+    assert "warmup_nans" not in info and info["nan_total"] == int(np.isnan(x).sum())
+    text = _text(src)
+    assert f"NaNs: {int(np.isnan(x).sum()):,}; 2 of 2 features have NaNs" in text and "warm-up" not in text
+
+
+def test_an_unfinished_output_is_named_with_the_resume_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tsconv.engine.outputs
+
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: chunk)
+    out = _output(tmp_path, price_series(1000, 2, seed=1))
+    g = zarr.open_group(str(out), mode="r+")
+    assert g["values"].chunks[0] == 256
+    done = 512
+    for name in ("values", "time"):  # a run killed after two chunks: the later chunk files are missing
+        for f in (out / name / "c").rglob("*"):
+            if f.is_file() and int(f.relative_to(out / name / "c").parts[0]) >= done // 256:
+                f.unlink()
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": done}
+    text = _text(out)
+    assert "sort the series" not in text
+    src = tmp_path / "in.zarr"
+    resume = f"`tsconv process -i {src.resolve()} -o {out.resolve()} --chunk 256 --resume`"
+    assert f"tsconv output: unfinished: 512 of 1,000 rows written; finish it with {resume}" in text
+    assert "(counted over the 512 rows written)" in text
+    info = json.loads(CliRunner().invoke(main, ["inspect", str(out), "--json"]).output)
+    assert info["rows_written"] == done
+    assert info["time_span"] == "2026-01-02T09:30:00+00:00 .. 2026-01-02T09:30:00.511000+00:00"
+    assert info["warmup_nans"] == HALO * 4 and info["nan_total"] == 0  # the missing rows are not NaNs
+    _no_internals(re.sub(r"`[^`]*`", "", text))
