@@ -28,10 +28,10 @@ import numcodecs
 import numpy as np
 import zarr
 import zarr.codecs
-from tqdm.auto import tqdm
 
 from tsconv.errors import StoreError
 from tsconv.io.store import is_zarr_store
+from tsconv.progress import progress_bar
 
 __all__ = ["make_ticks", "feature_names", "default_chunk_rows", "START_NS"]
 
@@ -433,7 +433,7 @@ def _write(
 
     with (
         ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="tsconv-synth") as pool,
-        tqdm(total=rows, unit="row", unit_scale=True, disable=not progress, desc="ticks") as bar,
+        progress_bar(total=rows, unit="rows", enabled=progress, desc="ticks") as bar,
     ):
         for i, r0 in enumerate(range(0, rows, buf_rows)):
             slot = i % n_slots

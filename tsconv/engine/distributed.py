@@ -287,9 +287,9 @@ def run_distributed(
     a resumed output and checked before marking it complete (``attrs`` carries it for a new one);
     ``input_digest``: recorded in a new output."""
     import zarr
-    from tqdm import tqdm
 
     from tsconv.engine.report import Report, peak_rss
+    from tsconv.progress import progress_bar
 
     try:
         from distributed import Client, as_completed
@@ -386,14 +386,8 @@ def run_distributed(
             for a, b in todo
         ]
         try:
-            with tqdm(
-                total=rows,
-                initial=already,
-                unit="rows",
-                unit_scale=True,
-                disable=not progress,
-                desc=f"{store.path.name} ({n_workers} workers)",
-                dynamic_ncols=True,
+            with progress_bar(
+                total=rows, initial=already, enabled=progress, desc=f"{store.path.name} ({n_workers} workers)"
             ) as bar:
                 for fut in as_completed(futures):
                     res = fut.result()

@@ -194,7 +194,7 @@ def run(
     error the sink is closed unfinished (a zarr output stays incomplete and resumable). ``threads``: decode
     threads for the reader (None: the default).
     """
-    from tqdm import tqdm
+    from tsconv.progress import progress_bar
 
     dev = rp.device
     setup: dict[str, float] = {}  # seconds before the loop, for the report's stage_seconds
@@ -203,8 +203,7 @@ def run(
     band_bytes = source.band_rows * source.n_features * source.dtype.itemsize
     stages: dict[str, Any] | None = None
     with (
-        tqdm(total=rp.stop - rp.start, unit="rows", unit_scale=True, disable=not progress, desc=desc,
-             dynamic_ncols=True) as bar,
+        progress_bar(total=rp.stop - rp.start, desc=desc, enabled=progress) as bar,
         exact_fp32(dev),
         _gil_switch(dev),
         contextlib.closing(sink),  # closed on the way out; after finish() that is a no-op

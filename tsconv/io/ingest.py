@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 import zarr
-from tqdm import tqdm
 from zarr.codecs import BloscCodec
 
 from tsconv.errors import OutputExistsError, StoreError
 from tsconv.io.lock import OutputLock
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
+from tsconv.progress import progress_bar
 
 __all__ = ["IngestReport", "ingest", "expand_files", "repair"]
 
@@ -471,7 +471,7 @@ def _fill_band(buf: np.ndarray, times: np.ndarray, sources: Sequence[_Source], n
 
 
 def _write_rows(values: zarr.Array, time_arr: zarr.Array, start: int, times: np.ndarray,
-                sources: Sequence[_Source], names: Sequence[str], layout: str, bar: tqdm) -> int:  # fmt: skip
+                sources: Sequence[_Source], names: Sequence[str], layout: str, bar: Any) -> int:  # fmt: skip
     """Write ``times`` and their values at rows ``start..``, band by band; return the input rows read."""
     n_features = len(names)
     itemsize = np.dtype(values.dtype).itemsize
@@ -587,7 +587,7 @@ def ingest(
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         values, time_arr, group = _new_store(tmp, times=times, names=names, dtype=dtype, attrs=attrs)
-        with tqdm(total=times.size, unit="row", unit_scale=True, disable=not progress, desc="ingest") as bar:
+        with progress_bar(total=times.size, enabled=progress, desc="ingest") as bar:
             read = _write_rows(values, time_arr, 0, times, sources, names, layout, bar)
         group.attrs["ingest"] = {**attrs["ingest"], "complete": True}
         if out.exists() or out.is_symlink():
@@ -669,7 +669,7 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
     try:
         values.resize((total, values.shape[1]))
         time_arr.resize((total,))
-        with tqdm(total=times.size, unit="row", unit_scale=True, disable=not progress, desc="append") as bar:
+        with progress_bar(total=times.size, enabled=progress, desc="append") as bar:
             read = _write_rows(values, time_arr, old_rows, times, sources, store_names, layout, bar)
     except Exception:
         # An error while writing (e.g. a bad value deep in a CSV file): take the new rows away again.
