@@ -251,3 +251,23 @@ def test_load_pipeline_takes_the_dict_features_takes() -> None:
     pipe = {"conv": [{"filters": ["diff:1", "ma:4"]}]}
     x = price_series(300, 2, seed=2)
     np.testing.assert_array_equal(tsconv.features(x, tsconv.load_pipeline(pipe)), tsconv.features(x, pipe))
+
+
+def test_features_returns_the_output_names_when_asked() -> None:
+    import polars as pl
+
+    x = price_series(600, 2, seed=2)
+    pipe = {"conv": [{"filters": ["diff:1", "ma:4"]}]}
+    plain = tsconv.features(x, pipe, names=["AAPL", "MSFT"])
+    assert isinstance(plain, np.ndarray)  # a bare array unless asked
+    y, cols = tsconv.features(x, pipe, names=["AAPL", "MSFT"], return_names=True)
+    assert cols == ("AAPL.diff1", "AAPL.ma4", "MSFT.diff1", "MSFT.ma4")
+    np.testing.assert_array_equal(y, plain)
+    # the names say what the columns hold: MSFT's one-step difference is the third (after 3 warm-up rows)
+    np.testing.assert_allclose(y[3:, cols.index("MSFT.diff1")], np.diff(x[:, 1])[2:], atol=1e-4)
+    t, t_cols = tsconv.features(torch.from_numpy(x), pipe, return_names=True)
+    assert isinstance(t, torch.Tensor) and t_cols == ("f0.diff1", "f0.ma4", "f1.diff1", "f1.ma4")
+    frame, f_cols = tsconv.features(pl.DataFrame({"AAPL": x[:, 0], "MSFT": x[:, 1]}), pipe, return_names=True)
+    assert f_cols == cols and frame.columns == list(cols)
+    with pytest.raises(TypeError, match="positional"):
+        tsconv.features(x, pipe, None, "nan")  # options are keyword-only

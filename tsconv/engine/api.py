@@ -135,6 +135,7 @@ def features(
     time_column: str | None = "time",
     transfer: str | None = None,
     gpu_mem: int | str | None = None,
+    return_names: bool = False,
 ) -> Any:
     """Run a pipeline on an in-memory series ``x`` [T, F] (numpy or torch); returns [T, D] float32 of the same kind.
 
@@ -143,6 +144,10 @@ def features(
     gives a polars DataFrame: its ``time_column`` (if present) is carried over and the other columns, all
     numeric, are the named features (see :func:`tsconv.io.frames.frame_input`). ``transfer`` and ``gpu_mem``
     are the CUDA engine's, as in :func:`process`.
+
+    ``names`` names an array's input features (default f0, f1, ...). ``return_names=True`` returns
+    ``(result, output_names)``: the D output names in column order (e.g. ``"f0.ma8"``), a tuple of str, the
+    same as an output store's ``features`` attribute; for a frame they are its columns without the time.
     """
     _check_common(chunk, warmup)
     cuda = CudaOptions.from_args(transfer=transfer, gpu_mem=gpu_mem, decode="cpu")
@@ -158,7 +163,8 @@ def features(
         plan = _plan_for(pipeline, feature_names, source.rows, warmup, "features() on polars frames")
         sink = ArraySink(source.rows, plan.n_outputs, feature_major=True)
         _run_in_memory(source, plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
-        return frame_output(plan.output_names, sink.out, time_series)
+        frame = frame_output(plan.output_names, sink.out, time_series)
+        return (frame, plan.output_names) if return_names else frame
     is_torch = isinstance(x, torch.Tensor)
     try:
         arr = x.detach().cpu().numpy() if is_torch else np.asarray(x)
@@ -189,7 +195,8 @@ def features(
         arr = np.array(arr, order="C")
     sink = ArraySink(arr.shape[0], plan.n_outputs)
     _run_in_memory(ArraySource(arr, band_rows=chunk), plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
-    return torch.from_numpy(sink.out) if is_torch else sink.out
+    y = torch.from_numpy(sink.out) if is_torch else sink.out
+    return (y, plan.output_names) if return_names else y
 
 
 def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: torch.device, *, chunk: int,
