@@ -198,7 +198,13 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
 )
 @click.option("--time-column", default="time", show_default=True, help="Name of the time column.")
 @click.option("--feature-column", default="feature", show_default=True, help="Feature names (long layout).")
-@click.option("--value-column", default="value", show_default=True, help="Values (long layout).")
+@click.option(
+    "--value-column",
+    multiple=True,
+    default=["value"],
+    show_default=True,
+    help="Values (long layout); repeat it for several, which name the features SYMBOL.COLUMN (AAPL.px, AAPL.qty).",
+)
 @click.option(
     "--time-unit",
     type=click.Choice(["s", "ms", "us", "ns"]),
@@ -219,7 +225,7 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, feature_column: str,
-           value_column: str, time_unit: str, dtype: str, append: bool, overwrite: bool, quiet: bool) -> None:  # fmt: skip
+           value_column: tuple[str, ...], time_unit: str, dtype: str, append: bool, overwrite: bool, quiet: bool) -> None:  # fmt: skip
     """Ingest Parquet, CSV(.gz) or Arrow IPC files (paths or quoted globs) into a zarr store."""
     from tsconv.io.ingest import ingest as run_ingest
 
@@ -229,7 +235,7 @@ def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, f
         layout=layout,
         time_column=time_column,
         feature_column=feature_column,
-        value_column=value_column,
+        value_column=list(value_column),
         append=append,
         overwrite=overwrite,
         dtype=dtype,

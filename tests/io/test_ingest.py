@@ -583,3 +583,82 @@ def test_overwrite_replaces_a_store(tmp_path: Path) -> None:
     values, times, names = read(out)
     assert names == ["q"] and times.tolist() == TIMES[10:13]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary store left
+
+
+# ------------------------------------------------------------------------------- several value columns
+
+
+def _px_qty(tmp_path: Path, name: str = "t.csv") -> tuple[pl.DataFrame, Path]:
+    df = pl.DataFrame(
+        {
+            "time": [T0 + 2, T0, T0 + 1, T0, T0 + 2],
+            "sym": ["MSFT", "AAPL", "AAPL", "MSFT", "MSFT"],
+            "px": [20.5, 10.0, 10.5, 20.0, 21.0],  # MSFT at T0 + 2 twice: the last row wins
+            "qty": [5, 1, None, 3, 7],
+        }
+    )
+    return df, write(df, tmp_path / name)
+
+
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_several_value_columns_name_features_symbol_dot_column(tmp_path: Path, suffix: str) -> None:
+    _, src = _px_qty(tmp_path, f"t.{suffix}")
+    res = cli(src, "-o", tmp_path / "out.zarr", "--feature-column", "sym", "--value-column", "px",
+              "--value-column", "qty")  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    assert "3 rows x 4 features" in res.stdout
+    values, times, names = read(tmp_path / "out.zarr")
+    assert names == ["AAPL.px", "AAPL.qty", "MSFT.px", "MSFT.qty"]
+    np.testing.assert_array_equal(times, [T0, T0 + 1, T0 + 2])
+    nan = np.nan
+    want = [[10.0, 1, 20.0, 3], [10.5, nan, nan, nan], [nan, nan, 21.0, 7]]
+    np.testing.assert_array_equal(values, np.array(want, dtype=np.float32))
+    # the value columns of a symbol in the order given; the names as a pipeline selects them
+    ingest(src, tmp_path / "rev.zarr", feature_column="sym", value_column=["qty", "px"])
+    assert read(tmp_path / "rev.zarr")[2] == ["AAPL.qty", "AAPL.px", "MSFT.qty", "MSFT.px"]
+    y, cols = tsconv.features(open_input(tmp_path / "out.zarr").values[:], names=names, return_names=True,
+                              pipeline={"conv": [{"filters": ["diff:1"]}]}, warmup="zero")  # fmt: skip
+    assert cols[0] == "AAPL.px.diff1" and y.shape == (3, 4)
+
+
+def test_one_value_column_keeps_the_symbols_as_names(tmp_path: Path) -> None:
+    df, src = _px_qty(tmp_path)
+    for args in (["--value-column", "px"], ["--value-column", "qty"]):
+        out = tmp_path / f"{args[1]}.zarr"
+        res = cli(src, "-o", out, "--feature-column", "sym", *args)
+        assert res.exit_code == 0, res.stderr
+        assert read(out)[2] == ["AAPL", "MSFT"]
+    np.testing.assert_array_equal(
+        read(tmp_path / "px.zarr")[0], [[10.0, 20.0], [10.5, np.nan], [np.nan, 21.0]]
+    )
+    # the default value column, as a string or a one-column list: the same store
+    renamed = write(df.rename({"px": "value"}).drop("qty"), tmp_path / "v.csv")
+    ingest(renamed, tmp_path / "a.zarr", feature_column="sym")
+    ingest(renamed, tmp_path / "b.zarr", feature_column="sym", value_column=["value"])
+    for path in (tmp_path / "a.zarr", tmp_path / "b.zarr"):
+        values, _, names = read(path)
+        assert names == ["AAPL", "MSFT"]
+        np.testing.assert_array_equal(values, read(tmp_path / "px.zarr")[0])
+
+
+def test_several_value_columns_append_and_refusals(tmp_path: Path) -> None:
+    df, src = _px_qty(tmp_path)
+    out = tmp_path / "out.zarr"
+    args = ["--feature-column", "sym", "--value-column", "px", "--value-column", "qty"]
+    assert cli(src, "-o", out, *args).exit_code == 0
+    later = write(df.with_columns(pl.col("time") + 10), tmp_path / "later.csv")
+    assert cli(later, "-o", out, "--append", *args).exit_code == 0
+    values, times, names = read(out)
+    assert names == ["AAPL.px", "AAPL.qty", "MSFT.px", "MSFT.qty"] and times.size == 6
+    np.testing.assert_array_equal(values[3:], values[:3])
+    more = write(df.with_columns(pl.col("time") + 20), tmp_path / "more.csv")
+    line = assert_refused(cli(more, "-o", out, "--append", "--feature-column", "sym", "--value-column", "px"),
+                          "ingested with the value column(s) 'px', 'qty'", "--value-column")  # fmt: skip
+    assert "not 'px'" in line
+    assert_refused(
+        cli(src, "-o", tmp_path / "x.zarr", *args, "--value-column", "px"), "'px' is given more than once"
+    )
+    assert_refused(cli(src, "-o", tmp_path / "x.zarr", *args, "--value-column", "size"), "no column 'size'")
+    assert_refused(cli(src, "-o", tmp_path / "x.zarr", "--feature-column", "sym", "--value-column", "sym"),
+                   "also the feature column")  # fmt: skip
+    assert not (tmp_path / "x.zarr").exists()

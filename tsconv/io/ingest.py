@@ -1,13 +1,17 @@
 """Ingest tick files (Parquet, CSV, Arrow IPC) into a store that follows the store convention.
 
 Input layouts:
-- ``long``: one row per (time, feature, value); other columns are ignored.
+- ``long``: one row per (time, feature, value); other columns are ignored. With several value columns
+  (say ``px`` and ``qty``) each symbol of the feature column gives one feature per value column, named
+  ``symbol.column`` (``AAPL.px``, ``AAPL.qty``: the symbol first, as in a pipeline's outputs
+  ``AAPL.px.diff1``); with one value column a feature is named by its symbol alone.
 - ``wide``: a time column plus one numeric column per feature.
 
 Output: a zarr (format 3) group with ``values`` [T, F] (float32 or float64, NaN where a (time, feature)
 cell has no value), ``time`` [T] int64 ns since the epoch (UTC), the sorted distinct timestamps of all
-files, and the attribute ``features``. Features are sorted by name for long input; for wide input they
-keep the column order of the first file, columns first seen in later files being appended in order.
+files, and the attribute ``features``. Features are sorted by symbol for long input (the value columns
+of a symbol in the order given); for wide input they keep the column order of the first file, columns
+first seen in later files being appended in order.
 
 Rules:
 - Files: globs are expanded here (the shell may not), and the whole list is sorted by path.
@@ -55,7 +59,7 @@ from zarr.codecs import BloscCodec
 
 from tsconv.errors import OutputExistsError, StoreError
 from tsconv.io.lock import OutputLock
-from tsconv.io.store import interrupted_append, is_zarr_store, open_input
+from tsconv.io.store import describe_repeats, interrupted_append, is_zarr_store, open_input, repeated_names
 from tsconv.progress import progress_bar
 
 __all__ = ["IngestReport", "ingest", "expand_files", "repair"]
@@ -178,13 +182,13 @@ class _Source:
     """One input file: its lazy scan, its time column converted to int64 ns, and a pushdown filter."""
 
     def __init__(self, path: Path, *, layout: str, time_column: str, feature_column: str,
-                 value_column: str, time_unit: str, dtype: pl.DataType) -> None:  # fmt: skip
+                 value_columns: tuple[str, ...], time_unit: str, dtype: pl.DataType) -> None:  # fmt: skip
         self.path = path
         self.fmt = _format_of(path) or "parquet"
         self.layout = layout
         self.time_column = time_column
         self.feature_column = feature_column
-        self.value_column = value_column
+        self.value_columns = value_columns
         self.dtype = dtype
         schema = self._schema()
         self._check_columns(schema)
@@ -193,7 +197,7 @@ class _Source:
             # integers may hold decimals further down, and feature names that look like numbers stay names.
             overrides: dict[str, pl.DataType] = {}
             if layout == "long":
-                overrides[value_column] = pl.Float64
+                overrides.update({c: pl.Float64 for c in value_columns})
                 overrides[feature_column] = pl.String
             else:
                 overrides.update({c: pl.Float64 for c in schema if c != time_column})
@@ -242,18 +246,16 @@ class _Source:
                     f"input file {str(self.path)!r} has no rows", hint="remove it from the file list."
                 )
         if self.layout == "long":
-            for col, opt in (
-                (self.feature_column, "--feature-column"),
-                (self.value_column, "--value-column"),
-            ):
+            if self.feature_column not in schema:
+                raise self._missing(self.feature_column, "--feature-column", schema)
+            for col in self.value_columns:
                 if col not in schema:
-                    raise self._missing(col, opt, schema)
-            if not _is_numeric(schema[self.value_column]):
-                raise StoreError(
-                    f"value column {self.value_column!r} of {str(self.path)!r} is not numeric "
-                    f"({schema[self.value_column]})",
-                    hint="values must be numbers; name another column with --value-column.",
-                )
+                    raise self._missing(col, "--value-column", schema)
+                if not _is_numeric(schema[col]):
+                    raise StoreError(
+                        f"value column {col!r} of {str(self.path)!r} is not numeric ({schema[col]})",
+                        hint="values must be numbers; name another column with --value-column.",
+                    )
             return
         features = [c for c in schema if c != self.time_column]
         if not features:
@@ -426,29 +428,44 @@ def _last_rows(rows: np.ndarray) -> np.ndarray:
     return order[keep]
 
 
-def _fill_band(buf: np.ndarray, times: np.ndarray, sources: Sequence[_Source], names: Sequence[str],
+def feature_name(symbol: str, column: str, value_columns: Sequence[str]) -> str:
+    """The feature of ``symbol``'s ``column`` in long input: the symbol alone with one value column, else
+    ``symbol.column``."""
+    return symbol if len(value_columns) == 1 else f"{symbol}.{column}"
+
+
+def _fill_band(buf: np.ndarray, times: np.ndarray, sources: Sequence[_Source], symbols: Sequence[str],
                col_index: dict[str, int], layout: str) -> int:  # fmt: skip
-    """Fill ``buf`` (NaN-initialised, one row per timestamp in ``times``) from every file; input rows read."""
+    """Fill ``buf`` (NaN-initialised, one row per timestamp in ``times``) from every file; input rows read.
+    ``symbols``: long input's distinct feature-column values, every one of them in the files."""
     lo, hi = int(times[0]), int(times[-1])
     n_features = buf.shape[1]
     read = 0
-    enum = pl.Enum(list(names))
+    enum = pl.Enum(list(symbols))
     for src in sources:  # files in sorted order, so a later file overwrites an earlier one
         lf = src.lf.filter(src.band_filter(lo, hi))
         if layout == "long":
+            vcols = src.value_columns
+            # the output column of (symbol code, value column j)
+            out_col = np.array(
+                [[col_index[feature_name(s, c, vcols)] for c in vcols] for s in symbols], dtype=np.int64
+            ).reshape(len(symbols), len(vcols))
             lf = lf.select(
                 src.time_ns.alias(_T),
-                # Enum categories are the output order: its physical code is the output column.
+                # an Enum's physical code is the symbol's position in ``symbols``
                 pl.col(src.feature_column).cast(pl.String).cast(enum).to_physical().alias(_F),
-                pl.col(src.value_column).cast(src.dtype).alias(_V),
+                *[pl.col(c).cast(src.dtype).alias(f"{_V}{j}") for j, c in enumerate(vcols)],
             )
             for batch in src.batches(lf):
                 if batch.height == 0:
                     continue
                 read += batch.height
-                rows = np.searchsorted(times, batch[_T].to_numpy())
-                flat = rows * n_features + batch[_F].to_numpy().astype(np.int64)
-                _scatter_last(buf, flat, batch[_V].to_numpy())
+                rows = np.searchsorted(times, batch[_T].to_numpy()) * n_features
+                codes = batch[_F].to_numpy().astype(np.int64)
+                # one block per value column, each in row order: a repeated cell's last value still wins
+                flat = np.concatenate([rows + out_col[codes, j] for j in range(len(vcols))])
+                vals = np.concatenate([batch[f"{_V}{j}"].to_numpy() for j in range(len(vcols))])
+                _scatter_last(buf, flat, vals)
         else:
             cols = src.features_in_file
             idx = np.array([col_index[c] for c in cols], dtype=np.int64)
@@ -471,8 +488,10 @@ def _fill_band(buf: np.ndarray, times: np.ndarray, sources: Sequence[_Source], n
 
 
 def _write_rows(values: zarr.Array, time_arr: zarr.Array, start: int, times: np.ndarray,
-                sources: Sequence[_Source], names: Sequence[str], layout: str, bar: Any) -> int:  # fmt: skip
-    """Write ``times`` and their values at rows ``start..``, band by band; return the input rows read."""
+                sources: Sequence[_Source], names: Sequence[str], symbols: Sequence[str], layout: str,
+                bar: Any) -> int:  # fmt: skip
+    """Write ``times`` and their values at rows ``start..``, band by band; return the input rows read.
+    ``names``: the store's features in order; ``symbols``: long input's (see :func:`_fill_band`)."""
     n_features = len(names)
     itemsize = np.dtype(values.dtype).itemsize
     crows = int(values.chunks[0])
@@ -486,7 +505,7 @@ def _write_rows(values: zarr.Array, time_arr: zarr.Array, start: int, times: np.
         b = min(times.size, a + band - (start + a) % crows)
         part = buf[: b - a]
         part.fill(np.nan)
-        read += _fill_band(part, times[a:b], sources, names, col_index, layout)
+        read += _fill_band(part, times[a:b], sources, symbols, col_index, layout)
         values[start + a : start + b] = part
         time_arr[start + a : start + b] = times[a:b]
         bar.update(b - a)
@@ -522,6 +541,28 @@ def _new_store(path: Path, *, times: np.ndarray, names: Sequence[str], dtype: st
 # -------------------------------------------------------------------------------------------- main
 
 
+def _value_columns(value_column: str | Sequence[str], *, layout: str, time_column: str, feature_column: str) -> tuple[str, ...]:  # fmt: skip
+    """The value columns as a tuple of distinct names, checked."""
+    cols = (value_column,) if isinstance(value_column, str) else tuple(value_column)
+    if not cols or not all(isinstance(c, str) and c for c in cols):
+        raise StoreError(
+            f"value_column must be a column name or a list of them, got {value_column!r}",
+            hint="name the value column(s) with --value-column (repeat it for several).",
+        )
+    if dups := repeated_names(cols):
+        raise StoreError(
+            f"the value column {dups[0]!r} is given more than once", hint="name each value column once."
+        )
+    if layout == "long":
+        for c in cols:
+            if c in (time_column, feature_column):
+                raise StoreError(
+                    f"the value column {c!r} is also the {'time' if c == time_column else 'feature'} column",
+                    hint="name a column of numbers with --value-column.",
+                )
+    return cols
+
+
 def ingest(
     files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     output: str | os.PathLike[str],
@@ -529,7 +570,7 @@ def ingest(
     layout: str = "long",
     time_column: str = "time",
     feature_column: str = "feature",
-    value_column: str = "value",
+    value_column: str | Sequence[str] = "value",
     append: bool = False,
     overwrite: bool = False,
     dtype: str = "float32",
@@ -540,7 +581,8 @@ def ingest(
 
     A new store is built under a temporary name beside ``output`` and renamed into place when complete.
     ``append`` adds rows strictly after the store's last time (the store's dtype and feature order are
-    kept); see the module docstring for the rules on duplicates, ordering and time zones.
+    kept); see the module docstring for the rules on duplicates, ordering and time zones. Long input:
+    ``value_column`` is one column, or several (a list), which name the features ``symbol.column``.
     """
     t0 = time.perf_counter()
     if layout not in ("long", "wide"):
@@ -556,6 +598,8 @@ def ingest(
             "--append and --overwrite exclude each other",
             hint="--append adds rows to the store; --overwrite replaces it.",
         )
+    value_columns = _value_columns(value_column, layout=layout, time_column=time_column,
+                                   feature_column=feature_column)  # fmt: skip
     paths = expand_files([files] if isinstance(files, str | os.PathLike) else files)
     out = Path(output).expanduser().absolute()
     _check_output(out.resolve(), paths, append=append, overwrite=overwrite)
@@ -563,14 +607,21 @@ def ingest(
     pl_dtype = pl.Float32 if dtype == "float32" else pl.Float64
     sources = [
         _Source(p, layout=layout, time_column=time_column, feature_column=feature_column,
-                value_column=value_column, time_unit=time_unit, dtype=pl_dtype)
+                value_columns=value_columns, time_unit=time_unit, dtype=pl_dtype)
         for p in paths
     ]  # fmt: skip
 
     # Pass 1: distinct timestamps and feature names (small next to the data).
     times = np.unique(np.concatenate([s.distinct_times() for s in sources]))
+    symbols: list[str] = []
     if layout == "long":
-        names = sorted({n for s in sources for n in s.distinct_features()})
+        symbols = sorted({n for s in sources for n in s.distinct_features()})
+        names = [feature_name(s, c, value_columns) for s in symbols for c in value_columns]
+        if dups := repeated_names(names):
+            raise StoreError(
+                f"the features named symbol.column repeat ({describe_repeats(names, dups)})",
+                hint="a symbol contains a dot and the name of a value column: rename the symbol or the column.",
+            )
     else:
         seen: dict[str, None] = {}
         for s in sources:
@@ -578,17 +629,19 @@ def ingest(
         names = list(seen)
 
     if append:
-        return _append(out, paths, sources, times, names, layout, progress, t0)
+        return _append(out, paths, sources, times, names, symbols, layout, progress, t0)
 
     attrs = {"ingest": {"complete": False, "rows": int(times.size), "layout": layout, "version": INGEST_VERSION,
                         "files": [str(p) for p in paths]}}  # fmt: skip
+    if layout == "long":
+        attrs["ingest"]["value_columns"] = list(value_columns)
     tmp = out.with_name(f".{out.name}.ingest-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         values, time_arr, group = _new_store(tmp, times=times, names=names, dtype=dtype, attrs=attrs)
         with progress_bar(total=times.size, enabled=progress, desc="ingest") as bar:
-            read = _write_rows(values, time_arr, 0, times, sources, names, layout, bar)
+            read = _write_rows(values, time_arr, 0, times, sources, names, symbols, layout, bar)
         group.attrs["ingest"] = {**attrs["ingest"], "complete": True}
         if out.exists() or out.is_symlink():
             shutil.rmtree(out)  # only a zarr store gets here (checked above), and only with overwrite
@@ -615,7 +668,7 @@ def _report(rows: int, features: int, t0: float, out: Path, read: int, files: in
 
 
 def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times: np.ndarray,
-            names: Sequence[str], layout: str, progress: bool, t0: float) -> IngestReport:  # fmt: skip
+            names: Sequence[str], symbols: Sequence[str], layout: str, progress: bool, t0: float) -> IngestReport:  # fmt: skip
     """Append rows to an existing store. Everything is checked before the first write.
 
     Crash safety (a kill at any instant): the attribute ``ingest`` is set to ``complete: false`` with
@@ -627,11 +680,12 @@ def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times:
     with OutputLock(out, run_id=f"ingest-append-{os.getpid()}"):  # a repair must not cut a running append
         group = zarr.open_group(str(out), mode="r+")
         _roll_back(out, group)
-        return _append_locked(out, group, paths, sources, times, names, layout, progress, t0)
+        return _append_locked(out, group, paths, sources, times, names, symbols, layout, progress, t0)
 
 
 def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources: Sequence[_Source],
-                   times: np.ndarray, names: Sequence[str], layout: str, progress: bool, t0: float) -> IngestReport:  # fmt: skip
+                   times: np.ndarray, names: Sequence[str], symbols: Sequence[str], layout: str, progress: bool,
+                   t0: float) -> IngestReport:  # fmt: skip
     meta = dict(group.attrs.get("ingest", {}))
     store = open_input(out, allow_incomplete=True)
     if store.time is None:
@@ -650,6 +704,14 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
             f"cannot append: the new times start at {_iso(int(times[0]))}, not after the store's last time "
             f"{_iso(last)} ({int(np.searchsorted(times, last, side='right')):,} new timestamps are not later)",
             hint="append only rows later than the store's last time; re-ingest everything to insert earlier rows.",
+        )
+    recorded = meta.get("value_columns")
+    given = list(sources[0].value_columns)
+    if layout == "long" and isinstance(recorded, list) and sorted(recorded) != sorted(given):
+        raise StoreError(
+            f"cannot append: {str(out)!r} was ingested with the value column(s) {', '.join(map(repr, recorded))}, "
+            f"not {', '.join(map(repr, given))}",
+            hint="append with the same --value-column options as the store was made with.",
         )
     known = set(store.features)
     new = [n for n in names if n not in known]
@@ -670,7 +732,7 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
         values.resize((total, values.shape[1]))
         time_arr.resize((total,))
         with progress_bar(total=times.size, enabled=progress, desc="append") as bar:
-            read = _write_rows(values, time_arr, old_rows, times, sources, store_names, layout, bar)
+            read = _write_rows(values, time_arr, old_rows, times, sources, store_names, symbols, layout, bar)
     except Exception:
         # An error while writing (e.g. a bad value deep in a CSV file): take the new rows away again.
         _roll_back(out, group)
