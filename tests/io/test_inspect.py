@@ -17,7 +17,7 @@ import tsconv
 from tsconv.cli import main
 from tsconv.io.inspect import codec_words, inspect_store
 
-from ..helpers import price_series, write_store
+from ..helpers import T0, price_series, write_store
 
 PIPE = '[[conv]]\nfilters = ["diff:1", "diff:16"]\n'  # halo 16
 HALO = 16
@@ -166,3 +166,18 @@ def test_an_unfinished_output_is_named_with_the_resume_command(
     assert info["time_span"] == "2026-01-02T09:30:00+00:00 .. 2026-01-02T09:30:00.511000+00:00"
     assert info["warmup_nans"] == HALO * 4 and info["nan_total"] == 0  # the missing rows are not NaNs
     _no_internals(re.sub(r"`[^`]*`", "", text))
+
+
+@pytest.mark.parametrize(("first", "warm"), [(10, HALO - 10), (100, 0)])
+def test_a_time_range_output_counts_only_its_own_warmup_rows(tmp_path: Path, first: int, warm: int) -> None:
+    x = price_series(400, 2, seed=4)
+    src = write_store(tmp_path / "in.zarr", x)
+    at = [str(np.datetime64(T0 + r * 1_000_000, "ns")) for r in (first, 300)]
+    pipe = {"preprocess": {"time_range": at}, "conv": [{"filters": ["diff:1", "diff:16"]}]}
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline=pipe, device="cpu", progress=False)
+    y = np.asarray(zarr.open_group(str(out), mode="r")["values"][:])
+    info = inspect_store(out)
+    assert info["rows"] == 300 - first and info["warmup_rows"] == warm
+    assert info["warmup_nans"] == int(np.isnan(y[:warm]).sum()) == warm * 4
+    assert info["nan_total"] == int(np.isnan(y[warm:]).sum()) == 0
