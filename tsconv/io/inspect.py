@@ -19,8 +19,6 @@ from tsconv.io.store import InputStore, check_time, open_input
 
 __all__ = ["inspect_store", "inspect_lines", "codec_words"]
 
-DEFAULT_CHUNK = 1024  # `tsconv process --chunk` when not given: left out of the --resume command
-
 _BLOSC_NAMES = {
     "lz4": "LZ4",
     "lz4hc": "LZ4HC",
@@ -104,7 +102,7 @@ def _chunking(rows: int, features: int, chunks: list[int], shards: list[int] | N
 def _resume_command(store: InputStore, meta: dict[str, Any], source: Any) -> str:
     """The command that finishes an unfinished output: the input, the output, and the recorded settings."""
     parts = ["tsconv process", "-i", str(source) if source else "INPUT", "-o", str(store.path)]
-    if meta.get("chunk") not in (None, DEFAULT_CHUNK):
+    if meta.get("chunk") is not None:
         parts += ["--chunk", str(meta["chunk"])]
     if meta.get("warmup") == "zero":
         parts += ["--warmup", "zero"]
@@ -183,7 +181,7 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
 def inspect_lines(info: dict[str, Any]) -> list[str]:
     """The text ``tsconv inspect`` prints for an :func:`inspect_store` result."""
     names = info["features"]
-    what = "a group" if info["layout"] == "group" else "a bare array (features f0, f1, ...; no time)"
+    what = "a group" if info["layout"] == "group" else "a bare array: features f0, f1, ..., no time"
     rows = [
         ("store", f"{info['path']} (zarr format {info['zarr_format']}, {what})"),
         ("values", f"{info['rows']:,} rows x {_plural(len(names), 'feature')}, {info['dtype']}"),
@@ -205,8 +203,13 @@ def inspect_lines(info: dict[str, Any]) -> list[str]:
         counts = info["nan_counts"]
         nz = sorted(((k, v) for k, v in counts.items() if v), key=lambda kv: -kv[1])
         output = "warmup_nans" in info
-        head = f"{info['nan_total']:,}{' in the data' if output else ''}"
-        lines.append(f"{'NaNs':>14}: {head}; {len(nz)} of {len(counts)} features have NaNs")
+        where = " in the data" if output else ""
+        if info["nan_total"]:
+            lines.append(
+                f"{'NaNs':>14}: {info['nan_total']:,}{where}; {len(nz)} of {len(counts)} features have NaNs"
+            )
+        else:
+            lines.append(f"{'NaNs':>14}: none{where}")
         lines += [f"{'':>16}{name}: {count:,}" for name, count in nz[:10]]
         if output and info.get("warmup") == "zero":
             lines.append(f"{'warm-up NaNs':>14}: none (the run computed the first rows with zero history)")
