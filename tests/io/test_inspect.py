@@ -15,7 +15,8 @@ from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
 import tsconv
 from tsconv.cli import main
-from tsconv.io.inspect import codec_words, inspect_store
+from tsconv.io.codecs import codec_words
+from tsconv.io.inspect import inspect_store
 
 from ..helpers import T0, price_series, write_store
 

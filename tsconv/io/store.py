@@ -22,6 +22,7 @@ import numpy as np
 import zarr
 
 from tsconv.errors import StoreError
+from tsconv.io.codecs import codec_words
 from tsconv.io.timecolumn import TimeColumn, TimeReader
 
 __all__ = [
@@ -72,8 +73,6 @@ class InputStore:
         """Shape, dtype, chunks and codecs (in words), for ``tsconv inspect`` and reports."""
         v = self.values
         fmt = v.metadata.zarr_format
-        from tsconv.io.inspect import codec_words
-
         if fmt == 3:
             chain = (*v.filters, v.serializer, *v.compressors)
         else:
