@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +102,7 @@ def test_kill_9_then_resume_gives_identical_output(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tsconv-*"))  # no store being created, no lock file
 
 
-def test_partial_output_is_marked_and_refused_as_input(tmp_path: Path) -> None:
+def test_partial_output_is_marked_and_refused_as_input(tmp_path: Path, small_chunks: None) -> None:
     x = price_series(5000, 3, seed=1)
     src = write_store(tmp_path / "in.zarr", x, chunks=(1000, 3))
     out = tmp_path / "out.zarr"
@@ -110,7 +111,8 @@ def test_partial_output_is_marked_and_refused_as_input(tmp_path: Path) -> None:
     meta = dict(g.attrs["tsconv"])
     complete_values = np.asarray(g["values"][:])
     # Turn it back into what a killed run leaves: complete=False, rows_done short, garbage after it.
-    rows_done = int(g["values"].chunks[0]) if g["values"].chunks[0] < 5000 else 0
+    rows_done = 3 * int(g["values"].chunks[0])
+    assert rows_done == 768
     g["values"][rows_done:] = 12345.0
     g.attrs["tsconv"] = {**meta, "complete": False, "rows_done": rows_done}
     with pytest.raises(tsconv.TsconvError, match="unfinished"):
@@ -132,6 +134,122 @@ def test_resume_refuses_a_different_pipeline_or_chunk(tmp_path: Path) -> None:
     with pytest.raises(tsconv.TsconvError, match="different input, pipeline or chunk"):
         tsconv.process(src, out, chunk=512, resume=True, pipeline={"conv": [{"filters": ["ma:4"]}]})
     assert tsconv.process(src, out, chunk=512, resume=True).rows == 0  # complete: nothing to do
+
+
+# ------------------------------------------------------------------- the state a resume carries over
+
+LONG_PIPE = {"conv": [{"filters": ["ma:64", "diff:32"]}]}  # halo 63: the carry reaches a chunk back
+STOP_AFTER = 5  # output chunks of 256 rows stored when the run is stopped: it resumes at row 1,280
+
+
+def _nan_runs_across(resume_at: int, halo: int) -> np.ndarray:
+    """3000 x 3 prices whose NaN runs make the fill state matter at ``resume_at``: feature 0 is NaN from
+    before the halo to past the resume point (its halo rows take a value from before the halo), feature 1
+    from inside the halo, feature 2 has none (only the halo rows carry it)."""
+    x = price_series(3000, 3, seed=7)
+    begin = resume_at - halo
+    x[begin - 120 : resume_at + 100, 0] = np.nan
+    x[begin + 20 : resume_at + 30, 1] = np.nan
+    return x
+
+
+def _stopped_then_resumed(tmp_path: Path) -> tuple[Path, Path, tsconv.Report]:
+    """(the uninterrupted output, the output of a run stopped right after it recorded STOP_AFTER chunks
+    and then resumed, the resume's report)."""
+    from tests.io import crashpoints
+    from tsconv import config
+
+    class Stop(BaseException):
+        """The run dying here (no ``except Exception`` handles it)."""
+
+    chunk = 256
+    x = _nan_runs_across(STOP_AFTER * chunk, halo=63)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(500, 3))
+    want, out = tmp_path / "want.zarr", tmp_path / "out.zarr"
+    with config.override(write_threads=0):  # chunks stored in order, by the engine's thread
+        log, undo = crashpoints.install_fs(10**9, lambda what: None)
+        try:
+            tsconv.process(src, want, chunk=chunk, pipeline=LONG_PIPE)
+        finally:
+            undo()
+        # the change that records rows_done after chunk STOP_AFTER - 1, as the same run on ``out`` makes it
+        marks = [i for i, what in enumerate(log) if what == f"replace {want / 'zarr.json'}"]
+
+        def stop(what: str) -> None:
+            assert what == f"replace {out / 'zarr.json'}"
+            raise Stop
+
+        _, undo = crashpoints.install_fs(marks[STOP_AFTER - 1], stop)
+        try:
+            with pytest.raises(Stop):
+                tsconv.process(src, out, chunk=chunk, pipeline=LONG_PIPE)
+        finally:
+            undo()
+    meta = zarr.open_group(str(out), mode="r").attrs["tsconv"]
+    assert (meta["complete"], meta["rows_done"]) == (False, STOP_AFTER * chunk)
+    stored = sorted(p.parent.name for p in (out / "values" / "c").glob("*/0"))
+    assert stored == [str(i) for i in range(STOP_AFTER)]  # whole chunks up to rows_done, none after
+    report = tsconv.process(src, out, chunk=chunk, pipeline=LONG_PIPE, resume=True)
+    return want, out, report
+
+
+def test_resume_carries_the_halo_and_the_fill_state(tmp_path: Path, small_chunks: None) -> None:
+    want, out, report = _stopped_then_resumed(tmp_path)
+    assert (report.resumed_from, report.rows, report.halo) == (1280, 3000 - 1280, 63)
+    assert _chunk_files(out) == _chunk_files(want)  # every values and time chunk, byte for byte
+    b = zarr.open_group(str(out), mode="r")
+    assert b.attrs["tsconv"]["complete"] is True
+    # the rows after the resume point that the carried state decides are real values, not warm-up NaN
+    assert np.isfinite(np.asarray(b["values"][1280 : 1280 + 63])).all()
+
+
+def _halo_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume that does not read the halo rows before its first row (zeros instead)."""
+    import tsconv.engine.run
+
+    real = tsconv.engine.run.run_chunked
+
+    class NoHalo:
+        def __init__(self, source: object, start: int, halo: int) -> None:
+            self._source, self._skip = source, (start - halo, start)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._source, name)
+
+        def read(self, a: int, b: int) -> np.ndarray:
+            if (a, b) == self._skip:
+                return np.zeros((b - a, self._source.n_features), np.float32)
+            return self._source.read(a, b)
+
+    def run_chunked(source, plan, *args, start, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        return real(NoHalo(source, start, plan.halo) if start else source, plan, *args, start=start, **kw)
+
+    monkeypatch.setattr(tsconv.engine.run, "run_chunked", run_chunked)
+
+
+def _fill_state_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume that starts the forward fill afresh (every feature NaN) at its first row."""
+    import tsconv.engine.chunked
+
+    monkeypatch.setattr(
+        tsconv.engine.chunked,
+        "fill_state_before",
+        lambda source, row, dtype: np.full(source.n_features, np.nan, dtype=dtype),
+    )
+
+
+@pytest.mark.parametrize("broken", [_halo_not_read, _fill_state_reset])
+def test_the_resume_check_fails_when_the_carried_state_is_dropped(
+    tmp_path: Path,
+    small_chunks: None,
+    monkeypatch: pytest.MonkeyPatch,
+    broken: Callable[[pytest.MonkeyPatch], None],
+) -> None:
+    # The test above guards both: either state dropped, and the resumed bytes differ.
+    broken(monkeypatch)
+    want, out, report = _stopped_then_resumed(tmp_path)
+    assert report.resumed_from == 1280
+    assert _chunk_files(out) != _chunk_files(want)
 
 
 # ------------------------------------------------------------------------ the input changed under it

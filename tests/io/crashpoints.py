@@ -1,11 +1,17 @@
 """Stop a process right after its n-th change to a zarr store: a kill -9 at a chosen instant, made
-deterministic. Used in-process (raising) and in subprocesses (SIGKILL) by the ingest crash tests."""
+deterministic. Used in-process (raising) and in subprocesses (SIGKILL) by the ingest crash tests.
+
+:func:`install` counts zarr's own changes (attributes, resizes, row writes); :func:`install_fs` counts
+the file-system changes that commit anything (a rename or replace onto its final name, an unlink, a
+rmdir), which also sees tsconv's output writer, whose chunk and metadata files bypass zarr.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +46,47 @@ def install(at: int, crash: Callable[[], None]) -> tuple[list[str], Callable[[],
     def undo() -> None:
         for cls, name, orig in saved:
             setattr(cls, name, orig)
+
+    return log, undo
+
+
+# The file-system calls that make a change visible: everything else writes under a temporary name first.
+_FS_CALLS = ("replace", "rename", "unlink", "rmdir")
+
+
+def install_fs(
+    at: int, crash: Callable[[str], None], *, before: bool = False
+) -> tuple[list[str], Callable[[], None]]:
+    """Call ``crash(change)`` right after file-system change number ``at`` (0-based) completes, or right
+    before it starts when ``before`` (a chunk's temporary file written, not yet renamed in). Counts
+    ``os.replace``, ``os.rename``, ``os.unlink`` and ``os.rmdir`` from every thread (pathlib and
+    shutil.rmtree call them too). Returns the log of changes (e.g. 'replace .../values/c/3/0') and a
+    function that undoes the patch."""
+    log: list[str] = []
+    lock = threading.Lock()
+    saved = [(name, getattr(os, name)) for name in _FS_CALLS]
+
+    def wrap(name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            what = f"{name} {os.fsdecode(args[1] if name in ('replace', 'rename') else args[0])}"
+            with lock:
+                n = len(log)
+                log.append(what)
+            if before and n == at:
+                crash(what)
+            result = orig(*args, **kwargs)
+            if not before and n == at:
+                crash(what)
+            return result
+
+        return patched
+
+    for name, orig in saved:
+        setattr(os, name, wrap(name, orig))
+
+    def undo() -> None:
+        for name, orig in saved:
+            setattr(os, name, orig)
 
     return log, undo
 
