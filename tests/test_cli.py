@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 from click.testing import CliRunner
 
@@ -60,6 +61,17 @@ def test_process_then_inspect(tmp_path: Path) -> None:
     assert info["fast_reader"] == "yes" and info["gpu_decode"].startswith("no (not Blosc-compressed")
     text = runner.invoke(main, ["inspect", str(tmp_path / "o.zarr")]).output
     assert "tsconv_output: complete" in text and "rows: 4000" in text and "NaN features" in text
+
+
+def test_process_with_a_built_in_pipeline_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = write_store(tmp_path / "in.zarr", price_series(600, 2, seed=1))
+    monkeypatch.chdir(tmp_path)  # no pipelines/ folder here: the name finds the shipped file
+    res = CliRunner().invoke(
+        main, ["process", "-i", str(src), "-o", "o.zarr", "--pipeline", "trend_ema", "-q"]
+    )
+    assert res.exit_code == 0, res.output
+    out = zarr.open_group("o.zarr", mode="r")
+    assert out.attrs["pipeline"]["name"] == "trend_ema" and out["values"].shape == (600, 16)
 
 
 def test_python_dash_m_runs_the_cli() -> None:

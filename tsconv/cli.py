@@ -55,7 +55,7 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
         "--pipeline",
         "pipeline",
         type=click.Path(dir_okay=False),
-        help="Pipeline TOML file (default: built-in).",
+        help="Pipeline TOML file, or a built-in pipeline's name (see `tsconv pipelines`; default: default).",
     )(f)
     f = click.option(
         "--chunk", type=click.IntRange(min=1), default=1024, show_default=True, help="Steps per chunk."
