@@ -203,6 +203,45 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def filters(as_json: bool) -> None:
+    """List the built-in filters a [[conv]] stage's `filters` may name, with their parameters."""
+    from tsconv.pipeline.filters import FILTER_DOCS, MAX_PARAMETER
+
+    if as_json:
+        rows = [{"kind": k, "syntax": d.syntax, "taps": d.taps, "description": d.description, "example": d.example}
+                for k, d in FILTER_DOCS.items()]  # fmt: skip
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max(len(d.syntax) for d in FILTER_DOCS.values())
+    taps = max(len(d.taps) for d in FILTER_DOCS.values())
+    click.echo(f"{'filter':<{width}}  {'taps':<{taps}}  meaning")
+    for d in FILTER_DOCS.values():
+        click.echo(f"{d.syntax:<{width}}  {d.taps:<{taps}}  {d.description}")
+    click.echo(
+        f"\nParameters are integers from 1 to {MAX_PARAMETER:,}. A bank applies every filter to every input feature: "
+        'filters = ["diff:1", "ma:16"] in a [[conv]] stage (the schema: pipelines/README.md in the repository).'
+    )
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def pipelines(as_json: bool) -> None:
+    """List the built-in pipelines, which `--pipeline NAME` runs, with their description."""
+    from tsconv.pipeline.spec import BUILTIN_DIR, builtin_descriptions, builtin_pipelines
+
+    paths, descriptions = builtin_pipelines(), builtin_descriptions()
+    if as_json:
+        rows = [{"name": n, "description": descriptions[n], "path": str(p)} for n, p in paths.items()]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max(len(n) for n in paths)
+    for name in paths:
+        click.echo(f"{name:<{width}}  {descriptions[name]}")
+    click.echo(f"\nRun one with `tsconv process -i STORE --pipeline NAME`; the files are in {BUILTIN_DIR}.")
+
+
+@main.command()
 @click.argument("files", nargs=-1, required=True)
 @click.option("--output", "-o", required=True, type=click.Path(), help="Zarr store to create (or append to).")
 @click.option(
