@@ -110,3 +110,11 @@ def test_pipelines_lists_the_built_ins_and_each_runs_by_name() -> None:
     for r in rows:
         assert Path(r["path"]).is_file() and r["description"]
         assert load_pipeline(r["name"]).name == r["name"]
+
+
+def test_version_needs_no_distribution_metadata() -> None:
+    import tsconv
+
+    # the distribution is tsconv-features; the version comes from the package itself
+    res = CliRunner().invoke(main, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"tsconv, version {tsconv.__version__}"

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from tsconv import __version__
 from tsconv.errors import TsconvError
 
 DEMO_ROWS, DEMO_FEATURES = 200_000, 64
@@ -45,7 +46,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="tsconv")
+@click.version_option(version=__version__, prog_name="tsconv")  # the distribution is tsconv-features
 def main() -> None:
     """tsconv: causal conv1d feature pipelines over long, wide time series in zarr stores."""
 
