@@ -1,4 +1,4 @@
-"""Regenerate the small example weight files in pipelines/weights/ (deterministic; run from anywhere).
+"""Regenerate the small example weight files in tsconv/pipeline/builtin/weights/ (deterministic; run from anywhere).
 
 python pipelines/make_example_weights.py
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-HERE = Path(__file__).resolve().parent / "weights"
+HERE = Path(__file__).resolve().parents[1] / "tsconv" / "pipeline" / "builtin" / "weights"
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 from click.testing import CliRunner
 
@@ -65,8 +66,58 @@ def test_process_then_inspect(tmp_path: Path) -> None:
     assert "warm-up NaNs" in text and "NaNs: none in the data\n" in text
 
 
+def test_process_with_a_built_in_pipeline_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = write_store(tmp_path / "in.zarr", price_series(600, 2, seed=1))
+    monkeypatch.chdir(tmp_path)  # no pipelines/ folder here: the name finds the shipped file
+    res = CliRunner().invoke(
+        main, ["process", "-i", str(src), "-o", "o.zarr", "--pipeline", "trend_ema", "-q"]
+    )
+    assert res.exit_code == 0, res.output
+    out = zarr.open_group("o.zarr", mode="r")
+    assert out.attrs["pipeline"]["name"] == "trend_ema" and out["values"].shape == (600, 16)
+
+
 def test_python_dash_m_runs_the_cli() -> None:
     res = subprocess.run(
         [sys.executable, "-m", "tsconv", "--help"], capture_output=True, text=True, check=True
     )
     assert "process" in res.stdout and "inspect" in res.stdout and "demo" in res.stdout
+
+
+def test_filters_lists_every_built_in_filter() -> None:
+    from tsconv.pipeline.filters import FILTER_KINDS, parse_filter
+
+    res = CliRunner().invoke(main, ["filters"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].split() == ["filter", "taps", "meaning"]
+    for syntax in ("ma:W", "diff:L", "dev:W", "ema:S[:K]", "id"):
+        assert any(line.startswith(syntax + " ") for line in lines[1:6]), syntax
+    assert "moving average of the last W steps" in res.output and "1 to 65,536" in res.output
+    rows = json.loads(CliRunner().invoke(main, ["filters", "--json"]).output)
+    assert [r["kind"] for r in rows] == list(FILTER_KINDS)
+    for r in rows:  # every example is a filter a pipeline may name, of the kind it documents
+        assert r["example"].split(":")[0] == r["kind"] and parse_filter(r["example"]).size >= 1
+
+
+def test_pipelines_lists_the_built_ins_and_each_runs_by_name() -> None:
+    from tsconv.pipeline.spec import builtin_descriptions, load_pipeline
+
+    res = CliRunner().invoke(main, ["pipelines"])
+    assert res.exit_code == 0, res.output
+    names = ["default", "dense_head", "multiscale", "returns_zscore", "trend_ema"]
+    assert [line.split()[0] for line in res.output.splitlines()[: len(names)]] == names
+    assert builtin_descriptions()["default"] in res.output
+    rows = json.loads(CliRunner().invoke(main, ["pipelines", "--json"]).output)
+    assert [r["name"] for r in rows] == names
+    for r in rows:
+        assert Path(r["path"]).is_file() and r["description"]
+        assert load_pipeline(r["name"]).name == r["name"]
+
+
+def test_version_needs_no_distribution_metadata() -> None:
+    import tsconv
+
+    # the distribution is tsconv-features; the version comes from the package itself
+    res = CliRunner().invoke(main, ["--version"])
+    assert res.exit_code == 0 and res.output.strip() == f"tsconv, version {tsconv.__version__}"

@@ -545,6 +545,14 @@ def test_missing_pipeline_file(tmp_path: Path) -> None:
     assert snapshot(tmp_path) == before
 
 
+def test_unknown_bare_pipeline_name(tmp_path: Path) -> None:
+    src = good_store(tmp_path)
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", "trend")
+    assert_refused(res, "'trend' is neither a pipeline file nor a built-in", "trend_ema", "tsconv pipelines")
+    assert snapshot(tmp_path) == before
+
+
 def test_pipeline_file_not_utf8(tmp_path: Path) -> None:
     src = good_store(tmp_path)
     toml = tmp_path / "pipe.toml"

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from tsconv import __version__
 from tsconv.errors import TsconvError
 
 DEMO_ROWS, DEMO_FEATURES = 200_000, 64
@@ -45,7 +46,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="tsconv")
+@click.version_option(version=__version__, prog_name="tsconv")  # the distribution is tsconv-features
 def main() -> None:
     """tsconv: causal conv1d feature pipelines over long, wide time series in zarr stores."""
 
@@ -55,7 +56,7 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
         "--pipeline",
         "pipeline",
         type=click.Path(dir_okay=False),
-        help="Pipeline TOML file (default: built-in).",
+        help="Pipeline TOML file, or a built-in pipeline's name (see `tsconv pipelines`; default: default).",
     )(f)
     f = click.option(
         "--chunk", type=click.IntRange(min=1), default=1024, show_default=True, help="Steps per chunk."
@@ -184,6 +185,45 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
 
     info = inspect_store(store, count_nans=not no_nan_count)
     click.echo(json.dumps(info, indent=2) if as_json else "\n".join(inspect_lines(info)))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def filters(as_json: bool) -> None:
+    """List the built-in filters a [[conv]] stage's `filters` may name, with their parameters."""
+    from tsconv.pipeline.filters import FILTER_DOCS, MAX_PARAMETER
+
+    if as_json:
+        rows = [{"kind": k, "syntax": d.syntax, "taps": d.taps, "description": d.description, "example": d.example}
+                for k, d in FILTER_DOCS.items()]  # fmt: skip
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max(len(d.syntax) for d in FILTER_DOCS.values())
+    taps = max(len(d.taps) for d in FILTER_DOCS.values())
+    click.echo(f"{'filter':<{width}}  {'taps':<{taps}}  meaning")
+    for d in FILTER_DOCS.values():
+        click.echo(f"{d.syntax:<{width}}  {d.taps:<{taps}}  {d.description}")
+    click.echo(
+        f"\nParameters are integers from 1 to {MAX_PARAMETER:,}. A bank applies every filter to every input feature: "
+        'filters = ["diff:1", "ma:16"] in a [[conv]] stage (the schema: pipelines/README.md in the repository).'
+    )
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def pipelines(as_json: bool) -> None:
+    """List the built-in pipelines, which `--pipeline NAME` runs, with their description."""
+    from tsconv.pipeline.spec import BUILTIN_DIR, builtin_descriptions, builtin_pipelines
+
+    paths, descriptions = builtin_pipelines(), builtin_descriptions()
+    if as_json:
+        rows = [{"name": n, "description": descriptions[n], "path": str(p)} for n, p in paths.items()]
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max(len(n) for n in paths)
+    for name in paths:
+        click.echo(f"{name:<{width}}  {descriptions[name]}")
+    click.echo(f"\nRun one with `tsconv process -i STORE --pipeline NAME`; the files are in {BUILTIN_DIR}.")
 
 
 @main.command()

@@ -18,11 +18,11 @@ import tsconv
 from tsconv.engine.fill import forward_fill
 from tsconv.kernels.prepare import prepare
 from tsconv.kernels.reference import pipeline_reference
-from tsconv.pipeline.spec import load_pipeline, resolve
+from tsconv.pipeline.spec import BUILTIN_DIR, load_pipeline, resolve
 from tsconv.synth import make_ticks
 
 pytestmark = pytest.mark.gpu
-PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+PIPELINES = BUILTIN_DIR
 
 
 def _col_rel(y: np.ndarray, ref: np.ndarray) -> float:

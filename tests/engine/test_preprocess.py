@@ -20,7 +20,7 @@ import tsconv.engine.outputs as engine
 from tsconv.engine.chunked import run_chunked
 from tsconv.errors import PipelineError, TsconvError
 from tsconv.kernels.reference import preprocess_reference
-from tsconv.pipeline.spec import load_pipeline, pipeline_from_dict, resolve
+from tsconv.pipeline.spec import builtin_pipelines, load_pipeline, pipeline_from_dict, resolve
 
 from ..helpers import (
     T0,
@@ -325,7 +325,7 @@ def test_polars_features_with_select_and_log_return() -> None:
 
 
 def test_example_returns_zscore_pipeline_on_a_synthetic_store_layout() -> None:
-    path = Path(__file__).resolve().parents[2] / "pipelines" / "returns_zscore.toml"
+    path = builtin_pipelines()["returns_zscore"]
     pipe = load_pipeline(path)
     names = [f"{k}_{i}" for i in range(4) for k in ("px", "vol", "spread")]
     x = price_series(1500, len(names), seed=8, nan_fraction=0.01)

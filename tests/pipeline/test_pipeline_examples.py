@@ -1,4 +1,4 @@
-"""Every example pipeline in pipelines/ loads and runs, and matches the float64 reference."""
+"""Every built-in pipeline (tsconv/pipeline/builtin/) loads and runs, and matches the float64 reference."""
 
 from __future__ import annotations
 
@@ -9,12 +9,20 @@ import numpy as np
 import pytest
 
 import tsconv
-from tsconv.pipeline.spec import DEFAULT_PIPELINE_TOML, load_pipeline, resolve
+from tsconv.errors import PipelineError
+from tsconv.pipeline.spec import (
+    BUILTIN_DIR,
+    DEFAULT_PIPELINE_TOML,
+    builtin_descriptions,
+    builtin_pipelines,
+    load_pipeline,
+    resolve,
+)
 from tsconv.synth import feature_names
 
 from ..helpers import assert_matches_reference, price_series
 
-PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+PIPELINES = BUILTIN_DIR
 
 
 @pytest.mark.parametrize("path", sorted(PIPELINES.glob("*.toml")), ids=lambda p: p.stem)
@@ -32,3 +40,41 @@ def test_example_pipeline_runs_on_a_64_feature_series(path: Path) -> None:
 
 def test_default_toml_is_the_built_in_default() -> None:
     assert (PIPELINES / "default.toml").read_text() == DEFAULT_PIPELINE_TOML
+
+
+def test_the_built_ins_are_every_shipped_file() -> None:
+    assert list(builtin_pipelines()) == ["default", "dense_head", "multiscale", "returns_zscore", "trend_ema"]
+    descriptions = builtin_descriptions()
+    assert list(descriptions) == list(builtin_pipelines())
+    assert all(d and d != name for name, d in descriptions.items())  # each has its own description
+
+
+@pytest.mark.parametrize("name", ["default", "dense_head", "trend_ema"])
+def test_a_bare_name_loads_the_built_in(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # from anywhere: not relative to the working directory
+    pipe = load_pipeline(name)
+    assert pipe.name == name and pipe.origin == str(BUILTIN_DIR / f"{name}.toml")
+    assert pipe.text == (BUILTIN_DIR / f"{name}.toml").read_text()
+
+
+def test_a_path_is_still_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("trend_ema.toml").write_text('name = "mine"\n[[conv]]\nfilters = ["id"]\n')
+    assert load_pipeline("trend_ema.toml").name == "mine"  # a .toml suffix: a file, never the built-in
+    assert load_pipeline("./trend_ema.toml").name == "mine"
+    Path("mypipe").write_text('[[conv]]\nfilters = ["ma:2"]\n')
+    assert load_pipeline("mypipe").name == "mypipe"  # a bare name that is a file and no built-in
+
+
+def test_a_bare_name_that_is_neither_lists_the_built_ins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PipelineError) as info:
+        load_pipeline("trend_emma")
+    msg = str(info.value)
+    assert "'trend_emma' is neither a pipeline file nor a built-in pipeline" in msg
+    assert "default, dense_head, multiscale, returns_zscore, trend_ema" in msg
+    assert "did you mean 'trend_ema'?" in info.value.hint
+    with pytest.raises(PipelineError, match="does not exist.*built-in pipeline's name: default, dense_head"):
+        load_pipeline("nope.toml")

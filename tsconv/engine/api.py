@@ -233,7 +233,8 @@ def _as_pipeline(pipeline: PipelineLike) -> Pipeline:
         return load_pipeline(pipeline)
     raise TsconvError(
         f"pipeline must be a path to a TOML file, a dict or a Pipeline, got {type(pipeline).__name__}",
-        hint="pass pipeline='pipelines/trend_ema.toml', a dict like {'conv': [{'filters': ['ma:16']}]}, or None.",
+        hint="pass pipeline='trend_ema' (a built-in), a path like 'my_pipeline.toml', a dict like "
+        "{'conv': [{'filters': ['ma:16']}]}, or None.",
     )
 
 

@@ -21,16 +21,47 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
 from tsconv.errors import PipelineError
 
-__all__ = ["FILTER_KINDS", "parse_filter", "bank_weights"]
+__all__ = ["FILTER_KINDS", "FILTER_DOCS", "FilterDoc", "parse_filter", "bank_weights"]
 
 FILTER_KINDS = ("ma", "diff", "dev", "ema", "id")
 _FILTER_RE = re.compile(r"^(ma|diff|dev|ema|id)(?::(\d+))?(?::(\d+))?$")
 _MAX_TAPS = 1 << 16
+
+
+@dataclass(frozen=True)
+class FilterDoc:
+    """One filter kind as ``tsconv filters`` lists it."""
+
+    syntax: str  # e.g. "ema:S[:K]"
+    taps: str  # the number of taps, in the parameters' names
+    description: str
+    example: str  # a spec that parses
+
+
+FILTER_DOCS = {
+    "ma": FilterDoc("ma:W", "W", "moving average of the last W steps", "ma:16"),
+    "diff": FilterDoc("diff:L", "L + 1", "difference (momentum) x[t] - x[t - L]", "diff:1"),
+    "dev": FilterDoc(
+        "dev:W",
+        "W",
+        "deviation from the W-step mean, x[t] - ma_W[t] (zero-sum: free of the price level)",
+        "dev:64",
+    ),
+    "ema": FilterDoc(
+        "ema:S[:K]",
+        "3S + 1, or K",
+        "exponential moving average of span S (alpha = 2 / (S + 1)), truncated to K taps and renormalised to sum 1",
+        "ema:32",
+    ),
+    "id": FilterDoc("id", "1", "the input itself", "id"),
+}
+MAX_PARAMETER = _MAX_TAPS
 
 
 def parse_filter(spec: str) -> np.ndarray:

@@ -3,7 +3,9 @@
 A :class:`Pipeline` is what a file says (stages, options, weights loaded from disk). :func:`resolve`
 binds it to a number of input features and gives a :class:`ResolvedPipeline`: concrete weight arrays
 in their stored precision, output names, and the halo (receptive field) the engine needs.
-The schema is documented in ``pipelines/README.md``.
+The schema is documented in ``pipelines/README.md``. The built-in pipelines are TOML files shipped in
+``tsconv/pipeline/builtin/`` (their weights under its ``weights/``); :func:`load_pipeline` takes a built-in's
+bare name (``"trend_ema"``) as well as a path.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ __all__ = [
     "Layer",
     "ResolvedPipeline",
     "load_pipeline",
+    "builtin_pipelines",
+    "builtin_descriptions",
     "pipeline_from_dict",
     "default_pipeline",
     "resolve",
@@ -67,6 +71,11 @@ _CONV_KEYS = {
 }
 _HEAD_KEYS = {"name", "weights", "weights_key", "bias", "bias_key", "activation", "weight_dtype"}
 
+# The built-in pipelines: every .toml file here, by its stem. Weight files lie under it, as the rule that
+# weights stay inside the pipeline file's folder wants.
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
+
+# The same text as builtin/default.toml (a test keeps them equal); used when no pipeline is given.
 DEFAULT_PIPELINE_TOML = """\
 # The default pipeline: level-free momentum and mean-reversion features for every input feature.
 # Power-of-two windows keep every weight exact in FP16, so raw price levels are safe.
@@ -309,12 +318,14 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
     if not isinstance(path, str | os.PathLike):
         raise PipelineError(
             f"a pipeline is a path to a TOML file or a dict, got {type(path).__name__}",
-            hint="pass pipeline='pipelines/trend_ema.toml' or a dict like {'conv': [{'filters': ['ma:16']}]}.",
+            hint="pass pipeline='trend_ema' (a built-in), a path like 'my_pipeline.toml', or a dict like "
+            "{'conv': [{'filters': ['ma:16']}]}.",
         )
-    p = Path(path)
+    p = _builtin_or_path(path)
     if not p.is_file():
         raise PipelineError(
-            f"pipeline file {str(p)!r} does not exist", hint="pass the path of a .toml file (see pipelines/)."
+            f"pipeline file {str(p)!r} does not exist",
+            hint=f"pass the path of a .toml file, or a built-in pipeline's name: {', '.join(builtin_pipelines())}.",
         )
     try:
         text = p.read_text(encoding="utf-8")
@@ -325,6 +336,40 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
     except tomllib.TOMLDecodeError as exc:
         raise PipelineError(f"{p}: not valid TOML: {exc}") from None
     return pipeline_from_dict(data, base_dir=p.parent, origin=str(p), text=text, confine=True)
+
+
+def builtin_pipelines() -> dict[str, Path]:
+    """The built-in pipelines' files, by name (the file's stem), in name order."""
+    return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
+
+
+def builtin_descriptions() -> dict[str, str]:
+    """Each built-in pipeline's ``description`` (its name when it has none), by name."""
+    out = {}
+    for name, path in builtin_pipelines().items():
+        text = tomllib.loads(path.read_text(encoding="utf-8"))
+        out[name] = str(text.get("description", text.get("name", name)))
+    return out
+
+
+def _builtin_or_path(path: str | os.PathLike[str]) -> Path:
+    """A bare name (no path separator, no ``.toml`` suffix) names a built-in pipeline when one has that name;
+    a bare name that is neither a built-in nor an existing file is refused, listing the built-ins. Anything
+    else is a path."""
+    text = os.fspath(path)
+    seps = {os.sep, os.altsep, "/"} - {None}
+    if isinstance(text, str) and text and not any(c in text for c in seps) and not text.endswith(".toml"):
+        found = builtin_pipelines()
+        if text in found:
+            return found[text]
+        if not Path(text).is_file():
+            close = difflib.get_close_matches(text, list(found), n=1)
+            raise PipelineError(
+                f"{text!r} is neither a pipeline file nor a built-in pipeline (built-in: {', '.join(found)})",
+                hint=(f"did you mean {close[0]!r}? " if close else "")
+                + "pass a built-in's name, or the path of a .toml file (`tsconv pipelines` lists the built-ins).",
+            )
+    return Path(path)
 
 
 def default_pipeline() -> Pipeline:
