@@ -19,8 +19,9 @@ from click.testing import CliRunner, Result
 
 import tsconv
 from tsconv.cli import main
-from tsconv.errors import StoreError
+from tsconv.errors import OutputBusyError, StoreError
 from tsconv.io.ingest import ingest
+from tsconv.io.lock import OutputLock
 from tsconv.io.store import check_time, open_input
 
 T0 = 1_767_346_200_000_000_000  # 2026-01-02 09:30 UTC in ns
@@ -131,6 +132,25 @@ def test_long_round_trip(tmp_path: Path, suffix: str) -> None:
     assert (rep.rows, rep.features, rep.input_rows) == (len(TIMES), len(NAMES), df.height)
     store = open_input(tmp_path / "out.zarr")
     assert check_time(store) == (TIMES[0], TIMES[-1])
+
+
+def test_a_killed_ingests_temporary_store_is_removed_by_the_next_and_a_second_writer_is_refused(
+    tmp_path: Path,
+) -> None:
+    src = write(as_datetime(long_frame(TIMES, NAMES)), tmp_path / "ticks.parquet")
+    out = tmp_path / "out.zarr"
+    stale = tmp_path / ".out.zarr.ingest-999999"  # what a kill -9 during ingest leaves
+    (stale / "values").mkdir(parents=True)
+    (stale / "zarr.json").write_text("{}")
+    other = tmp_path / ".other.zarr.ingest-999999"  # another output's: not this run's to remove
+    other.mkdir()
+    ingest(src, out)
+    assert not stale.exists() and other.exists()
+    assert read(out)[2] == SORTED
+    with OutputLock(out, run_id="f" * 32):
+        with pytest.raises(OutputBusyError, match="being written by another tsconv run"):
+            ingest(src, out, overwrite=True)
+    assert read(out)[2] == SORTED
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".arrow"])

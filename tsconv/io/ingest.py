@@ -636,19 +636,23 @@ def ingest(
     if layout == "long":
         attrs["ingest"]["value_columns"] = list(value_columns)
     tmp = out.with_name(f".{out.name}.ingest-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        values, time_arr, group = _new_store(tmp, times=times, names=names, dtype=dtype, attrs=attrs)
-        with progress_bar(total=times.size, enabled=progress, desc="ingest") as bar:
-            read = _write_rows(values, time_arr, 0, times, sources, names, symbols, layout, bar)
-        group.attrs["ingest"] = {**attrs["ingest"], "complete": True}
-        if out.exists() or out.is_symlink():
-            shutil.rmtree(out)  # only a zarr store gets here (checked above), and only with overwrite
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    # One ingest into an output at a time; while this one holds it, a temporary store of an earlier ingest
+    # into the same output can only be a killed run's leftover (its name holds a dead process's id).
+    with OutputLock(out, run_id=f"ingest-{os.getpid()}"):
+        for stale in out.parent.glob(f".{glob.escape(out.name)}.ingest-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            values, time_arr, group = _new_store(tmp, times=times, names=names, dtype=dtype, attrs=attrs)
+            with progress_bar(total=times.size, enabled=progress, desc="ingest") as bar:
+                read = _write_rows(values, time_arr, 0, times, sources, names, symbols, layout, bar)
+            group.attrs["ingest"] = {**attrs["ingest"], "complete": True}
+            if out.exists() or out.is_symlink():
+                shutil.rmtree(out)  # only a zarr store gets here (checked above), and only with overwrite
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return _report(times.size, len(names), t0, out, read, len(paths), appended=False)
 
 
