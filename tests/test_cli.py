@@ -84,6 +84,19 @@ def test_python_dash_m_runs_the_cli() -> None:
     assert "process" in res.stdout and "inspect" in res.stdout and "demo" in res.stdout
 
 
+def test_a_reader_closing_the_pipe_ends_the_command_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tsconv filters | head -1`: the write into the closed pipe ends the run like SIGPIPE, no error line."""
+    import tsconv.cli as cli
+
+    def closed(*args: object, **kw: object) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli.click, "echo", closed)
+    res = CliRunner().invoke(main, ["filters"])
+    assert res.exit_code == 141
+    assert "error" not in res.output
+
+
 def test_filters_lists_every_built_in_filter() -> None:
     from tsconv.pipeline.filters import FILTER_KINDS, parse_filter
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -25,6 +26,17 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     click.echo(f"tsconv: warning: {message}", err=True)
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's own flush at exit does not fail on the closed pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (tests capture it)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 class _Group(click.Group):
     """Turn the library's errors into one line on stderr and a non-zero exit, never a traceback."""
 
@@ -39,6 +51,9 @@ class _Group(click.Group):
             _fail(f"{exc.format_message()} (see `tsconv {ctx.invoked_subcommand or ''} --help`)")
         except KeyboardInterrupt:
             _fail("interrupted; rerun with --resume to continue where it stopped", code=130)
+        except BrokenPipeError:
+            _quiet_stdout()
+            sys.exit(141)  # as a tool killed by SIGPIPE (`tsconv filters | head -1`): no error line
         except OSError as exc:
             _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
         finally:
