@@ -203,6 +203,31 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
 
 
 @main.command()
+@click.argument("store", type=click.Path())
+@click.option(
+    "--features",
+    "-f",
+    "patterns",
+    multiple=True,
+    required=True,
+    help="Features to draw: a glob over their names ('AAPL.*', 'x0.diff*'); repeat it for several.",
+)
+@click.option("--rows", help="Rows A:B as a Python slice, either side optional (1000:2000, :500, -100:).")
+@click.option(
+    "--output",
+    "-o",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Figure to write: .png, .svg or .pdf.",
+)
+def plot(store: str, patterns: tuple[str, ...], rows: str | None, output: str) -> None:
+    """Draw a store's features against time; for a tsconv output, with the inputs they came from."""
+    from tsconv.io.plot import plot_store
+
+    click.echo(plot_store(store, features=list(patterns), rows=rows, output=output).summary())
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def filters(as_json: bool) -> None:
     """List the built-in filters a [[conv]] stage's `filters` may name, with their parameters."""

@@ -1,0 +1,119 @@
+"""``tsconv plot``: a figure of chosen features (with their inputs for an output), and one-line errors."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner, Result
+
+import tsconv
+from tsconv.cli import main
+from tsconv.errors import TsconvError
+from tsconv.io.plot import MAX_POINTS, parse_rows, plot_store
+
+from ..helpers import price_series, write_store
+
+pytest.importorskip("matplotlib")
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("plot")
+    src = write_store(root / "in.zarr", price_series(300, 2))
+    out = root / "out.zarr"
+    tsconv.process(str(src), str(out), progress=False)
+    return src, out
+
+
+def _plot(*args: object) -> Result:
+    return CliRunner().invoke(main, ["plot", *map(str, args)])
+
+
+def _error_line(res: Result) -> str:
+    assert res.exit_code != 0
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tsconv: error: "), res.output
+    return lines[0]
+
+
+def test_output_with_inputs_writes_png(stores: tuple[Path, Path], tmp_path: Path) -> None:
+    _, out = stores
+    fig = tmp_path / "fig.png"
+    res = _plot(out, "-f", "x0.diff*", "-f", "x1.dev32", "--rows", "100:", "-o", fig)
+    assert res.exit_code == 0, res.output
+    assert "plotted 4 features with their inputs (x0, x1), rows 100..300" in res.output
+    data = fig.read_bytes()
+    assert data.startswith(PNG) and len(data) > 1000
+
+
+def test_input_store_and_result(stores: tuple[Path, Path], tmp_path: Path) -> None:
+    src, _ = stores
+    result = plot_store(src, features=["x1"], output=tmp_path / "in.png", rows=slice(-50, None))
+    assert (result.features, result.inputs, result.start, result.stop, result.every) == (
+        ("x1",),
+        (),
+        250,
+        300,
+        1,
+    )
+    assert (tmp_path / "in.png").read_bytes().startswith(PNG)
+
+
+def test_unreachable_input_draws_features_alone(stores: tuple[Path, Path], tmp_path: Path) -> None:
+    moved_out = tmp_path / "out.zarr"
+    shutil.copytree(stores[1], moved_out)
+    zarr.open_group(str(moved_out), mode="r+").attrs["source"] = str(tmp_path / "gone.zarr")
+    fig = tmp_path / "alone.png"
+    res = _plot(moved_out, "-f", "x0.diff1", "-o", fig)
+    assert res.exit_code == 0, res.output
+    warning = [line for line in res.output.splitlines() if line.startswith("tsconv: warning: ")]
+    assert len(warning) == 1 and "drawing the features alone" in warning[0]
+    assert "plotted 1 feature, rows 0..300" in res.output
+    assert fig.read_bytes().startswith(PNG)
+
+
+def test_long_range_is_thinned(tmp_path: Path) -> None:
+    src = write_store(tmp_path / "long.zarr", price_series(MAX_POINTS * 2 + 10, 1))
+    result = plot_store(src, features=["x0"], output=tmp_path / "long.png")
+    assert result.every == 3 and result.stop == MAX_POINTS * 2 + 10
+
+
+def test_bad_pattern_is_one_line(stores: tuple[Path, Path], tmp_path: Path) -> None:
+    line = _error_line(_plot(stores[1], "-f", "nope*", "-o", tmp_path / "f.png"))
+    assert "no feature matches 'nope*'" in line and "x0.diff1" in line
+    assert not (tmp_path / "f.png").exists()
+
+
+@pytest.mark.parametrize(("rows", "words"), [("5", "is not a row range"), ("a:b", "is not a row range"),
+                                             ("200:100", "select nothing"), ("1:2:3", "is not a row range")])  # fmt: skip
+def test_bad_rows_is_one_line(stores: tuple[Path, Path], tmp_path: Path, rows: str, words: str) -> None:
+    line = _error_line(_plot(stores[0], "-f", "x0", "--rows", rows, "-o", tmp_path / "f.png"))
+    assert words in line
+
+
+def test_bad_figure_suffix_is_one_line(stores: tuple[Path, Path], tmp_path: Path) -> None:
+    assert "format" in _error_line(_plot(stores[0], "-f", "x0", "-o", tmp_path / "f.txt"))
+
+
+def test_missing_matplotlib_is_one_line(
+    stores: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    line = _error_line(_plot(stores[0], "-f", "x0", "-o", tmp_path / "f.png"))
+    assert "needs matplotlib" in line and "tsconv-features[plot]" in line
+
+
+def test_parse_rows() -> None:
+    assert parse_rows("10:20") == slice(10, 20)
+    assert parse_rows(":-5") == slice(None, -5)
+    assert parse_rows(":") == slice(None, None)
+    with pytest.raises(TsconvError):
+        parse_rows("10")
+    assert np.arange(10)[parse_rows("-3:")].tolist() == [7, 8, 9]

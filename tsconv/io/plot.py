@@ -1,0 +1,221 @@
+"""What ``tsconv plot`` draws: chosen features of a store against time, with the inputs they came from.
+
+For a tsconv output, each panel also shows, on its right axis, the input series the feature was computed
+from (an output name is its input's name and the filter's label: ``AAPL.px.diff1`` from ``AAPL.px``); the
+input store is the one the output's ``source`` attribute names. matplotlib is optional: it is imported
+here, on use, and drawn through its Agg backend without touching pyplot's global state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tsconv.errors import StoreError, TsconvError, TsconvWarning
+from tsconv.io.store import InputStore, open_input
+
+__all__ = ["PlotResult", "MAX_PANELS", "MAX_POINTS", "parse_rows", "match_features", "plot_store"]
+
+MAX_PANELS = 32  # features per figure
+MAX_POINTS = 20_000  # points per line; longer ranges are drawn every k-th row
+_FORMATS = (".png", ".svg", ".pdf")
+
+
+@dataclass(frozen=True)
+class PlotResult:
+    """What a plot drew: the figure's path, the features, their inputs and the rows."""
+
+    output: str
+    features: tuple[str, ...]
+    inputs: tuple[str, ...]  # the input series drawn beside them (empty: none found or not reachable)
+    start: int
+    stop: int
+    every: int  # rows per point drawn
+
+    def summary(self) -> str:
+        inputs = f" with their inputs ({', '.join(self.inputs)})" if self.inputs else ""
+        every = f", every {self.every:,}th row" if self.every > 1 else ""
+        return (
+            f"plotted {len(self.features)} feature{'s' * (len(self.features) != 1)}{inputs}, rows "
+            f"{self.start:,}..{self.stop:,}{every} -> {self.output}"
+        )
+
+
+def parse_rows(text: str) -> slice:
+    """``"A:B"`` as a slice (either side optional, negative counts from the end, as in Python)."""
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError(text)
+        a, b = (int(p) if p.strip() else None for p in parts)
+    except ValueError:
+        raise TsconvError(
+            f"--rows {text!r} is not a row range A:B",
+            hint="give integers on either side of one colon, either side optional: 1000:2000, :500, -100:.",
+        ) from None
+    return slice(a, b)
+
+
+def match_features(names: Sequence[str], patterns: Sequence[str]) -> list[str]:
+    """The names matching any of the glob ``patterns`` (fnmatch, case-sensitive), in the store's order."""
+    if not patterns:
+        raise TsconvError("no feature pattern given", hint="pass --features PATTERN, e.g. --features 'x0.*'.")
+    chosen = [n for n in names if any(fnmatchcase(n, p) for p in patterns)]
+    if not chosen:
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        asked = ", ".join(repr(p) for p in patterns)
+        raise TsconvError(f"no feature matches {asked}", hint=f"the store's features are: {shown}.")
+    if len(chosen) > MAX_PANELS:
+        raise TsconvError(
+            f"{len(chosen):,} features match {', '.join(repr(p) for p in patterns)}; a figure draws at most "
+            f"{MAX_PANELS}",
+            hint=f"narrow the pattern (the first matches: {', '.join(chosen[:4])}, ...).",
+        )
+    return chosen
+
+
+def plot_store(
+    store: str | os.PathLike[str],
+    *,
+    features: Sequence[str],
+    output: str | os.PathLike[str],
+    rows: str | slice | None = None,
+) -> PlotResult:
+    """Draw the features of ``store`` matching the glob patterns ``features`` over ``rows`` into ``output``.
+
+    ``output``: a .png, .svg or .pdf file. ``rows``: a slice or ``"A:B"`` (default: all rows). The x axis
+    is the decoded time where the store has times, else the row number. For a tsconv output the input
+    series each feature was computed from is drawn beside it; when the input store cannot be read, the
+    features are drawn alone and a :class:`TsconvWarning` says why.
+    """
+    out = Path(output)
+    if out.suffix.lower() not in _FORMATS:
+        raise TsconvError(
+            f"{str(out)!r}: cannot tell the figure's format from its name",
+            hint=f"end the output's name with {', '.join(_FORMATS)}.",
+        )
+    figure_cls, canvas_cls = _matplotlib()
+    src = open_input(store)
+    names = match_features(src.features, features)
+    span = parse_rows(rows) if isinstance(rows, str) else (rows or slice(None))
+    if span.step not in (None, 1):
+        raise TsconvError("--rows takes a range A:B without a step")
+    a, b, _ = span.indices(src.rows)
+    if b <= a:
+        raise TsconvError(
+            f"rows {a:,}..{b:,} select nothing: the store has {src.rows:,} rows",
+            hint="give --rows A:B with A < B, as a Python slice (either side optional).",
+        )
+    every = max(1, math.ceil((b - a) / MAX_POINTS))
+    x = _x_axis(src, a, b, every)
+    cols = [src.features.index(n) for n in names]
+    y = _read(src, cols, a, b, every)
+    pairs = _inputs(src, names, a, b, every)
+
+    fig = figure_cls(figsize=(11, 2.2 * len(names) + 0.6), layout="constrained")
+    canvas_cls(fig)
+    axes = fig.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0]
+    for j, (ax, name) in enumerate(zip(axes, names, strict=True)):
+        ax.plot(x, y[:, j], color="C0", linewidth=0.8, label=name)
+        ax.set_ylabel(name, color="C0")
+        ax.grid(True, alpha=0.3)
+        if name in pairs:
+            input_name, series = pairs[name]
+            twin = ax.twinx()
+            twin.plot(x, series, color="0.45", linewidth=0.8, label=input_name)
+            twin.set_ylabel(f"input {input_name}", color="0.45")
+            ax.set_zorder(twin.get_zorder() + 1)  # the feature over its input
+            ax.patch.set_visible(False)
+    axes[-1].set_xlabel("time (UTC)" if src.time is not None else "row")
+    every_words = f", every {every:,}th row" if every > 1 else ""
+    fig.suptitle(f"{src.path.name}: rows {a:,}..{b:,}{every_words}", fontsize="medium")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    drawn_inputs = tuple(dict.fromkeys(pairs[n][0] for n in names if n in pairs))
+    return PlotResult(
+        output=str(out), features=tuple(names), inputs=drawn_inputs, start=a, stop=b, every=every
+    )
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    """matplotlib's Figure and Agg canvas, or an error naming the extra that installs it."""
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise TsconvError(
+            "plotting needs matplotlib, which is not installed",
+            hint="pip install 'tsconv-features[plot]' (or pip install matplotlib).",
+        ) from None
+    return Figure, FigureCanvasAgg
+
+
+def _x_axis(store: InputStore, a: int, b: int, every: int) -> np.ndarray:
+    if store.time is None:
+        return np.arange(a, b, every)
+    return np.asarray(store.time[a:b])[::every].astype("datetime64[ns]")
+
+
+def _read(store: InputStore, cols: list[int], a: int, b: int, every: int) -> np.ndarray:
+    values = store.values.get_orthogonal_selection((slice(a, b, every), cols))
+    return np.asarray(values, dtype=np.float64)
+
+
+def _inputs(
+    store: InputStore, names: list[str], a: int, b: int, every: int
+) -> dict[str, tuple[str, np.ndarray]]:
+    """For a tsconv output: per feature name, its input feature's name and rows; {} for other stores."""
+    attrs = _group_attrs(store)
+    meta, source = attrs.get("tsconv"), attrs.get("source")
+    if not isinstance(meta, dict) or not isinstance(source, str):
+        return {}
+    try:
+        src = open_input(source)
+    except (StoreError, OSError) as exc:
+        warnings.warn(
+            f"the input store {source} is not readable ({getattr(exc, 'message', exc)}); drawing the features alone",
+            TsconvWarning,
+            stacklevel=3,
+        )
+        return {}
+    first = int((meta.get("input_rows") or [0])[0])
+    if first + b > src.rows:
+        warnings.warn(
+            f"the input store {source} has {src.rows:,} rows, fewer than the output's rows come from; "
+            "drawing the features alone",
+            TsconvWarning,
+            stacklevel=3,
+        )
+        return {}
+    by_length = sorted(src.features, key=len, reverse=True)
+    wanted: dict[str, str] = {}
+    for name in names:
+        parent = next((n for n in by_length if name.startswith(n + ".")), None)
+        if parent is not None:
+            wanted[name] = parent
+    order = list(dict.fromkeys(wanted.values()))
+    if not order:
+        return {}
+    cols = [src.features.index(n) for n in order]
+    y = _read(src, cols, first + a, first + b, every)
+    series = {n: y[:, j] for j, n in enumerate(order)}
+    return {name: (parent, series[parent]) for name, parent in wanted.items()}
+
+
+def _group_attrs(store: InputStore) -> dict[str, Any]:
+    import zarr
+
+    try:
+        node = zarr.open(str(store.path), mode="r")
+    except Exception:
+        return {}
+    return dict(node.attrs) if isinstance(node, zarr.Group) else {}
