@@ -77,6 +77,36 @@ def test_process_with_a_built_in_pipeline_by_name(tmp_path: Path, monkeypatch: p
     assert out.attrs["pipeline"]["name"] == "trend_ema" and out["values"].shape == (600, 16)
 
 
+def test_process_writes_a_markdown_report_for_a_md_name(tmp_path: Path) -> None:
+    src = write_store(tmp_path / "in.zarr", price_series(600, 2, seed=2))
+    out, md = tmp_path / "o.zarr", tmp_path / "Summary.MD"
+    res = CliRunner().invoke(
+        main,
+        ["process", "-i", str(src), "-o", str(out), "--pipeline", "trend_ema", "-q", "--report", str(md)],
+    )
+    assert res.exit_code == 0, res.output
+    text = md.read_text()
+    assert text.startswith("# tsconv run\n")
+    cells = dict(
+        line.strip("|").split(" | ", 1)
+        for line in text.splitlines()
+        if line.startswith("| ") and " | " in line
+    )
+    cells = {k.strip(): v.strip() for k, v in cells.items()}
+    assert cells["input"] == f"`{src.resolve()}`" and cells["output"] == f"`{out.resolve()}`"
+    assert cells["pipeline"] == "trend_ema"
+    assert cells["rows"] == "600 of 600" and cells["features"] == "2 in, 16 out"
+    assert float(cells["seconds"]) > 0 and int(cells["rows/s"].replace(",", "")) > 0
+    assert cells["device"].startswith("cpu") and cells["peak GPU memory"] == "not measured (CPU run)"
+    assert cells["peak RSS"].endswith(" MiB")
+    json_report = tmp_path / "r.json"  # any other name: JSON, as before, now naming the pipeline too
+    res = CliRunner().invoke(
+        main, ["process", "-i", str(src), "-o", str(out), "--overwrite", "-q", "--report", str(json_report)]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(json_report.read_text())["pipeline"] == "default"
+
+
 def test_python_dash_m_runs_the_cli() -> None:
     res = subprocess.run(
         [sys.executable, "-m", "tsconv", "--help"], capture_output=True, text=True, check=True

@@ -91,7 +91,10 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
         help="Rows whose receptive field reaches before step 0: NaN, or computed with zero history.",
     )(f)
     f = click.option(
-        "--report", "report_path", type=click.Path(dir_okay=False), help="Write the run report as JSON here."
+        "--report",
+        "report_path",
+        type=click.Path(dir_okay=False),
+        help="Write the run report here: a short Markdown summary for a name ending in .md, else JSON.",
     )(f)
     f = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
     return f
@@ -106,7 +109,9 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
     else:
         click.echo(report.summary())
     if report_path:
-        Path(report_path).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        path = Path(report_path)
+        markdown = path.suffix.lower() == ".md"
+        path.write_text(report.markdown() if markdown else json.dumps(report.to_dict(), indent=2) + "\n")
 
 
 @main.command()

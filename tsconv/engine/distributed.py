@@ -454,4 +454,5 @@ def run_distributed(
         peak_gpu_reserved_bytes=max(gpu_res) if gpu_res else None,
         stage_seconds=stage_seconds,
         reader=results[0]["reader"] if results else None,
+        pipeline=plan.pipeline.name,
     )

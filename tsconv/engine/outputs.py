@@ -53,7 +53,7 @@ class DaskOptions:
 
 def _report(store: InputStore, plan: ResolvedPipeline, out: Path, dev: torch.device, **kw: Any) -> Report:
     return make_report(input=str(store.path), output=str(out), device=dev, features_in=len(plan.input_names),
-                       features_out=plan.n_outputs, halo=plan.halo,
+                       features_out=plan.n_outputs, halo=plan.halo, pipeline=plan.pipeline.name,
                        row_bytes=store.n_features * store.dtype.itemsize, **kw)  # fmt: skip
 
 

@@ -47,9 +47,41 @@ class Report:
     cuda_graph: str | None = None
     # the GPU reader: how chunk files are read, "native" (tsconv.io.readers.fileread) or "python (why not native)"
     file_reads: str | None = None
+    pipeline: str | None = None  # the pipeline's name
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def markdown(self) -> str:
+        """A short Markdown summary of the run: what went in and out, how much and how fast."""
+        rows = f"{self.rows:,} of {self.total_rows:,}"
+        if self.resumed_from:
+            rows += f" (resumed at row {self.resumed_from:,})"
+        device = self.device + (f", decoded by {self.reader}" if self.reader else "")
+        if self.peak_gpu_allocated_bytes is not None:
+            gpu = f"{self.peak_gpu_allocated_bytes / 2**20:,.0f} MiB allocated"
+            if self.peak_gpu_reserved_bytes is not None:
+                gpu += f", {self.peak_gpu_reserved_bytes / 2**20:,.0f} MiB reserved"
+        else:
+            gpu = "not measured (CPU run)"
+        table = [
+            ("input", f"`{self.input}`"),
+            ("output", f"`{self.output}`"),
+            ("pipeline", self.pipeline or "not recorded"),
+            ("rows", rows),
+            ("features", f"{self.features_in:,} in, {self.features_out:,} out"),
+            ("seconds", f"{self.seconds:.2f}"),
+            ("rows/s", f"{self.rows_per_s:,.0f}"),
+            ("input GB/s", f"{self.input_gbps:.3f}"),
+            ("device", device),
+            ("peak RSS", f"{self.peak_rss_bytes / 2**20:,.0f} MiB"),
+            ("peak GPU memory", gpu),
+        ]
+        if self.bound_by:
+            table.append(("bound by", self.bound_by))
+        lines = ["# tsconv run", "", "| | |", "|---|---|"]
+        lines += [f"| {k} | {_cell(v)} |" for k, v in table]
+        return "\n".join(lines) + "\n"
 
     def summary(self) -> str:
         gpu = (
@@ -74,6 +106,11 @@ class Report:
         )
 
 
+def _cell(text: str) -> str:
+    """``text`` as a Markdown table cell: its pipes escaped."""
+    return text.replace("|", "\\|")
+
+
 _SHOWN_STAGES = ("decode", "gpu_decode", "h2d", "compute", "d2h", "write")
 
 
@@ -92,11 +129,12 @@ def make_report(
     resumed_from: int,
     seconds: float,
     stages: dict[str, Any] | None = None,
+    pipeline: str | None = None,
 ) -> Report:
     """The report of a run that computed ``rows`` rows of ``row_bytes`` input bytes each in ``seconds``.
 
     ``stages``: the batched engine's fields (``transfer``, ``step_rows``, ``stage_seconds``, ``bound_by``,
-    ``reader``, ``cuda_graph``, ``file_reads``), ``head_path`` and ``compression``.
+    ``reader``, ``cuda_graph``, ``file_reads``), ``head_path`` and ``compression``; ``pipeline``: its name.
     """
     cuda = device.type == "cuda"
     return Report(
@@ -116,6 +154,7 @@ def make_report(
         peak_rss_bytes=peak_rss(),
         peak_gpu_allocated_bytes=int(torch.cuda.max_memory_allocated(device)) if cuda else None,
         peak_gpu_reserved_bytes=int(torch.cuda.max_memory_reserved(device)) if cuda else None,
+        pipeline=pipeline,
         **(stages or {}),
     )
 
