@@ -263,8 +263,7 @@ def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
             f"{st['write']:.3f} | {r['commit']} |"
         )
     lines += ["", "`seconds`: the report's (from creating the output to its end); `wall s`: the whole tsconv.process "
-              "call, opening and checking the input and removing the previous output included (absent in older "
-              "rows). Stage seconds: decode and write are busy seconds per thread; h2d, "
+              "call, opening and checking the input and removing the previous output included. Stage seconds: decode and write are busy seconds per thread; h2d, "
               "compute (prepare kernel + stages) and d2h are GPU event times. `output`: the values' codec "
               "(`--compression auto` keeps lz4 only where it saves 10% of a sample; these outputs save about "
               "5-7%); the baselines write with zarr's default codec.", ""]  # fmt: skip

@@ -438,7 +438,11 @@ def _write_layout(
 
 def _consolidated_doc(root: Path) -> dict[str, Any]:
     """The ``consolidated_metadata`` entry zarr.consolidate_metadata writes into a local format-3 group's
-    zarr.json, built from its arrays' zarr.json files as they are on disk (tsconv's layout: no sub-groups)."""
+    zarr.json, built from its arrays' zarr.json files as they are on disk (tsconv's layout: no sub-groups).
+
+    Built here rather than by zarr.consolidate_metadata so that it lands in the same atomic write of the root
+    document as ``complete: true``: zarr's call rewrites that document by itself, and a kill between the
+    two would leave a complete store without it. tests/io/test_output_xarray.py keeps the two equal."""
     found = {}
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         doc_path = Path(entry.path) / "zarr.json"
