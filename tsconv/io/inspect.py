@@ -15,7 +15,7 @@ import numpy as np
 from tsconv.io.readers import gpu as gpudecode
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.threads import fast_path_reason
-from tsconv.io.store import InputStore, check_time, open_input
+from tsconv.io.store import InputStore, check_time, group_attrs, open_input
 
 __all__ = ["inspect_store", "inspect_lines"]
 
@@ -69,7 +69,7 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
     store = open_input(path, allow_incomplete=True)
     info = store.describe()
     info["chunking"] = _chunking(store.rows, store.n_features, info["chunks"], info["shards"])
-    attrs = _group_attrs(store)
+    attrs = group_attrs(store)
     meta = attrs.get("tsconv")
     written = store.rows
     warmup = 0
@@ -163,13 +163,3 @@ def inspect_lines(info: dict[str, Any]) -> list[str]:
         if info.get("rows_written", info["rows"]) < info["rows"]:
             lines.append(f"{'':>16}(counted over the {info['rows_written']:,} rows written)")
     return lines
-
-
-def _group_attrs(store: InputStore) -> dict[str, Any]:
-    import zarr
-
-    try:
-        node = zarr.open(str(store.path), mode="r")
-    except Exception:
-        return {}
-    return dict(node.attrs) if isinstance(node, zarr.Group) else {}

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
-from tsconv.io.store import InputStore, open_input
+from tsconv.io.store import InputStore, group_attrs, open_input
 
 __all__ = ["PlotResult", "MAX_PANELS", "MAX_POINTS", "parse_rows", "match_features", "plot_store"]
 
@@ -174,7 +174,7 @@ def _inputs(
     store: InputStore, names: list[str], a: int, b: int, every: int
 ) -> dict[str, tuple[str, np.ndarray]]:
     """For a tsconv output: per feature name, its input feature's name and rows; {} for other stores."""
-    attrs = _group_attrs(store)
+    attrs = group_attrs(store)
     meta, source = attrs.get("tsconv"), attrs.get("source")
     if not isinstance(meta, dict) or not isinstance(source, str):
         return {}
@@ -209,13 +209,3 @@ def _inputs(
     y = _read(src, cols, first + a, first + b, every)
     series = {n: y[:, j] for j, n in enumerate(order)}
     return {name: (parent, series[parent]) for name, parent in wanted.items()}
-
-
-def _group_attrs(store: InputStore) -> dict[str, Any]:
-    import zarr
-
-    try:
-        node = zarr.open(str(store.path), mode="r")
-    except Exception:
-        return {}
-    return dict(node.attrs) if isinstance(node, zarr.Group) else {}

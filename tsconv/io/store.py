@@ -27,6 +27,7 @@ from tsconv.io.timecolumn import TimeColumn, TimeReader
 
 __all__ = [
     "InputStore",
+    "group_attrs",
     "open_input",
     "is_zarr_store",
     "check_time",
@@ -345,6 +346,16 @@ def _coordinate_names(coord: zarr.Array, key: str, n: int, where: str) -> tuple[
             raise StoreError(f"{where}: the feature coordinate {key!r} holds {v!r}, expected strings")
         names.append(v)
     return tuple(names)
+
+
+def group_attrs(store: InputStore) -> dict[str, Any]:
+    """The attributes of the group holding ``store`` (a tsconv output's metadata), {} for a bare array or
+    a group zarr cannot open."""
+    try:
+        node = zarr.open(str(store.path), mode="r")
+    except Exception:
+        return {}
+    return dict(node.attrs) if isinstance(node, zarr.Group) else {}
 
 
 def check_time(store: InputStore, *, stop: int | None = None) -> tuple[int, int] | None:
