@@ -12,6 +12,7 @@ first use of a shape class (:mod:`tsconv.engine.head`; ``TSCONV_HEAD_PATH`` forc
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -172,6 +173,7 @@ class Backend:
         self.recenter_first = self.pre is None or log_levels
         self.head = plan.head
         self._storage = _StorageCheck(plan) if _StorageCheck.needed(plan) else None
+        self._checking: _StorageCheck | None = None  # started, its warnings not yet given
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
         self._head = self._head_paths(plan) if plan.head is not None and self.layers else None
@@ -218,6 +220,13 @@ class Backend:
         return None if self._head is None else self._head.path
 
     @torch.no_grad()
+    def finish(self) -> None:
+        """Give the FP16-storage check's warnings (waiting for it if it still runs); call at a run's end."""
+        if self._checking is not None:
+            checking, self._checking = self._checking, None
+            for message in checking.wait():
+                warnings.warn(message, TsconvWarning, stacklevel=2)
+
     def run(self, x: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:
         """Compute outputs for a chunk.
 
@@ -246,8 +255,10 @@ class Backend:
     def _stages(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool
     ) -> torch.Tensor:
-        if self._storage is not None and self._storage.check(self, x, first_row, level, centered=centered):
-            self._storage = None
+        if self._storage is not None and self._storage.start(self, x, first_row, level, centered=centered):
+            self._checking, self._storage = self._storage, None
+        if self._checking is not None and self._checking.done():
+            self.finish()
         start = first_row
         y = None
         last = len(self.layers) - 1
@@ -397,8 +408,9 @@ class _StorageCheck:
     engine re-centres), compared per output with the largest finite value of the output. In float32 (the
     residual is small, so its product is exact enough), on the CPU whatever the engine's device: on CUDA,
     torch's conv and matmul would load cuBLAS (or cuDNN) into a batch job whose own kernels are Triton's,
-    hundreds of milliseconds of a fresh process, where the CPU needs a few milliseconds for 128 rows. Stages
-    stored in float32, or whose weights float16 holds exactly, cost nothing.
+    hundreds of milliseconds of a fresh process. The CPU needs 20-30 ms for a wide dense stage, so it runs
+    in a thread beside the run (torch's CPU ops release the GIL) and its warnings are given by
+    :meth:`Backend.finish`. Stages stored in float32, or whose weights float16 holds exactly, cost nothing.
     """
 
     def __init__(self, plan: ResolvedPipeline) -> None:
@@ -407,6 +419,9 @@ class _StorageCheck:
         self.residuals = [_residual(L.weight_dtype, L.weight, L.given) for L in plan.layers]
         head = plan.head
         self.head_residual = None if head is None else _residual(head.weight_dtype, head.weight, head.given)
+        self._thread: threading.Thread | None = None
+        self._messages: list[str] = []
+        self._error: BaseException | None = None
 
     @staticmethod
     def needed(plan: ResolvedPipeline) -> bool:
@@ -415,43 +430,85 @@ class _StorageCheck:
             layers.append((plan.head.weight_dtype, plan.head.weight, plan.head.given))
         return any(dt == "float16" and not np.array_equal(w, g) for dt, w, g in layers)
 
-    def check(
+    def start(
         self, backend: Backend, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool
     ) -> bool:
-        """Check on this chunk's stage input ``x`` [L, C] (row 0 is global step ``first_row``); False
-        when it has too few data rows (try the next chunk) or a CUDA graph is being captured."""
+        """Start the check on this chunk's stage input ``x`` [L, C] (row 0 is global step ``first_row``);
+        False when it has too few data rows (try the next chunk) or a CUDA graph is being captured."""
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return False
-        plan = self.plan
-        halo = sum(layer.halo for layer in plan.layers)
+        halo = sum(layer.halo for layer in self.plan.layers)
         a = max(0, -first_row)  # the first data row: earlier rows are zero history
         m = min(_CHECK_ROWS, x.shape[0] - a - halo)
         if m < 1:
             return False
-        u = x[a : a + halo + m].float().cpu()
+        u = x[a : a + halo + m].float().cpu()  # a copy: the run may reuse x's memory
         if centered:
             u = u + level.float().cpu()
-        y = u.T.unsqueeze(0)  # [1, C, L]
         block = _CUDA_BLOCK if backend.triton else _CPU_BLOCK
+        args = (u, backend.layers, block, backend.recenter_first)
+        self._thread = threading.Thread(
+            target=self._guarded, args=args, name="tsconv-fp16-check", daemon=True
+        )
+        self._thread.start()
+        return True
+
+    def done(self) -> bool:
+        return self._thread is not None and not self._thread.is_alive()
+
+    def wait(self) -> list[str]:
+        """The warnings' messages, once the check has finished; re-raises an error it met."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._messages
+
+    def _guarded(self, *args: object) -> None:
+        try:
+            self._evaluate(*args)  # type: ignore[arg-type]
+        except BaseException as e:  # noqa: BLE001 - handed to the run's thread by wait()
+            self._error = e
+
+    @torch.no_grad()
+    def _evaluate(
+        self, u: torch.Tensor, layers: tuple[_DeviceLayer, ...], block: int, recenter: bool
+    ) -> None:
+        plan = self.plan
+        y = u.T.unsqueeze(0)  # [1, C, L]
         origin = plan.pipeline.origin
-        for i, (layer, dl, res) in enumerate(zip(plan.layers, backend.layers, self.residuals, strict=True)):
+        for i, (layer, dl, res) in enumerate(zip(plan.layers, layers, self.residuals, strict=True)):
             bias = None if layer.bias is None else torch.from_numpy(layer.bias).float()
             out = F.conv1d(y, torch.from_numpy(layer.weight).float(), bias, dilation=layer.dilation,
                            groups=layer.groups)  # fmt: skip
             if res is not None:
                 dw = torch.from_numpy(res)
-                if i == 0 and backend.recenter_first:
+                if i == 0 and recenter:
                     zeros = torch.zeros(dl.tap_sums.shape, dtype=torch.float32)
                     err = _conv_recentered(y, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
                 else:
                     err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
-                _warn_if_moved(err[0].T, out[0].T, f"{origin}: [[conv]] #{i + 1} ({layer.name})")
+                self._note(err[0].T, out[0].T, f"{origin}: [[conv]] #{i + 1} ({layer.name})")
             y = apply_activation(out, layer.activation)
         if self.head_residual is not None:
             h = y[0].T
-            _warn_if_moved(h @ torch.from_numpy(self.head_residual), h @ torch.from_numpy(plan.head.weight).float(),
-                           f"{origin}: [head]")  # fmt: skip
-        return True
+            self._note(h @ torch.from_numpy(self.head_residual), h @ torch.from_numpy(plan.head.weight).float(),
+                       f"{origin}: [head]")  # fmt: skip
+
+    def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str) -> None:
+        """Keep a warning when ``err`` [rows, outputs] exceeds FP16_WARN of each output's scale (its largest
+        finite |value| in ``exact``), naming the worst output."""
+        finite = torch.isfinite(exact) & torch.isfinite(err)
+        scale = torch.where(finite, exact.abs(), 0.0).amax(dim=0)
+        moved = torch.where(finite, err.abs(), 0.0).amax(dim=0)
+        rel = torch.where(scale > 0, moved / scale, 0.0)
+        worst = int(torch.argmax(rel))
+        if float(rel[worst]) > FP16_WARN:
+            self._messages.append(
+                f"{what}: storing its weights as float16 moves output {worst} by up to {float(rel[worst]):.1e} "
+                'of its scale on this data; set weight_dtype = "float32" for it (or use weights that float16 '
+                "holds exactly, such as power-of-two windows)"
+            )
 
 
 def _residual(dtype: str, stored: np.ndarray, given: np.ndarray) -> np.ndarray | None:
@@ -459,21 +516,3 @@ def _residual(dtype: str, stored: np.ndarray, given: np.ndarray) -> np.ndarray |
     if dtype != "float16" or np.array_equal(stored, given):
         return None
     return (given - stored.astype(np.float64)).astype(np.float32)
-
-
-def _warn_if_moved(err: torch.Tensor, exact: torch.Tensor, what: str) -> None:
-    """Warn when ``err`` [rows, outputs] exceeds FP16_WARN of each output's scale (its largest finite
-    |value| in ``exact``), naming the worst output."""
-    finite = torch.isfinite(exact) & torch.isfinite(err)
-    scale = torch.where(finite, exact.abs(), 0.0).amax(dim=0)
-    moved = torch.where(finite, err.abs(), 0.0).amax(dim=0)
-    rel = torch.where(scale > 0, moved / scale, 0.0)
-    worst = int(torch.argmax(rel))
-    if float(rel[worst]) > FP16_WARN:
-        warnings.warn(
-            f"{what}: storing its weights as float16 moves output {worst} by up to {float(rel[worst]):.1e} of "
-            'its scale on this data; set weight_dtype = "float32" for it (or use weights that float16 '
-            "holds exactly, such as power-of-two windows)",
-            TsconvWarning,
-            stacklevel=2,
-        )

@@ -219,6 +219,7 @@ def run(
         else:
             run_chunked(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop, chunk=rp.chunk,
                         warmup=rp.warmup, on_rows=bar.update)  # fmt: skip
+        backend.finish()
         t0 = time.perf_counter()
         sink.finish()
         if stages is not None:
