@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import difflib
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -258,11 +259,23 @@ class ResolvedPipeline:
     def n_outputs(self) -> int:
         return len(self.output_names)
 
+    @functools.cached_property
+    def _digests(self) -> dict[int, str | None]:
+        """SHA-256 of each weight and bias array by id, taken once: a run describes itself several times
+        (fingerprint, metadata, report), a few milliseconds each for a wide stage."""
+        arrays = [a for L in self.layers for a in (L.weight, L.bias)]
+        if self.head is not None:
+            arrays += [self.head.weight, self.head.bias]
+        return {
+            id(a): None if a is None else hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+            for a in arrays
+        }
+
     def as_run(self) -> dict[str, Any]:
         """A JSON-able description of what ran, with content hashes of every weight array."""
 
         def digest(a: np.ndarray | None) -> str | None:
-            return None if a is None else hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+            return None if a is None else self._digests[id(a)]
 
         return {
             "name": self.pipeline.name,
