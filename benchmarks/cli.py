@@ -219,7 +219,7 @@ def _torch_layers(pipeline: str, names: list[str]) -> tuple[list[Any], Any, int]
     """The resolved pipeline's stages as torch tensors on the GPU (the stored weights tsconv computes with)."""
     import torch
 
-    from tsconv.pipeline import load_pipeline, resolve
+    from tsconv.pipeline.spec import load_pipeline, resolve
 
     plan = resolve(load_pipeline(pipeline), names)
     if plan.preprocess is not None:
