@@ -106,6 +106,31 @@ def main() -> int:
         import torch
 
         doc["gpu"] = torch.cuda.get_device_name()
+    doc["tiny_gpu_mem"] = one_line_error(tsconv("process", *common, "-o", str(out), "--overwrite", "--gpu-mem",
+                                                "1MB"))  # fmt: skip
+    if args.device == "cuda":
+        # another process holds nearly all of the GPU's memory while tsconv starts
+        hog = subprocess.Popen([sys.executable, "-c", "import torch, time\nfree, _ = torch.cuda.mem_get_info()\n"
+                                "x = torch.empty(free - (256 << 20), dtype=torch.uint8, device='cuda')\n"
+                                "print('held', flush=True)\ntime.sleep(120)"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        hog.stdout.readline()
+        doc["gpu_held_by_another_process"] = one_line_error(
+            tsconv("process", *common, "-o", str(out), "--overwrite")
+        )
+        hog.kill()
+        hog.wait()
+
+    def save() -> None:
+        ok = [r for r in doc["kills"] if r.get("resume_rc") == 0 and r.get("nan_pattern_equal")]
+        doc["summary"] = {"rounds": len(doc["kills"]), "killed": sum(r["killed"] for r in doc["kills"]),
+                          "resumed_to_reference": len(ok),
+                          "bitwise": sum(bool(r.get("bitwise_equal")) for r in doc["kills"]),
+                          "killed_after_complete": sum(bool(r.get("left_complete")) and r["killed"]
+                                                       for r in doc["kills"])}  # fmt: skip
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+    save()
     rng = np.random.default_rng(args.seed)
     for k in range(args.rounds):
         near_end = k % 4 == 3
@@ -142,27 +167,7 @@ def main() -> int:
             row["max_abs_value"] = float(np.abs(want[np.isfinite(want)]).max())
         doc["kills"].append(row)
         print(json.dumps(row), flush=True)
-    doc["tiny_gpu_mem"] = one_line_error(tsconv("process", *common, "-o", str(out), "--overwrite", "--gpu-mem",
-                                                "1MB"))  # fmt: skip
-    if args.device == "cuda":
-        # another process holds nearly all of the GPU's memory while tsconv starts
-        hog = subprocess.Popen([sys.executable, "-c", "import torch, time\nfree, _ = torch.cuda.mem_get_info()\n"
-                                "x = torch.empty(free - (256 << 20), dtype=torch.uint8, device='cuda')\n"
-                                "print('held', flush=True)\ntime.sleep(120)"], stdout=subprocess.PIPE, text=True)  # fmt: skip
-        hog.stdout.readline()
-        doc["gpu_held_by_another_process"] = one_line_error(
-            tsconv("process", *common, "-o", str(out), "--overwrite")
-        )
-        hog.kill()
-        hog.wait()
-    ok = [r for r in doc["kills"] if r.get("resume_rc") == 0 and r.get("nan_pattern_equal")]
-    doc["summary"] = {"rounds": len(doc["kills"]), "killed": sum(r["killed"] for r in doc["kills"]),
-                      "resumed_to_reference": len(ok),
-                      "bitwise": sum(bool(r.get("bitwise_equal")) for r in doc["kills"]),
-                      "left_complete_after_kill": sum(bool(r.get("left_complete")) and r["killed"]
-                                                      for r in doc["kills"])}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        save()
     print(json.dumps(doc["summary"]) + "\n" + json.dumps({k: doc.get(k) for k in ("tiny_gpu_mem",
           "gpu_held_by_another_process")}))  # fmt: skip
     return 0
