@@ -44,6 +44,24 @@ def test_rows_across_chunks_equal_zarr(tmp_path: Path, codec) -> None:
         shifted.read(0, 7001)
 
 
+def test_bands_of_one_large_chunk_decode_it_once(tmp_path: Path, monkeypatch) -> None:
+    """Readers and writers ask for a band at a time; a time chunk spanning many bands (zarr's default
+    chunking of a long int64 column) is decoded once, not once per band, and every band stays right."""
+    t = _time_array(tmp_path / "t.zarr", 20_000, 8192, compressors=[ZstdCodec(level=1)])
+    r = TimeReader(t)
+    decoded: list[int] = []
+    real = TimeReader._decode
+    monkeypatch.setattr(
+        TimeReader, "_decode", lambda self, c, data, raw: (decoded.append(c), real(self, c, data, raw))
+    )
+    want = np.asarray(t[:])
+    got = [r.read(a, min(a + 1000, 20_000)) for a in range(0, 20_000, 1000)]
+    np.testing.assert_array_equal(np.concatenate(got), want)
+    assert sorted(decoded) == [0, 1, 2], decoded
+    np.testing.assert_array_equal(r.read(8000, 17000), want[8000:17000])  # a whole chunk among partial ones
+    assert decoded.count(1) <= 2
+
+
 def test_a_missing_chunk_reads_as_the_fill_value(tmp_path: Path) -> None:
     t = _time_array(tmp_path / "t.zarr", 4096, 1024, fill_value=0)
     t[1024:2048] = 0  # zarr stores no file for an all-fill chunk

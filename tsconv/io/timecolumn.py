@@ -18,6 +18,8 @@ pass through untouched, so the fast path costs nothing more for them.
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -126,6 +128,11 @@ class TimeReader:
             self._layout, self.fallback_reason = None, f"dtype {self._layout.dtype}"
         self.fast = self._layout is not None
         self._rows = int(self.array.shape[0]) if self.fast else 0
+        # Decoded chunks that reads took part of: readers and writers ask for a band of rows at a time, and
+        # a time chunk (zarr's default for 2M int64 rows: 65,536; xarray's: often the whole coordinate) spans
+        # many bands, each of which would otherwise decode the whole chunk again.
+        self._decoded: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
 
     def read(self, a: int, b: int) -> np.ndarray:
         """Rows [a, b) of the source (after its offset)."""
@@ -144,6 +151,9 @@ class TimeReader:
             c0 = c * n
             s0, s1 = max(lo, c0), min(hi, c0 + n)
             dest = out[s0 - lo : s1 - lo]
+            if s1 - s0 < n and (hit := self._cached(c)) is not None:
+                dest[:] = hit[s0 - c0 : s1 - c0]
+                continue
             if stored is not None and stored[i] is not None:
                 data = stored[i]
                 if s1 - s0 == n and lay.codec is not None:
@@ -151,8 +161,28 @@ class TimeReader:
                     continue
             else:
                 data = self._file(c)
-            dest[:] = self._values(c, data)[s0 - c0 : s1 - c0]
+            values = self._values(c, data)
+            if s1 - s0 < n:
+                self._keep(c, values)
+            dest[:] = values[s0 - c0 : s1 - c0]
         return out if self.column.plain else self.column.decode(out, lo)
+
+    _KEEP_BYTES = 64 << 20  # decoded chunks kept for partial reads, in all
+
+    def _cached(self, c: int) -> np.ndarray | None:
+        with self._lock:
+            hit = self._decoded.get(c)
+            if hit is not None:
+                self._decoded.move_to_end(c)
+            return hit
+
+    def _keep(self, c: int, values: np.ndarray) -> None:
+        if values.nbytes > self._KEEP_BYTES:
+            return
+        with self._lock:
+            self._decoded[c] = values
+            while sum(v.nbytes for v in self._decoded.values()) > self._KEEP_BYTES:
+                self._decoded.popitem(last=False)
 
     def _path(self, c: int) -> str:
         lay = self._layout
