@@ -825,3 +825,44 @@ def test_the_compression_asked_for_is_used_and_reported(tmp_path: Path, compress
     assert json.loads(report.read_text())["compression"] == compression
     codecs = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["values"].metadata.codecs
     assert [int(c.clevel) for c in codecs if hasattr(c, "clevel")] == [0 if compression == "none" else 5]
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 92.00 MiB"),
+        RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"),
+    ],
+)
+def test_gpu_memory_taken_by_another_process_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: RuntimeError
+) -> None:
+    """A GPU whose memory another process holds fails at the CUDA context or the first allocation: one
+    line that says so and what to do, not CUDA's traceback (the H200 gave a traceback before)."""
+    import tsconv.engine.api as api
+
+    src = write_store(tmp_path / "in.zarr", price_series(600, 2))
+
+    def fail(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise raised
+
+    monkeypatch.setattr(api, "to_zarr", fail)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--device", "cpu")
+    line = assert_refused(res, "GPU has too little free memory", "nvidia-smi")
+    assert "out of memory" in line.lower()
+
+
+def test_other_cuda_errors_keep_their_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a shortage a user can act on becomes one line: a kernel fault is a bug and keeps its traceback."""
+    import tsconv.engine.api as api
+
+    src = write_store(tmp_path / "in.zarr", price_series(600, 2))
+    monkeypatch.setattr(
+        api,
+        "to_zarr",
+        lambda *a, **k: (_ for _ in ()).throw(
+            RuntimeError("CUDA error: an illegal memory access was encountered")
+        ),
+    )
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--device", "cpu")
+    assert isinstance(res.exception, RuntimeError) and "illegal memory access" in str(res.exception)

@@ -39,6 +39,7 @@ _EXPORTS = {
     "PipelineError": "tsconv.errors",
     "OutputExistsError": "tsconv.errors",
     "OutputBusyError": "tsconv.errors",
+    "GpuError": "tsconv.errors",
 }
 _MODULES = {"config": "tsconv.config"}
 

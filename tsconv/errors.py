@@ -32,5 +32,9 @@ class OutputBusyError(StoreError):
     """Another run holds the output's lock: one writer per output at a time."""
 
 
+class GpuError(TsconvError):
+    """The GPU could not run the job: its memory is taken (by this run's budget or another process)."""
+
+
 class TsconvWarning(UserWarning):
     """A result is computed but may not be what the user expects (e.g. FP16 weight rounding)."""

@@ -19,7 +19,15 @@ import torch
 
 from tsconv.engine.outputs import DaskOptions, refuse_time_range, to_parquet, to_zarr
 from tsconv.engine.report import Report
-from tsconv.engine.run import CudaOptions, batched_on, plan_run, reset_device, resolve_device, run
+from tsconv.engine.run import (
+    CudaOptions,
+    batched_on,
+    cuda_errors,
+    plan_run,
+    reset_device,
+    resolve_device,
+    run,
+)
 from tsconv.errors import ShapeError, StoreError, TsconvError
 from tsconv.io.readers.blocks import ArraySource
 from tsconv.io.store import describe_repeats, open_input, repeated_names
@@ -42,6 +50,7 @@ PipelineLike = str | os.PathLike[str] | Pipeline | dict[str, Any] | None
 _ZARR_SUFFIXES = ("", ".zarr", ".zr3")
 
 
+@cuda_errors()
 def process(
     input: str | os.PathLike[str],
     output: str | os.PathLike[str] | None = None,
@@ -124,6 +133,7 @@ def process(
                    compression=compression or "auto", dask=dask, t_enter=t_enter)  # fmt: skip
 
 
+@cuda_errors()
 def features(
     x: Any,
     pipeline: PipelineLike = None,

@@ -30,7 +30,7 @@ from tsconv.engine.batched import (
 from tsconv.engine.chunked import run_chunked
 from tsconv.engine.compute import Backend
 from tsconv.engine.report import stage_summary
-from tsconv.errors import TsconvError
+from tsconv.errors import GpuError, TsconvError
 from tsconv.io.contracts import Sink, Source
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -163,6 +163,28 @@ def resolve_device(device: str) -> torch.device:
             )
         return torch.device(device)
     raise TsconvError(f"unknown device {device!r}", hint="use auto, cpu or cuda.")
+
+
+# What CUDA says when memory is short: an allocation (torch's OutOfMemoryError) or the context itself,
+# which another process's allocations can leave no room for ("CUDA error: out of memory").
+_CUDA_SHORT = ("out of memory", "cudaErrorMemoryAllocation", "busy or unavailable")
+
+
+@contextlib.contextmanager
+def cuda_errors() -> Iterator[None]:
+    """Turn a CUDA failure a user can act on (memory short, the GPU busy) into one :class:`GpuError`;
+    other errors, CUDA's included, pass through with their traceback."""
+    try:
+        yield
+    except RuntimeError as exc:  # torch.OutOfMemoryError and torch.AcceleratorError are RuntimeErrors
+        text = str(exc)
+        if not isinstance(exc, torch.cuda.OutOfMemoryError) and not any(s in text for s in _CUDA_SHORT):
+            raise
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        raise GpuError(
+            f"the GPU has too little free memory for this run ({first})",
+            hint="see what holds it with nvidia-smi and free it, lower --gpu-mem, or use --device cpu.",
+        ) from exc
 
 
 def reset_device(device: torch.device) -> None:
