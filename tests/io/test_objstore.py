@@ -234,6 +234,11 @@ def test_a_scheme_without_its_package_is_one_line(tmp_path):
     assert "gs:// needs a package" in line and "gcsfs" in line
 
 
+def test_ingest_and_repair_refuse_urls():
+    """They write local stores only; a URL must not become a relative directory named 's3:'."""
+    assert "local stores only" in _one_error_line(_cli("repair", "s3://bucket/t.zarr"))
+
+
 class _SlowArray:
     """A 2-D stand-in for a remote zarr array: each read takes 30 ms and records how many run at once."""
 
