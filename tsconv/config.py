@@ -104,6 +104,17 @@ class Settings:
         "free torch's unused cached GPU blocks at the start of a CUDA run (off keeps a caller's cache)",
         True,
     )
+    remote_reads: int = _setting(
+        "TSCONV_REMOTE_READS",
+        "input chunks (row bands) fetched at once from an object store (s3://, gs://, ...); 0 or 1: one at a time",
+        16,
+    )
+    lock_ttl: int = _setting(
+        "TSCONV_LOCK_TTL",
+        "seconds after which an object-store output's lock that its run stopped renewing (a killed run) may be "
+        "taken over; renewed every quarter of it",
+        60,
+    )
     engine: str = _setting(
         "TSCONV_ENGINE",
         "auto: the batched engine on CUDA, the chunked one on the CPU; chunked or batched force one (batched "

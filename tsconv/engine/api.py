@@ -29,6 +29,7 @@ from tsconv.engine.run import (
     run,
 )
 from tsconv.errors import ShapeError, StoreError, TsconvError
+from tsconv.io.objstore import StoreURL, location
 from tsconv.io.readers.blocks import ArraySource
 from tsconv.io.store import describe_repeats, open_input, repeated_names
 from tsconv.io.writers.memory import ArraySink
@@ -52,8 +53,8 @@ _ZARR_SUFFIXES = ("", ".zarr", ".zr3")
 
 @cuda_errors()
 def process(
-    input: str | os.PathLike[str],
-    output: str | os.PathLike[str] | None = None,
+    input: str | os.PathLike[str] | StoreURL,
+    output: str | os.PathLike[str] | StoreURL | None = None,
     *,
     pipeline: PipelineLike = None,
     chunk: int = 1024,
@@ -73,7 +74,8 @@ def process(
     """Stream a zarr store through a pipeline into an output; returns a :class:`Report`.
 
     ``output``: a zarr store (default ``<input stem>.features.zarr`` beside the input) or a ``.parquet`` /
-    ``.pq`` file. An existing output is refused unless ``overwrite`` (replace) or ``resume`` (finish an
+    ``.pq`` file. ``input`` and ``output`` may be URLs (``s3://bucket/ticks.zarr``, any scheme fsspec knows;
+    :mod:`tsconv.io.objstore`), read and written through zarr, with credentials from the environment. An existing output is refused unless ``overwrite`` (replace) or ``resume`` (finish an
     interrupted run; refused when the input rows already computed changed since) is given. One run writes
     an output at a time: it holds a lock beside the output, and another run on it raises
     :class:`~tsconv.errors.OutputBusyError` at once.
@@ -95,16 +97,17 @@ def process(
     check_output_flags(overwrite=overwrite, resume=resume)
     if not isinstance(progress, bool):
         raise TsconvError(f"progress must be True or False, got {progress!r}")
-    parquet = is_parquet_path(output)
+    out_loc = location(output) if output is not None else None
+    parquet = is_parquet_path(out_loc)
     dask = _dask_options(workers, client, partition_rows)
     if parquet:
         _refuse({"compression": compression, "workers": workers, "client": client}, "a Parquet output")
         if resume:
             raise TsconvError(
-                f"--resume is not supported for Parquet output ({Path(output).name})",
+                f"--resume is not supported for Parquet output ({out_loc.name})",
                 hint="rerun with --overwrite (the file is rewritten whole), or write a .zarr output to resume.",
             )
-    elif output is not None and Path(output).suffix.lower() not in _ZARR_SUFFIXES:
+    elif out_loc is not None and Path(out_loc.name).suffix.lower() not in _ZARR_SUFFIXES:
         raise TsconvError(
             f"output {str(output)!r} names no format tsconv writes",
             hint="write a zarr store (a directory, e.g. feats.zarr) or a Parquet file (.parquet or .pq).",
@@ -123,11 +126,13 @@ def process(
     plan = resolve(_as_pipeline(pipeline), store.features)
     _check_length(store.rows, plan, warmup, str(store.path))
     if parquet:
-        assert dev is not None
-        out = Path(output).expanduser().absolute()
-        return to_parquet(store, plan, out, device=dev, chunk=chunk, warmup=warmup, overwrite=overwrite,
+        assert dev is not None and out_loc is not None
+        return to_parquet(store, plan, out_loc, device=dev, chunk=chunk, warmup=warmup, overwrite=overwrite,
                           progress=progress, cuda=cuda)  # fmt: skip
-    out_path = Path(output).expanduser().resolve() if output is not None else default_output_path(store.path)
+    if out_loc is None:
+        out_path = default_output_path(store.path)
+    else:
+        out_path = out_loc.resolve() if isinstance(out_loc, Path) else out_loc
     return to_zarr(store, plan, out_path, device=dev, device_name=device, chunk=chunk, warmup=warmup,
                    overwrite=overwrite, resume=resume, progress=progress, cuda=cuda,
                    compression=compression or "auto", dask=dask, t_enter=t_enter)  # fmt: skip
@@ -225,9 +230,10 @@ def _plan_for(pipeline: PipelineLike, names: tuple[str, ...], rows: int, warmup:
     return plan
 
 
-def default_output_path(input_path: str | os.PathLike[str]) -> Path:
-    """``ticks.zarr`` -> ``ticks.features.zarr``, beside the input."""
-    p = Path(input_path).expanduser().resolve()
+def default_output_path(input_path: str | os.PathLike[str] | StoreURL) -> Path | StoreURL:
+    """``ticks.zarr`` -> ``ticks.features.zarr``, beside the input (a local path or a URL)."""
+    p = location(input_path)
+    p = p.resolve() if isinstance(p, Path) else p
     stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
     return p.with_name(f"{stem}.features.zarr")
 

@@ -21,7 +21,8 @@ from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, RunPlan, plan_run, reset_device, run
 from tsconv.errors import StoreError, TsconvError
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
-from tsconv.io.lock import OutputLock
+from tsconv.io.lock import output_lock
+from tsconv.io.objstore import StoreURL
 from tsconv.io.source import StoreSource
 from tsconv.io.store import InputStore, check_time
 from tsconv.io.timecolumn import ShiftedTime
@@ -51,7 +52,9 @@ class DaskOptions:
     partition_rows: int | None = None
 
 
-def _report(store: InputStore, plan: ResolvedPipeline, out: Path, dev: torch.device, **kw: Any) -> Report:
+def _report(
+    store: InputStore, plan: ResolvedPipeline, out: Path | StoreURL, dev: torch.device, **kw: Any
+) -> Report:
     return make_report(input=str(store.path), output=str(out), device=dev, features_in=len(plan.input_names),
                        features_out=plan.n_outputs, halo=plan.halo, pipeline=plan.pipeline.name,
                        row_bytes=store.n_features * store.dtype.itemsize, **kw)  # fmt: skip
@@ -60,7 +63,7 @@ def _report(store: InputStore, plan: ResolvedPipeline, out: Path, dev: torch.dev
 def to_zarr(
     store: InputStore,
     plan: ResolvedPipeline,
-    out_path: Path,
+    out_path: Path | StoreURL,
     *,
     device: torch.device | None,
     device_name: str,
@@ -78,6 +81,11 @@ def to_zarr(
 
     ``device`` None: a dask run whose workers each resolve ``device_name``."""
     source = StoreSource(store)
+    if dask is not None and (store.remote or isinstance(out_path, StoreURL)):
+        raise TsconvError(
+            "dask runs (workers/client) read and write local stores only, not object stores",
+            hint="run without --workers/--scheduler, or copy the store to a shared file system.",
+        )
     r0, r1 = _time_rows(store, plan, distributed=dask is not None)
     # planned before the output is touched: a pipeline that cannot fit the GPU budget changes nothing
     rp = (
@@ -90,7 +98,7 @@ def to_zarr(
     run_id = uuid.uuid4().hex
     # One run owns the output from here to the end (creation, an overwrite's swap, every write, the final
     # mark); a dask run's client holds it for its workers.
-    with OutputLock(out_path, run_id=run_id):
+    with output_lock(out_path, run_id=run_id):
         remove_leftovers(out_path)
         fingerprint = _fingerprint(store, plan, chunk, warmup)
         action, start = prepare_output(
@@ -157,7 +165,7 @@ def to_zarr(
 def to_parquet(
     store: InputStore,
     plan: ResolvedPipeline,
-    out: Path,
+    out: Path | StoreURL,
     *,
     device: torch.device,
     chunk: int,
@@ -171,7 +179,8 @@ def to_parquet(
 
     source = StoreSource(store)
     # Checked before the lock file is made beside ``out`` (never inside the input), and again holding it.
-    check_parquet_output(out.resolve(), store.path, overwrite=overwrite, resume=False)
+    resolved = out.resolve() if isinstance(out, Path) else out
+    check_parquet_output(resolved, store.path, overwrite=overwrite, resume=False)
     refuse_time_range(plan, "Parquet output")
     rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
     check_time(store)
@@ -183,10 +192,10 @@ def to_parquet(
     run_id = uuid.uuid4().hex
     # The name the finished file is renamed onto (a symlink there is replaced, not followed) is what the
     # lock and the temporary files belong to.
-    target = out.parent.resolve() / out.name
-    with OutputLock(target, run_id=run_id):
+    target = out.parent.resolve() / out.name if isinstance(out, Path) else out
+    with output_lock(target, run_id=run_id):
         remove_stale_temp_files(target)
-        check_parquet_output(out.resolve(), store.path, overwrite=overwrite, resume=False)
+        check_parquet_output(resolved, store.path, overwrite=overwrite, resume=False)
         meta = {
             "source": str(store.path),
             "features": list(plan.output_names),

@@ -13,8 +13,9 @@ input whose already processed rows changed, naming the first changed band, and a
 The digest is written once, as ``.tsconv-input.json`` inside the output's ``values`` directory: zarr and
 xarray read only metadata and chunk keys there, while a file at the group's root would make zarr warn
 on every listing of its members; and the group's ``zarr.json``, rewritten at every progress update,
-stays small however many chunk files the input has. Stores that are not local directories have no
-digest (``{"skipped": why}``); resuming into such an output checks the fingerprint only.
+stays small however many chunk files the input has. Input stores that are not local directories (an
+object store) have no digest (``{"skipped": why}``); resuming from such an input checks the fingerprint
+only. An output in an object store keeps its digest as the object of the same key.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tsconv.errors import StoreError
+from tsconv.io.objstore import StoreURL
 from tsconv.io.timecolumn import TimeColumn
 
 __all__ = [
@@ -176,24 +178,31 @@ def _digest_path(output: Path) -> Path:
     return Path(output) / "values" / DIGEST_FILE
 
 
-def read_digest(output: Path) -> dict[str, Any] | None:
+def read_digest(output: Path | StoreURL) -> dict[str, Any] | None:
     """The digest recorded in an output store, or None (none recorded: an older output)."""
     try:
-        doc = json.loads(_digest_path(output).read_text())
+        if isinstance(output, StoreURL):
+            raw = output.read_bytes(f"values/{DIGEST_FILE}")
+            doc = json.loads(raw) if raw is not None else None
+        else:
+            doc = json.loads(_digest_path(output).read_text())
     except (FileNotFoundError, NotADirectoryError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
 
 
-def write_digest(output: Path, digest: dict[str, Any]) -> None:
+def write_digest(output: Path | StoreURL, digest: dict[str, Any]) -> None:
     """Record ``digest`` in the output store at ``output`` (atomically: a kill leaves the old one)."""
+    if isinstance(output, StoreURL):  # one PUT: the old object or the new one
+        output.write_bytes(f"values/{DIGEST_FILE}", json.dumps(digest, separators=(",", ":")).encode())
+        return
     path = _digest_path(output)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
     tmp.write_text(json.dumps(digest, separators=(",", ":")))
     os.replace(tmp, path)
 
 
-def verify_input(output: Path, store: Any, *, before: int) -> dict[str, Any]:
+def verify_input(output: Path | StoreURL, store: Any, *, before: int) -> dict[str, Any]:
     """Refuse to continue ``output`` when its input's rows [0, ``before``) (those it was already computed
     from) changed since it was started; returns the input's current digest.
 

@@ -59,6 +59,7 @@ from zarr.codecs import BloscCodec
 
 from tsconv.errors import OutputExistsError, StoreError
 from tsconv.io.lock import OutputLock
+from tsconv.io.objstore import is_url
 from tsconv.io.store import describe_repeats, interrupted_append, is_zarr_store, open_input, repeated_names
 from tsconv.progress import progress_bar
 
@@ -563,6 +564,15 @@ def _value_columns(value_column: str | Sequence[str], *, layout: str, time_colum
     return cols
 
 
+def _refuse_url(output: object) -> None:
+    """ingest and repair write local stores only: a URL would otherwise be taken as a relative path."""
+    if is_url(output):
+        raise StoreError(
+            f"{output!r}: tsconv ingest and repair write local stores only, not object stores",
+            hint="ingest into a local store, then copy it (or run tsconv process on it straight to the URL).",
+        )
+
+
 def ingest(
     files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     output: str | os.PathLike[str],
@@ -601,6 +611,7 @@ def ingest(
     value_columns = _value_columns(value_column, layout=layout, time_column=time_column,
                                    feature_column=feature_column)  # fmt: skip
     paths = expand_files([files] if isinstance(files, str | os.PathLike) else files)
+    _refuse_url(output)
     out = Path(output).expanduser().absolute()
     _check_output(out.resolve(), paths, append=append, overwrite=overwrite)
 
@@ -748,6 +759,7 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
 def repair(output: str | os.PathLike[str]) -> int | None:
     """Roll back an interrupted ``tsconv ingest --append`` on ``output``: cut ``values`` and ``time``
     back to the rows committed before it. Returns those rows, or None when there was nothing to repair."""
+    _refuse_url(output)
     out = Path(output).expanduser().absolute()
     if not out.exists():
         raise StoreError(f"cannot repair: store {str(out)!r} does not exist", hint="check the path.")

@@ -14,6 +14,7 @@ import numpy as np
 
 from tsconv.io.readers import gpu as gpudecode
 from tsconv.io.readers.blocks import BlockReader
+from tsconv.io.readers.prefetch import PrefetchReader
 from tsconv.io.readers.threads import fast_path_reason
 from tsconv.io.store import InputStore, check_time, group_attrs, open_input
 
@@ -91,11 +92,12 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
         span = check_time(store, stop=written)
         info["time_span"] = f"{_iso(span[0])} .. {_iso(span[1])}" if span else None
     fast = fast_path_reason(store.values)
-    info["reader"] = (
-        "tsconv's native reader (chunk files decoded in threads)"
-        if fast is None
-        else f"zarr's reader, slower; tsconv's native reader does not read this layout: {fast}"
-    )
+    if store.remote:
+        info["reader"] = f"zarr's reader, {store.path.protocol}:// objects fetched ahead in threads"
+    elif fast is None:
+        info["reader"] = "tsconv's native reader (chunk files decoded in threads)"
+    else:
+        info["reader"] = f"zarr's reader, slower; tsconv's native reader does not read this layout: {fast}"
     gpu = gpudecode.unsupported_reason(store.values)
     info["gpu_decoding"] = (
         "yes: on CUDA, chunks are decoded on the GPU"
@@ -107,12 +109,17 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
         counts = np.zeros(store.n_features, dtype=np.int64)
         warm = 0
         if store.dtype.kind == "f":
-            reader = BlockReader(store.values, max_cached=1)
+            reader = (
+                PrefetchReader(store.values, where=str(store.path))
+                if store.remote
+                else BlockReader(store.values, max_cached=1)
+            )
             for a in range(0, written, reader.band_rows):
                 band = np.isnan(reader.read(a, min(a + reader.band_rows, written)))
                 cut = max(0, min(warmup - a, band.shape[0]))
                 warm += int(band[:cut].sum())
                 counts += band[cut:].sum(axis=0)
+            reader.close()
         info["nan_total"] = int(counts.sum())
         info["nan_counts"] = {n: int(c) for n, c in zip(store.features, counts, strict=True)}
         if isinstance(meta, dict):

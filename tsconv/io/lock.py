@@ -5,6 +5,15 @@ outlives the output being renamed aside and replaced (``--overwrite``). It is ta
 (non-blocking: a second writer is refused at once) and released by the kernel when the process exits,
 however it exits; a clean exit also removes the file. While held, the file names its holder (pid, host,
 start time, run id) for the refusal message.
+
+An output in an object store (:class:`ObjectLock`) has no flock and no kernel to release a lock: there the
+lock is a lease, the object ``.<name>.tsconv-lock`` beside the output, created only where none is (a
+conditional PUT, ``If-None-Match: *``) and renewed by a thread every quarter of the ``lock_ttl`` setting.
+A lease its holder stopped renewing for ``lock_ttl`` seconds (a killed run) is taken over, on S3 by a PUT
+conditional on the stale copy's ETag, so two runs cannot both take it. A run paused for longer than the
+lease (its machine suspended) can lose it to another run; the run id re-checked in the store before it is
+marked complete (:func:`tsconv.io.writers.zarr_writer.check_owner`) then stops it from marking the other's
+store.
 """
 
 from __future__ import annotations
@@ -15,15 +24,26 @@ import fcntl
 import json
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from tsconv import config
 from tsconv.errors import OutputBusyError, StoreError
+from tsconv.io.objstore import StoreURL, remote_error
 
-__all__ = ["LOCK_SUFFIX", "OutputLock", "lock_path"]
+__all__ = ["LOCK_SUFFIX", "ObjectLock", "OutputLock", "lock_path", "output_lock"]
 
 LOCK_SUFFIX = ".tsconv-lock"
 _HOLDER_BYTES = 4096
+
+
+def output_lock(output: Path | StoreURL, *, run_id: str) -> OutputLock | ObjectLock:
+    """The lock of an output: an flock beside a local path, a lease beside a URL."""
+    if isinstance(output, StoreURL):
+        return ObjectLock(output, run_id=run_id)
+    return OutputLock(output, run_id=run_id)
 
 
 def lock_path(output: Path) -> Path:
@@ -133,3 +153,121 @@ def _describe(holder: dict[str, Any] | None) -> str:
         f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}, "
         f"run {str(holder.get('run_id', '?'))[:12]}"
     )
+
+
+class ObjectLock:
+    """An exclusive lease on one output in an object store, for one run (a context manager; see the module
+    docstring). ``acquire`` raises :class:`~tsconv.errors.OutputBusyError` naming the holder while another
+    run's lease is live; ``lost`` says whether renewing it failed (another run took it over)."""
+
+    def __init__(self, output: StoreURL, *, run_id: str, ttl: float | None = None) -> None:
+        self.output = output
+        self.url = output.with_name(f".{output.name}{LOCK_SUFFIX}")
+        self.run_id = run_id
+        self.ttl = float(config.current().lock_ttl if ttl is None else ttl)
+        self.lost = False
+        self._etag: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+    @property
+    def held(self) -> bool:
+        return self._thread is not None
+
+    def _doc(self) -> bytes:
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": self._started,
+                  "run_id": self.run_id, "renewed": time.time(), "ttl": self.ttl}  # fmt: skip
+        return json.dumps(holder).encode()
+
+    def _put(self, **conditions: Any) -> None:
+        fs, path = self.url.filesystem()
+        out = fs.pipe_file(path, self._doc(), **conditions)
+        # s3fs returns put_object's answer; the ETag makes the next renewal conditional on this copy
+        self._etag = out.get("ETag") if isinstance(out, dict) else None
+
+    def acquire(self) -> ObjectLock:
+        """Take the lease now, or refuse (another run renewed its lease less than ``ttl`` seconds ago)."""
+        if self.held:
+            return self
+        try:
+            try:
+                self._put(mode="create")
+            except FileExistsError:
+                self._take_over()
+        except (OutputBusyError, StoreError):
+            raise
+        except Exception as exc:
+            raise remote_error(exc, self.url, "take the lock of the output") from None
+        self._thread = threading.Thread(target=self._renew, name="tsconv-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _take_over(self) -> None:
+        fs, path = self.url.filesystem()
+        try:
+            raw, info = fs.cat_file(path), fs.info(path)
+        except FileNotFoundError:  # released since: try once more
+            raw, info = None, None
+        if raw is None:
+            self._put(mode="create")
+            return
+        try:
+            holder = json.loads(raw)
+        except ValueError:
+            holder = {}
+        holder = holder if isinstance(holder, dict) else {}
+        age = time.time() - float(holder.get("renewed") or 0)
+        if age < float(holder.get("ttl") or self.ttl):
+            raise OutputBusyError(
+                f"output {self.output.url!r} is being written by another tsconv run ({_describe(holder)}, "
+                f"its lease renewed {age:.0f} s ago); refusing to start a second writer",
+                hint="wait for that run to finish or stop it; a stopped run's lease can be taken over "
+                f"{float(holder.get('ttl') or self.ttl):.0f} s after its last renewal (--resume continues it).",
+            )
+        try:  # the stale lease is replaced only if no one replaced it since we read it
+            if self.url.protocol in ("s3", "s3a") and info.get("ETag"):
+                self._put(IfMatch=info["ETag"])
+            else:  # no conditional overwrite known for this filesystem: delete, then create if absent
+                fs.rm_file(path)
+                self._put(mode="create")
+        except (FileExistsError, OSError):
+            raise OutputBusyError(
+                f"output {self.output.url!r}: another run took over its stale lock first",
+                hint="wait for that run to finish, then run again (--resume continues it).",
+            ) from None
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl / 4):
+            try:
+                if self._etag is not None:
+                    self._put(IfMatch=self._etag)
+                else:
+                    raw = self.url.read_bytes()
+                    if raw is None or json.loads(raw).get("run_id") != self.run_id:
+                        raise FileExistsError("the lease is another run's")
+                    self._put()
+            except Exception:  # taken over (the condition failed), or out of reach: check_owner decides
+                self.lost = True
+                return
+
+    def release(self) -> None:
+        """Stop renewing and delete the lease object if it is still this run's."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join()
+        try:
+            raw = self.url.read_bytes()
+            if raw is not None and json.loads(raw).get("run_id") == self.run_id:
+                fs, path = self.url.filesystem()
+                fs.rm_file(path)
+        except Exception:  # a lease left behind goes stale after ttl seconds
+            pass
+
+    def __enter__(self) -> ObjectLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -8,6 +8,7 @@ import numpy as np
 
 from tsconv.io.contracts import BandReader
 from tsconv.io.readers import gpu as gpu_reader
+from tsconv.io.readers.prefetch import PrefetchReader
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.store import InputStore
 
@@ -30,10 +31,14 @@ class StoreSource:
 
     def gpu_reader(self) -> tuple[int, str | None]:
         """(device bytes, None) when the GPU decodes this store's chunks (Blosc-LZ4), else (0, why not)."""
+        if self.store.remote:
+            return 0, "an object store (its bands are read through zarr)"
         why = gpu_reader.unsupported_reason(self.store.values)
         return (0, why) if why is not None else (gpu_reader.device_bytes(self.store.values), None)
 
     def open(self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None) -> BandReader:
+        if self.store.remote:  # the fast readers read local chunk files; objects are fetched ahead instead
+            return PrefetchReader(self.store.values, where=self.where, hold=hold)
         if gpu:
             return gpu_reader.GpuBandReader(
                 self.store.values, device=device, where=self.where, threads=threads

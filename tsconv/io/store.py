@@ -23,6 +23,7 @@ import zarr
 
 from tsconv.errors import StoreError
 from tsconv.io.codecs import codec_words
+from tsconv.io.objstore import StoreURL, location, open_zarr, remote_error
 from tsconv.io.timecolumn import TimeColumn, TimeReader
 
 __all__ = [
@@ -47,12 +48,17 @@ def is_zarr_store(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class InputStore:
-    """A validated input store, opened read-only."""
+    """A validated input store, opened read-only; ``path`` is a local path or a URL (:mod:`tsconv.io.objstore`)."""
 
-    path: Path
+    path: Path | StoreURL
     values: zarr.Array
     time: TimeColumn | None  # int64 ns since the epoch (UTC), decoded from the stored array on each read
     features: tuple[str, ...]
+
+    @property
+    def remote(self) -> bool:
+        """Whether the store is in an object store (read through zarr, not from local chunk files)."""
+        return isinstance(self.path, StoreURL)
 
     @property
     def rows(self) -> int:
@@ -94,7 +100,27 @@ class InputStore:
         }
 
 
-def _open_node(path: Path) -> Any:
+def _open_remote(url: StoreURL) -> Any:
+    import zarr.errors
+
+    try:
+        return open_zarr(url, mode="r")
+    except zarr.errors.NodeNotFoundError:
+        if url.objects(limit=1):
+            raise StoreError(
+                f"{url.url!r} is not a zarr store (objects without zarr metadata at its root)",
+                hint="tsconv reads zarr stores (format 2 or 3); ingest other files into one first.",
+            ) from None
+        raise url.missing("input store") from None
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise remote_error(exc, url, "open the input store") from None
+
+
+def _open_node(path: Path | StoreURL) -> Any:
+    if isinstance(path, StoreURL):
+        return _open_remote(path)
     if not path.exists():
         raise StoreError(
             f"input store {str(path)!r} does not exist", hint="check the path passed to --input."
@@ -130,12 +156,13 @@ def _check_values(values: Any, where: str) -> None:
         raise StoreError(f"{where}: the series has no features (0 columns)")
 
 
-def open_input(path: str | os.PathLike[str], *, allow_incomplete: bool = False) -> InputStore:
-    """Open an input store read-only and check it follows the store convention.
+def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: bool = False) -> InputStore:
+    """Open an input store (a local path or a URL) read-only and check it follows the store convention.
 
     The output of an unfinished tsconv run is refused unless ``allow_incomplete``: its tail is missing.
     """
-    p = Path(path).expanduser().resolve()
+    p = location(path)
+    p = p.resolve() if isinstance(p, Path) else p
     node = _open_node(p)
     where = str(p)
     meta = node.attrs.get("tsconv") if isinstance(node, zarr.Group) else None
@@ -352,7 +379,7 @@ def group_attrs(store: InputStore) -> dict[str, Any]:
     """The attributes of the group holding ``store`` (a tsconv output's metadata), {} for a bare array or
     a group zarr cannot open."""
     try:
-        node = zarr.open(str(store.path), mode="r")
+        node = open_zarr(store.path, mode="r")
     except Exception:
         return {}
     return dict(node.attrs) if isinstance(node, zarr.Group) else {}

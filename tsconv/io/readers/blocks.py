@@ -14,7 +14,22 @@ import numpy as np
 from tsconv.errors import StoreError
 from tsconv.io.contracts import BandReader
 
-__all__ = ["BlockReader", "ArraySource", "ColumnSource"]
+__all__ = ["BlockReader", "ArraySource", "ColumnSource", "read_rows"]
+
+
+def read_rows(array: Any, a: int, b: int, *, where: str) -> np.ndarray:
+    """Rows [a, b) of a zarr array, read by zarr; a chunk that does not decode (or cannot be fetched) is a
+    :class:`StoreError` naming the rows."""
+    try:
+        return np.asarray(array[a:b])
+    except StoreError:  # already says what is wrong (e.g. a time that cannot be decoded)
+        raise
+    except Exception as exc:  # a damaged chunk: say where, without a traceback
+        raise StoreError(
+            f"cannot read rows {a:,}..{b:,} of {where}: {type(exc).__name__}: {exc}",
+            hint="the store may be damaged or truncated (check it with `tsconv inspect`), or, in an object "
+            "store, out of reach.",
+        ) from None
 
 
 class BlockReader(BandReader):
@@ -41,16 +56,7 @@ class BlockReader(BandReader):
         band = self._cache.get(i)
         if band is None:
             a = i * self.band_rows
-            try:
-                band = np.asarray(self.array[a : min(a + self.band_rows, self.rows)])
-            except StoreError:  # already says what is wrong (e.g. a time that cannot be decoded)
-                raise
-            except Exception as exc:  # a damaged chunk: say where, without a traceback
-                raise StoreError(
-                    f"cannot read rows {a:,}..{min(a + self.band_rows, self.rows):,} of {self.where}: "
-                    f"{type(exc).__name__}: {exc}",
-                    hint="the store may be damaged or truncated; check it with `tsconv inspect`.",
-                ) from None
+            band = read_rows(self.array, a, min(a + self.band_rows, self.rows), where=self.where)
             self.bands_decoded += 1
             while len(self._cache) >= self.max_cached:
                 self._cache.pop(min(self._cache))

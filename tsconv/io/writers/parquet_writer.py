@@ -14,6 +14,12 @@ killed run is removed by the next run on the same output. A run holds the output
 features, run id). ``resume`` is not supported (a Parquet file cannot be appended to after a crash); an
 existing file is replaced only with ``overwrite`` (and only once the new file is complete), and a
 directory at the output path is never replaced.
+
+At a URL (:mod:`tsconv.io.objstore`) the file is written in place through fsspec without committing
+(``autocommit=False``: on S3 a multipart upload), committed by :meth:`ParquetSink.finish` and discarded
+by an error: the object appears whole at the end or not at all, and replaces the old one in the same
+instant. A killed run leaves no object, but on S3 it can leave an unfinished multipart upload, which the
+bucket keeps (and bills) until a lifecycle rule aborts it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import OutputExistsError, StoreError, TsconvError
+from tsconv.io.objstore import StoreURL, overlaps, remote_error
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.transpose import transpose_into
 
@@ -45,7 +52,7 @@ _SUFFIXES = (".parquet", ".pq")
 _TMP_INFIX, _TMP_SUFFIX = ".tsconv-", ".tmp"  # .<name>.tsconv-<pid>.tmp
 
 
-def is_parquet_path(path: str | os.PathLike[str] | None) -> bool:
+def is_parquet_path(path: str | os.PathLike[str] | StoreURL | None) -> bool:
     return path is not None and str(path).lower().endswith(_SUFFIXES)
 
 
@@ -53,9 +60,12 @@ def _temp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}{_TMP_INFIX}{os.getpid()}{_TMP_SUFFIX}")
 
 
-def remove_stale_temp_files(out: Path) -> list[Path]:
+def remove_stale_temp_files(out: Path | StoreURL) -> list[Path]:
     """Delete the temporary files killed runs left beside the Parquet output ``out``; call it holding the
-    output's lock (no other run is writing one). Returns the files removed."""
+    output's lock (no other run is writing one). Returns the files removed (none at a URL: no temporary
+    object is made there)."""
+    if isinstance(out, StoreURL):
+        return []
     pattern = f".{glob.escape(out.name)}{_TMP_INFIX}*{_TMP_SUFFIX}"
     removed = []
     for tmp in out.parent.glob(pattern):
@@ -65,7 +75,9 @@ def remove_stale_temp_files(out: Path) -> list[Path]:
     return removed
 
 
-def check_parquet_output(out: Path, inp: Path, *, overwrite: bool, resume: bool) -> None:
+def check_parquet_output(
+    out: Path | StoreURL, inp: Path | StoreURL, *, overwrite: bool, resume: bool
+) -> None:
     """Refuse what a Parquet output cannot do: resume, lie inside the input, replace a directory, or replace
     a file without ``overwrite``."""
     if resume:
@@ -73,11 +85,28 @@ def check_parquet_output(out: Path, inp: Path, *, overwrite: bool, resume: bool)
             f"--resume is not supported for Parquet output ({out.name})",
             hint="rerun with --overwrite (the file is rewritten whole), or write a .zarr output to resume.",
         )
-    if out == inp or out.is_relative_to(inp):
+    if overlaps(out, inp) and not (isinstance(inp, Path) and inp.resolve().is_relative_to(out.resolve())):
         raise StoreError(
             f"output {str(out)!r} would lie inside the input store {str(inp)!r}",
             hint="choose an output path outside the input store; tsconv never writes into its input.",
         )
+    if isinstance(out, StoreURL):
+        try:
+            is_file, there = out.is_file(), out.exists()
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise remote_error(exc, out, "check the output") from None
+        if there and not is_file:
+            raise StoreError(
+                f"output {out.url!r} holds objects below it (a directory); refusing to replace it",
+                hint="remove them yourself or choose another --output.",
+            )
+        if there and not overwrite:
+            raise OutputExistsError(
+                f"output file {out.url!r} already exists", hint="pass --overwrite to replace it."
+            )
+        return
     if out.is_dir():
         raise StoreError(
             f"output path {str(out)!r} is a directory; refusing to replace it",
@@ -114,7 +143,7 @@ class ParquetSink:
 
     def __init__(
         self,
-        out: Path,
+        out: Path | StoreURL,
         *,
         names: tuple[str, ...],
         time_source: Any | None,
@@ -130,9 +159,19 @@ class ParquetSink:
         if time_source is not None:
             fields.insert(0, pa.field("time", pa.timestamp("ns", tz="UTC")))
         schema = pa.schema(fields, metadata={"tsconv": json.dumps(metadata)})
-        self.tmp = _temp_path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = pq.ParquetWriter(str(self.tmp), schema)
+        self._file: Any = None  # at a URL: fsspec's file, committed by finish()
+        if isinstance(out, StoreURL):
+            self.tmp = None
+            fs, path = out.filesystem()
+            try:
+                self._file = fs.open(path, "wb", autocommit=False)
+            except Exception as exc:
+                raise remote_error(exc, out, "write") from None
+            self.writer = pq.ParquetWriter(self._file, schema)
+        else:
+            self.tmp = _temp_path(out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self.writer = pq.ParquetWriter(str(self.tmp), schema)
         self.times = BlockReader(time_source, where=where) if time_source is not None else None
         cap = max(1024, _GROUP_BYTES // (4 * len(names)))  # bound the buffer for wide outputs
         self.group_rows = min(ROW_GROUP_ROWS if row_group_rows is None else row_group_rows, cap)
@@ -157,7 +196,11 @@ class ParquetSink:
     def finish(self) -> None:
         self._flush()
         self.writer.close()
-        os.replace(self.tmp, self.out)
+        if self._file is not None:
+            self._file.close()
+            self._file.commit()  # the object appears now, whole
+        else:
+            os.replace(self.tmp, self.out)
         self._done = True
 
     def close(self) -> None:
@@ -167,7 +210,10 @@ class ParquetSink:
         try:
             self.writer.close()
         finally:
-            self.tmp.unlink(missing_ok=True)
+            if self._file is not None:
+                self._file.discard()
+            else:
+                self.tmp.unlink(missing_ok=True)
 
     def _flush(self) -> None:
         import pyarrow as pa

@@ -49,6 +49,7 @@ from zarr.codecs import BloscCodec
 from tsconv import config, trace
 from tsconv.errors import OutputExistsError, StoreError, TsconvError
 from tsconv.io.digest import DIGEST_FILE, write_digest
+from tsconv.io.objstore import StoreURL, open_group, overlaps
 from tsconv.io.store import is_zarr_store
 from tsconv.io.timecoding import NS_SINCE_EPOCH
 from tsconv.io.timecolumn import TimeReader
@@ -127,20 +128,30 @@ def check_output_flags(*, overwrite: object, resume: object) -> None:
         )
 
 
-def check_output_path(path: Path, *, input_path: Path, overwrite: bool, resume: bool) -> None:
+def check_output_path(
+    path: Path | StoreURL, *, input_path: Path | StoreURL, overwrite: bool, resume: bool
+) -> None:
     """The refusals that need no lock, made before the lock file is written beside ``path`` (so a refused
     run writes nothing; :func:`prepare_output` makes them again holding the lock): an output that is,
     contains or lies inside the input, a path that is not a zarr store, an existing store without
-    ``overwrite`` or ``resume``."""
-    out, inp = path.resolve(), input_path.resolve()
-    if out == inp or inp.is_relative_to(out) or out.is_relative_to(inp):
+    ``overwrite`` or ``resume``. ``path`` and ``input_path`` may be URLs (:mod:`tsconv.io.objstore`)."""
+    out = path.resolve() if isinstance(path, Path) else path
+    inp = input_path.resolve() if isinstance(input_path, Path) else input_path
+    if overlaps(out, inp):
         raise StoreError(
             f"output {str(out)!r} would overlap the input store {str(inp)!r}",
             hint="choose an output path outside the input store; tsconv never writes into its input.",
         )
-    if not out.exists():
+    if isinstance(out, StoreURL):
+        there = _remote_store_kind(out)
+        if there is None:
+            return
+        is_store = there != "objects"
+    elif not out.exists():
         return
-    if not is_zarr_store(out):
+    else:
+        is_store = is_zarr_store(out)
+    if not is_store:
         raise StoreError(
             f"output path {str(out)!r} exists and is not a zarr store; refusing to replace it",
             hint="remove it yourself or choose another --output.",
@@ -150,6 +161,15 @@ def check_output_path(path: Path, *, input_path: Path, overwrite: bool, resume: 
             f"output store {str(out)!r} already exists",
             hint="pass --overwrite to replace it or --resume to finish an interrupted run.",
         )
+
+
+def _remote_store_kind(url: StoreURL) -> str | None:
+    """What is at an output URL: None (nothing), "store" (zarr metadata at its root) or "objects" (objects
+    without it)."""
+    keys = url.children()  # one listing request; each round trip costs milliseconds
+    if not keys:
+        return None
+    return "store" if {"zarr.json", ".zgroup", ".zarray"} & set(keys) else "objects"
 
 
 CREATING_SUFFIX = ".tsconv-creating"  # a new store being built, renamed into place once laid out
@@ -162,7 +182,10 @@ def _sibling(path: Path, suffix: str) -> Path:
 
 def remove_leftovers(path: Path) -> list[str]:
     """Delete what a killed run left beside the output ``path``: a store it was creating, or an old one it
-    was deleting for ``--overwrite``. Call it holding the output's lock; returns the names removed."""
+    was deleting for ``--overwrite``. Call it holding the output's lock; returns the names removed. An
+    output in an object store has none: it is built and deleted in place (:func:`discard_output`)."""
+    if isinstance(path, StoreURL):
+        return []
     done = []
     for suffix in (CREATING_SUFFIX, DISCARDED_SUFFIX):
         leftover = _sibling(path, suffix)
@@ -180,7 +203,19 @@ def discard_output(path: Path) -> None:
     whose metadata still says complete; a kill during the deletion leaves the rest to
     :func:`remove_leftovers`. The new store is then built beside ``path`` and renamed in
     (:meth:`OutputWriter.create`).
+
+    In an object store nothing can be renamed at once: the root document is first replaced (one PUT) by
+    a placeholder group marked incomplete, then every other object is deleted, so at every instant the
+    URL holds the old complete store or a store marked incomplete (refused as an input; ``--overwrite``
+    replaces it, ``--resume`` refuses it).
     """
+    if isinstance(path, StoreURL):
+        _write_placeholder(path)
+        fs, root = path.filesystem()
+        others = [f"{root}/{k}" for k in path.objects() if k != "zarr.json"]
+        if others:
+            fs.rm(others)
+        return
     aside = _sibling(path, DISCARDED_SUFFIX)
     if aside.exists():
         shutil.rmtree(aside)
@@ -193,6 +228,37 @@ _METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zme
 # ".partial" (zarr's LocalStore and tsconv's chunk writer).
 _CHUNK_PART = re.compile(r"(c|\d+)(\.\d+)*(\.[^/]*\.partial)?")
 _PARTIAL_META = re.compile(r"zarr\.json\.[0-9a-f]+\.partial")
+
+
+def _write_placeholder(url: StoreURL) -> None:
+    """A group root document marked incomplete, without a fingerprint: what an object-store output holds
+    while it is cleared or laid out."""
+    doc = {
+        "attributes": {"tsconv": {"complete": False, "rows_done": 0}},
+        "zarr_format": 3,
+        "node_type": "group",
+    }
+    url.write_bytes("zarr.json", json.dumps(doc, indent=2).encode())
+
+
+def _foreign_keys(keys: list[str], *, limit: int) -> list[str]:
+    """The object keys of a store (relative to its root) that are not zarr data: :func:`foreign_entries`
+    for an object store, where a node is a prefix holding a metadata document."""
+    nodes = sorted(
+        {k.rpartition("/")[0] for k in keys if k.rpartition("/")[2] in ("zarr.json", ".zarray", ".zgroup")}
+    )
+    found = []
+    for key in keys:
+        head, _, name = key.rpartition("/")
+        if name in _METADATA_FILES or (head == "values" and _is_digest_file(name)):
+            continue
+        node = max((n for n in nodes if n == "" or key.startswith(n + "/")), key=len, default=None)
+        rest = key[len(node) + 1 :].split("/") if node else key.split("/")
+        if node is None or not all(_CHUNK_PART.fullmatch(part) for part in rest):
+            found.append(key)
+            if len(found) >= limit:
+                break
+    return found
 
 
 def _node_type(path: Path) -> str | None:
@@ -273,12 +339,12 @@ def prepare_output(
     zarr data, or an existing output without ``overwrite`` or ``resume``.
     """
     check_output_path(path, input_path=input_path, overwrite=overwrite, resume=resume)
-    out = path.resolve()
-    if not out.exists():
+    out = path.resolve() if isinstance(path, Path) else path
+    if not (out.exists() if isinstance(out, Path) else _remote_store_kind(out) is not None):
         return "create", 0
     if resume:
         try:
-            meta = dict(zarr.open_group(str(out), mode="r").attrs.get("tsconv", {}))
+            meta = dict(open_group(out, mode="r").attrs.get("tsconv", {}))
         except Exception as exc:
             raise StoreError(f"cannot resume into {str(out)!r}: {exc}") from None
         if meta.get("fingerprint") != fingerprint:
@@ -289,7 +355,7 @@ def prepare_output(
         if meta.get("complete"):
             return "done", int(meta["rows"])
         return "resume", int(meta.get("rows_done", 0))
-    foreign = foreign_entries(out)
+    foreign = foreign_entries(out) if isinstance(out, Path) else _foreign_keys(out.objects(), limit=5)
     if foreign:
         raise StoreError(
             f"refusing to overwrite {str(out)!r}: it holds files that are not zarr data ({', '.join(foreign)})",
@@ -298,18 +364,21 @@ def prepare_output(
     return "replace", 0
 
 
-def rows_written(path: Path) -> int:
+def rows_written(path: Path | StoreURL) -> int:
     """The end of the furthest rows an output store holds: ``rows`` when complete, else the furthest of
     ``tsconv.rows_done`` and the dask run's ``partitions_done``."""
-    meta = dict(zarr.open_group(str(path), mode="r").attrs.get("tsconv", {}))
+    meta = dict(open_group(path, mode="r").attrs.get("tsconv", {}))
     if meta.get("complete"):
         return int(meta["rows"])
     stops = [int(p[1]) for p in meta.get("partitions_done", []) or []]
     return max([int(meta.get("rows_done", 0)), *stops])
 
 
-def store_identity(path: Path) -> tuple[int, int] | None:
-    """(device, inode) of a local store's root directory: a store replaced by another has another."""
+def store_identity(path: Path | StoreURL) -> tuple[int, int] | None:
+    """(device, inode) of a local store's root directory: a store replaced by another has another (None
+    in an object store, where only the run id tells)."""
+    if isinstance(path, StoreURL):
+        return None
     try:
         st = os.stat(path)
     except OSError:
@@ -318,7 +387,11 @@ def store_identity(path: Path) -> tuple[int, int] | None:
 
 
 def check_owner(
-    path: Path, *, run_id: str | None, identity: tuple[int, int] | None, group: zarr.Group | None = None
+    path: Path | StoreURL,
+    *,
+    run_id: str | None,
+    identity: tuple[int, int] | None,
+    group: zarr.Group | None = None,
 ) -> None:
     """Refuse to go on when the output store at ``path`` is no longer the one this run created or resumed:
     its ``tsconv.run_id``, read from disk, is another run's, or its root is another directory (``identity``,
@@ -328,14 +401,14 @@ def check_owner(
         return
     try:
         if group is None:
-            doc = json.loads((Path(path) / "zarr.json").read_text())
+            doc = _read_doc(path, "zarr.json") or {}
             found = doc.get("attributes", {}).get("tsconv", {}).get("run_id")
         else:
             fresh = zarr.open_group(store=group.store, path=group.path, mode="r")
             found = dict(fresh.attrs.get("tsconv", {})).get("run_id")
     except (OSError, ValueError, AttributeError, KeyError):
         found = None
-    moved = identity is not None and store_identity(Path(path)) != identity
+    moved = identity is not None and store_identity(path) != identity
     if found != run_id or moved:
         why = (
             "another directory is at that path now" if moved else f"its metadata names run {str(found)[:12]}"
@@ -345,6 +418,26 @@ def check_owner(
             f"{why}; not marking it complete",
             hint="another writer replaced it; check which run's output you want, then rerun with --overwrite.",
         )
+
+
+def _read_doc(root: Path | StoreURL, key: str) -> dict[str, Any] | None:
+    """The JSON document ``key`` below a local store's directory or an object store's URL (None: absent)."""
+    if isinstance(root, StoreURL):
+        raw = root.read_bytes(key)
+        return None if raw is None else json.loads(raw)
+    try:
+        return json.loads((root / key).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _write_doc(root: Path | StoreURL, key: str, doc: dict[str, Any], *, indent: int | None = 2) -> None:
+    """Replace the JSON document ``key`` whole: a local file atomically (:func:`_replace_json`), an object
+    in one PUT (readers see the old object or the new one)."""
+    if isinstance(root, StoreURL):
+        root.write_bytes(key, json.dumps(doc, indent=indent).encode())
+    else:
+        _replace_json(root / key, doc, indent=indent)
 
 
 def _local_group_json(group: zarr.Group) -> Path | None:
@@ -403,7 +496,7 @@ def _array_doc(
 
 
 def _write_layout(
-    root: Path,
+    root: Path | StoreURL,
     *,
     rows: int,
     names: tuple[str, ...],
@@ -415,28 +508,38 @@ def _write_layout(
     """The empty output store's metadata and its ``feature`` array, written as files. Why not zarr's
     ``create_array``: through its event loop the documents took 19-24 ms on the H200 host, about a tenth
     of the e2e job, against about 1 ms here (benchmarks/NOTES.md, "The writer"). tests/test_writer.py
-    checks the documents and the feature chunk equal zarr's own for the same calls."""
-    root.mkdir(parents=True)
+    checks the documents and the feature chunk equal zarr's own for the same calls.
+
+    At a URL the same objects are written in place, the group's root document last: until then the
+    root holds the placeholder of :func:`_write_placeholder`, marked incomplete."""
     n = len(names)
     docs = {
-        root / "zarr.json": {"attributes": attrs, "zarr_format": 3, "node_type": "group"},
-        root / "values" / "zarr.json": _array_doc(
+        "values/zarr.json": _array_doc(
             [rows, n], [chunk_rows, n], "float32", "NaN", _codec(clevel), ["time", "feature"]
         ),
-        root / "feature" / "zarr.json": _array_doc([n], [n], "string", "", None, ["feature"]),
+        "feature/zarr.json": _array_doc([n], [n], "string", "", None, ["feature"]),
     }
     if time:
-        docs[root / "time" / "zarr.json"] = _array_doc(
+        docs["time/zarr.json"] = _array_doc(
             [rows], [chunk_rows], "int64", 0, _codec(), ["time"], NS_SINCE_EPOCH
         )
-    for path, doc in docs.items():
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(doc, indent=2))
+    docs["zarr.json"] = {"attributes": attrs, "zarr_format": 3, "node_type": "group"}
+    names_chunk = numcodecs.VLenUTF8().encode(np.array(names, dtype=object))
+    if isinstance(root, StoreURL):
+        _write_placeholder(root)
+        root.write_bytes("feature/c/0", names_chunk)
+        for key, doc in docs.items():
+            root.write_bytes(key, json.dumps(doc, indent=2).encode())
+        return
+    root.mkdir(parents=True)
+    for key, doc in docs.items():
+        (root / key).parent.mkdir(exist_ok=True)
+        (root / key).write_text(json.dumps(doc, indent=2))
     (root / "feature" / "c").mkdir()
-    (root / "feature" / "c" / "0").write_bytes(numcodecs.VLenUTF8().encode(np.array(names, dtype=object)))
+    (root / "feature" / "c" / "0").write_bytes(names_chunk)
 
 
-def _consolidated_doc(root: Path) -> dict[str, Any]:
+def _consolidated_doc(root: Path | StoreURL) -> dict[str, Any]:
     """The ``consolidated_metadata`` entry zarr.consolidate_metadata writes into a local format-3 group's
     zarr.json, built from its arrays' zarr.json files as they are on disk (tsconv's layout: no sub-groups).
 
@@ -444,6 +547,16 @@ def _consolidated_doc(root: Path) -> dict[str, Any]:
     document as ``complete: true``: zarr's call rewrites that document by itself, and a kill between the
     two would leave a complete store without it. tests/io/test_output_xarray.py keeps the two equal."""
     found = {}
+    if isinstance(root, StoreURL):
+        for key in root.objects():
+            name, _, rest = key.partition("/")
+            if rest == "zarr.json":
+                doc = _read_doc(root, key) or {}
+                if doc.get("node_type") != "array":
+                    msg = f"internal error: {name!r} in {str(root)!r} is not an array"
+                    raise RuntimeError(msg)
+                found[name] = doc
+        return {"kind": "inline", "must_understand": False, "metadata": found}
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         doc_path = Path(entry.path) / "zarr.json"
         if entry.is_dir(follow_symlinks=False) and doc_path.is_file():
@@ -463,16 +576,15 @@ def consolidate(path: Path) -> None:
         zarr.consolidate_metadata(str(path), zarr_format=3)
 
 
-def drop_consolidated(path: Path) -> None:
-    """Remove the consolidated metadata of the local output store at ``path`` (a resumed run: its arrays
+def drop_consolidated(path: Path | StoreURL) -> None:
+    """Remove the consolidated metadata of the output store at ``path`` (a resumed run: its arrays
     and attributes are then read from their own documents, and readers see no copy that could go stale)."""
-    root = path / "zarr.json"
     try:
-        doc = json.loads(root.read_text())
+        doc = _read_doc(path, "zarr.json")
     except (OSError, ValueError):
         return
     if isinstance(doc, dict) and doc.pop("consolidated_metadata", None) is not None:
-        _replace_json(root, doc)
+        _write_doc(path, "zarr.json", doc)
 
 
 def _compression_of(array: zarr.Array) -> str:
@@ -514,9 +626,12 @@ class OutputWriter:
         threads: int | None = None,
         buffers: int | None = None,
         fast: bool = True,
+        location: StoreURL | None = None,
     ) -> None:
         """Write rows [start, stop) (default: to the end). ``record``: advance ``tsconv.rows_done`` and mark
-        the store complete; a region writer (one of several dask tasks) leaves the attributes alone."""
+        the store complete; a region writer (one of several dask tasks) leaves the attributes alone.
+        ``location``: the URL of a ``group`` in an object store, whose root document is then written
+        whole, as a local store's is."""
         self.group = group
         self.values = group["values"]
         self.time_out = group["time"] if "time" in group.array_keys() else None
@@ -561,10 +676,12 @@ class OutputWriter:
             self._time_chunks, _ = ChunkFileWriter.for_array(self.time_out)
         self.rows_done = start
         self._meta: dict[str, Any] | None = None  # the tsconv attributes as last written
-        self._group_json = _local_group_json(group)
+        local_json = _local_group_json(group)
+        # Where the group's root document is written whole (a local directory, or a URL), else None: through zarr.
+        self._doc_root: Path | StoreURL | None = local_json.parent if local_json is not None else location
         # Whose store this is, checked against the disk before marking it complete (check_owner).
         self.run_id: str | None = (group.attrs.get("tsconv") or {}).get("run_id") if record else None
-        self._identity = store_identity(self._group_json.parent) if self._group_json is not None else None
+        self._identity = store_identity(self._doc_root) if self._doc_root is not None else None
         self._group_doc: dict[str, Any] | None = None  # its contents, as last written by _set_meta
         self.busy_seconds = 0.0
         self.wait_seconds = 0.0
@@ -584,7 +701,7 @@ class OutputWriter:
     @classmethod
     def create(
         cls,
-        path: Path,
+        path: Path | StoreURL,
         *,
         rows: int,
         names: tuple[str, ...],
@@ -604,6 +721,15 @@ class OutputWriter:
         run; benchmarks/NOTES.md, "The writer"). The time column is always lz4. ``input_digest``
         (:func:`tsconv.io.digest.input_digest`) is recorded in the new store."""
         check_compression(compression)
+        if isinstance(path, StoreURL):  # laid out in place, the root document last (_write_layout)
+            _write_layout(path, rows=rows, names=names, chunk_rows=min(chunk_rows, rows), time=time_source is not None,
+                          clevel=0 if compression == "none" else 5, attrs={**attrs, "features": list(names)})  # fmt: skip
+            if input_digest is not None:
+                write_digest(path, input_digest)
+            group = open_group(path, mode="r+", use_consolidated=False)
+            return cls(
+                group, time_source=time_source, start=0, threads=threads, buffers=buffers, location=path
+            )
         # Build the empty store beside its final place and rename it in: a kill during creation then
         # leaves no half-made store at ``path`` that a later --resume would have to refuse.
         tmp = _sibling(path, CREATING_SUFFIX)
@@ -635,7 +761,7 @@ class OutputWriter:
     @classmethod
     def reopen(
         cls,
-        path: Path,
+        path: Path | StoreURL,
         *,
         time_source: Any | None,
         start: int,
@@ -645,14 +771,18 @@ class OutputWriter:
         run_id: str | None = None,
     ) -> OutputWriter:
         """A writer resuming at ``start``; temporary chunk files a killed run left behind are removed.
-        ``run_id``: recorded as the store's ``tsconv.run_id`` (this run owns it now)."""
-        for tmp in Path(path).glob("zarr.json.*.partial"):  # a progress update cut short (_set_meta)
-            tmp.unlink(missing_ok=True)
-        drop_consolidated(Path(path))
-        group = zarr.open_group(str(path), mode="r+", use_consolidated=False)
-        for name in group.array_keys():  # no one else writes this store during a single-process resume
+        ``run_id``: recorded as the store's ``tsconv.run_id`` (this run owns it now). An object store has
+        no temporary objects: each is written in one PUT."""
+        remote = isinstance(path, StoreURL)
+        if not remote:
+            for tmp in Path(path).glob("zarr.json.*.partial"):  # a progress update cut short (_set_meta)
+                tmp.unlink(missing_ok=True)
+        drop_consolidated(path)
+        group = open_group(path, mode="r+", use_consolidated=False)
+        for name in group.array_keys() if not remote else ():  # no one else writes it during a resume
             remove_partial_files(group[name])
-        writer = cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast)
+        writer = cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast,
+                     location=path if remote else None)  # fmt: skip
         if run_id is not None:
             writer._set_meta(run_id=run_id)
             writer.run_id = run_id
@@ -726,9 +856,8 @@ class OutputWriter:
                 raise RuntimeError(msg)
             if self.record:
                 with self._lock:
-                    local = self._group_json is not None
                     check_owner(self._root(), run_id=self.run_id, identity=self._identity,
-                                group=None if local else self.group)  # fmt: skip
+                                group=None if self._doc_root is not None else self.group)  # fmt: skip
                     self._set_meta(complete=True, rows_done=self.rows, partitions_done=None, consolidate=True)
         finally:
             self.close()
@@ -743,9 +872,9 @@ class OutputWriter:
                 self._finalizer.detach()
             self._pool.shutdown(wait=True, cancel_futures=True)
 
-    def _root(self) -> Path:
-        if self._group_json is not None:
-            return self._group_json.parent
+    def _root(self) -> Path | StoreURL:
+        if self._doc_root is not None:
+            return self._doc_root
         root = getattr(self.group.store, "root", None)
         return Path(root) / self.group.path if root is not None else Path(str(self.group.store_path))
 
@@ -905,18 +1034,19 @@ class OutputWriter:
         meta = dict(self._meta if self._meta is not None else self.group.attrs.get("tsconv", {}))
         meta.update(changes)
         meta = {k: v for k, v in meta.items() if v is not None or k not in changes}
-        if self._group_json is not None:
+        if self._doc_root is not None:
             # The group's zarr.json rewritten here (atomically), not through zarr: zarr's attribute update
             # runs Python on its event loop that slows the engine thread (timecolumn.py says how much), and
-            # the final one took 2-3 ms of the run's tail. The document is read once: nothing else writes
+            # the final one took 2-3 ms of the run's tail; in an object store this also puts the complete
+            # mark and the consolidated metadata in one PUT. The document is read once: nothing else writes
             # this store's attributes while it runs. Progress is written compact (json's C encoder).
             if self._group_doc is None:
-                self._group_doc = json.loads(self._group_json.read_text())
+                self._group_doc = _read_doc(self._doc_root, "zarr.json") or {}
             self._group_doc.setdefault("attributes", {})["tsconv"] = meta
             if consolidate:
-                self._group_doc["consolidated_metadata"] = _consolidated_doc(self._group_json.parent)
+                self._group_doc["consolidated_metadata"] = _consolidated_doc(self._doc_root)
             done = meta.get("complete", False)
-            _replace_json(self._group_json, self._group_doc, indent=2 if done else None)
+            _write_doc(self._doc_root, "zarr.json", self._group_doc, indent=2 if done else None)
         else:
             self.group.attrs["tsconv"] = meta
             if consolidate:

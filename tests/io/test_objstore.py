@@ -1,0 +1,270 @@
+"""Stores at URLs: s3:// against a local S3 server (moto's server mode, started here), memory://, and the
+errors a user can act on. Skipped without moto and s3fs (the dev extra installs them)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import tsconv
+from tsconv.cli import main
+from tsconv.errors import OutputBusyError, StoreError
+from tsconv.io.lock import ObjectLock
+from tsconv.io.objstore import StoreURL, location, remote_error
+from tsconv.io.readers.prefetch import PrefetchReader
+
+from ..helpers import price_series, read_output, write_store
+
+PIPE = "trend_ema"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """A bucket on a moto S3 server on a free local port, with the environment s3fs reads pointed at it;
+    yields its URL."""
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    s3fs = pytest.importorskip("s3fs", reason="s3fs is not installed")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    port = _free_port()
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_REGION": "us-east-1",
+        }.items():
+            mp.setenv(name, value)
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+            mp.delenv(name, raising=False)
+        s3fs.S3FileSystem.clear_instance_cache()  # instances keep the endpoint they were made with
+        s3fs.S3FileSystem().mkdir("tsconv-test")
+        try:
+            yield "s3://tsconv-test"
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
+            server.stop()
+
+
+@pytest.fixture
+def prefix(s3: str) -> str:
+    """A fresh prefix in the bucket for one test."""
+    return f"{s3}/{uuid.uuid4().hex[:8]}"
+
+
+def _cli(*args: object) -> object:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _one_error_line(res: object) -> str:
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tsconv: error: "), res.output
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def series() -> np.ndarray:
+    return price_series(2000, 4, seed=3, nan_fraction=0.01)
+
+
+@pytest.fixture(scope="module")
+def s3_input(s3: str, series: np.ndarray) -> str:
+    """The series as a store in the bucket, written with plain zarr (every test reads it, none writes it)."""
+    return str(write_store(f"{s3}/input/in.zarr", series, chunks=(1024, 4)))
+
+
+@pytest.fixture(scope="module")
+def local_run(series: np.ndarray, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """The input as a local store and the output of a local run: what every URL run must equal."""
+    d = tmp_path_factory.mktemp("local")
+    src = write_store(d / "in.zarr", series, chunks=(1024, 4))
+    tsconv.process(src, d / "out.zarr", pipeline=PIPE, device="cpu")
+    return src, read_output(d / "out.zarr")
+
+
+def test_process_s3_to_s3_and_to_local_equals_a_local_run(prefix, s3_input, local_run, tmp_path):
+    src = s3_input
+    res = _cli("process", "-i", src, "-o", f"{prefix}/out.zarr", "--pipeline", PIPE, "--device", "cpu", "-q")
+    assert res.exit_code == 0, res.output
+    g = zarr.open_group(f"{prefix}/out.zarr", mode="r")
+    assert g.attrs["tsconv"]["complete"] and g.attrs["source"] == src
+    np.testing.assert_array_equal(np.asarray(g["values"][:]), local_run[1])
+    assert g.metadata.consolidated_metadata is not None  # written with the complete mark
+    res = _cli("process", "-i", src, "-o", tmp_path / "out.zarr", "--pipeline", PIPE, "--device", "cpu", "-q")
+    assert res.exit_code == 0, res.output
+    np.testing.assert_array_equal(read_output(tmp_path / "out.zarr"), local_run[1])
+    # local -> s3 through the library, replacing the first output (--overwrite)
+    tsconv.process(local_run[0], f"{prefix}/out.zarr", pipeline=PIPE, device="cpu", overwrite=True)
+    g = zarr.open_group(f"{prefix}/out.zarr", mode="r")
+    assert g.attrs["source"] == str(local_run[0]) and g.attrs["tsconv"]["complete"]
+    np.testing.assert_array_equal(np.asarray(g["values"][:]), local_run[1])
+    assert not [k for k in StoreURL.parse(prefix).objects() if k.endswith(".tsconv-lock")]
+
+
+def test_existing_s3_output_overwrite_and_resume(prefix, s3_input, series, local_run):
+    src = s3_input
+    out = f"{prefix}/out.zarr"
+    tsconv.process(src, out, pipeline=PIPE, device="cpu")
+    line = _one_error_line(_cli("process", "-i", src, "-o", out, "--pipeline", PIPE, "--device", "cpu", "-q"))
+    assert "already exists" in line and "--overwrite" in line
+    res = _cli("process", "-i", src, "-o", out, "--pipeline", PIPE, "--device", "cpu", "-q", "--resume")
+    assert res.exit_code == 0 and "already complete" in res.output, res.output
+    # an interrupted run (marked incomplete, nothing written): --resume computes the rows again
+    g = zarr.open_group(out, mode="r+")
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": 0}
+    line = _one_error_line(_cli("process", "-i", out, "-q", "--device", "cpu"))  # not an input yet
+    assert "unfinished tsconv run" in line
+    report = tsconv.process(src, out, pipeline=PIPE, device="cpu", resume=True)
+    assert report.rows == series.shape[0]
+    np.testing.assert_array_equal(np.asarray(zarr.open_group(out)["values"][:]), local_run[1])
+    # --overwrite refuses a store holding objects that are not zarr data (the replacement itself:
+    # test_process_s3_to_s3_and_to_local_equals_a_local_run)
+    StoreURL.parse(out).write_bytes("notes.txt", b"mine")
+    with pytest.raises(StoreError, match="not zarr data.*notes.txt"):
+        tsconv.process(src, out, pipeline=PIPE, device="cpu", overwrite=True)
+
+
+def test_parquet_to_s3_equals_a_local_parquet(prefix, s3_input, tmp_path):
+    import pyarrow.parquet as pq
+
+    src = s3_input
+    tsconv.process(src, f"{prefix}/out.parquet", pipeline=PIPE, device="cpu")
+    tsconv.process(src, tmp_path / "out.parquet", pipeline=PIPE, device="cpu")
+    fs, path = StoreURL.parse(f"{prefix}/out.parquet").filesystem()
+    with fs.open(path, "rb") as f:
+        remote = pq.read_table(f)
+    assert remote.equals(pq.read_table(tmp_path / "out.parquet"))
+    with pytest.raises(tsconv.OutputExistsError):
+        tsconv.process(src, f"{prefix}/out.parquet", pipeline=PIPE, device="cpu")
+
+
+def test_inspect_an_s3_store(s3_input, series):
+    src = s3_input
+    res = _cli("inspect", src)
+    assert res.exit_code == 0, res.output
+    assert src in res.output and "fetched ahead" in res.output and "2,000 rows x 4 features" in res.output
+    info = json.loads(_cli("inspect", src, "--json").output)
+    assert info["nan_total"] == int(np.isnan(series).sum())
+
+
+def test_missing_bucket_store_and_overlap_are_one_line_errors(prefix, s3_input):
+    line = _one_error_line(_cli("process", "-i", "s3://no-such-bucket-tsconv/t.zarr", "-q"))
+    assert "the bucket 'no-such-bucket-tsconv' does not exist" in line
+    line = _one_error_line(_cli("inspect", f"{prefix}/nothing.zarr"))
+    assert f"input store '{prefix}/nothing.zarr' does not exist" in line
+    StoreURL.parse(prefix).write_bytes("junk/a.txt", b"x")
+    assert "is not a zarr store" in _one_error_line(_cli("inspect", f"{prefix}/junk"))
+    src = s3_input
+    line = _one_error_line(_cli("process", "-i", src, "-o", f"{src}/inside.zarr", "-q", "--device", "cpu"))
+    assert "overlap the input" in line
+    assert [k for k in StoreURL.parse(src).objects() if "inside" in k] == []
+
+
+def test_object_lock_refuses_a_live_lease_and_takes_over_a_stale_one(prefix):
+    out = StoreURL.parse(f"{prefix}/out.zarr")
+    with ObjectLock(out, run_id="first", ttl=30):
+        with pytest.raises(OutputBusyError, match="run first.*renewed 0 s ago"):
+            ObjectLock(out, run_id="second").acquire()
+    assert not out.parent.child(".out.zarr.tsconv-lock").exists()  # released: removed
+    # a killed run's lease: last renewed long ago
+    stale = {"pid": 1, "host": "h", "run_id": "killed", "renewed": time.time() - 120, "ttl": 60}
+    out.parent.write_bytes(".out.zarr.tsconv-lock", json.dumps(stale).encode())
+    lock = ObjectLock(out, run_id="third", ttl=0.4).acquire()
+    try:
+        time.sleep(0.3)  # renewed at least once, conditionally on its own copy
+        holder = json.loads(out.parent.read_bytes(".out.zarr.tsconv-lock"))
+        assert holder["run_id"] == "third" and time.time() - holder["renewed"] < 0.3 and not lock.lost
+        with pytest.raises(OutputBusyError):
+            ObjectLock(out, run_id="fourth").acquire()
+    finally:
+        lock.release()
+
+
+def test_memory_urls_round_trip(series, local_run):
+    """Another fsspec scheme: no server, the generic paths (lease without ETags, plain PUTs)."""
+    base = f"memory://tsconv-{uuid.uuid4().hex[:8]}"
+    src = write_store(f"{base}/in.zarr", series, chunks=(1024, 4))
+    tsconv.process(src, f"{base}/out.zarr", pipeline=PIPE, device="cpu")
+    np.testing.assert_array_equal(np.asarray(zarr.open_group(f"{base}/out.zarr")["values"][:]), local_run[1])
+
+
+def test_locations_and_actionable_errors(tmp_path):
+    assert location("s3://b//a/t.zarr/") == StoreURL("s3://b/a/t.zarr")
+    assert location(f"file://{tmp_path}/t.zarr") == tmp_path / "t.zarr"  # local: the fast readers
+    assert location("t.zarr") == Path.cwd() / "t.zarr"
+    url = StoreURL.parse("s3://b/t.zarr")
+    assert url.name == "t.zarr" and url.parent == StoreURL("s3://b") and url.with_name("u").url == "s3://b/u"
+    err = remote_error(PermissionError("Access Denied"), url, "open")
+    assert "access denied" in str(err) and "AWS_ACCESS_KEY_ID" in str(err)
+    no_creds = type("NoCredentialsError", (Exception,), {})("Unable to locate credentials")
+    assert "no credentials found" in str(remote_error(no_creds, url, "open"))
+    missing = remote_error(ImportError("Install s3fs to access S3"), url, "open")
+    assert "pip install 'tsconv-features[s3]'" in str(missing)
+
+
+def test_a_scheme_without_its_package_is_one_line(tmp_path):
+    pytest.importorskip("fsspec")
+    try:
+        import gcsfs  # noqa: F401
+
+        pytest.skip("gcsfs is installed")
+    except ImportError:
+        pass
+    line = _one_error_line(_cli("inspect", "gs://bucket/t.zarr"))
+    assert "gs:// needs a package" in line and "gcsfs" in line
+
+
+def test_ingest_and_repair_refuse_urls():
+    """They write local stores only; a URL must not become a relative directory named 's3:'."""
+    assert "local stores only" in _one_error_line(_cli("repair", "s3://bucket/t.zarr"))
+
+
+class _SlowArray:
+    """A 2-D stand-in for a remote zarr array: each read takes 30 ms and records how many run at once."""
+
+    def __init__(self, rows: int, band: int) -> None:
+        self.shape, self.chunks, self.ndim, self.dtype = (rows, 2), (band, 2), 2, np.dtype(np.float32)
+        self.active = self.most = 0
+        self._lock = threading.Lock()
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        with self._lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        time.sleep(0.03)
+        with self._lock:
+            self.active -= 1
+        return np.arange(key.start, key.stop, dtype=np.float32)[:, None].repeat(2, axis=1)
+
+
+def test_prefetch_reader_fetches_bands_concurrently():
+    arr = _SlowArray(rows=16 * 100, band=100)
+    t0 = time.perf_counter()
+    with PrefetchReader(arr, ahead=8) as reader:
+        got = np.concatenate([reader.read(a, min(a + 64, arr.shape[0])) for a in range(0, arr.shape[0], 64)])
+        back = reader.read(50, 250)  # behind the window (a resume): read again, same rows
+    seconds = time.perf_counter() - t0
+    np.testing.assert_array_equal(got[:, 0], np.arange(arr.shape[0], dtype=np.float32))
+    np.testing.assert_array_equal(back[:, 0], np.arange(50, 250, dtype=np.float32))
+    assert arr.most >= 4  # bands were fetched at once
+    assert seconds < 16 * 0.03 * 0.6  # sequential reads would take 0.48 s
