@@ -40,7 +40,7 @@ def test_a_bad_value_is_an_error_naming_the_variable(env, match):
 def test_defaults_and_values():
     s = config.from_env({})
     assert s == config.Settings()
-    assert s.autotune and s.mmap and s.cuda_graph and s.native_read and s.empty_cache
+    assert not s.autotune and s.mmap and s.cuda_graph and s.native_read and s.empty_cache
     assert s.head_path == "unfused" and s.engine == "auto" and s.decode_threads is None
     s = config.from_env(
         {"TSCONV_DECODE_THREADS": "3", "TSCONV_CACHE_DIR": "~/x", "CC": "clang", "TSCONV_MMAP": ""}

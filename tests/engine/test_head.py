@@ -161,7 +161,8 @@ def test_auto_on_the_cpu_keeps_the_torch_path(monkeypatch):
 
 
 def _measured(monkeypatch, table):
-    """auto selection on the CPU with made-up timings; returns the list of timed paths."""
+    """auto selection on the CPU with made-up timings (tuning on); returns the list of timed paths."""
+    monkeypatch.setenv("TSCONV_AUTOTUNE", "1")
     calls: list[str] = []
 
     def fake(path, fn, device):

@@ -5,16 +5,21 @@ identifies its shape class (e.g. precision, layout and bucketed sizes) and a ``b
 the kernel once with a given :class:`Config`. :func:`select` returns the config to use:
 
 - not on a CUDA device (the Triton interpreter on CPU tensors): the space's fixed ``interpreter`` config;
-- tuning disabled (the ``autotune`` setting off): the space's ``default`` config;
-- otherwise the winner cached in memory, else the winner cached on disk, else it times every candidate
+- otherwise the winner cached in memory, else the winner cached on disk (the user's cache, then the one
+  shipped with tsconv for its GPU model, ``tsconv/kernels/tuned/``), else
+- with the ``autotune`` setting off (the default) the space's ``default`` config: a batch job's first run of a
+  new shape class costs what later runs cost (tuning a bank's candidates took 70 s of an 80 s first run on
+  the H200, and untuned defaults ran within the run-to-run spread of tuned ones in a fresh process:
+  benchmarks/NOTES.md, "A fresh `tsconv process` per run");
+- with it on, it times every candidate
   (:func:`calls_ms`: the median of event-timed calls, the L2 cache flushed before each), keeps the fastest
   and writes it to the disk cache, so later calls and later processes (a batch job) reuse it without
-  tuning. Per-call timing measures the host whenever a launch takes longer to issue than the kernel runs;
+  tuning; one log line (WARNING, logger ``tsconv.autotune``) says that it is tuning. Per-call timing measures the host whenever a launch takes longer to issue than the kernel runs;
   ranking by GPU time from a CUDA graph instead picked configs within 5% of these on every GEMM row and was
   removed (benchmarks/NOTES.md, "Autotuning").
 
 The disk cache is one JSON file per GPU model: ``autotune-<gpu name>.json`` in the ``cache_dir`` setting's
-folder (by default ``~/.cache/tsconv``). Keys carry the Triton version, so a Triton upgrade re-tunes. Writes merge with
+folder (by default ``~/.cache/tsconv``); the shipped one has the same name and form and is never written. Keys carry the Triton version, so a Triton upgrade re-tunes. Writes merge with
 what another process may have written meanwhile and replace the file atomically.
 
 :func:`cached_record` / :func:`store_record` keep other measured decisions (the engine's head path,
@@ -65,6 +70,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("tsconv.autotune")
+SHIPPED = Path(__file__).resolve().parent / "tuned"  # tuned winners shipped for common GPU models
 
 _SCHEMA = 1
 
@@ -110,7 +116,7 @@ class TuneEvent:
     space: str
     key: str
     config: str
-    source: str  # "tuned" or "disk"
+    source: str  # "tuned", "disk" (the user's cache), "shipped" or "default" (untuned: autotune off)
     seconds: float  # time spent tuning (0 for disk hits)
     timings_ms: Mapping[str, float] = field(default_factory=dict)
 
@@ -211,7 +217,7 @@ def _full_key(space: ConfigSpace, key: str) -> str:
 
 
 def tuning_enabled() -> bool:
-    """The ``autotune`` setting: off, :func:`select` takes the space's default config."""
+    """The ``autotune`` setting: off, :func:`select` takes a cached winner or the space's default config."""
     return config.current().autotune
 
 
@@ -233,8 +239,6 @@ def select(
     """
     if interpreted or device.type != "cuda":
         return space.interpreter
-    if not tuning_enabled():
-        return space.default
     full = _full_key(space, key)
     mkey = (str(device), full)
     cfg = _memory.get(mkey)
@@ -246,13 +250,21 @@ def select(
             return cfg
         path = cache_path(device)
         entries = _entries(path)
-        record = entries.get(full)
-        if isinstance(record, dict):
-            cfg = space.by_name(str(record.get("config")))
+        for source, found in (("disk", entries), ("shipped", _entries(SHIPPED / path.name))):
+            record = found.get(full)
+            cfg = space.by_name(str(record.get("config"))) if isinstance(record, dict) else None
             if cfg is not None:
                 _memory[mkey] = cfg
-                _events.append(TuneEvent(space.name, key, cfg.name, "disk", 0.0))
+                _events.append(TuneEvent(space.name, key, cfg.name, source, 0.0))
                 return cfg
+        if not tuning_enabled():
+            _memory[mkey] = space.default
+            _events.append(TuneEvent(space.name, key, space.default.name, "default", 0.0))
+            return space.default
+        log.warning(
+            "tsconv: tuning %s for a new shape class (%d candidates; once per GPU model, kept in %s)",
+            space.name, len(space.configs), path,
+        )  # fmt: skip
         cfg, record = _tune(space, bench, device, warmup_ms=warmup_ms, rep_ms=rep_ms)
         entries[full] = record
         _write_file(path, torch.cuda.get_device_name(device), full, record)
