@@ -468,9 +468,12 @@ def run_batched(
     )
     ring_free: list[Any] = [None] * _DEVICE_RING  # event: the prepare that read the slot is done
     n_out = plan.n_outputs
-    host_out = torch.empty((_OUT_SLOTS, step_rows, n_out), dtype=f32, pin_memory=gpu.cuda)
-    dev_out = torch.empty((_OUT_SLOTS, step_rows, n_out), dtype=f32, device=dev)
-    free_out = threading.Semaphore(_OUT_SLOTS)
+    # A run of fewer steps than slots (a small store is one step) allocates only the slots it uses: pinned
+    # host memory is slow to allocate (every page is locked), and a fresh process pays it each run.
+    slots = min(_OUT_SLOTS, len(range(start, rows, step_rows)))
+    host_out = torch.empty((slots, step_rows, n_out), dtype=f32, pin_memory=gpu.cuda)
+    dev_out = torch.empty((slots, step_rows, n_out), dtype=f32, device=dev)
+    free_out = threading.Semaphore(slots)
     pending_bands: deque[tuple[int, Any]] = deque()  # (band, event after its last reader on the GPU)
     step_events: list[tuple[Any, ...]] = []
     copy_events: list[tuple[Any, Any]] = []  # each piece's copy, for the pure H2D time
@@ -577,7 +580,7 @@ def run_batched(
                 trace.add("launch_step", t_launch, t0, i)
                 trace.add("slot_wait", t0, t1, i)
             writer.check()
-            o = i % _OUT_SLOTS
+            o = i % slots
             with gpu.on(gpu.compute):
                 # The result goes to a fixed device slot on the compute stream, so the step's own tensors
                 # are freed in stream order (no cross-stream lifetimes, nothing left pending after the run).
