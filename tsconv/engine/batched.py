@@ -49,6 +49,7 @@ from tsconv.engine.level import level_before_torch, tail_rows
 from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader
 from tsconv.io.readers.blocks import ColumnSource
+from tsconv.kernels.filterbank import scratch_bytes
 from tsconv.kernels.prepare import prepare
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -142,6 +143,9 @@ def weight_bytes(plan: ResolvedPipeline) -> int:
     + 8 MiB for the stage), which an estimate of the float32 weights alone (21 MB) undercounted."""
     total = 0
     for layer in plan.layers:
+        if layer.structured:  # no weights; float64 tiles of bounded size instead
+            total += scratch_bytes(layer.filters, layer.in_channels)
+            continue
         o, cg, k = layer.weight.shape
         total += (2 if layer.weight_dtype == "float16" else 4) * o * cg * k + 4 * o * cg * k + 16 * o * cg
         total += 8 * o * 2  # bias, float32 and float64
@@ -409,7 +413,8 @@ def run_batched(
     rows = source.rows if stop is None else stop
     halo, n_feat = plan.halo, len(plan.input_names)
     fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
-    center = backend.pre is None
+    # a bank computes from the raw values (float64 window sums need no centring)
+    center = backend.pre is None and not backend.first_structured
     times = StageTimes(step_rows=step_rows)
     t_setup = time.perf_counter()
     if transfer == "mapped" and gpu.cuda and not source.pinned:
@@ -485,6 +490,10 @@ def run_batched(
         base.synchronize()
         base_t = time.perf_counter()
     run_step = backend.run_centered if center else backend.run
+    warm = [
+        (w, sel if isinstance(sel, slice) else torch.from_numpy(sel).to(dev))
+        for w, sel in (plan.warmup_groups() if warmup == "nan" else [])
+    ]
     graph = _StepGraph(
         lambda first_row: run_step(xc, first_row, level),
         gpu.compute,
@@ -567,8 +576,9 @@ def run_batched(
                 # a new shape class mid-run (tuning briefly holds a 256 MB buffer: 1.33 GB peaks at 4096
                 # features when the last step of a 1M-row store was tuned, against 1.14 GB otherwise).
                 y = graph(s - halo)
-                if warmup == "nan" and s < halo:
-                    y[: min(halo - s, n)] = float("nan")
+                for w, warm_cols in warm:  # each output's own warm-up rows
+                    if s < w:
+                        y[: min(w - s, n), warm_cols] = float("nan")
             t0 = time.perf_counter()
             free_out.acquire()  # host slot o (and device slot o) are free once the writer is done with it
             t1 = time.perf_counter()
