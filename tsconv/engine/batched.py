@@ -49,7 +49,7 @@ from tsconv.engine.level import level_before_torch, tail_rows
 from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader
 from tsconv.io.readers.blocks import ColumnSource
-from tsconv.kernels.filterbank import scratch_bytes
+from tsconv.kernels.filterbank import bank_bytes_per_row
 from tsconv.kernels.prepare import prepare
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -127,6 +127,9 @@ def _bytes_per_row(plan: ResolvedPipeline) -> int:
     widths = [layer.out_channels for layer in plan.layers]
     pairs = [widths[0]] + [a + b for a, b in zip(widths, widths[1:], strict=False)]
     per += 4 * max(pairs)
+    # a bank's float64 tiles (at most a step's rows; capped at filterbank's tile size, so an upper bound)
+    per += max((bank_bytes_per_row(layer.filters, layer.in_channels) for layer in plan.layers if layer.structured),
+               default=0)  # fmt: skip
     # the device result slots (one per host slot) plus the step's own result before it is copied there
     per += 4 * plan.n_outputs * (_OUT_SLOTS + 1)
     if plan.preprocess is not None and plan.preprocess.computes:
@@ -143,8 +146,7 @@ def weight_bytes(plan: ResolvedPipeline) -> int:
     + 8 MiB for the stage), which an estimate of the float32 weights alone (21 MB) undercounted."""
     total = 0
     for layer in plan.layers:
-        if layer.structured:  # no weights; float64 tiles of bounded size instead
-            total += scratch_bytes(layer.filters, layer.in_channels)
+        if layer.structured:  # no weights (its float64 tiles are counted per row: _bytes_per_row)
             continue
         o, cg, k = layer.weight.shape
         total += (2 if layer.weight_dtype == "float16" else 4) * o * cg * k + 4 * o * cg * k + 16 * o * cg

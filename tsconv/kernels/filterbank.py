@@ -24,6 +24,8 @@ within a bounded scratch (GPU).
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +35,7 @@ import triton.language as tl
 from tsconv.kernels.common import apply_activation
 from tsconv.pipeline.filters import Filter
 
-__all__ = ["bank_halo", "filter_bank", "scratch_bytes"]
+__all__ = ["bank_bytes_per_row", "bank_halo", "filter_bank"]
 
 # Elements (rows x channels) of one float64 tile: about 1 MiB on the CPU (a core's L2 holds the live
 # levels of the default bank), 16 MiB per array on CUDA.
@@ -52,12 +54,11 @@ def bank_halo(filters: tuple[Filter, ...], dilation: int) -> int:
     return max(f.halo for f in filters) * dilation
 
 
-def scratch_bytes(filters: tuple[Filter, ...], channels: int, *, cuda: bool = True) -> int:
-    """An upper estimate of the bank's working memory on a device beyond its input and output: float64
-    tiles of at most ``_CUDA_TILE`` elements (``_CPU_TILE`` on the CPU)."""
-    tile = min(_CUDA_TILE if cuda else _CPU_TILE, max(channels, 1) * (1 << 20))
+def bank_bytes_per_row(filters: tuple[Filter, ...], channels: int) -> int:
+    """Working memory of a bank per input row, an upper estimate (float64 tiles: the live arrays and the
+    kept ladder levels); tiles never exceed ``_CUDA_TILE`` elements, so for long steps it over-counts."""
     kept = sum(f.taps.bit_count() for f in filters if f.kind in _WINDOWED + ("ema",))
-    return 8 * tile * (_LIVE + 2 * kept)
+    return 8 * channels * (_LIVE + 2 * kept)
 
 
 def filter_bank(
@@ -87,17 +88,41 @@ def filter_bank(
         rt = max(2 * halo, _CPU_TILE // ct - halo, 64)
     ops = _TritonOps() if use_triton else _TorchOps()
     out3 = out.view(n, channels, m)
-    for c0 in range(0, channels, ct):
-        c1 = min(c0 + ct, channels)
-        for r0 in range(0, n, rt):
-            r1 = min(r0 + rt, n)
-            src = x[r0 : r1 + halo, c0:c1]
-            tile = torch.empty(src.shape, dtype=torch.float64, device=x.device)
-            tile.copy_(src)
-            _bank_tile(tile, filters, dilation, halo, out3[r0:r1, c0:c1], ops)
+
+    def run(c0: int, r0: int) -> None:
+        c1, r1 = min(c0 + ct, channels), min(r0 + rt, n)
+        src = x[r0 : r1 + halo, c0:c1]
+        tile = torch.empty(src.shape, dtype=torch.float64, device=x.device)
+        tile.copy_(src)
+        _bank_tile(tile, filters, dilation, halo, out3[r0:r1, c0:c1], ops, raw=src)
+
+    tiles = [(c0, r0) for c0 in range(0, channels, ct) for r0 in range(0, n, rt)]
+    workers = torch.get_num_threads() if x.device.type == "cpu" and not use_triton else 1
+    if workers > 1 and len(tiles) > 1:
+        _in_threads(run, tiles, workers)
+    else:
+        for tile in tiles:
+            run(*tile)
     if activation not in (None, "none"):
         out = apply_activation(out, activation)
     return out
+
+
+_POOL_LOCK = threading.Lock()
+
+
+def _in_threads(run, tiles: list[tuple[int, int]], workers: int) -> None:  # noqa: ANN001
+    """The CPU tiles on ``workers`` threads, each op single-threaded: torch's own parallel ops on tiles of
+    this size ran 10x slower than one thread on the loaded 2-core VM (spinning workers), and tiles are
+    independent (each output reads its own window only, so the result is the same bits)."""
+    with _POOL_LOCK:  # torch's thread count is the process's: one bank at a time changes it
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tsconv-bank") as pool:
+                for f in [pool.submit(run, *t) for t in tiles]:
+                    f.result()
+        finally:
+            torch.set_num_threads(workers)
 
 
 @dataclass
@@ -161,8 +186,10 @@ def _window(kept: dict[int, _Level], w: int, d: int, lo: int, hi: int, ops: _Ops
 
 
 def _bank_tile(x: torch.Tensor, filters: tuple[Filter, ...], d: int, halo: int, out3: torch.Tensor,
-               ops: _Ops) -> None:  # fmt: skip
-    """Every filter on the float64 tile ``x`` [halo + n, c] into ``out3`` [n, c, M] (float32)."""
+               ops: _Ops, *, raw: torch.Tensor | None = None) -> None:  # fmt: skip
+    """Every filter on the float64 tile ``x`` [halo + n, c] into ``out3`` [n, c, M] (float32). ``raw``: the
+    same rows in float32, from which the torch path takes id, lag and diff (a float32 difference of two
+    float32 values is the correctly rounded one, as float64 then rounding would give)."""
     rows = x.shape[0]
     cur = x[halo:]
     windows = {f.taps for f in filters if f.kind in _WINDOWED}
@@ -179,7 +206,15 @@ def _bank_tile(x: torch.Tensor, filters: tuple[Filter, ...], d: int, halo: int, 
     for m, f in enumerate(filters):
         kind = f.kind
         dest = out3[:, :, m]
-        if kind == "id":
+        if kind in ("id", "lag", "diff") and raw is not None and isinstance(ops, _TorchOps):
+            now = raw[halo:]
+            if kind == "id":
+                dest.copy_(now)
+            elif kind == "lag":
+                dest.copy_(raw[halo - f.n * d : rows - f.n * d])
+            else:
+                torch.sub(now, raw[halo - f.n * d : rows - f.n * d], out=dest)
+        elif kind == "id":
             ops.finish(kind, dest, cur)
         elif kind in ("lag", "diff", "ret"):
             ops.finish(kind, dest, cur, x[halo - f.n * d : rows - f.n * d])
@@ -245,9 +280,11 @@ class _TorchOps(_Ops):
             ok = (cur > 0) & (y > 0)
             dest.copy_(torch.where(ok, torch.log(torch.div(cur, y)), torch.nan))
         elif kind in ("ma", "ema"):
-            torch.mul(y, scale, out=dest)
+            dest.copy_(torch.mul(y, scale))
         elif kind == "dev":
-            torch.sub(cur, torch.mul(y, scale), out=dest)
+            # float64 contiguous, then one cast into the strided float32 output: casting ops that write a
+            # strided output directly ran 2x slower on the VM
+            dest.copy_(torch.sub(cur, torch.mul(y, scale)))
         else:
             sd = torch.sqrt(torch.mul(m, inv_dof))
             if kind == "std":
