@@ -78,7 +78,7 @@ BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 # The same text as builtin/default.toml (a test keeps them equal); used when no pipeline is given.
 DEFAULT_PIPELINE_TOML = """\
 # The default pipeline: level-free momentum and mean-reversion features for every input feature.
-# Power-of-two windows keep every weight exact in FP16, so raw price levels are safe.
+# Each filter is computed from its definition in float64 (raw price levels are safe) with its own warm-up.
 name = "default"
 description = "per-feature differences over 1, 32 and 256 steps and deviations from 32- and 256-step means"
 
