@@ -133,10 +133,10 @@ def test_filters_lists_every_built_in_filter() -> None:
     res = CliRunner().invoke(main, ["filters"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[0].split() == ["filter", "taps", "meaning"]
-    for syntax in ("ma:W", "diff:L", "dev:W", "ema:S[:K]", "id"):
-        assert any(line.startswith(syntax + " ") for line in lines[1:6]), syntax
-    assert "moving average of the last W steps" in res.output and "1 to 65,536" in res.output
+    assert lines[0].split() == ["filter", "taps", "warm-up", "meaning"]
+    for syntax in ("ma:W", "diff:L", "dev:W", "ema:S[:K]", "std:W", "zscore:W", "lag:L", "ret:L", "id"):
+        assert any(line.startswith(syntax + " ") for line in lines[1:10]), syntax
+    assert "mean of the last W values" in res.output and "1 to 65,536" in res.output
     rows = json.loads(CliRunner().invoke(main, ["filters", "--json"]).output)
     assert [r["kind"] for r in rows] == list(FILTER_KINDS)
     for r in rows:  # every example is a filter a pipeline may name, of the kind it documents

@@ -370,7 +370,8 @@ def test_series_one_step_longer_than_warmup_runs(tmp_path: Path) -> None:
     res = invoke("-i", src, "-o", tmp_path / "out.zarr")
     assert res.exit_code == 0, res.output
     out = np.asarray(zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["values"][:])
-    assert np.isnan(out[:256]).all() and np.isfinite(out[256]).all()
+    # diff256 (every 5th output from 2) warms up over 256 rows, the shorter filters over theirs
+    assert np.isnan(out[:256, 2::5]).all() and np.isfinite(out[256]).all()
     assert snapshot(src) == before
 
 

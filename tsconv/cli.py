@@ -239,18 +239,21 @@ def filters(as_json: bool) -> None:
     from tsconv.pipeline.filters import FILTER_DOCS, MAX_PARAMETER
 
     if as_json:
-        rows = [{"kind": k, "syntax": d.syntax, "taps": d.taps, "description": d.description, "example": d.example}
-                for k, d in FILTER_DOCS.items()]  # fmt: skip
+        rows = [{"kind": k, "syntax": d.syntax, "taps": d.taps, "warmup": d.warmup, "description": d.description,
+                 "example": d.example} for k, d in FILTER_DOCS.items()]  # fmt: skip
         click.echo(json.dumps(rows, indent=2))
         return
     width = max(len(d.syntax) for d in FILTER_DOCS.values())
     taps = max(len(d.taps) for d in FILTER_DOCS.values())
-    click.echo(f"{'filter':<{width}}  {'taps':<{taps}}  meaning")
+    warm = max(len("warm-up"), *(len(d.warmup) for d in FILTER_DOCS.values()))
+    click.echo(f"{'filter':<{width}}  {'taps':<{taps}}  {'warm-up':<{warm}}  meaning")
     for d in FILTER_DOCS.values():
-        click.echo(f"{d.syntax:<{width}}  {d.taps:<{taps}}  {d.description}")
+        click.echo(f"{d.syntax:<{width}}  {d.taps:<{taps}}  {d.warmup:<{warm}}  {d.description}")
     click.echo(
         f"\nParameters are integers from 1 to {MAX_PARAMETER:,}. A bank applies every filter to every input feature: "
-        'filters = ["diff:1", "ma:16"] in a [[conv]] stage (the schema: pipelines/README.md in the repository).'
+        'filters = ["diff:1", "ma:16"] in a [[conv]] stage (the schema: pipelines/README.md in the repository). '
+        "Each filter reads its own window only (taps x the stage's dilation): its output is NaN where that "
+        "window holds a NaN, and its warm-up (NaN with --warmup nan) is its own."
     )
 
 

@@ -306,13 +306,13 @@ def test_a_short_last_step_runs_at_the_full_step_shape(monkeypatch):
     x = price_series(301, 5, seed=12, nan_fraction=0.05)
     plan = resolve(pipeline_from_dict(TWO_STAGES), tuple(f"x{j}" for j in range(5)))
     lengths = []
-    real = Backend.run_centered
+    real = Backend._stages
 
-    def spy(self, xc, first_row, level):
+    def spy(self, xc, first_row, level, **kw):
         lengths.append(xc.shape[0])
-        return real(self, xc, first_row, level)
+        return real(self, xc, first_row, level, **kw)
 
-    monkeypatch.setattr(Backend, "run_centered", spy)
+    monkeypatch.setattr(Backend, "_stages", spy)  # (run and run_centered: a bank first stage takes run)
     y = _batched(x, plan, step_rows=128, band_rows=100)  # steps of 128, 128 and 45 rows
     assert len(lengths) == 3 and len(set(lengths)) == 1
     assert_matches_reference(y, x, plan)

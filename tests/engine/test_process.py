@@ -68,14 +68,14 @@ def test_nan_forward_fill_is_carried_across_chunk_boundaries(tmp_path: Path, chu
     x[250, 2] = 7.0  # feature 2 starts late: NaN before, filled after
     pipe = {"conv": [{"filters": ["id", "diff:1"]}]}
     y = tsconv.features(x, pipe, chunk=chunk)
-    # The bank's K is 2, so "id" has a zero tap on the previous step; NaN * 0 is NaN, so the leading
-    # NaN at step 9 still reaches step 10, exactly as F.conv1d on the filled series gives.
+    # Each filter reads its own window: "id" reads the current step only, so it is NaN exactly where the
+    # filled series is (before a feature's first value), whatever diff:1 beside it reads.
     ident = y[:, 0::2]
-    assert np.isnan(ident[:11]).all()
-    np.testing.assert_array_equal(ident[11:200, 0], 1.0)
-    np.testing.assert_array_equal(ident[11:200, 1], 2.0)
+    assert np.isnan(ident[:10]).all()
+    np.testing.assert_array_equal(ident[10:200, 0], 1.0)
+    np.testing.assert_array_equal(ident[10:200, 1], 2.0)
     np.testing.assert_array_equal(ident[200:, :2], 5.0)
-    assert np.isnan(ident[:251, 2]).all() and (ident[251:, 2] == 7.0).all()
+    assert np.isnan(ident[:250, 2]).all() and (ident[250:, 2] == 7.0).all()
     diff = y[:, 1::2]
     assert np.isnan(diff[10, 0]) and (diff[11:200, 0] == 0.0).all() and diff[200, 0] == 4.0
     assert np.isnan(diff[250, 2]) and (diff[251:, 2] == 0.0).all()

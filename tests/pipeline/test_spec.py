@@ -91,7 +91,7 @@ def test_dev_taps(w: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "span", "k"), [("ema:3", 3, 10), ("ema:10", 10, 31), ("ema:8:5", 8, 5), ("ema:2:1", 2, 1)]
+    ("spec", "span", "k"), [("ema:3", 3, 24), ("ema:10", 10, 83), ("ema:8:5", 8, 5), ("ema:2:1", 2, 1)]
 )
 def test_ema_taps(spec: str, span: int, k: int) -> None:
     taps = parse_filter(spec)
@@ -105,7 +105,15 @@ def test_ema_taps(spec: str, span: int, k: int) -> None:
 
 
 def test_ema_of_span_one_is_the_current_step() -> None:
-    np.testing.assert_array_equal(parse_filter("ema:1"), [0.0, 0.0, 0.0, 1.0])  # alpha = 1
+    np.testing.assert_array_equal(parse_filter("ema:1"), [1.0])  # alpha = 1
+
+
+@pytest.mark.parametrize("span", [2, 3, 8, 32, 255, 1000])
+def test_ema_window_drops_less_than_float32_resolution(span: int) -> None:
+    """ema:S's default window is the shortest whose dropped weight (1 - alpha)^K is at most 2^-24."""
+    k = len(parse_filter(f"ema:{span}"))
+    r = 1.0 - 2.0 / (span + 1.0)
+    assert r**k <= 2.0**-24 < r ** (k - 1)
 
 
 def test_id_taps() -> None:
@@ -137,7 +145,7 @@ def test_bad_filters(spec: str, match: str) -> None:
 def test_filters_are_causal_and_aligned_on_the_current_step(spec: str) -> None:
     taps = parse_filter(spec)
     k = len(taps)
-    impulse = np.zeros(20)
+    impulse = np.zeros(20 + k)
     impulse[10] = 1.0
     y = causal_apply(impulse, taps)
     assert (y[:10] == 0).all()  # nothing before the impulse: the filter never looks ahead

@@ -49,6 +49,7 @@ from tsconv.engine.level import level_before_torch, tail_rows
 from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader
 from tsconv.io.readers.blocks import ColumnSource
+from tsconv.kernels.filterbank import bank_bytes_per_row
 from tsconv.kernels.prepare import prepare
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -126,6 +127,9 @@ def _bytes_per_row(plan: ResolvedPipeline) -> int:
     widths = [layer.out_channels for layer in plan.layers]
     pairs = [widths[0]] + [a + b for a, b in zip(widths, widths[1:], strict=False)]
     per += 4 * max(pairs)
+    # a bank's float64 tiles (at most a step's rows; capped at filterbank's tile size, so an upper bound)
+    per += max((bank_bytes_per_row(layer.filters, layer.in_channels) for layer in plan.layers if layer.structured),
+               default=0)  # fmt: skip
     # the device result slots (one per host slot) plus the step's own result before it is copied there
     per += 4 * plan.n_outputs * (_OUT_SLOTS + 1)
     if plan.preprocess is not None and plan.preprocess.computes:
@@ -142,6 +146,8 @@ def weight_bytes(plan: ResolvedPipeline) -> int:
     + 8 MiB for the stage), which an estimate of the float32 weights alone (21 MB) undercounted."""
     total = 0
     for layer in plan.layers:
+        if layer.structured:  # no weights (its float64 tiles are counted per row: _bytes_per_row)
+            continue
         o, cg, k = layer.weight.shape
         total += (2 if layer.weight_dtype == "float16" else 4) * o * cg * k + 4 * o * cg * k + 16 * o * cg
         total += 8 * o * 2  # bias, float32 and float64
@@ -409,7 +415,8 @@ def run_batched(
     rows = source.rows if stop is None else stop
     halo, n_feat = plan.halo, len(plan.input_names)
     fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
-    center = backend.pre is None
+    # a bank computes from the raw values (float64 window sums need no centring)
+    center = backend.pre is None and not backend.first_structured
     times = StageTimes(step_rows=step_rows)
     t_setup = time.perf_counter()
     if transfer == "mapped" and gpu.cuda and not source.pinned:
@@ -488,6 +495,10 @@ def run_batched(
         base.synchronize()
         base_t = time.perf_counter()
     run_step = backend.run_centered if center else backend.run
+    warm = [
+        (w, sel if isinstance(sel, slice) else torch.from_numpy(sel).to(dev))
+        for w, sel in (plan.warmup_groups() if warmup == "nan" else [])
+    ]
     graph = _StepGraph(
         lambda first_row: run_step(xc, first_row, level),
         gpu.compute,
@@ -570,8 +581,9 @@ def run_batched(
                 # a new shape class mid-run (tuning briefly holds a 256 MB buffer: 1.33 GB peaks at 4096
                 # features when the last step of a 1M-row store was tuned, against 1.14 GB otherwise).
                 y = graph(s - halo)
-                if warmup == "nan" and s < halo:
-                    y[: min(halo - s, n)] = float("nan")
+                for w, warm_cols in warm:  # each output's own warm-up rows
+                    if s < w:
+                        y[: min(w - s, n), warm_cols] = float("nan")
             t0 = time.perf_counter()
             free_out.acquire()  # host slot o (and device slot o) are free once the writer is done with it
             t1 = time.perf_counter()

@@ -53,6 +53,7 @@ def run_chunked(
         prefix, state = forward_fill(raw, state)
         carry = np.concatenate([carry, prefix if fill else raw], axis=0)
     device = backend.device
+    warm = plan.warmup_groups() if warmup == "nan" else []
     for s in range(start, rows, chunk):
         e = min(s + chunk, rows)
         before = level_before(carry[halo - tail_rows(halo, s) :], state)
@@ -69,8 +70,9 @@ def run_chunked(
         x = np.concatenate([carry, filled], axis=0) if halo else filled
         y = backend.run(torch.from_numpy(x).to(device), s - halo, torch.from_numpy(level).to(device))
         out = y.cpu().numpy() if device.type != "cpu" else y.numpy()
-        if warmup == "nan" and s < halo:
-            out[: min(halo - s, e - s)] = np.nan
+        for w, cols in warm:  # each output's own warm-up rows (a bank's filters each have theirs)
+            if s < w:
+                out[: min(w - s, e - s), cols] = np.nan
         emit(out)
         if halo:
             carry = x[x.shape[0] - halo :]

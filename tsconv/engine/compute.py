@@ -22,6 +22,8 @@ import torch.nn.functional as F
 
 from tsconv.errors import TsconvWarning
 from tsconv.kernels.common import apply_activation
+from tsconv.kernels.filterbank import filter_bank
+from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = ["Backend"]
@@ -29,7 +31,8 @@ __all__ = ["Backend"]
 
 @dataclass(frozen=True)
 class _DeviceLayer:
-    weight: torch.Tensor  # the stored values: float16 for the Triton kernel, else float32
+    # the stored values: float16 for the Triton kernel, else float32; None for a bank
+    weight: torch.Tensor | None
     # [O, C/groups] float64: sum over taps of each filter as given (before FP16 rounding), which the level
     # is added back with: rounding then never adds level x (rounded sum - true sum) to the outputs
     tap_sums: torch.Tensor
@@ -39,6 +42,7 @@ class _DeviceLayer:
     groups: int
     halo: int
     activation: str
+    filters: tuple[Filter, ...] | None = None  # a built-in bank, computed from its filters' definitions
 
 
 def _conv_layer(
@@ -143,8 +147,10 @@ class Backend:
             return None if a is None else torch.from_numpy(a).to(device=device, dtype=dtype)
 
         # The Triton kernel upcasts FP16-stored weights itself; torch's conv wants float32 (the stored
-        # values, exactly), made once here rather than per chunk.
-        def stored(L) -> torch.Tensor:  # noqa: ANN001
+        # values, exactly), made once here rather than per chunk. Banks hold no weights.
+        def stored(L) -> torch.Tensor | None:  # noqa: ANN001
+            if L.structured:
+                return None
             half = L.weight_dtype == "float16" and self.triton
             return put(L.weight, torch.float16 if half else torch.float32)
 
@@ -158,6 +164,7 @@ class Backend:
                 groups=L.groups,
                 halo=L.halo,
                 activation=L.activation,
+                filters=L.filters,
             )
             for L in plan.layers
         )
@@ -170,13 +177,19 @@ class Backend:
         # "Precision"). Returns, differences and z-scores are not levels. The same rule as the level
         # _preprocess returns.
         log_levels = self.pre is not None and self.pre.transform == "log" and self.pre.zscore is None
-        self.recenter_first = self.pre is None or log_levels
+        # A bank computes in float64 from the raw values and needs no centring.
+        self.recenter_first = (self.pre is None or log_levels) and not plan.layers[0].structured
+        self.first_structured = plan.layers[0].structured
         self.head = plan.head
         self._storage = _StorageCheck(plan) if _StorageCheck.needed(plan) else None
         self._checking: _StorageCheck | None = None  # started, its warnings not yet given
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
-        self._head = self._head_paths(plan) if plan.head is not None and self.layers else None
+        # A bank as the last stage runs alone, then the head as torch's matmul (the "unfused" path).
+        last_bank = bool(self.layers) and self.layers[-1].filters is not None
+        self._head = (
+            self._head_paths(plan) if plan.head is not None and self.layers and not last_bank else None
+        )
 
     def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily
         """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.engine.head`).
@@ -264,6 +277,21 @@ class Backend:
         last = len(self.layers) - 1
         history = min(max(-first_row, 0), x.shape[0])  # leading rows before step 0: zero history
         for i, layer in enumerate(self.layers):
+            if layer.filters is not None:
+                if i == 0:  # time-major [L, C]; a centred input gets its level back (the GPU engine
+                    # does not centre a pipeline whose first stage is a bank)
+                    src = x + level if centered else x
+                else:
+                    src = y[0].T
+                out = filter_bank(src, layer.filters, dilation=layer.dilation, activation=layer.activation,
+                                  triton_kernels=self.triton)  # fmt: skip
+                if i == last:
+                    return out if self.head is None else self._head_matmul(out)
+                y = out.T.unsqueeze(0)
+                start += layer.halo
+                if start < 0:
+                    y[..., : min(-start, y.shape[-1])] = 0.0
+                continue
             if i == 0:
                 y, bias = self._first_stage_input(x, layer, level, centered=centered)
             else:
@@ -286,6 +314,13 @@ class Backend:
             if start < 0 and i + 1 < len(self.layers):
                 y[..., : min(-start, y.shape[-1])] = 0.0
         return y[0].T
+
+    def _head_matmul(self, y: torch.Tensor) -> torch.Tensor:
+        """``act(y @ W + b)`` for a bank's output ``y`` [steps, O]."""
+        out = y @ self.head_weight
+        if self.head_bias is not None:
+            out += self.head_bias
+        return apply_activation(out, self.head.activation)
 
     def _first_stage(
         self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor, *, centered: bool = False
@@ -415,8 +450,10 @@ class _StorageCheck:
 
     def __init__(self, plan: ResolvedPipeline) -> None:
         self.plan = plan
-        # the rounding residuals (given - stored), float32, None where there is none
-        self.residuals = [_residual(L.weight_dtype, L.weight, L.given) for L in plan.layers]
+        # the rounding residuals (given - stored), float32, None where there is none (and for banks,
+        # which compute from their filters' definitions, storing nothing)
+        self.residuals = [None if L.structured else _residual(L.weight_dtype, L.weight, L.given)
+                          for L in plan.layers]  # fmt: skip
         head = plan.head
         self.head_residual = None if head is None else _residual(head.weight_dtype, head.weight, head.given)
         self._thread: threading.Thread | None = None
@@ -425,7 +462,7 @@ class _StorageCheck:
 
     @staticmethod
     def needed(plan: ResolvedPipeline) -> bool:
-        layers = [(L.weight_dtype, L.weight, L.given) for L in plan.layers]
+        layers = [(L.weight_dtype, L.weight, L.given) for L in plan.layers if not L.structured]
         if plan.head is not None:
             layers.append((plan.head.weight_dtype, plan.head.weight, plan.head.given))
         return any(dt == "float16" and not np.array_equal(w, g) for dt, w, g in layers)
@@ -478,6 +515,10 @@ class _StorageCheck:
         y = u.T.unsqueeze(0)  # [1, C, L]
         origin = plan.pipeline.origin
         for i, (layer, dl, res) in enumerate(zip(plan.layers, layers, self.residuals, strict=True)):
+            if layer.structured:
+                y = filter_bank(y[0].T, layer.filters, dilation=layer.dilation, activation=layer.activation,
+                                triton_kernels=False).T.unsqueeze(0)  # fmt: skip
+                continue
             bias = None if layer.bias is None else torch.from_numpy(layer.bias).float()
             out = F.conv1d(y, torch.from_numpy(layer.weight).float(), bias, dilation=layer.dilation,
                            groups=layer.groups)  # fmt: skip

@@ -201,7 +201,7 @@ def to_parquet(
             "features": list(plan.output_names),
             "pipeline": plan.as_run(),
             "tsconv": {"version": __version__, "rows": store.rows, "chunk": chunk, "warmup": warmup,
-                       "halo": plan.halo, "complete": True, "run_id": run_id},
+                       "halo": plan.halo, "warmups": list(plan.warmups), "complete": True, "run_id": run_id},
         }  # fmt: skip
         t0 = time.perf_counter()
         reset_device(device)
@@ -302,6 +302,7 @@ def _output_attrs(
             "chunk": chunk,
             "warmup": warmup,
             "halo": plan.halo,
+            "warmups": list(plan.warmups),  # each output's own warm-up rows (tsconv inspect counts them)
             "fingerprint": fingerprint,
             "run_id": run_id,
             "input_digest": digest_note(digest) if digest is not None else None,

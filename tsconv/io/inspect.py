@@ -52,13 +52,17 @@ def _resume_command(store: InputStore, meta: dict[str, Any], source: Any) -> str
     return " ".join(parts) + " --resume"
 
 
-def _warmup_rows(meta: dict[str, Any], rows: int) -> int:
-    """Output rows the pipeline's warm-up left NaN: the first ``halo`` input rows, less those before a
-    ``[preprocess] time_range``; none with ``--warmup zero``."""
+def _warmup_rows(meta: dict[str, Any], rows: int, n_features: int) -> np.ndarray:
+    """Per output, the rows its warm-up left NaN: its own warm-up (``warmups``; older outputs record only
+    the ``halo``, every output's then) less the input rows before a ``[preprocess] time_range``; none with
+    ``--warmup zero``."""
     if meta.get("warmup") != "nan":
-        return 0
-    first = (meta.get("input_rows") or [0])[0]
-    return max(0, min(rows, int(meta.get("halo") or 0) - int(first)))
+        return np.zeros(n_features, dtype=np.int64)
+    first = int((meta.get("input_rows") or [0])[0])
+    warm = meta.get("warmups")
+    if not isinstance(warm, list) or len(warm) != n_features:
+        warm = [int(meta.get("halo") or 0)] * n_features
+    return np.clip(np.asarray(warm, dtype=np.int64) - first, 0, rows)
 
 
 def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> dict[str, Any]:
@@ -73,7 +77,7 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
     attrs = group_attrs(store)
     meta = attrs.get("tsconv")
     written = store.rows
-    warmup = 0
+    warmup = np.zeros(store.n_features, dtype=np.int64)
     if isinstance(meta, dict):
         if meta.get("complete"):
             info["tsconv_output"] = "complete"
@@ -86,8 +90,8 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
             )
         info["rows_written"] = written
         info["warmup"] = meta.get("warmup")
-        warmup = min(written, _warmup_rows(meta, store.rows))
-        info["warmup_rows"] = warmup
+        warmup = np.minimum(_warmup_rows(meta, store.rows, store.n_features), written)
+        info["warmup_rows"] = int(warmup.max()) if warmup.size else 0
     if store.time is not None:
         span = check_time(store, stop=written)
         info["time_span"] = f"{_iso(span[0])} .. {_iso(span[1])}" if span else None
@@ -116,9 +120,9 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
             )
             for a in range(0, written, reader.band_rows):
                 band = np.isnan(reader.read(a, min(a + reader.band_rows, written)))
-                cut = max(0, min(warmup - a, band.shape[0]))
-                warm += int(band[:cut].sum())
-                counts += band[cut:].sum(axis=0)
+                early = (a + np.arange(band.shape[0]))[:, None] < warmup[None, :]  # each output's own warm-up
+                warm += int((band & early).sum())
+                counts += (band & ~early).sum(axis=0)
             reader.close()
         info["nan_total"] = int(counts.sum())
         info["nan_counts"] = {n: int(c) for n, c in zip(store.features, counts, strict=True)}

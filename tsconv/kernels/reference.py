@@ -1,7 +1,8 @@
 """Float64 whole-series reference of a pipeline: the semantics every engine path must reproduce.
 
-Written straight from the definitions (per-stage causal zero padding, forward fill, warm-up rows),
-sharing no code with the streaming engine, so tests and benchmarks can trust it.
+Written straight from the definitions (per-stage causal zero padding, forward fill, each output's own
+warm-up rows, every built-in filter from its formula over its own window), sharing no code with the
+streaming engine, so tests and benchmarks can trust it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tsconv.kernels.common import apply_activation
+from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = ["forward_fill_reference", "preprocess_reference", "pipeline_reference"]
@@ -72,6 +74,12 @@ def pipeline_reference(x: np.ndarray, plan: ResolvedPipeline, *, warmup: str = "
     filled = preprocess_reference(x, plan)
     y = torch.from_numpy(filled.T.copy())[None]  # [1, C, T]
     for layer in plan.layers:
+        if layer.filters is not None:
+            series = y[0].numpy()  # [C, T]
+            outs = [_filter_reference(series[c], f, layer.dilation) for c in range(series.shape[0])
+                    for f in layer.filters]  # fmt: skip
+            y = apply_activation(torch.from_numpy(np.stack(outs))[None], layer.activation)
+            continue
         w = torch.from_numpy(layer.given)
         b = None if layer.bias is None else torch.from_numpy(layer.bias.astype(np.float64))
         y = F.conv1d(F.pad(y, (layer.halo, 0)), w, b, dilation=layer.dilation, groups=layer.groups)
@@ -84,5 +92,41 @@ def pipeline_reference(x: np.ndarray, plan: ResolvedPipeline, *, warmup: str = "
         out = apply_activation(out, plan.head.activation)
     result = out.numpy().copy()
     if warmup == "nan":
-        result[: plan.halo] = np.nan
+        warm = plan.warmups or (plan.halo,) * result.shape[1]
+        for j, w in enumerate(warm):
+            result[:w, j] = np.nan
     return result
+
+
+def _filter_reference(s: np.ndarray, f: Filter, dilation: int) -> np.ndarray:
+    """One built-in filter over the float64 series ``s`` [T] with zero history before step 0, each step from
+    its window ``s[t], s[t - d], ..., s[t - (taps - 1) d]`` (newest first) by the filter's formula."""
+    pad = f.halo * dilation
+    padded = np.concatenate([np.zeros(pad), s])
+    idx = np.arange(s.shape[0])[:, None] + pad - dilation * np.arange(f.taps)[None, :]
+    win = padded[idx]  # [T, taps], newest first
+    now, old = win[:, 0], win[:, -1]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if f.kind == "id":
+            return now.copy()
+        if f.kind == "lag":
+            return old.copy()
+        if f.kind == "diff":
+            return now - old
+        if f.kind == "ret":
+            ok = (now > 0) & (old > 0)
+            return np.where(ok, np.log(np.where(ok, now, 1.0) / np.where(ok, old, 1.0)), np.nan)
+        if f.kind == "ema":
+            w = f.alpha * (1.0 - f.alpha) ** np.arange(f.taps)
+            return win @ (w / w.sum()) if f.alpha < 1 else now.copy()
+        mean = win.mean(axis=1)
+        if f.kind == "ma":
+            return mean
+        if f.kind == "dev":
+            return now - mean
+        finite = np.isfinite(win).all(axis=1)
+        std = np.sqrt(((win - mean[:, None]) ** 2).sum(axis=1) / (f.taps - 1))
+        std = np.where(finite, std, np.nan)
+        if f.kind == "std":
+            return std
+        return np.where(std > 0, (now - mean) / std, np.nan)  # zscore

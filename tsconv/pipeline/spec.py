@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import PipelineError, ShapeError
-from tsconv.pipeline.filters import bank_weights, parse_filter
+from tsconv.pipeline.filters import Filter, bank_weights, filter_spec
 
 __all__ = [
     "ACTIVATIONS",
@@ -79,7 +79,7 @@ BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 # The same text as builtin/default.toml (a test keeps them equal); used when no pipeline is given.
 DEFAULT_PIPELINE_TOML = """\
 # The default pipeline: level-free momentum and mean-reversion features for every input feature.
-# Power-of-two windows keep every weight exact in FP16, so raw price levels are safe.
+# Each filter is computed from its definition in float64 (raw price levels are safe) with its own warm-up.
 name = "default"
 description = "per-feature differences over 1, 32 and 256 steps and deviations from 32- and 256-step means"
 
@@ -203,6 +203,13 @@ class Layer:
     # [O, C/groups] float64: each filter's sum over taps of the weights as given (the level term of a
     # centred stage uses it, so FP16 rounding never adds level x (rounded sum - true sum) to its outputs)
     tap_sums: np.ndarray = field(repr=False)
+    # A built-in bank: its filters, computed from their definitions (tsconv.kernels.filterbank) in float64;
+    # weight and given then hold the filters' linear forms (filters.parse_filter), which no path runs.
+    filters: tuple[Filter, ...] | None = None
+
+    @property
+    def structured(self) -> bool:
+        return self.filters is not None
 
     @property
     def in_channels(self) -> int:
@@ -241,6 +248,18 @@ class ResolvedPipeline:
     input_names: tuple[str, ...]  # the selected features, the first stage's inputs
     output_names: tuple[str, ...]
     columns: tuple[int, ...] | None = None  # the selected features' columns in the source; None: all
+    # Per output: its warm-up, the first steps whose receptive field reaches before step 0 (NaN with
+    # --warmup nan). Each filter of a bank has its own, so a diff:1 beside a dev:256 is valid from step 1.
+    warmups: tuple[int, ...] = ()
+
+    def warmup_groups(self) -> list[tuple[int, np.ndarray | slice]]:
+        """``(rows, columns)`` for each distinct warm-up > 0: the output columns whose first ``rows`` steps
+        are warm-up (``slice(None)`` when every output shares it)."""
+        w = np.asarray(self.warmups if self.warmups else (self.halo,) * self.n_outputs, dtype=np.int64)
+        values = sorted({int(v) for v in w if v > 0})
+        if len(values) == 1 and (w == values[0]).all():
+            return [(values[0], slice(None))]
+        return [(v, np.flatnonzero(w == v)) for v in values]
 
     @property
     def preprocess(self) -> Preprocess | None:
@@ -293,6 +312,9 @@ class ResolvedPipeline:
                     "weight_dtype": layer.weight_dtype,
                     "weight_sha256": digest(layer.weight),
                     "bias_sha256": digest(layer.bias),
+                    # how a bank is computed: "filters-2" each filter from its definition with its own
+                    # warm-up (before: a dense convolution padded to the longest filter)
+                    **({"compute": "filters-2"} if layer.structured else {}),
                 }
                 for stage, layer in zip(self.pipeline.stages, self.layers, strict=True)
             ],
@@ -609,7 +631,7 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, def
             raise PipelineError(f"{where}: {table}: filters must be a non-empty list of strings, got {raw!r}")
         for f in raw:
             try:
-                parse_filter(f)
+                filter_spec(f)
             except PipelineError as exc:
                 raise PipelineError(f"{where}: {table}: {exc.message}", hint=exc.hint) from None
         dupes = sorted({f for f in raw if raw.count(f) > 1})
@@ -917,12 +939,6 @@ def tap_sums(w: np.ndarray) -> np.ndarray:
     return acc
 
 
-def _filter_label(spec: str) -> str:
-    """``ma:16`` -> ``ma16``, ``ema:8:4`` -> ``ema8_4``: unique per filter, no ':' in column names."""
-    kind, *params = spec.strip().split(":")
-    return kind + "_".join(params)
-
-
 def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> ResolvedPipeline:
     """Bind a pipeline to its input features: check widths and build the layers and output names.
 
@@ -935,12 +951,16 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
     selected = names
     channels = len(names)
     layers: list[Layer] = []
+    warm = [pipeline.preprocess.pre_halo if pipeline.preprocess else 0] * channels
     for i, stage in enumerate(pipeline.stages, start=1):
         what = f"{pipeline.origin}: [[conv]] #{i} ({stage.name})"
+        bank = None
         if stage.filters is not None:
+            bank = tuple(filter_spec(f) for f in stage.filters)
             weight = bank_weights(stage.filters, channels)
             groups = channels
-            out_names = tuple(f"{n}.{_filter_label(f)}" for n in names for f in stage.filters)
+            out_names = tuple(f"{n}.{f.label}" for n in names for f in bank)
+            warm = [w + f.halo * stage.dilation for w in warm for f in bank]
         else:
             weight = stage.weight
             groups = channels if stage.groups == "depthwise" else int(stage.groups)
@@ -961,6 +981,10 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
                     f"{what}: {weight.shape[0]} output channels are not a multiple of groups = {groups}"
                 )
             out_names = tuple(f"{stage.name}.{o}" for o in range(weight.shape[0]))
+            per_in, per_out = weight.shape[1], weight.shape[0] // groups
+            reach = (weight.shape[2] - 1) * stage.dilation
+            warm = [max(warm[(o // per_out) * per_in : (o // per_out + 1) * per_in]) + reach
+                    for o in range(weight.shape[0])]  # fmt: skip
         layers.append(
             Layer(
                 name=stage.name,
@@ -972,6 +996,7 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
                 weight_dtype=stage.weight_dtype,
                 given=np.asarray(weight, dtype=np.float64),
                 tap_sums=tap_sums(weight),
+                filters=bank,
             )
         )
         names, channels = out_names, weight.shape[0]
@@ -1002,6 +1027,7 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
             given=np.asarray(h.weight, dtype=np.float64),
         )
         names = tuple(f"{h.name}.{j}" for j in range(h.weight.shape[1]))
+        warm = [max(warm)] * h.weight.shape[1]
     return ResolvedPipeline(
         pipeline=pipeline,
         layers=tuple(layers),
@@ -1009,4 +1035,5 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
         input_names=selected,
         output_names=names,
         columns=columns,
+        warmups=tuple(warm),
     )

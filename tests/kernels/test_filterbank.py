@@ -1,0 +1,313 @@
+"""Built-in filters against an independent float64 reference, on price-like data.
+
+The reference here shares no code with tsconv: window sums are long-double prefix sums of the finite
+values with integer counts of NaN / +inf / -inf per window (the engine uses float64 pairwise sums), flat
+windows are found by counting changes, and the EMA is checked against the exact recursion. Data: prices
+between 20 and 500 (multiplicative walks on a 0.01 grid), symbols that start late, NaN gaps (with
+``fill = "none"``, so they reach the filters) and +-inf prints.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tsconv
+from tsconv.kernels.filterbank import filter_bank
+from tsconv.pipeline.filters import FILTER_DOCS, FILTER_KINDS, filter_spec, parse_filter
+from tsconv.pipeline.spec import pipeline_from_dict, resolve
+
+from ..helpers import write_store
+
+ALL = ["id", "lag:3", "diff:1", "diff:32", "ret:1", "ret:16", "ma:7", "ma:32", "dev:32", "dev:256",
+       "std:2", "std:20", "zscore:64", "ema:8", "ema:32", "ema:5:9"]  # fmt: skip
+DEFAULT = ["diff:1", "diff:32", "diff:256", "dev:32", "dev:256"]
+REL = 2e-6  # of each output's scale
+
+
+def prices(
+    rows: int, cols: int, *, seed: int, late: bool = True, gaps: bool = True, inf: bool = True
+) -> np.ndarray:
+    """Multiplicative random walks between 20 and 500 on a 0.01 grid (float32), with optional late
+    starts, NaN gaps and +-inf prints."""
+    rng = np.random.default_rng(seed)
+    lo, hi = np.log(20.0), np.log(500.0)
+    start = rng.uniform(lo, hi, size=cols)
+    logp = start + np.cumsum(rng.normal(scale=1e-3, size=(rows, cols)), axis=0)
+    logp = lo + np.abs((logp - lo) % (2 * (hi - lo)) - (hi - lo))  # reflect into [log 20, log 500]
+    x = np.round(np.exp(logp), 2).astype(np.float32)
+    if late and cols > 1:
+        x[: rows // 3, 1] = np.nan
+    if gaps and cols > 2:
+        for a in rng.integers(0, rows - 50, size=3):
+            x[a : a + rng.integers(1, 40), 2] = np.nan
+    if inf and cols > 3:
+        x[rng.integers(0, rows, size=2), 3] = np.inf
+        x[rng.integers(0, rows, size=1), 3] = -np.inf
+    return x
+
+
+# ------------------------------------------------------------------------------------------ reference
+
+
+def _window_counts(a: np.ndarray, w: int, d: int) -> np.ndarray:
+    """Sums over the windows a[t], a[t-d], ..., a[t-(w-1)d] (zero before row 0), exactly, for integers."""
+    out = np.zeros_like(a)
+    for k in range(w):
+        out[k * d :] += a[: a.shape[0] - k * d]
+    return out
+
+
+def _window_sum(v: np.ndarray, w: int, d: int) -> np.ndarray:
+    """Long-double prefix-sum windows of ``v`` along axis 0 (zero history), per dilation phase."""
+    out = np.empty(v.shape, dtype=np.longdouble)
+    for p in range(d):
+        col = v[p::d].astype(np.longdouble)
+        c = np.concatenate([np.zeros((1,) + col.shape[1:], np.longdouble), np.cumsum(col, axis=0)])
+        n = col.shape[0]
+        idx = np.arange(n)
+        out[p::d] = c[idx + 1] - c[np.maximum(idx + 1 - w, 0)]
+    return out
+
+
+def reference(x: np.ndarray, spec: str, d: int = 1) -> np.ndarray:
+    """One filter over every column of ``x`` [T, C] in float64 (zero history before step 0, so rows in
+    the warm-up are what --warmup zero gives)."""
+    f = filter_spec(spec)
+    pad = f.halo * d  # zero history, made explicit: every window below then lies inside the padded series
+    x = np.concatenate([np.zeros((pad, x.shape[1])), x.astype(np.float64)])
+    return _reference(x, f, d)[pad:]
+
+
+def _reference(x: np.ndarray, f, d: int) -> np.ndarray:  # noqa: ANN001
+    T = x.shape[0]
+    L = f.n
+
+    def lagged(k: int) -> np.ndarray:
+        out = np.zeros_like(x)
+        out[k:] = x[: T - k]
+        return out
+
+    with np.errstate(all="ignore"):
+        if f.kind == "id":
+            return x.copy()
+        if f.kind == "lag":
+            return lagged(L * d)
+        if f.kind == "diff":
+            return x - lagged(L * d)
+        if f.kind == "ret":
+            a, b = x, lagged(L * d)
+            return np.where((a > 0) & (b > 0), np.log(a / b), np.nan)
+        w = f.taps
+        nan = _window_counts(np.isnan(x).astype(np.int64), w, d)
+        pos = _window_counts(np.isposinf(x).astype(np.int64), w, d)
+        neg = _window_counts(np.isneginf(x).astype(np.int64), w, d)
+        special = np.where(nan > 0, np.nan, np.where((pos > 0) & (neg > 0), np.nan,
+                           np.where(pos > 0, np.inf, np.where(neg > 0, -np.inf, 0.0))))  # fmt: skip
+        bad = (nan + pos + neg) > 0
+        finite = np.where(np.isfinite(x), x, 0.0)
+        if f.kind == "ema":  # the truncated, renormalised EMA over its K taps
+            a = f.alpha
+            taps = a * (1 - a) ** np.arange(w)
+            taps /= taps.sum()
+            s = np.zeros_like(x)
+            for k in range(w):
+                s[k * d :] += taps[k] * finite[: T - k * d]
+            return np.where(bad, special, s)
+        base = np.nanmedian(
+            np.where(np.isfinite(x), x, np.nan), axis=0
+        )  # any constant: kept off the cancellation
+        base = np.where(np.isfinite(base), base, 0.0)
+        c = np.where(np.isfinite(x), x - base, 0.0)
+        s1 = _window_sum(c, w, d)
+        mean = np.where(bad, special, (s1 / w).astype(np.float64) + base)
+        if f.kind == "ma":
+            return mean
+        if f.kind == "dev":
+            return x - mean
+        s2 = _window_sum(c * c, w, d)
+        var = np.maximum((s2 - s1 * s1 / w) / (w - 1), 0).astype(np.float64)
+        changes = np.zeros(x.shape, np.int64)
+        changes[d:] = (x[d:] != x[:-d]).astype(np.int64)
+        moves = _window_counts(changes, w - 1, d)  # changes between consecutive window values
+        std = np.where(moves == 0, 0.0, np.sqrt(var))
+        std = np.where(bad, np.nan, std)
+        if f.kind == "std":
+            return std
+        return np.where(std > 0, (x - mean) / std, np.nan)
+
+
+def _warm(y: np.ndarray, spec: str, d: int = 1) -> np.ndarray:
+    y = y.copy()
+    y[: filter_spec(spec).halo * d] = np.nan
+    return y
+
+
+def _check(got: np.ndarray, want: np.ndarray, what: str, rel: float = REL) -> float:
+    """Same NaN / +inf / -inf pattern; finite values within ``rel`` of the output's scale (its largest
+    finite |value|). Returns the worst error relative to the scale."""
+    for name, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        differ = np.flatnonzero(test(got) != test(want))
+        assert differ.size == 0, f"{what}: {name} pattern differs at rows {differ[:5]} (of {differ.size})"
+    ok = np.isfinite(want)
+    if not ok.any():
+        return 0.0
+    scale = np.abs(want[ok]).max()
+    err = np.abs(got[ok].astype(np.float64) - want[ok]).max() / max(scale, 1e-300)
+    assert err <= rel, f"{what}: error {err:.3g} of the scale {scale:.4g}"
+    return err
+
+
+def _run(x: np.ndarray, filters: list[str], *, d: int = 1, chunk: int = 65536, warmup: str = "nan",
+         fill: str = "none") -> np.ndarray:  # fmt: skip
+    pipe = {"preprocess": {"fill": fill}, "conv": [{"filters": filters, "dilation": d}]}
+    return tsconv.features(x, pipe, chunk=chunk, warmup=warmup, device="cpu")
+
+
+# ------------------------------------------------------------------------------------------ tests
+
+
+def test_the_issue_example_each_filter_keeps_its_own_warm_up() -> None:
+    """3000 x 2 random walk, the second column starting at row 1000: diff1 has 1 and 1001 NaNs, not 256
+    and 1256 (the bank's longest filter)."""
+    rng = np.random.default_rng(0)
+    x = (100 + np.cumsum(rng.normal(size=(3000, 2)), axis=0)).astype(np.float32)
+    x[:1000, 1] = np.nan
+    y, names = tsconv.features(x, return_names=True, device="cpu")
+    nans = dict(zip(names, np.isnan(y).sum(axis=0).tolist(), strict=True))
+    assert nans == {"f0.diff1": 1, "f0.diff32": 32, "f0.diff256": 256, "f0.dev32": 31, "f0.dev256": 255,
+                    "f1.diff1": 1001, "f1.diff32": 1032, "f1.diff256": 1256, "f1.dev32": 1031,
+                    "f1.dev256": 1255}  # fmt: skip
+
+
+@pytest.mark.parametrize("d", [1, 3])
+def test_every_filter_against_the_reference(d: int) -> None:
+    x = prices(6000, 5, seed=d)
+    y = _run(x, ALL, d=d, chunk=777)
+    for m, spec in enumerate(ALL):
+        for c in range(x.shape[1]):
+            want = _warm(reference(x[:, c : c + 1], spec, d)[:, 0], spec, d)
+            _check(y[:, c * len(ALL) + m], want, f"x{c}.{spec} d={d}")
+
+
+def test_warmup_zero_uses_zero_history() -> None:
+    x = prices(800, 4, seed=5, inf=False)
+    y = _run(x, ALL, warmup="zero", chunk=100)
+    for m, spec in enumerate(ALL):
+        for c in range(x.shape[1]):
+            _check(y[:, c * len(ALL) + m], reference(x[:, c : c + 1], spec)[:, 0], f"x{c}.{spec} (zero)")
+
+
+def test_ema_equals_the_exact_recursion_after_its_warm_up() -> None:
+    x = prices(20_000, 3, seed=2, late=False, gaps=False, inf=False)
+    specs = ["ema:2", "ema:8", "ema:32", "ema:200"]
+    y = _run(x, specs)
+    for m, spec in enumerate(specs):
+        a = filter_spec(spec).alpha
+        e = np.empty(x.shape, np.float64)
+        e[0] = x[0]
+        for t in range(1, x.shape[0]):  # e[t] = a x[t] + (1 - a) e[t - 1], started at x[0]
+            e[t] = a * x[t] + (1 - a) * e[t - 1]
+        k = filter_spec(spec).halo
+        got = y[k:, m :: len(specs)].astype(np.float64)
+        err = np.abs(got - e[k:]).max() / np.abs(e[k:]).max()
+        assert err <= 1e-6, f"{spec}: {err:.3g}"
+
+
+@pytest.mark.parametrize("d", [1, 2])
+def test_chunked_equals_whole_bit_for_bit(d: int) -> None:
+    """Every output depends on its own window only: any chunking gives the same bits."""
+    x = prices(3000, 4, seed=9)
+    whole = _run(x, ALL, d=d, chunk=3000)
+    for chunk in (13, 97, 1024):
+        np.testing.assert_array_equal(_run(x, ALL, d=d, chunk=chunk), whole, err_msg=f"chunk {chunk}")
+
+
+def test_two_stages_and_a_head_chunked_equal_whole() -> None:
+    x = prices(3000, 3, seed=4, late=False, gaps=False, inf=False)
+    pipe = {"conv": [{"filters": ["ema:8", "dev:16", "std:8"]}, {"filters": ["id", "ma:4", "zscore:8"],
+            "dilation": 4, "activation": "tanh"}],
+            "head": {"weights": np.random.default_rng(0).normal(size=(27, 2))}}  # fmt: skip
+    whole = tsconv.features(x, pipe, chunk=3000, device="cpu")
+    np.testing.assert_array_equal(tsconv.features(x, pipe, chunk=111, device="cpu"), whole)
+    plan = resolve(pipeline_from_dict(pipe), ["f0", "f1", "f2"])
+    # the head mixes every output: its warm-up is the longest path, ema:8 (66) + zscore:8 dilated (28)
+    assert plan.warmups == (94, 94) and np.isnan(whole[:94]).all() and not np.isnan(whole[94:1000]).any()
+
+
+def test_a_short_chunk_process_run_equals_one_long_run(tmp_path) -> None:
+    x = prices(4000, 4, seed=3)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(500, 4))
+    pipe = {"conv": [{"filters": ALL}]}
+    tsconv.process(src, tmp_path / "a.zarr", pipeline=pipe, chunk=37)
+    tsconv.process(src, tmp_path / "b.zarr", pipeline=pipe, chunk=100_000)
+    import zarr
+
+    a = np.asarray(zarr.open_group(str(tmp_path / "a.zarr"), mode="r")["values"][:])
+    b = np.asarray(zarr.open_group(str(tmp_path / "b.zarr"), mode="r")["values"][:])
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's log of the masked-out values
+def test_the_triton_kernels_equal_the_torch_path() -> None:
+    """Interpreted on CPU tensors (TRITON_INTERPRET=1): the same operations, so the same bits."""
+    x = torch.from_numpy(prices(400, 4, seed=6))
+    fs = tuple(filter_spec(s) for s in ALL)
+    for d in (1, 2):
+        a = filter_bank(x, fs, dilation=d, triton_kernels=False)
+        b = filter_bank(x, fs, dilation=d, triton_kernels=True)
+        np.testing.assert_array_equal(b.numpy(), a.numpy())
+
+
+def test_filter_docs_cover_every_kind_with_formula_and_warm_up() -> None:
+    assert list(FILTER_DOCS) == list(FILTER_KINDS)
+    for kind, doc in FILTER_DOCS.items():
+        f = filter_spec(doc.example)
+        assert f.kind == kind and parse_filter(doc.example).size == f.taps
+        assert doc.warmup and doc.description
+
+
+@pytest.mark.parametrize(("spec", "match"), [("std:1", "at least 2"), ("zscore:1", "at least 2"),
+                                             ("ret", "needs a parameter"), ("lag:2:3", "one parameter")])  # fmt: skip
+def test_bad_new_filters(spec: str, match: str) -> None:
+    with pytest.raises(tsconv.TsconvError, match=match):
+        filter_spec(spec)
+
+
+def test_the_fingerprint_records_how_a_bank_is_computed() -> None:
+    plan = resolve(pipeline_from_dict({"conv": [{"filters": DEFAULT}]}), ["a"])
+    assert plan.as_run()["stages"][0]["compute"] == "filters-2"
+
+
+@pytest.mark.slow
+def test_default_filters_on_a_million_prices() -> None:
+    """Every built-in filter on ~1e6 steps of prices 20..500: within 2e-6 of each output's scale."""
+    x = prices(1_000_000, 2, seed=11, late=True, gaps=False, inf=False)
+    specs = ALL + DEFAULT
+    specs = list(dict.fromkeys(specs))
+    y = _run(x, specs, chunk=65536, fill="ffill")
+    worst = {}
+    for m, spec in enumerate(specs):
+        for c in range(x.shape[1]):
+            want = _warm(reference(x[:, c : c + 1], spec)[:, 0], spec)
+            worst[spec] = max(worst.get(spec, 0.0), _check(y[:, c * len(specs) + m], want, f"x{c}.{spec}"))
+
+
+@pytest.mark.gpu
+def test_cuda_bank_equals_the_float64_reference_at_scale() -> None:
+    """The Triton kernels on the GPU, 200k x 64 prices, every filter, against the float64 reference."""
+    x = prices(200_000, 64, seed=12)
+    fs = tuple(filter_spec(s) for s in ALL)
+    y = filter_bank(torch.from_numpy(x).cuda(), fs, dilation=1).cpu().numpy()
+    halo = max(f.halo for f in fs)
+    for m, spec in enumerate(ALL):
+        want = reference(x, spec)[halo:]
+        for c in range(x.shape[1]):
+            _check(y[:, c * len(ALL) + m], want[:, c], f"x{c}.{spec}")
+    # and the engine end to end, chunked on the GPU's batched engine against the CPU engine's bits' values
+    pipe = {"preprocess": {"fill": "none"}, "conv": [{"filters": ALL}]}
+    gpu = tsconv.features(x, pipe, device="cuda")
+    cpu = tsconv.features(x, pipe, device="cpu")
+    for j in range(gpu.shape[1]):
+        _check(gpu[:, j], cpu[:, j].astype(np.float64), f"engine output {j}")

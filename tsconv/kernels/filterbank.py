@@ -1,0 +1,404 @@
+"""Banks of built-in filters computed from their definitions (:mod:`tsconv.pipeline.filters`).
+
+Every filter of a bank is computed by its structure, in float64, and rounded once to float32: lags and
+differences from two rows; window sums (ma, dev, std, zscore) and the EMA's geometrically weighted window
+from a *ladder* of pairwise sums, ``E_{j+1}(t) = r^h E_j(t - h d) + E_j(t)`` with ``h = 2^j`` (r = 1 for
+plain sums), a window of W steps being the sum of the ladder levels of W's binary digits, newest first.
+Why pairwise sums: each output is a fixed sequence of float64 operations over exactly the values of its
+own window, so
+
+- it does not depend on where a chunk, tile or step starts (chunked equals whole bit for bit on the CPU),
+- a value outside the window never touches it (no running sum subtracts a huge or infinite value that
+  left the window), and NaN and infinities spread exactly as in a direct sum,
+- rounding grows with log2(W), and float64 keeps price levels and long windows exact to float32.
+
+std and zscore carry each level's sum of squared deviations from its own mean alongside (the pairwise
+update of Chan, Golub and LeVeque): no sum of squares of raw prices, so no cancellation on price levels,
+and a flat window gives exactly 0.
+
+The same operations run as torch ops (the CPU, and any device) or as the Triton kernels below (CUDA, or
+CPU tensors under ``TRITON_INTERPRET=1``), over tiles of rows and channels sized to stay in cache (CPU) or
+within a bounded scratch (GPU).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from tsconv.kernels.common import apply_activation
+from tsconv.pipeline.filters import Filter
+
+__all__ = ["bank_bytes_per_row", "bank_halo", "filter_bank"]
+
+# Elements (rows x channels) of one float64 tile: about 1 MiB on the CPU (a core's L2 holds the live
+# levels of the default bank), 16 MiB per array on CUDA.
+_CPU_TILE = 1 << 17
+_CUDA_TILE = 1 << 21
+_CPU_CHANNELS = 64  # channels per CPU tile: wide inputs are cut by channel, so tiles keep many rows
+_LIVE = 6  # float64 arrays of a tile's size live at once, besides the kept ladder levels (an estimate)
+
+_KIND = {"id": 0, "lag": 1, "diff": 2, "ret": 3, "ma": 4, "dev": 5, "std": 6, "zscore": 7, "ema": 8}
+_WINDOWED = ("ma", "dev", "std", "zscore")
+_MOMENTS = ("std", "zscore")
+
+
+def bank_halo(filters: tuple[Filter, ...], dilation: int) -> int:
+    """Rows before its first output that a bank reads: the longest filter's warm-up times the dilation."""
+    return max(f.halo for f in filters) * dilation
+
+
+def bank_bytes_per_row(filters: tuple[Filter, ...], channels: int) -> int:
+    """Working memory of a bank per input row, an upper estimate (float64 tiles: the live arrays and the
+    kept ladder levels); tiles never exceed ``_CUDA_TILE`` elements, so for long steps it over-counts."""
+    kept = sum(f.taps.bit_count() for f in filters if f.kind in _WINDOWED + ("ema",))
+    return 8 * channels * (_LIVE + 2 * kept)
+
+
+def filter_bank(
+    x: torch.Tensor,
+    filters: tuple[Filter, ...],
+    *,
+    dilation: int = 1,
+    activation: str = "none",
+    triton_kernels: bool | None = None,
+) -> torch.Tensor:
+    """The bank on ``x`` [L, C] (time-major, any strides, float32) in "valid" mode: [L - halo, C * M]
+    float32, time-major, output ``c * M + m`` being filter ``m`` of input channel ``c``, through
+    ``activation``. ``triton_kernels`` defaults to CUDA tensors."""
+    use_triton = x.is_cuda if triton_kernels is None else triton_kernels
+    n_in, channels = x.shape
+    halo = bank_halo(filters, dilation)
+    m = len(filters)
+    n = max(n_in - halo, 0)
+    out = torch.empty((n, channels * m), dtype=torch.float32, device=x.device)
+    if n == 0 or channels == 0:
+        return out
+    if use_triton:
+        ct = channels
+        rt = max(1, _CUDA_TILE // channels - halo)
+    else:
+        ct = min(channels, _CPU_CHANNELS)
+        rt = max(2 * halo, _CPU_TILE // ct - halo, 64)
+    ops = _TritonOps() if use_triton else _TorchOps()
+    out3 = out.view(n, channels, m)
+
+    def run(c0: int, r0: int) -> None:
+        c1, r1 = min(c0 + ct, channels), min(r0 + rt, n)
+        src = x[r0 : r1 + halo, c0:c1]
+        tile = torch.empty(src.shape, dtype=torch.float64, device=x.device)
+        tile.copy_(src)
+        _bank_tile(tile, filters, dilation, halo, out3[r0:r1, c0:c1], ops, raw=src)
+
+    tiles = [(c0, r0) for c0 in range(0, channels, ct) for r0 in range(0, n, rt)]
+    workers = torch.get_num_threads() if x.device.type == "cpu" and not use_triton else 1
+    if workers > 1 and len(tiles) > 1:
+        _in_threads(run, tiles, workers)
+    else:
+        for tile in tiles:
+            run(*tile)
+    if activation not in (None, "none"):
+        out = apply_activation(out, activation)
+    return out
+
+
+_POOL_LOCK = threading.Lock()
+
+
+def _in_threads(run, tiles: list[tuple[int, int]], workers: int) -> None:  # noqa: ANN001
+    """The CPU tiles on ``workers`` threads, each op single-threaded: torch's own parallel ops on tiles of
+    this size ran 10x slower than one thread on the loaded 2-core VM (spinning workers), and tiles are
+    independent (each output reads its own window only, so the result is the same bits)."""
+    with _POOL_LOCK:  # torch's thread count is the process's: one bank at a time changes it
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tsconv-bank") as pool:
+                for f in [pool.submit(run, *t) for t in tiles]:
+                    f.result()
+        finally:
+            torch.set_num_threads(workers)
+
+
+@dataclass
+class _Level:
+    """Window sums over 2^j steps ending at each row ``start + i`` of the tile (``s[i]``), and for std the
+    sums of squared deviations from each window's mean (``m``; None at j = 0, where they are 0)."""
+
+    s: torch.Tensor
+    m: torch.Tensor | None
+    start: int
+
+
+def _ladder(x: torch.Tensor, d: int, ops: _Ops, *, top: int, keep: set[int], r: float | None,
+            moments_top: int = -1) -> dict[int, _Level]:  # fmt: skip
+    """Levels 0..top of the ladder over the tile ``x`` (weights r^k, None: 1), keeping those in ``keep``;
+    sums of squared deviations up to level ``moments_top``."""
+    kept: dict[int, _Level] = {}
+    cur = _Level(x, None, 0)
+    for j in range(top + 1):
+        if j in keep:
+            kept[j] = cur
+        if j == top:
+            break
+        h = 1 << j
+        sh = h * d
+        k = cur.s.shape[0] - sh
+        older, newer = cur.s[:k], cur.s[sh:]
+        s = ops.axpy(older, newer, None if r is None else r**h)
+        m = None
+        if j < moments_top:
+            m = ops.merge(older, None if cur.m is None else cur.m[:k], newer,
+                          None if cur.m is None else cur.m[sh:], 1.0 / h, 1.0 / h, h / 2.0)  # fmt: skip
+        cur = _Level(s, m, cur.start + sh)
+    return kept
+
+
+def _window(kept: dict[int, _Level], w: int, d: int, lo: int, hi: int, ops: _Ops, *, r: float | None,
+            moments: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """The window of ``w`` steps ending at tile rows [lo, hi): its (weighted) sum and, with ``moments``,
+    its sum of squared deviations from its mean. Segments are the binary digits of w, newest first."""
+    acc_s = acc_m = None
+    acc_n = off = 0
+    for j in range(w.bit_length()):
+        if not w >> j & 1:
+            continue
+        level = kept[j]
+        a, b = lo - off * d - level.start, hi - off * d - level.start
+        seg_s = level.s[a:b]
+        seg_m = None if level.m is None else level.m[a:b]
+        size = 1 << j
+        if acc_s is None:
+            acc_s, acc_m = seg_s, seg_m
+        else:
+            if moments:
+                acc_m = ops.merge(seg_s, seg_m, acc_s, acc_m, 1.0 / size, 1.0 / acc_n,
+                                  size * acc_n / (size + acc_n))  # fmt: skip
+            acc_s = ops.axpy(seg_s, acc_s, None if r is None else r**off)
+        acc_n += size
+        off += size
+    return acc_s, acc_m
+
+
+def _bank_tile(x: torch.Tensor, filters: tuple[Filter, ...], d: int, halo: int, out3: torch.Tensor,
+               ops: _Ops, *, raw: torch.Tensor | None = None) -> None:  # fmt: skip
+    """Every filter on the float64 tile ``x`` [halo + n, c] into ``out3`` [n, c, M] (float32). ``raw``: the
+    same rows in float32, from which the torch path takes id, lag and diff (a float32 difference of two
+    float32 values is the correctly rounded one, as float64 then rounding would give)."""
+    rows = x.shape[0]
+    cur = x[halo:]
+    windows = {f.taps for f in filters if f.kind in _WINDOWED}
+    moment_windows = {f.taps for f in filters if f.kind in _MOMENTS}
+    sums: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    if windows:
+        keep = {j for w in windows for j in range(w.bit_length()) if w >> j & 1}
+        top = max(w.bit_length() for w in windows) - 1
+        moments_top = max((w.bit_length() - 1 for w in moment_windows), default=-1)
+        kept = _ladder(x, d, ops, top=top, keep=keep, r=None, moments_top=moments_top)
+        for w in sorted(windows):
+            sums[w] = _window(kept, w, d, halo, rows, ops, r=None, moments=w in moment_windows)
+        del kept
+    for m, f in enumerate(filters):
+        kind = f.kind
+        dest = out3[:, :, m]
+        if kind in ("id", "lag", "diff") and raw is not None and isinstance(ops, _TorchOps):
+            now = raw[halo:]
+            if kind == "id":
+                dest.copy_(now)
+            elif kind == "lag":
+                dest.copy_(raw[halo - f.n * d : rows - f.n * d])
+            else:
+                torch.sub(now, raw[halo - f.n * d : rows - f.n * d], out=dest)
+        elif kind == "id":
+            ops.finish(kind, dest, cur)
+        elif kind in ("lag", "diff", "ret"):
+            ops.finish(kind, dest, cur, x[halo - f.n * d : rows - f.n * d])
+        elif kind in _WINDOWED:
+            s, ss = sums[f.taps]
+            ops.finish(kind, dest, cur, s, ss, scale=1.0 / f.taps, inv_dof=1.0 / max(f.taps - 1, 1))
+        else:  # ema: the weighted window over its taps, renormalised to sum 1
+            r = 1.0 - f.alpha
+            if f.taps == 1 or r == 0.0:  # alpha = 1, or one tap: the current value
+                ops.finish("id", dest, cur)
+                continue
+            bits = {j for j in range(f.taps.bit_length()) if f.taps >> j & 1}
+            kept = _ladder(x, d, ops, top=f.taps.bit_length() - 1, keep=bits, r=r)
+            s, _ = _window(kept, f.taps, d, halo, rows, ops, r=r, moments=False)
+            gain = f.alpha / -math.expm1(f.taps * math.log(r))  # alpha / (1 - r^K)
+            ops.finish(kind, dest, cur, s, scale=gain)
+
+
+# -------------------------------------------------------------------------------------------- torch
+
+
+class _Ops:
+    """The three operations a bank is made of (float64 in; ``finish`` writes float32)."""
+
+    def axpy(self, a: torch.Tensor, b: torch.Tensor, w: float | None) -> torch.Tensor:
+        """``w * a + b`` (``a + b`` for w None), as two rounded operations."""
+        raise NotImplementedError
+
+    def merge(self, sa: torch.Tensor, ma: torch.Tensor | None, sb: torch.Tensor, mb: torch.Tensor | None,
+              ia: float, ib: float, coef: float) -> torch.Tensor:  # fmt: skip
+        """Sum of squared deviations of two adjacent windows joined: ``(ma + mb) + (sb ib - sa ia)^2 coef``
+        (ia, ib: 1 / the windows' lengths; coef: na nb / (na + nb)); None stands for zeros."""
+        raise NotImplementedError
+
+    def finish(self, kind: str, dest: torch.Tensor, cur: torch.Tensor, y: torch.Tensor | None = None,
+               m: torch.Tensor | None = None, *, scale: float = 1.0, inv_dof: float = 1.0) -> None:  # fmt: skip
+        """One filter's output from the current rows ``cur``, the second operand ``y`` (the lagged rows, or
+        the window's sum) and ``m`` (its sum of squared deviations), rounded into ``dest`` (float32)."""
+        raise NotImplementedError
+
+
+class _TorchOps(_Ops):
+    def axpy(self, a, b, w):  # noqa: ANN001, ANN201
+        return torch.add(a, b) if w is None else torch.mul(a, w).add_(b)
+
+    def merge(self, sa, ma, sb, mb, ia, ib, coef):  # noqa: ANN001, ANN201
+        delta = torch.mul(sb, ib).sub_(torch.mul(sa, ia))
+        sq = delta.mul_(delta).mul_(coef)
+        if ma is not None and mb is not None:
+            return sq.add_(torch.add(ma, mb))
+        if ma is not None or mb is not None:
+            return sq.add_(ma if mb is None else mb)
+        return sq
+
+    def finish(self, kind, dest, cur, y=None, m=None, *, scale=1.0, inv_dof=1.0):  # noqa: ANN001, ANN201
+        if kind == "id":
+            dest.copy_(cur)
+        elif kind == "lag":
+            dest.copy_(y)
+        elif kind == "diff":
+            torch.sub(cur, y, out=dest)
+        elif kind == "ret":
+            ok = (cur > 0) & (y > 0)
+            dest.copy_(torch.where(ok, torch.log(torch.div(cur, y)), torch.nan))
+        elif kind in ("ma", "ema"):
+            dest.copy_(torch.mul(y, scale))
+        elif kind == "dev":
+            # float64 contiguous, then one cast into the strided float32 output: casting ops that write a
+            # strided output directly ran 2x slower on the VM
+            dest.copy_(torch.sub(cur, torch.mul(y, scale)))
+        else:
+            sd = torch.sqrt(torch.mul(m, inv_dof))
+            if kind == "std":
+                dest.copy_(torch.where(torch.isfinite(y), sd, torch.nan))
+            else:
+                z = torch.sub(cur, torch.mul(y, scale)).div_(sd)
+                dest.copy_(torch.where(sd > 0, z, torch.nan))
+
+
+# ------------------------------------------------------------------------------------------- Triton
+
+_BLOCK_T = 64
+_BLOCK_C = 32
+
+
+@triton.jit
+def _axpy_kernel(a_ptr, b_ptr, o_ptr, n, C, sa, sb, so, w, WEIGHTED: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    mask = (rows < n) & (cols < C)
+    a = tl.load(a_ptr + rows * sa + cols, mask=mask, other=0.0)
+    b = tl.load(b_ptr + rows * sb + cols, mask=mask, other=0.0)
+    if WEIGHTED:
+        a = a * w
+    tl.store(o_ptr + rows * so + cols, a + b, mask=mask)
+
+
+@triton.jit
+def _merge_kernel(sa_ptr, ma_ptr, sb_ptr, mb_ptr, o_ptr, n, C, s_sa, s_ma, s_sb, s_mb, so, ia, ib, coef,
+                  HAS_MA: tl.constexpr, HAS_MB: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_C: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    mask = (rows < n) & (cols < C)
+    sa = tl.load(sa_ptr + rows * s_sa + cols, mask=mask, other=0.0)
+    sb = tl.load(sb_ptr + rows * s_sb + cols, mask=mask, other=0.0)
+    delta = sb * ib - sa * ia
+    acc = delta * delta * coef
+    if HAS_MA and HAS_MB:
+        acc += tl.load(ma_ptr + rows * s_ma + cols, mask=mask, other=0.0) + tl.load(
+            mb_ptr + rows * s_mb + cols, mask=mask, other=0.0
+        )
+    elif HAS_MA:
+        acc += tl.load(ma_ptr + rows * s_ma + cols, mask=mask, other=0.0)
+    elif HAS_MB:
+        acc += tl.load(mb_ptr + rows * s_mb + cols, mask=mask, other=0.0)
+    tl.store(o_ptr + rows * so + cols, acc, mask=mask)
+
+
+@triton.jit
+def _finish_kernel(x_ptr, y_ptr, m_ptr, o_ptr, n, C, sx, sy, sm, so_t, so_c, scale, inv_dof,
+                   KIND: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    mask = (rows < n) & (cols < C)
+    x = tl.load(x_ptr + rows * sx + cols, mask=mask, other=0.0)
+    if KIND != 0:
+        y = tl.load(y_ptr + rows * sy + cols, mask=mask, other=1.0)
+    if KIND == 0:  # id
+        v = x
+    elif KIND == 1:  # lag
+        v = y
+    elif KIND == 2:  # diff
+        v = x - y
+    elif KIND == 3:  # ret
+        v = tl.where((x > 0) & (y > 0), tl.log(x / y), float("nan"))
+    elif KIND == 4 or KIND == 8:  # ma, ema
+        v = y * scale
+    elif KIND == 5:  # dev
+        v = x - y * scale
+    else:  # std, zscore
+        mm = tl.load(m_ptr + rows * sm + cols, mask=mask, other=1.0)
+        sd = tl.sqrt(mm * inv_dof)
+        if KIND == 6:
+            v = tl.where(y - y == 0, sd, float("nan"))  # y - y is 0 exactly where y is finite
+        else:
+            z = (x - y * scale) / sd
+            v = tl.where(sd > 0, z, float("nan"))
+    tl.store(o_ptr + rows * so_t + cols * so_c, v.to(tl.float32), mask=mask)
+
+
+def _grid(n: int, c: int) -> tuple[int, int]:
+    return (triton.cdiv(n, _BLOCK_T), triton.cdiv(c, _BLOCK_C))
+
+
+class _TritonOps(_Ops):
+    """The same operations as Triton kernels over [rows, channels] float64 tiles (rows contiguous)."""
+
+    def axpy(self, a, b, w):  # noqa: ANN001, ANN201
+        n, c = a.shape
+        out = torch.empty((n, c), dtype=torch.float64, device=a.device)
+        _axpy_kernel[_grid(n, c)](a, b, out, n, c, a.stride(0), b.stride(0), out.stride(0),
+                                  1.0 if w is None else float(w), WEIGHTED=w is not None,
+                                  BLOCK_T=_BLOCK_T, BLOCK_C=_BLOCK_C)  # fmt: skip
+        return out
+
+    def merge(self, sa, ma, sb, mb, ia, ib, coef):  # noqa: ANN001, ANN201
+        n, c = sa.shape
+        out = torch.empty((n, c), dtype=torch.float64, device=sa.device)
+        _merge_kernel[_grid(n, c)](
+            sa, sa if ma is None else ma, sb, sb if mb is None else mb, out, n, c,
+            sa.stride(0), sa.stride(0) if ma is None else ma.stride(0), sb.stride(0),
+            sb.stride(0) if mb is None else mb.stride(0), out.stride(0), float(ia), float(ib), float(coef),
+            HAS_MA=ma is not None, HAS_MB=mb is not None, BLOCK_T=_BLOCK_T, BLOCK_C=_BLOCK_C,
+        )  # fmt: skip
+        return out
+
+    def finish(self, kind, dest, cur, y=None, m=None, *, scale=1.0, inv_dof=1.0):  # noqa: ANN001, ANN201
+        n, c = cur.shape
+        y_ = cur if y is None else y
+        m_ = cur if m is None else m
+        _finish_kernel[_grid(n, c)](
+            cur, y_, m_, dest, n, c, cur.stride(0), y_.stride(0), m_.stride(0), dest.stride(0),
+            dest.stride(1), float(scale), float(inv_dof), KIND=_KIND[kind], BLOCK_T=_BLOCK_T,
+            BLOCK_C=_BLOCK_C,
+        )  # fmt: skip
