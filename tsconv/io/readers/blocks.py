@@ -7,6 +7,7 @@ decodes whole row bands of the store's chunk grid and serves pieces from them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from tsconv.errors import StoreError
 from tsconv.io.contracts import BandReader
 
-__all__ = ["BlockReader", "ArraySource", "ColumnSource", "read_rows"]
+__all__ = ["BlockReader", "ArraySource", "ColumnSource", "read_rows", "splice_bands"]
 
 
 def read_rows(array: Any, a: int, b: int, *, where: str) -> np.ndarray:
@@ -30,6 +31,21 @@ def read_rows(array: Any, a: int, b: int, *, where: str) -> np.ndarray:
             hint="the store may be damaged or truncated (check it with `tsconv inspect`), or, in an object "
             "store, out of reach.",
         ) from None
+
+
+def splice_bands(start: int, stop: int, band_rows: int, band: Callable[[int], np.ndarray]) -> np.ndarray:
+    """Rows [start, stop) of a series held in bands of ``band_rows`` rows, ``band(i)`` giving band i: a view
+    of one band, or a copy joining several."""
+    first, last = start // band_rows, (stop - 1) // band_rows
+    if first == last:
+        a = first * band_rows
+        return band(first)[start - a : stop - a]
+    parts = []
+    for i in range(first, last + 1):
+        a = i * band_rows
+        b = band(i)
+        parts.append(b[max(start, a) - a : min(stop, a + b.shape[0]) - a])
+    return np.concatenate(parts, axis=0)
 
 
 class BlockReader(BandReader):
@@ -67,18 +83,10 @@ class BlockReader(BandReader):
         if not 0 <= start < stop <= self.rows:
             msg = f"row range [{start}, {stop}) outside [0, {self.rows})"
             raise IndexError(msg)
-        first, last = start // self.band_rows, (stop - 1) // self.band_rows
+        first = start // self.band_rows
         for i in [k for k in self._cache if k < first]:
             del self._cache[i]
-        if first == last:
-            a = first * self.band_rows
-            return self._band(first)[start - a : stop - a]
-        parts = []
-        for i in range(first, last + 1):
-            a = i * self.band_rows
-            band = self._band(i)
-            parts.append(band[max(start, a) - a : min(stop, a + band.shape[0]) - a])
-        return np.concatenate(parts, axis=0)
+        return splice_bands(start, stop, self.band_rows, self._band)
 
 
 class ArraySource(BandReader):

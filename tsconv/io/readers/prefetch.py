@@ -20,7 +20,7 @@ import numpy as np
 
 from tsconv import config
 from tsconv.io.contracts import BandReader
-from tsconv.io.readers.blocks import read_rows
+from tsconv.io.readers.blocks import read_rows, splice_bands
 
 __all__ = ["DEFAULT_MAX_AHEAD_BYTES", "PrefetchReader", "default_ahead"]
 
@@ -107,18 +107,10 @@ class PrefetchReader(BandReader):
         if self._closed:
             msg = "read() on a closed PrefetchReader"
             raise ValueError(msg)
-        first, last = start // self.band_rows, (stop - 1) // self.band_rows
+        first = start // self.band_rows
         for i in [k for k in self._bands if k < first - self.hold + 1]:
             self._bands.pop(i).cancel()
-        if first == last:
-            a = first * self.band_rows
-            return self._band(first)[start - a : stop - a]
-        parts = []
-        for i in range(first, last + 1):
-            a = i * self.band_rows
-            band = self._band(i)
-            parts.append(band[max(start, a) - a : min(stop, a + band.shape[0]) - a])
-        return np.concatenate(parts, axis=0)
+        return splice_bands(start, stop, self.band_rows, self._band)
 
     def close(self) -> None:
         """Stop: cancel queued reads, wait for running ones, free the threads."""
