@@ -8,7 +8,7 @@ gives what :func:`tsconv.features` gives on the same data.
 
 Both are inference-only: the kernels have no backward, so a call that would need gradients is refused.
 Both trace under ``torch.compile`` without graph breaks: tsconv's kernels are the custom ops
-``torch.ops.tsconv.conv1d`` / ``gemm`` / ``conv1d_head`` while compiling.
+``torch.ops.tsconv.conv1d`` / ``gemm`` / ``conv1d_head`` / ``filter_bank`` while compiling.
 """
 
 from __future__ import annotations
@@ -243,6 +243,11 @@ class Pipeline(torch.nn.Module):
             )
         self._columns = None if columns is None else list(columns)
         self._fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
+        # each output's own warm-up rows, as the engine writes them (a bank's filters each have theirs); lists,
+        # not numpy arrays, so that torch.compile indexes with constants
+        self._warm = [
+            (rows, None if isinstance(cols, slice) else cols.tolist()) for rows, cols in plan.warmup_groups()
+        ]
         self._backend = Backend(plan, _device(device))
 
     @classmethod
@@ -357,6 +362,10 @@ class Pipeline(torch.nn.Module):
         level = centering_level_torch(unknown, filled)
         rows = torch.cat([x.new_zeros((halo, x.shape[1])), filled if self._fill else x])
         y = self._backend.run(rows, -halo, level)
-        if self.warmup == "nan" and halo:
-            y[:halo] = torch.nan
+        if self.warmup == "nan":
+            for rows, cols in self._warm:
+                if cols is None:
+                    y[:rows] = torch.nan
+                else:
+                    y[:rows, cols] = torch.nan
         return y
