@@ -7,6 +7,7 @@ Public API (imported lazily, so ``import tsconv`` is cheap and ``tsconv.conv1d``
 - :func:`open_input`, :func:`open_store`, :func:`iter_chunks`: stores, and their rows as polars/Arrow/numpy.
 - :func:`ingest`: Parquet / CSV / Arrow IPC tick files (long or wide) into a store.
 - :func:`conv1d`, :func:`gemm`, :func:`conv1d_head`: the Triton kernels.
+- :mod:`nn`: ``CausalConv1d`` and ``Pipeline``, torch modules over the kernels (inference; torch.compile traces them).
 - :mod:`config`: the settings; the error and warning classes.
 """
 
@@ -41,7 +42,7 @@ _EXPORTS = {
     "OutputBusyError": "tsconv.errors",
     "GpuError": "tsconv.errors",
 }
-_MODULES = {"config": "tsconv.config"}
+_MODULES = {"config": "tsconv.config", "nn": "tsconv.nn"}
 
 __all__ = [*_EXPORTS, *_MODULES, "__version__"]
 

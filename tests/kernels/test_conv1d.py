@@ -1393,3 +1393,49 @@ def test_kernels_compile_for_sm90() -> None:
     channel from registers).
     """
     run_compile_script(_COMPILE_SCRIPT)
+
+
+# --------------------------------------------------------------------------------------------------------
+# the custom op: torch.compile traces through conv1d
+# --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ((2, 4, 12), (8, 1, 3), True, 2, 4, "causal", "relu"),  # a depthwise bank, dilated
+        ((1, 3, 10), (2, 3, 4), False, 1, 1, "valid", None),  # dense, "valid"
+    ],
+)
+def test_conv1d_op_passes_torch_opcheck(args):
+    """The schema, the fake (shapes and strides of the real result) and the real op agree (torch's opcheck)."""
+    xs, ws, with_bias, dilation, groups, padding, act = args
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(xs, generator=g).to(DEVICE)
+    w = torch.randn(ws, generator=g).to(DEVICE)
+    b = torch.randn(ws[0], generator=g).to(DEVICE) if with_bias else None
+    op = torch.ops.tsconv.conv1d.default
+    torch.library.opcheck(op, (x, w, b, dilation, groups, padding, act, "fp32", False, 0, None))
+    xt = x.transpose(1, 2).contiguous().transpose(1, 2)  # a time-major view: the result is time-major too
+    torch.library.opcheck(op, (xt, w, b, dilation, groups, padding, act, "fp32", False, 0, None))
+
+
+def test_conv1d_compiles_into_one_graph_with_the_eager_values():
+    """Under torch.compile a call is one tsconv::conv1d node (fullgraph, no break), ``out`` and the
+    recentering options included, and gives the eager result bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    x = (100 + torch.randn(1, 4, 16, generator=g)).to(DEVICE)
+    w = torch.randn(4, 1, 3, generator=g).to(DEVICE)
+    b = torch.randn(4, generator=g).to(DEVICE)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(1, 4, 16, device=x.device)
+        y = conv1d(x, w, b, groups=4, activation="tanh", out=out)
+        return y + conv1d(x, w, None, groups=4, padding="valid", recenter=True, recenter_from=1).sum()
+
+    expected = f(x)
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(x).graph_break_count == 0
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(f, backend=backend, fullgraph=True)(x), expected)

@@ -311,3 +311,21 @@ def test_cuda_bank_equals_the_float64_reference_at_scale() -> None:
     cpu = tsconv.features(x, pipe, device="cpu")
     for j in range(gpu.shape[1]):
         _check(gpu[:, j], cpu[:, j].astype(np.float64), f"engine output {j}")
+
+
+def test_filter_bank_op_passes_opcheck_and_compiles_into_one_graph():
+    """Under torch.compile a bank is one tsconv::filter_bank node (its tiles and worker threads untraced)."""
+    x = torch.from_numpy(
+        100 + np.cumsum(np.random.default_rng(0).normal(size=(80, 3)), axis=0).astype(np.float32)
+    )
+    filters = tuple(filter_spec(s) for s in ("diff:1", "ma:4", "ema:8", "std:5"))
+    torch.library.opcheck(
+        torch.ops.tsconv.filter_bank.default, (x, "diff:1,ma:4,ema:8,std:5", 2, "tanh", None)
+    )
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return filter_bank(x, filters, dilation=2, activation="tanh")
+
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+    assert torch.equal(got.nan_to_num(nan=7.0), f(x).nan_to_num(nan=7.0))

@@ -742,3 +742,23 @@ def test_tma_kernel_compiles_for_sm90_without_spills() -> None:
     """The TMA variant's first candidates (tf32; fp16 with and without the float16 copy) for the benchmark's
     [64, 1024, 1028] -> 256 -> 64 shape lower to TMA loads and wgmma for an H100/H200 without spills."""
     run_compile_script(_TMA_COMPILE_SCRIPT)
+
+
+# --------------------------------------------------------------------------------------------------------
+# the custom op: torch.compile traces through conv1d_head
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_conv1d_head_op_passes_opcheck_and_compiles_into_one_graph():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 16, 12, generator=g).to(DEVICE)
+    w = torch.randn(16, 16, 3, generator=g).to(DEVICE)
+    hw = torch.randn(16, 4, generator=g).to(DEVICE)
+    args = (x, w, None, hw, None, 1, 1, "causal", "relu", None, "fp32", False, 0, None)
+    torch.library.opcheck(torch.ops.tsconv.conv1d_head.default, args)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return conv1d_head(x, w, None, hw, activation="relu", head_activation="tanh")
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(x), f(x))

@@ -875,3 +875,23 @@ def test_kernel_compiles_for_sm90() -> None:
     """Compile (not run) each precision's default narrow and wide configs for an H100/H200 with the installed
     Triton's ptxas: catches what the interpreter does not check, and pins wgmma and the shared-memory budget."""
     run_compile_script(_COMPILE_SCRIPT)
+
+
+# --------------------------------------------------------------------------------------------------------
+# the custom op: torch.compile traces through gemm
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_gemm_op_passes_opcheck_and_compiles_into_one_graph():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(9, 6, generator=g).to(DEVICE)
+    b = torch.randn(6, 5, generator=g).to(DEVICE)
+    bias = torch.randn(5, generator=g).to(DEVICE)
+    torch.library.opcheck(torch.ops.tsconv.gemm.default, (a, b, bias, "gelu", "fp32"))
+    packed = pack_weights(b, "fp32")
+
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return gemm(a, packed, bias, activation="relu") + gemm(a, b, out=torch.empty(9, 5, device=a.device))
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(a), f(a))

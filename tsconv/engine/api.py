@@ -35,14 +35,7 @@ from tsconv.io.store import describe_repeats, open_input, repeated_names
 from tsconv.io.writers.memory import ArraySink
 from tsconv.io.writers.parquet_writer import is_parquet_path
 from tsconv.io.writers.zarr_writer import check_compression, check_output_flags
-from tsconv.pipeline.spec import (
-    Pipeline,
-    ResolvedPipeline,
-    default_pipeline,
-    load_pipeline,
-    pipeline_from_dict,
-    resolve,
-)
+from tsconv.pipeline.spec import Pipeline, ResolvedPipeline, as_pipeline, resolve
 
 __all__ = ["Report", "default_output_path", "features", "process", "resolve_device"]
 
@@ -123,7 +116,7 @@ def process(
             f"a run on the CPU (device={device!r})",
         )
     store = open_input(input)
-    plan = resolve(_as_pipeline(pipeline), store.features)
+    plan = resolve(as_pipeline(pipeline), store.features)
     _check_length(store.rows, plan, warmup, str(store.path))
     if parquet:
         assert dev is not None and out_loc is not None
@@ -224,7 +217,7 @@ def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: to
 
 
 def _plan_for(pipeline: PipelineLike, names: tuple[str, ...], rows: int, warmup: str, what: str) -> ResolvedPipeline:  # fmt: skip
-    plan = resolve(_as_pipeline(pipeline), names)
+    plan = resolve(as_pipeline(pipeline), names)
     refuse_time_range(plan, what)
     _check_length(rows, plan, warmup, "features()")
     return plan
@@ -236,22 +229,6 @@ def default_output_path(input_path: str | os.PathLike[str] | StoreURL) -> Path |
     p = p.resolve() if isinstance(p, Path) else p
     stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
     return p.with_name(f"{stem}.features.zarr")
-
-
-def _as_pipeline(pipeline: PipelineLike) -> Pipeline:
-    if pipeline is None:
-        return default_pipeline()
-    if isinstance(pipeline, Pipeline):
-        return pipeline
-    if isinstance(pipeline, dict):
-        return pipeline_from_dict(pipeline)
-    if isinstance(pipeline, str | os.PathLike):
-        return load_pipeline(pipeline)
-    raise TsconvError(
-        f"pipeline must be a path to a TOML file, a dict or a Pipeline, got {type(pipeline).__name__}",
-        hint="pass pipeline='trend_ema' (a built-in), a path like 'my_pipeline.toml', a dict like "
-        "{'conv': [{'filters': ['ma:16']}]}, or None.",
-    )
 
 
 def _check_common(chunk: int, warmup: str) -> None:

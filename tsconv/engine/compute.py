@@ -268,10 +268,15 @@ class Backend:
     def _stages(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool
     ) -> torch.Tensor:
-        if self._storage is not None and self._storage.start(self, x, first_row, level, centered=centered):
-            self._checking, self._storage = self._storage, None
-        if self._checking is not None and self._checking.done():
-            self.finish()
+        # The FP16-storage check runs beside eager calls only: its thread and host copies cannot be traced by
+        # torch.compile (tsconv.nn's modules), which sees the stages alone.
+        if not torch.compiler.is_compiling():
+            if self._storage is not None and self._storage.start(
+                self, x, first_row, level, centered=centered
+            ):
+                self._checking, self._storage = self._storage, None
+            if self._checking is not None and self._checking.done():
+                self.finish()
         start = first_row
         y = None
         last = len(self.layers) - 1

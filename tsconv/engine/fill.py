@@ -7,10 +7,11 @@ The whole state between chunks is the last filled row.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from tsconv.io.contracts import BandReader
 
-__all__ = ["forward_fill", "fill_state_before"]
+__all__ = ["forward_fill", "forward_fill_torch", "fill_state_before"]
 
 
 def forward_fill(block: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -25,6 +26,16 @@ def forward_fill(block: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.nd
     ext = np.concatenate([last[None, :].astype(block.dtype, copy=False), block], axis=0)
     filled = np.take_along_axis(ext, idx + 1, axis=0)
     return filled, filled[-1].copy()
+
+
+def forward_fill_torch(block: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """:func:`forward_fill` on a device tensor ``block`` [n, F] given ``last`` [F]: the filled rows (the same
+    values; the new state is their last row). Free of data-dependent branches, so torch.compile traces it."""
+    n = block.shape[0]
+    steps = torch.arange(n, device=block.device)[:, None]
+    idx = torch.where(torch.isnan(block), -1, steps).cummax(dim=0).values  # last valid row, -1: the state
+    ext = torch.cat([last[None, :].to(block.dtype), block], dim=0)
+    return ext.gather(0, idx + 1)
 
 
 def fill_state_before(source: BandReader, row: int, dtype: np.dtype) -> np.ndarray:

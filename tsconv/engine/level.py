@@ -23,7 +23,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["TAIL_ROWS", "level_before", "level_before_torch", "centering_level", "tail_rows"]
+__all__ = [
+    "TAIL_ROWS",
+    "level_before",
+    "level_before_torch",
+    "centering_level",
+    "centering_level_torch",
+    "tail_rows",
+]
 
 TAIL_ROWS = 5
 
@@ -61,6 +68,14 @@ def centering_level(before: np.ndarray, rows: np.ndarray) -> np.ndarray:
         level[late[has]] = rows[np.argmax(finite[:, has], axis=0), late[has]]
         level[late[~has]] = 0.0
     return level
+
+
+def centering_level_torch(before: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """:func:`centering_level` on device tensors, without data-dependent branches (torch.compile traces it)."""
+    finite = torch.isfinite(rows)
+    first = rows.gather(0, torch.argmax(finite.to(torch.int8), dim=0)[None, :])[0]  # the first finite row
+    late = torch.where(finite.any(dim=0), first, 0.0).to(before.dtype)
+    return torch.where(torch.isnan(before), late, before)
 
 
 def level_before_torch(tail: torch.Tensor, state: torch.Tensor, out: torch.Tensor) -> None:

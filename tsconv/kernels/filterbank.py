@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from tsconv.kernels.common import apply_activation
-from tsconv.pipeline.filters import Filter
+from tsconv.pipeline.filters import Filter, filter_spec
 
 __all__ = ["bank_bytes_per_row", "bank_halo", "filter_bank"]
 
@@ -61,6 +61,24 @@ def bank_bytes_per_row(filters: tuple[Filter, ...], channels: int) -> int:
     return 8 * channels * (_LIVE + 2 * kept)
 
 
+@torch.library.custom_op("tsconv::filter_bank", mutates_args=())
+def _filter_bank_op(
+    x: torch.Tensor, specs: str, dilation: int, activation: str, triton_kernels: bool | None
+) -> torch.Tensor:
+    """``torch.ops.tsconv.filter_bank``: :func:`filter_bank` with the filters as their specs, comma-joined."""
+    bank = tuple(filter_spec(s) for s in specs.split(","))
+    return filter_bank(x, bank, dilation=dilation, activation=activation, triton_kernels=triton_kernels)
+
+
+@_filter_bank_op.register_fake
+def _filter_bank_fake(
+    x: torch.Tensor, specs: str, dilation: int, activation: str, triton_kernels: bool | None
+) -> torch.Tensor:
+    bank = tuple(filter_spec(s) for s in specs.split(","))
+    rows = torch.sym_max(x.shape[0] - bank_halo(bank, dilation), 0)
+    return x.new_empty((rows, x.shape[1] * len(bank)), dtype=torch.float32)
+
+
 def filter_bank(
     x: torch.Tensor,
     filters: tuple[Filter, ...],
@@ -71,7 +89,11 @@ def filter_bank(
 ) -> torch.Tensor:
     """The bank on ``x`` [L, C] (time-major, any strides, float32) in "valid" mode: [L - halo, C * M]
     float32, time-major, output ``c * M + m`` being filter ``m`` of input channel ``c``, through
-    ``activation``. ``triton_kernels`` defaults to CUDA tensors."""
+    ``activation``. ``triton_kernels`` defaults to CUDA tensors. Under ``torch.compile`` the call is the
+    custom op ``torch.ops.tsconv.filter_bank`` (one graph node: the tiles and worker threads are not traced)."""
+    if torch.compiler.is_compiling():
+        specs = ",".join(f.spec for f in filters)  # an op takes no list of str: specs hold no comma
+        return _filter_bank_op(x, specs, dilation, activation or "none", triton_kernels)
     use_triton = x.is_cuda if triton_kernels is None else triton_kernels
     n_in, channels = x.shape
     halo = bank_halo(filters, dilation)

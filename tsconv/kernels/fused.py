@@ -652,7 +652,15 @@ def conv1d_head(
 
     Raises:
         ShapeError: a shape, dtype, device, stride or option that does not fit.
+
+    Under ``torch.compile`` the call is the custom op ``torch.ops.tsconv.conv1d_head`` (one node of the
+    graph; ``out`` is filled by a copy).
     """
+    if torch.compiler.is_compiling():
+        # one graph node instead of a trace into the tuner and Triton's launcher
+        y = _conv1d_head_op(x, weight, bias, head_weight, head_bias, dilation, groups, padding, activation,
+                            head_activation, precision, recenter, recenter_from, tap_sums)  # fmt: skip
+        return y if out is None else out.copy_(y)
     spec = _validate(
         x,
         weight,
@@ -689,6 +697,54 @@ def conv1d_head(
         else:
             _fused_triton(x, weight, bias, head_weight, head_bias, out, spec, tap_sums=tap_sums)
     return out
+
+
+@torch.library.custom_op("tsconv::conv1d_head", mutates_args=())
+def _conv1d_head_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    head_weight: torch.Tensor,
+    head_bias: torch.Tensor | None,
+    dilation: int,
+    groups: int,
+    padding: str,
+    activation: str | None,
+    head_activation: str | None,
+    precision: str,
+    recenter: bool,
+    recenter_from: int,
+    tap_sums: torch.Tensor | None,
+) -> torch.Tensor:
+    """``torch.ops.tsconv.conv1d_head``: :func:`conv1d_head` without ``out``."""
+    return conv1d_head(x, weight, bias, head_weight, head_bias, dilation=dilation, groups=groups,
+                       padding=padding, activation=activation, head_activation=head_activation,
+                       precision=precision, recenter=recenter, recenter_from=recenter_from, tap_sums=tap_sums)  # fmt: skip
+
+
+@_conv1d_head_op.register_fake
+def _conv1d_head_fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    head_weight: torch.Tensor,
+    head_bias: torch.Tensor | None,
+    dilation: int,
+    groups: int,
+    padding: str,
+    activation: str | None,
+    head_activation: str | None,
+    precision: str,
+    recenter: bool,
+    recenter_from: int,
+    tap_sums: torch.Tensor | None,
+) -> torch.Tensor:
+    # the same checks as a real call, so a misfit fails while tracing with conv1d_head's message
+    spec = _validate(x, weight, bias, head_weight, head_bias, None, dilation=dilation, groups=groups,
+                     padding=padding, activation=activation, head_activation=head_activation,
+                     precision=precision, recenter=recenter, recenter_from=recenter_from)  # fmt: skip
+    check_tap_sums(tap_sums, weight, spec.conv)
+    return x.new_empty((spec.conv.N, spec.conv.L_out, head_weight.shape[1]), dtype=torch.float32)
 
 
 def _unfused(

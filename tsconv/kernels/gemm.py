@@ -623,7 +623,17 @@ def gemm(
 
     Raises:
         ShapeError: a shape, dtype, device, stride or option that does not fit.
+
+    Under ``torch.compile`` the call is the custom op ``torch.ops.tsconv.gemm`` (one node of the graph; a
+    :class:`PackedWeights` ``b`` passes its source, and ``out`` is filled by a copy).
     """
+    if torch.compiler.is_compiling():
+        # one graph node instead of a trace into the launch plans, the tuner and Triton's launcher
+        src = b.source if isinstance(b, PackedWeights) else b
+        if isinstance(b, PackedWeights):
+            _validate(a, b, bias, None, activation, precision)  # a mismatched packing fails as in eager
+        y = _gemm_op(a, src, bias, activation, precision)
+        return y if out is None else out.copy_(y)
     key = _plan_key(a, b, bias, out, activation, precision)
     if key is not None:
         y = _planned(key, a, b, bias, out, precision)
@@ -649,6 +659,22 @@ def gemm(
         else:
             out.copy_(_epilogue_torch(a.float() @ src.float(), bias, spec))
     return out
+
+
+@torch.library.custom_op("tsconv::gemm", mutates_args=())
+def _gemm_op(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str | None, precision: str
+) -> torch.Tensor:
+    """``torch.ops.tsconv.gemm``: :func:`gemm` on a plain ``b`` without ``out``."""
+    return gemm(a, b, bias, activation=activation, precision=precision)
+
+
+@_gemm_op.register_fake
+def _gemm_fake(
+    a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str | None, precision: str
+) -> torch.Tensor:
+    _validate(a, b, bias, None, activation, precision)  # a misfit fails while tracing, with gemm's message
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
 
 
 # --------------------------------------------------------------------------------------------------------

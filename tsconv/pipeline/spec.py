@@ -42,6 +42,7 @@ __all__ = [
     "builtin_pipelines",
     "builtin_descriptions",
     "pipeline_from_dict",
+    "as_pipeline",
     "default_pipeline",
     "resolve",
     "select_columns",
@@ -411,6 +412,24 @@ def default_pipeline() -> Pipeline:
     """The pipeline used when none is given (see ``DEFAULT_PIPELINE_TOML``)."""
     return pipeline_from_dict(
         tomllib.loads(DEFAULT_PIPELINE_TOML), base_dir=Path("."), origin="default", text=DEFAULT_PIPELINE_TOML
+    )
+
+
+def as_pipeline(pipeline: str | os.PathLike[str] | Pipeline | dict[str, Any] | None) -> Pipeline:
+    """A :class:`Pipeline` from what the library's entries take: None (the default pipeline), a Pipeline, a
+    dict with the TOML file's structure, a built-in's name or a path to a TOML file."""
+    if pipeline is None:
+        return default_pipeline()
+    if isinstance(pipeline, Pipeline):
+        return pipeline
+    if isinstance(pipeline, dict):
+        return pipeline_from_dict(pipeline)
+    if isinstance(pipeline, str | os.PathLike):
+        return load_pipeline(pipeline)
+    raise PipelineError(
+        f"pipeline must be a path to a TOML file, a dict or a Pipeline, got {type(pipeline).__name__}",
+        hint="pass pipeline='trend_ema' (a built-in), a path like 'my_pipeline.toml', a dict like "
+        "{'conv': [{'filters': ['ma:16']}]}, or None.",
     )
 
 

@@ -108,11 +108,18 @@ def conv1d(
     The call is asynchronous on CUDA (the current stream of ``x``'s device) and not differentiable. The first
     call for a new shape class on a GPU tunes the block shapes (several launches into ``out``, a few seconds;
     the winner is cached on disk), so make it before any CUDA graph capture. ``out`` must not share memory
-    with ``x``, ``weight`` or ``bias``.
+    with ``x``, ``weight`` or ``bias``. Under ``torch.compile`` the call is the custom op
+    ``torch.ops.tsconv.conv1d`` (one node of the graph, no graph break; ``out`` is then filled by a copy).
 
     Raises:
         ShapeError: a shape, dtype, device, stride or option that does not fit.
     """
+    if torch.compiler.is_compiling():
+        # torch.compile: the call becomes one node of the graph (the tsconv::conv1d op) instead of being
+        # traced into the launch plans, the tuner and Triton's launcher
+        y = _conv1d_op(x, weight, bias, dilation, groups, padding, activation, precision, recenter,
+                       recenter_from, tap_sums)  # fmt: skip
+        return y if out is None else out.copy_(y)
     options = (dilation, groups, padding, activation, precision, recenter, recenter_from)
     key = _plan_key(x, weight, bias, out, options, tap_sums)
     if key is not None:
@@ -149,6 +156,51 @@ def conv1d(
         else:
             _conv1d_torch(x, weight, bias, out, spec)
     return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# the custom op: what torch.compile sees (conv1d routes to it while compiling)
+# --------------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("tsconv::conv1d", mutates_args=())
+def _conv1d_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dilation: int,
+    groups: int,
+    padding: str,
+    activation: str | None,
+    precision: str,
+    recenter: bool,
+    recenter_from: int,
+    tap_sums: torch.Tensor | None,
+) -> torch.Tensor:
+    """``torch.ops.tsconv.conv1d``: :func:`conv1d` without ``out`` (an op that returns a new tensor)."""
+    return conv1d(x, weight, bias, dilation=dilation, groups=groups, padding=padding, activation=activation,
+                  precision=precision, recenter=recenter, recenter_from=recenter_from, tap_sums=tap_sums)  # fmt: skip
+
+
+@_conv1d_op.register_fake
+def _conv1d_fake(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dilation: int,
+    groups: int,
+    padding: str,
+    activation: str | None,
+    precision: str,
+    recenter: bool,
+    recenter_from: int,
+    tap_sums: torch.Tensor | None,
+) -> torch.Tensor:
+    # the same checks (so a misfit fails while tracing, with conv1d's message) and the same layout as a real call
+    spec = validate(x, weight, bias, None, dilation=dilation, groups=groups, padding=padding,
+                    activation=activation, precision=precision, recenter=recenter, recenter_from=recenter_from)  # fmt: skip
+    check_tap_sums(tap_sums, weight, spec)
+    return _allocate_out(x, spec)
 
 
 def _allocate_out(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
