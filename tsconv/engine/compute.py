@@ -392,7 +392,8 @@ class _StorageCheck:
     """How far FP16 storage moves each stage's (and the head's) outputs on the data at hand, warned once.
 
     On the first chunk with enough data rows, up to _CHECK_ROWS output rows: each stage's output is
-    computed with its stored weights (an estimate of its scale), and the change that rounding made is
+    computed with its weights as given (its scale; the centred first stage as the engine computes it, so
+    that a zero-sum filter on raw levels keeps its low digits), and the change that rounding made is
     that stage's conv with the rounding residual (for the centred first stage block by block, as the
     engine re-centres), compared per output with the largest finite value of the output. In float32 (the
     residual is small, so its product is exact enough), on the CPU whatever the engine's device: on CUDA,
@@ -436,8 +437,15 @@ class _StorageCheck:
         origin = plan.pipeline.origin
         for i, (layer, dl, res) in enumerate(zip(plan.layers, backend.layers, self.residuals, strict=True)):
             bias = None if layer.bias is None else torch.from_numpy(layer.bias).float()
-            out = F.conv1d(y, torch.from_numpy(layer.weight).float(), bias, dilation=layer.dilation,
-                           groups=layer.groups)  # fmt: skip
+            # The scale: each stage's output with the weights as given (what the outputs should be), the
+            # centred first stage computed as the engine does. The stored weights' sums differ from the
+            # given ones, and a zero-sum filter's output on raw levels then carried level x (that
+            # difference), many times its scale: the check saw the scale inflated and warned too little.
+            given = torch.from_numpy(layer.given).float()
+            if i == 0 and backend.recenter_first:
+                out = _conv_recentered(y, bias, dl, 0, weight=given, block=block)
+            else:
+                out = F.conv1d(y, given, bias, dilation=layer.dilation, groups=layer.groups)
             if res is not None:
                 dw = torch.from_numpy(res)
                 if i == 0 and backend.recenter_first:
@@ -449,7 +457,7 @@ class _StorageCheck:
             y = apply_activation(out, layer.activation)
         if self.head_residual is not None:
             h = y[0].T
-            _warn_if_moved(h @ torch.from_numpy(self.head_residual), h @ torch.from_numpy(plan.head.weight).float(),
+            _warn_if_moved(h @ torch.from_numpy(self.head_residual), h @ torch.from_numpy(plan.head.given).float(),
                            f"{origin}: [head]")  # fmt: skip
         return True
 
