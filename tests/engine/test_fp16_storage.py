@@ -168,12 +168,13 @@ def _figure(message: str) -> float:
 KINDS = ["dense_npy", "grouped", "depthwise", "head_over_means", "head_over_differences"]
 
 
-@pytest.mark.parametrize("seed", [0])
+@pytest.mark.parametrize("seed", [0, 4])
 @pytest.mark.parametrize("kind", KINDS)
 def test_on_levels_20_to_500_each_kind_meets_1e_3_or_is_warned_with_its_name_and_figure(kind, seed, tmp_path):
     """Dense, grouped and head weights alike: where FP16 storage moves an output by more than 1e-3 of its
     scale over the whole series, one warning names the stage and gives a figure within 2.5x of that;
-    a warning where the series stays within 1e-3 must still tell the truth (within 2.5x)."""
+    a warning where the series stays within 1e-3 must still tell the truth (within 2.5x). (Seed 4: a
+    grouped conv at 1.25e-3 that a check of 128 rows left unwarned.)"""
     x = _levels_20_to_500(8000, seed=seed)
     pipeline, pipe, name = _by_kind(kind, seed, tmp_path)
     y, warned = _run(x, pipeline, chunk=1024)
@@ -188,10 +189,20 @@ def test_on_levels_20_to_500_each_kind_meets_1e_3_or_is_warned_with_its_name_and
         assert warned
 
 
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="the check samples the first chunk (1024 rows here); over 8000 rows the "
+                   "error is 1.04e-3 of the scale, unwarned (CPU engine, 16-row re-centring blocks)")  # fmt: skip
+def test_a_borderline_zero_sum_dense_conv_on_levels_20_to_500_is_warned(tmp_path):
+    x = _levels_20_to_500(8000, seed=1)
+    pipeline, pipe, _ = _by_kind("dense_npy", 1, tmp_path)
+    y, warned = _run(x, pipeline, chunk=1024)
+    assert _relative_error(y, x, pipe) <= 1e-3 or warned
+
+
 @pytest.mark.parametrize("kind", ["grouped", "depthwise"])
 def test_the_warned_figure_is_the_error_on_the_rows_the_check_measured(kind, tmp_path):
-    """The check measures the first chunk's first 128 output rows; its figure is the engine's error there
-    relative to the outputs' scale there. It took the scale from the stored weights, whose sums are off
+    """The check measures the first chunk's first output rows (1024 here); its figure is the engine's error
+    there relative to the outputs' scale there. It took the scale from the stored weights, whose sums are off
     the given ones: level x that difference made the scale of a zero-sum conv on levels up to 6x too
     large, and the figure as much too small (1.1e-3 said, 2.3e-3 there, for the depthwise conv)."""
     x = _levels_20_to_500(2000, seed=0)
@@ -199,7 +210,7 @@ def test_the_warned_figure_is_the_error_on_the_rows_the_check_measured(kind, tmp
     y, warned = _run(x, pipeline, chunk=1024)
     exact = {"conv": [{**s, "weight_dtype": "float32"} for s in pipe["conv"]]}
     plan = resolve(pipeline_from_dict(exact), [f"f{j}" for j in range(WIDE)])
-    rows = slice(plan.halo, plan.halo + 128)
+    rows = slice(plan.halo, plan.halo + 1024)
     ref = pipeline_reference(x, plan)[rows]
     there = float((np.abs(y[rows] - ref).max(axis=0) / np.abs(ref).max(axis=0)).max())
     assert len(warned) == 1, (there, warned)
