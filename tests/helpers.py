@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import zarr
 
+from tsconv.kernels.common import apply_activation
 from tsconv.kernels.reference import pipeline_reference, preprocess_reference
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -69,100 +70,163 @@ def read_output(path: Path) -> np.ndarray:
     return np.asarray(zarr.open_group(str(path), mode="r")["values"][:])
 
 
-# The engine re-centres the first stage on levels per block of output rows (tsconv's conv1d: its time tile,
-# at most 256 rows; the CPU path: 16 rows or the halo), on a value of x from that block's window.
-_RECENTER_WINDOW = 256 + 3
+# The engine re-centres the first stage on levels per block of output rows (see below) on a value of x from
+# the block's window: how far back, in steps, a level can lie from an output. CPU: blocks of max(16, halo)
+# outputs, the median of x at a block's first output step and the two steps before it. Triton kernels: time
+# tiles of at most 256 rows (the register-window kernel: up to 32 rows a dilation apart), the median of x at
+# the first output's step and 1 and 2 dilations before it.
+def _level_reach(halo: int, dilation: int) -> int:
+    return halo + 2 * dilation + max(256, 32 * dilation)
+
+
+_EPS = 2.0**-23  # float32's unit in the last place of 1
+_GELU_LIPSCHITZ = 1.13  # max |d gelu / dx| = 1.1289 (at x = sqrt(2)); relu and tanh: 1
 
 
 def error_bound(x: np.ndarray, plan: ResolvedPipeline, *, level: np.ndarray | None = None) -> np.ndarray:
-    """Elementwise bound on the engine's error against the float64 reference with the weights as given.
+    """Per output (row and channel) bound on the engine's error against the float64 reference with the
+    weights as given (``pipeline_reference``), built stage by stage from the taps each output applies.
 
-    fp32 rounding: a multiple of eps32 times the magnitude pipeline, which runs |x| through |w|, |b|
-    without activations (all used activations are 1-Lipschitz), so it bounds every partial sum the float32
-    computation forms. The engine centres each feature on a level taken from the data before the first
-    stage, so |x - c| <= |x| + |c| with |c| at most ``level`` per feature (default max|x|: any value of the
-    series). With a ``[preprocess]`` block, x is the preprocessed float64 series (computed in float64 by
-    the engine too, then rounded once to float32).
+    Each stage's output error is what it inherits plus what it adds. Inherited: the previous stage's bound
+    through |w| (x 1.13 after gelu). Added, for output channel o with n_o nonzero stored taps:
 
-    FP16 storage: a stage's rounded weights w16 move its output by conv(input; w - w16), carried through
-    the later stages. For the centred first stage on levels the input is x less a level from its own
-    re-centring block, so |x[t - k] - v| is at most the range of x over the window ending at t (or the
-    centred magnitude where that window holds history or non-finite values).
+    - rounding: eps (8 + a + f n_o) x (sum over its taps of |w16| x |input| + |bias| + level terms), eps =
+      2^-23, a = 4 with an activation, f = 5 for tensor-core shapes (dense kernels with >= 16 channels in
+      and out per group, and the head: split-TF32 products, truncated accumulation), else 1 (float32 FMAs,
+      torch's CPU conv);
+    - FP16 storage: sum over its taps of |given - stored| x |input| (the reference uses the given weights).
+
+    |input| is what the engine actually multiplies. On levels the first stage computes conv(x - v) + v *
+    sum(taps) with v a value of x from the block's own window (``_level_reach`` steps), so |x - v| is at
+    most the range of x over that window. The subtractions are exact where a feature's values all lie
+    within a factor 2 (Sterbenz); elsewhere, where the window holds a non-finite value or the zero
+    history, the magnitude is max|x| over the window + the level's (``level`` per feature bounds the
+    chunk's centring level, default max|x|), with eps x that much for the subtractions. The level terms:
+    |sum(taps)| x that same magnitude. A computing ``[preprocess]`` is float64 rounded once to float32:
+    eps/2 |p| more per input value; its returns and z-scores are not centred (magnitude |p| per tap).
+    Later stages and the head: |reference output| + its bound per input.
     """
     import torch
     import torch.nn.functional as F
 
     pre = preprocess_reference(x, plan)
-    mag_x = np.nan_to_num(np.abs(pre), nan=0.0, posinf=0.0)
-    mag = mag_x + (mag_x.max(axis=0, keepdims=True) if level is None else np.asarray(level)[None, :])
-    y = torch.from_numpy(mag.T.copy())[None]
-    err = None  # the FP16 storage error, [1, C, T], carried through the stages
-    terms = 1
-    centred = (
-        plan.preprocess is None
-        or (plan.preprocess.transform == "log" and plan.preprocess.zscore is None)
-        or not plan.preprocess.computes
-    )
+    T, C = pre.shape
+    finite = np.isfinite(pre)
+    mag = np.where(finite, np.abs(pre), 0.0)
+    pp = plan.preprocess
+    computes = pp is not None and pp.computes
+    centred = not computes or (pp.transform == "log" and pp.zscore is None)
+    if level is None:
+        lvl = mag.max(axis=0) if T else np.zeros(C)
+    else:
+        lvl = np.asarray(level, dtype=np.float64)
+        if plan.columns is not None and lvl.shape[0] != C:
+            lvl = lvl[list(plan.columns)]
+
+    def t3(a: np.ndarray) -> torch.Tensor:  # [T, C] -> [1, C, T]
+        return torch.from_numpy(np.ascontiguousarray(a.T, dtype=np.float64))[None]
+
+    def conv(y: torch.Tensor, w: np.ndarray, layer) -> torch.Tensor:  # noqa: ANN001
+        return F.conv1d(F.pad(y, (layer.halo, 0)), torch.from_numpy(w), dilation=layer.dilation,
+                        groups=layer.groups)  # fmt: skip
+
+    def per_channel(w: np.ndarray, u: torch.Tensor, layer) -> torch.Tensor:  # noqa: ANN001
+        """sum over c of w[o, c] x u[c, t] within each group: [1, O, T]."""
+        g = layer.groups
+        a = torch.from_numpy(w)  # [O, C/g]
+        o_g, c_g = a.shape[0] // g, a.shape[1]
+        out = torch.einsum("goc,gct->got", a.view(g, o_g, c_g), u[0].view(g, c_g, -1))
+        return out.reshape(1, g * o_g, -1)
+
+    y_ref = t3(np.where(finite, pre, np.nan))  # the reference's values, stage by stage
+    err = None  # [1, O, T]: the bound of the previous stage's outputs
     for i, layer in enumerate(plan.layers):
-        w = torch.from_numpy(np.abs(layer.given))
-        dw = torch.from_numpy(np.abs(layer.given - layer.weight.astype(np.float64)))
-        b = None if layer.bias is None else torch.from_numpy(np.abs(layer.bias).astype(np.float64))
-        if err is not None:
-            err = F.conv1d(F.pad(err, (layer.halo, 0)), w, dilation=layer.dilation, groups=layer.groups)
-        if dw.any():
-            if i == 0 and centred:
-                spread = torch.from_numpy(_local_range(pre, layer.halo + _RECENTER_WINDOW, mag).T.copy())[
-                    None
-                ]
-                g = layer.groups
-                a = dw.sum(dim=2)  # [O, C/groups]: the residual's reach per input channel
-                o_g, c_g = a.shape[0] // g, a.shape[1]
-                moved = torch.einsum("goc,gct->got", a.view(g, o_g, c_g), spread[0].view(g, c_g, -1))
-                moved = moved.reshape(1, g * o_g, -1)
+        w16 = layer.weight.astype(np.float64)
+        aw, dw = np.abs(w16), np.abs(layer.given - w16)
+        tensor_cores = layer.weight.shape[1] >= 16 and layer.out_channels // layer.groups >= 16
+        n = np.count_nonzero(layer.weight.reshape(layer.out_channels, -1), axis=1)
+        act = layer.activation not in (None, "none")
+        gamma = torch.from_numpy(_EPS * (8 + 4 * act + (5 if tensor_cores else 1) * n))[None, :, None]
+        bias = torch.zeros(1, layer.out_channels, 1, dtype=torch.float64)
+        if layer.bias is not None:
+            bias = torch.from_numpy(np.abs(layer.bias).astype(np.float64))[None, :, None]
+        if i == 0:
+            if centred:
+                reach = _level_reach(layer.halo, layer.dilation)
+                hi, lo, bad = _window_stats(pre, reach + 1)
+                m_win = np.maximum(np.abs(hi), np.abs(lo))  # max |x| over the window (0 without values)
+                v = np.maximum(m_win, lvl[None, :])  # bounds |v| and the chunk's level |c|
+                p32 = pre.astype(np.float32)
+                with np.errstate(invalid="ignore"):
+                    lo32 = np.where(np.isfinite(p32), np.abs(p32), np.inf).min(axis=0)
+                    hi32 = np.where(np.isfinite(p32), np.abs(p32), 0.0).max(axis=0)
+                    same_sign = (np.where(np.isfinite(p32), p32, 1) > 0).all(axis=0) | (
+                        np.where(np.isfinite(p32), p32, -1) < 0
+                    ).all(axis=0)
+                exact = same_sign & (hi32 <= 2 * lo32)  # x - c and (x - c) - (v - c) are exact
+                past = np.arange(T)[:, None] >= layer.halo  # taps read data rows only
+                good = past & ~bad & exact[None, :]
+                u = np.where(good, hi - lo, m_win + v)
+                e_u = np.where(exact[None, :], 0.0, _EPS * (m_win + 3 * v))
+                if computes:
+                    e_u = e_u + _EPS / 2 * m_win
+                U, E_u, V = t3(u), t3(e_u), t3(v)
+                size = per_channel(aw.sum(axis=2), U, layer)
+                moved = per_channel(dw.sum(axis=2), U, layer)
+                inherited = per_channel((aw + dw).sum(axis=2), E_u, layer)
+                levels = per_channel(np.abs(layer.tap_sums), V, layer)
             else:
-                moved = F.conv1d(F.pad(y, (layer.halo, 0)), dw, dilation=layer.dilation, groups=layer.groups)
-            err = moved if err is None else err + moved
-        y = F.conv1d(F.pad(y, (layer.halo, 0)), w, b, dilation=layer.dilation, groups=layer.groups)
-        terms += layer.weight.shape[1] * layer.taps
-    out = y[0].T
-    moved = None if err is None else err[0].T
+                a = t3(mag)
+                size, moved = conv(a, aw, layer), conv(a, dw, layer)
+                inherited = conv(_EPS / 2 * a, aw + dw, layer)
+                levels = 0.0
+            added = gamma * (size + bias + levels) + moved
+        else:
+            a = torch.nan_to_num(y_ref.abs(), nan=0.0, posinf=0.0)
+            size = conv(a + err, aw, layer)
+            inherited = conv(err, aw, layer)
+            added = gamma * (size + bias) + conv(a, dw, layer)
+        lip = _GELU_LIPSCHITZ if layer.activation == "gelu" else 1.0
+        err = lip * (inherited + added)
+        b = None if layer.bias is None else torch.from_numpy(layer.bias.astype(np.float64))
+        y_ref = apply_activation(
+            F.conv1d(F.pad(y_ref, (layer.halo, 0)), torch.from_numpy(layer.given), b, dilation=layer.dilation,
+                     groups=layer.groups),
+            layer.activation,
+        )  # fmt: skip
+    out_err = err[0].T  # [T, O]
     if plan.head is not None:
-        hw = torch.from_numpy(np.abs(plan.head.given))
-        dhw = torch.from_numpy(np.abs(plan.head.given - plan.head.weight.astype(np.float64)))
-        moved = None if moved is None else moved @ hw
-        if dhw.any():
-            moved = out @ dhw if moved is None else moved + out @ dhw
-        out = out @ hw
-        if plan.head.bias is not None:
-            out = out + torch.from_numpy(np.abs(plan.head.bias).astype(np.float64))
-        terms += plan.head.weight.shape[0]
-    eps = float(np.finfo(np.float32).eps)
-    bound = 4 * eps * terms * (out.numpy() + 1e-30) + 1e-30
-    return bound if moved is None else bound + 1.01 * moved.numpy()
+        h16 = plan.head.weight.astype(np.float64)
+        ah, dh = torch.from_numpy(np.abs(h16)), torch.from_numpy(np.abs(plan.head.given - h16))
+        n = np.count_nonzero(plan.head.weight, axis=0)
+        act = plan.head.activation not in (None, "none")
+        gamma = torch.from_numpy(_EPS * (8 + 4 * act + 5 * n))[None, :]
+        a = torch.nan_to_num(y_ref[0].T.abs(), nan=0.0, posinf=0.0)
+        bias = 0.0 if plan.head.bias is None else torch.from_numpy(np.abs(plan.head.bias).astype(np.float64))
+        added = gamma * ((a + out_err) @ ah + bias) + a @ dh
+        lip = _GELU_LIPSCHITZ if plan.head.activation == "gelu" else 1.0
+        out_err = lip * (out_err @ ah + added)
+    return out_err.numpy() + 1e-30
 
 
-def _local_range(p: np.ndarray, window: int, mag: np.ndarray) -> np.ndarray:
-    """Per row and feature, max - min of ``p`` over the ``window`` rows ending there; where the window
-    reaches before row 0 or holds a value that is not finite, the largest ``mag`` over that window (the
-    residual reads every row of it, not only the last)."""
+def _window_stats(p: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row and column of ``p`` [T, C], over the ``window`` rows ending there (clipped at row 0): the
+    largest and smallest finite value (0 and 0 where there is none) and whether any value is not finite."""
     import torch
     import torch.nn.functional as F
 
-    n = p.shape[0]
-    m = torch.from_numpy(mag.T.copy())[None]  # [1, C, T], >= 0: zero padding never raises a max
-    mag_win = F.max_pool1d(F.pad(m, (window - 1, 0)), window, stride=1)[0].T.numpy()
-    if n < window:
-        return mag_win
-    finite = np.isfinite(p)
-    t = torch.from_numpy(np.where(finite, p, 0.0).T.copy())[None]  # [1, C, T]
-    hi = F.max_pool1d(t, window, stride=1)[0].T.numpy()  # rows window-1 .. n-1
-    lo = -F.max_pool1d(-t, window, stride=1)[0].T.numpy()
-    bad = torch.from_numpy((~finite).astype(np.float64).T.copy())[None]
-    any_bad = F.max_pool1d(bad, window, stride=1)[0].T.numpy() > 0
-    out = mag_win.copy()
-    tail = mag_win[window - 1 :]
-    out[window - 1 :] = np.where(any_bad, tail, np.minimum(hi - lo, tail))
-    return out
+    t = torch.from_numpy(np.ascontiguousarray(p.T))[None]  # [1, C, T]
+    fin = torch.isfinite(t)
+    inf = float("inf")
+
+    def run_max(v: torch.Tensor) -> np.ndarray:
+        return F.max_pool1d(F.pad(v, (window - 1, 0), value=-inf), window, stride=1)[0].T.numpy()
+
+    hi = run_max(torch.where(fin, t, -inf))
+    lo = -run_max(torch.where(fin, -t, -inf))
+    bad = run_max((~fin).to(torch.float64)) > 0
+    some = np.isfinite(hi)
+    return np.where(some, hi, 0.0), np.where(some, lo, 0.0), bad
 
 
 def assert_matches_reference(

@@ -121,3 +121,97 @@ def test_conv1d_adds_the_level_back_with_the_given_tap_sums():
         conv1d(x, w16, padding="valid", tap_sums=exact)
     with pytest.raises(tsconv.TsconvError, match="tap_sums must be a contiguous float64"):
         conv1d(x, w16, padding="valid", recenter=True, tap_sums=exact.float())
+
+
+# ------------------------------------------------------------------- price levels 20 to 500, by kind
+
+WIDE = 32
+
+
+def _levels_20_to_500(rows: int, seed: int) -> np.ndarray:
+    """Tick-grid random walks, one feature per level from 20 to 500 (geometric), float32."""
+    rng = np.random.default_rng(seed)
+    start = np.round(np.geomspace(20, 500, WIDE) * 100) / 100
+    steps = rng.choice([-1, 0, 0, 0, 1], size=(rows, WIDE)) * 0.01
+    return (start + np.cumsum(steps, axis=0)).astype(np.float32)
+
+
+def _zero_sum(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    w = rng.normal(size=shape).astype(np.float32)
+    return w - w.mean(axis=-1, keepdims=True)  # zero-sum per filter and channel (float32: a user's .npy)
+
+
+def _by_kind(kind: str, seed: int, tmp_path) -> tuple[object, dict, str]:
+    """(pipeline as tsconv.features takes it, the same as a dict, the name its warning must carry)."""
+    rng = np.random.default_rng(100 + seed)
+    if kind == "dense_npy":  # weights from a .npy file through a pipeline file, default weight_dtype
+        np.save(tmp_path / "w.npy", _zero_sum(rng, (16, WIDE, 5)))
+        (tmp_path / "p.toml").write_text('[[conv]]\nname = "spread"\nweights = "w.npy"\n')
+        pipe = {"conv": [{"name": "spread", "weights": np.load(tmp_path / "w.npy")}]}
+        return tmp_path / "p.toml", pipe, "[[conv]] #1 (spread)"
+    if kind == "grouped":
+        pipe = {"conv": [{"name": "spread", "weights": _zero_sum(rng, (16, WIDE // 4, 5)), "groups": 4}]}
+        return pipe, pipe, "[[conv]] #1 (spread)"
+    if kind == "depthwise":
+        pipe = {"conv": [{"name": "spread", "weights": _zero_sum(rng, (2 * WIDE, 1, 4)), "groups": WIDE}]}
+        return pipe, pipe, "[[conv]] #1 (spread)"
+    head = _zero_sum(rng, (3, 2 * WIDE)).T.copy()  # zero-sum over its inputs
+    bank = ["ma:16", "ma:4"] if kind == "head_over_means" else ["diff:1", "dev:16"]
+    pipe = {"conv": [{"filters": bank}], "head": {"weights": head}}
+    return pipe, pipe, "[head]"
+
+
+def _figure(message: str) -> float:
+    return float(message.split("by up to ")[1].split(" ")[0])
+
+
+KINDS = ["dense_npy", "grouped", "depthwise", "head_over_means", "head_over_differences"]
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+@pytest.mark.parametrize("kind", KINDS)
+def test_on_levels_20_to_500_each_kind_meets_1e_3_or_is_warned_with_its_name_and_figure(kind, seed, tmp_path):
+    """Dense, grouped and head weights alike: where FP16 storage moves an output by more than 1e-3 of its
+    scale over the whole series, one warning names the stage and gives a figure within 2.5x of that;
+    a warning where the series stays within 1e-3 must still tell the truth (within 2.5x). (Seed 4: a
+    grouped conv at 1.25e-3 that a check of 128 rows left unwarned.)"""
+    x = _levels_20_to_500(8000, seed=seed)
+    pipeline, pipe, name = _by_kind(kind, seed, tmp_path)
+    y, warned = _run(x, pipeline, chunk=1024)
+    actual = _relative_error(y, x, pipe)
+    if actual > 1e-3:
+        assert len(warned) == 1 and f"{name}: storing its weights as float16" in warned[0], (actual, warned)
+    for message in warned:
+        assert actual / 2.5 <= _figure(message) <= 2.5 * actual, (actual, message)
+    if kind == "head_over_differences":  # level-free inputs: FP16 storage is harmless (2e-4)
+        assert actual < 1e-3 and warned == []
+    if kind == "depthwise":  # 3e-3 to 5e-3: always warned
+        assert warned
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="the check samples the first chunk (1024 rows here); over 8000 rows the "
+                   "error is 1.04e-3 of the scale, unwarned (CPU engine, 16-row re-centring blocks)")  # fmt: skip
+def test_a_borderline_zero_sum_dense_conv_on_levels_20_to_500_is_warned(tmp_path):
+    x = _levels_20_to_500(8000, seed=1)
+    pipeline, pipe, _ = _by_kind("dense_npy", 1, tmp_path)
+    y, warned = _run(x, pipeline, chunk=1024)
+    assert _relative_error(y, x, pipe) <= 1e-3 or warned
+
+
+@pytest.mark.parametrize("kind", ["grouped", "depthwise"])
+def test_the_warned_figure_is_the_error_on_the_rows_the_check_measured(kind, tmp_path):
+    """The check measures the first chunk's first output rows (1024 here); its figure is the engine's error
+    there relative to the outputs' scale there. It took the scale from the stored weights, whose sums are off
+    the given ones: level x that difference made the scale of a zero-sum conv on levels up to 6x too
+    large, and the figure as much too small (1.1e-3 said, 2.3e-3 there, for the depthwise conv)."""
+    x = _levels_20_to_500(2000, seed=0)
+    pipeline, pipe, _ = _by_kind(kind, 0, tmp_path)
+    y, warned = _run(x, pipeline, chunk=1024)
+    exact = {"conv": [{**s, "weight_dtype": "float32"} for s in pipe["conv"]]}
+    plan = resolve(pipeline_from_dict(exact), [f"f{j}" for j in range(WIDE)])
+    rows = slice(plan.halo, plan.halo + 1024)
+    ref = pipeline_reference(x, plan)[rows]
+    there = float((np.abs(y[rows] - ref).max(axis=0) / np.abs(ref).max(axis=0)).max())
+    assert len(warned) == 1, (there, warned)
+    assert there / 1.5 <= _figure(warned[0]) <= 1.5 * there, (there, warned[0])

@@ -434,7 +434,12 @@ def _rolling_zscore(p: torch.Tensor, w: int) -> torch.Tensor:
 
 # A stage whose FP16-stored weights move its outputs by more than this share of their scale gets a warning.
 FP16_WARN = 1e-3
-_CHECK_ROWS = 128  # output rows of the first chunk the check computes
+# Output rows of the first chunk the check computes: as many as _CHECK_MACS multiply-adds allow (about 0.1 s
+# on one core), between 128 and 1024. The largest error over a sample grows with its length: on 8000 steps of
+# price levels 20..500, four zero-sum grouped convs (8 channels a group) moved by 1.1e-3 to 1.25e-3 of their
+# scale went unwarned with 128 rows, and were warned with 1024 (those within 5% of 1e-3 still go unwarned).
+_CHECK_ROWS = (128, 1024)
+_CHECK_MACS = 100_000_000
 # The recentering block the check assumes on CUDA: the dense kernels' largest fp32 time tile.
 _CUDA_BLOCK = 128
 
@@ -442,15 +447,17 @@ _CUDA_BLOCK = 128
 class _StorageCheck:
     """How far FP16 storage moves each stage's (and the head's) outputs on the data at hand, warned once.
 
-    On the first chunk with enough data rows, up to _CHECK_ROWS output rows: each stage's output is
-    computed with its stored weights (an estimate of its scale), and the change that rounding made is
-    that stage's conv with the rounding residual (for the centred first stage block by block, as the
-    engine re-centres), compared per output with the largest finite value of the output. In float32 (the
-    residual is small, so its product is exact enough), on the CPU whatever the engine's device: on CUDA,
-    torch's conv and matmul would load cuBLAS (or cuDNN) into a batch job whose own kernels are Triton's,
-    hundreds of milliseconds of a fresh process. The CPU needs 20-30 ms for a wide dense stage, so it runs
-    in a thread beside the run (torch's CPU ops release the GIL) and its warnings are given by
-    :meth:`Backend.finish`. Stages stored in float32, or whose weights float16 holds exactly, cost nothing.
+    On the first chunk with enough data rows, 128 to 1024 output rows (``_CHECK_ROWS``; fewer for larger
+    pipelines): each stage's output is computed with its weights as given (its scale; the centred first
+    stage as the engine computes it, so that a zero-sum filter on raw levels keeps its low digits), and the
+    change that rounding made is that stage's conv with the rounding residual (for the centred first stage
+    block by block, as the engine re-centres), compared per output with the largest finite value of the
+    output. In float32 (the residual is small, so its product is exact enough), on the CPU whatever the
+    engine's device: on CUDA, torch's conv and matmul would load cuBLAS (or cuDNN) into a batch job whose
+    own kernels are Triton's, hundreds of milliseconds of a fresh process, where the CPU needs at most
+    about a tenth of a second (``_CHECK_MACS``): it runs in a thread beside the run (torch's CPU ops
+    release the GIL) and its warnings are given by :meth:`Backend.finish`. Stages stored in float32, or
+    whose weights float16 holds exactly, cost nothing.
     """
 
     def __init__(self, plan: ResolvedPipeline) -> None:
@@ -479,9 +486,13 @@ class _StorageCheck:
         False when it has too few data rows (try the next chunk) or a CUDA graph is being captured."""
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return False
-        halo = sum(layer.halo for layer in self.plan.layers)
+        plan = self.plan
+        halo = sum(layer.halo for layer in plan.layers)
         a = max(0, -first_row)  # the first data row: earlier rows are zero history
-        m = min(_CHECK_ROWS, x.shape[0] - a - halo)
+        macs = sum(L.out_channels * L.weight.shape[1] * L.taps for L in plan.layers)
+        if plan.head is not None:
+            macs += plan.head.weight.size
+        m = min(max(_CHECK_ROWS[0], min(_CHECK_ROWS[1], _CHECK_MACS // macs)), x.shape[0] - a - halo)
         if m < 1:
             return False
         u = x[a : a + halo + m].float().cpu()  # a copy: the run may reuse x's memory
@@ -525,8 +536,17 @@ class _StorageCheck:
                                 triton_kernels=False).T.unsqueeze(0)  # fmt: skip
                 continue
             bias = None if layer.bias is None else torch.from_numpy(layer.bias).float()
-            out = F.conv1d(y, torch.from_numpy(layer.weight).float(), bias, dilation=layer.dilation,
-                           groups=layer.groups)  # fmt: skip
+            # The scale: each stage's output with the weights as given (what the outputs should be), the
+            # centred first stage computed as the engine does. The stored weights' sums differ from the
+            # given ones, and a zero-sum filter's output on raw levels then carried level x (that
+            # difference), many times its scale: the check saw the scale inflated and warned too little.
+            given = torch.from_numpy(layer.given).float()
+            if i == 0 and recenter:
+                # the layer's tap sums live on the engine's device; the check runs on the CPU
+                sums = torch.from_numpy(layer.tap_sums)
+                out = _conv_recentered(y, bias, dl, 0, weight=given, tap_sums=sums, block=block)
+            else:
+                out = F.conv1d(y, given, bias, dilation=layer.dilation, groups=layer.groups)
             if res is not None:
                 dw = torch.from_numpy(res)
                 if i == 0 and recenter:
@@ -538,7 +558,7 @@ class _StorageCheck:
             y = apply_activation(out, layer.activation)
         if self.head_residual is not None:
             h = y[0].T
-            self._note(h @ torch.from_numpy(self.head_residual), h @ torch.from_numpy(plan.head.weight).float(),
+            self._note(h @ torch.from_numpy(self.head_residual), h @ torch.from_numpy(plan.head.given).float(),
                        f"{origin}: [head]")  # fmt: skip
 
     def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str) -> None:
