@@ -260,6 +260,25 @@ def test_the_triton_kernels_equal_the_torch_path() -> None:
         np.testing.assert_array_equal(b.numpy(), a.numpy())
 
 
+def test_the_triton_path_cuts_wide_inputs_by_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tile of every channel would leave a wide input with tiles of a few rows, each re-reading its halo:
+    with a small tile budget the kernels take 3 channels at a time and give the same bits as the torch path."""
+    import tsconv.kernels.filterbank as fb
+
+    monkeypatch.setattr(fb, "_CUDA_TILE", 4096)
+    x = torch.from_numpy(prices(3000, 8, seed=9))
+    fs = tuple(filter_spec(s) for s in ("diff:1", "ma:16", "std:8"))
+    launches: list[tuple[int, ...]] = []
+    real = fb._bank_tile
+    monkeypatch.setattr(
+        fb, "_bank_tile", lambda tile, *a, **k: (launches.append(tuple(tile.shape)), real(tile, *a, **k))[1]
+    )
+    got = filter_bank(x, fs, triton_kernels=True)
+    assert launches and max(c for _, c in launches) == 3
+    assert sum(r < 1024 for r, _ in launches) <= 3  # only each channel group's last rows are short
+    np.testing.assert_array_equal(got.numpy(), filter_bank(x, fs, triton_kernels=False).numpy())
+
+
 def test_filter_docs_cover_every_kind_with_formula_and_warm_up() -> None:
     assert list(FILTER_DOCS) == list(FILTER_KINDS)
     for kind, doc in FILTER_DOCS.items():

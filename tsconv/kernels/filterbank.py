@@ -103,8 +103,11 @@ def filter_bank(
     if n == 0 or channels == 0:
         return out
     if use_triton:
-        ct = channels
-        rt = max(1, _CUDA_TILE // channels - halo)
+        # Tiles keep at least 4 halos (and 1024) of rows, cut by channel when the input is wide: all channels
+        # in one tile would leave a 16,384-feature input with one-row tiles, each re-reading its halo.
+        rows_min = max(4 * halo, 1024)
+        ct = max(1, min(channels, _CUDA_TILE // (rows_min + halo)))
+        rt = max(rows_min, _CUDA_TILE // ct - halo)
     else:
         ct = min(channels, _CPU_CHANNELS)
         rt = max(2 * halo, _CPU_TILE // ct - halo, 64)
