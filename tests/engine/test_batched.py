@@ -331,7 +331,12 @@ def test_recentering_keeps_a_long_steps_error_at_the_chunked_engines():
     x = (1000.0 + 0.5 * np.arange(n)[:, None] + np.cumsum(rng.normal(0, 0.05, (n, C)), axis=0)).astype(
         np.float32
     )
-    plan = resolve(pipeline_from_dict({"conv": [{"filters": ["dev:32", "diff:4"]}]}), ["a", "b", "c"])
+    # the filters' taps as a weights stage (a bank computes in float64 and has no such error to keep down)
+    from tsconv.pipeline.filters import bank_weights
+
+    taps = bank_weights(("dev:32", "diff:4"), C)
+    stage = {"weights": taps, "groups": "depthwise", "weight_dtype": "float32"}
+    plan = resolve(pipeline_from_dict({"conv": [stage]}), ["a", "b", "c"])
     ref = pipeline_reference(x, plan)
 
     def err(y):

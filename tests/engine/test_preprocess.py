@@ -293,13 +293,14 @@ def test_the_triton_path_with_preprocessing_matches_the_reference() -> None:
     x = _series(300, seed=4)[:, [0, 2]]  # two price features, one starting late
     rng = np.random.default_rng(0)
     for pre in ({"select": ["px_*"], "transform": "log_return", "zscore": 12}, {"transform": "log"}):
+        # weights first: a bank first stage computes in float64 from the raw values and is never recentered
         conv = [
-            {"filters": ["diff:1", "ma:4"], "dilation": 2},
             {
-                "weights": rng.normal(size=(3, 4, 3)) / 4,
-                "bias": rng.normal(size=3),
+                "weights": rng.normal(size=(4, 2, 3)) / 4,
+                "bias": rng.normal(size=4),
                 "weight_dtype": "float32",
             },
+            {"filters": ["diff:1", "ma:4"], "dilation": 2},
         ]
         pipe = pipeline_from_dict({"preprocess": pre, "conv": conv})
         plan = resolve(pipe, ["px_0", "px_1"])
