@@ -145,17 +145,22 @@ class TimeReader:
         n = lay.chunks[0]
         out = np.empty(hi - lo, dtype=lay.dtype)  # the stored values, decoded to ns at the end
         chunks = range(lo // n, -(-hi // n))
+        # chunks this read takes part of and an earlier read decoded: neither read from disk nor decoded
+        hits = {
+            c: h for c in chunks if not lo <= c * n < c * n + n <= hi and (h := self._cached(c)) is not None
+        }
+        todo = [c for c in chunks if c not in hits]
         native = fileread.native_reader()
-        stored = self._read_files(native, chunks) if native is not None else None
-        for i, c in enumerate(chunks):
+        stored = dict(zip(todo, self._read_files(native, todo), strict=True)) if native is not None else {}
+        for c in chunks:
             c0 = c * n
             s0, s1 = max(lo, c0), min(hi, c0 + n)
             dest = out[s0 - lo : s1 - lo]
-            if s1 - s0 < n and (hit := self._cached(c)) is not None:
-                dest[:] = hit[s0 - c0 : s1 - c0]
+            if c in hits:
+                dest[:] = hits[c][s0 - c0 : s1 - c0]
                 continue
-            if stored is not None and stored[i] is not None:
-                data = stored[i]
+            if stored.get(c) is not None:
+                data = stored[c]
                 if s1 - s0 == n and lay.codec is not None:
                     self._decode(c, data, dest.view(np.uint8))  # a whole chunk: straight into place
                     continue
@@ -189,7 +194,7 @@ class TimeReader:
         assert lay is not None
         return f"{os.fspath(lay.root)}/{lay.key((c, 0))}"
 
-    def _read_files(self, native: fileread.NativeReader, chunks: range) -> list[np.ndarray | None]:
+    def _read_files(self, native: fileread.NativeReader, chunks: list[int]) -> list[np.ndarray | None]:
         """The stored bytes of ``chunks``' files, read by one native call (None: missing, or larger than
         the bound, left to :meth:`_file`)."""
         lay = self._layout
