@@ -842,7 +842,7 @@ def test_gpu_memory_taken_by_another_process_is_one_line(
     line that says so and what to do, not CUDA's traceback (the H200 gave a traceback before)."""
     import tsconv.engine.api as api
 
-    src = write_store(tmp_path / "in.zarr", price_series(600, 2))
+    src = good_store(tmp_path)
 
     def fail(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise raised
@@ -857,7 +857,7 @@ def test_other_cuda_errors_keep_their_traceback(tmp_path: Path, monkeypatch: pyt
     """Only a shortage a user can act on becomes one line: a kernel fault is a bug and keeps its traceback."""
     import tsconv.engine.api as api
 
-    src = write_store(tmp_path / "in.zarr", price_series(600, 2))
+    src = good_store(tmp_path)
     monkeypatch.setattr(
         api,
         "to_zarr",
