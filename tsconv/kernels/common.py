@@ -126,22 +126,30 @@ def dot_first(a, b, acc, FLUSH: tl.constexpr):
 
 @triton.jit
 def dot_fp32(a, b, wlo_ptrs, w_mask, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.constexpr, FLUSH: tl.constexpr):
+    """:func:`dot_split` with the TF32 remainder of the weights loaded from ``wlo_ptrs`` when W_SPLIT."""
+    if W_SPLIT:
+        b_lo = tl.load(wlo_ptrs, mask=w_mask, other=0.0)
+    else:
+        b_lo = b
+    return dot_split(a, b, b_lo, acc, A_SPLIT, W_SPLIT, FLUSH)
+
+
+@triton.jit
+def dot_split(a, b, b_lo, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.constexpr, FLUSH: tl.constexpr):
     """acc + a @ b to float32 accuracy on TF32 tensor cores (precision "fp32":
     :mod:`tsconv.kernels.conv1d.dense` says why; benchmarks/NOTES.md, "Precision").
 
     a: float32 [BT, BC]; b: [BC, BO] TF32-exact weights (float16, or the TF32 high part of float32 weights,
-    whose TF32 remainder is at ``wlo_ptrs`` when W_SPLIT). A_SPLIT: 1 = a is TF32-exact (float16 / bfloat16
-    input); 3 = a = a_hi + a_mid + a_lo, each exact in TF32 (the default for float32 inputs); 2 = a_hi + a_r
-    with a 13-bit remainder that the tensor core truncates (the old scheme, kept for the emulation tests).
-    Products are added smallest first. FLUSH: the products of this step are summed in a fresh tensor-core
-    accumulator and added to ``acc`` on the CUDA cores (round to nearest), so the tensor core's
+    whose TF32 remainder is ``b_lo`` when W_SPLIT; ignored otherwise). A_SPLIT: 1 = a is TF32-exact (float16 /
+    bfloat16 input); 3 = a = a_hi + a_mid + a_lo, each exact in TF32 (the default for float32 inputs); 2 = a_hi
+    + a_r with a 13-bit remainder that the tensor core truncates (kept to show it fails under the emulation
+    tests). Products are added smallest first. FLUSH: the products of this step are summed in a fresh
+    tensor-core accumulator and added to ``acc`` on the CUDA cores (round to nearest), so the tensor core's
     round-toward-zero never acts on the running sum.
     """
     if A_SPLIT >= 2:
         a_hi = round_tf32(a)
         a_r = tl.where(a_hi == a, 0.0, a - a_hi)  # exact; the where() keeps +-inf inputs from making NaN
-        if W_SPLIT:
-            b_lo = tl.load(wlo_ptrs, mask=w_mask, other=0.0)
         if A_SPLIT == 3:
             a_mid = round_tf32(a_r)
             a_lo = a_r - a_mid  # exact, at most 3 significant bits: exact in TF32
@@ -156,7 +164,6 @@ def dot_fp32(a, b, wlo_ptrs, w_mask, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.con
             p = tl.dot(tl.where(tl.abs(a_hi) < float("inf"), a_hi, 0.0), b_lo, p, input_precision="tf32")
         p = tl.dot(a_hi, b, p, input_precision="tf32")
     elif W_SPLIT:
-        b_lo = tl.load(wlo_ptrs, mask=w_mask, other=0.0)
         p = dot_first(tl.where(tl.abs(a) < float("inf"), a, 0.0), b_lo, acc, FLUSH)  # as above
         p = tl.dot(a, b, p, input_precision="tf32")
     else:

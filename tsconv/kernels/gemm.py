@@ -64,8 +64,8 @@ from tsconv.kernels.checks import dtype_name as _dtype_name
 from tsconv.kernels.common import (
     activate,
     apply_activation,
+    dot_split,
     grouped,
-    round_tf32,
     round_tf32_into,
     round_tf32_rne,
     round_tf32_torch,
@@ -108,47 +108,6 @@ last_launch: dict[str, str] = {}
 # --------------------------------------------------------------------------------------------------------
 # kernel
 # --------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _dot_tf32(a, b, acc, FRESH: tl.constexpr):
-    if FRESH:
-        return tl.dot(a, b, input_precision="tf32")  # a fresh tensor-core accumulator
-    return tl.dot(a, b, acc, input_precision="tf32")
-
-
-@triton.jit
-def _dot_split(a, b, b_lo, acc, A_SPLIT: tl.constexpr, W_SPLIT: tl.constexpr, FLUSH: tl.constexpr):
-    """acc + a @ b to float32 accuracy on TF32 tensor cores (see "fp32" in the module docstring).
-
-    a: float32 [BM, BK]; b: [BK, BN] TF32-exact (float16 values, or the TF32 high part of float32 ``b``
-    whose TF32 low part is ``b_lo`` when W_SPLIT). A_SPLIT: 1 = a is TF32-exact (float16 / bfloat16 input),
-    3 = three-way split (default), 2 = the two-way split (kept to show it fails under the emulation tests).
-    """
-    if A_SPLIT >= 2:
-        a_hi = round_tf32(a)
-        a_r = tl.where(a_hi == a, 0.0, a - a_hi)  # exact; the where() keeps +-inf inputs from making NaN
-        if A_SPLIT == 3:
-            a_mid = round_tf32(a_r)
-            a_lo = a_r - a_mid  # exact, at most 3 significant bits: exact in TF32
-            p = _dot_tf32(a_lo, b, acc, FLUSH)
-            if W_SPLIT:
-                p = tl.dot(a_mid, b_lo, p, input_precision="tf32")
-            p = tl.dot(a_mid, b, p, input_precision="tf32")
-        else:
-            p = _dot_tf32(a_r, b, acc, FLUSH)
-        if W_SPLIT:
-            # +-inf times a zero low part would be NaN: infinities reach the sum through the high part only
-            p = tl.dot(tl.where(tl.abs(a_hi) < float("inf"), a_hi, 0.0), b_lo, p, input_precision="tf32")
-        p = tl.dot(a_hi, b, p, input_precision="tf32")
-    elif W_SPLIT:
-        p = _dot_tf32(tl.where(tl.abs(a) < float("inf"), a, 0.0), b_lo, acc, FLUSH)  # as above
-        p = tl.dot(a, b, p, input_precision="tf32")
-    else:
-        p = _dot_tf32(a, b, acc, FLUSH)
-    if FLUSH:
-        p = acc + p
-    return p
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -205,7 +164,7 @@ def _gemm_kernel(
                 b_lo = tl.load(blo_ptrs, mask=b_mask, other=0.0)
             else:
                 b_lo = b
-            acc = _dot_split(a.to(tl.float32), b, b_lo, acc, A_SPLIT, W_SPLIT, FLUSH)
+            acc = dot_split(a.to(tl.float32), b, b_lo, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
             if ROUND_A:  # one column block: each a value is loaded once, rounding it here adds no traffic
                 acc = tl.dot(round_tf32_rne(a.to(tl.float32)), b, acc, input_precision="tf32")
