@@ -290,7 +290,7 @@ def test_the_report_names_the_head_path(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", ["unfused", "gemm", "fused", None])
-def test_each_path_on_the_gpu_through_the_batched_engine(path, monkeypatch):
+def test_each_path_on_the_gpu_through_the_batched_engine(path, monkeypatch, tmp_path):
     """On CUDA: each forced path and auto (timed, then cached) give the reference within the fp32 bound."""
     x = price_series(5000, 16, seed=9, nan_fraction=0.01)
     rng = np.random.default_rng(1)
@@ -303,6 +303,9 @@ def test_each_path_on_the_gpu_through_the_batched_engine(path, monkeypatch):
     plan = resolve(pipeline_from_dict(pipe), tuple(f"x{j}" for j in range(16)))
     if path is None:
         monkeypatch.setenv("TSCONV_HEAD_PATH", "auto")
+        monkeypatch.setenv("TSCONV_AUTOTUNE", "1")  # with tuning off, auto takes a cached choice or "unfused"
+        monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+        autotune.clear_memory_cache()
     else:
         monkeypatch.setenv("TSCONV_HEAD_PATH", path)
     backend = Backend(plan, torch.device("cuda"))

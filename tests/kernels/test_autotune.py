@@ -92,6 +92,15 @@ def test_on_a_new_shape_class_is_tuned_once_and_says_so(
     assert fake_gpu["timed"] == ["a", "b", "c"]
 
 
+def test_on_a_shipped_winner_is_tuned_again_on_this_machine(
+    fake_gpu, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TSCONV_AUTOTUNE", "1")
+    _ship(tmp_path / "shipped", "k=1", "b")
+    assert autotune.select(SPACE, "k=1", _never, device=CUDA).name == "c"
+    assert fake_gpu["timed"] == ["a", "b", "c"] and autotune.events()[-1].source == "tuned"
+
+
 def test_the_shipped_cache_is_in_the_package_and_readable() -> None:
     files = sorted(autotune.SHIPPED.glob("autotune-*.json"))
     assert files, "no shipped tuning cache"

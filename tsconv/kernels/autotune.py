@@ -5,13 +5,13 @@ identifies its shape class (e.g. precision, layout and bucketed sizes) and a ``b
 the kernel once with a given :class:`Config`. :func:`select` returns the config to use:
 
 - not on a CUDA device (the Triton interpreter on CPU tensors): the space's fixed ``interpreter`` config;
-- otherwise the winner cached in memory, else the winner cached on disk (the user's cache, then the one
-  shipped with tsconv for its GPU model, ``tsconv/kernels/tuned/``), else
-- with the ``autotune`` setting off (the default) the space's ``default`` config: a batch job's first run of a
+- otherwise the winner cached in memory, else the winner in the user's disk cache, else
+- with the ``autotune`` setting off (the default) the winner shipped with tsconv for its GPU model
+  (``tsconv/kernels/tuned/``), else the space's ``default`` config: a batch job's first run of a
   new shape class costs what later runs cost (tuning a bank's candidates took 70 s of an 80 s first run on
   the H200, and untuned defaults ran within the run-to-run spread of tuned ones in a fresh process:
   benchmarks/NOTES.md, "A fresh `tsconv process` per run");
-- with it on, it times every candidate
+- with it on, it times every candidate on this machine (the shipped winners were measured on another)
   (:func:`calls_ms`: the median of event-timed calls, the L2 cache flushed before each), keeps the fastest
   and writes it to the disk cache, so later calls and later processes (a batch job) reuse it without
   tuning; one log line (WARNING, logger ``tsconv.autotune``) says that it is tuning. Per-call timing measures the host whenever a launch takes longer to issue than the kernel runs;
@@ -250,7 +250,10 @@ def select(
             return cfg
         path = cache_path(device)
         entries = _entries(path)
-        for source, found in (("disk", entries), ("shipped", _entries(SHIPPED / path.name))):
+        sources = [("disk", entries)]
+        if not tuning_enabled():
+            sources.append(("shipped", _entries(SHIPPED / path.name)))
+        for source, found in sources:
             record = found.get(full)
             cfg = space.by_name(str(record.get("config"))) if isinstance(record, dict) else None
             if cfg is not None:
