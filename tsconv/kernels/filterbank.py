@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tsconv.kernels.common import apply_activation
+from tsconv.kernels.common import apply_activation, custom_op
 from tsconv.pipeline.filters import Filter, filter_spec
 
 __all__ = ["bank_bytes_per_row", "bank_halo", "filter_bank"]
@@ -61,7 +61,7 @@ def bank_bytes_per_row(filters: tuple[Filter, ...], channels: int) -> int:
     return 8 * channels * (_LIVE + 2 * kept)
 
 
-@torch.library.custom_op("tsconv::filter_bank", mutates_args=())
+@custom_op("tsconv::filter_bank", __name__)
 def _filter_bank_op(
     x: torch.Tensor, specs: str, dilation: int, activation: str, triton_kernels: bool | None
 ) -> torch.Tensor:

@@ -65,6 +65,7 @@ from tsconv.kernels.checks import dtype_name as _dtype_name
 from tsconv.kernels.common import (
     WEIGHTS,
     activate,
+    custom_op,
     dot_fp32,
     level,
     max_offset,
@@ -699,7 +700,7 @@ def conv1d_head(
     return out
 
 
-@torch.library.custom_op("tsconv::conv1d_head", mutates_args=())
+@custom_op("tsconv::conv1d_head", __name__)
 def _conv1d_head_op(
     x: torch.Tensor,
     weight: torch.Tensor,

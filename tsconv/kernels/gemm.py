@@ -64,6 +64,7 @@ from tsconv.kernels.checks import dtype_name as _dtype_name
 from tsconv.kernels.common import (
     activate,
     apply_activation,
+    custom_op,
     dot_split,
     grouped,
     round_tf32_into,
@@ -620,7 +621,7 @@ def gemm(
     return out
 
 
-@torch.library.custom_op("tsconv::gemm", mutates_args=())
+@custom_op("tsconv::gemm", __name__)
 def _gemm_op(
     a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str | None, precision: str
 ) -> torch.Tensor:

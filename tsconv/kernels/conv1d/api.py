@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from tsconv.kernels import autotune, common
 from tsconv.kernels.checks import ACT_NAME as _ACT_NAME
-from tsconv.kernels.common import WEIGHTS, apply_activation, recenter_sums
+from tsconv.kernels.common import WEIGHTS, apply_activation, custom_op, recenter_sums
 from tsconv.kernels.conv1d import dense, state
 from tsconv.kernels.conv1d.direct import launch_direct
 from tsconv.kernels.conv1d.spec import ConvSpec, check_tap_sums, validate
@@ -163,7 +163,7 @@ def conv1d(
 # --------------------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("tsconv::conv1d", mutates_args=())
+@custom_op("tsconv::conv1d", __name__)
 def _conv1d_op(
     x: torch.Tensor,
     weight: torch.Tensor,
