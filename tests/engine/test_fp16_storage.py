@@ -215,3 +215,16 @@ def test_the_warned_figure_is_the_error_on_the_rows_the_check_measured(kind, tmp
     there = float((np.abs(y[rows] - ref).max(axis=0) / np.abs(ref).max(axis=0)).max())
     assert len(warned) == 1, (there, warned)
     assert there / 1.5 <= _figure(warned[0]) <= 1.5 * there, (there, warned[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_check_copies_its_sample_asynchronously_and_warns_as_on_the_cpu():
+    x = price_series(20000, 4, seed=7)
+    w2 = np.random.default_rng(2).normal(size=(3, 8, 3))
+    pipe = {"conv": [{"filters": ["ma:16", "ma:8"]}, {"name": "mix", "weights": w2 - w2.mean(axis=(1, 2), keepdims=True)}]}  # fmt: skip
+    y_gpu, warned_gpu = _run(x, pipe, device="cuda")
+    y_cpu, warned_cpu = _run(x, pipe, device="cpu")
+    assert len(warned_gpu) == 1 and "[[conv]] #2 (mix): storing its weights as float16" in warned_gpu[0]
+    assert len(warned_cpu) == 1
+    np.testing.assert_array_equal(np.isnan(y_gpu), np.isnan(y_cpu))

@@ -462,22 +462,20 @@ class _StorageCheck:
 
     def __init__(self, plan: ResolvedPipeline) -> None:
         self.plan = plan
-        # the rounding residuals (given - stored), float32, None where there is none (and for banks,
-        # which compute from their filters' definitions, storing nothing)
-        self.residuals = [None if L.structured else _residual(L.weight_dtype, L.weight, L.given)
-                          for L in plan.layers]  # fmt: skip
-        head = plan.head
-        self.head_residual = None if head is None else _residual(head.weight_dtype, head.weight, head.given)
         self._thread: threading.Thread | None = None
+        self._copied: torch.cuda.Event | None = None  # when the stage input has reached host memory
+        self._keep: torch.Tensor | None = None  # the device tensor being copied, alive until then
         self._messages: list[str] = []
         self._error: BaseException | None = None
 
     @staticmethod
     def needed(plan: ResolvedPipeline) -> bool:
-        layers = [(L.weight_dtype, L.weight, L.given) for L in plan.layers if not L.structured]
+        """Whether any stage (or the head) stores its weights as float16. Whether float16 holds them
+        exactly is found in the check's thread: comparing megabytes of weights here would delay the run."""
+        dtypes = [L.weight_dtype for L in plan.layers if not L.structured]
         if plan.head is not None:
-            layers.append((plan.head.weight_dtype, plan.head.weight, plan.head.given))
-        return any(dt == "float16" and not np.array_equal(w, g) for dt, w, g in layers)
+            dtypes.append(plan.head.weight_dtype)
+        return "float16" in dtypes
 
     def start(
         self, backend: Backend, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool
@@ -495,9 +493,20 @@ class _StorageCheck:
         m = min(max(_CHECK_ROWS[0], min(_CHECK_ROWS[1], _CHECK_MACS // macs)), x.shape[0] - a - halo)
         if m < 1:
             return False
-        u = x[a : a + halo + m].float().cpu()  # a copy: the run may reuse x's memory
+        u = x[a : a + halo + m].float()
         if centered:
-            u = u + level.float().cpu()
+            u = u + level.float()
+        if u.is_cuda:
+            # An asynchronous copy (a blocking one would stall the run's stream), made on the run's stream
+            # after ``u``'s own work; the check's thread waits for it.
+            self._keep = u
+            host = torch.empty(u.shape, dtype=u.dtype, pin_memory=True)
+            host.copy_(u, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+            u = host
+        else:
+            u = u.clone()  # the run may reuse x's memory
         block = _CUDA_BLOCK if backend.triton else _CPU_BLOCK
         args = (u, backend.layers, block, backend.recenter_first)
         self._thread = threading.Thread(
@@ -527,10 +536,22 @@ class _StorageCheck:
     def _evaluate(
         self, u: torch.Tensor, layers: tuple[_DeviceLayer, ...], block: int, recenter: bool
     ) -> None:
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._keep = None
         plan = self.plan
+        # the rounding residuals (given - stored), float32, None where there is none (and for banks,
+        # which compute from their filters' definitions, storing nothing)
+        residuals = [
+            None if L.structured else _residual(L.weight_dtype, L.weight, L.given) for L in plan.layers
+        ]
+        head = plan.head
+        head_residual = None if head is None else _residual(head.weight_dtype, head.weight, head.given)
+        if all(r is None for r in residuals) and head_residual is None:
+            return  # float16 holds every stored weight exactly
         y = u.T.unsqueeze(0)  # [1, C, L]
         origin = plan.pipeline.origin
-        for i, (layer, dl, res) in enumerate(zip(plan.layers, layers, self.residuals, strict=True)):
+        for i, (layer, dl, res) in enumerate(zip(plan.layers, layers, residuals, strict=True)):
             if layer.structured:
                 y = filter_bank(y[0].T, layer.filters, dilation=layer.dilation, activation=layer.activation,
                                 triton_kernels=False).T.unsqueeze(0)  # fmt: skip
@@ -556,9 +577,9 @@ class _StorageCheck:
                     err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
                 self._note(err[0].T, out[0].T, f"{origin}: [[conv]] #{i + 1} ({layer.name})")
             y = apply_activation(out, layer.activation)
-        if self.head_residual is not None:
+        if head_residual is not None:
             h = y[0].T
-            self._note(h @ torch.from_numpy(self.head_residual), h @ torch.from_numpy(plan.head.given).float(),
+            self._note(h @ torch.from_numpy(head_residual), h @ torch.from_numpy(plan.head.given).float(),
                        f"{origin}: [head]")  # fmt: skip
 
     def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str) -> None:
