@@ -404,12 +404,24 @@ def decode_ceiling(src: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- report
 
 
+def _commits(doc: dict[str, Any]) -> str:
+    """The commit of each row's call, with its stores when the rows come from more than one."""
+    by: dict[str, list[str]] = {}
+    for r in doc["runs"]:
+        stores = by.setdefault(r.get("commit", doc["commit"]), [])
+        if r["store"] not in stores:
+            stores.append(r["store"])
+    if len(by) <= 1:
+        return next(iter(by), doc["commit"])
+    return " and ".join(f"{c} (stores {', '.join(st)})" for c, st in by.items())
+
+
 def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
     """A table of every run (and a bar plot of wall time against the baselines) from the JSON."""
     rows = [r for r in doc["runs"] if not r.get("cold_cache")]
     colds = [r for r in doc["runs"] if r.get("cold_cache")]
     lines = [
-        f"# `tsconv process`, fresh process per run ({doc['gpu']}, {doc['date']}, commit {doc['commit']})",
+        f"# `tsconv process`, fresh process per run ({doc['gpu']}, {doc['date']}, commit {_commits(doc)})",
         "",
         f"Bare start-up (`import torch; torch.zeros(1, device='cuda')`), per call: "
         f"{', '.join(f'{v:.2f} s' for v in doc.get('startup_s_by_call', {'': doc['startup_s']}).values())}. "
@@ -507,6 +519,11 @@ def main() -> int:
     if args.merge is not None and args.merge.exists():
         old = json.loads(args.merge.read_text())
         doc["runs"] = [r for r in old.get("runs", []) if r["store"] not in names]
+        for r in doc["runs"]:
+            r.setdefault("commit", old.get("commit"))
+        kept = {r["commit"] for r in doc["runs"]}
+        by_call = {c: v for c, v in old.get("startup_s_by_call", {}).items() if c in kept}
+        doc["startup_s_by_call"] = {**by_call, doc["commit"]: doc["startup_s"]}
     print(f"start-up {doc['startup_s']:.2f} s", flush=True)
 
     def save() -> None:
@@ -524,7 +541,7 @@ def main() -> int:
             reps = [tsconv_run(src, out, p, args.work, cache) for _ in range(args.repeats)]
             med = sorted(reps, key=lambda r: r["wall_s"])[len(reps) // 2]
             row = {
-                "store": n, "pipeline": pipe, "codec": spec["codec"], "rows": spec["rows"],
+                "store": n, "pipeline": pipe, "commit": doc["commit"], "codec": spec["codec"], "rows": spec["rows"],
                 "features": spec["features"], "chunks": list(zarr_chunks(src)), "fresh_process": True,
                 "cold_cache": False, **med, "wall_s": statistics.median(r["wall_s"] for r in reps),
                 "report_s": statistics.median(r["report_s"] for r in reps),
@@ -546,7 +563,7 @@ def main() -> int:
             if args.cold == f"{n}:{pipe}":
                 with tempfile.TemporaryDirectory() as empty:
                     r = tsconv_run(src, out, p, args.work, Path(empty))
-                doc["runs"].append({"store": n, "pipeline": pipe, "codec": spec["codec"], "rows": spec["rows"],
+                doc["runs"].append({"store": n, "pipeline": pipe, "commit": doc["commit"], "codec": spec["codec"], "rows": spec["rows"],
                                     "features": spec["features"], "chunks": row["chunks"], "fresh_process": True,
                                     "cold_cache": True, **r, "warm_wall_s": row["wall_s"]})  # fmt: skip
                 save()
