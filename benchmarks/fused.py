@@ -305,8 +305,8 @@ class Bench:
         return {"dilation": case.dilation, "groups": case.groups, "padding": case.padding}
 
     def reference(self, case: Case, d: dict):
-        from tsconv.kernels.common import apply_activation
         from tsconv.kernels.conv1d_reference import conv1d_reference
+        from tsconv.kernels.torch_side import apply_activation
 
         S = min(case.N, CHECK_SERIES)
         h = conv1d_reference(d["x"][:S], d["w"], d["b"], activation=case.activation, **self.conv_kw(case))
@@ -320,8 +320,8 @@ class Bench:
     ):
         """cuDNN conv1d + cuBLAS matmul in a precision class (or its CPU emulation), float32 [N, L_out, D]."""
         torch = self.torch
-        from tsconv.kernels.common import apply_activation
         from tsconv.kernels.conv1d_reference import round_to_tf32, torch_conv1d_in_precision
+        from tsconv.kernels.torch_side import apply_activation
 
         x = d["x"] if series is None else d["x"][:series]
         h = torch_conv1d_in_precision(
@@ -438,7 +438,7 @@ class Bench:
     def time_one(self, case: Case, precision: str, row: dict) -> None:
         torch = self.torch
         F = torch.nn.functional
-        from tsconv.kernels.common import apply_activation
+        from tsconv.kernels.torch_side import apply_activation
 
         d = self.data(case, "normals", seed=7)
         L_out = self.L_out(case)

@@ -227,8 +227,8 @@ class Bench:
 
     def torch_in_precision(self, a, b, bias, activation, precision: str, *, emulate: bool = False):
         torch = self.torch
-        from tsconv.kernels.common import apply_activation
         from tsconv.kernels.conv1d_reference import round_to_tf32
+        from tsconv.kernels.torch_side import apply_activation
 
         if self.cuda and not emulate:
             flag = torch.backends.cuda.matmul.allow_tf32

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import zarr
 
-from tsconv.kernels.common import apply_activation
 from tsconv.kernels.reference import pipeline_reference, preprocess_reference
+from tsconv.kernels.torch_side import apply_activation
 from tsconv.pipeline.spec import ResolvedPipeline
 
 T0 = 1_767_346_200_000_000_000  # 2026-01-02 09:30 UTC in ns

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 import tsconv
 from tsconv.errors import PipelineError, ShapeError, TsconvError
-from tsconv.kernels.common import apply_activation
 from tsconv.kernels.conv1d_reference import relative_error
+from tsconv.kernels.torch_side import apply_activation
 from tsconv.nn import CausalConv1d, Pipeline
 
 from .helpers import mostly_slow, price_series

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 
 from tsconv.kernels import autotune
 
@@ -46,7 +47,7 @@ def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list]
 
 def _ship(folder: Path, key: str, cfg: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    full = f"toy|{key}|triton={autotune.triton.__version__}"
+    full = f"toy|{key}|triton={triton.__version__}"
     doc = {"schema": 1, "gpu": "Fake GPU", "entries": {full: {"config": cfg}}}
     (folder / "autotune-Fake_GPU.json").write_text(json.dumps(doc))
 

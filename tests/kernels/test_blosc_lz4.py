@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from tsconv.kernels import blosc_header
 from tsconv.kernels import blosc_lz4 as bl
 
 from ..helpers import mostly_slow
@@ -45,7 +46,7 @@ def _assemble(x: np.ndarray, blocksize: int, shuffle: int) -> np.ndarray:
     parts, flags = [], None
     for a in range(0, raw.size, blocksize):
         one = _blosc(x[a // x.itemsize : (a + blocksize) // x.itemsize], shuffle)
-        h = bl.parse_header(one)
+        h = blosc_header.parse_header(one)
         assert h.nblocks == 1 and not h.memcpyed, h
         if flags is None:
             flags = h.flags
@@ -69,7 +70,7 @@ def _decode(
         pad = -c.size % 16
         pieces += [c, np.zeros(pad, np.uint8)]
         pos += c.size + pad
-    heads = [bl.parse_header(c) for c in chunks]
+    heads = [blosc_header.parse_header(c) for c in chunks]
     row = row or max(nbytes)
     out = torch.full((len(chunks), row), POISON, dtype=torch.uint8, device=DEVICE)
     err = bl.decode_chunks(
@@ -99,8 +100,8 @@ def _decode(
 def test_real_chunks_decode_exactly(n: int, dtype, shuffle: int) -> None:
     x = _prices(n, dtype)
     c = _blosc(x, shuffle)
-    h = bl.parse_header(c)
-    assert bl.unsupported_reason(h, nbytes=x.nbytes, size=c.size) is None
+    h = blosc_header.parse_header(c)
+    assert blosc_header.unsupported_reason(h, nbytes=x.nbytes, size=c.size) is None
     out, err = _decode([c], [x.nbytes], row=x.nbytes + 40)
     assert err == [0]
     np.testing.assert_array_equal(out[0, : x.nbytes], x.view(np.uint8))
@@ -178,7 +179,7 @@ def _every_kind() -> tuple[np.ndarray, np.ndarray]:
     c = np.frombuffer(
         numcodecs.Blosc(cname="lz4", clevel=9, shuffle=0, blocksize=1 << 16).encode(x), np.uint8
     )
-    h = bl.parse_header(c)
+    h = blosc_header.parse_header(c)
     assert h.nblocks == 1 and not h.split or h.typesize == 1
     return x, c
 
@@ -202,7 +203,7 @@ def test_multi_block_chunk_with_a_leftover_block(shuffle: int) -> None:
     x = _prices(3 * 512 + 100, seed=1)  # three 2 KB blocks split into 4 streams, a 400-byte leftover
     c = _assemble(x, 2048, shuffle)
     assert np.array_equal(np.frombuffer(numcodecs.Blosc().decode(c), np.float32), x, equal_nan=True)
-    h = bl.parse_header(c)
+    h = blosc_header.parse_header(c)
     assert h.nblocks == 4 and h.nbytes - 3 * h.blocksize == 400
     out, err = _decode([c], [x.nbytes])
     assert err == [0]
@@ -213,7 +214,7 @@ def test_multi_block_chunk_with_a_leftover_block(shuffle: int) -> None:
 def test_several_chunks_in_one_launch_and_a_stored_chunk() -> None:
     xs = [_prices(700, seed=2), _prices(333, seed=3), np.random.default_rng(4).random(300).astype(np.float32)]
     cs = [_blosc(xs[0], 1), _blosc(xs[1], 0), _blosc(xs[2], 1, clevel=1)]
-    hs = [bl.parse_header(c) for c in cs]
+    hs = [blosc_header.parse_header(c) for c in cs]
     cs[2] = np.frombuffer(  # a chunk c-blosc stored as is (incompressible): the "memcpyed" flag
         struct.pack("<BBBBiii", 2, 1, hs[2].flags | 0x02, 4, xs[2].nbytes, hs[2].blocksize, 16 + xs[2].nbytes)
         + xs[2].tobytes(),
@@ -280,16 +281,24 @@ def test_headers_the_gpu_does_not_decode_say_why() -> None:
     x = _prices(1000)
     n = x.nbytes
     z = np.frombuffer(numcodecs.Blosc(cname="zstd", shuffle=1).encode(x), np.uint8)
-    assert "compressor code" in bl.unsupported_reason(bl.parse_header(z), nbytes=n, size=z.size)
+    assert "compressor code" in blosc_header.unsupported_reason(
+        blosc_header.parse_header(z), nbytes=n, size=z.size
+    )
     b = np.frombuffer(numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.BITSHUFFLE).encode(x), np.uint8)
-    assert bl.unsupported_reason(bl.parse_header(b), nbytes=n, size=b.size) == "bitshuffle"
+    assert (
+        blosc_header.unsupported_reason(blosc_header.parse_header(b), nbytes=n, size=b.size) == "bitshuffle"
+    )
     c = _blosc(x, 1)
-    assert "expected" in bl.unsupported_reason(bl.parse_header(c), nbytes=n + 4, size=c.size)
-    assert "the file has" in bl.unsupported_reason(bl.parse_header(c), nbytes=n, size=c.size - 1)
+    assert "expected" in blosc_header.unsupported_reason(
+        blosc_header.parse_header(c), nbytes=n + 4, size=c.size
+    )
+    assert "the file has" in blosc_header.unsupported_reason(
+        blosc_header.parse_header(c), nbytes=n, size=c.size - 1
+    )
     with pytest.raises(ValueError, match="16-byte header"):
-        bl.parse_header(c[:10])
+        blosc_header.parse_header(c[:10])
     with pytest.raises(ValueError, match="version 3"):
-        bl.parse_header(np.concatenate([[3], c[1:]]).astype(np.uint8))
+        blosc_header.parse_header(np.concatenate([[3], c[1:]]).astype(np.uint8))
 
 
 _COMPILE = r"""

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune, common
+from tsconv.kernels import autotune, common, torch_side
 from tsconv.kernels import conv1d as conv1d_mod
 from tsconv.kernels.conv1d import api as conv_api
 from tsconv.kernels.conv1d import conv1d
@@ -175,7 +175,7 @@ def test_fp32_mode_keeps_the_low_part() -> None:
     x = price_levels(1, 80, 32, seed=5).transpose(1, 2)
     w = zero_sum_weights(32, 32, 4, dtype=torch.float32)
     ref = conv1d_reference(x, w)
-    with emulate_tensor_cores() if common.INTERPRETED else contextlib.nullcontext() as emu:
+    with emulate_tensor_cores() if torch_side.INTERPRETED else contextlib.nullcontext() as emu:
         e32 = relative_error(conv1d(x, w, precision="fp32"), ref)
         etf = relative_error(conv1d(x, w, precision="tf32"), ref)
     assert emu is None or emu.calls > 0
@@ -793,7 +793,7 @@ def test_int64_indexing_variant(monkeypatch: pytest.MonkeyPatch, path: str) -> N
 @pytest.mark.parametrize("groups", [1, 16])
 def test_torch_path_without_interpreter(monkeypatch: pytest.MonkeyPatch, groups: int) -> None:
     """Without TRITON_INTERPRET, CPU tensors go through F.conv1d with the same semantics."""
-    monkeypatch.setattr(common, "INTERPRETED", False)
+    monkeypatch.setattr(torch_side, "INTERPRETED", False)
 
     def no_triton(*args: object, **kwargs: object) -> None:
         raise AssertionError("the Triton path ran")
@@ -1289,7 +1289,7 @@ def test_gpu_real_sizes(precision: str, path: str, monkeypatch: pytest.MonkeyPat
 
 
 _COMPILE_SCRIPT = r"""
-from tsconv.kernels import autotune, common
+from tsconv.kernels import autotune, common, torch_side
 from tsconv.kernels.conv1d import dense, direct, window
 
 for prec, pname, wty, split in ((0, "fp32", "*fp32", True), (1, "tf32", "*fp32", False), (2, "fp16", "*fp16", False)):

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune, common
+from tsconv.kernels import autotune, torch_side
 from tsconv.kernels import fused as fused_mod
 from tsconv.kernels import gemm as gemm_mod
 from tsconv.kernels.conv1d import api as conv_api
@@ -405,7 +405,7 @@ def test_fused_path_reports_dense() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the torch path serves CPU tensors only")
 def test_torch_path_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without TRITON_INTERPRET, CPU tensors run conv1d's and gemm's torch paths, same semantics."""
-    monkeypatch.setattr(common, "INTERPRETED", False)  # read by fused, conv1d and gemm alike
+    monkeypatch.setattr(torch_side, "INTERPRETED", False)  # read by fused, conv1d and gemm alike
 
     def no_triton(*args: object, **kwargs: object) -> None:
         raise AssertionError("a Triton path ran")

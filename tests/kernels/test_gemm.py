@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune, common
+from tsconv.kernels import autotune, torch_side
 from tsconv.kernels import gemm as gemm_mod
 from tsconv.kernels.conv1d_reference import (
     emulate_tensor_cores,
@@ -172,7 +172,7 @@ def test_fp32_mode_keeps_the_low_parts() -> None:
     a = price_levels(64, 64, seed=5)
     b = zero_sum_b(64, 32, dtype=torch.float32)
     ref = reference(a, b)
-    with emulate_tensor_cores() if common.INTERPRETED else contextlib.nullcontext() as emu:
+    with emulate_tensor_cores() if torch_side.INTERPRETED else contextlib.nullcontext() as emu:
         e32 = relative_error(gemm(a, b, precision="fp32"), ref)
         etf = relative_error(gemm(a, b, precision="tf32"), ref)
     assert emu is None or emu.calls > 0
@@ -471,7 +471,7 @@ def test_a16_candidate_casts_a_first() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the torch path serves CPU tensors only")
 def test_torch_path_without_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(common, "INTERPRETED", False)
+    monkeypatch.setattr(torch_side, "INTERPRETED", False)
 
     def no_triton(*args: object, **kwargs: object) -> None:
         raise AssertionError("the Triton path ran")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune, common
+from tsconv.kernels import autotune, torch_side
 from tsconv.kernels import conv1d as conv1d_mod
 from tsconv.kernels import fused as fused_mod
 from tsconv.kernels.conv1d import api as conv_api
@@ -129,7 +129,7 @@ def test_recenter_keeps_nan_and_inf_where_they_were(path: str) -> None:
 
 def test_recenter_fused_head() -> None:
     """The fused conv -> head kernel recenters its conv tile the same way (interpreted or on a GPU)."""
-    if not (DEVICE.type == "cuda" or common.INTERPRETED):
+    if not (DEVICE.type == "cuda" or torch_side.INTERPRETED):
         pytest.skip("the fused kernel runs on a GPU or in the interpreter")
     C, L, K, O, D = 16, 60, 4, 32, 8
     x = far_levels(2, L, C, seed=6).transpose(1, 2)

@@ -50,7 +50,6 @@ from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.kernels.filterbank import bank_bytes_per_row
-from tsconv.kernels.prepare import prepare
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = [
@@ -409,6 +408,9 @@ def run_batched(
     Equals the chunked engine's (:func:`tsconv.engine.chunked.run_chunked`) within float32 rounding (the level each step is centered on
     is the same rule applied per step instead of per chunk).
     """
+    # imports Triton, which a CPU run (the chunked engine) may lack
+    from tsconv.kernels.prepare import prepare
+
     check_transfer(transfer)
     dev = backend.device
     gpu = _Gpu(dev)

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from tsconv.errors import TsconvWarning
-from tsconv.kernels.common import apply_activation
+from tsconv.kernels import torch_side
 from tsconv.kernels.filterbank import filter_bank
+from tsconv.kernels.torch_side import apply_activation
 from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -201,7 +202,7 @@ class Backend:
         forced = head.requested_path()
         measure = forced is None and head.can_measure(self.device)
         active = self.triton and (
-            self.device.type == "cuda" or (head.INTERPRETED and (forced is not None or measure))
+            self.device.type == "cuda" or (torch_side.INTERPRETED and (forced is not None or measure))
         )
         last = self.layers[-1]
         recenter = self.recenter_first and len(self.layers) == 1  # the last stage is also the first

@@ -33,15 +33,17 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from tsconv import config
 from tsconv.errors import TsconvError
-from tsconv.kernels import autotune, common
-from tsconv.kernels import fused as _fused
-from tsconv.kernels import gemm as _gemm
-from tsconv.kernels.common import apply_activation
+from tsconv.kernels import autotune
+from tsconv.kernels.torch_side import apply_activation
+
+if TYPE_CHECKING:
+    from tsconv.kernels.gemm import PackedWeights
 
 __all__ = ["PATHS", "SPACE", "HeadPaths", "can_measure", "measure_paths", "requested_path"]
 
@@ -51,9 +53,6 @@ PATHS = ("unfused", "gemm", "fused")
 SPACE = "head_path_v1"  # the decisions' name in the autotune cache
 _REPS = 3  # calls per timed round
 _ROUNDS = 2  # timed rounds; the best counts
-
-# True when TRITON_INTERPRET=1 was set before the kernels were imported: CPU tensors run them interpreted.
-INTERPRETED = common.INTERPRETED
 
 
 def requested_path() -> str | None:
@@ -146,9 +145,12 @@ class HeadPaths:
         self.fused_reason = ""
         offered = ["unfused"]
         if triton:
+            # the Triton kernel modules only where their paths are offered: a CPU run may lack Triton
+            from tsconv.kernels.fused import fused_path
+
             offered.append("gemm")
             probe = torch.zeros((1, self.C, self.halo + 1), device=self.device)
-            ok, self.fused_reason = _fused.fused_path(
+            ok, self.fused_reason = fused_path(
                 probe, weight, head_weight, groups=self.groups, padding="valid", dilation=self.dilation
             )
             if ok:
@@ -160,7 +162,7 @@ class HeadPaths:
             self.forced = "gemm" if forced == "fused" and "gemm" in self.offered else "unfused"
             log.info("head path %s is not offered here (%s): %s", forced, self.fused_reason, self.forced)
         self._gpu = autotune.device_label(self.device)
-        self._packed: _gemm.PackedWeights | None = None
+        self._packed: PackedWeights | None = None
         self._chosen: dict[int, str] = {}  # rows bucket -> path
         self.timings: dict[str, dict[str, float]] = {}  # key -> ms per path, for decisions timed here
         self.rows: dict[str, int] = {}  # rows computed per path
@@ -249,7 +251,9 @@ class HeadPaths:
     ) -> torch.Tensor:
         """The step by ``path`` (one of :attr:`offered`): [steps, D] float32."""
         if path == "fused":
-            return _fused.conv1d_head(
+            from tsconv.kernels.fused import conv1d_head
+
+            return conv1d_head(
                 xt,
                 self.weight,
                 bias,
@@ -267,11 +271,11 @@ class HeadPaths:
             )[0]
         y = self.conv(xt, bias, recenter_from=recenter_from)[0].T  # [steps, O]
         if path == "gemm":
+            from tsconv.kernels.gemm import gemm, pack_weights
+
             if self._packed is None:
-                self._packed = _gemm.pack_weights(self.head_weight, "fp32")
-            return _gemm.gemm(
-                y, self._packed, self.head_bias, activation=self.head_activation, precision="fp32"
-            )
+                self._packed = pack_weights(self.head_weight, "fp32")
+            return gemm(y, self._packed, self.head_bias, activation=self.head_activation, precision="fp32")
         out = y @ self.head_weight_torch
         if self.head_bias is not None:
             out += self.head_bias

@@ -32,6 +32,7 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.report import stage_summary
 from tsconv.errors import GpuError, TsconvError
 from tsconv.io.contracts import Sink, Source
+from tsconv.kernels.torch_side import require_triton
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = [
@@ -152,7 +153,11 @@ def resolve_device(device: str) -> torch.device:
     if not isinstance(device, str):
         raise TsconvError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        # not a quiet fall back to the CPU: on a GPU host that is a run many times slower
+        require_triton("device auto (a CUDA GPU is available)")
+        return torch.device("cuda")
     if device == "cpu":
         return torch.device("cpu")
     if device == "cuda" or device.startswith("cuda:"):
@@ -161,6 +166,7 @@ def resolve_device(device: str) -> torch.device:
                 f"device {device!r} was asked for but no CUDA GPU is available",
                 hint="use --device cpu or --device auto.",
             )
+        require_triton(f"device {device}")
         return torch.device(device)
     raise TsconvError(f"unknown device {device!r}", hint="use auto, cpu or cuda.")
 

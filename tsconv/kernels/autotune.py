@@ -46,7 +46,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
-import triton
 
 from tsconv import config
 
@@ -212,8 +211,16 @@ def _write_file(path: Path, gpu: str, key: str, record: dict) -> None:
         log.warning("could not write autotune cache %s: %s (the winner is kept in memory)", path, exc)
 
 
+def _triton_version() -> str:
+    """Triton's version, imported only here: the keys are read where the kernels run, and a CPU run that
+    never tunes may lack Triton."""
+    import triton
+
+    return triton.__version__
+
+
 def _full_key(space: ConfigSpace, key: str) -> str:
-    return f"{space.name}|{key}|triton={triton.__version__}"
+    return f"{space.name}|{key}|triton={_triton_version()}"
 
 
 def tuning_enabled() -> bool:
@@ -301,7 +308,7 @@ def cached_record(space: str, key: str, *, device: torch.device) -> dict | None:
     file as the tuned configs (under ``space|key|triton=<version>``, so a Triton upgrade decides again).
     ``record["config"]`` names the choice. A hit from disk is listed in :func:`events` (source "disk").
     """
-    full = f"{space}|{key}|triton={triton.__version__}"
+    full = f"{space}|{key}|triton={_triton_version()}"
     mkey = (str(device), full)
     rec = _records.get(mkey)
     if rec is not None:
@@ -321,7 +328,7 @@ def store_record(space: str, key: str, record: dict, *, device: torch.device) ->
     Written to memory and merged into the disk cache file of ``device``'s GPU model (atomically, as tuned
     configs are); listed in :func:`events` as "tuned" with ``record["tune_s"]`` and ``record["timings_ms"]``.
     """
-    full = f"{space}|{key}|triton={triton.__version__}"
+    full = f"{space}|{key}|triton={_triton_version()}"
     record = {**record, "torch": torch.__version__, "when": datetime.now(UTC).isoformat(timespec="seconds")}
     with _lock:
         path = cache_path(device)

@@ -10,8 +10,8 @@ Format handled (c-blosc 1.x, which numcodecs and zarr's ``BloscCodec`` write): h
 LZ4 (``flags >> 5 == 1``), byte shuffle or none (no bitshuffle), blocks split into ``typesize`` streams or
 not, stored blocks (``csize == block bytes``) and whole chunks stored raw (the "memcpyed" flag). Layout of
 a chunk: 16-byte header (version, versionlz, flags, typesize, nbytes, blocksize, cbytes), ``nblocks`` int32
-block starts, then per block ``nstreams`` x (int32 csize, csize bytes). :func:`parse_header` checks a chunk
-on the host; anything else is decoded on the CPU by the caller.
+block starts, then per block ``nstreams`` x (int32 csize, csize bytes). The host checks a chunk
+(:mod:`tsconv.kernels.blosc_header`); anything else is decoded on the CPU by the caller.
 
 The kernel: one program (one warp) per (chunk, block, stream) decodes one LZ4 block, writing each byte
 straight to its unshuffled place (byte ``p`` of stream ``k`` of a split, shuffled block is byte ``k`` of
@@ -43,16 +43,12 @@ truncated stream) sets its error flag; the caller raises.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["BloscHeader", "decode_chunks", "parse_header", "unsupported_reason"]
+__all__ = ["decode_chunks"]
 
-_HEADER = 16
-_LZ4 = 1
 # sequences per group, and the [G, W] tiles' width and reach (bytes per sequence): price data's matches
 # are 6 bytes at the median, 24 at the 99th percentile (benchmarks/NOTES.md, "The GPU Blosc-LZ4 decoder")
 GROUP = 32
@@ -66,73 +62,6 @@ WINDOW = 128
 LITERAL_SPAN = 64
 # bytes per step of a stored stream or a long sequence: one memory latency per step
 LONG_STEP = 256
-
-
-@dataclass(frozen=True)
-class BloscHeader:
-    """The fields of a c-blosc 1.x chunk header that decoding needs."""
-
-    flags: int
-    typesize: int
-    nbytes: int
-    blocksize: int
-    cbytes: int
-
-    @property
-    def shuffle(self) -> bool:
-        return bool(self.flags & 0x01)
-
-    @property
-    def memcpyed(self) -> bool:
-        return bool(self.flags & 0x02)
-
-    @property
-    def split(self) -> bool:
-        return not self.flags & 0x10
-
-    @property
-    def nblocks(self) -> int:
-        return -(-self.nbytes // self.blocksize) if self.blocksize else 0
-
-
-def parse_header(data: memoryview | bytes) -> BloscHeader:
-    """The header of a Blosc chunk (its first 16 bytes); ValueError when there are fewer."""
-    if len(data) < _HEADER:
-        raise ValueError(f"a Blosc chunk has a {_HEADER}-byte header, got {len(data)} bytes")
-    b = bytes(data[:_HEADER])
-    if b[0] != 2:
-        raise ValueError(f"Blosc format version {b[0]} (only version 2, c-blosc 1.x, is decoded on the GPU)")
-
-    def le32(i: int) -> int:
-        return int.from_bytes(b[i : i + 4], "little")
-
-    return BloscHeader(flags=b[2], typesize=b[3], nbytes=le32(4), blocksize=le32(8), cbytes=le32(12))
-
-
-def unsupported_reason(h: BloscHeader, *, nbytes: int, size: int) -> str | None:
-    """None when the GPU decoder handles a chunk with header ``h`` of ``size`` stored bytes decoding to
-    ``nbytes``; else why not."""
-    if h.nbytes != nbytes:
-        return f"chunk decodes to {h.nbytes} bytes, expected {nbytes}"
-    if max(nbytes, size) >= 1 << 31:
-        return "a chunk of 2 GiB or more (the kernel indexes a chunk in int32)"
-    if h.blocksize <= 0:
-        return f"blocksize {h.blocksize}"
-    if h.cbytes != size:
-        return f"header says {h.cbytes} stored bytes, the file has {size}"
-    if h.memcpyed:
-        return None if size >= _HEADER + nbytes else "stored chunk shorter than its data"
-    if h.flags >> 5 != _LZ4:
-        return f"Blosc compressor code {h.flags >> 5} (the GPU decodes LZ4, code 1)"
-    if h.flags & 0x04:
-        return "bitshuffle"
-    if not 1 <= h.typesize <= 16:
-        return f"typesize {h.typesize}"
-    if h.blocksize % h.typesize and h.nblocks > 1:
-        return f"blocksize {h.blocksize}"
-    if not h.split and h.shuffle:
-        return "shuffled blocks that are not split into streams"
-    return None
 
 
 @triton.jit
@@ -488,16 +417,17 @@ def decode_chunks(
     literal_span: int | None = None,
 ) -> torch.Tensor:
     """Decode Blosc-LZ4 chunks from ``src`` (uint8, on the device) into the rows of ``out`` (uint8
-    [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
+        [n_chunks, >= nbytes], rows contiguous); returns the int32 [n_chunks] error flags (1: damaged chunk).
 
-    ``offsets`` / ``sizes`` (int64 [n_chunks], same device): each chunk's place in ``src``; a size of 0 skips
-    the chunk (its row is left as it was). Every other chunk must have passed :func:`unsupported_reason` on
-    the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them.
-    ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation. ``group`` (sequences decoded
-    together), ``tile`` (bytes per sequence per step, bytes per sequence in tiles), ``literal_width``
-    (bytes per sequence per step for literals), ``literal_span`` (> 0: literals read as one span of the
-    input, that many bytes per step; not measured on a GPU yet) and ``window`` (bytes parsed at once) are
-    for benchmarks.
+        ``offsets`` / ``sizes`` (int64 [n_chunks], same device): each chunk's place in ``src``; a size of 0 skips
+        the chunk (its row is left as it was). Every other chunk must have passed
+    :func:`tsconv.kernels.blosc_header.unsupported_reason` on
+        the host with this ``typesize``; ``max_blocks``: the largest ``nblocks`` among them.
+        ``err`` (int32 [n_chunks], zeroed by the caller) saves an allocation. ``group`` (sequences decoded
+        together), ``tile`` (bytes per sequence per step, bytes per sequence in tiles), ``literal_width``
+        (bytes per sequence per step for literals), ``literal_span`` (> 0: literals read as one span of the
+        input, that many bytes per step; not measured on a GPU yet) and ``window`` (bytes parsed at once) are
+        for benchmarks.
     """
     n = int(offsets.numel())
     if out.dim() != 2 or out.dtype != torch.uint8 or out.stride(1) != 1 or out.shape[0] != n:

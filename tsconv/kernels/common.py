@@ -1,51 +1,37 @@
-"""Kernel helpers shared by conv1d's kernel families, the GEMM and the fused conv -> head kernel.
+"""Triton helpers shared by conv1d's kernel families, the GEMM and the fused conv -> head kernel.
 
 One copy of each, so that every kernel computes with the same arithmetic: TF32 rounding in registers
 (``round_tf32``, ``round_tf32_rne``) and the split-TF32 product behind precision "fp32" (``dot_fp32``; why:
 benchmarks/NOTES.md, "Precision"); the memory-bound pre-pass that writes a TF32-rounded copy of an operand
-(``round_tf32_into``, into ``tf32_buffer``); the activations, in kernels (``activate``) and on tensors
-(``apply_activation``, which every torch path uses, so that all paths agree exactly); grouped program ordering
-(``grouped``); the re-centering level and tap sums of ``recenter=True`` (``level``, ``recenter_sums``).
+(``round_tf32_into``, into ``tf32_buffer``); the activations in kernels (``activate``); grouped program
+ordering (``grouped``); the re-centering level of ``recenter=True`` (``level``); the launch checks
+(``check_grid``, ``max_offset``).
 
-``custom_op`` registers the torch ops that ``torch.compile`` sees in place of the kernels' calls.
-
-``INTERPRETED`` says whether Triton runs these kernels through its interpreter (CPU tensors then run them);
-modules read it at call time, so tests can switch it off. ``WEIGHTS`` keeps the rearranged conv weights of
-recent calls; conv1d and the fused kernel share it (the same dense layout, rearranged once for both).
+This module imports Triton: only the kernel modules import it. What their torch paths share with them
+(``apply_activation``, ``round_tf32_torch``, ``recenter_sums``, ``WEIGHTS``, ``custom_op``, ``INTERPRETED``)
+lives in :mod:`tsconv.kernels.torch_side`, which a CPU run without Triton imports alone.
 """
 
 from __future__ import annotations
 
-import inspect
-import sys
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from tsconv.errors import ShapeError
 from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
-from tsconv.kernels.weight_cache import WeightCache
 
 __all__ = [
-    "INTERPRETED",
-    "WEIGHTS",
     "activate",
-    "apply_activation",
     "check_grid",
-    "custom_op",
     "dot_first",
     "dot_fp32",
     "grouped",
     "level",
     "max_offset",
-    "recenter_sums",
     "round_tf32",
     "round_tf32_into",
     "round_tf32_rne",
-    "round_tf32_torch",
     "tanh",
     "tf32_buffer",
 ]
@@ -250,33 +236,9 @@ def level(row0_ptrs, row, lv_min, dilation, stride_t, L_in, mask, SAMPLES: tl.co
     return v
 
 
-# True when TRITON_INTERPRET=1 was set before these kernels were defined: CPU tensors then run the kernels.
-INTERPRETED = type(_round_tf32_kernel).__name__ == "InterpretedFunction"
-
-
 # --------------------------------------------------------------------------------------------------------
-# torch side
+# launches
 # --------------------------------------------------------------------------------------------------------
-
-
-# The rearranged weights of recent calls (tsconv.kernels.weight_cache): a steady-state call with the same
-# weights launches no rearranging kernels.
-WEIGHTS = WeightCache(16)
-
-
-def custom_op(name: str, module: str) -> Callable[[Callable], object]:
-    """``torch.library.custom_op(name, mutates_args=())``, applied at the top level of ``module``.
-
-    torch asks :mod:`inspect` for the module that registers an op. inspect's first lookup of a file reads
-    ``__file__`` of every module in ``sys.modules``, and that imports the lazily loaded ones (cupy's cupyx and
-    cupy.testing, once zarr has imported cupy): 1.3 s of a fresh ``tsconv process`` on the H200 machine, all
-    inside the run's report. Naming ``module``'s file in inspect's map first makes the lookup a dict hit.
-    """
-    mod = sys.modules[module]
-    files = getattr(inspect, "modulesbyfile", None)  # inspect's map of files to module names
-    if isinstance(files, dict) and getattr(mod, "__file__", None):
-        files.setdefault(inspect.getabsfile(mod), module)
-    return torch.library.custom_op(name, mutates_args=())
 
 
 def check_grid(n_programs: int) -> None:
@@ -287,12 +249,6 @@ def check_grid(n_programs: int) -> None:
 
 def max_offset(t: torch.Tensor) -> int:
     return sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True) if s > 0)
-
-
-def round_tf32_torch(w: torch.Tensor) -> torch.Tensor:
-    """Round float32 to the nearest TF32 value, as ``round_tf32`` does in the kernels."""
-    bits = w.contiguous().view(torch.int32)
-    return ((bits + 0x1000) & -8192).view(torch.float32)
 
 
 def _dense_order(t: torch.Tensor) -> list[int]:
@@ -339,30 +295,3 @@ def round_tf32_into(src: torch.Tensor, dst: torch.Tensor) -> None:
         BLOCK_S=block_s,
         num_warps=4,
     )
-
-
-def recenter_sums(weight: torch.Tensor, tap_sums: torch.Tensor | None) -> torch.Tensor:
-    """The tap sums the level is added back with: the caller's, else the stored weight's own."""
-    return tap_sums if tap_sums is not None else _tap_sums(weight)
-
-
-def _tap_sums(weight: torch.Tensor) -> torch.Tensor:
-    """float64 [O, C/groups], contiguous: each filter's sum over taps, which ``recenter`` multiplies by the
-    level it subtracted. float64, and the add-back summed in float64: a dense filter that is zero-sum over
-    channels and taps together has per-channel tap sums that cancel only across channels, and float32 sums
-    of level-sized terms would bring back the very error recentering removes (measured in the interpreter)."""
-    return WEIGHTS.get(weight, ("tap_sums",), lambda w: w.double().sum(dim=2).contiguous())
-
-
-def apply_activation(x: torch.Tensor, name: str | None) -> torch.Tensor:
-    """Apply ``none``/``relu``/``gelu`` (exact erf form)/``tanh`` in place where possible."""
-    if name is None or name == "none":
-        return x
-    if name == "relu":
-        return torch.relu_(x)
-    if name == "gelu":
-        return F.gelu(x)
-    if name == "tanh":
-        return torch.tanh_(x)
-    msg = f"unknown activation {name!r}; expected one of none, relu, gelu, tanh"
-    raise ValueError(msg)

@@ -16,9 +16,10 @@ std and zscore carry each level's sum of squared deviations from its own mean al
 update of Chan, Golub and LeVeque): no sum of squares of raw prices, so no cancellation on price levels,
 and a flat window gives exactly 0.
 
-The same operations run as torch ops (the CPU, and any device) or as the Triton kernels below (CUDA, or
-CPU tensors under ``TRITON_INTERPRET=1``), over tiles of rows and channels sized to stay in cache (CPU) or
-within a bounded scratch (GPU).
+The same operations run as torch ops (the CPU, and any device) or as the Triton kernels of
+:mod:`tsconv.kernels.filterbank_triton` (CUDA, or CPU tensors under ``TRITON_INTERPRET=1``; imported only
+when a bank runs them, so a CPU run needs no Triton), over tiles of rows and channels sized to stay in cache
+(CPU) or within a bounded scratch (GPU).
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-import triton
-import triton.language as tl
 
-from tsconv.kernels.common import apply_activation, custom_op
+from tsconv.kernels.torch_side import apply_activation, custom_op
 from tsconv.pipeline.filters import Filter, filter_spec
 
 __all__ = ["bank_bytes_per_row", "bank_halo", "filter_bank"]
@@ -44,7 +44,6 @@ _CUDA_TILE = 1 << 21
 _CPU_CHANNELS = 64  # channels per CPU tile: wide inputs are cut by channel, so tiles keep many rows
 _LIVE = 6  # float64 arrays of a tile's size live at once, besides the kept ladder levels (an estimate)
 
-_KIND = {"id": 0, "lag": 1, "diff": 2, "ret": 3, "ma": 4, "dev": 5, "std": 6, "zscore": 7, "ema": 8}
 _WINDOWED = ("ma", "dev", "std", "zscore")
 _MOMENTS = ("std", "zscore")
 
@@ -111,7 +110,12 @@ def filter_bank(
     else:
         ct = min(channels, _CPU_CHANNELS)
         rt = max(2 * halo, _CPU_TILE // ct - halo, 64)
-    ops = _TritonOps() if use_triton else _TorchOps()
+    if use_triton:
+        from tsconv.kernels.filterbank_triton import TritonOps
+
+        ops: _Ops = TritonOps()
+    else:
+        ops = _TorchOps()
     out3 = out.view(n, channels, m)
 
     def run(c0: int, r0: int) -> None:
@@ -261,8 +265,9 @@ def _bank_tile(x: torch.Tensor, filters: tuple[Filter, ...], d: int, halo: int, 
 # -------------------------------------------------------------------------------------------- torch
 
 
-class _Ops:
-    """The three operations a bank is made of (float64 in; ``finish`` writes float32)."""
+class _Ops(Protocol):
+    """The three operations a bank is made of (float64 in; ``finish`` writes float32): :class:`_TorchOps`
+    here, ``TritonOps`` in :mod:`tsconv.kernels.filterbank_triton`."""
 
     def axpy(self, a: torch.Tensor, b: torch.Tensor, w: float | None) -> torch.Tensor:
         """``w * a + b`` (``a + b`` for w None), as two rounded operations."""
@@ -317,113 +322,3 @@ class _TorchOps(_Ops):
             else:
                 z = torch.sub(cur, torch.mul(y, scale)).div_(sd)
                 dest.copy_(torch.where(sd > 0, z, torch.nan))
-
-
-# ------------------------------------------------------------------------------------------- Triton
-
-_BLOCK_T = 64
-_BLOCK_C = 32
-
-
-@triton.jit
-def _axpy_kernel(a_ptr, b_ptr, o_ptr, n, C, sa, sb, so, w, WEIGHTED: tl.constexpr,
-                 BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    mask = (rows < n) & (cols < C)
-    a = tl.load(a_ptr + rows * sa + cols, mask=mask, other=0.0)
-    b = tl.load(b_ptr + rows * sb + cols, mask=mask, other=0.0)
-    if WEIGHTED:
-        a = a * w
-    tl.store(o_ptr + rows * so + cols, a + b, mask=mask)
-
-
-@triton.jit
-def _merge_kernel(sa_ptr, ma_ptr, sb_ptr, mb_ptr, o_ptr, n, C, s_sa, s_ma, s_sb, s_mb, so, ia, ib, coef,
-                  HAS_MA: tl.constexpr, HAS_MB: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_C: tl.constexpr):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    mask = (rows < n) & (cols < C)
-    sa = tl.load(sa_ptr + rows * s_sa + cols, mask=mask, other=0.0)
-    sb = tl.load(sb_ptr + rows * s_sb + cols, mask=mask, other=0.0)
-    delta = sb * ib - sa * ia
-    acc = delta * delta * coef
-    if HAS_MA and HAS_MB:
-        acc += tl.load(ma_ptr + rows * s_ma + cols, mask=mask, other=0.0) + tl.load(
-            mb_ptr + rows * s_mb + cols, mask=mask, other=0.0
-        )
-    elif HAS_MA:
-        acc += tl.load(ma_ptr + rows * s_ma + cols, mask=mask, other=0.0)
-    elif HAS_MB:
-        acc += tl.load(mb_ptr + rows * s_mb + cols, mask=mask, other=0.0)
-    tl.store(o_ptr + rows * so + cols, acc, mask=mask)
-
-
-@triton.jit
-def _finish_kernel(x_ptr, y_ptr, m_ptr, o_ptr, n, C, sx, sy, sm, so_t, so_c, scale, inv_dof,
-                   KIND: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    mask = (rows < n) & (cols < C)
-    x = tl.load(x_ptr + rows * sx + cols, mask=mask, other=0.0)
-    if KIND != 0:
-        y = tl.load(y_ptr + rows * sy + cols, mask=mask, other=1.0)
-    if KIND == 0:  # id
-        v = x
-    elif KIND == 1:  # lag
-        v = y
-    elif KIND == 2:  # diff
-        v = x - y
-    elif KIND == 3:  # ret
-        v = tl.where((x > 0) & (y > 0), tl.log(x / y), float("nan"))
-    elif KIND == 4 or KIND == 8:  # ma, ema
-        v = y * scale
-    elif KIND == 5:  # dev
-        v = x - y * scale
-    else:  # std, zscore
-        mm = tl.load(m_ptr + rows * sm + cols, mask=mask, other=1.0)
-        sd = tl.sqrt(mm * inv_dof)
-        if KIND == 6:
-            v = tl.where(y - y == 0, sd, float("nan"))  # y - y is 0 exactly where y is finite
-        else:
-            z = (x - y * scale) / sd
-            v = tl.where(sd > 0, z, float("nan"))
-    tl.store(o_ptr + rows * so_t + cols * so_c, v.to(tl.float32), mask=mask)
-
-
-def _grid(n: int, c: int) -> tuple[int, int]:
-    return (triton.cdiv(n, _BLOCK_T), triton.cdiv(c, _BLOCK_C))
-
-
-class _TritonOps(_Ops):
-    """The same operations as Triton kernels over [rows, channels] float64 tiles (rows contiguous)."""
-
-    def axpy(self, a, b, w):  # noqa: ANN001, ANN201
-        n, c = a.shape
-        out = torch.empty((n, c), dtype=torch.float64, device=a.device)
-        _axpy_kernel[_grid(n, c)](a, b, out, n, c, a.stride(0), b.stride(0), out.stride(0),
-                                  1.0 if w is None else float(w), WEIGHTED=w is not None,
-                                  BLOCK_T=_BLOCK_T, BLOCK_C=_BLOCK_C)  # fmt: skip
-        return out
-
-    def merge(self, sa, ma, sb, mb, ia, ib, coef):  # noqa: ANN001, ANN201
-        n, c = sa.shape
-        out = torch.empty((n, c), dtype=torch.float64, device=sa.device)
-        _merge_kernel[_grid(n, c)](
-            sa, sa if ma is None else ma, sb, sb if mb is None else mb, out, n, c,
-            sa.stride(0), sa.stride(0) if ma is None else ma.stride(0), sb.stride(0),
-            sb.stride(0) if mb is None else mb.stride(0), out.stride(0), float(ia), float(ib), float(coef),
-            HAS_MA=ma is not None, HAS_MB=mb is not None, BLOCK_T=_BLOCK_T, BLOCK_C=_BLOCK_C,
-        )  # fmt: skip
-        return out
-
-    def finish(self, kind, dest, cur, y=None, m=None, *, scale=1.0, inv_dof=1.0):  # noqa: ANN001, ANN201
-        n, c = cur.shape
-        y_ = cur if y is None else y
-        m_ = cur if m is None else m
-        _finish_kernel[_grid(n, c)](
-            cur, y_, m_, dest, n, c, cur.stride(0), y_.stride(0), m_.stride(0), dest.stride(0),
-            dest.stride(1), float(scale), float(inv_dof), KIND=_KIND[kind], BLOCK_T=_BLOCK_T,
-            BLOCK_C=_BLOCK_C,
-        )  # fmt: skip

@@ -9,7 +9,7 @@ BLOCK_D] output tile (BLOCK_D = D rounded up to a power of two, 16 to 256) in a 
 over blocks of BLOCK_O conv output channels (one block when O <= BLOCK_O); per block it computes the conv tile
 [BLOCK_T, BLOCK_O] exactly as conv1d's ``_conv1d_dense_kernel`` does (implicit GEMM over taps and BLOCK_C
 channel chunks, x read in place through its strides, causal zeros from load masks, weights rearranged by
-:func:`~tsconv.kernels.conv1d.dense.prepare_dense_weights` and kept in conv1d's cache, ``common.WEIGHTS``),
+:func:`~tsconv.kernels.conv1d.dense.prepare_dense_weights` and kept in conv1d's cache, ``torch_side.WEIGHTS``),
 adds the bias, applies the activation and multiplies the tile, still in registers, by
 ``head_weight[o0:o0+BLOCK_O, :]``: ``out_acc += act(conv_tile) @ W[o_blk, :]``, valid because the activation
 acts per conv channel. The head epilogue (bias, activation) runs once on ``out_acc``, which is then stored.
@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune, common, tma
+from tsconv.kernels import autotune, tma, torch_side
 from tsconv.kernels import conv1d as _conv
 from tsconv.kernels import gemm as _gemm
 from tsconv.kernels.checks import ACT_CODE as _ACT_CODE
@@ -63,20 +63,17 @@ from tsconv.kernels.checks import check_out, is_activation
 from tsconv.kernels.checks import describe as _shape
 from tsconv.kernels.checks import dtype_name as _dtype_name
 from tsconv.kernels.common import (
-    WEIGHTS,
     activate,
-    custom_op,
     dot_fp32,
     level,
     max_offset,
-    recenter_sums,
     round_tf32_into,
     round_tf32_rne,
-    round_tf32_torch,
     tf32_buffer,
 )
 from tsconv.kernels.conv1d.dense import a16_buffer, dense_descriptors, prepare_dense_weights, tma_conv_tile
 from tsconv.kernels.conv1d.spec import ConvSpec, check_tap_sums, validate
+from tsconv.kernels.torch_side import WEIGHTS, custom_op, recenter_sums, round_tf32_torch
 
 __all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "conv1d_head", "conv1d_head_space", "fused_path"]
 
@@ -685,7 +682,7 @@ def conv1d_head(
     if out.numel() == 0:
         return out
     reason = _unfused_reason(spec)
-    if reason is None and not x.is_cuda and not common.INTERPRETED:
+    if reason is None and not x.is_cuda and not torch_side.INTERPRETED:
         reason = "CPU tensors without the Triton interpreter take the torch path"
     with torch.no_grad():
         if reason is not None:
@@ -973,7 +970,7 @@ def _fused_triton(
             f"|O={autotune.pow2_bucket(c.O)}|D={autotune.pow2_bucket(spec.D)}|K={autotune.pow2_bucket(c.K)}"
             f"|NL={autotune.pow2_bucket(c.N * c.L_out)}"
         )
-        config = autotune.select(space, key, launch, device=x.device, interpreted=common.INTERPRETED)
+        config = autotune.select(space, key, launch, device=x.device, interpreted=torch_side.INTERPRETED)
     last_launch.clear()
     last_launch.update(path="fused", config=config.name)
     return launch(config)

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 from tsconv.errors import ShapeError
-from tsconv.kernels import autotune, common, tma
+from tsconv.kernels import autotune, tma, torch_side
 from tsconv.kernels.checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
@@ -61,17 +61,7 @@ from tsconv.kernels.checks import PREC_CODE as _PREC_CODE
 from tsconv.kernels.checks import check_out, is_activation
 from tsconv.kernels.checks import describe as _shape
 from tsconv.kernels.checks import dtype_name as _dtype_name
-from tsconv.kernels.common import (
-    activate,
-    apply_activation,
-    custom_op,
-    dot_split,
-    grouped,
-    round_tf32_into,
-    round_tf32_rne,
-    round_tf32_torch,
-    tf32_buffer,
-)
+from tsconv.kernels.common import activate, dot_split, grouped, round_tf32_into, round_tf32_rne, tf32_buffer
 from tsconv.kernels.launch import (
     LaunchPlan,
     PlanCache,
@@ -80,6 +70,7 @@ from tsconv.kernels.launch import (
     overlaps,
     tensor_key,
 )
+from tsconv.kernels.torch_side import apply_activation, custom_op, round_tf32_torch
 from tsconv.kernels.weight_cache import WeightCache
 
 __all__ = [
@@ -614,7 +605,7 @@ def gemm(
             else:
                 with torch.cuda.device(a.device):  # Triton launches on the current device and stream
                     _gemm_triton(a, b, bias, out, spec)
-        elif common.INTERPRETED:
+        elif torch_side.INTERPRETED:
             _gemm_triton(a, b, bias, out, spec, plan_key=key)
         else:
             out.copy_(_epilogue_torch(a.float() @ src.float(), bias, spec))
@@ -677,7 +668,7 @@ def _plan_key(
     """
     if not _PLANS_ENABLED or type(a) is not torch.Tensor or not isinstance(b, torch.Tensor | PackedWeights):
         return None
-    if not (a.is_cuda or (common.INTERPRETED and a.device.type == "cpu")):
+    if not (a.is_cuda or (torch_side.INTERPRETED and a.device.type == "cpu")):
         return None
     if a.is_cuda and a.device.index != torch.cuda.current_device():
         return None
@@ -870,7 +861,7 @@ def _gemm_triton(
             f"{spec.precision}|a={_dtype_name(a)}|b={_dtype_name(src)}|al={_layout(a)}|ol={_layout(out)}"
             f"|M={autotune.pow2_bucket(M)}|N={autotune.pow2_bucket(N)}|K={autotune.pow2_bucket(K)}"
         )
-        config = autotune.select(space, key, launch, device=a.device, interpreted=common.INTERPRETED)
+        config = autotune.select(space, key, launch, device=a.device, interpreted=torch_side.INTERPRETED)
     last_launch.update(config=config.name)
     ret = launch(config)
     if plan_key is not None:

@@ -49,7 +49,7 @@ from tsconv.io.readers import fileread
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.chunkfile import chunk_layout, decode_bytes
 from tsconv.io.readers.threads import lower_thread_priority
-from tsconv.kernels import blosc_lz4
+from tsconv.kernels import blosc_header
 
 __all__ = ["GpuBandReader", "device_bytes", "unsupported_reason"]
 
@@ -93,10 +93,10 @@ def unsupported_reason(array: Any) -> str | None:
             except FileNotFoundError:
                 continue
             try:
-                h = blosc_lz4.parse_header(head)
+                h = blosc_header.parse_header(head)
             except ValueError as exc:
                 return str(exc)
-            return blosc_lz4.unsupported_reason(h, nbytes=_chunk_bytes(layout), size=size)
+            return blosc_header.unsupported_reason(h, nbytes=_chunk_bytes(layout), size=size)
     return "no chunk files in the first bands"
 
 
@@ -455,8 +455,8 @@ class GpuBandReader(DeviceBandReader):
         """Chunk (b, c)'s LZ4 block count when the GPU decodes its stored bytes ``view``; else 0, after
         decoding it on the CPU here (kept in ``_cpu_chunks``)."""
         try:
-            h = blosc_lz4.parse_header(view)
-            why = blosc_lz4.unsupported_reason(h, nbytes=self._chunk, size=view.size)
+            h = blosc_header.parse_header(view)
+            why = blosc_header.unsupported_reason(h, nbytes=self._chunk, size=view.size)
         except ValueError as exc:
             why = str(exc)
         if why is None:
@@ -474,6 +474,8 @@ class GpuBandReader(DeviceBandReader):
 
     def _launch(self, g: int) -> None:
         """Copy batch ``g``'s stored bytes to the GPU and decode them (see the module docstring)."""
+        from tsconv.kernels.blosc_lz4 import decode_chunks  # Triton: only where the GPU decodes
+
         h, ms = g % 2, g % _META
         t0 = time.perf_counter()
         self._schedule(g)
@@ -541,7 +543,7 @@ class GpuBandReader(DeviceBandReader):
             else:
                 assert self._tmp is not None
                 out = self._tmp[h * self.batch * self._n_cols : h * self.batch * self._n_cols + n_chunks]
-            blosc_lz4.decode_chunks(
+            decode_chunks(
                 stored, self._meta_dev[ms, 0, :n_chunks], self._meta_dev[ms, 1, :n_chunks], out,
                 typesize=self.dtype.itemsize, max_blocks=max_blocks, err=err,
             )  # fmt: skip

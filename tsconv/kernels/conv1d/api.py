@@ -29,13 +29,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tsconv.kernels import autotune, common
+from tsconv.kernels import autotune, torch_side
 from tsconv.kernels.checks import ACT_NAME as _ACT_NAME
-from tsconv.kernels.common import WEIGHTS, apply_activation, custom_op, recenter_sums
-from tsconv.kernels.conv1d import dense, state
-from tsconv.kernels.conv1d.direct import launch_direct
+from tsconv.kernels.conv1d import state
 from tsconv.kernels.conv1d.spec import ConvSpec, check_tap_sums, validate
 from tsconv.kernels.launch import overlaps, tensor_key
+from tsconv.kernels.torch_side import WEIGHTS, apply_activation, custom_op, recenter_sums
 
 __all__ = ["clear_weight_cache", "conv1d"]
 
@@ -151,7 +150,7 @@ def conv1d(
             else:
                 with torch.cuda.device(x.device):  # Triton launches on the current device and stream
                     _conv1d_triton(x, weight, bias, out, spec, tap_sums=tap_sums)
-        elif common.INTERPRETED:
+        elif torch_side.INTERPRETED:
             _conv1d_triton(x, weight, bias, out, spec, plan_key=key, tap_sums=tap_sums)
         else:
             _conv1d_torch(x, weight, bias, out, spec)
@@ -243,10 +242,14 @@ def _conv1d_triton(
 
     Returns what the last kernel launch returned (on a GPU the compiled kernel, whose ``asm`` holds its IR).
     """
+    # the kernel families import Triton: only a call that runs them imports them (CPU runs may lack Triton)
+    from tsconv.kernels.conv1d.dense import launch_dense
+    from tsconv.kernels.conv1d.direct import launch_direct
+
     Cg, Og = spec.C // spec.groups, spec.O // spec.groups
     b = None if bias is None else bias.contiguous()
     if _uses_gemm(Cg, Og):
-        return dense.launch_dense(x, weight, b, out, spec, config, plan_key=plan_key, tap_sums=tap_sums)
+        return launch_dense(x, weight, b, out, spec, config, plan_key=plan_key, tap_sums=tap_sums)
     return launch_direct(x, weight, b, out, spec, config, plan_key=plan_key, tap_sums=tap_sums)
 
 
@@ -266,7 +269,7 @@ def _plan_key(
     share ``dilation=1``'s plan (validation refuses it)."""
     if not _PLANS_ENABLED or type(x) is not torch.Tensor or not isinstance(weight, torch.Tensor):
         return None
-    if not (x.is_cuda or (common.INTERPRETED and x.device.type == "cpu")):
+    if not (x.is_cuda or (torch_side.INTERPRETED and x.device.type == "cpu")):
         return None
     if x.is_cuda and x.device.index != torch.cuda.current_device():
         return None
@@ -309,6 +312,8 @@ def _planned(
             sums = recenter_sums(weight, tap_sums) if spec.recenter else wp
             entry.plan.launch((x, wp, wp if bias is None else bias.contiguous(), sums, out))
         else:
-            dense.replay(entry, x, weight, bias, out, tap_sums)
+            from tsconv.kernels.conv1d.dense import replay  # a plan exists only once dense has launched
+
+            replay(entry, x, weight, bias, out, tap_sums)
     state.last_launch.update(path=entry.path, config=entry.config)
     return out

@@ -39,26 +39,24 @@ import torch
 import triton
 import triton.language as tl
 
-from tsconv.kernels import autotune, common, tma
+from tsconv.kernels import autotune, tma, torch_side
 from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.checks import PREC_CODE as _PREC_CODE
 from tsconv.kernels.checks import dtype_name as _dtype_name
 from tsconv.kernels.common import (
-    WEIGHTS,
     activate,
     check_grid,
     dot_fp32,
     grouped,
     level,
     max_offset,
-    recenter_sums,
     round_tf32_into,
-    round_tf32_torch,
     tf32_buffer,
 )
 from tsconv.kernels.conv1d import state
 from tsconv.kernels.conv1d.spec import ConvSpec, layout
 from tsconv.kernels.launch import LaunchPlan, extent, launch_recorded
+from tsconv.kernels.torch_side import WEIGHTS, recenter_sums, round_tf32_torch
 
 __all__ = [
     "a16_buffer",
@@ -183,7 +181,7 @@ def _conv1d_dense_kernel(
             # float16 x (the launcher's pre-cast copy, or float16 input) goes to shared memory as loaded.
             acc = tl.dot(a.to(tl.float16), b, acc)
 
-    if RECENTER:  # + sum over channels of level * tap sum (float64 [O, Cg]; see common.recenter_sums), on the CUDA cores
+    if RECENTER:  # + sum over channels of level * tap sum (float64 [O, Cg]; see torch_side.recenter_sums), on the CUDA cores
         addback = tl.full((BLOCK_O,), 0.0, tl.float64)
         for c0 in range(0, Cg, BLOCK_C):
             c_ok = offs_c < Cg - c0
@@ -527,7 +525,7 @@ def launch_dense(
             f"|G={'1' if G == 1 else 'n'}|Cg={autotune.pow2_bucket(Cg)}|Og={autotune.pow2_bucket(Og)}"
             f"|K={autotune.pow2_bucket(K)}|NL={autotune.pow2_bucket(spec.N * spec.L_out)}"
         )
-        config = autotune.select(space, key, launch, device=x.device, interpreted=common.INTERPRETED)
+        config = autotune.select(space, key, launch, device=x.device, interpreted=torch_side.INTERPRETED)
     state.last_launch.update(path="dense", config=config.name)
     ret = launch(config)
     if plan_key is not None:

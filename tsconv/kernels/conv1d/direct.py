@@ -23,14 +23,15 @@ import torch
 import triton
 import triton.language as tl
 
-from tsconv.kernels import autotune, common
+from tsconv.kernels import autotune, torch_side
 from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.checks import dtype_name as _dtype_name
-from tsconv.kernels.common import WEIGHTS, activate, check_grid, level, max_offset, recenter_sums
+from tsconv.kernels.common import activate, check_grid, level, max_offset
 from tsconv.kernels.conv1d import state
 from tsconv.kernels.conv1d.spec import ConvSpec, layout
 from tsconv.kernels.conv1d.window import launch_window
 from tsconv.kernels.launch import LaunchPlan, extent, launch_recorded
+from tsconv.kernels.torch_side import WEIGHTS, recenter_sums
 
 __all__ = ["launch_direct"]
 
@@ -464,7 +465,7 @@ def launch_direct(
             f"|G={autotune.pow2_bucket(G)}|Cg={autotune.pow2_bucket(Cg)}|Og={autotune.pow2_bucket(Og)}"
             f"|K={autotune.pow2_bucket(K)}|NL={autotune.pow2_bucket(spec.N * spec.L_out)}"
         )
-        config = autotune.select(space, key, launch, device=x.device, interpreted=common.INTERPRETED)
+        config = autotune.select(space, key, launch, device=x.device, interpreted=torch_side.INTERPRETED)
     path = "window" if config.meta.get("WINDOW") else "bank" if config.meta.get("BANK") else "direct"
     state.last_launch.update(path=path, config=config.name)
     ret = launch(config)

@@ -27,9 +27,10 @@ import triton
 import triton.language as tl
 
 from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
-from tsconv.kernels.common import WEIGHTS, activate, check_grid, level, recenter_sums
+from tsconv.kernels.common import activate, check_grid, level
 from tsconv.kernels.conv1d.spec import ConvSpec
 from tsconv.kernels.launch import launch_recorded
+from tsconv.kernels.torch_side import WEIGHTS, recenter_sums
 
 __all__ = ["MAX_ACC", "kernel", "launch_window", "pack_weights", "source"]
 

@@ -1,0 +1,80 @@
+"""The header of a Blosc chunk, read on the host: what the GPU decoder (:mod:`tsconv.kernels.blosc_lz4`)
+handles is decided here, before any kernel runs, so that checking a store (``tsconv inspect``, the reader's
+choice) needs no Triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["BloscHeader", "parse_header", "unsupported_reason"]
+
+_HEADER = 16
+_LZ4 = 1
+
+
+@dataclass(frozen=True)
+class BloscHeader:
+    """The fields of a c-blosc 1.x chunk header that decoding needs."""
+
+    flags: int
+    typesize: int
+    nbytes: int
+    blocksize: int
+    cbytes: int
+
+    @property
+    def shuffle(self) -> bool:
+        return bool(self.flags & 0x01)
+
+    @property
+    def memcpyed(self) -> bool:
+        return bool(self.flags & 0x02)
+
+    @property
+    def split(self) -> bool:
+        return not self.flags & 0x10
+
+    @property
+    def nblocks(self) -> int:
+        return -(-self.nbytes // self.blocksize) if self.blocksize else 0
+
+
+def parse_header(data: memoryview | bytes) -> BloscHeader:
+    """The header of a Blosc chunk (its first 16 bytes); ValueError when there are fewer."""
+    if len(data) < _HEADER:
+        raise ValueError(f"a Blosc chunk has a {_HEADER}-byte header, got {len(data)} bytes")
+    b = bytes(data[:_HEADER])
+    if b[0] != 2:
+        raise ValueError(f"Blosc format version {b[0]} (only version 2, c-blosc 1.x, is decoded on the GPU)")
+
+    def le32(i: int) -> int:
+        return int.from_bytes(b[i : i + 4], "little")
+
+    return BloscHeader(flags=b[2], typesize=b[3], nbytes=le32(4), blocksize=le32(8), cbytes=le32(12))
+
+
+def unsupported_reason(h: BloscHeader, *, nbytes: int, size: int) -> str | None:
+    """None when the GPU decoder handles a chunk with header ``h`` of ``size`` stored bytes decoding to
+    ``nbytes``; else why not."""
+    if h.nbytes != nbytes:
+        return f"chunk decodes to {h.nbytes} bytes, expected {nbytes}"
+    if max(nbytes, size) >= 1 << 31:
+        return "a chunk of 2 GiB or more (the kernel indexes a chunk in int32)"
+    if h.blocksize <= 0:
+        return f"blocksize {h.blocksize}"
+    if h.cbytes != size:
+        return f"header says {h.cbytes} stored bytes, the file has {size}"
+    if h.memcpyed:
+        return None if size >= _HEADER + nbytes else "stored chunk shorter than its data"
+    if h.flags >> 5 != _LZ4:
+        return f"Blosc compressor code {h.flags >> 5} (the GPU decodes LZ4, code 1)"
+    if h.flags & 0x04:
+        return "bitshuffle"
+    if not 1 <= h.typesize <= 16:
+        return f"typesize {h.typesize}"
+    if h.blocksize % h.typesize and h.nblocks > 1:
+        return f"blocksize {h.blocksize}"
+    if not h.split and h.shuffle:
+        return "shuffled blocks that are not split into streams"
+    return None
