@@ -54,8 +54,10 @@ def test_a_zero_sum_dense_conv_with_fp16_storage_stays_within_1e_3_of_its_scale(
     x = price_series(20000, C, seed=3)
     pipe = {"conv": [{"weights": _zero_sum_dense()}]}
     y, warned = _run(x, pipe, chunk=chunk)
-    assert _relative_error(y, x, pipe) < 1e-3  # 1.17 when the level term used the rounded sums
-    assert warned == []
+    actual = _relative_error(y, x, pipe)
+    assert actual < 1e-3  # 1.17 when the level term used the rounded sums
+    # 7.7e-4 on the rows the check measures: above half of 1e-3, so warned, with the figure of those rows
+    assert len(warned) == 1 and actual / 2 <= _figure(warned[0]) <= 2 * actual, (actual, warned)
 
 
 def test_averages_of_prices_with_rounded_weights_stay_exact_to_float32():
@@ -190,9 +192,8 @@ def test_on_levels_20_to_500_each_kind_meets_1e_3_or_is_warned_with_its_name_and
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the check samples the first chunk (1024 rows here); over 8000 rows the "
-                   "error is 1.04e-3 of the scale, unwarned (CPU engine, 16-row re-centring blocks)")  # fmt: skip
 def test_a_borderline_zero_sum_dense_conv_on_levels_20_to_500_is_warned(tmp_path):
+    """The check samples the first chunk (1024 rows here, 8.0e-4 there); over 8000 rows the error is 1.04e-3."""
     x = _levels_20_to_500(8000, seed=1)
     pipeline, pipe, _ = _by_kind("dense_npy", 1, tmp_path)
     y, warned = _run(x, pipeline, chunk=1024)
