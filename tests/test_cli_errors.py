@@ -867,3 +867,27 @@ def test_other_cuda_errors_keep_their_traceback(tmp_path: Path, monkeypatch: pyt
     )
     res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--device", "cpu")
     assert isinstance(res.exception, RuntimeError) and "illegal memory access" in str(res.exception)
+
+
+@pytest.mark.parametrize("name", ["feats.csv", "feats.txt", "out.zarr.bak"])
+def test_an_output_of_no_format_tsconv_writes_is_refused_before_the_engine_loads(
+    tmp_path: Path, name: str
+) -> None:
+    src = good_store(tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "tsconv", "process", "-i", str(src), "-o", str(tmp_path / name)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    imported = {
+        line.split("|")[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")
+    }
+    errors = [line for line in p.stderr.splitlines() if not line.startswith("import time:")]
+    assert p.returncode == 2 and len(errors) == 1, p.stderr[-2000:]
+    assert (
+        f"output '{tmp_path / name}' names no format tsconv writes" in errors[0] and ".parquet" in errors[0]
+    )
+    assert "torch" not in imported and not (tmp_path / name).exists()
+    import tsconv
+
+    with pytest.raises(tsconv.TsconvError, match="names no format tsconv writes"):
+        tsconv.process(src, tmp_path / name)

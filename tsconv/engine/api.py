@@ -32,8 +32,8 @@ from tsconv.errors import ShapeError, StoreError, TsconvError
 from tsconv.io.objstore import StoreURL, location
 from tsconv.io.readers.blocks import ArraySource
 from tsconv.io.store import describe_repeats, open_input, repeated_names
+from tsconv.io.writers.formats import output_format
 from tsconv.io.writers.memory import ArraySink
-from tsconv.io.writers.parquet_writer import is_parquet_path
 from tsconv.io.writers.zarr_writer import check_compression, check_output_flags
 from tsconv.pipeline.spec import Pipeline, ResolvedPipeline, as_pipeline, resolve
 
@@ -41,7 +41,6 @@ __all__ = ["Report", "default_output_path", "features", "process", "resolve_devi
 
 WARMUPS = ("nan", "zero")
 PipelineLike = str | os.PathLike[str] | Pipeline | dict[str, Any] | None
-_ZARR_SUFFIXES = ("", ".zarr", ".zr3")
 
 
 @cuda_errors()
@@ -91,7 +90,7 @@ def process(
     if not isinstance(progress, bool):
         raise TsconvError(f"progress must be True or False, got {progress!r}")
     out_loc = location(output) if output is not None else None
-    parquet = is_parquet_path(out_loc)
+    parquet = output is not None and output_format(output) == "parquet"
     dask = _dask_options(workers, client, partition_rows)
     if parquet:
         _refuse({"compression": compression, "workers": workers, "client": client}, "a Parquet output")
@@ -100,11 +99,6 @@ def process(
                 f"--resume is not supported for Parquet output ({out_loc.name})",
                 hint="rerun with --overwrite (the file is rewritten whole), or write a .zarr output to resume.",
             )
-    elif out_loc is not None and Path(out_loc.name).suffix.lower() not in _ZARR_SUFFIXES:
-        raise TsconvError(
-            f"output {str(output)!r} names no format tsconv writes",
-            hint="write a zarr store (a directory, e.g. feats.zarr) or a Parquet file (.parquet or .pq).",
-        )
     if compression is not None:
         check_compression(compression)
     cuda = CudaOptions.from_args(transfer=transfer, gpu_mem=gpu_mem, decode=decode)
