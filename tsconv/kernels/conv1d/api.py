@@ -26,6 +26,10 @@ same semantics.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -226,6 +230,17 @@ def _uses_gemm(Cg: int, Og: int) -> bool:
     return Cg >= 16 and Og >= 16
 
 
+@functools.cache
+def _launchers() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """The kernel families' launch_dense, launch_direct and replay, imported at the first call that runs one:
+    they import Triton, which a CPU run may lack. Cached: an import statement per call cost 2 us on the VM,
+    a tenth of a planned launch."""
+    from tsconv.kernels.conv1d.dense import launch_dense, replay
+    from tsconv.kernels.conv1d.direct import launch_direct
+
+    return launch_dense, launch_direct, replay
+
+
 def _conv1d_triton(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -242,10 +257,7 @@ def _conv1d_triton(
 
     Returns what the last kernel launch returned (on a GPU the compiled kernel, whose ``asm`` holds its IR).
     """
-    # the kernel families import Triton: only a call that runs them imports them (CPU runs may lack Triton)
-    from tsconv.kernels.conv1d.dense import launch_dense
-    from tsconv.kernels.conv1d.direct import launch_direct
-
+    launch_dense, launch_direct, _ = _launchers()
     Cg, Og = spec.C // spec.groups, spec.O // spec.groups
     b = None if bias is None else bias.contiguous()
     if _uses_gemm(Cg, Og):
@@ -312,8 +324,6 @@ def _planned(
             sums = recenter_sums(weight, tap_sums) if spec.recenter else wp
             entry.plan.launch((x, wp, wp if bias is None else bias.contiguous(), sums, out))
         else:
-            from tsconv.kernels.conv1d.dense import replay  # a plan exists only once dense has launched
-
-            replay(entry, x, weight, bias, out, tap_sums)
+            _launchers()[2](entry, x, weight, bias, out, tap_sums)  # the dense family's replay
     state.last_launch.update(path=entry.path, config=entry.config)
     return out
