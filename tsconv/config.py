@@ -58,9 +58,9 @@ class Settings:
     )
     autotune: bool = _setting(
         "TSCONV_AUTOTUNE",
-        "time the kernels' block-shape candidates on the first use of a shape class without a tuned "
-        "winner, once per GPU model (off: such shapes take each kernel's default candidate; winners "
-        "already tuned, or shipped for the GPU model, are used either way)",
+        "time the kernels' block-shape candidates on the first use of a shape class this machine has not "
+        "tuned, once per GPU model (off: the winner shipped for the GPU model, else each kernel's default "
+        "candidate; winners tuned here are used either way)",
         False,
     )
     head_path: str = _setting(
