@@ -144,10 +144,16 @@ class HeadPaths:
         self.measure = measure and forced is None
         self.fused_reason = ""
         offered = ["unfused"]
+        self._conv1d_head: Callable[..., tuple[torch.Tensor, ...]] | None = None
+        self._gemm: Callable[..., torch.Tensor] | None = None
+        self._pack: Callable[..., PackedWeights] | None = None
         if triton:
-            # the Triton kernel modules only where their paths are offered: a CPU run may lack Triton
-            from tsconv.kernels.fused import fused_path
+            # the Triton kernel modules only where their paths are offered (a CPU run may lack Triton),
+            # imported once here rather than per step
+            from tsconv.kernels.fused import conv1d_head, fused_path
+            from tsconv.kernels.gemm import gemm, pack_weights
 
+            self._conv1d_head, self._gemm, self._pack = conv1d_head, gemm, pack_weights
             offered.append("gemm")
             probe = torch.zeros((1, self.C, self.halo + 1), device=self.device)
             ok, self.fused_reason = fused_path(
@@ -251,9 +257,8 @@ class HeadPaths:
     ) -> torch.Tensor:
         """The step by ``path`` (one of :attr:`offered`): [steps, D] float32."""
         if path == "fused":
-            from tsconv.kernels.fused import conv1d_head
-
-            return conv1d_head(
+            assert self._conv1d_head is not None  # offered only with the Triton paths
+            return self._conv1d_head(
                 xt,
                 self.weight,
                 bias,
@@ -271,11 +276,12 @@ class HeadPaths:
             )[0]
         y = self.conv(xt, bias, recenter_from=recenter_from)[0].T  # [steps, O]
         if path == "gemm":
-            from tsconv.kernels.gemm import gemm, pack_weights
-
+            assert self._gemm is not None and self._pack is not None  # offered only with the Triton paths
             if self._packed is None:
-                self._packed = pack_weights(self.head_weight, "fp32")
-            return gemm(y, self._packed, self.head_bias, activation=self.head_activation, precision="fp32")
+                self._packed = self._pack(self.head_weight, "fp32")
+            return self._gemm(
+                y, self._packed, self.head_bias, activation=self.head_activation, precision="fp32"
+            )
         out = y @ self.head_weight_torch
         if self.head_bias is not None:
             out += self.head_bias

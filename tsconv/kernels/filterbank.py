@@ -24,6 +24,7 @@ when a bank runs them, so a CPU run needs no Triton), over tiles of rows and cha
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -117,12 +118,7 @@ def filter_bank(
     else:
         ct = min(channels, _CPU_CHANNELS)
         rt = max(2 * halo, _CPU_TILE // ct - halo, 64)
-    if use_triton:
-        from tsconv.kernels.filterbank_triton import TritonOps
-
-        ops: _Ops = TritonOps()
-    else:
-        ops = _TorchOps()
+    ops: _Ops = _triton_ops() if use_triton else _TorchOps()
     out3 = out.view(n, channels, m)
 
     def run(c0: int, r0: int) -> None:
@@ -145,6 +141,15 @@ def filter_bank(
 
 
 _POOL_LOCK = threading.Lock()
+
+
+@functools.cache
+def _triton_ops() -> _Ops:
+    """The bank's Triton operations, imported at the first bank that runs them (a CPU run may lack Triton);
+    cached, not imported again per step."""
+    from tsconv.kernels.filterbank_triton import TritonOps
+
+    return TritonOps()
 
 
 def _in_threads(run, tiles: list[tuple[int, int]], workers: int) -> None:  # noqa: ANN001

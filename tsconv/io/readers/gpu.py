@@ -170,6 +170,9 @@ class GpuBandReader(DeviceBandReader):
             raise ValueError(f"GpuBandReader cannot read this array: {why or 'not Blosc-compressed'}")
         self.array, self.where, self.device = array, where, torch.device(device)
         self._layout = layout
+        from tsconv.kernels.blosc_lz4 import decode_chunks  # Triton: only where the GPU decodes
+
+        self._decode_chunks = decode_chunks
         self.rows = int(array.shape[0])
         self.n_features = int(array.shape[1])
         self.band_rows = layout.chunks[0]
@@ -474,8 +477,6 @@ class GpuBandReader(DeviceBandReader):
 
     def _launch(self, g: int) -> None:
         """Copy batch ``g``'s stored bytes to the GPU and decode them (see the module docstring)."""
-        from tsconv.kernels.blosc_lz4 import decode_chunks  # Triton: only where the GPU decodes
-
         h, ms = g % 2, g % _META
         t0 = time.perf_counter()
         self._schedule(g)
@@ -543,7 +544,7 @@ class GpuBandReader(DeviceBandReader):
             else:
                 assert self._tmp is not None
                 out = self._tmp[h * self.batch * self._n_cols : h * self.batch * self._n_cols + n_chunks]
-            decode_chunks(
+            self._decode_chunks(
                 stored, self._meta_dev[ms, 0, :n_chunks], self._meta_dev[ms, 1, :n_chunks], out,
                 typesize=self.dtype.itemsize, max_blocks=max_blocks, err=err,
             )  # fmt: skip
