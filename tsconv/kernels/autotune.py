@@ -211,9 +211,10 @@ def _write_file(path: Path, gpu: str, key: str, record: dict) -> None:
         log.warning("could not write autotune cache %s: %s (the winner is kept in memory)", path, exc)
 
 
+@functools.cache
 def _triton_version() -> str:
-    """Triton's version, imported only here: the keys are read where the kernels run, and a CPU run that
-    never tunes may lack Triton."""
+    """Triton's version, imported only here (a CPU run that never tunes may lack Triton), once: every
+    lookup's key carries it."""
     import triton
 
     return triton.__version__
