@@ -19,7 +19,7 @@ ZARR_SUFFIXES = ("", ".zarr", ".zr3")
 
 
 def output_format(output: str | os.PathLike[str] | StoreURL) -> str:
-    """ "parquet" or "zarr" for ``output``; a TsconvError naming the formats for any other suffix."""
+    """The format ``output`` names, "parquet" or "zarr"; a TsconvError naming both for any other suffix."""
     loc = location(output)
     if is_parquet_path(loc):
         return "parquet"
