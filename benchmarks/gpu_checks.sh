@@ -25,10 +25,10 @@ run() {  # run LIMIT NAME CMD...: append to $OUT/log.txt, say how it went
   rm -f "$OUT/step.log"
 }
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-# SEED_TUNING=1: start from the tuned winners a previous call recorded (results/autotune-<gpu>.json) instead of
+# SEED_TUNING=1: start from the tuned winners shipped with tsconv (tsconv/kernels/tuned/autotune-<gpu>.json) instead of
 # re-tuning every shape class on a fresh machine (1-2.5 min per benchmark); keys not in it are tuned as usual.
 if [[ ${SEED_TUNING:-0} == 1 && -n ${TSCONV_CACHE_DIR:-} ]]; then
-  seed="benchmarks/results/autotune-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | tr ' ' '_').json"
+  seed="tsconv/kernels/tuned/autotune-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1 | tr ' ' '_').json"
   mkdir -p "$TSCONV_CACHE_DIR"
   [[ -f $seed && ! -f $TSCONV_CACHE_DIR/$(basename "$seed") ]] && cp "$seed" "$TSCONV_CACHE_DIR/" && echo "seeded $seed"
 fi
