@@ -32,7 +32,7 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.report import stage_summary
 from tsconv.errors import GpuError, TsconvError
 from tsconv.io.contracts import Sink, Source
-from tsconv.kernels.torch_side import require_triton
+from tsconv.kernels.torch_side import require_triton, start_triton_key, wait_triton_key
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = [
@@ -157,6 +157,7 @@ def resolve_device(device: str) -> torch.device:
             return torch.device("cpu")
         # not a quiet fall back to the CPU: on a GPU host that is a run many times slower
         require_triton("device auto (a CUDA GPU is available)")
+        start_triton_key()
         return torch.device("cuda")
     if device == "cpu":
         return torch.device("cpu")
@@ -167,6 +168,7 @@ def resolve_device(device: str) -> torch.device:
                 hint="use --device cpu or --device auto.",
             )
         require_triton(f"device {device}")
+        start_triton_key()
         return torch.device(device)
     raise TsconvError(f"unknown device {device!r}", hint="use auto, cpu or cuda.")
 
@@ -227,6 +229,8 @@ def run(
     dev = rp.device
     setup: dict[str, float] = {}  # seconds before the loop, for the report's stage_seconds
     backend = _timed(setup, "backend", Backend, plan, dev)
+    if dev.type == "cuda":
+        _timed(setup, "triton_key", wait_triton_key)  # the reader's open may launch the GPU decoder
     batched = rp.step_rows is not None
     band_bytes = source.band_rows * source.n_features * source.dtype.itemsize
     stages: dict[str, Any] | None = None
