@@ -102,9 +102,12 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
 
 def _run_process(input_path: str, output: str | None, *, report_path: str | None, quiet: bool, **options: Any) -> None:  # fmt: skip
     from tsconv.io.writers.formats import output_format
+    from tsconv.kernels.triton_key import gpu_present, start_triton_key
 
     if output is not None:
         output_format(output)  # before the engine's imports: a mistyped output is refused at once
+    if options.get("device") == "cuda" or (options.get("device") == "auto" and gpu_present()):
+        start_triton_key()  # beside torch's import (tsconv.kernels.triton_key)
     from tsconv.engine.api import process
 
     report = process(input_path, output, progress=not quiet, **options)

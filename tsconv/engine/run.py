@@ -32,7 +32,8 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.report import stage_summary
 from tsconv.errors import GpuError, TsconvError
 from tsconv.io.contracts import Sink, Source
-from tsconv.kernels.torch_side import require_triton, start_triton_key, wait_triton_key
+from tsconv.kernels.torch_side import require_triton
+from tsconv.kernels.triton_key import start_triton_key, wait_triton_key
 from tsconv.pipeline.spec import ResolvedPipeline
 
 __all__ = [

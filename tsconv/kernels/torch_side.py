@@ -8,8 +8,7 @@ torch ops that ``torch.compile`` sees in place of the kernels' calls.
 
 ``INTERPRETED`` says whether the Triton kernels run through Triton's interpreter (CPU tensors then run them);
 modules read it at call time, so tests can switch it off. ``require_triton`` is the one check that Triton
-can be imported, for the callers that are about to run its kernels; ``start_triton_key`` and
-``wait_triton_key`` move Triton's first-launch cost off a run's critical path.
+can be imported, for the callers that are about to run its kernels.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-import threading
 from collections.abc import Callable
 
 import torch
@@ -35,8 +33,6 @@ __all__ = [
     "recenter_sums",
     "require_triton",
     "round_tf32_torch",
-    "start_triton_key",
-    "wait_triton_key",
 ]
 
 # TRITON_INTERPRET=1 has to be set before the first @triton.jit runs (tests set it at start-up), so the
@@ -59,41 +55,6 @@ def require_triton(what: str) -> None:
             f"{what} needs Triton (pip install triton), which cannot be imported here ({exc})",
             hint="Triton publishes Linux wheels only; without it use --device cpu.",
         ) from None
-
-
-_triton_key: threading.Thread | None = None
-
-
-def start_triton_key() -> None:
-    """Compute Triton's cache key for this process in a daemon thread (once per process).
-
-    The first kernel launch of a process keys Triton's compile cache with a SHA-256 of Triton's own install,
-    its 460 MB libtriton among it: 0.42-0.52 s of a fresh ``tsconv process`` on the H200 machine, inside the
-    run. hashlib releases the GIL, so the thread computes it while the store and the output are opened.
-    """
-    global _triton_key
-    if _triton_key is not None:
-        return
-
-    def key() -> None:
-        try:
-            from triton.runtime.cache import triton_key  # lru-cached: the launches then reuse it
-        except ImportError:  # a Triton without it: the first launch computes whatever it keys on
-            return
-        try:
-            triton_key()
-        except OSError:  # an install it cannot read: the first launch meets (and reports) the same
-            return
-
-    _triton_key = threading.Thread(target=key, name="tsconv-triton-key", daemon=True)
-    _triton_key.start()
-
-
-def wait_triton_key() -> None:
-    """Wait for :func:`start_triton_key`'s thread, before the first launch: a launch that came first would
-    compute the key again beside it (the cache has no lock)."""
-    if _triton_key is not None:
-        _triton_key.join()
 
 
 def custom_op(name: str, module: str) -> Callable[[Callable], object]:
