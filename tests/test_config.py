@@ -124,7 +124,7 @@ def test_the_readme_settings_table_is_generated_from_the_dataclass():
 
 
 def test_the_public_api():
-    for name in ("process", "features", "conv1d", "gemm", "conv1d_head", "load_pipeline", "open_store",
+    for name in ("process", "features", "Stream", "conv1d", "gemm", "conv1d_head", "load_pipeline", "open_store",
                  "iter_chunks", "ingest", "Report", "TsconvError", "TsconvWarning", "StoreError",
                  "OutputBusyError", "config"):  # fmt: skip
         assert name in tsconv.__all__ and getattr(tsconv, name) is not None

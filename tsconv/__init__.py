@@ -3,6 +3,7 @@
 Public API (imported lazily, so ``import tsconv`` is cheap and ``tsconv.conv1d`` needs neither zarr nor polars):
 - :func:`process`: stream a zarr store through a pipeline into an output store or Parquet file.
 - :func:`features`: run a pipeline on an in-memory [T, F] array, tensor or polars frame.
+- :class:`Stream`: a pipeline over a live series: ``push`` rows, get their features (state kept in memory).
 - :func:`load_pipeline`, :func:`default_pipeline`: pipeline files; :class:`Pipeline`.
 - :func:`open_input`, :func:`open_store`, :func:`iter_chunks`: stores, and their rows as polars/Arrow/numpy.
 - :func:`ingest`: Parquet / CSV / Arrow IPC tick files (long or wide) into a store.
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "process": "tsconv.engine.api",
     "features": "tsconv.engine.api",
+    "Stream": "tsconv.engine.stream",
     "Report": "tsconv.engine.report",
     "load_pipeline": "tsconv.pipeline.spec",
     "default_pipeline": "tsconv.pipeline.spec",

@@ -12,6 +12,7 @@ first use of a shape class (:mod:`tsconv.engine.head`; ``TSCONV_HEAD_PATH`` forc
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import warnings
 from dataclasses import dataclass
@@ -113,7 +114,9 @@ def _conv_recentered(
     halo = layer.halo
     n_out = L - halo
     block = max(block, halo)
-    nb = -(-n_out // block)
+    # At least two blocks: torch's CPU conv takes another algorithm for a batch of one, whose rounding differs,
+    # and a block's outputs must not depend on how many blocks a call holds (a Stream's short pushes).
+    nb = max(2, -(-n_out // block))
     xp = F.pad(x, (0, nb * block - n_out))
     rows = torch.arange(nb) * block + halo  # each block's first output step, as an input row
     picks = torch.stack([rows, rows - 1, rows - 2]).clamp_(min=min(recenter_from, L - 1), max=L - 1)
@@ -228,6 +231,36 @@ class Backend:
         )
 
     @property
+    def window_lookback(self) -> int:
+        """Rows before its first output that a call from :meth:`window_start` may need: at most halo + 2 x
+        the blocks' alignment (what a stream keeps between pushes)."""
+        return self.halo + 2 * self._alignment()
+
+    def window_start(self, chunk_row: int, row: int) -> int:
+        """The input row where a call computing a chunk's outputs from step ``row`` on starts, so that they
+        equal, bit for bit on the CPU, those of one call over the whole chunk, whose input starts at
+        ``chunk_row`` (the chunk's first step less the halo).
+
+        The re-centred first stage and the z-score work in blocks counted from the call's first row: the
+        start is on the chunk's block grid, at most halo + block - 1 rows before ``row``. A re-centring
+        block's level reads the two steps before it, so with a first stage of halo under 2 the call starts
+        one block earlier (the block holding ``row`` then has them; the earlier one's outputs are dropped).
+        """
+        a = self._alignment()
+        start = chunk_row + (row - self.halo - chunk_row) // a * a
+        if self.recenter_first and self.layers[0].halo < 2 and start > chunk_row:
+            start -= a
+        return start
+
+    def _alignment(self) -> int:
+        align = 1
+        if self.recenter_first:
+            align = max(_CUDA_BLOCK if self.triton else _CPU_BLOCK, self.layers[0].halo)
+        if self.pre is not None and self.pre.zscore is not None:
+            align = math.lcm(align, self.pre.zscore)
+        return align
+
+    @property
     def head_path(self) -> str | None:
         """How the last stage and the head were computed ("unfused", "gemm" or "fused": the path of most
         rows so far); None without a head or before the first chunk."""
@@ -241,16 +274,28 @@ class Backend:
             for message in checking.wait():
                 warnings.warn(message, TsconvWarning, stacklevel=2)
 
-    def run(self, x: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:
+    def run(
+        self,
+        x: torch.Tensor,
+        first_row: int,
+        level: torch.Tensor,
+        *,
+        zscore_level: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Compute outputs for a chunk.
 
         ``x`` is [halo + n, C] float32, time-major, whose row 0 is global step ``first_row`` (negative
         for the first chunks, where those rows are the zero history). ``level`` [C] is a finite value
         per feature known no later than the feature's first value in the chunk (see ``_first_stage``).
         Returns [n, D] float32.
+
+        ``zscore_level`` [C] float64 (``[preprocess] zscore`` only): the z-score's per-column level, NaN
+        where not known yet, completed in place from this call's rows. A caller computing one chunk's rows
+        in several calls (:class:`tsconv.engine.stream.Stream`) passes the same tensor to each, so every call
+        uses the level the whole chunk would; None: this call's own (the chunked engine).
         """
         if self.pre is not None:
-            x, level = self._preprocess(x, first_row, level)
+            x, level = self._preprocess(x, first_row, level, zscore_level)
             first_row += self.pre_halo
         return self._stages(x, first_row, level, centered=False)
 
@@ -360,7 +405,7 @@ class Backend:
         return xt, bias
 
     def _preprocess(
-        self, x: torch.Tensor, first_row: int, level: torch.Tensor
+        self, x: torch.Tensor, first_row: int, level: torch.Tensor, zscore_level: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``[preprocess]`` transform and z-score of ``x`` [L, C] in "valid" mode: [L - pre_halo, C] float32.
 
@@ -375,7 +420,7 @@ class Backend:
         if pre.differences:
             p = p[1:] - p[:-1]
         if pre.zscore is not None:
-            p = _rolling_zscore(p, pre.zscore)
+            p = _rolling_zscore(p, pre.zscore, known=zscore_level)
         row0 = first_row + self.pre_halo  # the global step of p's row 0
         n = p.shape[0]
         negative = min(max(-row0, 0), n)
@@ -407,18 +452,22 @@ def _window_sums(q: torch.Tensor, w: int) -> torch.Tensor:
     return sums.reshape(nb * w, c)[w - 1 : n]
 
 
-def _rolling_zscore(p: torch.Tensor, w: int) -> torch.Tensor:
+def _rolling_zscore(p: torch.Tensor, w: int, *, known: torch.Tensor | None = None) -> torch.Tensor:
     """Causal z-score over the last ``w`` rows (population std), float64, "valid": [L - w + 1, C].
 
     NaN where the window holds a NaN or infinity, or where its values are all equal (std 0). Flat and
     non-finite windows are found by exact integer counts, the moments by float64 window sums of the
     values less a per-column level (the column's first finite value in ``p``, which no output before
-    it can depend on).
+    it can depend on). ``known`` [C] float64: levels already chosen (NaN: none yet), used and completed in place.
     """
     n = p.shape[0]
     finite = torch.isfinite(p)
     first = torch.argmax(finite.to(torch.int8), dim=0)
-    c = torch.where(finite.any(dim=0), p.gather(0, first[None])[0], 0.0)
+    seen = finite.any(dim=0)
+    c = torch.where(seen, p.gather(0, first[None])[0], 0.0)
+    if known is not None:
+        c = torch.where(torch.isnan(known), c, known)
+        known.copy_(torch.where(torch.isnan(known) & seen, c, known))
     q = torch.where(finite, p - c, 0.0)
     s1 = _window_sums(q, w)
     s2 = _window_sums(q * q, w)

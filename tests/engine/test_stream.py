@@ -1,0 +1,253 @@
+"""tsconv.Stream: pushed rows get exactly the features of a batch run over everything pushed, at a bounded cost.
+
+On the CPU the equality is bit for bit (NaN where the batch run has NaN), for every built-in pipeline and
+dense ones, whatever the push sizes: one row, odd sizes, a whole chunk, several chunks, pushes straddling
+chunk edges. The data are realistic: random walks of prices between 20 and 500 on a 0.01 tick grid,
+symbols that start late (leading NaN) and gaps (NaN runs mid-series).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tsconv
+from tsconv.engine.compute import Backend
+from tsconv.pipeline.spec import as_pipeline, resolve
+
+from ..helpers import error_bound
+
+# FP16-storage notes on random weights: the arithmetic is under test here
+pytestmark = pytest.mark.filterwarnings("ignore::tsconv.errors.TsconvWarning")
+
+W64 = [f"x{j}" for j in range(64)]
+ZS = ["px_a", "qty", "px_b"]
+_rng = np.random.default_rng(7)
+# a dense first stage of halo 1 (its re-centring blocks read two steps before them) and a grouped one of
+# halo 6 under a head
+DENSE_K2 = {"conv": [{"weights": _rng.normal(size=(4, 3, 2)) / 3, "bias": _rng.normal(size=4),
+                      "weight_dtype": "float32", "activation": "relu"}]}  # fmt: skip
+DENSE_GROUPED = {
+    "conv": [{"weights": _rng.normal(size=(6, 1, 4)), "groups": 3, "dilation": 2, "weight_dtype": "float16"},
+             {"filters": ["ma:4", "diff:1"]}],
+    "head": {"weights": _rng.normal(size=(12, 2)), "activation": "tanh"},
+}  # fmt: skip
+# (pipeline, names or a count of features)
+PIPELINES = [
+    ("default", 3),
+    ("trend_ema", 3),
+    ("multiscale", 2),
+    ("returns_zscore", ZS),
+    ("dense_head", W64),
+    (DENSE_K2, 3),
+    (DENSE_GROUPED, 3),
+]
+IDS = ["default", "trend_ema", "multiscale", "returns_zscore", "dense_head", "dense_k2", "dense_grouped"]
+
+
+def prices(rows: int, features: int, *, seed: int, late: bool = True, gaps: bool = True) -> np.ndarray:
+    """Random walks between 20 and 500 on a 0.01 tick grid, float32; with ``late`` feature 0 starts late,
+    with ``gaps`` runs of NaN in the middle of the others."""
+    rng = np.random.default_rng(seed)
+    ticks = np.round(rng.uniform(20, 500, size=features) * 100)
+    steps = rng.choice([-2, -1, 0, 0, 0, 1, 2], size=(rows, features))
+    x = ((ticks + np.cumsum(steps, axis=0)) / 100).astype(np.float32)
+    if late:
+        x[: rng.integers(1, max(2, rows // 3)), 0] = np.nan
+    if gaps and features > 1:
+        for _ in range(3):
+            j, a = int(rng.integers(1, features)), int(rng.integers(0, rows))
+            x[a : a + int(rng.integers(1, 60)), j] = np.nan
+    return x
+
+
+def _names(names: list[str] | int) -> list[str] | None:
+    return None if isinstance(names, int) else names
+
+
+def _width(names: list[str] | int) -> int:
+    return names if isinstance(names, int) else len(names)
+
+
+def pushed(stream: tsconv.Stream, x: np.ndarray, sizes: list[int]) -> np.ndarray:
+    """Push ``x`` in pieces of ``sizes`` (cycled until x is used up); the pushes' results, concatenated."""
+    outs, i, k = [], 0, 0
+    while i < x.shape[0]:
+        n = sizes[k % len(sizes)]
+        outs.append(stream.push(x[i : i + n]))
+        assert outs[-1].shape == (min(n, x.shape[0] - i), len(stream.output_names))
+        i, k = i + n, k + 1
+    return np.concatenate(outs)
+
+
+def _same(got: np.ndarray, expected: np.ndarray) -> None:
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    diff = np.flatnonzero(~((got == expected) | (np.isnan(got) & np.isnan(expected))).all(axis=1))
+    assert diff.size == 0, f"{diff.size} rows differ, the first at row {diff[0] if diff.size else None}"
+
+
+PUSHES = {  # (chunk, push sizes, cycled)
+    "one_row": (64, [1]),
+    "odd": (64, [7, 1, 13, 3]),
+    "one_chunk": (64, [64]),
+    "several_chunks": (64, [200, 64, 5]),
+    "default_chunk": (65536, [37, 250, 1]),
+}
+# the default run keeps one case per push pattern; -m slow runs every pipeline with every pattern
+FAST = {("default", "one_row"), ("returns_zscore", "odd"), ("dense_k2", "one_chunk"),
+        ("dense_head", "several_chunks"), ("dense_grouped", "default_chunk")}  # fmt: skip
+GRID = [
+    pytest.param(
+        pipe, names, *PUSHES[kind], id=f"{kind}-{pid}", marks=() if (pid, kind) in FAST else pytest.mark.slow
+    )  # fmt: skip
+    for pid, (pipe, names) in zip(IDS, PIPELINES, strict=True)
+    for kind in PUSHES
+]
+
+
+@pytest.mark.parametrize(("pipeline", "names", "chunk", "sizes"), GRID)
+def test_pushes_equal_a_batch_run_bit_for_bit(pipeline, names, chunk, sizes):
+    rows = 400 if sizes == [1] else 700
+    x = prices(rows, _width(names), seed=len(sizes) + chunk)
+    for warmup in ("nan", "zero"):
+        expected = tsconv.features(x, pipeline, names=_names(names), chunk=chunk, warmup=warmup)
+        stream = tsconv.Stream(pipeline, features=names, chunk=chunk, warmup=warmup, device="cpu")
+        _same(pushed(stream, x, sizes), expected)
+        assert stream.rows == rows
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=st.sampled_from(list(zip(IDS, PIPELINES, strict=True))),
+    rows=st.integers(1, 600),
+    chunk=st.sampled_from([1, 16, 63, 64, 100, 256, 65536]),
+    sizes=st.lists(st.integers(1, 300) | st.sampled_from([1, 2, 63, 64, 65]), min_size=1, max_size=8),
+    seed=st.integers(0, 2**20),
+    warmup=st.sampled_from(["nan", "zero"]),
+)
+def test_any_sequence_of_pushes_equals_the_batch_run(case, rows, chunk, sizes, seed, warmup):
+    _, (pipeline, names) = case
+    x = prices(rows, _width(names), seed=seed)
+    stream = tsconv.Stream(pipeline, features=names, chunk=chunk, warmup=warmup, device="cpu")
+    got = pushed(stream, x, sizes)
+    if warmup == "nan" and rows <= stream.halo:
+        # The batch run refuses a series within the warm-up; its rows are those of a longer one (causality).
+        longer = np.concatenate([x, prices(stream.halo + 1, x.shape[1], seed=seed + 1, late=False)])
+        expected = tsconv.features(longer, pipeline, names=_names(names), chunk=chunk, warmup=warmup)[:rows]
+    else:
+        expected = tsconv.features(x, pipeline, names=_names(names), chunk=chunk, warmup=warmup)
+    _same(got, expected)
+
+
+def test_a_dense_stage_after_another_matches_within_float32_rounding():
+    """torch's CPU conv rounds a stage's outputs by the length of the call: after another stage (here a
+    dense one) a stream matches the batch run within the engine's bound, not bit for bit."""
+    rng = np.random.default_rng(3)
+    pipe = {"conv": [{"weights": rng.normal(size=(6, 3, 3)) / 3, "weight_dtype": "float32"},
+                     {"weights": rng.normal(size=(4, 6, 3)) / 4, "weight_dtype": "float32"}]}  # fmt: skip
+    x = prices(600, 3, seed=4)
+    expected = tsconv.features(x, pipe, chunk=128)
+    got = pushed(tsconv.Stream(pipe, features=3, chunk=128, device="cpu"), x, [1, 17, 128, 50])
+    assert np.array_equal(np.isnan(got), np.isnan(expected))
+    plan = resolve(as_pipeline(pipe), ["f0", "f1", "f2"])
+    ok = ~np.isnan(expected)
+    assert (np.abs(got - expected)[ok] <= 2 * error_bound(x, plan)[ok]).all()
+
+
+def test_the_state_is_bounded_and_a_push_computes_its_rows_plus_the_lookback(monkeypatch):
+    computed: list[int] = []
+    run = Backend.run
+
+    def counting(self, x, *args, **kwargs):
+        computed.append(x.shape[0])
+        return run(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(Backend, "run", counting)
+    stream = tsconv.Stream("default", features=2, chunk=256, device="cpu")
+    lookback = stream.lookback
+    assert lookback <= stream.halo + 2 * 16
+    x = prices(3000, 2, seed=5)
+    for i in range(0, 1200, 1):
+        stream.push(x[i])
+    assert stream.lookback == lookback and stream._rows_kept.shape == (lookback, 2)
+    assert max(computed) <= 1 + lookback
+    computed.clear()
+    stream.push(x[1200:3000])
+    # one call per chunk the push falls in (8 here), each its rows plus at most the lookback
+    assert len(computed) == 8 and sum(computed) <= 1800 + 8 * lookback
+    assert stream.lookback == lookback
+
+
+def test_one_row_pushes_as_1d_rows_and_tensors():
+    x = prices(400, 3, seed=6)
+    expected = tsconv.features(x, "multiscale")
+    stream = tsconv.Stream("multiscale", features=["a", "b", "c"])
+    got = np.stack([stream.push(torch.from_numpy(row)).numpy()[0] for row in x])
+    _same(got, expected)
+    _, names = tsconv.features(x, "multiscale", names=["a", "b", "c"], return_names=True)
+    assert stream.output_names == names and stream.output_names[0].startswith("a.")
+    assert stream.push(np.empty((0, 3), dtype=np.float32)).shape == (0, len(names))
+
+
+def test_wrong_rows_are_refused_with_what_was_expected():
+    stream = tsconv.Stream("default", features=3)
+    with pytest.raises(tsconv.ShapeError, match=r"expects rows \[n, 3\].*got shape \[5, 4\]"):
+        stream.push(np.zeros((5, 4)))
+    with pytest.raises(tsconv.ShapeError, match=r"got shape \[2, 2, 3\]"):
+        stream.push(np.zeros((2, 2, 3)))
+    with pytest.raises(tsconv.ShapeError, match="real numbers"):
+        stream.push(np.zeros((2, 3), dtype=bool))
+    with pytest.raises(tsconv.ShapeError, match="names repeat"):
+        tsconv.Stream("default", features=["a", "a"])
+    with pytest.raises(tsconv.ShapeError, match="count or a list of names"):
+        tsconv.Stream("default", features="abc")
+    with pytest.raises(tsconv.TsconvError, match="warmup"):
+        tsconv.Stream("default", features=3, warmup="later")
+    assert stream.rows == 0  # nothing refused was taken
+
+
+def test_time_must_increase_strictly_across_pushes():
+    stream = tsconv.Stream("default", features=1)
+    stream.push(np.ones((3, 1)), time=np.array([1, 2, 3]))
+    stream.push(np.ones((1, 1)), time=[5])
+    assert stream.last_time == 5 and stream.rows == 4
+    with pytest.raises(
+        tsconv.TsconvError, match=r"row 0 of this push \(5\) is not after the last time pushed"
+    ):
+        stream.push(np.ones((2, 1)), time=np.array([5, 6]))
+    with pytest.raises(tsconv.TsconvError, match=r"row 2 of this push \(7\) is not after row 1's \(7\)"):
+        stream.push(np.ones((3, 1)), time=np.array([6, 7, 7]))
+    with pytest.raises(tsconv.ShapeError, match="time must be 2 integer or datetime64 stamps"):
+        stream.push(np.ones((2, 1)), time=np.array([8]))
+    assert stream.rows == 4 and stream.last_time == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("pipeline", "names"), [PIPELINES[0], PIPELINES[3], PIPELINES[4]], ids=IDS[:1] + IDS[3:5]
+)
+def test_pushes_on_cuda_match_the_batch_run_within_the_fp32_bound(pipeline, names):
+    x = prices(3000, _width(names), seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tsconv.TsconvWarning)
+        expected = tsconv.features(x, pipeline, names=_names(names), device="cuda")
+        got = pushed(tsconv.Stream(pipeline, features=names, device="cuda"), x, [1, 7, 1024, 333])
+    plan = resolve(as_pipeline(pipeline), _names(names) or [f"f{j}" for j in range(_width(names))])
+    assert np.array_equal(np.isnan(got), np.isnan(expected))
+    ok = ~np.isnan(expected)
+    assert (np.abs(got - expected)[ok] <= 2 * error_bound(x, plan)[ok]).all()
+
+
+def test_a_zscore_of_levels_keeps_the_level_of_its_chunk():
+    """The z-score sums deviations from a level per chunk: a push computing part of a chunk must use the
+    chunk's (its first value), not its own first row's. With a drift, the sums' cancellation shows it."""
+    rng = np.random.default_rng(0)
+    x = np.round(np.cumsum(rng.choice([-1, 0, 1], size=(3000, 2)) + 0.3, axis=0) + 2000) / 100
+    x = x.astype(np.float32)  # 20 -> 29 on the tick grid
+    pipe = {"preprocess": {"zscore": 32}, "conv": [{"filters": ["id", "ma:4"]}]}
+    _same(pushed(tsconv.Stream(pipe, features=2), x, [5]), tsconv.features(x, pipe))

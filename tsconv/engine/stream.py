@@ -1,0 +1,243 @@
+"""A live series: :class:`Stream` computes a pipeline's features of rows as they arrive, state kept in memory.
+
+The chunked engine (:mod:`tsconv.engine.chunked`) computes chunk by chunk from a carry of the last prepared
+input rows, the forward-fill state and each chunk's centring level; a resumed run rebuilds them from the input.
+A stream keeps the same state between pushes, only a little more of it: a push's rows are computed by one
+:meth:`~tsconv.engine.compute.Backend.run` call per chunk they fall in (chunks of ``chunk`` steps counted from
+step 0, as in :func:`tsconv.features`), whose input starts where
+:meth:`~tsconv.engine.compute.Backend.window_start` says, on the chunk's block grid, with the level the chunk
+has. So the rows equal a batch run over everything pushed, and a push costs its rows plus at most
+``Backend.window_lookback`` rows before them, whatever the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from tsconv.engine.compute import Backend
+from tsconv.engine.fill import forward_fill
+from tsconv.engine.level import centering_level, level_before, tail_rows
+from tsconv.engine.outputs import refuse_time_range
+from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
+from tsconv.errors import ShapeError, TsconvError
+from tsconv.io.store import describe_repeats, repeated_names
+from tsconv.pipeline.spec import as_pipeline, resolve
+
+__all__ = ["Stream"]
+
+WARMUPS = ("nan", "zero")
+
+
+class Stream:
+    """A pipeline over a live series: ``push`` rows as they arrive, get the features of exactly those rows.
+
+    ``Stream(pipeline, features=F)`` (F input features named f0, f1, ...; or ``features=["AAPL", "MSFT"]``
+    names them, as :func:`tsconv.features`'s ``names``) holds the pipeline's weights on ``device``
+    (``auto``, ``cpu`` or ``cuda``) and the state of the series in memory. ``push(rows)`` takes [n, F] rows
+    (or [F], one row; numpy or torch, any real dtype, read as float32) and returns their [n, D] float32
+    features (a torch tensor for a tensor), the columns named by :attr:`output_names`.
+
+    Guarantee: the rows returned by any sequence of pushes equal ``tsconv.features(all rows pushed, pipeline,
+    warmup=..., chunk=...)`` with the same options, bit for bit on the CPU for pipelines whose only dense
+    stage, if any, is the first and reads raw (or log) levels: every built-in pipeline, a dense head included.
+    A dense stage after another stage, or after returns or a z-score, is computed by torch's conv, whose
+    rounding depends on the length of the call: it matches within float32 rounding. On CUDA the push runs the
+    Triton kernels and matches within the engine's float32 bound. During the warm-up (the first ``halo``
+    steps) rows are NaN with ``warmup="nan"``, as in a batch run (which refuses a series no longer than
+    the warm-up; a stream returns its NaN rows), or computed on zero history with ``warmup="zero"``.
+
+    Cost: a push of n rows computes n + at most :attr:`lookback` rows; the state kept is that many rows plus
+    a few per-feature vectors, never the history. Missing values are forward-filled (or not, by
+    ``[preprocess] fill``) across pushes, and a feature may start late (NaN until its first value).
+
+    ``push(rows, time=...)``: optional timestamps of the rows (a 1-D integer or datetime64 array of n),
+    checked to increase strictly within and across pushes (:attr:`last_time`); they are not returned.
+    Not thread-safe: push from one thread.
+    """
+
+    def __init__(
+        self,
+        pipeline: str | Any = None,
+        *,
+        features: int | Sequence[str],
+        warmup: str = "nan",
+        chunk: int = 65536,
+        device: str = "auto",
+    ) -> None:
+        """``pipeline``: a built-in's name, a TOML path, a dict or a :class:`tsconv.Pipeline` (None: the
+        default). ``chunk`` and ``warmup`` as in :func:`tsconv.features` (the batch run this equals)."""
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise TsconvError(
+                f"chunk must be a positive integer, got {chunk!r}", hint="the default is 65536."
+            )
+        if warmup not in WARMUPS:
+            raise TsconvError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
+        names = _feature_names(features)
+        plan = resolve(as_pipeline(pipeline), names)
+        refuse_time_range(plan, "tsconv.Stream")
+        self.plan = plan
+        self.warmup = warmup
+        self.chunk = chunk
+        self.device = resolve_device(device)
+        self.n_features = len(names)
+        self._columns = None if plan.columns is None else list(plan.columns)
+        self._fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
+        self._warm = plan.warmup_groups() if warmup == "nan" else []
+        self._backend = Backend(plan, self.device)
+        nf = len(plan.input_names)
+        # The last prepared rows (filled, unless fill = "none"), those before step 0 zeros: the zero history.
+        self._rows_kept = np.zeros((self._backend.window_lookback, nf), dtype=np.float32)
+        self._state = np.full(nf, np.nan, dtype=np.float32)  # the forward-fill state
+        self._level = np.full(nf, np.nan, dtype=np.float32)  # this chunk's level, NaN: not known yet
+        self._zscore_level: torch.Tensor | None = None  # this chunk's z-score level, on the device
+        self._pushed = 0
+        self.last_time: Any = None
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The D output columns' names, in order (as ``features(..., return_names=True)`` gives them)."""
+        return self.plan.output_names
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """The features the stages read (after a ``[preprocess]`` selection)."""
+        return self.plan.input_names
+
+    @property
+    def halo(self) -> int:
+        """The warm-up: steps before an output that it reads."""
+        return self.plan.halo
+
+    @property
+    def rows(self) -> int:
+        """Rows pushed so far."""
+        return self._pushed
+
+    @property
+    def lookback(self) -> int:
+        """Rows the stream keeps, and recomputes at most before a push's first row."""
+        return self._rows_kept.shape[0]
+
+    @cuda_errors()
+    def push(self, rows: Any, time: Any = None) -> Any:
+        """The features [n, D] float32 of ``rows`` [n, F] (or [F]: one row), the next steps of the series."""
+        is_torch = isinstance(rows, torch.Tensor)
+        x = self._checked(rows)
+        if time is not None:
+            self._check_time(time, x.shape[0])
+        if self._columns is not None:
+            x = x[:, self._columns]
+        out = np.empty((x.shape[0], self.plan.n_outputs), dtype=np.float32)
+        begin = self._pushed
+        with torch.no_grad(), exact_fp32(self.device):
+            pos = begin
+            while pos < begin + x.shape[0]:
+                stop = min((pos // self.chunk + 1) * self.chunk, begin + x.shape[0])
+                out[pos - begin : stop - begin] = self._compute(x[pos - begin : stop - begin], pos)
+                pos = stop
+        self._pushed = begin + x.shape[0]
+        self._backend.finish()  # the FP16-storage check's warnings, once its first chunk has been seen
+        return torch.from_numpy(out) if is_torch else out
+
+    def _compute(self, raw: np.ndarray, pos: int) -> np.ndarray:
+        """Rows [pos, pos + n) of one chunk, as the chunked engine computes that chunk."""
+        halo, kept = self.halo, self._rows_kept
+        s = pos // self.chunk * self.chunk
+        if pos == s:  # a new chunk: its level from the rows before it, as run_chunked takes it
+            tail = tail_rows(halo, s)
+            self._level = level_before(kept[kept.shape[0] - tail :], self._state)
+            if self._backend.pre is not None and self._backend.pre.zscore is not None:
+                self._zscore_level = torch.full(
+                    (kept.shape[1],), torch.nan, dtype=torch.float64, device=self.device
+                )
+        filled, self._state = forward_fill(raw, self._state)
+        # A feature without a level takes its first finite value in the chunk, which may come in a later push;
+        # until then its outputs are NaN whatever the level, so 0 stands in and the chunk's stays unknown.
+        level = centering_level(self._level, filled)
+        self._level = np.where(np.isnan(self._level) & ~np.isfinite(filled).any(axis=0), np.nan, level)
+        prepared = filled if self._fill else raw
+        start = self._backend.window_start(s - halo, pos)
+        x = np.concatenate([kept[kept.shape[0] - (pos - start) :], prepared], axis=0)
+        dev = self.device
+        y = self._backend.run(torch.from_numpy(x).to(dev), start, torch.from_numpy(level).to(dev),
+                              zscore_level=self._zscore_level)  # fmt: skip
+        out = y[pos - start - halo :]
+        out = out.cpu().numpy() if dev.type != "cpu" else out.numpy()
+        for w, cols in self._warm:  # each output's own warm-up rows
+            if pos < w:
+                out[: min(w - pos, out.shape[0]), cols] = np.nan
+        self._rows_kept = np.concatenate([kept, prepared], axis=0)[-kept.shape[0] :]
+        return out
+
+    def _checked(self, rows: Any) -> np.ndarray:
+        try:
+            arr = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+        except (TypeError, ValueError) as exc:
+            raise ShapeError(
+                f"push() expects rows [n, {self.n_features}] (an array or a tensor), got {type(rows).__name__}: {exc}",
+                hint="pass a numpy array or torch tensor with one row per time step and one column per feature.",
+            ) from None
+        if arr.ndim == 1:
+            arr = arr[None, :]
+        if arr.ndim != 2 or arr.shape[1] != self.n_features:
+            raise ShapeError(
+                f"push() expects rows [n, {self.n_features}] (or [{self.n_features}] for one row), the "
+                f"{self.n_features} features the stream was made for, got shape {list(np.shape(rows))}",
+                hint="one row per time step, one column per feature in the order given to Stream(features=...).",
+            )
+        if arr.dtype.kind not in "fiu":
+            raise ShapeError(
+                f"push() expects real numbers, got dtype {arr.dtype}", hint="convert with .astype('float32')."
+            )
+        return np.asarray(arr, dtype=np.float32)
+
+    def _check_time(self, time: Any, n: int) -> None:
+        t = time.detach().cpu().numpy() if isinstance(time, torch.Tensor) else np.asarray(time)
+        if t.ndim == 0:
+            t = t[None]
+        if t.ndim != 1 or t.shape[0] != n or t.dtype.kind not in "iuM":
+            raise ShapeError(
+                f"push(rows, time): time must be {n} integer or datetime64 stamps, one per row, "
+                f"got shape {list(t.shape)} {t.dtype}",
+                hint="pass time as a 1-D array as long as rows, or leave it out.",
+            )
+        if n == 0:
+            return
+        if self.last_time is not None and t.dtype != np.asarray(self.last_time).dtype:
+            raise ShapeError(
+                f"push(): time is {t.dtype}, earlier pushes gave {np.asarray(self.last_time).dtype}"
+            )
+        seq = t if self.last_time is None else np.concatenate([np.asarray(self.last_time)[None], t])
+        bad = np.flatnonzero(seq[1:] <= seq[:-1])
+        if bad.size:
+            i = int(bad[0]) + (0 if self.last_time is None else -1)
+            before = "the last time pushed" if i < 0 else f"row {i}'s"
+            raise TsconvError(
+                f"push(): time must increase strictly; row {i + 1} of this push ({seq[bad[0] + 1]}) is not after "
+                f"{before} ({seq[bad[0]]})",
+                hint="push rows in time order, one row per timestamp; nothing of this push was taken.",
+            )
+        self.last_time = t[-1]
+
+
+def _feature_names(features: int | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(features, int) and not isinstance(features, bool):
+        if features < 1:
+            raise ShapeError(f"features must be a positive count or a list of names, got {features!r}")
+        return tuple(f"f{j}" for j in range(features))
+    if isinstance(features, str) or not isinstance(features, Sequence) or not features:
+        raise ShapeError(
+            f"features must be a count or a list of names, got {features!r}",
+            hint="Stream(pipeline, features=3) for f0, f1, f2, or features=['AAPL', 'MSFT'].",
+        )
+    names = tuple(str(n) for n in features)
+    if dups := repeated_names(names):
+        raise ShapeError(
+            f"Stream(): feature names repeat ({describe_repeats(names, dups)})",
+            hint="give every feature a distinct name: a pipeline selects features by name.",
+        )
+    return names
