@@ -314,3 +314,88 @@ def test_an_update_stopped_at_every_change_is_finished_by_the_next(tmp_path: Pat
             if at % 2:  # a resume finishes the rows the update set out to write; an update adds the rest
                 tsconv.process(src, out, chunk=CHUNK, update=True)
             assert_same(out, want)
+
+
+def _killed_midway(args: list[str], out: Path) -> int | None:
+    """Run the CLI and kill it (SIGKILL, its whole process group) once the output is marked incomplete and
+    its ``rows_done`` has advanced past the first value seen; the rows_done then, or None if it finished."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    first, deadline = None, time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            meta = zarr.open_group(str(out), mode="r").attrs["tsconv"]
+        except Exception:  # being replaced this instant
+            meta = None
+        if meta is not None and not meta["complete"]:
+            first = meta["rows_done"] if first is None else first
+            if meta["rows_done"] > first:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return int(zarr.open_group(str(out), mode="r").attrs["tsconv"]["rows_done"])
+        time.sleep(0.002)
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return None
+
+
+@pytest.mark.slow
+def test_kill_9_during_updates_then_update_or_resume_gives_a_full_runs_output(tmp_path: Path) -> None:
+    """The CLI killed with SIGKILL mid-update, then a ``--resume`` killed mid-way, then ``--update``, as
+    the input grows twice: the end is the full run's output, and nothing is left beside it."""
+    import subprocess
+    import sys
+
+    x, t = ticks(160_000, 24, seed=9)
+    src = make_input(tmp_path / "in.zarr", x, t, 40_000, (5000, 24))
+    out, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
+    cli = [sys.executable, "-m", "tsconv", "process", "--input", str(src), "--output", str(out), "-q"]
+    cli += ["--chunk", "512"]
+    subprocess.run(cli, check=True, capture_output=True)
+    seen = []
+    for rows in (100_001, 160_000):
+        grow(src, x, t, rows)
+        seen += [_killed_midway([*cli, "--update"], out), _killed_midway([*cli, "--resume"], out)]
+        subprocess.run([*cli, "--update"], check=True, capture_output=True)
+    assert sum(r is not None for r in seen) >= 3, f"kills did not land mid-run often enough: {seen}"
+    tsconv.process(src, want, chunk=512)
+    assert_same(out, want)
+    assert not list(tmp_path.glob(".*.tsconv-*"))  # no store being created, no lock file
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+
+def test_cli_update_says_so_on_one_line_and_refuses_on_one(tmp_path: Path, out_chunks: None) -> None:
+    from click.testing import CliRunner
+
+    from tsconv.cli import main
+
+    src, out, x, t = _updated_once(tmp_path)
+
+    def run(*flags: str) -> object:
+        return CliRunner().invoke(
+            main, ["process", "-i", str(src), "-o", str(out), "--chunk", str(CHUNK), "-q", *flags]
+        )
+
+    res = run("--update")
+    assert res.exit_code == 0, res.output
+    assert res.stdout == f"{out} is up to date with its input (2,050 rows); nothing to do.\n"
+    grow(src, x, t, 2500)
+    res = run("--update")
+    assert res.exit_code == 0 and "(updated from 2,050 rows, computed from row 1,920)" in res.stdout
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][5:6] = 1.0
+    res = run("--update")
+    assert res.exit_code == 2 and res.stdout == "" and len(res.stderr.splitlines()) == 1
+    assert res.stderr.startswith(f"tsconv: error: cannot update {str(out)!r}: its input ")
+    assert (
+        "first at rows 0..500 (values chunk files)" in res.stderr and "; hint: use --overwrite" in res.stderr
+    )
+    res = run("--update", "--resume")
+    assert res.exit_code == 2 and "--resume and --update exclude each other" in res.stderr
+    assert "--update" in CliRunner().invoke(main, ["process", "--help"]).stdout
