@@ -144,6 +144,21 @@ def test_a_small_output_is_rebuilt_chunked_as_a_full_run_would(tmp_path: Path) -
     assert zarr.open_group(str(out))["values"].chunks == zarr.open_group(str(want))["values"].chunks
 
 
+def test_a_small_output_holding_other_files_is_not_rebuilt(tmp_path: Path) -> None:
+    x, t = ticks(1500, 2, seed=3)
+    src = make_input(tmp_path / "in.zarr", x, t, 1000, (300, 2))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    (out / "notes.txt").write_text("mine")
+    grow(src, x, t, 1500)
+    with pytest.raises(
+        tsconv.TsconvError, match="refusing to rebuild for --update .* not zarr data \\(notes.txt\\)"
+    ):
+        tsconv.process(src, out, chunk=CHUNK, update=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert zarr.open_group(str(out)).attrs["tsconv"]["rows"] == 1000
+
+
 def test_nothing_new_is_a_no_op_and_a_missing_output_is_created(tmp_path: Path, out_chunks: None) -> None:
     x, t = ticks(2000, 3, seed=4)
     src = make_input(tmp_path / "in.zarr", x, t, 2000, (500, 3))

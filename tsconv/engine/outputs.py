@@ -36,6 +36,7 @@ from tsconv.io.writers.zarr_writer import (
     grow_output,
     output_chunk_rows,
     prepare_output,
+    refuse_foreign,
     remove_leftovers,
     rows_written,
 )
@@ -247,6 +248,7 @@ def _prepare_update(
     if out_rows % chunk:
         # a store smaller than one output chunk, chunked by its rows: built again whole (it is small),
         # chunked as a run over the grown input would chunk it
+        refuse_foreign(out_path, what="rebuild for --update (it is smaller than one output chunk)")
         check_time(store)
         discard_output(out_path)
         return "replace", 0, rows, current, recorded

@@ -74,6 +74,7 @@ __all__ = [
     "grow_output",
     "output_chunk_rows",
     "prepare_output",
+    "refuse_foreign",
     "remove_leftovers",
     "rows_written",
     "store_identity",
@@ -379,13 +380,18 @@ def prepare_output(
         if meta.get("complete"):
             return ("done" if resume else "update"), int(meta["rows"])
         return "resume", int(meta.get("rows_done", 0))
-    foreign = foreign_entries(out) if isinstance(out, Path) else _foreign_keys(out.objects(), limit=5)
+    refuse_foreign(out)
+    return "replace", 0
+
+
+def refuse_foreign(path: Path | StoreURL, *, what: str = "overwrite") -> None:
+    """Refuse to delete the store at ``path`` (to ``what`` it) when it holds files that are not zarr data."""
+    foreign = foreign_entries(path) if isinstance(path, Path) else _foreign_keys(path.objects(), limit=5)
     if foreign:
         raise StoreError(
-            f"refusing to overwrite {str(out)!r}: it holds files that are not zarr data ({', '.join(foreign)})",
+            f"refusing to {what} {str(path)!r}: it holds files that are not zarr data ({', '.join(foreign)})",
             hint="move them out of the store, or remove the store yourself.",
         )
-    return "replace", 0
 
 
 def _recorded_rows(out: Path | StoreURL, meta: dict[str, Any]) -> set[int]:
