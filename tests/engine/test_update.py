@@ -113,6 +113,26 @@ def test_updates_equal_a_full_run_on_the_grown_input(
         shutil.rmtree(want)
 
 
+def test_the_batched_engine_updates_within_the_fp32_bound(tmp_path: Path, out_chunks: None) -> None:
+    # The CUDA engine, through the Triton interpreter here: its steps start at the update's first row, not
+    # where a whole run's fall, so each step's centring level may differ; values agree to float32.
+    from ..helpers import process_batched
+
+    pipe = {"conv": [{"filters": ["diff:1", "ma:16", "dev:8"]}]}
+    x, t = ticks(1000, 3, seed=12)
+    src = make_input(tmp_path / "in.zarr", x, t, 700, (250, 3))
+    out, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
+    process_batched(src, out, pipeline=pipe, device="cpu", chunk=CHUNK, gpu_mem="80MB")
+    grow(src, x, t, 1000)
+    report = process_batched(src, out, pipeline=pipe, device="cpu", chunk=CHUNK, gpu_mem="80MB", update=True)
+    assert (report.updated_from, report.resumed_from) == (700, 384) and report.step_rows
+    process_batched(src, want, pipeline=pipe, device="cpu", chunk=CHUNK, gpu_mem="80MB")
+    a, b = (np.asarray(zarr.open_group(str(p), mode="r")["values"][:]) for p in (want, out))
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-4)
+    assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"] is True
+
+
 def test_warmup_zero_and_a_time_range(tmp_path: Path, out_chunks: None) -> None:
     x, t = ticks(3000, 3, seed=2)
     src = make_input(tmp_path / "in.zarr", x, t, 1900, (600, 3))
