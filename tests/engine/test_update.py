@@ -248,6 +248,23 @@ def test_update_refuses_a_shrunken_input_and_another_pipeline_chunk_or_warmup(
     assert _snapshot(out) == before
 
 
+def test_resume_of_a_grown_input_finishes_the_rows_it_started_with_and_says_update_adds_the_rest(
+    tmp_path: Path, out_chunks: None
+) -> None:
+    src, out, x, t = _updated_once(tmp_path)
+    grow(src, x, t, 2400)
+    with pytest.warns(tsconv.TsconvWarning, match="complete with the 2,050 rows .* 350 more since: --update"):
+        assert tsconv.process(src, out, chunk=CHUNK, resume=True).rows == 0
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": 1152}  # an interrupted run
+    with pytest.warns(tsconv.TsconvWarning, match="finished to the 2,050 rows"):
+        assert tsconv.process(src, out, chunk=CHUNK, resume=True).total_rows == 2050
+    assert tsconv.process(src, out, chunk=CHUNK, update=True).total_rows == 2400
+    want = tmp_path / "want.zarr"
+    tsconv.process(src, want, chunk=CHUNK)
+    assert_same(out, want)
+
+
 def test_update_refuses_parquet_and_combined_flags(tmp_path: Path) -> None:
     src, out, _, _ = _updated_once(tmp_path)
     with pytest.raises(tsconv.TsconvError, match="--update is not supported for Parquet output"):

@@ -11,6 +11,7 @@ import hashlib
 import json
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 
 from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, RunPlan, plan_run, reset_device, run
-from tsconv.errors import StoreError, TsconvError
+from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
 from tsconv.io.objstore import StoreURL, open_group
@@ -223,7 +224,15 @@ def _prepare_resume(
     if action == "resume" and current != read_digest(out_path):
         # the rows still to compute come from the input as it is now: record that
         write_digest(out_path, current)
-    return action, start, int(meta["rows"]), None, None
+    recorded = int(meta["rows"])
+    if r1 - r0 > recorded:
+        warnings.warn(
+            f"{str(out_path)!r} {'is complete with' if action == 'done' else 'is finished to'} the {recorded:,} "
+            f"rows it was started with; its input has {r1 - r0 - recorded:,} more since: --update adds them",
+            TsconvWarning,
+            stacklevel=2,
+        )
+    return action, start, recorded, None, None
 
 
 def _prepare_update(
