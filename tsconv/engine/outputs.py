@@ -1,7 +1,7 @@
 """The entries that write a store's features to an output: a zarr store (one process, or dask) or Parquet.
 
 Each holds the output's lock from its first check to its final mark, prepares the output (create, replace,
-resume), builds the sink and runs :func:`tsconv.engine.run.run` (or the dask partitions, each of which does).
+resume, or extend it for an update), builds the sink and runs :func:`tsconv.engine.run.run` (or the dask partitions, each of which does).
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ names (time, feature), so ``xarray.open_zarr`` reads the store as a Dataset with
 written with the mark ``complete`` in one atomic write; a resumed store has it removed first
 (:func:`drop_consolidated`), so nothing reads metadata a run could make stale. Every write covers whole chunks, and
 ``rows_done`` advances only over the prefix of chunks whose data is stored (each chunk file is written
-atomically), so a run killed at any moment resumes from ``rows_done`` and rewrites anything after it.
+atomically), so a run killed at any moment resumes from ``rows_done`` and rewrites anything after it. An
+update (:func:`grow_output`) first marks the store incomplete with its new rows and the row it restarts
+from, then extends the arrays; :meth:`OutputWriter.reopen` finishes an extension a kill cut short.
 
 Ownership: the engine holds the output's lock (:mod:`tsconv.io.lock`) for the whole run and calls
 :func:`prepare_output`, :func:`remove_leftovers` and :func:`discard_output` under it. A writer marks the
