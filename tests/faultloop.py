@@ -1,7 +1,7 @@
 """The fault-injection loop: tsconv's CLI killed with SIGKILL at seeded points, then recovered, then compared.
 
-Each round takes one operation (``process``, ``process --resume``, ``process --overwrite``, ``ingest``,
-``ingest --append``) on tiny stores, kills it right after (or right before) its n-th file-system change
+Each round takes one operation (``process``, ``process --resume``, ``process --overwrite``,
+``process --update``, ``ingest``, ``ingest --append``) on tiny stores, kills it right after (or right before) its n-th file-system change
 (:func:`tests.io.crashpoints.install_fs`; n drawn from the round's seed, below the number of changes an
 uninterrupted run makes), checks that what the kill left never reads as complete unless it is the old
 or the finished data, runs the next step a user would (``--resume``, ``--overwrite`` again, ``--append``
@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-OPS = ("process", "process --resume", "process --overwrite", "ingest", "ingest --append")
+OPS = ("process", "process --resume", "process --overwrite", "process --update", "ingest", "ingest --append")
+GROWN_FROM = 2100  # rows of the grown input when its output was written; an update adds the rest (to 3000)
 
 # Tiny stores with many changes: output chunks of one engine chunk (256 rows: 12 of a 3000-row output),
 # ingest chunks of 16 rows written one per band.
@@ -176,12 +177,14 @@ class World:
     pipe: Path
     ticks: list[Path]  # the tick files of an ingest: the first half and the second half
     base: Path  # the store of the first half, what an --append adds to
+    grown: Path | None = None  # an input of GROWN_FROM rows when ``short`` was computed from it, 3000 since
+    short: Path | None = None  # that output: what an --update extends
     refs: dict[str, Path] = field(default_factory=dict)  # op -> its uninterrupted result
     changes: dict[str, int] = field(default_factory=dict)  # op -> file-system changes of an uninterrupted run
 
 
-def _process_argv(w: World, out: Path, *flags: str, pipe: Path | None = None) -> list[str]:
-    return ["process", "-i", str(w.src), "-o", str(out), "--chunk", str(CHUNK), "--pipeline",
+def _process_argv(w: World, out: Path, *flags: str, pipe: Path | None = None, src: Path | None = None) -> list[str]:  # fmt: skip
+    return ["process", "-i", str(src or w.src), "-o", str(out), "--chunk", str(CHUNK), "--pipeline",
             str(pipe or w.pipe), "--device", "cpu", "-q", *flags]  # fmt: skip
 
 
@@ -192,6 +195,8 @@ def _ingest_argv(w: World, out: Path, *flags: str) -> list[str]:
 
 def _argv(w: World, op: str, out: Path) -> list[str]:
     name, *flags = op.split()
+    if op == "process --update":
+        return _process_argv(w, out, *flags, src=w.grown)
     return _process_argv(w, out, *flags) if name == "process" else _ingest_argv(w, out, *flags)
 
 
@@ -253,6 +258,21 @@ def make_world(root: Path, runner: Runner, ops: tuple[str, ...] = OPS) -> World:
     logs.mkdir()
     _step(runner, w, logs, _process_argv(w, w.old, pipe=root / "old_pipe.toml"))
     _step(runner, w, logs, ["ingest", str(w.ticks[0]), "-o", str(w.base), "-q"])
+    if "process --update" in ops:
+        import zarr
+
+        x = _prices()
+        w.grown, w.short = (
+            write_store(root / "grown.zarr", x[:GROWN_FROM], chunks=(500, 3)),
+            root / "short.zarr",
+        )
+        _step(runner, w, logs, _process_argv(w, w.short, src=w.grown))
+        g = zarr.open_group(str(w.grown), mode="r+")
+        g["values"].resize(x.shape)
+        g["values"][GROWN_FROM:] = x[GROWN_FROM:]
+        t = np.asarray(zarr.open_group(str(w.src), mode="r")["time"][:])  # write_store's times
+        g["time"].resize(t.shape)
+        g["time"][GROWN_FROM:] = t[GROWN_FROM:]
     for op in ops:
         out = root / "refs" / op.replace(" --", "_") / ("out.zarr" if op.startswith("process") else "st.zarr")
         out.parent.mkdir(parents=True)
@@ -264,9 +284,13 @@ def make_world(root: Path, runner: Runner, ops: tuple[str, ...] = OPS) -> World:
 
 
 def _prepare(w: World, op: str, out: Path) -> None:
-    """What ``out`` holds before the op: the old output for --overwrite, the base store for --append."""
+    """What ``out`` holds before the op: the old output for --overwrite, the output of the shorter input
+    for --update, the base store for --append."""
     if op == "process --overwrite":
         shutil.copytree(w.old, out)
+    elif op == "process --update":
+        assert w.short is not None
+        shutil.copytree(w.short, out)
     elif op == "ingest --append":
         shutil.copytree(w.base, out)
 
@@ -340,7 +364,7 @@ def _reads_as(op: str, out: Path, w: World) -> str:
         return "incomplete"
     if not compare(op, out, w.refs[op], leftovers=False):
         return "new"
-    before = w.old if op == "process --overwrite" else w.base if op == "ingest --append" else None
+    before = {"process --overwrite": w.old, "process --update": w.short, "ingest --append": w.base}.get(op)
     if before is not None and _read(out) == _read(before):
         return "old"
     raise AssertionError(f"after the kill {out} reads as complete but is neither the old data nor the new")
@@ -370,7 +394,7 @@ def _kill_point(rng: np.random.Generator, changes: int) -> tuple[int, str]:
 
 
 def run_round(runner: Runner, w: World, k: int, seed: int, op: str | None = None) -> Round:
-    """Round ``k`` of the loop seeded ``seed``: its op is ``op`` (default OPS[k % 5]), its kill points,
+    """Round ``k`` of the loop seeded ``seed``: its op is ``op`` (default OPS[k % len(OPS)]), its kill points,
     threads and recovery drawn from the seed (seed, k)."""
     rng = np.random.default_rng([seed, k])
     op = op or OPS[k % len(OPS)]
@@ -406,6 +430,11 @@ def run_round(runner: Runner, w: World, k: int, seed: int, op: str | None = None
                 step(_process_argv(w, out, "--resume"), "process --resume", kill=None)
             else:
                 step(_process_argv(w, out, "--overwrite"), op, kill=None)
+        elif op == "process --update":
+            step(_argv(w, op, out), op, kill=op)
+            if rng.random() < 0.5:  # a resume finishes the rows the killed update set out to write
+                step(_process_argv(w, out, "--resume", src=w.grown), "process --resume", kill=None)
+            step(_argv(w, op, out), op, kill=None)
         elif op == "ingest":
             step(_ingest_argv(w, out), op, kill=op)
             step(_ingest_argv(w, out, *(["--overwrite"] if out.exists() else [])), "ingest again", kill=None)

@@ -1,8 +1,8 @@
 """Nothing lost, nothing mixed, under kill -9 at seeded points: the loop of tests/faultloop.py.
 
-The default run kills one ``process`` then its ``--resume``, one ``process --overwrite`` and one
-``ingest --append`` (a few seconds after the one-off start of the step server and the references);
-the slow run takes 25 rounds over all five operations, and 5 more in a fresh interpreter per step.
+The default run kills one ``process`` then its ``--resume``, one ``process --overwrite``, one
+``process --update`` and one ``ingest --append`` (a few seconds after the one-off start of the step
+server and the references); the slow run takes 25 rounds over all six operations, and 5 more in a fresh interpreter per step.
 benchmarks/faults.py runs hundreds.
 """
 
@@ -25,12 +25,12 @@ def _assert_all_recovered(rounds: list[faultloop.Round]) -> None:
 
 
 def test_kill_9_at_seeded_points_then_the_next_step_gives_the_uninterrupted_result(tmp_path: Path) -> None:
-    ops = ("process --resume", "process --overwrite", "ingest --append")
+    ops = ("process --resume", "process --overwrite", "process --update", "ingest --append")
     with faultloop.Runner() as runner:
         w = faultloop.make_world(tmp_path / "w", runner, ops)
         rounds = [faultloop.run_round(runner, w, k, SEED, op) for k, op in enumerate(ops)]
     _assert_all_recovered(rounds)
-    assert sum(s["killed"] for r in rounds for s in r.steps) >= 3
+    assert sum(s["killed"] for r in rounds for s in r.steps) >= 4
 
 
 @pytest.mark.slow

@@ -111,7 +111,11 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
     from tsconv.engine.api import process
 
     report = process(input_path, output, progress=not quiet, **options)
-    if report.rows == 0 and report.resumed_from:
+    if report.rows == 0 and report.updated_from is not None:
+        click.echo(
+            f"{report.output} is up to date with its input ({report.total_rows:,} rows); nothing to do."
+        )
+    elif report.rows == 0 and report.resumed_from:
         click.echo(f"{report.output} is already complete ({report.total_rows:,} rows); nothing to do.")
     else:
         click.echo(report.summary())
@@ -132,6 +136,13 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
 @_common_process_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted run into the same output.")
+@click.option(
+    "--update",
+    is_flag=True,
+    help="Extend the output with the rows appended to the input since it was written, computing only "
+    "those; the result equals a full run on the grown input. Refuses an input whose rows already computed "
+    "changed or that lost rows, and another pipeline, chunk or warm-up. Zarr outputs only.",
+)
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
@@ -168,17 +179,21 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
     help="Rows per dask task, rounded up to whole output chunks (default: about 8 tasks per worker).",
 )
 def process(input_path: str, output: str | None, pipeline: str | None, chunk: int, device: str,
-            warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool,
+            warmup: str, report_path: str | None, quiet: bool, overwrite: bool, resume: bool, update: bool,
             workers: int | None, scheduler: str | None, transfer: str | None, decode: str | None,
             gpu_mem: str | None, compression: str | None, partition_rows: int | None) -> None:  # fmt: skip
     """Stream a store through a pipeline into an output store."""
-    if overwrite and resume:
+    given = [
+        f"--{name}" for name, on in (("overwrite", overwrite), ("resume", resume), ("update", update)) if on
+    ]
+    if len(given) > 1:
         raise TsconvError(
-            "--overwrite and --resume exclude each other",
-            hint="--resume finishes an interrupted run; --overwrite starts again from scratch.",
+            f"{' and '.join(given)} exclude each other",
+            hint="--resume finishes an interrupted run; --update extends a finished one with new input rows; "
+            "--overwrite starts again from scratch.",
         )
     _run_process(input_path, output, report_path=report_path, quiet=quiet, pipeline=pipeline, chunk=chunk,
-                 device=device, warmup=warmup, overwrite=overwrite, resume=resume, workers=workers,
+                 device=device, warmup=warmup, overwrite=overwrite, resume=resume, update=update, workers=workers,
                  client=scheduler, partition_rows=partition_rows, transfer=transfer, gpu_mem=gpu_mem,
                  decode=decode, compression=compression)  # fmt: skip
 

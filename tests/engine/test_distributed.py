@@ -192,6 +192,30 @@ def test_distributed_resume_of_a_single_process_run(client, src: Path, want: dic
     _same(want["default"], out)
 
 
+def test_distributed_update_computes_the_new_partitions_only(
+    client, tmp_path: Path, want: dict[str, Path]
+) -> None:
+    from ..helpers import T0
+
+    x = price_series(ROWS, FEATURES, seed=7, nan_fraction=0.05)
+    x[:300, 1] = np.nan  # the module's input, first 6,001 rows of it, then grown to all of them
+    src = write_store(tmp_path / "in.zarr", x[:6001], chunks=(777, 3))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"].resize((ROWS, FEATURES))
+    g["values"][6001:] = x[6001:]
+    g["time"].resize((ROWS,))
+    g["time"][6001:] = T0 + np.arange(6001, ROWS, dtype=np.int64) * 1_000_000
+    with distributed.get_task_stream(client) as ts:
+        report = tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART, update=True)
+    assert (report.updated_from, report.resumed_from) == (6001, 5120)
+    ran = sorted(_tasks_run(ts), key=lambda k: int(k.split("-")[1]))
+    assert [k.split("-")[1] for k in ran] == ["5120", "6144", "7168", "8192", "9216"]
+    _same(want["default"], out)
+    assert tsconv.process(src, out, chunk=CHUNK, client=client, update=True).rows == 0
+
+
 def test_workers_and_client_exclude_each_other(client, src: Path) -> None:
     with pytest.raises(tsconv.TsconvError, match="exclude each other"):
         tsconv.process(src, src.with_name("x.zarr"), chunk=CHUNK, client=client, workers=2)

@@ -208,6 +208,30 @@ def test_memory_urls_round_trip(series, local_run):
     np.testing.assert_array_equal(np.asarray(zarr.open_group(f"{base}/out.zarr")["values"][:]), local_run[1])
 
 
+def test_an_output_at_a_url_updates_as_a_local_one(series, tmp_path, monkeypatch):
+    """``--update`` into an object store: the output's documents are replaced whole, as a local one's."""
+    import tsconv.engine.outputs
+
+    from ..helpers import T0
+
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: chunk)
+    src = write_store(tmp_path / "in.zarr", series[:1500], chunks=(1024, 4))
+    out = f"memory://tsconv-{uuid.uuid4().hex[:8]}/out.zarr"
+    tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=256)
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"].resize(series.shape)
+    g["values"][1500:] = series[1500:]
+    g["time"].resize((series.shape[0],))
+    g["time"][1500:] = T0 + np.arange(1500, series.shape[0], dtype=np.int64) * 1_000_000
+    report = tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=256, update=True)
+    assert (report.updated_from, report.resumed_from) == (1500, 1280)
+    tsconv.process(src, tmp_path / "want.zarr", pipeline=PIPE, device="cpu", chunk=256)
+    got = zarr.open_group(out, mode="r")
+    assert got.attrs["tsconv"]["complete"] and got.metadata.consolidated_metadata is not None
+    np.testing.assert_array_equal(np.asarray(got["values"][:]), read_output(tmp_path / "want.zarr"))
+    np.testing.assert_array_equal(np.asarray(got["time"][:]), np.asarray(g["time"][:]))
+
+
 def test_locations_and_actionable_errors(tmp_path):
     assert location("s3://b//a/t.zarr/") == StoreURL("s3://b/a/t.zarr")
     assert location(f"file://{tmp_path}/t.zarr") == tmp_path / "t.zarr"  # local: the fast readers

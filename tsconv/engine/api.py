@@ -54,6 +54,7 @@ def process(
     warmup: str = "nan",
     overwrite: bool = False,
     resume: bool = False,
+    update: bool = False,
     progress: bool = False,
     compression: str | None = None,
     transfer: str | None = None,
@@ -68,7 +69,12 @@ def process(
     ``output``: a zarr store (default ``<input stem>.features.zarr`` beside the input) or a ``.parquet`` /
     ``.pq`` file. ``input`` and ``output`` may be URLs (``s3://bucket/ticks.zarr``, any scheme fsspec knows;
     :mod:`tsconv.io.objstore`), read and written through zarr, with credentials from the environment. An existing output is refused unless ``overwrite`` (replace) or ``resume`` (finish an
-    interrupted run; refused when the input rows already computed changed since) is given. One run writes
+    interrupted run; refused when the input rows already computed changed since) or ``update`` is given.
+    ``update`` extends a zarr output with the rows appended to its input since it was written: only those
+    rows (and the output's last partial chunk) are computed, from the state the input's earlier rows give,
+    so the output equals a run over the whole grown input; it refuses an input whose rows already
+    computed changed, or that lost rows, and another pipeline, chunk or warm-up; with nothing new it does
+    nothing (``Report.rows`` 0); a missing output is created. One run writes
     an output at a time: it holds a lock beside the output, and another run on it raises
     :class:`~tsconv.errors.OutputBusyError` at once.
 
@@ -86,7 +92,7 @@ def process(
     """
     t_enter = time.perf_counter()
     _check_common(chunk, warmup)
-    check_output_flags(overwrite=overwrite, resume=resume)
+    check_output_flags(overwrite=overwrite, resume=resume, update=update)
     if not isinstance(progress, bool):
         raise TsconvError(f"progress must be True or False, got {progress!r}")
     out_loc = location(output) if output is not None else None
@@ -98,6 +104,12 @@ def process(
             raise TsconvError(
                 f"--resume is not supported for Parquet output ({out_loc.name})",
                 hint="rerun with --overwrite (the file is rewritten whole), or write a .zarr output to resume.",
+            )
+        if update:
+            raise TsconvError(
+                f"--update is not supported for Parquet output ({out_loc.name}): a Parquet file's footer "
+                "is rewritten to add rows, so a crash could leave neither the old file nor the new",
+                hint="rerun with --overwrite (the file is rewritten whole), or write a .zarr output to update.",
             )
     if compression is not None:
         check_compression(compression)
@@ -122,7 +134,7 @@ def process(
         out_path = out_loc.resolve() if isinstance(out_loc, Path) else out_loc
     return to_zarr(store, plan, out_path, device=dev, device_name=device, chunk=chunk, warmup=warmup,
                    overwrite=overwrite, resume=resume, progress=progress, cuda=cuda,
-                   compression=compression or "auto", dask=dask, t_enter=t_enter)  # fmt: skip
+                   compression=compression or "auto", dask=dask, t_enter=t_enter, update=update)  # fmt: skip
 
 
 @cuda_errors()

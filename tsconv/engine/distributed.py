@@ -278,6 +278,7 @@ def run_distributed(
     compression: str = "lz4",
     run_id: str | None = None,
     input_digest: dict[str, Any] | None = None,
+    rows: int | None = None,
 ) -> Any:
     """Create (or reopen) the output, run the missing partitions on dask, mark it complete; a Report.
 
@@ -285,7 +286,8 @@ def run_distributed(
     (``action`` "replace"). ``compression``: the new output's codec, ``lz4`` or ``none`` (the tasks write
     their chunks with the array's codec, so no task chooses one from the data). ``run_id``: recorded in
     a resumed output and checked before marking it complete (``attrs`` carries it for a new one);
-    ``input_digest``: recorded in a new output."""
+    ``input_digest``: recorded in a new output; ``rows``: the output's rows (default: the input's; a
+    resumed output keeps its own, an updated one has been extended to them)."""
     import zarr
 
     from tsconv.engine.report import Report, peak_rss
@@ -323,7 +325,7 @@ def run_distributed(
             ) from None
     try:
         n_workers = _n_workers(client)
-        rows = store.rows
+        rows = store.rows if rows is None else rows
         if action in ("create", "replace"):
             chunk_rows = output_chunk_rows(chunk, plan.n_outputs)
             if partition_rows is not None:  # small partitions: chunk the output by them

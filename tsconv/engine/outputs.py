@@ -1,15 +1,17 @@
 """The entries that write a store's features to an output: a zarr store (one process, or dask) or Parquet.
 
 Each holds the output's lock from its first check to its final mark, prepares the output (create, replace,
-resume), builds the sink and runs :func:`tsconv.engine.run.run` (or the dask partitions, each of which does).
+resume, or extend it for an update), builds the sink and runs :func:`tsconv.engine.run.run` (or the dask partitions, each of which does).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,10 @@ import torch
 
 from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, RunPlan, plan_run, reset_device, run
-from tsconv.errors import StoreError, TsconvError
+from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
-from tsconv.io.objstore import StoreURL
+from tsconv.io.objstore import StoreURL, open_group
 from tsconv.io.source import StoreSource
 from tsconv.io.store import InputStore, check_time
 from tsconv.io.timecolumn import ShiftedTime
@@ -32,8 +34,10 @@ from tsconv.io.writers.zarr_writer import (
     OutputWriter,
     check_output_path,
     discard_output,
+    grow_output,
     output_chunk_rows,
     prepare_output,
+    refuse_foreign,
     remove_leftovers,
     rows_written,
 )
@@ -53,11 +57,18 @@ class DaskOptions:
 
 
 def _report(
-    store: InputStore, plan: ResolvedPipeline, out: Path | StoreURL, dev: torch.device, **kw: Any
+    store: InputStore,
+    plan: ResolvedPipeline,
+    out: Path | StoreURL,
+    dev: torch.device,
+    *,
+    updated_from: int | None = None,
+    **kw: Any,
 ) -> Report:
-    return make_report(input=str(store.path), output=str(out), device=dev, features_in=len(plan.input_names),
+    report = make_report(input=str(store.path), output=str(out), device=dev, features_in=len(plan.input_names),
                        features_out=plan.n_outputs, halo=plan.halo, pipeline=plan.pipeline.name,
                        row_bytes=store.n_features * store.dtype.itemsize, **kw)  # fmt: skip
+    return report if updated_from is None else dataclasses.replace(report, updated_from=updated_from)
 
 
 def to_zarr(
@@ -76,6 +87,7 @@ def to_zarr(
     compression: str,
     dask: DaskOptions | None,
     t_enter: float,
+    update: bool = False,
 ) -> Report:
     """Compute ``store`` through ``plan`` into the zarr output ``out_path`` (see :func:`tsconv.process`).
 
@@ -93,8 +105,9 @@ def to_zarr(
         if dask is not None
         else plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
     )
-    check_time(store)
-    check_output_path(out_path, input_path=store.path, overwrite=overwrite, resume=resume)
+    if not update:  # an update checks the rows it adds (_prepare_update): the others were checked before
+        check_time(store)
+    check_output_path(out_path, input_path=store.path, overwrite=overwrite, resume=resume or update)
     run_id = uuid.uuid4().hex
     # One run owns the output from here to the end (creation, an overwrite's swap, every write, the final
     # mark); a dask run's client holds it for its workers.
@@ -102,35 +115,47 @@ def to_zarr(
         remove_leftovers(out_path)
         fingerprint = _fingerprint(store, plan, chunk, warmup)
         action, start = prepare_output(
-            out_path, input_path=store.path, overwrite=overwrite, resume=resume, fingerprint=fingerprint
-        )
-        digest = None
-        if action in ("create", "replace"):
+            out_path, input_path=store.path, overwrite=overwrite, resume=resume, update=update,
+            fingerprint=fingerprint, legacy=lambda rows: _fingerprint(store, plan, chunk, warmup, rows=rows),
+        )  # fmt: skip
+        rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
+        digest = updated_from = None
+        if action == "create":
+            if update:
+                check_time(store)
             digest = input_digest(store)
-            if action == "replace":
-                discard_output(out_path)  # before t0: deleting the old store is not the run's time
-        else:  # rows computed from the input so far: output rows [0, n) come from input rows [0, r0 + n)
-            current = verify_input(out_path, store, before=r0 + rows_written(out_path))
-            if action == "resume" and current != read_digest(out_path):
-                # the rows still to compute come from the input as it is now: record that
-                write_digest(out_path, current)
+        elif action == "replace":
+            digest = input_digest(store)
+            discard_output(out_path)  # before t0: deleting the old store is not the run's time
+        else:  # output rows [0, n) come from input rows [0, r0 + n)
+            step = _prepare_update if update else _prepare_resume
+            action, start, rows, digest, updated_from = step(
+                out_path,
+                store,
+                r0=r0,
+                r1=r1,
+                action=action,
+                start=start,
+                chunk=chunk,
+                fingerprint=fingerprint,
+            )
         attrs = _output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest)
-        if dask is not None and action != "done":
+        if action in ("done", "current"):
+            return _report(store, plan, out_path, device or torch.device("cpu"), rows=0, total_rows=rows,
+                           chunk=chunk, resumed_from=start, seconds=0.0, updated_from=updated_from)  # fmt: skip
+        if dask is not None:
             from tsconv.engine.distributed import run_distributed
 
-            return run_distributed(
+            report = run_distributed(
                 store, plan, out_path, action=action, rows_done=start, chunk=chunk, device=device_name,
                 warmup=warmup, attrs=attrs, progress=progress, workers=dask.workers, client=dask.client,
                 partition_rows=dask.partition_rows, cuda=cuda, compression="lz4" if compression == "auto" else compression,
-                run_id=run_id, input_digest=digest,
+                run_id=run_id, input_digest=digest, rows=rows,
             )  # fmt: skip
-        if action == "done":
-            return _report(store, plan, out_path, device or torch.device("cpu"), rows=0, total_rows=r1 - r0,
-                           chunk=chunk, resumed_from=start, seconds=0.0)  # fmt: skip
+            return dataclasses.replace(report, updated_from=updated_from)
         assert device is not None and rp is not None
         t0 = time.perf_counter()
         reset_device(device)
-        rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
         time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)
         if action in ("create", "replace"):
             if (r0, r1) != (0, store.rows):
@@ -148,7 +173,9 @@ def to_zarr(
         else:
             writer = OutputWriter.reopen(out_path, time_source=time_source, start=start, run_id=run_id)
         t_run = time.perf_counter()
-        rp = RunPlan(rp.device, chunk, warmup, r0 + start, r1, rp.step_rows, rp.gpu_reader, rp.transfer)
+        rp = RunPlan(
+            rp.device, chunk, warmup, r0 + start, r0 + rows, rp.step_rows, rp.gpu_reader, rp.transfer
+        )
         stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name)
         if "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
@@ -159,7 +186,98 @@ def to_zarr(
         seconds = time.perf_counter() - t0
     return _report(store, plan, out_path, device, rows=rows - start, total_rows=rows, chunk=chunk,
                    resumed_from=start if action not in ("create", "replace") else 0, seconds=seconds,
-                   stages=stages)  # fmt: skip
+                   stages=stages, updated_from=updated_from)  # fmt: skip
+
+
+_Prepared = tuple[str, int, int, "dict[str, Any] | None", "int | None"]
+
+
+def _recorded(out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, verb: str) -> dict[str, Any]:
+    """The output's ``tsconv`` attributes, once its input is known to still hold the rows it was computed
+    from: not fewer rows, the same first row of a time_range."""
+    meta = dict(open_group(out_path, mode="r").attrs.get("tsconv", {}))
+    recorded = int(meta["rows"])
+    first = int((meta.get("input_rows") or [0])[0])
+    if r0 != first:
+        raise StoreError(
+            f"cannot {verb} {str(out_path)!r}: its time_range now starts at input row {r0:,}, the output's at "
+            f"row {first:,}: the input's time column changed",
+            hint="use --overwrite to compute the output again from the current input.",
+        )
+    if r1 - r0 < recorded:
+        raise StoreError(
+            f"cannot {verb} {str(out_path)!r}: it holds {recorded:,} rows but its input {str(store.path)!r} "
+            f"now has {r1 - r0:,}{' in the time range' if (r0, r1) != (0, store.rows) else ''}: rows were removed",
+            hint="use --overwrite to compute the output again from the current input.",
+        )
+    return meta
+
+
+def _prepare_resume(
+    out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, action: str, start: int, chunk: int,
+    fingerprint: str,
+) -> _Prepared:  # fmt: skip
+    """``--resume``: check the input still holds the rows computed so far; the output keeps its rows
+    (rows appended to the input since are for ``--update``)."""
+    meta = _recorded(out_path, store, r0=r0, r1=r1, verb="resume into")
+    current = verify_input(out_path, store, before=r0 + rows_written(out_path))
+    if action == "resume" and current != read_digest(out_path):
+        # the rows still to compute come from the input as it is now: record that
+        write_digest(out_path, current)
+    recorded = int(meta["rows"])
+    if r1 - r0 > recorded:
+        warnings.warn(
+            f"{str(out_path)!r} {'is complete with' if action == 'done' else 'is finished to'} the {recorded:,} "
+            f"rows it was started with; its input has {r1 - r0 - recorded:,} more since: --update adds them",
+            TsconvWarning,
+            stacklevel=2,
+        )
+    return action, start, recorded, None, None
+
+
+def _prepare_update(
+    out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, action: str, start: int, chunk: int,
+    fingerprint: str,
+) -> _Prepared:  # fmt: skip
+    """``--update`` of an existing output: refuse an input whose rows already computed changed, else
+    extend the output to the input's rows (:func:`grow_output`) and say where to compute from.
+
+    The rows are computed again from the last output chunk boundary at or before the output's end: the
+    engine's chunks, and each chunk's centring level (``tsconv.engine.level``), then fall where a run over
+    the whole grown input puts them, so the bytes are the same. Returns (action, start, rows, digest to
+    record in a rebuilt output, the output's rows before)."""
+    meta = _recorded(out_path, store, r0=r0, r1=r1, verb="update")
+    recorded, rows = int(meta["rows"]), r1 - r0
+    current = verify_input(out_path, store, before=r0 + rows_written(out_path), verb="update")
+    if rows == recorded:  # nothing new: finish an interrupted run, or nothing at all
+        if action == "resume" and current != read_digest(out_path):
+            write_digest(out_path, current)
+        return ("resume" if action == "resume" else "current"), start, rows, None, recorded
+    out_rows = int(_read_json(out_path, "values/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"][0])
+    if out_rows % chunk:
+        # a store smaller than one output chunk, chunked by its rows: built again whole (it is small),
+        # chunked as a run over the grown input would chunk it
+        refuse_foreign(out_path, what="rebuild for --update (it is smaller than one output chunk)")
+        check_time(store)
+        discard_output(out_path)
+        return "replace", 0, rows, current, recorded
+    begin = min(start if action == "resume" else recorded, recorded // out_rows * out_rows)
+    check_time(store, start=max(0, r0 + begin - 1), stop=r1)
+    parts = [[a, min(b, begin)] for a, b in meta.get("partitions_done") or [] if a < begin]
+    write_digest(out_path, current)  # what the rows to compute come from; the kept rows are unchanged
+    grow_output(
+        out_path, rows=rows, start=begin,
+        changes={"fingerprint": fingerprint, "input_rows": [r0, r1] if (r0, r1) != (0, store.rows) else None,
+                 "partitions_done": parts or None},
+    )  # fmt: skip
+    return "resume", begin, rows, None, recorded
+
+
+def _read_json(root: Path | StoreURL, key: str) -> dict[str, Any]:
+    raw = root.read_bytes(key) if isinstance(root, StoreURL) else (Path(root) / key).read_bytes()
+    if raw is None:
+        raise StoreError(f"{str(root)!r} has no {key}", hint="use --overwrite to write the output again.")
+    return json.loads(raw)
 
 
 def to_parquet(
@@ -261,20 +379,19 @@ def refuse_time_range(plan: ResolvedPipeline, what: str) -> None:
         )
 
 
-def _fingerprint(store: InputStore, plan: ResolvedPipeline, chunk: int, warmup: str) -> str:
-    blob = json.dumps(
-        {
-            "pipeline": plan.fingerprint(),
-            "input": str(store.path),
-            "shape": [store.rows, store.n_features],
-            "dtype": str(store.dtype),
-            "chunk": chunk,
-            "warmup": warmup,
-            "format": FORMAT_VERSION,
-        },
-        sort_keys=True,
-    ).encode()
-    return hashlib.sha256(blob).hexdigest()
+def _fingerprint(
+    store: InputStore, plan: ResolvedPipeline, chunk: int, warmup: str, *, rows: int | None = None
+) -> str:
+    """What an output is computed from and how: the input (path, features, dtype), the pipeline, chunk and
+    warm-up. Not the input's row count, which ``--update`` grows (the digest tells changed rows apart).
+    ``rows``: the fingerprint outputs written before had, with the input's shape (rows x features)."""
+    what: dict[str, Any] = {"pipeline": plan.fingerprint(), "input": str(store.path), "dtype": str(store.dtype),
+                            "chunk": chunk, "warmup": warmup, "format": FORMAT_VERSION}  # fmt: skip
+    if rows is None:
+        what["features"] = store.n_features
+    else:
+        what["shape"] = [rows, store.n_features]
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
 def _output_attrs(

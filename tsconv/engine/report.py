@@ -48,6 +48,7 @@ class Report:
     # the GPU reader: how chunk files are read, "native" (tsconv.io.readers.fileread) or "python (why not native)"
     file_reads: str | None = None
     pipeline: str | None = None  # the pipeline's name
+    updated_from: int | None = None  # an update (``update=True``): the output's rows before it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,7 +56,9 @@ class Report:
     def markdown(self) -> str:
         """A short Markdown summary of the run: what went in and out, how much and how fast."""
         rows = f"{self.rows:,} of {self.total_rows:,}"
-        if self.resumed_from:
+        if self.updated_from is not None:
+            rows += f" (updated from {self.updated_from:,} rows, computed from row {self.resumed_from:,})"
+        elif self.resumed_from:
             rows += f" (resumed at row {self.resumed_from:,})"
         device = self.device + (f", decoded by {self.reader}" if self.reader else "")
         if self.peak_gpu_allocated_bytes is not None:
@@ -90,6 +93,8 @@ class Report:
             else ""
         )
         resumed = f" (resumed at row {self.resumed_from:,})" if self.resumed_from else ""
+        if self.updated_from is not None:
+            resumed = f" (updated from {self.updated_from:,} rows, computed from row {self.resumed_from:,})"
         stages = ""
         parts = ", ".join(f"{k} {v:.3f}" for k, v in (self.stage_seconds or {}).items() if k in _SHOWN_STAGES)
         if parts:  # the engine's stages (a dask run's stage_seconds hold the tasks' phases instead)

@@ -13,7 +13,10 @@ input whose already processed rows changed, naming the first changed band, and a
 The digest is written once, as ``.tsconv-input.json`` inside the output's ``values`` directory: zarr and
 xarray read only metadata and chunk keys there, while a file at the group's root would make zarr warn
 on every listing of its members; and the group's ``zarr.json``, rewritten at every progress update,
-stays small however many chunk files the input has. Input stores that are not local directories (an
+stays small however many chunk files the input has. An array whose last band is partial (its rows
+end inside a chunk) also records a hash of those rows' bytes (``tail``): appending rows rewrites that
+band's chunk files, so ``--update`` re-reads and re-hashes just those rows to tell an append from a change
+(a band or less of reading, however long the history). Input stores that are not local directories (an
 object store) have no digest (``{"skipped": why}``); resuming from such an input checks the fingerprint
 only. An output in an object store keeps its digest as the object of the same key.
 """
@@ -37,6 +40,7 @@ __all__ = [
     "changed_bands",
     "digest_note",
     "first_change",
+    "input_arrays",
     "input_digest",
     "read_digest",
     "verify_input",
@@ -89,7 +93,7 @@ def _array_digest(array: Any) -> dict[str, Any] | str:
             except FileNotFoundError:
                 h.update(b"-;")
         bands.append(h.hexdigest())
-    return {
+    out = {
         "path": store_path.path,
         "shape": list(shape),
         "band_rows": band_rows,
@@ -97,6 +101,18 @@ def _array_digest(array: Any) -> dict[str, Any] | str:
         "metadata": docs.hexdigest(),
         "bands": bands,
     }
+    if shape[0] % band_rows:
+        start = (n_bands - 1) * band_rows
+        out["tail"] = {"start": start, "hash": _rows_hash(array, start, shape[0])}
+    return out
+
+
+def _rows_hash(array: Any, start: int, stop: int) -> str:
+    """A hash of the stored values of rows [start, stop) of ``array`` (read through zarr)."""
+    import numpy as np
+
+    rows = np.ascontiguousarray(array[start:stop])
+    return hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest()
 
 
 def _without_shape(doc: bytes) -> bytes:
@@ -114,10 +130,7 @@ def input_digest(store: Any) -> dict[str, Any]:
     """The digest of an input store (:class:`~tsconv.io.store.InputStore`): its ``values`` and ``time``
     arrays' metadata and chunk-file bands; ``{"skipped": why}`` where the files cannot be listed."""
     arrays: dict[str, Any] = {}
-    time = store.time.array if isinstance(store.time, TimeColumn) else store.time  # the stored array
-    for name, array in (("values", store.values), ("time", time)):
-        if array is None:
-            continue
+    for name, array in input_arrays(store).items():
         got = _array_digest(array)
         if isinstance(got, str):
             return {"version": DIGEST_VERSION, "skipped": f"{name}: {got}"}
@@ -132,10 +145,15 @@ def digest_note(digest: dict[str, Any]) -> str:
     return f"values/{DIGEST_FILE}"
 
 
-def changed_bands(recorded: dict[str, Any], current: dict[str, Any]) -> dict[str, list[int] | None]:
+def changed_bands(
+    recorded: dict[str, Any], current: dict[str, Any], *, arrays: dict[str, Any] | None = None
+) -> dict[str, list[int] | None]:
     """Per array, the indices of the bands whose digest differs, over the bands both digests have (an
     input grown by appended rows: its old bands, the last partial one rewritten); None for an array whose
-    metadata (but for its shape), band rows or presence differ (every band counts as changed)."""
+    metadata (but for its shape), band rows or presence differ (every band counts as changed).
+
+    ``arrays`` (name -> the input's current array): a recorded partial last band whose files changed but
+    whose recorded rows still hold the same bytes (rows appended after them) counts as unchanged."""
     out: dict[str, list[int] | None] = {}
     old, new = recorded.get("arrays", {}), current.get("arrays", {})
     for name in sorted(set(old) | set(new)):
@@ -143,17 +161,26 @@ def changed_bands(recorded: dict[str, Any], current: dict[str, Any]) -> dict[str
         if a is None or b is None or a["metadata"] != b["metadata"] or a["band_rows"] != b["band_rows"]:
             out[name] = None
             continue
-        out[name] = [i for i, (x, y) in enumerate(zip(a["bands"], b["bands"], strict=False)) if x != y]
+        bands = [i for i, (x, y) in enumerate(zip(a["bands"], b["bands"], strict=False)) if x != y]
+        tail, rows = a.get("tail"), int(a["shape"][0])
+        if bands and tail is not None and arrays is not None and name in arrays and b["shape"][0] >= rows:
+            last = int(tail["start"]) // int(a["band_rows"])
+            if bands[-1] == last and _rows_hash(arrays[name], int(tail["start"]), rows) == tail["hash"]:
+                bands.pop()
+        out[name] = bands
     return out
 
 
-def first_change(recorded: dict[str, Any], current: dict[str, Any], *, before: int) -> str | None:
+def first_change(
+    recorded: dict[str, Any], current: dict[str, Any], *, before: int, arrays: dict[str, Any] | None = None
+) -> str | None:
     """Where the input first changed among rows [0, ``before``): "rows A..B (values chunk files)", or
-    None when those rows are unchanged. Digests taken without files (skipped) compare as unchanged."""
+    None when those rows are unchanged. Digests taken without files (skipped) compare as unchanged.
+    ``arrays``: as for :func:`changed_bands`."""
     if "arrays" not in recorded or "arrays" not in current:
         return None
     first: tuple[int, int, str] | None = None
-    changed = changed_bands(recorded, current)
+    changed = changed_bands(recorded, current, arrays=arrays)
     for name in sorted(changed, key=lambda n: (n != "values", n)):  # a tie names the values
         bands = changed[name]
         info = current["arrays"].get(name) or recorded["arrays"][name]
@@ -202,9 +229,17 @@ def write_digest(output: Path | StoreURL, digest: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def verify_input(output: Path | StoreURL, store: Any, *, before: int) -> dict[str, Any]:
+def input_arrays(store: Any) -> dict[str, Any]:
+    """The stored arrays a digest covers, by name (what :func:`changed_bands` re-reads tails from)."""
+    time = store.time.array if isinstance(store.time, TimeColumn) else store.time
+    return {k: v for k, v in (("values", store.values), ("time", time)) if v is not None}
+
+
+def verify_input(output: Path | StoreURL, store: Any, *, before: int, verb: str = "resume") -> dict[str, Any]:
     """Refuse to continue ``output`` when its input's rows [0, ``before``) (those it was already computed
-    from) changed since it was started; returns the input's current digest.
+    from) changed since it was started; returns the input's current digest. Rows appended to the input
+    are not a change (a recorded partial band is re-read, :func:`changed_bands`). ``verb``: what is
+    refused ("resume", "update"), for the message.
 
     Outputs with no digest recorded (older ones, or skipped) are not checked.
     """
@@ -212,11 +247,12 @@ def verify_input(output: Path | StoreURL, store: Any, *, before: int) -> dict[st
     recorded = read_digest(output)
     if recorded is None or before <= 0:
         return current
-    change = first_change(recorded, current, before=before)
+    change = first_change(recorded, current, before=before, arrays=input_arrays(store))
     if change is not None:
+        what, since = ("resume into", "started") if verb == "resume" else (verb, "written")
         raise StoreError(
-            f"cannot resume into {str(output)!r}: its input {str(store.path)!r} changed since the output was "
-            f"started, first at {change}, and the output holds rows computed from the old data "
+            f"cannot {what} {str(output)!r}: its input {str(store.path)!r} changed since the output was "
+            f"{since}, first at {change}, and the output holds rows computed from the old data "
             f"(up to row {before:,})",
             hint="use --overwrite to compute the output again from the current input.",
         )

@@ -385,10 +385,11 @@ def group_attrs(store: InputStore) -> dict[str, Any]:
     return dict(node.attrs) if isinstance(node, zarr.Group) else {}
 
 
-def check_time(store: InputStore, *, stop: int | None = None) -> tuple[int, int] | None:
+def check_time(store: InputStore, *, start: int = 0, stop: int | None = None) -> tuple[int, int] | None:
     """Check ``time`` is strictly increasing, reading one store chunk at a time; return (first, last) in
-    int64 ns since the epoch (None without time or rows). ``stop``: check only rows [0, stop). A time
-    that cannot be decoded (missing, out of range) is a StoreError."""
+    int64 ns since the epoch (None without time or rows). ``start``, ``stop``: check only rows [start,
+    stop) (an update checks its new rows and the one before them). A time that cannot be decoded
+    (missing, out of range) is a StoreError."""
     if store.time is None:
         return None
     t = store.time
@@ -399,11 +400,11 @@ def check_time(store: InputStore, *, stop: int | None = None) -> tuple[int, int]
     step = int(t.chunks[0]) * max(1, (1 << 22) // (8 * int(t.chunks[0])))
     prev = None
     first = None
-    for a in range(0, n, step):
+    for a in range(min(start, n) // int(t.chunks[0]) * int(t.chunks[0]), n, step):
         block = reader.read(a, min(a + step, n))
         if first is None:
             first = int(block[0])
-            if first == _NAT:  # increasing int64 ns can hold NaT only in row 0
+            if first == _NAT and a == 0:  # increasing int64 ns can hold NaT only in row 0
                 raise StoreError(
                     f"{t.where}: the time of row 0 is missing (NaT, the int64 minimum)",
                     hint="every row needs a timestamp: drop or fill the rows without one.",

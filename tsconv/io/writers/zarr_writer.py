@@ -10,7 +10,9 @@ names (time, feature), so ``xarray.open_zarr`` reads the store as a Dataset with
 written with the mark ``complete`` in one atomic write; a resumed store has it removed first
 (:func:`drop_consolidated`), so nothing reads metadata a run could make stale. Every write covers whole chunks, and
 ``rows_done`` advances only over the prefix of chunks whose data is stored (each chunk file is written
-atomically), so a run killed at any moment resumes from ``rows_done`` and rewrites anything after it.
+atomically), so a run killed at any moment resumes from ``rows_done`` and rewrites anything after it. An
+update (:func:`grow_output`) first marks the store incomplete with its new rows and the row it restarts
+from, then extends the arrays; :meth:`OutputWriter.reopen` finishes an extension a kill cut short.
 
 Ownership: the engine holds the output's lock (:mod:`tsconv.io.lock`) for the whole run and calls
 :func:`prepare_output`, :func:`remove_leftovers` and :func:`discard_output` under it. A writer marks the
@@ -36,6 +38,7 @@ import time
 import uuid
 import warnings
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
@@ -48,7 +51,7 @@ from zarr.codecs import BloscCodec
 
 from tsconv import config, trace
 from tsconv.errors import OutputExistsError, StoreError, TsconvError
-from tsconv.io.digest import DIGEST_FILE, write_digest
+from tsconv.io.digest import DIGEST_FILE, read_digest, write_digest
 from tsconv.io.objstore import StoreURL, open_group, overlaps
 from tsconv.io.store import is_zarr_store
 from tsconv.io.timecoding import NS_SINCE_EPOCH
@@ -70,8 +73,10 @@ __all__ = [
     "discard_output",
     "drop_consolidated",
     "foreign_entries",
+    "grow_output",
     "output_chunk_rows",
     "prepare_output",
+    "refuse_foreign",
     "remove_leftovers",
     "rows_written",
     "store_identity",
@@ -113,18 +118,23 @@ def _codec(clevel: int = 5) -> BloscCodec:
     return BloscCodec(cname="lz4", clevel=clevel, shuffle="shuffle")
 
 
-def check_output_flags(*, overwrite: object, resume: object) -> None:
-    """``overwrite`` and ``resume`` are booleans and not both true."""
-    for name, value in (("overwrite", overwrite), ("resume", resume)):
+def check_output_flags(*, overwrite: object, resume: object, update: object = False) -> None:
+    """``overwrite``, ``resume`` and ``update`` are booleans, at most one of them true."""
+    for name, value in (("overwrite", overwrite), ("resume", resume), ("update", update)):
         if not isinstance(value, bool):
             raise TsconvError(
                 f"{name} must be True or False, got {value!r}",
-                hint="overwrite=True replaces the output; resume=True finishes an interrupted run.",
+                hint="overwrite=True replaces the output; resume=True finishes an interrupted run; "
+                "update=True extends it with rows appended to the input.",
             )
-    if overwrite and resume:
+    given = [
+        name for name, value in (("overwrite", overwrite), ("resume", resume), ("update", update)) if value
+    ]
+    if len(given) > 1:
         raise TsconvError(
-            "overwrite=True and resume=True exclude each other",
-            hint="resume finishes an interrupted run; overwrite starts again from scratch.",
+            f"{'=True and '.join(given)}=True exclude each other",
+            hint="resume finishes an interrupted run; update extends a finished one with new input rows; "
+            "overwrite starts again from scratch.",
         )
 
 
@@ -159,7 +169,8 @@ def check_output_path(
     if not overwrite and not resume:
         raise OutputExistsError(
             f"output store {str(out)!r} already exists",
-            hint="pass --overwrite to replace it or --resume to finish an interrupted run.",
+            hint="pass --overwrite to replace it, --resume to finish an interrupted run, or --update to "
+            "extend it with rows appended to the input.",
         )
 
 
@@ -329,39 +340,97 @@ def _foreign_chunk_tree(top: Path, root: Path) -> list[str]:
 
 
 def prepare_output(
-    path: Path, *, input_path: Path, overwrite: bool, resume: bool, fingerprint: str
+    path: Path,
+    *,
+    input_path: Path,
+    overwrite: bool,
+    resume: bool,
+    fingerprint: str,
+    update: bool = False,
+    legacy: Callable[[int], str] | None = None,
 ) -> tuple[str, int]:
     """Decide what to do with ``path``: returns (action, rows_done), action one of create, replace
-    (``overwrite`` of an existing store: :func:`discard_output` it, then create), resume or done. Call it
-    holding the output's lock (:class:`tsconv.io.lock.OutputLock`).
+    (``overwrite`` of an existing store: :func:`discard_output` it, then create), resume, done (a complete
+    output, ``resume``) or update (a complete output, ``update``: the caller compares its rows with the
+    input's). Call it holding the output's lock (:class:`tsconv.io.lock.OutputLock`).
 
     Refuses to touch the input, a path that is not a zarr store, a store holding files that are not
-    zarr data, or an existing output without ``overwrite`` or ``resume``.
+    zarr data, an existing output without ``overwrite``, ``resume`` or ``update``, and (``resume``,
+    ``update``) an output whose ``tsconv.fingerprint`` is neither ``fingerprint`` nor, for outputs written
+    before fingerprints left out the input's rows, ``legacy(rows)`` for the input rows it recorded.
     """
-    check_output_path(path, input_path=input_path, overwrite=overwrite, resume=resume)
+    keep = resume or update
+    check_output_path(path, input_path=input_path, overwrite=overwrite, resume=keep)
     out = path.resolve() if isinstance(path, Path) else path
     if not (out.exists() if isinstance(out, Path) else _remote_store_kind(out) is not None):
         return "create", 0
-    if resume:
+    if keep:
+        verb = "resume into" if resume else "update"
         try:
             meta = dict(open_group(out, mode="r").attrs.get("tsconv", {}))
         except Exception as exc:
-            raise StoreError(f"cannot resume into {str(out)!r}: {exc}") from None
-        if meta.get("fingerprint") != fingerprint:
+            raise StoreError(f"cannot {verb} {str(out)!r}: {exc}") from None
+        found = meta.get("fingerprint")
+        if found != fingerprint and (
+            legacy is None or found not in {legacy(n) for n in _recorded_rows(out, meta)}
+        ):
             raise StoreError(
-                f"cannot resume into {str(out)!r}: it was written by a different input, pipeline or chunk size",
+                f"cannot {verb} {str(out)!r}: it was written by a different input, pipeline or chunk size "
+                "(or warm-up)",
                 hint="use --overwrite to start again.",
             )
         if meta.get("complete"):
-            return "done", int(meta["rows"])
+            return ("done" if resume else "update"), int(meta["rows"])
         return "resume", int(meta.get("rows_done", 0))
-    foreign = foreign_entries(out) if isinstance(out, Path) else _foreign_keys(out.objects(), limit=5)
+    refuse_foreign(out)
+    return "replace", 0
+
+
+def refuse_foreign(path: Path | StoreURL, *, what: str = "overwrite") -> None:
+    """Refuse to delete the store at ``path`` (to ``what`` it) when it holds files that are not zarr data."""
+    foreign = foreign_entries(path) if isinstance(path, Path) else _foreign_keys(path.objects(), limit=5)
     if foreign:
         raise StoreError(
-            f"refusing to overwrite {str(out)!r}: it holds files that are not zarr data ({', '.join(foreign)})",
+            f"refusing to {what} {str(path)!r}: it holds files that are not zarr data ({', '.join(foreign)})",
             hint="move them out of the store, or remove the store yourself.",
         )
-    return "replace", 0
+
+
+def _recorded_rows(out: Path | StoreURL, meta: dict[str, Any]) -> set[int]:
+    """The input row counts an output may have been fingerprinted with: its rows, and its digest's."""
+    found = {int(meta.get("rows", 0))}
+    digest = read_digest(out) or {}
+    shape = digest.get("arrays", {}).get("values", {}).get("shape")
+    if shape:
+        found.add(int(shape[0]))
+    return found
+
+
+def grow_output(path: Path | StoreURL, *, rows: int, start: int, changes: dict[str, Any]) -> None:
+    """Extend the output at ``path`` to ``rows`` rows, to be written again from row ``start`` on (an update).
+
+    Crash-safe in two steps: first one atomic write of the group's document marks it incomplete with
+    ``rows`` (the target), ``rows_done`` = ``start`` and ``changes`` (a change to None drops the key), and
+    drops its consolidated metadata; then each array's shape is extended (:func:`_resize_arrays`). A kill
+    between them leaves an output that reads as incomplete and whose arrays :meth:`OutputWriter.reopen`
+    extends, so the next ``--resume`` or ``--update`` finishes it."""
+    doc = _read_doc(path, "zarr.json") or {}
+    doc.pop("consolidated_metadata", None)
+    meta = {**doc.get("attributes", {}).get("tsconv", {}), **changes}
+    meta.update(complete=False, rows=rows, rows_done=start)
+    doc.setdefault("attributes", {})["tsconv"] = {k: v for k, v in meta.items() if v is not None}
+    _write_doc(path, "zarr.json", doc)
+    _resize_arrays(path, rows)
+
+
+def _resize_arrays(path: Path | StoreURL, rows: int) -> None:
+    """Give the output's ``values`` and ``time`` arrays ``rows`` rows (their documents' shapes; rows past
+    the old end read as the fill value until written). Nothing to do when they have them already."""
+    for name in ("values", "time"):
+        doc = _read_doc(path, f"{name}/zarr.json")
+        if doc is not None and int(doc["shape"][0]) != rows:
+            doc["shape"][0] = rows
+            _write_doc(path, f"{name}/zarr.json", doc)
 
 
 def rows_written(path: Path | StoreURL) -> int:
@@ -778,6 +847,9 @@ class OutputWriter:
             for tmp in Path(path).glob("zarr.json.*.partial"):  # a progress update cut short (_set_meta)
                 tmp.unlink(missing_ok=True)
         drop_consolidated(path)
+        target = (_read_doc(path, "zarr.json") or {}).get("attributes", {}).get("tsconv", {}).get("rows")
+        if target is not None:  # an update killed between marking its new rows and extending the arrays
+            _resize_arrays(path, int(target))
         group = open_group(path, mode="r+", use_consolidated=False)
         for name in group.array_keys() if not remote else ():  # no one else writes it during a resume
             remove_partial_files(group[name])

@@ -1,0 +1,453 @@
+"""``process(..., update=True)``: rows appended to the input extend the output, computing only the new
+rows, and the result is a full run over the grown input bit for bit; an input whose rows already
+computed changed, or that lost rows, is refused; a run killed at any point is finished by the next one."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import tsconv
+
+from ..helpers import T0, write_store
+
+CHUNK = 128
+
+
+def ticks(rows: int, features: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Prices at levels 20..500 on a 0.01 grid, symbols starting late (NaN before), gaps (NaN runs) and
+    missing prints; irregular, strictly increasing times."""
+    rng = np.random.default_rng(seed)
+    level = rng.uniform(20, 500, size=features)
+    steps = rng.choice([-2, -1, 0, 0, 0, 1, 2], size=(rows, features)) * 0.01
+    x = (level + np.cumsum(steps, axis=0)).astype(np.float32)
+    x[rng.random(x.shape) < 0.02] = np.nan
+    for j in range(1, features, 2):  # every other symbol starts late
+        x[: int(rng.integers(rows // 10, rows // 2)), j] = np.nan
+    a = int(rng.integers(rows // 3, rows // 2))
+    x[a : a + 150, 0] = np.nan  # a gap longer than the halo
+    t = T0 + np.cumsum(rng.integers(1, 5_000_000, size=rows)).astype(np.int64)
+    return x, t
+
+
+def grow(src: Path, x: np.ndarray, t: np.ndarray, rows: int) -> None:
+    """Append the input's rows up to ``rows`` as a writer would: resize, then write the new rows."""
+    g = zarr.open_group(str(src), mode="r+")
+    old = int(g["values"].shape[0])
+    g["values"].resize((rows, x.shape[1]))
+    g["values"][old:rows] = x[old:rows]
+    g["time"].resize((rows,))
+    g["time"][old:rows] = t[old:rows]
+
+
+def make_input(path: Path, x: np.ndarray, t: np.ndarray, rows: int, chunks: tuple[int, int]) -> Path:
+    """A store of the first ``rows`` rows, features px_0, sz_1, px_2, ... (returns_zscore takes the px_*)."""
+    write_store(path, x[:rows], chunks=chunks)
+    g = zarr.open_group(str(path), mode="r+")
+    g["time"][:] = t[:rows]
+    g.attrs["features"] = [f"{'sz' if j % 2 else 'px'}_{j}" for j in range(x.shape[1])]
+    return path
+
+
+def assert_same(got: Path, want: Path) -> None:
+    a, b = zarr.open_group(str(want), mode="r"), zarr.open_group(str(got), mode="r")
+    ma, mb = a.attrs["tsconv"], b.attrs["tsconv"]
+    assert mb["complete"] is True and mb["rows"] == ma["rows"] == mb["rows_done"]
+    assert mb["fingerprint"] == ma["fingerprint"]
+    va, vb = np.asarray(a["values"][:]), np.asarray(b["values"][:])
+    assert va.shape == vb.shape
+    assert va.tobytes() == vb.tobytes()  # bit for bit, NaN payloads included
+    assert np.asarray(a["time"][:]).tobytes() == np.asarray(b["time"][:]).tobytes()
+    assert a.attrs["features"] == b.attrs["features"]
+    assert (want / "values" / ".tsconv-input.json").read_bytes() == (
+        got / "values" / ".tsconv-input.json"
+    ).read_bytes()
+
+
+@pytest.fixture
+def out_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output chunks of 3 engine chunks (384 rows), so small stores have many and updates land inside one."""
+    import tsconv.engine.outputs
+
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: 3 * chunk)
+
+
+# Updates of 1 row, less than a chunk, a chunk's worth not on its boundary, several output chunks.
+SIZES = (2000, 2001, 2057, 2185, 3300, 3301)
+
+
+@pytest.mark.parametrize(
+    "pipeline, chunk, store_chunks",
+    [
+        (None, CHUNK, (700, 3)),
+        ("trend_ema", CHUNK, (500, 5)),
+        ("multiscale", 96, (333, 2)),
+        ("returns_zscore", CHUNK, (1000, 5)),
+        ("dense_head", 64, (256, 40)),  # 64 features
+        ({"conv": [{"filters": ["ma:64", "diff:32"]}, {"filters": ["ema:8"], "dilation": 2}]}, 100, (777, 4)),
+    ],
+    ids=["default", "trend_ema", "multiscale", "returns_zscore", "dense_head", "dilated"],
+)
+def test_updates_equal_a_full_run_on_the_grown_input(
+    tmp_path: Path, out_chunks: None, pipeline: object, chunk: int, store_chunks: tuple[int, int]
+) -> None:
+    x, t = ticks(SIZES[-1], 64 if pipeline == "dense_head" else 5, seed=11)
+    src = make_input(tmp_path / "in.zarr", x, t, SIZES[0], store_chunks)
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline=pipeline, chunk=chunk, device="cpu")
+    for before, rows in zip(SIZES, SIZES[1:], strict=False):
+        grow(src, x, t, rows)
+        report = tsconv.process(src, out, pipeline=pipeline, chunk=chunk, device="cpu", update=True)
+        out_rows = 3 * chunk
+        assert report.updated_from == before and report.total_rows == rows
+        assert report.resumed_from == before // out_rows * out_rows  # from the last output chunk on
+        assert report.rows == rows - report.resumed_from
+        want = tmp_path / f"want-{rows}.zarr"
+        tsconv.process(src, want, pipeline=pipeline, chunk=chunk, device="cpu")
+        assert_same(out, want)
+        shutil.rmtree(want)
+
+
+def test_the_batched_engine_updates_within_the_fp32_bound(tmp_path: Path, out_chunks: None) -> None:
+    # The CUDA engine, through the Triton interpreter here: its steps start at the update's first row, not
+    # where a whole run's fall, so each step's centring level may differ; values agree to float32.
+    from ..helpers import process_batched
+
+    pipe = {"conv": [{"filters": ["diff:1", "ma:16", "dev:8"]}]}
+    x, t = ticks(1000, 3, seed=12)
+    src = make_input(tmp_path / "in.zarr", x, t, 700, (250, 3))
+    out, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
+    process_batched(src, out, pipeline=pipe, device="cpu", chunk=CHUNK, gpu_mem="80MB")
+    grow(src, x, t, 1000)
+    report = process_batched(src, out, pipeline=pipe, device="cpu", chunk=CHUNK, gpu_mem="80MB", update=True)
+    assert (report.updated_from, report.resumed_from) == (700, 384) and report.step_rows
+    process_batched(src, want, pipeline=pipe, device="cpu", chunk=CHUNK, gpu_mem="80MB")
+    a, b = (np.asarray(zarr.open_group(str(p), mode="r")["values"][:]) for p in (want, out))
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-4)
+    assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"] is True
+
+
+def test_warmup_zero_and_a_time_range(tmp_path: Path, out_chunks: None) -> None:
+    x, t = ticks(3000, 3, seed=2)
+    src = make_input(tmp_path / "in.zarr", x, t, 1900, (600, 3))
+    end = np.datetime64(int(t[2700]), "ns")
+    pipe = {"preprocess": {"time_range": [str(np.datetime64(int(t[150]), "ns")), str(end)]},
+            "conv": [{"filters": ["ma:16", "diff:4"]}]}  # fmt: skip
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline=pipe, chunk=CHUNK, warmup="zero")
+    for rows in (2300, 3000):  # the time range ends inside the second update
+        grow(src, x, t, rows)
+        tsconv.process(src, out, pipeline=pipe, chunk=CHUNK, warmup="zero", update=True)
+        want = tmp_path / f"want-{rows}.zarr"
+        tsconv.process(src, want, pipeline=pipe, chunk=CHUNK, warmup="zero")
+        assert_same(out, want)
+    assert zarr.open_group(str(out)).attrs["tsconv"]["input_rows"] == [150, 2700]
+
+
+def test_a_small_output_is_rebuilt_chunked_as_a_full_run_would(tmp_path: Path) -> None:
+    # Stores smaller than one output chunk are chunked by their rows, not on the engine's chunks.
+    x, t = ticks(2500, 4, seed=3)
+    src = make_input(tmp_path / "in.zarr", x, t, 1000, (300, 4))
+    out, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    grow(src, x, t, 2500)
+    report = tsconv.process(src, out, chunk=CHUNK, update=True)
+    assert (report.updated_from, report.resumed_from, report.rows) == (1000, 0, 2500)
+    tsconv.process(src, want, chunk=CHUNK)
+    assert_same(out, want)
+    assert zarr.open_group(str(out))["values"].chunks == zarr.open_group(str(want))["values"].chunks
+
+
+def test_a_small_output_holding_other_files_is_not_rebuilt(tmp_path: Path) -> None:
+    x, t = ticks(1500, 2, seed=3)
+    src = make_input(tmp_path / "in.zarr", x, t, 1000, (300, 2))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    (out / "notes.txt").write_text("mine")
+    grow(src, x, t, 1500)
+    with pytest.raises(
+        tsconv.TsconvError, match="refusing to rebuild for --update .* not zarr data \\(notes.txt\\)"
+    ):
+        tsconv.process(src, out, chunk=CHUNK, update=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert zarr.open_group(str(out)).attrs["tsconv"]["rows"] == 1000
+
+
+def test_nothing_new_is_a_no_op_and_a_missing_output_is_created(tmp_path: Path, out_chunks: None) -> None:
+    x, t = ticks(2000, 3, seed=4)
+    src = make_input(tmp_path / "in.zarr", x, t, 2000, (500, 3))
+    out = tmp_path / "out.zarr"
+    first = tsconv.process(src, out, chunk=CHUNK, update=True)
+    assert first.rows == 2000 and first.updated_from is None
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    again = tsconv.process(src, out, chunk=CHUNK, update=True)
+    assert (again.rows, again.updated_from, again.total_rows) == (0, 2000, 2000)
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+
+
+# ------------------------------------------------------------------------------------- refusals
+
+
+def _updated_once(tmp_path: Path) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    x, t = ticks(3000, 3, seed=5)
+    src = make_input(tmp_path / "in.zarr", x, t, 2050, (500, 3))  # input band 4 (2000..2500) partial
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    return src, out, x, t
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "array, rows, refused",
+    [
+        ("values", (1200, 1201), "rows 1,000..1,500 (values chunk files)"),
+        ("values", (2049, 2050), "rows 2,000..2,500 (values chunk files)"),  # in the partial band
+        ("time", (10, 20), "rows 0..500 (time chunk files)"),
+    ],
+)
+def test_update_refuses_a_change_in_rows_already_computed(
+    tmp_path: Path, out_chunks: None, array: str, rows: tuple[int, int], refused: str
+) -> None:
+    src, out, x, t = _updated_once(tmp_path)
+    grow(src, x, t, 3000)
+    g = zarr.open_group(str(src), mode="r+")
+    g[array][rows[0] : rows[1]] = np.asarray(g[array][rows[0] : rows[1]]) - 1
+    before = _snapshot(out)
+    with pytest.raises(tsconv.TsconvError) as err:
+        tsconv.process(src, out, chunk=CHUNK, update=True)
+    msg = str(err.value)
+    assert f"cannot update {str(out)!r}: its input" in msg and f"first at {refused}" in msg
+    assert "(up to row 2,050)" in msg and "hint: use --overwrite" in msg
+    assert _snapshot(out) == before  # refused before anything was written
+
+
+def test_update_refuses_a_shrunken_input_and_another_pipeline_chunk_or_warmup(
+    tmp_path: Path, out_chunks: None
+) -> None:
+    src, out, x, t = _updated_once(tmp_path)
+    before = _snapshot(out)
+    for kw in ({"chunk": 64}, {"warmup": "zero"}, {"pipeline": {"conv": [{"filters": ["ma:4"]}]}}):
+        with pytest.raises(tsconv.TsconvError, match="different input, pipeline or chunk size"):
+            tsconv.process(src, out, **{"chunk": CHUNK, **kw}, update=True)
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"].resize((2000, 3))
+    g["time"].resize((2000,))
+    with pytest.raises(tsconv.TsconvError, match=re.escape("it holds 2,050 rows but its input")):
+        tsconv.process(src, out, chunk=CHUNK, update=True)
+    with pytest.raises(tsconv.TsconvError, match="now has 2,000: rows were removed"):
+        tsconv.process(src, out, chunk=CHUNK, resume=True)
+    assert _snapshot(out) == before
+
+
+def test_resume_of_a_grown_input_finishes_the_rows_it_started_with_and_says_update_adds_the_rest(
+    tmp_path: Path, out_chunks: None
+) -> None:
+    src, out, x, t = _updated_once(tmp_path)
+    grow(src, x, t, 2400)
+    with pytest.warns(tsconv.TsconvWarning, match="complete with the 2,050 rows .* 350 more since: --update"):
+        assert tsconv.process(src, out, chunk=CHUNK, resume=True).rows == 0
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": 1152}  # an interrupted run
+    with pytest.warns(tsconv.TsconvWarning, match="finished to the 2,050 rows"):
+        assert tsconv.process(src, out, chunk=CHUNK, resume=True).total_rows == 2050
+    assert tsconv.process(src, out, chunk=CHUNK, update=True).total_rows == 2400
+    want = tmp_path / "want.zarr"
+    tsconv.process(src, want, chunk=CHUNK)
+    assert_same(out, want)
+
+
+def test_update_refuses_parquet_and_combined_flags(tmp_path: Path) -> None:
+    src, out, _, _ = _updated_once(tmp_path)
+    with pytest.raises(tsconv.TsconvError, match="--update is not supported for Parquet output"):
+        tsconv.process(src, tmp_path / "out.parquet", update=True)
+    with pytest.raises(tsconv.TsconvError, match="resume=True and update=True exclude each other"):
+        tsconv.process(src, out, resume=True, update=True)
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_outputs_fingerprinted_with_the_input_rows_still_resume_and_update(
+    tmp_path: Path, out_chunks: None
+) -> None:
+    # Outputs written before fingerprints left the input's rows out carry the older fingerprint.
+    import tsconv.engine.outputs as outputs
+    from tsconv.pipeline.spec import as_pipeline, resolve
+
+    src, out, x, t = _updated_once(tmp_path)
+    store = tsconv.open_input(src)
+    old = outputs._fingerprint(store, resolve(as_pipeline(None), store.features), CHUNK, "nan", rows=2050)
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "fingerprint": old}
+    assert tsconv.process(src, out, chunk=CHUNK, resume=True).rows == 0
+    grow(src, x, t, 3000)
+    assert tsconv.process(src, out, chunk=CHUNK, update=True).updated_from == 2050
+    want = tmp_path / "want.zarr"
+    tsconv.process(src, want, chunk=CHUNK)
+    assert_same(out, want)
+
+
+def test_ingest_append_then_update(tmp_path: Path, out_chunks: None) -> None:
+    pl = pytest.importorskip("polars")
+    x, t = ticks(2600, 3, seed=6)
+    names = ["AAA", "BBB", "CCC"]
+
+    def day(a: int, b: int, name: str) -> str:
+        frame = pl.DataFrame({"time": t[a:b], **{n: x[a:b, j] for j, n in enumerate(names)}})
+        frame.write_parquet(tmp_path / name)
+        return str(tmp_path / name)
+
+    src, out, want = tmp_path / "ticks.zarr", tmp_path / "out.zarr", tmp_path / "want.zarr"
+    tsconv.ingest([day(0, 1703, "d1.parquet")], src, layout="wide")
+    tsconv.process(src, out, chunk=CHUNK)
+    tsconv.ingest([day(1703, 2600, "d2.parquet")], src, layout="wide", append=True)
+    assert tsconv.process(src, out, chunk=CHUNK, update=True).updated_from == 1703
+    tsconv.process(src, want, chunk=CHUNK)
+    assert_same(out, want)
+
+
+# ------------------------------------------------------------------------------------ crashes
+
+
+def test_an_update_stopped_at_every_change_is_finished_by_the_next(tmp_path: Path, out_chunks: None) -> None:
+    """A kill at each file-system change of an update (the run raising there, in-process), then ``--update``
+    or ``--resume`` again: the output never reads as complete with rows missing, and ends as a full run's."""
+    from tests.io import crashpoints
+    from tsconv import config
+
+    class Stop(BaseException):
+        """The run dying here (no ``except Exception`` handles it)."""
+
+    x, t = ticks(3000, 3, seed=8)
+    src = make_input(tmp_path / "in.zarr", x, t, 2050, (500, 3))
+    first, out, want = tmp_path / "first.zarr", tmp_path / "out.zarr", tmp_path / "want.zarr"
+    tsconv.process(src, first, chunk=CHUNK)  # the output before the update, restored for each kill
+    grow(src, x, t, 2900)
+    tsconv.process(src, want, chunk=CHUNK)
+    with config.override(write_threads=0):
+        shutil.copytree(first, out)
+        log, undo = crashpoints.install_fs(10**9, lambda what: None)
+        try:
+            tsconv.process(src, out, chunk=CHUNK, update=True)
+        finally:
+            undo()
+        changes = len(log)
+        assert changes > 8
+        # after the digest, the mark (incomplete, new rows), each array's new shape, the first chunks, and
+        # the complete mark (the slow kill -9 test below lands anywhere)
+        for at in (0, 1, 2, 3, 5, 6, changes - 2):
+            shutil.rmtree(out)
+            shutil.copytree(first, out)
+
+            def stop(what: str) -> None:
+                raise Stop
+
+            _, undo = crashpoints.install_fs(at, stop)
+            try:
+                with pytest.raises(Stop):
+                    tsconv.process(src, out, chunk=CHUNK, update=True)
+            finally:
+                undo()
+            meta = zarr.open_group(str(out), mode="r").attrs["tsconv"]
+            if meta["complete"]:  # the old output untouched, or the update's last change made
+                rows = int(zarr.open_group(str(out), mode="r")["values"].shape[0])
+                assert meta["rows"] == meta["rows_done"] == rows and rows in (2050, 2900), at
+            else:  # refused as an input: it never reads as complete
+                with pytest.raises(tsconv.TsconvError, match="unfinished"):
+                    tsconv.open_input(out)
+            tsconv.process(src, out, chunk=CHUNK, resume=at % 2 == 1, update=at % 2 == 0)
+            if at % 2:  # a resume finishes the rows the update set out to write; an update adds the rest
+                tsconv.process(src, out, chunk=CHUNK, update=True)
+            assert_same(out, want)
+
+
+def _killed_midway(args: list[str], out: Path) -> int | None:
+    """Run the CLI and kill it (SIGKILL, its whole process group) once the output is marked incomplete and
+    its ``rows_done`` has advanced past the first value seen; the rows_done then, or None if it finished."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    first, deadline = None, time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            meta = zarr.open_group(str(out), mode="r").attrs["tsconv"]
+        except Exception:  # being replaced this instant
+            meta = None
+        if meta is not None and not meta["complete"]:
+            first = meta["rows_done"] if first is None else first
+            if meta["rows_done"] > first:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return int(zarr.open_group(str(out), mode="r").attrs["tsconv"]["rows_done"])
+        time.sleep(0.002)
+    _, err = proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    return None
+
+
+@pytest.mark.slow
+def test_kill_9_during_updates_then_update_or_resume_gives_a_full_runs_output(tmp_path: Path) -> None:
+    """The CLI killed with SIGKILL mid-update, then a ``--resume`` killed mid-way, then ``--update``, as
+    the input grows twice: the end is the full run's output, and nothing is left beside it."""
+    import subprocess
+    import sys
+
+    x, t = ticks(160_000, 24, seed=9)
+    src = make_input(tmp_path / "in.zarr", x, t, 40_000, (5000, 24))
+    out, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
+    cli = [sys.executable, "-m", "tsconv", "process", "--input", str(src), "--output", str(out), "-q"]
+    cli += ["--chunk", "512"]
+    subprocess.run(cli, check=True, capture_output=True)
+    seen = []
+    for rows in (100_001, 160_000):
+        grow(src, x, t, rows)
+        seen += [_killed_midway([*cli, "--update"], out), _killed_midway([*cli, "--resume"], out)]
+        subprocess.run([*cli, "--update"], check=True, capture_output=True)
+    assert sum(r is not None for r in seen) >= 3, f"kills did not land mid-run often enough: {seen}"
+    tsconv.process(src, want, chunk=512)
+    assert_same(out, want)
+    assert not list(tmp_path.glob(".*.tsconv-*"))  # no store being created, no lock file
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+
+def test_cli_update_says_so_on_one_line_and_refuses_on_one(tmp_path: Path, out_chunks: None) -> None:
+    from click.testing import CliRunner
+
+    from tsconv.cli import main
+
+    src, out, x, t = _updated_once(tmp_path)
+
+    def run(*flags: str) -> object:
+        return CliRunner().invoke(
+            main, ["process", "-i", str(src), "-o", str(out), "--chunk", str(CHUNK), "-q", *flags]
+        )
+
+    res = run("--update")
+    assert res.exit_code == 0, res.output
+    assert res.stdout == f"{out} is up to date with its input (2,050 rows); nothing to do.\n"
+    grow(src, x, t, 2500)
+    res = run("--update")
+    assert res.exit_code == 0 and "(updated from 2,050 rows, computed from row 1,920)" in res.stdout
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][5:6] = 1.0
+    res = run("--update")
+    assert res.exit_code == 2 and res.stdout == "" and len(res.stderr.splitlines()) == 1
+    assert res.stderr.startswith(f"tsconv: error: cannot update {str(out)!r}: its input ")
+    assert (
+        "first at rows 0..500 (values chunk files)" in res.stderr and "; hint: use --overwrite" in res.stderr
+    )
+    res = run("--update", "--resume")
+    assert res.exit_code == 2 and "--resume and --update exclude each other" in res.stderr
+    assert "--update" in CliRunner().invoke(main, ["process", "--help"]).stdout
