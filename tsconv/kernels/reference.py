@@ -15,7 +15,7 @@ from tsconv.kernels.torch_side import apply_activation
 from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
 
-__all__ = ["forward_fill_reference", "preprocess_reference", "pipeline_reference"]
+__all__ = ["bank_reference", "forward_fill_reference", "preprocess_reference", "pipeline_reference"]
 
 
 def forward_fill_reference(x: np.ndarray) -> np.ndarray:
@@ -75,10 +75,7 @@ def pipeline_reference(x: np.ndarray, plan: ResolvedPipeline, *, warmup: str = "
     y = torch.from_numpy(filled.T.copy())[None]  # [1, C, T]
     for layer in plan.layers:
         if layer.filters is not None:
-            series = y[0].numpy()  # [C, T]
-            outs = [_filter_reference(series[c], f, layer.dilation) for c in range(series.shape[0])
-                    for f in layer.filters]  # fmt: skip
-            y = apply_activation(torch.from_numpy(np.stack(outs))[None], layer.activation)
+            y = apply_activation(bank_reference(y, layer.filters, layer.dilation), layer.activation)
             continue
         w = torch.from_numpy(layer.given)
         b = None if layer.bias is None else torch.from_numpy(layer.bias.astype(np.float64))
@@ -96,6 +93,14 @@ def pipeline_reference(x: np.ndarray, plan: ResolvedPipeline, *, warmup: str = "
         for j, w in enumerate(warm):
             result[:w, j] = np.nan
     return result
+
+
+def bank_reference(y: torch.Tensor, filters: tuple[Filter, ...], dilation: int) -> torch.Tensor:
+    """A bank over ``y`` [1, C, T] float64, each filter by its formula over its own window (not the padded
+    taps, whose zeros would carry a NaN across the longest filter's reach): [1, C x M, T], channel-major."""
+    series = y[0].numpy()
+    outs = [_filter_reference(series[c], f, dilation) for c in range(series.shape[0]) for f in filters]
+    return torch.from_numpy(np.stack(outs))[None]
 
 
 def _filter_reference(s: np.ndarray, f: Filter, dilation: int) -> np.ndarray:
