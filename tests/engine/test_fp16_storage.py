@@ -229,3 +229,47 @@ def test_on_cuda_the_check_copies_its_sample_asynchronously_and_warns_as_on_the_
     assert len(warned_gpu) == 1 and "[[conv]] #2 (mix): storing its weights as float16" in warned_gpu[0]
     assert len(warned_cpu) == 1
     np.testing.assert_array_equal(np.isnan(y_gpu), np.isnan(y_cpu))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_checks_pinned_copy_outlives_a_capture_that_its_thread_ends_in():
+    """The check's thread ends while the run's thread captures a CUDA graph on the stream that copied the
+    sample into pinned memory (the batched engine captures its second step): freeing that block there recorded
+    its free event into the capture, and a later pinned allocation failed ("CUDA error: invalid argument")."""
+    import threading
+    import time
+
+    from tsconv.engine.compute import Backend
+
+    x = torch.from_numpy(price_series(4096, C, seed=3)).cuda()
+    plan = resolve(
+        pipeline_from_dict({"conv": [{"weights": _zero_sum_dense()}]}), [f"f{j}" for j in range(C)]
+    )
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        backend = Backend(plan, torch.device("cuda"), use_triton=True)
+        backend.run(
+            x, 0, x[0].clone()
+        )  # starts the check: an asynchronous copy into pinned memory on `stream`
+        graph, y = torch.cuda.CUDAGraph(), torch.empty_like(x)
+        graph.capture_begin(capture_error_mode="thread_local")
+        deadline = time.monotonic() + 60
+        while (
+            any(t.name == "tsconv-fp16-check" for t in threading.enumerate()) and time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+        ended_in_capture = not any(t.name == "tsconv-fp16-check" for t in threading.enumerate())
+        y.copy_(x)
+        graph.capture_end()
+    graph.replay()
+    for _ in range(4):  # pinned allocations poll the events of freed blocks
+        torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        backend.finish()  # frees the buffers, outside the capture
+    torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+    torch.cuda.synchronize()
+    assert ended_in_capture
+    torch.testing.assert_close(y, x)

@@ -321,7 +321,7 @@ class Backend:
                 self, x, first_row, level, centered=centered
             ):
                 self._checking, self._storage = self._storage, None
-            if self._checking is not None and self._checking.done():
+            if self._checking is not None and self._checking.done() and not _capturing(x):
                 self.finish()
         start = first_row
         y = None
@@ -498,6 +498,20 @@ _CHECK_MACS = 100_000_000
 _CUDA_BLOCK = 128
 
 
+# (pinned copy, device tensor) pairs of finished checks, freed by the run's thread (_release_finished)
+_FINISHED: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _release_finished() -> None:
+    """Free the buffers finished checks left: called by the run's thread, outside a CUDA graph capture."""
+    if _FINISHED and not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        _FINISHED.clear()
+
+
 class _StorageCheck:
     """How far FP16 storage moves each stage's (and the head's) outputs on the data at hand, warned once.
 
@@ -519,6 +533,7 @@ class _StorageCheck:
         self._thread: threading.Thread | None = None
         self._copied: torch.cuda.Event | None = None  # when the stage input has reached host memory
         self._keep: torch.Tensor | None = None  # the device tensor being copied, alive until then
+        self._host: torch.Tensor | None = None  # its pinned copy
         self._messages: list[str] = []
         self._error: BaseException | None = None
 
@@ -536,8 +551,9 @@ class _StorageCheck:
     ) -> bool:
         """Start the check on this chunk's stage input ``x`` [L, C] (row 0 is global step ``first_row``);
         False when it has too few data rows (try the next chunk) or a CUDA graph is being captured."""
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        if _capturing(x):
             return False
+        _release_finished()
         plan = self.plan
         halo = sum(layer.halo for layer in plan.layers)
         a = max(0, -first_row)  # the first data row: earlier rows are zero history
@@ -558,7 +574,7 @@ class _StorageCheck:
             host.copy_(u, non_blocking=True)
             self._copied = torch.cuda.Event()
             self._copied.record()
-            u = host
+            self._host, u = host, None
         else:
             u = u.clone()  # the run may reuse x's memory
         block = _CUDA_BLOCK if backend.triton else _CPU_BLOCK
@@ -576,6 +592,7 @@ class _StorageCheck:
         """The warnings' messages, once the check has finished; re-raises an error it met."""
         if self._thread is not None:
             self._thread.join()
+        _release_finished()
         if self._error is not None:
             raise self._error
         return self._messages
@@ -585,6 +602,14 @@ class _StorageCheck:
             self._evaluate(*args)  # type: ignore[arg-type]
         except BaseException as e:  # noqa: BLE001 - handed to the run's thread by wait()
             self._error = e
+        finally:
+            # Freed by the run's thread, never here: a pinned block freed while the run's thread captures
+            # a CUDA graph on the stream that copied into it gets its free event recorded into the capture,
+            # and a later pinned allocation that polls it fails ("CUDA error: invalid argument" in the GPU
+            # suite; pytorch/pytorch#193982 is the device allocator's form of it).
+            if self._host is not None or self._keep is not None:
+                _FINISHED.append((self._host, self._keep))
+                self._host = self._keep = None
 
     @torch.no_grad()
     def _evaluate(
@@ -592,7 +617,7 @@ class _StorageCheck:
     ) -> None:
         if self._copied is not None:
             self._copied.synchronize()
-            self._keep = None
+            u = self._host.clone()  # pageable: the pinned block stays with the run's thread
         plan = self.plan
         # the rounding residuals (given - stored), float32, None where there is none (and for banks,
         # which compute from their filters' definitions, storing nothing)
