@@ -220,15 +220,21 @@ def tsconv_run(src: Path, out: Path, pipeline: str, work: Path, cache: Path) -> 
             "stderr_lines": err.decode().strip().splitlines()[-3:]}  # fmt: skip
 
 
-def _torch_layers(pipeline: str, names: list[str]) -> tuple[list[Any], Any, int]:
-    """The resolved pipeline's stages as torch tensors on the GPU (the stored weights tsconv computes with)."""
-    import torch
-
+def _baseline_plan(pipeline: str, names: list[str]) -> Any:
+    """The resolved pipeline the baselines compute (their stored weights: what tsconv computes with)."""
     from tsconv.pipeline.spec import load_pipeline, resolve
 
     plan = resolve(load_pipeline(pipeline), names)
     if plan.preprocess is not None:
         raise ValueError("the baselines run pipelines without [preprocess]")
+    return plan
+
+
+def _torch_layers(pipeline: str, names: list[str]) -> tuple[list[Any], Any, int]:
+    """The resolved pipeline's stages as torch tensors on the GPU (the stored weights tsconv computes with)."""
+    import torch
+
+    plan = _baseline_plan(pipeline, names)
     layers = [
         (torch.from_numpy(L.weight).cuda(), None if L.bias is None else torch.from_numpy(L.bias).cuda(),
          L.dilation, L.groups, L.activation)
@@ -275,11 +281,7 @@ def _out_array(out: Path, rows: int, cols: int) -> Any:
 def export_layers(pipeline: str, names: list[str], path: Path) -> Path:
     """The resolved pipeline's stored weights as an .npz, for the hand-written script: a user's own loop
     holds its weights, so it imports no tsconv."""
-    from tsconv.pipeline.spec import load_pipeline, resolve
-
-    plan = resolve(load_pipeline(pipeline), names)
-    if plan.preprocess is not None:
-        raise ValueError("the baselines run pipelines without [preprocess]")
+    plan = _baseline_plan(pipeline, names)
     arrays: dict[str, np.ndarray] = {}
     meta: dict[str, Any] = {"halo": plan.halo, "layers": [], "head": None}
     for i, L in enumerate(plan.layers):
