@@ -604,9 +604,9 @@ class _StorageCheck:
             self._error = e
         finally:
             # Freed by the run's thread, never here: a pinned block freed while the run's thread captures
-            # a CUDA graph on the stream that copied into it gets its free event recorded into the capture,
-            # and a later pinned allocation that polls it fails ("CUDA error: invalid argument" in the GPU
-            # suite; pytorch/pytorch#193982 is the device allocator's form of it).
+            # a CUDA graph on the stream that copied into it can get its free event recorded into the
+            # capture, and a later pinned allocation that polls that event fails (pytorch/pytorch#193982
+            # describes the device allocator's form of it).
             if self._host is not None or self._keep is not None:
                 _FINISHED.append((self._host, self._keep))
                 self._host = self._keep = None
