@@ -74,12 +74,12 @@ def hbm_gbps(device: Any, nbytes: int = 1 << 31) -> float:
     return 2 * nbytes / min(_timed(lambda: dst.copy_(src), device) for _ in range(5)) / 1e9
 
 
-def one_shape(rows: int, cols: int, step: int, device: Any, repeats: int, bw: float) -> dict[str, Any]:
-
-    from tsconv.kernels.filterbank import bank_halo, filter_bank
+def one_shape(rows: int, cols: int, step: int, device: Any, repeats: int, bw: float,
+              filters: tuple[str, ...] = FILTERS) -> dict[str, Any]:  # fmt: skip
+    from tsconv.kernels.filterbank import bank_halo, filter_bank, fused_plan
     from tsconv.pipeline.filters import filter_spec
 
-    bank = tuple(filter_spec(s) for s in FILTERS)
+    bank = tuple(filter_spec(s) for s in filters)
     halo = bank_halo(bank, 1)
     x = _prices(rows + halo, cols, device)
     starts = list(range(0, rows, step))
@@ -94,7 +94,9 @@ def one_shape(rows: int, cols: int, step: int, device: Any, repeats: int, bw: fl
     nbytes = rows * cols * 4 * (1 + len(bank))
     med = statistics.median(secs)
     row: dict[str, Any] = {
-        "rows": rows, "features": cols, "outputs": cols * len(bank), "step_rows": step, "steps": len(starts),
+        "rows": rows, "features": cols, "filters": list(filters), "outputs": cols * len(bank),
+        "kernel": "fused" if device.type == "cuda" and fused_plan(bank) else "ladder",
+        "step_rows": step, "steps": len(starts),
         "gpu_s": med, "gpu_all_s": secs, "bytes": nbytes, "floor_s": nbytes / (bw * 1e9),
         "over_floor": med / (nbytes / (bw * 1e9)), "effective_gbps": nbytes / med / 1e9,
     }  # fmt: skip
@@ -117,19 +119,21 @@ def one_shape(rows: int, cols: int, step: int, device: Any, repeats: int, bw: fl
 
 def render(doc: dict[str, Any], md: Path) -> None:
     lines = [
-        f"# The default bank on the GPU against its memory floor ({doc['gpu']}, {doc['date'][:10]}, "
+        f"# Filter banks on the GPU against their memory floor ({doc['gpu']}, {doc['date'][:10]}, "
         f"commit {doc['commit']})",
         "",
         f"HBM bandwidth measured in the same run (device copy): {doc['hbm_gbps']:.0f} GB/s. Floor = float32 "
-        "input plus five float32 outputs per input value over that bandwidth. GPU time: CUDA events around "
+        "input plus one float32 output per filter and input value over that bandwidth. GPU time: CUDA events around "
         f"one `filter_bank` call per step, median of {doc['repeats']}.",
         "",
-        "| rows x features | step rows | GPU s | floor s | x floor | GB/s | launches per step |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| bank | kernel | rows x features | step rows | GPU s | floor s | x floor | GB/s | launches per step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in doc["runs"]:
+        bank = "default" if tuple(r.get("filters", FILTERS)) == FILTERS else ", ".join(r["filters"])
         lines.append(
-            f"| {r['rows']:,} x {r['features']} | {r['step_rows']:,} | {r['gpu_s']:.4f} | {r['floor_s']:.4f} "
+            f"| {bank} | {r.get('kernel', 'ladder')} | {r['rows']:,} x {r['features']} | {r['step_rows']:,} "
+            f"| {r['gpu_s']:.4f} | {r['floor_s']:.4f} "
             f"| {r['over_floor']:.1f} | {r['effective_gbps']:.0f} | {r.get('one_step_launches', '')} |"
         )
     for r in doc["runs"]:
@@ -146,6 +150,12 @@ def main() -> int:
     ap.add_argument("--step", type=int, default=65536)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--filters",
+        action="append",
+        default=None,
+        help="a bank to time besides the default, comma-separated specs (repeatable)",
+    )
     args = ap.parse_args()
     import torch
 
@@ -154,15 +164,19 @@ def main() -> int:
     doc: dict[str, Any] = {
         "benchmark": "bank_gpu", "date": dt.datetime.now(dt.UTC).isoformat(), "commit": commit(),
         "machine": machine(), "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "hbm_gbps": bw, "repeats": args.repeats, "filters": list(FILTERS), "runs": [],
+        "torch": torch.__version__, "hbm_gbps": bw, "repeats": args.repeats, "runs": [],
     }  # fmt: skip
-    for shape in args.shapes.split(","):
-        rows, cols = map(int, shape.split("x"))
-        doc["runs"].append(one_shape(rows, cols, args.step, device, args.repeats, bw))
-        print(json.dumps({k: v for k, v in doc["runs"][-1].items() if k != "one_step_kernels"}), flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
-        render(doc, args.out.with_suffix(".md"))
+    banks = [FILTERS] + [tuple(b.split(",")) for b in args.filters or []]
+    for bank in banks:
+        for shape in args.shapes.split(","):
+            rows, cols = map(int, shape.split("x"))
+            doc["runs"].append(one_shape(rows, cols, args.step, device, args.repeats, bw, bank))
+            print(
+                json.dumps({k: v for k, v in doc["runs"][-1].items() if k != "one_step_kernels"}), flush=True
+            )
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(doc, indent=1) + "\n")
+            render(doc, args.out.with_suffix(".md"))
     return 0
 
 

@@ -262,12 +262,13 @@ def test_the_triton_kernels_equal_the_torch_path() -> None:
 
 def test_the_triton_path_cuts_wide_inputs_by_channel(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tile of every channel would leave a wide input with tiles of a few rows, each re-reading its halo:
-    with a small tile budget the kernels take 3 channels at a time and give the same bits as the torch path."""
+    with a small tile budget the ladder's kernels (a bank with an EMA) take 3 channels at a time and give the
+    same bits as the torch path."""
     import tsconv.kernels.filterbank as fb
 
     monkeypatch.setattr(fb, "_CUDA_TILE", 4096)
     x = torch.from_numpy(prices(3000, 8, seed=9))
-    fs = tuple(filter_spec(s) for s in ("diff:1", "ma:16", "std:8"))
+    fs = tuple(filter_spec(s) for s in ("diff:1", "ma:16", "std:8", "ema:3"))
     launches: list[tuple[int, ...]] = []
     real = fb._bank_tile
     monkeypatch.setattr(
@@ -277,6 +278,96 @@ def test_the_triton_path_cuts_wide_inputs_by_channel(monkeypatch: pytest.MonkeyP
     assert launches and max(c for _, c in launches) == 3
     assert sum(r < 1024 for r, _ in launches) <= 3  # only each channel group's last rows are short
     np.testing.assert_array_equal(got.numpy(), filter_bank(x, fs, triton_kernels=False).numpy())
+
+
+# Every fused kind, windows of a power of two and not (sub-blocks with and without the rows past the first
+# b), windows of 1 and 2, and several filters on one window.
+FUSED = ["id", "lag:3", "diff:1", "diff:32", "ret:1", "ret:16", "ma:1", "ma:7", "ma:32", "dev:3", "dev:20",
+         "dev:32", "dev:256", "std:2", "std:20", "zscore:20", "zscore:64"]  # fmt: skip
+
+
+def _compare(got: np.ndarray, x: np.ndarray, specs: list[str], d: int) -> None:
+    halo = max(filter_spec(s).halo for s in specs) * d
+    for m, spec in enumerate(specs):
+        want = reference(x, spec, d)[halo:]
+        for c in range(x.shape[1]):
+            _check(got[:, c * len(specs) + m], want[:, c], f"d={d} x{c}.{spec}")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's log of the masked-out values
+@pytest.mark.parametrize(("rows", "cols", "d"), [(1500, 5, 1), (1201, 3, 2), (700, 4, 3)])
+def test_the_fused_kernel_matches_the_float64_reference(rows: int, cols: int, d: int) -> None:
+    """The fused CUDA kernel (interpreted): every fused kind within REL of float64, NaN and infinity patterns
+    identical, on prices with late starts, gaps and +-inf prints; row counts that end mid-block, odd
+    channel counts, dilations."""
+    from tsconv.kernels.filterbank import fused_plan
+
+    fs = tuple(filter_spec(s) for s in FUSED)
+    assert fused_plan(fs) is not None
+    x = prices(rows, cols, seed=rows)
+    got = filter_bank(torch.from_numpy(x), fs, dilation=d, triton_kernels=True).numpy()
+    _compare(got, x, FUSED, d)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_fused_kernel_gives_the_cpu_paths_bits_for_the_default_bank_on_prices() -> None:
+    """Window sums of float32 prices are exact in float64 whatever the order, so the fused kernel's scans
+    and the CPU's ladder agree bit for bit on tick-grid prices (power-of-two windows: 1 / W is exact)."""
+    x = torch.from_numpy(prices(2000, 4, seed=8))
+    fs = tuple(filter_spec(s) for s in DEFAULT)
+    a = filter_bank(x, fs, triton_kernels=True).numpy()
+    np.testing.assert_array_equal(a, filter_bank(x, fs, triton_kernels=False).numpy())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_the_fused_kernel_on_tiny_and_strided_inputs() -> None:
+    """One output row, fewer rows than a block, a time-major view of channel-major data, flat windows."""
+    from tsconv.kernels.filterbank import bank_halo
+
+    fs = tuple(filter_spec(s) for s in ("diff:2", "dev:5", "std:4", "zscore:4"))
+    halo = bank_halo(fs, 1)
+    for rows in (halo + 1, halo + 9, 300):
+        x = prices(rows, 3, seed=rows, gaps=False, inf=False)
+        x[:, 2] = 100.25  # flat: std exactly 0, zscore NaN
+        cm = torch.from_numpy(np.ascontiguousarray(x.T))  # channel-major; .T is a strided time-major view
+        got = filter_bank(cm.T, fs, triton_kernels=True).numpy()
+        _compare(got, x, ["diff:2", "dev:5", "std:4", "zscore:4"], 1)
+        assert (got[:, 2 * 4 + 2] == 0).all() and np.isnan(got[:, 2 * 4 + 3]).all()
+
+
+def test_which_banks_the_fused_kernel_takes() -> None:
+    from tsconv.kernels.filterbank import FUSED_KINDS, FUSED_MAX_WINDOW, bank_bytes_per_row, fused_plan
+    from tsconv.kernels.filterbank_triton import FUSED_KINDS as GENERATED
+
+    assert FUSED_KINDS == GENERATED
+    default = tuple(filter_spec(s) for s in DEFAULT)
+    assert fused_plan(default) is not None and bank_bytes_per_row(default, 8, cuda=True) == 0
+    assert bank_bytes_per_row(default, 8) > 0  # the CPU's float64 tiles
+    for other in (("diff:1", "ema:8"), (f"ma:{FUSED_MAX_WINDOW + 1}",)):
+        fs = tuple(filter_spec(s) for s in other)
+        assert fused_plan(fs) is None and bank_bytes_per_row(fs, 8, cuda=True) > 0
+
+
+def test_the_fused_source_takes_integers_and_known_kinds_only() -> None:
+    from dataclasses import replace
+
+    from tsconv.kernels.filterbank import fused_plan
+    from tsconv.kernels.filterbank_triton import fused_source
+
+    plan = fused_plan(tuple(filter_spec(s) for s in DEFAULT))
+    with pytest.raises(ValueError, match="not fused"):
+        fused_source(replace(plan, kinds=("diff", "diff", "diff", "dev", "__import__('os')")))
+    with pytest.raises(ValueError, match="bad filter parameter"):
+        fused_source(replace(plan, params=(1, 32, 256, 32, "1); import os; (1")))
+
+
+@pytest.mark.gpu
+def test_cuda_fused_bank_equals_the_float64_reference_at_scale() -> None:
+    """The fused kernel on the GPU, 300k x 16 prices, every fused kind, dilations 1 and 3."""
+    x = prices(300_000, 16, seed=13)
+    fs = tuple(filter_spec(s) for s in FUSED)
+    for d in (1, 3):
+        _compare(filter_bank(torch.from_numpy(x).cuda(), fs, dilation=d).cpu().numpy(), x, FUSED, d)
 
 
 def test_filter_docs_cover_every_kind_with_formula_and_warm_up() -> None:
@@ -296,7 +387,7 @@ def test_bad_new_filters(spec: str, match: str) -> None:
 
 def test_the_fingerprint_records_how_a_bank_is_computed() -> None:
     plan = resolve(pipeline_from_dict({"conv": [{"filters": DEFAULT}]}), ["a"])
-    assert plan.as_run()["stages"][0]["compute"] == "filters-2"
+    assert plan.as_run()["stages"][0]["compute"] == "filters-3"
 
 
 @pytest.mark.slow

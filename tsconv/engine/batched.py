@@ -126,8 +126,9 @@ def _bytes_per_row(plan: ResolvedPipeline) -> int:
     widths = [layer.out_channels for layer in plan.layers]
     pairs = [widths[0]] + [a + b for a, b in zip(widths, widths[1:], strict=False)]
     per += 4 * max(pairs)
-    # a bank's float64 tiles (at most a step's rows; capped at filterbank's tile size, so an upper bound)
-    per += max((bank_bytes_per_row(layer.filters, layer.in_channels) for layer in plan.layers if layer.structured),
+    # a bank's working memory: none for the fused kernel, else its float64 tiles (an upper bound)
+    per += max((bank_bytes_per_row(layer.filters, layer.in_channels, cuda=True) for layer in plan.layers
+                if layer.structured),
                default=0)  # fmt: skip
     # the device result slots (one per host slot) plus the step's own result before it is copied there
     per += 4 * plan.n_outputs * (_OUT_SLOTS + 1)

@@ -37,7 +37,7 @@ import torch
 from tsconv.kernels.torch_side import apply_activation, custom_op
 from tsconv.pipeline.filters import Filter, filter_spec
 
-__all__ = ["bank_bytes_per_row", "bank_halo", "filter_bank"]
+__all__ = ["FUSED_KINDS", "FusedPlan", "bank_bytes_per_row", "bank_halo", "filter_bank", "fused_plan"]
 
 # Elements (rows x channels) of one float64 tile: about 1 MiB on the CPU (a core's L2 holds the live
 # levels of the default bank), 16 MiB per array on CUDA.
@@ -50,14 +50,63 @@ _WINDOWED = ("ma", "dev", "std", "zscore")
 _MOMENTS = ("std", "zscore")
 
 
+# Kinds the fused CUDA kernel computes (filterbank_triton's generator knows the same ones; a test checks it); a
+# bank with any other (the EMA) runs on the ladder's three kernels.
+FUSED_KINDS = frozenset({"id", "lag", "diff", "ret", "ma", "dev", "std", "zscore"})
+# A window of W steps uses sub-blocks of b = 2^floor(log2 W) rows held in registers: W < 1024 keeps them
+# at 512 rows or fewer; longer windows run on the ladder's kernels.
+FUSED_MAX_WINDOW = 1023
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """A bank's fused kernel: what it computes (from validated filters: integers and kinds only) and its
+    tile: ``rows`` output steps x ``channels`` input channels per program."""
+
+    kinds: tuple[str, ...]
+    params: tuple[int, ...]  # L for lag / diff / ret, W for windows, 0 for id
+    rows: int
+    channels: int
+    warps: int
+    store: str = "one"
+
+    @property
+    def name(self) -> str:
+        body = "_".join(f"{k}{p}" for k, p in zip(self.kinds, self.params, strict=True))
+        return f"_bank_{body}_r{self.rows}_c{self.channels}_{self.store}"
+
+
+def fused_plan(filters: tuple[Filter, ...], *, channels: int | None = None, warps: int | None = None,
+               rows: int | None = None) -> FusedPlan | None:  # fmt: skip
+    """The fused kernel's plan for a bank, or None where the bank needs the ladder's kernels (an EMA, or a
+    window of 1024 steps or more). ``channels``, ``warps`` and ``rows`` override the tile (benchmarks)."""
+    if not filters or any(f.kind not in FUSED_KINDS for f in filters):
+        return None
+    windows = [f.taps for f in filters if f.kind in _WINDOWED]
+    if any(w > FUSED_MAX_WINDOW for w in windows):
+        return None
+    sub = max((1 << (w.bit_length() - 1) for w in windows), default=1)
+    bt = rows or max(64, sub)
+    mp = 1 << (len(filters) - 1).bit_length()
+    # about 16k float32 output values a program (the interleaved tile)
+    bc = channels or max(1, min(32, 16384 // (bt * mp)))
+    params = tuple(
+        0 if f.kind == "id" else (f.n if f.kind in ("lag", "diff", "ret") else f.taps) for f in filters
+    )
+    return FusedPlan(tuple(f.kind for f in filters), params, bt, bc, warps or (8 if bt * bc >= 2048 else 4))
+
+
 def bank_halo(filters: tuple[Filter, ...], dilation: int) -> int:
     """Rows before its first output that a bank reads: the longest filter's warm-up times the dilation."""
     return max(f.halo for f in filters) * dilation
 
 
-def bank_bytes_per_row(filters: tuple[Filter, ...], channels: int) -> int:
-    """Working memory of a bank per input row, an upper estimate (float64 tiles: the live arrays and the
-    kept ladder levels); tiles never exceed ``_CUDA_TILE`` elements, so for long steps it over-counts."""
+def bank_bytes_per_row(filters: tuple[Filter, ...], channels: int, *, cuda: bool = False) -> int:
+    """Working memory of a bank per input row beyond its output, an upper estimate: none for the fused CUDA
+    kernel; else float64 tiles (the live arrays and the kept ladder levels), which never exceed
+    ``_CUDA_TILE`` elements, so for long steps it over-counts."""
+    if cuda and fused_plan(filters) is not None:
+        return 0
     kept = sum(f.taps.bit_count() for f in filters if f.kind in _WINDOWED + ("ema",))
     return 8 * channels * (_LIVE + 2 * kept)
 
@@ -109,6 +158,14 @@ def filter_bank(
         out = torch.empty((n, channels * m), dtype=torch.float32, device=x.device)
     if n == 0 or channels == 0:
         return out
+    plan = fused_plan(filters) if use_triton else None
+    if plan is not None:
+        # one kernel for the whole bank: each program reads its rows once and writes every filter's output
+        # for them contiguously (the ladder's kernels took 93-98x the memory floor on the H200: NOTES, 20)
+        from tsconv.kernels.filterbank_triton import run_fused
+
+        run_fused(plan, x, out, halo=halo, dilation=dilation)
+        return out if activation in (None, "none") else apply_activation(out, activation)
     if use_triton:
         # Tiles keep at least 4 halos (and 1024) of rows, cut by channel when the input is wide: all channels
         # in one tile would leave a 16,384-feature input with one-row tiles, each re-reading its halo.
@@ -261,7 +318,7 @@ def _bank_tile(x: torch.Tensor, filters: tuple[Filter, ...], d: int, halo: int, 
             ops.finish(kind, dest, cur, x[halo - f.n * d : rows - f.n * d])
         elif kind in _WINDOWED:
             s, ss = sums[f.taps]
-            ops.finish(kind, dest, cur, s, ss, scale=1.0 / f.taps, inv_dof=1.0 / max(f.taps - 1, 1))
+            ops.finish(kind, dest, cur, s, ss, window=f.taps)
         else:  # ema: the weighted window over its taps, renormalised to sum 1
             r = 1.0 - f.alpha
             if f.taps == 1 or r == 0.0:  # alpha = 1, or one tap: the current value
@@ -271,7 +328,7 @@ def _bank_tile(x: torch.Tensor, filters: tuple[Filter, ...], d: int, halo: int, 
             kept = _ladder(x, d, ops, top=f.taps.bit_length() - 1, keep=bits, r=r)
             s, _ = _window(kept, f.taps, d, halo, rows, ops, r=r, moments=False)
             gain = f.alpha / -math.expm1(f.taps * math.log(r))  # alpha / (1 - r^K)
-            ops.finish(kind, dest, cur, s, scale=gain)
+            ops.finish(kind, dest, cur, s, gain=gain)
 
 
 # -------------------------------------------------------------------------------------------- torch
@@ -292,9 +349,11 @@ class _Ops(Protocol):
         raise NotImplementedError
 
     def finish(self, kind: str, dest: torch.Tensor, cur: torch.Tensor, y: torch.Tensor | None = None,
-               m: torch.Tensor | None = None, *, scale: float = 1.0, inv_dof: float = 1.0) -> None:  # fmt: skip
+               m: torch.Tensor | None = None, *, window: int = 1, gain: float = 1.0) -> None:  # fmt: skip
         """One filter's output from the current rows ``cur``, the second operand ``y`` (the lagged rows, or
-        the window's sum) and ``m`` (its sum of squared deviations), rounded into ``dest`` (float32)."""
+        the window's sum) and ``m`` (its sum of squared deviations), rounded into ``dest`` (float32).
+        Means divide by ``window`` (exactly rounded; a float32 1 / W would move a deviation on price levels
+        by up to level x 2^-24), and the EMA's sum is scaled by ``gain``."""
         raise NotImplementedError
 
 
@@ -311,7 +370,7 @@ class _TorchOps(_Ops):
             return sq.add_(ma if mb is None else mb)
         return sq
 
-    def finish(self, kind, dest, cur, y=None, m=None, *, scale=1.0, inv_dof=1.0):  # noqa: ANN001, ANN201
+    def finish(self, kind, dest, cur, y=None, m=None, *, window=1, gain=1.0):  # noqa: ANN001, ANN201
         if kind == "id":
             dest.copy_(cur)
         elif kind == "lag":
@@ -321,16 +380,23 @@ class _TorchOps(_Ops):
         elif kind == "ret":
             ok = (cur > 0) & (y > 0)
             dest.copy_(torch.where(ok, torch.log(torch.div(cur, y)), torch.nan))
-        elif kind in ("ma", "ema"):
-            dest.copy_(torch.mul(y, scale))
+        elif kind == "ema":
+            dest.copy_(torch.mul(y, gain))
+        elif kind == "ma":
+            dest.copy_(_mean(y, window))
         elif kind == "dev":
             # float64 contiguous, then one cast into the strided float32 output: casting ops that write a
             # strided output directly ran 2x slower on the VM
-            dest.copy_(torch.sub(cur, torch.mul(y, scale)))
+            dest.copy_(torch.sub(cur, _mean(y, window)))
         else:
-            sd = torch.sqrt(torch.mul(m, inv_dof))
+            sd = torch.sqrt(torch.div(m, max(window - 1, 1)))
             if kind == "std":
                 dest.copy_(torch.where(torch.isfinite(y), sd, torch.nan))
             else:
-                z = torch.sub(cur, torch.mul(y, scale)).div_(sd)
+                z = torch.sub(cur, _mean(y, window)).div_(sd)
                 dest.copy_(torch.where(sd > 0, z, torch.nan))
+
+
+def _mean(s: torch.Tensor, w: int) -> torch.Tensor:
+    """``s / w`` rounded once: a multiplication where 1 / w is exact (a power of two; faster), else a division."""
+    return torch.mul(s, 1.0 / w) if w & (w - 1) == 0 else torch.div(s, w)

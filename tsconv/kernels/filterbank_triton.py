@@ -8,11 +8,14 @@ bank's ``_Ops``.
 
 from __future__ import annotations
 
+import functools
+import linecache
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["TritonOps"]
+__all__ = ["TritonOps", "fused_kernel", "fused_source", "run_fused"]
 
 _KIND = {"id": 0, "lag": 1, "diff": 2, "ret": 3, "ma": 4, "dev": 5, "std": 6, "zscore": 7, "ema": 8}
 
@@ -56,7 +59,7 @@ def _merge_kernel(sa_ptr, ma_ptr, sb_ptr, mb_ptr, o_ptr, n, C, s_sa, s_ma, s_sb,
 
 
 @triton.jit
-def _finish_kernel(x_ptr, y_ptr, m_ptr, o_ptr, n, C, sx, sy, sm, so_t, so_c, scale, inv_dof,
+def _finish_kernel(x_ptr, y_ptr, m_ptr, o_ptr, n, C, sx, sy, sm, so_t, so_c, window, dof, gain,
                    KIND: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
@@ -72,17 +75,21 @@ def _finish_kernel(x_ptr, y_ptr, m_ptr, o_ptr, n, C, sx, sy, sm, so_t, so_c, sca
         v = x - y
     elif KIND == 3:  # ret
         v = tl.where((x > 0) & (y > 0), tl.log(x / y), float("nan"))
-    elif KIND == 4 or KIND == 8:  # ma, ema
-        v = y * scale
+    # window and dof are whole numbers (exact in the float32 a Python float argument becomes): divisions by
+    # them round once, as the torch path's; a float32 1 / W would not be exact
+    elif KIND == 8:  # ema
+        v = y * gain
+    elif KIND == 4:  # ma
+        v = y / window
     elif KIND == 5:  # dev
-        v = x - y * scale
+        v = x - y / window
     else:  # std, zscore
         mm = tl.load(m_ptr + rows * sm + cols, mask=mask, other=1.0)
-        sd = tl.sqrt(mm * inv_dof)
+        sd = tl.sqrt(mm / dof)
         if KIND == 6:
             v = tl.where(y - y == 0, sd, float("nan"))  # y - y is 0 exactly where y is finite
         else:
-            z = (x - y * scale) / sd
+            z = (x - y / window) / sd
             v = tl.where(sd > 0, z, float("nan"))
     tl.store(o_ptr + rows * so_t + cols * so_c, v.to(tl.float32), mask=mask)
 
@@ -113,12 +120,163 @@ class TritonOps:
         )  # fmt: skip
         return out
 
-    def finish(self, kind, dest, cur, y=None, m=None, *, scale=1.0, inv_dof=1.0):  # noqa: ANN001, ANN201
+    def finish(self, kind, dest, cur, y=None, m=None, *, window=1, gain=1.0):  # noqa: ANN001, ANN201
         n, c = cur.shape
         y_ = cur if y is None else y
         m_ = cur if m is None else m
         _finish_kernel[_grid(n, c)](
             cur, y_, m_, dest, n, c, cur.stride(0), y_.stride(0), m_.stride(0), dest.stride(0),
-            dest.stride(1), float(scale), float(inv_dof), KIND=_KIND[kind], BLOCK_T=_BLOCK_T,
+            dest.stride(1), float(window), float(max(window - 1, 1)), float(gain), KIND=_KIND[kind], BLOCK_T=_BLOCK_T,
             BLOCK_C=_BLOCK_C,
         )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ one fused kernel
+
+# What the fused kernel writes for each kind ({p}: the filter's parameter), from the loaded rows (cur, lag{p})
+# and the window sums (w{p}_s; w{p}_sd and w{p}_dz: the standard deviation and x - mean from shifted sums).
+_EXPR = {
+    "id": "cur",
+    "lag": "lag{p}",
+    "diff": "cur - lag{p}",
+    "ret": "tl.where((cur > 0) & (lag{p} > 0), tl.log(cur / lag{p}), float('nan'))",
+    "ma": "w{p}_s {div}",
+    "dev": "cur - w{p}_s {div}",
+    "std": "w{p}_sd",
+    "zscore": "tl.where(w{p}_sd > 0.0, w{p}_dz / w{p}_sd, float('nan'))",
+}
+FUSED_KINDS = frozenset(_EXPR)
+
+
+def _div(w: int) -> str:
+    """Division by a window in the kernel: a literal 1 / W is a float32 constant in Triton, exact only for a
+    power of two (then a multiplication); else a float64 division, rounded once."""
+    return f"* {1.0 / w!r}" if w & (w - 1) == 0 else f"/ {w}"
+
+
+def fused_source(plan) -> tuple[str, str]:  # noqa: ANN001 - filterbank.FusedPlan (not imported: no cycle)
+    """(function name, source) of the fused kernel for ``plan`` (:class:`tsconv.kernels.filterbank.FusedPlan`):
+    generated from integers and the fixed kind names of ``_EXPR`` only, never from user text."""
+    BT, BC = plan.rows, plan.channels
+    M = len(plan.kinds)
+    MP = 1 << (M - 1).bit_length()
+    for k in plan.kinds:
+        if k not in _EXPR:
+            raise ValueError(f"kind {k!r} is not fused")
+    for p in plan.params:
+        if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+            raise ValueError(f"bad filter parameter {p!r}")
+    for v in (BT, BC):
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"tile sizes must be powers of two, got {BT} x {BC}")
+    lags = sorted({p for k, p in zip(plan.kinds, plan.params, strict=True) if k in ("lag", "diff", "ret")})
+    raw = sorted({p for k, p in zip(plan.kinds, plan.params, strict=True) if k in ("ma", "dev")})
+    mom = sorted({p for k, p in zip(plan.kinds, plan.params, strict=True) if k in ("std", "zscore")})
+    name = plan.name
+
+    def rowx(u: str) -> str:  # offsets of input rows for output steps u (3-d)
+        return f"(({u}) + halo).to(tl.int64) * sx_t + ccol[None, None, :]"
+
+    ln: list[str] = []
+    add = ln.append
+    add('@triton.jit(do_not_specialize=["n", "n_in", "C", "sx_t", "sx_c", "so", "halo"])')
+    add(f"def {name}(x_ptr, o_ptr, n, n_in, C, sx_t, sx_c, so, halo, D: tl.constexpr):")
+    add(f"    # generated by tsconv.kernels.filterbank_triton.fused_source: {plan}")
+    add("    pid = tl.program_id(0)")
+    add(f"    base = (pid // D) * ({BT} * D) + pid % D  # output row of local step 0; steps are D rows apart")
+    add(f"    c = tl.program_id(1) * {BC} + tl.arange(0, {BC})")
+    add("    cok = c < C")
+    add("    ccol = c.to(tl.int64) * sx_c")
+    add(f"    t2 = base + tl.arange(0, {BT})[:, None] * D")
+    add("    ok2 = (t2 < n) & cok[None, :]")
+    add("    cur = tl.load(x_ptr + (t2 + halo).to(tl.int64) * sx_t + ccol[None, :], mask=ok2, other=0.0)")
+    add("    cur = cur.to(tl.float64)")
+    for L in lags:
+        add(
+            f"    lag{L} = tl.load(x_ptr + (t2 + halo - {L} * D).to(tl.int64) * sx_t + ccol[None, :], mask=ok2,"
+        )
+        add("                     other=1.0).to(tl.float64)")
+    for W in sorted(set(raw) | set(mom)):
+        b = 1 << (W.bit_length() - 1)
+        nb = BT // b
+        add(
+            f"    # window {W}: sub-blocks of {b} steps; step i of a sub-block starting at s sums x[s-{W}+1+i .. s-1]"
+        )
+        add(
+            "    # (a reverse scan of the rows before s) and x[s .. s+i] (a scan): only the window's own values"
+        )
+        add(f"    w{W}_q = tl.arange(0, {nb})[:, None, None] * {b}")
+        add(f"    w{W}_i = tl.arange(0, {b})[None, :, None]")
+        add(f"    w{W}_t = base + (w{W}_q + w{W}_i) * D")
+        add(f"    w{W}_ok = (w{W}_t < n) & cok[None, None, :]")
+        # the rows before a sub-block serve all its steps: masked by the sub-block's start, not by their index
+        add(f"    w{W}_sok = (base + w{W}_q * D < n) & cok[None, None, :]")
+        add(f"    w{W}_xb = tl.load(x_ptr + {rowx(f'w{W}_t')}, mask=w{W}_ok, other=0.0).to(tl.float64)")
+        add(f"    w{W}_lo = tl.load(x_ptr + {rowx(f'base + (w{W}_q - {W - 1} + w{W}_i) * D')},")
+        add(f"                    mask=w{W}_sok & (w{W}_i < {W - 1}), other=0.0).to(tl.float64)")
+        hi = W - 1 - b  # rows of the reverse part past the sub-block's first b
+        if hi > 0:
+            add(f"    w{W}_hi = tl.load(x_ptr + {rowx(f'base + (w{W}_q - {W - 1} + {b} + w{W}_i) * D')},")
+            add(f"                    mask=w{W}_sok & (w{W}_i < {hi}), other=0.0).to(tl.float64)")
+        if W in raw:
+            tail = f" + tl.sum(w{W}_hi, axis=1, keep_dims=True)" if hi > 0 else ""
+            add(f"    w{W}_s = (tl.cumsum(w{W}_lo, axis=1, reverse=True){tail}) + tl.cumsum(w{W}_xb, axis=1)")
+            add(f"    w{W}_s = tl.reshape(w{W}_s, ({BT}, {BC}))")
+        if W in mom:
+            # sums of y = x - x[s]: x[s] lies in every window of the sub-block, so a flat window gives 0
+            # exactly, and the squares stay at the window's range, not the price level
+            add(f"    w{W}_c = tl.load(x_ptr + {rowx(f'base + w{W}_q * D')},")
+            add(f"                   mask=w{W}_sok, other=0.0).to(tl.float64)")
+            add(f"    ylo, yb = tl.where(w{W}_i < {W - 1}, w{W}_lo - w{W}_c, 0.0), w{W}_xb - w{W}_c")
+            tail = ""
+            if hi > 0:
+                add(f"    yhi = tl.where(w{W}_i < {hi}, w{W}_hi - w{W}_c, 0.0)")
+            for sq, fn in (("sy", "{}"), ("qy", "{0} * {0}")):
+                tail_ = f" + tl.sum({fn.format('yhi')}, axis=1, keep_dims=True)" if hi > 0 else ""
+                add(
+                    f"    w{W}_{sq} = (tl.cumsum({fn.format('ylo')}, axis=1, reverse=True){tail_}) + "
+                    f"tl.cumsum({fn.format('yb')}, axis=1)"
+                )
+            add(f"    m2 = w{W}_qy - w{W}_sy * w{W}_sy {_div(W)}")
+            add(
+                f"    w{W}_sd = tl.sqrt(tl.where(m2 < 0.0, 0.0, m2) {_div(max(W - 1, 1))})  # the where keeps NaN"
+            )
+            add(f"    w{W}_dz = yb - w{W}_sy {_div(W)}")
+            add(f"    w{W}_sd = tl.reshape(w{W}_sd, ({BT}, {BC}))")
+            add(f"    w{W}_dz = tl.reshape(w{W}_dz, ({BT}, {BC}))")
+    if getattr(plan, "store", "one") == "each":
+        add(f"    orow = o_ptr + t2.to(tl.int64) * so + c[None, :] * {M}")
+        for m, (k, p) in enumerate(zip(plan.kinds, plan.params, strict=True)):
+            v = _EXPR[k].format(p=p, div=_div(p) if k in ("ma", "dev") else "")
+            add(f"    tl.store(orow + {m}, ({v}).to(tl.float32), mask=ok2)")
+        return name, "\n".join(ln) + "\n"
+    add(f"    mi = tl.arange(0, {MP})[None, None, :]")
+    add(f"    res = tl.zeros(({BT}, {BC}, {MP}), dtype=tl.float32)")
+    for m, (k, p) in enumerate(zip(plan.kinds, plan.params, strict=True)):
+        v = _EXPR[k].format(p=p, div=_div(p) if k in ("ma", "dev") else "")
+        add(f"    v = ({v}).to(tl.float32)")
+        add(f"    res = tl.where(mi == {m}, v[:, :, None], res)")
+    add(f"    optr = o_ptr + t2[:, :, None].to(tl.int64) * so + c[None, :, None] * {M} + mi")
+    add(f"    tl.store(optr, res, mask=ok2[:, :, None] & (mi < {M}))")
+    return name, "\n".join(ln) + "\n"
+
+
+@functools.cache
+def fused_kernel(plan) -> triton.runtime.JITFunction:  # noqa: ANN001 - a FusedPlan (hashable)
+    """The generated fused kernel for ``plan``, built once per process."""
+    name, src = fused_source(plan)
+    filename = f"<tsconv.kernels.filterbank_triton {name}>"
+    # Triton reads a kernel's source through inspect/linecache: register the generated text under its name.
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    namespace = {"triton": triton, "tl": tl, "__name__": __name__}
+    exec(compile(src, filename, "exec"), namespace)  # noqa: S102 (our own template, integers and kind names)
+    return namespace[name]
+
+
+def run_fused(plan, x: torch.Tensor, out: torch.Tensor, *, halo: int, dilation: int) -> None:
+    """Every filter of the bank on ``x`` [n + halo, C] (float32, any strides) into ``out`` [n, C * M]."""
+    n_in, c = x.shape
+    n = out.shape[0]
+    grid = (triton.cdiv(n, plan.rows * dilation) * dilation, triton.cdiv(c, plan.channels))
+    fused_kernel(plan)[grid](x, out, n, n_in, c, x.stride(0), x.stride(1), out.stride(0), halo, D=dilation,
+                             num_warps=plan.warps)  # fmt: skip

@@ -313,9 +313,11 @@ class ResolvedPipeline:
                     "weight_dtype": layer.weight_dtype,
                     "weight_sha256": digest(layer.weight),
                     "bias_sha256": digest(layer.bias),
-                    # how a bank is computed: "filters-2" each filter from its definition with its own
-                    # warm-up (before: a dense convolution padded to the longest filter)
-                    **({"compute": "filters-2"} if layer.structured else {}),
+                    # how a bank is computed: "filters-3" each filter from its definition with its own
+                    # warm-up, means divided by their window exactly (filters-2 multiplied by 1 / W, which
+                    # CUDA kernels rounded to float32; filters-1: a dense convolution padded to the longest
+                    # filter); outputs of another version are not extended or resumed
+                    **({"compute": "filters-3"} if layer.structured else {}),
                 }
                 for stage, layer in zip(self.pipeline.stages, self.layers, strict=True)
             ],
