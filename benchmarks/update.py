@@ -10,7 +10,8 @@ running ``--update`` costs at most 5% of a full ``tsconv process`` of the grown 
 
 The store is written by plain zarr (``zarr.create_array``, its default chunks and zstd): ``--rows`` x
 ``--features`` float32 prices at levels 20..500 on a 0.01 grid, a quarter of the symbols starting late,
-int64 ns times. Each repeat, every command a fresh ``python -m tsconv process`` (as a cron job runs it):
+``--unlisted`` of them with no value at all yet (a universe lists symbols before they trade), int64 ns
+times. Each repeat, every command a fresh ``python -m tsconv process`` (as a cron job runs it):
 
 1. a full run of the store as it is (``--overwrite``), then
 2. ``--append`` share of rows appended with zarr (resize, then write the new rows), then
@@ -53,7 +54,7 @@ T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z in ns
 BAND = 1 << 16  # rows generated at once
 
 
-def _series(rows: int, features: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _series(rows: int, features: int, seed: int, unlisted: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     level = rng.uniform(20, 500, size=features).astype(np.float64)
     x = np.empty((rows, features), np.float32)
@@ -65,6 +66,8 @@ def _series(rows: int, features: int, seed: int) -> tuple[np.ndarray, np.ndarray
         x[a:b] = walk
     for j in range(0, features, 4):  # a quarter of the symbols start late
         x[: int(rng.integers(rows // 20, rows // 4)), j] = np.nan
+    if unlisted:  # symbols with no value at all yet (listed in the universe, not trading)
+        x[:, features - unlisted :] = np.nan
     t = T0 + np.cumsum(rng.integers(1, 10_000_000, size=rows)).astype(np.int64)
     return x, t
 
@@ -170,6 +173,12 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=32)
     ap.add_argument("--append", type=float, default=0.01, help="rows appended, as a share of --rows")
     ap.add_argument("--pipeline", default="default")
+    ap.add_argument(
+        "--unlisted",
+        type=int,
+        default=1,
+        help="features with no value at all yet (the last ones: symbols listed, not trading)",
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/tsconv-update-bench"))
@@ -188,7 +197,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     grown_rows = args.rows + int(round(args.rows * args.append))
-    x, t = _series(grown_rows, args.features, seed=0)
+    x, t = _series(grown_rows, args.features, seed=0, unlisted=args.unlisted)
     src, out = work / "ticks.zarr", work / "ticks.features.zarr"
     write_store(src, x, t, args.rows)
     import zarr
@@ -233,6 +242,7 @@ def main() -> None:
             "chunks": chunks,
             "codec": "zstd (zarr's default)",
             "pipeline": args.pipeline,
+            "unlisted_features": args.unlisted,
         },  # fmt: skip
         "startup_s": startup,
         "startup_samples_s": startups,
@@ -294,7 +304,8 @@ def render(r: dict[str, Any]) -> str:
         f"device {r['device']}. {r['note']}".rstrip(),
         "",
         f"Store: {s['rows']:,} x {s['features']} float32 written by plain zarr (chunks {s['chunks']}, "
-        f"{s['codec']}), pipeline `{s['pipeline']}`; {s['appended_rows']:,} rows appended (resize + write). "
+        f"{s['codec']}), {s.get('unlisted_features', 0)} of its features with no value yet, pipeline "
+        f"`{s['pipeline']}`; {s['appended_rows']:,} rows appended (resize + write). "
         f"Each command a fresh `tsconv process` process; median of {len(r['runs']) // 2}.",
         "",
         "| run | rows computed | wall s | after start-up s | report s |",

@@ -19,3 +19,60 @@ def test_forward_fill_torch_equals_the_numpy_fill():
         expected, _ = forward_fill(block.copy(), last.copy())
         got = forward_fill_torch(torch.from_numpy(block), torch.from_numpy(last)).numpy()
         np.testing.assert_array_equal(got, expected)
+
+
+class _Spy:
+    """A BandReader over an array that records the rows it was asked for."""
+
+    def __init__(self, x: np.ndarray, band_rows: int) -> None:
+        self.x, self.band_rows, self.n_features, self.reads = x, band_rows, x.shape[1], []
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        self.reads.append((a, b))
+        return self.x[a:b]
+
+
+def test_a_recorded_fill_state_gives_the_walks_state_and_bounds_it():
+    """From a (row, state) recorded at a row before or after the one asked for, the state is the full walk's;
+    a feature with no value yet (a symbol not listed) no longer sends the walk back to row 0."""
+    from tsconv.engine.fill import fill_record, fill_state_before, parse_fill_record
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(5000, 6)).astype(np.float32)
+    x[rng.random(x.shape) < 0.3] = np.nan
+    x[:, 1] = np.nan  # never listed
+    x[:4000, 2] = np.nan  # listed late
+    x[600:, 3] = np.nan  # delisted early
+    x[4990:, 4] = np.nan
+    f32 = np.dtype(np.float32)
+    for k in (0, 100, 3333, 4100, 4999, 5000):
+        known = parse_fill_record(fill_record(k, fill_state_before(_Spy(x, 64), k, f32)), 6)
+        assert known is not None and known[0] == k
+        for row in (0, 1, 63, 64, 2000, 3333, 4096, 4100, 4500, 5000):
+            if k > row and k - row > 1500:
+                continue  # records serve rows a little before them (an update's restart), not far back
+            spy = _Spy(x, 64)
+            got = fill_state_before(spy, row, f32, known=known)
+            np.testing.assert_array_equal(
+                got, fill_state_before(_Spy(x, 64), row, f32), err_msg=f"k={k} row={row}"
+            )
+            if k <= row:
+                assert all(a >= k for a, _ in spy.reads), (k, row)
+    # without a record the never-listed symbol walks back to row 0; with one from 100 rows later, it does not
+    spy = _Spy(x, 64)
+    fill_state_before(spy, 4900, f32)
+    assert min(a for a, _ in spy.reads) == 0
+    spy = _Spy(x, 64)
+    fill_state_before(spy, 4900, f32, known=(5000, fill_state_before(_Spy(x, 64), 5000, f32)))
+    assert min(a for a, _ in spy.reads) >= 4000  # column 2's first value: the walk stops there
+
+
+def test_a_fill_record_of_another_shape_or_garbage_is_not_used():
+    from tsconv.engine.fill import parse_fill_record
+
+    assert parse_fill_record({"row": 5, "state": [1.0, None]}, 3) is None
+    assert parse_fill_record({"row": "5", "state": [1.0]}, 1) is None
+    assert parse_fill_record({"row": 5, "state": ["x"]}, 1) is None
+    assert parse_fill_record(None, 1) is None
+    got = parse_fill_record({"row": 5, "state": [1.5, None]}, 2)
+    assert got is not None and got[0] == 5 and got[1][0] == 1.5 and np.isnan(got[1][1])

@@ -234,7 +234,7 @@ def _fill_state_reset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         tsconv.engine.chunked,
         "fill_state_before",
-        lambda source, row, dtype: np.full(source.n_features, np.nan, dtype=dtype),
+        lambda source, row, dtype, **_: np.full(source.n_features, np.nan, dtype=dtype),
     )
 
 
@@ -340,7 +340,9 @@ def test_resume_takes_a_change_in_rows_not_yet_computed(tmp_path: Path, small_ch
     want = tmp_path / "want.zarr"
     tsconv.process(src, want, chunk=CHUNK)  # the new input from scratch
     assert _chunk_files(out) == _chunk_files(want)
-    assert read_digest(out) == input_digest(tsconv.open_input(src))  # what the output now comes from
+    recorded = read_digest(out)
+    assert recorded.pop("fill")["row"] == ROWS  # the fill state at the run's last row, beside the digest
+    assert recorded == input_digest(tsconv.open_input(src))  # what the output now comes from
 
 
 def test_resume_of_an_unchanged_input_gives_the_uninterrupted_bytes(

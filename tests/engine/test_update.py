@@ -131,6 +131,13 @@ def test_the_batched_engine_updates_within_the_fp32_bound(tmp_path: Path, out_ch
     np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
     np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-4)
     assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"] is True
+    # the batched engine records the fill state at its last row as the chunked one does
+    import json
+
+    cpu = tmp_path / "cpu.zarr"
+    tsconv.process(src, cpu, pipeline=pipe, chunk=CHUNK, device="cpu")
+    recs = [json.loads((p / "values" / ".tsconv-input.json").read_text())["fill"] for p in (out, want, cpu)]
+    assert recs[0] == recs[1] == recs[2] and recs[0]["row"] == 1000
 
 
 def test_warmup_zero_and_a_time_range(tmp_path: Path, out_chunks: None) -> None:
@@ -451,3 +458,45 @@ def test_cli_update_says_so_on_one_line_and_refuses_on_one(tmp_path: Path, out_c
     res = run("--update", "--resume")
     assert res.exit_code == 2 and "--resume and --update exclude each other" in res.stderr
     assert "--update" in CliRunner().invoke(main, ["process", "--help"]).stdout
+
+
+def test_an_update_starts_from_the_recorded_fill_state_not_from_row_0(
+    tmp_path: Path, out_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run records the fill state at its last row beside the input digest; an update of an input with a
+    symbol not listed yet reads no rows far before its restart (without the record its walk went back to
+    row 0 every update), and still equals a full run bit for bit."""
+    import json
+
+    import tsconv.engine.chunked as chunked
+
+    x, t = ticks(6000, 4, seed=41)
+    x[:, 3] = np.nan  # not listed yet
+    x[:5900, 1] = np.nan  # listed in the appended rows
+    src = make_input(tmp_path / "in.zarr", x, t, 5000, chunks=(500, 2))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu")
+    rec = json.loads((out / "values" / ".tsconv-input.json").read_text())["fill"]
+    assert rec["row"] == 5000 and rec["state"][3] is None and rec["state"][1] is None
+    assert rec["state"][0] == float(x[:5000, 0][~np.isnan(x[:5000, 0])][-1])
+    grow(src, x, t, 6000)
+    lowest: list[int] = []
+    real = chunked.fill_state_before
+
+    def spy(source, row, dtype, *, known=None):  # noqa: ANN001, ANN202
+        read = source.read
+        source.read = lambda a, b: (lowest.append(a), read(a, b))[1]
+        try:
+            return real(source, row, dtype, known=known)
+        finally:
+            del source.read
+
+    monkeypatch.setattr(chunked, "fill_state_before", spy)
+    tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu", update=True)
+    restart = 5000 // (3 * CHUNK) * (3 * CHUNK)
+    assert lowest and min(lowest) >= restart - 1000, min(lowest)
+    monkeypatch.undo()
+    full = tmp_path / "full.zarr"
+    tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
+    assert_same(out, full)
+    assert json.loads((out / "values" / ".tsconv-input.json").read_text())["fill"]["row"] == 6000

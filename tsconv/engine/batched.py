@@ -44,7 +44,7 @@ import torch
 
 from tsconv import config, trace
 from tsconv.engine.compute import Backend
-from tsconv.engine.fill import fill_state_before, forward_fill
+from tsconv.engine.fill import FillCarry, fill_state_before, forward_fill
 from tsconv.engine.level import level_before_torch, tail_rows
 from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader
@@ -402,6 +402,7 @@ def run_batched(
     warmup: str,
     transfer: str = "pinned",
     on_rows: Callable[[int], None] | None = None,
+    fill_carry: FillCarry | None = None,
 ) -> StageTimes:
     """Compute rows [start, stop) in steps of ``step_rows`` and hand each step's rows to ``emit`` in order.
 
@@ -432,7 +433,7 @@ def run_batched(
     # Start state, as the chunked engine builds it: the fill state and raw filled rows before `start`.
     sel: BandReader = ColumnSource(source, plan.columns) if plan.columns is not None else source
     begin = max(0, start - halo)
-    state0 = fill_state_before(sel, begin, np.dtype(np.float32))
+    state0 = fill_state_before(sel, begin, np.dtype(np.float32), known=fill_carry and fill_carry.known)
     carry0 = np.zeros((halo - (start - begin), n_feat), dtype=np.float32)
     if start > begin:
         raw = np.asarray(sel.read(begin, start), dtype=np.float32)
@@ -647,6 +648,9 @@ def run_batched(
             for k, (p0, p1, b0, b1) in enumerate(step_events):
                 trace.add("gpu_compute", at(p0), at(p1), k, thread=-2)
                 trace.add("gpu_d2h", at(b0), at(b1), k, thread=-3)
+    if fill_carry is not None and rows > start:
+        with gpu.on(gpu.compute):  # after the last piece's prepare, which wrote the state leaving it
+            fill_carry.end = (rows, state.cpu().numpy().copy())
     return times
 
 

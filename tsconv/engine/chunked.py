@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from tsconv.engine.compute import Backend
-from tsconv.engine.fill import fill_state_before, forward_fill
+from tsconv.engine.fill import FillCarry, fill_state_before, forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
 from tsconv.io.contracts import BandReader
 from tsconv.io.readers.blocks import ColumnSource
@@ -33,6 +33,7 @@ def run_chunked(
     warmup: str,
     on_rows: Callable[[int], None] | None = None,
     stop: int | None = None,
+    fill_carry: FillCarry | None = None,
 ) -> None:
     """Compute rows [start, stop) (default: to T) chunk by chunk and hand each result block to ``emit`` in order.
 
@@ -46,7 +47,7 @@ def run_chunked(
     # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
     # before step 0 as zeros (the first stage's zero history).
     begin = max(0, start - halo)
-    state = fill_state_before(source, begin, np.dtype(np.float32))
+    state = fill_state_before(source, begin, np.dtype(np.float32), known=fill_carry and fill_carry.known)
     carry = np.zeros((halo - (start - begin), nf), dtype=np.float32)
     if start > begin:
         raw = np.asarray(source.read(begin, start), dtype=np.float32)
@@ -78,3 +79,5 @@ def run_chunked(
             carry = x[x.shape[0] - halo :]
         if on_rows is not None:
             on_rows(e - s)
+    if fill_carry is not None and rows > start:  # the state after the last row read
+        fill_carry.end = (rows, state.copy())

@@ -6,12 +6,53 @@ The whole state between chunks is the last filled row.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import torch
 
 from tsconv.io.contracts import BandReader
 
-__all__ = ["forward_fill", "forward_fill_torch", "fill_state_before"]
+__all__ = [
+    "FillCarry",
+    "fill_record",
+    "fill_state_before",
+    "forward_fill",
+    "forward_fill_torch",
+    "parse_fill_record",
+]
+
+
+@dataclass
+class FillCarry:
+    """The fill state between runs of one output: ``known``, a (row, state) recorded by an earlier run over
+    rows the input still holds unchanged, to start from; ``end``, set by the engine, the (row, state) after
+    its last row."""
+
+    known: tuple[int, np.ndarray] | None = None
+    end: tuple[int, np.ndarray] | None = None
+
+
+def fill_record(row: int, state: np.ndarray) -> dict[str, Any]:
+    """``(row, state)`` as JSON: NaN (a feature with no value yet) as null."""
+    return {"row": int(row), "state": [None if math.isnan(v) else float(v) for v in state.tolist()]}
+
+
+def parse_fill_record(doc: object, n_features: int) -> tuple[int, np.ndarray] | None:
+    """:func:`fill_record`'s JSON back, or None where it is missing or not one for ``n_features``."""
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("row"), int)
+        or not isinstance(doc.get("state"), list)
+    ):
+        return None
+    values = doc["state"]
+    if len(values) != n_features or not all(v is None or isinstance(v, (int, float)) for v in values):
+        return None
+    state = np.array([np.nan if v is None else v for v in values], dtype=np.float32)
+    return doc["row"], state
 
 
 def forward_fill(block: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -38,17 +79,35 @@ def forward_fill_torch(block: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     return ext.gather(0, idx + 1)
 
 
-def fill_state_before(source: BandReader, row: int, dtype: np.dtype) -> np.ndarray:
+def fill_state_before(
+    source: BandReader, row: int, dtype: np.dtype, *, known: tuple[int, np.ndarray] | None = None
+) -> np.ndarray:
     """The forward-fill state at ``row``: per feature, the last non-NaN value in rows < ``row``.
 
     Walks back one band at a time and stops once every feature has a value, so a resume after a
-    kill reads only what it needs (everything back to row 0 only for features that are NaN so far).
+    kill reads only what it needs. Without ``known`` a feature that is NaN so far (a symbol not listed yet)
+    makes it read back to row 0; ``known`` = (k, state at row k), recorded by an earlier run over rows the
+    input still holds, bounds that: the walk stops at k when k <= ``row``, and when k > ``row`` a feature with
+    no value in rows [``row``, k) had at ``row`` the state it has at k.
     """
     state = np.full(source.n_features, np.nan, dtype=dtype)
     missing = np.ones(source.n_features, dtype=bool)
+    floor = 0
+    if known is not None:
+        k, at_k = known
+        if k > row:
+            seen = np.zeros(source.n_features, dtype=bool)
+            for a in range(row, k, max(1, source.band_rows)):
+                seen |= ~np.isnan(
+                    np.asarray(source.read(a, min(k, a + max(1, source.band_rows))), dtype=dtype)
+                ).all(axis=0)
+            state[~seen] = at_k[~seen]
+            missing &= seen
+        else:
+            floor = k
     stop = row
-    while stop > 0 and missing.any():
-        start = max(0, (stop - 1) // source.band_rows * source.band_rows)
+    while stop > floor and missing.any():
+        start = max(floor, (stop - 1) // source.band_rows * source.band_rows)
         block = np.asarray(source.read(start, stop), dtype=dtype)
         valid = ~np.isnan(block[:, missing])
         has = valid.any(axis=0)
@@ -58,4 +117,6 @@ def fill_state_before(source: BandReader, row: int, dtype: np.dtype) -> np.ndarr
             state[cols] = block[last_idx[has], cols]
             missing[cols] = False
         stop = start
+    if known is not None and known[0] <= row and missing.any():
+        state[missing] = known[1][missing]
     return state

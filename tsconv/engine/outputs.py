@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, RunPlan, plan_run, reset_device, run
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
@@ -120,6 +121,7 @@ def to_zarr(
         )  # fmt: skip
         rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
         digest = updated_from = None
+        fill_carry = FillCarry()
         if action == "create":
             if update:
                 check_time(store)
@@ -128,6 +130,7 @@ def to_zarr(
             digest = input_digest(store)
             discard_output(out_path)  # before t0: deleting the old store is not the run's time
         else:  # output rows [0, n) come from input rows [0, r0 + n)
+            fill_carry.known = _fill_known(out_path, plan, before=r0 + rows_written(out_path))
             step = _prepare_update if update else _prepare_resume
             action, start, rows, digest, updated_from = step(
                 out_path,
@@ -176,7 +179,8 @@ def to_zarr(
         rp = RunPlan(
             rp.device, chunk, warmup, r0 + start, r0 + rows, rp.step_rows, rp.gpu_reader, rp.transfer
         )
-        stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name)
+        stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name, fill_carry=fill_carry)
+        _record_fill(out_path, fill_carry)
         if "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
             # opening and checking the input, planning, the input's digest, clearing an old output:
@@ -190,6 +194,29 @@ def to_zarr(
 
 
 _Prepared = tuple[str, int, int, "dict[str, Any] | None", "int | None"]
+
+
+def _fill_known(out_path: Path | StoreURL, plan: ResolvedPipeline, *, before: int) -> tuple[int, Any] | None:
+    """The fill state an earlier run recorded with the output's input digest, where it is for input rows
+    the output still holds (``before``: those the digest check covers), else None. It lets a resume or an
+    update start without walking back to row 0 for a feature with no value yet (a symbol not listed)."""
+    doc = read_digest(out_path)
+    known = parse_fill_record(doc.get("fill") if doc else None, len(plan.input_names))
+    return known if known is not None and known[0] <= before else None
+
+
+def _same_input(current: dict[str, Any], recorded: dict[str, Any] | None) -> bool:
+    """Whether the recorded digest describes the input as it is now (its fill record aside)."""
+    return recorded is not None and current == {k: v for k, v in recorded.items() if k != "fill"}
+
+
+def _record_fill(out_path: Path | StoreURL, carry: FillCarry) -> None:
+    """Keep the fill state at the run's last row beside the input digest that covers those rows (a run
+    with no digest, or one skipped, records none)."""
+    doc = read_digest(out_path)
+    if carry.end is None or doc is None or "arrays" not in doc:
+        return
+    write_digest(out_path, {**doc, "fill": fill_record(*carry.end)})
 
 
 def _recorded(out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, verb: str) -> dict[str, Any]:
@@ -221,7 +248,7 @@ def _prepare_resume(
     (rows appended to the input since are for ``--update``)."""
     meta = _recorded(out_path, store, r0=r0, r1=r1, verb="resume into")
     current = verify_input(out_path, store, before=r0 + rows_written(out_path))
-    if action == "resume" and current != read_digest(out_path):
+    if action == "resume" and not _same_input(current, read_digest(out_path)):
         # the rows still to compute come from the input as it is now: record that
         write_digest(out_path, current)
     recorded = int(meta["rows"])
@@ -250,7 +277,7 @@ def _prepare_update(
     recorded, rows = int(meta["rows"]), r1 - r0
     current = verify_input(out_path, store, before=r0 + rows_written(out_path), verb="update")
     if rows == recorded:  # nothing new: finish an interrupted run, or nothing at all
-        if action == "resume" and current != read_digest(out_path):
+        if action == "resume" and not _same_input(current, read_digest(out_path)):
             write_digest(out_path, current)
         return ("resume" if action == "resume" else "current"), start, rows, None, recorded
     out_rows = int(_read_json(out_path, "values/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"][0])

@@ -29,6 +29,7 @@ from tsconv.engine.batched import (
 )
 from tsconv.engine.chunked import run_chunked
 from tsconv.engine.compute import Backend
+from tsconv.engine.fill import FillCarry
 from tsconv.engine.report import stage_summary
 from tsconv.errors import GpuError, TsconvError
 from tsconv.io.contracts import Sink, Source
@@ -218,12 +219,14 @@ def run(
     progress: bool = False,
     desc: str = "",
     threads: int | None = None,
+    fill_carry: FillCarry | None = None,
 ) -> dict[str, Any]:
     """Compute the planned rows of ``source`` through ``plan`` into ``sink``, then finish the sink.
 
     Returns the report's engine fields: ``head_path``, and for the batched engine its stage fields. On an
     error the sink is closed unfinished (a zarr output stays incomplete and resumable). ``threads``: decode
-    threads for the reader (None: the default).
+    threads for the reader (None: the default). ``fill_carry``: the fill state to start from and, after the
+    run, the one at its end (:class:`tsconv.engine.fill.FillCarry`).
     """
     from tsconv.progress import progress_bar
 
@@ -246,12 +249,12 @@ def run(
         if batched:
             times = run_batched(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop,
                                 step_rows=rp.step_rows, warmup=rp.warmup, transfer=rp.transfer,
-                                on_rows=bar.update)  # fmt: skip
+                                on_rows=bar.update, fill_carry=fill_carry)  # fmt: skip
             stages = stage_summary(times, transfer=rp.transfer, reader=reader, sink=sink)
             stages["stage_seconds"].update(setup)
         else:
             run_chunked(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop, chunk=rp.chunk,
-                        warmup=rp.warmup, on_rows=bar.update)  # fmt: skip
+                        warmup=rp.warmup, on_rows=bar.update, fill_carry=fill_carry)  # fmt: skip
         backend.finish()
         t0 = time.perf_counter()
         sink.finish()
