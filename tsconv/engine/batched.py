@@ -648,7 +648,7 @@ def run_batched(
             for k, (p0, p1, b0, b1) in enumerate(step_events):
                 trace.add("gpu_compute", at(p0), at(p1), k, thread=-2)
                 trace.add("gpu_d2h", at(b0), at(b1), k, thread=-3)
-    if fill_carry is not None and rows > start:
+    if fill_carry is not None:  # the state at ``rows`` (the start's when there was no step to run)
         with gpu.on(gpu.compute):  # after the last piece's prepare, which wrote the state leaving it
             fill_carry.end = (rows, state.cpu().numpy().copy())
     return times

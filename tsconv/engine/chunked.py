@@ -79,5 +79,5 @@ def run_chunked(
             carry = x[x.shape[0] - halo :]
         if on_rows is not None:
             on_rows(e - s)
-    if fill_carry is not None and rows > start:  # the state after the last row read
+    if fill_carry is not None:  # the state at ``rows``: after the last chunk, or the start's with none to do
         fill_carry.end = (rows, state.copy())

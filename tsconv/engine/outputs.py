@@ -179,8 +179,8 @@ def to_zarr(
         rp = RunPlan(
             rp.device, chunk, warmup, r0 + start, r0 + rows, rp.step_rows, rp.gpu_reader, rp.transfer
         )
-        stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name, fill_carry=fill_carry)
-        _record_fill(out_path, fill_carry)
+        stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name, fill_carry=fill_carry,
+                     before_finish=lambda: _record_fill(out_path, fill_carry))  # fmt: skip
         if "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
             # opening and checking the input, planning, the input's digest, clearing an old output:
@@ -212,7 +212,8 @@ def _same_input(current: dict[str, Any], recorded: dict[str, Any] | None) -> boo
 
 def _record_fill(out_path: Path | StoreURL, carry: FillCarry) -> None:
     """Keep the fill state at the run's last row beside the input digest that covers those rows (a run
-    with no digest, or one skipped, records none)."""
+    with no digest, or one skipped, records none). Written before the output is marked complete, so a
+    complete output has it whichever kills and resumes led there."""
     doc = read_digest(out_path)
     if carry.end is None or doc is None or "arrays" not in doc:
         return

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,13 +220,15 @@ def run(
     desc: str = "",
     threads: int | None = None,
     fill_carry: FillCarry | None = None,
+    before_finish: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Compute the planned rows of ``source`` through ``plan`` into ``sink``, then finish the sink.
 
     Returns the report's engine fields: ``head_path``, and for the batched engine its stage fields. On an
     error the sink is closed unfinished (a zarr output stays incomplete and resumable). ``threads``: decode
     threads for the reader (None: the default). ``fill_carry``: the fill state to start from and, after the
-    run, the one at its end (:class:`tsconv.engine.fill.FillCarry`).
+    run, the one at its end (:class:`tsconv.engine.fill.FillCarry`). ``before_finish``: called once the rows
+    are computed, before the sink is finished (a zarr output marked complete).
     """
     from tsconv.progress import progress_bar
 
@@ -256,6 +258,8 @@ def run(
             run_chunked(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop, chunk=rp.chunk,
                         warmup=rp.warmup, on_rows=bar.update, fill_carry=fill_carry)  # fmt: skip
         backend.finish()
+        if before_finish is not None:
+            before_finish()
         t0 = time.perf_counter()
         sink.finish()
         if stages is not None:
