@@ -97,10 +97,9 @@ def fill_state_before(
         k, at_k = known
         if k > row:
             seen = np.zeros(source.n_features, dtype=bool)
-            for a in range(row, k, max(1, source.band_rows)):
-                seen |= ~np.isnan(
-                    np.asarray(source.read(a, min(k, a + max(1, source.band_rows))), dtype=dtype)
-                ).all(axis=0)
+            band = max(1, source.band_rows)
+            for a in range(row, k, band):
+                seen |= ~np.isnan(np.asarray(source.read(a, min(k, a + band)), dtype=dtype)).all(axis=0)
             state[~seen] = at_k[~seen]
             missing &= seen
         else:

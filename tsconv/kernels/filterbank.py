@@ -75,6 +75,7 @@ class FusedPlan:
         return f"_bank_{body}_r{self.rows}_c{self.channels}"
 
 
+@functools.cache  # asked once per bank call (every engine step): the plan of a bank never changes
 def fused_plan(filters: tuple[Filter, ...], *, channels: int | None = None, warps: int | None = None,
                rows: int | None = None) -> FusedPlan | None:  # fmt: skip
     """The fused kernel's plan for a bank, or None where the bank needs the ladder's kernels (an EMA, or a
