@@ -8,6 +8,7 @@ steps, forward fill and centering, warm-up rows, resume, column selection, budge
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -121,7 +122,7 @@ def test_prepare_selects_columns_and_leaves_the_level_uncentered():
 def _batched(x, plan, *, step_rows, band_rows, start=0, warmup="nan"):
     out = []
     run_batched(ArraySource(x, band_rows=band_rows), plan, Backend(plan, torch.device("cpu")),
-                lambda a: out.append(a.copy()), start=start, step_rows=step_rows, warmup=warmup)  # fmt: skip
+                lambda a, release: (out.append(a.copy()), release()), start=start, step_rows=step_rows, warmup=warmup)  # fmt: skip
     return np.concatenate(out)
 
 
@@ -187,13 +188,52 @@ def test_process_batched_on_a_store_matches_the_chunked_engine(tmp_path):
     assert g.attrs["tsconv"]["complete"] is True
 
 
+def test_result_slots_lent_to_the_writer_threads_are_reused_only_once_stored(tmp_path, monkeypatch):
+    """The writer threads store chunks straight from the engine's host slots and free them in any order:
+    no slot is refilled while a write still reads it. One write of the first step (slot 0) is held until
+    a step after the third has been written or 6 s have passed; a slot refilled too early shows in it."""
+    import random
+    import threading
+
+    from tsconv import config
+    from tsconv.engine import batched, outputs
+    from tsconv.io.writers.zarr_writer import OutputWriter
+
+    x = price_series(2600, 4, seed=11, nan_fraction=0.02)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(300, 4))
+    monkeypatch.setattr(batched, "MAX_STEP_ROWS", 256)  # 11 steps through 3 slots
+    monkeypatch.setattr(outputs, "output_chunk_rows", lambda chunk, n_outputs: 64)  # 4 chunks a step
+    with config.override(write_threads=0):
+        process_batched(src, tmp_path / "sync.zarr", pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB")
+    rng, real, later = random.Random(3), OutputWriter._write, threading.Event()
+
+    def slow(self, a, b, buf):
+        if a == 64:
+            later.wait(6)
+        elif a >= 3 * 256:
+            later.set()
+        time.sleep(rng.random() * 0.01)
+        real(self, a, b, buf)
+
+    monkeypatch.setattr(OutputWriter, "_write", slow)
+    with config.override(write_threads=4):
+        r = process_batched(
+            src, tmp_path / "lent.zarr", pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB"
+        )
+    assert r.step_rows == 256
+    want, got = read_output(tmp_path / "sync.zarr"), read_output(tmp_path / "lent.zarr")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_an_error_while_writing_stops_the_run():
     x = price_series(300, 3, seed=8)
     plan = resolve(pipeline_from_dict(BANK), ("x0", "x1", "x2"))
     calls = []
 
-    def emit(block):
+    def emit(block, release):  # fails without releasing its slot: the engine must not wait for it
         calls.append(block.shape[0])
+        if len(calls) < 2:
+            release()
         if len(calls) == 2:
             raise OSError("disk full")
 
@@ -349,7 +389,7 @@ def test_recentering_keeps_a_long_steps_error_at_the_chunked_engines():
         backend = Backend(plan, torch.device("cpu"), use_triton=True)
         backend.recenter_first = recenter
         out: list[np.ndarray] = []
-        run_batched(ArraySource(x, band_rows=512), plan, backend, lambda a, out=out: out.append(a.copy()),
+        run_batched(ArraySource(x, band_rows=512), plan, backend, lambda a, release, out=out: (out.append(a.copy()), release()),
                     start=0, step_rows=n, warmup="nan")  # fmt: skip
         errs[recenter] = err(np.concatenate(out))
     chunked: list[np.ndarray] = []

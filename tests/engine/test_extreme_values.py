@@ -99,7 +99,7 @@ def test_chunked_cpu_engine_equals_whole(value, where, pipe):
 def _batched(x, plan, device, *, triton: bool) -> np.ndarray:
     out: list[np.ndarray] = []
     backend = Backend(plan, device, use_triton=triton)
-    run_batched(ArraySource(x, band_rows=CHUNK), plan, backend, lambda a: out.append(a.copy()), start=0,
+    run_batched(ArraySource(x, band_rows=CHUNK), plan, backend, lambda a, release: (out.append(a.copy()), release()), start=0,
                 step_rows=CHUNK, warmup="nan")  # fmt: skip
     return np.concatenate(out)
 

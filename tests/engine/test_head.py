@@ -84,7 +84,7 @@ def _chunked(x, plan, backend, chunk=128):
 
 def _batched(x, plan, backend, step_rows=128):
     out: list[np.ndarray] = []
-    run_batched(ArraySource(x, band_rows=64), plan, backend, lambda a: out.append(a.copy()), start=0,
+    run_batched(ArraySource(x, band_rows=64), plan, backend, lambda a, release: (out.append(a.copy()), release()), start=0,
                 step_rows=step_rows, warmup="nan")  # fmt: skip
     return np.concatenate(out)
 

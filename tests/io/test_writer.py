@@ -116,6 +116,96 @@ def test_threads_and_direct_files_give_the_same_store(tmp_path: Path) -> None:
             assert files[key] == want[key], f"{name}: {key} differs from zarr's bytes"
 
 
+class _Slots:
+    """The batched engine's host slots: a few reused buffers, each lent to ``append`` until released; a
+    released slot is scribbled over at once (the GPU's next copy), so a read after release shows."""
+
+    def __init__(self, n: int, rows: int, features: int) -> None:
+        self.bufs = [np.empty((rows, features), dtype=np.float32) for _ in range(n)]
+        self.free = [threading.BoundedSemaphore(1) for _ in range(n)]  # released in any order
+        self.releases: list[int] = []
+        self._lock = threading.Lock()
+
+    def lend(self, writer: OutputWriter, rows: np.ndarray, k: int) -> None:
+        o = k % len(self.bufs)
+        assert self.free[o].acquire(timeout=30)
+        buf = self.bufs[o][: rows.shape[0]]
+        buf[:] = rows
+
+        def release() -> None:
+            with self._lock:
+                self.releases.append(k)
+            buf[:] = 12345.0
+            self.free[o].release()
+
+        writer.append(buf, release=release)
+
+
+def _lend_all(writer: OutputWriter, x: np.ndarray, step: int, *, start: int = 0, slots: int = 3) -> _Slots:
+    lender = _Slots(slots, step, x.shape[1])
+    for k, a in enumerate(range(start, x.shape[0], step)):
+        lender.lend(writer, x[a : a + step], k)
+    return lender
+
+
+@pytest.mark.parametrize("step", [2500, CHUNK_ROWS, 3 * CHUNK_ROWS, 700])
+def test_lent_blocks_give_zarrs_bytes_and_are_released_once_read(tmp_path: Path, step: int) -> None:
+    x, t = _data(), _time()
+    ref = tmp_path / "ref.zarr"
+    w = _create(ref, x, time_source=t, threads=0, fast=False)
+    _append_all(w, x)
+    w.finish()
+    want = _files(ref)
+    for name, kw in MODES.items():
+        path = tmp_path / f"{name}.zarr"
+        w = _create(path, x, time_source=t, **kw)
+        lender = _lend_all(w, x, step)
+        w.finish()
+        blocks = len(range(0, ROWS, step))
+        assert sorted(lender.releases) == list(range(blocks)), name  # each block released once
+        np.testing.assert_array_equal(np.asarray(zarr.open_group(str(path), mode="r")["values"][:]), x)
+        assert _files(path) == want, name
+
+
+def test_a_lent_block_is_released_when_its_write_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = _data()
+    bad = 3 * CHUNK_ROWS
+
+    def hook(a: int) -> None:
+        if a == bad:
+            raise OSError(28, "No space left on device")
+
+    _patch_write(monkeypatch, hook)
+    w = _create(tmp_path / "out.zarr", x, threads=3)
+    with pytest.raises(StoreError, match="No space left"):
+        with w:
+            lender = _lend_all(w, x, 2 * CHUNK_ROWS)
+            w.finish()
+    assert sorted(lender.releases) == list(range(len(range(0, ROWS, 2 * CHUNK_ROWS))))
+
+
+def test_close_releases_lent_blocks_whose_writes_never_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = _data()
+    gate = threading.Event()
+    _patch_write(monkeypatch, lambda a: gate.wait(30))
+    w = _create(tmp_path / "out.zarr", x, threads=2)
+    released: list[int] = []
+    blocks = [
+        np.ascontiguousarray(x[a : a + 2 * CHUNK_ROWS]) for a in range(0, 8 * CHUNK_ROWS, 2 * CHUNK_ROWS)
+    ]
+    for k, b in enumerate(blocks):  # 8 chunk writes queued behind 2 blocked threads
+        w.append(b, release=lambda k=k: released.append(k))
+    assert released == []
+    threading.Timer(0.2, gate.set).start()  # the two running writes finish; close() drops the rest
+    w.close()
+    assert sorted(released) == [0, 1, 2, 3]
+    assert _meta(tmp_path / "out.zarr")["complete"] is False
+
+
 def test_direct_path_overwrites_an_old_chunk_and_removes_an_emptied_one(tmp_path: Path) -> None:
     x = _data()
     path = tmp_path / "out.zarr"

@@ -15,7 +15,8 @@ Streams and buffers (``--transfer``):
 * ``pageable``: the reader's ring is ordinary memory, copies are synchronous (the baseline).
 
 Results go back on a third stream into a small ring of pinned host slots; a writer thread waits for each
-slot's event and hands the rows to ``emit`` (which must copy them), so writing overlaps everything else.
+slot's event and lends the rows to ``emit``, which frees the slot when it is done reading them (the sink's
+writer threads store chunks straight from the slot), so writing overlaps everything else.
 
 Pieces: each copy and prepare launch takes up to PIECE_BYTES of rows: several whole bands when the
 reader's ring holds them side by side (one view; fewer launches, fewer Python round trips per byte), or
@@ -394,7 +395,7 @@ def run_batched(
     source: BandReader,
     plan: ResolvedPipeline,
     backend: Backend,
-    emit: Callable[[np.ndarray], None],
+    emit: Callable[..., None],
     *,
     start: int,
     stop: int | None = None,
@@ -406,7 +407,8 @@ def run_batched(
 ) -> StageTimes:
     """Compute rows [start, stop) in steps of ``step_rows`` and hand each step's rows to ``emit`` in order.
 
-    ``emit`` runs on a writer thread and must copy what it keeps (the array is a reused host slot).
+    ``emit(rows, release=...)`` runs on a writer thread; ``rows`` is a reused host slot, lent until it calls
+    ``release()`` (exactly once, from any thread, also after a failure; a sink's ``append`` does).
     Equals the chunked engine's (:func:`tsconv.engine.chunked.run_chunked`) within float32 rounding (the level each step is centered on
     is the same rule applied per step instead of per chunk).
     """
@@ -484,7 +486,9 @@ def run_batched(
     slots = min(_OUT_SLOTS, len(range(start, rows, step_rows)))
     host_out = torch.empty((slots, step_rows, n_out), dtype=f32, pin_memory=gpu.cuda)
     dev_out = torch.empty((slots, step_rows, n_out), dtype=f32, device=dev)
-    free_out = threading.Semaphore(slots)
+    # One flag per slot: the sink's threads release lent slots in any order. Bounded: a slot released twice
+    # would be a bug, and raises.
+    free_out = [threading.BoundedSemaphore(1) for _ in range(slots)]
     pending_bands: deque[tuple[int, Any]] = deque()  # (band, event after its last reader on the GPU)
     step_events: list[tuple[Any, ...]] = []
     copy_events: list[tuple[Any, Any]] = []  # each piece's copy, for the pure H2D time
@@ -589,14 +593,17 @@ def run_batched(
                     if s < w:
                         y[: min(w - s, n), warm_cols] = float("nan")
             t0 = time.perf_counter()
-            free_out.acquire()  # host slot o (and device slot o) are free once the writer is done with it
+            o = i % slots
+            # Host slot o (and device slot o) are free once the sink is done with it; a writer thread that
+            # died holding a slot is seen here instead of waiting for it forever.
+            while not free_out[o].acquire(timeout=0.25):
+                writer.check()
             t1 = time.perf_counter()
             extra["slot_wait"] = extra.get("slot_wait", 0.0) + t1 - t0
             if tracing:
                 trace.add("launch_step", t_launch, t0, i)
                 trace.add("slot_wait", t0, t1, i)
             writer.check()
-            o = i % slots
             with gpu.on(gpu.compute):
                 # The result goes to a fixed device slot on the compute stream, so the step's own tensors
                 # are freed in stream order (no cross-stream lifetimes, nothing left pending after the run).
@@ -679,7 +686,7 @@ def _pieces(
 
 
 class _Writer(threading.Thread):
-    """Waits for each result slot's copy, hands its rows to ``emit``, frees the slot.
+    """Waits for each result slot's copy and lends its rows to ``emit``, whose ``release`` frees the slot.
 
     ``verify(stop)`` (the GPU reader's): raise if an input chunk before row ``stop`` did not decode. It runs
     before a step's rows are emitted, once the step's copy is done (so the decodes it read are too): rows
@@ -705,13 +712,15 @@ class _Writer(threading.Thread):
             if item is None or self._halt:
                 return
             ev, o, n, stop = item
+            lent = False
             try:
                 if ev is not None:
                     ev.synchronize()
                 if self.verify is not None:
                     self.verify(stop)
                 t0 = time.perf_counter()
-                self.emit(self.host_out[o, :n].numpy())
+                lent = True
+                self.emit(self.host_out[o, :n].numpy(), release=self.free_out[o].release)
                 t1 = time.perf_counter()
                 self.times.write += t1 - t0
                 if trace.on:
@@ -720,9 +729,9 @@ class _Writer(threading.Thread):
                     self.on_rows(n)
             except BaseException as exc:  # surfaced on the main thread by check()/join_checked()
                 self.error = exc
-                self.free_out.release()
+                if not lent:  # a lent slot is freed by emit's release
+                    self.free_out[o].release()
                 return
-            self.free_out.release()
 
     def put(self, item: Any) -> None:
         self.check()

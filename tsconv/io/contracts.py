@@ -9,6 +9,7 @@ engines hand the computed rows, in order: a zarr output, a Parquet file, an in-m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -110,7 +111,7 @@ class Source(Protocol):
 
 
 class Sink(Protocol):
-    """Where the engines hand computed rows, in order: each block is copied before ``append`` returns."""
+    """Where the engines hand computed rows, in order."""
 
     threads: int  # its writer threads (0: writes in the caller's thread)
 
@@ -119,8 +120,9 @@ class Sink(Protocol):
         """Seconds its threads spent encoding and writing, summed over threads."""
         ...
 
-    def append(self, block: np.ndarray) -> None:
-        """The next rows [n, D] float32."""
+    def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
+        """The next rows [n, D] float32. Without ``release`` they are copied before it returns; with it
+        ``block`` is lent until ``release()`` is called (exactly once, from any thread, also on failure)."""
         ...
 
     def finish(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tsconv.io.transpose import transpose_into
@@ -22,13 +24,17 @@ class ArraySink:
         self.feature_major = feature_major
         self.pos = 0
 
-    def append(self, block: np.ndarray) -> None:
-        n = block.shape[0]
-        if self.feature_major:
-            transpose_into(self.out[:, self.pos : self.pos + n], block)
-        else:
-            self.out[self.pos : self.pos + n] = block
-        self.pos += n
+    def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
+        try:
+            n = block.shape[0]
+            if self.feature_major:
+                transpose_into(self.out[:, self.pos : self.pos + n], block)
+            else:
+                self.out[self.pos : self.pos + n] = block
+            self.pos += n
+        finally:
+            if release is not None:
+                release()
 
     def finish(self) -> None:
         rows = self.out.shape[1] if self.feature_major else self.out.shape[0]

@@ -28,6 +28,7 @@ import glob
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,16 +182,20 @@ class ParquetSink:
         self.busy_seconds = 0.0
         self._done = False
 
-    def append(self, block: np.ndarray) -> None:
+    def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
         t0 = time.perf_counter()
         done = 0
-        while done < block.shape[0]:
-            n = min(block.shape[0] - done, self.group_rows - self.fill)
-            transpose_into(self.buf[:, self.fill : self.fill + n], block[done : done + n])
-            self.fill += n
-            done += n
-            if self.fill == self.group_rows:
-                self._flush()
+        try:
+            while done < block.shape[0]:
+                n = min(block.shape[0] - done, self.group_rows - self.fill)
+                transpose_into(self.buf[:, self.fill : self.fill + n], block[done : done + n])
+                self.fill += n
+                done += n
+                if self.fill == self.group_rows:
+                    self._flush()
+        finally:
+            if release is not None:  # the rows are in our buffer (or the write failed)
+                release()
         self.busy_seconds += time.perf_counter() - t0
 
     def finish(self) -> None:

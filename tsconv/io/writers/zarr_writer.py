@@ -670,6 +670,25 @@ def _where(group: zarr.Group) -> str:
     return f"the output store {str(root)!r}" if root is not None else f"the output store {group.store_path}"
 
 
+class _Borrow:
+    """The readers of a block lent to :meth:`OutputWriter.append`: the caller while it appends, and each
+    chunk write reading it. ``release`` runs once, when the last of them is done."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release, self._users, self._lock = release, 1, threading.Lock()
+
+    def take(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def drop(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self._release()
+
+
 class OutputWriter:
     """Buffers rows into whole output chunks; a thread pool encodes and stores them, several at once.
 
@@ -887,26 +906,44 @@ class OutputWriter:
 
     # -- the caller's side ------------------------------------------------------------------------
 
-    def append(self, block: np.ndarray) -> None:
-        """Add the next rows, in order (copied before returning); full chunks go to the writer threads.
+    def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
+        """Add the next rows, in order; full chunks go to the writer threads.
+
+        Without ``release`` the rows are copied before it returns. With it, ``block`` (C-contiguous) is
+        borrowed: the full chunks that lie within it are stored straight from it by the writer threads,
+        without a copy (the engine's serial copy of every output byte bounded wide outputs), and
+        ``release()`` is called exactly once, by whichever thread reads it last, also when a write fails
+        or the writer is closed first.
 
         Raises the first failed write (a :class:`StoreError` naming its rows) of any earlier chunk.
         """
-        self._check_open()
-        self._raise_if_failed()
-        n, i = block.shape[0], 0
-        if self._next + self._fill + n > self.stop:
-            msg = f"internal error: {n} more rows after row {self._next + self._fill:,} overrun the end {self.stop:,}"
-            raise RuntimeError(msg)
-        while i < n:
-            if self._buf is None:
-                self._buf = self._take_buffer()
-            take = min(n - i, self.chunk_rows - self._fill)
-            self._buf[self._fill : self._fill + take] = block[i : i + take]
-            self._fill += take
-            i += take
-            if self._fill == self.chunk_rows or self._next + self._fill == self.stop:
-                self._submit()
+        borrow = _Borrow(release) if release is not None else None
+        try:
+            self._check_open()
+            self._raise_if_failed()
+            n, i = block.shape[0], 0
+            if self._next + self._fill + n > self.stop:
+                msg = f"internal error: {n} more rows after row {self._next + self._fill:,} overrun the end {self.stop:,}"
+                raise RuntimeError(msg)
+            while i < n:
+                if borrow is not None and self._fill == 0 and n - i >= self.chunk_rows:
+                    a = self._next
+                    self._next += self.chunk_rows
+                    borrow.take()
+                    self._dispatch(a, self._next, block[i : i + self.chunk_rows], borrow)
+                    i += self.chunk_rows
+                    continue
+                if self._buf is None:
+                    self._buf = self._take_buffer()
+                take = min(n - i, self.chunk_rows - self._fill)
+                self._buf[self._fill : self._fill + take] = block[i : i + take]
+                self._fill += take
+                i += take
+                if self._fill == self.chunk_rows or self._next + self._fill == self.stop:
+                    self._submit()
+        finally:
+            if borrow is not None:
+                borrow.drop()
 
     def finish(self) -> None:
         """Wait for every write, then mark the store complete (a region writer: just wait).
@@ -987,8 +1024,12 @@ class OutputWriter:
         a, b, buf = self._next, self._next + self._fill, self._buf
         assert buf is not None
         self._buf, self._fill, self._next = None, 0, b
+        self._dispatch(a, b, buf, None)
+
+    def _dispatch(self, a: int, b: int, buf: np.ndarray, borrow: _Borrow | None) -> None:
+        """Store rows [a, b) from ``buf`` (one of ours, or a borrowed full chunk) in a writer thread."""
         if self._sync:
-            self._store(a, b, buf)
+            self._store(a, b, buf, borrow)
             self._raise_if_failed()
             return
         if self._pool is None:
@@ -1000,7 +1041,15 @@ class OutputWriter:
             # Threads die with the writer if the caller neither finishes nor closes it.
             self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         self._inflight = [f for f in self._inflight if not f.done()]
-        self._inflight.append(self._pool.submit(self._store, a, b, buf))
+        try:
+            future = self._pool.submit(self._store, a, b, buf, borrow)
+        except BaseException:
+            if borrow is not None:
+                borrow.drop()
+            raise
+        if borrow is not None:  # a write dropped by close() never runs: its reference goes with it
+            future.add_done_callback(lambda f: borrow.drop() if f.cancelled() else None)
+        self._inflight.append(future)
 
     def _drain(self) -> None:
         if self._inflight:
@@ -1011,7 +1060,7 @@ class OutputWriter:
 
     # -- the writer threads' side -----------------------------------------------------------------
 
-    def _store(self, a: int, b: int, buf: np.ndarray) -> None:
+    def _store(self, a: int, b: int, buf: np.ndarray, borrow: _Borrow | None = None) -> None:
         """Store rows [a, b) from ``buf``, then advance ``rows_done`` over the stored prefix. Never raises:
         a failure is kept for the caller's next ``append`` or ``finish``."""
         t0 = time.perf_counter()
@@ -1020,8 +1069,11 @@ class OutputWriter:
             self._write(a, b, buf)
         except Exception as exc:
             failure = exc
-        finally:
-            self._free.put(buf)  # the data is in the file (or lost): the buffer may be refilled
+        finally:  # the data is in the file (or lost): the buffer may be refilled
+            if borrow is None:
+                self._free.put(buf)
+            else:
+                borrow.drop()
         with self._lock:
             try:
                 if failure is None:
@@ -1048,7 +1100,7 @@ class OutputWriter:
                     if self._auto_pending:
                         self._choose_compression(buf[:n])
                         self._auto_pending = False
-            if n < self.chunk_rows:
+            if n < self.chunk_rows:  # never a borrowed block: those are full chunks
                 buf[n:] = self._chunks.fill  # zarr pads the edge chunk with the fill value
             self._chunks.write(a // self.chunk_rows, buf)
         else:
