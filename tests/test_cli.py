@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,39 @@ def test_python_dash_m_runs_the_cli() -> None:
         [sys.executable, "-m", "tsconv", "--help"], capture_output=True, text=True, check=True
     )
     assert "process" in res.stdout and "inspect" in res.stdout and "demo" in res.stdout
+
+
+_RUN = """
+import atexit, sys
+from tsconv import cli
+
+def main():
+    atexit.register(lambda: open(sys.argv[1], "w").write("ran"))  # a command's cleanup
+    for i in range(1000):  # 3.9 KB, under the buffer of a pipe's stdout: none written yet
+        print(i)
+    if sys.argv[2] == "raise":
+        raise RuntimeError("a bug")
+    sys.exit(int(sys.argv[2]))
+
+cli.main = main
+cli.run()
+"""
+
+
+@pytest.mark.parametrize("how", ["0", "3", "raise"])
+def test_the_command_exits_fast_with_its_code_after_its_cleanups(tmp_path: Path, how: str) -> None:
+    """run() skips the interpreter's teardown, not the atexit handlers, the buffered output or the code."""
+    marker = tmp_path / "cleanup"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered, as by default
+    res = subprocess.run(
+        [sys.executable, "-c", _RUN, str(marker), how], capture_output=True, text=True, env=env
+    )
+    assert res.stdout.split() == [str(i) for i in range(1000)]
+    assert marker.read_text() == "ran"
+    if how == "raise":  # a bug: the interpreter's own traceback and exit
+        assert res.returncode == 1 and "RuntimeError: a bug" in res.stderr
+    else:
+        assert res.returncode == int(how) and res.stderr == ""
 
 
 def test_a_reader_closing_the_pipe_ends_the_command_quietly(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,3 +1,3 @@
-from tsconv.cli import main
+from tsconv.cli import run
 
-main()
+run()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -64,6 +65,39 @@ class _Group(click.Group):
 @click.version_option(version=__version__, prog_name="tsconv")  # the distribution is tsconv-features
 def main() -> None:
     """tsconv: causal conv1d feature pipelines over long, wide time series in zarr stores."""
+
+
+_EXIT_CODE: list[int] = []  # the command's exit code, once main() has ended with one
+
+
+def run() -> None:
+    """The ``tsconv`` command: :func:`main`, then an exit that skips the interpreter's teardown.
+
+    Tearing down the modules and objects of torch, zarr and numpy took 0.6-1.0 s after every command on
+    a 2-core machine (wall time against ``os._exit``; benchmarks/NOTES.md, "Fixed costs around the
+    loop"), which a batch job pays per store. By then the command's work is done and its files are
+    closed; the atexit handlers (thread pools, temporary files, dask) still run first, and the last of
+    them flushes the standard streams and ends the process with the command's code.
+    """
+    atexit.register(_exit_now)  # registered first, so it runs last
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            _EXIT_CODE.append(exc.code or 0)
+        raise
+    _EXIT_CODE.append(0)
+
+
+def _exit_now() -> None:
+    if not _EXIT_CODE:  # an uncaught exception or an interrupt: the interpreter's own exit
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(_EXIT_CODE[0])
 
 
 def _common_process_options(f):  # noqa: ANN001, ANN202
