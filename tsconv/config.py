@@ -80,7 +80,7 @@ class Settings:
         "TSCONV_WRITE_THREADS",
         "threads encoding and writing output chunks (0 or 1: in the engine's thread)",
         None,
-        shown="min(8, cores)",
+        shown="min(16, cores)",
     )
     native_read: bool = _setting(
         "TSCONV_NATIVE_READ",

@@ -87,10 +87,10 @@ _TARGET_CHUNK_BYTES = 16 << 20  # ~16 MB chunks read back fastest (see ../shared
 
 
 def default_write_threads() -> int:
-    """The ``write_threads`` setting, else min(8, CPU count): ~16 MB chunks at ~1.5 GB/s of Blosc-lz4 per
-    thread cover 15 GB/s of input."""
+    """The ``write_threads`` setting, else min(16, CPU count): Blosc-LZ4 encodes 0.5-0.65 GB/s a thread,
+    and a bank pipeline writes five float32 features per input value (benchmarks/NOTES.md, "The writer")."""
     n = config.current().write_threads
-    return n if n is not None else max(1, min(8, config.cpu_count()))
+    return n if n is not None else max(1, min(16, config.cpu_count()))
 
 
 def output_chunk_rows(chunk: int, n_outputs: int) -> int:
@@ -692,7 +692,7 @@ class _Borrow:
 class OutputWriter:
     """Buffers rows into whole output chunks; a thread pool encodes and stores them, several at once.
 
-    ``threads``: write threads (default min(8, CPU count)); 0 or 1 writes each chunk in the caller's
+    ``threads``: write threads (default min(16, CPU count)); 0 or 1 writes each chunk in the caller's
     thread as it fills. ``buffers``: chunk buffers (default threads + 1, one being filled), which bounds
     memory: ``append`` blocks while all are in flight. ``fast=False`` always writes through zarr.
 
