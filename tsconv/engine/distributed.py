@@ -358,11 +358,20 @@ def run_distributed(
         todo = [(a, b) for a, b in parts if not _covered(done, a, b)]
         already = rows - sum(b - a for a, b in todo)
 
+        own = run_id if run_id is not None else dict(group.attrs.get("tsconv", {})).get("run_id")
+
         def record(done: list[tuple[int, int]], **extra: Any) -> None:
+            # Progress goes only into this run's store: one renamed in over it (another run's --overwrite)
+            # is refused before the write, and a rename during zarr's own write reads as the same refusal.
+            check_owner(out_path, run_id=own, identity=identity)
             meta = dict(group.attrs.get("tsconv", {}))
             prefix = done[0][1] if done and done[0][0] == 0 else 0
             meta.update(rows_done=prefix, partitions_done=[list(p) for p in done], **extra)
-            group.attrs["tsconv"] = meta
+            try:
+                group.attrs["tsconv"] = meta
+            except OSError:
+                check_owner(out_path, run_id=own, identity=identity)
+                raise
 
         token = uuid.uuid4().hex[:8]
         t0, t0_wall = time.perf_counter(), time.time()
@@ -406,7 +415,6 @@ def run_distributed(
         if done != [(0, rows)]:
             msg = f"internal error: partitions done {done} do not cover [0, {rows})"
             raise RuntimeError(msg)
-        own = run_id if run_id is not None else dict(group.attrs.get("tsconv", {})).get("run_id")
         check_owner(out_path, run_id=own, identity=identity)
         meta = dict(group.attrs.get("tsconv", {}))
         meta.pop("partitions_done", None)
