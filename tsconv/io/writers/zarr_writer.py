@@ -911,7 +911,7 @@ class OutputWriter:
 
         Without ``release`` the rows are copied before it returns. With it, ``block`` (C-contiguous) is
         borrowed: the full chunks that lie within it are stored straight from it by the writer threads,
-        without a copy (the engine's serial copy of every output byte bounded wide outputs), and
+        without a copy (a serial copy of every output byte would bound wide outputs), and
         ``release()`` is called exactly once, by whichever thread reads it last, also when a write fails
         or the writer is closed first.
 
