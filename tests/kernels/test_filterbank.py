@@ -224,6 +224,22 @@ def test_chunked_equals_whole_bit_for_bit(d: int) -> None:
         np.testing.assert_array_equal(_run(x, ALL, d=d, chunk=chunk), whole, err_msg=f"chunk {chunk}")
 
 
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+def test_a_bank_writes_into_a_given_out(activation: str) -> None:
+    """An engine's reused buffer: the result lands in ``out`` (gelu's too), with a fresh call's bits."""
+    x = torch.from_numpy(prices(700, 3, seed=2))
+    bank = tuple(filter_spec(s) for s in ("diff:1", "dev:32", "zscore:20", "ema:8"))
+    want = filter_bank(x, bank, activation=activation)
+    buf = torch.full(want.shape, 7.0)
+    got = filter_bank(x, bank, activation=activation, out=buf)
+    assert got.data_ptr() == buf.data_ptr()
+    torch.testing.assert_close(buf, want, rtol=0, atol=0, equal_nan=True)
+    for bad in (torch.empty(want.shape[0] + 1, want.shape[1]), torch.empty(want.shape, dtype=torch.float64),
+                torch.empty(want.shape[1], want.shape[0]).T):  # fmt: skip
+        with pytest.raises(ValueError, match="out must be a contiguous float32"):
+            filter_bank(x, bank, out=bad)
+
+
 def test_two_stages_and_a_head_chunked_equal_whole() -> None:
     x = prices(3000, 3, seed=4, late=False, gaps=False, inf=False)
     pipe = {"conv": [{"filters": ["ema:8", "dev:16", "std:8"]}, {"filters": ["id", "ma:4", "zscore:8"],

@@ -194,6 +194,8 @@ class Backend:
         self._head = (
             self._head_paths(plan) if plan.head is not None and self.layers and not last_bank else None
         )
+        # width of run()'s result where it can be written into a caller's ``out`` (a bank, no head), else None
+        self.out_width = plan.n_outputs if last_bank and plan.head is None else None
 
     def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily
         """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.engine.head`).
@@ -281,6 +283,7 @@ class Backend:
         level: torch.Tensor,
         *,
         zscore_level: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Compute outputs for a chunk.
 
@@ -293,11 +296,14 @@ class Backend:
         where not known yet, completed in place from this call's rows. A caller computing one chunk's rows
         in several calls (:class:`tsconv.engine.stream.Stream`) passes the same tensor to each, so every call
         uses the level the whole chunk would; None: this call's own (the chunked engine).
+
+        ``out`` [n, D] (contiguous float32 on the device): where a pipeline whose last stage is a bank with
+        no head writes its result (the returned tensor is then ``out``); other pipelines ignore it.
         """
         if self.pre is not None:
             x, level = self._preprocess(x, first_row, level, zscore_level)
             first_row += self.pre_halo
-        return self._stages(x, first_row, level, centered=False)
+        return self._stages(x, first_row, level, centered=False, out=out)
 
     @torch.no_grad()
     def run_centered(self, xc: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:
@@ -312,8 +318,9 @@ class Backend:
         return self._stages(xc, first_row, level, centered=True)
 
     def _stages(
-        self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         # The FP16-storage check runs beside eager calls only: its thread and host copies cannot be traced by
         # torch.compile (tsconv.nn's modules), which sees the stages alone.
         if not torch.compiler.is_compiling():
@@ -334,11 +341,12 @@ class Backend:
                     src = x + level if centered else x
                 else:
                     src = y[0].T
-                out = filter_bank(src, layer.filters, dilation=layer.dilation, activation=layer.activation,
-                                  triton_kernels=self.triton)  # fmt: skip
+                into = out if i == last and self.head is None else None
+                res = filter_bank(src, layer.filters, dilation=layer.dilation, activation=layer.activation,
+                                  triton_kernels=self.triton, out=into)  # fmt: skip
                 if i == last:
-                    return out if self.head is None else self._head_matmul(out)
-                y = out.T.unsqueeze(0)
+                    return res if self.head is None else self._head_matmul(res)
+                y = res.T.unsqueeze(0)
                 start += layer.halo
                 if start < 0:
                     y[..., : min(-start, y.shape[-1])] = 0.0

@@ -137,12 +137,15 @@ def filter_bank(
     dilation: int = 1,
     activation: str = "none",
     triton_kernels: bool | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The bank on ``x`` [L, C] (time-major, any strides, float32) in "valid" mode: [L - halo, C * M]
     float32, time-major, output ``c * M + m`` being filter ``m`` of input channel ``c``, through
-    ``activation``. ``triton_kernels`` defaults to CUDA tensors. Under ``torch.compile`` the call is the
+    ``activation``. ``triton_kernels`` defaults to CUDA tensors. ``out``: a contiguous float32 tensor of
+    that shape on x's device to write into and return (an engine reusing one buffer for every chunk: a fresh 52 MB
+    output per chunk cost the 2-core VM 8-9 ms of page faults each). Under ``torch.compile`` the call is the
     custom op ``torch.ops.tsconv.filter_bank`` (one graph node: the tiles and worker threads are not traced)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and out is None:
         specs = ",".join(f.spec for f in filters)  # an op takes no list of str: specs hold no comma
         return _filter_bank_op(x, specs, dilation, activation or "none", triton_kernels)
     use_triton = x.is_cuda if triton_kernels is None else triton_kernels
@@ -150,7 +153,17 @@ def filter_bank(
     halo = bank_halo(filters, dilation)
     m = len(filters)
     n = max(n_in - halo, 0)
-    if x.device.type == "cpu":
+    if out is not None:
+        if (
+            out.shape != (n, channels * m)
+            or out.dtype != torch.float32
+            or out.device != x.device
+            or not out.is_contiguous()
+        ):
+            msg = (f"out must be a contiguous float32 [{n}, {channels * m}] tensor on {x.device}, got "
+                   f"{out.dtype} {tuple(out.shape)} on {out.device}")  # fmt: skip
+            raise ValueError(msg)
+    elif x.device.type == "cpu":
         # numpy's allocation (madvised for transparent huge pages where the kernel offers them): a fresh torch
         # one of this size faulted in 4 KB pages, 30-100 ms per 52 MB chunk output on the 2-core VM against
         # about 10 ms, a third of the bank's time on a default-pipeline chunk.
@@ -166,7 +179,7 @@ def filter_bank(
         from tsconv.kernels.filterbank_triton import run_fused
 
         run_fused(plan, x, out, halo=halo, dilation=dilation)
-        return out if activation in (None, "none") else apply_activation(out, activation)
+        return _activated(out, activation)
     if use_triton:
         # Tiles keep at least 4 halos (and 1024) of rows, cut by channel when the input is wide: all channels
         # in one tile would leave a 16,384-feature input with one-row tiles, each re-reading its halo.
@@ -193,8 +206,16 @@ def filter_bank(
     else:
         for tile in tiles:
             run(*tile)
-    if activation not in (None, "none"):
-        out = apply_activation(out, activation)
+    return _activated(out, activation)
+
+
+def _activated(out: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """``out`` through ``activation``, in place (gelu's result copied back), so a caller's ``out`` holds it."""
+    if activation in (None, "none"):
+        return out
+    res = apply_activation(out, activation)
+    if res.data_ptr() != out.data_ptr():
+        out.copy_(res)
     return out
 
 
