@@ -56,8 +56,6 @@ FUSED_KINDS = frozenset({"id", "lag", "diff", "ret", "ma", "dev", "std", "zscore
 # A window of W steps uses sub-blocks of b = 2^floor(log2 W) rows held in registers: W < 1024 keeps them
 # at 512 rows or fewer; longer windows run on the ladder's kernels.
 FUSED_MAX_WINDOW = 1023
-# Steps a thread scans at a time in the tiled kernel (0: the older kernel, steps spread over lanes)
-FUSED_SUB = 16
 
 
 @dataclass(frozen=True)
@@ -70,7 +68,6 @@ class FusedPlan:
     rows: int
     channels: int
     warps: int
-    sub: int = 0  # > 0: the tiled kernel (steps within a thread, sub-tiles of this many steps)
 
     @property
     def name(self) -> str:
@@ -80,31 +77,23 @@ class FusedPlan:
 
 @functools.cache  # asked once per bank call (every engine step): the plan of a bank never changes
 def fused_plan(filters: tuple[Filter, ...], *, channels: int | None = None, warps: int | None = None,
-               rows: int | None = None, sub: int | None = None, width: int | None = None) -> FusedPlan | None:  # fmt: skip
+               rows: int | None = None) -> FusedPlan | None:  # fmt: skip
     """The fused kernel's plan for a bank, or None where the bank needs the ladder's kernels (an EMA, or a
-    window of 1024 steps or more). ``channels``, ``warps``, ``rows`` and ``sub`` override the tile
-    (benchmarks); ``width``: the input's channels."""
+    window of 1024 steps or more). ``channels``, ``warps`` and ``rows`` override the tile (benchmarks)."""
     if not filters or any(f.kind not in FUSED_KINDS for f in filters):
         return None
     windows = [f.taps for f in filters if f.kind in _WINDOWED]
     if any(w > FUSED_MAX_WINDOW for w in windows):
         return None
-    params = tuple(
-        0 if f.kind == "id" else (f.n if f.kind in ("lag", "diff", "ret") else f.taps) for f in filters
-    )
-    if sub is None:
-        sub = FUSED_SUB
-    if sub:
-        blocks = [1 << (w.bit_length() - 1) for w in windows]
-        w = warps or max(1, min(4, -(-(width or 128) // 32)))
-        bt = rows or max([64, sub, *blocks])
-        return FusedPlan(tuple(f.kind for f in filters), params, bt, 32 * w, w, sub)
     sub = max((1 << (w.bit_length() - 1) for w in windows), default=1)
     bt = rows or max(64, sub)
     mp = 1 << (len(filters) - 1).bit_length()
     # about 4k float32 output values a program on 4 warps (the interleaved tile): on the H200 the default bank
     # ran 10-15% faster so (2 channels x 256 steps) than with 16k on 8 warps (NOTES, 20)
     bc = channels or max(1, min(32, 4096 // (bt * mp)))
+    params = tuple(
+        0 if f.kind == "id" else (f.n if f.kind in ("lag", "diff", "ret") else f.taps) for f in filters
+    )
     return FusedPlan(tuple(f.kind for f in filters), params, bt, bc, warps or 4)
 
 
@@ -183,7 +172,7 @@ def filter_bank(
         out = torch.empty((n, channels * m), dtype=torch.float32, device=x.device)
     if n == 0 or channels == 0:
         return out
-    plan = fused_plan(filters, width=min(channels, 128)) if use_triton else None
+    plan = fused_plan(filters) if use_triton else None
     if plan is not None:
         # one kernel for the whole bank: each program reads its rows once and writes every filter's output
         # for them contiguously (the ladder's kernels took 93-98x the memory floor on the H200: NOTES, 20)
