@@ -192,12 +192,14 @@ def startup_s(n: int = 3) -> float:
     return statistics.median(walls)
 
 
-def tsconv_run(src: Path, out: Path, pipeline: str, work: Path, cache: Path) -> dict[str, Any]:
-    """One fresh `python -m tsconv process` subprocess: its wall time, report and nvidia-smi peak."""
+def tsconv_run(src: Path, out: Path, pipeline: str, work: Path, cache: Path, *,
+               extra: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+    """One fresh `python -m tsconv process` subprocess (``extra``: more of its options): its wall time, report
+    and nvidia-smi peak (of the command's own process: a dask worker's is not in it)."""
     report = work / "report.json"
     report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "tsconv", "process", "-i", str(src), "-o", str(out), "--pipeline", pipeline,
-           "--device", "cuda", "--overwrite", "-q", "--report", str(report)]  # fmt: skip
+           "--device", "cuda", "--overwrite", "-q", "--report", str(report), *extra]  # fmt: skip
     env = {
         **os.environ,
         "TSCONV_CACHE_DIR": str(cache),
@@ -522,6 +524,12 @@ def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
             f"\nEmpty tuning cache, {r['store']} {r['pipeline']}: wall {r['wall_s']:.2f} s, "
             f"report {r['report_s']:.2f} s (the warm median: {r.get('warm_wall_s', float('nan')):.2f} s)."
         )
+    for r in doc.get("dask", []):
+        lines.append(
+            f"\nOne dask GPU worker (`--workers 1`), {r['store']} {r['pipeline']}: wall {r['wall_s']:.2f} s against "
+            f"{r['plain_wall_s']:.2f} s in one process ({r['wall_ratio']:.2f}x), report {r['report_s']:.3f} s "
+            f"against {r['plain_report_s']:.3f} s ({r['report_ratio']:.2f}x)."
+        )
     if doc.get("note"):
         lines.append("\n" + doc["note"])
     md.write_text("\n".join(lines) + "\n")
@@ -558,6 +566,9 @@ def main() -> int:
     ap.add_argument("--cases", default="a,b,c,d,e")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cold", default="e:default", help="STORE:PIPELINE run once with an empty tuning cache")
+    ap.add_argument(
+        "--dask", default="", help="STORE:PIPELINE,... also run with `--workers 1` (one dask GPU worker)"
+    )
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--merge", type=Path, default=None, help="keep this JSON's runs of other cases")
     ap.add_argument("--render", type=Path, default=None, help="only write the .md and .png beside this JSON")
@@ -589,6 +600,7 @@ def main() -> int:
     if args.merge is not None and args.merge.exists():
         old = json.loads(args.merge.read_text())
         doc["runs"] = [r for r in old.get("runs", []) if r["store"] not in names]
+        doc["dask"] = [r for r in old.get("dask", []) if r["store"] not in names]
         for r in doc["runs"]:
             r.setdefault("commit", old.get("commit"))
         kept = {r["commit"] for r in doc["runs"]}
@@ -631,6 +643,22 @@ def main() -> int:
             print(json.dumps({k: row[k] for k in ("store", "pipeline", "wall_s", "report_s") if k in row}
                              | {k: row.get(k) for k in ("naive_s", "inmem_s", "polars_s")}), flush=True)  # fmt: skip
             save()
+            if f"{n}:{pipe}" in args.dask.split(","):
+                one = ("--workers", "1")
+                tsconv_run(
+                    src, out, p, args.work, cache, extra=one
+                )  # the worker's tuning, as the plain first run
+                dreps = [tsconv_run(src, out, p, args.work, cache, extra=one) for _ in range(args.repeats)]
+                wall, rep = (statistics.median(r[k] for r in dreps) for k in ("wall_s", "report_s"))
+                doc.setdefault("dask", []).append({
+                    "store": n, "pipeline": pipe, "commit": doc["commit"], "workers": 1, "fresh_process": True,
+                    "wall_s": wall, "report_s": rep, "wall_all_s": [r["wall_s"] for r in dreps],
+                    "report_all_s": [r["report_s"] for r in dreps], "plain_wall_s": row["wall_s"],
+                    "plain_report_s": row["report_s"], "wall_ratio": wall / row["wall_s"],
+                    "report_ratio": rep / row["report_s"],
+                })  # fmt: skip
+                print(json.dumps(doc["dask"][-1]), flush=True)
+                save()
             if args.cold == f"{n}:{pipe}":
                 with tempfile.TemporaryDirectory() as empty:
                     r = tsconv_run(src, out, p, args.work, Path(empty))
