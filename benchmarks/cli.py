@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -203,7 +204,10 @@ def tsconv_run(src: Path, out: Path, pipeline: str, work: Path, cache: Path, *,
     env = {
         **os.environ,
         "TSCONV_CACHE_DIR": str(cache),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path]),
+        # not this script's folder: its distributed.py would shadow dask's package in the child
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT), *(p for p in sys.path if Path(p or ".").resolve() != HERE)]
+        ),
     }
     t0 = time.perf_counter()
     p = subprocess.Popen(
