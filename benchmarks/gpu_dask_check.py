@@ -44,7 +44,7 @@ def commit() -> str:
 
 
 import tsconv  # noqa: E402
-from tsconv.engine.distributed import local_cluster  # noqa: E402
+from tsconv.engine.cluster import local_cluster  # noqa: E402
 from tsconv.synth import make_ticks  # noqa: E402
 
 

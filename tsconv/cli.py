@@ -142,9 +142,20 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
         output_format(output)  # before the engine's imports: a mistyped output is refused at once
     if options.get("device") == "cuda" or (options.get("device") == "auto" and gpu_present()):
         start_triton_key()  # beside torch's import (tsconv.kernels.triton_key)
-    from tsconv.engine.api import process
+    workers = options.get("workers")
+    if workers is not None:  # the workers' start-up beside this process's (tsconv.engine.cluster)
+        from tsconv.engine.cluster import start_early
 
-    report = process(input_path, output, progress=not quiet, **options)
+        start_early(workers, options.get("device") or "auto")
+    try:
+        from tsconv.engine.api import process
+
+        report = process(input_path, output, progress=not quiet, **options)
+    finally:
+        if workers is not None:
+            from tsconv.engine.cluster import discard_early
+
+            discard_early()
     if report.rows == 0 and report.updated_from is not None:
         click.echo(
             f"{report.output} is up to date with its input ({report.total_rows:,} rows); nothing to do."

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tsconv import config
+from tsconv.engine.cluster import local_cluster
 from tsconv.engine.run import CudaOptions
 from tsconv.errors import TsconvError
 from tsconv.io.store import InputStore
@@ -39,7 +40,7 @@ from tsconv.io.writers.zarr_writer import (
 )
 from tsconv.pipeline.spec import ResolvedPipeline
 
-__all__ = ["run_distributed", "partitions", "local_cluster"]
+__all__ = ["run_distributed", "partitions"]
 
 _MAX_TASK_OUTPUT_BYTES = 256 << 20  # at most this much output per task (resume granularity)
 _HALO_FACTOR = 16  # a partition is at least 16 halos long: recomputed halo rows cost <= 1/16
@@ -196,59 +197,6 @@ def _uses_gpu(device: str) -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def _visible_gpus() -> list[str]:
-    env = config.cuda_visible_devices()
-    if env is not None:
-        return [d.strip() for d in env.split(",") if d.strip()]
-    import torch
-
-    return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def local_cluster(workers: int, device: str = "auto") -> tuple[Any, int | None]:
-    """A local dask cluster of ``workers`` processes; returns (cluster, torch threads per worker).
-
-    On the CPU: a ``LocalCluster`` of one-threaded worker processes, torch using cpu_count // workers
-    threads each. With GPUs (device auto or cuda, CUDA present): dask-cuda's ``LocalCUDACluster``, one
-    worker per GPU, when dask_cuda is importable; else one worker process per GPU, each started with
-    ``CUDA_VISIBLE_DEVICES`` set to its GPU. ``workers`` beyond the number of GPUs are not started.
-    """
-    import torch
-    from distributed import LocalCluster
-
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise TsconvError(f"workers must be a positive integer, got {workers!r}")
-    gpus = _visible_gpus() if device != "cpu" and torch.cuda.is_available() else []
-    if not gpus:
-        cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
-        )
-        return cluster, max(1, (os.cpu_count() or 1) // workers)
-    gpus = gpus[:workers]
-    try:
-        from dask_cuda import LocalCUDACluster
-    except ImportError:
-        from distributed import Nanny, Scheduler, SpecCluster
-
-        # dask pins OMP/MKL/OpenBLAS to one thread in worker processes; give each GPU worker its share
-        # of the cores instead. (On the H200 this did not close the gap: one GPU worker still took 1.4x
-        # the plain engine's time, cause not yet found; see benchmarks/NOTES.md.)
-        share = str(max(1, (os.cpu_count() or 1) // len(gpus)))
-        threads = {k: share for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
-        specs = {
-            f"gpu-{g}": {
-                "cls": Nanny,
-                "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": g, **threads}},
-            }
-            for g in gpus
-        }
-        sched = {"cls": Scheduler, "options": {"dashboard_address": None}}
-        return SpecCluster(workers=specs, scheduler=sched), None
-    return LocalCUDACluster(
-        CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=1, dashboard_address=None
-    ), None
 
 
 def _n_workers(client: Any) -> int:

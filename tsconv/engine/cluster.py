@@ -1,0 +1,162 @@
+"""The local dask cluster of ``--workers N``, and its early start.
+
+A worker process pays an interpreter's start-up (importing torch and tsconv's engine, 2-3 s on the H200) before
+it can run a task; inside a `tsconv process --workers 1` command that start-up came after the client's own and
+made the command take 2.1x a single process's wall time (benchmarks/NOTES.md, section 17). So the CLI starts
+the cluster in a thread before it imports the engine (:func:`start_early`), the workers import the engine as
+they start (dask's ``preload``: :mod:`tsconv.engine.worker_init`), and the run takes that cluster
+(:func:`local_cluster`) once it knows what it needs. This module imports neither torch nor dask at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from tsconv import config
+from tsconv.errors import TsconvError
+
+__all__ = ["discard_early", "local_cluster", "start_early"]
+
+_PRELOAD = ["tsconv.engine.worker_init"]
+_lock = threading.Lock()
+_early: dict[str, Any] | None = None  # the cluster start_early began: its key, thread, and result or error
+
+
+def _check_workers(workers: Any) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise TsconvError(f"workers must be a positive integer, got {workers!r}")
+
+
+def _driver_gpus() -> list[str] | None:
+    """The GPUs a worker may use as the driver and CUDA_VISIBLE_DEVICES say, without torch; None where the
+    driver's list cannot be read (the caller then asks torch)."""
+    env = config.cuda_visible_devices()
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    try:
+        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
+    except OSError:
+        return None
+
+
+def _torch_gpus(device: str) -> list[str]:
+    """The GPUs the workers use: none for device cpu or where torch sees no CUDA."""
+    if device == "cpu":
+        return []
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    env = config.cuda_visible_devices()
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
+    from distributed import LocalCluster
+
+    if not gpus:
+        cluster = LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, preload=_PRELOAD
+        )
+        return cluster, max(1, (os.cpu_count() or 1) // workers)
+    gpus = gpus[:workers]
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError:
+        from distributed import Nanny, Scheduler, SpecCluster
+
+        # dask pins OMP/MKL/OpenBLAS to one thread in worker processes; give each GPU worker its share
+        # of the cores instead.
+        share = str(max(1, (os.cpu_count() or 1) // len(gpus)))
+        threads = {k: share for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        specs = {
+            f"gpu-{g}": {
+                "cls": Nanny,
+                "options": {
+                    "nthreads": 1,
+                    "env": {"CUDA_VISIBLE_DEVICES": g, **threads},
+                    "preload": _PRELOAD,
+                },
+            }
+            for g in gpus
+        }
+        sched = {"cls": Scheduler, "options": {"dashboard_address": None}}
+        return SpecCluster(workers=specs, scheduler=sched), None
+    return LocalCUDACluster(
+        CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=1, dashboard_address=None, preload=_PRELOAD
+    ), None
+
+
+def start_early(workers: Any, device: str = "auto") -> None:
+    """Begin starting the cluster ``--workers`` asks for, in a daemon thread, before the engine's imports;
+    does nothing for arguments the run will refuse, or where the GPUs cannot be listed without torch."""
+    global _early
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        return
+    gpus = [] if device == "cpu" else _driver_gpus()
+    if gpus is None:
+        return
+    try:
+        import distributed  # noqa: F401  (absent: the run reports it)
+    except ImportError:
+        return
+    state: dict[str, Any] = {"key": (workers, tuple(gpus)), "result": None, "error": None}
+
+    def run() -> None:
+        try:
+            state["result"] = _make(workers, gpus)
+        except BaseException as exc:  # the run starts its own cluster, and meets the error there if it stays
+            state["error"] = exc
+
+    state["thread"] = threading.Thread(target=run, name="tsconv-cluster", daemon=True)
+    with _lock:
+        if _early is not None:
+            return
+        _early = state
+    state["thread"].start()
+
+
+def _take(workers: int, gpus: list[str]) -> tuple[Any, int | None] | None:
+    """The early cluster when it was started for these workers and GPUs (else closed); None if none."""
+    global _early
+    with _lock:
+        state, _early = _early, None
+    if state is None:
+        return None
+    state["thread"].join()
+    if state["result"] is None:
+        return None
+    if state["key"] == (workers, tuple(gpus)):
+        return state["result"]
+    state["result"][0].close()  # torch sees other GPUs than the driver's list said: start the right one
+    return None
+
+
+def discard_early() -> None:
+    """Close an early cluster no run took (the command failed before it, or ran without dask)."""
+    global _early
+    with _lock:
+        state, _early = _early, None
+    if state is not None:
+        state["thread"].join()
+        if state["result"] is not None:
+            state["result"][0].close()
+
+
+def local_cluster(workers: int, device: str = "auto") -> tuple[Any, int | None]:
+    """A local dask cluster of ``workers`` processes; returns (cluster, torch threads per worker).
+
+    On the CPU: a ``LocalCluster`` of one-threaded worker processes, torch using cpu_count // workers
+    threads each. With GPUs (device auto or cuda, CUDA present): dask-cuda's ``LocalCUDACluster``, one
+    worker per GPU, when dask_cuda is importable; else one worker process per GPU, each started with
+    ``CUDA_VISIBLE_DEVICES`` set to its GPU. ``workers`` beyond the number of GPUs are not started. The
+    cluster :func:`start_early` began is taken when it matches.
+    """
+    _check_workers(workers)
+    gpus = _torch_gpus(device)
+    early = _take(workers, gpus)
+    return early if early is not None else _make(workers, gpus)
