@@ -35,11 +35,14 @@ def run_chunked(
     stop: int | None = None,
     fill_carry: FillCarry | None = None,
     emit_copies: bool = False,
+    reserve: Callable[[int], np.ndarray | None] | None = None,
 ) -> None:
     """Compute rows [start, stop) (default: to T) chunk by chunk and hand each result block to ``emit`` in order.
 
     ``emit_copies``: ``emit`` copies the rows it keeps before it returns (a sink's ``append`` does), so on the
     CPU a bank pipeline's chunks can all be computed into one reused buffer; otherwise each block is fresh.
+    ``reserve``: the sink's :meth:`~tsconv.io.contracts.Sink.reserve`, where such a chunk is computed in place
+    when the sink has room for it (``features()``'s result: no copy at all).
 
     ``source`` holds all the features the plan was resolved against; ``[preprocess]`` selection is applied
     here, and its transform and z-score in the backend.
@@ -74,11 +77,17 @@ def run_chunked(
         if not fill:
             filled = raw
         x = np.concatenate([carry, filled], axis=0) if halo else filled
-        if emit_copies and device.type == "cpu" and into is None and backend.out_width is not None:
-            into = torch.from_numpy(np.empty((e - s, backend.out_width), dtype=np.float32))
-        # a bank pipeline's rows land in one buffer reused by every chunk (``emit`` copies them out):
-        # fresh 52 MB per chunk cost 8-9 ms of page faults each on the 2-core VM
-        dest = into[: e - s] if into is not None else None
+        dest = None
+        if emit_copies and device.type == "cpu" and backend.out_width is not None:
+            # a bank pipeline's rows land in the sink's own rows, or in one buffer reused by every chunk
+            # (``emit`` copies them out): fresh 52 MB per chunk cost 8-9 ms of page faults each on the VM
+            place = reserve(e - s) if reserve is not None else None
+            if place is not None:
+                dest = torch.from_numpy(place)
+            else:
+                if into is None:
+                    into = torch.from_numpy(np.empty((e - s, backend.out_width), dtype=np.float32))
+                dest = into[: e - s]
         y = backend.run(
             torch.from_numpy(x).to(device), s - halo, torch.from_numpy(level).to(device), out=dest
         )

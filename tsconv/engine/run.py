@@ -256,7 +256,7 @@ def run(
             stages["stage_seconds"].update(setup)
         else:
             run_chunked(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop, chunk=rp.chunk,
-                        warmup=rp.warmup, on_rows=bar.update, fill_carry=fill_carry, emit_copies=True)  # fmt: skip
+                        warmup=rp.warmup, on_rows=bar.update, fill_carry=fill_carry, emit_copies=True, reserve=sink.reserve)  # fmt: skip
         backend.finish()
         if before_finish is not None:
             before_finish()

@@ -125,6 +125,11 @@ class Sink(Protocol):
         ``block`` is lent until ``release()`` is called (exactly once, from any thread, also on failure)."""
         ...
 
+    def reserve(self, n: int) -> np.ndarray | None:
+        """Where the next ``n`` rows may be computed in place ([n, D] float32, C-contiguous; appending it
+        then copies nothing), or None where the sink has no such place."""
+        ...
+
     def finish(self) -> None:
         """Every row has been appended: write what is buffered and make the output whole."""
         ...

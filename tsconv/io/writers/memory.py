@@ -24,12 +24,16 @@ class ArraySink:
         self.feature_major = feature_major
         self.pos = 0
 
+    def reserve(self, n: int) -> np.ndarray | None:
+        """The next ``n`` rows of ``out`` (row-major only), for an engine to compute into."""
+        return None if self.feature_major else self.out[self.pos : self.pos + n]
+
     def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
         try:
             n = block.shape[0]
             if self.feature_major:
                 transpose_into(self.out[:, self.pos : self.pos + n], block)
-            else:
+            elif not _is_rows_of(block, self.out, self.pos):  # rows computed in place need no copy
                 self.out[self.pos : self.pos + n] = block
             self.pos += n
         finally:
@@ -44,3 +48,13 @@ class ArraySink:
 
     def close(self) -> None:
         pass
+
+
+def _is_rows_of(block: np.ndarray, out: np.ndarray, pos: int) -> bool:
+    """Whether ``block`` is ``out[pos : pos + len(block)]`` itself (what :meth:`ArraySink.reserve` gave)."""
+    return (
+        block.shape[1:] == out.shape[1:]
+        and pos + block.shape[0] <= out.shape[0]
+        and block.__array_interface__["data"][0] == out[pos:].__array_interface__["data"][0]
+        and block.strides == out.strides
+    )

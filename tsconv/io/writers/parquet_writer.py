@@ -182,6 +182,10 @@ class ParquetSink:
         self.busy_seconds = 0.0
         self._done = False
 
+    def reserve(self, n: int) -> np.ndarray | None:
+        """No rows computed in place: each append is encoded from its block."""
+        return None
+
     def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
         t0 = time.perf_counter()
         done = 0

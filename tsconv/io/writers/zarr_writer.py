@@ -906,6 +906,10 @@ class OutputWriter:
 
     # -- the caller's side ------------------------------------------------------------------------
 
+    def reserve(self, n: int) -> np.ndarray | None:
+        """No rows computed in place: each append is encoded from its block."""
+        return None
+
     def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
         """Add the next rows, in order; full chunks go to the writer threads.
 
