@@ -7,11 +7,11 @@ however it exits; a clean exit also removes the file. While held, the file names
 start time, run id) for the refusal message.
 
 An output in an object store (:class:`ObjectLock`) has no flock and no kernel to release a lock: there the
-lock is a lease, the object ``.<name>.tsconv-lock`` beside the output, created only where none is (a
+lock is an expiring object, ``.<name>.tsconv-lock`` beside the output, created only where none is (a
 conditional PUT, ``If-None-Match: *``) and renewed by a thread every quarter of the ``lock_ttl`` setting.
-A lease not renewed for ``lock_ttl`` seconds (its holder is gone) is taken over, on S3 by a PUT
+A lock not renewed for ``lock_ttl`` seconds (its holder is gone) is taken over, on S3 by a PUT
 conditional on the stale copy's ETag, so two runs cannot both take it. A run paused for longer than the
-lease (its machine suspended) can lose it to another run; the run id re-checked in the store before it is
+TTL (its machine suspended) can lose it to another run; the run id re-checked in the store before it is
 marked complete (:func:`tsconv.io.writers.zarr_writer.check_owner`) then stops it from marking the other's
 store.
 """
