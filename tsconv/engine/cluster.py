@@ -24,17 +24,22 @@ _lock = threading.Lock()
 _early: dict[str, Any] | None = None  # the cluster start_early began: its key, thread, and result or error
 
 
-def _check_workers(workers: Any) -> None:
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise TsconvError(f"workers must be a positive integer, got {workers!r}")
+def _valid_workers(workers: Any) -> bool:
+    return not isinstance(workers, bool) and isinstance(workers, int) and workers >= 1
+
+
+def _env_gpus() -> list[str] | None:
+    """The GPUs CUDA_VISIBLE_DEVICES lists, or None where it is unset."""
+    env = config.cuda_visible_devices()
+    return None if env is None else [d.strip() for d in env.split(",") if d.strip()]
 
 
 def _driver_gpus() -> list[str] | None:
     """The GPUs a worker may use as the driver and CUDA_VISIBLE_DEVICES say, without torch; None where the
     driver's list cannot be read (the caller then asks torch)."""
-    env = config.cuda_visible_devices()
+    env = _env_gpus()
     if env is not None:
-        return [d.strip() for d in env.split(",") if d.strip()]
+        return env
     try:
         return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
     except OSError:
@@ -49,10 +54,8 @@ def _torch_gpus(device: str) -> list[str]:
 
     if not torch.cuda.is_available():
         return []
-    env = config.cuda_visible_devices()
-    if env is not None:
-        return [d.strip() for d in env.split(",") if d.strip()]
-    return [str(i) for i in range(torch.cuda.device_count())]
+    env = _env_gpus()
+    return env if env is not None else [str(i) for i in range(torch.cuda.device_count())]
 
 
 def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
@@ -95,7 +98,7 @@ def start_early(workers: Any, device: str = "auto") -> None:
     """Begin starting the cluster ``--workers`` asks for, in a daemon thread, before the engine's imports;
     does nothing for arguments the run will refuse, or where the GPUs cannot be listed without torch."""
     global _early
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    if not _valid_workers(workers):
         return
     gpus = [] if device == "cpu" else _driver_gpus()
     if gpus is None:
@@ -156,7 +159,8 @@ def local_cluster(workers: int, device: str = "auto") -> tuple[Any, int | None]:
     ``CUDA_VISIBLE_DEVICES`` set to its GPU. ``workers`` beyond the number of GPUs are not started. The
     cluster :func:`start_early` began is taken when it matches.
     """
-    _check_workers(workers)
+    if not _valid_workers(workers):
+        raise TsconvError(f"workers must be a positive integer, got {workers!r}")
     gpus = _torch_gpus(device)
     early = _take(workers, gpus)
     return early if early is not None else _make(workers, gpus)
