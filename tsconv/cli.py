@@ -136,13 +136,15 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
 
 def _run_process(input_path: str, output: str | None, *, report_path: str | None, quiet: bool, **options: Any) -> None:  # fmt: skip
     from tsconv.io.writers.formats import output_format
-    from tsconv.kernels.triton_key import gpu_present, start_triton_key
+    from tsconv.kernels import early
 
     if output is not None:
         output_format(output)  # before the engine's imports: a mistyped output is refused at once
-    if options.get("device") == "cuda" or (options.get("device") == "auto" and gpu_present()):
-        start_triton_key()  # beside torch's import (tsconv.kernels.triton_key)
     workers = options.get("workers")
+    if options.get("device") == "cuda" or (options.get("device") == "auto" and early.gpu_present()):
+        # beside the imports of torch, zarr and tsconv (tsconv.kernels.early); a client of dask workers
+        # computes nothing on the GPU itself
+        early.start(cuda=workers is None)
     if workers is not None:  # the workers' start-up beside this process's (tsconv.engine.cluster)
         from tsconv.engine.cluster import start_early
 

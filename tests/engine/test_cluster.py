@@ -30,6 +30,26 @@ def test_an_early_cluster_is_taken_by_the_run_and_its_workers_have_the_engine_lo
         cluster.close()
 
 
+def _early_threads() -> list[str]:
+    from tsconv.kernels import early
+
+    return sorted(early._threads)
+
+
+def test_gpu_workers_begin_their_gpu_start_up_in_the_preload_and_cpu_workers_do_not() -> None:
+    # A GPU worker's spec on a machine without one: its preload starts the threads, which find no GPU and end.
+    gpu_cluster, _ = cl._make(1, ["0"])
+    cpu_cluster, _ = cl._make(1, [])
+    try:
+        with distributed.Client(gpu_cluster) as client:
+            assert list(client.run(_early_threads).values()) == [["cuda", "triton"]]
+        with distributed.Client(cpu_cluster) as client:
+            assert list(client.run(_early_threads).values()) == [[]]
+    finally:
+        gpu_cluster.close()
+        cpu_cluster.close()
+
+
 def test_an_early_cluster_of_other_workers_is_closed_and_the_right_one_started() -> None:
     cl.start_early(1, "cpu")
     state = cl._early

@@ -20,6 +20,7 @@ from tsconv.errors import TsconvError
 __all__ = ["discard_early", "local_cluster", "start_early"]
 
 _PRELOAD = ["tsconv.engine.worker_init"]
+_GPU_ARGV = [["--gpu"]]  # the preload's arguments in a GPU worker
 _lock = threading.Lock()
 _early: dict[str, Any] | None = None  # the cluster start_early began: its key, thread, and result or error
 
@@ -83,6 +84,7 @@ def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
                     "nthreads": 1,
                     "env": {"CUDA_VISIBLE_DEVICES": g, **threads},
                     "preload": _PRELOAD,
+                    "preload_argv": _GPU_ARGV,
                 },
             }
             for g in gpus
@@ -90,7 +92,11 @@ def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
         sched = {"cls": Scheduler, "options": {"dashboard_address": None}}
         return SpecCluster(workers=specs, scheduler=sched), None
     return LocalCUDACluster(
-        CUDA_VISIBLE_DEVICES=",".join(gpus), threads_per_worker=1, dashboard_address=None, preload=_PRELOAD
+        CUDA_VISIBLE_DEVICES=",".join(gpus),
+        threads_per_worker=1,
+        dashboard_address=None,
+        preload=_PRELOAD,
+        preload_argv=_GPU_ARGV,
     ), None
 
 

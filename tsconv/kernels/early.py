@@ -1,0 +1,78 @@
+"""A GPU process's start-up costs, paid in daemon threads off a run's critical path; imports neither torch nor
+Triton itself.
+
+What a fresh process pays before its first kernel, measured on the H200 machine (benchmarks/NOTES.md, "A fresh
+`tsconv process` per run"; ``benchmarks/diag/start_costs.py``): Triton's compile-cache key, a SHA-256 of its
+own install (0.42-0.52 s, hashlib releases the GIL); Triton's driver (0.32-0.34 s: an ``ldconfig -p``
+subprocess and its utility module); the CUDA context (0.12-0.17 s, the GIL released). The CLI starts both
+threads before its first heavy import, so they run beside the main thread's imports of torch, zarr and
+tsconv; :func:`tsconv.engine.run.resolve_device` starts them (if nothing has) for library calls and dask
+workers. A run waits for the Triton thread before its first launch (Triton's cache and driver have no lock);
+torch's own lazy initialisation is locked, so nothing waits for the CUDA thread.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+__all__ = ["gpu_present", "start", "wait_triton"]
+
+_threads: dict[str, threading.Thread] = {}
+_lock = threading.Lock()
+
+
+def gpu_present() -> bool:
+    """Whether the NVIDIA driver reports a GPU, without importing torch: decides only whether ``--device
+    auto`` starts the threads early (where it is wrong, a run does the work itself, or a CPU run wastes a
+    background hash)."""
+    try:
+        return bool(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return False
+
+
+def _triton() -> None:
+    try:
+        import triton
+        from triton.runtime.cache import triton_key  # lru-cached: the launches then reuse it
+    except ImportError:  # no Triton, or one without these: require_triton or the first launch says so
+        return
+    try:
+        triton_key()
+        triton.runtime.driver.active  # noqa: B018  (creates the driver, cached for the launches)
+    except (OSError, RuntimeError):  # an install it cannot read, no driver: the first launch meets the same
+        return
+
+
+def _cuda(index: int | None) -> None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return
+        with torch.cuda.device(torch.cuda.current_device() if index is None else index):
+            torch.empty(1, device="cuda")  # creates the device's primary context
+    except Exception:  # noqa: BLE001 - whatever fails here, the run's own first CUDA call meets and reports
+        return
+
+
+def start(*, device_index: int | None = None, cuda: bool = True) -> None:
+    """Start the Triton thread and, with ``cuda``, the CUDA context of ``device_index`` (None: the current
+    device); each once per process. A process that will fork or only drive workers passes ``cuda=False``."""
+    with _lock:
+        if "triton" not in _threads:
+            _threads["triton"] = threading.Thread(target=_triton, name="tsconv-early-triton", daemon=True)
+            _threads["triton"].start()
+        if cuda and "cuda" not in _threads:
+            _threads["cuda"] = threading.Thread(
+                target=_cuda, args=(device_index,), name="tsconv-early-cuda", daemon=True
+            )
+            _threads["cuda"].start()
+
+
+def wait_triton() -> None:
+    """Wait for :func:`start`'s Triton thread, if one was started."""
+    t = _threads.get("triton")
+    if t is not None:
+        t.join()
