@@ -180,13 +180,13 @@ def test_missing_bucket_store_and_overlap_are_one_line_errors(prefix, s3_input):
     assert [k for k in StoreURL.parse(src).objects() if "inside" in k] == []
 
 
-def test_object_lock_refuses_a_live_lease_and_takes_over_a_stale_one(prefix):
+def test_object_lock_refuses_a_live_lock_and_takes_over_a_stale_one(prefix):
     out = StoreURL.parse(f"{prefix}/out.zarr")
     with ObjectLock(out, run_id="first", ttl=30):
         with pytest.raises(OutputBusyError, match="run first.*renewed 0 s ago"):
             ObjectLock(out, run_id="second").acquire()
     assert not out.parent.child(".out.zarr.tsconv-lock").exists()  # released: removed
-    # a killed run's lease: last renewed long ago
+    # a killed run's lock: last renewed long ago
     stale = {"pid": 1, "host": "h", "run_id": "killed", "renewed": time.time() - 120, "ttl": 60}
     out.parent.write_bytes(".out.zarr.tsconv-lock", json.dumps(stale).encode())
     lock = ObjectLock(out, run_id="third", ttl=0.4).acquire()
@@ -201,7 +201,7 @@ def test_object_lock_refuses_a_live_lease_and_takes_over_a_stale_one(prefix):
 
 
 def test_memory_urls_round_trip(series, local_run):
-    """Another fsspec scheme: no server, the generic paths (lease without ETags, plain PUTs)."""
+    """Another fsspec scheme: no server, the generic paths (the lock without ETags, plain PUTs)."""
     base = f"memory://tsconv-{uuid.uuid4().hex[:8]}"
     src = write_store(f"{base}/in.zarr", series, chunks=(1024, 4))
     tsconv.process(src, f"{base}/out.zarr", pipeline=PIPE, device="cpu")

@@ -40,7 +40,7 @@ _HOLDER_BYTES = 4096
 
 
 def output_lock(output: Path | StoreURL, *, run_id: str) -> OutputLock | ObjectLock:
-    """The lock of an output: an flock beside a local path, a lease beside a URL."""
+    """The lock of an output: an flock beside a local path, an expiring lock object beside a URL."""
     if isinstance(output, StoreURL):
         return ObjectLock(output, run_id=run_id)
     return OutputLock(output, run_id=run_id)
@@ -156,9 +156,9 @@ def _describe(holder: dict[str, Any] | None) -> str:
 
 
 class ObjectLock:
-    """An exclusive lease on one output in an object store, for one run (a context manager; see the module
+    """An exclusive, expiring lock on one output in an object store, for one run (a context manager; see the module
     docstring). ``acquire`` raises :class:`~tsconv.errors.OutputBusyError` naming the holder while another
-    run's lease is live; ``lost`` says whether renewing it failed (another run took it over)."""
+    run's lock is live; ``lost`` says whether renewing it failed (another run took it over)."""
 
     def __init__(self, output: StoreURL, *, run_id: str, ttl: float | None = None) -> None:
         self.output = output
@@ -187,7 +187,7 @@ class ObjectLock:
         self._etag = out.get("ETag") if isinstance(out, dict) else None
 
     def acquire(self) -> ObjectLock:
-        """Take the lease now, or refuse (another run renewed its lease less than ``ttl`` seconds ago)."""
+        """Take the lock now, or refuse (another run renewed its lock less than ``ttl`` seconds ago)."""
         if self.held:
             return self
         try:
@@ -199,7 +199,7 @@ class ObjectLock:
             raise
         except Exception as exc:
             raise remote_error(exc, self.url, "take the lock of the output") from None
-        self._thread = threading.Thread(target=self._renew, name="tsconv-lease", daemon=True)
+        self._thread = threading.Thread(target=self._renew, name="tsconv-lock-renew", daemon=True)
         self._thread.start()
         return self
 
@@ -221,11 +221,11 @@ class ObjectLock:
         if age < float(holder.get("ttl") or self.ttl):
             raise OutputBusyError(
                 f"output {self.output.url!r} is being written by another tsconv run ({_describe(holder)}, "
-                f"its lease renewed {age:.0f} s ago); refusing to start a second writer",
-                hint="wait for that run to finish or stop it; a stopped run's lease can be taken over "
+                f"its lock renewed {age:.0f} s ago); refusing to start a second writer",
+                hint="wait for that run to finish or stop it; a stopped run's lock can be taken over "
                 f"{float(holder.get('ttl') or self.ttl):.0f} s after its last renewal (--resume continues it).",
             )
-        try:  # the stale lease is replaced only if no one replaced it since we read it
+        try:  # the stale lock is replaced only if no one replaced it since we read it
             if self.url.protocol in ("s3", "s3a") and info.get("ETag"):
                 self._put(IfMatch=info["ETag"])
             else:  # no conditional overwrite known for this filesystem: delete, then create if absent
@@ -245,14 +245,14 @@ class ObjectLock:
                 else:
                     raw = self.url.read_bytes()
                     if raw is None or json.loads(raw).get("run_id") != self.run_id:
-                        raise FileExistsError("the lease is another run's")
+                        raise FileExistsError("the lock is another run's")
                     self._put()
             except Exception:  # taken over (the condition failed), or out of reach: check_owner decides
                 self.lost = True
                 return
 
     def release(self) -> None:
-        """Stop renewing and delete the lease object if it is still this run's."""
+        """Stop renewing and delete the lock object if it is still this run's."""
         thread, self._thread = self._thread, None
         if thread is None:
             return
@@ -263,7 +263,7 @@ class ObjectLock:
             if raw is not None and json.loads(raw).get("run_id") == self.run_id:
                 fs, path = self.url.filesystem()
                 fs.rm_file(path)
-        except Exception:  # a lease left behind goes stale after ttl seconds
+        except Exception:  # a lock left behind goes stale after ttl seconds
             pass
 
     def __enter__(self) -> ObjectLock:
