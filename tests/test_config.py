@@ -41,7 +41,7 @@ def test_defaults_and_values():
     s = config.from_env({})
     assert s == config.Settings()
     assert not s.autotune and s.mmap and s.cuda_graph and s.native_read and s.empty_cache
-    assert s.head_path == "unfused" and s.engine == "auto" and s.decode_threads is None
+    assert s.head_path == "gemm" and s.engine == "auto" and s.decode_threads is None
     s = config.from_env(
         {"TSCONV_DECODE_THREADS": "3", "TSCONV_CACHE_DIR": "~/x", "CC": "clang", "TSCONV_MMAP": ""}
     )

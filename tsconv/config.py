@@ -65,9 +65,9 @@ class Settings:
     )
     head_path: str = _setting(
         "TSCONV_HEAD_PATH",
-        "how the last stage and the head run on CUDA: conv1d then torch's matmul (unfused), then tsconv's "
-        "gemm, the fused conv -> head kernel, or auto (timed on first use of a shape class)",
-        "unfused",
+        "how the last stage and the head run on CUDA: conv1d then tsconv's gemm (gemm), conv1d then torch's "
+        "matmul (unfused), the fused conv -> head kernel, or auto (timed on first use of a shape class)",
+        "gemm",
         choices=HEAD_PATHS,
     )
     decode_threads: int | None = _setting(

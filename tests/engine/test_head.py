@@ -323,9 +323,9 @@ def test_each_path_on_the_gpu_through_the_batched_engine(path, monkeypatch, tmp_
         assert backend.head_path == path
 
 
-def test_the_default_head_path_is_unfused(monkeypatch):
+def test_the_default_head_path_is_tsconvs_gemm(monkeypatch):
     monkeypatch.delenv("TSCONV_HEAD_PATH", raising=False)
-    assert head.requested_path() == "unfused"
+    assert head.requested_path() == "gemm"
     monkeypatch.setenv("TSCONV_HEAD_PATH", "auto")
     assert head.requested_path() is None
 

@@ -11,7 +11,9 @@ Paths (all float32, with tsconv's fp32-accurate kernels on CUDA):
   (a dense last stage, groups = 1, within its O and D limits: :func:`tsconv.kernels.fused.fused_path`).
 
 Choice (:class:`HeadPaths`): ``TSCONV_HEAD_PATH=unfused|gemm|fused`` forces a path (``fused`` where it is not
-offered runs ``gemm``, the pair ``conv1d_head`` itself falls back to; ``unfused`` is the default); ``auto`` on CUDA times
+offered runs ``gemm``, the pair ``conv1d_head`` itself falls back to; ``gemm`` is the default: on the engine's step
+shapes it measured as fast as cuBLAS or faster, and a fresh process does not pay cuBLAS's first-call
+initialisation, benchmarks/NOTES.md, "The engine's head path"); ``auto`` on CUDA times
 each offered path on the step's actual inputs the first time a shape class is seen (exact C, O, D, K,
 dilation, groups, activations, head weight dtype, a power-of-two bucket of the step's rows, the GPU model and,
 through the cache key, the Triton version) and keeps the fastest. The decision is kept in memory and in the
@@ -56,7 +58,7 @@ _ROUNDS = 2  # timed rounds; the best counts
 
 
 def requested_path() -> str | None:
-    """The path the ``head_path`` setting forces (default ``unfused``), or None for ``auto``."""
+    """The path the ``head_path`` setting forces (default ``gemm``), or None for ``auto``."""
     value = config.current().head_path
     return None if value == "auto" else value
 
