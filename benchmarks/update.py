@@ -95,10 +95,20 @@ def set_rows(path: Path, x: np.ndarray, t: np.ndarray, rows: int) -> None:
         g["time"][old:rows] = t[old:rows]
 
 
+def _on_cuda(device: str) -> bool:
+    """Whether runs on ``device`` start CUDA (auto does on a GPU host; its start-up counts it too)."""
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device == "cuda"
+
+
 def startup_s(device: str, n: int = 3) -> float:
     """Median wall time of ``n`` bare starts: the interpreter importing torch and tsconv's engine (and on
     CUDA making a context)."""
-    code = "import torch, tsconv.engine.api" + ("; torch.zeros(1, device='cuda')" if device == "cuda" else "")
+    cuda = "; torch.zeros(1, device='cuda')" if _on_cuda(device) else ""
+    code = "import torch, tsconv.engine.api" + cuda
     walls = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -112,7 +122,7 @@ def startup_s(device: str, n: int = 3) -> float:
 _TIMED = """
 import sys, time
 import torch, tsconv.engine.api, tsconv.cli  # the start-up
-if "cuda" in sys.argv:
+if "cuda" in sys.argv or ("auto" in sys.argv and torch.cuda.is_available()):
     torch.zeros(1, device="cuda")
 t1 = time.perf_counter()
 try:
@@ -135,7 +145,8 @@ def cli(src: Path, out: Path, flag: str, args: argparse.Namespace, work: Path) -
         raise SystemExit(f"{' '.join(cmd[3:])} failed: {done.stderr.strip()}")
     r = json.loads(report.read_text())
     return {"wall_s": wall, "after_startup_s": float(after.read_text()), "report_s": r["seconds"],
-            "rows": r["rows"], "resumed_from": r["resumed_from"], "stdout": done.stdout.strip()}  # fmt: skip
+            "rows": r["rows"], "resumed_from": r["resumed_from"], "ran_on": r["device"],
+            "stdout": done.stdout.strip()}  # fmt: skip
 
 
 def _digest_s(src: Path) -> float:
@@ -160,7 +171,7 @@ def _same(a: Path, b: Path, device: str) -> str:
         return f"shapes differ: {va.shape} vs {vb.shape}"
     if va.tobytes() == vb.tobytes():
         return "bitwise equal"
-    if device == "cuda":
+    if _on_cuda(device):
         diff = np.nanmax(np.abs(va - vb)) if np.isfinite(va).any() else 0.0
         same_nan = bool((np.isnan(va) == np.isnan(vb)).all())
         return f"max abs difference {diff:.3g}, NaN pattern {'equal' if same_nan else 'DIFFERS'}"
@@ -179,7 +190,12 @@ def main() -> None:
         default=1,
         help="features with no value at all yet (the last ones: symbols listed, not trading)",
     )
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda", "auto"],
+        default="cpu",
+        help="auto: as users run it (on a GPU host, a few rows of an update go to the CPU)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/tsconv-update-bench"))
     ap.add_argument("--out", type=Path, default=RESULTS / "update", help="writes OUT.json and OUT.md")
@@ -294,6 +310,11 @@ def _pairs(runs: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], dict[s
     return [(i, by[i, "full"], by[i, "update"]) for i in sorted({x["repeat"] for x in runs})]
 
 
+def _ran_on(r: dict[str, Any], kind: str) -> str:
+    seen = sorted({x.get("ran_on", r["device"]).split(",")[0] for x in r["runs"] if x["kind"] == kind})
+    return " / ".join(seen) or "-"
+
+
 def render(r: dict[str, Any]) -> str:
     m, q, s = r["median"], r["ratio"], r["store"]
     mach = r["machine"]
@@ -310,6 +331,8 @@ def render(r: dict[str, Any]) -> str:
         "",
         "| run | rows computed | wall s | after start-up s | report s |",
         "| --- | ---: | ---: | ---: | ---: |",
+        f"Ran on: full {_ran_on(r, 'full')}, update {_ran_on(r, 'update')} (`--device {r['device']}`).",
+        "",
         f"| full (`--overwrite`) | {s['rows']:,} | {m['full_wall_s']:.2f} | {m['full_after_startup_s']:.2f} | "
         f"{m['full_report_s']:.2f} |",
         f"| `--update` | {m['update_rows']:,} | {m['update_wall_s']:.2f} | {m['update_after_startup_s']:.3f} | "

@@ -198,3 +198,26 @@ def test_version_needs_no_distribution_metadata() -> None:
     # the distribution is tsconv-features; the version comes from the package itself
     res = CliRunner().invoke(main, ["--version"])
     assert res.exit_code == 0 and res.output.strip() == f"tsconv, version {tsconv.__version__}"
+
+
+def test_an_update_with_device_auto_leaves_the_gpu_start_up_to_the_run(tmp_path, monkeypatch):
+    """The CLI begins the GPU start-up beside its imports, except for an update or resume with device auto:
+    a few rows then run on the CPU, which the threads would only slow."""
+    from tsconv.kernels import early
+
+    starts: list[bool] = []
+    monkeypatch.setattr(early, "gpu_present", lambda: True)
+    monkeypatch.setattr(early, "start", lambda **kw: starts.append(kw.get("cuda", True)))
+    src = write_store(tmp_path / "in.zarr", price_series(600, 3, seed=2), chunks=(128, 3))
+    out = str(tmp_path / "out.zarr")
+    runner = CliRunner()
+    res = runner.invoke(main, ["process", "-i", str(src), "-o", out, "-q", "--chunk", "128"])
+    assert res.exit_code == 0, res.output
+    assert starts == [True]  # a fresh run with device auto on a GPU host: started
+    for flag in ("--update", "--resume"):
+        res = runner.invoke(main, ["process", "-i", str(src), "-o", out, "-q", "--chunk", "128", flag])
+        assert res.exit_code == 0, res.output
+    assert starts == [True]
+    res = runner.invoke(main, ["process", "-i", str(src), "-o", out, "-q", "--chunk", "128", "--overwrite",
+                               "--device", "cpu"])  # fmt: skip
+    assert res.exit_code == 0 and starts == [True]

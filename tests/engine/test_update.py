@@ -500,3 +500,22 @@ def test_an_update_starts_from_the_recorded_fill_state_not_from_row_0(
     tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
     assert_same(out, full)
     assert json.loads((out / "values" / ".tsconv-input.json").read_text())["fill"]["row"] == 6000
+
+
+def test_an_update_of_a_few_rows_counts_as_small_for_cuda_and_a_wide_one_does_not():
+    """device auto sends an update's or resume's rows to the CPU only where they are few and cheap."""
+    from tsconv.engine.run import SMALL_ROWS, small_for_cuda
+    from tsconv.pipeline.spec import as_pipeline, pipeline_from_dict, resolve
+
+    narrow = resolve(as_pipeline("default"), tuple(f"x{j}" for j in range(32)))
+    assert small_for_cuda(narrow, 23_200)
+    assert not small_for_cuda(narrow, SMALL_ROWS + 1)
+    wide = resolve(as_pipeline("default"), tuple(f"x{j}" for j in range(1024)))
+    assert not small_for_cuda(wide, 23_200)  # 5,120 outputs a row: the GPU
+    rng = np.random.default_rng(0)
+    dense = {
+        "conv": [{"weights": rng.normal(size=(256, 64, 5))}],
+        "head": {"weights": rng.normal(size=(256, 64))},
+    }
+    plan = resolve(pipeline_from_dict(dense), tuple(f"x{j}" for j in range(64)))
+    assert small_for_cuda(plan, 1000) and not small_for_cuda(plan, 2000)  # 98,304 multiply-adds a row

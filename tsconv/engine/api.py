@@ -115,7 +115,10 @@ def process(
         check_compression(compression)
     cuda = CudaOptions.from_args(transfer=transfer, gpu_mem=gpu_mem, decode=decode)
     # a dask run with device auto: each worker resolves it (the client needs no GPU)
-    dev = None if dask is not None and device == "auto" else resolve_device(device)
+    # An update or resume with device auto may be a few rows for the CPU (small_for_cuda): its GPU
+    # start-up waits until the output says how many (to_zarr)
+    deferred = (update or resume) and device == "auto"
+    dev = None if dask is not None and device == "auto" else resolve_device(device, start=not deferred)
     if dev is not None and not batched_on(dev):
         _refuse(
             {"transfer": transfer, "gpu_mem": gpu_mem, "decode": decode},

@@ -21,7 +21,7 @@ import torch
 
 from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.report import Report, make_report
-from tsconv.engine.run import CudaOptions, RunPlan, plan_run, reset_device, run
+from tsconv.engine.run import CudaOptions, RunPlan, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
@@ -157,6 +157,13 @@ def to_zarr(
             )  # fmt: skip
             return dataclasses.replace(report, updated_from=updated_from)
         assert device is not None and rp is not None
+        extends = action not in ("create", "replace")
+        if extends and device_name == "auto" and device.type == "cuda" and small_for_cuda(plan, rows - start):
+            # an update's or a resume's few rows: the CPU computes them before CUDA would have started
+            device = torch.device("cpu")
+            rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
+        elif device.type == "cuda":
+            begin_cuda(device)  # where resolve_device left it to the run (a no-op where it began)
         t0 = time.perf_counter()
         reset_device(device)
         time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)

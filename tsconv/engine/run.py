@@ -43,11 +43,13 @@ __all__ = [
     "DECODES",
     "RunPlan",
     "batched_on",
+    "begin_cuda",
     "exact_fp32",
     "plan_run",
     "reset_device",
     "resolve_device",
     "run",
+    "small_for_cuda",
 ]
 
 DECODES = ("gpu", "cpu")
@@ -144,6 +146,25 @@ def plan_run(
     return RunPlan(device, chunk, warmup, start, stop, rows, False, cuda.transfer)
 
 
+# A few rows on a GPU host with device auto: what a fresh process pays before its first CUDA step (the
+# context, Triton's driver, each kernel's first load) was 0.8-0.9 s on the H200 machine for a 23,200-row
+# update (benchmarks/results/update_h200.md), against 0.2-0.3 s for the same rows on the 2-core CPU
+# machine. Work under this many multiply-adds (about 0.4 s at the default bank's rate on two cores) and
+# these rows runs on the CPU instead.
+SMALL_MACS = 1e8
+SMALL_ROWS = 1 << 16
+
+
+def small_for_cuda(plan: ResolvedPipeline, rows: int) -> bool:
+    """Whether ``rows`` rows of ``plan`` cost less on the CPU than a fresh process's CUDA start-up: an
+    estimate from the stages' multiply-adds per row (a built-in bank: a few per output)."""
+    per_row = sum(L.weight.shape[0] * (8 if L.structured else L.weight.shape[1] * L.weight.shape[2])
+                  for L in plan.layers)  # fmt: skip
+    if plan.head is not None:
+        per_row += plan.head.weight.size
+    return rows <= SMALL_ROWS and rows * per_row <= SMALL_MACS
+
+
 def batched_on(device: torch.device) -> bool:
     """Whether a run on ``device`` uses the batched engine: on CUDA, unless the ``engine`` setting says
     otherwise (``batched`` on the CPU runs it through the Triton interpreter, for tests)."""
@@ -151,8 +172,9 @@ def batched_on(device: torch.device) -> bool:
     return engine == "batched" or (engine == "auto" and device.type == "cuda")
 
 
-def resolve_device(device: str) -> torch.device:
-    """Map ``auto``/``cpu``/``cuda`` (or ``cuda:N``) to a torch device, or say why not."""
+def resolve_device(device: str, *, start: bool = True) -> torch.device:
+    """Map ``auto``/``cpu``/``cuda`` (or ``cuda:N``) to a torch device, or say why not. ``start``: begin the
+    GPU start-up of a CUDA device now (else :func:`begin_cuda` does, once the run knows it needs the GPU)."""
     if not isinstance(device, str):
         raise TsconvError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     if device == "auto":
@@ -160,7 +182,7 @@ def resolve_device(device: str) -> torch.device:
             return torch.device("cpu")
         # not a quiet fall back to the CPU: on a GPU host that is a run many times slower
         require_triton("device auto (a CUDA GPU is available)")
-        return _cuda_device("cuda")
+        return begin_cuda(torch.device("cuda")) if start else torch.device("cuda")
     if device == "cpu":
         return torch.device("cpu")
     if device == "cuda" or device.startswith("cuda:"):
@@ -170,14 +192,13 @@ def resolve_device(device: str) -> torch.device:
                 hint="use --device cpu or --device auto.",
             )
         require_triton(f"device {device}")
-        return _cuda_device(device)
+        return begin_cuda(torch.device(device)) if start else torch.device(device)
     raise TsconvError(f"unknown device {device!r}", hint="use auto, cpu or cuda.")
 
 
-def _cuda_device(spec: str) -> torch.device:
-    """The CUDA device ``spec``, with the process's GPU start-up begun (:mod:`tsconv.kernels.early`) and
+def begin_cuda(dev: torch.device) -> torch.device:
+    """``dev``, with the process's GPU start-up begun (:mod:`tsconv.kernels.early`; once per process) and
     torch's pinned host memory allocated the faster way."""
-    dev = torch.device(spec)
     early.start(device_index=dev.index)
     _fast_pinned()
     return dev

@@ -6,8 +6,9 @@ What a fresh process pays before its first kernel, measured on the H200 machine 
 own install (0.42-0.52 s, hashlib releases the GIL); Triton's driver (0.32-0.34 s: an ``ldconfig -p``
 subprocess and its utility module); the CUDA context (0.12-0.17 s, the GIL released). The CLI starts both
 threads before its first heavy import, so they run beside the main thread's imports of torch, zarr and
-tsconv; :func:`tsconv.engine.run.resolve_device` starts them (if nothing has) for library calls and dask
-workers. A run waits for the Triton thread before its first launch (Triton's cache and driver have no lock);
+tsconv; :func:`tsconv.engine.run.begin_cuda` starts them (if nothing has) for library calls and dask
+workers. An update or resume with ``--device auto`` starts them only once it knows its rows need the GPU (a few
+rows run on the CPU, which the threads would slow). A run waits for the Triton thread before its first launch (Triton's cache and driver have no lock);
 torch's own lazy initialisation is locked, so nothing waits for the CUDA thread.
 """
 
