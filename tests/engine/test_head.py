@@ -49,8 +49,14 @@ GROUPED = {
     "head": {"weights": RNG.normal(size=(8, 3)) / 3},
 }
 NO_HEAD = {"conv": [{"weights": RNG.normal(size=(6, 4, 3)) / 4}]}
+# A bank straight into the head.
+BANK_HEAD = {
+    "conv": [{"filters": ["diff:1", "ma:4", "dev:8"]}],
+    "head": {"weights": RNG.normal(size=(12, 3)) / 3, "bias": RNG.normal(size=3), "activation": "tanh"},
+    "weight_dtype": "float32",
+}
 
-PIPES = {"single": SINGLE, "two": TWO, "grouped": GROUPED, "no_head": NO_HEAD}
+PIPES = {"single": SINGLE, "two": TWO, "grouped": GROUPED, "no_head": NO_HEAD, "bank_head": BANK_HEAD}
 pytestmark = pytest.mark.filterwarnings("ignore::tsconv.errors.TsconvWarning")  # FP16 sums of random weights
 
 
@@ -370,3 +376,30 @@ def test_only_the_first_stage_recenters_on_every_head_path(pipe, path, monkeypat
     else:  # the first stage is a bank (computed from its filters, no conv); the dense last stage never recenters
         assert calls and not history and not any(rc for _, _, rc in calls)
         assert all(cg == 8 for _, cg, _ in calls)
+
+
+@pytest.mark.parametrize("path", ["gemm", "unfused"])
+def test_a_banks_head_runs_on_the_gemm_by_default_and_the_report_names_it(path, monkeypatch):
+    """A bank as the last stage: its head on tsconv's gemm where the Triton paths run (or torch's matmul
+    when unfused is asked for), within the fp32 bound, and the backend says which ran."""
+    x, plan = _data(300), _plan("bank_head")
+    backend = _cpu_backend(plan, monkeypatch, path)
+    y = _chunked(x, plan, backend)
+    assert backend.head_path == path
+    assert_matches_reference(y, x, plan)
+    torch_backend = Backend(plan, torch.device("cpu"))  # the CPU engine: torch's matmul, named
+    _chunked(x, plan, torch_backend)
+    assert torch_backend.head_path == "unfused"
+
+
+@pytest.mark.gpu
+def test_a_banks_head_on_the_gpu_runs_on_the_gemm(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    monkeypatch.delenv("TSCONV_HEAD_PATH", raising=False)  # the default
+    x = price_series(5000, 4, seed=5, nan_fraction=0.01)
+    plan = _plan("bank_head")
+    backend = Backend(plan, torch.device("cuda"))
+    y = _batched(x, plan, backend, step_rows=2048)
+    assert backend.head_path == "gemm"
+    assert_matches_reference(y, x, plan)

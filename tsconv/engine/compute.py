@@ -194,6 +194,11 @@ class Backend:
         self._head = (
             self._head_paths(plan) if plan.head is not None and self.layers and not last_bank else None
         )
+        # A bank's head: tsconv's gemm where the Triton paths run (the head_path setting's default; "unfused"
+        # keeps torch's matmul), as for a conv stage's head; None without a bank head.
+        self._bank_head = self._bank_head_path() if plan.head is not None and last_bank else None
+        self._bank_head_rows = 0
+        self._packed_head = None
         # width of run()'s result where it can be written into a caller's ``out`` (a bank, no head), else None
         self.out_width = plan.n_outputs if last_bank and plan.head is None else None
 
@@ -232,6 +237,15 @@ class Backend:
             measure=active and measure,
         )
 
+    def _bank_head_path(self) -> str:
+        from tsconv.engine import head
+
+        forced = head.requested_path()
+        active = self.triton and (
+            self.device.type == "cuda" or (torch_side.INTERPRETED and forced is not None)
+        )
+        return "gemm" if active and forced != "unfused" else "unfused"
+
     @property
     def window_lookback(self) -> int:
         """Rows before its first output that a call from :meth:`window_start` may need: at most halo + 2 x
@@ -266,7 +280,9 @@ class Backend:
     def head_path(self) -> str | None:
         """How the last stage and the head were computed ("unfused", "gemm" or "fused": the path of most
         rows so far); None without a head or before the first chunk."""
-        return None if self._head is None else self._head.path
+        if self._head is not None:
+            return self._head.path
+        return self._bank_head if self._bank_head_rows else None
 
     @torch.no_grad()
     def finish(self) -> None:
@@ -376,6 +392,15 @@ class Backend:
 
     def _head_matmul(self, y: torch.Tensor) -> torch.Tensor:
         """``act(y @ W + b)`` for a bank's output ``y`` [steps, O]."""
+        self._bank_head_rows += int(y.shape[0])
+        if self._bank_head == "gemm":
+            from tsconv.kernels.gemm import gemm, pack_weights
+
+            if self._packed_head is None:
+                self._packed_head = pack_weights(self.head_weight, "fp32")
+            return gemm(
+                y, self._packed_head, self.head_bias, activation=self.head.activation, precision="fp32"
+            )
         out = y @ self.head_weight
         if self.head_bias is not None:
             out += self.head_bias
