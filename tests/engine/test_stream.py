@@ -144,6 +144,14 @@ def test_any_sequence_of_pushes_equals_the_batch_run(case, rows, chunk, sizes, s
     _same(got, expected)
 
 
+def test_a_one_row_push_that_starts_a_block_equals_the_batch_run():
+    """Row 16 of a one-row-at-a-time stream starts a re-centring block: its call holds that one row, and the
+    head's matmul of a single row must round as the batch run's product of 17 rows does."""
+    x = prices(17, 64, seed=0)
+    stream = tsconv.Stream("dense_head", features=W64, chunk=63, device="cpu")
+    _same(pushed(stream, x, [1]), tsconv.features(x, "dense_head", names=W64, chunk=63))
+
+
 def test_a_dense_stage_after_another_matches_within_float32_rounding():
     """torch's CPU conv rounds a stage's outputs by the length of the call: after another stage (here a
     dense one) a stream matches the batch run within the engine's bound, not bit for bit."""

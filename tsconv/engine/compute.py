@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from tsconv.errors import TsconvWarning
 from tsconv.kernels import torch_side
 from tsconv.kernels.filterbank import filter_bank
-from tsconv.kernels.torch_side import apply_activation
+from tsconv.kernels.torch_side import apply_activation, rows_matmul
 from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -401,7 +401,7 @@ class Backend:
             return gemm(
                 y, self._packed_head, self.head_bias, activation=self.head.activation, precision="fp32"
             )
-        out = y @ self.head_weight
+        out = rows_matmul(y, self.head_weight)
         if self.head_bias is not None:
             out += self.head_bias
         return apply_activation(out, self.head.activation)

@@ -42,7 +42,7 @@ import torch
 from tsconv import config
 from tsconv.errors import TsconvError
 from tsconv.kernels import autotune
-from tsconv.kernels.torch_side import apply_activation
+from tsconv.kernels.torch_side import apply_activation, rows_matmul
 
 if TYPE_CHECKING:
     from tsconv.kernels.gemm import PackedWeights
@@ -284,7 +284,7 @@ class HeadPaths:
             return self._gemm(
                 y, self._packed, self.head_bias, activation=self.head_activation, precision="fp32"
             )
-        out = y @ self.head_weight_torch
+        out = rows_matmul(y, self.head_weight_torch)
         if self.head_bias is not None:
             out += self.head_bias
         return apply_activation(out, self.head_activation)

@@ -33,6 +33,7 @@ __all__ = [
     "recenter_sums",
     "require_triton",
     "round_tf32_torch",
+    "rows_matmul",
 ]
 
 # TRITON_INTERPRET=1 has to be set before the first @triton.jit runs (tests set it at start-up), so the
@@ -89,6 +90,15 @@ def _tap_sums(weight: torch.Tensor) -> torch.Tensor:
     channels and taps together has per-channel tap sums that cancel only across channels, and float32 sums
     of level-sized terms would bring back the very error recentering removes (measured in the interpreter)."""
     return WEIGHTS.get(weight, ("tap_sums",), lambda w: w.double().sum(dim=2).contiguous())
+
+
+def rows_matmul(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``y @ w`` whose rows do not depend on how many rows ``y`` has. torch's CPU matmul of a single row
+    takes a matrix-vector kernel that rounds differently from the matrix product of two or more rows (each of
+    which it computes alike), so a Stream's one-row push would not equal the batch run bit for bit."""
+    if y.shape[0] != 1:
+        return y @ w
+    return (torch.cat([y, y]) @ w)[:1]
 
 
 def apply_activation(x: torch.Tensor, name: str | None) -> torch.Tensor:
