@@ -329,10 +329,10 @@ def render(r: dict[str, Any]) -> str:
         f"`{s['pipeline']}`; {s['appended_rows']:,} rows appended (resize + write). "
         f"Each command a fresh `tsconv process` process; median of {len(r['runs']) // 2}.",
         "",
-        "| run | rows computed | wall s | after start-up s | report s |",
-        "| --- | ---: | ---: | ---: | ---: |",
         f"Ran on: full {_ran_on(r, 'full')}, update {_ran_on(r, 'update')} (`--device {r['device']}`).",
         "",
+        "| run | rows computed | wall s | after start-up s | report s |",
+        "| --- | ---: | ---: | ---: | ---: |",
         f"| full (`--overwrite`) | {s['rows']:,} | {m['full_wall_s']:.2f} | {m['full_after_startup_s']:.2f} | "
         f"{m['full_report_s']:.2f} |",
         f"| `--update` | {m['update_rows']:,} | {m['update_wall_s']:.2f} | {m['update_after_startup_s']:.3f} | "

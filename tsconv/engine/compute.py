@@ -211,9 +211,7 @@ class Backend:
 
         forced = head.requested_path()
         measure = forced is None and head.can_measure(self.device)
-        active = self.triton and (
-            self.device.type == "cuda" or (torch_side.INTERPRETED and (forced is not None or measure))
-        )
+        active = self._triton_head(forced is not None or measure)
         last = self.layers[-1]
         recenter = self.recenter_first and len(self.layers) == 1  # the last stage is also the first
         # The Triton paths read float16-stored head weights as float16 (exactly their values).
@@ -237,14 +235,16 @@ class Backend:
             measure=active and measure,
         )
 
+    def _triton_head(self, chosen: bool) -> bool:
+        """Whether a head runs on the Triton paths: on CUDA; on the CPU only through the interpreter, and
+        only where a path was ``chosen`` (forced or timed), as the tests run each path."""
+        return self.triton and (self.device.type == "cuda" or (torch_side.INTERPRETED and chosen))
+
     def _bank_head_path(self) -> str:
         from tsconv.engine import head
 
         forced = head.requested_path()
-        active = self.triton and (
-            self.device.type == "cuda" or (torch_side.INTERPRETED and forced is not None)
-        )
-        return "gemm" if active and forced != "unfused" else "unfused"
+        return "gemm" if self._triton_head(forced is not None) and forced != "unfused" else "unfused"
 
     @property
     def window_lookback(self) -> int:

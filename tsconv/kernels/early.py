@@ -7,9 +7,10 @@ own install (0.42-0.52 s, hashlib releases the GIL); Triton's driver (0.32-0.34 
 subprocess and its utility module); the CUDA context (0.12-0.17 s, the GIL released). The CLI starts both
 threads before its first heavy import, so they run beside the main thread's imports of torch, zarr and
 tsconv; :func:`tsconv.engine.run.begin_cuda` starts them (if nothing has) for library calls and dask
-workers. An update or resume with ``--device auto`` starts them only once it knows its rows need the GPU (a few
-rows run on the CPU, which the threads would slow). A run waits for the Triton thread before its first launch (Triton's cache and driver have no lock);
-torch's own lazy initialisation is locked, so nothing waits for the CUDA thread.
+workers. An update or resume with ``--device auto`` starts them only once it knows its rows need the GPU (a
+few rows run on the CPU, which the threads would slow). A run waits for the Triton thread before its first
+launch (Triton's cache and driver have no lock); torch's own lazy initialisation is locked, so nothing waits
+for the CUDA thread.
 """
 
 from __future__ import annotations
