@@ -76,3 +76,23 @@ def test_a_fill_record_of_another_shape_or_garbage_is_not_used():
     assert parse_fill_record(None, 1) is None
     got = parse_fill_record({"row": 5, "state": [1.5, None]}, 2)
     assert got is not None and got[0] == 5 and got[1][0] == 1.5 and np.isnan(got[1][1])
+
+
+def test_the_state_is_each_features_last_value_however_far_back_in_a_long_band():
+    """The walk looks at a band's newest rows first: each feature still gets its last value before the row,
+    whether it lies 1 row back, just across a window's edge, deep in the band, in an earlier band, or
+    nowhere (NaN)."""
+    from tsconv.engine.fill import fill_state_before
+
+    depths = [1, 2, 1023, 1024, 1025, 1026, 5119, 5120, 5121, 30_000, 149_999, 150_000, 200_000, None]
+    rows = 300_000
+    x = np.full((rows, len(depths)), np.nan, np.float32)
+    row = 250_000  # inside the second 200,000-row band
+    for j, d in enumerate(depths):
+        if d is not None:
+            x[row - d, j] = j + 0.5
+            x[: row - d : 97, j] = -1.0  # older values, which must not win
+        x[row:, j] = 7.0  # rows at and after ``row`` do not count
+    got = fill_state_before(_Spy(x, 200_000), row, np.dtype(np.float32))
+    want = [np.nan if d is None else j + 0.5 for j, d in enumerate(depths)]
+    np.testing.assert_array_equal(got, np.array(want, np.float32))

@@ -108,14 +108,25 @@ def fill_state_before(
     while stop > floor and missing.any():
         start = max(floor, (stop - 1) // source.band_rows * source.band_rows)
         block = np.asarray(source.read(start, stop), dtype=dtype)
-        valid = ~np.isnan(block[:, missing])
-        has = valid.any(axis=0)
-        if has.any():
-            last_idx = block.shape[0] - 1 - np.argmax(valid[::-1], axis=0)
-            cols = np.flatnonzero(missing)[has]
-            state[cols] = block[last_idx[has], cols]
-            missing[cols] = False
+        _last_values(block, state, missing)
         stop = start
     if known is not None and known[0] <= row and missing.any():
         state[missing] = known[1][missing]
     return state
+
+
+def _last_values(block: np.ndarray, state: np.ndarray, missing: np.ndarray) -> None:
+    """For each ``missing`` feature with a value in ``block``, its last one into ``state`` (and no longer
+    missing). Looks at the newest rows first, in windows growing 4x: a feature usually has a value within its
+    last few rows, and checking a whole 125,000-row band took 34 ms on the 2-core machine."""
+    stop, size = block.shape[0], 1024
+    while stop > 0 and missing.any():
+        start = max(0, stop - size)
+        valid = ~np.isnan(block[start:stop, missing])
+        has = valid.any(axis=0)
+        if has.any():
+            last_idx = start + (stop - start) - 1 - np.argmax(valid[::-1], axis=0)
+            cols = np.flatnonzero(missing)[has]
+            state[cols] = block[last_idx[has], cols]
+            missing[cols] = False
+        stop, size = start, size * 4

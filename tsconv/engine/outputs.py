@@ -100,6 +100,19 @@ def to_zarr(
             hint="run without --workers/--scheduler, or copy the store to a shared file system.",
         )
     r0, r1 = _time_rows(store, plan, distributed=dask is not None)
+    if (
+        (update or resume)
+        and dask is None
+        and device_name == "auto"
+        and device is not None
+        and device.type == "cuda"
+        and small_for_cuda(plan, _rows_left(out_path, rows=r1 - r0))
+    ):
+        # an update's or a resume's few rows: the CPU computes them before CUDA would have started, and
+        # nothing of the GPU's (Triton, its reader, its plan) need be loaded
+        device = torch.device("cpu")
+    elif device is not None and device.type == "cuda":
+        begin_cuda(device, asked=device_name)  # where resolve_device left it to the run (else a no-op)
     # planned before the output is touched: a pipeline that cannot fit the GPU budget changes nothing
     rp = (
         None
@@ -159,11 +172,9 @@ def to_zarr(
         assert device is not None and rp is not None
         extends = action not in ("create", "replace")
         if extends and device_name == "auto" and device.type == "cuda" and small_for_cuda(plan, rows - start):
-            # an update's or a resume's few rows: the CPU computes them before CUDA would have started
+            # few rows after all, as the checks settled them (_rows_left above read the metadata alone)
             device = torch.device("cpu")
             rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
-        elif device.type == "cuda":
-            begin_cuda(device)  # where resolve_device left it to the run (a no-op where it began)
         t0 = time.perf_counter()
         reset_device(device)
         time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)
@@ -201,6 +212,17 @@ def to_zarr(
 
 
 _Prepared = tuple[str, int, int, "dict[str, Any] | None", "int | None"]
+
+
+def _rows_left(out_path: Path | StoreURL, *, rows: int) -> int:
+    """What an update or a resume of ``out_path`` to ``rows`` output rows would compute, read from the
+    output's metadata before anything is checked (``rows`` where there is no readable output: a full run).
+    The checks come later, holding the lock; this only picks the device."""
+    try:
+        written = rows_written(out_path)
+    except Exception:  # noqa: BLE001 - no output, or not one of tsconv's: the checks will say which
+        return rows
+    return max(0, rows - written)
 
 
 def _fill_known(out_path: Path | StoreURL, plan: ResolvedPipeline, *, before: int) -> tuple[int, Any] | None:

@@ -180,9 +180,9 @@ def resolve_device(device: str, *, start: bool = True) -> torch.device:
     if device == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
-        # not a quiet fall back to the CPU: on a GPU host that is a run many times slower
-        require_triton("device auto (a CUDA GPU is available)")
-        return begin_cuda(torch.device("cuda")) if start else torch.device("cuda")
+        # no quiet fall back to the CPU without Triton (begin_cuda says so): on a GPU host that is a run
+        # many times slower
+        return begin_cuda(torch.device("cuda"), asked=device) if start else torch.device("cuda")
     if device == "cpu":
         return torch.device("cpu")
     if device == "cuda" or device.startswith("cuda:"):
@@ -191,14 +191,15 @@ def resolve_device(device: str, *, start: bool = True) -> torch.device:
                 f"device {device!r} was asked for but no CUDA GPU is available",
                 hint="use --device cpu or --device auto.",
             )
-        require_triton(f"device {device}")
-        return begin_cuda(torch.device(device)) if start else torch.device(device)
+        return begin_cuda(torch.device(device), asked=device) if start else torch.device(device)
     raise TsconvError(f"unknown device {device!r}", hint="use auto, cpu or cuda.")
 
 
-def begin_cuda(dev: torch.device) -> torch.device:
+def begin_cuda(dev: torch.device, *, asked: str = "cuda") -> torch.device:
     """``dev``, with the process's GPU start-up begun (:mod:`tsconv.kernels.early`; once per process) and
-    torch's pinned host memory allocated the faster way."""
+    torch's pinned host memory allocated the faster way. Refuses a host without Triton, naming the device
+    the user ``asked`` for."""
+    require_triton(f"device {asked}" + (" (a CUDA GPU is available)" if asked == "auto" else ""))
     early.start(device_index=dev.index)
     _fast_pinned()
     return dev
