@@ -36,17 +36,35 @@ def _early_threads() -> list[str]:
     return sorted(early._threads)
 
 
+def _worker_env() -> tuple[int, str | None]:
+    import os
+
+    return os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
 def test_gpu_workers_begin_their_gpu_start_up_in_the_preload_and_cpu_workers_do_not() -> None:
-    # A GPU worker's spec on a machine without one: its preload starts the threads, which find no GPU and end.
-    gpu_cluster, _ = cl._make(1, ["0"])
+    """Two GPUs: a worker process each, on its own GPU. One GPU: its worker runs in this process (no second
+    interpreter's start-up inside the command). CPU workers are processes that start nothing of the GPU."""
+    import os
+
+    # GPU workers' specs on a machine without GPUs: their preloads start the threads, which find no GPU and end.
+    gpu_cluster, _ = cl._make(2, ["0", "1"])
+    one_gpu, threads = cl._make(1, ["3"])
     cpu_cluster, _ = cl._make(1, [])
     try:
         with distributed.Client(gpu_cluster) as client:
+            assert list(client.run(_early_threads).values()) == [["cuda", "triton"]] * 2
+            envs = client.run(_worker_env).values()
+            assert sorted(e[1] for e in envs) == ["0", "1"] and os.getpid() not in {e[0] for e in envs}
+        with distributed.Client(one_gpu) as client:
+            assert threads is None and list(client.run(_worker_env).values())[0][0] == os.getpid()
             assert list(client.run(_early_threads).values()) == [["cuda", "triton"]]
         with distributed.Client(cpu_cluster) as client:
             assert list(client.run(_early_threads).values()) == [[]]
+            assert list(client.run(_worker_env).values())[0][0] != os.getpid()
     finally:
         gpu_cluster.close()
+        one_gpu.close()
         cpu_cluster.close()
 
 

@@ -68,6 +68,20 @@ def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
         )
         return cluster, max(1, (os.cpu_count() or 1) // workers)
     gpus = gpus[:workers]
+    if len(gpus) == 1:
+        # One GPU worker runs in this process, as threads: a worker process would pay a second interpreter's
+        # start-up and CUDA context inside the command (`--workers 1` took 1.48x a single process's wall on
+        # the H200, benchmarks/NOTES.md section 17), and this process computes nothing itself. It uses the
+        # first GPU this process sees, which is gpus[0].
+        cluster = LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=False,
+            dashboard_address=None,
+            preload=_PRELOAD,
+            preload_argv=_GPU_ARGV,
+        )
+        return cluster, None
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
@@ -162,8 +176,9 @@ def local_cluster(workers: int, device: str = "auto") -> tuple[Any, int | None]:
     On the CPU: a ``LocalCluster`` of one-threaded worker processes, torch using cpu_count // workers
     threads each. With GPUs (device auto or cuda, CUDA present): dask-cuda's ``LocalCUDACluster``, one
     worker per GPU, when dask_cuda is importable; else one worker process per GPU, each started with
-    ``CUDA_VISIBLE_DEVICES`` set to its GPU. ``workers`` beyond the number of GPUs are not started. The
-    cluster :func:`start_early` began is taken when it matches.
+    ``CUDA_VISIBLE_DEVICES`` set to its GPU; a single GPU worker runs in this process instead (threads, the
+    first GPU it sees). ``workers`` beyond the number of GPUs are not started. The cluster
+    :func:`start_early` began is taken when it matches.
     """
     if not _valid_workers(workers):
         raise TsconvError(f"workers must be a positive integer, got {workers!r}")
