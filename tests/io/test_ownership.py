@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -255,7 +256,8 @@ def _raise(*args: object, **kwargs: object) -> None:
 # step -> what the output path may hold right after a crash there
 _STEPS = {
     "rename the old store aside": "old",
-    "delete the old store": "nothing",
+    # the deletion runs beside the new store's build and is waited for at the end: the new store is whole
+    "delete the old store": "new, complete",
     "lay out the new store": "nothing",
     "rename the new store in": "nothing",
     "store the first chunk": "new, incomplete",
@@ -318,6 +320,40 @@ def test_overwrite_crashing_at_any_step_leaves_old_nothing_or_new_incomplete(
     assert _state(out, old, old_features, new_features) == "new, complete"
     np.testing.assert_array_equal(_values(out), _values(want))
     assert _leftovers(tmp_path) == []
+
+
+def test_the_old_store_is_deleted_beside_the_new_run_and_gone_when_it_returns(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, pipeline=OLD_PIPE)
+    created = threading.Event()
+    real_create, real_rmtree = OutputWriter.create.__func__, shutil.rmtree
+    seen: dict[str, bool] = {}
+
+    def create(cls, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        created.set()
+        return real_create(cls, *args, **kwargs)
+
+    def rmtree(path, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        if str(path).endswith(DISCARDED_SUFFIX):
+            # a deletion in the run's own thread would wait here for a store it has not begun
+            seen["new store begun first"] = created.wait(timeout=20)
+            with pytest.raises(OutputBusyError):
+                OutputLock(out, run_id="f" * 32).acquire()
+            seen["lock held"] = True
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(OutputWriter, "create", classmethod(create))
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    report = tsconv.process(src, out, chunk=CHUNK, overwrite=True)
+    assert seen == {"new store begun first": True, "lock held": True}
+    assert _leftovers(tmp_path) == []  # the old store is gone by the time the call returns
+    assert report.rows == ROWS and _state(out, np.empty(0), ["a", "b"], _features(out)) == "new, complete"
+
+
+def _features(path: Path) -> list[str]:
+    return zarr.open_group(str(path), mode="r").attrs["features"]
 
 
 def _old_store_of_many_chunks(path: Path, chunks: int = 4000) -> np.ndarray:

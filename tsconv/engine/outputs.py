@@ -6,6 +6,7 @@ resume, or extend it for an update), builds the sink and runs :func:`tsconv.engi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -125,7 +126,7 @@ def to_zarr(
     run_id = uuid.uuid4().hex
     # One run owns the output from here to the end (creation, an overwrite's swap, every write, the final
     # mark); a dask run's client holds it for its workers.
-    with output_lock(out_path, run_id=run_id):
+    with output_lock(out_path, run_id=run_id), contextlib.ExitStack() as pending:
         remove_leftovers(out_path)
         fingerprint = _fingerprint(store, plan, chunk, warmup)
         action, start = prepare_output(
@@ -141,7 +142,8 @@ def to_zarr(
             digest = input_digest(store)
         elif action == "replace":
             digest = input_digest(store)
-            discard_output(out_path)  # before t0: deleting the old store is not the run's time
+            # the old store's files go in a thread beside the run, which the lock outlasts
+            pending.callback(discard_output(out_path, background=True))
         else:  # output rows [0, n) come from input rows [0, r0 + n)
             fill_carry.known = _fill_known(out_path, plan, before=r0 + rows_written(out_path))
             step = _prepare_update if update else _prepare_resume
@@ -201,7 +203,7 @@ def to_zarr(
                      before_finish=lambda: _record_fill(out_path, fill_carry))  # fmt: skip
         if "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
-            # opening and checking the input, planning, the input's digest, clearing an old output:
+            # opening and checking the input, planning, the input's digest, renaming an old output aside:
             # before ``seconds`` starts
             stages["stage_seconds"]["open"] = t0 - t_enter
         stages["compression"] = writer.compression

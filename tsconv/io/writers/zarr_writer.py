@@ -206,14 +206,18 @@ def remove_leftovers(path: Path) -> list[str]:
     return done
 
 
-def discard_output(path: Path) -> None:
+def discard_output(path: Path, *, background: bool = False) -> Callable[[], None]:
     """Delete the output store at ``path`` for ``--overwrite``: call it holding the output's lock, once
-    :func:`prepare_output` has said "replace" (the store holds zarr data only).
+    :func:`prepare_output` has said "replace" (the store holds zarr data only). Returns a function that
+    waits for the deletion; call it before the lock is released.
 
     It is renamed aside first, so ``path`` holds the old store or nothing, never a half-deleted store
     whose metadata still says complete; a kill during the deletion leaves the rest to
     :func:`remove_leftovers`. The new store is then built beside ``path`` and renamed in
-    (:meth:`OutputWriter.create`).
+    (:meth:`OutputWriter.create`). With ``background`` the renamed store's files are deleted in a thread
+    while the run builds the new one: unlinking a 4 GB output took the H200 machine's main thread about
+    0.25 s before its run could start (benchmarks/NOTES.md, section 16). A deletion that fails then warns
+    rather than failing a finished run; the next run on the output deletes what is left.
 
     In an object store nothing can be renamed at once: the root document is first replaced (one PUT) by
     a placeholder group marked incomplete, then every other object is deleted, so at every instant the
@@ -226,12 +230,42 @@ def discard_output(path: Path) -> None:
         others = [f"{root}/{k}" for k in path.objects() if k != "zarr.json"]
         if others:
             fs.rm(others)
-        return
+        return _done
     aside = _sibling(path, DISCARDED_SUFFIX)
     if aside.exists():
         shutil.rmtree(aside)
     os.rename(path, aside)
-    shutil.rmtree(aside)
+    if not background:
+        shutil.rmtree(aside)
+        return _done
+    failed: list[BaseException] = []
+
+    def delete() -> None:
+        try:
+            shutil.rmtree(aside)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=delete, name="tsconv-discard", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if not failed:
+            return
+        if not isinstance(failed[0], OSError):
+            raise failed[0]
+        warnings.warn(
+            f"could not delete the replaced output, now at {aside} ({failed[0]}); the next run on "
+            f"{path} deletes what is left",
+            stacklevel=2,
+        )
+
+    return wait
+
+
+def _done() -> None:
+    """The wait of a deletion already finished."""
 
 
 _METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
