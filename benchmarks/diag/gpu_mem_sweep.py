@@ -53,10 +53,13 @@ def main() -> None:
                 "peak_reserved_bytes": max(r["peak_reserved_bytes"] or 0 for r in reps),
                 "smi_peak_bytes": max(r["smi_peak_bytes"] for r in reps),
                 "step_rows": reps[-1]["step_rows"],
+                "gpu_process_bytes": max(r["gpu_process_bytes"] or 0 for r in reps) or None,
+                "gpu_outside_torch_bytes": reps[-1]["gpu_outside_torch_bytes"],
                 "stage_seconds": reps[-1]["stage_seconds"],
             }  # fmt: skip
             result["runs"].append(row)
-            print(json.dumps({k: row[k] for k in ("store", "gpu_mem", "wall_s", "report_s", "smi_peak_bytes")}),
+            print(json.dumps({k: row[k] for k in ("store", "gpu_mem", "wall_s", "report_s", "smi_peak_bytes",
+                                                  "peak_reserved_bytes", "gpu_process_bytes", "gpu_outside_torch_bytes")}),
                   flush=True)  # fmt: skip
             args.out.write_text(json.dumps(result, indent=1) + "\n")
 

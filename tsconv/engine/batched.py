@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 
 from tsconv import config, trace
+from tsconv.engine import devmem
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, fill_state_before, forward_fill
 from tsconv.engine.level import level_before_torch, tail_rows
@@ -167,12 +169,20 @@ def plan_step_rows(
     transfer: str,
     rows: int,
     reader_bytes: int | None = None,
+    outside: int = 0,
 ) -> int:
-    """Rows per step: the most chunks (up to MAX_STEP_ROWS rows) that fit ``budget`` bytes of GPU memory.
+    """Rows per step: the most chunks (up to MAX_STEP_ROWS rows) that fit ``budget`` bytes of GPU memory,
+    of which ``outside`` are the process's own outside torch's allocator (its CUDA context and kernels:
+    :func:`tsconv.engine.devmem.outside_torch`).
 
     ``reader_bytes``: GPU memory of a reader that decodes on the device (its rings replace the device ring of
     raw pieces). Raises before anything starts when even one chunk plus the halo does not fit.
     """
+    whole, budget = budget, budget - outside
+    held = (
+        f", of which this process's CUDA context and kernels hold about {outside / 1e6:,.0f} MB"
+        if outside else ""
+    )  # fmt: skip
     per = _bytes_per_row(plan)
     row_bytes = src_features * src_itemsize
     weights = weight_bytes(plan) + (_CUBLAS_BYTES if plan.head is not None else 0)
@@ -202,15 +212,16 @@ def plan_step_rows(
         raise TsconvError(
             f"the pipeline does not fit the GPU memory budget: one {chunk}-step chunk of "
             f"{len(plan.input_names)} features needs about {need / 1e6:,.0f} MB, the budget is "
-            f"{budget / 1e6:,.0f} MB",
-            hint="raise --gpu-mem, use a smaller --chunk, or select fewer features.",
+            f"{whole / 1e6:,.0f} MB{held}",
+            hint=f"raise --gpu-mem (to at least {math.ceil((need + outside) / 1e7) / 100:.2f}GB), use a smaller --chunk, or "
+            "select fewer features.",
         )
     step = min(fit // chunk * chunk, max(MAX_STEP_ROWS // chunk, 1) * chunk)
     step = max(step, -(-plan.halo // chunk) * chunk)  # a step must hold the next step's halo
     if step > fit:
         raise TsconvError(
             f"the pipeline's warm-up of {plan.halo} steps does not fit the GPU memory budget of "
-            f"{budget / 1e6:,.0f} MB at {len(plan.input_names)} features",
+            f"{whole / 1e6:,.0f} MB at {len(plan.input_names)} features{held}",
             hint="raise --gpu-mem or shorten the filters.",
         )
     return min(step, -(-max(rows, 1) // chunk) * chunk)
@@ -229,6 +240,8 @@ class StageTimes:
     step_rows: int = 0
     extra: dict[str, float] = field(default_factory=dict)
     graph: str = "off"  # the steps' CUDA graph (_StepGraph.status): off, eager, replayed or "off: why"
+    # what NVML showed for the process at the end of the loop (nothing is freed during a run: its peak)
+    gpu_process_bytes: int | None = None
 
 
 log = logging.getLogger("tsconv.batched")
@@ -632,6 +645,7 @@ def run_batched(
         raise
     if gpu.cuda:
         torch.cuda.synchronize(dev)
+        times.gpu_process_bytes = devmem.process_bytes(dev)
         if graph.release():
             # A dead graph's private memory pool stays reserved until the cache is emptied: 70-80 MB more
             # per run in a long-lived process. Sharing one pool between runs trips an allocator assert in

@@ -22,7 +22,7 @@ import torch
 
 from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.report import Report, make_report
-from tsconv.engine.run import CudaOptions, RunPlan, begin_cuda, plan_run, reset_device, run, small_for_cuda
+from tsconv.engine.run import CudaOptions, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
@@ -196,9 +196,7 @@ def to_zarr(
         else:
             writer = OutputWriter.reopen(out_path, time_source=time_source, start=start, run_id=run_id)
         t_run = time.perf_counter()
-        rp = RunPlan(
-            rp.device, chunk, warmup, r0 + start, r0 + rows, rp.step_rows, rp.gpu_reader, rp.transfer
-        )
+        rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + start, stop=r0 + rows)
         stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name, fill_carry=fill_carry,
                      before_finish=lambda: _record_fill(out_path, fill_carry))  # fmt: skip
         if "stage_seconds" in stages:

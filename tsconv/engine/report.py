@@ -49,6 +49,10 @@ class Report:
     file_reads: str | None = None
     pipeline: str | None = None  # the pipeline's name
     updated_from: int | None = None  # an update (``update=True``): the output's rows before it
+    # CUDA runs: what the process held on the GPU at the end of the loop as nvidia-smi shows it (NVML; None
+    # where it cannot say), and the share of --gpu-mem planned for its context and kernels
+    gpu_process_bytes: int | None = None
+    gpu_outside_torch_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +69,8 @@ class Report:
             gpu = f"{self.peak_gpu_allocated_bytes / 2**20:,.0f} MiB allocated"
             if self.peak_gpu_reserved_bytes is not None:
                 gpu += f", {self.peak_gpu_reserved_bytes / 2**20:,.0f} MiB reserved"
+            if self.gpu_process_bytes is not None:
+                gpu += f", {self.gpu_process_bytes / 2**20:,.0f} MiB for the whole process (nvidia-smi)"
         else:
             gpu = "not measured (CPU run)"
         table = [
@@ -192,4 +198,5 @@ def stage_summary(times: StageTimes, *, transfer: str, reader: BandReader, sink:
     seconds = {**stage, "decode_busy": decode_busy, "write_busy": write_busy, "read_wait": times.read_wait,
                "emit": times.write, **times.extra}  # fmt: skip
     return {"transfer": transfer, "step_rows": times.step_rows, "stage_seconds": seconds, "bound_by": bound,
-            "reader": reader.kind, "cuda_graph": times.graph, "file_reads": reader.file_reads}  # fmt: skip
+            "reader": reader.kind, "cuda_graph": times.graph, "file_reads": reader.file_reads,
+            "gpu_process_bytes": times.gpu_process_bytes}  # fmt: skip

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from tsconv import config
+from tsconv.engine import devmem
 from tsconv.engine.batched import (
     DEFAULT_GPU_MEM,
     TRANSFERS,
@@ -63,8 +64,9 @@ SWITCH_INTERVAL_S = 200e-6
 @dataclass(frozen=True)
 class CudaOptions:
     """How a CUDA run moves and decodes its input: ``transfer`` (``pinned`` async copies from page-locked
-    memory, ``mapped`` zero-copy reads of it, ``pageable`` plain copies), ``gpu_mem`` (bytes the run may
-    allocate and reserve), ``decode`` (``gpu``: stores the GPU decodes are decoded there; ``cpu``: in
+    memory, ``mapped`` zero-copy reads of it, ``pageable`` plain copies), ``gpu_mem`` (bytes of the GPU
+    the process may hold, as nvidia-smi shows it: its CUDA context and kernels, then the run's allocations
+    and reservations), ``decode`` (``gpu``: stores the GPU decodes are decoded there; ``cpu``: in
     threads; None: ``gpu`` on CUDA)."""
 
     transfer: str = "pinned"
@@ -100,6 +102,7 @@ class RunPlan:
     step_rows: int | None = None
     gpu_reader: bool = False
     transfer: str = "pinned"
+    gpu_outside_torch: int = 0  # bytes of --gpu-mem the process holds outside torch's allocator
 
 
 def plan_run(
@@ -128,10 +131,13 @@ def plan_run(
             hint="leave the engine setting at auto.",
         )
 
+    # --gpu-mem bounds the whole process: the CUDA context and loaded kernels take their share first
+    outside = devmem.outside_torch(device) if device.type == "cuda" else 0
+
     def step_rows(reader_bytes: int | None = None) -> int:
         return plan_step_rows(plan, src_features=source.n_features, src_itemsize=source.dtype.itemsize,
-                              budget=cuda.gpu_mem, chunk=chunk, transfer=cuda.transfer, rows=stop - start,
-                              reader_bytes=reader_bytes)  # fmt: skip
+                              budget=cuda.gpu_mem, outside=outside, chunk=chunk, transfer=cuda.transfer,
+                              rows=stop - start, reader_bytes=reader_bytes)  # fmt: skip
 
     rows = step_rows()  # refuses a pipeline that does not fit even with the CPU reader
     # The GPU reader on CUDA by default; on the CPU (the interpreter) only when asked for.
@@ -142,8 +148,9 @@ def plan_run(
             with contextlib.suppress(
                 TsconvError
             ):  # its rings do not fit beside the pipeline: decode on the CPU
-                return RunPlan(device, chunk, warmup, start, stop, step_rows(nbytes), True, cuda.transfer)
-    return RunPlan(device, chunk, warmup, start, stop, rows, False, cuda.transfer)
+                return RunPlan(device, chunk, warmup, start, stop, step_rows(nbytes), True, cuda.transfer,
+                               outside)  # fmt: skip
+    return RunPlan(device, chunk, warmup, start, stop, rows, False, cuda.transfer, outside)
 
 
 # A few rows on a GPU host with device auto: what a fresh process pays before its first CUDA step (the
@@ -299,6 +306,7 @@ def run(
                                 on_rows=bar.update, fill_carry=fill_carry)  # fmt: skip
             stages = stage_summary(times, transfer=rp.transfer, reader=reader, sink=sink)
             stages["stage_seconds"].update(setup)
+            stages["gpu_outside_torch_bytes"] = rp.gpu_outside_torch
         else:
             run_chunked(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop, chunk=rp.chunk,
                         warmup=rp.warmup, on_rows=bar.update, fill_carry=fill_carry, emit_copies=True, reserve=sink.reserve)  # fmt: skip

@@ -1,0 +1,68 @@
+"""The GPU memory a CUDA process holds outside torch's allocator, which ``--gpu-mem`` counts too.
+
+nvidia-smi shows for a process its CUDA context, the kernels it has loaded (torch's, Triton's) and library
+state beside what torch's caching allocator reserves: 715 MB beyond torch's reservation on the H200 machine,
+the same at every budget from 0.4 to 1.2 GB (benchmarks/NOTES.md, section 6). ``--gpu-mem`` bounds the
+whole, so a run's step budget is ``--gpu-mem`` less that share, measured through NVML (this process's
+entry on the device) when the run is planned, plus what loading the run's kernels adds later.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import torch
+
+__all__ = ["LATER_MODULES_BYTES", "UNMEASURED_BYTES", "outside_torch", "process_bytes"]
+
+# Loaded after planning, outside the allocator: the run's Triton kernels, torch's lazily loaded kernels
+# and the step graph's executable. Measured on the H200 machine as the process's NVML figure at the end
+# of a run less the one at planning, beyond torch's reservation (benchmarks/NOTES.md, section 6).
+LATER_MODULES_BYTES = 160 << 20
+# Where NVML cannot say (no nvidia-ml-py, or a process namespace it does not see): the H200 machine's
+# measured total, rounded up.
+UNMEASURED_BYTES = 768 << 20
+
+
+@functools.cache
+def _nvml() -> Any:  # noqa: ANN401 - the pynvml module, or None
+    try:
+        import pynvml  # nvidia-ml-py, NVIDIA's own binding of the driver's library
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver library, no permission: NVML cannot say
+        return None
+    return pynvml
+
+
+def process_bytes(device: torch.device) -> int | None:
+    """What this process holds on ``device`` as nvidia-smi shows it (NVML), or None where NVML cannot
+    say: not installed, or this process not among the device's (another PID namespace)."""
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    try:
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # noqa: BLE001 - an NVML that does not know the call or the device
+        return None
+    pid = os.getpid()
+    used = [p.usedGpuMemory for p in procs if p.pid == pid and p.usedGpuMemory is not None]
+    return int(sum(used)) if used else None
+
+
+def outside_torch(device: torch.device) -> int:
+    """Bytes of ``device`` this process holds, or will once the run's kernels load, beyond what torch's
+    allocator reserves: the share of ``--gpu-mem`` the steps cannot have. Creates the CUDA context (the
+    run needs it next anyway)."""
+    torch.cuda.mem_get_info(device)  # creates the context where nothing has yet: it is in what follows
+    reserved = torch.cuda.memory_reserved(device)
+    held = process_bytes(device)
+    if held is None:
+        return UNMEASURED_BYTES
+    return max(held - reserved, 0) + LATER_MODULES_BYTES
