@@ -219,11 +219,13 @@ def _fast_pinned() -> None:
     API in torch (``PYTORCH_CUDA_ALLOC_CONF`` is read once, at start-up); where it is missing, torch's default
     allocation stays."""
     threads = max(1, min(8, os.cpu_count() or 1))
+    # torch 2.11 deprecated the CUDA spelling with a FutureWarning that a CLI run would print on every run
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
     try:
-        torch.cuda.memory._set_allocator_settings(
-            f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}"
-        )
-    except (AttributeError, RuntimeError):
+        setter(f"pinned_use_cuda_host_register:True,pinned_num_register_threads:{threads}")
+    except (TypeError, RuntimeError):  # TypeError: neither exists
         pass
 
 
