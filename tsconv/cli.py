@@ -217,8 +217,8 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
 )
 @click.option(
     "--gpu-mem",
-    help="CUDA only: the GPU memory a run may take, allocated and reserved (default 1.2GB; e.g. 800MB, "
-    "2GiB); batch sizes follow.",
+    help="CUDA only: the GPU memory the process may hold as nvidia-smi shows it, its CUDA context included "
+    "(default 1.2GB; e.g. 1.5GB, 2GiB); batch sizes follow from what the context leaves.",
 )
 @click.option(
     "--compression",

@@ -82,8 +82,9 @@ def process(
     10% of a sample of the first chunk, else uncompressed; dask runs keep lz4), ``lz4`` or ``none``.
 
     CUDA runs (the batched engine): ``transfer`` is ``pinned`` (the default), ``mapped`` or ``pageable``;
-    ``gpu_mem`` (bytes, or text like ``"1.2GB"``; default 1.2 GB) bounds the GPU memory the run allocates
-    and reserves, and a pipeline that cannot fit is refused before anything starts; ``decode`` is ``gpu``
+    ``gpu_mem`` (bytes, or text like ``"1.2GB"``; default 1.2 GB) bounds the GPU memory the process holds
+    as nvidia-smi shows it (the CUDA context and kernels first, the run's allocations in the rest), and a
+    pipeline that cannot fit is refused before anything starts; ``decode`` is ``gpu``
     (the default: Blosc-LZ4 stores are decoded on the GPU, others on the CPU) or ``cpu`` (threads).
 
     dask: ``workers=N`` (a local cluster) or ``client`` (a ``distributed.Client`` or a scheduler address)
