@@ -16,6 +16,7 @@ import zarr
 
 import tsconv
 from tsconv.engine import devmem
+from tsconv.engine.batched import parse_bytes
 from tsconv.engine.fill import forward_fill
 from tsconv.kernels.prepare import prepare
 from tsconv.kernels.reference import pipeline_reference
@@ -126,3 +127,29 @@ def test_a_wide_dense_job_matches_float64_within_its_budget(tmp_path: Path) -> N
           f"{report.peak_gpu_allocated_bytes / 1e6:.0f} / {report.peak_gpu_reserved_bytes / 1e6:.0f} MB")  # fmt: skip
     assert err < 1e-3  # FP16-stored weights as given: their rounding, not fp32's, bounds this
     assert report.peak_gpu_reserved_bytes <= 1.2e9
+
+
+@pytest.mark.parametrize("share", ["250MB", "600MB"])
+def test_a_cuda_run_keeps_allocated_and_reserved_memory_within_its_budget(tmp_path: Path, share: str) -> None:
+    """--gpu-mem bounds the process: torch gets what its context and kernels leave (``share`` here)."""
+    src = make_ticks(tmp_path / "in.zarr", rows=131072, features=512, seed=3)
+    rng = np.random.default_rng(4)
+    np.save(tmp_path / "conv.npy", (rng.standard_normal((128, 512, 5)) / 50).astype(np.float32))
+    np.save(tmp_path / "head.npy", (rng.standard_normal((128, 32)) / 12).astype(np.float32))
+    pipe = tmp_path / "p.toml"
+    pipe.write_text('name = "p"\n\n[[conv]]\nname = "mix"\nweights = "conv.npy"\nactivation = "relu"\n\n'
+                    '[head]\nweights = "head.npy"\n')  # fmt: skip
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()  # what other tests left in this process counts in the peaks
+    budget = devmem.outside_torch(torch.device("cuda")) + parse_bytes(share)
+    for _ in range(2):  # the second run finds the first one's cached blocks
+        rep = tsconv.process(src, tmp_path / "o.zarr", pipeline=pipe, device="cuda", gpu_mem=budget,
+                             overwrite=True)  # fmt: skip
+        assert rep.peak_gpu_allocated_bytes - base <= parse_bytes(share), rep.peak_gpu_allocated_bytes
+        assert rep.peak_gpu_reserved_bytes - base <= parse_bytes(share), rep.peak_gpu_reserved_bytes
+        assert rep.gpu_outside_torch_bytes is not None and rep.gpu_outside_torch_bytes > 0
+        assert rep.gpu_process_bytes is None or rep.gpu_process_bytes <= budget, (
+            rep.gpu_process_bytes,
+            budget,
+        )
+    assert rep.step_rows >= 1024
