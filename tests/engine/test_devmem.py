@@ -59,14 +59,22 @@ def test_the_process_share_is_its_own_nvml_entry_beyond_torchs_reservation(devic
 
 
 @pytest.mark.parametrize(
-    "case", ["not installed", "no driver library", "this process not listed", "no usage reported"]
+    "case",
+    [
+        "not installed",
+        "no driver library",
+        "this process not listed",
+        "no usage reported",
+        "a sentinel figure",
+    ],
 )
 def test_where_nvml_cannot_say_the_share_is_the_measured_estimate(device, monkeypatch, case) -> None:
     if case == "not installed":
         monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
     else:
         procs = {"this process not listed": [(os.getpid() + 1, 10**9)],
-                 "no usage reported": [(os.getpid(), None)]}.get(case, [])  # fmt: skip
+                 "no usage reported": [(os.getpid(), None)],
+                 "a sentinel figure": [(os.getpid(), 2**64 - 1)]}.get(case, [])  # fmt: skip
         monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(procs, init_fails=case == "no driver library"))
     assert devmem.process_bytes(device) is None
     assert devmem.outside_torch(device) == devmem.UNMEASURED_BYTES

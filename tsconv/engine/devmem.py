@@ -54,7 +54,11 @@ def process_bytes(device: torch.device) -> int | None:
         return None
     pid = os.getpid()
     used = [p.usedGpuMemory for p in procs if p.pid == pid and p.usedGpuMemory is not None]
-    return int(sum(used)) if used else None
+    if not used:
+        return None
+    held = int(sum(used))
+    # a driver that cannot account per process may report a sentinel rather than nothing
+    return held if held <= torch.cuda.mem_get_info(device)[1] else None
 
 
 def outside_torch(device: torch.device) -> int:
