@@ -45,6 +45,7 @@ def device(monkeypatch: pytest.MonkeyPatch) -> torch.device:
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(uuid=UUID))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (10**10, 10**11))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: 100_000_000)
+    monkeypatch.setattr(devmem, "_stepped", set())
     devmem._nvml.cache_clear()
     yield torch.device("cuda", 0)
     devmem._nvml.cache_clear()
@@ -78,3 +79,11 @@ def test_where_nvml_cannot_say_the_share_is_the_measured_estimate(device, monkey
         monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(procs, init_fails=case == "no driver library"))
     assert devmem.process_bytes(device) is None
     assert devmem.outside_torch(device) == devmem.UNMEASURED_BYTES
+
+
+def test_after_a_run_has_stepped_later_plans_count_only_a_few_new_kernels(device, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml([(os.getpid(), 900_000_000)]))
+    assert devmem.outside_torch(device) == 800_000_000 + devmem.LATER_MODULES_BYTES  # a fresh process
+    assert devmem.after_run(device) == 900_000_000
+    # the context's lazily made state and the run's kernels are in NVML's figure now
+    assert devmem.outside_torch(device) == 800_000_000 + devmem.SETTLED_BYTES

@@ -645,7 +645,7 @@ def run_batched(
         raise
     if gpu.cuda:
         torch.cuda.synchronize(dev)
-        times.gpu_process_bytes = devmem.process_bytes(dev)
+        times.gpu_process_bytes = devmem.after_run(dev)
         if graph.release():
             # A dead graph's private memory pool stays reserved until the cache is emptied: 70-80 MB more
             # per run in a long-lived process. Sharing one pool between runs trips an allocator assert in

@@ -15,13 +15,25 @@ from typing import Any
 
 import torch
 
-__all__ = ["LATER_MODULES_BYTES", "UNMEASURED_BYTES", "outside_torch", "process_bytes"]
+__all__ = [
+    "LATER_MODULES_BYTES",
+    "SETTLED_BYTES",
+    "UNMEASURED_BYTES",
+    "after_run",
+    "outside_torch",
+    "process_bytes",
+]
+
+_stepped: set[str] = set()  # devices (by UUID) this process has run steps on
 
 # Taken after planning, outside the allocator, at a run's first launches: the context's lazily made
 # state (local memory for every thread the GPU can hold) and the kernels. The H200 machine's process held
 # 172 MB more at the end of a run than at its planning, beyond torch's reservation, for every built-in
 # pipeline and a dense one alike (benchmarks/diag/gpu_outside.py; benchmarks/NOTES.md, section 6).
 LATER_MODULES_BYTES = 176 << 20
+# Once a run has stepped on a device, NVML's figure holds that state: a later run in the process may only
+# load a few kernels of its own (each well under a MiB).
+SETTLED_BYTES = 32 << 20
 # Where NVML cannot say (no nvidia-ml-py, or a process namespace it does not see): the H200 machine's
 # measured total, rounded up.
 UNMEASURED_BYTES = 768 << 20
@@ -47,7 +59,7 @@ def process_bytes(device: torch.device) -> int | None:
     if nvml is None:
         return None
     try:
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        uuid = _uuid(device)
         handle = nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
         procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except Exception:  # noqa: BLE001 - an NVML that does not know the call or the device
@@ -70,4 +82,16 @@ def outside_torch(device: torch.device) -> int:
     held = process_bytes(device)
     if held is None:
         return UNMEASURED_BYTES
-    return max(held - reserved, 0) + LATER_MODULES_BYTES
+    later = SETTLED_BYTES if _uuid(device) in _stepped else LATER_MODULES_BYTES
+    return max(held - reserved, 0) + later
+
+
+def after_run(device: torch.device) -> int | None:
+    """At the end of a run's steps on ``device``: what the process holds there (:func:`process_bytes`),
+    and from now on its plans count only :data:`SETTLED_BYTES` for what later runs load."""
+    _stepped.add(_uuid(device))
+    return process_bytes(device)
+
+
+def _uuid(device: torch.device) -> str:
+    return str(torch.cuda.get_device_properties(device).uuid)
