@@ -224,6 +224,40 @@ def test_chunked_equals_whole_bit_for_bit(d: int) -> None:
         np.testing.assert_array_equal(_run(x, ALL, d=d, chunk=chunk), whole, err_msg=f"chunk {chunk}")
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.equal(a.view(torch.int32), b.view(torch.int32)))
+
+
+def test_the_threads_tiles_equal_one_threads_and_a_forked_child_has_no_pool() -> None:
+    """Tiles on the persistent threads give one thread's bits; a child forked after a bank ran (a dask
+    worker, say) has none of the parent's threads, so it must not be handed the parent's pool."""
+    import os
+
+    from tsconv.kernels import filterbank as fb
+
+    x = torch.from_numpy(prices(40_000, 24, seed=4))  # several tiles of 24 channels
+    bank = tuple(filter_spec(s) for s in ("diff:1", "diff:32", "dev:32", "dev:256", "std:20"))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want = filter_bank(x, bank)
+        torch.set_num_threads(2)
+        assert _same_bits(filter_bank(x, bank), want) and _same_bits(filter_bank(x, bank), want)
+    finally:
+        torch.set_num_threads(before)
+    assert 2 in fb._POOLS
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: say how many pools it inherited, nothing else
+        os.write(w, str(len(fb._POOLS)).encode())
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 16).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == "0"
+
+
 @pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
 def test_a_bank_writes_into_a_given_out(activation: str) -> None:
     """An engine's reused buffer: the result lands in ``out`` (gelu's too), with a fresh call's bits."""

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -247,15 +249,37 @@ def _triton_ops() -> _Ops:
 def _in_threads(run, tiles: list[tuple[int, int]], workers: int) -> None:  # noqa: ANN001
     """The CPU tiles on ``workers`` threads, each op single-threaded: torch's own parallel ops on tiles of
     this size ran 10x slower than one thread on the loaded 2-core VM (spinning workers), and tiles are
-    independent (each output reads its own window only, so the result is the same bits)."""
+    independent (each output reads its own window only, so the result is the same bits).
+
+    The threads persist between calls, each taking every ``workers``-th tile: a pool made per call (a
+    65,536-row chunk of 22 tiles) took the default bank from 15 to 19 ms a chunk on the 2-core VM, beside
+    17.8 ms on one thread (benchmarks/NOTES.md, section 20). Returns once every tile is done, a failed one
+    included."""
     with _POOL_LOCK:  # torch's thread count is the process's: one bank at a time changes it
         torch.set_num_threads(1)
         try:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tsconv-bank") as pool:
-                for f in [pool.submit(run, *t) for t in tiles]:
-                    f.result()
+            pool = _POOLS.get(workers)
+            if pool is None:
+                pool = _POOLS[workers] = ThreadPoolExecutor(
+                    max_workers=workers, thread_name_prefix="tsconv-bank"
+                )
+            parts = [pool.submit(_tiles_in_turn, run, tiles[i::workers]) for i in range(workers)]
+            wait_futures(parts)
+            for f in parts:
+                f.result()
         finally:
             torch.set_num_threads(workers)
+
+
+def _tiles_in_turn(run, tiles: list[tuple[int, int]]) -> None:  # noqa: ANN001
+    for tile in tiles:
+        run(*tile)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # by thread count; used under _POOL_LOCK only
+if hasattr(os, "register_at_fork"):
+    # a forked child (a dask worker, say) has none of the parent's threads: it makes its own pool
+    os.register_at_fork(after_in_child=_POOLS.clear)
 
 
 @dataclass
