@@ -194,9 +194,9 @@ def filter_bank(
     ops: _Ops = _triton_ops() if use_triton else _TorchOps()
     out3 = out.view(n, channels, m)
 
-    # Float64 tile buffers, one per thread at a time, reused from tile to tile: a fresh 1 MB tile per tile
-    # cost the 2-core VM 0.25 ms of page faults, a quarter of the default bank's time on it (the allocator
-    # hands the freed block back to the OS between tiles; benchmarks/NOTES.md, section 20).
+    # Float64 tile buffers, one per thread at a time, reused from tile to tile: a fresh 1 MB tile cost the
+    # 2-core VM up to 0.25 ms of page faults beside 0.71 ms of work; the default bank per 65,536 x 40 chunk
+    # took 17.7-18.1 ms with reuse against 18.5-19.3 ms without (benchmarks/NOTES.md, section 20).
     spare: list[torch.Tensor] = []
     spare_lock = threading.Lock()
     tile_elems = (min(rt, n) + halo) * min(ct, channels)
@@ -251,10 +251,10 @@ def _in_threads(run, tiles: list[tuple[int, int]], workers: int) -> None:  # noq
     this size ran 10x slower than one thread on the loaded 2-core VM (spinning workers), and tiles are
     independent (each output reads its own window only, so the result is the same bits).
 
-    The threads persist between calls, each taking every ``workers``-th tile: a pool made per call (a
-    65,536-row chunk of 22 tiles) took the default bank from 15 to 19 ms a chunk on the 2-core VM, beside
-    17.8 ms on one thread (benchmarks/NOTES.md, section 20). Returns once every tile is done, a failed one
-    included."""
+    The threads persist between calls, each taking every ``workers``-th tile: with a pool made per call (a
+    65,536-row chunk of 22 tiles) the default bank took 18.6-19.1 ms a chunk on the 2-core VM, with
+    persistent threads 15.0 ms, on one thread 17.8 ms (benchmarks/NOTES.md, section 20). Returns once every
+    tile is done, a failed one included."""
     with _POOL_LOCK:  # torch's thread count is the process's: one bank at a time changes it
         torch.set_num_threads(1)
         try:
