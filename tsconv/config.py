@@ -97,6 +97,12 @@ class Settings:
         "a chunk file truncated by another process during the read into an error instead of a SIGBUS)",
         True,
     )
+    gpu_encode: bool = _setting(
+        "TSCONV_GPU_ENCODE",
+        "encode a zarr output's Blosc-LZ4 chunks on the GPU with nvCOMP where it is installed (tsconv[nvcomp]); "
+        "off: c-blosc on the host's writer threads (the same values, other bytes)",
+        True,
+    )
     cuda_graph: bool = _setting(
         "TSCONV_CUDA_GRAPH", "replay each step's conv and head launches as one CUDA graph", True
     )

@@ -265,6 +265,24 @@ def test_step_rows_follow_the_budget_and_refuse_what_cannot_fit():
         plan_step_rows(plan, budget=parse_bytes(f"{need - 0.02}GB"), outside=parse_bytes("1.15GB"), **kw)
 
 
+def test_steps_that_encode_on_the_gpu_hold_whole_output_chunks_and_their_encoder():
+    names = tuple(f"x{j}" for j in range(96))
+    plan = resolve(
+        pipeline_from_dict({"conv": [{"name": "b", "filters": ["diff:1", "diff:32", "dev:32"]}]}), names
+    )
+    kw = dict(src_features=96, src_itemsize=4, chunk=1024, transfer="pinned", rows=10**7)
+    plain = plan_step_rows(plan, budget=parse_bytes("300MB"), **kw)
+    enc = plan_step_rows(plan, budget=parse_bytes("300MB"), encode_rows=11264, **kw)
+    assert enc % 11264 == 0 and 11264 <= enc < plain  # its buffers come out of the same budget
+    assert (
+        plan_step_rows(plan, budget=parse_bytes("300MB"), encode_rows=11264, **{**kw, "rows": 3000}) == 11264
+    )
+    with pytest.raises(
+        TsconvError, match="one output chunk of 1126400 rows"
+    ):  # plan_run then plans without it
+        plan_step_rows(plan, budget=parse_bytes("300MB"), encode_rows=1126400, **kw)
+
+
 @pytest.mark.parametrize(("text", "value"), [("1.2GB", 1_200_000_000), ("800MB", 800_000_000),
                                              ("512MiB", 512 * 2**20), ("2e9", 2_000_000_000), (1000, 1000)])  # fmt: skip
 def test_parse_bytes(text, value):
@@ -424,3 +442,109 @@ def test_weight_bytes_count_every_form_the_engine_keeps():
     )  # fmt: skip
     # stored float32 + prepared float32 + two float64 tap-sum tables + biases; head: 16 bytes per weight
     assert weight_bytes(plan) == 4 * w.size + 4 * w.size + 16 * 16 * 64 + 16 * 16 + 16 * hw.size + 8 * 4
+
+
+def _encode_on_the_cpu(monkeypatch, chunk_rows: int) -> None:
+    """The GPU encoder's path on CPU tensors: numcodecs' LZ4 in nvCOMP's place, the framing kernel through
+    the interpreter, ``chunk_rows``-row output chunks."""
+    from tsconv import config
+    from tsconv.engine import outputs
+    from tsconv.kernels import lz4_encode
+
+    from ..kernels.test_lz4_encode import CpuLZ4
+
+    monkeypatch.setattr(
+        lz4_encode, "encode_reason", lambda device: None if config.current().gpu_encode else "off"
+    )
+    monkeypatch.setattr(
+        lz4_encode, "default_compressor", lambda lay, *, max_streams, device: CpuLZ4(lay.neblock)
+    )
+    monkeypatch.setattr(outputs, "output_chunk_rows", lambda chunk, n_outputs: chunk_rows)
+
+
+def _chunk_headers(out) -> dict[str, object]:
+    from tsconv.kernels import blosc_header
+
+    root = out / "values" / "c"
+    return {
+        str(p.relative_to(root)): blosc_header.parse_header(p.read_bytes())
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_chunks_encoded_in_the_engine_store_the_host_encoders_values(tmp_path, monkeypatch):
+    """Frames from the engine (LZ4 streams, Blosc framing on the device) hold bit for bit the values the
+    host's c-blosc stores, the store's short last chunk padded as zarr pads it and an all-NaN chunk left out
+    as zarr leaves it out; the report says where the chunks were encoded."""
+    from tsconv import config
+
+    x = price_series(1000, 5, seed=21, nan_fraction=0.02)
+    x[:300] = np.nan  # every symbol starts late: the first two 128-row output chunks are all NaN
+    src = write_store(tmp_path / "in.zarr", x, chunks=(200, 5))
+    _encode_on_the_cpu(monkeypatch, 128)
+    kw = dict(pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB", compression="lz4")
+    from tsconv.io.writers.zarr_writer import OutputWriter
+
+    with config.override(gpu_encode=False):
+        host = process_batched(src, tmp_path / "host.zarr", **kw)
+    framed, real = [], OutputWriter.append_frames
+
+    def counted(self, frames, *, rows, empty, release):
+        framed.append((rows, list(empty)))
+        real(self, frames, rows=rows, empty=empty, release=release)
+
+    monkeypatch.setattr(OutputWriter, "append_frames", counted)
+    gpu = process_batched(src, tmp_path / "gpu.zarr", **kw)
+    assert sum(r for r, _ in framed) == 1000 and sum(map(sum, (e for _, e in framed))) == 2
+    assert "encoded on the GPU" in gpu.compression and "GPU" not in host.compression
+    assert gpu.step_rows % 128 == 0
+    want, got = read_output(tmp_path / "host.zarr"), read_output(tmp_path / "gpu.zarr")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    hosts, gpus = _chunk_headers(tmp_path / "host.zarr"), _chunk_headers(tmp_path / "gpu.zarr")
+    assert set(gpus) == set(hosts) and "0/0" not in gpus and "1/0" not in gpus and len(gpus) == 6
+    import numcodecs
+
+    last = np.frombuffer(
+        numcodecs.Blosc().decode((tmp_path / "gpu.zarr/values/c/7/0").read_bytes()), np.float32
+    )
+    tail = last.reshape(128, -1)[1000 - 7 * 128 :]
+    assert tail.size and np.isnan(tail).all()  # padded past the store's end with the fill value, as zarr pads
+
+
+def test_auto_compression_decides_from_the_first_chunk_before_any_frame(tmp_path, monkeypatch):
+    """``compression="auto"`` with the encoder on: features that LZ4 shrinks stay LZ4, encoded in the engine;
+    random bits are stored uncompressed by the host (no frames), as without the encoder."""
+    x = price_series(600, 4, seed=22)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(200, 4))
+    _encode_on_the_cpu(monkeypatch, 128)
+    r = process_batched(src, tmp_path / "a.zarr", pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB")
+    assert r.compression.startswith("lz4 (auto") and "encoded on the GPU" in r.compression
+    noise = {"conv": [{"name": "n", "filters": ["diff:1"]}]}
+    y = np.random.default_rng(5).standard_normal((600, 4)).astype(np.float32) * 1e6
+    src2 = write_store(tmp_path / "noise.zarr", y, chunks=(200, 4))
+    r2 = process_batched(src2, tmp_path / "b.zarr", pipeline=noise, device="cpu", chunk=64, gpu_mem="80MB")
+    assert r2.compression.startswith("none (auto") and "GPU" not in r2.compression
+    assert {h.memcpyed for h in _chunk_headers(tmp_path / "b.zarr").values()} == {True}
+
+
+def test_an_update_with_encoded_chunks_equals_a_full_run(tmp_path, monkeypatch):
+    import zarr as _zarr
+
+    x = price_series(900, 3, seed=23, nan_fraction=0.01)
+    src = write_store(tmp_path / "in.zarr", x[:700], chunks=(100, 3))
+    _encode_on_the_cpu(monkeypatch, 128)
+    kw = dict(pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB", compression="lz4")
+    process_batched(src, tmp_path / "out.zarr", **kw)
+    g = _zarr.open_group(str(src), mode="r+")
+    g["values"].resize((900, 3))
+    g["values"][700:] = x[700:]
+    if "time" in g.array_keys():
+        g["time"].resize((900,))
+        g["time"][700:] = np.asarray(g["time"][:700])[-1] + 1 + np.arange(200)
+    r = process_batched(src, tmp_path / "out.zarr", update=True, **kw)
+    assert r.updated_from == 700 and "encoded on the GPU" in r.compression
+    full = process_batched(src, tmp_path / "full.zarr", **kw)
+    assert "encoded on the GPU" in full.compression
+    a, b = read_output(tmp_path / "out.zarr"), read_output(tmp_path / "full.zarr")
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

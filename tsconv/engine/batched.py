@@ -50,7 +50,7 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, fill_state_before, forward_fill
 from tsconv.engine.level import level_before_torch, tail_rows
 from tsconv.errors import TsconvError
-from tsconv.io.contracts import BandReader
+from tsconv.io.contracts import BandReader, FrameSink
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.kernels.filterbank import bank_bytes_per_row
 from tsconv.pipeline.spec import ResolvedPipeline
@@ -78,6 +78,11 @@ _FIXED_BYTES = 48 << 20
 # cuBLAS's workspace on the compute stream (32 MiB on Hopper), made by the head's torch path and kept by
 # torch for the process: measured in the engine's peak (benchmarks/diag/gpu_memory.py).
 _CUBLAS_BYTES = 32 << 20
+# The GPU encoder of output chunks (tsconv.kernels.lz4_encode), per output value of a step: the shuffled
+# copy that its frames then overwrite (4 B), the compressed streams (4 B), the all-NaN test (1 B); and
+# nvCOMP's scratch, the stream pointers and sizes.
+_ENCODE_BYTES_PER_OUTPUT = 9
+_ENCODE_FIXED = 8 << 20
 # The share of the budget planned as allocated tensors, so that the peak *reserved* stays within it too.
 _ALLOCATED_SHARE = 0.88
 
@@ -170,10 +175,14 @@ def plan_step_rows(
     rows: int,
     reader_bytes: int | None = None,
     outside: int = 0,
+    encode_rows: int | None = None,
 ) -> int:
     """Rows per step: the most chunks (up to MAX_STEP_ROWS rows) that fit ``budget`` bytes of GPU memory,
     of which ``outside`` are the process's own outside torch's allocator (its CUDA context and kernels:
     :func:`tsconv.engine.devmem.outside_torch`).
+
+    ``encode_rows``: the output's chunks are encoded on the GPU (:mod:`tsconv.kernels.lz4_encode`): a step
+    is a multiple of these rows and the encoder's buffers are counted; raises when not one chunk fits.
 
     ``reader_bytes``: GPU memory of a reader that decodes on the device (its rings replace the device ring of
     raw pieces). Raises before anything starts when even one chunk plus the halo does not fit.
@@ -184,12 +193,20 @@ def plan_step_rows(
         if outside else ""
     )  # fmt: skip
     per = _bytes_per_row(plan)
+    if encode_rows:
+        per += _ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16
     row_bytes = src_features * src_itemsize
     weights = weight_bytes(plan) + (_CUBLAS_BYTES if plan.head is not None else 0)
     halo_bytes = (plan.halo * 4 * len(plan.input_names)) * 3  # xc's halo rows and two carries
     # The rest of the budget is the allocator's: segment rounding, medium blocks in 20 MiB segments and the
     # step graph's pool held 51-76 MB of reserved memory above the allocated peak (diag/gpu_memory.py).
-    avail = int(budget * _ALLOCATED_SHARE) - _FIXED_BYTES - weights - halo_bytes
+    avail = (
+        int(budget * _ALLOCATED_SHARE)
+        - _FIXED_BYTES
+        - weights
+        - halo_bytes
+        - (_ENCODE_FIXED if encode_rows else 0)
+    )
     # The device ring (_DEVICE_RING pieces, see _piece_bytes): at its cap when the step is large enough,
     # else a share of each row (the pieces shrink with the step).
     if reader_bytes is not None:
@@ -216,15 +233,20 @@ def plan_step_rows(
             hint=f"raise --gpu-mem (to at least {math.ceil((need + outside) / 1e7) / 100:.2f}GB), use a smaller --chunk, or "
             "select fewer features.",
         )
-    step = min(fit // chunk * chunk, max(MAX_STEP_ROWS // chunk, 1) * chunk)
-    step = max(step, -(-plan.halo // chunk) * chunk)  # a step must hold the next step's halo
+    unit = encode_rows or chunk
+    if fit < unit:
+        raise TsconvError(
+            f"one output chunk of {unit} rows and its encoding do not fit the GPU memory budget"
+        )
+    step = min(fit // unit * unit, max(MAX_STEP_ROWS // unit, 1) * unit)
+    step = max(step, -(-plan.halo // unit) * unit)  # a step must hold the next step's halo
     if step > fit:
         raise TsconvError(
             f"the pipeline's warm-up of {plan.halo} steps does not fit the GPU memory budget of "
             f"{whole / 1e6:,.0f} MB at {len(plan.input_names)} features{held}",
             hint="raise --gpu-mem or shorten the filters.",
         )
-    return min(step, -(-max(rows, 1) // chunk) * chunk)
+    return min(step, -(-max(rows, 1) // unit) * unit)
 
 
 @dataclass
@@ -242,6 +264,7 @@ class StageTimes:
     graph: str = "off"  # the steps' CUDA graph (_StepGraph.status): off, eager, replayed or "off: why"
     # what NVML showed for the process at the end of the loop (nothing is freed during a run: its peak)
     gpu_process_bytes: int | None = None
+    gpu_encoded: bool = False  # the output's chunks were encoded on the GPU (frames to the sink)
 
 
 log = logging.getLogger("tsconv.batched")
@@ -417,11 +440,15 @@ def run_batched(
     transfer: str = "pinned",
     on_rows: Callable[[int], None] | None = None,
     fill_carry: FillCarry | None = None,
+    frames: FrameSink | None = None,
 ) -> StageTimes:
     """Compute rows [start, stop) in steps of ``step_rows`` and hand each step's rows to ``emit`` in order.
 
     ``emit(rows, release=...)`` runs on a writer thread; ``rows`` is a reused host slot, lent until it calls
     ``release()`` (exactly once, from any thread, also after a failure; a sink's ``append`` does).
+    ``frames``: a sink that stores chunks encoded here; where its chunks divide the step and the GPU can
+    encode them (:func:`tsconv.kernels.lz4_encode.encode_reason`), each step's rows go to it as Blosc-LZ4
+    frames made on the device instead (``times.gpu_encoded``), and to ``emit`` otherwise.
     Equals the chunked engine's (:func:`tsconv.engine.chunked.run_chunked`) within float32 rounding (the level each step is centered on
     is the same rule applied per step instead of per chunk).
     """
@@ -497,7 +524,15 @@ def run_batched(
     # A run of fewer steps than slots (a small store is one step) allocates only the slots it uses: pinned
     # host memory is slow to allocate (every page is locked), and a fresh process pays it each run.
     slots = min(_OUT_SLOTS, len(range(start, rows, step_rows)))
-    host_out = torch.empty((slots, step_rows, n_out), dtype=f32, pin_memory=gpu.cuda)
+    layout = _frame_layout(frames, step_rows=step_rows, n_out=n_out, device=dev)
+    per_step = step_rows // (layout.chunk_bytes // (4 * n_out)) if layout else 0  # chunks a step encodes
+    slot_bytes = step_rows * n_out * 4
+    if layout is not None:  # a slot holds a step's frames (each up to 16 bytes over its chunk) or its rows
+        slot_bytes = max(slot_bytes, per_step * layout.frame_bytes)
+    host_bytes = torch.empty((slots, slot_bytes), dtype=torch.uint8, pin_memory=gpu.cuda)
+    host_out = host_bytes[:, : step_rows * n_out * 4].view(f32).view(slots, step_rows, n_out)
+    host_empty = torch.empty((slots, per_step), dtype=torch.bool, pin_memory=gpu.cuda) if layout else None
+    enc: Any = None  # made once the sink's codec is settled (from the first step's rows) as LZ4
     dev_out = torch.empty((slots, step_rows, n_out), dtype=f32, device=dev)
     # One flag per slot: the sink's threads release lent slots in any order. Bounded: a slot released twice
     # would be a bug, and raises.
@@ -527,7 +562,8 @@ def run_batched(
     )
     t_loop = time.perf_counter()
     cpu_loop = time.thread_time()
-    writer = _Writer(emit, host_out, free_out, on_rows, times, verify=source.verify)
+    writer = _Writer(emit, host_out, free_out, on_rows, times, verify=source.verify,
+                     frames=(frames, host_bytes, host_empty, layout.frame_bytes) if layout else None)  # fmt: skip
     writer.start()
     q = 0  # pieces so far (the device ring position)
     try:
@@ -624,12 +660,31 @@ def run_batched(
                 del y
                 t_comp1 = gpu.event(gpu.compute)
             gpu.wait(gpu.back, t_comp1)
+            if layout is not None and i == 0:  # the sink samples the first chunk's rows, as its threads would
+                assert frames is not None
+                with gpu.on(gpu.back):
+                    first = dev_out[o, : min(n, layout.chunk_bytes // (4 * n_out))].cpu().numpy()
+                if frames.decide_compression(first):
+                    from tsconv.kernels.lz4_encode import BloscEncoder
+
+                    enc = BloscEncoder(layout, max_chunks=per_step, device=dev)
+                # else stored uncompressed: the host writes that at memory speed
             with gpu.on(gpu.back):
                 t_back0 = gpu.event(gpu.back)
-                host_out[o, :n].copy_(dev_out[o, :n], non_blocking=gpu.cuda)
+                k = 0
+                if enc is not None:
+                    k = -(-n // (enc.layout.chunk_bytes // (4 * n_out)))
+                    padded = dev_out[o, : k * (enc.layout.chunk_bytes // (4 * n_out))]
+                    padded[n:] = float("nan")  # zarr pads the store's last chunk with the fill value
+                    host_bytes[o, : k * enc.layout.frame_bytes].view(k, -1).copy_(
+                        enc.encode(padded), non_blocking=gpu.cuda
+                    )
+                    host_empty[o, :k].copy_(torch.isnan(padded.view(k, -1)).all(1), non_blocking=gpu.cuda)
+                else:
+                    host_out[o, :n].copy_(dev_out[o, :n], non_blocking=gpu.cuda)
                 t_back1 = gpu.event(gpu.back)
             step_events.append((t_comp0, t_comp1, t_back0, t_back1))
-            writer.put((t_back1, o, n, e))
+            writer.put((t_back1, o, n, e, k))
             times.steps += 1
         if on_device:
             source.finish()  # a damaged chunk raises here, before the output is finished
@@ -653,7 +708,7 @@ def run_batched(
             torch.cuda.empty_cache()
         for p0, p1, b0, b1 in step_events:
             times.compute += gpu.elapsed(p0, p1)
-            times.d2h += gpu.elapsed(b0, b1)
+            times.d2h += gpu.elapsed(b0, b1)  # with frames: the encode and the copy of what it gave
         times.h2d = sum(gpu.elapsed(c0, c1) for c0, c1 in copy_events)
         extra["prepare"] = sum(gpu.elapsed(a, b) for a, b in prep_events)
         times.compute += extra["prepare"]
@@ -669,10 +724,28 @@ def run_batched(
             for k, (p0, p1, b0, b1) in enumerate(step_events):
                 trace.add("gpu_compute", at(p0), at(p1), k, thread=-2)
                 trace.add("gpu_d2h", at(b0), at(b1), k, thread=-3)
+    times.gpu_encoded = enc is not None
     if fill_carry is not None:  # the state at ``rows`` (the start's when there was no step to run)
         with gpu.on(gpu.compute):  # after the last piece's prepare, which wrote the state leaving it
             fill_carry.end = (rows, state.cpu().numpy().copy())
     return times
+
+
+def _frame_layout(frames: FrameSink | None, *, step_rows: int, n_out: int, device: torch.device) -> Any:
+    """How the GPU frames the sink's chunks (:class:`tsconv.kernels.lz4_encode.FrameLayout`), or None
+    where a step does not hold whole chunks, the chunks cannot be framed or the device cannot encode:
+    the host's threads encode then."""
+    chunk_rows = frames.frame_rows() if frames is not None else None
+    if not chunk_rows or step_rows % chunk_rows:
+        return None
+    from tsconv.kernels import lz4_encode
+
+    if lz4_encode.encode_reason(device) is not None:
+        return None
+    try:
+        return lz4_encode.frame_layout(chunk_rows=chunk_rows, row_bytes=4 * n_out)
+    except ValueError:
+        return None
 
 
 def _pieces(
@@ -706,9 +779,10 @@ class _Writer(threading.Thread):
     before a step's rows are emitted, once the step's copy is done (so the decodes it read are too): rows
     computed from a damaged chunk never reach the output, and ``rows_done`` never covers them."""
 
-    def __init__(self, emit, host_out, free_out, on_rows, times, *, verify=None) -> None:  # noqa: ANN001
+    def __init__(self, emit, host_out, free_out, on_rows, times, *, verify=None, frames=None) -> None:  # noqa: ANN001
         super().__init__(name="tsconv-emit", daemon=True)
         self.verify = verify
+        self.frames = frames  # (sink, host slots as bytes, empty flags, frame bytes) for steps sent as frames
         self.emit, self.host_out, self.free_out, self.on_rows, self.times = (
             emit,
             host_out,
@@ -725,7 +799,7 @@ class _Writer(threading.Thread):
             item = self.queue.get()
             if item is None or self._halt:
                 return
-            ev, o, n, stop = item
+            ev, o, n, stop, k = item
             lent = False
             try:
                 if ev is not None:
@@ -734,7 +808,12 @@ class _Writer(threading.Thread):
                     self.verify(stop)
                 t0 = time.perf_counter()
                 lent = True
-                self.emit(self.host_out[o, :n].numpy(), release=self.free_out[o].release)
+                if k:
+                    sink, host_bytes, host_empty, frame_bytes = self.frames
+                    sink.append_frames(host_bytes[o, : k * frame_bytes].view(k, frame_bytes).numpy(), rows=n,
+                                       empty=host_empty[o, :k].numpy(), release=self.free_out[o].release)  # fmt: skip
+                else:
+                    self.emit(self.host_out[o, :n].numpy(), release=self.free_out[o].release)
                 t1 = time.perf_counter()
                 self.times.write += t1 - t0
                 if trace.on:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tsconv import config
 from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, begin_cuda, plan_run, reset_device, run, small_for_cuda
@@ -118,7 +119,15 @@ def to_zarr(
     rp = (
         None
         if dask is not None
-        else plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
+        else plan_run(
+            source,
+            plan,
+            device=device,
+            chunk=chunk,
+            warmup=warmup,
+            cuda=cuda,
+            encode_rows=_encode_rows(device, plan, chunk, compression, out_path),
+        )  # fmt: skip
     )
     if not update:  # an update checks the rows it adds (_prepare_update): the others were checked before
         check_time(store)
@@ -176,7 +185,9 @@ def to_zarr(
         if extends and device_name == "auto" and device.type == "cuda" and small_for_cuda(plan, rows - start):
             # few rows after all, as the checks settled them (_rows_left above read the metadata alone)
             device = torch.device("cpu")
-            rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
+            rp = plan_run(
+                source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda
+            )  # no encoding on the CPU
         t0 = time.perf_counter()
         reset_device(device)
         time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)
@@ -204,11 +215,26 @@ def to_zarr(
             # opening and checking the input, planning, the input's digest, renaming an old output aside:
             # before ``seconds`` starts
             stages["stage_seconds"]["open"] = t0 - t_enter
-        stages["compression"] = writer.compression
+        on_gpu = stages.pop("gpu_encoded", False)
+        stages["compression"] = writer.compression + ("; encoded on the GPU (nvCOMP)" if on_gpu else "")
         seconds = time.perf_counter() - t0
     return _report(store, plan, out_path, device, rows=rows - start, total_rows=rows, chunk=chunk,
                    resumed_from=start if action not in ("create", "replace") else 0, seconds=seconds,
                    stages=stages, updated_from=updated_from)  # fmt: skip
+
+
+def _encode_rows(
+    device: torch.device | None, plan: ResolvedPipeline, chunk: int, compression: str, out: Path | StoreURL
+) -> int | None:
+    """The output's chunk rows when its LZ4 chunks may be encoded on the GPU (a local store, a codec not
+    forced to none, nvCOMP on a CUDA device), else None."""
+    if device is None or compression == "none" or isinstance(out, StoreURL):
+        return None
+    if device.type != "cuda" and not config.interpreted():  # the CPU engine; and a CPU host may lack Triton
+        return None
+    from tsconv.kernels.lz4_encode import encode_reason
+
+    return output_chunk_rows(chunk, plan.n_outputs) if encode_reason(device) is None else None
 
 
 _Prepared = tuple[str, int, int, "dict[str, Any] | None", "int | None"]

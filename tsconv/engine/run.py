@@ -103,6 +103,9 @@ class RunPlan:
     gpu_reader: bool = False
     transfer: str = "pinned"
     gpu_outside_torch: int = 0  # bytes of --gpu-mem the process holds outside torch's allocator
+    encode_rows: int | None = (
+        None  # the output's chunk rows, when steps hold whole chunks to encode on the GPU
+    )
 
 
 def plan_run(
@@ -115,11 +118,14 @@ def plan_run(
     start: int = 0,
     stop: int | None = None,
     cuda: CudaOptions | None = None,
+    encode_rows: int | None = None,
 ) -> RunPlan:
     """Choose the engine, the rows per step and the reader; refuse a pipeline that does not fit the budget.
 
     On CUDA (or with the ``engine`` setting ``batched``, on the CPU through the Triton interpreter, for
     tests) the batched engine runs, with the GPU reader where the store allows it and its rings fit.
+    ``encode_rows``: the output's chunk rows, when its chunks may be encoded on the GPU: the steps then
+    hold whole chunks and the encoder's memory, where that fits the budget beside the reader chosen.
     """
     stop = source.rows if stop is None else stop
     cuda = cuda if cuda is not None else CudaOptions()
@@ -134,12 +140,19 @@ def plan_run(
     # --gpu-mem bounds the whole process: the CUDA context and loaded kernels take their share first
     outside = devmem.outside_torch(device) if device.type == "cuda" else 0
 
-    def step_rows(reader_bytes: int | None = None) -> int:
+    def step_rows(reader_bytes: int | None = None, encode: int | None = None) -> int:
         return plan_step_rows(plan, src_features=source.n_features, src_itemsize=source.dtype.itemsize,
                               budget=cuda.gpu_mem, outside=outside, chunk=chunk, transfer=cuda.transfer,
-                              rows=stop - start, reader_bytes=reader_bytes)  # fmt: skip
+                              rows=stop - start, reader_bytes=reader_bytes, encode_rows=encode)  # fmt: skip
 
-    rows = step_rows()  # refuses a pipeline that does not fit even with the CPU reader
+    def best(reader_bytes: int | None = None) -> tuple[int, int | None]:
+        """(step rows, encode rows): with the GPU's encoder where it fits, else without."""
+        if encode_rows:
+            with contextlib.suppress(TsconvError):
+                return step_rows(reader_bytes, encode_rows), encode_rows
+        return step_rows(reader_bytes), None
+
+    rows, encode = best()  # refuses a pipeline that does not fit even with the CPU reader
     # The GPU reader on CUDA by default; on the CPU (the interpreter) only when asked for.
     wanted = cuda.decode == "gpu" or (cuda.decode is None and device.type == "cuda")
     if wanted and cuda.transfer == "pinned":
@@ -148,9 +161,9 @@ def plan_run(
             with contextlib.suppress(
                 TsconvError
             ):  # its rings do not fit beside the pipeline: decode on the CPU
-                return RunPlan(device, chunk, warmup, start, stop, step_rows(nbytes), True, cuda.transfer,
-                               outside)  # fmt: skip
-    return RunPlan(device, chunk, warmup, start, stop, rows, False, cuda.transfer, outside)
+                steps, enc = best(nbytes)
+                return RunPlan(device, chunk, warmup, start, stop, steps, True, cuda.transfer, outside, enc)
+    return RunPlan(device, chunk, warmup, start, stop, rows, False, cuda.transfer, outside, encode)
 
 
 # A few rows on a GPU host with device auto: what a fresh process pays before its first CUDA step (the
@@ -305,10 +318,13 @@ def run(
         if batched:
             times = run_batched(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop,
                                 step_rows=rp.step_rows, warmup=rp.warmup, transfer=rp.transfer,
-                                on_rows=bar.update, fill_carry=fill_carry)  # fmt: skip
+                                on_rows=bar.update, fill_carry=fill_carry,
+                                frames=sink if rp.encode_rows else None)  # type: ignore[arg-type]  # fmt: skip
             stages = stage_summary(times, transfer=rp.transfer, reader=reader, sink=sink)
             stages["stage_seconds"].update(setup)
             stages["gpu_outside_torch_bytes"] = rp.gpu_outside_torch
+            if rp.encode_rows:
+                stages["gpu_encoded"] = times.gpu_encoded
         else:
             run_chunked(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop, chunk=rp.chunk,
                         warmup=rp.warmup, on_rows=bar.update, fill_carry=fill_carry, emit_copies=True, reserve=sink.reserve)  # fmt: skip

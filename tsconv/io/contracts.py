@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["BandReader", "DeviceBandReader", "Sink", "Source"]
+__all__ = ["BandReader", "DeviceBandReader", "FrameSink", "Sink", "Source"]
 
 
 class BandReader:
@@ -136,4 +136,25 @@ class Sink(Protocol):
 
     def close(self) -> None:
         """Stop without finishing (after an error): drop what is queued, leave the output as it is."""
+        ...
+
+
+class FrameSink(Protocol):
+    """A sink that also stores chunks the engine encoded itself (Blosc-LZ4 frames made on the GPU:
+    :mod:`tsconv.kernels.lz4_encode`), so the host's cores do not encode them."""
+
+    def frame_rows(self) -> int | None:
+        """Rows per chunk it stores from frames, or None when it takes rows only."""
+        ...
+
+    def decide_compression(self, sample: np.ndarray) -> bool:
+        """Settle a codec still to be chosen from ``sample`` (the first chunk's rows); True when frames may
+        be appended."""
+        ...
+
+    def append_frames(
+        self, frames: np.ndarray, *, rows: int, empty: np.ndarray, release: Callable[[], None]
+    ) -> None:
+        """The next ``rows`` rows as whole chunks' frames (uint8 [k, >= frame], each frame's length in its
+        header), ``empty[c]``: chunk c is all NaN. Lent until ``release()``, as ``Sink.append``'s block."""
         ...

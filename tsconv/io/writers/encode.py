@@ -97,7 +97,19 @@ class ChunkFileWriter:
         if not self.write_empty and self._all_fill(chunk):
             path.unlink(missing_ok=True)  # what zarr does: an all-fill chunk is read as the fill value
             return
-        data = self.codec.encode(chunk)
+        self._store(path, self.codec.encode(chunk))
+
+    def write_frame(self, band: int, frame: np.ndarray, *, empty: bool) -> None:
+        """Store band ``band`` from ``frame``, a chunk already encoded as this array's codec encodes it
+        (uint8; :mod:`tsconv.kernels.lz4_encode`'s Blosc-LZ4 frames): ``empty`` says the chunk is all fill
+        value, removed as :meth:`write` removes it."""
+        path = self.path(band)
+        if empty and not self.write_empty:
+            path.unlink(missing_ok=True)
+            return
+        self._store(path, frame)
+
+    def _store(self, path: Path, data: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
         try:

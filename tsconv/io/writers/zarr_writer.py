@@ -41,6 +41,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -704,6 +705,14 @@ def _where(group: zarr.Group) -> str:
     return f"the output store {str(root)!r}" if root is not None else f"the output store {group.store_path}"
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """One chunk the engine encoded: its Blosc frame, and whether the chunk is all fill value."""
+
+    data: np.ndarray
+    empty: bool
+
+
 class _Borrow:
     """The readers of a block lent to :meth:`OutputWriter.append`: the caller while it appends, and each
     chunk write reading it. ``release`` runs once, when the last of them is done."""
@@ -983,6 +992,58 @@ class OutputWriter:
             if borrow is not None:
                 borrow.drop()
 
+    def frame_rows(self) -> int | None:
+        """Rows per chunk when this writer also stores chunks the engine encoded itself as Blosc-LZ4 frames
+        (:meth:`append_frames`): chunk files written directly, the values' codec LZ4 (or ``auto`` not yet
+        decided), float32 with a NaN fill value (each frame's chunk padded with NaN). Else None."""
+        if self._chunks is None or self.values.ndim != 2 or not np.isnan(self._chunks.fill):
+            return None
+        c = self._chunks.codec
+        lz4 = c.cname == "lz4" and c.clevel > 0 and c.shuffle == numcodecs.Blosc.SHUFFLE
+        return self.chunk_rows if lz4 or self._auto_pending else None
+
+    def decide_compression(self, sample: np.ndarray) -> bool:
+        """Settle ``compression="auto"`` from ``sample`` (rows of the first chunk, as the writer threads
+        would sample them) before any chunk is stored; True when the values stay LZ4, so frames from
+        :meth:`append_frames` may be stored."""
+        with self._auto_lock:
+            if self._auto_pending:
+                self._choose_compression(sample)
+                self._auto_pending = False
+        return self.frame_rows() is not None
+
+    def append_frames(
+        self, frames: np.ndarray, *, rows: int, empty: np.ndarray, release: Callable[[], None]
+    ) -> None:
+        """Add the next ``rows`` rows, already encoded: ``frames[c]`` (uint8) holds chunk c's Blosc frame
+        (its length in its header), ``empty[c]`` whether that chunk is all NaN. Every chunk is whole but the
+        store's last; nothing may be buffered from :meth:`append`. ``frames`` is lent as ``append``'s block
+        is, ``release()`` called once every chunk in it is stored (also on failure)."""
+        borrow = _Borrow(release)
+        try:
+            self._check_open()
+            self._raise_if_failed()
+            if self._fill or self._auto_pending:
+                raise RuntimeError(
+                    "internal error: frames appended after buffered rows or before the codec is settled"
+                )
+            k = -(-rows // self.chunk_rows)
+            if (
+                k > frames.shape[0]
+                or self._next + rows > self.stop
+                or (rows % self.chunk_rows and self._next + rows != self.stop)
+            ):
+                msg = f"internal error: {rows} rows in {frames.shape[0]} frames after row {self._next:,} (end {self.stop:,})"
+                raise RuntimeError(msg)
+            for c in range(k):
+                a = self._next
+                self._next = min(a + self.chunk_rows, self.stop)
+                size = int.from_bytes(frames[c, 12:16].tobytes(), "little")
+                borrow.take()
+                self._dispatch(a, self._next, _Frame(frames[c, :size], bool(empty[c])), borrow)
+        finally:
+            borrow.drop()
+
     def finish(self) -> None:
         """Wait for every write, then mark the store complete (a region writer: just wait).
 
@@ -1130,9 +1191,12 @@ class OutputWriter:
         if trace.on:
             trace.add("write", t0, t1, a)
 
-    def _write(self, a: int, b: int, buf: np.ndarray) -> None:
+    def _write(self, a: int, b: int, buf: np.ndarray | _Frame) -> None:
         n = b - a
-        if self._chunks is not None:
+        if isinstance(buf, _Frame):
+            assert self._chunks is not None
+            self._chunks.write_frame(a // self.chunk_rows, buf.data, empty=buf.empty)
+        elif self._chunks is not None:
             if self._auto_pending:
                 with self._auto_lock:  # the other writer threads wait for the choice (~1 ms)
                     if self._auto_pending:
