@@ -38,7 +38,10 @@ HEADER = 16
 _LZ4_CODE = 1  # Blosc's compressor code for LZ4 (flags >> 5)
 _SHUFFLE = 0x01
 _MEMCPYED = 0x02
-TARGET_BLOCK = 1 << 18  # 256 KiB blocks: four 64 KiB streams each, the chunk size nvCOMP's LZ4 is fastest at
+# 64 KiB blocks, four 16 KiB streams each: nvCOMP needs thousands of streams in flight, and a step holds only a
+# few chunks; store c (H200, ceac2f4) encoded in 0.68-0.72 s of copy-back stream against 1.54-1.58 s with
+# 256 KiB blocks, the output 1% larger (benchmarks/NOTES.md, "Chunks encoded on the GPU")
+TARGET_BLOCK = 1 << 16
 # c-blosc decodes a block as split streams only where each has at least this many bytes (MIN_BUFFERSIZE);
 # a smaller "split" block fails to decode (measured: error -1 from numcodecs for 96-byte streams)
 MIN_STREAM = 128
