@@ -78,9 +78,12 @@ _FIXED_BYTES = 48 << 20
 # cuBLAS's workspace on the compute stream (32 MiB on Hopper), made by the head's torch path and kept by
 # torch for the process: measured in the engine's peak (benchmarks/diag/gpu_memory.py).
 _CUBLAS_BYTES = 32 << 20
-# The GPU encoder of output chunks (tsconv.kernels.lz4_encode), per output value of a step: the shuffled
-# copy that its frames then overwrite (4 B), the compressed streams (4 B), the all-NaN test (1 B); and
-# nvCOMP's scratch, the stream pointers and sizes.
+# The GPU encoder of output chunks (tsconv.kernels.lz4_encode) encodes ENCODE_GROUP chunks at a time, a step's
+# in turn: per output value of a group, the shuffled copy that its frames then overwrite (4 B), the compressed
+# streams (4 B), the all-NaN test (1 B); and nvCOMP's scratch, the stream pointers and sizes. Two 16 MB chunks
+# of 16 KiB streams keep nvCOMP near 6 GB/s (store c: 0.68-0.72 s for 4 GB, H200); counting the encoder per
+# step row instead shrank trend_ema's steps on store c to one 5,120-row chunk.
+ENCODE_GROUP = 2
 _ENCODE_BYTES_PER_OUTPUT = 9
 _ENCODE_FIXED = 8 << 20
 # The share of the budget planned as allocated tensors, so that the peak *reserved* stays within it too.
@@ -182,7 +185,8 @@ def plan_step_rows(
     :func:`tsconv.engine.devmem.outside_torch`).
 
     ``encode_rows``: the output's chunks are encoded on the GPU (:mod:`tsconv.kernels.lz4_encode`): a step
-    is a multiple of these rows and the encoder's buffers are counted; raises when not one chunk fits.
+    is a multiple of these rows and the encoder's buffers (ENCODE_GROUP chunks) are counted; raises when not
+    one chunk fits beside them.
 
     ``reader_bytes``: GPU memory of a reader that decodes on the device (its rings replace the device ring of
     raw pieces). Raises before anything starts when even one chunk plus the halo does not fit.
@@ -193,20 +197,17 @@ def plan_step_rows(
         if outside else ""
     )  # fmt: skip
     per = _bytes_per_row(plan)
-    if encode_rows:
-        per += _ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16
+    encoder = (
+        (_ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16) * encode_rows * ENCODE_GROUP + _ENCODE_FIXED
+        if encode_rows
+        else 0
+    )
     row_bytes = src_features * src_itemsize
     weights = weight_bytes(plan) + (_CUBLAS_BYTES if plan.head is not None else 0)
     halo_bytes = (plan.halo * 4 * len(plan.input_names)) * 3  # xc's halo rows and two carries
     # The rest of the budget is the allocator's: segment rounding, medium blocks in 20 MiB segments and the
     # step graph's pool held 51-76 MB of reserved memory above the allocated peak (diag/gpu_memory.py).
-    avail = (
-        int(budget * _ALLOCATED_SHARE)
-        - _FIXED_BYTES
-        - weights
-        - halo_bytes
-        - (_ENCODE_FIXED if encode_rows else 0)
-    )
+    avail = int(budget * _ALLOCATED_SHARE) - _FIXED_BYTES - weights - halo_bytes
     # The device ring (_DEVICE_RING pieces, see _piece_bytes): at its cap when the step is large enough,
     # else a share of each row (the pieces shrink with the step).
     if reader_bytes is not None:
@@ -233,6 +234,8 @@ def plan_step_rows(
             hint=f"raise --gpu-mem (to at least {math.ceil((need + outside) / 1e7) / 100:.2f}GB), use a smaller --chunk, or "
             "select fewer features.",
         )
+    if encode_rows:  # the encoder's buffers, in rows of the step
+        fit = max(0, fit - -(-encoder // per))
     unit = encode_rows or chunk
     if fit < unit:
         raise TsconvError(
@@ -667,19 +670,27 @@ def run_batched(
                 if frames.decide_compression(first):
                     from tsconv.kernels.lz4_encode import BloscEncoder
 
-                    enc = BloscEncoder(layout, max_chunks=per_step, device=dev)
+                    enc = BloscEncoder(layout, max_chunks=min(ENCODE_GROUP, per_step), device=dev)
                 # else stored uncompressed: the host writes that at memory speed
             with gpu.on(gpu.back):
                 t_back0 = gpu.event(gpu.back)
                 k = 0
                 if enc is not None:
-                    k = -(-n // (enc.layout.chunk_bytes // (4 * n_out)))
-                    padded = dev_out[o, : k * (enc.layout.chunk_bytes // (4 * n_out))]
-                    padded[n:] = float("nan")  # zarr pads the store's last chunk with the fill value
-                    host_bytes[o, : k * enc.layout.frame_bytes].view(k, -1).copy_(
-                        enc.encode(padded), non_blocking=gpu.cuda
-                    )
-                    host_empty[o, :k].copy_(torch.isnan(padded.view(k, -1)).all(1), non_blocking=gpu.cuda)
+                    rows_c, fb = enc.layout.chunk_bytes // (4 * n_out), enc.layout.frame_bytes
+                    k = -(-n // rows_c)
+                    dev_out[o, n : k * rows_c] = float(
+                        "nan"
+                    )  # zarr pads the store's last chunk with the fill value
+                    # a group at a time through the encoder's buffers; in stream order, a group's frames are
+                    # copied out before the next group's shuffle overwrites them
+                    for g0 in range(0, k, enc.max_chunks):
+                        g1 = min(g0 + enc.max_chunks, k)
+                        grp = dev_out[o, g0 * rows_c : g1 * rows_c]
+                        host_bytes[o, g0 * fb : g1 * fb].view(g1 - g0, fb).copy_(
+                            enc.encode(grp), non_blocking=gpu.cuda
+                        )
+                        empty = torch.isnan(grp.view(g1 - g0, -1)).all(1)
+                        host_empty[o, g0:g1].copy_(empty, non_blocking=gpu.cuda)
                 else:
                     host_out[o, :n].copy_(dev_out[o, :n], non_blocking=gpu.cuda)
                 t_back1 = gpu.event(gpu.back)
