@@ -460,6 +460,7 @@ def _encode_on_the_cpu(monkeypatch, chunk_rows: int) -> None:
         lz4_encode, "default_compressor", lambda lay, *, max_streams, device: CpuLZ4(lay.neblock)
     )
     monkeypatch.setattr(outputs, "output_chunk_rows", lambda chunk, n_outputs: chunk_rows)
+    monkeypatch.setattr(lz4_encode, "MIN_OUTPUT_BYTES", 0)  # these outputs are a few hundred KB
 
 
 def _chunk_headers(out) -> dict[str, object]:
@@ -526,6 +527,19 @@ def test_auto_compression_decides_from_the_first_chunk_before_any_frame(tmp_path
     r2 = process_batched(src2, tmp_path / "b.zarr", pipeline=noise, device="cpu", chunk=64, gpu_mem="80MB")
     assert r2.compression.startswith("none (auto") and "GPU" not in r2.compression
     assert {h.memcpyed for h in _chunk_headers(tmp_path / "b.zarr").values()} == {True}
+
+
+def test_small_outputs_are_encoded_by_the_host(tmp_path, monkeypatch):
+    from tsconv.kernels import lz4_encode
+
+    x = price_series(600, 4, seed=24)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(200, 4))
+    _encode_on_the_cpu(monkeypatch, 128)
+    kw = dict(pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB", compression="lz4")
+    monkeypatch.setattr(lz4_encode, "MIN_OUTPUT_BYTES", 600 * 12 * 4 + 1)  # one byte more than the output
+    assert "GPU" not in process_batched(src, tmp_path / "a.zarr", **kw).compression
+    monkeypatch.setattr(lz4_encode, "MIN_OUTPUT_BYTES", 600 * 12 * 4)
+    assert "encoded on the GPU" in process_batched(src, tmp_path / "b.zarr", **kw).compression
 
 
 def test_an_update_with_encoded_chunks_equals_a_full_run(tmp_path, monkeypatch):

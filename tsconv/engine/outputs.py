@@ -126,7 +126,7 @@ def to_zarr(
             chunk=chunk,
             warmup=warmup,
             cuda=cuda,
-            encode_rows=_encode_rows(device, plan, chunk, compression, out_path),
+            encode_rows=_encode_rows(device, plan, chunk, compression, out_path, rows=r1 - r0),
         )  # fmt: skip
     )
     if not update:  # an update checks the rows it adds (_prepare_update): the others were checked before
@@ -224,17 +224,29 @@ def to_zarr(
 
 
 def _encode_rows(
-    device: torch.device | None, plan: ResolvedPipeline, chunk: int, compression: str, out: Path | StoreURL
+    device: torch.device | None,
+    plan: ResolvedPipeline,
+    chunk: int,
+    compression: str,
+    out: Path | StoreURL,
+    *,
+    rows: int,
 ) -> int | None:
     """The output's chunk rows when its LZ4 chunks may be encoded on the GPU (a local store, a codec not
-    forced to none, nvCOMP on a CUDA device), else None."""
+    forced to none, an output of ``rows`` rows of MIN_OUTPUT_BYTES or more, nvCOMP on a CUDA device), else
+    None."""
     if device is None or compression == "none" or isinstance(out, StoreURL):
         return None
     if device.type != "cuda" and not config.interpreted():  # the CPU engine; and a CPU host may lack Triton
         return None
-    from tsconv.kernels.lz4_encode import encode_reason
+    from tsconv.kernels import lz4_encode
 
-    return output_chunk_rows(chunk, plan.n_outputs) if encode_reason(device) is None else None
+    if (
+        rows * plan.n_outputs * 4 < lz4_encode.MIN_OUTPUT_BYTES
+        or lz4_encode.encode_reason(device) is not None
+    ):
+        return None
+    return output_chunk_rows(chunk, plan.n_outputs)
 
 
 _Prepared = tuple[str, int, int, "dict[str, Any] | None", "int | None"]

@@ -42,6 +42,11 @@ _MEMCPYED = 0x02
 # few chunks; store c (H200, ceac2f4) encoded in 0.68-0.72 s of copy-back stream against 1.54-1.58 s with
 # 256 KiB blocks, the output 1% larger (benchmarks/NOTES.md, "Chunks encoded on the GPU")
 TARGET_BLOCK = 1 << 16
+# Outputs smaller than this are encoded by the host's threads: a fresh process's first GPU encode (nvCOMP's
+# and the framing kernel's first loads) cost store e's runs (168 MB / 34 MB of output) 0.12-0.16 s of
+# copy-back stream against 0.001-0.003 s for the rows' copy, while c-blosc on 16 threads encodes about
+# 6.7 GB/s (H200 machine, benchmarks/results/cli.json at cc24022 and cf15b0e): about 1 GB breaks even.
+MIN_OUTPUT_BYTES = 1 << 30
 # c-blosc decodes a block as split streams only where each has at least this many bytes (MIN_BUFFERSIZE);
 # a smaller "split" block fails to decode (measured: error -1 from numcodecs for 96-byte streams)
 MIN_STREAM = 128
