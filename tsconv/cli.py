@@ -224,8 +224,8 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
     "--compression",
     type=click.Choice(["auto", "lz4", "none"]),
     help="Zarr outputs: the values' codec: lz4 (Blosc-LZ4), none (uncompressed), or auto (the default): lz4 "
-    "where it saves at least 10% of a sample of the first output chunk, else none (dask runs: lz4). With "
-    "nvCOMP installed (tsconv[nvcomp]) a CUDA run encodes the LZ4 chunks on the GPU.",
+    "where it saves at least 10% of a sample of the first output chunk holding a value, else none (dask runs: "
+    "lz4). With nvCOMP installed (tsconv[nvcomp]) a CUDA run encodes the LZ4 chunks on the GPU.",
 )
 @click.option(
     "--partition-rows",

@@ -529,6 +529,36 @@ def test_auto_compression_decides_from_the_first_chunk_before_any_frame(tmp_path
     assert {h.memcpyed for h in _chunk_headers(tmp_path / "b.zarr").values()} == {True}
 
 
+def test_leading_all_nan_steps_leave_the_codec_to_a_later_chunk_then_frames_follow(tmp_path, monkeypatch):
+    """Every symbol starts after row 400: the first step's sample has no value, so it and the next step go to
+    the writer threads, which settle auto from the first chunk with values; later steps come as frames."""
+    from tsconv import config
+    from tsconv.engine import batched
+    from tsconv.io.writers.zarr_writer import OutputWriter
+
+    x = price_series(1400, 4, seed=25)
+    x[:400] = np.nan
+    src = write_store(tmp_path / "in.zarr", x, chunks=(200, 4))
+    _encode_on_the_cpu(monkeypatch, 128)
+    monkeypatch.setattr(batched, "MAX_STEP_ROWS", 256)  # two output chunks a step
+    kw = dict(pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB")
+    with config.override(gpu_encode=False):
+        host = process_batched(src, tmp_path / "host.zarr", **kw)
+    framed, real = [], OutputWriter.append_frames
+
+    def counted(self, frames, *, rows, empty, release):
+        framed.append(rows)
+        real(self, frames, rows=rows, empty=empty, release=release)
+
+    monkeypatch.setattr(OutputWriter, "append_frames", counted)
+    gpu = process_batched(src, tmp_path / "gpu.zarr", **kw)
+    assert gpu.step_rows == 256 and "100%" not in gpu.compression and "100%" not in host.compression
+    assert gpu.compression.startswith("lz4 (auto") and "encoded on the GPU" in gpu.compression
+    assert 0 < sum(framed) <= 1400 - 512  # the first two steps were stored by the writer threads
+    want, got = read_output(tmp_path / "host.zarr"), read_output(tmp_path / "gpu.zarr")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_small_outputs_are_encoded_by_the_host(tmp_path, monkeypatch):
     from tsconv.kernels import lz4_encode
 

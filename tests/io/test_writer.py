@@ -566,6 +566,32 @@ def test_auto_compression_keeps_lz4_where_it_pays(tmp_path: Path) -> None:
     assert sum(len(v) for v in _files(path).values()) < 0.8 * x.nbytes
 
 
+@pytest.mark.parametrize("threads", [0, 3])
+def test_auto_compression_decides_from_values_not_from_leading_all_nan_chunks(
+    tmp_path: Path, threads: int
+) -> None:
+    """Symbols that start late leave an output's first chunks all NaN: they are not stored, and a sample of
+    them would say LZ4 "saved 100%". The codec is chosen from the first chunk that holds a value, past the rows
+    without one: noise there is stored uncompressed, prices compressed."""
+    for name, body, want in (
+        ("noise", _noise(), "none (auto"),
+        ("prices", price_series(ROWS, FEATURES, seed=4), "lz4 (auto"),
+    ):
+        x = body.copy()
+        x[: 2 * CHUNK_ROWS + 300] = np.nan  # two chunks of nothing, then 300 NaN rows in the third
+        path = tmp_path / f"{name}.zarr"
+        w = _create(path, x, threads=threads)
+        _append_all(w, x)
+        w.finish()
+        assert w.compression.startswith(want) and "100%" not in w.compression, (name, w.compression)
+        assert _values_clevel(path) == (0 if name == "noise" else 5)
+        got = np.asarray(zarr.open_array(str(path / "values"), mode="r")[:])
+        assert np.array_equal(got.view(np.uint32), x.view(np.uint32))
+        assert not (
+            path / "values" / "c" / "0" / "0"
+        ).exists()  # an all-NaN chunk is left out, as zarr leaves it
+
+
 @pytest.mark.parametrize(("compression", "clevel"), [("lz4", 5), ("none", 0)])
 def test_forced_compression_is_kept_whatever_the_data(tmp_path: Path, compression: str, clevel: int) -> None:
     x = _noise() if compression == "lz4" else price_series(ROWS, FEATURES, seed=4)

@@ -79,7 +79,7 @@ def process(
     :class:`~tsconv.errors.OutputBusyError` at once.
 
     Zarr outputs: ``compression`` is the values' codec, ``auto`` (the default: lz4 where it saves at least
-    10% of a sample of the first chunk, else uncompressed; dask runs keep lz4), ``lz4`` or ``none``.
+    10% of a sample of the first chunk holding a value, else uncompressed; dask runs keep lz4), ``lz4`` or ``none``.
 
     CUDA runs (the batched engine): ``transfer`` is ``pinned`` (the default), ``mapped`` or ``pageable``;
     ``gpu_mem`` (bytes, or text like ``"1.2GB"``; default 1.2 GB) bounds the GPU memory the process holds

@@ -536,6 +536,7 @@ def run_batched(
     host_out = host_bytes[:, : step_rows * n_out * 4].view(f32).view(slots, step_rows, n_out)
     host_empty = torch.empty((slots, per_step), dtype=torch.bool, pin_memory=gpu.cuda) if layout else None
     enc: Any = None  # made once the sink's codec is settled (from the first step's rows) as LZ4
+    undecided = layout is not None
     dev_out = torch.empty((slots, step_rows, n_out), dtype=f32, device=dev)
     # One flag per slot: the sink's threads release lent slots in any order. Bounded: a slot released twice
     # would be a bug, and raises.
@@ -663,15 +664,22 @@ def run_batched(
                 del y
                 t_comp1 = gpu.event(gpu.compute)
             gpu.wait(gpu.back, t_comp1)
-            if layout is not None and i == 0:  # the sink samples the first chunk's rows, as its threads would
-                assert frames is not None
-                with gpu.on(gpu.back):
-                    first = dev_out[o, : min(n, layout.chunk_bytes // (4 * n_out))].cpu().numpy()
-                if frames.decide_compression(first):
+            if undecided:
+                # The sink samples the first chunk's rows, as its threads would; where they are all NaN it
+                # decides later, from a chunk the writer threads store (this step's rows go to them meanwhile).
+                assert frames is not None and layout is not None
+                first = None
+                if i == 0:
+                    with gpu.on(gpu.back):
+                        first = dev_out[o, : min(n, layout.chunk_bytes // (4 * n_out))].cpu().numpy()
+                verdict = frames.decide_compression(first)
+                if verdict is not None:
+                    undecided = False
+                if verdict:
                     from tsconv.kernels.lz4_encode import BloscEncoder
 
                     enc = BloscEncoder(layout, max_chunks=min(ENCODE_GROUP, per_step), device=dev)
-                # else stored uncompressed: the host writes that at memory speed
+                # False: stored uncompressed, which the host writes at memory speed
             with gpu.on(gpu.back):
                 t_back0 = gpu.event(gpu.back)
                 k = 0

@@ -147,9 +147,9 @@ class FrameSink(Protocol):
         """Rows per chunk it stores from frames, or None when it takes rows only."""
         ...
 
-    def decide_compression(self, sample: np.ndarray) -> bool:
+    def decide_compression(self, sample: np.ndarray | None) -> bool | None:
         """Settle a codec still to be chosen from ``sample`` (the first chunk's rows); True when frames may
-        be appended."""
+        be appended, False when not, None while undecided (no sample, or one without a value)."""
         ...
 
     def append_frames(

@@ -101,7 +101,7 @@ def output_chunk_rows(chunk: int, n_outputs: int) -> int:
 
 
 COMPRESSIONS = ("auto", "lz4", "none")
-# "auto": lz4 unless a sample of the first chunk written shows it saving less than this share of the bytes
+# "auto": lz4 unless a sample of the first chunk with a value shows it saving less than this share of the bytes
 AUTO_MIN_SAVING = 0.10
 _AUTO_SAMPLE_BYTES = 1 << 20
 
@@ -1002,13 +1002,15 @@ class OutputWriter:
         lz4 = c.cname == "lz4" and c.clevel > 0 and c.shuffle == numcodecs.Blosc.SHUFFLE
         return self.chunk_rows if lz4 or self._auto_pending else None
 
-    def decide_compression(self, sample: np.ndarray) -> bool:
+    def decide_compression(self, sample: np.ndarray | None) -> bool | None:
         """Settle ``compression="auto"`` from ``sample`` (rows of the first chunk, as the writer threads
-        would sample them) before any chunk is stored; True when the values stay LZ4, so frames from
-        :meth:`append_frames` may be stored."""
+        would sample them) before any chunk is stored: True when the values are LZ4, so frames from
+        :meth:`append_frames` may be stored; False when they are not; None while still to be decided (the
+        sample, or no sample, held no value: the next chunk with one decides, here or in a writer thread)."""
         with self._auto_lock:
             if self._auto_pending:
-                self._choose_compression(sample)
+                if sample is None or not self._choose_compression(sample):
+                    return None
                 self._auto_pending = False
         return self.frame_rows() is not None
 
@@ -1199,9 +1201,9 @@ class OutputWriter:
         elif self._chunks is not None:
             if self._auto_pending:
                 with self._auto_lock:  # the other writer threads wait for the choice (~1 ms)
-                    if self._auto_pending:
-                        self._choose_compression(buf[:n])
+                    if self._auto_pending and self._choose_compression(buf[:n]):
                         self._auto_pending = False
+                # else all NaN: the chunk is left out (the fill value), and a later one decides
             if n < self.chunk_rows:  # never a borrowed block: those are full chunks
                 buf[n:] = self._chunks.fill  # zarr pads the edge chunk with the fill value
             self._chunks.write(a // self.chunk_rows, buf)
@@ -1220,18 +1222,24 @@ class OutputWriter:
                 with self._time_lock:
                     self.time_out[a:b] = t
 
-    def _choose_compression(self, rows: np.ndarray) -> None:
+    def _choose_compression(self, rows: np.ndarray) -> bool:
         """compression="auto": keep lz4 if it saves at least AUTO_MIN_SAVING of a sample of ``rows`` (about
-        1 MiB from their middle, past a warm-up's NaN rows), else store the values uncompressed from now on
-        (the array's codec rewritten to clevel 0, so its metadata says how the chunks are stored)."""
+        1 MiB from the middle of those from their first row with a value on: past a warm-up's NaN rows and
+        symbols not trading yet), else store the values uncompressed from now on (the array's codec
+        rewritten to clevel 0, so its metadata says how the chunks are stored). False, deciding nothing,
+        when every value is NaN: such a chunk is not stored, and a sample of it would say "saved 100%"."""
         assert self._chunks is not None
+        valued = np.flatnonzero(~np.isnan(rows).all(axis=tuple(range(1, rows.ndim))))
+        if valued.size == 0:
+            return False
+        rows = rows[valued[0] :]
         take = max(1, _AUTO_SAMPLE_BYTES // max(rows[:1].nbytes, 1))
         lo = max(0, min(rows.shape[0] - take, rows.shape[0] // 2))
         sample = np.ascontiguousarray(rows[lo : lo + take])
         saving = 1.0 - len(self._chunks.codec.encode(sample)) / max(sample.nbytes, 1)
         if saving >= AUTO_MIN_SAVING:
             self.compression = f"lz4 (auto: it saved {saving:.0%} of a sample)"
-            return
+            return True
         path = self._chunks.root / "zarr.json"
         doc = json.loads(path.read_text())
         for codec in doc["codecs"]:
@@ -1241,6 +1249,7 @@ class OutputWriter:
         self.values = self.group["values"]
         self._chunks = ChunkFileWriter(self.values)
         self.compression = f"none (auto: lz4 saved {saving:.0%} of a sample)"
+        return True
 
     def _advance(self, a: int, b: int) -> None:
         """Rows [a, b) are stored: extend the contiguous prefix and record it (under ``_lock``)."""
