@@ -168,3 +168,20 @@ def test_nvcomp_frames_decode_on_numcodecs() -> None:
     frames, lay = _encode(x, 8192, compressor=None)
     _check_decodes(x, 8192, frames, lay)
     assert sum(map(len, frames)) < 0.9 * x.nbytes
+
+
+def test_an_nvcomp_that_fails_its_test_compression_leaves_the_encode_to_the_host(monkeypatch):
+    """An nvCOMP built for a newer CUDA than the driver's fails every call: tsconv then encodes on the host
+    instead of failing the run at its first step, and says why."""
+
+    class Broken:
+        def __init__(self, **kw):
+            raise RuntimeError("nvCOMP LZ4 compress failed with status 10")
+
+    monkeypatch.setattr(le, "nvcomp_reason", lambda: None)
+    monkeypatch.setattr(le, "NvcompLZ4", Broken)
+    monkeypatch.setattr(le, "_PROBED", {})
+    reason = le.encode_reason(torch.device("cuda", 0))
+    assert reason is not None and "failed a test compression" in reason and "status 10" in reason
+    monkeypatch.setattr(le, "NvcompLZ4", lambda **kw: pytest.fail("probed twice"))
+    assert le.encode_reason(torch.device("cuda", 0)) == reason  # once per process and device

@@ -160,7 +160,32 @@ def encode_reason(device: torch.device) -> str | None:
         return "the gpu_encode setting is off"
     if device.type != "cuda":
         return f"device {device.type}"
-    return nvcomp_reason()
+    return nvcomp_reason() or _probe(
+        torch.device(device.type, torch.cuda.current_device() if device.index is None else device.index)
+    )
+
+
+_PROBED: dict[torch.device, str | None] = {}
+
+
+def _probe(device: torch.device) -> str | None:
+    """None once nvCOMP has compressed one small stream on ``device`` (once per process and device), else
+    why it could not: an installed nvCOMP built for a newer CUDA than the driver's fails every call, and the
+    host's encoder then keeps the run going instead of the run failing at its first step."""
+    if device not in _PROBED:
+        try:
+            lz4 = NvcompLZ4(neblock=MIN_STREAM, max_streams=1, device=device)
+            src = torch.zeros((1, MIN_STREAM), dtype=torch.uint8, device=device)
+            dst = torch.empty((1, lz4.max_out), dtype=torch.uint8, device=device)
+            sizes = torch.zeros(1, dtype=torch.int64, device=device)
+            with torch.cuda.device(device):
+                lz4(src, 1, dst, sizes)
+                torch.cuda.synchronize(device)
+            ok = 0 < int(sizes.item()) <= lz4.max_out
+            _PROBED[device] = None if ok else f"nvCOMP's test compression gave {int(sizes.item())} bytes"
+        except (RuntimeError, ValueError, OSError) as exc:
+            _PROBED[device] = f"nvCOMP failed a test compression ({exc})"
+    return _PROBED[device]
 
 
 def default_compressor(layout: FrameLayout, *, max_streams: int, device: torch.device) -> Compressor:
