@@ -31,6 +31,7 @@ from provenance import commit, machine  # noqa: E402
 
 from tsconv.io.writers.zarr_writer import output_chunk_rows  # noqa: E402
 from tsconv.kernels import lz4_encode as le  # noqa: E402
+from tsconv.kernels.blosc_header import parse_header  # noqa: E402
 
 
 def bank_like(rows: int, feats: int, seed: int = 0) -> torch.Tensor:
@@ -82,7 +83,7 @@ def gpu_encode(x: torch.Tensor, chunk_rows: int, k: int, reps: int = 5, block: i
     nbytes = (n_chunks // k) * k * lay.chunk_bytes
     return {"k": k, "blocksize": lay.blocksize, "streams_per_chunk": lay.streams, "gpu_s": statistics.median(times),
             "gbps": nbytes / statistics.median(times) / 1e9, "ratio": total / nbytes,
-            "encoder_device_bytes": le.BloscEncoder.device_bytes(lay, k)}  # fmt: skip
+            "encoder_device_bytes": enc.held_bytes}  # fmt: skip
 
 
 def verify(x: torch.Tensor, chunk_rows: int) -> dict:
@@ -93,7 +94,7 @@ def verify(x: torch.Tensor, chunk_rows: int) -> dict:
     host, want = enc.encode(part).cpu().numpy(), part.cpu().numpy()
     bad = 0
     for c in range(k):
-        f = host[c, : le.frame_size(host[c])].tobytes()
+        f = host[c, : parse_header(host[c]).cbytes].tobytes()
         got = np.frombuffer(numcodecs.Blosc().decode(f), np.float32)
         bad += int(
             (

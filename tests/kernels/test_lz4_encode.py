@@ -58,7 +58,7 @@ def _encode(x: np.ndarray, chunk_rows: int, compressor=None) -> tuple[list[bytes
     enc.frames.fill_(POISON)
     host = enc.encode(torch.from_numpy(x).to(DEVICE)).cpu().numpy()
     assert host.shape == (k, lay.frame_bytes)
-    frames = [host[c, : le.frame_size(host[c])].tobytes() for c in range(k)]
+    frames = [host[c, : blosc_header.parse_header(host[c]).cbytes].tobytes() for c in range(k)]
     return frames, lay
 
 

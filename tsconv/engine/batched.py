@@ -528,7 +528,8 @@ def run_batched(
     # host memory is slow to allocate (every page is locked), and a fresh process pays it each run.
     slots = min(_OUT_SLOTS, len(range(start, rows, step_rows)))
     layout = _frame_layout(frames, step_rows=step_rows, n_out=n_out, device=dev)
-    per_step = step_rows // (layout.chunk_bytes // (4 * n_out)) if layout else 0  # chunks a step encodes
+    chunk_rows = layout.chunk_bytes // (4 * n_out) if layout else 0  # the sink's chunk, in rows
+    per_step = step_rows // chunk_rows if layout else 0  # chunks a step encodes
     slot_bytes = step_rows * n_out * 4
     if layout is not None:  # a slot holds a step's frames (each up to 16 bytes over its chunk) or its rows
         slot_bytes = max(slot_bytes, per_step * layout.frame_bytes)
@@ -671,7 +672,7 @@ def run_batched(
                 first = None
                 if i == 0:
                     with gpu.on(gpu.back):
-                        first = dev_out[o, : min(n, layout.chunk_bytes // (4 * n_out))].cpu().numpy()
+                        first = dev_out[o, : min(n, chunk_rows)].cpu().numpy()
                 verdict = frames.decide_compression(first)
                 if verdict is not None:
                     undecided = False
@@ -684,16 +685,15 @@ def run_batched(
                 t_back0 = gpu.event(gpu.back)
                 k = 0
                 if enc is not None:
-                    rows_c, fb = enc.layout.chunk_bytes // (4 * n_out), enc.layout.frame_bytes
-                    k = -(-n // rows_c)
-                    dev_out[o, n : k * rows_c] = float(
-                        "nan"
-                    )  # zarr pads the store's last chunk with the fill value
+                    fb = layout.frame_bytes
+                    k = -(-n // chunk_rows)
+                    # zarr pads the store's last chunk with the fill value
+                    dev_out[o, n : k * chunk_rows] = float("nan")
                     # a group at a time through the encoder's buffers; in stream order, a group's frames are
                     # copied out before the next group's shuffle overwrites them
                     for g0 in range(0, k, enc.max_chunks):
                         g1 = min(g0 + enc.max_chunks, k)
-                        grp = dev_out[o, g0 * rows_c : g1 * rows_c]
+                        grp = dev_out[o, g0 * chunk_rows : g1 * chunk_rows]
                         host_bytes[o, g0 * fb : g1 * fb].view(g1 - g0, fb).copy_(
                             enc.encode(grp), non_blocking=gpu.cuda
                         )

@@ -185,9 +185,7 @@ def to_zarr(
         if extends and device_name == "auto" and device.type == "cuda" and small_for_cuda(plan, rows - start):
             # few rows after all, as the checks settled them (_rows_left above read the metadata alone)
             device = torch.device("cpu")
-            rp = plan_run(
-                source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda
-            )  # no encoding on the CPU
+            rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
         t0 = time.perf_counter()
         reset_device(device)
         time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)

@@ -103,9 +103,8 @@ class RunPlan:
     gpu_reader: bool = False
     transfer: str = "pinned"
     gpu_outside_torch: int = 0  # bytes of --gpu-mem the process holds outside torch's allocator
-    encode_rows: int | None = (
-        None  # the output's chunk rows, when steps hold whole chunks to encode on the GPU
-    )
+    # the output's chunk rows, when steps hold whole chunks to encode on the GPU
+    encode_rows: int | None = None
 
 
 def plan_run(

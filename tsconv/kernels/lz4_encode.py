@@ -30,7 +30,6 @@ __all__ = [
     "default_compressor",
     "encode_reason",
     "frame_layout",
-    "frame_size",
     "nvcomp_reason",
 ]
 
@@ -312,13 +311,11 @@ class BloscEncoder:
         self._fields = fields.to(torch.int32).to(device)
         self._neblock = torch.tensor(layout.neblock, dtype=torch.int64, device=device)
 
-    @staticmethod
-    def device_bytes(layout: FrameLayout, max_chunks: int) -> int:
-        """About the device memory an encoder of ``max_chunks`` chunks of ``layout`` holds (nvCOMP's
-        scratch and the pointer arrays included, as a margin)."""
-        streams = max_chunks * layout.streams
-        comp = -(-(layout.neblock + layout.neblock // 255 + 64) // 16) * 16
-        return max_chunks * layout.frame_bytes + streams * (comp + 64) + (4 << 20)
+    @property
+    def held_bytes(self) -> int:
+        """Device memory this encoder holds (nvCOMP's scratch included)."""
+        held = [self.frames, self._comp, self._sizes, getattr(self.compress, "_temp", self._sizes)]
+        return sum(t.numel() * t.element_size() for t in held)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """Encode ``x`` (k whole chunks, C-contiguous, k <= max_chunks) into the first k rows of
@@ -367,8 +364,3 @@ class BloscEncoder:
             S, lay.neblock, lay.blocksize, self._comp.stride(0), out.stride(0), lay.chunk_bytes, TS=ts, BLOCK=_TILE,
         )  # fmt: skip
         return out
-
-
-def frame_size(frame: memoryview | bytes) -> int:
-    """The length of the encoded chunk at the start of ``frame`` (its header's cbytes)."""
-    return int.from_bytes(bytes(frame[12:16]), "little")

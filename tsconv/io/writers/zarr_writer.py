@@ -58,6 +58,7 @@ from tsconv.io.store import is_zarr_store
 from tsconv.io.timecoding import NS_SINCE_EPOCH
 from tsconv.io.timecolumn import TimeReader
 from tsconv.io.writers.encode import ChunkFileWriter, remove_partial_files
+from tsconv.kernels.blosc_header import parse_header
 
 __all__ = [
     "COMPRESSIONS",
@@ -1040,7 +1041,7 @@ class OutputWriter:
             for c in range(k):
                 a = self._next
                 self._next = min(a + self.chunk_rows, self.stop)
-                size = int.from_bytes(frames[c, 12:16].tobytes(), "little")
+                size = parse_header(frames[c]).cbytes
                 borrow.take()
                 self._dispatch(a, self._next, _Frame(frames[c, :size], bool(empty[c])), borrow)
         finally:
