@@ -142,6 +142,24 @@ def test_batched_matches_the_float64_reference(pipe, step_rows, band_rows, warmu
     assert_matches_reference(y, x, plan, warmup=warmup)
 
 
+def test_only_steps_that_read_a_level_compute_one(monkeypatch):
+    from tsconv.engine import batched
+
+    calls = []
+    real = batched.level_before_torch
+    monkeypatch.setattr(batched, "level_before_torch", lambda *a: (calls.append(1), real(*a)))
+    x = price_series(200, 3, seed=6, nan_fraction=0.05)
+    x[:90, 2] = np.nan
+    taps = np.random.default_rng(6).normal(size=(4, 3, 5)) / 5
+    dense = {"weight_dtype": "float32", "conv": [{"name": "c", "weights": taps}]}
+    for pipe, steps in ((BANK, 0), (dense, 4)):  # a bank reads raw values; a dense stage centred ones
+        calls.clear()
+        plan = resolve(pipeline_from_dict(pipe), tuple(f"x{j}" for j in range(3)))
+        y = _batched(x, plan, step_rows=64, band_rows=50)
+        assert len(calls) == steps
+        assert_matches_reference(y, x, plan)
+
+
 @pytest.mark.slow
 def test_batched_resume_equals_the_tail_of_a_whole_run():
     x = price_series(300, 4, seed=5, nan_fraction=0.1)
@@ -330,6 +348,44 @@ def test_strided_in_memory_sources_are_read_correctly():
         assert not src.flags.c_contiguous
         y = _batched(src, plan, step_rows=64, band_rows=50)
         assert_matches_reference(y, x, plan)
+
+
+def test_a_narrow_step_is_one_piece_and_a_wide_one_eight_up_to_the_cap():
+    from tsconv.engine.batched import MIN_PIECE_BYTES, PIECE_BYTES, _piece_bytes, _ring_slots
+
+    # 2,097,152 x 96 with the default bank: 24,576-row steps of 9.4 MB were 8 pieces of 1.2 MB
+    assert _piece_bytes(24576, 384) == 24576 * 384 // 2 >= MIN_PIECE_BYTES
+    assert _piece_bytes(5120, 384) == 5120 * 384  # under MIN_PIECE_BYTES: the whole step
+    assert _ring_slots(5120, 384) == _ring_slots(24576, 384) == 2
+    # wide steps: eighths, capped
+    assert _piece_bytes(38912, 4096) == 38912 * 4096 // 8 and _ring_slots(38912, 4096) == 4
+    assert _piece_bytes(65536, 16384) == PIECE_BYTES
+    assert _piece_bytes(1, 384) == 384
+
+
+def test_the_step_plan_counts_the_ring_of_the_step_it_plans():
+    from tsconv.engine import batched
+
+    names = tuple(f"x{j}" for j in range(96))
+    plan = resolve(pipeline_from_dict({"conv": [{"name": "b", "filters": ["diff:1", "dev:32", "dev:256"]}]}),
+                   names)  # fmt: skip
+    kw = dict(src_features=96, src_itemsize=4, chunk=1024, transfer="pinned", rows=10**7)
+
+    def used(step):
+        ring = batched._ring_slots(step, 384) * batched._piece_bytes(step, 384)
+        return batched._bytes_per_row(plan) * step + ring
+
+    steps = []
+    for budget in ("100MB", "150MB", "300MB"):
+        step = plan_step_rows(plan, budget=parse_bytes(budget), **kw)
+        avail = (
+            int(parse_bytes(budget) * batched._ALLOCATED_SHARE)
+            - batched._FIXED_BYTES
+            - plan.halo * 4 * 96 * 3
+        )
+        assert used(step) <= avail < used(step + 1024)  # it fits, and a chunk more would not
+        steps.append(step)
+    assert steps == sorted(steps) and steps[-1] < batched.MAX_STEP_ROWS
 
 
 def test_pieces_of_whole_bands_stop_at_the_ring_wrap_and_the_step_end():

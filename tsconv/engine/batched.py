@@ -73,6 +73,10 @@ _DEVICE_RING = 4  # device slots for raw pieces: copies run up to three pieces a
 # one piece of raw rows per copy and prepare launch (48.8 GB/s per 4 MiB copy measured)
 PIECE_BYTES = 32 << 20
 _PIECES_PER_STEP = 8
+# A piece costs the engine thread a copy, three prepare launches and four events whatever its size: on a
+# narrow store (2,097,152 x 96, steps of 9 MB) eighths of a step were 683 pieces, and that thread, not the
+# GPU, bounded the loop (benchmarks/NOTES.md, "Pieces and steps"). Steps cut into pieces of at least this.
+MIN_PIECE_BYTES = 4 << 20
 # carries, levels, small buffers, the allocator's rounding: kept out of the step budget
 _FIXED_BYTES = 48 << 20
 # cuBLAS's workspace on the compute stream (32 MiB on Hopper), made by the head's torch path and kept by
@@ -120,9 +124,18 @@ def _bands_per_piece(band_bytes: int, piece_bytes: int | None = None) -> int:
 
 
 def _piece_bytes(step_rows: int, row_bytes: int) -> int:
-    """Raw bytes per copy and prepare launch: 1/_PIECES_PER_STEP of a step (so the device ring holds half
-    a step and small budgets get small pieces), at most PIECE_BYTES, at least one row."""
-    return max(row_bytes, min(PIECE_BYTES, step_rows * row_bytes // _PIECES_PER_STEP))
+    """Raw bytes per copy and prepare launch: a step in _PIECES_PER_STEP pieces where each holds at least
+    MIN_PIECE_BYTES, else in fewer (a whole step when it is smaller), at most PIECE_BYTES, at least one row."""
+    step = step_rows * row_bytes
+    n = max(1, min(_PIECES_PER_STEP, step // MIN_PIECE_BYTES))
+    return max(row_bytes, min(PIECE_BYTES, -(-step // n)))
+
+
+def _ring_slots(step_rows: int, row_bytes: int) -> int:
+    """Device slots for raw pieces: _DEVICE_RING, or 2 where a step has fewer pieces (one piece copied
+    while the one before it is prepared; more would only hold memory)."""
+    pieces = -(-step_rows * row_bytes // _piece_bytes(step_rows, row_bytes))
+    return min(_DEVICE_RING, max(2, pieces))
 
 
 def reader_hold(band_bytes: int) -> int:
@@ -208,25 +221,25 @@ def plan_step_rows(
     # The rest of the budget is the allocator's: segment rounding, medium blocks in 20 MiB segments and the
     # step graph's pool held 51-76 MB of reserved memory above the allocated peak (diag/gpu_memory.py).
     avail = int(budget * _ALLOCATED_SHARE) - _FIXED_BYTES - weights - halo_bytes
-    # The device ring (_DEVICE_RING pieces, see _piece_bytes): at its cap when the step is large enough,
-    # else a share of each row (the pieces shrink with the step).
-    if reader_bytes is not None:
-        fit = (avail - reader_bytes) // per
-    elif transfer == "mapped":
-        fit = avail // per
-    else:
-        fit = (avail - _DEVICE_RING * PIECE_BYTES) // per
-        if fit * row_bytes // _PIECES_PER_STEP < PIECE_BYTES:
-            fit = (avail - _DEVICE_RING * row_bytes) // (
-                per + -(-_DEVICE_RING * row_bytes // _PIECES_PER_STEP)
-            )
-    fit = max(fit, 0)
+
+    def ring(step: int) -> int:
+        """The raw input's device memory beside a step of ``step`` rows: the GPU reader's rings, or
+        _DEVICE_RING pieces (see _piece_bytes), none when the kernels read mapped host memory."""
+        if reader_bytes is not None:
+            return reader_bytes
+        return 0 if transfer == "mapped" else _ring_slots(step, row_bytes) * _piece_bytes(step, row_bytes)
+
+    def fitting(room: int) -> int:
+        """The most rows that fit ``room`` bytes beside their own ring (which grows with the step)."""
+        lo, hi = 0, max(0, room // per)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if per * mid + ring(mid) <= room else (lo, mid - 1)
+        return lo
+
+    fit = fitting(avail)
     if fit < chunk:
-        ring = (
-            reader_bytes if reader_bytes is not None
-            else 0 if transfer == "mapped" else _DEVICE_RING * _piece_bytes(chunk, row_bytes)
-        )  # fmt: skip
-        need = (_FIXED_BYTES + weights + halo_bytes + ring + per * chunk) / _ALLOCATED_SHARE
+        need = (_FIXED_BYTES + weights + halo_bytes + ring(chunk) + per * chunk) / _ALLOCATED_SHARE
         raise TsconvError(
             f"the pipeline does not fit the GPU memory budget: one {chunk}-step chunk of "
             f"{len(plan.input_names)} features needs about {need / 1e6:,.0f} MB, the budget is "
@@ -234,8 +247,8 @@ def plan_step_rows(
             hint=f"raise --gpu-mem (to at least {math.ceil((need + outside) / 1e7) / 100:.2f}GB), use a smaller --chunk, or "
             "select fewer features.",
         )
-    if encode_rows:  # the encoder's buffers, in rows of the step
-        fit = max(0, fit - -(-encoder // per))
+    if encode_rows:  # the encoder's buffers beside the step
+        fit = fitting(avail - encoder)
     unit = encode_rows or chunk
     if fit < unit:
         raise TsconvError(
@@ -466,6 +479,9 @@ def run_batched(
     fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
     # a bank computes from the raw values (float64 window sums need no centring)
     center = backend.pre is None and not backend.first_structured
+    # a bank's steps read no level (a [preprocess] reads it: log levels); its per-step torch ops then cost
+    # the engine thread about 2 ms a step for nothing (benchmarks/NOTES.md, "Pieces and steps")
+    needs_level = center or backend.pre is not None
     times = StageTimes(step_rows=step_rows)
     t_setup = time.perf_counter()
     if transfer == "mapped" and gpu.cuda and not source.pinned:
@@ -487,7 +503,7 @@ def run_batched(
 
     f32 = torch.float32
     state = torch.from_numpy(state0).to(dev)
-    level = torch.empty_like(state)
+    level = torch.full_like(state, float("nan"))
     carries = [
         torch.from_numpy(np.ascontiguousarray(carry0)).to(dev),
         torch.zeros((halo, n_feat), device=dev),
@@ -519,10 +535,10 @@ def run_batched(
         if mapped or on_device
         else [
             torch.empty((piece_rows, source.n_features), dtype=src_dtype, device=dev)
-            for _ in range(_DEVICE_RING)
+            for _ in range(_ring_slots(step_rows, row_bytes))
         ]
     )
-    ring_free: list[Any] = [None] * _DEVICE_RING  # event: the prepare that read the slot is done
+    ring_free: list[Any] = [None] * len(ring)  # event: the prepare that read the slot is done
     n_out = plan.n_outputs
     # A run of fewer steps than slots (a small store is one step) allocates only the slots it uses: pinned
     # host memory is slow to allocate (every page is locked), and a fresh process pays it each run.
@@ -575,8 +591,9 @@ def run_batched(
         for i, s in enumerate(range(start, rows, step_rows)):
             e = min(s + step_rows, rows)
             n = e - s
-            with gpu.on(gpu.compute):
-                level_before_torch(carries[i % 2][halo - tail_rows(halo, s) :], state, level)
+            if needs_level:
+                with gpu.on(gpu.compute):
+                    level_before_torch(carries[i % 2][halo - tail_rows(halo, s) :], state, level)
             pieces = _pieces(s, e, band_rows, piece_rows, ring_bands)
             for j, (lo, hi) in enumerate(pieces):
                 band = lo // band_rows
@@ -599,7 +616,7 @@ def run_batched(
                     src = _mapped(view, dev)
                     ready = None
                 elif not on_device:
-                    r = q % _DEVICE_RING
+                    r = q % len(ring)
                     with gpu.on(gpu.copy):
                         gpu.wait(gpu.copy, ring_free[r])
                         c0 = gpu.event(gpu.copy)
@@ -633,7 +650,7 @@ def run_batched(
                 elif mapped:
                     pending_bands.append((band, done))
                 else:
-                    ring_free[q % _DEVICE_RING] = done
+                    ring_free[q % len(ring)] = done
                 q += 1
             t_launch = time.perf_counter()
             with gpu.on(gpu.compute):
