@@ -18,7 +18,8 @@ Results go back on a third stream into a small ring of pinned host slots; a writ
 slot's event and lends the rows to ``emit``, which frees the slot when it is done reading them (the sink's
 writer threads store chunks straight from the slot), so writing overlaps everything else.
 
-Pieces: each copy and prepare launch takes up to PIECE_BYTES of rows: several whole bands when the
+Pieces: each copy and prepare launch takes up to PIECE_BYTES of rows (an eighth of a step, but at least
+MIN_PIECE_BYTES: each piece costs the engine thread launches and events): several whole bands when the
 reader's ring holds them side by side (one view; fewer launches, fewer Python round trips per byte), or
 part of a band when bands are larger.
 
@@ -223,8 +224,8 @@ def plan_step_rows(
     avail = int(budget * _ALLOCATED_SHARE) - _FIXED_BYTES - weights - halo_bytes
 
     def ring(step: int) -> int:
-        """The raw input's device memory beside a step of ``step`` rows: the GPU reader's rings, or
-        _DEVICE_RING pieces (see _piece_bytes), none when the kernels read mapped host memory."""
+        """The raw input's device memory beside a step of ``step`` rows: the GPU reader's rings, or the
+        device ring's pieces (_ring_slots, _piece_bytes), none when the kernels read mapped host memory."""
         if reader_bytes is not None:
             return reader_bytes
         return 0 if transfer == "mapped" else _ring_slots(step, row_bytes) * _piece_bytes(step, row_bytes)
@@ -480,7 +481,7 @@ def run_batched(
     # a bank computes from the raw values (float64 window sums need no centring)
     center = backend.pre is None and not backend.first_structured
     # a bank's steps read no level (a [preprocess] reads it: log levels); its per-step torch ops then cost
-    # the engine thread about 2 ms a step for nothing (benchmarks/NOTES.md, "Pieces and steps")
+    # the engine thread 1-2 ms a step for nothing (benchmarks/NOTES.md, "Pieces and steps")
     needs_level = center or backend.pre is not None
     times = StageTimes(step_rows=step_rows)
     t_setup = time.perf_counter()
