@@ -370,22 +370,30 @@ def test_the_step_plan_counts_the_ring_of_the_step_it_plans():
     plan = resolve(pipeline_from_dict({"conv": [{"name": "b", "filters": ["diff:1", "dev:32", "dev:256"]}]}),
                    names)  # fmt: skip
     kw = dict(src_features=96, src_itemsize=4, chunk=1024, transfer="pinned", rows=10**7)
+    per = batched._bytes_per_row(plan)
 
-    def used(step):
+    def used(step, encode_rows):
         ring = batched._ring_slots(step, 384) * batched._piece_bytes(step, 384)
-        return batched._bytes_per_row(plan) * step + ring
-
-    steps = []
-    for budget in ("100MB", "150MB", "300MB"):
-        step = plan_step_rows(plan, budget=parse_bytes(budget), **kw)
-        avail = (
-            int(parse_bytes(budget) * batched._ALLOCATED_SHARE)
-            - batched._FIXED_BYTES
-            - plan.halo * 4 * 96 * 3
+        enc = 0 if encode_rows is None else (
+            (batched._ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16) * encode_rows * batched.ENCODE_GROUP
+            + batched._ENCODE_FIXED
         )
-        assert used(step) <= avail < used(step + 1024)  # it fits, and a chunk more would not
-        steps.append(step)
-    assert steps == sorted(steps) and steps[-1] < batched.MAX_STEP_ROWS
+        return per * step + ring + enc
+
+    # every budget from 70 MB to 400 MB: the ring is not monotone in the step (a step of 2 pieces holds less
+    # than one of a single piece just below it), so a step rounded down from what fits must be checked again
+    for mb in range(70, 400):
+        for encode_rows in (None, 3072):
+            try:
+                step = plan_step_rows(plan, budget=mb * 10**6, encode_rows=encode_rows, **kw)
+            except TsconvError:  # the encoder's buffers do not fit: plan_run plans without them
+                assert encode_rows and mb < 200
+                continue
+            avail = int(mb * 10**6 * batched._ALLOCATED_SHARE) - batched._FIXED_BYTES - plan.halo * 4 * 96 * 3
+            assert used(step, encode_rows) <= avail, (mb, encode_rows, step)
+            unit = encode_rows or 1024
+            if step + unit <= batched.MAX_STEP_ROWS and step % unit == 0:
+                assert used(step + 2 * unit, encode_rows) > avail  # and not far below what fits
 
 
 def test_pieces_of_whole_bands_stop_at_the_ring_wrap_and_the_step_end():

@@ -256,6 +256,10 @@ def plan_step_rows(
             f"one output chunk of {unit} rows and its encoding do not fit the GPU memory budget"
         )
     step = min(fit // unit * unit, max(MAX_STEP_ROWS // unit, 1) * unit)
+    # A step split into fewer pieces holds a larger ring (a 2-piece step's ring is half a 1-piece one's just
+    # below it): the step chosen must fit beside its own ring, not only beside the ring of ``fit`` rows.
+    while step > unit and per * step + ring(step) + (encoder if encode_rows else 0) > avail:
+        step -= unit
     step = max(step, -(-plan.halo // unit) * unit)  # a step must hold the next step's halo
     if step > fit:
         raise TsconvError(
