@@ -374,9 +374,13 @@ def test_the_step_plan_counts_the_ring_of_the_step_it_plans():
 
     def used(step, encode_rows):
         ring = batched._ring_slots(step, 384) * batched._piece_bytes(step, 384)
-        enc = 0 if encode_rows is None else (
-            (batched._ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16) * encode_rows * batched.ENCODE_GROUP
-            + batched._ENCODE_FIXED
+        enc = (
+            0
+            if encode_rows is None
+            else (
+                (batched._ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16) * encode_rows * batched.ENCODE_GROUP
+                + batched._ENCODE_FIXED
+            )
         )
         return per * step + ring + enc
 
