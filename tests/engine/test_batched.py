@@ -143,11 +143,12 @@ def test_batched_matches_the_float64_reference(pipe, step_rows, band_rows, warmu
 
 
 def test_only_steps_that_read_a_level_compute_one(monkeypatch):
-    from tsconv.engine import batched
+    from tsconv.engine import batched, chunked
 
     calls = []
-    real = batched.level_before_torch
+    real, real_chunked = batched.level_before_torch, chunked.level_before
     monkeypatch.setattr(batched, "level_before_torch", lambda *a: (calls.append(1), real(*a)))
+    monkeypatch.setattr(chunked, "level_before", lambda *a: (calls.append(1), real_chunked(*a))[1])
     x = price_series(200, 3, seed=6, nan_fraction=0.05)
     x[:90, 2] = np.nan
     taps = np.random.default_rng(6).normal(size=(4, 3, 5)) / 5
@@ -156,6 +157,10 @@ def test_only_steps_that_read_a_level_compute_one(monkeypatch):
         calls.clear()
         plan = resolve(pipeline_from_dict(pipe), tuple(f"x{j}" for j in range(3)))
         y = _batched(x, plan, step_rows=64, band_rows=50)
+        assert len(calls) == steps
+        assert_matches_reference(y, x, plan)
+        calls.clear()  # the chunked engine (the CPU's): the same rule per chunk
+        y = tsconv.features(x, pipe, device="cpu", chunk=64)
         assert len(calls) == steps
         assert_matches_reference(y, x, plan)
 

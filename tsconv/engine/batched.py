@@ -484,9 +484,9 @@ def run_batched(
     fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
     # a bank computes from the raw values (float64 window sums need no centring)
     center = backend.pre is None and not backend.first_structured
-    # a bank's steps read no level (a [preprocess] reads it: log levels); its per-step torch ops then cost
-    # the engine thread 1-2 ms a step for nothing (benchmarks/NOTES.md, "Pieces and steps")
-    needs_level = center or backend.pre is not None
+    # a bank's steps read no level: its per-step torch ops cost the engine thread 1-2 ms a step for nothing
+    # (benchmarks/NOTES.md, "Pieces and steps")
+    needs_level = backend.reads_level
     times = StageTimes(step_rows=step_rows)
     t_setup = time.perf_counter()
     if transfer == "mapped" and gpu.cuda and not source.pinned:

@@ -63,9 +63,10 @@ def run_chunked(
     device = backend.device
     warm = plan.warmup_groups() if warmup == "nan" else []
     into: torch.Tensor | None = None
+    unread = torch.zeros(nf, dtype=torch.float32, device=backend.device)  # the level of a run that reads none
     for s in range(start, rows, chunk):
         e = min(s + chunk, rows)
-        before = level_before(carry[halo - tail_rows(halo, s) :], state)
+        before = level_before(carry[halo - tail_rows(halo, s) :], state) if backend.reads_level else None
         # ``raw`` may be a view of the reader's buffers, valid only until a later read (ParallelBandReader
         # reuses its ring): it, ``filled`` (``raw`` itself when it has no NaN) and ``x`` (``filled`` when
         # halo is 0) are used before the next read; the carry is a slice of a concatenation (a copy).
@@ -73,7 +74,7 @@ def run_chunked(
         # With fill = "none" the fill state still gives the centering level (a value no later than the
         # outputs it touches), but the backend gets the NaNs as they are.
         filled, state = forward_fill(raw, state)
-        level = centering_level(before, filled)
+        level = unread if before is None else torch.from_numpy(centering_level(before, filled)).to(device)
         if not fill:
             filled = raw
         x = np.concatenate([carry, filled], axis=0) if halo else filled
@@ -88,9 +89,7 @@ def run_chunked(
                 if into is None:
                     into = torch.from_numpy(np.empty((e - s, backend.out_width), dtype=np.float32))
                 dest = into[: e - s]
-        y = backend.run(
-            torch.from_numpy(x).to(device), s - halo, torch.from_numpy(level).to(device), out=dest
-        )
+        y = backend.run(torch.from_numpy(x).to(device), s - halo, level, out=dest)
         out = y.cpu().numpy() if device.type != "cpu" else y.numpy()
         for w, cols in warm:  # each output's own warm-up rows (a bank's filters each have theirs)
             if s < w:
