@@ -143,12 +143,13 @@ def test_batched_matches_the_float64_reference(pipe, step_rows, band_rows, warmu
 
 
 def test_only_steps_that_read_a_level_compute_one(monkeypatch):
-    from tsconv.engine import batched, chunked
+    from tsconv.engine import batched, chunked, stream
 
     calls = []
     real, real_chunked = batched.level_before_torch, chunked.level_before
     monkeypatch.setattr(batched, "level_before_torch", lambda *a: (calls.append(1), real(*a)))
     monkeypatch.setattr(chunked, "level_before", lambda *a: (calls.append(1), real_chunked(*a))[1])
+    monkeypatch.setattr(stream, "level_before", lambda *a: (calls.append(1), real_chunked(*a))[1])
     x = price_series(200, 3, seed=6, nan_fraction=0.05)
     x[:90, 2] = np.nan
     taps = np.random.default_rng(6).normal(size=(4, 3, 5)) / 5
@@ -163,6 +164,11 @@ def test_only_steps_that_read_a_level_compute_one(monkeypatch):
         y = tsconv.features(x, pipe, device="cpu", chunk=64)
         assert len(calls) == steps
         assert_matches_reference(y, x, plan)
+        calls.clear()  # a stream's chunks, pushed in pieces
+        live = tsconv.Stream(pipe, features=3, chunk=64, device="cpu")
+        pushed = np.concatenate([live.push(x[a : a + 50]) for a in range(0, 200, 50)])
+        assert len(calls) == steps
+        np.testing.assert_array_equal(pushed, y)
 
 
 @pytest.mark.slow

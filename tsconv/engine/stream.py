@@ -147,18 +147,24 @@ class Stream:
         """Rows [pos, pos + n) of one chunk, as the chunked engine computes that chunk."""
         halo, kept = self.halo, self._rows_kept
         s = pos // self.chunk * self.chunk
+        reads_level = self._backend.reads_level
         if pos == s:  # a new chunk: its level from the rows before it, as run_chunked takes it
             tail = tail_rows(halo, s)
-            self._level = level_before(kept[kept.shape[0] - tail :], self._state)
+            if reads_level:
+                self._level = level_before(kept[kept.shape[0] - tail :], self._state)
             if self._backend.pre is not None and self._backend.pre.zscore is not None:
                 self._zscore_level = torch.full(
                     (kept.shape[1],), torch.nan, dtype=torch.float64, device=self.device
                 )
         filled, self._state = forward_fill(raw, self._state)
-        # A feature without a level takes its first finite value in the chunk, which may come in a later push;
-        # until then its outputs are NaN whatever the level, so 0 stands in and the chunk's stays unknown.
-        level = centering_level(self._level, filled)
-        self._level = np.where(np.isnan(self._level) & ~np.isfinite(filled).any(axis=0), np.nan, level)
+        if reads_level:
+            # A feature without a level takes its first finite value in the chunk, which may come in a later
+            # push; until then its outputs are NaN whatever the level, so 0 stands in and the chunk's stays
+            # unknown.
+            level = centering_level(self._level, filled)
+            self._level = np.where(np.isnan(self._level) & ~np.isfinite(filled).any(axis=0), np.nan, level)
+        else:  # a bank reads none (run_chunked's rule)
+            level = np.zeros(raw.shape[1], dtype=np.float32)
         prepared = filled if self._fill else raw
         start = self._backend.window_start(s - halo, pos)
         x = np.concatenate([kept[kept.shape[0] - (pos - start) :], prepared], axis=0)
