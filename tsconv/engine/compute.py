@@ -184,9 +184,9 @@ class Backend:
         # A bank computes in float64 from the raw values and needs no centring.
         self.recenter_first = (self.pre is None or log_levels) and not plan.layers[0].structured
         self.first_structured = plan.layers[0].structured
-        # Whether a chunk's centering level is read at all: by a first conv stage on level data (raw values,
-        # or their logs, which _preprocess takes from it); a bank computes from the values as they are.
-        self.reads_level = not self.first_structured and (self.pre is None or log_levels)
+        # Whether a chunk's centering level is read at all: by the first stages that re-centre (a conv on
+        # level data: raw values, or their logs, which _preprocess takes from it), and by no other.
+        self.reads_level = self.recenter_first
         self.head = plan.head
         self._storage = _StorageCheck(plan) if _StorageCheck.needed(plan) else None
         self._checking: _StorageCheck | None = None  # started, its warnings not yet given
