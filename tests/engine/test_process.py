@@ -271,3 +271,69 @@ def test_features_returns_the_output_names_when_asked() -> None:
     assert f_cols == cols and frame.columns == list(cols)
     with pytest.raises(TypeError, match="positional"):
         tsconv.features(x, pipe, None, "nan")  # options are keyword-only
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        [{"filters": ["diff:1", "diff:32", "diff:256", "dev:32", "dev:256"]}],
+        [{"filters": ["ema:8", "std:20", "zscore:16", "ret:3"]}, {"filters": ["id", "ma:4"], "dilation": 4}],
+    ],
+)
+def test_bank_pipelines_take_several_chunks_a_call_with_the_same_bits(monkeypatch, filters) -> None:
+    from tsconv.engine import chunked
+    from tsconv.engine.compute import Backend
+    from tsconv.io.readers.blocks import ArraySource
+    from tsconv.pipeline.spec import pipeline_from_dict
+
+    x = price_series(5_000, 5, seed=7, nan_fraction=0.01)
+    x[:1_300, 1] = np.nan  # a symbol that starts late
+    x[2_000:2_600, 3] = np.nan  # and a gap
+    plan = resolve(pipeline_from_dict({"conv": filters}), list("abcde"))
+
+    def run(per_call: int | None, start: int) -> tuple[np.ndarray, list[int]]:
+        if per_call is not None:
+            monkeypatch.setattr(chunked, "_chunks_per_call", lambda backend, chunk: per_call)
+        backend = Backend(plan, torch.device("cpu"))
+        rows: list[int] = []
+        real = backend.run
+        monkeypatch.setattr(backend, "run", lambda x, *a, **k: rows.append(x.shape[0]) or real(x, *a, **k))
+        out: list[np.ndarray] = []
+        chunked.run_chunked(ArraySource(x), plan, backend, lambda b: out.append(b.copy()), start=start,
+                            chunk=64, warmup="nan", emit_copies=True)  # fmt: skip
+        monkeypatch.undo()
+        return np.concatenate(out), rows
+
+    assert Backend(plan, torch.device("cpu")).call_invariant
+    assert chunked._chunks_per_call(Backend(plan, torch.device("cpu")), 64) == chunked._MAX_CHUNKS_PER_CALL
+    one, calls_one = run(1, 0)
+    many, calls_many = run(None, 0)
+    assert len(calls_one) == -(-5_000 // 64)
+    assert len(calls_many) == -(-5_000 // (64 * chunked._MAX_CHUNKS_PER_CALL))
+    assert np.array_equal(one.view(np.uint32), many.view(np.uint32))
+    # a resumed run (any chunk-aligned start) is the tail of the whole one, bit for bit
+    tail, _ = run(None, 64 * 37)
+    assert np.array_equal(tail.view(np.uint32), one[64 * 37 :].view(np.uint32))
+    assert_matches_reference(one, x, plan, warmup="nan")
+
+
+def test_pipelines_whose_outputs_depend_on_the_call_run_one_chunk_a_call() -> None:
+    from tsconv.engine.chunked import _CALL_BYTES, _chunks_per_call
+    from tsconv.engine.compute import Backend
+    from tsconv.pipeline.spec import pipeline_from_dict
+
+    cpu = torch.device("cpu")
+    rng = np.random.default_rng(0)
+    dense = {"conv": [{"weights": rng.normal(size=(4, 3, 3)), "weight_dtype": "float32"}]}
+    zscored = {"preprocess": {"transform": "log_return", "zscore": 16}, "conv": [{"filters": ["ma:4"]}]}
+    headed = {"conv": [{"filters": ["diff:1"]}], "head": {"weights": rng.normal(size=(3, 2))}}
+    for spec in (dense, zscored, headed):
+        backend = Backend(resolve(pipeline_from_dict(spec), list("abc")), cpu)
+        assert not backend.call_invariant
+        assert _chunks_per_call(backend, 1024) == 1
+    # a wide bank's call stays within the output bound: 2,048 features x 5 filters at 1,024 rows is 40 MiB
+    wide = Backend(resolve(default_pipeline(), [f"f{i}" for i in range(2_048)]), cpu)
+    assert wide.call_invariant and _chunks_per_call(wide, 1024) == 1
+    narrow = Backend(resolve(default_pipeline(), [f"f{i}" for i in range(64)]), cpu)
+    assert 1024 * narrow.out_width * 4 * _chunks_per_call(narrow, 1024) <= _CALL_BYTES
+    assert _chunks_per_call(narrow, 1024) > 1

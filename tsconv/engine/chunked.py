@@ -3,6 +3,8 @@
 The CPU's engine (and the reference the batched engine is tested against): memory is bounded by
 (chunk + halo) x features whatever the series' length, and the result equals the whole-series
 computation. The carry between chunks is the halo: the prepared input rows just before the next chunk.
+A pipeline whose outputs do not depend on how rows are split into calls (banks only) takes several chunks
+per call on the CPU, up to a fixed output size: the same bits, fewer per-call costs.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def run_chunked(
     emit_copies: bool = False,
     reserve: Callable[[int], np.ndarray | None] | None = None,
 ) -> None:
-    """Compute rows [start, stop) (default: to T) chunk by chunk and hand each result block to ``emit`` in order.
+    """Compute rows [start, stop) (default: to T) chunk by chunk (or several chunks a call, where that gives
+    the same bits: :func:`_chunks_per_call`) and hand each result block to ``emit`` in order.
 
     ``emit_copies``: ``emit`` copies the rows it keeps before it returns (a sink's ``append`` does), so on the
     CPU a bank pipeline's chunks can all be computed into one reused buffer; otherwise each block is fresh.
@@ -64,8 +67,9 @@ def run_chunked(
     warm = plan.warmup_groups() if warmup == "nan" else []
     into: torch.Tensor | None = None
     unread = torch.zeros(nf, dtype=torch.float32, device=backend.device)  # the level of a run that reads none
-    for s in range(start, rows, chunk):
-        e = min(s + chunk, rows)
+    step = chunk * _chunks_per_call(backend, chunk)
+    for s in range(start, rows, step):
+        e = min(s + step, rows)
         before = level_before(carry[halo - tail_rows(halo, s) :], state) if backend.reads_level else None
         # ``raw`` may be a view of the reader's buffers, valid only until a later read (ParallelBandReader
         # reuses its ring): it, ``filled`` (``raw`` itself when it has no NaN) and ``x`` (``filled`` when
@@ -101,3 +105,20 @@ def run_chunked(
             on_rows(e - s)
     if fill_carry is not None:  # the state at ``rows``: after the last chunk, or the start's with none to do
         fill_carry.end = (rows, state.copy())
+
+
+# Output bytes one call of a call-invariant pipeline may produce when several chunks go together, and the most
+# chunks a call takes. The default bank on 2,000,000 x 32 (zstd) on the 2-core VM: 5.61 s in 1,024-row calls,
+# 3.72 s in 8 chunks a call, 3.62 s in 16, the output the same bits (benchmarks/NOTES.md, section 20).
+_CALL_BYTES = 32 << 20
+_MAX_CHUNKS_PER_CALL = 16
+
+
+def _chunks_per_call(backend: Backend, chunk: int) -> int:
+    """Chunks computed in one backend call on the CPU: one, unless the outputs do not depend on how rows
+    are split into calls (``Backend.call_invariant``); then as many as keep a call's output within
+    ``_CALL_BYTES`` (the per-call costs of torch ops and tiles amortised over more rows)."""
+    if backend.device.type != "cpu" or not backend.call_invariant or backend.out_width is None:
+        return 1
+    per_chunk = chunk * backend.out_width * 4
+    return max(1, min(_MAX_CHUNKS_PER_CALL, _CALL_BYTES // max(per_chunk, 1)))

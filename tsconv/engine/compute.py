@@ -204,6 +204,12 @@ class Backend:
         self._packed_head = None
         # width of run()'s result where it can be written into a caller's ``out`` (a bank, no head), else None
         self.out_width = plan.n_outputs if last_bank and plan.head is None else None
+        # Whether a call's outputs are the same bits however the rows are split into calls: banks only (each
+        # output a fixed sequence of operations over its own window, filterbank's module note), no computing
+        # [preprocess] (its z-score works in blocks counted from the call's first row) and no head.
+        self.call_invariant = (
+            all(L.filters is not None for L in self.layers) and self.pre is None and plan.head is None
+        )
 
     def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily
         """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.engine.head`).
