@@ -21,6 +21,35 @@ def test_forward_fill_torch_equals_the_numpy_fill():
         np.testing.assert_array_equal(got, expected)
 
 
+def _fill_by_loop(block: np.ndarray, last: np.ndarray) -> np.ndarray:
+    out, cur = block.copy(), last.copy()
+    for i in range(block.shape[0]):
+        ok = ~np.isnan(block[i])
+        cur[ok] = block[i, ok]
+        out[i] = cur
+    return out
+
+
+def test_forward_fill_equals_a_row_by_row_fill_whichever_columns_have_gaps():
+    rng = np.random.default_rng(3)
+    for gappy in (0, 1, 3, 4, 5, 8):  # columns with NaN, of 8: the few-columns path and the whole-block one
+        block = rng.normal(size=(300, 8)).astype(np.float32)
+        cols = rng.choice(8, size=gappy, replace=False)
+        for c in cols:
+            block[rng.random(300) < rng.uniform(0.05, 1.0), c] = np.nan
+        if gappy:
+            block[:, cols[0]] = np.nan  # a symbol with no value at all in the block
+        for last in (np.full(8, np.nan, np.float32), rng.normal(size=8).astype(np.float32)):
+            last[rng.random(8) < 0.3] = np.nan
+            filled, state = forward_fill(block.copy(), last.copy())
+            expected = _fill_by_loop(block, last)
+            assert np.array_equal(filled, expected, equal_nan=True)
+            assert np.array_equal(state, expected[-1], equal_nan=True)
+    clean = rng.normal(size=(10, 3)).astype(np.float32)
+    same, state = forward_fill(clean, np.zeros(3, np.float32))
+    assert same is clean and np.array_equal(state, clean[-1])
+
+
 class _Spy:
     """A BandReader over an array that records the rows it was asked for."""
 

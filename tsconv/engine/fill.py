@@ -58,15 +58,27 @@ def parse_fill_record(doc: object, n_features: int) -> tuple[int, np.ndarray] | 
 def forward_fill(block: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Fill ``block`` [n, F] (float) given ``last`` [F], the filled row before it. Returns (filled, new last)."""
     mask = np.isnan(block)
-    if not mask.any():
+    gaps = mask.any(axis=0)
+    if not gaps.any():
         return block, block[-1].copy()
-    n = block.shape[0]
+    cols = np.flatnonzero(gaps)
+    if 2 * cols.size > block.shape[1]:
+        filled = _fill_columns(block, mask, last)
+    else:
+        # Only the columns with a gap go through the index work: one symbol not trading yet (all NaN) made
+        # every block take it for all features (benchmarks/NOTES.md, section 23).
+        filled = block.copy()
+        filled[:, cols] = _fill_columns(block[:, cols], mask[:, cols], last[cols])
+    return filled, filled[-1].copy()
+
+
+def _fill_columns(block: np.ndarray, mask: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """``block`` [n, k] filled from ``last`` [k] where ``mask`` (its NaNs) is set."""
     # Index of the last valid row at or before each row; -1 means "take the carried state".
-    idx = np.where(mask, -1, np.arange(n)[:, None])
+    idx = np.where(mask, -1, np.arange(block.shape[0])[:, None])
     np.maximum.accumulate(idx, axis=0, out=idx)
     ext = np.concatenate([last[None, :].astype(block.dtype, copy=False), block], axis=0)
-    filled = np.take_along_axis(ext, idx + 1, axis=0)
-    return filled, filled[-1].copy()
+    return np.take_along_axis(ext, idx + 1, axis=0)
 
 
 def forward_fill_torch(block: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
