@@ -30,6 +30,7 @@ from click.testing import CliRunner
 import tsconv
 import tsconv.io.writers.zarr_writer as writer_module
 from tsconv.cli import main
+from tsconv.engine import chunked
 from tsconv.errors import OutputBusyError, StoreError, TsconvError
 from tsconv.io.lock import OutputLock, lock_path
 from tsconv.io.writers.parquet_writer import remove_stale_temp_files
@@ -181,6 +182,8 @@ def test_a_store_replaced_mid_run_is_not_marked_complete(
         real_append(self, block)
 
     monkeypatch.setattr(OutputWriter, "append", append)
+    # one chunk an append (a bank pipeline may take several a call), so the swap falls between appends
+    monkeypatch.setattr(chunked, "_chunks_per_call", lambda backend, chunk: 1)
     with pytest.raises(
         StoreError, match="was replaced while this run .*: another directory is at that path now; not marking"
     ):
