@@ -409,8 +409,10 @@ def test_kill_9_during_updates_then_update_or_resume_gives_a_full_runs_output(tm
     import subprocess
     import sys
 
-    x, t = ticks(160_000, 24, seed=9)
-    src = make_input(tmp_path / "in.zarr", x, t, 40_000, (5000, 24))
+    # 48 features: output chunks of 17,408 rows, so rows_done moves several times in each run, which the kills
+    # wait for (with 24, a run of banks, several chunks a backend call, often finished before a second move)
+    x, t = ticks(160_000, 48, seed=9)
+    src = make_input(tmp_path / "in.zarr", x, t, 40_000, (5000, 48))
     out, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
     cli = [sys.executable, "-m", "tsconv", "process", "--input", str(src), "--output", str(out), "-q"]
     cli += ["--chunk", "512"]
