@@ -109,7 +109,7 @@ def run_chunked(
 
 # Output bytes one call of a call-invariant pipeline may produce when several chunks go together, and the most
 # chunks a call takes. The default bank on 2,000,000 x 32 (zstd) on the 2-core VM: 5.61 s in 1,024-row calls,
-# 3.72 s in 8 chunks a call, 3.62 s in 16, the output the same bits (benchmarks/NOTES.md, section 20).
+# 3.72 s in 8 chunks a call, 3.62 s in 16, the output the same bits (benchmarks/NOTES.md, section 18).
 _CALL_BYTES = 32 << 20
 _MAX_CHUNKS_PER_CALL = 16
 
