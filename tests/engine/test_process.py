@@ -331,6 +331,16 @@ def test_pipelines_whose_outputs_depend_on_the_call_run_one_chunk_a_call() -> No
         backend = Backend(resolve(pipeline_from_dict(spec), list("abc")), cpu)
         assert not backend.call_invariant
         assert _chunks_per_call(backend, 1024) == 1
+    # the built-in pipelines: the bank-only ones take several chunks a call, the others one
+    from tsconv.pipeline.spec import load_pipeline
+
+    names = [f"px_{i}" for i in range(64)]
+    invariant = {
+        name: Backend(resolve(load_pipeline(name), names), cpu).call_invariant
+        for name in ("default", "multiscale", "trend_ema", "returns_zscore", "dense_head")
+    }
+    assert invariant == {"default": True, "multiscale": True, "trend_ema": True, "returns_zscore": False,
+                         "dense_head": False}  # fmt: skip
     # a wide bank's call stays within the output bound: 2,048 features x 5 filters at 1,024 rows is 40 MiB
     wide = Backend(resolve(default_pipeline(), [f"f{i}" for i in range(2_048)]), cpu)
     assert wide.call_invariant and _chunks_per_call(wide, 1024) == 1
