@@ -59,13 +59,10 @@ def forward_fill(block: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.nd
     """Fill ``block`` [n, F] (float) given ``last`` [F], the filled row before it. Returns (filled, new last)."""
     # min() is NaN where any value is: one pass with no mask (0.14 ms against 1.5 ms for a mask reduced by column
     # on a 65,536 x 40 block, the VM), for the blocks of clean data most runs read
-    if block.size and not np.isnan(block.min()):
+    if block.size == 0 or not np.isnan(block.min()):
         return block, block[-1].copy()
     mask = np.isnan(block)
-    gaps = mask.any(axis=0)
-    if not gaps.any():
-        return block, block[-1].copy()
-    cols = np.flatnonzero(gaps)
+    cols = np.flatnonzero(mask.any(axis=0))
     if 2 * cols.size > block.shape[1]:
         filled = _fill_columns(block, mask, last)
     else:
