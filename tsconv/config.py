@@ -88,8 +88,14 @@ class Settings:
         "first use (off, or without a C compiler: Python threads, same result)",
         True,
     )
+    native_bank: bool = _setting(
+        "TSCONV_NATIVE_BANK",
+        "compute CPU banks of id, lag, diff, ma, dev, std and zscore with the small C kernel compiled on first "
+        "use (off, or without a C compiler: torch ops, the same bits)",
+        True,
+    )
     compiler: str | None = _setting(
-        "CC", "the C compiler for the native reader", None, shown="cc or gcc on the PATH"
+        "CC", "the C compiler for the native reader and bank", None, shown="cc or gcc on the PATH"
     )
     mmap: bool = _setting(
         "TSCONV_MMAP",

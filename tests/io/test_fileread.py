@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tsconv import native
 from tsconv.io.readers import fileread
 
 
@@ -47,7 +48,7 @@ def test_without_a_working_compiler_the_reader_says_why(tmp_path: Path, monkeypa
     monkeypatch.setattr(fileread, "_loaded", None)
     if how == "no compiler":
         monkeypatch.delenv("CC", raising=False)
-        monkeypatch.setattr(fileread.shutil, "which", lambda name: None)
+        monkeypatch.setattr(native.shutil, "which", lambda name: None)
         want = "no C compiler"
     else:
         monkeypatch.setenv("CC", "false")  # runs, fails

@@ -23,6 +23,9 @@ from ..helpers import write_store
 ALL = ["id", "lag:3", "diff:1", "diff:32", "ret:1", "ret:16", "ma:7", "ma:32", "dev:32", "dev:256",
        "std:2", "std:20", "zscore:64", "ema:8", "ema:32", "ema:5:9"]  # fmt: skip
 DEFAULT = ["diff:1", "diff:32", "diff:256", "dev:32", "dev:256"]
+# every kind the compiled CPU bank takes (a bank with ret or an EMA, like ALL, runs on torch ops)
+NATIVE = ["id", "lag:3", "diff:1", "diff:32", "ma:7", "ma:32", "dev:32", "dev:256", "dev:20", "std:2", "std:20",
+          "zscore:64", "zscore:13"]  # fmt: skip
 REL = 2e-6  # of each output's scale
 
 
@@ -182,13 +185,14 @@ def test_the_issue_example_each_filter_keeps_its_own_warm_up() -> None:
 
 
 @pytest.mark.parametrize("d", [1, 3])
-def test_every_filter_against_the_reference(d: int) -> None:
+@pytest.mark.parametrize("bank", [ALL, NATIVE], ids=["torch-ops", "native"])
+def test_every_filter_against_the_reference(d: int, bank: list[str]) -> None:
     x = prices(6000, 5, seed=d)
-    y = _run(x, ALL, d=d, chunk=777)
-    for m, spec in enumerate(ALL):
+    y = _run(x, bank, d=d, chunk=777)
+    for m, spec in enumerate(bank):
         for c in range(x.shape[1]):
             want = _warm(reference(x[:, c : c + 1], spec, d)[:, 0], spec, d)
-            _check(y[:, c * len(ALL) + m], want, f"x{c}.{spec} d={d}")
+            _check(y[:, c * len(bank) + m], want, f"x{c}.{spec} d={d}")
 
 
 def test_warmup_zero_uses_zero_history() -> None:
@@ -216,12 +220,13 @@ def test_ema_equals_the_exact_recursion_after_its_warm_up() -> None:
 
 
 @pytest.mark.parametrize("d", [1, 2])
-def test_chunked_equals_whole_bit_for_bit(d: int) -> None:
+@pytest.mark.parametrize("bank", [ALL, NATIVE], ids=["torch-ops", "native"])
+def test_chunked_equals_whole_bit_for_bit(d: int, bank: list[str]) -> None:
     """Every output depends on its own window only: any chunking gives the same bits."""
     x = prices(3000, 4, seed=9)
-    whole = _run(x, ALL, d=d, chunk=3000)
+    whole = _run(x, bank, d=d, chunk=3000)
     for chunk in (13, 97, 1024):
-        np.testing.assert_array_equal(_run(x, ALL, d=d, chunk=chunk), whole, err_msg=f"chunk {chunk}")
+        np.testing.assert_array_equal(_run(x, bank, d=d, chunk=chunk), whole, err_msg=f"chunk {chunk}")
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

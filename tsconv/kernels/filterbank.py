@@ -36,6 +36,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from tsconv.kernels.filterbank_native import NativeBank, native_bank
 from tsconv.kernels.torch_side import apply_activation, custom_op
 from tsconv.pipeline.filters import Filter, filter_spec
 
@@ -174,6 +175,13 @@ def filter_bank(
         out = torch.empty((n, channels * m), dtype=torch.float32, device=x.device)
     if n == 0 or channels == 0:
         return out
+    if not use_triton and x.device.type == "cpu" and x.dtype == torch.float32:
+        native = native_bank() if NativeBank.covers(filters, channels) else None
+        if native is not None:
+            # one compiled pass per block of rows and channels, the torch path's bits (filterbank_native.py)
+            native.run(x, filters, dilation=dilation, halo=halo, out=out, workers=torch.get_num_threads(),
+                       run_parts=_parts_in_threads)  # fmt: skip
+            return _activated(out, activation)
     plan = fused_plan(filters) if use_triton else None
     if plan is not None:
         # one kernel for the whole bank: each program reads its rows once and writes every filter's output
@@ -269,6 +277,14 @@ def _in_threads(run, tiles: list[tuple[int, int]], workers: int) -> None:  # noq
                 f.result()
         finally:
             torch.set_num_threads(workers)
+
+
+def _parts_in_threads(part, count: int) -> None:  # noqa: ANN001
+    """``part(k, count)`` for k < count, on the bank's persistent threads when count > 1."""
+    if count > 1:
+        _in_threads(part, [(k, count) for k in range(count)], count)
+    else:
+        part(0, 1)
 
 
 def _tiles_in_turn(run, tiles: list[tuple[int, int]]) -> None:  # noqa: ANN001

@@ -16,13 +16,6 @@ keep their Python reading threads: the results are the same.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from tsconv import config
+from tsconv.native import build_library
 
 __all__ = ["NativeReader", "native_reader", "unavailable_reason"]
 
@@ -86,34 +80,13 @@ class NativeReader:
 
 
 def _build() -> tuple[NativeReader | None, str | None]:
-    source = _SOURCE.read_bytes()
-    tag = hashlib.sha256(source + f"{sys.platform}-{platform.machine()}".encode()).hexdigest()[:16]
-    lib_path = config.cache_dir() / f"fileread-{tag}.so"
-    if not lib_path.exists():
-        cc = config.current().compiler or shutil.which("cc") or shutil.which("gcc")
-        if cc is None:
-            return None, "no C compiler (cc) to build tsconv/io/fileread.c"
-        try:
-            lib_path.parent.mkdir(parents=True, exist_ok=True)
-            # Built beside its final name and renamed in: processes building at once each install a whole file.
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
-            os.close(fd)
-            done = subprocess.run(
-                [cc, "-O2", "-shared", "-fPIC", "-pthread", "-o", tmp, str(_SOURCE)],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            if done.returncode != 0:
-                os.unlink(tmp)
-                return None, f"{cc} failed on fileread.c: {done.stderr.strip()[-300:]}"
-            os.replace(tmp, lib_path)
-        except (OSError, subprocess.SubprocessError) as exc:
-            return None, f"cannot build fileread.c: {type(exc).__name__}: {exc}"
+    lib, why = build_library(_SOURCE, flags=("-O2", "-pthread"))
+    if lib is None:
+        return None, why
     try:
-        return NativeReader(ctypes.CDLL(str(lib_path))), None
-    except (OSError, AttributeError) as exc:
-        return None, f"cannot load {lib_path}: {exc}"
+        return NativeReader(lib), None
+    except AttributeError as exc:
+        return None, f"cannot load fileread.c's library: {exc}"
 
 
 def _get() -> tuple[NativeReader | None, str | None]:

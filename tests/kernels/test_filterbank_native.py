@@ -1,0 +1,159 @@
+"""The compiled CPU bank (tsconv.kernels.filterbank_native): the torch path's bits on every kind it takes, at
+every channel count, dilation, row count and input layout, on any number of threads; what it leaves to
+torch ops; and what happens without a compiler. (Its accuracy against a float64 reference is checked with
+the torch path's in test_filterbank.py: the "native" cases.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tsconv import config, native
+from tsconv.kernels import filterbank_native as fbn
+from tsconv.kernels.filterbank import bank_halo, filter_bank
+from tsconv.pipeline.filters import filter_spec
+
+from .test_filterbank import prices
+
+if fbn.native_bank() is None:
+    pytest.skip(f"no native bank here: {fbn.unavailable_reason()}", allow_module_level=True)
+
+BANKS = {
+    "default": ("diff:1", "diff:32", "diff:256", "dev:32", "dev:256"),
+    # windows of several ladder levels (20, 7, 300, 1000, 33), moments at odd lengths, repeated windows
+    "mixed": (
+        "id",
+        "lag:3",
+        "diff:1",
+        "ma:7",
+        "dev:7",
+        "std:20",
+        "zscore:20",
+        "std:2",
+        "zscore:33",
+        "ma:300",
+        "dev:1000",
+        "std:256",
+    ),  # fmt: skip
+}
+
+
+def _bank(specs: tuple[str, ...]) -> tuple:
+    return tuple(filter_spec(s) for s in specs)
+
+
+def _torch_ops(x: torch.Tensor, bank: tuple, d: int) -> torch.Tensor:
+    with config.override(native_bank=False):
+        return filter_bank(x, bank, dilation=d)
+
+
+def _assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """Equal bit for bit, NaNs in the same places (NaN payloads aside: x86 keeps an operand's payload, and the
+    two paths may order a NaN sum's operands differently)."""
+    g, w = got.numpy(), want.numpy()
+    assert g.shape == w.shape, what
+    gn, wn = np.isnan(g), np.isnan(w)
+    assert np.array_equal(gn, wn), f"{what}: NaN patterns differ"
+    assert np.array_equal(g[~gn].view(np.uint32), w[~wn].view(np.uint32)), (
+        f"{what}: max difference {np.abs(g[~gn] - w[~wn]).max()}"
+    )
+
+
+def _hard_prices(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Prices with a late start, gaps, +-inf and a -1e30 print (reaching only the windows that hold them)."""
+    x = prices(rows, cols, seed=seed)
+    x[rows // 2, cols - 1] = -1e30
+    return x
+
+
+def _noise(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Values of many magnitudes and both signs, whose float64 sums round (on prices they are exact in any
+    order, so only this data tells an operation order apart from torch's)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols)) * np.exp(rng.uniform(-8, 8, size=(rows, cols)))
+    x[rows // 3, 0] = np.nan
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("name", list(BANKS))
+@pytest.mark.parametrize("d", [1, 3])
+@pytest.mark.parametrize("cols", [4, 5, 13, 16, 40, 70])
+@pytest.mark.parametrize("data", [_hard_prices, _noise], ids=["prices", "noise"])
+def test_the_torch_paths_bits(name: str, d: int, cols: int, data) -> None:  # noqa: ANN001
+    """Channel counts below, at and past a block of 16 (the last block overlaps the one before) and past a
+    group of 64 channels."""
+    bank = _bank(BANKS[name])
+    x = torch.from_numpy(data(3000 + bank_halo(bank, d), cols, seed=cols + d))
+    _assert_same_bits(filter_bank(x, bank, dilation=d), _torch_ops(x, bank, d), f"{name} d={d} C={cols}")
+
+
+@pytest.mark.parametrize("layout", ["fortran", "column slice", "row slice"])
+def test_strided_inputs(layout: str) -> None:
+    bank = _bank(BANKS["mixed"])
+    base = _hard_prices(2500 + bank_halo(bank, 1), 30, seed=7)
+    if layout == "fortran":
+        x = torch.from_numpy(np.asfortranarray(base))
+    elif layout == "column slice":
+        x = torch.from_numpy(base)[:, 3:25]
+    else:
+        x = torch.from_numpy(base)[::2]
+    _assert_same_bits(filter_bank(x, bank), _torch_ops(x, bank, 1), layout)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 255, 4097, 40_000])
+def test_row_counts_and_threads(rows: int) -> None:
+    """Outputs of a single row up to many tasks of rows, on one thread and on four: the same bits."""
+    bank = _bank(BANKS["default"])
+    x = torch.from_numpy(_hard_prices(rows + bank_halo(bank, 1), 20, seed=rows))
+    want = _torch_ops(x, bank, 1)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 4):
+            torch.set_num_threads(threads)
+            _assert_same_bits(filter_bank(x, bank), want, f"{rows} rows, {threads} threads")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_what_it_takes() -> None:
+    nb = fbn.NativeBank
+    assert nb.covers(_bank(BANKS["mixed"]), 4)
+    assert not nb.covers(_bank(BANKS["mixed"]), 3)  # blocks of 4 channels at least: torch ops below
+    assert not nb.covers(_bank(("diff:1", "ret:1")), 40)  # a logarithm C and torch may round apart
+    assert not nb.covers(_bank(("ema:8",)), 40)
+    # what it does not take still runs, on torch ops
+    x = torch.from_numpy(_hard_prices(500, 3, seed=1))
+    bank = _bank(("diff:1", "ret:1", "ema:8"))
+    assert torch.equal(filter_bank(x, bank).isnan(), _torch_ops(x, bank, 1).isnan())
+
+
+def test_the_setting_off_and_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fbn, "_loaded", None)
+    with config.override(native_bank=False):
+        assert fbn.native_bank() is None and fbn.unavailable_reason() == "the native_bank setting is off"
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "cache"))  # nothing built there yet
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    assert fbn.native_bank() is None
+    assert "no C compiler" in fbn.unavailable_reason()
+    x = torch.from_numpy(_hard_prices(800, 8, seed=2))
+    bank = _bank(BANKS["default"])
+    monkeypatch.setattr(fbn, "_loaded", None)
+    got = filter_bank(x, bank)  # the torch path, the same result
+    monkeypatch.undo()
+    _assert_same_bits(got, _torch_ops(x, bank, 1), "without a compiler")
+
+
+def test_a_cache_shared_by_two_cpus_keeps_a_library_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-march=native libraries are keyed by the CPU's flags."""
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+    src = Path(fbn.__file__).with_name("filterbank_native.c")
+    for cpu in ("a", "b", "a"):
+        lib, why = native.build_library(src, flags=("-O1",), machine=cpu)
+        assert lib is not None, why
+    assert len(list(tmp_path.glob("filterbank_native-*.so"))) == 2

@@ -1,0 +1,72 @@
+"""Small C sources of the package compiled on first use with the system C compiler, cached per machine.
+
+Used where a measured bottleneck has no library call (:mod:`tsconv.io.readers.fileread`,
+:mod:`tsconv.kernels.filterbank_native`): the library goes into the user cache directory under a name that hashes
+the source, the flags and the machine, and is loaded through ctypes (which releases the GIL during each
+call). Without a compiler, or when it fails, callers get the reason and keep their Python path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tsconv import config
+
+__all__ = ["build_library", "cpu_tag"]
+
+
+def cpu_tag() -> str:
+    """The instruction-set extensions of this CPU (Linux: /proc/cpuinfo's flags), for libraries built with
+    ``-march=native``: a cache directory shared by machines of different CPUs keeps one library per kind."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return hashlib.sha256(line.encode()).hexdigest()[:12]
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def build_library(
+    source: Path, *, flags: tuple[str, ...], machine: str = ""
+) -> tuple[ctypes.CDLL | None, str | None]:
+    """``source`` compiled as a shared library with ``flags`` (built once per source, flags and machine into
+    the cache directory) and loaded; or None and why not."""
+    text = source.read_bytes()
+    key = text + " ".join(flags).encode() + f"{sys.platform}-{platform.machine()}-{machine}".encode()
+    tag = hashlib.sha256(key).hexdigest()[:16]
+    lib_path = config.cache_dir() / f"{source.stem}-{tag}.so"
+    if not lib_path.exists():
+        cc = config.current().compiler or shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            return None, f"no C compiler (cc) to build tsconv's {source.name}"
+        try:
+            lib_path.parent.mkdir(parents=True, exist_ok=True)
+            # Built beside its final name and renamed in: processes building at once each install a whole file.
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
+            os.close(fd)
+            done = subprocess.run(
+                [cc, *flags, "-shared", "-fPIC", "-o", tmp, str(source), "-lm"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if done.returncode != 0:
+                os.unlink(tmp)
+                return None, f"{cc} failed on {source.name}: {done.stderr.strip()[-300:]}"
+            os.replace(tmp, lib_path)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"cannot build {source.name}: {type(exc).__name__}: {exc}"
+    try:
+        return ctypes.CDLL(str(lib_path)), None
+    except OSError as exc:
+        return None, f"cannot load {lib_path}: {exc}"
