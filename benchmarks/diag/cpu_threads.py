@@ -10,10 +10,11 @@ faster there. Each measurement is a fresh process with ``OMP_NUM_THREADS`` set (
   benchmark's), the median of 5 calls after one, and polars on all cores in the same process for scale.
 
     python benchmarks/diag/cpu_threads.py --out $OUT/cpu_threads.json [--threads 16,8,4,2] [--repeats 2]
-        [--tiles 17,19] [--no-process]
+        [--paths native,torch] [--no-process]
 
-``--tiles``: ``features`` again per thread count with the bank's CPU tile at 2^k float64 elements each
-(``filterbank._CPU_TILE``, set in the measuring process), the default's row first.
+``--paths``: ``features`` per thread count with the compiled bank (``native``, the default where a C compiler
+is) and on torch ops (``torch``: ``TSCONV_NATIVE_BANK=0``); polars runs beside the first path on the same
+number of threads (``POLARS_MAX_THREADS``).
 """
 
 from __future__ import annotations
@@ -40,15 +41,13 @@ sys.path.insert(0, sys.argv[1])
 import filters as F
 import numpy as np
 import tsconv, torch
-from tsconv.kernels import filterbank
-if sys.argv[3] != "-":
-    filterbank._CPU_TILE = 1 << int(sys.argv[3])
+from tsconv.kernels import filterbank_native
 x = F.price_series(500_000, 40)
 tsconv.features(x, "default", device="cpu")
 runs = []
 for _ in range(5):
     t = time.perf_counter(); tsconv.features(x, "default", device="cpu"); runs.append(time.perf_counter() - t)
-out = {"torch_threads": torch.get_num_threads(), "tile": filterbank._CPU_TILE, "features_s": statistics.median(runs), "features_runs_s": runs}
+out = {"torch_threads": torch.get_num_threads(), "native": filterbank_native.native_bank() is not None, "features_s": statistics.median(runs), "features_runs_s": runs}
 if sys.argv[2] == "polars":
     import polars as pl
     frame = pl.DataFrame({f"c{i}": x[:, i] for i in range(x.shape[1])})
@@ -67,7 +66,7 @@ def main() -> None:
     ap.add_argument("--threads", default="16,8,4,2")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--work", type=Path, default=Path("/tmp/tsconv-cpu-threads"))
-    ap.add_argument("--tiles", default="", help="log2 of the bank's CPU tile elements to try in features")
+    ap.add_argument("--paths", default="native", help="bank paths for features: native, torch or both")
     ap.add_argument("--no-process", action="store_true", help="features only")
     args = ap.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
@@ -79,7 +78,7 @@ def main() -> None:
     result = {"benchmark": "diag/cpu_threads", "commit": commit(), "machine": machine(), "process": [],
               "features": []}  # fmt: skip
     for n in [int(v) for v in args.threads.split(",")]:
-        env = {**os.environ, "OMP_NUM_THREADS": str(n)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(n), "POLARS_MAX_THREADS": str(n)}
         secs = []
         for _ in range(0 if args.no_process else args.repeats):
             subprocess.run([sys.executable, "-m", "tsconv", "process", "-i", str(src), "-o", str(out), "--pipeline",
@@ -88,11 +87,13 @@ def main() -> None:
             secs.append(json.loads(report.read_text())["seconds"])
         if secs:
             result["process"].append({"omp_threads": n, "report_s": statistics.median(secs), "runs_s": secs})
-        for tile in ["-", *[v for v in args.tiles.split(",") if v]]:
-            polars = "polars" if n == 16 and tile == "-" else "-"
-            got = subprocess.run([sys.executable, "-c", _FEATURES, str(HERE.parent), polars, tile],
-                                 cwd=ROOT, env=env, check=True, capture_output=True, text=True)  # fmt: skip
-            result["features"].append({"omp_threads": n, **json.loads(got.stdout.strip().splitlines()[-1])})
+        for k, path in enumerate(args.paths.split(",")):
+            polars = "polars" if k == 0 else "-"
+            penv = {**env, "TSCONV_NATIVE_BANK": "0" if path == "torch" else "1"}
+            got = subprocess.run([sys.executable, "-c", _FEATURES, str(HERE.parent), polars],
+                                 cwd=ROOT, env=penv, check=True, capture_output=True, text=True)  # fmt: skip
+            result["features"].append({"omp_threads": n, "path": path,
+                                       **json.loads(got.stdout.strip().splitlines()[-1])})  # fmt: skip
             print(json.dumps({"threads": n, "process_s": statistics.median(secs) if secs else None,
                               **result["features"][-1]}), flush=True)  # fmt: skip
     args.out.write_text(json.dumps(result, indent=1))
