@@ -52,7 +52,7 @@ class Settings:
 
     cache_dir: Path | None = _setting(
         "TSCONV_CACHE_DIR",
-        "where the kernels' tuning cache and the compiled native reader are kept",
+        "where the kernels' tuning cache and the compiled native reader and bank are kept",
         None,
         shown="~/.cache/tsconv",
     )
