@@ -270,7 +270,9 @@ class _SwapStore(distributed.WorkerPlugin):
         if finish == "executing" and str(key).startswith(self.prefix) and not aside.exists():
             import shutil
 
-            shutil.copytree(out, out.with_name("theirs.zarr"))
+            # the run's writers rename their ``.partial`` files away while the copy walks the store: a
+            # vanished one fails the copy, and with it the swap (the likely cause of a rare "DID NOT RAISE")
+            shutil.copytree(out, out.with_name("theirs.zarr"), ignore=shutil.ignore_patterns("*.partial"))
             os.rename(out, aside)
             os.rename(out.with_name("theirs.zarr"), out)
 
