@@ -558,3 +558,51 @@ def test_a_few_rows_under_device_auto_on_a_gpu_host_load_nothing_of_the_gpu(
     with pytest.raises(ZeroDivisionError):
         tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="auto", update=True)
     assert (began, planned[-1]) == (["cuda"], "cuda")
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [(2300, 2450), (2300, 2750), (2500, 2620)],
+    ids=["within-the-last-band", "into-the-next-band", "from-a-band-boundary"],
+)
+def test_an_update_decodes_each_input_chunk_once(
+    tmp_path: Path, out_chunks: None, monkeypatch: pytest.MonkeyPatch, old: int, new: int
+) -> None:
+    """The checks of an update (the hash of the old last band's rows, which an append rewrites, and of the
+    new last band's) read through the run's own reader, which then starts from the bands they decoded:
+    each input chunk file is decoded once, none through zarr, and the output is a full run's."""
+    import collections
+
+    import tsconv.io.readers.threads as threads
+
+    x, t = ticks(new, 6, seed=43)
+    src = make_input(tmp_path / "in.zarr", x, t, old, chunks=(500, 4))  # two chunk files per band
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu")
+    grow(src, x, t, new)
+    decoded: collections.Counter[str] = collections.Counter()
+    real_decode = threads.decode_chunk_into
+
+    def counting(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        decoded[str(path)] += 1
+        return real_decode(path, *args, **kwargs)
+
+    through_zarr: list[str] = []
+    real_get = zarr.Array.__getitem__
+
+    def spy_get(self, key):  # noqa: ANN001, ANN202
+        if self.path.endswith("values") and str(self.store_path).startswith(f"file://{src}"):
+            through_zarr.append(repr(key))
+        return real_get(self, key)
+
+    monkeypatch.setattr(threads, "decode_chunk_into", counting)
+    monkeypatch.setattr(zarr.Array, "__getitem__", spy_get)
+    tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu", update=True)
+    monkeypatch.undo()
+    assert decoded and max(decoded.values()) == 1, decoded
+    assert not through_zarr, through_zarr
+    restart = old // (3 * CHUNK) * (3 * CHUNK)
+    assert len(decoded) == 2 * (new // 500 - (restart - 256) // 500 + 1)  # no band before the restart's halo
+    full = tmp_path / "full.zarr"
+    tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
+    assert_same(out, full)

@@ -166,6 +166,42 @@ def test_each_band_decoded_once_in_a_forward_pass(tmp_path: Path) -> None:
             assert r.bands_decoded == 7  # ceil(10000 / 1500)
 
 
+def test_read_ahead_decodes_from_a_band_on_before_the_first_read(tmp_path: Path) -> None:
+    x = _data(10_000, 12, "float32")
+    a = _array(tmp_path / "a.zarr", x, (1500, 5))
+    with ParallelBandReader(a, threads=2, prefetch=2) as r:
+        r.read_ahead(4600)  # band 3, then 4 and 5 ahead
+        assert r.bands_decoded == 3
+        # a later band first, then the earlier one: both from the ring, nothing decoded again
+        np.testing.assert_array_equal(r.read(7600, 8000), x[7600:8000])
+        np.testing.assert_array_equal(r.read(4500, 6000), x[4500:6000])
+        np.testing.assert_array_equal(r.read(6000, 10_000), x[6000:])
+        assert r.bands_decoded == 7 - 3  # bands 3 to 6
+        r.read_ahead(0)  # reading has begun: no effect
+        assert r.bands_decoded == 4
+        np.testing.assert_array_equal(r.read(0, 100), x[:100])  # a read behind the ring
+        assert r.bands_decoded == 5
+
+
+def test_a_store_source_hands_its_early_reader_to_a_run_that_asks_for_the_same(tmp_path: Path) -> None:
+    src = write_store(tmp_path / "in.zarr", price_series(3000, 4), chunks=(1000, 4))
+    source = engine.StoreSource(tsconv.open_input(src))
+    early = source.early_reader()
+    assert early is source.early_reader()
+    assert source.open(device=None, pinned=False, hold=1, gpu=False, threads=None) is early
+    early.close()
+    other = source.early_reader()
+    assert other is not early
+    with source.open(device=None, pinned=False, hold=3, gpu=False, threads=None) as r:
+        assert r is not other and r.hold == 3
+    with pytest.raises(ValueError, match="closed"):  # closed when a run asks for another reader
+        other.read(0, 1)
+    last = source.early_reader()
+    source.close()  # no run took it
+    with pytest.raises(ValueError, match="closed"):
+        last.read(0, 1)
+
+
 def test_views_stay_valid_until_two_bands_further(tmp_path: Path) -> None:
     x = _data(6000, 4, "float32")
     a = _array(tmp_path / "a.zarr", x, (1000, 4))

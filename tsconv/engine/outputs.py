@@ -28,6 +28,7 @@ from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
 from tsconv.io.objstore import StoreURL, open_group
+from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.source import StoreSource
 from tsconv.io.store import InputStore, check_time
 from tsconv.io.timecolumn import ShiftedTime
@@ -156,6 +157,9 @@ def to_zarr(
         else:  # output rows [0, n) come from input rows [0, r0 + n)
             fill_carry.known = _fill_known(out_path, plan, before=r0 + rows_written(out_path))
             step = _prepare_update if update else _prepare_resume
+            # the checks read the input's rows through the run's own reader: the bands they decode
+            # are the ones the run starts in (source.open hands the reader over)
+            pending.callback(source.close)
             action, start, rows, digest, updated_from = step(
                 out_path,
                 store,
@@ -165,6 +169,8 @@ def to_zarr(
                 start=start,
                 chunk=chunk,
                 fingerprint=fingerprint,
+                reader=source.early_reader() if dask is None else None,
+                halo=plan.halo,
             )
         attrs = _output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest)
         if action in ("done", "current"):
@@ -308,12 +314,18 @@ def _recorded(out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int,
 
 def _prepare_resume(
     out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, action: str, start: int, chunk: int,
-    fingerprint: str,
+    fingerprint: str, reader: ParallelBandReader | None = None, halo: int = 0,
 ) -> _Prepared:  # fmt: skip
     """``--resume``: check the input still holds the rows computed so far; the output keeps its rows
-    (rows appended to the input since are for ``--update``)."""
+    (rows appended to the input since are for ``--update``). ``reader``: the run's reader, through which
+    the checks read input rows, decoding from the run's first band (``halo``: rows it reads before its
+    start)."""
     meta = _recorded(out_path, store, r0=r0, r1=r1, verb="resume into")
-    current = verify_input(out_path, store, before=r0 + rows_written(out_path))
+    read = None
+    if reader is not None:
+        reader.read_ahead(max(0, r0 + start - halo))
+        read = reader.read
+    current = verify_input(out_path, store, before=r0 + rows_written(out_path), read_values=read)
     if action == "resume" and not _same_input(current, read_digest(out_path)):
         # the rows still to compute come from the input as it is now: record that
         write_digest(out_path, current)
@@ -330,7 +342,7 @@ def _prepare_resume(
 
 def _prepare_update(
     out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, action: str, start: int, chunk: int,
-    fingerprint: str,
+    fingerprint: str, reader: ParallelBandReader | None = None, halo: int = 0,
 ) -> _Prepared:  # fmt: skip
     """``--update`` of an existing output: refuse an input whose rows already computed changed, else
     extend the output to the input's rows (:func:`grow_output`) and say where to compute from.
@@ -338,15 +350,25 @@ def _prepare_update(
     The rows are computed again from the last output chunk boundary at or before the output's end: the
     engine's chunks, and each chunk's centring level (``tsconv.engine.level``), then fall where a run over
     the whole grown input puts them, so the bytes are the same. Returns (action, start, rows, digest to
-    record in a rebuilt output, the output's rows before)."""
+    record in a rebuilt output, the output's rows before). ``reader``, ``halo``: as for
+    :func:`_prepare_resume`."""
     meta = _recorded(out_path, store, r0=r0, r1=r1, verb="update")
     recorded, rows = int(meta["rows"]), r1 - r0
-    current = verify_input(out_path, store, before=r0 + rows_written(out_path), verb="update")
+    out_rows = int(_read_json(out_path, "values/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"][0])
+    begin = min(start if action == "resume" else recorded, recorded // out_rows * out_rows)
+    read = None
+    if reader is not None:
+        if rows > recorded and not out_rows % chunk:
+            # the hashes of the old and the new last band, the fill state and the run read from here on
+            reader.read_ahead(max(0, r0 + begin - halo))
+        read = reader.read
+    current = verify_input(
+        out_path, store, before=r0 + rows_written(out_path), verb="update", read_values=read
+    )
     if rows == recorded:  # nothing new: finish an interrupted run, or nothing at all
         if action == "resume" and not _same_input(current, read_digest(out_path)):
             write_digest(out_path, current)
         return ("resume" if action == "resume" else "current"), start, rows, None, recorded
-    out_rows = int(_read_json(out_path, "values/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"][0])
     if out_rows % chunk:
         # a store smaller than one output chunk, chunked by its rows: built again whole (it is small),
         # chunked as a run over the grown input would chunk it
@@ -354,7 +376,6 @@ def _prepare_update(
         check_time(store)
         discard_output(out_path)
         return "replace", 0, rows, current, recorded
-    begin = min(start if action == "resume" else recorded, recorded // out_rows * out_rows)
     check_time(store, start=max(0, r0 + begin - 1), stop=r1)
     parts = [[a, min(b, begin)] for a, b in meta.get("partitions_done") or [] if a < begin]
     write_digest(out_path, current)  # what the rows to compute come from; the kept rows are unchanged

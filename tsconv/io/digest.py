@@ -28,6 +28,7 @@ import json
 import math
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,15 @@ __all__ = [
     "write_digest",
 ]
 
+RowRead = Callable[[int, int], Any]  # rows [start, stop) of an array, as stored
+
 DIGEST_FILE = ".tsconv-input.json"
 DIGEST_VERSION = 1
 _METADATA = ("zarr.json", ".zarray", ".zattrs")
 
 
-def _array_digest(array: Any) -> dict[str, Any] | str:
-    """One array's digest, or why none can be taken."""
+def _array_digest(array: Any, read: RowRead | None = None) -> dict[str, Any] | str:
+    """One array's digest, or why none can be taken. ``read``: where its rows are read (default zarr)."""
     from zarr.storage import LocalStore
 
     store_path = getattr(array, "store_path", None)
@@ -103,15 +106,16 @@ def _array_digest(array: Any) -> dict[str, Any] | str:
     }
     if shape[0] % band_rows:
         start = (n_bands - 1) * band_rows
-        out["tail"] = {"start": start, "hash": _rows_hash(array, start, shape[0])}
+        out["tail"] = {"start": start, "hash": _rows_hash(array, start, shape[0], read)}
     return out
 
 
-def _rows_hash(array: Any, start: int, stop: int) -> str:
-    """A hash of the stored values of rows [start, stop) of ``array`` (read through zarr)."""
+def _rows_hash(array: Any, start: int, stop: int, read: RowRead | None = None) -> str:
+    """A hash of the stored values of rows [start, stop) of ``array``, read through zarr or ``read`` (a
+    reader of the same array: the same values, so the same bytes)."""
     import numpy as np
 
-    rows = np.ascontiguousarray(array[start:stop])
+    rows = np.ascontiguousarray(array[start:stop] if read is None else read(start, stop))
     return hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest()
 
 
@@ -126,12 +130,14 @@ def _without_shape(doc: bytes) -> bytes:
     return json.dumps(parsed, sort_keys=True).encode()
 
 
-def input_digest(store: Any) -> dict[str, Any]:
+def input_digest(store: Any, *, read_values: RowRead | None = None) -> dict[str, Any]:
     """The digest of an input store (:class:`~tsconv.io.store.InputStore`): its ``values`` and ``time``
-    arrays' metadata and chunk-file bands; ``{"skipped": why}`` where the files cannot be listed."""
+    arrays' metadata and chunk-file bands; ``{"skipped": why}`` where the files cannot be listed.
+    ``read_values``: where the values' rows are read, if not through zarr (a run's reader, which then has
+    the band decoded for the run)."""
     arrays: dict[str, Any] = {}
     for name, array in input_arrays(store).items():
-        got = _array_digest(array)
+        got = _array_digest(array, read_values if name == "values" else None)
         if isinstance(got, str):
             return {"version": DIGEST_VERSION, "skipped": f"{name}: {got}"}
         arrays[name] = got
@@ -146,14 +152,19 @@ def digest_note(digest: dict[str, Any]) -> str:
 
 
 def changed_bands(
-    recorded: dict[str, Any], current: dict[str, Any], *, arrays: dict[str, Any] | None = None
+    recorded: dict[str, Any],
+    current: dict[str, Any],
+    *,
+    arrays: dict[str, Any] | None = None,
+    read_values: RowRead | None = None,
 ) -> dict[str, list[int] | None]:
     """Per array, the indices of the bands whose digest differs, over the bands both digests have (an
     input grown by appended rows: its old bands, the last partial one rewritten); None for an array whose
     metadata (but for its shape), band rows or presence differ (every band counts as changed).
 
     ``arrays`` (name -> the input's current array): a recorded partial last band whose files changed but
-    whose recorded rows still hold the same bytes (rows appended after them) counts as unchanged."""
+    whose recorded rows still hold the same bytes (rows appended after them) counts as unchanged; the values'
+    rows are read through ``read_values`` where given."""
     out: dict[str, list[int] | None] = {}
     old, new = recorded.get("arrays", {}), current.get("arrays", {})
     for name in sorted(set(old) | set(new)):
@@ -165,22 +176,28 @@ def changed_bands(
         tail, rows = a.get("tail"), int(a["shape"][0])
         if bands and tail is not None and arrays is not None and name in arrays and b["shape"][0] >= rows:
             last = int(tail["start"]) // int(a["band_rows"])
-            if bands[-1] == last and _rows_hash(arrays[name], int(tail["start"]), rows) == tail["hash"]:
+            read = read_values if name == "values" else None
+            if bands[-1] == last and _rows_hash(arrays[name], int(tail["start"]), rows, read) == tail["hash"]:
                 bands.pop()
         out[name] = bands
     return out
 
 
 def first_change(
-    recorded: dict[str, Any], current: dict[str, Any], *, before: int, arrays: dict[str, Any] | None = None
+    recorded: dict[str, Any],
+    current: dict[str, Any],
+    *,
+    before: int,
+    arrays: dict[str, Any] | None = None,
+    read_values: RowRead | None = None,
 ) -> str | None:
     """Where the input first changed among rows [0, ``before``): "rows A..B (values chunk files)", or
     None when those rows are unchanged. Digests taken without files (skipped) compare as unchanged.
-    ``arrays``: as for :func:`changed_bands`."""
+    ``arrays``, ``read_values``: as for :func:`changed_bands`."""
     if "arrays" not in recorded or "arrays" not in current:
         return None
     first: tuple[int, int, str] | None = None
-    changed = changed_bands(recorded, current, arrays=arrays)
+    changed = changed_bands(recorded, current, arrays=arrays, read_values=read_values)
     for name in sorted(changed, key=lambda n: (n != "values", n)):  # a tie names the values
         bands = changed[name]
         info = current["arrays"].get(name) or recorded["arrays"][name]
@@ -235,19 +252,28 @@ def input_arrays(store: Any) -> dict[str, Any]:
     return {k: v for k, v in (("values", store.values), ("time", time)) if v is not None}
 
 
-def verify_input(output: Path | StoreURL, store: Any, *, before: int, verb: str = "resume") -> dict[str, Any]:
+def verify_input(
+    output: Path | StoreURL,
+    store: Any,
+    *,
+    before: int,
+    verb: str = "resume",
+    read_values: RowRead | None = None,
+) -> dict[str, Any]:
     """Refuse to continue ``output`` when its input's rows [0, ``before``) (those it was already computed
     from) changed since it was started; returns the input's current digest. Rows appended to the input
     are not a change (a recorded partial band is re-read, :func:`changed_bands`). ``verb``: what is
-    refused ("resume", "update"), for the message.
+    refused ("resume", "update"), for the message. ``read_values``: as for :func:`input_digest`.
 
     Outputs with no digest recorded (older ones, or skipped) are not checked.
     """
-    current = input_digest(store)
+    current = input_digest(store, read_values=read_values)
     recorded = read_digest(output)
     if recorded is None or before <= 0:
         return current
-    change = first_change(recorded, current, before=before, arrays=input_arrays(store))
+    change = first_change(
+        recorded, current, before=before, arrays=input_arrays(store), read_values=read_values
+    )
     if change is not None:
         what, since = ("resume into", "started") if verb == "resume" else (verb, "written")
         raise StoreError(

@@ -24,6 +24,24 @@ class StoreSource:
         self.n_features = store.n_features
         self.dtype = np.dtype(store.dtype)
         self.where = str(store.path)
+        self._early: ParallelBandReader | None = None
+
+    def early_reader(self) -> ParallelBandReader | None:
+        """A CPU reader opened before the run, for the checks that read input rows first (an update's
+        hashes of the input's last band and the run's restart rows lie in the same bands): :meth:`open`
+        hands it to a run that asks for that same reader, with the bands it decoded, so no band is decoded
+        twice. None for an object store (it has no digest). :meth:`close` closes it if no run took it."""
+        if self.store.remote:
+            return None
+        if self._early is None:
+            self._early = ParallelBandReader(self.store.values, where=self.where)
+        return self._early
+
+    def close(self) -> None:
+        """Close the reader from :meth:`early_reader` unless a run took it."""
+        early, self._early = self._early, None
+        if early is not None:
+            early.close()
 
     @property
     def band_rows(self) -> int:
@@ -37,6 +55,11 @@ class StoreSource:
         return (0, why) if why is not None else (gpu_reader.device_bytes(self.store.values), None)
 
     def open(self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None) -> BandReader:
+        early, self._early = self._early, None
+        if early is not None:
+            if not (gpu or pinned) and hold == early.hold and threads is None:
+                return early  # the default CPU reader, as early_reader() opened it
+            early.close()
         if self.store.remote:  # the fast readers read local chunk files; objects are fetched ahead instead
             return PrefetchReader(self.store.values, where=self.where, hold=hold)
         if gpu:

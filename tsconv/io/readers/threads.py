@@ -239,6 +239,13 @@ class ParallelBandReader(BandReader):
             out[lo - start : hi - start] = band[lo - a : hi - a]
         return out
 
+    def read_ahead(self, row: int) -> None:
+        """Start decoding the bands from ``row``'s on, before the first read (later reads at or after that
+        band, up to ``prefetch`` bands on, find them in the ring). A no-op once reading has begun, and on the
+        fallback."""
+        if self.fast and not self._closed and self._pos is None and 0 <= row < self.rows:
+            self._advance(row // self.band_rows)
+
     def close(self) -> None:
         """Stop prefetching: cancel queued decodes, wait for running ones, free the threads."""
         if not self.fast or self._closed:
