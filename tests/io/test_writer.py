@@ -447,6 +447,27 @@ def test_a_kill_mid_write_leaves_the_old_chunk_and_reopen_cleans_up(
     np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
 
 
+def test_reopening_searches_for_temporary_files_only_from_its_start(tmp_path: Path) -> None:
+    """Rows before a resume's start are stored whole, so a kill left nothing there: only the chunk
+    directories from the start on are searched (what reopening costs does not grow with the history)."""
+    from tsconv.io.writers.encode import remove_partial_files
+
+    x = _data()
+    path = tmp_path / "out.zarr"
+    w = _create(path, x, threads=0)
+    _append_all(w, x[: 6 * CHUNK_ROWS])
+    w.close()
+    planted = ["values/c/1/0.a.partial", "values/c/4/0.b.partial", "values/c/7/0.c.partial", "values/c/9/0.d.partial",
+               "values/zarr.json.f.partial"]  # fmt: skip
+    for name in planted:
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_bytes(b"half a chunk")
+    g = zarr.open_group(str(path), mode="r+")
+    assert remove_partial_files(g["values"], from_row=4 * CHUNK_ROWS + 5) == 4  # bands 4, 7, 9; the doc
+    assert sorted(str(p.relative_to(path)) for p in path.rglob("*.partial")) == ["values/c/1/0.a.partial"]
+    assert remove_partial_files(g["values"]) == 1  # from row 0: all of them
+
+
 def test_region_writers_leave_the_attributes_alone(tmp_path: Path) -> None:
     x = _data()
     path = tmp_path / "out.zarr"

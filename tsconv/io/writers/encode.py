@@ -146,11 +146,13 @@ def fast_write_reason(array: Any) -> str | None:
     return _blosc_of(array)[1]
 
 
-def remove_partial_files(array: Any) -> int:
+def remove_partial_files(array: Any, *, from_row: int = 0) -> int:
     """Delete temporary chunk files a killed writer left in ``array``'s local directory; returns how many.
 
     Only for a store no one else is writing (a resumed single-process run): a region writer's
-    temporary files would be in use by its siblings.
+    temporary files would be in use by its siblings. ``from_row``: rows before it are stored whole (a
+    chunk counts as stored only once its file is renamed in), so only the chunk directories of the rows
+    from there on are searched: what a resume or an update costs then does not grow with the history.
     """
     from zarr.storage import LocalStore
 
@@ -160,8 +162,20 @@ def remove_partial_files(array: Any) -> int:
     root = Path(store_path.store.root) / store_path.path if store_path.path else Path(store_path.store.root)
     if not root.is_dir():
         return 0
+    tops = [root]
+    bands = root / "c"
+    meta = getattr(array, "metadata", None)
+    encoding = getattr(meta, "chunk_key_encoding", None)
+    if from_row > 0 and getattr(encoding, "separator", None) == "/" and bands.is_dir():
+        # the default key encoding: c/<band>/<column>...; the rest of the tree holds no chunk files
+        first = from_row // int(array.chunks[0])
+        tops = [Path(e.path) for e in os.scandir(bands) if not e.name.isdigit() or int(e.name) >= first]
+        tops += [p for p in root.iterdir() if p.is_file()]
     n = 0
-    for tmp in root.rglob(f"*{PARTIAL_SUFFIX}"):
-        tmp.unlink(missing_ok=True)
-        n += 1
+    for top in tops:
+        found = [top] if top.is_file() else top.rglob(f"*{PARTIAL_SUFFIX}")
+        for tmp in found:
+            if tmp.name.endswith(PARTIAL_SUFFIX):
+                tmp.unlink(missing_ok=True)
+                n += 1
     return n

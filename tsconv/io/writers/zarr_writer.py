@@ -915,7 +915,7 @@ class OutputWriter:
             _resize_arrays(path, int(target))
         group = open_group(path, mode="r+", use_consolidated=False)
         for name in group.array_keys() if not remote else ():  # no one else writes it during a resume
-            remove_partial_files(group[name])
+            remove_partial_files(group[name], from_row=start)
         writer = cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast,
                      location=path if remote else None)  # fmt: skip
         if run_id is not None:
