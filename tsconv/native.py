@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from tsconv import config
 
-__all__ = ["build_library", "cpu_tag"]
+__all__ = ["NativeLibrary", "build_library", "cpu_tag"]
+
+log = logging.getLogger("tsconv.native")
+T = TypeVar("T")
 
 
 def cpu_tag() -> str:
@@ -49,6 +56,10 @@ def build_library(
         cc = config.current().compiler or shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             return None, f"no C compiler (cc) to build tsconv's {source.name}"
+        # a first run on a machine pays the build (seconds): said on one line, as tuning is
+        log.warning(
+            "compiling tsconv's %s for this machine (once; cached in %s)", source.name, lib_path.parent
+        )
         try:
             lib_path.parent.mkdir(parents=True, exist_ok=True)
             # Built beside its final name and renamed in: processes building at once each install a whole file.
@@ -70,3 +81,45 @@ def build_library(
         return ctypes.CDLL(str(lib_path)), None
     except OSError as exc:
         return None, f"cannot load {lib_path}: {exc}"
+
+
+class NativeLibrary(Generic[T]):
+    """A C source of the package, built (:func:`build_library`) and wrapped by ``wrap`` on first use, once
+    per process and thread-safe; ``setting``: the boolean setting that turns it off."""
+
+    def __init__(
+        self,
+        source: Path,
+        *,
+        flags: tuple[str, ...],
+        wrap: Callable[[ctypes.CDLL], T],
+        setting: str,
+        per_cpu: bool = False,
+    ) -> None:
+        self.source, self.flags, self.setting = source, flags, setting
+        self._wrap, self._per_cpu = wrap, per_cpu
+        self._lock = threading.Lock()
+        self._loaded: tuple[T | None, str | None] | None = None
+
+    def get(self) -> tuple[T | None, str | None]:
+        """(the wrapped library, None), or (None, why not: the setting off, no compiler, a failed build)."""
+        if not getattr(config.current(), self.setting):
+            return None, f"the {self.setting} setting is off"
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._load()
+            return self._loaded
+
+    def forget(self) -> None:
+        """Load again at the next :meth:`get`, as a new process would (the cache directory may have changed)."""
+        with self._lock:
+            self._loaded = None
+
+    def _load(self) -> tuple[T | None, str | None]:
+        lib, why = build_library(self.source, flags=self.flags, machine=cpu_tag() if self._per_cpu else "")
+        if lib is None:
+            return None, why
+        try:
+            return self._wrap(lib), None
+        except AttributeError as exc:  # a library without the expected symbol
+            return None, f"cannot load {self.source.name}'s library: {exc}"

@@ -4,6 +4,7 @@ cannot be built."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,14 @@ import pytest
 
 from tsconv import native
 from tsconv.io.readers import fileread
+
+
+@pytest.fixture
+def reloaded() -> Iterator[None]:
+    """The library loaded again at its next use, as by a new process, and again after the test."""
+    fileread.LIBRARY.forget()
+    yield
+    fileread.LIBRARY.forget()
 
 
 def test_the_native_reader_reads_files_into_place(tmp_path: Path, monkeypatch) -> None:
@@ -42,10 +51,9 @@ def test_the_native_reader_reads_files_into_place(tmp_path: Path, monkeypatch) -
 
 
 @pytest.mark.parametrize("how", ["no compiler", "compiler fails"])
-def test_without_a_working_compiler_the_reader_says_why(tmp_path: Path, monkeypatch, how) -> None:
+def test_without_a_working_compiler_the_reader_says_why(tmp_path: Path, monkeypatch, how, reloaded) -> None:
     monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
     monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "cache"))  # nothing built there yet
-    monkeypatch.setattr(fileread, "_loaded", None)
     if how == "no compiler":
         monkeypatch.delenv("CC", raising=False)
         monkeypatch.setattr(native.shutil, "which", lambda name: None)
@@ -58,15 +66,17 @@ def test_without_a_working_compiler_the_reader_says_why(tmp_path: Path, monkeypa
     assert not list((tmp_path / "cache").glob("*.so"))  # no half-built library left behind
 
 
-def test_the_library_is_built_once_into_the_cache(tmp_path: Path, monkeypatch) -> None:
+def test_the_library_is_built_once_into_the_cache(tmp_path: Path, monkeypatch, reloaded, caplog) -> None:
     monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
     monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(fileread, "_loaded", None)
     if fileread.native_reader() is None:
         pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
     built = list(tmp_path.glob("fileread-*.so"))
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    monkeypatch.setattr(fileread, "_loaded", None)  # a new process: loads, does not rebuild
+    said = [r.getMessage() for r in caplog.records if r.name == "tsconv.native"]
+    assert len(said) == 1 and said[0].startswith("compiling tsconv's fileread.c for this machine (once")
+    fileread.LIBRARY.forget()  # a new process: loads, does not rebuild, says nothing
     assert fileread.native_reader() is not None
     assert built[0].stat().st_mtime_ns == stamp
+    assert len([r for r in caplog.records if r.name == "tsconv.native"]) == 1

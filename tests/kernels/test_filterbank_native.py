@@ -5,6 +5,7 @@ the torch path's in test_filterbank.py: the "native" cases.)"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -130,8 +131,17 @@ def test_what_it_takes() -> None:
     assert torch.equal(filter_bank(x, bank).isnan(), _torch_ops(x, bank, 1).isnan())
 
 
-def test_the_setting_off_and_no_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fbn, "_loaded", None)
+@pytest.fixture
+def reloaded() -> Iterator[None]:
+    """The library loaded again at its next use, as by a new process, and again after the test."""
+    fbn.LIBRARY.forget()
+    yield
+    fbn.LIBRARY.forget()
+
+
+def test_the_setting_off_and_no_compiler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reloaded: None
+) -> None:
     with config.override(native_bank=False):
         assert fbn.native_bank() is None and fbn.unavailable_reason() == "the native_bank setting is off"
     monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "cache"))  # nothing built there yet
@@ -141,9 +151,10 @@ def test_the_setting_off_and_no_compiler(tmp_path: Path, monkeypatch: pytest.Mon
     assert "no C compiler" in fbn.unavailable_reason()
     x = torch.from_numpy(_hard_prices(800, 8, seed=2))
     bank = _bank(BANKS["default"])
-    monkeypatch.setattr(fbn, "_loaded", None)
+    fbn.LIBRARY.forget()
     got = filter_bank(x, bank)  # the torch path, the same result
     monkeypatch.undo()
+    fbn.LIBRARY.forget()
     _assert_same_bits(got, _torch_ops(x, bank, 1), "without a compiler")
 
 

@@ -14,27 +14,22 @@ and the EMA stay on torch ops. Without a C compiler, or with the ``native_bank``
 from __future__ import annotations
 
 import ctypes
-import threading
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tsconv import config
-from tsconv.native import build_library, cpu_tag
+from tsconv.native import NativeLibrary
 from tsconv.pipeline.filters import Filter
 
-__all__ = ["NATIVE_KINDS", "NativeBank", "native_bank", "unavailable_reason"]
+__all__ = ["LIBRARY", "NATIVE_KINDS", "NativeBank", "native_bank", "unavailable_reason"]
 
-_SOURCE = Path(__file__).with_name("filterbank_native.c")
 # The C kernel's kind codes (its enum); the kinds it computes.
 _CODES = {"id": 0, "lag": 1, "diff": 2, "ma": 3, "dev": 4, "std": 5, "zscore": 6}
 NATIVE_KINDS = frozenset(_CODES)
 _MIN_CHANNELS = 4  # its channel blocks are 4, 8 or 16 wide
 _MAX_FILTERS = 64
 _MAX_WINDOWS = 16
-_lock = threading.Lock()
-_loaded: tuple[NativeBank | None, str | None] | None = None
 
 
 class NativeBank:
@@ -97,35 +92,23 @@ class NativeBank:
             raise MemoryError("the native bank could not allocate its scratch")
 
 
-def _build() -> tuple[NativeBank | None, str | None]:
-    # -march=native: the kernel's vectors are 4 doubles, whole AVX registers where the CPU has them (the library
-    # is keyed by the CPU's flags); no fast-math and no contraction into fused multiply-adds, so every
-    # operation rounds as torch's does.
-    flags = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno")
-    lib, why = build_library(_SOURCE, flags=flags, machine=cpu_tag())
-    if lib is None:
-        return None, why
-    try:
-        return NativeBank(lib), None
-    except AttributeError as exc:
-        return None, f"cannot load {_SOURCE.name}'s library: {exc}"
-
-
-def _get() -> tuple[NativeBank | None, str | None]:
-    global _loaded
-    if not config.current().native_bank:
-        return None, "the native_bank setting is off"
-    with _lock:
-        if _loaded is None:
-            _loaded = _build()
-        return _loaded
+# -march=native: the kernel's vectors are 4 doubles, whole AVX registers where the CPU has them (the library is
+# keyed by the CPU's flags); no fast-math and no contraction into fused multiply-adds, so every operation rounds
+# as torch's does.
+LIBRARY = NativeLibrary(
+    Path(__file__).with_name("filterbank_native.c"),
+    flags=("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno"),
+    wrap=NativeBank,
+    setting="native_bank",
+    per_cpu=True,
+)
 
 
 def native_bank() -> NativeBank | None:
     """The compiled bank, built on first use; None when unavailable (see :func:`unavailable_reason`)."""
-    return _get()[0]
+    return LIBRARY.get()[0]
 
 
 def unavailable_reason() -> str | None:
     """Why :func:`native_bank` is None (no compiler, the build failed, the setting off), or None."""
-    return _get()[1]
+    return LIBRARY.get()[1]

@@ -16,21 +16,16 @@ keep their Python reading threads: the results are the same.
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from tsconv import config
-from tsconv.native import build_library
+from tsconv.native import NativeLibrary
 
-__all__ = ["NativeReader", "native_reader", "unavailable_reason"]
+__all__ = ["LIBRARY", "NativeReader", "native_reader", "unavailable_reason"]
 
-_SOURCE = Path(__file__).with_name("fileread.c")
 PART_BYTES = 2 << 20  # a file is read in parts of this size, spread over the threads
-_lock = threading.Lock()
-_loaded: tuple[NativeReader | None, str | None] | None = None
 
 
 class NativeReader:
@@ -79,31 +74,19 @@ class NativeReader:
         return status
 
 
-def _build() -> tuple[NativeReader | None, str | None]:
-    lib, why = build_library(_SOURCE, flags=("-O2", "-pthread"))
-    if lib is None:
-        return None, why
-    try:
-        return NativeReader(lib), None
-    except AttributeError as exc:
-        return None, f"cannot load fileread.c's library: {exc}"
-
-
-def _get() -> tuple[NativeReader | None, str | None]:
-    global _loaded
-    if not config.current().native_read:
-        return None, "the native_read setting is off"
-    with _lock:
-        if _loaded is None:
-            _loaded = _build()
-        return _loaded
+LIBRARY = NativeLibrary(
+    Path(__file__).with_name("fileread.c"),
+    flags=("-O2", "-pthread"),
+    wrap=NativeReader,
+    setting="native_read",
+)
 
 
 def native_reader() -> NativeReader | None:
     """The native batch reader, built on first use; None when unavailable (see :func:`unavailable_reason`)."""
-    return _get()[0]
+    return LIBRARY.get()[0]
 
 
 def unavailable_reason() -> str | None:
     """Why :func:`native_reader` is None (no compiler, the build failed, the setting off), or None."""
-    return _get()[1]
+    return LIBRARY.get()[1]
