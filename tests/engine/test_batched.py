@@ -236,13 +236,13 @@ def test_result_slots_lent_to_the_writer_threads_are_reused_only_once_stored(tmp
         process_batched(src, tmp_path / "sync.zarr", pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB")
     rng, real, later = random.Random(3), OutputWriter._write, threading.Event()
 
-    def slow(self, a, b, buf):
+    def slow(self, a, b, buf, *rest):
         if a == 64:
             later.wait(6)
         elif a >= 3 * 256:
             later.set()
         time.sleep(rng.random() * 0.01)
-        real(self, a, b, buf)
+        real(self, a, b, buf, *rest)
 
     monkeypatch.setattr(OutputWriter, "_write", slow)
     with config.override(write_threads=4):

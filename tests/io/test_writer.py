@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numcodecs
 import numpy as np
 import pytest
 import zarr
@@ -286,9 +287,9 @@ def _patch_write(monkeypatch: pytest.MonkeyPatch, hook) -> None:
     """Run ``hook(a)`` before the real write of the chunk starting at row ``a`` (it may block or raise)."""
     real = OutputWriter._write
 
-    def write(self: OutputWriter, a: int, b: int, buf: np.ndarray) -> None:
+    def write(self: OutputWriter, a: int, b: int, buf: np.ndarray, *rest: int) -> None:
         hook(a)
-        real(self, a, b, buf)
+        real(self, a, b, buf, *rest)
 
     monkeypatch.setattr(OutputWriter, "_write", write)
 
@@ -468,6 +469,76 @@ def test_reopening_searches_for_temporary_files_only_from_its_start(tmp_path: Pa
     assert remove_partial_files(g["values"]) == 1  # from row 0: all of them
 
 
+def _encode_cases() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    prices = (100 + np.cumsum(rng.integers(-1, 2, size=(6000, 131)), axis=0) * 0.01).astype(np.float32)
+    padded = np.full_like(prices, np.nan)
+    padded[:4700] = prices[:4700]  # an edge chunk, as the writer pads it
+    return {  # 2.3-4.8 MB: two to four parts of whole MiBs and a leftover
+        "prices": prices,
+        "noise": rng.random((6000, 131)).astype(np.float32),  # next to incompressible
+        "zeros": np.zeros((6000, 131), np.float32),
+        "nan-padded": padded,
+        "int64": np.arange(300_001, dtype=np.int64) * 3,
+        "float64": np.cumsum(rng.normal(size=(3001, 200)), axis=0),
+    }
+
+
+@pytest.mark.parametrize(
+    "cname, levels",
+    [("lz4", (1, 5, 9)), ("zstd", (1, 5)), pytest.param("blosclz", (1, 5, 9), marks=pytest.mark.slow),
+     pytest.param("lz4hc", (1, 5, 9), marks=pytest.mark.slow), pytest.param("zstd", (9,), marks=pytest.mark.slow),
+     pytest.param("zlib", (1, 5, 9), marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_a_chunk_encoded_in_parts_is_the_single_thread_encode_byte_for_byte(
+    cname: str, levels: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tsconv.io.writers.encode import encode_in_parts
+
+    # the reference: one thread's encode (in the main thread numcodecs would use c-blosc's threads,
+    # which order the blocks as they finish)
+    monkeypatch.setattr(numcodecs.blosc, "use_threads", False)
+    joined = 0
+    for name, x in _encode_cases().items():
+        for clevel in levels:
+            for shuffle in (0, 1, 2):
+                codec = numcodecs.Blosc(cname=cname, clevel=clevel, shuffle=shuffle, typesize=x.itemsize)
+                want = bytes(codec.encode(x))
+                for parts in (2, 3, 8):
+                    got = encode_in_parts(codec, x, parts)
+                    assert b"".join(bytes(p) for p in got) == want, (name, clevel, shuffle, parts)
+                    joined += len(got) > 1
+                    assert np.array_equal(
+                        codec.decode(b"".join(got), out=np.empty_like(x)), x, equal_nan=True
+                    )
+    assert joined >= 8 * len(levels)  # most cases are joined from parts, not the fallback's single encode
+
+
+def test_a_chunk_alone_is_encoded_in_parts_and_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last chunk with no other write in flight (an update's only chunk) is encoded by every writer
+    thread; chunks among others by one each."""
+    import tsconv.io.writers.encode as encode
+
+    seen: list[int] = []
+    real = encode.encode_in_parts
+    monkeypatch.setattr(
+        encode, "encode_in_parts", lambda c, x, parts: (seen.append(parts), real(c, x, parts))[1]
+    )
+    x = np.cumsum(np.random.default_rng(2).normal(size=(16_000, 48)), axis=0).astype(np.float32)
+    for rows, want in ((16_000, [3]), (16_384 * 3, [1, 1])):
+        path = tmp_path / f"out-{rows}.zarr"
+        data = np.concatenate([x] * 4)[:rows]
+        w = OutputWriter.create(path, rows=rows, names=tuple(f"y{j}" for j in range(48)), chunk_rows=16_384,
+                                time_source=None, attrs={"tsconv": {"complete": False}}, threads=3)  # fmt: skip
+        seen.clear()
+        _append_all(w, data, step=20_000)
+        w.finish()
+        assert seen[: len(want)] == want, seen
+        np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), data)
+
+
 def test_region_writers_leave_the_attributes_alone(tmp_path: Path) -> None:
     x = _data()
     path = tmp_path / "out.zarr"
@@ -490,11 +561,11 @@ from tsconv.io.writers.zarr_writer import OutputWriter
 x, path, kill_row = np.load(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 real = OutputWriter._write
 
-def write(self, a, b, buf):
+def write(self, a, b, buf, *rest):
     if a == kill_row:
         time.sleep(0.3)  # let the other threads store (or half-store) later chunks first
         os.kill(os.getpid(), signal.SIGKILL)
-    real(self, a, b, buf)
+    real(self, a, b, buf, *rest)
 
 OutputWriter._write = write
 w = OutputWriter.create(path, rows=x.shape[0], names=tuple(f"y{j}" for j in range(x.shape[1])),

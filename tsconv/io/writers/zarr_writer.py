@@ -1143,8 +1143,14 @@ class OutputWriter:
             # Threads die with the writer if the caller neither finishes nor closes it.
             self._finalizer = weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         self._inflight = [f for f in self._inflight if not f.done()]
+        # the run's last chunk with writer threads idle (an update's only chunk): its encode split over them
+        parts = (
+            max(1, self.threads - len(self._inflight))
+            if b == self.stop and isinstance(buf, np.ndarray)
+            else 1
+        )
         try:
-            future = self._pool.submit(self._store, a, b, buf, borrow)
+            future = self._pool.submit(self._store, a, b, buf, borrow, parts)
         except BaseException:
             if borrow is not None:
                 borrow.drop()
@@ -1162,13 +1168,13 @@ class OutputWriter:
 
     # -- the writer threads' side -----------------------------------------------------------------
 
-    def _store(self, a: int, b: int, buf: np.ndarray, borrow: _Borrow | None = None) -> None:
-        """Store rows [a, b) from ``buf``, then advance ``rows_done`` over the stored prefix. Never raises:
-        a failure is kept for the caller's next ``append`` or ``finish``."""
+    def _store(self, a: int, b: int, buf: np.ndarray, borrow: _Borrow | None = None, parts: int = 1) -> None:
+        """Store rows [a, b) from ``buf`` (encoded by up to ``parts`` threads), then advance ``rows_done`` over
+        the stored prefix. Never raises: a failure is kept for the caller's next ``append`` or ``finish``."""
         t0 = time.perf_counter()
         failure: BaseException | None = None
         try:
-            self._write(a, b, buf)
+            self._write(a, b, buf, parts)
         except Exception as exc:
             failure = exc
         finally:  # the data is in the file (or lost): the buffer may be refilled
@@ -1194,7 +1200,7 @@ class OutputWriter:
         if trace.on:
             trace.add("write", t0, t1, a)
 
-    def _write(self, a: int, b: int, buf: np.ndarray | _Frame) -> None:
+    def _write(self, a: int, b: int, buf: np.ndarray | _Frame, parts: int = 1) -> None:
         n = b - a
         if isinstance(buf, _Frame):
             assert self._chunks is not None
@@ -1207,7 +1213,7 @@ class OutputWriter:
                 # else all NaN: the chunk is left out (the fill value), and a later one decides
             if n < self.chunk_rows:  # never a borrowed block: those are full chunks
                 buf[n:] = self._chunks.fill  # zarr pads the edge chunk with the fill value
-            self._chunks.write(a // self.chunk_rows, buf)
+            self._chunks.write(a // self.chunk_rows, buf, parts=parts)
         else:
             self.values[a:b] = buf[:n]
         if self.time_out is not None:
