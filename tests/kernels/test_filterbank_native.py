@@ -81,11 +81,11 @@ def _noise(rows: int, cols: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("name", list(BANKS))
 @pytest.mark.parametrize("d", [1, 3])
-@pytest.mark.parametrize("cols", [4, 5, 13, 16, 40, 70])
+@pytest.mark.parametrize("cols", [4, 5, 13, 16, 20, 36, 40, 44, 70, 100])
 @pytest.mark.parametrize("data", [_hard_prices, _noise], ids=["prices", "noise"])
 def test_the_torch_paths_bits(name: str, d: int, cols: int, data) -> None:  # noqa: ANN001
-    """Channel counts below, at and past a block of 16 (the last block overlaps the one before) and past a
-    group of 64 channels."""
+    """Channel counts below, at and past a block of 16 (the last block overlaps the one before by 1 to 15
+    channels) and past a group of 64 channels (70, 100)."""
     bank = _bank(BANKS[name])
     x = torch.from_numpy(data(3000 + bank_halo(bank, d), cols, seed=cols + d))
     _assert_same_bits(filter_bank(x, bank, dilation=d), _torch_ops(x, bank, d), f"{name} d={d} C={cols}")
