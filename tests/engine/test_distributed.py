@@ -216,6 +216,90 @@ def test_distributed_update_computes_the_new_partitions_only(
     assert tsconv.process(src, out, chunk=CHUNK, client=client, update=True).rows == 0
 
 
+def test_a_distributed_update_hands_the_recorded_fill_state_to_its_tasks(
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A symbol with no value yet sent every task's walk for its start's fill state back to row 0 (each
+    task decoding all the input before it). A dask run now records the fill state at its end, as a single
+    process does; an update's tasks get it and stop their walks at the old end; the output is a full run's."""
+    import json
+
+    from ..helpers import T0
+
+    x = price_series(ROWS, FEATURES, seed=9, nan_fraction=0.02)
+    x[:, 2] = np.nan  # listed, not trading
+    src = write_store(tmp_path / "in.zarr", x[:6001], chunks=(777, 3))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
+    rec = json.loads((out / "values" / ".tsconv-input.json").read_text())["fill"]
+    assert rec["row"] == 6001 and rec["state"][2] is None
+    assert rec["state"][0] == float(x[:6001, 0][~np.isnan(x[:6001, 0])][-1])
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"].resize((ROWS, FEATURES))
+    g["values"][6001:] = x[6001:]
+    g["time"].resize((ROWS,))
+    g["time"][6001:] = T0 + np.arange(6001, ROWS, dtype=np.int64) * 1_000_000
+    handed: list[object] = []
+    real_submit = client.submit
+    monkeypatch.setattr(
+        client, "submit", lambda *a, **kw: (handed.append(kw.get("fill")), real_submit(*a, **kw))[1]
+    )
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART, update=True)
+    monkeypatch.undo()
+    assert len(handed) == 5 and all(f == rec for f in handed), handed
+    assert json.loads((out / "values" / ".tsconv-input.json").read_text())["fill"]["row"] == ROWS
+    full = tmp_path / "full.zarr"
+    tsconv.process(src, full, chunk=CHUNK)
+    _same(full, out)
+
+
+def test_a_task_given_a_fill_state_reads_nothing_far_before_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_partition itself, in this process: with the recorded state its walk stops there."""
+    import dataclasses
+
+    import tsconv.engine.chunked as chunked
+    from tsconv import config
+    from tsconv.engine.distributed import run_partition
+    from tsconv.engine.fill import fill_record
+    from tsconv.engine.run import CudaOptions
+    from tsconv.pipeline.spec import as_pipeline, resolve
+
+    x = price_series(ROWS, FEATURES, seed=9, nan_fraction=0.02)
+    x[:, 2] = np.nan
+    src = write_store(tmp_path / "in.zarr", x, chunks=(777, 3))
+    out = tmp_path / "out.zarr"
+    import tsconv.engine.outputs
+
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: 8 * chunk)
+    tsconv.process(src, out, chunk=CHUNK)
+    want = np.asarray(zarr.open_group(str(out), mode="r")["values"][:])
+    state = np.array([x[:8000, j][~np.isnan(x[:8000, j])][-1] if j != 2 else np.nan for j in range(FEATURES)])
+    plan = resolve(as_pipeline(None), tsconv.open_input(src).features)
+    lowest: list[int] = []
+    real = chunked.fill_state_before
+
+    def spy(source, row, dtype, *, known=None):  # noqa: ANN001, ANN202
+        read = source.read
+        source.read = lambda a, b: (lowest.append(a), read(a, b))[1]
+        try:
+            return real(source, row, dtype, known=known)
+        finally:
+            del source.read
+
+    monkeypatch.setattr(chunked, "fill_state_before", spy)
+    g = zarr.open_group(str(out), mode="r+")
+    g["values"][8192:9216] = np.nan  # what the task writes again
+    for given, floor in ((fill_record(8000, state.astype(np.float32)), 8000 - 800), (None, 0)):
+        lowest.clear()
+        run_partition(str(src), str(out), plan, start=8192, stop=9216, chunk=CHUNK, warmup="nan", device="cpu",
+                      cuda=CudaOptions(), settings=dataclasses.replace(config.current()), fill=given)  # fmt: skip
+        assert min(lowest) >= floor if given else min(lowest) == 0, (given is not None, min(lowest))
+        got = np.asarray(zarr.open_group(str(out), mode="r")["values"][8192:9216])
+        assert np.array_equal(got, want[8192:9216], equal_nan=True)
+
+
 def test_workers_and_client_exclude_each_other(client, src: Path) -> None:
     with pytest.raises(tsconv.TsconvError, match="exclude each other"):
         tsconv.process(src, src.with_name("x.zarr"), chunk=CHUNK, client=client, workers=2)

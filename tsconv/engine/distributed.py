@@ -22,11 +22,13 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tsconv import config
 from tsconv.engine.cluster import local_cluster
+from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.run import CudaOptions
 from tsconv.errors import TsconvError
 from tsconv.io.store import InputStore
@@ -135,11 +137,15 @@ def run_partition(
     cuda: CudaOptions,
     settings: config.Settings,
     threads: int | None = None,
+    fill: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One dask task: compute rows [start, stop) and write them into the output store (no attributes).
 
     It runs exactly as a single process would (:func:`tsconv.engine.run.run`: on CUDA the batched engine,
-    with the GPU reader where the store allows it), under the client's ``settings``.
+    with the GPU reader where the store allows it), under the client's ``settings``. ``fill``: a fill
+    state an earlier run recorded (:func:`tsconv.engine.fill.fill_record`) for input rows the run's checks
+    cover, where the task's walk back for its start's fill state may stop. The result's ``fill_end``: the
+    fill state after the task's last row, where that is the input's last.
     """
     import socket
 
@@ -164,8 +170,9 @@ def run_partition(
             Path(output_path), time_source=store.time, start=start, stop=stop, threads=threads
         )
         reset_device(dev)
+        carry = FillCarry(known=parse_fill_record(fill, store.n_features))
         t1 = time.perf_counter()
-        stages = run(rp, source, plan, writer, threads=threads)
+        stages = run(rp, source, plan, writer, threads=threads, fill_carry=carry)
         t2 = time.perf_counter()
     cuda_dev = dev.type == "cuda"
     return {
@@ -187,6 +194,7 @@ def run_partition(
         "peak_rss_bytes": peak_rss(),
         "peak_gpu_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)) if cuda_dev else None,
         "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)) if cuda_dev else None,
+        "fill_end": fill_record(*carry.end) if carry.end is not None and stop >= store.rows else None,
     }
 
 
@@ -227,6 +235,8 @@ def run_distributed(
     run_id: str | None = None,
     input_digest: dict[str, Any] | None = None,
     rows: int | None = None,
+    fill_carry: FillCarry | None = None,
+    before_finish: Callable[[], None] | None = None,
 ) -> Any:
     """Create (or reopen) the output, run the missing partitions on dask, mark it complete; a Report.
 
@@ -235,7 +245,10 @@ def run_distributed(
     their chunks with the array's codec, so no task chooses one from the data). ``run_id``: recorded in
     a resumed output and checked before marking it complete (``attrs`` carries it for a new one);
     ``input_digest``: recorded in a new output; ``rows``: the output's rows (default: the input's; a
-    resumed output keeps its own, an updated one has been extended to them)."""
+    resumed output keeps its own, an updated one has been extended to them). ``fill_carry``, ``before_finish``:
+    as for :func:`tsconv.engine.run.run` (the known state goes to every task, which stops its walk back
+    there: an update's tasks read back to the old end at most, not to row 0 for a symbol with no value yet;
+    the end state comes from the task of the input's last rows, where this run computed them)."""
     import zarr
 
     from tsconv.engine.report import Report, peak_rss
@@ -327,6 +340,8 @@ def run_distributed(
         # the plan (its weights: 17 MB for a 1024-feature dense pipeline) sent to each worker once, not in
         # every task of the graph (dask warned of a "large graph" on every such run)
         plan_ref = client.scatter(plan, broadcast=True) if todo else plan
+        known = fill_carry.known if fill_carry is not None else None
+        fill = fill_record(*known) if known is not None else None
         futures = [
             client.submit(
                 run_partition,
@@ -341,6 +356,7 @@ def run_distributed(
                 cuda=cuda if cuda is not None else CudaOptions(),
                 settings=config.current(),
                 threads=threads,
+                fill=fill,
                 key=f"tsconv-{a}-{b}-{token}",
                 retries=retries,
                 pure=False,
@@ -355,6 +371,8 @@ def run_distributed(
                     res = fut.result()
                     fut.release()
                     results.append(res)
+                    if res.get("fill_end") is not None and fill_carry is not None:
+                        fill_carry.end = parse_fill_record(res["fill_end"], store.n_features)
                     done = _merge([*done, (res["start"], res["stop"])])
                     record(done)
                     bar.update(res["stop"] - res["start"])
@@ -366,6 +384,8 @@ def run_distributed(
         if done != [(0, rows)]:
             msg = f"internal error: partitions done {done} do not cover [0, {rows})"
             raise RuntimeError(msg)
+        if before_finish is not None:
+            before_finish()
         check_owner(out_path, run_id=own, identity=identity)
         meta = dict(group.attrs.get("tsconv", {}))
         meta.pop("partitions_done", None)

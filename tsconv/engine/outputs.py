@@ -183,7 +183,8 @@ def to_zarr(
                 store, plan, out_path, action=action, rows_done=start, chunk=chunk, device=device_name,
                 warmup=warmup, attrs=attrs, progress=progress, workers=dask.workers, client=dask.client,
                 partition_rows=dask.partition_rows, cuda=cuda, compression="lz4" if compression == "auto" else compression,
-                run_id=run_id, input_digest=digest, rows=rows,
+                run_id=run_id, input_digest=digest, rows=rows, fill_carry=fill_carry,
+                before_finish=lambda: _record_fill(out_path, fill_carry),
             )  # fmt: skip
             return dataclasses.replace(report, updated_from=updated_from)
         assert device is not None and rp is not None
