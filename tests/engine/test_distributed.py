@@ -171,6 +171,20 @@ def test_resume_runs_only_unfinished_partitions(client, src: Path, want: dict[st
     assert tsconv.process(src, out, pipeline=DILATED, chunk=CHUNK, client=client, resume=True).rows == 0
 
 
+def test_a_partition_done_in_part_computes_only_the_rest() -> None:
+    from tsconv.engine.distributed import missing, partitions
+
+    parts = partitions(10_007, 1024, 3)  # [0, 3072), [3072, 6144), [6144, 9216), [9216, 10007)
+    assert missing(parts, []) == parts
+    assert missing(parts, [(0, 10_007)]) == []
+    # an update's old rows up to an output chunk inside the second partition
+    assert missing(parts, [(0, 5120)]) == [(5120, 6144), (6144, 9216), (9216, 10_007)]
+    # a resume with holes: partitions split around what an earlier run finished
+    assert missing(parts, [(0, 1024), (2048, 4096), (7168, 8192)]) == [
+        (1024, 2048), (4096, 6144), (6144, 7168), (8192, 9216), (9216, 10_007)
+    ]  # fmt: skip
+
+
 def test_single_process_resume_of_a_distributed_run(client, src: Path, want: dict[str, Path]) -> None:
     out = src.with_name("dist-then-single.zarr")
     tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)

@@ -42,7 +42,7 @@ from tsconv.io.writers.zarr_writer import (
 )
 from tsconv.pipeline.spec import ResolvedPipeline
 
-__all__ = ["run_distributed", "partitions"]
+__all__ = ["missing", "partitions", "run_distributed"]
 
 _MAX_TASK_OUTPUT_BYTES = 256 << 20  # at most this much output per task (resume granularity)
 _HALO_FACTOR = 16  # a partition is at least 16 halos long: recomputed halo rows cost <= 1/16
@@ -68,8 +68,22 @@ def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _covered(done: list[tuple[int, int]], a: int, b: int) -> bool:
-    return any(x <= a and b <= y for x, y in done)
+def missing(parts: list[tuple[int, int]], done: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The rows of ``parts`` not in ``done`` (merged, sorted), partition by partition: a partition an
+    earlier run did in part (an update's first, up to the old end) computes only the rest. Both are
+    whole output chunks, so the rest is too."""
+    out: list[tuple[int, int]] = []
+    for a, b in parts:
+        pos = a
+        for x, y in done:
+            if y <= pos or x >= b:
+                continue
+            if x > pos:
+                out.append((pos, x))
+            pos = max(pos, y)
+        if pos < b:
+            out.append((pos, b))
+    return out
 
 
 def _rows_per_partition(
@@ -316,7 +330,7 @@ def run_distributed(
         per = _rows_per_partition(rows, chunk_rows, plan.halo, plan.n_outputs, n_workers, partition_rows,
                                   gpu=gpu, row_bytes=store.n_features * store.dtype.itemsize)  # fmt: skip
         parts = partitions(rows, chunk_rows, per)
-        todo = [(a, b) for a, b in parts if not _covered(done, a, b)]
+        todo = missing(parts, done)
         already = rows - sum(b - a for a, b in todo)
 
         own = run_id if run_id is not None else dict(group.attrs.get("tsconv", {})).get("run_id")
