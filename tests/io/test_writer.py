@@ -539,6 +539,59 @@ def test_a_chunk_alone_is_encoded_in_parts_and_reads_back(
         np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), data)
 
 
+def test_rows_computed_where_reserve_put_them_are_stored_without_a_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tsconv.io.writers.zarr_writer as zw
+
+    x = _data()
+    w = _create(tmp_path / "out.zarr", x, threads=2)
+    in_place: list[bool] = []
+    real = zw.is_rows_of
+    monkeypatch.setattr(zw, "is_rows_of", lambda *a: (in_place.append(real(*a)), in_place[-1])[1])
+    pos = 0
+    while pos < ROWS:
+        place = w.reserve(1500)  # more than a chunk's room is cut at the chunk's end
+        assert place is not None and place.shape == (
+            min(1500, CHUNK_ROWS - pos % CHUNK_ROWS, ROWS - pos),
+            FEATURES,
+        )
+        place[:] = x[pos : pos + place.shape[0]]
+        w.append(place)
+        pos += place.shape[0]
+    assert w.reserve(1) is None  # no rows left
+    w.finish()
+    assert in_place and all(in_place)
+    np.testing.assert_array_equal(
+        np.asarray(zarr.open_array(str(tmp_path / "out.zarr" / "values"), mode="r")[:]), x
+    )
+
+
+def test_a_cpu_bank_run_computes_into_the_writers_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU engine computes a bank pipeline's rows in the output writer's own chunk buffers (no copy of
+    every output byte), in calls cut at each chunk's end; the output is the same as computed by the
+    in-memory path."""
+    import tsconv
+    import tsconv.engine.outputs
+    import tsconv.io.writers.zarr_writer as zw
+
+    from ..helpers import write_store
+
+    x = price_series(5000, 6)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(700, 6))
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: 3 * chunk)
+    hits: list[bool] = []
+    real = zw.is_rows_of
+    monkeypatch.setattr(zw, "is_rows_of", lambda *a: (hits.append(real(*a)), hits[-1])[1])
+    tsconv.process(src, tmp_path / "out.zarr", pipeline="default", chunk=128, device="cpu")
+    assert hits and all(hits), hits
+    got = np.asarray(zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["values"][:])
+    want = tsconv.features(x, "default", chunk=128, device="cpu")
+    assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
 def test_region_writers_leave_the_attributes_alone(tmp_path: Path) -> None:
     x = _data()
     path = tmp_path / "out.zarr"

@@ -68,8 +68,23 @@ def run_chunked(
     into: torch.Tensor | None = None
     unread = torch.zeros(nf, dtype=torch.float32, device=backend.device)  # the level of a run that reads none
     step = chunk * _chunks_per_call(backend, chunk)
-    for s in range(start, rows, step):
+    in_place = emit_copies and device.type == "cpu" and backend.out_width is not None
+    s = start
+    while s < rows:
         e = min(s + step, rows)
+        dest = None
+        if in_place:
+            # a bank pipeline's rows land in the sink's own rows (as many as it has room for: the call's
+            # rows do not change its bits), or in one buffer reused by every chunk (``emit`` copies them out):
+            # fresh 52 MB per chunk cost 8-9 ms of page faults each on the VM
+            place = reserve(e - s) if reserve is not None else None
+            if place is not None and (place.shape[0] == e - s or backend.call_invariant):
+                dest = torch.from_numpy(place)
+                e = s + place.shape[0]
+            else:
+                if into is None:
+                    into = torch.from_numpy(np.empty((e - s, backend.out_width), dtype=np.float32))
+                dest = into[: e - s]
         before = level_before(carry[halo - tail_rows(halo, s) :], state) if backend.reads_level else None
         # ``raw`` may be a view of the reader's buffers, valid only until a later read (ParallelBandReader
         # reuses its ring): it, ``filled`` (``raw`` itself when it has no NaN) and ``x`` (``filled`` when
@@ -82,17 +97,6 @@ def run_chunked(
         if not fill:
             filled = raw
         x = np.concatenate([carry, filled], axis=0) if halo else filled
-        dest = None
-        if emit_copies and device.type == "cpu" and backend.out_width is not None:
-            # a bank pipeline's rows land in the sink's own rows, or in one buffer reused by every chunk
-            # (``emit`` copies them out): fresh 52 MB per chunk cost 8-9 ms of page faults each on the VM
-            place = reserve(e - s) if reserve is not None else None
-            if place is not None:
-                dest = torch.from_numpy(place)
-            else:
-                if into is None:
-                    into = torch.from_numpy(np.empty((e - s, backend.out_width), dtype=np.float32))
-                dest = into[: e - s]
         y = backend.run(torch.from_numpy(x).to(device), s - halo, level, out=dest)
         out = y.cpu().numpy() if device.type != "cpu" else y.numpy()
         for w, cols in warm:  # each output's own warm-up rows (a bank's filters each have theirs)
@@ -103,6 +107,7 @@ def run_chunked(
             carry = x[x.shape[0] - halo :]
         if on_rows is not None:
             on_rows(e - s)
+        s = e
     if fill_carry is not None:  # the state at ``rows``: after the last chunk, or the start's with none to do
         fill_carry.end = (rows, state.copy())
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["BandReader", "DeviceBandReader", "FrameSink", "Sink", "Source"]
+__all__ = ["BandReader", "DeviceBandReader", "FrameSink", "Sink", "Source", "is_rows_of"]
 
 
 class BandReader:
@@ -126,8 +126,8 @@ class Sink(Protocol):
         ...
 
     def reserve(self, n: int) -> np.ndarray | None:
-        """Where the next ``n`` rows may be computed in place ([n, D] float32, C-contiguous; appending it
-        then copies nothing), or None where the sink has no such place."""
+        """Where the next rows, up to ``n`` of them, may be computed in place ([k, D] float32, 1 <= k <= n,
+        C-contiguous; appending exactly it then copies nothing), or None where the sink has no such place."""
         ...
 
     def finish(self) -> None:
@@ -158,3 +158,14 @@ class FrameSink(Protocol):
         """The next ``rows`` rows as whole chunks' frames (uint8 [k, >= frame], each frame's length in its
         header), ``empty[c]``: chunk c is all NaN. Lent until ``release()``, as ``Sink.append``'s block."""
         ...
+
+
+def is_rows_of(block: np.ndarray, out: np.ndarray, pos: int) -> bool:
+    """Whether ``block`` is ``out[pos : pos + len(block)]`` itself: rows a sink's :meth:`Sink.reserve` gave,
+    computed in place (appending them copies nothing)."""
+    return (
+        block.shape[1:] == out.shape[1:]
+        and pos + block.shape[0] <= out.shape[0]
+        and block.__array_interface__["data"][0] == out[pos:].__array_interface__["data"][0]
+        and block.strides == out.strides
+    )

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tsconv.io.contracts import is_rows_of
 from tsconv.io.transpose import transpose_into
 
 __all__ = ["ArraySink"]
@@ -33,7 +34,7 @@ class ArraySink:
             n = block.shape[0]
             if self.feature_major:
                 transpose_into(self.out[:, self.pos : self.pos + n], block)
-            elif not _is_rows_of(block, self.out, self.pos):  # rows computed in place need no copy
+            elif not is_rows_of(block, self.out, self.pos):  # rows computed in place need no copy
                 self.out[self.pos : self.pos + n] = block
             self.pos += n
         finally:
@@ -48,13 +49,3 @@ class ArraySink:
 
     def close(self) -> None:
         pass
-
-
-def _is_rows_of(block: np.ndarray, out: np.ndarray, pos: int) -> bool:
-    """Whether ``block`` is ``out[pos : pos + len(block)]`` itself (what :meth:`ArraySink.reserve` gave)."""
-    return (
-        block.shape[1:] == out.shape[1:]
-        and pos + block.shape[0] <= out.shape[0]
-        and block.__array_interface__["data"][0] == out[pos:].__array_interface__["data"][0]
-        and block.strides == out.strides
-    )

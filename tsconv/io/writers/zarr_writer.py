@@ -52,6 +52,7 @@ from zarr.codecs import BloscCodec
 
 from tsconv import config, trace
 from tsconv.errors import OutputExistsError, StoreError, TsconvError
+from tsconv.io.contracts import is_rows_of
 from tsconv.io.digest import DIGEST_FILE, read_digest, write_digest
 from tsconv.io.objstore import StoreURL, open_group, overlaps
 from tsconv.io.store import is_zarr_store
@@ -951,8 +952,14 @@ class OutputWriter:
     # -- the caller's side ------------------------------------------------------------------------
 
     def reserve(self, n: int) -> np.ndarray | None:
-        """No rows computed in place: each append is encoded from its block."""
-        return None
+        """The next rows of the chunk being filled, up to ``n`` (to its end), for an engine to compute into:
+        appending them then copies nothing (a copy of every output byte was a tenth of a CPU run's time)."""
+        self._check_open()
+        self._raise_if_failed()
+        if self._buf is None:
+            self._buf = self._take_buffer()
+        k = min(n, self.chunk_rows - self._fill, self.stop - self._next - self._fill)
+        return self._buf[self._fill : self._fill + k] if k > 0 else None
 
     def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
         """Add the next rows, in order; full chunks go to the writer threads.
@@ -974,7 +981,8 @@ class OutputWriter:
                 msg = f"internal error: {n} more rows after row {self._next + self._fill:,} overrun the end {self.stop:,}"
                 raise RuntimeError(msg)
             while i < n:
-                if borrow is not None and self._fill == 0 and n - i >= self.chunk_rows:
+                mine = self._buf is not None and is_rows_of(block, self._buf, self._fill)
+                if borrow is not None and self._fill == 0 and n - i >= self.chunk_rows and not mine:
                     a = self._next
                     self._next += self.chunk_rows
                     borrow.take()
@@ -984,7 +992,8 @@ class OutputWriter:
                 if self._buf is None:
                     self._buf = self._take_buffer()
                 take = min(n - i, self.chunk_rows - self._fill)
-                self._buf[self._fill : self._fill + take] = block[i : i + take]
+                if not (mine and take == n):  # else computed in place, where reserve() put it
+                    self._buf[self._fill : self._fill + take] = block[i : i + take]
                 self._fill += take
                 i += take
                 if self._fill == self.chunk_rows or self._next + self._fill == self.stop:
