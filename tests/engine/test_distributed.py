@@ -230,8 +230,13 @@ def test_distributed_update_computes_the_new_partitions_only(
     assert tsconv.process(src, out, chunk=CHUNK, client=client, update=True).rows == 0
 
 
+@pytest.mark.parametrize(
+    "pipeline",
+    [None, {"preprocess": {"select": ["x1", "x2", "x4"]}, "conv": [{"filters": ["diff:1", "dev:8"]}]}],
+    ids=["default", "three-columns-selected"],
+)
 def test_a_distributed_update_hands_the_recorded_fill_state_to_its_tasks(
-    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pipeline: object
 ) -> None:
     """A symbol with no value yet sent every task's walk for its start's fill state back to row 0 (each
     task decoding all the input before it). A dask run now records the fill state at its end, as a single
@@ -244,10 +249,11 @@ def test_a_distributed_update_hands_the_recorded_fill_state_to_its_tasks(
     x[:, 2] = np.nan  # listed, not trading
     src = write_store(tmp_path / "in.zarr", x[:6001], chunks=(777, 3))
     out = tmp_path / "out.zarr"
-    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
+    tsconv.process(src, out, pipeline=pipeline, chunk=CHUNK, client=client, partition_rows=PART)
     rec = json.loads((out / "values" / ".tsconv-input.json").read_text())["fill"]
-    assert rec["row"] == 6001 and rec["state"][2] is None
-    assert rec["state"][0] == float(x[:6001, 0][~np.isnan(x[:6001, 0])][-1])
+    cols = [1, 2, 4] if pipeline else list(range(FEATURES))  # one value per selected feature
+    assert rec["row"] == 6001 and len(rec["state"]) == len(cols) and rec["state"][cols.index(2)] is None
+    assert rec["state"][0] == float(x[:6001, cols[0]][~np.isnan(x[:6001, cols[0]])][-1])
     g = zarr.open_group(str(src), mode="r+")
     g["values"].resize((ROWS, FEATURES))
     g["values"][6001:] = x[6001:]
@@ -258,12 +264,12 @@ def test_a_distributed_update_hands_the_recorded_fill_state_to_its_tasks(
     monkeypatch.setattr(
         client, "submit", lambda *a, **kw: (handed.append(kw.get("fill")), real_submit(*a, **kw))[1]
     )
-    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART, update=True)
+    tsconv.process(src, out, pipeline=pipeline, chunk=CHUNK, client=client, partition_rows=PART, update=True)
     monkeypatch.undo()
     assert len(handed) == 5 and all(f == rec for f in handed), handed
     assert json.loads((out / "values" / ".tsconv-input.json").read_text())["fill"]["row"] == ROWS
     full = tmp_path / "full.zarr"
-    tsconv.process(src, full, chunk=CHUNK)
+    tsconv.process(src, full, pipeline=pipeline, chunk=CHUNK)
     _same(full, out)
 
 

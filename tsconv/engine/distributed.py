@@ -184,7 +184,7 @@ def run_partition(
             Path(output_path), time_source=store.time, start=start, stop=stop, threads=threads
         )
         reset_device(dev)
-        carry = FillCarry(known=parse_fill_record(fill, store.n_features))
+        carry = FillCarry(known=parse_fill_record(fill, len(plan.input_names)))
         t1 = time.perf_counter()
         stages = run(rp, source, plan, writer, threads=threads, fill_carry=carry)
         t2 = time.perf_counter()
@@ -386,7 +386,7 @@ def run_distributed(
                     fut.release()
                     results.append(res)
                     if res.get("fill_end") is not None and fill_carry is not None:
-                        fill_carry.end = parse_fill_record(res["fill_end"], store.n_features)
+                        fill_carry.end = parse_fill_record(res["fill_end"], len(plan.input_names))
                     done = _merge([*done, (res["start"], res["stop"])])
                     record(done)
                     bar.update(res["stop"] - res["start"])
