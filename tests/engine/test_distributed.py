@@ -273,6 +273,30 @@ def test_a_distributed_update_hands_the_recorded_fill_state_to_its_tasks(
     _same(full, out)
 
 
+def test_a_first_distributed_run_hands_each_features_first_row_to_its_tasks(
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No fill state recorded yet: the client reads forward once for each feature's first value (the whole
+    input, for a symbol not trading yet) and every task's walk stops there, not at row 0."""
+    x = price_series(ROWS, FEATURES, seed=9, nan_fraction=0.02)
+    x[:, 2] = np.nan  # listed, not trading
+    x[:7000, 4] = np.nan  # trades late
+    src = write_store(tmp_path / "in.zarr", x, chunks=(777, 3))
+    handed: list[object] = []
+    real_submit = client.submit
+    monkeypatch.setattr(
+        client, "submit", lambda *a, **kw: (handed.append(kw.get("first")), real_submit(*a, **kw))[1]
+    )
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
+    monkeypatch.undo()
+    first = [int(np.flatnonzero(~np.isnan(x[:, j]))[0]) if j != 2 else ROWS for j in range(FEATURES)]
+    assert len(handed) == 10 and all(f == first for f in handed), handed[:1]
+    one = tmp_path / "one.zarr"
+    tsconv.process(src, one, chunk=CHUNK)
+    _same(one, out)
+
+
 def test_a_task_given_a_fill_state_reads_nothing_far_before_its_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -300,11 +324,11 @@ def test_a_task_given_a_fill_state_reads_nothing_far_before_its_start(
     lowest: list[int] = []
     real = chunked.fill_state_before
 
-    def spy(source, row, dtype, *, known=None):  # noqa: ANN001, ANN202
+    def spy(source, row, dtype, **kw):  # noqa: ANN001, ANN003, ANN202
         read = source.read
         source.read = lambda a, b: (lowest.append(a), read(a, b))[1]
         try:
-            return real(source, row, dtype, known=known)
+            return real(source, row, dtype, **kw)
         finally:
             del source.read
 

@@ -96,6 +96,44 @@ def test_a_recorded_fill_state_gives_the_walks_state_and_bounds_it():
     assert min(a for a, _ in spy.reads) >= 4000  # column 2's first value: the walk stops there
 
 
+def test_first_values_bound_the_walk_and_give_the_same_state():
+    """Each feature's first row with a value, read forward until all have one: with it a walk back stops for
+    a feature not trading yet at the row asked for, and the state is the full walk's."""
+    from tsconv.engine.fill import fill_state_before, first_values
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(5000, 6)).astype(np.float32)
+    x[rng.random(x.shape) < 0.3] = np.nan
+    x[:, 1] = np.nan  # never listed
+    x[:4000, 2] = np.nan  # listed late
+    x[600:, 3] = np.nan  # delisted early
+    x[0, 0] = 1.0
+    want = [
+        int(np.flatnonzero(~np.isnan(x[:, j]))[0]) if (~np.isnan(x[:, j])).any() else 5000 for j in range(6)
+    ]
+    spy = _Spy(x, 64)
+    assert first_values(spy, stop=5000).tolist() == want
+    assert max(b for _, b in spy.reads) == 5000  # the never-listed symbol: the whole input, once
+    x2 = x.copy()
+    x2[:, 1] = 7.0
+    x2[:100, 2] = 3.0
+    spy = _Spy(x2, 64)
+    assert (
+        first_values(spy, stop=5000)[2] < 100 and max(b for _, b in spy.reads) <= 128
+    )  # all trade: a band or two
+    first = np.array(want)
+    f32 = np.dtype(np.float32)
+    for row in (0, 1, 64, 599, 600, 2000, 4000, 4001, 4999, 5000):
+        spy = _Spy(x, 64)
+        got = fill_state_before(spy, row, f32, first=first)
+        np.testing.assert_array_equal(got, fill_state_before(_Spy(x, 64), row, f32), err_msg=f"row={row}")
+        if 600 < row < 4000:  # column 1 never, column 2 not yet: only the delisted column 3 walks back far
+            assert min((a for a, _ in spy.reads), default=row) >= 512, (row, spy.reads[-3:])
+    spy = _Spy(x, 64)
+    fill_state_before(spy, 3900, f32)  # without them: back to row 0
+    assert min(a for a, _ in spy.reads) == 0
+
+
 def test_a_fill_record_of_another_shape_or_garbage_is_not_used():
     from tsconv.engine.fill import parse_fill_record
 

@@ -485,11 +485,11 @@ def test_an_update_starts_from_the_recorded_fill_state_not_from_row_0(
     lowest: list[int] = []
     real = chunked.fill_state_before
 
-    def spy(source, row, dtype, *, known=None):  # noqa: ANN001, ANN202
+    def spy(source, row, dtype, **kw):  # noqa: ANN001, ANN003, ANN202
         read = source.read
         source.read = lambda a, b: (lowest.append(a), read(a, b))[1]
         try:
-            return real(source, row, dtype, known=known)
+            return real(source, row, dtype, **kw)
         finally:
             del source.read
 

@@ -499,7 +499,13 @@ def run_batched(
     # Start state, as the chunked engine builds it: the fill state and raw filled rows before `start`.
     sel: BandReader = ColumnSource(source, plan.columns) if plan.columns is not None else source
     begin = max(0, start - halo)
-    state0 = fill_state_before(sel, begin, np.dtype(np.float32), known=fill_carry and fill_carry.known)
+    state0 = fill_state_before(
+        sel,
+        begin,
+        np.dtype(np.float32),
+        known=fill_carry and fill_carry.known,
+        first=fill_carry and fill_carry.first,
+    )
     carry0 = np.zeros((halo - (start - begin), n_feat), dtype=np.float32)
     if start > begin:
         raw = np.asarray(sel.read(begin, start), dtype=np.float32)

@@ -57,7 +57,13 @@ def run_chunked(
     # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
     # before step 0 as zeros (the first stage's zero history).
     begin = max(0, start - halo)
-    state = fill_state_before(source, begin, np.dtype(np.float32), known=fill_carry and fill_carry.known)
+    state = fill_state_before(
+        source,
+        begin,
+        np.dtype(np.float32),
+        known=fill_carry and fill_carry.known,
+        first=fill_carry and fill_carry.first,
+    )
     carry = np.zeros((halo - (start - begin), nf), dtype=np.float32)
     if start > begin:
         raw = np.asarray(source.read(begin, start), dtype=np.float32)

@@ -26,9 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tsconv import config
 from tsconv.engine.cluster import local_cluster
-from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
+from tsconv.engine.fill import FillCarry, fill_record, first_values, parse_fill_record
 from tsconv.engine.run import CudaOptions
 from tsconv.errors import TsconvError
 from tsconv.io.store import InputStore
@@ -152,14 +154,16 @@ def run_partition(
     settings: config.Settings,
     threads: int | None = None,
     fill: dict[str, Any] | None = None,
+    first: list[int] | None = None,
 ) -> dict[str, Any]:
     """One dask task: compute rows [start, stop) and write them into the output store (no attributes).
 
     It runs exactly as a single process would (:func:`tsconv.engine.run.run`: on CUDA the batched engine,
     with the GPU reader where the store allows it), under the client's ``settings``. ``fill``: a fill
     state an earlier run recorded (:func:`tsconv.engine.fill.fill_record`) for input rows the run's checks
-    cover, where the task's walk back for its start's fill state may stop. The result's ``fill_end``: the
-    fill state after the task's last row, where that is the input's last.
+    cover, where the task's walk back for its start's fill state may stop; ``first``: each selected
+    feature's first row with a value (:func:`tsconv.engine.fill.first_values`), which bounds that walk too.
+    The result's ``fill_end``: the fill state after the task's last row, where that is the input's last.
     """
     import socket
 
@@ -185,6 +189,8 @@ def run_partition(
         )
         reset_device(dev)
         carry = FillCarry(known=parse_fill_record(fill, len(plan.input_names)))
+        if first is not None and len(first) == len(plan.input_names):
+            carry.first = np.asarray(first, dtype=np.int64)
         t1 = time.perf_counter()
         stages = run(rp, source, plan, writer, threads=threads, fill_carry=carry)
         t2 = time.perf_counter()
@@ -219,6 +225,23 @@ def _uses_gpu(device: str) -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+# A symbol with no value yet sends every task's walk for its start's fill state back to row 0: P tasks read
+# about P^2 / 2 partitions' worth of input. One forward scan on the client (one band where every symbol trades
+# from the start, the whole input where one never does) bounds each walk instead; it pays from 4 tasks on
+# (P (P - 1) / 2 > P).
+_FIRST_SCAN_TASKS = 4
+
+
+def _first_values(store: InputStore, plan: ResolvedPipeline, rows: int) -> list[int]:
+    """Each selected feature's first row with a value (``rows`` for none), read on the client."""
+    from tsconv.io.readers.blocks import ColumnSource
+    from tsconv.io.source import StoreSource
+
+    with StoreSource(store).open(device=None, pinned=False, hold=1, gpu=False, threads=None) as reader:
+        sel = ColumnSource(reader, plan.columns) if plan.columns is not None else reader
+        return first_values(sel, stop=rows).tolist()
 
 
 def _n_workers(client: Any) -> int:
@@ -356,6 +379,7 @@ def run_distributed(
         plan_ref = client.scatter(plan, broadcast=True) if todo else plan
         known = fill_carry.known if fill_carry is not None else None
         fill = fill_record(*known) if known is not None else None
+        first = _first_values(store, plan, rows) if known is None and len(todo) >= _FIRST_SCAN_TASKS else None
         futures = [
             client.submit(
                 run_partition,
@@ -371,6 +395,7 @@ def run_distributed(
                 settings=config.current(),
                 threads=threads,
                 fill=fill,
+                first=first,
                 key=f"tsconv-{a}-{b}-{token}",
                 retries=retries,
                 pure=False,

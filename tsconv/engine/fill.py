@@ -19,6 +19,7 @@ __all__ = [
     "FillCarry",
     "fill_record",
     "fill_state_before",
+    "first_values",
     "forward_fill",
     "forward_fill_torch",
     "parse_fill_record",
@@ -29,10 +30,13 @@ __all__ = [
 class FillCarry:
     """The fill state between runs of one output: ``known``, a (row, state) recorded by an earlier run over
     rows the input still holds unchanged, to start from; ``end``, set by the engine, the (row, state) after
-    its last row."""
+    its last row; ``first``: each feature's first row with a value, which bounds a walk back for it."""
 
     known: tuple[int, np.ndarray] | None = None
     end: tuple[int, np.ndarray] | None = None
+    first: np.ndarray | None = (
+        None  # per feature, its first row with a value (:func:`first_values`), where known
+    )
 
 
 def fill_record(row: int, state: np.ndarray) -> dict[str, Any]:
@@ -92,8 +96,31 @@ def forward_fill_torch(block: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     return ext.gather(0, idx + 1)
 
 
+def first_values(source: BandReader, *, stop: int) -> np.ndarray:
+    """Per feature, its first row below ``stop`` with a value (``stop`` for none), read forward a band at a
+    time until every feature has one: one band where all trade from the start, the whole input where one has
+    no value yet (a symbol listed before it trades)."""
+    first = np.full(source.n_features, stop, dtype=np.int64)
+    missing = np.ones(source.n_features, dtype=bool)
+    a, band = 0, max(1, source.band_rows)
+    while a < stop and missing.any():
+        b = min(stop, (a // band + 1) * band)
+        valid = ~np.isnan(np.asarray(source.read(a, b), dtype=np.float32)[:, missing])
+        has = valid.any(axis=0)
+        found = np.flatnonzero(missing)[has]
+        first[found] = a + valid[:, has].argmax(axis=0)
+        missing[found] = False
+        a = b
+    return first
+
+
 def fill_state_before(
-    source: BandReader, row: int, dtype: np.dtype, *, known: tuple[int, np.ndarray] | None = None
+    source: BandReader,
+    row: int,
+    dtype: np.dtype,
+    *,
+    known: tuple[int, np.ndarray] | None = None,
+    first: np.ndarray | None = None,
 ) -> np.ndarray:
     """The forward-fill state at ``row``: per feature, the last non-NaN value in rows < ``row``.
 
@@ -101,10 +128,11 @@ def fill_state_before(
     kill reads only what it needs. Without ``known`` a feature that is NaN so far (a symbol not listed yet)
     makes it read back to row 0; ``known`` = (k, state at row k), recorded by an earlier run over rows the
     input still holds, bounds that: the walk stops at k when k <= ``row``, and when k > ``row`` a feature with
-    no value in rows [``row``, k) had at ``row`` the state it has at k.
+    no value in rows [``row``, k) had at ``row`` the state it has at k. ``first`` (:func:`first_values`) bounds
+    it too: a feature whose first value comes at or after ``row`` is not looked for.
     """
     state = np.full(source.n_features, np.nan, dtype=dtype)
-    missing = np.ones(source.n_features, dtype=bool)
+    missing = np.ones(source.n_features, dtype=bool) if first is None else np.asarray(first) < row
     floor = 0
     if known is not None:
         k, at_k = known
