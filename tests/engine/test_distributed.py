@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,7 +81,8 @@ def _opens_with_xarray(path: Path) -> None:
 
 
 def _tasks_run(stream) -> list[str]:  # noqa: ANN001
-    return [t["key"] for t in stream.data if str(t["key"]).startswith("tsconv-")]
+    """The partition tasks that ran (keys tsconv-START-STOP-TOKEN; the scan for first values is another)."""
+    return [t["key"] for t in stream.data if re.match(r"tsconv-\d+-\d+-", str(t["key"]))]
 
 
 @pytest.mark.parametrize("name", ["default", "dilated"])
@@ -276,22 +278,27 @@ def test_a_distributed_update_hands_the_recorded_fill_state_to_its_tasks(
 def test_a_first_distributed_run_hands_each_features_first_row_to_its_tasks(
     client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No fill state recorded yet: the client reads forward once for each feature's first value (the whole
-    input, for a symbol not trading yet) and every task's walk stops there, not at row 0."""
+    """No fill state recorded yet: one task reads forward for each feature's first value (the whole input,
+    for a symbol not trading yet) and every partition's walk stops there, not at row 0."""
     x = price_series(ROWS, FEATURES, seed=9, nan_fraction=0.02)
     x[:, 2] = np.nan  # listed, not trading
     x[:7000, 4] = np.nan  # trades late
     src = write_store(tmp_path / "in.zarr", x, chunks=(777, 3))
     handed: list[object] = []
     real_submit = client.submit
-    monkeypatch.setattr(
-        client, "submit", lambda *a, **kw: (handed.append(kw.get("first")), real_submit(*a, **kw))[1]
-    )
+
+    def spy(fn, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if fn.__name__ == "run_partition":
+            handed.append(kw.get("first"))
+        return real_submit(fn, *a, **kw)
+
+    monkeypatch.setattr(client, "submit", spy)
     out = tmp_path / "out.zarr"
     tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
     monkeypatch.undo()
     first = [int(np.flatnonzero(~np.isnan(x[:, j]))[0]) if j != 2 else ROWS for j in range(FEATURES)]
-    assert len(handed) == 10 and all(f == first for f in handed), handed[:1]
+    assert len(handed) == 10 and len({id(f) for f in handed}) == 1  # one scan, a task of its own, for all
+    assert handed[0].result() == first
     one = tmp_path / "one.zarr"
     tsconv.process(src, one, chunk=CHUNK)
     _same(one, out)

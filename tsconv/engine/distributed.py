@@ -44,7 +44,7 @@ from tsconv.io.writers.zarr_writer import (
 )
 from tsconv.pipeline.spec import ResolvedPipeline
 
-__all__ = ["missing", "partitions", "run_distributed"]
+__all__ = ["first_values_task", "missing", "partitions", "run_distributed"]
 
 _MAX_TASK_OUTPUT_BYTES = 256 << 20  # at most this much output per task (resume granularity)
 _HALO_FACTOR = 16  # a partition is at least 16 halos long: recomputed halo rows cost <= 1/16
@@ -228,20 +228,26 @@ def _uses_gpu(device: str) -> bool:
 
 
 # A symbol with no value yet sends every task's walk for its start's fill state back to row 0: P tasks read
-# about P^2 / 2 partitions' worth of input. One forward scan on the client (one band where every symbol trades
-# from the start, the whole input where one never does) bounds each walk instead; it pays from 4 tasks on
-# (P (P - 1) / 2 > P).
+# about P^2 / 2 partitions' worth of input. One forward scan first, a task of its own (one band where every
+# symbol trades from the start, the whole input where one never does), bounds each walk instead; it pays from
+# 4 tasks on (P (P - 1) / 2 > P).
 _FIRST_SCAN_TASKS = 4
 
 
-def _first_values(store: InputStore, plan: ResolvedPipeline, rows: int) -> list[int]:
-    """Each selected feature's first row with a value (``rows`` for none), read on the client."""
+def first_values_task(
+    input_path: str, plan: ResolvedPipeline, *, rows: int, settings: config.Settings
+) -> list[int]:
+    """One dask task: each selected feature's first row with a value (``rows`` for none), read on a worker
+    (for a symbol with no value yet, the whole input: kept off the client, which may be a small machine)."""
     from tsconv.io.readers.blocks import ColumnSource
     from tsconv.io.source import StoreSource
+    from tsconv.io.store import open_input
 
-    with StoreSource(store).open(device=None, pinned=False, hold=1, gpu=False, threads=None) as reader:
-        sel = ColumnSource(reader, plan.columns) if plan.columns is not None else reader
-        return first_values(sel, stop=rows).tolist()
+    with config.override(**dataclasses.asdict(settings)):
+        store = open_input(input_path)
+        with StoreSource(store).open(device=None, pinned=False, hold=1, gpu=False, threads=None) as reader:
+            sel = ColumnSource(reader, plan.columns) if plan.columns is not None else reader
+            return first_values(sel, stop=rows).tolist()
 
 
 def _n_workers(client: Any) -> int:
@@ -379,7 +385,10 @@ def run_distributed(
         plan_ref = client.scatter(plan, broadcast=True) if todo else plan
         known = fill_carry.known if fill_carry is not None else None
         fill = fill_record(*known) if known is not None else None
-        first = _first_values(store, plan, rows) if known is None and len(todo) >= _FIRST_SCAN_TASKS else None
+        first = None  # a future the partition tasks wait for (dask hands them its result)
+        if known is None and len(todo) >= _FIRST_SCAN_TASKS:
+            first = client.submit(first_values_task, str(store.path), plan_ref, rows=rows,
+                                  settings=config.current(), key=f"tsconv-first-{token}", pure=False)  # fmt: skip
         futures = [
             client.submit(
                 run_partition,
@@ -416,7 +425,7 @@ def run_distributed(
                     record(done)
                     bar.update(res["stop"] - res["start"])
         except BaseException:
-            client.cancel(futures)
+            client.cancel([*futures, *([first] if first is not None else [])])
             raise
         seconds = time.perf_counter() - t0
         end_wall = t0_wall + seconds
