@@ -514,6 +514,20 @@ def test_a_chunk_encoded_in_parts_is_the_single_thread_encode_byte_for_byte(
     assert joined >= 8 * len(levels)  # most cases are joined from parts, not the fallback's single encode
 
 
+def test_a_failure_in_a_part_is_raised_as_the_encode_would_raise_it() -> None:
+    from tsconv.io.writers.encode import encode_in_parts
+
+    class Failing(numcodecs.Blosc):
+        def encode(self, buf):  # noqa: ANN001, ANN202
+            if np.asarray(buf).size < 400_000:  # the pieces of 1 MiB, encoded in other threads
+                raise MemoryError("no room for the frame")
+            return super().encode(buf)
+
+    x = np.arange(1_000_000, dtype=np.float32)  # 4 MB: pieces of 1 MiB, 1 MiB and the rest
+    with pytest.raises(MemoryError, match="no room"):
+        encode_in_parts(Failing(cname="lz4", clevel=5, shuffle=1, typesize=4), x, 3)
+
+
 def test_a_chunk_alone_is_encoded_in_parts_and_reads_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

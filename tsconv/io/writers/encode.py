@@ -168,9 +168,13 @@ def encode_in_parts(codec: numcodecs.Blosc, chunk: np.ndarray, parts: int) -> li
     if len(cuts) < 3:
         return [codec.encode(chunk)]
     frames: list[bytes] = [b""] * (len(cuts) - 1)
+    failed: list[BaseException] = []
 
     def encode(i: int) -> None:
-        frames[i] = codec.encode(flat[cuts[i] // size : cuts[i + 1] // size])
+        try:
+            frames[i] = codec.encode(flat[cuts[i] // size : cuts[i + 1] // size])
+        except BaseException as exc:  # raised in the caller's thread below, as one encode would raise it
+            failed.append(exc)
 
     # in the main thread numcodecs hands the call to c-blosc's own threads, which order blocks as they
     # finish: every piece goes to a thread of its own there
@@ -182,6 +186,8 @@ def encode_in_parts(codec: numcodecs.Blosc, chunk: np.ndarray, parts: int) -> li
         encode(0)
     for t in helpers:
         t.join()
+    if failed:
+        raise failed[0]
     heads = [_HEADER.unpack_from(f) for f in frames]
     version, lz, flags, typesize, _, block, _ = heads[0]
     if (
