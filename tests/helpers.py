@@ -246,3 +246,23 @@ def assert_matches_reference(
     bound = error_bound(x, plan)[ok]
     worst = np.argmax(err / bound) if err.size else 0
     assert (err <= bound).all(), f"error {err[worst]:.3g} > bound {bound[worst]:.3g}"
+
+
+def spy_fill_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first row of every read that the engines' walks for a fill state make
+    (``tsconv.engine.fill.fill_state_before``), filled in as they run."""
+    import tsconv.engine.fill as fill
+
+    lowest: list[int] = []
+    real = fill.fill_state_before
+
+    def spy(source, row, dtype, **kw):  # noqa: ANN001, ANN003, ANN202
+        read = source.read
+        source.read = lambda a, b: (lowest.append(a), read(a, b))[1]
+        try:
+            return real(source, row, dtype, **kw)
+        finally:
+            del source.read
+
+    monkeypatch.setattr(fill, "fill_state_before", spy)
+    return lowest

@@ -14,7 +14,7 @@ import zarr
 
 import tsconv
 
-from ..helpers import price_series, write_store
+from ..helpers import price_series, spy_fill_walks, write_store
 
 distributed = pytest.importorskip("distributed")
 
@@ -310,7 +310,6 @@ def test_a_task_given_a_fill_state_reads_nothing_far_before_its_start(
     """run_partition itself, in this process: with the recorded state its walk stops there."""
     import dataclasses
 
-    import tsconv.engine.chunked as chunked
     from tsconv import config
     from tsconv.engine.distributed import run_partition
     from tsconv.engine.fill import fill_record
@@ -328,18 +327,7 @@ def test_a_task_given_a_fill_state_reads_nothing_far_before_its_start(
     want = np.asarray(zarr.open_group(str(out), mode="r")["values"][:])
     state = np.array([x[:8000, j][~np.isnan(x[:8000, j])][-1] if j != 2 else np.nan for j in range(FEATURES)])
     plan = resolve(as_pipeline(None), tsconv.open_input(src).features)
-    lowest: list[int] = []
-    real = chunked.fill_state_before
-
-    def spy(source, row, dtype, **kw):  # noqa: ANN001, ANN003, ANN202
-        read = source.read
-        source.read = lambda a, b: (lowest.append(a), read(a, b))[1]
-        try:
-            return real(source, row, dtype, **kw)
-        finally:
-            del source.read
-
-    monkeypatch.setattr(chunked, "fill_state_before", spy)
+    lowest = spy_fill_walks(monkeypatch)
     g = zarr.open_group(str(out), mode="r+")
     g["values"][8192:9216] = np.nan  # what the task writes again
     for given, floor in ((fill_record(8000, state.astype(np.float32)), 8000 - 800), (None, 0)):

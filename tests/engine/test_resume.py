@@ -229,10 +229,10 @@ def _halo_not_read(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _fill_state_reset(monkeypatch: pytest.MonkeyPatch) -> None:
     """A resume that starts the forward fill afresh (every feature NaN) at its first row."""
-    import tsconv.engine.chunked
+    import tsconv.engine.fill
 
     monkeypatch.setattr(
-        tsconv.engine.chunked,
+        tsconv.engine.fill,
         "fill_state_before",
         lambda source, row, dtype, **_: np.full(source.n_features, np.nan, dtype=dtype),
     )

@@ -14,7 +14,7 @@ import zarr
 
 import tsconv
 
-from ..helpers import T0, write_store
+from ..helpers import T0, spy_fill_walks, write_store
 
 CHUNK = 128
 
@@ -470,8 +470,6 @@ def test_an_update_starts_from_the_recorded_fill_state_not_from_row_0(
     row 0 every update), and still equals a full run bit for bit."""
     import json
 
-    import tsconv.engine.chunked as chunked
-
     x, t = ticks(6000, 4, seed=41)
     x[:, 3] = np.nan  # not listed yet
     x[:5900, 1] = np.nan  # listed in the appended rows
@@ -482,18 +480,7 @@ def test_an_update_starts_from_the_recorded_fill_state_not_from_row_0(
     assert rec["row"] == 5000 and rec["state"][3] is None and rec["state"][1] is None
     assert rec["state"][0] == float(x[:5000, 0][~np.isnan(x[:5000, 0])][-1])
     grow(src, x, t, 6000)
-    lowest: list[int] = []
-    real = chunked.fill_state_before
-
-    def spy(source, row, dtype, **kw):  # noqa: ANN001, ANN003, ANN202
-        read = source.read
-        source.read = lambda a, b: (lowest.append(a), read(a, b))[1]
-        try:
-            return real(source, row, dtype, **kw)
-        finally:
-            del source.read
-
-    monkeypatch.setattr(chunked, "fill_state_before", spy)
+    lowest = spy_fill_walks(monkeypatch)
     tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu", update=True)
     restart = 5000 // (3 * CHUNK) * (3 * CHUNK)
     assert lowest and min(lowest) >= restart - 1000, min(lowest)

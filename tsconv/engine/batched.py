@@ -48,7 +48,7 @@ import torch
 from tsconv import config, trace
 from tsconv.engine import devmem
 from tsconv.engine.compute import Backend
-from tsconv.engine.fill import FillCarry, fill_state_before, forward_fill
+from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import level_before_torch, tail_rows
 from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader, FrameSink
@@ -499,13 +499,7 @@ def run_batched(
     # Start state, as the chunked engine builds it: the fill state and raw filled rows before `start`.
     sel: BandReader = ColumnSource(source, plan.columns) if plan.columns is not None else source
     begin = max(0, start - halo)
-    state0 = fill_state_before(
-        sel,
-        begin,
-        np.dtype(np.float32),
-        known=fill_carry and fill_carry.known,
-        first=fill_carry and fill_carry.first,
-    )
+    state0 = (fill_carry or FillCarry()).state_before(sel, begin)
     carry0 = np.zeros((halo - (start - begin), n_feat), dtype=np.float32)
     if start > begin:
         raw = np.asarray(sel.read(begin, start), dtype=np.float32)

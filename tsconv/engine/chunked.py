@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from tsconv.engine.compute import Backend
-from tsconv.engine.fill import FillCarry, fill_state_before, forward_fill
+from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
 from tsconv.io.contracts import BandReader
 from tsconv.io.readers.blocks import ColumnSource
@@ -57,13 +57,7 @@ def run_chunked(
     # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
     # before step 0 as zeros (the first stage's zero history).
     begin = max(0, start - halo)
-    state = fill_state_before(
-        source,
-        begin,
-        np.dtype(np.float32),
-        known=fill_carry and fill_carry.known,
-        first=fill_carry and fill_carry.first,
-    )
+    state = (fill_carry or FillCarry()).state_before(source, begin)
     carry = np.zeros((halo - (start - begin), nf), dtype=np.float32)
     if start > begin:
         raw = np.asarray(source.read(begin, start), dtype=np.float32)

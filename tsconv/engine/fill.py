@@ -34,9 +34,11 @@ class FillCarry:
 
     known: tuple[int, np.ndarray] | None = None
     end: tuple[int, np.ndarray] | None = None
-    first: np.ndarray | None = (
-        None  # per feature, its first row with a value (:func:`first_values`), where known
-    )
+    first: np.ndarray | None = None  # per feature, its first row with a value, where known
+
+    def state_before(self, source: BandReader, row: int) -> np.ndarray:
+        """The float32 fill state at ``row`` (:func:`fill_state_before`), from what this carry knows."""
+        return fill_state_before(source, row, np.dtype(np.float32), known=self.known, first=self.first)
 
 
 def fill_record(row: int, state: np.ndarray) -> dict[str, Any]:
