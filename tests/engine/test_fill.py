@@ -61,17 +61,24 @@ class _Spy:
         return self.x[a:b]
 
 
+def _listings(*, seed: int) -> np.ndarray:
+    """5,000 x 6 values with 30% of prints missing; symbol 1 never listed, 2 listed at row 4,000, 3 delisted
+    at row 600."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(5000, 6)).astype(np.float32)
+    x[rng.random(x.shape) < 0.3] = np.nan
+    x[:, 1] = np.nan
+    x[:4000, 2] = np.nan
+    x[600:, 3] = np.nan
+    return x
+
+
 def test_a_recorded_fill_state_gives_the_walks_state_and_bounds_it():
     """From a (row, state) recorded at a row before or after the one asked for, the state is the full walk's;
     a feature with no value yet (a symbol not listed) no longer sends the walk back to row 0."""
     from tsconv.engine.fill import fill_record, fill_state_before, parse_fill_record
 
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(5000, 6)).astype(np.float32)
-    x[rng.random(x.shape) < 0.3] = np.nan
-    x[:, 1] = np.nan  # never listed
-    x[:4000, 2] = np.nan  # listed late
-    x[600:, 3] = np.nan  # delisted early
+    x = _listings(seed=1)
     x[4990:, 4] = np.nan
     f32 = np.dtype(np.float32)
     for k in (0, 100, 3333, 4100, 4999, 5000):
@@ -101,12 +108,7 @@ def test_first_values_bound_the_walk_and_give_the_same_state():
     a feature not trading yet at the row asked for, and the state is the full walk's."""
     from tsconv.engine.fill import fill_state_before, first_values
 
-    rng = np.random.default_rng(2)
-    x = rng.normal(size=(5000, 6)).astype(np.float32)
-    x[rng.random(x.shape) < 0.3] = np.nan
-    x[:, 1] = np.nan  # never listed
-    x[:4000, 2] = np.nan  # listed late
-    x[600:, 3] = np.nan  # delisted early
+    x = _listings(seed=2)
     x[0, 0] = 1.0
     want = [
         int(np.flatnonzero(~np.isnan(x[:, j]))[0]) if (~np.isnan(x[:, j])).any() else 5000 for j in range(6)
