@@ -514,6 +514,48 @@ def test_a_chunk_encoded_in_parts_is_the_single_thread_encode_byte_for_byte(
     assert joined >= 8 * len(levels)  # most cases are joined from parts, not the fallback's single encode
 
 
+def _uneven_blocks() -> np.ndarray:
+    """4 MB whose first blocks are noise and whose last are zeros: c-blosc's own threads finish the zero
+    blocks first and would store them first."""
+    noise = np.random.default_rng(0).random(500_000).astype(np.float32)
+    return np.concatenate([noise, np.zeros(500_000, np.float32)]).reshape(-1, 100)
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_an_encode_from_the_main_thread_is_the_single_thread_frame(
+    parts: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tsconv.io.writers.encode import encode_in_parts
+
+    x = _uneven_blocks()
+    codec = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1, typesize=4)
+    monkeypatch.setattr(numcodecs.blosc, "use_threads", False)
+    want = bytes(codec.encode(x))
+    monkeypatch.setattr(numcodecs.blosc, "use_threads", None)  # numcodecs' own default (zarr sets False)
+    assert threading.current_thread() is threading.main_thread()
+    for _ in range(10):
+        assert b"".join(bytes(p) for p in encode_in_parts(codec, x, parts)) == want
+
+
+@pytest.mark.parametrize("threads", [0, 1])
+def test_a_writer_without_worker_threads_writes_the_same_bytes_each_run(
+    tmp_path: Path, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # zarr turns numcodecs' use of c-blosc's threads off when it is imported; a script may turn it back on
+    monkeypatch.setattr(numcodecs.blosc, "use_threads", None)
+    x = np.concatenate([_uneven_blocks()] * 4)
+    runs = []
+    for run in range(3):
+        path = tmp_path / f"out-{run}.zarr"
+        w = OutputWriter.create(path, rows=len(x), names=tuple(f"y{j}" for j in range(100)), chunk_rows=len(x) // 4,
+                                time_source=None, attrs={"tsconv": {"complete": False}}, threads=threads)  # fmt: skip
+        _append_all(w, x, step=len(x) // 4)
+        w.finish()
+        runs.append([(path / "values" / "c" / str(band) / "0").read_bytes() for band in range(4)])
+    assert runs[1] == runs[0] and runs[2] == runs[0]
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(tmp_path / "out-0.zarr" / "values"))[:]), x)
+
+
 def test_a_failure_in_a_part_is_raised_as_the_encode_would_raise_it() -> None:
     from tsconv.io.writers.encode import encode_in_parts
 

@@ -143,8 +143,8 @@ _MEMCPYED = 0x02
 
 
 def encode_in_parts(codec: numcodecs.Blosc, chunk: np.ndarray, parts: int) -> list[bytes | memoryview]:
-    """``codec.encode(chunk)`` as one thread encodes it, computed by up to ``parts`` threads; returned as
-    buffers to write in turn.
+    """``codec.encode(chunk)`` as one thread encodes it, from any calling thread, computed by up to ``parts``
+    threads; returned as buffers to write in turn.
 
     Hand-written because neither c-blosc nor numcodecs has it: c-blosc's own threads place the blocks in
     the order they finish (another file each run, for the same values), while a chunk alone at the end of a
@@ -160,34 +160,14 @@ def encode_in_parts(codec: numcodecs.Blosc, chunk: np.ndarray, parts: int) -> li
     n, size = flat.nbytes, flat.itemsize
     k = min(parts, n // _PIECE_ALIGN)
     if k < 2 or _PIECE_ALIGN % size:
-        return [codec.encode(chunk)]
+        return _encode_apart(codec, [chunk])
     step = -(-(n // _PIECE_ALIGN) // k) * _PIECE_ALIGN
     cuts = [*range(0, n, step), n]
     if n - cuts[-2] < _PIECE_ALIGN:  # a last piece shorter than a block would get a block size of its own
         del cuts[-2]
     if len(cuts) < 3:
-        return [codec.encode(chunk)]
-    frames: list[bytes] = [b""] * (len(cuts) - 1)
-    failed: list[BaseException] = []
-
-    def encode(i: int) -> None:
-        try:
-            frames[i] = codec.encode(flat[cuts[i] // size : cuts[i + 1] // size])
-        except BaseException as exc:  # raised in the caller's thread below, as one encode would raise it
-            failed.append(exc)
-
-    # in the main thread numcodecs hands the call to c-blosc's own threads, which order blocks as they
-    # finish: every piece goes to a thread of its own there
-    first = 0 if threading.current_thread() is threading.main_thread() else 1
-    helpers = [threading.Thread(target=encode, args=(i,), daemon=True) for i in range(first, len(frames))]
-    for t in helpers:
-        t.start()
-    if first:
-        encode(0)
-    for t in helpers:
-        t.join()
-    if failed:
-        raise failed[0]
+        return _encode_apart(codec, [chunk])
+    frames = _encode_apart(codec, [flat[a // size : b // size] for a, b in zip(cuts, cuts[1:], strict=False)])
     heads = [_HEADER.unpack_from(f) for f in frames]
     version, lz, flags, typesize, _, block, _ = heads[0]
     if (
@@ -196,7 +176,7 @@ def encode_in_parts(codec: numcodecs.Blosc, chunk: np.ndarray, parts: int) -> li
         or any(h[:4] != heads[0][:4] or h[5] != block for h in heads)
         or any(c % block for c in cuts[:-1])
     ):
-        return [codec.encode(chunk)]
+        return _encode_apart(codec, [chunk])
     table = _HEADER.size + 4 * -(-n // block)
     starts, blocks, pos = [], [], table
     for f, a, b in zip(frames, cuts, cuts[1:], strict=False):
@@ -208,9 +188,35 @@ def encode_in_parts(codec: numcodecs.Blosc, chunk: np.ndarray, parts: int) -> li
         blocks.append(memoryview(f)[own:])
         pos += len(f) - own
     if pos + block > n + _HEADER.size:  # near the input's size: c-blosc's limit on the whole might have acted
-        return [codec.encode(chunk)]
+        return _encode_apart(codec, [chunk])
     head = _HEADER.pack(version, lz, flags, typesize, n, block, pos)
     return [head, np.concatenate(starts).astype("<u4").tobytes(), *blocks]
+
+
+def _encode_apart(codec: numcodecs.Blosc, pieces: list[np.ndarray]) -> list[bytes]:
+    """``codec.encode`` of each piece, each by one thread, none in the main thread: there numcodecs hands
+    the call to c-blosc's own threads, which place the blocks in the order they finish (the same values, other
+    bytes each run). A failure is raised here, as one encode would raise it."""
+    frames: list[bytes] = [b""] * len(pieces)
+    failed: list[BaseException] = []
+
+    def encode(i: int) -> None:
+        try:
+            frames[i] = codec.encode(pieces[i])
+        except BaseException as exc:
+            failed.append(exc)
+
+    first = 0 if threading.current_thread() is threading.main_thread() else 1
+    helpers = [threading.Thread(target=encode, args=(i,), daemon=True) for i in range(first, len(pieces))]
+    for t in helpers:
+        t.start()
+    if first:
+        encode(0)
+    for t in helpers:
+        t.join()
+    if failed:
+        raise failed[0]
+    return frames
 
 
 def fast_write_reason(array: Any) -> str | None:
