@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "process": "tsconv.engine.api",
-    "features": "tsconv.engine.api",
+    "features": "tsconv.engine.inmemory",
     "Stream": "tsconv.engine.stream",
     "Report": "tsconv.engine.report",
     "load_pipeline": "tsconv.pipeline.spec",

@@ -23,6 +23,7 @@ import torch
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import forward_fill_torch
 from tsconv.engine.level import centering_level_torch
+from tsconv.engine.options import check_warmup
 from tsconv.errors import PipelineError, ShapeError, TsconvError
 from tsconv.kernels.conv1d import PRECISIONS, conv1d
 from tsconv.pipeline.spec import ACTIVATIONS, WEIGHT_DTYPES, ResolvedPipeline, as_pipeline, resolve
@@ -30,7 +31,6 @@ from tsconv.pipeline.spec import ACTIVATIONS, WEIGHT_DTYPES, ResolvedPipeline, a
 __all__ = ["CausalConv1d", "Pipeline"]
 
 _DTYPES = {"float16": torch.float16, "float32": torch.float32}
-WARMUPS = ("nan", "zero")
 
 
 def _positive(name: str, value: object) -> int:
@@ -229,8 +229,7 @@ class Pipeline(torch.nn.Module):
                 f"Pipeline needs a resolved pipeline, got {type(plan).__name__}",
                 hint="use tsconv.nn.Pipeline.from_pipeline(pipeline, input_names).",
             )
-        if warmup not in WARMUPS:
-            raise TsconvError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
+        check_warmup(warmup)
         self.plan = plan
         self.warmup = warmup
         columns = plan.columns

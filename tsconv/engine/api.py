@@ -1,7 +1,8 @@
-"""The library's entries: :func:`process` (a store to an output) and :func:`features` (an in-memory series).
+"""The library's store entry, :func:`process` (a store to an output; :mod:`tsconv.engine.inmemory` has
+:func:`~tsconv.engine.inmemory.features` for in-memory series).
 
-Both check their options, resolve the pipeline against the input's features and hand the run to
-:mod:`tsconv.engine.outputs` or :func:`tsconv.engine.run.run`. Options are keyword-only and grouped: those
+It checks its options, resolves the pipeline against the input's features and hands the run to
+:mod:`tsconv.engine.outputs`. Options are keyword-only and grouped: those
 of the CUDA engine (``transfer``, ``gpu_mem``, ``decode``), of zarr outputs (``compression``, ``resume``)
 and of dask (``workers``, ``client``, ``partition_rows``); an option given where it cannot apply is refused
 with an error that names it, never ignored.
@@ -14,33 +15,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from tsconv.engine.outputs import DaskOptions, refuse_time_range, to_parquet, to_zarr
+from tsconv.engine.options import check_chunk, check_length, check_warmup, refuse
+from tsconv.engine.outputs import DaskOptions, to_parquet, to_zarr
 from tsconv.engine.report import Report
 from tsconv.engine.run import (
     CudaOptions,
     batched_on,
     cuda_errors,
-    plan_run,
-    reset_device,
     resolve_device,
-    run,
 )
-from tsconv.errors import ShapeError, StoreError, TsconvError
+from tsconv.errors import TsconvError
 from tsconv.io.objstore import StoreURL, location
-from tsconv.io.readers.blocks import ArraySource
-from tsconv.io.store import describe_repeats, open_input, repeated_names
+from tsconv.io.store import open_input
 from tsconv.io.writers.formats import output_format
-from tsconv.io.writers.memory import ArraySink
 from tsconv.io.writers.zarr_writer import check_compression, check_output_flags
-from tsconv.pipeline.spec import Pipeline, ResolvedPipeline, as_pipeline, resolve
+from tsconv.pipeline.spec import PipelineLike, as_pipeline, resolve
 
-__all__ = ["Report", "default_output_path", "features", "process", "resolve_device"]
-
-WARMUPS = ("nan", "zero")
-PipelineLike = str | os.PathLike[str] | Pipeline | dict[str, Any] | None
+__all__ = ["Report", "default_output_path", "process", "resolve_device"]
 
 
 @cuda_errors()
@@ -92,7 +83,8 @@ def process(
     :mod:`tsconv.engine.distributed`); each task runs as a single process would.
     """
     t_enter = time.perf_counter()
-    _check_common(chunk, warmup)
+    check_chunk(chunk)
+    check_warmup(warmup)
     check_output_flags(overwrite=overwrite, resume=resume, update=update)
     if not isinstance(progress, bool):
         raise TsconvError(f"progress must be True or False, got {progress!r}")
@@ -100,7 +92,7 @@ def process(
     parquet = output is not None and output_format(output) == "parquet"
     dask = _dask_options(workers, client, partition_rows)
     if parquet:
-        _refuse({"compression": compression, "workers": workers, "client": client}, "a Parquet output")
+        refuse({"compression": compression, "workers": workers, "client": client}, "a Parquet output")
         if resume:
             raise TsconvError(
                 f"--resume is not supported for Parquet output ({out_loc.name})",
@@ -121,13 +113,13 @@ def process(
     deferred = (update or resume) and device == "auto"
     dev = None if dask is not None and device == "auto" else resolve_device(device, start=not deferred)
     if dev is not None and not batched_on(dev):
-        _refuse(
+        refuse(
             {"transfer": transfer, "gpu_mem": gpu_mem, "decode": decode},
             f"a run on the CPU (device={device!r})",
         )
     store = open_input(input)
     plan = resolve(as_pipeline(pipeline), store.features)
-    _check_length(store.rows, plan, warmup, str(store.path))
+    check_length(store.rows, plan, warmup, str(store.path))
     if parquet:
         assert dev is not None and out_loc is not None
         return to_parquet(store, plan, out_loc, device=dev, chunk=chunk, warmup=warmup, overwrite=overwrite,
@@ -141,132 +133,12 @@ def process(
                    compression=compression or "auto", dask=dask, t_enter=t_enter, update=update)  # fmt: skip
 
 
-@cuda_errors()
-def features(
-    x: Any,
-    pipeline: PipelineLike = None,
-    *,
-    names: list[str] | tuple[str, ...] | None = None,
-    warmup: str = "nan",
-    chunk: int = 65536,
-    device: str = "auto",
-    time_column: str | None = "time",
-    transfer: str | None = None,
-    gpu_mem: int | str | None = None,
-    return_names: bool = False,
-) -> Any:
-    """Run a pipeline on an in-memory series ``x`` [T, F] (numpy or torch); returns [T, D] float32 of the same kind.
-
-    The computation is :func:`process`'s (on CUDA the batched engine, where ``chunk`` is not used; on the
-    CPU chunks of ``chunk`` steps), so results match it on the same data. A polars DataFrame or LazyFrame
-    gives a polars DataFrame: its ``time_column`` (if present) is carried over and the other columns, all
-    numeric, are the named features (see :func:`tsconv.io.frames.frame_input`). ``transfer`` and ``gpu_mem``
-    are the CUDA engine's, as in :func:`process`.
-
-    ``names`` names an array's input features (default f0, f1, ...). ``return_names=True`` returns
-    ``(result, output_names)``: the D output names in column order (e.g. ``"f0.ma8"``), a tuple of str, the
-    same as an output store's ``features`` attribute; for a frame they are its columns without the time.
-    """
-    _check_common(chunk, warmup)
-    cuda = CudaOptions.from_args(transfer=transfer, gpu_mem=gpu_mem, decode="cpu")
-    dev = resolve_device(device)
-    if not batched_on(dev):
-        _refuse({"transfer": transfer, "gpu_mem": gpu_mem}, f"a run on the CPU (device={device!r})")
-    if type(x).__module__.split(".")[0] == "polars":
-        if names is not None:
-            raise ShapeError("names= is for arrays; a frame's features are named by its columns")
-        from tsconv.io.frames import frame_input, frame_output
-
-        feature_names, source, time_series = frame_input(x, time_column=time_column, band_rows=chunk)
-        plan = _plan_for(pipeline, feature_names, source.rows, warmup, "features() on polars frames")
-        sink = ArraySink(source.rows, plan.n_outputs, feature_major=True)
-        _run_in_memory(source, plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
-        frame = frame_output(plan.output_names, sink.out, time_series)
-        return (frame, plan.output_names) if return_names else frame
-    is_torch = isinstance(x, torch.Tensor)
-    try:
-        arr = x.detach().cpu().numpy() if is_torch else np.asarray(x)
-    except (TypeError, ValueError) as exc:  # ragged lists, objects numpy cannot make an array of
-        raise ShapeError(
-            f"expected a 2-D series [T, F] (an array, a tensor or a polars frame), got {type(x).__name__}: {exc}",
-            hint="pass a numpy array or torch tensor with one row per time step and one column per feature.",
-        ) from None
-    if arr.ndim != 2:
-        raise ShapeError(
-            f"expected a 2-D series [T, F] (time-major), got {arr.ndim}-D with shape {list(arr.shape)}",
-            hint="pass one row per time step and one column per feature; reshape a 1-D series with x[:, None].",
-        )
-    if arr.dtype.kind not in "fiu":
-        raise ShapeError(f"expected a real numeric array, got dtype {arr.dtype}")
-    feature_names = tuple(names) if names is not None else tuple(f"f{j}" for j in range(arr.shape[1]))
-    if len(feature_names) != arr.shape[1]:
-        raise ShapeError(f"{len(feature_names)} names given for {arr.shape[1]} features")
-    if dups := repeated_names(feature_names):
-        raise ShapeError(
-            f"features(): names repeat ({describe_repeats(feature_names, dups)})",
-            hint="give every feature a distinct name: a pipeline selects features by name.",
-        )
-    plan = _plan_for(pipeline, feature_names, arr.shape[0], warmup, "features() on arrays")
-    if dev.type == "cuda" and not (arr.flags.c_contiguous and arr.flags.writeable):
-        # The batched engine wraps host rows in tensors, which needs C-ordered, writeable memory (it never
-        # writes to it): copy the input once if it is not.
-        arr = np.array(arr, order="C")
-    sink = ArraySink(arr.shape[0], plan.n_outputs)
-    _run_in_memory(ArraySource(arr, band_rows=chunk), plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
-    y = torch.from_numpy(sink.out) if is_torch else sink.out
-    return (y, plan.output_names) if return_names else y
-
-
-def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: torch.device, *, chunk: int,
-                   warmup: str, cuda: CudaOptions) -> None:  # fmt: skip
-    # the batched engine plans its steps in 1024-row chunks; ``chunk`` is the chunked engine's
-    step_chunk = 1024 if batched_on(dev) else chunk
-    rp = plan_run(source, plan, device=dev, chunk=step_chunk, warmup=warmup, cuda=cuda)
-    reset_device(dev)
-    run(rp, source, plan, sink)
-
-
-def _plan_for(pipeline: PipelineLike, names: tuple[str, ...], rows: int, warmup: str, what: str) -> ResolvedPipeline:  # fmt: skip
-    plan = resolve(as_pipeline(pipeline), names)
-    refuse_time_range(plan, what)
-    _check_length(rows, plan, warmup, "features()")
-    return plan
-
-
 def default_output_path(input_path: str | os.PathLike[str] | StoreURL) -> Path | StoreURL:
     """``ticks.zarr`` -> ``ticks.features.zarr``, beside the input (a local path or a URL)."""
     p = location(input_path)
     p = p.resolve() if isinstance(p, Path) else p
     stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
     return p.with_name(f"{stem}.features.zarr")
-
-
-def _check_common(chunk: int, warmup: str) -> None:
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise TsconvError(f"chunk must be a positive integer, got {chunk!r}", hint="the default is 1024.")
-    if warmup not in WARMUPS:
-        raise TsconvError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
-
-
-def _check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str) -> None:
-    if rows == 0:
-        raise StoreError(f"{where}: the series is empty (0 steps)")
-    if warmup == "nan" and rows <= plan.halo:
-        raise StoreError(
-            f"{where}: the series has {rows} steps but the pipeline's warm-up is {plan.halo} steps, "
-            "so every output would be NaN",
-            hint="use a longer series, shorter filters, or warmup='zero' (--warmup zero) for zero history.",
-        )
-
-
-def _refuse(given: dict[str, Any], where: str) -> None:
-    """Options that do not apply to ``where``: an error naming the first one given."""
-    for name, value in given.items():
-        if value is not None:
-            raise TsconvError(
-                f"{name}={value!r} does not apply to {where}",
-                hint=f"leave {name} out (--{name.replace('_', '-')} at the command line).",
-            )
 
 
 def _dask_options(workers: int | None, client: Any, partition_rows: int | None) -> DaskOptions | None:

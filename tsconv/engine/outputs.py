@@ -22,6 +22,7 @@ import torch
 
 from tsconv import config
 from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
+from tsconv.engine.options import refuse_time_range
 from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
@@ -47,7 +48,7 @@ from tsconv.io.writers.zarr_writer import (
 )
 from tsconv.pipeline.spec import ResolvedPipeline
 
-__all__ = ["DaskOptions", "refuse_time_range", "to_parquet", "to_zarr"]
+__all__ = ["DaskOptions", "to_parquet", "to_zarr"]
 
 
 @dataclass(frozen=True)
@@ -483,15 +484,6 @@ def _time_rows(store: InputStore, plan: ResolvedPipeline, *, distributed: bool) 
             hint="the store's time span is shown by `tsconv inspect`.",
         )
     return r0, r1
-
-
-def refuse_time_range(plan: ResolvedPipeline, what: str) -> None:
-    """``[preprocess] time_range`` selects output rows of a store with time; refuse it elsewhere."""
-    if plan.preprocess is not None and plan.preprocess.time_range is not None:
-        raise TsconvError(
-            f"{plan.pipeline.origin}: [preprocess] time_range is not supported by {what}",
-            hint="it selects output rows of a store with time in tsconv.process(); slice the result instead.",
-        )
 
 
 def _fingerprint(

@@ -21,15 +21,13 @@ import torch
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
-from tsconv.engine.outputs import refuse_time_range
+from tsconv.engine.options import check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
-from tsconv.io.store import describe_repeats, repeated_names
+from tsconv.io.names import describe_repeats, repeated_names
 from tsconv.pipeline.spec import as_pipeline, resolve
 
 __all__ = ["Stream"]
-
-WARMUPS = ("nan", "zero")
 
 
 class Stream:
@@ -74,8 +72,7 @@ class Stream:
             raise TsconvError(
                 f"chunk must be a positive integer, got {chunk!r}", hint="the default is 65536."
             )
-        if warmup not in WARMUPS:
-            raise TsconvError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
+        check_warmup(warmup)
         names = _feature_names(features)
         plan = resolve(as_pipeline(pipeline), names)
         refuse_time_range(plan, "tsconv.Stream")

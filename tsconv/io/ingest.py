@@ -59,8 +59,9 @@ from zarr.codecs import BloscCodec
 
 from tsconv.errors import OutputExistsError, StoreError
 from tsconv.io.lock import OutputLock
+from tsconv.io.names import describe_repeats, repeated_names
 from tsconv.io.objstore import is_url
-from tsconv.io.store import describe_repeats, interrupted_append, is_zarr_store, open_input, repeated_names
+from tsconv.io.store import interrupted_append, is_zarr_store, open_input
 from tsconv.progress import progress_bar
 
 __all__ = ["IngestReport", "ingest", "expand_files", "repair"]

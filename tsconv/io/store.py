@@ -23,6 +23,7 @@ import zarr
 
 from tsconv.errors import StoreError
 from tsconv.io.codecs import codec_words
+from tsconv.io.names import describe_repeats, repeated_names
 from tsconv.io.objstore import StoreURL, location, open_zarr, remote_error
 from tsconv.io.timecolumn import TimeColumn, TimeReader
 
@@ -33,8 +34,6 @@ __all__ = [
     "is_zarr_store",
     "check_time",
     "interrupted_append",
-    "repeated_names",
-    "describe_repeats",
 ]
 
 _ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")
@@ -232,26 +231,6 @@ def _lengths(group: zarr.Group) -> str:
         except Exception:
             parts.append(f"no {key!r} array")
     return ", ".join(parts)
-
-
-def repeated_names(names: tuple[str, ...] | list[str]) -> list[str]:
-    """The names that occur more than once, in order of their first repeat (empty when all differ)."""
-    if len(set(names)) == len(names):
-        return []
-    seen: set[str] = set()
-    dups: dict[str, None] = {}
-    for n in names:
-        if n in seen:
-            dups[n] = None
-        seen.add(n)
-    return list(dups)
-
-
-def describe_repeats(names: tuple[str, ...] | list[str], dups: list[str]) -> str:
-    """'N repeats of M names: 'a', 'b' ...' for an error message."""
-    shown = ", ".join(repr(n) for n in dups[:5]) + (f" and {len(dups) - 5} more" if len(dups) > 5 else "")
-    extra = len(names) - len(set(names))
-    return f"{extra} repeat{'s' * (extra != 1)} of {len(dups)} name{'s' * (len(dups) != 1)}: {shown}"
 
 
 def _dims(array: zarr.Array) -> tuple[str, ...] | None:

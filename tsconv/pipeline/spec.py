@@ -31,6 +31,7 @@ from tsconv.pipeline.filters import Filter, bank_weights, filter_spec
 
 __all__ = [
     "ACTIVATIONS",
+    "PipelineLike",
     "WEIGHT_DTYPES",
     "StageSpec",
     "HeadSpec",
@@ -417,7 +418,11 @@ def default_pipeline() -> Pipeline:
     )
 
 
-def as_pipeline(pipeline: str | os.PathLike[str] | Pipeline | dict[str, Any] | None) -> Pipeline:
+# What the library's entries take as a pipeline (see as_pipeline).
+PipelineLike = str | os.PathLike[str] | Pipeline | dict[str, Any] | None
+
+
+def as_pipeline(pipeline: PipelineLike) -> Pipeline:
     """A :class:`Pipeline` from what the library's entries take: None (the default pipeline), a Pipeline, a
     dict with the TOML file's structure, a built-in's name or a path to a TOML file."""
     if pipeline is None:

@@ -1,0 +1,59 @@
+"""The rules of the options every entry takes (:func:`tsconv.process`, :func:`tsconv.features`,
+:class:`tsconv.Stream`, :class:`tsconv.nn.Pipeline`), in one place with their messages.
+
+Light on purpose: an entry on in-memory data imports neither zarr nor the output writers through it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tsconv.errors import StoreError, TsconvError
+from tsconv.pipeline.spec import ResolvedPipeline
+
+__all__ = ["WARMUPS", "check_chunk", "check_length", "check_warmup", "refuse", "refuse_time_range"]
+
+WARMUPS = ("nan", "zero")
+
+
+def check_warmup(warmup: str) -> None:
+    """``warmup`` is one of :data:`WARMUPS`."""
+    if warmup not in WARMUPS:
+        raise TsconvError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
+
+
+def check_chunk(chunk: int) -> None:
+    """``chunk`` (steps a chunk) is a positive integer."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise TsconvError(f"chunk must be a positive integer, got {chunk!r}", hint="the default is 1024.")
+
+
+def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str) -> None:
+    """A series of ``rows`` steps has an output row that is not all warm-up."""
+    if rows == 0:
+        raise StoreError(f"{where}: the series is empty (0 steps)")
+    if warmup == "nan" and rows <= plan.halo:
+        raise StoreError(
+            f"{where}: the series has {rows} steps but the pipeline's warm-up is {plan.halo} steps, "
+            "so every output would be NaN",
+            hint="use a longer series, shorter filters, or warmup='zero' (--warmup zero) for zero history.",
+        )
+
+
+def refuse(given: dict[str, Any], where: str) -> None:
+    """Options that do not apply to ``where``: an error naming the first one given."""
+    for name, value in given.items():
+        if value is not None:
+            raise TsconvError(
+                f"{name}={value!r} does not apply to {where}",
+                hint=f"leave {name} out (--{name.replace('_', '-')} at the command line).",
+            )
+
+
+def refuse_time_range(plan: ResolvedPipeline, what: str) -> None:
+    """``[preprocess] time_range`` selects output rows of a store with time; refuse it elsewhere."""
+    if plan.preprocess is not None and plan.preprocess.time_range is not None:
+        raise TsconvError(
+            f"{plan.pipeline.origin}: [preprocess] time_range is not supported by {what}",
+            hint="it selects output rows of a store with time in tsconv.process(); slice the result instead.",
+        )
