@@ -11,7 +11,9 @@ of its own loads the series (a ``.npy`` in the page cache; polars then builds it
 ``call``); the sides take turns, ``--repeats`` children each, medians. Each call writes its result into memory
 the process has not touched before, as a script's one call does. Beside it, a diagnostic: both sides called
 again and again in this process, taking turns (there polars' allocator hands each call the pages of the
-result before, while numpy maps and faults in a fresh result each time). Outputs are compared once (largest
+result before, while numpy maps and faults in a fresh result each time). tsconv's children run a second time
+in each round with numpy's huge-page advice off (``NUMPY_MADVISE_HUGEPAGE=0``): on VMs whose host takes back
+free memory, a fresh process's huge pages wait for the host at their first write. Outputs are compared once (largest
 difference relative to each feature's scale, NaN pattern). Writes ``results/filters.json`` and ``filters.md``.
 
     python benchmarks/filters.py [--shapes 500000x40,1048576x32,750000x56] [--repeats 9]
@@ -117,8 +119,12 @@ def child(side: str, path: str) -> None:
 
 
 def _fresh(side: str, path: str) -> dict:
+    """A child's measurement; ``tsconv_4k``: tsconv with numpy's huge-page advice off (4 KB pages)."""
+    env = dict(os.environ)
+    if side == "tsconv_4k":
+        side, env["NUMPY_MADVISE_HUGEPAGE"] = "tsconv", "0"
     out = subprocess.run(
-        [sys.executable, __file__, "--child", side, path], capture_output=True, text=True, check=True
+        [sys.executable, __file__, "--child", side, path], capture_output=True, text=True, check=True, env=env
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -147,12 +153,13 @@ def main() -> None:
         x = price_series(rows, cols)
         path = tmp / f"{rows}x{cols}.npy"
         np.save(path, x)
-        fresh: dict[str, list[dict]] = {"tsconv": [], "polars": []}
+        fresh: dict[str, list[dict]] = {"tsconv": [], "polars": [], "tsconv_4k": []}
         for _ in range(args.repeats):
             for side in fresh:
                 fresh[side].append(_fresh(side, str(path)))
         call_ts = [r["call"] for r in fresh["tsconv"]]
         call_pl = [r["call"] for r in fresh["polars"]]
+        call_4k = [r["call"] for r in fresh["tsconv_4k"]]
         # the in-process diagnostic, and the outputs compared
         frame = pl.DataFrame({f"x{j}": x[:, j] for j in range(cols)})
         run_tsconv(x[:4096])
@@ -183,6 +190,9 @@ def main() -> None:
                 ),
                 "tsconv_min_s": round(min(call_ts), 3),
                 "polars_min_s": round(min(call_pl), 3),
+                "tsconv_4k_s": _med(call_4k),
+                "tsconv_4k_runs_s": [round(v, 3) for v in call_4k],
+                "speedup_4k": round(statistics.median(call_pl) / statistics.median(call_4k), 2),
                 "tsconv_setup_s": _med([r["setup"] for r in fresh["tsconv"]]),
                 "polars_setup_s": _med([r["setup"] for r in fresh["polars"]]),
                 "in_process": {
@@ -227,18 +237,21 @@ def main() -> None:
         f"on the whole series (call). polars {meta['polars']} on {meta['polars_threads']} threads, torch on "
         f"{meta['torch_threads']}. Same five features ({', '.join(FILTERS)}) per price column, float32 out. "
         f"In one process (a diagnostic): both called {args.in_process_repeats} times in turn, where polars' "
-        "allocator reuses the pages of its previous result.",
+        "allocator reuses the pages of its previous result. 4 KB pages: tsconv's children with numpy's huge-page "
+        "advice off (`NUMPY_MADVISE_HUGEPAGE=0`), in the same rounds.",
         "",
-        "| rows x features | outputs | tsconv call s (min) | polars call s (min) | speedup | paired | setup s (tsconv / polars) "
+        "| rows x features | outputs | tsconv call s (min) | polars call s (min) | speedup | paired "
+        "| tsconv, 4 KB pages: s, speedup | setup s (tsconv / polars) "
         "| in one process: tsconv / polars s, speedup | same NaNs | max diff / scale |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows_out:
         ip = r["in_process"]
         lines.append(
             f"| {r['rows']:,} x {r['features']} | {r['outputs']} | {r['tsconv_s']:.3f} ({r['tsconv_min_s']:.3f}) | "
             f"{r['polars_s']:.3f} ({r['polars_min_s']:.3f}) | "
-            f"**{r['speedup']:.2f}x** | {r['speedup_paired']:.2f}x | {r['tsconv_setup_s']:.2f} / {r['polars_setup_s']:.2f} | "
+            f"**{r['speedup']:.2f}x** | {r['speedup_paired']:.2f}x | {r['tsconv_4k_s']:.3f}, {r['speedup_4k']:.2f}x | "
+            f"{r['tsconv_setup_s']:.2f} / {r['polars_setup_s']:.2f} | "
             f"{ip['tsconv_s']:.3f} / {ip['polars_s']:.3f}, {ip['speedup']:.2f}x | {r['same_nan_pattern']} | "
             f"{r['max_diff_of_scale']:.2g} |"
         )
