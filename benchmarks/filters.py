@@ -133,6 +133,19 @@ def _med(values: list[float]) -> float:
     return round(statistics.median(values), 3)
 
 
+def _pair(ts: list[float], pl: list[float]) -> dict:
+    """Both sides' runs and medians, polars' median over tsconv's, and the median of each round's ratio (the two
+    run back to back)."""
+    return {
+        "tsconv_s": _med(ts),
+        "tsconv_runs_s": [round(v, 3) for v in ts],
+        "polars_s": _med(pl),
+        "polars_runs_s": [round(v, 3) for v in pl],
+        "speedup": round(statistics.median(pl) / statistics.median(ts), 2),
+        "speedup_paired": round(statistics.median(b / a for a, b in zip(ts, pl, strict=True)), 2),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
@@ -179,15 +192,7 @@ def main() -> None:
                 "rows": rows,
                 "features": cols,
                 "outputs": 5 * cols,
-                "tsconv_s": _med(call_ts),
-                "tsconv_runs_s": [round(v, 3) for v in call_ts],
-                "polars_s": _med(call_pl),
-                "polars_runs_s": [round(v, 3) for v in call_pl],
-                "speedup": round(statistics.median(call_pl) / statistics.median(call_ts), 2),
-                # each round's polars over its tsconv (run back to back), then the median
-                "speedup_paired": round(
-                    statistics.median(b / a for a, b in zip(call_ts, call_pl, strict=True)), 2
-                ),
+                **_pair(call_ts, call_pl),
                 "tsconv_min_s": round(min(call_ts), 3),
                 "polars_min_s": round(min(call_pl), 3),
                 "tsconv_4k_s": _med(call_4k),
@@ -195,16 +200,7 @@ def main() -> None:
                 "speedup_4k": round(statistics.median(call_pl) / statistics.median(call_4k), 2),
                 "tsconv_setup_s": _med([r["setup"] for r in fresh["tsconv"]]),
                 "polars_setup_s": _med([r["setup"] for r in fresh["polars"]]),
-                "in_process": {
-                    "tsconv_s": _med(all_ts),
-                    "tsconv_runs_s": [round(v, 3) for v in all_ts],
-                    "polars_s": _med(all_pl),
-                    "polars_runs_s": [round(v, 3) for v in all_pl],
-                    "speedup": round(statistics.median(all_pl) / statistics.median(all_ts), 2),
-                    "speedup_paired": round(
-                        statistics.median(b / a for a, b in zip(all_ts, all_pl, strict=True)), 2
-                    ),
-                },
+                "in_process": _pair(all_ts, all_pl),
                 "tsconv_rows_per_s": int(rows / statistics.median(call_ts)),
                 "same_nan_pattern": nan_same,
                 "max_diff_of_scale": rel,
