@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
+import zarr
 
 from tsconv.engine.fill import forward_fill, forward_fill_torch
+from tsconv.io.contracts import BandReader
+
+from ..helpers import write_store
 
 
 def test_forward_fill_torch_equals_the_numpy_fill():
@@ -50,7 +57,7 @@ def test_forward_fill_equals_a_row_by_row_fill_whichever_columns_have_gaps():
     assert same is clean and np.array_equal(state, clean[-1])
 
 
-class _Spy:
+class _Spy(BandReader):
     """A BandReader over an array that records the rows it was asked for."""
 
     def __init__(self, x: np.ndarray, band_rows: int) -> None:
@@ -165,3 +172,44 @@ def test_the_state_is_each_features_last_value_however_far_back_in_a_long_band()
     got = fill_state_before(_Spy(x, 200_000), row, np.dtype(np.float32))
     want = [np.nan if d is None else j + 0.5 for j, d in enumerate(depths)]
     np.testing.assert_array_equal(got, np.array(want, np.float32))
+
+
+@pytest.mark.parametrize("select", [None, (1, 2, 5, 6, 9, 11)])
+def test_the_scan_for_first_values_decodes_only_the_chunks_of_features_still_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, select: tuple[int, ...] | None
+) -> None:
+    """Once a band gives most features their first value, later bands decode only the chunk files of the
+    column groups holding the others (a store whose chunks split the features, as zarr's defaults do), and
+    the rows found are a full scan's; through a column selection too."""
+    import collections
+
+    import tsconv.io.readers.threads as threads
+    from tsconv.engine.fill import first_values
+    from tsconv.io.readers.blocks import ColumnSource
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(8000, 12)).astype(np.float32)
+    x[rng.random(x.shape) < 0.2] = np.nan
+    x[:6500, 5] = np.nan  # listed late: its group of 4 columns is read to row 6,500
+    x[:, 9] = np.nan  # never listed: its group to the end
+    x[:1200, 2] = np.nan  # listed in the second band
+    src = write_store(tmp_path / "in.zarr", x, chunks=(1000, 4), time=False)
+    decoded: collections.Counter[tuple[int, int]] = collections.Counter()
+    real = threads.decode_chunk_into
+
+    def counting(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        band, col = (int(p) for p in Path(path).parts[-2:])
+        decoded[(band, col)] += 1
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(threads, "decode_chunk_into", counting)
+    arr = zarr.open_array(str(src / "values"), mode="r")
+    cols = list(range(12)) if select is None else list(select)
+    want = [int(np.flatnonzero(~np.isnan(x[:, j]))[0]) if (~np.isnan(x[:, j])).any() else 8000 for j in cols]
+    with threads.ParallelBandReader(arr, threads=2, prefetch=1) as reader:
+        source = reader if select is None else ColumnSource(reader, select)
+        assert first_values(source, stop=8000).tolist() == want
+    groups = {band: {c for b, c in decoded if b == band} for band in range(8)}
+    assert all(groups[b] == {0, 1, 2} for b in (0, 1)), groups  # the first band, and the one read ahead of it
+    assert all(groups[b] <= {1, 2} and 2 in groups[b] for b in range(3, 8)), groups  # 5's and 9's groups
+    assert max(decoded.values()) == 1

@@ -101,7 +101,8 @@ def forward_fill_torch(block: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
 def first_values(source: BandReader, *, stop: int) -> np.ndarray:
     """Per feature, its first row below ``stop`` with a value (``stop`` for none), read forward a band at a
     time until every feature has one: one band where all trade from the start, the whole input where one has
-    no value yet (a symbol listed before it trades)."""
+    no value yet (a symbol listed before it trades), then only for the features still missing (the reader
+    decodes only the chunks holding them where its store's chunks split the features)."""
     first = np.full(source.n_features, stop, dtype=np.int64)
     missing = np.ones(source.n_features, dtype=bool)
     a, band = 0, max(1, source.band_rows)
@@ -112,6 +113,8 @@ def first_values(source: BandReader, *, stop: int) -> np.ndarray:
         found = np.flatnonzero(missing)[has]
         first[found] = a + valid[:, has].argmax(axis=0)
         missing[found] = False
+        if found.size:
+            source.narrow(np.flatnonzero(missing))
         a = b
     return first
 

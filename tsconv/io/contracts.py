@@ -53,6 +53,10 @@ class BandReader:
     def verify(self, stop: int) -> None:
         """Raise if a chunk holding rows before ``stop`` did not decode (readers that decode lazily)."""
 
+    def narrow(self, features: np.ndarray) -> None:
+        """Later reads need only ``features`` (indices): a reader may leave the others' values undefined in the
+        bands it has not begun to decode (a scan for the few features still missing reads less)."""
+
     def close(self) -> None:
         """Stop its threads and free its buffers."""
 

@@ -129,3 +129,6 @@ class ColumnSource(BandReader):
     def read(self, start: int, stop: int) -> np.ndarray:
         block = np.asarray(self.source.read(start, stop))
         return block[:, self._slice] if self._slice is not None else block[:, self.columns]
+
+    def narrow(self, features: np.ndarray) -> None:
+        self.source.narrow(self.columns[np.asarray(features, dtype=np.int64)])

@@ -145,6 +145,7 @@ class ParallelBandReader(BandReader):
         self._layout = layout
         self._col_rows, self._col_width = layout.chunks
         self._n_cols = -(-self.n_features // self._col_width)
+        self._cols = range(self._n_cols)  # the chunk columns each band decodes (narrow() may cut them)
         self._n_bands = -(-self.rows // self.band_rows)
         self._whole = (
             self._n_cols == 1 and self._col_width == self.n_features
@@ -246,6 +247,12 @@ class ParallelBandReader(BandReader):
         if self.fast and not self._closed and self._pos is None and 0 <= row < self.rows:
             self._advance(row // self.band_rows)
 
+    def narrow(self, features: np.ndarray) -> None:
+        """Bands scheduled from now on decode only the chunk columns holding ``features`` (the others' values
+        in them are left as the ring had them)."""
+        if self.fast:
+            self._cols = sorted({int(f) // self._col_width for f in np.asarray(features).reshape(-1)})
+
     def close(self) -> None:
         """Stop prefetching: cancel queued decodes, wait for running ones, free the threads."""
         if not self.fast or self._closed:
@@ -281,7 +288,7 @@ class ParallelBandReader(BandReader):
         if self._side is not None and self._side[0] == i:
             return self._side[1]
         buf = np.empty((self.band_rows, self.n_features), dtype=self._layout.dtype)
-        for col in range(self._n_cols):
+        for col in self._cols:
             self._decode_chunk(i, col, buf)
         self._decoded += 1
         band = buf[: self._band_len(i)]
@@ -301,7 +308,7 @@ class ParallelBandReader(BandReader):
             self._slot_band[s] = j
             buf = self._ring[s]
             self._slot_futures[s] = [
-                self._pool.submit(self._decode_chunk, j, col, buf) for col in range(self._n_cols)
+                self._pool.submit(self._decode_chunk, j, col, buf) for col in self._cols
             ]
             self._decoded += 1
 
