@@ -307,9 +307,7 @@ class ParallelBandReader(BandReader):
             wait_futures(self._slot_futures[s])
             self._slot_band[s] = j
             buf = self._ring[s]
-            self._slot_futures[s] = [
-                self._pool.submit(self._decode_chunk, j, col, buf) for col in self._cols
-            ]
+            self._slot_futures[s] = [self._pool.submit(self._decode_chunk, j, col, buf) for col in self._cols]
             self._decoded += 1
 
     # -- one chunk file ----------------------------------------------------------------------------
