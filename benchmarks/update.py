@@ -54,7 +54,7 @@ T0 = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z in ns
 BAND = 1 << 16  # rows generated at once
 
 
-def _series(rows: int, features: int, seed: int, unlisted: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def tick_series(rows: int, features: int, seed: int, unlisted: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     level = rng.uniform(20, 500, size=features).astype(np.float64)
     x = np.empty((rows, features), np.float32)
@@ -213,7 +213,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     grown_rows = args.rows + int(round(args.rows * args.append))
-    x, t = _series(grown_rows, args.features, seed=0, unlisted=args.unlisted)
+    x, t = tick_series(grown_rows, args.features, seed=0, unlisted=args.unlisted)
     src, out = work / "ticks.zarr", work / "ticks.features.zarr"
     write_store(src, x, t, args.rows)
     import zarr
