@@ -247,6 +247,49 @@ def test_library_misuse_is_a_clear_error(tmp_path: Path, call, match) -> None:
     assert not (tmp_path / "in.features.zarr").exists()
 
 
+@pytest.mark.parametrize("chunk", [700, 65536])
+def test_features_writes_into_out_and_returns_it(chunk: int) -> None:
+    """``out=``: the same bits as a new result, written into the caller's buffer (scribbled on first), which is
+    returned; a tensor input takes a tensor."""
+    x = price_series(3000, 4, seed=6, nan_fraction=0.02)
+    want = tsconv.features(x, chunk=chunk)
+    buf = np.full(want.shape, 12345.0, np.float32)
+    got = tsconv.features(x, chunk=chunk, out=buf)
+    assert got is buf
+    np.testing.assert_array_equal(buf, want)
+    tbuf = torch.full(want.shape, -1.0)
+    tgot, cols = tsconv.features(torch.from_numpy(x), chunk=chunk, out=tbuf, return_names=True)
+    assert tgot is tbuf and len(cols) == want.shape[1]
+    np.testing.assert_array_equal(tbuf.numpy(), want)
+
+
+def test_features_refuses_an_out_it_cannot_fill() -> None:
+    import polars as pl
+
+    x = price_series(600, 2, seed=2)
+    d = 10  # the default pipeline's five outputs per feature
+    cases = [
+        (np.empty((600, d), np.float64), "float32 numpy array"),
+        (torch.empty((600, d)), "float32 numpy array"),  # a tensor for an array
+        (np.empty((600, d + 1), np.float32), r"shape \[600, 10\]"),
+        (np.empty((d, 600), np.float32).T, "C-contiguous"),
+        (np.empty((600, 2 * d), np.float32)[:, :d], "C-contiguous"),
+    ]
+    ro = np.empty((600, d), np.float32)
+    ro.flags.writeable = False
+    cases.append((ro, "writeable"))
+    for out, match in cases:
+        with pytest.raises(tsconv.ShapeError, match=match):
+            tsconv.features(x, out=out)
+    one = np.empty(600 * 2 + 600 * d - 200, np.float32)  # x and out in one buffer, overlapping
+    xs = one[:1200].reshape(600, 2)
+    xs[:] = x
+    with pytest.raises(tsconv.ShapeError, match="shares memory"):
+        tsconv.features(xs, out=one[1000:].reshape(600, d))
+    with pytest.raises(tsconv.ShapeError, match="frame"):
+        tsconv.features(pl.DataFrame({"a": x[:, 0]}), out=np.empty((600, 5), np.float32))
+
+
 def test_load_pipeline_takes_the_dict_features_takes() -> None:
     pipe = {"conv": [{"filters": ["diff:1", "ma:4"]}]}
     x = price_series(300, 2, seed=2)

@@ -45,6 +45,7 @@ def features(
     transfer: str | None = None,
     gpu_mem: int | str | None = None,
     return_names: bool = False,
+    out: Any = None,
 ) -> Any:
     """Run a pipeline on an in-memory series ``x`` [T, F] (numpy or torch); returns [T, D] float32 of the same kind.
 
@@ -57,6 +58,10 @@ def features(
     ``names`` names an array's input features (default f0, f1, ...). ``return_names=True`` returns
     ``(result, output_names)``: the D output names in column order (e.g. ``"f0.ma8"``), a tuple of str, the
     same as an output store's ``features`` attribute; for a frame they are its columns without the time.
+
+    ``out``: an array of the result's shape [T, D] (numpy float32, or a CPU float32 tensor for a tensor input),
+    C-contiguous, writeable and apart from ``x``, to write the result into and return (a loop over same-sized
+    batches then reuses one buffer instead of having a fresh one mapped and zeroed for each call).
     """
     check_chunk(chunk)
     check_warmup(warmup)
@@ -65,6 +70,8 @@ def features(
     if not batched_on(dev):
         refuse({"transfer": transfer, "gpu_mem": gpu_mem}, f"a run on the CPU (device={device!r})")
     if type(x).__module__.split(".")[0] == "polars":
+        if out is not None:
+            raise ShapeError("out= is for arrays and tensors; a frame's result is a new frame")
         if names is not None:
             raise ShapeError("names= is for arrays; a frame's features are named by its columns")
         from tsconv.io.frames import frame_input, frame_output
@@ -103,10 +110,35 @@ def features(
         # The batched engine wraps host rows in tensors, which needs C-ordered, writeable memory (it never
         # writes to it): copy the input once if it is not.
         arr = np.array(arr, order="C")
-    sink = ArraySink(arr.shape[0], plan.n_outputs)
+    into = None if out is None else _checked_out(out, arr, (arr.shape[0], plan.n_outputs), is_torch)
+    sink = ArraySink(arr.shape[0], plan.n_outputs, into=into)
     _run_in_memory(ArraySource(arr, band_rows=chunk), plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
-    y = torch.from_numpy(sink.out) if is_torch else sink.out
+    y = out if out is not None else torch.from_numpy(sink.out) if is_torch else sink.out
     return (y, plan.output_names) if return_names else y
+
+
+def _checked_out(out: Any, x: np.ndarray, shape: tuple[int, int], is_torch: bool) -> np.ndarray:
+    """``out`` as the numpy array the result is written into, or a ShapeError saying what it must be."""
+    kind = "a CPU float32 torch tensor" if is_torch else "a float32 numpy array"
+    if is_torch:
+        ok = isinstance(out, torch.Tensor) and out.device.type == "cpu" and out.dtype == torch.float32
+        arr = out.detach().numpy() if ok else None
+    else:
+        arr = out if isinstance(out, np.ndarray) and out.dtype == np.float32 else None
+    if arr is None:
+        got = f"{type(out).__name__} of dtype {getattr(out, 'dtype', '?')}"
+        raise ShapeError(f"out= must be {kind} (the kind of x), got {got}",
+                         hint="pass None to get a new result, or an array made like numpy.empty((T, D), numpy.float32).")  # fmt: skip
+    if arr.shape != shape:
+        raise ShapeError(f"out= must have the result's shape {list(shape)} (T steps x D outputs), got {list(arr.shape)}",
+                         hint="D is the pipeline's number of outputs: len(output_names) with return_names=True.")  # fmt: skip
+    if not (arr.flags.c_contiguous and arr.flags.writeable):
+        raise ShapeError("out= must be C-contiguous and writeable",
+                         hint="make it with numpy.empty((T, D), numpy.float32) (or torch.empty), not a slice or a view.")  # fmt: skip
+    if np.may_share_memory(arr, x):
+        raise ShapeError("out= shares memory with x: the result would overwrite the rows it is computed from",
+                         hint="give out= a buffer of its own.")  # fmt: skip
+    return arr
 
 
 def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: torch.device, *, chunk: int,

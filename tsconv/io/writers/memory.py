@@ -19,9 +19,14 @@ class ArraySink:
     threads = 0
     busy_seconds = 0.0
 
-    def __init__(self, rows: int, outputs: int, *, feature_major: bool = False) -> None:
+    def __init__(
+        self, rows: int, outputs: int, *, feature_major: bool = False, into: np.ndarray | None = None
+    ) -> None:
+        """``into``: the caller's [rows, outputs] float32 C-contiguous array to fill (row-major only)."""
         shape = (outputs, rows) if feature_major else (rows, outputs)
-        self.out = np.empty(shape, dtype=np.float32)
+        if into is not None:
+            assert not feature_major and into.shape == shape and into.dtype == np.float32
+        self.out = np.empty(shape, dtype=np.float32) if into is None else into
         self.feature_major = feature_major
         self.pos = 0
 
