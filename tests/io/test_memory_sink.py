@@ -22,7 +22,15 @@ def test_reserved_rows_are_appended_without_a_copy_and_others_are_copied() -> No
     sink.append(other)  # a block of its own: copied in
     sink.finish()
     np.testing.assert_array_equal(sink.out, np.r_[np.ones((4, 3)), np.full((6, 3), 2.0)])
-    assert ArraySink(10, 3, feature_major=True).reserve(4) is None  # a transpose: no rows to lend
+    # feature-major (a frame's columns): the rows lent are a view with each column contiguous
+    sink = ArraySink(10, 3, feature_major=True)
+    place = sink.reserve(4)
+    assert place.shape == (4, 3) and place.strides == (4, 40) and np.shares_memory(place, sink.out)
+    place[:] = np.arange(3, dtype=np.float32)
+    sink.append(place)
+    sink.append(np.full((6, 3), 2.0, dtype=np.float32))  # transposed in
+    sink.finish()
+    np.testing.assert_array_equal(sink.out.T, np.r_[np.tile(np.arange(3.0), (4, 1)), np.full((6, 3), 2.0)])
 
 
 @pytest.mark.parametrize(
@@ -47,3 +55,29 @@ def test_features_computed_in_place_equal_the_copied_path(monkeypatch: pytest.Mo
     want = tsconv.features(x, pipeline, chunk=777, device="cpu")
     assert copied and sum(copied) == 5000
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "pipeline", ["default", {"conv": [{"filters": ["ema:8", "zscore:20"], "activation": "gelu"}]}]
+)
+@pytest.mark.parametrize("chunk", [777, 65536])
+def test_a_frames_features_are_computed_into_its_columns(
+    monkeypatch: pytest.MonkeyPatch, pipeline, chunk: int
+) -> None:  # noqa: ANN001
+    """A polars frame's result is computed into its feature-major columns (the compiled bank writes them
+    directly; other banks through a copy): the same bits as the array's result, and nothing transposed."""
+    import polars as pl
+
+    from tsconv.io import transpose
+
+    x = price_series(5000, 5, seed=7, nan_fraction=0.02)
+    want = tsconv.features(x, pipeline, chunk=chunk, device="cpu", names=[f"s{j}" for j in range(5)])
+    transposed: list[int] = []
+    real = transpose.transpose_into
+    monkeypatch.setattr("tsconv.io.writers.memory.transpose_into",
+                        lambda dst, src: (transposed.append(src.shape[0]), real(dst, src))[1])  # fmt: skip
+    frame = tsconv.features(
+        pl.DataFrame({f"s{j}": x[:, j] for j in range(5)}), pipeline, chunk=chunk, device="cpu"
+    )
+    assert transposed == []
+    np.testing.assert_array_equal(frame.to_numpy(), want)

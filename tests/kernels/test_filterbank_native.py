@@ -104,6 +104,21 @@ def test_strided_inputs(layout: str) -> None:
     _assert_same_bits(filter_bank(x, bank), _torch_ops(x, bank, 1), layout)
 
 
+@pytest.mark.parametrize("name", list(BANKS))
+@pytest.mark.parametrize("cols", [5, 40])
+def test_feature_major_outputs(name: str, cols: int) -> None:
+    """Into rows of a feature-major buffer (a polars frame's columns, each contiguous, with room beyond the rows
+    written): the row-major result's bits, and nothing outside those rows written."""
+    bank = _bank(BANKS[name])
+    x = torch.from_numpy(_hard_prices(2500 + bank_halo(bank, 1), cols, seed=cols))
+    want = filter_bank(x, bank)
+    buf = torch.full((cols * len(bank), 2500 + 300), 7.0)
+    got = filter_bank(x, bank, out=buf[:, 100:2600].T)
+    assert got.data_ptr() == buf[:, 100:2600].T.data_ptr()
+    _assert_same_bits(buf[:, 100:2600].T.contiguous(), want, f"{name} C={cols}")
+    assert (buf[:, :100] == 7.0).all() and (buf[:, 2600:] == 7.0).all()
+
+
 @pytest.mark.parametrize("rows", [1, 2, 255, 4097, 40_000])
 def test_row_counts_and_threads(rows: int) -> None:
     """Outputs of a single row up to many tasks of rows, on one thread and on four: the same bits."""

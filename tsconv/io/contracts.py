@@ -131,7 +131,8 @@ class Sink(Protocol):
 
     def reserve(self, n: int) -> np.ndarray | None:
         """Where the next rows, up to ``n`` of them, may be computed in place ([k, D] float32, 1 <= k <= n,
-        C-contiguous; appending exactly it then copies nothing), or None where the sink has no such place."""
+        C-contiguous, or rows of a feature-major buffer, each column contiguous; appending exactly it then copies
+        nothing), or None where the sink has no such place."""
         ...
 
     def finish(self) -> None:

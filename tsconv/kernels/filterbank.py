@@ -144,9 +144,10 @@ def filter_bank(
 ) -> torch.Tensor:
     """The bank on ``x`` [L, C] (time-major, any strides, float32) in "valid" mode: [L - halo, C * M]
     float32, time-major, output ``c * M + m`` being filter ``m`` of input channel ``c``, through
-    ``activation``. ``triton_kernels`` defaults to CUDA tensors. ``out``: a contiguous float32 tensor of
-    that shape on x's device to write into and return (an engine reusing one buffer for every chunk: a fresh 52 MB
-    output per chunk cost the 2-core VM 8-9 ms of page faults each). Under ``torch.compile`` the call is the
+    ``activation``. ``triton_kernels`` defaults to CUDA tensors. ``out``: a float32 tensor of that shape on
+    x's device to write into and return, contiguous or feature-major (each column contiguous: rows of a polars
+    frame's columns, which the CPU's compiled bank writes directly) (an engine reusing one buffer for every chunk: a fresh
+    52 MB output per chunk cost the 2-core VM 8-9 ms of page faults each). Under ``torch.compile`` the call is the
     custom op ``torch.ops.tsconv.filter_bank`` (one graph node: the tiles and worker threads are not traced)."""
     if torch.compiler.is_compiling() and out is None:
         specs = ",".join(f.spec for f in filters)  # an op takes no list of str: specs hold no comma
@@ -161,10 +162,10 @@ def filter_bank(
             out.shape != (n, channels * m)
             or out.dtype != torch.float32
             or out.device != x.device
-            or not out.is_contiguous()
+            or not (out.is_contiguous() or (out.stride(0) == 1 and out.stride(1) >= n))
         ):
-            msg = (f"out must be a contiguous float32 [{n}, {channels * m}] tensor on {x.device}, got "
-                   f"{out.dtype} {tuple(out.shape)} on {out.device}")  # fmt: skip
+            msg = (f"out must be a float32 [{n}, {channels * m}] tensor on {x.device}, contiguous or with "
+                   f"contiguous columns, got {out.dtype} {tuple(out.shape)} {out.stride()} on {out.device}")  # fmt: skip
             raise ValueError(msg)
     elif x.device.type == "cpu":
         # numpy's allocation (madvised for transparent huge pages where the kernel offers them): a fresh torch
@@ -182,6 +183,9 @@ def filter_bank(
             native.run(x, filters, dilation=dilation, halo=halo, out=out, workers=torch.get_num_threads(),
                        run_parts=_parts_in_threads)  # fmt: skip
             return _activated(out, activation)
+    if not out.is_contiguous():  # feature-major: the paths below write whole rows, so into rows, then copied
+        return out.copy_(filter_bank(x, filters, dilation=dilation, activation=activation,
+                                     triton_kernels=triton_kernels))  # fmt: skip
     plan = fused_plan(filters) if use_triton else None
     if plan is not None:
         # one kernel for the whole bank: each program reads its rows once and writes every filter's output

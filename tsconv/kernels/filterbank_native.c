@@ -155,7 +155,8 @@ static int make_plan(plan_t *p, int M, const int32_t *kinds, const int64_t *para
    channels, no alias checks; with CB a runtime value each row's dozen short loops cost more than their work). */
 static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const float *x, int64_t sx_row, int64_t n,
                                                            int64_t C, int64_t halo, int64_t d, float *out,
-                                                           int64_t R, int64_t task0, int64_t step, const int CB) {
+                                                           int64_t so_row, int64_t so_col, int64_t R,
+                                                           int64_t task0, int64_t step, const int CB) {
     const int M = p->M, top = p->top, mtop = p->mtop, nw = p->nw;
     const int32_t *kinds = p->kinds;
     const int64_t *params = p->params;
@@ -176,7 +177,6 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const floa
         win[wi].m = win[wi].s + CB;
     }
     const int64_t ntasks = ((n + R - 1) / R) * ngroups;
-    const int64_t width = C * M;
     for (int64_t task = task0; task < ntasks; task += step) {
         const int64_t b0 = (task % ngroups) * G;
         const int64_t b1 = b0 + G < ncb ? b0 + G : ncb;
@@ -299,7 +299,13 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const floa
                     }
                 }
             }
-            interleave(out + (o0 + r) * width + c0 * M, rowbuf, M, CB, k0);
+            if (so_col == 1) {
+                interleave(out + (o0 + r) * so_row + c0 * M, rowbuf, M, CB, k0);
+            } else { /* feature-major (a polars frame's columns): each output's value of this row in its column */
+                float *o = out + (o0 + r) * so_row;
+                for (int k = k0; k < CB; k++)
+                    for (int f = 0; f < M; f++) o[((c0 + k) * M + f) * so_col] = rowbuf[f * CB + k];
+            }
           }
         }
     }
@@ -309,19 +315,20 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const floa
 
 /* Tasks task0, task0 + step, ... of the grid of blocks (rows_per_task output rows x a block of channels, the
    channel block varying fastest). x: float32 with contiguous channels, element (i, c) at x[i * sx_row + c],
-   n + halo rows; out: float32 [n, C * M] contiguous. Each block walks its rows once, oldest first: level j + 1
+   n + halo rows; out: float32 [n, C * M], element (t, j) at out[t * so_row + j * so_col] (row-major: so_col 1;
+   feature-major: so_row 1). Each block walks its rows once, oldest first: level j + 1
    of the ladder at a row is level j there plus level j 2^j d rows before, each level kept in a ring of the
    rows still to be read (the working set stays in a core's cache), and every filter's output of a row is
    finished as soon as its levels are, then written whole. Returns 0, or -1 when it cannot allocate its
    scratch or the bank is too large for its tables. */
 int tsconv_bank(const float *x, int64_t sx_row, int64_t n, int64_t C, int64_t halo, int64_t d, int M,
-                const int32_t *kinds, const int64_t *params, float *out, int64_t rows_per_task, int64_t task0,
-                int64_t step) {
+                const int32_t *kinds, const int64_t *params, float *out, int64_t so_row, int64_t so_col,
+                int64_t rows_per_task, int64_t task0, int64_t step) {
     plan_t p;
     if (rows_per_task <= 0 || C <= 0 || make_plan(&p, M, kinds, params, d) != 0) return -1;
-    if (C >= 16) return run_tasks(&p, x, sx_row, n, C, halo, d, out, rows_per_task, task0, step, 16);
-    if (C >= 8) return run_tasks(&p, x, sx_row, n, C, halo, d, out, rows_per_task, task0, step, 8);
-    if (C >= 4) return run_tasks(&p, x, sx_row, n, C, halo, d, out, rows_per_task, task0, step, 4);
+    if (C >= 16) return run_tasks(&p, x, sx_row, n, C, halo, d, out, so_row, so_col, rows_per_task, task0, step, 16);
+    if (C >= 8) return run_tasks(&p, x, sx_row, n, C, halo, d, out, so_row, so_col, rows_per_task, task0, step, 8);
+    if (C >= 4) return run_tasks(&p, x, sx_row, n, C, halo, d, out, so_row, so_col, rows_per_task, task0, step, 4);
     return -1; /* fewer than 4 channels: the torch path */
 }
 

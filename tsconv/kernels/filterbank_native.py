@@ -38,7 +38,7 @@ class NativeBank:
     def __init__(self, lib: ctypes.CDLL) -> None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         fn = lib.tsconv_bank
-        fn.argtypes = [ptr, i64, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, i64, i64, i64]
+        fn.argtypes = [ptr, i64, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, i64, i64, i64, i64, i64]
         fn.restype = ctypes.c_int
         tasks = lib.tsconv_bank_tasks
         tasks.argtypes = [i64, i64, i64]
@@ -58,9 +58,10 @@ class NativeBank:
 
     def run(self, x: torch.Tensor, filters: tuple[Filter, ...], *, dilation: int, halo: int, out: torch.Tensor,
             workers: int, run_parts) -> None:  # noqa: ANN001  # fmt: skip
-        """The bank on ``x`` [n + halo, C] (float32, CPU) into ``out`` [n, C * M] (float32, contiguous), split
-        into tasks of rows over ``workers`` threads by ``run_parts(part, count)`` (the caller's thread pool;
-        each part is one C call, which releases the GIL)."""
+        """The bank on ``x`` [n + halo, C] (float32, CPU) into ``out`` [n, C * M] (float32, row-major or
+        feature-major: each column contiguous, rows of a polars frame's columns), split into tasks of rows over ``workers``
+        threads by ``run_parts(part, count)`` (the caller's thread pool; each part is one C call, which releases
+        the GIL)."""
         if x.stride(1) != 1 or x.stride(0) < x.shape[1]:
             x = x.contiguous()  # the kernel reads each row's channels as one run
         n = out.shape[0]
@@ -83,7 +84,7 @@ class NativeBank:
 
         def part(k: int, count: int) -> None:
             rc = self._fn(xp, x.stride(0), n, channels, halo, dilation, m, kinds.ctypes.data, params.ctypes.data,
-                          op, rows, k, count)  # fmt: skip
+                          op, out.stride(0), out.stride(1), rows, k, count)  # fmt: skip
             if rc != 0:
                 fails.append(rc)
 

@@ -31,15 +31,21 @@ class ArraySink:
         self.pos = 0
 
     def reserve(self, n: int) -> np.ndarray | None:
-        """The next ``n`` rows of ``out`` (row-major only), for an engine to compute into."""
-        return None if self.feature_major else self.out[self.pos : self.pos + n]
+        """The next ``n`` rows of ``out`` as [n, D] (for feature-major ``out``, a view with a column's stride),
+        for an engine to compute into."""
+        return (
+            self.out[:, self.pos : self.pos + n].T
+            if self.feature_major
+            else self.out[self.pos : self.pos + n]
+        )
 
     def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
         try:
             n = block.shape[0]
             if self.feature_major:
-                transpose_into(self.out[:, self.pos : self.pos + n], block)
-            elif not is_rows_of(block, self.out, self.pos):  # rows computed in place need no copy
+                if not is_rows_of(block, self.out.T, self.pos):  # rows computed in place need no copy
+                    transpose_into(self.out[:, self.pos : self.pos + n], block)
+            elif not is_rows_of(block, self.out, self.pos):
                 self.out[self.pos : self.pos + n] = block
             self.pos += n
         finally:
