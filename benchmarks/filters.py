@@ -13,7 +13,9 @@ the process has not touched before, as a script's one call does. Beside it, a di
 again and again in this process, taking turns (there polars' allocator hands each call the pages of the
 result before, while numpy maps and faults in a fresh result each time). tsconv's children run a second time
 in each round with numpy's huge-page advice off (``NUMPY_MADVISE_HUGEPAGE=0``): on VMs whose host takes back
-free memory, a fresh process's huge pages wait for the host at their first write. Outputs are compared once (largest
+free memory, a fresh process's huge pages wait for the host at their first write. A fourth child per round
+calls ``tsconv.features`` on the same polars frame polars computes on (a frame in, a frame out: what a polars
+user calls). Outputs are compared once (largest
 difference relative to each feature's scale, NaN pattern). Writes ``results/filters.json`` and ``filters.md``.
 
     python benchmarks/filters.py [--shapes 500000x40,1048576x32,750000x56] [--repeats 9]
@@ -93,27 +95,33 @@ def _alternating(a, b, repeats: int) -> tuple[list[float], list[float], object, 
 
 def child(side: str, path: str) -> None:
     """One fresh-process measurement: prints {"setup": s, "call": s} as JSON (setup: the import and a
-    4,096-row call; polars' frame is built between the two, untimed, as tsconv's input needs nothing)."""
+    4,096-row call). Sides: ``tsconv`` (numpy in and out), ``polars`` and ``tsconv_frame`` (the same polars frame
+    in, a frame out; the frame is built between the two timings, untimed, as a polars user has it)."""
     x = np.load(path)
     t0 = time.perf_counter()
     if side == "tsconv":
-        fn = run_tsconv
-        fn(x[:4096])
+        run_tsconv(x[:4096])
+        t1 = t2 = time.perf_counter()
+        run_tsconv(x)
     else:
         import polars as pl
 
-        def fn(a: np.ndarray) -> object:
-            return run_polars(pl.DataFrame({f"x{j}": a[:, j] for j in range(a.shape[1])}))
+        def frame_of(a: np.ndarray) -> object:
+            return pl.DataFrame({f"x{j}": a[:, j] for j in range(a.shape[1])})
 
-        fn(x[:4096])
-    t1 = time.perf_counter()
-    if side == "tsconv":
+        if side == "polars":
+            fn = run_polars
+        else:
+            import tsconv
+
+            def fn(f: object) -> object:
+                return tsconv.features(f, "default", device="cpu")
+
+        fn(frame_of(x[:4096]))
+        t1 = time.perf_counter()
+        frame = frame_of(x)
         t2 = time.perf_counter()
-        run_tsconv(x)
-    else:
-        frame = pl.DataFrame({f"x{j}": x[:, j] for j in range(x.shape[1])})
-        t2 = time.perf_counter()
-        run_polars(frame)
+        fn(frame)
     t3 = time.perf_counter()
     print(json.dumps({"setup": t1 - t0, "call": t3 - t2}))
 
@@ -166,13 +174,14 @@ def main() -> None:
         x = price_series(rows, cols)
         path = tmp / f"{rows}x{cols}.npy"
         np.save(path, x)
-        fresh: dict[str, list[dict]] = {"tsconv": [], "polars": [], "tsconv_4k": []}
+        fresh: dict[str, list[dict]] = {"tsconv": [], "polars": [], "tsconv_4k": [], "tsconv_frame": []}
         for _ in range(args.repeats):
             for side in fresh:
                 fresh[side].append(_fresh(side, str(path)))
         call_ts = [r["call"] for r in fresh["tsconv"]]
         call_pl = [r["call"] for r in fresh["polars"]]
         call_4k = [r["call"] for r in fresh["tsconv_4k"]]
+        call_fr = [r["call"] for r in fresh["tsconv_frame"]]
         # the in-process diagnostic, and the outputs compared
         frame = pl.DataFrame({f"x{j}": x[:, j] for j in range(cols)})
         run_tsconv(x[:4096])
@@ -198,6 +207,9 @@ def main() -> None:
                 "tsconv_4k_s": _med(call_4k),
                 "tsconv_4k_runs_s": [round(v, 3) for v in call_4k],
                 "speedup_4k": round(statistics.median(call_pl) / statistics.median(call_4k), 2),
+                "tsconv_frame_s": _med(call_fr),
+                "tsconv_frame_runs_s": [round(v, 3) for v in call_fr],
+                "speedup_frame": round(statistics.median(call_pl) / statistics.median(call_fr), 2),
                 "tsconv_setup_s": _med([r["setup"] for r in fresh["tsconv"]]),
                 "polars_setup_s": _med([r["setup"] for r in fresh["polars"]]),
                 "in_process": _pair(all_ts, all_pl),
@@ -234,12 +246,13 @@ def main() -> None:
         f"{meta['torch_threads']}. Same five features ({', '.join(FILTERS)}) per price column, float32 out. "
         f"In one process (a diagnostic): both called {args.in_process_repeats} times in turn, where polars' "
         "allocator reuses the pages of its previous result. 4 KB pages: tsconv's children with numpy's huge-page "
-        "advice off (`NUMPY_MADVISE_HUGEPAGE=0`), in the same rounds.",
+        "advice off (`NUMPY_MADVISE_HUGEPAGE=0`), in the same rounds; a polars frame in and out: "
+        "`tsconv.features(frame)` on polars' own frame, in the same rounds.",
         "",
         "| rows x features | outputs | tsconv call s (min) | polars call s (min) | speedup | paired "
-        "| tsconv, 4 KB pages: s, speedup | setup s (tsconv / polars) "
+        "| tsconv, 4 KB pages: s, speedup | tsconv, a polars frame in and out: s, speedup | setup s (tsconv / polars) "
         "| in one process: tsconv / polars s, speedup | same NaNs | max diff / scale |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows_out:
         ip = r["in_process"]
@@ -247,6 +260,7 @@ def main() -> None:
             f"| {r['rows']:,} x {r['features']} | {r['outputs']} | {r['tsconv_s']:.3f} ({r['tsconv_min_s']:.3f}) | "
             f"{r['polars_s']:.3f} ({r['polars_min_s']:.3f}) | "
             f"**{r['speedup']:.2f}x** | {r['speedup_paired']:.2f}x | {r['tsconv_4k_s']:.3f}, {r['speedup_4k']:.2f}x | "
+            f"{r['tsconv_frame_s']:.3f}, {r['speedup_frame']:.2f}x | "
             f"{r['tsconv_setup_s']:.2f} / {r['polars_setup_s']:.2f} | "
             f"{ip['tsconv_s']:.3f} / {ip['polars_s']:.3f}, {ip['speedup']:.2f}x | {r['same_nan_pattern']} | "
             f"{r['max_diff_of_scale']:.2g} |"
