@@ -8,7 +8,8 @@ Both compute, per feature column of a price series, ``x - x[t-1]``, ``x - x[t-32
 The figure of record is a fresh process per measurement, as a script runs it: each side in a child process
 of its own loads the series (a ``.npy`` in the page cache; polars then builds its frame), computes once on
 4,096 rows (imports and first-call set-up, timed apart as ``setup``), then once on the whole series (timed:
-``call``); the sides take turns, ``--repeats`` children each, medians. Each call writes its result into memory
+``call``); the sides take turns, ``--repeats`` children each, each after ``--pause`` seconds (as a job on an idle machine
+starts), medians. Each call writes its result into memory
 the process has not touched before, as a script's one call does. Beside it, a diagnostic: both sides called
 again and again in this process, taking turns (there polars' allocator hands each call the pages of the
 result before, while numpy maps and faults in a fresh result each time). tsconv's children run a second time
@@ -159,6 +160,11 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
     ap.add_argument("--repeats", type=int, default=9, help="fresh processes per side and shape")
     ap.add_argument("--in-process-repeats", type=int, default=9, help="calls per side in the diagnostic loop")
+    ap.add_argument(
+        "--pause", type=float, default=3.0,
+        help="seconds before each child, as a job on an idle machine starts (a VM's host may take back free memory "
+        "within seconds: without a pause a child finds the pages the one before it freed, or not, by its order)",
+    )  # fmt: skip
     ap.add_argument("--child", nargs=2, metavar=("SIDE", "NPY"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -177,6 +183,7 @@ def main() -> None:
         fresh: dict[str, list[dict]] = {"tsconv": [], "polars": [], "tsconv_4k": [], "tsconv_frame": []}
         for _ in range(args.repeats):
             for side in fresh:
+                time.sleep(args.pause)
                 fresh[side].append(_fresh(side, str(path)))
         call_ts = [r["call"] for r in fresh["tsconv"]]
         call_pl = [r["call"] for r in fresh["polars"]]
@@ -229,7 +236,8 @@ def main() -> None:
         "polars": pl.__version__,
         "polars_threads": pl.thread_pool_size(),
         "pipeline": "default: " + ", ".join(FILTERS) + " per feature",
-        "method": "fresh process per measurement, sides taking turns; call = the whole series after a 4,096-row "
+        "pause_s": args.pause,
+        "method": "fresh process per measurement, sides taking turns, each after a pause; call = the whole series after a 4,096-row "
         "call (setup: imports and first-call set-up); in_process: repeated calls in one process (a diagnostic)",
         "load": os.environ.get("BENCH_LOAD", "shared 2-core VM, other jobs possible"),
     }
@@ -240,7 +248,8 @@ def main() -> None:
         f"# Default filters: tsconv CPU engine against polars ({m['cpu']}, {m['cores']} cores, {meta['date']}, "
         f"commit {meta['commit']})",
         "",
-        f"A fresh process per measurement, as a script runs it, the sides taking turns, medians of {args.repeats}: "
+        f"A fresh process per measurement, as a script runs it, the sides taking turns, each after a {args.pause:g} s "
+        f"pause (as on an idle machine), medians of {args.repeats}: "
         "each child loads the series, calls once on 4,096 rows (setup: imports and first-call set-up), then once "
         f"on the whole series (call). polars {meta['polars']} on {meta['polars_threads']} threads, torch on "
         f"{meta['torch_threads']}. Same five features ({', '.join(FILTERS)}) per price column, float32 out. "
