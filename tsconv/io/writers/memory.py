@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tsconv.io import hostmem
 from tsconv.io.contracts import is_rows_of
 from tsconv.io.transpose import transpose_into
 
@@ -26,7 +27,7 @@ class ArraySink:
         shape = (outputs, rows) if feature_major else (rows, outputs)
         if into is not None:
             assert not feature_major and into.shape == shape and into.dtype == np.float32
-        self.out = np.empty(shape, dtype=np.float32) if into is None else into
+        self.out = hostmem.empty(shape, np.float32) if into is None else into
         self.feature_major = feature_major
         self.pos = 0
 
