@@ -20,7 +20,7 @@ import numpy as np
 
 from tsconv import config
 
-__all__ = ["empty", "host_reclaims_free_memory"]
+__all__ = ["empty", "host_reclaims_free_memory", "small_pages"]
 
 _BALLOONS = Path("/sys/bus/virtio/drivers/virtio_balloon")
 _F_REPORTING = 5  # VIRTIO_BALLOON_F_REPORTING: the guest reports free pages, which the host may take back
