@@ -211,8 +211,35 @@ def test_a_budget_too_small_for_the_gpu_readers_rings_falls_back_to_the_cpu_read
     g.attrs["features"] = [f"x{j}" for j in range(6)]
     kw = dict(pipeline=BANK, device="cpu", chunk=128, gpu_mem="80MB", overwrite=True, decode="gpu")
     assert process_batched(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "gpu"
-    monkeypatch.setattr(gpudecode, "device_bytes", lambda array: 10**12)
-    assert process_batched(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw).reader == "threads"
+    monkeypatch.setattr(gpudecode, "device_bytes", lambda array: {2: 2 * 10**12, 1: 10**12})
+    report = process_batched(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw)
+    assert report.reader == "threads"
+    assert "do not fit" in report.decode_note and "--gpu-mem 0.08 GB" in report.decode_note
+
+
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU engine run needs the interpreter"
+)
+@pytest.mark.slow
+def test_a_budget_too_small_for_the_largest_batch_decodes_fewer_bands_a_launch_on_the_gpu(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Rings that fit only at a smaller batch keep the GPU decoder (it used to hand the store to the CPU
+    decoder), and the rows are those of the CPU decoder."""
+    x = price_series(900, 6, seed=9)
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w")
+    g.create_array("values", data=x.astype(np.float32), chunks=(150, 6), compressors=LZ4)
+    g.attrs["features"] = [f"x{j}" for j in range(6)]
+    kw = dict(pipeline=BANK, device="cpu", chunk=128, gpu_mem="80MB", overwrite=True)
+    cpu = process_batched(tmp_path / "in.zarr", tmp_path / "cpu.zarr", decode="cpu", **kw)
+    assert cpu.reader == "threads" and cpu.decode_note is None
+    real = gpudecode.device_bytes
+    monkeypatch.setattr(
+        gpudecode, "device_bytes", lambda array: {b: n if b <= 2 else 10**12 for b, n in real(array).items()}
+    )
+    gpu = process_batched(tmp_path / "in.zarr", tmp_path / "gpu.zarr", decode="gpu", **kw)
+    assert gpu.reader == "gpu" and gpu.decode_note == "2 bands a launch"
+    np.testing.assert_array_equal(read_output(tmp_path / "gpu.zarr"), read_output(tmp_path / "cpu.zarr"))
 
 
 @pytest.mark.skipif(

@@ -207,6 +207,7 @@ def run_partition(
         },
         "engine_stages": stages.get("stage_seconds"),  # the batched engine's, on CUDA
         "reader": stages.get("reader"),
+        "decode_note": stages.get("decode_note"),
         "started_at": started_at,
         "ended_at": started_at + (t2 - t0),
         "device": str(dev),
@@ -483,5 +484,6 @@ def run_distributed(
         peak_gpu_reserved_bytes=max(gpu_res) if gpu_res else None,
         stage_seconds=stage_seconds,
         reader=results[0]["reader"] if results else None,
+        decode_note=results[0]["decode_note"] if results else None,
         pipeline=plan.pipeline.name,
     )

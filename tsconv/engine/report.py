@@ -39,6 +39,8 @@ class Report:
     stage_seconds: dict[str, float] | None = None  # see StageTimes: read/decode, h2d, compute, d2h, write
     bound_by: str | None = None  # the stage with the most (per-thread) busy time
     reader: str | None = None  # batched engine: "gpu", "threads", "memory" or "zarr" (see reader_kind)
+    # the GPU reader's bands per decode launch, or why a store the GPU could decode was decoded on the CPU
+    decode_note: str | None = None
     head_path: str | None = None  # the last stage + head: "unfused", "gemm" or "fused"; None: no head
     # the output values' codec: "lz4", "none", or with "(auto: ...)" saying what the sample showed
     compression: str | None = None
@@ -57,6 +59,9 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def _decode_note(self) -> str:
+        return f" ({self.decode_note})" if self.decode_note else ""
+
     def markdown(self) -> str:
         """A short Markdown summary of the run: what went in and out, how much and how fast."""
         rows = f"{self.rows:,} of {self.total_rows:,}"
@@ -64,7 +69,7 @@ class Report:
             rows += f" (updated from {self.updated_from:,} rows, computed from row {self.resumed_from:,})"
         elif self.resumed_from:
             rows += f" (resumed at row {self.resumed_from:,})"
-        device = self.device + (f", decoded by {self.reader}" if self.reader else "")
+        device = self.device + (f", decoded by {self.reader}{self._decode_note()}" if self.reader else "")
         if self.peak_gpu_allocated_bytes is not None:
             gpu = f"{self.peak_gpu_allocated_bytes / 2**20:,.0f} MiB allocated"
             if self.peak_gpu_reserved_bytes is not None:
@@ -108,7 +113,7 @@ class Report:
             if self.head_path:
                 stages += f"; head {self.head_path}"
             if self.reader:
-                stages += f"; decoded by {self.reader}"
+                stages += f"; decoded by {self.reader}{self._decode_note()}"
         return (
             f"{self.rows:,} rows x {self.features_in} features -> {self.features_out} features{resumed} "
             f"in {self.seconds:.2f} s on {self.device}: {self.rows_per_s:,.0f} rows/s, "

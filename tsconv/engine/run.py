@@ -105,6 +105,9 @@ class RunPlan:
     gpu_outside_torch: int = 0  # bytes of --gpu-mem the process holds outside torch's allocator
     # the output's chunk rows, when steps hold whole chunks to encode on the GPU
     encode_rows: int | None = None
+    gpu_batch: int | None = None  # the GPU reader's bands per decode launch
+    # the GPU reader's bands per launch, or why a store the GPU could decode is decoded on the CPU
+    decode_note: str | None = None
 
 
 def plan_run(
@@ -154,15 +157,23 @@ def plan_run(
     rows, encode = best()  # refuses a pipeline that does not fit even with the CPU reader
     # The GPU reader on CUDA by default; on the CPU (the interpreter) only when asked for.
     wanted = cuda.decode == "gpu" or (cuda.decode is None and device.type == "cuda")
+    note = None
     if wanted and cuda.transfer == "pinned":
-        nbytes, why = source.gpu_reader()
+        sizes, why = source.gpu_reader()
         if why is None:
-            with contextlib.suppress(
-                TsconvError
-            ):  # its rings do not fit beside the pipeline: decode on the CPU
-                steps, enc = best(nbytes)
-                return RunPlan(device, chunk, warmup, start, stop, steps, True, cuda.transfer, outside, enc)
-    return RunPlan(device, chunk, warmup, start, stop, rows, False, cuda.transfer, outside, encode)
+            # Fewer bands per launch when the decoder's rings do not fit beside the steps: the planner used
+            # to fall back to the CPU decoder silently once --gpu-mem counted the CUDA context.
+            for batch, nbytes in sizes.items():
+                with contextlib.suppress(TsconvError):
+                    steps, enc = best(nbytes)
+                    return RunPlan(device, chunk, warmup, start, stop, steps, True, cuda.transfer, outside,
+                                   enc, batch, f"{batch} bands a launch")  # fmt: skip
+            least = min(sizes.values())
+            note = (f"the GPU decoder's rings ({least / 1e6:,.0f} MB or more) do not fit beside the steps in "
+                    f"--gpu-mem {cuda.gpu_mem / 1e9:.2f} GB")  # fmt: skip
+    return RunPlan(
+        device, chunk, warmup, start, stop, rows, False, cuda.transfer, outside, encode, None, note
+    )
 
 
 # A few rows on a GPU host with device auto: what a fresh process pays before its first CUDA step (the
@@ -312,7 +323,8 @@ def run(
         _gil_switch(dev),
         contextlib.closing(sink),  # closed on the way out; after finish() that is a no-op
         _timed(setup, "open_reader", source.open, device=dev, pinned=dev.type == "cuda" and rp.transfer != "pageable",
-               hold=reader_hold(band_bytes) if batched else 1, gpu=rp.gpu_reader, threads=threads) as reader,
+               hold=reader_hold(band_bytes) if batched else 1, gpu=rp.gpu_reader, threads=threads,
+               batch=rp.gpu_batch) as reader,
     ):  # fmt: skip
         if batched:
             times = run_batched(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop,
@@ -322,6 +334,7 @@ def run(
             stages = stage_summary(times, transfer=rp.transfer, reader=reader, sink=sink)
             stages["stage_seconds"].update(setup)
             stages["gpu_outside_torch_bytes"] = rp.gpu_outside_torch
+            stages["decode_note"] = rp.decode_note
             if rp.encode_rows:
                 stages["gpu_encoded"] = times.gpu_encoded
         else:

@@ -104,13 +104,24 @@ class Source(Protocol):
         """Rows per band of its chunk grid."""
         ...
 
-    def gpu_reader(self) -> tuple[int, str | None]:
-        """(device bytes, None) when its chunks can be decoded on the GPU, else (0, why not)."""
+    def gpu_reader(self) -> tuple[dict[int, int], str | None]:
+        """({bands per decode launch: device bytes}, None), largest batch first, when its chunks can be
+        decoded on the GPU; else ({}, why not)."""
         ...
 
-    def open(self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None) -> BandReader:
-        """A reader for this run: ``gpu`` decodes on ``device``; ``pinned`` reads into page-locked memory;
-        ``hold`` bands stay intact behind the one being read; ``threads`` decode threads (None: default)."""
+    def open(
+        self,
+        *,
+        device: Any,
+        pinned: bool,
+        hold: int,
+        gpu: bool,
+        threads: int | None,
+        batch: int | None = None,
+    ) -> BandReader:
+        """A reader for this run: ``gpu`` decodes on ``device``, ``batch`` bands per launch (None: the
+        largest of :meth:`gpu_reader`); ``pinned`` reads into page-locked memory; ``hold`` bands stay intact
+        behind the one being read; ``threads`` decode threads (None: default)."""
         ...
 
 

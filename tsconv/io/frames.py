@@ -281,10 +281,19 @@ class FrameColumns(BandReader):
             out[:, j] = c[start:stop]
         return out
 
-    def gpu_reader(self) -> tuple[int, str | None]:
-        return 0, "an in-memory frame"
+    def gpu_reader(self) -> tuple[dict[int, int], str | None]:
+        return {}, "an in-memory frame"
 
-    def open(self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None) -> BandReader:
+    def open(
+        self,
+        *,
+        device: Any,
+        pinned: bool,
+        hold: int,
+        gpu: bool,
+        threads: int | None,
+        batch: int | None = None,
+    ) -> BandReader:
         return self
 
 

@@ -47,14 +47,24 @@ class StoreSource:
     def band_rows(self) -> int:
         return int(self.store.values.chunks[0])
 
-    def gpu_reader(self) -> tuple[int, str | None]:
-        """(device bytes, None) when the GPU decodes this store's chunks (Blosc-LZ4), else (0, why not)."""
+    def gpu_reader(self) -> tuple[dict[int, int], str | None]:
+        """({bands per decode launch: device bytes}, None), largest batch first, when the GPU decodes this
+        store's chunks (Blosc-LZ4); else ({}, why not)."""
         if self.store.remote:
-            return 0, "an object store (its bands are read through zarr)"
+            return {}, "an object store (its bands are read through zarr)"
         why = gpu_reader.unsupported_reason(self.store.values)
-        return (0, why) if why is not None else (gpu_reader.device_bytes(self.store.values), None)
+        return ({}, why) if why is not None else (gpu_reader.device_bytes(self.store.values), None)
 
-    def open(self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None) -> BandReader:
+    def open(
+        self,
+        *,
+        device: Any,
+        pinned: bool,
+        hold: int,
+        gpu: bool,
+        threads: int | None,
+        batch: int | None = None,
+    ) -> BandReader:
         early, self._early = self._early, None
         if early is not None:
             if not (gpu or pinned) and hold == early.hold and threads is None:
@@ -64,6 +74,6 @@ class StoreSource:
             return PrefetchReader(self.store.values, where=self.where, hold=hold)
         if gpu:
             return gpu_reader.GpuBandReader(
-                self.store.values, device=device, where=self.where, threads=threads
+                self.store.values, device=device, where=self.where, threads=threads, batch=batch
             )
         return ParallelBandReader(self.store.values, where=self.where, pin=pinned, hold=hold, threads=threads)

@@ -104,10 +104,19 @@ class ArraySource(BandReader):
     def read(self, start: int, stop: int) -> np.ndarray:
         return self.array[start:stop]
 
-    def gpu_reader(self) -> tuple[int, str | None]:
-        return 0, "an in-memory array"
+    def gpu_reader(self) -> tuple[dict[int, int], str | None]:
+        return {}, "an in-memory array"
 
-    def open(self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None) -> BandReader:
+    def open(
+        self,
+        *,
+        device: Any,
+        pinned: bool,
+        hold: int,
+        gpu: bool,
+        threads: int | None,
+        batch: int | None = None,
+    ) -> BandReader:
         return self
 
 

@@ -51,7 +51,7 @@ from tsconv.io.readers.chunkfile import chunk_layout, decode_bytes
 from tsconv.io.readers.threads import lower_thread_priority
 from tsconv.kernels import blosc_header
 
-__all__ = ["GpuBandReader", "device_bytes", "unsupported_reason"]
+__all__ = ["GpuBandReader", "batch_bands", "device_bytes", "unsupported_reason"]
 
 # A decode launch wants about this many warps (one per LZ4 stream) to fill the H200: batches of 8 / 12 / 32
 # 16 MB chunks (1,024 / 1,536 / 4,096 warps) decode at 41 / 53 / 66 GB/s, all 256 at once at 77 GB/s
@@ -110,17 +110,26 @@ def _batch_bands(layout: Any, band_bytes: int, n_cols: int) -> int:
     return max(1, min(by_warps, by_memory))
 
 
-def device_bytes(array: Any) -> int:
-    """GPU memory a :class:`GpuBandReader` of ``array`` holds: the decoded-band ring and the ring of stored
-    bytes (sized from the chunk files), plus a chunk-sized buffer per chunk of a batch when chunks split
-    the features."""
+def batch_bands(array: Any) -> int:
+    """Bands per decode launch that keep the decoder busy (about TARGET_WARPS streams, the decoded ring within
+    MAX_DECODED_BYTES), at most the array's bands. A smaller batch holds less GPU memory and decodes slower."""
     layout, _ = chunk_layout(array)
     n_cols = -(-int(array.shape[1]) // layout.chunks[1])
     band_bytes = layout.chunks[0] * int(array.shape[1]) * layout.dtype.itemsize
-    batch = _batch_bands(layout, band_bytes, n_cols)
+    n_bands = -(-int(array.shape[0]) // layout.chunks[0])
+    return max(1, min(_batch_bands(layout, band_bytes, n_cols), n_bands))
+
+
+def device_bytes(array: Any) -> dict[int, int]:
+    """GPU memory a :class:`GpuBandReader` of ``array`` holds, by bands per launch: from :func:`batch_bands`
+    (largest, first) down to one. Each is the decoded-band ring and the ring of stored bytes (sized from the
+    chunk files), plus a chunk-sized buffer per chunk of a batch when chunks split the features."""
+    layout, _ = chunk_layout(array)
+    n_cols = -(-int(array.shape[1]) // layout.chunks[1])
+    band_bytes = layout.chunks[0] * int(array.shape[1]) * layout.dtype.itemsize
     slot = _slot_layout(_file_sizes(layout, int(array.shape[0]), n_cols))[1]
-    tmp = 0 if n_cols == 1 else 2 * batch * n_cols * _chunk_bytes(layout)
-    return 2 * batch * (band_bytes + slot) + tmp
+    tmp = 0 if n_cols == 1 else 2 * n_cols * _chunk_bytes(layout)
+    return {b: 2 * b * (band_bytes + slot) + b * tmp for b in range(batch_bands(array), 0, -1)}
 
 
 def _padded(n: int) -> int:
@@ -163,7 +172,13 @@ class GpuBandReader(DeviceBandReader):
     """
 
     def __init__(
-        self, array: Any, *, device: torch.device, where: str = "the store", threads: int | None = None
+        self,
+        array: Any,
+        *,
+        device: torch.device,
+        where: str = "the store",
+        threads: int | None = None,
+        batch: int | None = None,
     ):
         layout, why = chunk_layout(array)
         if why is not None or not isinstance(layout.codec, numcodecs.Blosc):
@@ -186,8 +201,7 @@ class GpuBandReader(DeviceBandReader):
         self._n_bands = -(-self.rows // self.band_rows)
         self._chunk = _chunk_bytes(layout)
         self._whole = self._n_cols == 1 and self._col_width == self.n_features
-        band_bytes = self.band_rows * self.n_features * self.dtype.itemsize
-        self.batch = min(_batch_bands(layout, band_bytes, self._n_cols), self._n_bands)
+        self.batch = min(batch or batch_bands(array), self._n_bands)
         # The engine's pieces: up to a whole batch (one prepare launch over its bands), never across one's end.
         self.piece_bands = self.ring_bands = self.batch
         self.prefetch = self.batch
