@@ -70,7 +70,8 @@ def run_variant(src: Path, out: Path, pipeline: str, cap: int | None, extra: lis
     report.unlink(missing_ok=True)
     argv = ["process", "-i", str(src), "-o", str(out), "--pipeline", pipeline, "--device", "cuda",
             "--overwrite", "-q", "--report", str(report), *extra]  # fmt: skip
-    env = {**os.environ, "TSCONV_CACHE_DIR": str(work / "cache"), "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TSCONV_CACHE_DIR": str(work / "cache"), "PYTHONPATH": path}
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", DRIVER, str(cap) if cap else "none", *argv], env=env,
                        cwd=tempfile.gettempdir(), capture_output=True, text=True)  # fmt: skip
@@ -92,7 +93,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/tsconv-cli"))
     ap.add_argument("--cases", default="a,d")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--batches", default="1,2,3,4,6")
+    ap.add_argument("--batches", default="2,3,4,6,8")
+    ap.add_argument("--sweep", default="a", help="cases that try every batch (the others: cpu, auto, 2GB)")
     a = ap.parse_args()
     result: dict = {
         "benchmark": "diag/gpu_reader_batch",
@@ -100,7 +102,7 @@ def main() -> None:
         "machine": machine(),
         "context": {},
     }
-    for stack in (0, 256):
+    for stack in (0, 256, 1):
         p = subprocess.run([sys.executable, "-c", CONTEXT, str(stack)], capture_output=True, text=True)
         result["context"][f"stack_{stack or 'default'}"] = (
             json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else p.stderr[-800:]
@@ -115,11 +117,10 @@ def main() -> None:
         spec = cli.CASES[n]
         band = spec["chunks"][0] * spec["features"] * 4
         variants: dict[str, tuple[int | None, list[str]]] = {"cpu": (None, ["--decode", "cpu"])}
-        for b in (int(x) for x in a.batches.split(",")):
+        for b in (int(x) for x in a.batches.split(",")) if n in a.sweep.split(",") else ():
             variants[f"gpu_b{b}"] = (2 * band * b, [])
         variants["gpu_auto"] = (None, [])
         variants["gpu_2GB"] = (None, ["--gpu-mem", "2GB"])
-        variants["cpu_2GB"] = (None, ["--decode", "cpu", "--gpu-mem", "2GB"])
         out = a.work / f"out_{n}.zarr"
         runs: dict[str, list[dict]] = {v: [] for v in variants}
         for cap, extra in variants.values():  # untimed: bytecode, tuning cache

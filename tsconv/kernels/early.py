@@ -15,10 +15,19 @@ for the CUDA thread.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 
-__all__ = ["gpu_present", "start", "wait_triton"]
+__all__ = ["STACK_BYTES", "gpu_present", "start", "trim_stack", "wait_triton"]
+
+# CUDA reserves each thread's stack (1 KiB by default) for every thread the GPU can hold at once: on the H200,
+# NVML showed a bare context at 642 MB, and at 434 MB once the limit was 256 B (benchmarks/NOTES.md, section
+# 6), a sixth of the default --gpu-mem. The driver raises the limit for any launch that needs more
+# (cuCtxSetLimit), so no kernel is refused; tsconv's Triton kernels need none.
+STACK_BYTES = 256
+_CU_LIMIT_STACK_SIZE = 0
+_trimmed: set[int] = set()
 
 _threads: dict[str, threading.Thread] = {}
 _lock = threading.Lock()
@@ -55,7 +64,21 @@ def _cuda(index: int | None) -> None:
             return
         with torch.cuda.device(torch.cuda.current_device() if index is None else index):
             torch.empty(1, device="cuda")  # creates the device's primary context
+            trim_stack(torch.cuda.current_device())
     except Exception:  # noqa: BLE001 - whatever fails here, the run's own first CUDA call meets and reports
+        return
+
+
+def trim_stack(index: int) -> None:
+    """Lower the per-thread stack CUDA reserves in device ``index``'s primary context to :data:`STACK_BYTES`
+    (once per device). The caller holds that context current (after a CUDA call under the device)."""
+    with _lock:
+        if index in _trimmed:
+            return
+        _trimmed.add(index)
+    try:
+        ctypes.CDLL("libcuda.so.1").cuCtxSetLimit(_CU_LIMIT_STACK_SIZE, ctypes.c_size_t(STACK_BYTES))
+    except (OSError, AttributeError):  # no driver library: nothing is reserved either
         return
 
 
