@@ -79,9 +79,8 @@ def outside_torch(device: torch.device) -> int:
     """Bytes of ``device`` this process holds, or will once the run's kernels load, beyond what torch's
     allocator reserves: the share of ``--gpu-mem`` the steps cannot have. Creates the CUDA context (the
     run needs it next anyway)."""
-    with torch.cuda.device(device):
-        torch.cuda.mem_get_info(device)  # creates the context where nothing has yet: it is in what follows
-        early.trim_stack(torch.cuda.current_device())  # before NVML is read: the share it frees is the steps'
+    torch.cuda.mem_get_info(device)  # creates the context where nothing has yet: it is in what follows
+    early.trim_stack(device.index)  # before NVML is read: what it frees goes to the steps
     reserved = torch.cuda.memory_reserved(device)
     held = process_bytes(device)
     if held is None:

@@ -27,7 +27,7 @@ __all__ = ["STACK_BYTES", "gpu_present", "start", "trim_stack", "wait_triton"]
 # (cuCtxSetLimit), so no kernel is refused; tsconv's Triton kernels need none.
 STACK_BYTES = 256
 _CU_LIMIT_STACK_SIZE = 0
-_trimmed: set[int] = set()
+_trimmed: set[int | None] = set()
 
 _threads: dict[str, threading.Thread] = {}
 _lock = threading.Lock()
@@ -69,9 +69,10 @@ def _cuda(index: int | None) -> None:
         return
 
 
-def trim_stack(index: int) -> None:
-    """Lower the per-thread stack CUDA reserves in device ``index``'s primary context to :data:`STACK_BYTES`
-    (once per device). The caller holds that context current (after a CUDA call under the device)."""
+def trim_stack(index: int | None) -> None:
+    """Lower the per-thread stack CUDA reserves in device ``index``'s primary context (None: the current
+    device) to :data:`STACK_BYTES`, once per device. The caller's thread holds that context current (it has
+    just made a CUDA call on the device)."""
     with _lock:
         if index in _trimmed:
             return
