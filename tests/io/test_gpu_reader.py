@@ -214,7 +214,7 @@ def test_a_budget_too_small_for_the_gpu_readers_rings_falls_back_to_the_cpu_read
     monkeypatch.setattr(gpudecode, "device_bytes", lambda array: {2: 2 * 10**12, 1: 10**12})
     report = process_batched(tmp_path / "in.zarr", tmp_path / "out.zarr", **kw)
     assert report.reader == "threads"
-    assert "do not fit" in report.decode_note and "--gpu-mem 0.08 GB" in report.decode_note
+    assert "too little of --gpu-mem 0.08 GB" in report.decode_note
 
 
 @pytest.mark.skipif(

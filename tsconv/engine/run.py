@@ -161,16 +161,19 @@ def plan_run(
     if wanted and cuda.transfer == "pinned":
         sizes, why = source.gpu_reader()
         if why is None:
-            # Fewer bands per launch when the decoder's rings do not fit beside the steps: the planner used
-            # to fall back to the CPU decoder silently once --gpu-mem counted the CUDA context.
+            # Fewer bands per launch where the decoder's rings at full width do not fit beside the steps, as
+            # long as the steps keep at least half the rows the CPU decoder's would have (on the H200 at the
+            # default --gpu-mem, 1,048,576 x 1024 LZ4, fresh processes: 9 bands with 6,144-row steps ran no
+            # faster than 6 bands with 31,744; benchmarks/NOTES.md, section 4).
             for batch, nbytes in sizes.items():
                 with contextlib.suppress(TsconvError):
                     steps, enc = best(nbytes)
-                    return RunPlan(device, chunk, warmup, start, stop, steps, True, cuda.transfer, outside,
-                                   enc, batch, f"{batch} bands a launch")  # fmt: skip
+                    if steps * 2 >= rows:
+                        return RunPlan(device, chunk, warmup, start, stop, steps, True, cuda.transfer, outside,
+                                       enc, batch, f"{batch} bands a launch")  # fmt: skip
             least = min(sizes.values())
-            note = (f"the GPU decoder's rings ({least / 1e6:,.0f} MB or more) do not fit beside the steps in "
-                    f"--gpu-mem {cuda.gpu_mem / 1e9:.2f} GB")  # fmt: skip
+            note = (f"the GPU decoder's rings ({least / 1e6:,.0f} MB or more) leave too little of --gpu-mem "
+                    f"{cuda.gpu_mem / 1e9:.2f} GB for the steps")  # fmt: skip
     return RunPlan(
         device, chunk, warmup, start, stop, rows, False, cuda.transfer, outside, encode, None, note
     )
