@@ -221,7 +221,7 @@ def tsconv_run(src: Path, out: Path, pipeline: str, work: Path, cache: Path, *,
         raise RuntimeError(f"tsconv process failed ({p.returncode}): {err.decode()[-2000:]}")
     r = json.loads(report.read_text())
     return {"wall_s": wall, "report_s": r["seconds"], "peak_reserved_bytes": r.get("peak_gpu_reserved_bytes"),
-            "smi_peak_bytes": peak, "reader": r.get("reader"), "head_path": r.get("head_path"),
+            "smi_peak_bytes": peak, "reader": r.get("reader"), "decode_note": r.get("decode_note"), "head_path": r.get("head_path"),
             "step_rows": r.get("step_rows"), "gpu_process_bytes": r.get("gpu_process_bytes"),
             "gpu_outside_torch_bytes": r.get("gpu_outside_torch_bytes"), "bound_by": r.get("bound_by"), "compression": r.get("compression"), "stage_seconds": r.get("stage_seconds"),
             "stderr_lines": err.decode().strip().splitlines()[-3:]}  # fmt: skip
