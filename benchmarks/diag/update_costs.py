@@ -70,7 +70,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     grown = args.rows + args.rows // 100
-    x, t = U._series(grown, args.features, seed=0, unlisted=1)
+    x, t = U.tick_series(grown, args.features, seed=0, unlisted=1)
     src, base = work / "ticks.zarr", work / "base.features.zarr"
     U.write_store(src, x, t, args.rows)
     subprocess.run([sys.executable, "-m", "tsconv", "process", "-i", str(src), "-o", str(base), "--pipeline",
