@@ -139,3 +139,42 @@ def test_the_in_memory_entries_import_no_store_code() -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "[]"
+
+
+class _LzStore:
+    """A source whose GPU reader's rings are given per batch (the planner's only view of them)."""
+
+    rows, n_features, dtype, where, band_rows = 1 << 20, 64, np.dtype(np.float32), "the store", 16384
+
+    def __init__(self, sizes: dict[int, int]) -> None:
+        self.sizes = sizes
+
+    def gpu_reader(self) -> tuple[dict[int, int], str | None]:
+        return self.sizes, None
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the batched engine's planner on the CPU needs the interpreter")
+def test_the_gpu_reader_takes_the_largest_batch_whose_steps_keep_half_the_cpu_decoders_rows() -> None:
+    from tsconv.engine.batched import plan_step_rows
+    from tsconv.engine.run import CudaOptions, plan_run
+    from tsconv.pipeline.spec import default_pipeline, resolve
+
+    plan = resolve(default_pipeline(), [f"x{j}" for j in range(64)])
+    budget = 300_000_000
+
+    def steps(reader_bytes: int | None) -> int:
+        return plan_step_rows(plan, src_features=64, src_itemsize=4, budget=budget, chunk=1024,
+                              transfer="pinned", rows=1 << 20, reader_bytes=reader_bytes)  # fmt: skip
+
+    cpu = steps(None)
+    sizes = {8: 10**12, 4: 150_000_000, 2: 40_000_000, 1: 20_000_000}  # 8: does not fit at all
+    assert steps(sizes[4]) * 2 < cpu <= steps(sizes[2]) * 2  # 4 fits, with too short steps; 2 keeps half
+    with config.override(engine="batched"):
+        rp = plan_run(_LzStore(sizes), plan, device=torch.device("cpu"), chunk=1024, warmup="nan",
+                      cuda=CudaOptions("pinned", budget, "gpu"))  # fmt: skip
+        assert (rp.gpu_reader, rp.gpu_batch, rp.step_rows) == (True, 2, steps(sizes[2]))
+        assert rp.decode_note == "2 bands a launch"
+        none_fit = plan_run(_LzStore({2: 10**12, 1: 150_000_000}), plan, device=torch.device("cpu"), chunk=1024,
+                            warmup="nan", cuda=CudaOptions("pinned", budget, "gpu"))  # fmt: skip
+        assert (none_fit.gpu_reader, none_fit.step_rows) == (False, cpu)
+        assert "leave too little of --gpu-mem 0.30 GB" in none_fit.decode_note
