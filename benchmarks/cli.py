@@ -492,6 +492,12 @@ def _naive(r: dict[str, Any]) -> str:
     return f"{r['naive_s']:.2f} ({r['naive_loop_s']:.2f})"
 
 
+def _decoded_by(r: dict[str, Any]) -> str:
+    """The run's reader ("gpu" or "threads"), with its note (bands a launch, or why not the GPU)."""
+    reader = r.get("reader") or ""
+    return f"{reader} ({r['decode_note']})" if r.get("decode_note") else reader
+
+
 def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
     """A table of every run (and a bar plot of wall time against the baselines) from the JSON."""
     rows = [r for r in doc["runs"] if not r.get("cold_cache")]
@@ -509,8 +515,8 @@ def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
         "read the store, the same features on all cores, written as Parquet (both in this process).",
         "",
         "| store | codec, chunks | pipeline | wall s | start-up s | wall - start-up s | report s | GB/s | naive s "
-        "| inmem s | polars s | decode ceiling GB/s | torch peak GB | nvidia-smi peak GB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| inmem s | polars s | decode ceiling GB/s | torch peak GB | nvidia-smi peak GB | decoded by |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def f(v: Any, p: int = 2) -> str:
@@ -525,7 +531,7 @@ def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
             f"| {gbps:.2f} "
             f"| {_naive(r)} | {f(r.get('inmem_s'))} | {f(r.get('polars_s'))} "
             f"| {f(r.get('decode_ceiling_gbps'))} | {f((r['peak_reserved_bytes'] or 0) / 1e9)} "
-            f"| {f(r['smi_peak_bytes'] / 1e9)} |"
+            f"| {f(r['smi_peak_bytes'] / 1e9)} | {_decoded_by(r)} |"
         )
     for r in colds:
         lines.append(
