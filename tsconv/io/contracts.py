@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["BandReader", "DeviceBandReader", "FrameSink", "Sink", "Source", "is_rows_of"]
+__all__ = ["BandReader", "DeviceBandReader", "FrameSink", "HostSource", "Sink", "Source", "is_rows_of"]
 
 
 class BandReader:
@@ -65,6 +65,25 @@ class BandReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class HostSource(BandReader):
+    """A source in host memory that is its own reader (a :class:`Source`): nothing for the GPU to decode."""
+
+    def gpu_reader(self) -> tuple[dict[int, int], str | None]:
+        return {}, f"{self.where} is in host memory"
+
+    def open(
+        self,
+        *,
+        device: Any,
+        pinned: bool,
+        hold: int,
+        gpu: bool,
+        threads: int | None,
+        batch: int | None = None,
+    ) -> BandReader:
+        return self
 
 
 class DeviceBandReader(BandReader):

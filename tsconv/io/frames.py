@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import ShapeError, StoreError, TsconvError
-from tsconv.io.contracts import BandReader
+from tsconv.io.contracts import HostSource
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.store import InputStore, open_input
 from tsconv.io.transpose import transpose_into
@@ -262,7 +262,7 @@ def _frame(names: tuple[str, ...], cols: np.ndarray, t: np.ndarray | None, a: in
 # ---------------------------------------------------------------------------------- research API
 
 
-class FrameColumns(BandReader):
+class FrameColumns(HostSource):
     """A polars frame's feature columns (as 1-D numpy arrays) as a run's source and its own reader: each
     read stacks the rows of one chunk into a [rows, F] float32 block."""
 
@@ -280,21 +280,6 @@ class FrameColumns(BandReader):
         for j, c in enumerate(self.columns):
             out[:, j] = c[start:stop]
         return out
-
-    def gpu_reader(self) -> tuple[dict[int, int], str | None]:
-        return {}, "an in-memory frame"
-
-    def open(
-        self,
-        *,
-        device: Any,
-        pinned: bool,
-        hold: int,
-        gpu: bool,
-        threads: int | None,
-        batch: int | None = None,
-    ) -> BandReader:
-        return self
 
 
 def _is_numeric(dtype: Any) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import StoreError
-from tsconv.io.contracts import BandReader
+from tsconv.io.contracts import BandReader, HostSource
 
 __all__ = ["BlockReader", "ArraySource", "ColumnSource", "read_rows", "splice_bands"]
 
@@ -89,7 +89,7 @@ class BlockReader(BandReader):
         return splice_bands(start, stop, self.band_rows, self._band)
 
 
-class ArraySource(BandReader):
+class ArraySource(HostSource):
     """An in-memory [T, F] array as a run's source and its own reader."""
 
     where = "the array"
@@ -103,21 +103,6 @@ class ArraySource(BandReader):
 
     def read(self, start: int, stop: int) -> np.ndarray:
         return self.array[start:stop]
-
-    def gpu_reader(self) -> tuple[dict[int, int], str | None]:
-        return {}, "an in-memory array"
-
-    def open(
-        self,
-        *,
-        device: Any,
-        pinned: bool,
-        hold: int,
-        gpu: bool,
-        threads: int | None,
-        batch: int | None = None,
-    ) -> BandReader:
-        return self
 
 
 class ColumnSource(BandReader):
