@@ -6,12 +6,15 @@ holds far less memory than reading the whole series, with the same output (bench
 Baselines, on the same store, in the same environment, each in its own process (peak RSS is per process):
 - naive: a hand-written loop over zarr, 1024-row slices (each slice decodes whole store chunks), the
   halo re-read each time, torch conv per chunk, results written back slice by slice;
-- in_memory: read the whole series, pad, convolve everything at once, write once.
-All three run the same pipeline (the default one) in float32 on the CPU, and their outputs are compared.
+- in_memory: read the whole series, pad, convolve everything at once, write once;
+- polars: what a polars user writes: read the store into a DataFrame (zarr), the same five features per column
+  as rolling expressions on all cores (gaps and late starts forward-filled, as tsconv does), written as Parquet
+  (polars' fastest native output), the time column included.
+All run the same pipeline (the default one) in float32 on the CPU, and their outputs are compared.
 The stores are written by plain zarr (its default chunks, which split the features, and zstd; tick prices from
 20 to 500 with a quarter of the symbols starting late: ``update.tick_series``), or by ``make_ticks`` with
-``--store make_ticks``. tsconv runs ``--repeats`` times (median; the runs are kept), each baseline once (they take
-10-100x longer).
+``--store make_ticks``. tsconv and polars run ``--repeats`` times each (median; the runs are kept), the other
+baselines once (they take 10-100x longer).
 
     python benchmarks/cpu_engine.py                      # 200k x 64 and 1M x 32
     python benchmarks/cpu_engine.py --sizes 200000x64    # one size
@@ -55,6 +58,20 @@ def _variant(name: str, src: str, out: str, chunk: int) -> dict:
     t0 = time.perf_counter()
     if name == "tsconv":
         tsconv.process(src, out, chunk=chunk, overwrite=True, device="cpu")
+    elif name == "polars":
+        import polars as pl
+
+        g = zarr.open_group(src, mode="r")
+        names = list(g.attrs["features"])
+        x = np.asarray(g["values"][:], dtype=np.float32)
+        frame = pl.DataFrame({"time": np.asarray(g["time"][:]), **{n: x[:, j] for j, n in enumerate(names)}})
+        exprs = [pl.col("time")]
+        for n in names:
+            c = pl.col(n).fill_nan(None).forward_fill()
+            exprs += [(c - c.shift(1)).alias(f"{n}.diff1"), (c - c.shift(32)).alias(f"{n}.diff32"),
+                      (c - c.shift(256)).alias(f"{n}.diff256"), (c - c.rolling_mean(32)).alias(f"{n}.dev32"),
+                      (c - c.rolling_mean(256)).alias(f"{n}.dev256")]  # fmt: skip
+        frame.select(exprs).write_parquet(out)
     else:
         g = zarr.open_group(src, mode="r")
         values = g["values"]
@@ -100,19 +117,38 @@ def _variant(name: str, src: str, out: str, chunk: int) -> dict:
     return {"seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def _compare(a: str, b: str) -> float:
-    """Largest |a - b| relative to the output scale, NaNs required to agree."""
-    import numpy as np
+def _values(path: str) -> object:
+    """The output values of a variant: a zarr group's ``values``, or a Parquet file's columns but time."""
     import zarr
 
-    va, vb = zarr.open_group(a)["values"], zarr.open_group(b)["values"]
-    worst, step = 0.0, 65536
+    if path.endswith(".parquet"):
+        import polars as pl
+
+        return pl.read_parquet(path).drop("time").to_numpy().astype("float32")
+    return zarr.open_group(path)["values"]
+
+
+def _compare(a: str, b: str) -> tuple[float, bool]:
+    """Largest |a - b| where both have a value, relative to the output scale; whether their NaNs (Parquet's
+    nulls) fall on the same cells."""
+    import numpy as np
+
+    va, vb = _values(a), _values(b)
+    worst, step, same = 0.0, 65536, True
     for s in range(0, va.shape[0], step):
         x, y = np.asarray(va[s : s + step]), np.asarray(vb[s : s + step])
+        same = same and bool(np.array_equal(np.isnan(x), np.isnan(y)))
         both = ~np.isnan(x) & ~np.isnan(y)
         scale = max(1e-30, float(np.abs(x[both]).max(initial=0.0)))
         worst = max(worst, float(np.abs(x[both] - y[both]).max(initial=0.0)) / scale)
-    return worst
+    return worst, same
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def main() -> None:
@@ -121,10 +157,10 @@ def main() -> None:
     ap.add_argument(
         "--store", choices=("zarr", "make_ticks"), default="zarr", help="who writes the input store"
     )
-    ap.add_argument("--repeats", type=int, default=3, help="tsconv's runs (the baselines run once)")
+    ap.add_argument("--repeats", type=int, default=3, help="tsconv's and polars' runs (the others run once)")
     ap.add_argument("--chunk", type=int, default=1024)
     ap.add_argument("--workdir", default=None, help="where to put the stores (default: a temp dir)")
-    ap.add_argument("--variants", default="tsconv,naive,in_memory")
+    ap.add_argument("--variants", default="tsconv,polars,naive,in_memory")
     ap.add_argument("--name", default="cpu_engine", help="results/NAME.json and NAME.md")
     ap.add_argument("--child", nargs=4, metavar=("VARIANT", "SRC", "OUT", "CHUNK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -152,10 +188,10 @@ def main() -> None:
                 make_ticks(src, rows=rows, features=feats, seed=0)
         outs = {}
         for variant in args.variants.split(","):
-            out = work / f"out-{variant}-{rows}x{feats}.zarr"
-            shutil.rmtree(out, ignore_errors=True)
+            out = work / f"out-{variant}-{rows}x{feats}.{'parquet' if variant == 'polars' else 'zarr'}"
+            _remove(out)
             runs = []
-            for _ in range(args.repeats if variant == "tsconv" else 1):
+            for _ in range(args.repeats if variant in ("tsconv", "polars") else 1):
                 res = subprocess.run(
                     [sys.executable, __file__, "--child", variant, str(src), str(out), str(args.chunk)],
                     capture_output=True,
@@ -183,9 +219,8 @@ def main() -> None:
             rec = next(
                 r for r in records if r["variant"] == variant and r["rows"] == rows and r["features"] == feats
             )
-            rec["max_rel_diff_vs_tsconv"] = (
-                0.0 if out == base or base is None else _compare(str(base), str(out))
-            )
+            worst, same = (0.0, True) if out == base or base is None else _compare(str(base), str(out))
+            rec["max_rel_diff_vs_tsconv"], rec["same_nans_as_tsconv"] = worst, same
         tsv = next(
             r for r in records if r["variant"] == "tsconv" and r["rows"] == rows and r["features"] == feats
         )
@@ -193,7 +228,7 @@ def main() -> None:
             if r["rows"] == rows and r["features"] == feats:
                 r["tsconv_speedup"] = round(r["seconds"] / tsv["seconds"], 2)
         for out in outs.values():
-            shutil.rmtree(out, ignore_errors=True)
+            _remove(out)
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
     meta = {
@@ -211,20 +246,23 @@ def main() -> None:
         f"# CPU engine ({meta['machine']}, {meta['date']}, commit {meta['commit']})",
         "",
         f"Pipeline: {meta['pipeline']}. Stores: {meta['store']}. Each run a fresh process (peak RSS is per",
-        f"process), timed from the call (imports excluded); tsconv the median of {args.repeats} (runs in brackets), the",
-        "baselines once. The last column is the largest difference from tsconv's output relative to each output's",
-        "scale: the baselines sum raw price levels in float32 over the bank's 257 padded taps, where tsconv computes",
-        "each filter over its own window in float64 (within 1e-7 of a float64 reference: tests/engine/test_accuracy.py).",
+        f"process), timed from the call (imports excluded); tsconv and polars the median of {args.repeats} (runs in",
+        "brackets), the other baselines once. The max diff column is the largest difference from tsconv's output relative",
+        "to each output's scale where both have a value: naive and in_memory sum raw price levels in float32 over the",
+        "bank's 257 padded taps (so every output waits 256 rows: other NaNs), polars keeps float32 rolling sums, where",
+        "tsconv computes each filter over its own window in float64 (within 1e-7 of a float64 reference:",
+        "tests/engine/test_accuracy.py). polars: read with zarr, features as rolling expressions, written as Parquet.",
         "",
-        "| rows x features | variant | seconds | rows/s | input GB/s | peak RSS MiB | tsconv faster by | max rel. diff vs tsconv |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| rows x features | variant | seconds | rows/s | input GB/s | peak RSS MiB | tsconv faster by | max rel. diff vs tsconv | same NaNs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in records:
         lines.append(
             f"| {r['rows']:,} x {r['features']} | {r['variant']} | {r['seconds']:.2f}"
             + (f" ({', '.join(f'{v:.2f}' for v in r['runs_s'])})" if len(r["runs_s"]) > 1 else "")
             + f" | {r['rows_per_s']:,} | "
-            f"{r['input_gbps']:.3f} | {r['peak_rss_mib']:,} | {r['tsconv_speedup']:.2f}x | {r['max_rel_diff_vs_tsconv']:.1e} |"
+            f"{r['input_gbps']:.3f} | {r['peak_rss_mib']:,} | {r['tsconv_speedup']:.2f}x | {r['max_rel_diff_vs_tsconv']:.1e} | "
+            f"{'yes' if r['same_nans_as_tsconv'] else 'no'} |"
         )
     (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
