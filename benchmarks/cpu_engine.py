@@ -16,7 +16,7 @@ The stores are written by plain zarr (its default chunks, which split the featur
 ``--store make_ticks``. tsconv and polars run ``--repeats`` times each (median; the runs are kept), the other
 baselines once (they take 10-100x longer).
 
-    python benchmarks/cpu_engine.py                      # 200k x 64 and 1M x 32
+    python benchmarks/cpu_engine.py                      # 200k x 64, 500k x 40 and 1M x 32
     python benchmarks/cpu_engine.py --sizes 200000x64    # one size
     python benchmarks/cpu_engine.py --sizes 20000x8 --name cpu_engine_smoke   # a smoke test of the script
 
@@ -153,7 +153,7 @@ def _remove(path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="200000x64,1000000x32", help="comma-separated ROWSxFEATURES")
+    ap.add_argument("--sizes", default="200000x64,500000x40,1000000x32", help="comma-separated ROWSxFEATURES")
     ap.add_argument(
         "--store", choices=("zarr", "make_ticks"), default="zarr", help="who writes the input store"
     )
