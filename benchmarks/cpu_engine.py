@@ -144,6 +144,19 @@ def _compare(a: str, b: str) -> tuple[float, bool]:
     return worst, same
 
 
+def _write_store(kind: str, path: str, rows: str, feats: str) -> None:
+    """Write the input store (called in a child process)."""
+    if kind == "zarr":
+        from update import tick_series, write_store
+
+        x, t = tick_series(int(rows), int(feats), seed=0)
+        write_store(Path(path), x, t, int(rows))
+    else:
+        from tsconv.synth import make_ticks
+
+        make_ticks(path, rows=int(rows), features=int(feats), seed=0)
+
+
 def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path)
@@ -163,15 +176,17 @@ def main() -> None:
     ap.add_argument("--variants", default="tsconv,polars,naive,in_memory")
     ap.add_argument("--name", default="cpu_engine", help="results/NAME.json and NAME.md")
     ap.add_argument("--child", nargs=4, metavar=("VARIANT", "SRC", "OUT", "CHUNK"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--write-store", nargs=4, metavar=("KIND", "PATH", "ROWS", "FEATURES"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args()
     if args.child:
         v, src, out, chunk = args.child
         print(json.dumps(_variant(v, src, out, int(chunk))))
         return
-
-    from update import tick_series, write_store
-
-    from tsconv.synth import make_ticks
+    if args.write_store:
+        _write_store(*args.write_store)
+        return
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tsconv-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -179,13 +194,9 @@ def main() -> None:
     for size in args.sizes.split(","):
         rows, feats = (int(v) for v in size.lower().split("x"))
         src = work / f"ticks-{args.store}-{rows}x{feats}.zarr"
-        if not src.exists():
-            if args.store == "zarr":
-                x, t = tick_series(rows, feats, seed=0)
-                write_store(src, x, t, rows)
-                del x, t
-            else:
-                make_ticks(src, rows=rows, features=feats, seed=0)
+        if not src.exists():  # in a child: a child's peak RSS starts from this process's RSS when it forks
+            subprocess.run([sys.executable, __file__, "--write-store", args.store, str(src), str(rows), str(feats)],
+                           check=True)  # fmt: skip
         outs = {}
         for variant in args.variants.split(","):
             out = work / f"out-{variant}-{rows}x{feats}.{'parquet' if variant == 'polars' else 'zarr'}"
