@@ -45,14 +45,13 @@ RESULTS = HERE / "results"
 
 def _variant(name: str, src: str, out: str, chunk: int) -> dict:
     """Run one variant in this process and return its figures (called in a child process)."""
-    import resource
-
     import numpy as np
     import torch
     import torch.nn.functional as F
     import zarr
 
     import tsconv
+    from tsconv.engine.report import peak_rss
     from tsconv.pipeline.spec import default_pipeline, resolve
 
     t0 = time.perf_counter()
@@ -114,7 +113,7 @@ def _variant(name: str, src: str, out: str, chunk: int) -> dict:
                         y[: halo - s] = np.nan
                     ov[s:e] = y
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    return {"seconds": seconds, "peak_rss_bytes": peak_rss()}
 
 
 def _values(path: str) -> object:

@@ -390,3 +390,18 @@ def test_pipelines_whose_outputs_depend_on_the_call_run_one_chunk_a_call() -> No
     narrow = Backend(resolve(default_pipeline(), [f"f{i}" for i in range(64)]), cpu)
     assert 1024 * narrow.out_width * 4 * _chunks_per_call(narrow, 1024) <= _CALL_BYTES
     assert _chunks_per_call(narrow, 1024) > 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux's /proc")
+def test_the_reported_peak_rss_is_the_process_own_not_its_parents() -> None:
+    """A run started from a large process (a benchmark driver, a notebook's subprocess) reports its own peak:
+    ``ru_maxrss`` keeps the RSS of the process it was forked from."""
+    import subprocess
+    import sys
+
+    held = np.ones(1_500_000_000, dtype=np.uint8)  # touched: 1.5 GB resident in this process
+    code = "from tsconv.engine.report import peak_rss; print(peak_rss())"
+    child = int(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    )
+    assert 0 < child < held.nbytes // 2
