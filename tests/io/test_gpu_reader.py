@@ -221,8 +221,9 @@ def test_a_budget_too_small_for_the_gpu_readers_rings_falls_back_to_the_cpu_read
     os.environ.get("TRITON_INTERPRET") != "1", reason="the CPU engine run needs the interpreter"
 )
 @pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2, 4])
 def test_a_budget_too_small_for_the_largest_batch_decodes_fewer_bands_a_launch_on_the_gpu(
-    tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch, batch: int
 ) -> None:
     """Rings that fit only at a smaller batch keep the GPU decoder (it used to hand the store to the CPU
     decoder), and the rows are those of the CPU decoder."""
@@ -235,10 +236,12 @@ def test_a_budget_too_small_for_the_largest_batch_decodes_fewer_bands_a_launch_o
     assert cpu.reader == "threads" and cpu.decode_note is None
     real = gpudecode.device_bytes
     monkeypatch.setattr(
-        gpudecode, "device_bytes", lambda array: {b: n if b <= 2 else 10**12 for b, n in real(array).items()}
+        gpudecode,
+        "device_bytes",
+        lambda array: {b: n if b <= batch else 10**12 for b, n in real(array).items()},
     )
     gpu = process_batched(tmp_path / "in.zarr", tmp_path / "gpu.zarr", decode="gpu", **kw)
-    assert gpu.reader == "gpu" and gpu.decode_note == "2 bands a launch"
+    assert gpu.reader == "gpu" and gpu.decode_note == f"{batch} bands a launch"
     np.testing.assert_array_equal(read_output(tmp_path / "gpu.zarr"), read_output(tmp_path / "cpu.zarr"))
 
 
