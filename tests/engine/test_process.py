@@ -399,7 +399,7 @@ def test_the_reported_peak_rss_is_the_process_own_not_its_parents() -> None:
     import subprocess
     import sys
 
-    held = np.ones(1_500_000_000, dtype=np.uint8)  # touched: 1.5 GB resident in this process
+    held = np.ones(1_000_000_000, dtype=np.uint8)  # touched: 1 GB resident in this process
     code = "from tsconv.engine.report import peak_rss; print(peak_rss())"
     child = int(
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
