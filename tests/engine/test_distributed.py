@@ -97,6 +97,7 @@ def test_two_workers_match_single_process(client, src: Path, want: dict[str, Pat
     assert len({t["worker"] for t in ts.data}) == 2  # both workers took part
     assert report.rows == ROWS and report.total_rows == ROWS and "2 dask workers" in report.device
     assert report.peak_rss_bytes > 0
+    assert report.step_rows is None and report.decode_note is None  # CPU workers: the chunked engine
     # the tasks' phases add up to (at most) the run, with dispatch and collect the client's share
     st = report.stage_seconds
     assert set(st) == {"task_setup", "task_compute", "task_finish", "dispatch", "collect"}

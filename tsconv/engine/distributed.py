@@ -208,6 +208,7 @@ def run_partition(
         "engine_stages": stages.get("stage_seconds"),  # the batched engine's, on CUDA
         "reader": stages.get("reader"),
         "decode_note": stages.get("decode_note"),
+        "step_rows": stages.get("step_rows"),  # the batched engine's rows per launch
         "started_at": started_at,
         "ended_at": started_at + (t2 - t0),
         "device": str(dev),
@@ -460,8 +461,10 @@ def run_distributed(
         # the GPU engine's stages, the slowest task's value for each (what bounds a run of parallel tasks)
         engine = [r["engine_stages"] for r in results if r.get("engine_stages")]
         if engine:
-            for k in ("decode", "h2d", "compute", "d2h", "write", "loop"):
-                stage_seconds[f"engine_{k}"] = max(e.get(k, 0.0) for e in engine)
+            for k in ("decode", "gpu_decode", "h2d", "compute", "d2h", "write", "loop", "prepare", "backend",
+                      "open_reader", "read_wait", "slot_wait"):  # fmt: skip
+                if any(k in e for e in engine):
+                    stage_seconds[f"engine_{k}"] = max(e.get(k, 0.0) for e in engine)
     gpu_alloc = [r["peak_gpu_allocated_bytes"] for r in results if r["peak_gpu_allocated_bytes"] is not None]
     gpu_res = [r["peak_gpu_reserved_bytes"] for r in results if r["peak_gpu_reserved_bytes"] is not None]
     dev = results[0]["device"] if results else device
@@ -485,5 +488,7 @@ def run_distributed(
         stage_seconds=stage_seconds,
         reader=results[0]["reader"] if results else None,
         decode_note=results[0]["decode_note"] if results else None,
+        # the shortest task's steps: where a worker plans shorter steps than one process would
+        step_rows=min((r["step_rows"] for r in results if r.get("step_rows")), default=None),
         pipeline=plan.pipeline.name,
     )
