@@ -64,7 +64,7 @@ def _cuda(index: int | None) -> None:
             return
         with torch.cuda.device(torch.cuda.current_device() if index is None else index):
             torch.empty(1, device="cuda")  # creates the device's primary context
-            trim_stack(torch.cuda.current_device())
+            trim_stack(index)  # the key devmem.outside_torch uses for the same device
     except Exception:  # noqa: BLE001 - whatever fails here, the run's own first CUDA call meets and reports
         return
 
