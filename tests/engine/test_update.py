@@ -198,6 +198,42 @@ def test_nothing_new_is_a_no_op_and_a_missing_output_is_created(tmp_path: Path, 
     assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
 
 
+def test_nothing_new_reads_no_input_rows_unless_the_last_bands_files_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input whose files are as recorded is not read at all by a no-op update (its partial last band's
+    hash is the recorded one); files rewritten with the same rows are re-read and still nothing to do."""
+    import tsconv.io.readers.threads as threads
+
+    x, t = ticks(2050, 3, seed=7)
+    src = make_input(tmp_path / "in.zarr", x, t, 2050, (500, 3))  # band 4 (2000..2050) partial
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    reads: list[str] = []
+    real_decode, real_get = threads.decode_chunk_into, zarr.Array.__getitem__
+
+    def counting(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        reads.append(str(path))
+        return real_decode(path, *args, **kwargs)
+
+    def spy_get(self, key):  # noqa: ANN001, ANN202
+        if str(self.store_path).startswith(f"file://{src}"):
+            reads.append(f"{self.path}[{key!r}]")
+        return real_get(self, key)
+
+    monkeypatch.setattr(threads, "decode_chunk_into", counting)
+    monkeypatch.setattr(zarr.Array, "__getitem__", spy_get)
+    assert tsconv.process(src, out, chunk=CHUNK, update=True).rows == 0
+    assert reads == []
+    monkeypatch.undo()
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][2000:2050] = x[2000:2050]  # the same rows, new files
+    monkeypatch.setattr(threads, "decode_chunk_into", counting)
+    monkeypatch.setattr(zarr.Array, "__getitem__", spy_get)
+    assert tsconv.process(src, out, chunk=CHUNK, update=True).rows == 0
+    assert any("values" in r for r in reads)  # the band's hash taken again from its rows
+
+
 # ------------------------------------------------------------------------------------- refusals
 
 
