@@ -28,7 +28,7 @@ from tsconv.engine.run import CudaOptions, begin_cuda, plan_run, reset_device, r
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
-from tsconv.io.objstore import StoreURL, open_group
+from tsconv.io.objstore import StoreURL
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.source import StoreSource
 from tsconv.io.store import InputStore, check_time
@@ -41,6 +41,7 @@ from tsconv.io.writers.zarr_writer import (
     discard_output,
     grow_output,
     output_chunk_rows,
+    output_meta,
     prepare_output,
     refuse_foreign,
     remove_leftovers,
@@ -296,7 +297,7 @@ def _record_fill(out_path: Path | StoreURL, carry: FillCarry) -> None:
 def _recorded(out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, verb: str) -> dict[str, Any]:
     """The output's ``tsconv`` attributes, once its input is known to still hold the rows it was computed
     from: not fewer rows, the same first row of a time_range."""
-    meta = dict(open_group(out_path, mode="r").attrs.get("tsconv", {}))
+    meta = output_meta(out_path)
     recorded = int(meta["rows"])
     first = int((meta.get("input_rows") or [0])[0])
     if r0 != first:
