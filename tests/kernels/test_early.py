@@ -67,3 +67,36 @@ def test_the_threads_leave_cuda_and_tritons_driver_ready() -> None:
     p = subprocess.run([sys.executable, "-c", GPU_SCRIPT], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "ok"
+
+
+def _aten_ops(fn) -> set[str]:  # noqa: ANN001
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith("aten::")}
+
+
+def test_the_cuda_thread_warms_every_torch_op_the_level_calls() -> None:
+    """The CUDA thread's first calls (early.level_ops) are the batched engine's level ops, at its tail length:
+    a change to tsconv.engine.level that the warm-up does not follow fails here."""
+    import torch
+
+    from tsconv.engine.level import TAIL_ROWS, level_before_torch
+    from tsconv.kernels import early
+
+    assert early.LEVEL_TAIL == TAIL_ROWS
+    g = torch.Generator().manual_seed(0)
+    tail = torch.randn(TAIL_ROWS, 6, generator=g) * 100
+    tail[0, 1], tail[2, 3], tail[:, 4] = float("nan"), float("inf"), float("nan")
+    state = torch.tensor([1.0, float("nan"), 3.0, float("inf"), 5.0, float("nan")])
+    want = torch.empty(6)
+    level = _aten_ops(lambda: level_before_torch(tail, state, want))
+    empty, out = tail[:0], torch.empty(6)  # step 0's level: no rows before it
+    level |= _aten_ops(lambda: level_before_torch(empty, state, out))
+    got = state.clone()
+    warm = _aten_ops(lambda: early.level_ops(tail, got))
+    assert level and level <= warm, sorted(level - warm)
+    assert torch.equal(
+        got.nan_to_num(-1.0), want.nan_to_num(-1.0)
+    )  # the same computation, not just the names

@@ -317,6 +317,7 @@ def run(
     backend = _timed(setup, "backend", Backend, plan, dev)
     if dev.type == "cuda":
         _timed(setup, "triton_start", early.wait_triton)  # the reader's open may launch the GPU decoder
+        _timed(setup, "cuda_start", early.wait_cuda)  # its launches done before the loop captures a graph
     batched = rp.step_rows is not None
     band_bytes = source.band_rows * source.n_features * source.dtype.itemsize
     stages: dict[str, Any] | None = None

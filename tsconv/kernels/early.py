@@ -9,8 +9,9 @@ threads before its first heavy import, so they run beside the main thread's impo
 tsconv; :func:`tsconv.engine.run.begin_cuda` starts them (if nothing has) for library calls and dask
 workers. An update or resume with ``--device auto`` starts them only once it knows its rows need the GPU (a
 few rows run on the CPU, which the threads would slow). A run waits for the Triton thread before its first
-launch (Triton's cache and driver have no lock); torch's own lazy initialisation is locked, so nothing waits
-for the CUDA thread.
+launch (Triton's cache and driver have no lock), and for the CUDA thread, which also makes the first calls of
+the torch ops the batched engine's level uses (each loads its CUDA module at its first launch), before it
+captures a CUDA graph.
 """
 
 from __future__ import annotations
@@ -18,8 +19,18 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from typing import Any
 
-__all__ = ["STACK_BYTES", "gpu_present", "start", "trim_stack", "wait_triton"]
+__all__ = [
+    "LEVEL_TAIL",
+    "STACK_BYTES",
+    "gpu_present",
+    "level_ops",
+    "start",
+    "trim_stack",
+    "wait_cuda",
+    "wait_triton",
+]
 
 # CUDA reserves each thread's stack (1 KiB by default) for every thread the GPU can hold at once: on the H200,
 # NVML showed a bare context at 642 MB, and at 434 MB once the limit was 256 B (benchmarks/NOTES.md, section
@@ -65,8 +76,30 @@ def _cuda(index: int | None) -> None:
         with torch.cuda.device(torch.cuda.current_device() if index is None else index):
             torch.empty(1, device="cuda")  # creates the device's primary context
             trim_stack(index)  # the key devmem.outside_torch uses for the same device
+            level_ops(torch.zeros(LEVEL_TAIL, 8, device="cuda"), torch.zeros(8, device="cuda"))
     except Exception:  # noqa: BLE001 - whatever fails here, the run's own first CUDA call meets and reports
         return
+
+
+# The tail rows the batched engine's level takes (tsconv.engine.level.TAIL_ROWS; torch's sort picks its kernel
+# by the sorted length, so the warm-up sorts as many).
+LEVEL_TAIL = 5
+
+
+def level_ops(tail: Any, state: Any) -> Any:
+    """The torch ops of :func:`tsconv.engine.level.level_before_torch`, on ``tail`` [m, F] and ``state`` [F].
+
+    Run once in the CUDA thread so that their first calls in a run find their CUDA modules loaded (torch
+    loads each lazily, at its first launch: 0.11 s of a fresh run's report on the H200, inside the loop);
+    tests/kernels/test_early.py checks it calls every op the level does."""
+    import torch
+
+    known = torch.where(torch.isfinite(state), state, torch.nan)
+    t = torch.where(torch.isfinite(tail), tail, torch.nan)
+    count = torch.isfinite(t).sum(dim=0)
+    ordered = torch.sort(t, dim=0).values
+    mid = ordered.gather(0, (torch.clamp(count - 1, min=0) // 2)[None, :])[0]
+    return state.copy_(torch.where(count > 0, mid, known))
 
 
 def trim_stack(index: int | None) -> None:
@@ -100,5 +133,13 @@ def start(*, device_index: int | None = None, cuda: bool = True) -> None:
 def wait_triton() -> None:
     """Wait for :func:`start`'s Triton thread, if one was started."""
     t = _threads.get("triton")
+    if t is not None:
+        t.join()
+
+
+def wait_cuda() -> None:
+    """Wait for :func:`start`'s CUDA thread, if one was started: a run calls it before its first capture of
+    a CUDA graph, which another thread's launches would break."""
+    t = _threads.get("cuda")
     if t is not None:
         t.join()
