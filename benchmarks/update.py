@@ -8,7 +8,8 @@ running ``--update`` costs at most 5% of a full ``tsconv process`` of the grown 
     python benchmarks/update.py --device cuda --out $OUT/update_h200   # on a GPU machine
     python benchmarks/update.py --render benchmarks/results/update.json # only the .md from a JSON
 
-The store is written by plain zarr (``zarr.create_array``, its default chunks and zstd): ``--rows`` x
+The store is written by plain zarr (``zarr.create_array``, its default chunks and zstd; with ``--created-rows``
+it is created that long and grown to ``--rows`` as later appends grow it): ``--rows`` x
 ``--features`` float32 prices at levels 20..500 on a 0.01 grid, a quarter of the symbols starting late,
 ``--unlisted`` of them with no value at all yet (a universe lists symbols before they trade), int64 ns
 times. Each repeat, every command a fresh ``python -m tsconv process`` (as a cron job runs it):
@@ -93,6 +94,14 @@ def set_rows(path: Path, x: np.ndarray, t: np.ndarray, rows: int) -> None:
     if rows > old:
         g["values"][old:rows] = x[old:rows]
         g["time"][old:rows] = t[old:rows]
+
+
+def _created(store: dict[str, Any]) -> str:
+    """How the store came to its rows, where it was created smaller and grown: its old end's place in its chunks."""
+    created, rows, band = store.get("created_rows", store["rows"]), store["rows"], store["chunks"][0]
+    where = "inside an input chunk" if rows % band else "at an input chunk boundary"
+    grown = f"; created with {created:,} rows, then grown to {rows:,}" if created != rows else ""
+    return f"{grown}; its old end {where}"
 
 
 def _on_cuda(device: str) -> bool:
@@ -183,6 +192,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--features", type=int, default=32)
     ap.add_argument("--append", type=float, default=0.01, help="rows appended, as a share of --rows")
+    ap.add_argument(
+        "--created-rows",
+        type=int,
+        default=None,
+        help="rows the store was created with, zarr choosing its chunks for them, before it grew to --rows "
+        "(default --rows: zarr's chunks then divide --rows, so the old end lies at a chunk boundary)",
+    )
     ap.add_argument("--pipeline", default="default")
     ap.add_argument(
         "--unlisted",
@@ -215,7 +231,11 @@ def main() -> None:
     grown_rows = args.rows + int(round(args.rows * args.append))
     x, t = tick_series(grown_rows, args.features, seed=0, unlisted=args.unlisted)
     src, out = work / "ticks.zarr", work / "ticks.features.zarr"
-    write_store(src, x, t, args.rows)
+    created = args.rows if args.created_rows is None else args.created_rows
+    if not 0 < created <= args.rows:
+        ap.error("--created-rows must be between 1 and --rows")
+    write_store(src, x, t, created)
+    set_rows(src, x, t, args.rows)  # earlier appends, if any: the old end then lies where they left it
     import zarr
 
     chunks = list(zarr.open_group(str(src), mode="r")["values"].chunks)
@@ -253,6 +273,7 @@ def main() -> None:
         "device": args.device,
         "store": {
             "rows": args.rows,
+            "created_rows": created,
             "appended_rows": grown_rows - args.rows,
             "features": args.features,
             "chunks": chunks,
@@ -325,7 +346,7 @@ def render(r: dict[str, Any]) -> str:
         f"device {r['device']}. {r['note']}".rstrip(),
         "",
         f"Store: {s['rows']:,} x {s['features']} float32 written by plain zarr (chunks {s['chunks']}, "
-        f"{s['codec']}), {s.get('unlisted_features', 0)} of its features with no value yet, pipeline "
+        f"{s['codec']}{_created(s)}), {s.get('unlisted_features', 0)} of its features with no value yet, pipeline "
         f"`{s['pipeline']}`; {s['appended_rows']:,} rows appended (resize + write). "
         f"Each command a fresh `tsconv process` process; median of {len(r['runs']) // 2}.",
         "",
