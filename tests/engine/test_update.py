@@ -234,6 +234,40 @@ def test_nothing_new_reads_no_input_rows_unless_the_last_bands_files_changed(
     assert any("values" in r for r in reads)  # the band's hash taken again from its rows
 
 
+def test_an_output_whose_tail_hash_is_blake2b_still_updates_and_still_refuses_a_change(
+    tmp_path: Path, out_chunks: None
+) -> None:
+    """Digests record the partial last band's hash with its algorithm; one recorded without (blake2b, as
+    earlier outputs have it) is checked as blake2b: an append passes, a changed row is refused."""
+    import hashlib
+    import json
+
+    x, t = ticks(3000, 3, seed=9)
+    src = make_input(tmp_path / "in.zarr", x, t, 2050, (500, 3))  # band 4 (2000..2050) partial
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK)
+    path = out / "values" / ".tsconv-input.json"
+    doc = json.loads(path.read_text())
+    assert doc["arrays"]["values"]["tail"]["algo"] == "sha256"
+    rows = np.ascontiguousarray(zarr.open_group(str(src), mode="r")["values"][2000:2050])
+    blake = hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest()
+    doc["arrays"]["values"]["tail"] = {"start": 2000, "hash": blake}
+    path.write_text(json.dumps(doc))
+    old = tmp_path / "old.zarr"
+    shutil.copytree(out, old)
+    grow(src, x, t, 3000)
+    assert tsconv.process(src, out, chunk=CHUNK, update=True).updated_from == 2050
+    full = tmp_path / "full.zarr"
+    tsconv.process(src, full, chunk=CHUNK)
+    assert_same(out, full)
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][2049:2050] = np.asarray(g["values"][2049:2050]) + 1
+    with pytest.raises(
+        tsconv.TsconvError, match=re.escape("first at rows 2,000..2,500 (values chunk files)")
+    ):
+        tsconv.process(src, old, chunk=CHUNK, update=True)
+
+
 # ------------------------------------------------------------------------------------- refusals
 
 

@@ -117,17 +117,28 @@ def _array_digest(
         if same and old is not None and int(old["start"]) == start:
             out["tail"] = dict(old)
         else:
-            out["tail"] = {"start": start, "hash": _rows_hash(array, start, shape[0], read)}
+            out["tail"] = {
+                "start": start,
+                "hash": _rows_hash(array, start, shape[0], read),
+                "algo": _TAIL_ALGO,
+            }
     return out
 
 
-def _rows_hash(array: Any, start: int, stop: int, read: RowRead | None = None) -> str:
-    """A hash of the stored values of rows [start, stop) of ``array``, read through zarr or ``read`` (a
-    reader of the same array: the same values, so the same bytes)."""
+# The tail's hash: SHA-256, which CPUs compute in hardware (12.8 MB in 7 ms on the 2-core VM against blake2b's 17 ms,
+# the old tail of an update being a band of rows), cut to 16 bytes. A tail recorded without "algo" is blake2b's.
+_TAIL_ALGO = "sha256"
+
+
+def _rows_hash(array: Any, start: int, stop: int, read: RowRead | None = None, algo: str = _TAIL_ALGO) -> str:
+    """A hash (``algo``: sha256 or blake2b) of the stored values of rows [start, stop) of ``array``, read
+    through zarr or ``read`` (a reader of the same array: the same values, so the same bytes)."""
     import numpy as np
 
     rows = np.ascontiguousarray(array[start:stop] if read is None else read(start, stop))
-    return hashlib.blake2b(rows.tobytes(), digest_size=16).hexdigest()
+    if algo == "blake2b":
+        return hashlib.blake2b(rows.data, digest_size=16).hexdigest()
+    return hashlib.new(algo, rows.data).hexdigest()[:32]
 
 
 def _without_shape(doc: bytes) -> bytes:
@@ -192,7 +203,13 @@ def changed_bands(
         if bands and tail is not None and arrays is not None and name in arrays and b["shape"][0] >= rows:
             last = int(tail["start"]) // int(a["band_rows"])
             read = read_values if name == "values" else None
-            if bands[-1] == last and _rows_hash(arrays[name], int(tail["start"]), rows, read) == tail["hash"]:
+            algo = tail.get("algo", "blake2b")
+            if (
+                bands[-1] == last
+                and algo
+                in ("sha256", "blake2b")  # else not a digest tsconv wrote: the band counts as changed
+                and _rows_hash(arrays[name], int(tail["start"]), rows, read, algo) == tail["hash"]
+            ):
                 bands.pop()
         out[name] = bands
     return out
