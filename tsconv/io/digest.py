@@ -204,10 +204,10 @@ def changed_bands(
             last = int(tail["start"]) // int(a["band_rows"])
             read = read_values if name == "values" else None
             algo = tail.get("algo", "blake2b")
+            ours = algo in ("sha256", "blake2b")  # else not a digest tsconv wrote: the band counts as changed
             if (
                 bands[-1] == last
-                and algo
-                in ("sha256", "blake2b")  # else not a digest tsconv wrote: the band counts as changed
+                and ours
                 and _rows_hash(arrays[name], int(tail["start"]), rows, read, algo) == tail["hash"]
             ):
                 bands.pop()

@@ -90,7 +90,7 @@ def level_ops(tail: Any, state: Any) -> Any:
     """The torch ops of :func:`tsconv.engine.level.level_before_torch`, on ``tail`` [m, F] and ``state`` [F].
 
     Run once in the CUDA thread so that their first calls in a run find their CUDA modules loaded (torch
-    loads each lazily, at its first launch: 0.11 s of a fresh run's report on the H200, inside the loop);
+    loads each lazily, at its first launch: 0.14-0.18 s of a fresh run's report on the H200, inside the loop);
     tests/kernels/test_early.py checks it calls every op the level does."""
     import torch
 
