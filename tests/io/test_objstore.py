@@ -214,7 +214,9 @@ def test_an_output_at_a_url_updates_as_a_local_one(series, tmp_path, monkeypatch
 
     from ..helpers import T0
 
-    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: chunk)
+    # output chunks of 3 engine chunks: the update keeps rows 768..1280 of the chunk it writes again, read back
+    # through zarr
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: 3 * chunk)
     src = write_store(tmp_path / "in.zarr", series[:1500], chunks=(1024, 4))
     out = f"memory://tsconv-{uuid.uuid4().hex[:8]}/out.zarr"
     tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=256)

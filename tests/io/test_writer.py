@@ -420,6 +420,36 @@ def test_buffers_are_bounded_and_append_waits(tmp_path: Path, monkeypatch: pytes
     )
 
 
+@pytest.mark.parametrize(
+    "start, kept", [(4 * CHUNK_ROWS, 300), (0, 500), (9 * CHUNK_ROWS, ROWS - 9 * CHUNK_ROWS)]
+)
+@pytest.mark.parametrize("mode", ["direct-threads", "zarr-sync"])
+def test_rows_kept_at_a_reopen_are_read_back_and_stored_with_the_new_ones(
+    tmp_path: Path, mode: str, start: int, kept: int
+) -> None:
+    # An update computes from the engine chunk holding the old end: the rows of the output chunk before it
+    # are kept as stored (chunk 0 has no file: all NaN), the chunk written again with the rows after them.
+    x, t = _data(), _time()
+    path, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
+    with _create(path, x, time_source=t, **MODES[mode]) as w:
+        _append_all(w, x)
+        w.finish()
+    y = x.copy()
+    y[start + kept :] += 1.0
+    with _create(want, y, time_source=t, **MODES[mode]) as w:
+        _append_all(w, y)
+        w.finish()
+    w = OutputWriter.reopen(path, time_source=t, start=start, **MODES[mode])
+    w.keep(kept)
+    _append_all(w, y, start=start + kept)
+    w.finish()
+    assert np.asarray(zarr.open_group(str(path), mode="r")["values"][:]).tobytes() == y.tobytes()
+    assert _files(path) == _files(want)
+    with pytest.raises(RuntimeError, match="not within one chunk"):
+        with OutputWriter.reopen(path, time_source=t, start=start, **MODES[mode]) as w:
+            w.keep(CHUNK_ROWS + 1)
+
+
 def test_a_kill_mid_write_leaves_the_old_chunk_and_reopen_cleans_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

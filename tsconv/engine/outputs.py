@@ -148,6 +148,7 @@ def to_zarr(
         rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
         digest = updated_from = None
         fill_carry = FillCarry()
+        compute = start
         if action == "create":
             if update:
                 check_time(store)
@@ -162,7 +163,7 @@ def to_zarr(
             # the checks read the input's rows through the run's own reader: the bands they decode
             # are the ones the run starts in (source.open hands the reader over)
             pending.callback(source.close)
-            action, start, rows, digest, updated_from = step(
+            action, start, compute, rows, digest, updated_from = step(
                 out_path,
                 store,
                 r0=r0,
@@ -191,7 +192,12 @@ def to_zarr(
             return dataclasses.replace(report, updated_from=updated_from)
         assert device is not None and rp is not None
         extends = action not in ("create", "replace")
-        if extends and device_name == "auto" and device.type == "cuda" and small_for_cuda(plan, rows - start):
+        if (
+            extends
+            and device_name == "auto"
+            and device.type == "cuda"
+            and small_for_cuda(plan, rows - compute)
+        ):
             # few rows after all, as the checks settled them (_rows_left above read the metadata alone)
             device = torch.device("cpu")
             rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
@@ -213,8 +219,11 @@ def to_zarr(
             )
         else:
             writer = OutputWriter.reopen(out_path, time_source=time_source, start=start, run_id=run_id)
+            if rp.encode_rows is not None:  # chunks encoded on the GPU are whole: none is partly kept
+                compute = start
+            writer.keep(compute - start)
         t_run = time.perf_counter()
-        rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + start, stop=r0 + rows)
+        rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + compute, stop=r0 + rows)
         stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name, fill_carry=fill_carry,
                      before_finish=lambda: _record_fill(out_path, fill_carry))  # fmt: skip
         if "stage_seconds" in stages:
@@ -225,8 +234,8 @@ def to_zarr(
         on_gpu = stages.pop("gpu_encoded", False)
         stages["compression"] = writer.compression + ("; encoded on the GPU (nvCOMP)" if on_gpu else "")
         seconds = time.perf_counter() - t0
-    return _report(store, plan, out_path, device, rows=rows - start, total_rows=rows, chunk=chunk,
-                   resumed_from=start if action not in ("create", "replace") else 0, seconds=seconds,
+    return _report(store, plan, out_path, device, rows=rows - compute, total_rows=rows, chunk=chunk,
+                   resumed_from=compute if action not in ("create", "replace") else 0, seconds=seconds,
                    stages=stages, updated_from=updated_from)  # fmt: skip
 
 
@@ -256,7 +265,9 @@ def _encode_rows(
     return output_chunk_rows(chunk, plan.n_outputs)
 
 
-_Prepared = tuple[str, int, int, "dict[str, Any] | None", "int | None"]
+# (action, the output's rows_done to write from, the row computing starts at (the rows between are kept as
+# stored), the output's rows, a digest to record in a rebuilt output, the output's rows before an update)
+_Prepared = tuple[str, int, int, int, "dict[str, Any] | None", "int | None"]
 
 
 def _rows_left(out_path: Path | StoreURL, *, rows: int) -> int:
@@ -340,7 +351,7 @@ def _prepare_resume(
             TsconvWarning,
             stacklevel=2,
         )
-    return action, start, recorded, None, None
+    return action, start, start, recorded, None, None
 
 
 def _prepare_update(
@@ -350,20 +361,23 @@ def _prepare_update(
     """``--update`` of an existing output: refuse an input whose rows already computed changed, else
     extend the output to the input's rows (:func:`grow_output`) and say where to compute from.
 
-    The rows are computed again from the last output chunk boundary at or before the output's end: the
-    engine's chunks, and each chunk's centring level (``tsconv.engine.level``), then fall where a run over
-    the whole grown input puts them, so the bytes are the same. Returns (action, start, rows, digest to
-    record in a rebuilt output, the output's rows before). ``reader``, ``halo``: as for
+    The rows are computed again from the engine chunk holding the output's end: the engine's chunks, and each
+    chunk's centring level (``tsconv.engine.level``), then fall where a run over the whole grown input puts
+    them, so the bytes are the same. The output's chunk there is written again, its rows before that engine
+    chunk kept as stored (``rows_done`` goes back to the chunk's start, so a kill leaves an output that
+    ``--update`` or ``--resume`` finishes). An interrupted update's output has no known end beyond
+    ``rows_done``: it continues from there. Returns :data:`_Prepared`. ``reader``, ``halo``: as for
     :func:`_prepare_resume`."""
     meta = _recorded(out_path, store, r0=r0, r1=r1, verb="update")
     recorded, rows = int(meta["rows"]), r1 - r0
     out_rows = int(_read_json(out_path, "values/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"][0])
     begin = min(start if action == "resume" else recorded, recorded // out_rows * out_rows)
+    compute = begin if action == "resume" else recorded // chunk * chunk
     read = None
     if reader is not None:
         if rows > recorded and not out_rows % chunk:
             # the hashes of the old and the new last band, the fill state and the run read from here on
-            reader.read_ahead(max(0, r0 + begin - halo))
+            reader.read_ahead(max(0, r0 + compute - halo))
         read = reader.read
     current = verify_input(
         out_path, store, before=r0 + rows_written(out_path), verb="update", read_values=read
@@ -371,14 +385,14 @@ def _prepare_update(
     if rows == recorded:  # nothing new: finish an interrupted run, or nothing at all
         if action == "resume" and not _same_input(current, read_digest(out_path)):
             write_digest(out_path, current)
-        return ("resume" if action == "resume" else "current"), start, rows, None, recorded
+        return ("resume" if action == "resume" else "current"), start, start, rows, None, recorded
     if out_rows % chunk:
         # a store smaller than one output chunk, chunked by its rows: built again whole (it is small),
         # chunked as a run over the grown input would chunk it
         refuse_foreign(out_path, what="rebuild for --update (it is smaller than one output chunk)")
         check_time(store)
         discard_output(out_path)
-        return "replace", 0, rows, current, recorded
+        return "replace", 0, 0, rows, current, recorded
     check_time(store, start=max(0, r0 + begin - 1), stop=r1)
     parts = [[a, min(b, begin)] for a, b in meta.get("partitions_done") or [] if a < begin]
     write_digest(out_path, current)  # what the rows to compute come from; the kept rows are unchanged
@@ -387,7 +401,7 @@ def _prepare_update(
         changes={"fingerprint": fingerprint, "input_rows": [r0, r1] if (r0, r1) != (0, store.rows) else None,
                  "partitions_done": parts or None},
     )  # fmt: skip
-    return "resume", begin, rows, None, recorded
+    return "resume", begin, compute, rows, None, recorded
 
 
 def _read_json(root: Path | StoreURL, key: str) -> dict[str, Any]:

@@ -102,6 +102,16 @@ class ChunkFileWriter:
             return
         self._store(path, *encode_in_parts(self.codec, chunk, parts))
 
+    def read(self, band: int, out: np.ndarray) -> None:
+        """Decode band ``band`` into ``out`` (the full chunk shape, C-contiguous); a chunk with no file holds
+        the fill value, as zarr reads it."""
+        try:
+            data = self.path(band).read_bytes()
+        except FileNotFoundError:
+            out[...] = self.fill
+            return
+        self.codec.decode(data, out=out)
+
     def write_frame(self, band: int, frame: np.ndarray, *, empty: bool) -> None:
         """Store band ``band`` from ``frame``, a chunk already encoded as this array's codec encodes it
         (uint8; :mod:`tsconv.kernels.lz4_encode`'s Blosc-LZ4 frames): ``empty`` says the chunk is all fill

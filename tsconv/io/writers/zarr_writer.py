@@ -12,7 +12,8 @@ written with the mark ``complete`` in one atomic write; a resumed store has it r
 ``rows_done`` advances only over the prefix of chunks whose data is stored (each chunk file is written
 atomically), so a run killed at any moment resumes from ``rows_done`` and rewrites anything after it. An
 update (:func:`grow_output`) first marks the store incomplete with its new rows and the row it restarts
-from, then extends the arrays; :meth:`OutputWriter.reopen` finishes an extension a kill cut short.
+from, then extends the arrays; :meth:`OutputWriter.reopen` finishes an extension a kill cut short, and
+:meth:`OutputWriter.keep` reads back the rows of the restart's chunk that the update does not compute again.
 
 Ownership: the engine holds the output's lock (:mod:`tsconv.io.lock`) for the whole run and calls
 :func:`prepare_output`, :func:`remove_leftovers` and :func:`discard_output` under it. A writer marks the
@@ -980,6 +981,25 @@ class OutputWriter:
             self._buf = self._take_buffer()
         k = min(n, self.chunk_rows - self._fill, self.stop - self._next - self._fill)
         return self._buf[self._fill : self._fill + k] if k > 0 else None
+
+    def keep(self, n: int) -> None:
+        """The next ``n`` rows, all within the chunk being filled, are the store's own as it holds them: read
+        back into that chunk, which is stored again with the rows appended after them (an update computes
+        from the engine chunk holding the old end, not from the start of its output chunk)."""
+        self._check_open()
+        if n <= 0:
+            return
+        if self._fill or self._next % self.chunk_rows or n > min(self.chunk_rows, self.stop - self._next):
+            msg = (
+                f"internal error: keeping {n} rows at row {self._next + self._fill:,} is not within one chunk"
+            )
+            raise RuntimeError(msg)
+        self._buf = self._take_buffer() if self._buf is None else self._buf
+        if self._chunks is not None:
+            self._chunks.read(self._next // self.chunk_rows, self._buf)
+        else:
+            self._buf[:n] = self.values[self._next : self._next + n]
+        self._fill = n
 
     def append(self, block: np.ndarray, *, release: Callable[[], None] | None = None) -> None:
         """Add the next rows, in order; full chunks go to the writer threads.
