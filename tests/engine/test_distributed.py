@@ -450,3 +450,14 @@ def test_the_plan_goes_to_the_workers_once_not_in_every_task(client, tmp_path: P
     assert not [w for w in caught if "large graph" in str(w.message)]
     a, b = zarr.open_group(str(want), mode="r"), zarr.open_group(str(out), mode="r")
     assert np.array_equal(np.asarray(a["values"][:]), np.asarray(b["values"][:]), equal_nan=True)
+
+
+def test_the_client_warns_of_a_float64_store_its_workers_round(client, tmp_path: Path) -> None:
+    # the workers' warnings would stay in their logs: the client checks the first rows itself
+    from tsconv.errors import TsconvWarning
+
+    rng = np.random.default_rng(3)
+    x = 400 + np.cumsum(rng.normal(0, 0.01, size=(3000, 2)), axis=0)  # float64, not float32-exact
+    src = write_store(tmp_path / "in64.zarr", x, chunks=(1000, 2))
+    with pytest.warns(TsconvWarning, match="float64.*rounding the values of"):
+        tsconv.process(src, tmp_path / "out.zarr", chunk=CHUNK, client=client, partition_rows=1000)

@@ -50,6 +50,7 @@ from tsconv.engine import devmem
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import level_before_torch, tail_rows
+from tsconv.engine.rounding import Float32Check
 from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader, FrameSink
 from tsconv.io.readers.blocks import ColumnSource
@@ -506,6 +507,8 @@ def run_batched(
         prefix, state0 = forward_fill(raw, state0)
         carry0 = np.concatenate([carry0, prefix if fill else raw], axis=0)
 
+    # the first host rows read (rows the GPU decoder decodes stay on the device and are not checked)
+    rounding = Float32Check(plan.input_names)
     f32 = torch.float32
     state = torch.from_numpy(state0).to(dev)
     level = torch.full_like(state, float("nan"))
@@ -612,6 +615,7 @@ def run_batched(
                     src, ready = source.read_device(lo, hi)
                 else:
                     view = np.asarray(source.read(lo, hi))
+                    rounding.see(view if plan.columns is None else view[:, plan.columns])
                     if not view.flags.c_contiguous:  # a strided in-memory source; ring views are contiguous
                         view = np.ascontiguousarray(view)
                 t2 = time.perf_counter()

@@ -17,6 +17,7 @@ import torch
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
+from tsconv.engine.rounding import Float32Check
 from tsconv.io.contracts import BandReader
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.pipeline.spec import ResolvedPipeline
@@ -67,6 +68,7 @@ def run_chunked(
     warm = plan.warmup_groups() if warmup == "nan" else []
     into: torch.Tensor | None = None
     unread = torch.zeros(nf, dtype=torch.float32, device=backend.device)  # the level of a run that reads none
+    rounding = Float32Check(plan.input_names)
     step = chunk * _chunks_per_call(backend, chunk)
     in_place = emit_copies and device.type == "cpu" and backend.out_width is not None
     s = start
@@ -89,7 +91,9 @@ def run_chunked(
         # ``raw`` may be a view of the reader's buffers, valid only until a later read (ParallelBandReader
         # reuses its ring): it, ``filled`` (``raw`` itself when it has no NaN) and ``x`` (``filled`` when
         # halo is 0) are used before the next read; the carry is a slice of a concatenation (a copy).
-        raw = np.asarray(source.read(s, e), dtype=np.float32)
+        block = source.read(s, e)
+        rounding.see(block)
+        raw = np.asarray(block, dtype=np.float32)
         # With fill = "none" the fill state still gives the centering level (a value no later than the
         # outputs it touches), but the backend gets the NaNs as they are.
         filled, state = forward_fill(raw, state)

@@ -24,6 +24,7 @@ from tsconv import config
 from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.options import refuse_time_range
 from tsconv.engine.report import Report, make_report
+from tsconv.engine.rounding import Float32Check, exact_in_float32
 from tsconv.engine.run import CudaOptions, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
@@ -181,6 +182,14 @@ def to_zarr(
                            chunk=chunk, resumed_from=start, seconds=0.0, updated_from=updated_from)  # fmt: skip
         if dask is not None:
             from tsconv.engine.distributed import run_distributed
+
+            if start < rows and not exact_in_float32(store.dtype):
+                # the workers' warnings stay in their logs: the client checks the first rows
+                a = r0 + start
+                first = np.asarray(store.values[a : min(r0 + rows, a + 1024)])
+                Float32Check(plan.input_names).see(
+                    first if plan.columns is None else first[:, list(plan.columns)]
+                )
 
             report = run_distributed(
                 store, plan, out_path, action=action, rows_done=start, chunk=chunk, device=device_name,

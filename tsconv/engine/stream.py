@@ -22,6 +22,7 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.fill import forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
 from tsconv.engine.options import check_warmup, refuse_time_range
+from tsconv.engine.rounding import Float32Check
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
 from tsconv.io.names import describe_repeats, repeated_names
@@ -82,6 +83,7 @@ class Stream:
         self.device = resolve_device(device)
         self.n_features = len(names)
         self._columns = None if plan.columns is None else list(plan.columns)
+        self._rounding = Float32Check(plan.input_names)
         self._fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
         self._warm = plan.warmup_groups() if warmup == "nan" else []
         self._backend = Backend(plan, self.device)
@@ -196,6 +198,7 @@ class Stream:
             raise ShapeError(
                 f"push() expects real numbers, got dtype {arr.dtype}", hint="convert with .astype('float32')."
             )
+        self._rounding.see(arr if self._columns is None else arr[:, self._columns])
         return np.asarray(arr, dtype=np.float32)
 
     def _check_time(self, time: Any, n: int) -> None:

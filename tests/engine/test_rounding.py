@@ -1,0 +1,105 @@
+"""The input is read as float32: a float64 store (or integers beyond 2^24) whose rounding moves its values by
+more than WARN_AT of their typical step is named in a warning, from every entry point; nothing is said where
+float32 holds the values well enough."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tsconv
+from tsconv.engine.rounding import WARN_AT, float32_loss
+from tsconv.errors import TsconvWarning
+
+from ..helpers import process_batched, write_store
+
+NAMES = ("a", "b", "c")
+
+
+def prices(level: float, rows: int = 3000, seed: int = 0) -> np.ndarray:
+    """float64 random walks with steps of about 0.01 that float32 does not hold exactly."""
+    rng = np.random.default_rng(seed)
+    return level + np.cumsum(rng.normal(0, 0.01, size=(rows, len(NAMES))), axis=0)
+
+
+@pytest.mark.parametrize(
+    "x, expect",
+    [
+        (prices(400.0), "moves them by up to 1.5e-05"),  # up to 1.5e-5 against steps of about 0.008
+        (prices(20.0), None),  # up to 9.5e-7: 1.2e-4 of a step
+        (prices(400.0).astype(np.float32), None),
+        (np.round(prices(400.0) * 100).astype(np.int64), None),  # ticks: exact in float32 below 2^24
+        (np.round(prices(400.0) * 100).astype(np.int64) + (1 << 26), "rounding the values of"),
+        (np.round(prices(400.0) * 100).astype(np.int16), None),
+        (np.r_[prices(1.0)[:10], [[1e39, 0.0, 0.0]]], "'a' holds values beyond float32's range"),
+        (np.full((50, 3), 400.01), None),  # no step to compare with
+    ],
+    ids=["f64-400", "f64-20", "f32", "i64-ticks", "i64-beyond-2^24", "i16", "f64-beyond-range", "flat"],
+)
+def test_the_loss_is_named_where_it_exceeds_the_threshold(x: np.ndarray, expect: str | None) -> None:
+    message = float32_loss(x, NAMES)
+    if expect is None:
+        assert message is None
+    else:
+        assert message is not None and expect in message and str(x.dtype) in message
+
+
+def test_the_threshold_is_the_share_of_the_typical_step() -> None:
+    # one feature exactly at the threshold's edge either way: steps of s, values moved by WARN_AT * s * (1 +- 10%)
+    base = np.float64(np.float32(300.0))
+    ulp = np.spacing(np.float32(300.0)).astype(np.float64)
+    for factor, warns in ((0.9, False), (1.1, True)):
+        moved = 0.25 * ulp  # each value sits a quarter ulp off a float32
+        step = moved / (WARN_AT * factor)
+        k = np.arange(400, dtype=np.float64)
+        x = (base + np.round(k * step / ulp) * ulp + moved)[:, None]
+        assert (float32_loss(x, ("p",)) is not None) is warns
+
+
+@pytest.fixture
+def no_tsconv_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TsconvWarning)
+        yield
+
+
+def test_a_float64_store_warns_once_and_a_float32_one_does_not(tmp_path: Path) -> None:
+    x = prices(400.0, rows=5000)
+    src = write_store(tmp_path / "in64.zarr", x, chunks=(1000, 3))
+    with pytest.warns(TsconvWarning, match="float64.*rounding the values of") as seen:
+        tsconv.process(src, tmp_path / "out64.zarr", device="cpu", chunk=256)
+    assert sum("float32" in str(w.message) for w in seen) == 1
+    src32 = write_store(tmp_path / "in32.zarr", x.astype(np.float32), chunks=(1000, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TsconvWarning)
+        tsconv.process(src32, tmp_path / "out32.zarr", device="cpu", chunk=256)
+
+
+def test_the_batched_engine_checks_its_host_rows(tmp_path: Path) -> None:
+    src = write_store(tmp_path / "in.zarr", prices(400.0, rows=1500), chunks=(500, 3))
+    pipe = {"conv": [{"filters": ["diff:1", "ma:8"]}]}
+    with pytest.warns(TsconvWarning, match="rounding the values of"):
+        process_batched(src, tmp_path / "out.zarr", pipeline=pipe, device="cpu", chunk=128, gpu_mem="80MB")
+
+
+def test_features_on_arrays_frames_and_streams_warn(no_tsconv_warnings: None) -> None:
+    import polars as pl
+
+    x = prices(400.0, rows=2000)
+    with pytest.warns(TsconvWarning, match="rounding the values of 'f[012]'"):
+        tsconv.features(x)
+    tsconv.features(x.astype(np.float32))  # no warning: float32 as given
+    # a frame's float64 columns, and only the features its pipeline selects
+    frame = pl.DataFrame({"px_a": x[:, 0], "qty": np.round(x[:, 1] * 100)})
+    with pytest.warns(TsconvWarning, match="rounding the values of 'px_a'"):
+        tsconv.features(frame)
+    only_qty = {"preprocess": {"select": ["qty"]}, "conv": [{"filters": ["diff:1"]}]}
+    tsconv.features(frame, only_qty)
+    stream = tsconv.Stream(features=3)
+    stream.push(x[:10].astype(np.float32))
+    with pytest.warns(TsconvWarning, match="rounding the values of 'f[012]'"):
+        stream.push(x[10:500])
+    stream.push(x[500:900])  # said once per stream
