@@ -328,8 +328,9 @@ def filters(as_json: bool) -> None:
     click.echo(
         f"\nParameters are integers from 1 to {MAX_PARAMETER:,}. A bank applies every filter to every input feature: "
         'filters = ["diff:1", "ma:16"] in a [[conv]] stage (the schema: pipelines/README.md in the repository). '
-        "Each filter reads its own window only (taps x the stage's dilation): its output is NaN where that "
-        "window holds a NaN, and its warm-up (NaN with --warmup nan) is its own."
+        "Each filter reads within its own window only (taps x the stage's dilation): its output is NaN where a "
+        "value it reads is NaN (lag, diff and ret read the window's two ends, the others all of it), and its "
+        "warm-up (NaN with --warmup nan) is its own."
     )
 
 

@@ -3,8 +3,8 @@
 A bank is applied depthwise: every input feature gets each filter of the bank. A filter reads the current
 step and earlier ones only: with a stage's dilation d, ``x[t], x[t - d], ..., x[t - (taps - 1) d]``. Each
 filter is computed from its definition (:mod:`tsconv.kernels.filterbank`), not as a convolution padded to
-the bank's longest filter: its output at step t is NaN only where its own window holds a NaN (or where a
-formula below says so), and with ``--warmup nan`` only its own first ``taps - 1`` steps (times the
+the bank's longest filter: its output at step t is NaN only where a value it reads is NaN (lag, diff and
+ret read the two ends of their window, the other filters all of it) or where a formula below says so, and with ``--warmup nan`` only its own first ``taps - 1`` steps (times the
 dilation) are warm-up.
 
 Filters (W, L, S integers >= 1; std and zscore need W >= 2):
