@@ -14,7 +14,7 @@ import zarr
 
 import tsconv
 
-from ..helpers import price_series, spy_fill_walks, write_store
+from ..helpers import price_series, read_output, spy_fill_walks, write_store
 
 distributed = pytest.importorskip("distributed")
 
@@ -452,12 +452,25 @@ def test_the_plan_goes_to_the_workers_once_not_in_every_task(client, tmp_path: P
     assert np.array_equal(np.asarray(a["values"][:]), np.asarray(b["values"][:]), equal_nan=True)
 
 
-def test_the_client_warns_of_a_float64_store_its_workers_round(client, tmp_path: Path) -> None:
-    # the workers' warnings would stay in their logs: the client checks the first rows itself
+def test_a_float64_store_on_workers_reads_as_a_single_process_does(client, tmp_path: Path) -> None:
+    # the workers' warnings would stay in their logs: the client checks the first rows itself, where the
+    # workers read float32; a bank's float64 rows are the single process's
+    import warnings
+
     from tsconv.errors import TsconvWarning
 
     rng = np.random.default_rng(3)
     x = 400 + np.cumsum(rng.normal(0, 0.01, size=(3000, 2)), axis=0)  # float64, not float32-exact
     src = write_store(tmp_path / "in64.zarr", x, chunks=(1000, 2))
+    returns = {"preprocess": {"transform": "diff"}, "conv": [{"filters": ["ma:4"]}]}
     with pytest.warns(TsconvWarning, match="float64.*rounding the values of"):
-        tsconv.process(src, tmp_path / "out.zarr", chunk=CHUNK, client=client, partition_rows=1000)
+        tsconv.process(
+            src, tmp_path / "r.zarr", pipeline=returns, chunk=CHUNK, client=client, partition_rows=1000
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TsconvWarning)
+        tsconv.process(
+            src, tmp_path / "d.zarr", chunk=CHUNK, client=client, partition_rows=1000, device="cpu"
+        )
+        tsconv.process(src, tmp_path / "s.zarr", chunk=CHUNK, device="cpu")
+    assert read_output(tmp_path / "d.zarr").tobytes() == read_output(tmp_path / "s.zarr").tobytes()

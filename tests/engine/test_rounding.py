@@ -13,8 +13,10 @@ import pytest
 import tsconv
 from tsconv.engine.rounding import WARN_AT, float32_loss
 from tsconv.errors import TsconvWarning
+from tsconv.kernels.reference import pipeline_reference
+from tsconv.pipeline.spec import as_pipeline, resolve
 
-from ..helpers import process_batched, write_store
+from ..helpers import process_batched, read_output, write_store
 
 NAMES = ("a", "b", "c")
 
@@ -66,16 +68,20 @@ def no_tsconv_warnings():
         yield
 
 
-def test_a_float64_store_warns_once_and_a_float32_one_does_not(tmp_path: Path) -> None:
+# a pipeline whose first stage does not read float64 (a computing [preprocess]): its rows are read as float32
+RETURNS = {"preprocess": {"transform": "diff"}, "conv": [{"filters": ["ma:4", "diff:1"]}]}
+
+
+def test_a_store_read_as_float32_warns_once_and_a_float32_one_does_not(tmp_path: Path) -> None:
     x = prices(400.0, rows=5000)
     src = write_store(tmp_path / "in64.zarr", x, chunks=(1000, 3))
     with pytest.warns(TsconvWarning, match="float64.*rounding the values of") as seen:
-        tsconv.process(src, tmp_path / "out64.zarr", device="cpu", chunk=256)
+        tsconv.process(src, tmp_path / "out64.zarr", pipeline=RETURNS, device="cpu", chunk=256)
     assert sum("float32" in str(w.message) for w in seen) == 1
     src32 = write_store(tmp_path / "in32.zarr", x.astype(np.float32), chunks=(1000, 3))
     with warnings.catch_warnings():
         warnings.simplefilter("error", TsconvWarning)
-        tsconv.process(src32, tmp_path / "out32.zarr", device="cpu", chunk=256)
+        tsconv.process(src32, tmp_path / "out32.zarr", pipeline=RETURNS, device="cpu", chunk=256)
 
 
 def test_the_batched_engine_checks_its_host_rows(tmp_path: Path) -> None:
@@ -90,16 +96,76 @@ def test_features_on_arrays_frames_and_streams_warn(no_tsconv_warnings: None) ->
 
     x = prices(400.0, rows=2000)
     with pytest.warns(TsconvWarning, match="rounding the values of 'f[012]'"):
-        tsconv.features(x)
-    tsconv.features(x.astype(np.float32))  # no warning: float32 as given
-    # a frame's float64 columns, and only the features its pipeline selects
+        tsconv.features(x, RETURNS)
+    tsconv.features(x.astype(np.float32), RETURNS)  # no warning: float32 as given
+    # a frame's float64 columns (stacked as float32), and only the features its pipeline selects
     frame = pl.DataFrame({"px_a": x[:, 0], "qty": np.round(x[:, 1] * 100)})
     with pytest.warns(TsconvWarning, match="rounding the values of 'px_a'"):
         tsconv.features(frame)
     only_qty = {"preprocess": {"select": ["qty"]}, "conv": [{"filters": ["diff:1"]}]}
     tsconv.features(frame, only_qty)
-    stream = tsconv.Stream(features=3)
+    stream = tsconv.Stream(RETURNS, features=3)
     stream.push(x[:10].astype(np.float32))
     with pytest.warns(TsconvWarning, match="rounding the values of 'f[012]'"):
         stream.push(x[10:500])
     stream.push(x[500:900])  # said once per stream
+
+
+# A bank first, no computing [preprocess], no head, on the CPU: float64 rows reach the filters as they are.
+BANKS = [
+    None,
+    "trend_ema",
+    "multiscale",
+    {"conv": [{"filters": ["lag:3", "ret:2", "std:20", "zscore:9", "id"]}]},
+]
+
+
+@pytest.mark.parametrize("pipeline", BANKS, ids=["default", "trend_ema", "multiscale", "moments"])
+def test_a_float64_series_is_computed_from_its_own_values(no_tsconv_warnings: None, pipeline: object) -> None:
+    x = prices(400.0, rows=3000)
+    x[:700, 1] = np.nan  # a symbol that starts late
+    x[1500:1540, 2] = np.nan  # a gap
+    plan = resolve(as_pipeline(pipeline), ("f0", "f1", "f2"))
+    ref = pipeline_reference(x, plan)
+    y = tsconv.features(x, pipeline, device="cpu", chunk=256)
+    assert np.array_equal(np.isnan(y), np.isnan(ref))
+    scale = np.nanmax(np.abs(ref), axis=0)
+    err = (np.nanmax(np.abs(y - ref), axis=0) / scale).max()
+    assert err < 2e-6  # read as float32 these are 1e-4 to 1e-3 off
+    assert tsconv.features(x, pipeline, device="cpu", chunk=4096).tobytes() == y.tobytes()  # chunked == whole
+    stream = tsconv.Stream(pipeline, features=3, chunk=256, device="cpu")
+    pushes = [stream.push(x[a:b]) for a, b in ((0, 1), (1, 700), (700, 2999), (2999, 3000))]
+    assert np.concatenate(pushes).tobytes() == y.tobytes()
+
+
+def test_updates_of_a_float64_store_equal_a_full_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_tsconv_warnings: None
+) -> None:
+    import zarr
+
+    import tsconv.engine.outputs
+
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: 3 * chunk)
+    x = prices(400.0, rows=4000)
+    x[:900, 1] = np.nan
+    x[2400:3100, 0] = np.nan  # a gap over the restart and the old end: filled from the recorded float64 state
+    src = write_store(tmp_path / "in.zarr", x[:3000], chunks=(700, 2), time=False)
+    out, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
+    tsconv.process(src, out, device="cpu", chunk=128)
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"].resize(x.shape)
+    g["values"][3000:] = x[3000:]
+    report = tsconv.process(src, out, device="cpu", chunk=128, update=True)
+    assert report.resumed_from == 2944
+    tsconv.process(src, want, device="cpu", chunk=128)
+    assert read_output(out).tobytes() == read_output(want).tobytes()
+
+
+@pytest.mark.gpu
+def test_the_cuda_engine_warns_of_a_float64_array_and_stays_quiet_for_float32() -> None:
+    x = prices(400.0, rows=5000)
+    with pytest.warns(TsconvWarning, match="rounding the values of 'f[012]'"):
+        tsconv.features(x, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TsconvWarning)
+        tsconv.features(x.astype(np.float32), device="cuda")

@@ -91,6 +91,22 @@ def test_the_torch_paths_bits(name: str, d: int, cols: int, data) -> None:  # no
     _assert_same_bits(filter_bank(x, bank, dilation=d), _torch_ops(x, bank, d), f"{name} d={d} C={cols}")
 
 
+@pytest.mark.parametrize("name", list(BANKS))
+@pytest.mark.parametrize("d", [1, 3])
+@pytest.mark.parametrize("cols", [4, 13, 40, 70])
+@pytest.mark.parametrize("data", [_hard_prices, _noise], ids=["prices", "noise"])
+def test_float64_inputs_give_the_torch_paths_bits(name: str, d: int, cols: int, data) -> None:  # noqa: ANN001
+    """A float64 input is read as it is (values float32 does not hold: the float32 data moved by a part of an
+    ulp), so its differences and deviations are those of its own values."""
+    bank = _bank(BANKS[name])
+    rng = np.random.default_rng(cols)
+    x32 = data(3000 + bank_halo(bank, d), cols, seed=cols + d).astype(np.float64)
+    x = torch.from_numpy(x32 * (1 + rng.uniform(-3e-8, 3e-8, size=x32.shape)))
+    got = filter_bank(x, bank, dilation=d)
+    _assert_same_bits(got, _torch_ops(x, bank, d), f"{name} d={d} C={cols}")
+    assert not np.array_equal(got.numpy(), filter_bank(x.float(), bank, dilation=d).numpy())
+
+
 @pytest.mark.parametrize("layout", ["fortran", "column slice", "row slice"])
 def test_strided_inputs(layout: str) -> None:
     bank = _bank(BANKS["mixed"])

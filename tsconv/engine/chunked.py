@@ -58,10 +58,12 @@ def run_chunked(
     # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
     # before step 0 as zeros (the first stage's zero history).
     begin = max(0, start - halo)
-    state = (fill_carry or FillCarry()).state_before(source, begin)
-    carry = np.zeros((halo - (start - begin), nf), dtype=np.float32)
+    # rows as the first stage reads them: a float64 input's own values where the backend takes them
+    dt = np.dtype(np.float64 if source.dtype == np.float64 and backend.reads_float64 else np.float32)
+    state = (fill_carry or FillCarry()).state_before(source, begin, dt)
+    carry = np.zeros((halo - (start - begin), nf), dtype=dt)
     if start > begin:
-        raw = np.asarray(source.read(begin, start), dtype=np.float32)
+        raw = np.asarray(source.read(begin, start), dtype=dt)
         prefix, state = forward_fill(raw, state)
         carry = np.concatenate([carry, prefix if fill else raw], axis=0)
     device = backend.device
@@ -92,8 +94,9 @@ def run_chunked(
         # reuses its ring): it, ``filled`` (``raw`` itself when it has no NaN) and ``x`` (``filled`` when
         # halo is 0) are used before the next read; the carry is a slice of a concatenation (a copy).
         block = source.read(s, e)
-        rounding.see(block)
-        raw = np.asarray(block, dtype=np.float32)
+        if dt == np.float32:
+            rounding.see(block)
+        raw = np.asarray(block, dtype=dt)
         # With fill = "none" the fill state still gives the centering level (a value no later than the
         # outputs it touches), but the backend gets the NaNs as they are.
         filled, state = forward_fill(raw, state)

@@ -28,7 +28,7 @@ from tsconv.kernels.torch_side import apply_activation, rows_matmul
 from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "reads_float64"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,16 @@ def _conv_recentered(
     return y.permute(1, 0, 2).reshape(1, -1, nb * block)[..., :n_out]
 
 
+def reads_float64(plan: ResolvedPipeline, *, triton: bool) -> bool:
+    """Whether float64 input rows reach the first stage as they are (an engine then reads them so): a bank's
+    arithmetic is float64 from the values it is given, so on the CPU's torch path, for a pipeline whose first
+    stage is a bank, with no computing ``[preprocess]`` and no head, a float64 input loses nothing to a float32
+    read. Elsewhere the engines read float32 (:mod:`tsconv.engine.rounding` says where that matters)."""
+    pre = plan.preprocess
+    computes = pre is not None and pre.computes
+    return not triton and plan.layers[0].structured and not computes and plan.head is None
+
+
 class Backend:
     """Holds a pipeline's weights on a device and runs chunks through it, computing in float32."""
 
@@ -210,6 +220,7 @@ class Backend:
         self.call_invariant = (
             all(L.filters is not None for L in self.layers) and self.pre is None and plan.head is None
         )
+        self.reads_float64 = reads_float64(plan, triton=self.triton)
 
     def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily
         """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.engine.head`).
@@ -312,7 +323,7 @@ class Backend:
     ) -> torch.Tensor:
         """Compute outputs for a chunk.
 
-        ``x`` is [halo + n, C] float32, time-major, whose row 0 is global step ``first_row`` (negative
+        ``x`` is [halo + n, C] float32 (or float64 where :attr:`reads_float64`), time-major, whose row 0 is global step ``first_row`` (negative
         for the first chunks, where those rows are the zero history). ``level`` [C] is a finite value
         per feature known no later than the feature's first value in the chunk (see ``_first_stage``).
         Returns [n, D] float32.

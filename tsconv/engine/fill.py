@@ -36,9 +36,10 @@ class FillCarry:
     end: tuple[int, np.ndarray] | None = None
     first: np.ndarray | None = None  # per feature, its first row with a value, where known
 
-    def state_before(self, source: BandReader, row: int) -> np.ndarray:
-        """The float32 fill state at ``row`` (:func:`fill_state_before`), from what this carry knows."""
-        return fill_state_before(source, row, np.dtype(np.float32), known=self.known, first=self.first)
+    def state_before(self, source: BandReader, row: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
+        """The fill state at ``row`` in ``dtype`` (:func:`fill_state_before`), from what this carry knows."""
+        known = None if self.known is None else (self.known[0], self.known[1].astype(dtype))
+        return fill_state_before(source, row, np.dtype(dtype), known=known, first=self.first)
 
 
 def fill_record(row: int, state: np.ndarray) -> dict[str, Any]:
@@ -57,7 +58,8 @@ def parse_fill_record(doc: object, n_features: int) -> tuple[int, np.ndarray] | 
     values = doc["state"]
     if len(values) != n_features or not all(v is None or isinstance(v, (int, float)) for v in values):
         return None
-    state = np.array([np.nan if v is None else v for v in values], dtype=np.float32)
+    # float64: a float64 input's state as recorded (JSON keeps a float64 exactly); a float32 one's values too
+    state = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
     return doc["row"], state
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from tsconv import config
+from tsconv.engine.compute import reads_float64
 from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.options import refuse_time_range
 from tsconv.engine.report import Report, make_report
@@ -183,7 +184,9 @@ def to_zarr(
         if dask is not None:
             from tsconv.engine.distributed import run_distributed
 
-            if start < rows and not exact_in_float32(store.dtype):
+            on_gpu = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+            takes = store.dtype == np.float64 and reads_float64(plan, triton=on_gpu)
+            if start < rows and not exact_in_float32(store.dtype) and not takes:
                 # the workers' warnings stay in their logs: the client checks the first rows
                 a = r0 + start
                 first = np.asarray(store.values[a : min(r0 + rows, a + 1024)])

@@ -1,7 +1,8 @@
 """What reading the input as float32 loses, said where it matters.
 
-Every engine computes from float32 input values (the filters then in float64, dense stages in float32).
-A float64 store, or integers beyond 2^24, is rounded on read: near 400 a float64 price moves by up to
+The engines compute from float32 input values (the filters then in float64, dense stages in float32), but
+for the CPU's banks, which read a float64 input as it is (:func:`tsconv.engine.compute.reads_float64`).
+Elsewhere a float64 store, or integers beyond 2^24, is rounded on read: near 400 a float64 price moves by up to
 1.5e-5, which is 1.5e-3 of a 0.01 step, and every difference or deviation of such prices carries it. The
 first rows a run reads are checked once; where rounding moves a feature's values by more than
 :data:`WARN_AT` of its typical one-step change, a :class:`~tsconv.errors.TsconvWarning` names it.

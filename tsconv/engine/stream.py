@@ -37,7 +37,8 @@ class Stream:
     ``Stream(pipeline, features=F)`` (F input features named f0, f1, ...; or ``features=["AAPL", "MSFT"]``
     names them, as :func:`tsconv.features`'s ``names``) holds the pipeline's weights on ``device``
     (``auto``, ``cpu`` or ``cuda``) and the state of the series in memory. ``push(rows)`` takes [n, F] rows
-    (or [F], one row; numpy or torch, any real dtype, read as float32) and returns their [n, D] float32
+    (or [F], one row; numpy or torch, any real dtype, read as float32, or as float64 where
+    :func:`tsconv.features` reads it so and the first push is float64) and returns their [n, D] float32
     features (a torch tensor for a tensor), the columns named by :attr:`output_names`.
 
     Guarantee: the rows returned by any sequence of pushes equal ``tsconv.features(all rows pushed, pipeline,
@@ -130,6 +131,13 @@ class Stream:
             self._check_time(time, x.shape[0])
         if self._columns is not None:
             x = x[:, self._columns]
+        if self._pushed == 0 and x.shape[0] and x.dtype == np.float64 and self._backend.reads_float64:
+            # a float64 series as the batch run reads it (run_chunked): the rows kept and the fill state too
+            self._rows_kept = self._rows_kept.astype(np.float64)
+            self._state = self._state.astype(np.float64)
+        if self._rows_kept.dtype == np.float32:
+            self._rounding.see(x)
+        x = np.asarray(x, dtype=self._rows_kept.dtype)
         out = np.empty((x.shape[0], self.plan.n_outputs), dtype=np.float32)
         begin = self._pushed
         with torch.no_grad(), exact_fp32(self.device):
@@ -198,8 +206,7 @@ class Stream:
             raise ShapeError(
                 f"push() expects real numbers, got dtype {arr.dtype}", hint="convert with .astype('float32')."
             )
-        self._rounding.see(arr if self._columns is None else arr[:, self._columns])
-        return np.asarray(arr, dtype=np.float32)
+        return arr
 
     def _check_time(self, time: Any, n: int) -> None:
         t = time.detach().cpu().numpy() if isinstance(time, torch.Tensor) else np.asarray(time)

@@ -142,8 +142,8 @@ def filter_bank(
     triton_kernels: bool | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The bank on ``x`` [L, C] (time-major, any strides, float32) in "valid" mode: [L - halo, C * M]
-    float32, time-major, output ``c * M + m`` being filter ``m`` of input channel ``c``, through
+    """The bank on ``x`` [L, C] (time-major, any strides, float32; or float64 on the CPU, computed from its own
+    values) in "valid" mode: [L - halo, C * M] float32, time-major, output ``c * M + m`` being filter ``m`` of input channel ``c``, through
     ``activation``. ``triton_kernels`` defaults to CUDA tensors. ``out``: a float32 tensor of that shape on
     x's device to write into and return, contiguous or feature-major (each column contiguous: rows of a polars
     frame's columns, which the CPU's compiled bank writes directly) (an engine reusing one buffer for every chunk: a fresh
@@ -176,7 +176,7 @@ def filter_bank(
         out = torch.empty((n, channels * m), dtype=torch.float32, device=x.device)
     if n == 0 or channels == 0:
         return out
-    if not use_triton and x.device.type == "cpu" and x.dtype == torch.float32:
+    if not use_triton and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
         native = native_bank() if NativeBank.covers(filters, channels) else None
         if native is not None:
             # one compiled pass per block of rows and channels, the torch path's bits (filterbank_native.py)

@@ -153,10 +153,15 @@ static int make_plan(plan_t *p, int M, const int32_t *kinds, const int64_t *para
 
 /* The tasks of one channel-block width CB (a constant after inlining: fixed-length loops over a block's
    channels, no alias checks; with CB a runtime value each row's dozen short loops cost more than their work). */
-static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const float *x, int64_t sx_row, int64_t n,
+/* An input value as a double: x is float32 or, with wide, float64 (WIDE a constant after inlining). */
+#define XAT(ptr, k) (WIDE ? ((const double *)(ptr))[k] : (double)((const float *)(ptr))[k])
+
+static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const void *x, int64_t sx_row, int64_t n,
                                                            int64_t C, int64_t halo, int64_t d, float *out,
                                                            int64_t so_row, int64_t so_col, int64_t R,
-                                                           int64_t task0, int64_t step, const int CB) {
+                                                           int64_t task0, int64_t step, const int CB,
+                                                           const int WIDE) {
+    const int64_t esz = WIDE ? 8 : 4; /* bytes an input value */
     const int M = p->M, top = p->top, mtop = p->mtop, nw = p->nw;
     const int32_t *kinds = p->kinds;
     const int64_t *params = p->params;
@@ -190,14 +195,14 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const floa
             const int64_t c0 = b * CB + CB <= C ? b * CB : C - CB;
             const int k0 = (int)(b * CB - c0);
             double *rb = scratch + (b - b0) * ring_stride;
-            const float *restrict xr = x + (o0 + i) * sx_row + c0;
+            const char *restrict xr = (const char *)x + ((o0 + i) * sx_row + c0) * esz;
             if (top >= 0) {
                 /* the row's current level stays in registers (cur, curm: CB / 4 vectors each): reloading each
                    level from its ring made the eight levels one chain of stores and loads per row */
                 v4d cur[4], curm[4]; /* CB / 4 of each used */
                 double *l0 = rb + (p->ring_at[0] + (size_t)(i & p->mask[0])) * CB;
                 FOR_G({
-                    cur[g] = (v4d){xr[4 * g], xr[4 * g + 1], xr[4 * g + 2], xr[4 * g + 3]};
+                    cur[g] = (v4d){XAT(xr, 4 * g), XAT(xr, 4 * g + 1), XAT(xr, 4 * g + 2), XAT(xr, 4 * g + 3)};
                     curm[g] = (v4d){0.0, 0.0, 0.0, 0.0};
                     *(v4d *)(l0 + 4 * g) = cur[g];
                 });
@@ -263,13 +268,15 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const floa
                 const int kind = kinds[f];
                 float *restrict o = rowbuf + f * CB;
                 if (kind == K_ID) {
-                    IVDEP for (int k = 0; k < CB; k++) o[k] = xr[k];
+                    IVDEP for (int k = 0; k < CB; k++) o[k] = (float)XAT(xr, k);
                 } else if (kind == K_LAG || kind == K_DIFF) {
-                    const float *restrict xl = xr - params[f] * d * sx_row;
+                    const char *restrict xl = xr - params[f] * d * sx_row * esz;
                     if (kind == K_LAG)
-                        IVDEP for (int k = 0; k < CB; k++) o[k] = xl[k];
-                    else
-                        IVDEP for (int k = 0; k < CB; k++) o[k] = xr[k] - xl[k];
+                        IVDEP for (int k = 0; k < CB; k++) o[k] = (float)XAT(xl, k);
+                    else if (WIDE) /* float64's difference, rounded once (the torch path's) */
+                        IVDEP for (int k = 0; k < CB; k++) o[k] = (float)(XAT(xr, k) - XAT(xl, k));
+                    else /* float32's: the correctly rounded difference of two float32 values */
+                        IVDEP for (int k = 0; k < CB; k++) o[k] = ((const float *)xr)[k] - ((const float *)xl)[k];
                 } else {
                     const window_t *wn = &win[p->wof[f]];
                     const int64_t w = wn->w;
@@ -279,10 +286,10 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const floa
                     } else if (kind == K_DEV) {
                         if ((w & (w - 1)) == 0) {
                             const double inv = 1.0 / (double)w; /* exact: s * inv rounds nothing */
-                            IVDEP for (int k = 0; k < CB; k++) o[k] = (float)((double)xr[k] - s[k] * inv);
+                            IVDEP for (int k = 0; k < CB; k++) o[k] = (float)(XAT(xr, k) - s[k] * inv);
                         } else {
                             const double wd = (double)w;
-                            IVDEP for (int k = 0; k < CB; k++) o[k] = (float)((double)xr[k] - s[k] / wd);
+                            IVDEP for (int k = 0; k < CB; k++) o[k] = (float)(XAT(xr, k) - s[k] / wd);
                         }
                     } else {
                         const double *restrict m = wn->mp;
@@ -292,7 +299,7 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const floa
                             if (kind == K_STD) {
                                 o[k] = isfinite(s[k]) ? (float)sd : NAN;
                             } else {
-                                double z = ((double)xr[k] - mean_of(s[k], w)) / sd;
+                                double z = (XAT(xr, k) - mean_of(s[k], w)) / sd;
                                 o[k] = sd > 0 ? (float)z : NAN;
                             }
                         }
@@ -314,21 +321,30 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const floa
 }
 
 /* Tasks task0, task0 + step, ... of the grid of blocks (rows_per_task output rows x a block of channels, the
-   channel block varying fastest). x: float32 with contiguous channels, element (i, c) at x[i * sx_row + c],
+   channel block varying fastest). x: float32 (or with wide, float64) with contiguous channels, element (i, c)
+   at x[i * sx_row + c],
    n + halo rows; out: float32 [n, C * M], element (t, j) at out[t * so_row + j * so_col] (row-major: so_col 1;
    feature-major: so_row 1). Each block walks its rows once, oldest first: level j + 1
    of the ladder at a row is level j there plus level j 2^j d rows before, each level kept in a ring of the
    rows still to be read (the working set stays in a core's cache), and every filter's output of a row is
    finished as soon as its levels are, then written whole. Returns 0, or -1 when it cannot allocate its
    scratch or the bank is too large for its tables. */
-int tsconv_bank(const float *x, int64_t sx_row, int64_t n, int64_t C, int64_t halo, int64_t d, int M,
+int tsconv_bank(const void *x, int64_t sx_row, int64_t n, int64_t C, int64_t halo, int64_t d, int M,
                 const int32_t *kinds, const int64_t *params, float *out, int64_t so_row, int64_t so_col,
-                int64_t rows_per_task, int64_t task0, int64_t step) {
+                int64_t rows_per_task, int64_t task0, int64_t step, int wide) {
     plan_t p;
     if (rows_per_task <= 0 || C <= 0 || make_plan(&p, M, kinds, params, d) != 0) return -1;
-    if (C >= 16) return run_tasks(&p, x, sx_row, n, C, halo, d, out, so_row, so_col, rows_per_task, task0, step, 16);
-    if (C >= 8) return run_tasks(&p, x, sx_row, n, C, halo, d, out, so_row, so_col, rows_per_task, task0, step, 8);
-    if (C >= 4) return run_tasks(&p, x, sx_row, n, C, halo, d, out, so_row, so_col, rows_per_task, task0, step, 4);
+#define RUN(CB, W) run_tasks(&p, x, sx_row, n, C, halo, d, out, so_row, so_col, rows_per_task, task0, step, CB, W)
+    if (wide) {
+        if (C >= 16) return RUN(16, 1);
+        if (C >= 8) return RUN(8, 1);
+        if (C >= 4) return RUN(4, 1);
+    } else {
+        if (C >= 16) return RUN(16, 0);
+        if (C >= 8) return RUN(8, 0);
+        if (C >= 4) return RUN(4, 0);
+    }
+#undef RUN
     return -1; /* fewer than 4 channels: the torch path */
 }
 

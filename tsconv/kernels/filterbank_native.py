@@ -38,7 +38,8 @@ class NativeBank:
     def __init__(self, lib: ctypes.CDLL) -> None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         fn = lib.tsconv_bank
-        fn.argtypes = [ptr, i64, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, i64, i64, i64, i64, i64]
+        fn.argtypes = [ptr, i64, i64, i64, i64, i64, ctypes.c_int, ptr, ptr, ptr, i64, i64, i64, i64, i64,
+                       ctypes.c_int]  # fmt: skip
         fn.restype = ctypes.c_int
         tasks = lib.tsconv_bank_tasks
         tasks.argtypes = [i64, i64, i64]
@@ -58,7 +59,7 @@ class NativeBank:
 
     def run(self, x: torch.Tensor, filters: tuple[Filter, ...], *, dilation: int, halo: int, out: torch.Tensor,
             workers: int, run_parts) -> None:  # noqa: ANN001  # fmt: skip
-        """The bank on ``x`` [n + halo, C] (float32, CPU) into ``out`` [n, C * M] (float32, row-major or
+        """The bank on ``x`` [n + halo, C] (float32 or float64, CPU) into ``out`` [n, C * M] (float32, row-major or
         feature-major: each column contiguous, rows of a polars frame's columns), split into tasks of rows over ``workers``
         threads by ``run_parts(part, count)`` (the caller's thread pool; each part is one C call, which releases
         the GIL)."""
@@ -79,12 +80,13 @@ class NativeBank:
         tasks = int(self._tasks(n, channels, rows))
         parts = max(1, min(workers, tasks))
         xp, op = x.data_ptr(), out.data_ptr()
+        wide = int(x.dtype == torch.float64)
         m = len(filters)
         fails: list[int] = []
 
         def part(k: int, count: int) -> None:
             rc = self._fn(xp, x.stride(0), n, channels, halo, dilation, m, kinds.ctypes.data, params.ctypes.data,
-                          op, out.stride(0), out.stride(1), rows, k, count)  # fmt: skip
+                          op, out.stride(0), out.stride(1), rows, k, count, wide)  # fmt: skip
             if rc != 0:
                 fails.append(rc)
 
