@@ -452,9 +452,11 @@ def test_the_plan_goes_to_the_workers_once_not_in_every_task(client, tmp_path: P
     assert np.array_equal(np.asarray(a["values"][:]), np.asarray(b["values"][:]), equal_nan=True)
 
 
-def test_a_float64_store_on_workers_reads_as_a_single_process_does(client, tmp_path: Path) -> None:
-    # the workers' warnings would stay in their logs: the client checks the first rows itself, where the
-    # workers read float32; a bank's float64 rows are the single process's
+def test_a_float64_store_on_workers_reads_as_a_single_process_does(
+    client, tmp_path: Path, monkeypatch
+) -> None:
+    # CPU workers read float64 as a single process does, with nothing to warn of; where the workers would be
+    # GPUs (which read float32) the client checks the first rows itself: the workers' warnings stay in their logs
     import warnings
 
     from tsconv.errors import TsconvWarning
@@ -463,14 +465,15 @@ def test_a_float64_store_on_workers_reads_as_a_single_process_does(client, tmp_p
     x = 400 + np.cumsum(rng.normal(0, 0.01, size=(3000, 2)), axis=0)  # float64, not float32-exact
     src = write_store(tmp_path / "in64.zarr", x, chunks=(1000, 2))
     returns = {"preprocess": {"transform": "diff"}, "conv": [{"filters": ["ma:4"]}]}
+    for name, pipe in (("default", None), ("returns", returns)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", TsconvWarning)
+            d, one = tmp_path / f"d-{name}.zarr", tmp_path / f"s-{name}.zarr"
+            tsconv.process(
+                src, d, pipeline=pipe, chunk=CHUNK, client=client, partition_rows=1000, device="cpu"
+            )
+            tsconv.process(src, one, pipeline=pipe, chunk=CHUNK, device="cpu")
+        assert read_output(d).tobytes() == read_output(one).tobytes()
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the client's view: GPU workers
     with pytest.warns(TsconvWarning, match="float64.*rounding the values of"):
-        tsconv.process(
-            src, tmp_path / "r.zarr", pipeline=returns, chunk=CHUNK, client=client, partition_rows=1000
-        )
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", TsconvWarning)
-        tsconv.process(
-            src, tmp_path / "d.zarr", chunk=CHUNK, client=client, partition_rows=1000, device="cpu"
-        )
-        tsconv.process(src, tmp_path / "s.zarr", chunk=CHUNK, device="cpu")
-    assert read_output(tmp_path / "d.zarr").tobytes() == read_output(tmp_path / "s.zarr").tobytes()
+        tsconv.process(src, tmp_path / "g.zarr", chunk=CHUNK, client=client, partition_rows=1000)

@@ -18,7 +18,7 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
 from tsconv.engine.rounding import Float32Check
-from tsconv.io.contracts import BandReader
+from tsconv.io.contracts import BandReader, exact_in_float32
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -58,8 +58,9 @@ def run_chunked(
     # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
     # before step 0 as zeros (the first stage's zero history).
     begin = max(0, start - halo)
-    # rows as the first stage reads them: a float64 input's own values where the backend takes them
-    dt = np.dtype(np.float64 if source.dtype == np.float64 and backend.reads_float64 else np.float32)
+    # rows as the pipeline reads them: float64 where float32 would round the input and the backend takes float64
+    wide = backend.reads_float64 and not exact_in_float32(source.dtype)
+    dt = np.dtype(np.float64 if wide else np.float32)
     state = (fill_carry or FillCarry()).state_before(source, begin, dt)
     carry = np.zeros((halo - (start - begin), nf), dtype=dt)
     if start > begin:

@@ -28,7 +28,7 @@ from tsconv.kernels.torch_side import apply_activation, rows_matmul
 from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
 
-__all__ = ["Backend", "reads_float64"]
+__all__ = ["Backend"]
 
 
 @dataclass(frozen=True)
@@ -136,16 +136,6 @@ def _conv_recentered(
     return y.permute(1, 0, 2).reshape(1, -1, nb * block)[..., :n_out]
 
 
-def reads_float64(plan: ResolvedPipeline, *, triton: bool) -> bool:
-    """Whether float64 input rows reach the first stage as they are (an engine then reads them so): a bank's
-    arithmetic is float64 from the values it is given, so on the CPU's torch path, for a pipeline whose first
-    stage is a bank, with no computing ``[preprocess]`` and no head, a float64 input loses nothing to a float32
-    read. Elsewhere the engines read float32 (:mod:`tsconv.engine.rounding` says where that matters)."""
-    pre = plan.preprocess
-    computes = pre is not None and pre.computes
-    return not triton and plan.layers[0].structured and not computes and plan.head is None
-
-
 class Backend:
     """Holds a pipeline's weights on a device and runs chunks through it, computing in float32."""
 
@@ -220,7 +210,12 @@ class Backend:
         self.call_invariant = (
             all(L.filters is not None for L in self.layers) and self.pre is None and plan.head is None
         )
-        self.reads_float64 = reads_float64(plan, triton=self.triton)
+        # Whether float64 input rows reach the pipeline as they are (the engines then read them so): on the
+        # CPU's torch path a bank's arithmetic is float64 from the values it is given, [preprocess] computes in
+        # float64, and a first stage of weights subtracts its level from them before its float32 arithmetic
+        # (_first_stage_input), so a float64 input loses nothing to a float32 read. The Triton paths read
+        # float32 (tsconv.engine.rounding says where that matters).
+        self.reads_float64 = not self.triton
 
     def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily
         """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.engine.head`).
@@ -323,7 +318,8 @@ class Backend:
     ) -> torch.Tensor:
         """Compute outputs for a chunk.
 
-        ``x`` is [halo + n, C] float32 (or float64 where :attr:`reads_float64`), time-major, whose row 0 is global step ``first_row`` (negative
+        ``x`` is [halo + n, C] float32 (or float64 where :attr:`reads_float64`), time-major, whose row 0 is
+        global step ``first_row`` (negative
         for the first chunks, where those rows are the zero history). ``level`` [C] is a finite value
         per feature known no later than the feature's first value in the chunk (see ``_first_stage``).
         Returns [n, D] float32.
@@ -448,8 +444,9 @@ class Backend:
         the last value before the chunk, or a feature's first value where it starts inside the chunk
         (outputs before that are NaN anyway).
         """
-        # [1, C, L] view of a time-major buffer; zero history -> -c
-        xt = (x if centered else x - c).T.unsqueeze(0)
+        # [1, C, L] view of a time-major buffer; zero history -> -c. A float64 input (the CPU's) is centred in
+        # float64, so its float32 rows hold the moves to float32's precision, not the level's.
+        xt = (x if centered else x - c).to(torch.float32).T.unsqueeze(0)
         per_group = layer.tap_sums.shape[1]
         c64 = c.to(torch.float64).view(layer.groups, per_group)
         out_per_group = layer.tap_sums.shape[0] // layer.groups

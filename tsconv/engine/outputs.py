@@ -21,13 +21,13 @@ import numpy as np
 import torch
 
 from tsconv import config
-from tsconv.engine.compute import reads_float64
 from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.options import refuse_time_range
 from tsconv.engine.report import Report, make_report
-from tsconv.engine.rounding import Float32Check, exact_in_float32
+from tsconv.engine.rounding import Float32Check
 from tsconv.engine.run import CudaOptions, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
+from tsconv.io.contracts import exact_in_float32
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
 from tsconv.io.objstore import StoreURL
@@ -185,8 +185,7 @@ def to_zarr(
             from tsconv.engine.distributed import run_distributed
 
             on_gpu = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
-            takes = store.dtype == np.float64 and reads_float64(plan, triton=on_gpu)
-            if start < rows and not exact_in_float32(store.dtype) and not takes:
+            if start < rows and not exact_in_float32(store.dtype) and on_gpu:  # CPU workers read float64
                 # the workers' warnings stay in their logs: the client checks the first rows
                 a = r0 + start
                 first = np.asarray(store.values[a : min(r0 + rows, a + 1024)])

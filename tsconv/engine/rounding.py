@@ -1,8 +1,8 @@
 """What reading the input as float32 loses, said where it matters.
 
-The engines compute from float32 input values (the filters then in float64, dense stages in float32), but
-for the CPU's banks, which read a float64 input as it is (:func:`tsconv.engine.compute.reads_float64`).
-Elsewhere a float64 store, or integers beyond 2^24, is rounded on read: near 400 a float64 price moves by up to
+On the CPU a float64 input is read as it is (``Backend.reads_float64``); the GPU's engine reads float32
+(the filters then compute in float64, stages of weights in float32), and there, as everywhere for integers
+beyond 2^24, the input is rounded on read: near 400 a float64 price moves by up to
 1.5e-5, which is 1.5e-3 of a 0.01 step, and every difference or deviation of such prices carries it. The
 first rows a run reads are checked once; where rounding moves a feature's values by more than
 :data:`WARN_AT` of its typical one-step change, a :class:`~tsconv.errors.TsconvWarning` names it.
@@ -16,16 +16,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from tsconv.errors import TsconvWarning
+from tsconv.io.contracts import exact_in_float32
 
-__all__ = ["WARN_AT", "Float32Check", "exact_in_float32", "float32_loss"]
+__all__ = ["WARN_AT", "Float32Check", "float32_loss"]
 
 # The FP16-storage warning's threshold (README, "Precision"): half the 1e-3 of an output's scale promised.
 WARN_AT = 5e-4
 _SAMPLE_ROWS = 1024
-
-
-def exact_in_float32(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" and dtype.itemsize <= 4 or dtype.kind in "iub" and dtype.itemsize <= 2
 
 
 def float32_loss(sample: np.ndarray, names: Sequence[str]) -> str | None:

@@ -25,6 +25,7 @@ from tsconv.engine.options import check_warmup, refuse_time_range
 from tsconv.engine.rounding import Float32Check
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
+from tsconv.io.contracts import exact_in_float32
 from tsconv.io.names import describe_repeats, repeated_names
 from tsconv.pipeline.spec import as_pipeline, resolve
 
@@ -37,8 +38,8 @@ class Stream:
     ``Stream(pipeline, features=F)`` (F input features named f0, f1, ...; or ``features=["AAPL", "MSFT"]``
     names them, as :func:`tsconv.features`'s ``names``) holds the pipeline's weights on ``device``
     (``auto``, ``cpu`` or ``cuda``) and the state of the series in memory. ``push(rows)`` takes [n, F] rows
-    (or [F], one row; numpy or torch, any real dtype, read as float32, or as float64 where
-    :func:`tsconv.features` reads it so and the first push is float64) and returns their [n, D] float32
+    (or [F], one row; numpy or torch, any real dtype: read as float32, or on the CPU as float64 where the first
+    push's dtype does not fit float32 exactly, as :func:`tsconv.features` reads it) and returns their [n, D] float32
     features (a torch tensor for a tensor), the columns named by :attr:`output_names`.
 
     Guarantee: the rows returned by any sequence of pushes equal ``tsconv.features(all rows pushed, pipeline,
@@ -131,8 +132,8 @@ class Stream:
             self._check_time(time, x.shape[0])
         if self._columns is not None:
             x = x[:, self._columns]
-        if self._pushed == 0 and x.shape[0] and x.dtype == np.float64 and self._backend.reads_float64:
-            # a float64 series as the batch run reads it (run_chunked): the rows kept and the fill state too
+        if self._pushed == 0 and x.shape[0] and self._backend.reads_float64 and not exact_in_float32(x.dtype):
+            # in float64, as the batch run reads such a series (run_chunked): the rows kept and the fill state too
             self._rows_kept = self._rows_kept.astype(np.float64)
             self._state = self._state.astype(np.float64)
         if self._rows_kept.dtype == np.float32:

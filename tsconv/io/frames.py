@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import ShapeError, StoreError, TsconvError
-from tsconv.io.contracts import HostSource
+from tsconv.io.contracts import HostSource, exact_in_float32
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.store import InputStore, open_input
 from tsconv.io.transpose import transpose_into
@@ -264,7 +264,8 @@ def _frame(names: tuple[str, ...], cols: np.ndarray, t: np.ndarray | None, a: in
 
 class FrameColumns(HostSource):
     """A polars frame's feature columns (as 1-D numpy arrays) as a run's source and its own reader: each
-    read stacks the rows of one chunk into a [rows, F] float32 block."""
+    read stacks the rows of one chunk into a [rows, F] block, float32, or float64 where a column's dtype does not
+    fit float32 exactly (as a float64 array is read)."""
 
     where = "the frame"
 
@@ -273,10 +274,11 @@ class FrameColumns(HostSource):
         self.rows = int(columns[0].shape[0])
         self.n_features = len(columns)
         self.band_rows = band_rows
-        self.dtype = np.dtype(np.float32)
+        exact = all(exact_in_float32(c.dtype) for c in columns)
+        self.dtype = np.dtype(np.float32 if exact else np.float64)
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        out = np.empty((stop - start, self.n_features), dtype=np.float32)
+        out = np.empty((stop - start, self.n_features), dtype=self.dtype)
         for j, c in enumerate(self.columns):
             out[:, j] = c[start:stop]
         return out
