@@ -380,9 +380,8 @@ def pipelines(as_json: bool) -> None:
 @click.option(
     "--dtype",
     type=click.Choice(["float32", "float64"]),
-    default="float32",
-    show_default=True,
-    help="Values dtype.",
+    default=None,
+    help="Values dtype (default float32; an --append keeps the store's, and refuses another).",
 )
 @click.option(
     "--append", is_flag=True, help="Add rows later than the store's last time to an existing store."
@@ -390,7 +389,7 @@ def pipelines(as_json: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, feature_column: str,
-           value_column: tuple[str, ...], time_unit: str, dtype: str, append: bool, overwrite: bool, quiet: bool) -> None:  # fmt: skip
+           value_column: tuple[str, ...], time_unit: str, dtype: str | None, append: bool, overwrite: bool, quiet: bool) -> None:  # fmt: skip
     """Ingest Parquet, CSV(.gz) or Arrow IPC files (paths or quoted globs) into a zarr store."""
     from tsconv.io.ingest import ingest as run_ingest
 

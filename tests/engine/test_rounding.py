@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import tsconv
-from tsconv.engine.rounding import WARN_AT, float32_loss
 from tsconv.errors import TsconvWarning
+from tsconv.io.precision import WARN_AT, float32_loss
 from tsconv.kernels.reference import pipeline_reference
 from tsconv.pipeline.spec import as_pipeline, resolve
 
@@ -81,15 +81,52 @@ def test_the_batched_engine_reads_float32_and_warns_once(tmp_path: Path) -> None
         process_batched(src32, tmp_path / "o32.zarr", pipeline=pipe, device="cpu", chunk=128, gpu_mem="80MB")
 
 
-def test_a_stream_reads_at_its_first_pushs_precision() -> None:
+@pytest.mark.parametrize("pipeline", [None, "dense"], ids=["default", "dense"])
+def test_a_stream_given_float32_then_float64_rows_reads_float64_from_then_on(
+    no_tsconv_warnings: None, pipeline: str | None
+) -> None:
+    pipe = DENSE if pipeline == "dense" else None
     x = prices(400.0, rows=900)
+    first = x[:300].astype(np.float32)
+    stream = tsconv.Stream(pipe, features=3, chunk=256, device="cpu")
+    got = np.concatenate([stream.push(first), stream.push(x[300:301]), stream.push(x[301:900])])
+    want = tsconv.features(np.concatenate([first, x[300:]]), pipe, chunk=256, device="cpu")
+    assert got.tobytes() == want.tobytes()
+
+
+def test_a_stream_reading_float32_judges_one_row_pushes_with_the_row_before() -> None:
     stream = tsconv.Stream(features=3, device="cpu")
-    stream.push(x[:10].astype(np.float32))  # float32 first: the stream's rows are float32 from here on
-    with pytest.warns(TsconvWarning, match="rounding the values of 'f[012]'"):
-        stream.push(x[10:500])
+    stream._backend.reads_float64 = False  # as on CUDA, where a stream reads float32
+    x = prices(400.0, rows=40)
+    with pytest.warns(TsconvWarning, match="rounding the values of 'f[012]'") as seen:
+        for k in range(40):
+            stream.push(x[k : k + 1])
+    assert sum("rounding" in str(w.message) for w in seen) == 1
+
+
+def test_a_symbol_that_starts_late_is_judged_when_it_moves() -> None:
+    # f0 and f2 hold float32 values exactly; f1 starts after the first read, with values float32 does not hold:
+    # the check waits for it, and stops once every feature is judged
+    from tsconv.engine.rounding import Float32Check
+
+    x = prices(400.0, rows=2000)
+    x[:, [0, 2]] = x[:, [0, 2]].astype(np.float32)
+    x[:1200, 1] = np.nan
+    check = Float32Check(("f0", "f1", "f2"))
     with warnings.catch_warnings():
         warnings.simplefilter("error", TsconvWarning)
-        stream.push(x[500:900])  # said once per stream
+        check.see(x[:1000])  # f1 has not moved yet: not judged
+        check.see(x[1000:1201])  # one value of f1: no step yet
+    assert not check.done
+    with pytest.warns(TsconvWarning, match="rounding the values of 'f1'"):
+        check.see(x[1201:2000])
+    assert check.done
+    quiet = Float32Check(("f0", "f1", "f2"))
+    quiet.see(x[:1000])
+    quiet.see(
+        x[1000:2000].astype(np.float32).astype(np.float64)
+    )  # f1 float32-exact too: judged, nothing said
+    assert quiet.done
 
 
 # A stage of weights (float32 storage) with zero-sum taps, so its outputs are moves, not levels, and a head.

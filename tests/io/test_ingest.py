@@ -682,3 +682,32 @@ def test_several_value_columns_append_and_refusals(tmp_path: Path) -> None:
     assert_refused(cli(src, "-o", tmp_path / "x.zarr", "--feature-column", "sym", "--value-column", "sym"),
                    "also the feature column")  # fmt: skip
     assert not (tmp_path / "x.zarr").exists()
+
+
+def test_float64_sources_stored_as_float32_warn_and_an_append_keeps_the_stores_dtype(tmp_path: Path) -> None:
+    from tsconv.errors import TsconvWarning
+    from tsconv.io.ingest import ingest
+
+    n = 300
+    v = 400 + np.cumsum(np.random.default_rng(4).normal(0, 0.01, n))  # float64 prices float32 does not hold
+    df = pl.DataFrame(
+        {"time": T0 + np.arange(n, dtype=np.int64) * 1_000_000_000, "feature": ["px"] * n, "value": v}
+    )
+    first, more = write(df[:200], tmp_path / "a.parquet"), write(df[200:], tmp_path / "b.parquet")
+    with pytest.warns(TsconvWarning, match="rounding the values of 'value'.*--dtype float64 keeps them"):
+        ingest(first, tmp_path / "s32.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TsconvWarning)
+        ingest(first, tmp_path / "s64.zarr", dtype="float64")
+        ingest(more, tmp_path / "s64.zarr", append=True)  # the store's float64 kept
+        # prices on a 0.01 grid near 100: float32 moves them by 3.8e-6 at most, under 5e-4 of a step
+        ingest(
+            write(df.with_columns(pl.col("value").round(2) - 300), tmp_path / "c.parquet"),
+            tmp_path / "g.zarr",
+        )
+    values, _, _ = read(tmp_path / "s64.zarr")
+    assert values.dtype == np.float64 and values[:, 0].tobytes() == v.tobytes()
+    assert_refused(
+        cli(more, "-o", tmp_path / "s32.zarr", "--append", "--dtype", "float64"), "holds float32 values"
+    )
+    assert read(tmp_path / "s32.zarr")[0].shape == (200, 1)  # refused before any change

@@ -18,7 +18,8 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
 from tsconv.engine.rounding import Float32Check
-from tsconv.io.contracts import BandReader, exact_in_float32
+from tsconv.io.contracts import BandReader
+from tsconv.io.precision import exact_in_float32
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.pipeline.spec import ResolvedPipeline
 

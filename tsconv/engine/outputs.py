@@ -27,10 +27,10 @@ from tsconv.engine.report import Report, make_report
 from tsconv.engine.rounding import Float32Check
 from tsconv.engine.run import CudaOptions, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
-from tsconv.io.contracts import exact_in_float32
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
 from tsconv.io.objstore import StoreURL
+from tsconv.io.precision import exact_in_float32
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.source import StoreSource
 from tsconv.io.store import InputStore, check_time

@@ -25,8 +25,8 @@ from tsconv.engine.options import check_warmup, refuse_time_range
 from tsconv.engine.rounding import Float32Check
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
-from tsconv.io.contracts import exact_in_float32
 from tsconv.io.names import describe_repeats, repeated_names
+from tsconv.io.precision import exact_in_float32
 from tsconv.pipeline.spec import as_pipeline, resolve
 
 __all__ = ["Stream"]
@@ -38,8 +38,8 @@ class Stream:
     ``Stream(pipeline, features=F)`` (F input features named f0, f1, ...; or ``features=["AAPL", "MSFT"]``
     names them, as :func:`tsconv.features`'s ``names``) holds the pipeline's weights on ``device``
     (``auto``, ``cpu`` or ``cuda``) and the state of the series in memory. ``push(rows)`` takes [n, F] rows
-    (or [F], one row; numpy or torch, any real dtype: read as float32, or on the CPU as float64 where the first
-    push's dtype does not fit float32 exactly, as :func:`tsconv.features` reads it) and returns their [n, D] float32
+    (or [F], one row; numpy or torch, any real dtype: read as float32, or on the CPU as float64 from the first
+    push whose dtype float32 does not hold, as :func:`tsconv.features` reads it) and returns their [n, D] float32
     features (a torch tensor for a tensor), the columns named by :attr:`output_names`.
 
     Guarantee: the rows returned by any sequence of pushes equal ``tsconv.features(all rows pushed, pipeline,
@@ -86,6 +86,7 @@ class Stream:
         self.n_features = len(names)
         self._columns = None if plan.columns is None else list(plan.columns)
         self._rounding = Float32Check(plan.input_names)
+        self._last: np.ndarray | None = None  # the last row pushed, as given, while the rounding check runs
         self._fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
         self._warm = plan.warmup_groups() if warmup == "nan" else []
         self._backend = Backend(plan, self.device)
@@ -132,12 +133,16 @@ class Stream:
             self._check_time(time, x.shape[0])
         if self._columns is not None:
             x = x[:, self._columns]
-        if self._pushed == 0 and x.shape[0] and self._backend.reads_float64 and not exact_in_float32(x.dtype):
-            # in float64, as the batch run reads such a series (run_chunked): the rows kept and the fill state too
+        wide = x.shape[0] and not exact_in_float32(x.dtype)
+        if wide and self._backend.reads_float64 and self._rows_kept.dtype == np.float32:
+            # float64 from here on, as the batch run reads rows of such a dtype (run_chunked), the rows pushed
+            # before included: the rows kept and the fill state hold their float32 values exactly
             self._rows_kept = self._rows_kept.astype(np.float64)
             self._state = self._state.astype(np.float64)
-        if self._rows_kept.dtype == np.float32:
-            self._rounding.see(x)
+        if self._rows_kept.dtype == np.float32 and wide and not self._rounding.done:
+            # with the row pushed before (as given), so that pushes of one row have steps to judge by
+            self._rounding.see(x if self._last is None else np.concatenate([self._last, x]))
+            self._last = x[-1:].copy()
         x = np.asarray(x, dtype=self._rows_kept.dtype)
         out = np.empty((x.shape[0], self.plan.n_outputs), dtype=np.float32)
         begin = self._pushed

@@ -14,23 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = [
-    "BandReader",
-    "DeviceBandReader",
-    "FrameSink",
-    "HostSource",
-    "Sink",
-    "Source",
-    "exact_in_float32",
-    "is_rows_of",
-]
-
-
-def exact_in_float32(dtype: np.dtype) -> bool:
-    """Whether float32 holds every value of ``dtype`` (float16 and float32, integers of up to 16 bits): rows of
-    another dtype reach the CPU's engine as float64 (``Backend.reads_float64``), the GPU's as float32."""
-    dtype = np.dtype(dtype)
-    return (dtype.kind == "f" and dtype.itemsize <= 4) or (dtype.kind in "iub" and dtype.itemsize <= 2)
+__all__ = ["BandReader", "DeviceBandReader", "FrameSink", "HostSource", "Sink", "Source", "is_rows_of"]
 
 
 class BandReader:

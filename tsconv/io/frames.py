@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import ShapeError, StoreError, TsconvError
-from tsconv.io.contracts import HostSource, exact_in_float32
+from tsconv.io.contracts import HostSource
+from tsconv.io.precision import exact_in_float32
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.store import InputStore, open_input
 from tsconv.io.transpose import transpose_into

@@ -47,6 +47,7 @@ import os
 import resource
 import shutil
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,10 +58,11 @@ import polars as pl
 import zarr
 from zarr.codecs import BloscCodec
 
-from tsconv.errors import OutputExistsError, StoreError
+from tsconv.errors import OutputExistsError, StoreError, TsconvWarning
 from tsconv.io.lock import OutputLock
 from tsconv.io.names import describe_repeats, repeated_names
 from tsconv.io.objstore import is_url
+from tsconv.io.precision import float32_loss
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
 from tsconv.progress import progress_bar
 
@@ -584,7 +586,7 @@ def ingest(
     value_column: str | Sequence[str] = "value",
     append: bool = False,
     overwrite: bool = False,
-    dtype: str = "float32",
+    dtype: str | None = None,
     time_unit: str = "ns",
     progress: bool = False,
 ) -> IngestReport:
@@ -594,11 +596,14 @@ def ingest(
     ``append`` adds rows strictly after the store's last time (the store's dtype and feature order are
     kept); see the module docstring for the rules on duplicates, ordering and time zones. Long input:
     ``value_column`` is one column, or several (a list), which name the features ``symbol.column``.
+    ``dtype``: the values' dtype, float32 (the default for a new store) or float64; an append keeps the
+    store's and refuses another. Storing float64 source values as float32 warns where that rounding moves them
+    by more than :data:`tsconv.io.precision.WARN_AT` of their typical step.
     """
     t0 = time.perf_counter()
     if layout not in ("long", "wide"):
         raise StoreError(f"layout must be 'long' or 'wide', got {layout!r}", hint="use --layout long|wide.")
-    if dtype not in ("float32", "float64"):
+    if dtype is not None and dtype not in ("float32", "float64"):
         raise StoreError(f"dtype must be float32 or float64, got {dtype!r}", hint="use --dtype float32.")
     if time_unit not in _NS_PER:
         raise StoreError(
@@ -616,7 +621,7 @@ def ingest(
     out = Path(output).expanduser().absolute()
     _check_output(out.resolve(), paths, append=append, overwrite=overwrite)
 
-    pl_dtype = pl.Float32 if dtype == "float32" else pl.Float64
+    pl_dtype = pl.Float64 if dtype == "float64" else pl.Float32
     sources = [
         _Source(p, layout=layout, time_column=time_column, feature_column=feature_column,
                 value_columns=value_columns, time_unit=time_unit, dtype=pl_dtype)
@@ -641,7 +646,10 @@ def ingest(
         names = list(seen)
 
     if append:
-        return _append(out, paths, sources, times, names, symbols, layout, progress, t0)
+        return _append(out, paths, sources, times, names, symbols, layout, progress, t0, dtype=dtype)
+    dtype = dtype or "float32"
+    if dtype == "float32":
+        _warn_rounding(sources[0])
 
     attrs = {"ingest": {"complete": False, "rows": int(times.size), "layout": layout, "version": INGEST_VERSION,
                         "files": [str(p) for p in paths]}}  # fmt: skip
@@ -684,7 +692,8 @@ def _report(rows: int, features: int, t0: float, out: Path, read: int, files: in
 
 
 def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times: np.ndarray,
-            names: Sequence[str], symbols: Sequence[str], layout: str, progress: bool, t0: float) -> IngestReport:  # fmt: skip
+            names: Sequence[str], symbols: Sequence[str], layout: str, progress: bool, t0: float, *,
+            dtype: str | None) -> IngestReport:  # fmt: skip
     """Append rows to an existing store. Everything is checked before the first write.
 
     Crash safety (a kill at any instant): the attribute ``ingest`` is set to ``complete: false`` with
@@ -696,12 +705,14 @@ def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times:
     with OutputLock(out, run_id=f"ingest-append-{os.getpid()}"):  # a repair must not cut a running append
         group = zarr.open_group(str(out), mode="r+")
         _roll_back(out, group)
-        return _append_locked(out, group, paths, sources, times, names, symbols, layout, progress, t0)
+        return _append_locked(
+            out, group, paths, sources, times, names, symbols, layout, progress, t0, dtype=dtype
+        )
 
 
 def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources: Sequence[_Source],
                    times: np.ndarray, names: Sequence[str], symbols: Sequence[str], layout: str, progress: bool,
-                   t0: float) -> IngestReport:  # fmt: skip
+                   t0: float, *, dtype: str | None) -> IngestReport:  # fmt: skip
     meta = dict(group.attrs.get("ingest", {}))
     store = open_input(out, allow_incomplete=True)
     if store.time is None:
@@ -739,8 +750,16 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
         )
     store_names = list(store.features)
     values, time_arr = group["values"], group["time"]
+    held = np.dtype(values.dtype).name
+    if dtype is not None and dtype != held:
+        raise StoreError(
+            f"cannot append with --dtype {dtype}: {str(out)!r} holds {held} values, which an append keeps",
+            hint="leave --dtype out to append in the store's dtype, or ingest everything into a new store.",
+        )
     for s in sources:  # values are read in the store's precision (float64 only when the store has it)
-        s.dtype = pl.Float64 if np.dtype(values.dtype) == np.float64 else pl.Float32
+        s.dtype = pl.Float64 if held == "float64" else pl.Float32
+    if held == "float32":
+        _warn_rounding(sources[0])
     total = old_rows + int(times.size)
     # Every check passed: from here on the store changes. The marker goes first, the commit last.
     group.attrs["ingest"] = {**meta, "complete": False, "rows_before": old_rows, "rows": total}
@@ -755,6 +774,29 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
         raise
     group.attrs["ingest"] = {**meta, "complete": True, "rows": total, "version": INGEST_VERSION}
     return _report(times.size, len(store_names), t0, out, read, len(paths), appended=True)
+
+
+def _warn_rounding(source: _Source) -> None:
+    """Warn where storing a source's float64 values as float32 moves them by more than WARN_AT of their typical
+    step, judged on its first rows (of its first symbol, for long input)."""
+    cols = [c for c in (source.value_columns if source.layout == "long" else source.features_in_file)
+            if source.schema.get(c) == pl.Float64]  # fmt: skip
+    if not cols:
+        return
+    lf = source.lf
+    try:
+        if source.layout == "long":
+            first = lf.select(pl.col(source.feature_column).first()).collect().item()
+            lf = lf.filter(pl.col(source.feature_column) == first)
+        # the first rows in file order: sorting by time would read the whole file for a sample
+        sample = lf.select(cols[:64]).head(2048).collect().to_numpy().astype(np.float64)
+    except (pl.exceptions.PolarsError, OSError):
+        return  # a file the ingest cannot read: its own read says why, naming the file
+    context = "the source values are {dtype} and the store's float32 (--dtype)"
+    if (
+        message := float32_loss(sample, cols[:64], context=context, advice="--dtype float64 keeps them")
+    ) is not None:
+        warnings.warn(message, TsconvWarning, stacklevel=3)
 
 
 def repair(output: str | os.PathLike[str]) -> int | None:
