@@ -214,3 +214,28 @@ def test_the_cuda_engine_warns_of_a_float64_array_and_stays_quiet_for_float32() 
     with warnings.catch_warnings():
         warnings.simplefilter("error", TsconvWarning)
         tsconv.features(x.astype(np.float32), device="cuda")
+
+
+def test_an_output_of_a_float64_store_read_as_float32_is_not_extended_with_float64_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an output written when every run read float32 (its fingerprint without the read): --update refuses it
+    import zarr
+
+    import tsconv.engine.outputs as outputs
+
+    x = prices(400.0, rows=3000)
+    src = write_store(tmp_path / "in.zarr", x[:2000], chunks=(500, 3), time=False)
+    out = tmp_path / "out.zarr"
+    with monkeypatch.context() as m:
+        m.setattr(outputs, "exact_in_float32", lambda dtype: True)
+        tsconv.process(src, out, device="cpu", chunk=128)
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"].resize(x.shape)
+    g["values"][2000:] = x[2000:]
+    with pytest.raises(tsconv.TsconvError, match="different input, pipeline"):
+        tsconv.process(src, out, device="cpu", chunk=128, update=True)
+    tsconv.process(src, tmp_path / "new.zarr", device="cpu", chunk=128)  # a run now records the read
+    g["values"].resize((3500, 3))
+    g["values"][3000:] = prices(400.0, rows=3500)[3000:]
+    tsconv.process(src, tmp_path / "new.zarr", device="cpu", chunk=128, update=True)

@@ -520,6 +520,10 @@ def _fingerprint(
     ``rows``: the fingerprint outputs written before had, with the input's shape (rows x features)."""
     what: dict[str, Any] = {"pipeline": plan.fingerprint(), "input": str(store.path), "dtype": str(store.dtype),
                             "chunk": chunk, "warmup": warmup, "format": FORMAT_VERSION}  # fmt: skip
+    if not exact_in_float32(store.dtype):
+        # read as float64 on the CPU (Backend.reads_float64): outputs of such stores written when every run
+        # read float32 differ from a run now, so --resume and --update refuse them rather than mix the two
+        what["read"] = "float64 on the CPU"
     if rows is None:
         what["features"] = store.n_features
     else:
