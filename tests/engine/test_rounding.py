@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import tsconv
 from tsconv.errors import TsconvWarning
@@ -239,3 +240,28 @@ def test_an_output_of_a_float64_store_read_as_float32_is_not_extended_with_float
     g["values"].resize((3500, 3))
     g["values"][3000:] = prices(400.0, rows=3500)[3000:]
     tsconv.process(src, tmp_path / "new.zarr", device="cpu", chunk=128, update=True)
+
+
+def test_a_few_rows_of_a_float64_store_stay_on_the_gpu_under_device_auto(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the CPU would read them as float64 where the GPU's rows before read float32: the update stays where they ran
+    import zarr
+
+    from tsconv.engine import outputs, run
+
+    x = prices(400.0, rows=3000)
+    src = write_store(tmp_path / "in.zarr", x[:2600], chunks=(256, 3), time=False)
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, device="cpu", chunk=128)
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"].resize(x.shape)
+    g["values"][2600:] = x[2600:]
+    planned: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(run, "require_triton", lambda what: None)
+    monkeypatch.setattr(outputs, "begin_cuda", lambda dev, **kw: dev)
+    monkeypatch.setattr(outputs, "plan_run", lambda *a, **kw: planned.append(str(kw["device"])) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # stopped at the plan: this host has no GPU
+        tsconv.process(src, out, device="auto", chunk=128, update=True)
+    assert planned == ["cuda"]

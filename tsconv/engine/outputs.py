@@ -114,6 +114,7 @@ def to_zarr(
         and device is not None
         and device.type == "cuda"
         and small_for_cuda(plan, _rows_left(out_path, rows=r1 - r0))
+        and exact_in_float32(store.dtype)  # else the CPU reads float64 where the GPU's rows before read float32
     ):
         # an update's or a resume's few rows: the CPU computes them before CUDA would have started, and
         # nothing of the GPU's (Triton, its reader, its plan) need be loaded
@@ -208,6 +209,7 @@ def to_zarr(
             and device_name == "auto"
             and device.type == "cuda"
             and small_for_cuda(plan, rows - compute)
+            and exact_in_float32(store.dtype)
         ):
             # few rows after all, as the checks settled them (_rows_left above read the metadata alone)
             device = torch.device("cpu")
