@@ -242,26 +242,59 @@ def test_an_output_of_a_float64_store_read_as_float32_is_not_extended_with_float
     tsconv.process(src, tmp_path / "new.zarr", device="cpu", chunk=128, update=True)
 
 
-def test_a_few_rows_of_a_float64_store_stay_on_the_gpu_under_device_auto(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the CPU would read them as float64 where the GPU's rows before read float32: the update stays where they ran
+def _grown_float64_store(tmp_path: Path) -> Path:
+    x = prices(400.0, rows=3000)
+    return write_store(tmp_path / "in.zarr", x[:2600], chunks=(256, 3), time=False)  # _grow: to 3,000 rows
+
+
+def _grow(src: Path) -> None:
     import zarr
 
-    from tsconv.engine import outputs, run
-
     x = prices(400.0, rows=3000)
-    src = write_store(tmp_path / "in.zarr", x[:2600], chunks=(256, 3), time=False)
-    out = tmp_path / "out.zarr"
-    tsconv.process(src, out, device="cpu", chunk=128)
     g = zarr.open_group(str(src), mode="r+")
     g["values"].resize(x.shape)
     g["values"][2600:] = x[2600:]
-    planned: list[str] = []
+
+
+PIPE = {"conv": [{"filters": ["diff:1", "ma:8"]}]}
+
+
+def test_an_output_read_as_float64_is_updated_on_the_cpu_under_device_auto(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # its rows were read as float64 on the CPU: a GPU host's auto computes the rest there too, however many
+    from tsconv.engine import outputs
+
+    src, out = _grown_float64_store(tmp_path), tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=128)
+    assert read_output(out).dtype == np.float32 and _read_attr(out) == "float64"
+    _grow(src)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(run, "require_triton", lambda what: None)
-    monkeypatch.setattr(outputs, "begin_cuda", lambda dev, **kw: dev)
-    monkeypatch.setattr(outputs, "plan_run", lambda *a, **kw: planned.append(str(kw["device"])) or 1 / 0)
-    with pytest.raises(ZeroDivisionError):  # stopped at the plan: this host has no GPU
-        tsconv.process(src, out, device="auto", chunk=128, update=True)
-    assert planned == ["cuda"]
+    monkeypatch.setattr(
+        outputs, "small_for_cuda", lambda plan, rows: False
+    )  # many rows: the GPU, were it not
+    report = tsconv.process(src, out, pipeline=PIPE, device="auto", chunk=128, update=True)
+    assert report.device == "cpu"
+    monkeypatch.undo()
+    tsconv.process(src, tmp_path / "full.zarr", pipeline=PIPE, device="cpu", chunk=128)
+    assert read_output(out).tobytes() == read_output(tmp_path / "full.zarr").tobytes()
+
+
+def test_rows_read_as_float32_are_not_extended_with_rows_read_as_float64(tmp_path: Path) -> None:
+    # the GPU's engine (here through the interpreter) read the output's rows as float32: a CPU update refuses
+    src, out = _grown_float64_store(tmp_path), tmp_path / "out.zarr"
+    with pytest.warns(TsconvWarning, match="rounding"):
+        process_batched(src, out, pipeline=PIPE, device="cpu", chunk=128, gpu_mem="80MB")
+    assert _read_attr(out) == "float32"
+    _grow(src)
+    with pytest.raises(tsconv.TsconvError, match="read as float32 .* as float64: the two would mix") as err:
+        tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=128, update=True)
+    assert "--device cuda" in err.value.hint
+    with pytest.warns(TsconvWarning, match="rounding"):
+        process_batched(src, out, pipeline=PIPE, device="cpu", chunk=128, gpu_mem="80MB", update=True)
+
+
+def _read_attr(out: Path) -> str | None:
+    import zarr
+
+    return zarr.open_group(str(out), mode="r").attrs["tsconv"].get("read")

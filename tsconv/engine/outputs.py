@@ -25,7 +25,7 @@ from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.options import refuse_time_range
 from tsconv.engine.report import Report, make_report
 from tsconv.engine.rounding import Float32Check
-from tsconv.engine.run import CudaOptions, begin_cuda, plan_run, reset_device, run, small_for_cuda
+from tsconv.engine.run import CudaOptions, batched_on, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
@@ -107,19 +107,31 @@ def to_zarr(
             hint="run without --workers/--scheduler, or copy the store to a shared file system.",
         )
     r0, r1 = _time_rows(store, plan, distributed=dask is not None)
-    if (
+    # a store float32 does not hold: how its output's rows were read (float64 on the CPU, float32 on CUDA)
+    recorded = _recorded_read(out_path) if (update or resume) and not exact_in_float32(store.dtype) else None
+    if recorded == "float64" and device_name == "auto" and device is not None and device.type == "cuda":
+        device = torch.device("cpu")  # its rows were read as float64: the rest are too
+    elif (
         (update or resume)
         and dask is None
         and device_name == "auto"
         and device is not None
         and device.type == "cuda"
         and small_for_cuda(plan, _rows_left(out_path, rows=r1 - r0))
-        and exact_in_float32(store.dtype)  # else the CPU reads float64 where the GPU's rows before read float32
+        and recorded is None
     ):
         # an update's or a resume's few rows: the CPU computes them before CUDA would have started, and
         # nothing of the GPU's (Triton, its reader, its plan) need be loaded
         device = torch.device("cpu")
-    elif device is not None and device.type == "cuda":
+    read = _input_read(store, device, device_name)
+    if recorded is not None and read != recorded:
+        where = {"float64": ("on the CPU", "cpu"), "float32": ("by the GPU's engine", "cuda")}[recorded]
+        raise StoreError(
+            f"cannot {'update' if update else 'resume'} {str(out_path)!r}: its rows were read as {recorded} "
+            f"({where[0]}), and this run would read the input ({store.dtype}) as {read}: the two would mix in one output",
+            hint=f"run it with --device {where[1]}, or use --overwrite to compute it again here.",
+        )
+    if device is not None and device.type == "cuda":
         begin_cuda(device, asked=device_name)  # where resolve_device left it to the run (else a no-op)
     # planned before the output is touched: a pipeline that cannot fit the GPU budget changes nothing
     rp = (
@@ -178,15 +190,14 @@ def to_zarr(
                 reader=source.early_reader() if dask is None else None,
                 halo=plan.halo,
             )
-        attrs = _output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest)
+        attrs = _output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest, read=read)
         if action in ("done", "current"):
             return _report(store, plan, out_path, device or torch.device("cpu"), rows=0, total_rows=rows,
                            chunk=chunk, resumed_from=start, seconds=0.0, updated_from=updated_from)  # fmt: skip
         if dask is not None:
             from tsconv.engine.distributed import run_distributed
 
-            on_gpu = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
-            if start < rows and not exact_in_float32(store.dtype) and on_gpu:  # CPU workers read float64
+            if start < rows and read == "float32":  # GPU workers read float32; CPU workers read float64
                 # the workers' warnings stay in their logs: the client checks the first rows
                 a = r0 + start
                 first = np.asarray(store.values[a : min(r0 + rows, a + 1024)])
@@ -209,7 +220,7 @@ def to_zarr(
             and device_name == "auto"
             and device.type == "cuda"
             and small_for_cuda(plan, rows - compute)
-            and exact_in_float32(store.dtype)
+            and recorded is None
         ):
             # few rows after all, as the checks settled them (_rows_left above read the metadata alone)
             device = torch.device("cpu")
@@ -541,12 +552,15 @@ def _output_attrs(
     fingerprint: str,
     run_id: str,
     digest: dict[str, Any] | None,
+    *,
+    read: str | None,
 ) -> dict[str, Any]:
     """A new output's attributes; ``tsconv.run_id`` names the run that owns it (OutputWriter.finish checks
-    it), ``tsconv.input_digest`` where the input's digest is kept (or why there is none)."""
+    it), ``tsconv.input_digest`` where the input's digest is kept (or why there is none), ``tsconv.read`` how
+    an input float32 does not hold was read (:func:`_input_read`)."""
     from tsconv import __version__
 
-    return {
+    attrs = {
         "source": str(store.path),
         "pipeline": plan.as_run(),
         "tsconv": {
@@ -564,3 +578,27 @@ def _output_attrs(
             "input_digest": digest_note(digest) if digest is not None else None,
         },
     }
+    if read is not None:
+        attrs["tsconv"]["read"] = read
+    return attrs
+
+
+def _input_read(store: InputStore, device: torch.device | None, device_name: str) -> str | None:
+    """How a run reads a store float32 does not hold: "float64" on the CPU (``Backend.reads_float64``),
+    "float32" on CUDA; None for a store float32 holds. ``device`` None: a dask run's workers, by name."""
+    if exact_in_float32(store.dtype):
+        return None
+    if device is not None:
+        batched = batched_on(device)  # the GPU's engine (on the CPU: its tests, through the interpreter)
+    else:
+        batched = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
+    return "float32" if batched else "float64"
+
+
+def _recorded_read(out_path: Path | StoreURL) -> str | None:
+    """The output's ``tsconv.read`` (None where there is no readable output, or it has none: the checks say
+    which later)."""
+    try:
+        return output_meta(out_path).get("read")
+    except Exception:  # noqa: BLE001 - no output, or not one of tsconv's
+        return None
