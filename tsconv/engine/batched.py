@@ -615,7 +615,7 @@ def run_batched(
                     src, ready = source.read_device(lo, hi)
                 else:
                     view = np.asarray(source.read(lo, hi))
-                    rounding.see(view if plan.columns is None else view[:, plan.columns])
+                    rounding.see(view, plan.columns)
                     if not view.flags.c_contiguous:  # a strided in-memory source; ring views are contiguous
                         view = np.ascontiguousarray(view)
                 t2 = time.perf_counter()

@@ -18,6 +18,7 @@ __all__ = ["Float32Check"]
 
 # Reads a check looks at before it stops waiting for the features with no step yet (symbols not trading)
 _MAX_CHECKS = 64
+_SAMPLE_ROWS = 1024  # rows judged a read, from its first with a value
 
 
 class Float32Check:
@@ -35,17 +36,25 @@ class Float32Check:
     def done(self) -> bool:
         return not self.pending.any() or self.checks >= _MAX_CHECKS
 
-    def see(self, rows: np.ndarray) -> None:
-        """Check ``rows`` [n, F] (as read, one column per name) for the features not judged yet."""
+    def see(self, rows: np.ndarray, columns: Sequence[int] | None = None) -> None:
+        """Check ``rows`` [n, F] (as read: one column per name, or ``columns`` of them, in the names' order)
+        for the features not judged yet; nothing is copied once every feature is judged or for a dtype
+        float32 holds."""
         if self.done or rows.shape[0] == 0 or exact_in_float32(rows.dtype):
             return
         self.checks += 1
         cols = np.flatnonzero(self.pending)
-        part = rows[:, cols]
-        # from the first row where one of them has a value: a late symbol's first rows in this read
-        with np.errstate(invalid="ignore"):
-            first = int(np.argmax(np.isfinite(part).any(axis=1)))
-        message, settled = float32_loss_by_feature(part[first:], [self.names[j] for j in cols])
+        sel = cols if columns is None else np.asarray(columns)[cols]
+        # from the first row where one of them has a value (a late symbol's first rows in this read), a block
+        # at a time: a read can be a band of 65,536 rows of a wide store, too much to copy for a sample
+        first = rows.shape[0]
+        for a in range(0, rows.shape[0], _SAMPLE_ROWS):
+            finite = np.isfinite(rows[a : a + _SAMPLE_ROWS, sel]).any(axis=1)
+            if finite.any():
+                first = a + int(np.argmax(finite))
+                break
+        part = rows[first : first + _SAMPLE_ROWS, sel]
+        message, settled = float32_loss_by_feature(part, [self.names[j] for j in cols])
         self.pending[cols[settled]] = False
         if message is not None:
             self.pending[:] = False

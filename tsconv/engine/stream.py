@@ -140,8 +140,9 @@ class Stream:
             self._rows_kept = self._rows_kept.astype(np.float64)
             self._state = self._state.astype(np.float64)
         if self._rows_kept.dtype == np.float32 and wide and not self._rounding.done:
-            # with the row pushed before (as given), so that pushes of one row have steps to judge by
-            self._rounding.see(x if self._last is None else np.concatenate([self._last, x]))
+            # a short push with the row pushed before (as given), so that pushes of one row have steps to judge by
+            short = self._last is not None and x.shape[0] < 1024
+            self._rounding.see(np.concatenate([self._last, x]) if short else x)
             self._last = x[-1:].copy()
         x = np.asarray(x, dtype=self._rows_kept.dtype)
         out = np.empty((x.shape[0], self.plan.n_outputs), dtype=np.float32)
