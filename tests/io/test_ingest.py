@@ -694,7 +694,7 @@ def test_float64_sources_stored_as_float32_warn_and_an_append_keeps_the_stores_d
         {"time": T0 + np.arange(n, dtype=np.int64) * 1_000_000_000, "feature": ["px"] * n, "value": v}
     )
     first, more = write(df[:200], tmp_path / "a.parquet"), write(df[200:], tmp_path / "b.parquet")
-    with pytest.warns(TsconvWarning, match="rounding the values of 'value'.*--dtype float64 keeps them"):
+    with pytest.warns(TsconvWarning, match="rounding the values of 'px'.*--dtype float64 keeps them"):
         ingest(first, tmp_path / "s32.zarr")
     with warnings.catch_warnings():
         warnings.simplefilter("error", TsconvWarning)
@@ -711,3 +711,24 @@ def test_float64_sources_stored_as_float32_warn_and_an_append_keeps_the_stores_d
         cli(more, "-o", tmp_path / "s32.zarr", "--append", "--dtype", "float64"), "holds float32 values"
     )
     assert read(tmp_path / "s32.zarr")[0].shape == (200, 1)  # refused before any change
+
+
+def test_the_rounding_of_any_symbol_or_column_is_seen(tmp_path: Path) -> None:
+    # a second symbol at 400 behind one at 20; a wide column that starts late; integer ticks beyond 2^24
+    from tsconv.errors import TsconvWarning
+    from tsconv.io.ingest import ingest
+
+    n = 3000
+    rng = np.random.default_rng(7)
+    t = T0 + np.arange(n, dtype=np.int64) * 1_000_000_000
+    low, high = 20 + np.cumsum(rng.normal(0, 0.01, n)), 400 + np.cumsum(rng.normal(0, 0.01, n))
+    long = pl.DataFrame({"time": np.r_[t, t], "feature": ["a"] * n + ["b"] * n, "value": np.r_[low, high]})
+    late = np.where(np.arange(n) < 2500, np.nan, high)
+    wide = pl.DataFrame({"time": t, "lo": low, "hi": late})
+    ticks = pl.DataFrame(
+        {"time": t, "feature": ["x"] * n, "value": np.round(high * 100).astype(np.int64) + (1 << 26)}
+    )
+    for name, df, layout, who in (("long", long, "long", "'b'"), ("wide", wide, "wide", "'hi'"),
+                                  ("ticks", ticks, "long", "'x'")):  # fmt: skip
+        with pytest.warns(TsconvWarning, match=f"rounding the values of {who}"):
+            ingest(write(df, tmp_path / f"{name}.parquet"), tmp_path / f"{name}.zarr", layout=layout)

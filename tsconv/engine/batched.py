@@ -50,9 +50,9 @@ from tsconv.engine import devmem
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import level_before_torch, tail_rows
-from tsconv.engine.rounding import Float32Check
 from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader, FrameSink
+from tsconv.io.precision import Float32Check
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.kernels.filterbank import bank_bytes_per_row
 from tsconv.pipeline.spec import ResolvedPipeline

@@ -17,9 +17,8 @@ import torch
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
-from tsconv.engine.rounding import Float32Check
 from tsconv.io.contracts import BandReader
-from tsconv.io.precision import exact_in_float32
+from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -40,6 +39,7 @@ def run_chunked(
     fill_carry: FillCarry | None = None,
     emit_copies: bool = False,
     reserve: Callable[[int], np.ndarray | None] | None = None,
+    read_float64: bool = True,
 ) -> None:
     """Compute rows [start, stop) (default: to T) chunk by chunk (or several chunks a call, where that gives
     the same bits: :func:`_chunks_per_call`) and hand each result block to ``emit`` in order.
@@ -47,7 +47,9 @@ def run_chunked(
     ``emit_copies``: ``emit`` copies the rows it keeps before it returns (a sink's ``append`` does), so on the
     CPU a bank pipeline's chunks can all be computed into one reused buffer; otherwise each block is fresh.
     ``reserve``: the sink's :meth:`~tsconv.io.contracts.Sink.reserve`, where such a chunk is computed in place
-    when the sink has room for it (``features()``'s result: no copy at all).
+    when the sink has room for it (``features()``'s result: no copy at all). ``read_float64``: an input float32
+    does not hold is read as float64 where the backend takes it (else as float32, as an output's earlier
+    rows were).
 
     ``source`` holds all the features the plan was resolved against; ``[preprocess]`` selection is applied
     here, and its transform and z-score in the backend.
@@ -60,7 +62,7 @@ def run_chunked(
     # before step 0 as zeros (the first stage's zero history).
     begin = max(0, start - halo)
     # rows as the pipeline reads them: float64 where float32 would round the input and the backend takes float64
-    wide = backend.reads_float64 and not exact_in_float32(source.dtype)
+    wide = read_float64 and backend.reads_float64 and not exact_in_float32(source.dtype)
     dt = np.dtype(np.float64 if wide else np.float32)
     state = (fill_carry or FillCarry()).state_before(source, begin, dt)
     carry = np.zeros((halo - (start - begin), nf), dtype=dt)

@@ -214,7 +214,7 @@ class Backend:
         # CPU's torch path a bank's arithmetic is float64 from the values it is given, [preprocess] computes in
         # float64, and a first stage of weights subtracts its level from them before its float32 arithmetic
         # (_first_stage_input), so a float64 input loses nothing to a float32 read. The Triton paths read
-        # float32 (tsconv.engine.rounding says where that matters).
+        # float32 (tsconv.io.precision says where that matters).
         self.reads_float64 = not self.triton
 
     def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily

@@ -155,6 +155,7 @@ def run_partition(
     threads: int | None = None,
     fill: dict[str, Any] | None = None,
     first: list[int] | None = None,
+    read_float64: bool = True,
 ) -> dict[str, Any]:
     """One dask task: compute rows [start, stop) and write them into the output store (no attributes).
 
@@ -183,6 +184,7 @@ def run_partition(
         dev = resolve_device(device)
         source = StoreSource(store)
         rp = plan_run(source, plan, device=dev, chunk=chunk, warmup=warmup, start=start, stop=stop, cuda=cuda)
+        rp = dataclasses.replace(rp, read_float64=read_float64)
         # the worker's share of the cores (threads) for writing too, not the default per process
         writer = OutputWriter.region(
             Path(output_path), time_source=store.time, start=start, stop=stop, threads=threads
@@ -282,6 +284,7 @@ def run_distributed(
     rows: int | None = None,
     fill_carry: FillCarry | None = None,
     before_finish: Callable[[], None] | None = None,
+    read_float64: bool = True,
 ) -> Any:
     """Create (or reopen) the output, run the missing partitions on dask, mark it complete; a Report.
 
@@ -293,7 +296,8 @@ def run_distributed(
     resumed output keeps its own, an updated one has been extended to them). ``fill_carry``, ``before_finish``:
     as for :func:`tsconv.engine.run.run` (the known state goes to every task, which stops its walk back
     there: an update's tasks read back to the old end at most, not to row 0 for a symbol with no value yet;
-    the end state comes from the task of the input's last rows, where this run computed them)."""
+    the end state comes from the task of the input's last rows, where this run computed them).
+    ``read_float64``: as :class:`tsconv.engine.run.RunPlan`'s, for every task."""
     import zarr
 
     from tsconv.engine.report import Report, peak_rss
@@ -407,6 +411,7 @@ def run_distributed(
                 threads=threads,
                 fill=fill,
                 first=first,
+                read_float64=read_float64,
                 key=f"tsconv-{a}-{b}-{token}",
                 retries=retries,
                 pure=False,

@@ -24,13 +24,12 @@ from tsconv import config
 from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
 from tsconv.engine.options import refuse_time_range
 from tsconv.engine.report import Report, make_report
-from tsconv.engine.rounding import Float32Check
 from tsconv.engine.run import CudaOptions, batched_on, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
 from tsconv.io.objstore import StoreURL
-from tsconv.io.precision import exact_in_float32
+from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.source import StoreSource
 from tsconv.io.store import InputStore, check_time
@@ -107,7 +106,8 @@ def to_zarr(
             hint="run without --workers/--scheduler, or copy the store to a shared file system.",
         )
     r0, r1 = _time_rows(store, plan, distributed=dask is not None)
-    # a store float32 does not hold: how its output's rows were read (float64 on the CPU, float32 on CUDA)
+    # a store float32 does not hold: how its output's rows were read (float64 on the CPU, float32 by the GPU's
+    # engine), which the rest follow; the CPU reads either, the GPU float32 only
     recorded = _recorded_read(out_path) if (update or resume) and not exact_in_float32(store.dtype) else None
     if recorded == "float64" and device_name == "auto" and device is not None and device.type == "cuda":
         device = torch.device("cpu")  # its rows were read as float64: the rest are too
@@ -118,19 +118,18 @@ def to_zarr(
         and device is not None
         and device.type == "cuda"
         and small_for_cuda(plan, _rows_left(out_path, rows=r1 - r0))
-        and recorded is None
     ):
         # an update's or a resume's few rows: the CPU computes them before CUDA would have started, and
         # nothing of the GPU's (Triton, its reader, its plan) need be loaded
         device = torch.device("cpu")
     read = _input_read(store, device, device_name)
-    if recorded is not None and read != recorded:
-        where = {"float64": ("on the CPU", "cpu"), "float32": ("by the GPU's engine", "cuda")}[recorded]
+    if recorded == "float64" and read == "float32" and _rows_left(out_path, rows=r1 - r0):
         raise StoreError(
-            f"cannot {'update' if update else 'resume'} {str(out_path)!r}: its rows were read as {recorded} "
-            f"({where[0]}), and this run would read the input ({store.dtype}) as {read}: the two would mix in one output",
-            hint=f"run it with --device {where[1]}, or use --overwrite to compute it again here.",
+            f"cannot {'update' if update else 'resume'} {str(out_path)!r}: its rows were read as float64 (on the "
+            f"CPU), and the GPU's engine reads the input ({store.dtype}) as float32: the two would mix in one output",
+            hint="run it with --device cpu, or use --overwrite to compute it again on the GPU.",
         )
+    read = recorded or read  # the CPU reads as the output's earlier rows were read
     if device is not None and device.type == "cuda":
         begin_cuda(device, asked=device_name)  # where resolve_device left it to the run (else a no-op)
     # planned before the output is touched: a pipeline that cannot fit the GPU budget changes nothing
@@ -210,7 +209,7 @@ def to_zarr(
                 warmup=warmup, attrs=attrs, progress=progress, workers=dask.workers, client=dask.client,
                 partition_rows=dask.partition_rows, cuda=cuda, compression="lz4" if compression == "auto" else compression,
                 run_id=run_id, input_digest=digest, rows=rows, fill_carry=fill_carry,
-                before_finish=lambda: _record_fill(out_path, fill_carry),
+                before_finish=lambda: _record_fill(out_path, fill_carry), read_float64=read != "float32",
             )  # fmt: skip
             return dataclasses.replace(report, updated_from=updated_from)
         assert device is not None and rp is not None
@@ -220,7 +219,6 @@ def to_zarr(
             and device_name == "auto"
             and device.type == "cuda"
             and small_for_cuda(plan, rows - compute)
-            and recorded is None
         ):
             # few rows after all, as the checks settled them (_rows_left above read the metadata alone)
             device = torch.device("cpu")
@@ -247,7 +245,8 @@ def to_zarr(
                 compute = start
             writer.keep(compute - start)
         t_run = time.perf_counter()
-        rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + compute, stop=r0 + rows)
+        rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + compute, stop=r0 + rows,
+                                 read_float64=read != "float32")  # fmt: skip
         stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name, fill_carry=fill_carry,
                      before_finish=lambda: _record_fill(out_path, fill_carry))  # fmt: skip
         if "stage_seconds" in stages:
@@ -478,6 +477,10 @@ def to_parquet(
         }  # fmt: skip
         t0 = time.perf_counter()
         reset_device(device)
+        if (read := _input_read(store, device, device.type)) is not None:
+            meta["tsconv"]["read"] = (
+                read  # how an input float32 does not hold was read, as a zarr output says
+            )
         sink = ParquetSink(out, names=plan.output_names, time_source=store.time, metadata=meta,
                            where=str(store.path))  # fmt: skip
         stages = run(rp, source, plan, sink, progress=progress, desc=store.path.name)
@@ -533,10 +536,6 @@ def _fingerprint(
     ``rows``: the fingerprint outputs written before had, with the input's shape (rows x features)."""
     what: dict[str, Any] = {"pipeline": plan.fingerprint(), "input": str(store.path), "dtype": str(store.dtype),
                             "chunk": chunk, "warmup": warmup, "format": FORMAT_VERSION}  # fmt: skip
-    if not exact_in_float32(store.dtype):
-        # read as float64 on the CPU (Backend.reads_float64): outputs of such stores written when every run
-        # read float32 differ from a run now, so --resume and --update refuse them rather than mix the two
-        what["read"] = "float64 on the CPU"
     if rows is None:
         what["features"] = store.n_features
     else:
@@ -596,9 +595,10 @@ def _input_read(store: InputStore, device: torch.device | None, device_name: str
 
 
 def _recorded_read(out_path: Path | StoreURL) -> str | None:
-    """The output's ``tsconv.read`` (None where there is no readable output, or it has none: the checks say
-    which later)."""
+    """How an output of a store float32 does not hold was read: its ``tsconv.read``, or float32 for one
+    written before outputs recorded it (every run read float32 then); None where there is no readable output
+    (the checks say why later)."""
     try:
-        return output_meta(out_path).get("read")
+        return output_meta(out_path).get("read", "float32")
     except Exception:  # noqa: BLE001 - no output, or not one of tsconv's
         return None

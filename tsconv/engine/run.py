@@ -108,6 +108,9 @@ class RunPlan:
     gpu_batch: int | None = None  # the GPU reader's bands per decode launch
     # the GPU reader's bands per launch, or why a store the GPU could decode is decoded on the CPU
     decode_note: str | None = None
+    # the CPU's engine reads an input float32 does not hold as float64 (Backend.reads_float64); False: as
+    # float32, where an output's earlier rows were read so
+    read_float64: bool = True
 
 
 def plan_run(
@@ -343,6 +346,7 @@ def run(
                 stages["gpu_encoded"] = times.gpu_encoded
         else:
             run_chunked(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop, chunk=rp.chunk,
+                        read_float64=rp.read_float64,
                         warmup=rp.warmup, on_rows=bar.update, fill_carry=fill_carry, emit_copies=True, reserve=sink.reserve)  # fmt: skip
         backend.finish()
         if before_finish is not None:

@@ -22,11 +22,10 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.fill import forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
 from tsconv.engine.options import check_warmup, refuse_time_range
-from tsconv.engine.rounding import Float32Check
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
 from tsconv.io.names import describe_repeats, repeated_names
-from tsconv.io.precision import exact_in_float32
+from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.pipeline.spec import as_pipeline, resolve
 
 __all__ = ["Stream"]

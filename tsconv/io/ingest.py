@@ -47,7 +47,6 @@ import os
 import resource
 import shutil
 import time
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -58,11 +57,11 @@ import polars as pl
 import zarr
 from zarr.codecs import BloscCodec
 
-from tsconv.errors import OutputExistsError, StoreError, TsconvWarning
+from tsconv.errors import OutputExistsError, StoreError
 from tsconv.io.lock import OutputLock
 from tsconv.io.names import describe_repeats, repeated_names
 from tsconv.io.objstore import is_url
-from tsconv.io.precision import float32_loss
+from tsconv.io.precision import Float32Check
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
 from tsconv.progress import progress_bar
 
@@ -649,7 +648,7 @@ def ingest(
         return _append(out, paths, sources, times, names, symbols, layout, progress, t0, dtype=dtype)
     dtype = dtype or "float32"
     if dtype == "float32":
-        _warn_rounding(sources[0])
+        _warn_rounding(sources)
 
     attrs = {"ingest": {"complete": False, "rows": int(times.size), "layout": layout, "version": INGEST_VERSION,
                         "files": [str(p) for p in paths]}}  # fmt: skip
@@ -759,7 +758,7 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
     for s in sources:  # values are read in the store's precision (float64 only when the store has it)
         s.dtype = pl.Float64 if held == "float64" else pl.Float32
     if held == "float32":
-        _warn_rounding(sources[0])
+        _warn_rounding(sources)
     total = old_rows + int(times.size)
     # Every check passed: from here on the store changes. The marker goes first, the commit last.
     group.attrs["ingest"] = {**meta, "complete": False, "rows_before": old_rows, "rows": total}
@@ -776,27 +775,48 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
     return _report(times.size, len(store_names), t0, out, read, len(paths), appended=True)
 
 
-def _warn_rounding(source: _Source) -> None:
-    """Warn where storing a source's float64 values as float32 moves them by more than WARN_AT of their typical
-    step, judged on its first rows (of its first symbol, for long input)."""
-    cols = [c for c in (source.value_columns if source.layout == "long" else source.features_in_file)
-            if source.schema.get(c) == pl.Float64]  # fmt: skip
-    if not cols:
-        return
-    lf = source.lf
-    try:
-        if source.layout == "long":
-            first = lf.select(pl.col(source.feature_column).first()).collect().item()
-            lf = lf.filter(pl.col(source.feature_column) == first)
-        # the first rows in file order: sorting by time would read the whole file for a sample
-        sample = lf.select(cols[:64]).head(2048).collect().to_numpy().astype(np.float64)
-    except (pl.exceptions.PolarsError, OSError):
-        return  # a file the ingest cannot read: its own read says why, naming the file
+# Value column types float32 does not hold: their values are judged before they are stored as float32.
+_WIDE_TYPES = (pl.Float64, pl.Int32, pl.Int64, pl.UInt32, pl.UInt64)
+_SAMPLE_FILES, _SAMPLE_ROWS, _SAMPLE_SYMBOLS = 16, 20_000, 256
+
+
+def _warn_rounding(sources: Sequence[_Source]) -> None:
+    """Warn, once, where storing source values as float32 moves them by more than WARN_AT of their typical
+    step: judged on the first rows of each of the first files, per symbol of long input and per column of
+    wide input, in time order (a sample: the values are cast as they are read, band by band)."""
     context = "the source values are {dtype} and the store's float32 (--dtype)"
-    if (
-        message := float32_loss(sample, cols[:64], context=context, advice="--dtype float64 keeps them")
-    ) is not None:
-        warnings.warn(message, TsconvWarning, stacklevel=3)
+    for source in sources[:_SAMPLE_FILES]:
+        long = source.layout == "long"
+        cols = [c for c in (source.value_columns if long else source.features_in_file)
+                if source.schema.get(c) in _WIDE_TYPES]  # fmt: skip
+        if not cols:
+            continue
+        keys = [source.time_ns.alias("__t")] + (
+            [pl.col(source.feature_column).cast(pl.String)] if long else []
+        )
+        try:
+            df = source.lf.select(*keys, *cols).head(_SAMPLE_ROWS).collect()
+        except (pl.exceptions.PolarsError, OSError):
+            return  # a file the ingest cannot read: its own read says why, naming the file
+        df = df.sort("__t")
+        values = df.select(cols).to_numpy().astype(np.float64)
+        if long:
+            symbols = df[source.feature_column].to_numpy()
+            groups = [
+                (str(sym), symbols == sym) for sym in list(dict.fromkeys(symbols.tolist()))[:_SAMPLE_SYMBOLS]
+            ]
+        else:
+            groups = [("", np.ones(len(df), dtype=bool))]
+        for sym, rows in groups:
+            names = [feature_name(sym, c, source.value_columns) if long else c for c in cols]
+            check = Float32Check(names, context=context, advice="--dtype float64 keeps them")
+            v = values[rows]
+            for a in range(0, v.shape[0], 1024):  # blocks one row apart: a column that starts late is judged
+                check.see(v[a : a + 1025])
+                if check.done:
+                    break
+            if check.warned:
+                return
 
 
 def repair(output: str | os.PathLike[str]) -> int | None:

@@ -8,11 +8,14 @@ carries it: :func:`float32_loss` says so where it exceeds :data:`WARN_AT` of a f
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["WARN_AT", "exact_in_float32", "float32_loss", "float32_loss_by_feature"]
+from tsconv.errors import TsconvWarning
+
+__all__ = ["WARN_AT", "Float32Check", "exact_in_float32", "float32_loss", "float32_loss_by_feature"]
 
 
 def exact_in_float32(dtype: np.dtype) -> bool:
@@ -47,8 +50,10 @@ def float32_loss_by_feature(
     """:func:`float32_loss`, and which features the sample settled ([F] bool): those with a nonzero step in
     it (the others, a symbol not trading yet, are for a later sample to judge)."""
     settled = np.zeros(sample.shape[1] if sample.ndim == 2 else 0, dtype=bool)
-    if exact_in_float32(sample.dtype) or sample.size == 0:
+    if exact_in_float32(sample.dtype):
         return None, ~settled
+    if sample.size == 0:
+        return None, settled
     x = np.asarray(sample[:_SAMPLE_ROWS], dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         rounded = x.astype(np.float32).astype(np.float64)
@@ -80,3 +85,52 @@ def float32_loss_by_feature(
         f"{moved[j]:.2g}, {share[j]:.1e} of their mean nonzero one-step change ({typical[j]:.2g}){others}, and "
         f"differences and deviations of them carry that error; {advice}"
     ), settled
+
+
+# Reads a check looks at before it stops waiting for the features with no step yet (symbols not trading)
+_MAX_CHECKS = 64
+
+
+class Float32Check:
+    """Checks the rows a run reads (or an ingest stores) in a dtype float32 does not hold, and warns once, from
+    the caller's thread, where rounding them to float32 matters (:func:`float32_loss`). A feature is judged on
+    the first read in which it moves (a symbol that starts late, on a later one); the check stops at the
+    warning, once every feature is judged, or after :data:`_MAX_CHECKS` reads. ``context``, ``advice``: as
+    for :func:`float32_loss`."""
+
+    def __init__(self, names: Sequence[str], *, context: str = _READ, advice: str = _ADVICE) -> None:
+        self.names = tuple(names)
+        self.context, self.advice = context, advice
+        self.pending = np.ones(len(self.names), dtype=bool)
+        self.checks = 0
+        self.warned = False
+
+    @property
+    def done(self) -> bool:
+        return not self.pending.any() or self.checks >= _MAX_CHECKS
+
+    def see(self, rows: np.ndarray, columns: Sequence[int] | None = None) -> None:
+        """Check ``rows`` [n, F] (as read: one column per name, or ``columns`` of them, in the names' order)
+        for the features not judged yet; nothing is copied once every feature is judged or for a dtype
+        float32 holds."""
+        if self.done or rows.shape[0] == 0 or exact_in_float32(rows.dtype):
+            return
+        self.checks += 1
+        cols = np.flatnonzero(self.pending)
+        sel = cols if columns is None else np.asarray(columns)[cols]
+        # from the first row where one of them has a value (a late symbol's first rows in this read), a block
+        # at a time: a read can be a band of 65,536 rows of a wide store, too much to copy for a sample
+        first = rows.shape[0]
+        for a in range(0, rows.shape[0], _SAMPLE_ROWS):
+            finite = np.isfinite(rows[a : a + _SAMPLE_ROWS, sel]).any(axis=1)
+            if finite.any():
+                first = a + int(np.argmax(finite))
+                break
+        part = rows[first : first + _SAMPLE_ROWS, sel]
+        names = [self.names[j] for j in cols]
+        message, settled = float32_loss_by_feature(part, names, context=self.context, advice=self.advice)
+        self.pending[cols[settled]] = False
+        if message is not None:
+            self.pending[:] = False
+            self.warned = True
+            warnings.warn(message, TsconvWarning, stacklevel=3)
