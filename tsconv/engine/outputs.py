@@ -199,9 +199,8 @@ def to_zarr(
             if start < rows and read == "float32":  # GPU workers read float32; CPU workers read float64
                 # the workers' warnings stay in their logs: the client checks the first rows
                 a = r0 + start
-                first = np.asarray(store.values[a : min(r0 + rows, a + 1024)])
                 Float32Check(plan.input_names).see(
-                    first if plan.columns is None else first[:, list(plan.columns)]
+                    np.asarray(store.values[a : min(r0 + rows, a + 1024)]), plan.columns
                 )
 
             report = run_distributed(
