@@ -83,30 +83,6 @@ _EPS = 2.0**-23  # float32's unit in the last place of 1
 _GELU_LIPSCHITZ = 1.13  # max |d gelu / dx| = 1.1289 (at x = sqrt(2)); relu and tanh: 1
 
 
-def _zscore_float64_error(x: np.ndarray, plan: ResolvedPipeline) -> np.ndarray:
-    """[T, C]: what float64 arithmetic leaves in a ``[preprocess]`` z-score before its float32 rounding, which
-    the engine and the reference compute in different orders: about eps64 x max|u| / std over the window of
-    the series u it standardises (a nearly flat window of log prices magnifies it: 2.2e-11 against a bound
-    without it of 2.21e-11 in one drawn case). Zero without a z-score."""
-    pp = plan.preprocess
-    if pp is None or pp.zscore is None:
-        return np.zeros((x.shape[0], len(plan.input_names)))
-    import dataclasses
-
-    bare = dataclasses.replace(plan.pipeline, preprocess=dataclasses.replace(pp, zscore=None))
-    u = preprocess_reference(x, dataclasses.replace(plan, pipeline=bare))
-    w = pp.zscore
-    out = np.zeros_like(u)
-    if u.shape[0] >= w:
-        win = np.lib.stride_tricks.sliding_window_view(u, w, axis=0)  # [T - w + 1, C, w]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            big = np.nan_to_num(np.abs(win).max(axis=2), nan=0.0, posinf=0.0)
-            std = win.std(axis=2)
-            term = np.where(std > 0, 64 * 2.0**-52 * big / std, 0.0)
-        out[w - 1 :] = np.nan_to_num(term, nan=0.0, posinf=0.0)
-    return out
-
-
 def error_bound(x: np.ndarray, plan: ResolvedPipeline, *, level: np.ndarray | None = None) -> np.ndarray:
     """Per output (row and channel) bound on the engine's error against the float64 reference with the
     weights as given (``pipeline_reference``), built stage by stage from the taps each output applies.
@@ -202,7 +178,7 @@ def error_bound(x: np.ndarray, plan: ResolvedPipeline, *, level: np.ndarray | No
             else:
                 a = t3(mag)
                 size, moved = conv(a, aw, layer), conv(a, dw, layer)
-                inherited = conv(_EPS / 2 * a + t3(_zscore_float64_error(x, plan)), aw + dw, layer)
+                inherited = conv(_EPS / 2 * a, aw + dw, layer)
                 levels = 0.0
             added = gamma * (size + bias + levels) + moved
         else:
