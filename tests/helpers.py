@@ -83,6 +83,36 @@ _EPS = 2.0**-23  # float32's unit in the last place of 1
 _GELU_LIPSCHITZ = 1.13  # max |d gelu / dx| = 1.1289 (at x = sqrt(2)); relu and tanh: 1
 
 
+def _zscore_float64_error(x: np.ndarray, plan: ResolvedPipeline) -> np.ndarray:
+    """[T, C]: what float64 arithmetic leaves in a ``[preprocess]`` z-score before its float32 rounding.
+
+    The engine standardises u less a level (the column's first finite value, which no output before it can
+    depend on) from pairwise window sums and sums of squared deviations, the reference from each window's
+    own two-pass moments: the two differ by a few eps64 x (max|u| over the window + |level|) / std, which
+    a z-score near 0 on a nearly flat window of log prices shows against eps32 x |z|. Zero without a z-score.
+    """
+    pp = plan.preprocess
+    if pp is None or pp.zscore is None:
+        return np.zeros((x.shape[0], len(plan.input_names)))
+    import dataclasses
+
+    bare = dataclasses.replace(plan.pipeline, preprocess=dataclasses.replace(pp, zscore=None))
+    u = preprocess_reference(x, dataclasses.replace(plan, pipeline=bare))
+    w = pp.zscore
+    out = np.zeros_like(u)
+    if u.shape[0] >= w:
+        finite = np.isfinite(u)
+        first = np.argmax(finite, axis=0)
+        level = np.where(finite.any(axis=0), np.abs(u[first, np.arange(u.shape[1])]), 0.0)
+        win = np.lib.stride_tricks.sliding_window_view(u, w, axis=0)  # [T - w + 1, C, w]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            big = np.nan_to_num(np.abs(win).max(axis=2), nan=0.0, posinf=0.0) + level
+            std = win.std(axis=2)
+            term = np.where(std > 0, 64 * 2.0**-52 * big / std, 0.0)
+        out[w - 1 :] = np.nan_to_num(term, nan=0.0, posinf=0.0)
+    return out
+
+
 def error_bound(x: np.ndarray, plan: ResolvedPipeline, *, level: np.ndarray | None = None) -> np.ndarray:
     """Per output (row and channel) bound on the engine's error against the float64 reference with the
     weights as given (``pipeline_reference``), built stage by stage from the taps each output applies.
@@ -103,7 +133,8 @@ def error_bound(x: np.ndarray, plan: ResolvedPipeline, *, level: np.ndarray | No
     history, the magnitude is max|x| over the window + the level's (``level`` per feature bounds the
     chunk's centring level, default max|x|), with eps x that much for the subtractions. The level terms:
     |sum(taps)| x that same magnitude. A computing ``[preprocess]`` is float64 rounded once to float32:
-    eps/2 |p| more per input value; its returns and z-scores are not centred (magnitude |p| per tap).
+    eps/2 |p| more per input value (and a z-score's float64 error, :func:`_zscore_float64_error`); its returns
+    and z-scores are not centred (magnitude |p| per tap).
     Later stages and the head: |reference output| + its bound per input.
     """
     import torch
@@ -178,7 +209,7 @@ def error_bound(x: np.ndarray, plan: ResolvedPipeline, *, level: np.ndarray | No
             else:
                 a = t3(mag)
                 size, moved = conv(a, aw, layer), conv(a, dw, layer)
-                inherited = conv(_EPS / 2 * a, aw + dw, layer)
+                inherited = conv(_EPS / 2 * a + t3(_zscore_float64_error(x, plan)), aw + dw, layer)
                 levels = 0.0
             added = gamma * (size + bias + levels) + moved
         else:

@@ -140,6 +140,25 @@ def test_reference_definitions_on_a_tiny_series() -> None:
     np.testing.assert_allclose(p[1:, 1], [1.0, -1.0, 1.0])
 
 
+def test_zscore_of_log_prices_keeps_its_digits_after_a_long_drift() -> None:
+    # A price that climbs from 20 to 500, then moves by ticks: each window's moves are tiny against its
+    # distance from the column's first value, where a one-pass variance (s2 - s1 * mean) loses its digits
+    # (7.7e-5 off the two-pass reference here, on z-scores of order 1).
+    rng = np.random.default_rng(1)
+    climb = np.linspace(20, 500, 2000)
+    ticks = 500 + np.cumsum(rng.integers(-1, 2, 2000)) * 0.01
+    x = np.concatenate([climb, ticks]).astype(np.float32)[:, None]
+    pipe = {"preprocess": {"transform": "log", "zscore": 10, "fill": "none"}, "conv": [{"filters": ["id"]}]}
+    plan = resolve(pipeline_from_dict(pipe), ["x0"])
+    ref = preprocess_reference(x.astype(np.float64), plan)
+    for chunk in (37, 4000):
+        y = tsconv.features(x, pipe, names=["x0"], chunk=chunk)
+        np.testing.assert_array_equal(np.isnan(y[:, 0]), np.isnan(ref[:, 0]))
+        ok = ~np.isnan(ref[:, 0])
+        assert ok.sum() > 3900
+        assert np.abs(y[ok, 0] - ref[ok, 0]).max() <= 4 * np.finfo(np.float32).eps * np.abs(ref[ok, 0]).max()
+
+
 def test_zscore_is_nan_on_flat_windows_and_exact_zero_counts() -> None:
     x = np.full((400, 1), 100.0, dtype=np.float32)
     x[200:] = 100.01

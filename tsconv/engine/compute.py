@@ -12,7 +12,6 @@ first use of a shape class (:mod:`tsconv.engine.head`; ``TSCONV_HEAD_PATH`` forc
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import warnings
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 
 from tsconv.errors import TsconvWarning
 from tsconv.kernels import torch_side
-from tsconv.kernels.filterbank import filter_bank
+from tsconv.kernels.filterbank import filter_bank, window_moments
 from tsconv.kernels.torch_side import apply_activation, rows_matmul
 from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
@@ -272,8 +271,8 @@ class Backend:
         equal, bit for bit on the CPU, those of one call over the whole chunk, whose input starts at
         ``chunk_row`` (the chunk's first step less the halo).
 
-        The re-centred first stage and the z-score work in blocks counted from the call's first row: the
-        start is on the chunk's block grid, at most halo + block - 1 rows before ``row``. A re-centring
+        The re-centred first stage works in blocks counted from the call's first row: the start is on the
+        chunk's block grid, at most halo + block - 1 rows before ``row``. A re-centring
         block's level reads the two steps before it, so with a first stage of halo under 2 the call starts
         one block earlier (the block holding ``row`` then has them; the earlier one's outputs are dropped).
         """
@@ -287,8 +286,6 @@ class Backend:
         align = 1
         if self.recenter_first:
             align = max(_CUDA_BLOCK if self.triton else _CPU_BLOCK, self.layers[0].halo)
-        if self.pre is not None and self.pre.zscore is not None:
-            align = math.lcm(align, self.pre.zscore)
         return align
 
     @property
@@ -487,28 +484,16 @@ class Backend:
         return p.to(torch.float32), c
 
 
-def _window_sums(q: torch.Tensor, w: int) -> torch.Tensor:
-    """Sums of ``q`` [L, C] over the windows of ``w`` rows ending at rows w-1 .. L-1: [L - w + 1, C].
-
-    Prefix sums restart every ``w`` rows, so each window is (a block's prefix) + (the previous block's
-    suffix) and rounding scales with w, not with the chunk's length; each sum uses rows <= its end only.
-    """
-    n, c = q.shape
-    nb = -(-n // w)
-    blocks = torch.nn.functional.pad(q, (0, 0, 0, nb * w - n)).view(nb, w, c)
-    inner = blocks.cumsum(dim=1)
-    prev = torch.cat([torch.zeros_like(inner[:1]), inner[:-1]], dim=0)
-    sums = inner + (prev[:, -1:, :] - prev)
-    return sums.reshape(nb * w, c)[w - 1 : n]
-
-
 def _rolling_zscore(p: torch.Tensor, w: int, *, known: torch.Tensor | None = None) -> torch.Tensor:
     """Causal z-score over the last ``w`` rows (population std), float64, "valid": [L - w + 1, C].
 
     NaN where the window holds a NaN or infinity, or where its values are all equal (std 0). Flat and
-    non-finite windows are found by exact integer counts, the moments by float64 window sums of the
-    values less a per-column level (the column's first finite value in ``p``, which no output before
-    it can depend on). ``known`` [C] float64: levels already chosen (NaN: none yet), used and completed in place.
+    non-finite windows are found by exact integer counts, the moments by the banks' pairwise window sums
+    and sums of squared deviations (:func:`~tsconv.kernels.filterbank.window_moments`: a one-pass
+    ``s2 - s1 * mean`` cancelled where a window's moves are small against its distance from the level)
+    of the values less a per-column level (the column's first finite value in ``p``, which no output
+    before it can depend on). ``known`` [C] float64: levels already chosen (NaN: none yet), used and
+    completed in place.
     """
     n = p.shape[0]
     finite = torch.isfinite(p)
@@ -519,15 +504,14 @@ def _rolling_zscore(p: torch.Tensor, w: int, *, known: torch.Tensor | None = Non
         c = torch.where(torch.isnan(known), c, known)
         known.copy_(torch.where(torch.isnan(known) & seen, c, known))
     q = torch.where(finite, p - c, 0.0)
-    s1 = _window_sums(q, w)
-    s2 = _window_sums(q * q, w)
+    s1, m2 = window_moments(q, w)
     zero = torch.zeros_like(p[:1], dtype=torch.int64)
     bad = torch.cat([zero, (~finite).to(torch.int64).cumsum(dim=0)])
     bad = bad[w:] - bad[: n - w + 1]  # non-finite values in rows t-w+1 .. t
     moves = torch.cat([zero, zero, (p[1:] != p[:-1]).to(torch.int64).cumsum(dim=0)])
     moves = moves[w:] - moves[1 : n - w + 2]  # changes between consecutive rows inside the window
     mean = s1 / w
-    var = (s2 - s1 * mean) / w
+    var = m2 / w
     z = (q[w - 1 :] - mean) / torch.sqrt(var)
     return torch.where((bad > 0) | (moves == 0) | ~(var > 0), torch.nan, z)
 

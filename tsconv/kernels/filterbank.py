@@ -40,7 +40,15 @@ from tsconv.kernels.filterbank_native import NativeBank, native_bank
 from tsconv.kernels.torch_side import apply_activation, custom_op
 from tsconv.pipeline.filters import Filter, filter_spec
 
-__all__ = ["FUSED_KINDS", "FusedPlan", "bank_bytes_per_row", "bank_halo", "filter_bank", "fused_plan"]
+__all__ = [
+    "FUSED_KINDS",
+    "FusedPlan",
+    "bank_bytes_per_row",
+    "bank_halo",
+    "filter_bank",
+    "fused_plan",
+    "window_moments",
+]
 
 # Elements (rows x channels) of one float64 tile: about 1 MiB on the CPU (a core's L2 holds the live
 # levels of the default bank), 16 MiB per array on CUDA.
@@ -483,3 +491,21 @@ class _TorchOps(_Ops):
 def _mean(s: torch.Tensor, w: int) -> torch.Tensor:
     """``s / w`` rounded once: a multiplication where 1 / w is exact (a power of two; faster), else a division."""
     return torch.mul(s, 1.0 / w) if w & (w - 1) == 0 else torch.div(s, w)
+
+
+def window_moments(x: torch.Tensor, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums and sums of squared deviations from the mean of ``x`` [L, C] (float64) over the windows of ``w``
+    rows ending at rows w-1 .. L-1: two [L - w + 1, C] tensors, from the ladder's pairwise sums and Chan's
+    merges as the banks compute std, so no sum of squares of the raw values cancels, each output is a fixed
+    sequence of operations over its own window's values (the same wherever a chunk starts), and a flat
+    window gives exactly 0."""
+    n = x.shape[0]
+    if n < w:
+        empty = x[:0]
+        return empty, empty.clone()
+    ops = _TorchOps()
+    top = w.bit_length() - 1
+    keep = {j for j in range(top + 1) if w >> j & 1}
+    kept = _ladder(x, 1, ops, top=top, keep=keep, r=None, moments_top=top)
+    s, m = _window(kept, w, 1, w - 1, n, ops, r=None, moments=True)
+    return s, (torch.zeros_like(s) if m is None else m)
