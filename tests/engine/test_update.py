@@ -13,6 +13,7 @@ import pytest
 import zarr
 
 import tsconv
+from tsconv.io.tail import TAIL_FILE
 
 from ..helpers import T0, spy_fill_walks, write_store
 
@@ -531,12 +532,14 @@ def test_cli_update_says_so_on_one_line_and_refuses_on_one(tmp_path: Path, out_c
     assert "--update" in CliRunner().invoke(main, ["process", "--help"]).stdout
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["input-rows-kept", "no-input-rows-kept"])
 def test_an_update_starts_from_the_recorded_fill_state_not_from_row_0(
-    tmp_path: Path, out_chunks: None, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, out_chunks: None, monkeypatch: pytest.MonkeyPatch, kept: bool
 ) -> None:
     """A run records the fill state at its last row beside the input digest; an update of an input with a
     symbol not listed yet reads no rows far before its restart (without the record its walk went back to
-    row 0 every update), and still equals a full run bit for bit."""
+    row 0 every update), and still equals a full run bit for bit. With the input rows kept with the output
+    (and the fill state at their first row) it walks back through no rows at all."""
     import json
 
     x, t = ticks(6000, 4, seed=41)
@@ -549,10 +552,15 @@ def test_an_update_starts_from_the_recorded_fill_state_not_from_row_0(
     assert rec["row"] == 5000 and rec["state"][3] is None and rec["state"][1] is None
     assert rec["state"][0] == float(x[:5000, 0][~np.isnan(x[:5000, 0])][-1])
     grow(src, x, t, 6000)
+    if not kept:
+        (out / "values" / TAIL_FILE).unlink()
     lowest = spy_fill_walks(monkeypatch)
     tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu", update=True)
     restart = 5000 // (3 * CHUNK) * (3 * CHUNK)
-    assert lowest and min(lowest) >= restart - 1000, min(lowest)
+    if kept:
+        assert not lowest, lowest
+    else:
+        assert lowest and min(lowest) >= restart - 1000, min(lowest)
     monkeypatch.undo()
     full = tmp_path / "full.zarr"
     tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
@@ -616,17 +624,20 @@ def test_a_few_rows_under_device_auto_on_a_gpu_host_load_nothing_of_the_gpu(
     assert (began, planned[-1]) == (["cuda"], "cuda")
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["input-rows-kept", "no-input-rows-kept"])
 @pytest.mark.parametrize(
     "old, new",
     [(2300, 2450), (2300, 2750), (2500, 2620)],
     ids=["within-the-last-band", "into-the-next-band", "from-a-band-boundary"],
 )
 def test_an_update_decodes_each_input_chunk_once(
-    tmp_path: Path, out_chunks: None, monkeypatch: pytest.MonkeyPatch, old: int, new: int
+    tmp_path: Path, out_chunks: None, monkeypatch: pytest.MonkeyPatch, old: int, new: int, kept: bool
 ) -> None:
     """The checks of an update (the hash of the old last band's rows, which an append rewrites, and of the
     new last band's) read through the run's own reader, which then starts from the bands they decoded:
-    each input chunk file is decoded once, none through zarr, and the output is a full run's."""
+    each input chunk file is decoded once, none through zarr, and the output is a full run's. The input
+    rows before the old end that the update reads (its restart's halo) come from the output, where the run
+    before kept them: then no band before the old end's is decoded."""
     import collections
 
     import tsconv.io.readers.threads as threads
@@ -636,6 +647,8 @@ def test_an_update_decodes_each_input_chunk_once(
     out = tmp_path / "out.zarr"
     tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu")
     grow(src, x, t, new)
+    if not kept:
+        (out / "values" / TAIL_FILE).unlink()
     decoded: collections.Counter[str] = collections.Counter()
     real_decode = threads.decode_chunk_into
 
@@ -658,7 +671,63 @@ def test_an_update_decodes_each_input_chunk_once(
     assert decoded and max(decoded.values()) == 1, decoded
     assert not through_zarr, through_zarr
     restart = old // (3 * CHUNK) * (3 * CHUNK)
-    assert len(decoded) == 2 * (new // 500 - (restart - 256) // 500 + 1)  # no band before the restart's halo
+    first = old // 500 if kept else (restart - 256) // 500  # the old end's band, or the restart's halo's
+    assert len(decoded) == 2 * (new // 500 - first + 1)
     full = tmp_path / "full.zarr"
     tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
     assert_same(out, full)
+
+
+def test_input_rows_kept_with_the_output_are_read_only_where_they_are_sound(
+    tmp_path: Path, out_chunks: None
+) -> None:
+    """A CPU run keeps the input rows its next update reads before the output's end, and the fill state at
+    the first of them, in the output (``values/.tsconv-tail.npz``); the update reads them from there (kept
+    rows made wrong change its output), and where the file is damaged, holds a pickled object, or ends
+    elsewhere than the output's end, reads the input instead: a full run's output bit for bit each time."""
+    x, t = ticks(3400, 4, seed=44)
+    x[:, 2] = np.nan  # not listed yet
+    src = make_input(tmp_path / "in.zarr", x, t, 3000, chunks=(700, 2))
+    base = tmp_path / "base.zarr"
+    tsconv.process(src, base, pipeline="default", chunk=CHUNK, device="cpu")
+    kept = np.load(base / "values" / TAIL_FILE, allow_pickle=False)
+    start = int(kept["start"])
+    assert 3000 - 3 * CHUNK - 256 <= start < 3000 - 256
+    np.testing.assert_array_equal(kept["rows"], x[start:3000])
+    before = x[:start]
+    last = [
+        before[~np.isnan(before[:, j]), j][-1] if (~np.isnan(before[:, j])).any() else np.nan
+        for j in range(4)
+    ]
+    np.testing.assert_array_equal(kept["state"], np.array(last, dtype=np.float64))
+    grow(src, x, t, 3400)
+    full = tmp_path / "full.zarr"
+    tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
+
+    def update_with(name: str, tail: bytes | None) -> Path:
+        out = tmp_path / f"{name}.zarr"
+        shutil.copytree(base, out)
+        if tail is not None:
+            (out / "values" / TAIL_FILE).write_bytes(tail)
+        tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu", update=True)
+        return out
+
+    def npz(**arrays: np.ndarray) -> bytes:
+        import io
+
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getvalue()
+
+    assert_same(update_with("as_kept", None), full)
+    wrong = npz(start=np.int64(start), rows=kept["rows"] + np.float32(1), state=kept["state"])
+    out = update_with("wrong_rows", wrong)
+    assert (
+        np.asarray(zarr.open_group(str(out))["values"][:]).tobytes()
+        != np.asarray(zarr.open_group(str(full))["values"][:]).tobytes()
+    )  # the kept rows are what the update read
+    pickled = npz(start=np.int64(start), rows=np.array([object()] * 4, dtype=object), state=kept["state"])
+    elsewhere = npz(start=np.int64(start - 1), rows=kept["rows"], state=kept["state"])
+    for name, tail in (("damaged", b"PK\x03\x04 not a zip"), ("pickled", pickled), ("elsewhere", elsewhere)):
+        assert_same(update_with(name, tail), full)
+    assert (full / "values" / TAIL_FILE).exists()  # every CPU run keeps its own

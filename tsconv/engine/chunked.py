@@ -66,8 +66,13 @@ def run_chunked(
     dt = np.dtype(np.float64 if wide else np.float32)
     state = (fill_carry or FillCarry()).state_before(source, begin, dt)
     carry = np.zeros((halo - (start - begin), nf), dtype=dt)
+    mark = None if fill_carry is None else fill_carry.mark
+    if mark is not None and mark <= begin:
+        fill_carry.at_mark = state.astype(np.float64) if mark == begin else None
     if start > begin:
         raw = np.asarray(source.read(begin, start), dtype=dt)
+        if mark is not None and begin < mark <= start:
+            fill_carry.at_mark = forward_fill(raw[: mark - begin], state)[1].astype(np.float64)
         prefix, state = forward_fill(raw, state)
         carry = np.concatenate([carry, prefix if fill else raw], axis=0)
     device = backend.device
@@ -103,6 +108,8 @@ def run_chunked(
         raw = np.asarray(block, dtype=dt)
         # With fill = "none" the fill state still gives the centering level (a value no later than the
         # outputs it touches), but the backend gets the NaNs as they are.
+        if mark is not None and s < mark <= e:
+            fill_carry.at_mark = forward_fill(raw[: mark - s], state)[1].astype(np.float64)
         filled, state = forward_fill(raw, state)
         level = unread if before is None else torch.from_numpy(centering_level(before, filled)).to(device)
         if not fill:

@@ -33,6 +33,7 @@ from tsconv.engine.cluster import local_cluster
 from tsconv.engine.fill import FillCarry, fill_record, first_values, parse_fill_record
 from tsconv.engine.run import CudaOptions
 from tsconv.errors import TsconvError
+from tsconv.io.contracts import BandReader
 from tsconv.io.store import InputStore
 from tsconv.io.writers.zarr_writer import (
     OutputWriter,
@@ -283,7 +284,7 @@ def run_distributed(
     input_digest: dict[str, Any] | None = None,
     rows: int | None = None,
     fill_carry: FillCarry | None = None,
-    before_finish: Callable[[], None] | None = None,
+    before_finish: Callable[[BandReader | None], None] | None = None,
     read_float64: bool = True,
 ) -> Any:
     """Create (or reopen) the output, run the missing partitions on dask, mark it complete; a Report.
@@ -294,7 +295,7 @@ def run_distributed(
     a resumed output and checked before marking it complete (``attrs`` carries it for a new one);
     ``input_digest``: recorded in a new output; ``rows``: the output's rows (default: the input's; a
     resumed output keeps its own, an updated one has been extended to them). ``fill_carry``, ``before_finish``:
-    as for :func:`tsconv.engine.run.run` (the known state goes to every task, which stops its walk back
+    as for :func:`tsconv.engine.run.run` (``before_finish`` gets None: the client has no reader) (the known state goes to every task, which stops its walk back
     there: an update's tasks read back to the old end at most, not to row 0 for a symbol with no value yet;
     the end state comes from the task of the input's last rows, where this run computed them).
     ``read_float64``: as :class:`tsconv.engine.run.RunPlan`'s, for every task."""
@@ -440,7 +441,7 @@ def run_distributed(
             msg = f"internal error: partitions done {done} do not cover [0, {rows})"
             raise RuntimeError(msg)
         if before_finish is not None:
-            before_finish()
+            before_finish(None)  # the client reads no rows
         check_owner(out_path, run_id=own, identity=identity)
         meta = dict(group.attrs.get("tsconv", {}))
         meta.pop("partitions_done", None)

@@ -30,11 +30,16 @@ __all__ = [
 class FillCarry:
     """The fill state between runs of one output: ``known``, a (row, state) recorded by an earlier run over
     rows the input still holds unchanged, to start from; ``end``, set by the engine, the (row, state) after
-    its last row; ``first``: each feature's first row with a value, which bounds a walk back for it."""
+    its last row; ``first``: each feature's first row with a value, which bounds a walk back for it;
+    ``mark`` and ``at_mark``: a row asked for, and the state there as the engine found it."""
 
     known: tuple[int, np.ndarray] | None = None
     end: tuple[int, np.ndarray] | None = None
     first: np.ndarray | None = None  # per feature, its first row with a value, where known
+    # ``mark``: a row whose fill state the engine keeps in ``at_mark`` as its rows pass it (the first row of
+    # the input rows kept with an output for its next update; the CPU engine only)
+    mark: int | None = None
+    at_mark: np.ndarray | None = None
 
     def state_before(self, source: BandReader, row: int, dtype: np.dtype | type = np.float32) -> np.ndarray:
         """The fill state at ``row`` in ``dtype`` (:func:`fill_state_before`), from what this carry knows."""

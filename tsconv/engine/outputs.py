@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import time
@@ -26,6 +27,7 @@ from tsconv.engine.options import refuse_time_range
 from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, batched_on, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
+from tsconv.io.contracts import BandReader
 from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
 from tsconv.io.lock import output_lock
 from tsconv.io.objstore import StoreURL
@@ -33,6 +35,7 @@ from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.source import StoreSource
 from tsconv.io.store import InputStore, check_time
+from tsconv.io.tail import InputTail, read_tail, remove_tail, tail_rows_to_keep, write_tail
 from tsconv.io.timecolumn import ShiftedTime
 from tsconv.io.writers.parquet_writer import ParquetSink, check_parquet_output, remove_stale_temp_files
 from tsconv.io.writers.zarr_writer import (
@@ -162,6 +165,7 @@ def to_zarr(
         rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
         digest = updated_from = None
         fill_carry = FillCarry()
+        tail: InputTail | None = None  # input rows kept with the output by the run before (an update's)
         compute = start
         if action == "create":
             if update:
@@ -172,8 +176,12 @@ def to_zarr(
             # the old store's files go in a thread beside the run, which the lock outlasts
             pending.callback(discard_output(out_path, background=True))
         else:  # output rows [0, n) come from input rows [0, r0 + n)
-            fill_carry.known = _fill_known(out_path, plan, before=r0 + rows_written(out_path))
-            step = _prepare_update if update else _prepare_resume
+            before = r0 + rows_written(out_path)
+            fill_carry.known = _fill_known(out_path, plan, before=before)
+            if update and dask is None and not store.remote:
+                tail = read_tail(out_path, stop=before, n_features=source.n_features, dtype=source.dtype,
+                                 n_inputs=len(plan.input_names))  # fmt: skip
+            step = functools.partial(_prepare_update, tail=tail) if update else _prepare_resume
             # the checks read the input's rows through the run's own reader: the bands they decode
             # are the ones the run starts in (source.open hands the reader over)
             pending.callback(source.close)
@@ -208,7 +216,8 @@ def to_zarr(
                 warmup=warmup, attrs=attrs, progress=progress, workers=dask.workers, client=dask.client,
                 partition_rows=dask.partition_rows, cuda=cuda, compression="lz4" if compression == "auto" else compression,
                 run_id=run_id, input_digest=digest, rows=rows, fill_carry=fill_carry,
-                before_finish=lambda: _record_fill(out_path, fill_carry), read_float64=read != "float32",
+                before_finish=lambda reader: _record_end(out_path, fill_carry, reader, stop=r0 + rows),
+                read_float64=read != "float32",
             )  # fmt: skip
             return dataclasses.replace(report, updated_from=updated_from)
         assert device is not None and rp is not None
@@ -222,6 +231,20 @@ def to_zarr(
             # few rows after all, as the checks settled them (_rows_left above read the metadata alone)
             device = torch.device("cpu")
             rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
+        chunked_cpu = device.type == "cpu" and not batched_on(device)
+        if (
+            tail is not None
+            and chunked_cpu
+            and updated_from is not None
+            and tail.start <= max(0, r0 + compute - plan.halo)
+        ):
+            # the rows before the output's end that this run reads, checked unchanged by _prepare_update
+            source.use_tail(tail)
+            fill_carry.known = (tail.start, tail.state)
+        if chunked_cpu and not isinstance(out_path, StoreURL):
+            # the input rows the next update reads, kept by _keep_tail
+            keep = tail_rows_to_keep(output_rows=rows, chunk=chunk, halo=plan.halo)
+            fill_carry.mark = max(0, r0 + rows - keep)
         t0 = time.perf_counter()
         reset_device(device)
         time_source = store.time if r0 == 0 or store.time is None else ShiftedTime(store.time, r0)
@@ -247,7 +270,7 @@ def to_zarr(
         rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + compute, stop=r0 + rows,
                                  read_float64=read != "float32")  # fmt: skip
         stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name, fill_carry=fill_carry,
-                     before_finish=lambda: _record_fill(out_path, fill_carry))  # fmt: skip
+                     before_finish=lambda reader: _record_end(out_path, fill_carry, reader, stop=r0 + rows))  # fmt: skip
         if "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
             # opening and checking the input, planning, the input's digest, renaming an old output aside:
@@ -317,6 +340,29 @@ def _same_input(current: dict[str, Any], recorded: dict[str, Any] | None) -> boo
     return recorded is not None and current == {k: v for k, v in recorded.items() if k != "fill"}
 
 
+def _record_end(out_path: Path | StoreURL, carry: FillCarry, reader: BandReader | None, *, stop: int) -> None:
+    """What a later run of the output starts from, kept before the output is marked complete: the fill
+    state at the run's last row (:func:`_record_fill`) and the input rows its next update reads
+    (:func:`_keep_tail`)."""
+    _record_fill(out_path, carry)
+    _keep_tail(out_path, carry, reader, stop=stop)
+
+
+def _keep_tail(out_path: Path | StoreURL, carry: FillCarry, reader: BandReader | None, *, stop: int) -> None:
+    """Keep input rows [``carry.mark``, ``stop``) with the output, and the fill state at the mark, where the
+    run's engine found that state (the CPU's chunked engine) and ``reader`` still holds the rows (they are
+    in its last bands); else drop any kept by an earlier run, which no longer end at the output's end."""
+    if reader is None or reader.on_device or carry.mark is None or carry.at_mark is None or stop < carry.mark:
+        remove_tail(out_path)
+        return
+    rows = (
+        np.array(reader.read(carry.mark, stop))
+        if stop > carry.mark
+        else np.empty((0, reader.n_features), reader.dtype)
+    )
+    write_tail(out_path, InputTail(carry.mark, rows, carry.at_mark))
+
+
 def _record_fill(out_path: Path | StoreURL, carry: FillCarry) -> None:
     """Keep the fill state at the run's last row beside the input digest that covers those rows (a run
     with no digest, or one skipped, records none). Written before the output is marked complete, so a
@@ -378,7 +424,7 @@ def _prepare_resume(
 
 def _prepare_update(
     out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, action: str, start: int, chunk: int,
-    fingerprint: str, reader: ParallelBandReader | None = None, halo: int = 0,
+    fingerprint: str, reader: ParallelBandReader | None = None, halo: int = 0, tail: InputTail | None = None,
 ) -> _Prepared:  # fmt: skip
     """``--update`` of an existing output: refuse an input whose rows already computed changed, else
     extend the output to the input's rows (:func:`grow_output`) and say where to compute from.
@@ -389,7 +435,7 @@ def _prepare_update(
     chunk kept as stored (``rows_done`` goes back to the chunk's start, so a kill leaves an output that
     ``--update`` or ``--resume`` finishes). An interrupted update's output has no known end beyond
     ``rows_done``: it continues from there. Returns :data:`_Prepared`. ``reader``, ``halo``: as for
-    :func:`_prepare_resume`."""
+    :func:`_prepare_resume`; ``tail``: input rows kept with the output, which the reader need not decode."""
     meta = _recorded(out_path, store, r0=r0, r1=r1, verb="update")
     recorded, rows = int(meta["rows"]), r1 - r0
     out_rows = int(_read_json(out_path, "values/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"][0])
@@ -398,8 +444,10 @@ def _prepare_update(
     read = None
     if reader is not None:
         if rows > recorded and not out_rows % chunk:
-            # the hashes of the old and the new last band, the fill state and the run read from here on
-            reader.read_ahead(max(0, r0 + compute - halo))
+            # the hashes of the old and the new last band, the fill state and the run read from here on;
+            # rows kept with the output (``tail``) are not decoded
+            first = max(0, r0 + compute - halo)
+            reader.read_ahead(tail.stop if tail is not None and tail.start <= first else first)
         read = reader.read
     current = verify_input(
         out_path, store, before=r0 + rows_written(out_path), verb="update", read_values=read

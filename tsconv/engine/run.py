@@ -34,7 +34,7 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry
 from tsconv.engine.report import stage_summary
 from tsconv.errors import GpuError, TsconvError
-from tsconv.io.contracts import Sink, Source
+from tsconv.io.contracts import BandReader, Sink, Source
 from tsconv.kernels import early
 from tsconv.kernels.torch_side import require_triton
 from tsconv.pipeline.spec import ResolvedPipeline
@@ -303,15 +303,15 @@ def run(
     desc: str = "",
     threads: int | None = None,
     fill_carry: FillCarry | None = None,
-    before_finish: Callable[[], None] | None = None,
+    before_finish: Callable[[BandReader], None] | None = None,
 ) -> dict[str, Any]:
     """Compute the planned rows of ``source`` through ``plan`` into ``sink``, then finish the sink.
 
     Returns the report's engine fields: ``head_path``, and for the batched engine its stage fields. On an
     error the sink is closed unfinished (a zarr output stays incomplete and resumable). ``threads``: decode
     threads for the reader (None: the default). ``fill_carry``: the fill state to start from and, after the
-    run, the one at its end (:class:`tsconv.engine.fill.FillCarry`). ``before_finish``: called once the rows
-    are computed, before the sink is finished (a zarr output marked complete).
+    run, the one at its end (:class:`tsconv.engine.fill.FillCarry`). ``before_finish``: called with the reader
+    (still open) once the rows are computed, before the sink is finished (a zarr output marked complete).
     """
     from tsconv.progress import progress_bar
 
@@ -350,7 +350,7 @@ def run(
                         warmup=rp.warmup, on_rows=bar.update, fill_carry=fill_carry, emit_copies=True, reserve=sink.reserve)  # fmt: skip
         backend.finish()
         if before_finish is not None:
-            before_finish()
+            before_finish(reader)
         t0 = time.perf_counter()
         sink.finish()
         if stages is not None:

@@ -11,6 +11,7 @@ from tsconv.io.readers import gpu as gpu_reader
 from tsconv.io.readers.prefetch import PrefetchReader
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.store import InputStore
+from tsconv.io.tail import InputTail, TailedReader
 
 __all__ = ["StoreSource"]
 
@@ -25,6 +26,7 @@ class StoreSource:
         self.dtype = np.dtype(store.dtype)
         self.where = str(store.path)
         self._early: ParallelBandReader | None = None
+        self._tail: InputTail | None = None
 
     def early_reader(self) -> ParallelBandReader | None:
         """A CPU reader opened before the run, for the checks that read input rows first (an update's
@@ -36,6 +38,12 @@ class StoreSource:
         if self._early is None:
             self._early = ParallelBandReader(self.store.values, where=self.where)
         return self._early
+
+    def use_tail(self, tail: InputTail) -> None:
+        """A run's CPU reader serves rows [tail.start, tail.stop) from ``tail`` (input rows kept with the
+        output, :mod:`tsconv.io.tail`) instead of decoding their bands. Only for rows the caller has checked
+        are unchanged in the input; the checks themselves read through :meth:`early_reader`, never the tail."""
+        self._tail = tail
 
     def close(self) -> None:
         """Close the reader from :meth:`early_reader` unless a run took it."""
@@ -64,6 +72,14 @@ class StoreSource:
         gpu: bool,
         threads: int | None,
         batch: int | None = None,
+    ) -> BandReader:
+        reader = self._open(device=device, pinned=pinned, hold=hold, gpu=gpu, threads=threads, batch=batch)
+        if self._tail is not None and not reader.on_device and not reader.pinned:
+            return TailedReader(reader, self._tail)
+        return reader
+
+    def _open(
+        self, *, device: Any, pinned: bool, hold: int, gpu: bool, threads: int | None, batch: int | None
     ) -> BandReader:
         early, self._early = self._early, None
         if early is not None:

@@ -57,6 +57,7 @@ from tsconv.io.contracts import is_rows_of
 from tsconv.io.digest import DIGEST_FILE, read_digest, write_digest
 from tsconv.io.objstore import StoreURL, open_group, overlaps
 from tsconv.io.store import is_zarr_store
+from tsconv.io.tail import TAIL_FILE
 from tsconv.io.timecoding import NS_SINCE_EPOCH
 from tsconv.io.timecolumn import TimeReader
 from tsconv.io.writers.encode import ChunkFileWriter, remove_partial_files
@@ -300,7 +301,7 @@ def _foreign_keys(keys: list[str], *, limit: int) -> list[str]:
     found = []
     for key in keys:
         head, _, name = key.rpartition("/")
-        if name in _METADATA_FILES or (head == "values" and _is_digest_file(name)):
+        if name in _METADATA_FILES or (head == "values" and _is_own_file(name)):
             continue
         node = max((n for n in nodes if n == "" or key.startswith(n + "/")), key=len, default=None)
         rest = key[len(node) + 1 :].split("/") if node else key.split("/")
@@ -347,7 +348,7 @@ def foreign_entries(root: Path, *, limit: int = 5) -> list[str]:
             if kind == "array" and _CHUNK_PART.fullmatch(name) and not entry.is_symlink():
                 bad = _foreign_chunk_tree(Path(entry.path), root) if is_dir else []
                 found.extend(bad[: limit - len(found)])
-            elif kind == "array" and node == root / "values" and not is_dir and _is_digest_file(name):
+            elif kind == "array" and node == root / "values" and not is_dir and _is_own_file(name):
                 continue
             else:
                 found.append(rel + ("/" if is_dir else ""))
@@ -356,8 +357,13 @@ def foreign_entries(root: Path, *, limit: int = 5) -> list[str]:
     return found
 
 
-def _is_digest_file(name: str) -> bool:
-    return name == DIGEST_FILE or (name.startswith(f"{DIGEST_FILE}.") and name.endswith(".partial"))
+def _is_own_file(name: str) -> bool:
+    """tsconv's files in an output's ``values`` directory: the input digest and the input rows kept for the
+    next update (:mod:`tsconv.io.tail`), and their temporary files."""
+    return any(
+        name == own or (name.startswith(f"{own}.") and name.endswith(".partial"))
+        for own in (DIGEST_FILE, TAIL_FILE)
+    )
 
 
 def _foreign_chunk_tree(top: Path, root: Path) -> list[str]:

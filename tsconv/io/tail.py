@@ -1,0 +1,149 @@
+"""Input rows kept with an output, so that its next ``--update`` decodes none of the input's old bands.
+
+An update computes again from the engine chunk holding the output's end and reads the pipeline's halo
+before it: a few hundred or thousand input rows, which sit in the input's last old band. Decoding that
+band (16 MB of zstd for a 2,000,000 x 32 store written by plain zarr: its chunks are 125,000 rows long)
+was a quarter of an update's time on the 2-core VM. So a run on the CPU keeps those rows as stored, and the
+fill state at their first row, in the output's ``values`` directory (``.tsconv-tail.npz``, beside the input
+digest, which zarr and xarray do not read); the next update reads them from there where they are exactly
+the rows it needs, and the input's digest check has passed (the rows before the output's end are unchanged).
+
+The file holds plain arrays, read with ``allow_pickle=False``; anything unexpected in it (another shape,
+dtype, row, a damaged file) and the rows are read from the input as before. Outputs in object stores keep
+none.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tsconv.io.contracts import BandReader
+from tsconv.io.objstore import StoreURL
+
+__all__ = [
+    "TAIL_FILE",
+    "InputTail",
+    "TailedReader",
+    "read_tail",
+    "remove_tail",
+    "tail_rows_to_keep",
+    "write_tail",
+]
+
+TAIL_FILE = ".tsconv-tail.npz"
+# The most bytes kept: a wide input with a long halo (a dense pipeline over thousands of features) keeps
+# none rather than write tens of MB at the end of every run.
+MAX_TAIL_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class InputTail:
+    """Input rows [start, start + len(rows)) as stored, all features, and the fill state at ``start`` (per
+    pipeline input, float64; NaN where a feature has no value before it)."""
+
+    start: int
+    rows: np.ndarray
+    state: np.ndarray
+
+    @property
+    def stop(self) -> int:
+        return self.start + int(self.rows.shape[0])
+
+
+def tail_rows_to_keep(*, output_rows: int, chunk: int, halo: int) -> int:
+    """Input rows before the output's end that its next update reads: from its last engine chunk's start
+    (``output_rows`` rounded down to ``chunk``), less the halo."""
+    return output_rows % chunk + halo
+
+
+def _path(output: Path) -> Path:
+    return Path(output) / "values" / TAIL_FILE
+
+
+def write_tail(output: Path | StoreURL, tail: InputTail) -> None:
+    """Keep ``tail`` with the output at ``output`` (atomically: a kill leaves the old file or the new one);
+    one over :data:`MAX_TAIL_BYTES`, or an object-store output, keeps none."""
+    if isinstance(output, StoreURL):
+        return
+    if tail.rows.nbytes > MAX_TAIL_BYTES:
+        remove_tail(output)
+        return
+    path = _path(output)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+    with open(tmp, "wb") as f:
+        np.savez(f, start=np.int64(tail.start), rows=tail.rows, state=tail.state.astype(np.float64))
+    os.replace(tmp, path)
+
+
+def remove_tail(output: Path | StoreURL) -> None:
+    """Drop the rows kept with ``output`` (a run that could not keep its own must not leave an older run's)."""
+    if not isinstance(output, StoreURL):
+        _path(output).unlink(missing_ok=True)
+
+
+def read_tail(
+    output: Path | StoreURL, *, stop: int, n_features: int, dtype: np.dtype, n_inputs: int
+) -> InputTail | None:
+    """The rows kept with ``output`` where they end at input row ``stop`` and have the input's
+    ``n_features`` and ``dtype`` (their state ``n_inputs`` values); else None."""
+    if isinstance(output, StoreURL):
+        return None
+    try:
+        with np.load(_path(output), allow_pickle=False) as z:
+            start, rows, state = int(z["start"]), z["rows"], z["state"]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+        return None
+    if (
+        rows.ndim != 2
+        or rows.shape[1] != n_features
+        or rows.dtype != np.dtype(dtype)
+        or state.shape != (n_inputs,)
+        or state.dtype != np.float64
+        or start < 0
+        or start + rows.shape[0] != stop
+    ):
+        return None
+    return InputTail(start, rows, state)
+
+
+class TailedReader(BandReader):
+    """``reader``, with rows [tail.start, tail.stop) served from ``tail`` (reads across its end are joined)."""
+
+    def __init__(self, reader: BandReader, tail: InputTail) -> None:
+        self._reader, self._tail = reader, tail
+        for name in ("rows", "n_features", "band_rows", "dtype", "where", "fast", "fallback_reason", "pinned",
+                     "hold", "ring_bands", "threads", "file_reads", "on_device", "kind"):  # fmt: skip
+            setattr(self, name, getattr(reader, name))
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        t = self._tail
+        if stop <= t.start or start >= t.stop:
+            return self._reader.read(start, stop)
+        if t.start <= start and stop <= t.stop:
+            return t.rows[start - t.start : stop - t.start]
+        parts = []
+        if start < t.start:
+            parts.append(np.array(self._reader.read(start, t.start)))
+        parts.append(t.rows[max(start, t.start) - t.start : min(stop, t.stop) - t.start])
+        if stop > t.stop:
+            parts.append(self._reader.read(t.stop, stop))
+        return np.concatenate(parts, axis=0)
+
+    @property
+    def busy_seconds(self) -> float:
+        return self._reader.busy_seconds
+
+    def verify(self, stop: int) -> None:
+        self._reader.verify(stop)
+
+    def narrow(self, features: np.ndarray) -> None:
+        self._reader.narrow(features)
+
+    def close(self) -> None:
+        self._reader.close()
