@@ -498,14 +498,41 @@ def window_moments(x: torch.Tensor, w: int) -> tuple[torch.Tensor, torch.Tensor]
     rows ending at rows w-1 .. L-1: two [L - w + 1, C] tensors, from the ladder's pairwise sums and Chan's
     merges as the banks compute std, so no sum of squares of the raw values cancels, each output is a fixed
     sequence of operations over its own window's values (the same wherever a chunk starts), and a flat
-    window gives exactly 0."""
+    window gives exactly 0.
+
+    The operations of :func:`_ladder` then :func:`_window`, in their order (the same bits), but each level
+    joins the window as soon as it is built, so no level is kept: about 10 arrays of ``x``'s size live at
+    once, where keeping a level per binary digit of ``w`` took up to 19 (w = 255)."""
     n = x.shape[0]
     if n < w:
         empty = x[:0]
         return empty, empty.clone()
     ops = _TorchOps()
     top = w.bit_length() - 1
-    keep = {j for j in range(top + 1) if w >> j & 1}
-    kept = _ladder(x, 1, ops, top=top, keep=keep, r=None, moments_top=top)
-    s, m = _window(kept, w, 1, w - 1, n, ops, r=None, moments=True)
-    return s, (torch.zeros_like(s) if m is None else m)
+    cur_s, cur_m, start = x, None, 0
+    acc_s = acc_m = None
+    acc_n = off = 0
+    for j in range(top + 1):
+        size = 1 << j
+        if w >> j & 1:  # this level's segment: the window's rows ``off`` to ``off + size`` back
+            a, b = w - 1 - off - start, n - off - start
+            seg_s, seg_m = cur_s[a:b], None if cur_m is None else cur_m[a:b]
+            if acc_s is None:
+                acc_s, acc_m = seg_s, seg_m
+            else:
+                acc_m = ops.merge(
+                    seg_s, seg_m, acc_s, acc_m, 1.0 / size, 1.0 / acc_n, size * acc_n / (size + acc_n)
+                )
+                acc_s = ops.axpy(seg_s, acc_s, None)
+            acc_n += size
+            off += size
+        if j == top:
+            break
+        k = cur_s.shape[0] - size
+        older, newer = cur_s[:k], cur_s[size:]
+        nxt_s = ops.axpy(older, newer, None)
+        nxt_m = ops.merge(older, None if cur_m is None else cur_m[:k], newer,
+                          None if cur_m is None else cur_m[size:], 1.0 / size, 1.0 / size, size / 2.0)  # fmt: skip
+        cur_s, cur_m, start = nxt_s, nxt_m, start + size
+    assert acc_s is not None
+    return acc_s, (torch.zeros_like(acc_s) if acc_m is None else acc_m)
