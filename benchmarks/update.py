@@ -113,6 +113,15 @@ def _on_cuda(device: str) -> bool:
     return device == "cuda"
 
 
+def _gpu_name(device: str) -> str | None:
+    """The GPU the runs could use (None on a CPU-only host or with --device cpu)."""
+    if not _on_cuda(device):
+        return None
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
 def startup_s(device: str, n: int = 3) -> float:
     """Median wall time of ``n`` bare starts: the interpreter importing torch and tsconv's engine (and on
     CUDA making a context)."""
@@ -271,6 +280,7 @@ def main() -> None:
         "machine": machine(),
         "note": args.note,
         "device": args.device,
+        "gpu": _gpu_name(args.device),
         "store": {
             "rows": args.rows,
             "created_rows": created,
@@ -343,7 +353,7 @@ def render(r: dict[str, Any]) -> str:
         "# Incremental update: `tsconv process --update` after 1% more rows",
         "",
         f"{r['date']}, commit {r['commit']}, {mach['cpu']} ({mach['cores']} cores, {mach['ram_gib']} GiB), "
-        f"device {r['device']}. {r['note']}".rstrip(),
+        f"device {r['device']}{', GPU ' + r['gpu'] if r.get('gpu') else ''}. {r['note']}".rstrip(),
         "",
         f"Store: {s['rows']:,} x {s['features']} float32 written by plain zarr (chunks {s['chunks']}, "
         f"{s['codec']}{_created(s)}), {s.get('unlisted_features', 0)} of its features with no value yet, pipeline "
