@@ -159,6 +159,37 @@ def test_zscore_of_log_prices_keeps_its_digits_after_a_long_drift() -> None:
         assert np.abs(y[ok, 0] - ref[ok, 0]).max() <= 4 * np.finfo(np.float32).eps * np.abs(ref[ok, 0]).max()
 
 
+def test_zscore_level_is_a_value_of_the_data_not_the_zero_history() -> None:
+    # A counter near 1e12 with small steps (int64, read as float64): the level the z-score centres on must be a
+    # value of the series in the first chunk too, not a row of the zero history before step 0 (3.3e-5 off there)
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    rng = np.random.default_rng(0)
+    x = (10**12 + np.cumsum(rng.integers(1, 6, size=(3000, 2)), axis=0)).astype(np.int64)
+    w = 3
+    xl = x.astype(np.longdouble)
+    win = sliding_window_view(xl, w, axis=0)
+    mean = win.mean(-1)
+    ref = np.full(x.shape, np.nan)
+    ref[w - 1 :] = ((xl[w - 1 :] - mean) / np.sqrt(((win - mean[..., None]) ** 2).mean(-1))).astype(
+        np.float64
+    )
+    for pre in ({"zscore": w}, {"transform": "diff", "zscore": w}):
+        want = ref if "transform" not in pre else None
+        if want is None:
+            d = np.diff(xl, axis=0)
+            win = sliding_window_view(d, w, axis=0)
+            mean = win.mean(-1)
+            z = (d[w - 1 :] - mean) / np.sqrt(((win - mean[..., None]) ** 2).mean(-1))
+            want = np.full(x.shape, np.nan)
+            want[w:] = z.astype(np.float64)
+        for chunk in (1000, 4096):
+            y = tsconv.features(x, {"preprocess": pre, "conv": [{"filters": ["id"]}]}, chunk=chunk)
+            ok = np.isfinite(want) & np.isfinite(y)
+            assert ok.sum() > 5000  # flat windows of the differences are NaN
+            assert np.abs(y[ok] - want[ok]).max() <= 4 * np.finfo(np.float32).eps * np.abs(want[ok]).max()
+
+
 def test_zscore_is_nan_on_flat_windows_and_exact_zero_counts() -> None:
     x = np.full((400, 1), 100.0, dtype=np.float32)
     x[200:] = 100.01

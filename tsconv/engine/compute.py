@@ -467,7 +467,11 @@ class Backend:
         if pre.differences:
             p = p[1:] - p[:-1]
         if pre.zscore is not None:
-            p = _rolling_zscore(p, pre.zscore, known=zscore_level)
+            # p's rows before the first step whose value is the data's own (rows of the zero history, and a
+            # difference taken across its end) do not choose the z-score's level
+            own = 1 if pre.differences else 0
+            history = min(max(own - (first_row + pre.differences), 0), p.shape[0])
+            p = _rolling_zscore(p, pre.zscore, known=zscore_level, history=history)
         row0 = first_row + self.pre_halo  # the global step of p's row 0
         n = p.shape[0]
         negative = min(max(-row0, 0), n)
@@ -484,7 +488,9 @@ class Backend:
         return p.to(torch.float32), c
 
 
-def _rolling_zscore(p: torch.Tensor, w: int, *, known: torch.Tensor | None = None) -> torch.Tensor:
+def _rolling_zscore(
+    p: torch.Tensor, w: int, *, known: torch.Tensor | None = None, history: int = 0
+) -> torch.Tensor:
     """Causal z-score over the last ``w`` rows (population std), float64, "valid": [L - w + 1, C].
 
     NaN where the window holds a NaN or infinity, or where its values are all equal (std 0). Flat and
@@ -492,13 +498,16 @@ def _rolling_zscore(p: torch.Tensor, w: int, *, known: torch.Tensor | None = Non
     and sums of squared deviations (:func:`~tsconv.kernels.filterbank.window_moments`: a one-pass
     ``s2 - s1 * mean`` cancelled where a window's moves are small against its distance from the level)
     of the values less a per-column level (the column's first finite value in ``p``, which no output
-    before it can depend on). ``known`` [C] float64: levels already chosen (NaN: none yet), used and
-    completed in place.
+    before it can depend on; not one of the first ``history`` rows, which stand for steps before the data and
+    would leave a level of 0 on a series near 1e12). ``known`` [C] float64: levels already chosen (NaN: none
+    yet), used and completed in place.
     """
     n = p.shape[0]
     finite = torch.isfinite(p)
-    first = torch.argmax(finite.to(torch.int8), dim=0)
-    seen = finite.any(dim=0)
+    eligible = finite.clone()
+    eligible[:history] = False
+    first = torch.argmax(eligible.to(torch.int8), dim=0)
+    seen = eligible.any(dim=0)
     c = torch.where(seen, p.gather(0, first[None])[0], 0.0)
     if known is not None:
         c = torch.where(torch.isnan(known), c, known)
