@@ -683,8 +683,9 @@ def test_input_rows_kept_with_the_output_are_read_only_where_they_are_sound(
 ) -> None:
     """A CPU run keeps the input rows its next update reads before the output's end, and the fill state at
     the first of them, in the output (``values/.tsconv-tail.npz``); the update reads them from there (kept
-    rows made wrong change its output), and where the file is damaged, holds a pickled object, or ends
-    elsewhere than the output's end, reads the input instead: a full run's output bit for bit each time."""
+    rows made wrong change its output), and where the file is damaged, holds a pickled object, ends elsewhere
+    than the output's end, or was kept for another output, reads the input instead: a full run's output bit
+    for bit each time."""
     x, t = ticks(3400, 4, seed=44)
     x[:, 2] = np.nan  # not listed yet
     src = make_input(tmp_path / "in.zarr", x, t, 3000, chunks=(700, 2))
@@ -720,14 +721,38 @@ def test_input_rows_kept_with_the_output_are_read_only_where_they_are_sound(
         return buf.getvalue()
 
     assert_same(update_with("as_kept", None), full)
-    wrong = npz(start=np.int64(start), rows=kept["rows"] + np.float32(1), state=kept["state"])
+    owner = kept["fingerprint"]
+    wrong = npz(
+        start=np.int64(start), rows=kept["rows"] + np.float32(1), state=kept["state"], fingerprint=owner
+    )
     out = update_with("wrong_rows", wrong)
     assert (
         np.asarray(zarr.open_group(str(out))["values"][:]).tobytes()
         != np.asarray(zarr.open_group(str(full))["values"][:]).tobytes()
     )  # the kept rows are what the update read
-    pickled = npz(start=np.int64(start), rows=np.array([object()] * 4, dtype=object), state=kept["state"])
-    elsewhere = npz(start=np.int64(start - 1), rows=kept["rows"], state=kept["state"])
-    for name, tail in (("damaged", b"PK\x03\x04 not a zip"), ("pickled", pickled), ("elsewhere", elsewhere)):
+    pickled = npz(
+        start=np.int64(start),
+        rows=np.array([object()] * 4, dtype=object),
+        state=kept["state"],
+        fingerprint=owner,
+    )
+    elsewhere = npz(start=np.int64(start - 1), rows=kept["rows"], state=kept["state"], fingerprint=owner)
+    # another output's file (another pipeline over the same input: its own fingerprint), rows and state made wrong
+    other = tmp_path / "other.zarr"
+    tsconv.process(src, other, pipeline="trend_ema", chunk=CHUNK, device="cpu")
+    theirs = np.load(other / "values" / TAIL_FILE, allow_pickle=False)
+    foreign = npz(
+        start=np.int64(start),
+        rows=kept["rows"] + np.float32(1),
+        state=kept["state"],
+        fingerprint=theirs["fingerprint"],
+    )
+    cases = (
+        ("damaged", b"PK\x03\x04 not a zip"),
+        ("pickled", pickled),
+        ("elsewhere", elsewhere),
+        ("foreign", foreign),
+    )
+    for name, tail in cases:
         assert_same(update_with(name, tail), full)
     assert (full / "values" / TAIL_FILE).exists()  # every CPU run keeps its own

@@ -180,7 +180,7 @@ def to_zarr(
             fill_carry.known = _fill_known(out_path, plan, before=before)
             if update and dask is None and not store.remote:
                 tail = read_tail(out_path, stop=before, n_features=source.n_features, dtype=source.dtype,
-                                 n_inputs=len(plan.input_names))  # fmt: skip
+                                 n_inputs=len(plan.input_names), fingerprint=fingerprint)  # fmt: skip
             step = functools.partial(_prepare_update, tail=tail) if update else _prepare_resume
             # the checks read the input's rows through the run's own reader: the bands they decode
             # are the ones the run starts in (source.open hands the reader over)
@@ -216,7 +216,7 @@ def to_zarr(
                 warmup=warmup, attrs=attrs, progress=progress, workers=dask.workers, client=dask.client,
                 partition_rows=dask.partition_rows, cuda=cuda, compression="lz4" if compression == "auto" else compression,
                 run_id=run_id, input_digest=digest, rows=rows, fill_carry=fill_carry,
-                before_finish=lambda reader: _record_end(out_path, fill_carry, reader, stop=r0 + rows),
+                before_finish=lambda reader: _record_end(out_path, fill_carry, reader, stop=r0 + rows, fingerprint=fingerprint),
                 read_float64=read != "float32",
             )  # fmt: skip
             return dataclasses.replace(report, updated_from=updated_from)
@@ -270,7 +270,7 @@ def to_zarr(
         rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + compute, stop=r0 + rows,
                                  read_float64=read != "float32")  # fmt: skip
         stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name, fill_carry=fill_carry,
-                     before_finish=lambda reader: _record_end(out_path, fill_carry, reader, stop=r0 + rows))  # fmt: skip
+                     before_finish=lambda reader: _record_end(out_path, fill_carry, reader, stop=r0 + rows, fingerprint=fingerprint))  # fmt: skip
         if "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
             # opening and checking the input, planning, the input's digest, renaming an old output aside:
@@ -340,15 +340,19 @@ def _same_input(current: dict[str, Any], recorded: dict[str, Any] | None) -> boo
     return recorded is not None and current == {k: v for k, v in recorded.items() if k != "fill"}
 
 
-def _record_end(out_path: Path | StoreURL, carry: FillCarry, reader: BandReader | None, *, stop: int) -> None:
+def _record_end(
+    out_path: Path | StoreURL, carry: FillCarry, reader: BandReader | None, *, stop: int, fingerprint: str
+) -> None:
     """What a later run of the output starts from, kept before the output is marked complete: the fill
     state at the run's last row (:func:`_record_fill`) and the input rows its next update reads
     (:func:`_keep_tail`)."""
     _record_fill(out_path, carry)
-    _keep_tail(out_path, carry, reader, stop=stop)
+    _keep_tail(out_path, carry, reader, stop=stop, fingerprint=fingerprint)
 
 
-def _keep_tail(out_path: Path | StoreURL, carry: FillCarry, reader: BandReader | None, *, stop: int) -> None:
+def _keep_tail(
+    out_path: Path | StoreURL, carry: FillCarry, reader: BandReader | None, *, stop: int, fingerprint: str
+) -> None:
     """Keep input rows [``carry.mark``, ``stop``) with the output, and the fill state at the mark, where the
     run's engine found that state (the CPU's chunked engine) and ``reader`` still holds the rows (they are
     in its last bands); else drop any kept by an earlier run, which no longer end at the output's end."""
@@ -360,7 +364,7 @@ def _keep_tail(out_path: Path | StoreURL, carry: FillCarry, reader: BandReader |
         if stop > carry.mark
         else np.empty((0, reader.n_features), reader.dtype)
     )
-    write_tail(out_path, InputTail(carry.mark, rows, carry.at_mark))
+    write_tail(out_path, InputTail(carry.mark, rows, carry.at_mark, fingerprint))
 
 
 def _record_fill(out_path: Path | StoreURL, carry: FillCarry) -> None:

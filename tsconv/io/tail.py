@@ -45,11 +45,13 @@ MAX_TAIL_BYTES = 16 << 20
 @dataclass(frozen=True)
 class InputTail:
     """Input rows [start, start + len(rows)) as stored, all features, and the fill state at ``start`` (per
-    pipeline input, float64; NaN where a feature has no value before it)."""
+    pipeline input, float64; NaN where a feature has no value before it), for the output whose fingerprint
+    (input, pipeline, chunk, warm-up) is ``fingerprint``."""
 
     start: int
     rows: np.ndarray
     state: np.ndarray
+    fingerprint: str
 
     @property
     def stop(self) -> int:
@@ -77,7 +79,8 @@ def write_tail(output: Path | StoreURL, tail: InputTail) -> None:
     path = _path(output)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
     with open(tmp, "wb") as f:
-        np.savez(f, start=np.int64(tail.start), rows=tail.rows, state=tail.state.astype(np.float64))
+        np.savez(f, start=np.int64(tail.start), rows=tail.rows, state=tail.state.astype(np.float64),
+                 fingerprint=np.array(tail.fingerprint))  # fmt: skip
     os.replace(tmp, path)
 
 
@@ -88,19 +91,23 @@ def remove_tail(output: Path | StoreURL) -> None:
 
 
 def read_tail(
-    output: Path | StoreURL, *, stop: int, n_features: int, dtype: np.dtype, n_inputs: int
+    output: Path | StoreURL, *, stop: int, n_features: int, dtype: np.dtype, n_inputs: int, fingerprint: str
 ) -> InputTail | None:
-    """The rows kept with ``output`` where they end at input row ``stop`` and have the input's
-    ``n_features`` and ``dtype`` (their state ``n_inputs`` values); else None."""
+    """The rows kept with ``output`` where they were kept for its ``fingerprint`` (a file copied from another
+    output, of other columns say, is not), end at input row ``stop`` and have the input's ``n_features`` and
+    ``dtype`` (their state ``n_inputs`` values); else None."""
     if isinstance(output, StoreURL):
         return None
     try:
         with np.load(_path(output), allow_pickle=False) as z:
-            start, rows, state = int(z["start"]), z["rows"], z["state"]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+            start, rows, state, owner = int(z["start"]), z["rows"], z["state"], z["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError):
         return None
     if (
-        rows.ndim != 2
+        owner.shape != ()
+        or owner.dtype.kind != "U"
+        or str(owner) != fingerprint
+        or rows.ndim != 2
         or rows.shape[1] != n_features
         or rows.dtype != np.dtype(dtype)
         or state.shape != (n_inputs,)
@@ -109,7 +116,7 @@ def read_tail(
         or start + rows.shape[0] != stop
     ):
         return None
-    return InputTail(start, rows, state)
+    return InputTail(start, rows, state, fingerprint)
 
 
 class TailedReader(BandReader):
