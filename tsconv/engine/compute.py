@@ -471,7 +471,13 @@ class Backend:
             # difference taken across its end) do not choose the z-score's level
             own = 1 if pre.differences else 0
             history = min(max(own - (first_row + pre.differences), 0), p.shape[0])
-            p = _rolling_zscore(p, pre.zscore, known=zscore_level, history=history)
+            # float32 rows need no level: float64 window sums of them lose less than float32 keeps (a float32
+            # value's moves are at least its ulp), and without one each z-score depends on its window alone
+            # (any chunking, a huge print far away); wider rows (float64, int64 near 1e12) are centred on one
+            centre = x.dtype != torch.float32
+            p = _rolling_zscore(
+                p, pre.zscore, known=zscore_level if centre else None, history=history, centre=centre
+            )
         row0 = first_row + self.pre_halo  # the global step of p's row 0
         n = p.shape[0]
         negative = min(max(-row0, 0), n)
@@ -489,7 +495,7 @@ class Backend:
 
 
 def _rolling_zscore(
-    p: torch.Tensor, w: int, *, known: torch.Tensor | None = None, history: int = 0
+    p: torch.Tensor, w: int, *, known: torch.Tensor | None = None, history: int = 0, centre: bool = True
 ) -> torch.Tensor:
     """Causal z-score over the last ``w`` rows (population std), float64, "valid": [L - w + 1, C].
 
@@ -508,7 +514,7 @@ def _rolling_zscore(
     eligible[:history] = False
     first = torch.argmax(eligible.to(torch.int8), dim=0)
     seen = eligible.any(dim=0)
-    c = torch.where(seen, p.gather(0, first[None])[0], 0.0)
+    c = torch.where(seen, p.gather(0, first[None])[0], 0.0) if centre else torch.zeros_like(p[0])
     if known is not None:
         c = torch.where(torch.isnan(known), c, known)
         known.copy_(torch.where(torch.isnan(known) & seen, c, known))
