@@ -195,6 +195,22 @@ def test_every_filter_against_the_reference(d: int, bank: list[str]) -> None:
             _check(y[:, c * len(bank) + m], want, f"x{c}.{spec} d={d}")
 
 
+def test_the_reference_gives_a_window_of_equal_values_std_0() -> None:
+    # three equal float64 values whose float64 mean is an ulp off them: std 0, z-score NaN, as the bank gives
+    from tsconv.kernels.reference import bank_reference
+
+    v = -0.408248290463863
+    assert np.mean([v, v, v]) != v
+    y = torch.tensor([[[1.0, 2.0, v, v, v, v]]], dtype=torch.float64)
+    filters = tuple(filter_spec(f) for f in ("std:3", "zscore:3"))
+    ref = bank_reference(y, filters, 1)[0].numpy()
+    np.testing.assert_array_equal(ref[0, 4:], [0.0, 0.0])
+    assert np.isnan(ref[1, 4:]).all()
+    bank = filter_bank(y[0].T, filters, dilation=1).numpy()  # [6 - 2, 2]: rows 2..5
+    np.testing.assert_array_equal(bank[2:, 0], [0.0, 0.0])
+    assert np.isnan(bank[2:, 1]).all()
+
+
 def test_warmup_zero_uses_zero_history() -> None:
     x = prices(800, 4, seed=5, inf=False)
     y = _run(x, ALL, warmup="zero", chunk=100)

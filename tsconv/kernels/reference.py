@@ -131,6 +131,8 @@ def _filter_reference(s: np.ndarray, f: Filter, dilation: int) -> np.ndarray:
             return now - mean
         finite = np.isfinite(win).all(axis=1)
         std = np.sqrt(((win - mean[:, None]) ** 2).sum(axis=1) / (f.taps - 1))
+        # a window of equal values has std 0 exactly (its float64 mean can be an ulp off each of them)
+        std = np.where((win == win[:, :1]).all(axis=1), 0.0, std)
         std = np.where(finite, std, np.nan)
         if f.kind == "std":
             return std
