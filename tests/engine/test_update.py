@@ -756,3 +756,26 @@ def test_input_rows_kept_with_the_output_are_read_only_where_they_are_sound(
     for name, tail in cases:
         assert_same(update_with(name, tail), full)
     assert (full / "values" / TAIL_FILE).exists()  # every CPU run keeps its own
+
+
+def test_an_output_of_the_old_zscore_arithmetic_is_not_continued(
+    tmp_path: Path, out_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A [preprocess] z-score's arithmetic is part of the pipeline's fingerprint: rows computed by another
+    arithmetic would differ in the last bits from this one's, so such an output is refused, not extended."""
+    import tsconv.pipeline.spec as spec
+    from tsconv.errors import StoreError
+
+    x, t = ticks(1200, 4, seed=45)
+    src = make_input(tmp_path / "in.zarr", x, t, 1000, chunks=(500, 2))
+    old, plain = tmp_path / "old.zarr", tmp_path / "plain.zarr"
+    monkeypatch.setattr(spec, "ZSCORE_ARITHMETIC", 1)
+    tsconv.process(src, old, pipeline="returns_zscore", chunk=CHUNK, device="cpu")
+    tsconv.process(src, plain, pipeline="default", chunk=CHUNK, device="cpu")
+    monkeypatch.undo()
+    grow(src, x, t, 1200)
+    with pytest.raises(StoreError, match="overwrite"):
+        tsconv.process(src, old, pipeline="returns_zscore", chunk=CHUNK, device="cpu", update=True)
+    tsconv.process(
+        src, plain, pipeline="default", chunk=CHUNK, device="cpu", update=True
+    )  # no z-score: continued

@@ -49,6 +49,9 @@ __all__ = [
     "select_columns",
 ]
 
+# The [preprocess] z-score's arithmetic, part of a pipeline's fingerprint where it has one (see fingerprint)
+ZSCORE_ARITHMETIC = 2
+
 ACTIVATIONS = ("none", "relu", "gelu", "tanh")
 WEIGHT_DTYPES = ("float16", "float32")
 MAX_DILATION = 1 << 20
@@ -341,7 +344,12 @@ class ResolvedPipeline:
         run = self.as_run()
         run.pop("origin")
         run.pop("text")
-        blob = json.dumps([run, list(self.input_names), self.columns], sort_keys=True).encode()
+        parts: list[Any] = [run, list(self.input_names), self.columns]
+        if self.preprocess is not None and self.preprocess.zscore is not None:
+            # the z-score's arithmetic changed (pairwise moments; float32 rows not centred): an output of the
+            # old is not continued by the new, whose rows would differ in the last bits
+            parts.append({"zscore_arithmetic": ZSCORE_ARITHMETIC})
+        blob = json.dumps(parts, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
 
