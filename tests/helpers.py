@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -219,6 +220,13 @@ def error_bound(x: np.ndarray, plan: ResolvedPipeline, *, level: np.ndarray | No
             added = gamma * (size + bias) + conv(a, dw, layer)
         lip = _GELU_LIPSCHITZ if layer.activation == "gelu" else 1.0
         err = lip * (inherited + added)
+        if layer.filters is not None:
+            # std:W is bounded through the taps of ma:W; its gain over them is up to sqrt(W / (W - 1)) (|d std| <=
+            # ||d x||_2 / sqrt(W - 1)): 1.41 at W = 2, which an FP16 dense stage's error before it showed
+            m_all = len(layer.filters)
+            for m, f in enumerate(layer.filters):
+                if f.kind == "std":
+                    err[:, m::m_all, :] *= math.sqrt(f.taps / (f.taps - 1))
         if layer.filters is not None:  # by each filter's own window, as the engine computes a bank
             y_ref = apply_activation(bank_reference(y_ref, layer.filters, layer.dilation), layer.activation)
             continue
