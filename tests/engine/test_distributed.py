@@ -233,6 +233,46 @@ def test_distributed_update_computes_the_new_partitions_only(
     assert tsconv.process(src, out, chunk=CHUNK, client=client, update=True).rows == 0
 
 
+@pytest.mark.parametrize("resized", [(), ("values",)], ids=["no-array-extended", "values-extended-not-time"])
+def test_a_distributed_run_finishes_an_update_killed_inside_its_grow(
+    client, tmp_path: Path, want: dict[str, Path], monkeypatch: pytest.MonkeyPatch, resized: tuple[str, ...]
+) -> None:
+    """An update marks its target rows, then extends each array: killed between, the next run extends them
+    (a dask client too, which had failed on the values' old shape, or marked the output complete with a time
+    column of the old rows, silently)."""
+    import tsconv.io.writers.zarr_writer as zw
+
+    from ..helpers import T0
+
+    x = price_series(ROWS, FEATURES, seed=7, nan_fraction=0.05)
+    x[:300, 1] = np.nan
+    src = write_store(tmp_path / "in.zarr", x[:6001], chunks=(777, 3))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"].resize((ROWS, FEATURES))
+    g["values"][6001:] = x[6001:]
+    g["time"].resize((ROWS,))
+    g["time"][6001:] = T0 + np.arange(6001, ROWS, dtype=np.int64) * 1_000_000
+
+    class Killed(BaseException):
+        pass
+
+    def killed(path, rows):  # noqa: ANN001, ANN202
+        for name in resized:
+            doc = zw._read_doc(path, f"{name}/zarr.json")
+            doc["shape"][0] = rows
+            zw._write_doc(path, f"{name}/zarr.json", doc)
+        raise Killed
+
+    monkeypatch.setattr(zw, "_resize_arrays", killed)
+    with pytest.raises(Killed):
+        tsconv.process(src, out, chunk=CHUNK, update=True)
+    monkeypatch.undo()
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART, update=True)
+    _same(want["default"], out)
+
+
 @pytest.mark.parametrize(
     "pipeline",
     [None, {"preprocess": {"select": ["x1", "x2", "x4"]}, "conv": [{"filters": ["diff:1", "dev:8"]}]}],

@@ -40,6 +40,7 @@ from tsconv.io.writers.zarr_writer import (
     check_owner,
     consolidate,
     drop_consolidated,
+    finish_grow,
     output_chunk_rows,
     store_identity,
 )
@@ -355,6 +356,7 @@ def run_distributed(
             done: list[tuple[int, int]] = []
         else:
             drop_consolidated(out_path)  # refreshed when the run completes
+            finish_grow(out_path)  # an update killed between marking its new rows and extending the arrays
             group = zarr.open_group(str(out_path), mode="r+", use_consolidated=False)
             meta = dict(group.attrs.get("tsconv", {}))
             done = _merge([(0, rows_done), *(tuple(p) for p in meta.get("partitions_done", []))])
@@ -443,6 +445,10 @@ def run_distributed(
         if before_finish is not None:
             before_finish(None)  # the client reads no rows
         check_owner(out_path, run_id=own, identity=identity)
+        shapes = {name: int(group[name].shape[0]) for name in ("values", "time") if name in group}
+        if any(n != rows for n in shapes.values()):
+            msg = f"internal error: the output's arrays hold {shapes} rows, not {rows}: not marked complete"
+            raise RuntimeError(msg)
         meta = dict(group.attrs.get("tsconv", {}))
         meta.pop("partitions_done", None)
         meta.update(complete=True, rows_done=rows)

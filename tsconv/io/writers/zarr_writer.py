@@ -77,6 +77,7 @@ __all__ = [
     "default_write_threads",
     "discard_output",
     "drop_consolidated",
+    "finish_grow",
     "foreign_entries",
     "grow_output",
     "output_chunk_rows",
@@ -466,6 +467,15 @@ def grow_output(path: Path | StoreURL, *, rows: int, start: int, changes: dict[s
     doc.setdefault("attributes", {})["tsconv"] = {k: v for k, v in meta.items() if v is not None}
     _write_doc(path, "zarr.json", doc)
     _resize_arrays(path, rows)
+
+
+def finish_grow(path: Path | StoreURL) -> None:
+    """Give the output's arrays the rows its group document targets: the second step of :func:`grow_output`,
+    which an update killed between its two steps left undone. Every run that continues an output (a resume,
+    an update; one process or dask's client) calls it before writing rows."""
+    target = (_read_doc(path, "zarr.json") or {}).get("attributes", {}).get("tsconv", {}).get("rows")
+    if target is not None:
+        _resize_arrays(path, int(target))
 
 
 def _resize_arrays(path: Path | StoreURL, rows: int) -> None:
@@ -937,9 +947,7 @@ class OutputWriter:
             for tmp in Path(path).glob("zarr.json.*.partial"):  # a progress update cut short (_set_meta)
                 tmp.unlink(missing_ok=True)
         drop_consolidated(path)
-        target = (_read_doc(path, "zarr.json") or {}).get("attributes", {}).get("tsconv", {}).get("rows")
-        if target is not None:  # an update killed between marking its new rows and extending the arrays
-            _resize_arrays(path, int(target))
+        finish_grow(path)
         group = open_group(path, mode="r+", use_consolidated=False)
         for name in ("values", "time") if not remote else ():  # no one else writes it during a resume
             if (array := _member(group, name)) is not None:  # the arrays a writer writes chunk files of
