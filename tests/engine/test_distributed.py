@@ -209,13 +209,13 @@ def test_distributed_resume_of_a_single_process_run(client, src: Path, want: dic
     _same(want["default"], out)
 
 
-def test_distributed_update_computes_the_new_partitions_only(
-    client, tmp_path: Path, want: dict[str, Path]
-) -> None:
+def _output_of_a_grown_input(client, tmp_path: Path) -> tuple[Path, Path]:  # noqa: ANN001
+    """The module's input, its first 6,001 rows computed by dask into an output, then grown to all of them:
+    (input, output)."""
     from ..helpers import T0
 
     x = price_series(ROWS, FEATURES, seed=7, nan_fraction=0.05)
-    x[:300, 1] = np.nan  # the module's input, first 6,001 rows of it, then grown to all of them
+    x[:300, 1] = np.nan
     src = write_store(tmp_path / "in.zarr", x[:6001], chunks=(777, 3))
     out = tmp_path / "out.zarr"
     tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
@@ -224,6 +224,13 @@ def test_distributed_update_computes_the_new_partitions_only(
     g["values"][6001:] = x[6001:]
     g["time"].resize((ROWS,))
     g["time"][6001:] = T0 + np.arange(6001, ROWS, dtype=np.int64) * 1_000_000
+    return src, out
+
+
+def test_distributed_update_computes_the_new_partitions_only(
+    client, tmp_path: Path, want: dict[str, Path]
+) -> None:
+    src, out = _output_of_a_grown_input(client, tmp_path)
     with distributed.get_task_stream(client) as ts:
         report = tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART, update=True)
     assert (report.updated_from, report.resumed_from) == (6001, 5120)
@@ -242,18 +249,7 @@ def test_a_distributed_run_finishes_an_update_killed_inside_its_grow(
     column of the old rows, silently)."""
     import tsconv.io.writers.zarr_writer as zw
 
-    from ..helpers import T0
-
-    x = price_series(ROWS, FEATURES, seed=7, nan_fraction=0.05)
-    x[:300, 1] = np.nan
-    src = write_store(tmp_path / "in.zarr", x[:6001], chunks=(777, 3))
-    out = tmp_path / "out.zarr"
-    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
-    g = zarr.open_group(str(src), mode="r+")
-    g["values"].resize((ROWS, FEATURES))
-    g["values"][6001:] = x[6001:]
-    g["time"].resize((ROWS,))
-    g["time"][6001:] = T0 + np.arange(6001, ROWS, dtype=np.int64) * 1_000_000
+    src, out = _output_of_a_grown_input(client, tmp_path)
 
     class Killed(BaseException):
         pass
