@@ -506,19 +506,22 @@ def _rolling_zscore(
     of the values less a per-column level (the column's first finite value in ``p``, which no output
     before it can depend on; not one of the first ``history`` rows, which stand for steps before the data and
     would leave a level of 0 on a series near 1e12). ``known`` [C] float64: levels already chosen (NaN: none
-    yet), used and completed in place.
+    yet), used and completed in place. ``centre`` False: no level (the values as they are).
     """
     n = p.shape[0]
     finite = torch.isfinite(p)
-    eligible = finite.clone()
-    eligible[:history] = False
-    first = torch.argmax(eligible.to(torch.int8), dim=0)
-    seen = eligible.any(dim=0)
-    c = torch.where(seen, p.gather(0, first[None])[0], 0.0) if centre else torch.zeros_like(p[0])
-    if known is not None:
-        c = torch.where(torch.isnan(known), c, known)
-        known.copy_(torch.where(torch.isnan(known) & seen, c, known))
-    q = torch.where(finite, p - c, 0.0)
+    if centre:
+        eligible = finite.clone()
+        eligible[:history] = False
+        first = torch.argmax(eligible.to(torch.int8), dim=0)
+        seen = eligible.any(dim=0)
+        c = torch.where(seen, p.gather(0, first[None])[0], 0.0)
+        if known is not None:
+            c = torch.where(torch.isnan(known), c, known)
+            known.copy_(torch.where(torch.isnan(known) & seen, c, known))
+        q = torch.where(finite, p - c, 0.0)
+    else:
+        q = torch.where(finite, p, 0.0)
     s1, m2 = window_moments(q, w)
     zero = torch.zeros_like(p[:1], dtype=torch.int64)
     bad = torch.cat([zero, (~finite).to(torch.int64).cumsum(dim=0)])
