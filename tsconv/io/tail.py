@@ -3,14 +3,15 @@
 An update computes again from the engine chunk holding the output's end and reads the pipeline's halo
 before it: a few hundred or thousand input rows, which sit in the input's last old band. Decoding that
 band (16 MB of zstd for a 2,000,000 x 32 store written by plain zarr: its chunks are 125,000 rows long)
-was a quarter of an update's time on the 2-core VM. So a run on the CPU keeps those rows as stored, and the
+made a 1% update on the 2-core VM take 0.090 s after start-up against 0.079 s without it (benchmarks/NOTES.md,
+"Input rows kept with the output"). So a run on the CPU keeps those rows as stored, and the
 fill state at their first row, in the output's ``values`` directory (``.tsconv-tail.npz``, beside the input
 digest, which zarr and xarray do not read); the next update reads them from there where they are exactly
 the rows it needs, and the input's digest check has passed (the rows before the output's end are unchanged).
 
-The file holds plain arrays, read with ``allow_pickle=False``; anything unexpected in it (another shape,
-dtype, row, a damaged file) and the rows are read from the input as before. Outputs in object stores keep
-none.
+The file holds plain arrays, read with ``allow_pickle=False``; anything unexpected in it (another output's
+fingerprint, shape, dtype or end row, a damaged file) and the rows are read from the input as before. Outputs
+in object stores keep none.
 """
 
 from __future__ import annotations
