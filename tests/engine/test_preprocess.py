@@ -213,6 +213,33 @@ def test_zscore_of_float32_rows_is_local_and_the_same_at_any_chunk() -> None:
     assert np.abs(whole[ok, 0] - ref[ok, 0]).max() <= 4 * np.finfo(np.float32).eps * np.abs(ref[ok, 0]).max()
 
 
+@pytest.mark.parametrize("bad", [1e30, 1e12, -1e12])
+def test_zscore_of_float64_rows_keeps_a_huge_print_to_its_windows(bad: float) -> None:
+    # float64 rows are centred on a level; a print at the first row a chunk's call reads, or as the first
+    # value of a symbol that starts late, must not become it (as the call's first value it made the rest of
+    # that chunk NaN, or 0.023 off): z-scores whose window does not hold the print match the reference
+    rng = np.random.default_rng(0)
+    rows, w, chunk = 900, 16, 128
+    x = 400 + np.cumsum(rng.choice([-1, 0, 1], size=(rows, 3)), axis=0) * 0.01
+    pipe = {"preprocess": {"zscore": w}, "conv": [{"filters": ["id"]}]}
+    names = ["x0", "x1", "x2"]
+    plan = resolve(pipeline_from_dict(pipe), names)
+    prints = [(3 * chunk - plan.halo, 0), (5 * chunk - plan.halo, 1)]
+    x[: 2 * chunk + 5, 2] = np.nan  # starts late, inside a chunk, with a print
+    prints.append((2 * chunk + 5, 2))
+    for t, j in prints:
+        x[t, j] = bad
+    ref = preprocess_reference(x, plan)
+    y = tsconv.features(x, pipe, names=names, chunk=chunk)
+    near = np.zeros(x.shape, dtype=bool)
+    for t, j in prints:
+        near[t : t + w, j] = True
+    np.testing.assert_array_equal(np.isnan(y[~near]), np.isnan(ref[~near]))
+    ok = ~near & ~np.isnan(ref)
+    assert ok.sum() > 2200
+    assert np.abs(y[ok] - ref[ok]).max() <= 4 * np.finfo(np.float32).eps * np.abs(ref[ok]).max()
+
+
 def test_zscore_is_nan_on_flat_windows_and_exact_zero_counts() -> None:
     x = np.full((400, 1), 100.0, dtype=np.float32)
     x[200:] = 100.01

@@ -503,19 +503,29 @@ def _rolling_zscore(
     non-finite windows are found by exact integer counts, the moments by the banks' pairwise window sums
     and sums of squared deviations (:func:`~tsconv.kernels.filterbank.window_moments`: a one-pass
     ``s2 - s1 * mean`` cancelled where a window's moves are small against its distance from the level)
-    of the values less a per-column level (the column's first finite value in ``p``, which no output
-    before it can depend on; not one of the first ``history`` rows, which stand for steps before the data and
-    would leave a level of 0 on a series near 1e12). ``known`` [C] float64: levels already chosen (NaN: none
-    yet), used and completed in place. ``centre`` False: no level (the values as they are).
+    of the values less a per-column level: the median of the first window in ``p`` whose ``w`` values are
+    all finite and none of the first ``history`` rows (those stand for steps before the data). Every output
+    that is not NaN comes at or after that window, so the level is causal; a median, so that one huge print
+    in that window does not become it (as a level 1e30 would leave no digit to the chunk's other z-scores).
+    ``known`` [C] float64: levels already chosen (NaN: none yet), used and completed in place.
+    ``centre`` False: no level (the values as they are).
     """
     n = p.shape[0]
     finite = torch.isfinite(p)
+    zero = torch.zeros_like(p[:1], dtype=torch.int64)
+    bad = torch.cat([zero, (~finite).to(torch.int64).cumsum(dim=0)])
+    bad = (bad[w:] - bad[: n - w + 1]) > 0  # a non-finite value in rows t-w+1 .. t
     if centre:
-        eligible = finite.clone()
-        eligible[:history] = False
-        first = torch.argmax(eligible.to(torch.int8), dim=0)
-        seen = eligible.any(dim=0)
-        c = torch.where(seen, p.gather(0, first[None])[0], 0.0)
+        full = ~bad
+        full[: min(history, full.shape[0])] = False  # windows reaching into the zero history
+        seen = full.any(dim=0)
+        if full.shape[0]:
+            first = torch.argmax(full.to(torch.int8), dim=0)
+            rows = first[None] + torch.arange(w, device=p.device)[:, None]
+            c = torch.where(seen, p.gather(0, rows).median(dim=0).values, 0.0)
+        else:
+            c = torch.zeros_like(p[0])
+        del full
         if known is not None:
             c = torch.where(torch.isnan(known), c, known)
             known.copy_(torch.where(torch.isnan(known) & seen, c, known))
@@ -523,15 +533,13 @@ def _rolling_zscore(
     else:
         q = torch.where(finite, p, 0.0)
     s1, m2 = window_moments(q, w)
-    zero = torch.zeros_like(p[:1], dtype=torch.int64)
-    bad = torch.cat([zero, (~finite).to(torch.int64).cumsum(dim=0)])
-    bad = bad[w:] - bad[: n - w + 1]  # non-finite values in rows t-w+1 .. t
     moves = torch.cat([zero, zero, (p[1:] != p[:-1]).to(torch.int64).cumsum(dim=0)])
-    moves = moves[w:] - moves[1 : n - w + 2]  # changes between consecutive rows inside the window
+    flat = (moves[w:] - moves[1 : n - w + 2]) == 0  # no change between consecutive rows inside the window
+    del moves
     mean = s1 / w
     var = m2 / w
     z = (q[w - 1 :] - mean) / torch.sqrt(var)
-    return torch.where((bad > 0) | (moves == 0) | ~(var > 0), torch.nan, z)
+    return torch.where(bad | flat | ~(var > 0), torch.nan, z)
 
 
 # A stage whose FP16-stored weights move its outputs by more than this share of their scale gets a warning.

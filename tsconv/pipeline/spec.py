@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 # The [preprocess] z-score's arithmetic, part of a pipeline's fingerprint where it has one (see fingerprint)
-ZSCORE_ARITHMETIC = 2
+ZSCORE_ARITHMETIC = 3
 
 ACTIVATIONS = ("none", "relu", "gelu", "tanh")
 WEIGHT_DTYPES = ("float16", "float32")
