@@ -389,7 +389,9 @@ def test_the_step_plan_counts_the_ring_of_the_step_it_plans():
             0
             if encode_rows is None
             else (
-                (batched._ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16) * encode_rows * batched.ENCODE_GROUP
+                (batched._ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16)
+                * encode_rows
+                * batched.encode_group(encode_rows, plan.n_outputs)
                 + batched._ENCODE_FIXED
             )
         )

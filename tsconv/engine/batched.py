@@ -84,16 +84,24 @@ _FIXED_BYTES = 48 << 20
 # cuBLAS's workspace on the compute stream (32 MiB on Hopper), made by the head's torch path and kept by
 # torch for the process: measured in the engine's peak (benchmarks/diag/gpu_memory.py).
 _CUBLAS_BYTES = 32 << 20
-# The GPU encoder of output chunks (tsconv.kernels.lz4_encode) encodes ENCODE_GROUP chunks at a time, a step's
-# in turn: per output value of a group, the shuffled copy that its frames then overwrite (4 B), the compressed
-# streams (4 B), the all-NaN test (1 B); and nvCOMP's scratch, the stream pointers and sizes. Two 16 MB chunks
-# of 16 KiB streams keep nvCOMP near 6 GB/s (store c: 0.68-0.72 s for 4 GB, H200); counting the encoder per
-# step row instead shrank trend_ema's steps on store c to one 5,120-row chunk.
-ENCODE_GROUP = 2
+# The GPU encoder of output chunks (tsconv.kernels.lz4_encode) encodes a group of chunks at a time (about
+# ENCODE_GROUP_BYTES of rows: encode_group), a step's in turn: per output value of a group, the shuffled copy that its
+# frames then overwrite (4 B), the compressed streams (4 B), the all-NaN test (1 B); and nvCOMP's scratch, the
+# stream pointers and sizes. 32 MB of 16 KiB streams keep nvCOMP near 6 GB/s (store c: 0.68-0.72 s for 4 GB,
+# H200, as two 16 MB chunks); counting the encoder per step row instead shrank trend_ema's steps on store c to one
+# 5,120-row chunk.
+ENCODE_GROUP_BYTES = 32 << 20
+ENCODE_GROUP_MAX = 8  # chunks: a small output's group stays a few chunks (its buffers are planned before its steps)
 _ENCODE_BYTES_PER_OUTPUT = 9
 _ENCODE_FIXED = 8 << 20
 # The share of the budget planned as allocated tensors, so that the peak *reserved* stays within it too.
 _ALLOCATED_SHARE = 0.88
+
+
+def encode_group(chunk_rows: int, n_outputs: int) -> int:
+    """Output chunks the GPU encoder takes at a time: about ENCODE_GROUP_BYTES of float32 rows, 1 to
+    ENCODE_GROUP_MAX."""
+    return max(1, min(ENCODE_GROUP_MAX, ENCODE_GROUP_BYTES // (chunk_rows * n_outputs * 4)))
 
 
 def check_transfer(transfer: str) -> None:
@@ -200,7 +208,7 @@ def plan_step_rows(
     :func:`tsconv.engine.devmem.outside_torch`).
 
     ``encode_rows``: the output's chunks are encoded on the GPU (:mod:`tsconv.kernels.lz4_encode`): a step
-    is a multiple of these rows and the encoder's buffers (ENCODE_GROUP chunks) are counted; raises when not
+    is a multiple of these rows and the encoder's buffers (:func:`encode_group` chunks) are counted; raises when not
     one chunk fits beside them.
 
     ``reader_bytes``: GPU memory of a reader that decodes on the device (its rings replace the device ring of
@@ -213,7 +221,10 @@ def plan_step_rows(
     )  # fmt: skip
     per = _bytes_per_row(plan)
     encoder = (
-        (_ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16) * encode_rows * ENCODE_GROUP + _ENCODE_FIXED
+        (_ENCODE_BYTES_PER_OUTPUT * plan.n_outputs + 16)
+        * encode_rows
+        * encode_group(encode_rows, plan.n_outputs)
+        + _ENCODE_FIXED
         if encode_rows
         else 0
     )
@@ -705,7 +716,9 @@ def run_batched(
                 if verdict:
                     from tsconv.kernels.lz4_encode import BloscEncoder
 
-                    enc = BloscEncoder(layout, max_chunks=min(ENCODE_GROUP, per_step), device=dev)
+                    enc = BloscEncoder(
+                        layout, max_chunks=min(encode_group(chunk_rows, n_out), per_step), device=dev
+                    )
                 # False: stored uncompressed, which the host writes at memory speed
             with gpu.on(gpu.back):
                 t_back0 = gpu.event(gpu.back)

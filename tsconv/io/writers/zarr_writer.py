@@ -90,7 +90,10 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-_TARGET_CHUNK_BYTES = 16 << 20  # ~16 MB chunks read back fastest (see ../shared/FACTS.md)
+# About 4 MB output chunks: Blosc-LZ4 encodes a 4 MB chunk in 2.5 ms against 14.5 ms for 16 MB (one thread, VM: the
+# smaller stays in cache), zarr-python reads them back at 2.0 against 0.75 GB/s, and an update re-encodes the chunk
+# holding the old end (benchmarks/NOTES.md, "The writer")
+_TARGET_CHUNK_BYTES = 4 << 20
 
 
 def default_write_threads() -> int:
@@ -101,7 +104,7 @@ def default_write_threads() -> int:
 
 
 def output_chunk_rows(chunk: int, n_outputs: int) -> int:
-    """Rows per output chunk: a multiple of the engine's chunk, about 16 MB."""
+    """Rows per output chunk: a multiple of the engine's chunk, about 4 MB."""
     per_chunk = chunk * n_outputs * 4
     return chunk * max(1, _TARGET_CHUNK_BYTES // max(per_chunk, 1))
 
