@@ -91,7 +91,8 @@ _CUBLAS_BYTES = 32 << 20
 # H200, as two 16 MB chunks); counting the encoder per step row instead shrank trend_ema's steps on store c to one
 # 5,120-row chunk.
 ENCODE_GROUP_BYTES = 32 << 20
-ENCODE_GROUP_MAX = 8  # chunks: a small output's group stays a few chunks (its buffers are planned before its steps)
+# chunks: a small output's group stays a few chunks (its buffers are planned before its steps)
+ENCODE_GROUP_MAX = 8
 _ENCODE_BYTES_PER_OUTPUT = 9
 _ENCODE_FIXED = 8 << 20
 # The share of the budget planned as allocated tensors, so that the peak *reserved* stays within it too.
