@@ -195,6 +195,29 @@ def test_every_filter_against_the_reference(d: int, bank: list[str]) -> None:
             _check(y[:, c * len(bank) + m], want, f"x{c}.{spec} d={d}")
 
 
+@pytest.mark.parametrize(
+    "bank", [["zscore:8", "std:8", "ema:4"], ["zscore:8", "std:8"]], ids=["torch-ops", "native"]
+)
+def test_a_print_whose_square_overflows_float64_gives_nan_z_scores_not_0(bank: list[str]) -> None:
+    # float64 rows (read as float64 on the CPU): the squares of a print of 1e160 overflow, the std is inf and
+    # x - mean over it was 0 where the true z-score is 2.47; NaN there, the other windows as the reference
+    x = prices(600, 2, seed=4, late=False, gaps=False, inf=False).astype(np.float64)
+    x[300, 0] = 1e160
+    y = _run(x, bank, chunk=128)
+    assert np.isnan(y[300:308, 0]).all()  # zscore:8 of the windows holding the print
+    assert np.isposinf(y[300:308, 1]).all()  # their std, cast to float32
+    for m, spec in enumerate(bank):
+        want = _warm(reference(x[:, 1:2], spec, 1)[:, 0], spec, 1)
+        _check(y[:, len(bank) + m], want, f"x1.{spec}")
+        want = _warm(reference(x[:300, :1], spec, 1)[:, 0], spec, 1)
+        _check(y[:300, m], want, f"x0.{spec} before the print")
+    for m in range(
+        2
+    ):  # after the print's windows (the reference's prefix sums cannot hold 1e160 beside prices)
+        want = reference(x[301:, :1], bank[m], 1)[7:, 0]
+        _check(y[308:, m], want, f"x0.{bank[m]} after the print")
+
+
 def test_the_reference_gives_a_window_of_equal_values_std_0() -> None:
     # three equal float64 values whose float64 mean is an ulp off them: std 0, z-score NaN, as the bank gives
     from tsconv.kernels.reference import bank_reference

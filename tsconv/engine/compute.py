@@ -504,9 +504,10 @@ def _rolling_zscore(
     and sums of squared deviations (:func:`~tsconv.kernels.filterbank.window_moments`: a one-pass
     ``s2 - s1 * mean`` cancelled where a window's moves are small against its distance from the level)
     of the values less a per-column level: the median of the first window in ``p`` whose ``w`` values are
-    all finite and none of the first ``history`` rows (those stand for steps before the data). Every output
-    that is not NaN comes at or after that window, so the level is causal; a median, so that one huge print
-    in that window does not become it (as a level 1e30 would leave no digit to the chunk's other z-scores).
+    all finite and none of the first ``history`` rows (those stand for steps before the data; of two values,
+    the smaller in magnitude). Every output that is not NaN comes at or after that window, so the level is
+    causal; a median, so that one huge print in that window does not become it (as a level 1e30 would leave
+    no digit to the chunk's other z-scores). NaN also where the window's variance overflows float64.
     ``known`` [C] float64: levels already chosen (NaN: none yet), used and completed in place.
     ``centre`` False: no level (the values as they are).
     """
@@ -522,7 +523,12 @@ def _rolling_zscore(
         if full.shape[0]:
             first = torch.argmax(full.to(torch.int8), dim=0)
             rows = first[None] + torch.arange(w, device=p.device)[:, None]
-            c = torch.where(seen, p.gather(0, rows).median(dim=0).values, 0.0)
+            win = p.gather(0, rows)
+            if w == 2:  # torch's median of two is the lower one: a print of -1e30 would be it
+                mid = torch.where(win[0].abs() <= win[1].abs(), win[0], win[1])
+            else:
+                mid = win.median(dim=0).values
+            c = torch.where(seen, mid, 0.0)
         else:
             c = torch.zeros_like(p[0])
         del full
@@ -539,7 +545,8 @@ def _rolling_zscore(
     mean = s1 / w
     var = m2 / w
     z = (q[w - 1 :] - mean) / torch.sqrt(var)
-    return torch.where(bad | flat | ~(var > 0), torch.nan, z)
+    # a variance past float64's range (values beyond about 1e154) would make every z-score 0: NaN instead
+    return torch.where(bad | flat | ~(var > 0) | torch.isinf(var), torch.nan, z)
 
 
 # A stage whose FP16-stored weights move its outputs by more than this share of their scale gets a warning.

@@ -485,7 +485,8 @@ class _TorchOps(_Ops):
                 dest.copy_(torch.where(torch.isfinite(y), sd, torch.nan))
             else:
                 z = torch.sub(cur, _mean(y, window)).div_(sd)
-                dest.copy_(torch.where(sd > 0, z, torch.nan))
+                # an infinite sd (squares past float64's range, values beyond about 1e154) would give 0
+                dest.copy_(torch.where((sd > 0) & (sd < torch.inf), z, torch.nan))
 
 
 def _mean(s: torch.Tensor, w: int) -> torch.Tensor:

@@ -300,7 +300,7 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const void
                                 o[k] = isfinite(s[k]) ? (float)sd : NAN;
                             } else {
                                 double z = (XAT(xr, k) - mean_of(s[k], w)) / sd;
-                                o[k] = sd > 0 ? (float)z : NAN;
+                                o[k] = sd > 0 && isfinite(sd) ? (float)z : NAN;
                             }
                         }
                     }

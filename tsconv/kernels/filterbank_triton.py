@@ -90,7 +90,7 @@ def _finish_kernel(x_ptr, y_ptr, m_ptr, o_ptr, n, C, sx, sy, sm, so_t, so_c, win
             v = tl.where(y - y == 0, sd, float("nan"))  # y - y is 0 exactly where y is finite
         else:
             z = (x - y / window) / sd
-            v = tl.where(sd > 0, z, float("nan"))
+            v = tl.where((sd > 0) & (sd < float("inf")), z, float("nan"))
     tl.store(o_ptr + rows * so_t + cols * so_c, v.to(tl.float32), mask=mask)
 
 
@@ -143,7 +143,7 @@ _EXPR = {
     "ma": "w{p}_s {div}",
     "dev": "cur - w{p}_s {div}",
     "std": "w{p}_sd",
-    "zscore": "tl.where(w{p}_sd > 0.0, w{p}_dz / w{p}_sd, float('nan'))",
+    "zscore": "tl.where((w{p}_sd > 0.0) & (w{p}_sd < float('inf')), w{p}_dz / w{p}_sd, float('nan'))",
 }
 FUSED_KINDS = frozenset(_EXPR)
 

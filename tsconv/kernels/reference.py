@@ -62,7 +62,7 @@ def preprocess_reference(x: np.ndarray, plan: ResolvedPipeline) -> np.ndarray:
             flat = (win == win[0]).all(axis=0)
             with np.errstate(invalid="ignore", divide="ignore"):
                 zt = (p[t] - mean) / std
-            zt[flat | ~np.isfinite(win).all(axis=0)] = np.nan
+            zt[flat | ~np.isfinite(win).all(axis=0) | ~np.isfinite(std)] = np.nan
             z[t] = zt
         p = z
     return p
@@ -136,4 +136,4 @@ def _filter_reference(s: np.ndarray, f: Filter, dilation: int) -> np.ndarray:
         std = np.where(finite, std, np.nan)
         if f.kind == "std":
             return std
-        return np.where(std > 0, (now - mean) / std, np.nan)  # zscore
+        return np.where((std > 0) & (std < np.inf), (now - mean) / std, np.nan)  # zscore
