@@ -267,11 +267,13 @@ def test_an_output_read_as_float64_is_updated_on_the_cpu_under_device_auto(
 ) -> None:
     # its rows were read as float64 on the CPU: a GPU host's auto computes the rest there too, however many
     from tsconv.engine import outputs
+    from tsconv.kernels import early
 
     src, out = _grown_float64_store(tmp_path), tmp_path / "out.zarr"
     tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=128)
     assert read_output(out).dtype == np.float32 and _read_attr(out) == "float64"
     _grow(src)
+    monkeypatch.setattr(early, "gpu_present", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(
         outputs, "small_for_cuda", lambda plan, rows: False

@@ -591,34 +591,47 @@ def test_a_few_rows_under_device_auto_on_a_gpu_host_load_nothing_of_the_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An update of a few rows with device auto on a GPU host runs on the CPU from the start: no GPU
-    start-up, no Triton import, no CUDA plan (each cost a fresh process time the rows do not need); a
-    wide update there still goes to the GPU."""
+    start-up, not even CUDA's initialisation (torch.cuda.is_available), no Triton import, no CUDA plan (each
+    cost a fresh process time the rows do not need); a wide update there still goes to the GPU, and where
+    the driver lists a GPU that CUDA cannot start, to the CPU."""
     import torch
 
     from tsconv.engine import outputs, run
+    from tsconv.kernels import early
 
-    x, t = ticks(3000, 4, seed=5)
+    x, t = ticks(3200, 4, seed=5)
     src, out = make_input(tmp_path / "in.zarr", x, t, 2600, (256, 4)), tmp_path / "out.zarr"
     tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu")
     grow(src, x, t, 3000)
     began: list[str] = []
     planned: list[str] = []
+    asked: list[bool] = []
     real_plan = outputs.plan_run
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    available = [True]
+    monkeypatch.setattr(early, "gpu_present", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(True) or available[0])
     monkeypatch.setattr(run, "require_triton", lambda what: began.append(what))
     monkeypatch.setattr(outputs, "begin_cuda", lambda dev, **kw: began.append(str(dev)) or dev)
     monkeypatch.setattr(
         outputs, "plan_run", lambda *a, **kw: planned.append(str(kw["device"])) or real_plan(*a, **kw)
     )
     report = tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="auto", update=True)
-    assert (report.device, began, planned) == ("cpu", [], ["cpu"])
+    assert (report.device, began, planned, asked) == ("cpu", [], ["cpu"], [])
     full = tmp_path / "full.zarr"
     tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
     assert_same(out, full)
-    # many rows left: the GPU's start-up begins before the plan (stopped there: this host has no GPU)
+    # many rows left, and CUDA does not start: the CPU computes them
     monkeypatch.setattr(outputs, "small_for_cuda", lambda plan, rows: False)
+    available[0] = False
+    grow(src, x, t, 3100)
+    report = tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="auto", update=True)
+    assert (report.device, began, asked) == ("cpu", [], [True])
+    tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu", overwrite=True)
+    assert_same(out, full)
+    # many rows left: the GPU's start-up begins before the plan (stopped there: this host has no GPU)
+    available[0] = True
     monkeypatch.setattr(outputs, "plan_run", lambda *a, **kw: planned.append(str(kw["device"])) or 1 / 0)
-    grow(src, *ticks(3200, 4, seed=5), 3200)
+    grow(src, x, t, 3200)
     with pytest.raises(ZeroDivisionError):
         tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="auto", update=True)
     assert (began, planned[-1]) == (["cuda"], "cuda")

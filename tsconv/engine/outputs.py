@@ -125,6 +125,13 @@ def to_zarr(
         # an update's or a resume's few rows: the CPU computes them before CUDA would have started, and
         # nothing of the GPU's (Triton, its reader, its plan) need be loaded
         device = torch.device("cpu")
+    if (
+        device is not None
+        and device.type == "cuda"
+        and device_name == "auto"
+        and not torch.cuda.is_available()
+    ):
+        device = torch.device("cpu")  # resolve_device left auto to the driver's word, and CUDA cannot start
     read = _input_read(store, device, device_name)
     if recorded == "float64" and read == "float32" and _rows_left(out_path, rows=r1 - r0):
         raise StoreError(

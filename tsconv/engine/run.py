@@ -210,15 +210,21 @@ def batched_on(device: torch.device) -> bool:
 
 def resolve_device(device: str, *, start: bool = True) -> torch.device:
     """Map ``auto``/``cpu``/``cuda`` (or ``cuda:N``) to a torch device, or say why not. ``start``: begin the
-    GPU start-up of a CUDA device now (else :func:`begin_cuda` does, once the run knows it needs the GPU)."""
+    GPU start-up of a CUDA device now (else :func:`begin_cuda` does, once the run knows it needs the GPU; then
+    ``auto`` is CUDA where the driver lists a GPU, which the caller confirms with ``torch.cuda.is_available``)."""
     if not isinstance(device, str):
         raise TsconvError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     if device == "auto":
+        if not start:
+            # CUDA's initialisation (torch.cuda.is_available: 0.05-0.2 s of a fresh process) waits until the run
+            # knows it needs the GPU: an update of a few rows runs on the CPU without it. The caller checks
+            # torch.cuda.is_available() before it keeps a CUDA device.
+            return torch.device("cuda") if early.gpu_present() else torch.device("cpu")
         if not torch.cuda.is_available():
             return torch.device("cpu")
         # no quiet fall back to the CPU without Triton (begin_cuda says so): on a GPU host that is a run
         # many times slower
-        return begin_cuda(torch.device("cuda"), asked=device) if start else torch.device("cuda")
+        return begin_cuda(torch.device("cuda"), asked=device)
     if device == "cpu":
         return torch.device("cpu")
     if device == "cuda" or device.startswith("cuda:"):
