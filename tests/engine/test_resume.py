@@ -342,6 +342,7 @@ def test_resume_takes_a_change_in_rows_not_yet_computed(tmp_path: Path, small_ch
     assert _chunk_files(out) == _chunk_files(want)
     recorded = read_digest(out)
     assert recorded.pop("fill")["row"] == ROWS  # the fill state at the run's last row, beside the digest
+    assert len(recorded.pop("tail")) == 32  # the hash of the input rows kept for the next update
     assert recorded == input_digest(tsconv.open_input(src))  # what the output now comes from
 
 

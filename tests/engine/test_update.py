@@ -13,7 +13,8 @@ import pytest
 import zarr
 
 import tsconv
-from tsconv.io.tail import TAIL_FILE
+from tsconv.io.digest import read_digest, write_digest
+from tsconv.io.tail import TAIL_FILE, InputTail, tail_digest
 
 from ..helpers import T0, spy_fill_walks, write_store
 
@@ -305,6 +306,50 @@ def test_update_refuses_a_change_in_rows_already_computed(
     assert f"cannot update {str(out)!r}: its input" in msg and f"first at {refused}" in msg
     assert "(up to row 2,050)" in msg and "hint: use --overwrite" in msg
     assert _snapshot(out) == before  # refused before anything was written
+
+
+@pytest.mark.parametrize("damage", ["removed", "garbled"])
+def test_an_output_whose_input_digest_is_gone_is_refused_not_continued(
+    tmp_path: Path, out_chunks: None, damage: str
+) -> None:
+    # its attributes say a digest was kept: without it a changed input row would be mixed in unnoticed
+    src, out, x, t = _updated_once(tmp_path)
+    digest = out / "values" / ".tsconv-input.json"
+    if damage == "removed":
+        digest.unlink()
+    else:
+        digest.write_text("{not json")
+    grow(src, x, t, 3000)
+    g = zarr.open_group(str(src), mode="r+")
+    g["values"][2040:2041] = np.asarray(g["values"][2040:2041]) + 1  # a row the output holds
+    before = _snapshot(out)
+    for flags in ({"update": True}, {"resume": True}):
+        with pytest.raises(tsconv.TsconvError) as err:
+            tsconv.process(src, out, chunk=CHUNK, **flags)
+        msg = str(err.value)
+        assert "input digest (values/.tsconv-input.json) is missing or unreadable" in msg
+        assert "first 2,050 rows" in msg and "hint: use --overwrite" in msg
+    assert _snapshot(out) == before
+
+
+def test_a_directory_where_the_kept_rows_go_leaves_the_run_whole(tmp_path: Path, out_chunks: None) -> None:
+    # the kept rows are a shortcut for the next update: where they cannot be written the run still completes,
+    # records no hash of them, and the update reads the input
+    src, out, x, t = _updated_once(tmp_path)
+    (out / "values" / TAIL_FILE).unlink()
+    (out / "values" / TAIL_FILE).mkdir()
+    grow(src, x, t, 2800)
+    tsconv.process(src, out, chunk=CHUNK, update=True)
+    assert "tail" not in read_digest(out)
+    grow(src, x, t, 3000)
+    tsconv.process(src, out, chunk=CHUNK, update=True)
+    full = tmp_path / "full.zarr"
+    tsconv.process(src, full, chunk=CHUNK)
+    (full / "values" / TAIL_FILE).unlink()  # the full run kept its rows (and their hash): this one could not
+    doc = read_digest(full)
+    doc.pop("tail")
+    write_digest(full, doc)
+    assert_same(out, full)
 
 
 def test_update_refuses_a_shrunken_input_and_another_pipeline_chunk_or_warmup(
@@ -718,11 +763,17 @@ def test_input_rows_kept_with_the_output_are_read_only_where_they_are_sound(
     full = tmp_path / "full.zarr"
     tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
 
-    def update_with(name: str, tail: bytes | None) -> Path:
+    def update_with(
+        name: str, tail: bytes | None, *, hashed: InputTail | None = None, unhashed: bool = False
+    ) -> Path:
         out = tmp_path / f"{name}.zarr"
         shutil.copytree(base, out)
         if tail is not None:
             (out / "values" / TAIL_FILE).write_bytes(tail)
+        if hashed is not None or unhashed:
+            doc = read_digest(out)
+            doc.pop("tail")
+            write_digest(out, doc if unhashed else {**doc, "tail": tail_digest(hashed)})
         tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu", update=True)
         return out
 
@@ -738,11 +789,12 @@ def test_input_rows_kept_with_the_output_are_read_only_where_they_are_sound(
     wrong = npz(
         start=np.int64(start), rows=kept["rows"] + np.float32(1), state=kept["state"], fingerprint=owner
     )
-    out = update_with("wrong_rows", wrong)
+    made = InputTail(start, kept["rows"] + np.float32(1), kept["state"], str(owner))
+    out = update_with("wrong_rows", wrong, hashed=made)
     assert (
         np.asarray(zarr.open_group(str(out))["values"][:]).tobytes()
         != np.asarray(zarr.open_group(str(full))["values"][:]).tobytes()
-    )  # the kept rows are what the update read
+    )  # the kept rows are what the update read, where their hash is the one recorded
     pickled = npz(
         start=np.int64(start),
         rows=np.array([object()] * 4, dtype=object),
@@ -765,9 +817,11 @@ def test_input_rows_kept_with_the_output_are_read_only_where_they_are_sound(
         ("pickled", pickled),
         ("elsewhere", elsewhere),
         ("foreign", foreign),
+        ("rewritten", wrong),  # its metadata right, its rows not those whose hash was recorded
     )
     for name, tail in cases:
         assert_same(update_with(name, tail), full)
+    assert_same(update_with("no_hash", None, unhashed=True), full)
     assert (full / "values" / TAIL_FILE).exists()  # every CPU run keeps its own
 
 

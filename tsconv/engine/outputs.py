@@ -35,7 +35,7 @@ from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.source import StoreSource
 from tsconv.io.store import InputStore, check_time
-from tsconv.io.tail import InputTail, read_tail, remove_tail, tail_rows_to_keep, write_tail
+from tsconv.io.tail import InputTail, read_tail, remove_tail, tail_digest, tail_rows_to_keep, write_tail
 from tsconv.io.timecolumn import ShiftedTime
 from tsconv.io.writers.parquet_writer import ParquetSink, check_parquet_output, remove_stale_temp_files
 from tsconv.io.writers.zarr_writer import (
@@ -187,7 +187,8 @@ def to_zarr(
             fill_carry.known = _fill_known(out_path, plan, before=before)
             if update and dask is None and not store.remote:
                 tail = read_tail(out_path, stop=before, n_features=source.n_features, dtype=source.dtype,
-                                 n_inputs=len(plan.input_names), fingerprint=fingerprint)  # fmt: skip
+                                 n_inputs=len(plan.input_names), fingerprint=fingerprint,
+                                 digest=(read_digest(out_path) or {}).get("tail"))  # fmt: skip
             step = functools.partial(_prepare_update, tail=tail) if update else _prepare_resume
             # the checks read the input's rows through the run's own reader: the bands they decode
             # are the ones the run starts in (source.open hands the reader over)
@@ -343,8 +344,10 @@ def _fill_known(out_path: Path | StoreURL, plan: ResolvedPipeline, *, before: in
 
 
 def _same_input(current: dict[str, Any], recorded: dict[str, Any] | None) -> bool:
-    """Whether the recorded digest describes the input as it is now (its fill record aside)."""
-    return recorded is not None and current == {k: v for k, v in recorded.items() if k != "fill"}
+    """Whether the recorded digest describes the input as it is now (its fill record and kept rows aside)."""
+    return recorded is not None and current == {
+        k: v for k, v in recorded.items() if k not in ("fill", "tail")
+    }
 
 
 def _record_end(
@@ -353,35 +356,42 @@ def _record_end(
     """What a later run of the output starts from, kept before the output is marked complete: the fill
     state at the run's last row (:func:`_record_fill`) and the input rows its next update reads
     (:func:`_keep_tail`)."""
-    _record_fill(out_path, carry)
-    _keep_tail(out_path, carry, reader, stop=stop, fingerprint=fingerprint)
+    kept = _keep_tail(out_path, carry, reader, stop=stop, fingerprint=fingerprint)
+    _record_fill(out_path, carry, tail=kept)
 
 
 def _keep_tail(
     out_path: Path | StoreURL, carry: FillCarry, reader: BandReader | None, *, stop: int, fingerprint: str
-) -> None:
+) -> InputTail | None:
     """Keep input rows [``carry.mark``, ``stop``) with the output, and the fill state at the mark, where the
     run's engine found that state (the CPU's chunked engine) and ``reader`` still holds the rows (they are
-    in its last bands); else drop any kept by an earlier run, which no longer end at the output's end."""
+    in its last bands); else drop any kept by an earlier run, which no longer end at the output's end.
+    Returns what was kept."""
     if reader is None or reader.on_device or carry.mark is None or carry.at_mark is None or stop < carry.mark:
         remove_tail(out_path)
-        return
+        return None
     rows = (
         np.array(reader.read(carry.mark, stop))
         if stop > carry.mark
         else np.empty((0, reader.n_features), reader.dtype)
     )
-    write_tail(out_path, InputTail(carry.mark, rows, carry.at_mark, fingerprint))
+    tail = InputTail(carry.mark, rows, carry.at_mark, fingerprint)
+    return tail if write_tail(out_path, tail) else None
 
 
-def _record_fill(out_path: Path | StoreURL, carry: FillCarry) -> None:
-    """Keep the fill state at the run's last row beside the input digest that covers those rows (a run
-    with no digest, or one skipped, records none). Written before the output is marked complete, so a
-    complete output has it whichever kills and resumes led there."""
+def _record_fill(out_path: Path | StoreURL, carry: FillCarry, *, tail: InputTail | None = None) -> None:
+    """Keep the fill state at the run's last row, and the hash of the input rows kept with the output
+    (``tail``), beside the input digest that covers those rows (a run with no digest, or one skipped,
+    records none: an update then reads no kept rows). Written after the rows are kept and before the output
+    is marked complete, so a complete output has them whichever kills and resumes led there."""
     doc = read_digest(out_path)
     if carry.end is None or doc is None or "arrays" not in doc:
         return
-    write_digest(out_path, {**doc, "fill": fill_record(*carry.end)})
+    doc = {k: v for k, v in doc.items() if k not in ("fill", "tail")}  # in one order, whatever came before
+    doc["fill"] = fill_record(*carry.end)
+    if tail is not None:
+        doc["tail"] = tail_digest(tail)
+    write_digest(out_path, doc)
 
 
 def _recorded(out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, verb: str) -> dict[str, Any]:
@@ -418,7 +428,9 @@ def _prepare_resume(
     if reader is not None:
         reader.read_ahead(max(0, r0 + start - halo))
         read = reader.read
-    current = verify_input(out_path, store, before=r0 + rows_written(out_path), read_values=read)
+    current = verify_input(
+        out_path, store, before=r0 + rows_written(out_path), read_values=read, note=meta.get("input_digest")
+    )
     if action == "resume" and not _same_input(current, read_digest(out_path)):
         # the rows still to compute come from the input as it is now: record that
         write_digest(out_path, current)
@@ -461,7 +473,12 @@ def _prepare_update(
             reader.read_ahead(tail.stop if tail is not None and tail.start <= first else first)
         read = reader.read
     current = verify_input(
-        out_path, store, before=r0 + rows_written(out_path), verb="update", read_values=read
+        out_path,
+        store,
+        before=r0 + rows_written(out_path),
+        verb="update",
+        read_values=read,
+        note=meta.get("input_digest"),
     )
     if rows == recorded:  # nothing new: finish an interrupted run, or nothing at all
         if action == "resume" and not _same_input(current, read_digest(out_path)):

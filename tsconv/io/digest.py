@@ -291,15 +291,25 @@ def verify_input(
     before: int,
     verb: str = "resume",
     read_values: RowRead | None = None,
+    note: str | None = None,
 ) -> dict[str, Any]:
     """Refuse to continue ``output`` when its input's rows [0, ``before``) (those it was already computed
     from) changed since it was started; returns the input's current digest. Rows appended to the input
     are not a change (a recorded partial band is re-read, :func:`changed_bands`). ``verb``: what is
     refused ("resume", "update"), for the message. ``read_values``: as for :func:`input_digest`.
+    ``note``: the output's ``tsconv.input_digest`` attribute (:func:`digest_note`).
 
-    Outputs with no digest recorded (older ones, or skipped) are not checked.
+    Outputs with no digest recorded (older ones, or skipped) are not checked; one whose attribute names its
+    digest file while the file is gone or unreadable is refused (its rows could not be checked).
     """
     recorded = read_digest(output)
+    if recorded is None and before > 0 and note == f"values/{DIGEST_FILE}":
+        what = "resume into" if verb == "resume" else verb
+        raise StoreError(
+            f"cannot {what} {str(output)!r}: its input digest ({note}) is missing or unreadable, so whether "
+            f"the input's first {before:,} rows (those the output holds) changed cannot be checked",
+            hint="use --overwrite to compute the output again from the current input.",
+        )
     current = input_digest(store, read_values=read_values, known=recorded)
     if recorded is None or before <= 0:
         return current

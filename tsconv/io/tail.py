@@ -10,12 +10,14 @@ digest, which zarr and xarray do not read); the next update reads them from ther
 the rows it needs, and the input's digest check has passed (the rows before the output's end are unchanged).
 
 The file holds plain arrays, read with ``allow_pickle=False``; anything unexpected in it (another output's
-fingerprint, shape, dtype or end row, a damaged file) and the rows are read from the input as before. Outputs
-in object stores keep none.
+fingerprint, shape, dtype or end row, a damaged file, contents whose hash is not the one recorded beside the
+input digest: :func:`tail_digest`) and the rows are read from the input as before. Outputs in object stores
+keep none.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 import zipfile
@@ -33,6 +35,7 @@ __all__ = [
     "TailedReader",
     "read_tail",
     "remove_tail",
+    "tail_digest",
     "tail_rows_to_keep",
     "write_tail",
 ]
@@ -65,24 +68,44 @@ def tail_rows_to_keep(*, output_rows: int, chunk: int, halo: int) -> int:
     return output_rows % chunk + halo
 
 
+def tail_digest(tail: InputTail) -> str:
+    """A hash of everything ``tail`` holds, recorded with the output's input digest when the tail is kept:
+    a tail file rewritten, or left by another run, does not match it."""
+    h = hashlib.blake2b(digest_size=16)
+    rows = np.ascontiguousarray(tail.rows)
+    for part in (np.int64(tail.start).tobytes(), f"{rows.dtype.str}{rows.shape}".encode(), rows.tobytes(),
+                 np.ascontiguousarray(tail.state, dtype=np.float64).tobytes(), tail.fingerprint.encode()):  # fmt: skip
+        h.update(np.int64(len(part)).tobytes())
+        h.update(part)
+    return h.hexdigest()
+
+
 def _path(output: Path) -> Path:
     return Path(output) / "values" / TAIL_FILE
 
 
-def write_tail(output: Path | StoreURL, tail: InputTail) -> None:
+def write_tail(output: Path | StoreURL, tail: InputTail) -> bool:
     """Keep ``tail`` with the output at ``output`` (atomically: a kill leaves the old file or the new one);
-    one over :data:`MAX_TAIL_BYTES`, or an object-store output, keeps none."""
+    whether it was kept. One over :data:`MAX_TAIL_BYTES`, an object-store output, or a file that cannot be
+    written (the rows are only a shortcut for the next update) keeps none."""
     if isinstance(output, StoreURL):
-        return
-    if tail.rows.nbytes > MAX_TAIL_BYTES:
-        remove_tail(output)
-        return
+        return False
     path = _path(output)
-    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
-    with open(tmp, "wb") as f:
-        np.savez(f, start=np.int64(tail.start), rows=tail.rows, state=tail.state.astype(np.float64),
-                 fingerprint=np.array(tail.fingerprint))  # fmt: skip
-    os.replace(tmp, path)
+    if tail.rows.nbytes <= MAX_TAIL_BYTES:
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, start=np.int64(tail.start), rows=tail.rows, state=tail.state.astype(np.float64),
+                         fingerprint=np.array(tail.fingerprint))  # fmt: skip
+            os.replace(tmp, path)
+            return True
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    try:
+        remove_tail(output)
+    except OSError:  # a directory in its place, say: no recorded hash matches it
+        pass
+    return False
 
 
 def remove_tail(output: Path | StoreURL) -> None:
@@ -92,12 +115,20 @@ def remove_tail(output: Path | StoreURL) -> None:
 
 
 def read_tail(
-    output: Path | StoreURL, *, stop: int, n_features: int, dtype: np.dtype, n_inputs: int, fingerprint: str
+    output: Path | StoreURL,
+    *,
+    stop: int,
+    n_features: int,
+    dtype: np.dtype,
+    n_inputs: int,
+    fingerprint: str,
+    digest: str | None,
 ) -> InputTail | None:
     """The rows kept with ``output`` where they were kept for its ``fingerprint`` (a file copied from another
-    output, of other columns say, is not), end at input row ``stop`` and have the input's ``n_features`` and
-    ``dtype`` (their state ``n_inputs`` values); else None."""
-    if isinstance(output, StoreURL):
+    output, of other columns say, is not), hash to ``digest`` (:func:`tail_digest`, recorded when they were
+    kept; None: none recorded), end at input row ``stop`` and have the input's ``n_features`` and ``dtype``
+    (their state ``n_inputs`` values); else None."""
+    if isinstance(output, StoreURL) or digest is None:
         return None
     try:
         with np.load(_path(output), allow_pickle=False) as z:
@@ -117,7 +148,8 @@ def read_tail(
         or start + rows.shape[0] != stop
     ):
         return None
-    return InputTail(start, rows, state, fingerprint)
+    tail = InputTail(start, rows, state, fingerprint)
+    return tail if tail_digest(tail) == digest else None
 
 
 class TailedReader(BandReader):
