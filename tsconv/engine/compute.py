@@ -105,8 +105,9 @@ def _conv_recentered(
     conv(x - v) + v * (exact tap sums): the torch twin of conv1d's ``recenter``. ``v`` per channel and
     block is the median of x at the block's first output step and the two steps before it (a sample
     that is not finite counts as 0, samples in the leading ``recenter_from`` rows of zero history move
-    to the first data row), so it is causal and one spike is never a block's level. ``weight`` and
-    ``tap_sums`` replace the layer's (the FP16 storage check runs the rounding residual this way)."""
+    to the first data row), so it is causal and one spike is never a block's level. A float64 ``x`` is
+    rounded to float32 after each block's level is off. ``weight`` and ``tap_sums`` replace the layer's
+    (the FP16 storage check runs the rounding residual this way)."""
     weight = layer.weight if weight is None else weight
     tap_sums = layer.tap_sums if tap_sums is None else tap_sums
     _, C, L = x.shape
@@ -123,7 +124,7 @@ def _conv_recentered(
     samples = torch.where(torch.isfinite(samples), samples, 0.0)
     v = samples.median(dim=1).values  # [C, nb]
     blocks = xp[0].unfold(1, block + halo, block)  # [C, nb, block + halo], a view
-    xb = (blocks - v[:, :, None]).permute(1, 0, 2)  # [nb, C, block + halo]
+    xb = (blocks - v[:, :, None]).permute(1, 0, 2).to(weight.dtype)  # [nb, C, block + halo]
     y = F.conv1d(xb, weight, None, dilation=layer.dilation, groups=layer.groups)  # [nb, O, block]
     g = layer.groups
     o_g, c_g = tap_sums.shape[0] // g, tap_sums.shape[1]
@@ -442,8 +443,14 @@ class Backend:
         (outputs before that are NaN anyway).
         """
         # [1, C, L] view of a time-major buffer; zero history -> -c. A float64 input (the CPU's) is centred in
-        # float64, so its float32 rows hold the moves to float32's precision, not the level's.
-        xt = (x if centered else x - c).to(torch.float32).T.unsqueeze(0)
+        # float64, so its float32 rows hold the moves to float32's precision, not the level's; where the CPU
+        # re-centres this stage per block, it stays float64 until each block's level is off
+        # (_conv_recentered): rounded after one level per chunk, the error grew with the chunk's drift
+        # (6.9e-6 of a zero-sum conv's scale at chunk 65,536 against 4.5e-7 for float32 rows).
+        xt = x if centered else x - c
+        if not (xt.dtype == torch.float64 and self.recenter_first and not self.triton):
+            xt = xt.to(torch.float32)
+        xt = xt.T.unsqueeze(0)
         per_group = layer.tap_sums.shape[1]
         c64 = c.to(torch.float64).view(layer.groups, per_group)
         out_per_group = layer.tap_sums.shape[0] // layer.groups
