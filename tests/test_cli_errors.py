@@ -330,6 +330,20 @@ def test_bad_input_store(tmp_path: Path, case: str) -> None:
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("where", [0, 7, ROWS - 1])
+def test_a_missing_time_anywhere_is_refused_naming_its_row(tmp_path: Path, where: int) -> None:
+    # NaT is the int64 minimum: beside it a difference overflows, so a NaT in the last row had passed
+    src = good_store(tmp_path)
+    g = zarr.open_group(str(src), mode="r+")
+    t = np.asarray(g["time"][:])
+    t[where] = np.iinfo(np.int64).min
+    g["time"][:] = t
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr")
+    assert_refused(res, f"'time': the time of row {where:,} is missing (NaT, the int64 minimum)")
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize(
     ("where", "row", "what"), [(5, 5, "duplicate"), (7, 7, "decreasing"), (ROWS - 1, ROWS - 1, "decreasing")]
 )

@@ -153,6 +153,38 @@ def test_repeated_coordinate_names_and_packed_values_are_refused(tmp_path: Path)
         tsconv.open_input(src)
 
 
+@pytest.mark.parametrize("zarr_format", [3, 2])
+@pytest.mark.parametrize(
+    ("dtype", "encoding", "attrs", "refused"),
+    [
+        ("float32", {"_FillValue": -9999.0}, {}, "marks missing values with (_FillValue|fill_value) = -9999"),
+        ("int32", {"_FillValue": -1}, {}, "marks missing values with (_FillValue|fill_value) = -1"),
+        ("float32", {}, {"missing_value": -999.0}, "marks missing values with missing_value = -999"),
+        ("int8", {}, {"_Unsigned": "true"}, "int8 values marked _Unsigned"),
+        ("float32", {}, {}, None),  # NaN is xarray's own marker for floats: read
+        ("int32", {}, {}, None),
+    ],
+    ids=["float-fill", "int-fill", "missing-value", "unsigned", "float", "int"],
+)
+def test_values_xarray_would_decode_are_refused_not_read_as_data(
+    tmp_path: Path, zarr_format: int, dtype: str, encoding: dict, attrs: dict, refused: str | None
+) -> None:
+    # xarray reads cells equal to a _FillValue / missing_value as NaN, and _Unsigned bytes as unsigned: read as
+    # stored, -9999 would have entered the features as a price
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    ds, x = _dataset(times)
+    ds["values"] = ds["values"].astype(dtype)
+    ds["values"].attrs.update(attrs)
+    if encoding:
+        ds["values"].encoding.update(encoding)
+    src = _write(ds, tmp_path / "s.zarr", zarr_format=zarr_format)
+    if refused is None:
+        assert tsconv.open_input(src).values.shape == (ROWS, FEATURES)
+        return
+    with pytest.raises(StoreError, match=refused):
+        tsconv.open_input(src)
+
+
 def test_ingest_does_not_append_to_an_xarray_store(tmp_path: Path) -> None:
     import polars as pl
 

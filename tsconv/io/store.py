@@ -13,6 +13,8 @@ the time ``time`` or the coordinate of its first dimension, decoded from CF unit
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,7 +189,7 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
     name = _values_name(arrays, where)
     values = arrays[name]
     _check_values(values, where if name == "values" else f"{where}: {name!r}")
-    _refuse_scaling(values, name, where)
+    _refuse_cf_encoding(values, name, where)
     dims = _dims(values)
     time = _time_array(arrays, dims, values, where)
     names_attr = node.attrs.get("features")
@@ -285,14 +287,57 @@ def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
     )
 
 
-def _refuse_scaling(values: zarr.Array, name: str, where: str) -> None:
-    keys = [k for k in ("scale_factor", "add_offset") if k in values.attrs]
+def _refuse_cf_encoding(values: zarr.Array, name: str, where: str) -> None:
+    """Refuse values that xarray would decode (CF packing, unsigned flags, missing-value markers): tsconv reads
+    stored values as they are, so such cells would enter the features as data."""
+    attrs = values.attrs
+    keys = [k for k in ("scale_factor", "add_offset") if k in attrs]
     if keys:
         raise StoreError(
-            f"{where}: {name!r} is CF-packed ({', '.join(f'{k}={values.attrs[k]!r}' for k in keys)}); "
+            f"{where}: {name!r} is CF-packed ({', '.join(f'{k}={attrs[k]!r}' for k in keys)}); "
             "tsconv reads stored values as they are",
             hint="write the store unpacked (xarray: drop scale_factor/add_offset from the variable's encoding).",
         )
+    if str(attrs.get("_Unsigned", "")).lower() == "true" and values.dtype.kind == "i":
+        raise StoreError(
+            f"{where}: {name!r} holds {values.dtype} values marked _Unsigned (xarray reads them as unsigned "
+            "integers); tsconv reads stored values as they are",
+            hint="write the values as an unsigned integer or a float dtype.",
+        )
+    marks = {k: _cf_number(attrs[k]) for k in ("_FillValue", "missing_value") if k in attrs}
+    if getattr(values.metadata, "zarr_format", 3) == 2 and "_ARRAY_DIMENSIONS" in attrs:
+        marks["fill_value"] = _cf_number(values.metadata.fill_value)  # xarray reads it as _FillValue
+    marks = {k: v for k, v in marks.items() if v is not None and not np.isnan(v)}
+    if marks:
+        key, value = next(iter(marks.items()))
+        raise StoreError(
+            f"{where}: {name!r} marks missing values with {key} = {value:g}, which xarray reads as NaN; "
+            "tsconv reads stored values as they are, so those cells would enter the features as data",
+            hint="write missing values as NaN (xarray: encoding={'_FillValue': np.nan} for a float variable), "
+            "or drop the marker where those values are data.",
+        )
+
+
+def _cf_number(value: Any) -> float | None:
+    """A CF missing-value marker as a float (xarray writes zarr 3's ``_FillValue`` of floats as the base64 of its
+    little-endian bytes); None where there is none or it is not a number."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        kinds = {8: "<f8", 4: "<f4", 2: "<f2"}
+        return float(np.frombuffer(raw, dtype=kinds[len(raw)])[0]) if len(raw) in kinds else None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def _time_array(
@@ -383,20 +428,21 @@ def check_time(store: InputStore, *, start: int = 0, stop: int | None = None) ->
         block = reader.read(a, min(a + step, n))
         if first is None:
             first = int(block[0])
-            if first == _NAT and a == 0:  # increasing int64 ns can hold NaT only in row 0
-                raise StoreError(
-                    f"{t.where}: the time of row 0 is missing (NaT, the int64 minimum)",
-                    hint="every row needs a timestamp: drop or fill the rows without one.",
-                )
+        nat = block == _NAT
+        if nat.any():  # checked apart: a difference beside the int64 minimum overflows
+            raise StoreError(
+                f"{t.where}: the time of row {a + int(np.argmax(nat)):,} is missing (NaT, the int64 minimum)",
+                hint="every row needs a timestamp: drop or fill the rows without one.",
+            )
         if prev is not None and block[0] <= prev:
             bad = a
             raise StoreError(
                 f"{t.where} is not strictly increasing at row {bad} ({block[0]} after {prev})",
                 hint="sort the series by time and drop duplicate timestamps.",
             )
-        d = np.diff(block)
-        if (d <= 0).any():
-            bad = a + int(np.argmax(d <= 0)) + 1
+        down = block[1:] <= block[:-1]  # compared, not differenced: times centuries apart overflow int64
+        if down.any():
+            bad = a + int(np.argmax(down)) + 1
             raise StoreError(
                 f"{t.where} is not strictly increasing at row {bad} "
                 f"({block[bad - a]} after {block[bad - a - 1]})",
