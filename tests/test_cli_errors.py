@@ -330,6 +330,36 @@ def test_bad_input_store(tmp_path: Path, case: str) -> None:
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    ("report", "needle"),
+    [
+        ("in.zarr/zarr.json", "lies inside the input store"),
+        ("in.zarr/values/x.json", "lies inside the input store"),
+        ("out.zarr/zarr.json", "lies inside the output"),
+        ("missing/r.json", "its folder"),
+    ],
+)
+def test_a_report_path_tsconv_must_not_or_cannot_write_is_refused_before_the_run(
+    tmp_path: Path, report: str, needle: str
+) -> None:
+    # --report in.zarr/zarr.json had replaced the store's group document (its feature names gone), and a
+    # missing folder failed the command after the whole run was written
+    src = good_store(tmp_path)
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--report", tmp_path / report)
+    assert_refused(res, f"--report {str(tmp_path / report)!r}", needle)
+    assert snapshot(tmp_path) == before  # nothing written: no output, the input as it was
+
+
+def test_an_array_inside_a_store_gets_no_default_output_among_the_stores_files(tmp_path: Path) -> None:
+    # -i in.zarr/values with no -o: the default output in.zarr/values.features.zarr would lie inside the store
+    src = good_store(tmp_path)
+    before = snapshot(tmp_path)
+    res = invoke("-i", src / "values")
+    assert_refused(res, "would overlap the input store", str(src.resolve()))
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("where", [0, 7, ROWS - 1])
 def test_a_missing_time_anywhere_is_refused_naming_its_row(tmp_path: Path, where: int) -> None:
     # NaT is the int64 minimum: beside it a difference overflows, so a NaT in the last row had passed

@@ -134,12 +134,38 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
     return f
 
 
+def _check_report_path(report: Path, input_path: str, output: str | None) -> None:
+    """Refuse, before the run, a ``--report`` path tsconv must not or cannot write: inside the input store or
+    the output (it would replace one of their files), or in a folder that does not exist (click refuses a
+    folder itself)."""
+    from tsconv.io.objstore import hierarchy_root, is_url
+
+    target = report.resolve()
+    stores = [("input store", input_path)] + ([("output", output)] if output is not None else [])
+    for what, where in stores:
+        if is_url(where):
+            continue
+        root = hierarchy_root(Path(where))
+        if target == root or root in target.parents:
+            raise TsconvError(
+                f"--report {str(report)!r} lies inside the {what} {str(root)!r}: it would replace one of its files",
+                hint="write the report outside the stores, e.g. beside them.",
+            )
+    if not target.parent.is_dir():
+        raise TsconvError(
+            f"--report {str(report)!r}: its folder {str(target.parent)!r} does not exist",
+            hint="create the folder first, or write the report elsewhere.",
+        )
+
+
 def _run_process(input_path: str, output: str | None, *, report_path: str | None, quiet: bool, **options: Any) -> None:  # fmt: skip
     from tsconv.io.writers.formats import output_format
     from tsconv.kernels import early
 
     if output is not None:
         output_format(output)  # before the engine's imports: a mistyped output is refused at once
+    if report_path:
+        _check_report_path(Path(report_path), input_path, output)
     workers = options.get("workers")
     # An update or resume with device auto may be a few rows the CPU computes (tsconv.engine.run.small_for_cuda):
     # the threads would only compete with it (0.51 against 0.19 s after start-up for 23,200 rows on the H200

@@ -158,7 +158,7 @@ def to_zarr(
     )
     if not update:  # an update checks the rows it adds (_prepare_update): the others were checked before
         check_time(store)
-    check_output_path(out_path, input_path=store.path, overwrite=overwrite, resume=resume or update)
+    check_output_path(out_path, input_path=store.root, overwrite=overwrite, resume=resume or update)
     run_id = uuid.uuid4().hex
     # One run owns the output from here to the end (creation, an overwrite's swap, every write, the final
     # mark); a dask run's client holds it for its workers.
@@ -166,7 +166,7 @@ def to_zarr(
         remove_leftovers(out_path)
         fingerprint = _fingerprint(store, plan, chunk, warmup)
         action, start = prepare_output(
-            out_path, input_path=store.path, overwrite=overwrite, resume=resume, update=update,
+            out_path, input_path=store.root, overwrite=overwrite, resume=resume, update=update,
             fingerprint=fingerprint, legacy=lambda rows: _fingerprint(store, plan, chunk, warmup, rows=rows),
         )  # fmt: skip
         rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
@@ -527,7 +527,7 @@ def to_parquet(
     source = StoreSource(store)
     # Checked before the lock file is made beside ``out`` (never inside the input), and again holding it.
     resolved = out.resolve() if isinstance(out, Path) else out
-    check_parquet_output(resolved, store.path, overwrite=overwrite, resume=False)
+    check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False)
     refuse_time_range(plan, "Parquet output")
     rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
     check_time(store)
@@ -542,7 +542,7 @@ def to_parquet(
     target = out.parent.resolve() / out.name if isinstance(out, Path) else out
     with output_lock(target, run_id=run_id):
         remove_stale_temp_files(target)
-        check_parquet_output(resolved, store.path, overwrite=overwrite, resume=False)
+        check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False)
         meta = {
             "source": str(store.path),
             "features": list(plan.output_names),

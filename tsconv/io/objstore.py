@@ -23,7 +23,16 @@ from urllib.parse import unquote, urlparse
 
 from tsconv.errors import StoreError
 
-__all__ = ["StoreURL", "is_url", "location", "open_group", "open_zarr", "overlaps", "remote_error"]
+__all__ = [
+    "StoreURL",
+    "hierarchy_root",
+    "is_url",
+    "location",
+    "open_group",
+    "open_zarr",
+    "overlaps",
+    "remote_error",
+]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # The extra that installs a scheme's filesystem package, where tsconv declares one.
@@ -199,6 +208,17 @@ def overlaps(a: Path | StoreURL, b: Path | StoreURL) -> bool:
         )
     a, b = a.resolve(), b.resolve()
     return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def hierarchy_root(loc: Path | StoreURL) -> Path | StoreURL:
+    """The outermost zarr hierarchy holding a local store or array (``ticks.zarr/px`` is an array inside
+    ``ticks.zarr``: tsconv writes among neither's files), resolved; a URL as it is."""
+    if isinstance(loc, StoreURL):
+        return loc
+    root = Path(loc).resolve()
+    while any((root.parent / marker).is_file() for marker in ("zarr.json", ".zgroup")):
+        root = root.parent
+    return root
 
 
 def open_zarr(loc: Path | StoreURL, *, mode: str = "r") -> Any:

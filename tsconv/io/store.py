@@ -26,7 +26,7 @@ import zarr
 from tsconv.errors import StoreError
 from tsconv.io.codecs import codec_words
 from tsconv.io.names import describe_repeats, repeated_names
-from tsconv.io.objstore import StoreURL, location, open_zarr, remote_error
+from tsconv.io.objstore import StoreURL, hierarchy_root, location, open_zarr, remote_error
 from tsconv.io.timecolumn import TimeColumn, TimeReader
 
 __all__ = [
@@ -60,6 +60,12 @@ class InputStore:
     def remote(self) -> bool:
         """Whether the store is in an object store (read through zarr, not from local chunk files)."""
         return isinstance(self.path, StoreURL)
+
+    @property
+    def root(self) -> Path | StoreURL:
+        """The outermost zarr hierarchy holding the store: its path, or a group above it (``-i ticks.zarr/px``
+        names an array inside ``ticks.zarr``, whose files tsconv must not write among either)."""
+        return hierarchy_root(self.path)
 
     @property
     def rows(self) -> int:
