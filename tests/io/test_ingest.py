@@ -259,6 +259,15 @@ def test_time_zones_and_iso_strings(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("when", ["2300-01-01T00:00:00", "1600-06-01T12:00:00"])
+def test_iso_times_past_int64_nanoseconds_are_refused_not_wrapped(tmp_path: Path, when: str) -> None:
+    # parsed to ns, 2300-01-01 had wrapped to 1715-06-13 and the rows were stored out of their order
+    (tmp_path / "a.csv").write_text(f"time,feature,value\n2026-01-01T00:00:00,a,1\n{when},a,2\n")
+    with pytest.raises(StoreError, match=f"time '{when}' in .* lies outside what int64 nanoseconds"):
+        ingest(str(tmp_path / "a.csv"), tmp_path / "out.zarr")
+    assert not (tmp_path / "out.zarr").exists()
+
+
 @pytest.mark.parametrize(("unit", "scale"), [("s", SEC), ("ms", 1_000_000), ("us", 1_000), ("ns", 1)])
 def test_integer_times_with_time_unit(tmp_path: Path, unit: str, scale: int) -> None:
     base = T0 // SEC

@@ -338,6 +338,22 @@ class _Source:
                     hint="pass the unit they count with --time-unit s|ms|us|ns.",
                 )
         try:
+            if (
+                self.time_dtype == pl.String
+            ):  # parsed to ns, a date past 2262 wraps around silently: checked in us
+                c = pl.col(self.time_column)
+                us = raw.lazy().select(
+                    c, c.str.to_datetime(time_unit="us", time_zone="UTC").dt.epoch("us").alias(_T)
+                )
+                us = us.collect()
+                lim = np.iinfo(np.int64).max // 1000
+                out = us.filter((pl.col(_T) > lim) | (pl.col(_T) < -lim))
+                if out.height:
+                    raise StoreError(
+                        f"time {out[self.time_column][0]!r} in {str(self.path)!r} lies outside what int64 "
+                        "nanoseconds since 1970 hold (1677-09-21 to 2262-04-11)",
+                        hint="check the time column: tsconv stores times as int64 nanoseconds (numpy's datetime64[ns]).",
+                    )
             ns = raw.lazy().select(self.time_ns.alias(_T)).collect()[_T]
         except pl.exceptions.PolarsError as exc:
             raise StoreError(
