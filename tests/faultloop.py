@@ -340,9 +340,13 @@ def compare(op: str, got: Path, want: Path, *, leftovers: bool = True) -> list[s
         if "partitions_done" in gt:
             diffs.append("tsconv.partitions_done left in a complete output")
         digest = "values/.tsconv-input.json"
-        if (got / digest).read_bytes() != (
-            want / digest
-        ).read_bytes():  # the fill state recorded beside it too
+        # the fill state recorded beside it too; not the hash of the input rows kept for the next update, a
+        # shortcut a run keeps only where its engine passed their first row (a resume may not)
+        mine, theirs = (
+            {k: v for k, v in json.loads((root / digest).read_bytes()).items() if k != "tail"}
+            for root in (got, want)
+        )
+        if mine != theirs:
             diffs.append("the input digest differs")
         if leftovers:
             diffs += [f"left beside it: {n}" for n in _leftovers(got)]
