@@ -836,7 +836,13 @@ def test_bad_options_get_one_line(tmp_path: Path, option: list[str]) -> None:
     ("args", "needles"),
     [
         (["--gpu-mem", "lots"], ["cannot read the memory size 'lots'", "hint:"]),
-        (["--gpu-mem", "0"], ["must be positive"]),
+        (["--gpu-mem", "0"], ["must be at least one byte, got '0' (0 bytes)"]),
+        (
+            ["--gpu-mem", "0.5"],
+            ["must be at least one byte, got '0.5' (0 bytes)", "a bare number counts bytes"],
+        ),
+        (["--gpu-mem", "infGB"], ["cannot read the memory size 'infGB'"]),
+        (["--gpu-mem", "1e400"], ["cannot read the memory size '1e400'"]),
         (["--transfer", "carrier-pigeon"], ["carrier-pigeon"]),
         (["--decode", "fpga"], ["fpga"]),
     ],

@@ -134,6 +134,10 @@ def test_id_taps() -> None:
         ("ma:1.5", "unknown filter"),
         ("", "unknown filter"),
         ("MA:4", "unknown filter"),
+        (
+            "ma:\u0661\u0666",
+            "unknown filter",
+        ),  # Arabic-Indic digits: a column name tsconv would not read back
     ],
 )
 def test_bad_filters(spec: str, match: str) -> None:
@@ -699,9 +703,11 @@ def test_fingerprint_changes_with_a_weight_file(tmp_path: Path) -> None:
     assert strict_resolve(load_pipeline(tmp_path / "p.toml")).fingerprint() != first
 
 
-def test_a_filter_listed_twice_is_refused() -> None:
+@pytest.mark.parametrize("again", ["ma:4", " ma:4", "ma:4 "])
+def test_a_filter_listed_twice_is_refused(again: str) -> None:
+    # with a space it had passed, and two columns of one name made the output unreadable to tsconv itself
     with pytest.raises(PipelineError, match="listed more than once: ma:4"):
-        pipeline_from_dict({"conv": [{"filters": ["ma:4", "diff:1", "ma:4"]}]})
+        pipeline_from_dict({"conv": [{"filters": ["ma:4", "diff:1", again]}]})
 
 
 def test_bias_key_without_a_safetensors_bias_is_refused() -> None:

@@ -121,12 +121,15 @@ def parse_bytes(text: str | int) -> int:
         unit = s[len(num) :].upper()
         try:
             value = int(float(num) * units[unit])
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, OverflowError):  # OverflowError: inf, 1e400
             raise TsconvError(
                 f"cannot read the memory size {text!r}", hint="write it like 1.2GB, 800MB or 512MiB."
             ) from None
     if value <= 0:
-        raise TsconvError(f"the GPU memory budget must be positive, got {text!r}")
+        raise TsconvError(
+            f"the GPU memory budget must be at least one byte, got {text!r} ({value} bytes)",
+            hint="write it with a unit, like 1.2GB, 800MB or 512MiB (a bare number counts bytes).",
+        )
     return value
 
 

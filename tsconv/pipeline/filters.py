@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 FILTER_KINDS = ("ma", "diff", "dev", "ema", "std", "zscore", "lag", "ret", "id")
-_FILTER_RE = re.compile(r"^(ma|diff|dev|ema|std|zscore|lag|ret|id)(?::(\d+))?(?::(\d+))?$")
+_FILTER_RE = re.compile(r"^(ma|diff|dev|ema|std|zscore|lag|ret|id)(?::(\d+))?(?::(\d+))?$", re.ASCII)
 _MAX_TAPS = 1 << 16
 MAX_PARAMETER = _MAX_TAPS
 # (1 - alpha)^K <= 2^-24: the weight an ema:S drops is below float32's resolution

@@ -668,7 +668,8 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, def
                 filter_spec(f)
             except PipelineError as exc:
                 raise PipelineError(f"{where}: {table}: {exc.message}", hint=exc.hint) from None
-        dupes = sorted({f for f in raw if raw.count(f) > 1})
+        labels = [filter_spec(f).label for f in raw]  # the output names: ' ma:4' and 'ma:4' are one filter
+        dupes = sorted({f.strip() for f, lab in zip(raw, labels, strict=True) if labels.count(lab) > 1})
         if dupes:
             raise PipelineError(f"{where}: {table}: filters listed more than once: {', '.join(dupes)}")
         for key in ("bias", "bias_key", "weights_key"):
