@@ -941,3 +941,36 @@ def test_an_output_of_no_format_tsconv_writes_is_refused_before_the_engine_loads
 
     with pytest.raises(tsconv.TsconvError, match="names no format tsconv writes"):
         tsconv.process(src, tmp_path / name)
+
+
+@pytest.mark.parametrize(
+    ("args", "advice"),
+    [
+        (["process", "-i", "in.zarr", "-o", "out.zarr"], "rerun with --resume"),
+        (["process", "-i", "in.zarr", "-o", "out.zarr", "--update"], "rerun with --update"),
+        (
+            ["process", "-i", "in.zarr", "-o", "out.parquet"],
+            "the Parquet file was not written: rerun the command",
+        ),
+        (["ingest", "a.csv", "-o", "s.zarr"], "no store was made"),
+        (["ingest", "a.csv", "-o", "s.zarr", "--append"], "`tsconv repair STORE`"),
+    ],
+)
+def test_ctrl_c_says_what_to_do_for_the_command_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], advice: str
+) -> None:
+    # every command had said "rerun with --resume", which ingest and a Parquet output do not take
+    import tsconv.engine.api
+    import tsconv.io.ingest
+
+    def stop(*a: object, **k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tsconv.engine.api, "process", stop)
+    monkeypatch.setattr(tsconv.io.ingest, "ingest", stop)
+    monkeypatch.chdir(tmp_path)
+    good_store(tmp_path)
+    (tmp_path / "a.csv").write_text("time,feature,value\n2026-01-01T00:00:00,a,1\n")
+    res = CliRunner().invoke(main, [*args, "-q"])
+    assert res.exit_code == 130 and "Traceback" not in res.output
+    assert f"interrupted; {advice}" in res.stderr

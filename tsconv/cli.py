@@ -38,12 +38,28 @@ def _quiet_stdout() -> None:
     os.close(devnull)
 
 
+def _after_interrupt(command: str | None, args: list[str]) -> str:
+    """What a user does after Ctrl-C stopped ``tsconv COMMAND ARGS``."""
+    if command == "ingest":
+        if "--append" in args:
+            return "`tsconv repair STORE` keeps the rows the store had before the append; then append again"
+        return "no store was made (it is built under a temporary name): rerun the command"
+    if command == "process":
+        if any(a.lower().endswith(".parquet") for a in args):
+            return "the Parquet file was not written: rerun the command"
+        if "--update" in args:
+            return "rerun with --update (or --resume) to continue where it stopped"
+        return "rerun with --resume to continue where it stopped"
+    return "rerun the command"
+
+
 class _Group(click.Group):
     """Turn the library's errors into one line on stderr and a non-zero exit, never a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         shown = warnings.showwarning
         warnings.showwarning = _show_warning
+        given = [*ctx.protected_args, *ctx.args]  # the command and its arguments (invoke clears them)
         try:
             return super().invoke(ctx)
         except TsconvError as exc:
@@ -51,7 +67,10 @@ class _Group(click.Group):
         except click.UsageError as exc:
             _fail(f"{exc.format_message()} (see `tsconv {ctx.invoked_subcommand or ''} --help`)")
         except KeyboardInterrupt:
-            _fail("interrupted; rerun with --resume to continue where it stopped", code=130)
+            _fail(
+                f"interrupted; {_after_interrupt(ctx.invoked_subcommand, given)}",
+                code=130,
+            )
         except BrokenPipeError:
             _quiet_stdout()
             sys.exit(141)  # as a tool killed by SIGPIPE (`tsconv filters | head -1`): no error line
