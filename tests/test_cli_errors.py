@@ -6,6 +6,7 @@ subprocesses; those are started together by one module fixture so their interpre
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -974,3 +975,34 @@ def test_ctrl_c_says_what_to_do_for_the_command_it_stopped(
     res = CliRunner().invoke(main, [*args, "-q"])
     assert res.exit_code == 130 and "Traceback" not in res.output
     assert f"interrupted; {advice}" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("rows_done", "abc", "its tsconv attributes are damaged (tsconv.rows_done='abc')"),
+        ("rows", "abc", "its tsconv attributes are damaged (tsconv.rows='abc')"),
+        ("rows_done", 10**30, "beyond its"),
+        (
+            "digest",
+            {"version": 1, "arrays": "x"},
+            "its input digest (values/.tsconv-input.json) is missing or unreadable",
+        ),
+    ],
+)
+def test_an_output_with_damaged_bookkeeping_is_refused_in_one_line(
+    tmp_path: Path, key: str, value: object, needle: str
+) -> None:
+    # these had ended in ValueError, IndexError or AttributeError tracebacks
+    src = good_store(tmp_path)
+    out = tmp_path / "out.zarr"
+    assert invoke("-i", src, "-o", out, "--device", "cpu").exit_code == 0
+    if key == "digest":
+        (out / "values" / ".tsconv-input.json").write_text(json.dumps(value))
+        flag = "--update"
+    else:
+        g = zarr.open_group(str(out), mode="r+")
+        g.attrs["tsconv"] = {**g.attrs["tsconv"], key: value, "complete": False}
+        flag = "--resume"
+    res = invoke("-i", src, "-o", out, "--device", "cpu", flag)
+    assert_refused(res, needle, "hint: use --overwrite")

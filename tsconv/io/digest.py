@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tsconv.errors import StoreError
+from tsconv.errors import StoreError, TsconvError
 from tsconv.io.objstore import StoreURL
 from tsconv.io.timecolumn import TimeColumn
 
@@ -303,19 +303,25 @@ def verify_input(
     digest file while the file is gone or unreadable is refused (its rows could not be checked).
     """
     recorded = read_digest(output)
-    if recorded is None and before > 0 and note == f"values/{DIGEST_FILE}":
-        what = "resume into" if verb == "resume" else verb
-        raise StoreError(
-            f"cannot {what} {str(output)!r}: its input digest ({note}) is missing or unreadable, so whether "
-            f"the input's first {before:,} rows (those the output holds) changed cannot be checked",
-            hint="use --overwrite to compute the output again from the current input.",
-        )
-    current = input_digest(store, read_values=read_values, known=recorded)
-    if recorded is None or before <= 0:
-        return current
-    change = first_change(
-        recorded, current, before=before, arrays=input_arrays(store), read_values=read_values
+    what = "resume into" if verb == "resume" else verb
+    unreadable = StoreError(
+        f"cannot {what} {str(output)!r}: its input digest (values/{DIGEST_FILE}) is missing or unreadable, so "
+        f"whether the input's first {before:,} rows (those the output holds) changed cannot be checked",
+        hint="use --overwrite to compute the output again from the current input.",
     )
+    if recorded is None and before > 0 and note == f"values/{DIGEST_FILE}":
+        raise unreadable
+    try:
+        current = input_digest(store, read_values=read_values, known=recorded)
+        if recorded is None or before <= 0:
+            return current
+        change = first_change(
+            recorded, current, before=before, arrays=input_arrays(store), read_values=read_values
+        )
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a digest file of other shapes
+        if isinstance(exc, TsconvError):
+            raise
+        raise unreadable from None
     if change is not None:
         what, since = ("resume into", "started") if verb == "resume" else (verb, "written")
         raise StoreError(

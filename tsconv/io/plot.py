@@ -187,7 +187,15 @@ def _inputs(
             stacklevel=3,
         )
         return {}
-    first = int((meta.get("input_rows") or [0])[0])
+    try:
+        first = int((meta.get("input_rows") or [0])[0])
+    except (TypeError, ValueError, IndexError, KeyError):  # bookkeeping edited or damaged
+        warnings.warn(
+            f"the output's tsconv.input_rows ({meta.get('input_rows')!r}) is not a row range; drawing the features alone",
+            TsconvWarning,
+            stacklevel=3,
+        )
+        return {}
     if first + b > src.rows:
         warnings.warn(
             f"the input store {source} has {src.rows:,} rows, fewer than the output's rows come from; "

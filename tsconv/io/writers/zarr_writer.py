@@ -496,8 +496,44 @@ def output_meta(path: Path | StoreURL) -> dict[str, Any]:
     format-3 group (a JSON read; zarr's open took 1-3 ms, several times an update), else through zarr."""
     doc = _read_doc(path, "zarr.json")
     if isinstance(doc, dict) and doc.get("node_type") == "group":
-        return dict((doc.get("attributes") or {}).get("tsconv") or {})
-    return dict(open_group(path, mode="r").attrs.get("tsconv", {}))
+        meta = (doc.get("attributes") or {}).get("tsconv") or {}
+    else:
+        meta = open_group(path, mode="r").attrs.get("tsconv", {})
+    return _checked_meta(meta, path)
+
+
+def _checked_meta(meta: Any, path: Path | StoreURL) -> dict[str, Any]:
+    """``meta`` where the attributes runs read have their types (counts, row ranges); else a StoreError: an
+    output whose bookkeeping was edited or damaged is not continued on guesses."""
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    def span(v: Any) -> bool:
+        return isinstance(v, list) and len(v) == 2 and all(count(x) for x in v) and v[0] <= v[1]
+
+    bad = None
+    if not isinstance(meta, dict):
+        bad = f"tsconv={meta!r}"
+    else:
+        for key, ok in (
+            ("rows", count),
+            ("rows_done", count),
+            ("complete", lambda v: isinstance(v, bool)),
+            ("input_rows", lambda v: v is None or span(v)),
+            ("partitions_done", lambda v: v is None or (isinstance(v, list) and all(span(x) for x in v))),
+        ):
+            if key in meta and not ok(meta[key]):
+                bad = f"tsconv.{key}={meta[key]!r}"
+                break
+        if bad is None and count(meta.get("rows")) and int(meta.get("rows_done", 0)) > meta["rows"]:
+            bad = f"tsconv.rows_done={meta['rows_done']!r} beyond its {meta['rows']:,} rows"
+    if bad is not None:
+        raise StoreError(
+            f"{str(path)!r}: its tsconv attributes are damaged ({bad[:200]})",
+            hint="use --overwrite to compute the output again.",
+        )
+    return dict(meta)
 
 
 def rows_written(path: Path | StoreURL) -> int:
