@@ -56,10 +56,13 @@ def _after_interrupt(command: str | None, args: list[str]) -> str:
 class _Group(click.Group):
     """Turn the library's errors into one line on stderr and a non-zero exit, never a traceback."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["tsconv.args"] = list(args)  # the command and its arguments, for the advice after Ctrl-C
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         shown = warnings.showwarning
         warnings.showwarning = _show_warning
-        given = [*ctx.protected_args, *ctx.args]  # the command and its arguments (invoke clears them)
         try:
             return super().invoke(ctx)
         except TsconvError as exc:
@@ -68,7 +71,7 @@ class _Group(click.Group):
             _fail(f"{exc.format_message()} (see `tsconv {ctx.invoked_subcommand or ''} --help`)")
         except KeyboardInterrupt:
             _fail(
-                f"interrupted; {_after_interrupt(ctx.invoked_subcommand, given)}",
+                "interrupted; " + _after_interrupt(ctx.invoked_subcommand, ctx.meta.get("tsconv.args", [])),
                 code=130,
             )
         except BrokenPipeError:

@@ -185,6 +185,25 @@ def test_values_xarray_would_decode_are_refused_not_read_as_data(
         tsconv.open_input(src)
 
 
+def test_an_array_inside_a_store_is_read_bare_with_a_warning_and_its_cf_markers_refused(
+    tmp_path: Path,
+) -> None:
+    # -i STORE/values: no time, f0.. names (the store's own are one level up), said; a -9999 fill marker on the
+    # array itself is refused as it is for the store
+    from tsconv.errors import TsconvWarning
+
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    ds, _ = _dataset(times)
+    src = _write(ds, tmp_path / "s.zarr", zarr_format=3)
+    with pytest.warns(TsconvWarning, match="is an array inside the store .*read bare, with no time column"):
+        store = tsconv.open_input(src / "values")
+    assert store.time is None and store.features[0] == "f0"
+    ds["values"].encoding.update(_FillValue=-9999.0)
+    marked = _write(ds, tmp_path / "m.zarr", zarr_format=3)
+    with pytest.raises(StoreError, match="marks missing values with _FillValue = -9999"):
+        tsconv.open_input(marked / "values")
+
+
 def test_ingest_does_not_append_to_an_xarray_store(tmp_path: Path) -> None:
     import polars as pl
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from tsconv.errors import StoreError
+from tsconv.errors import StoreError, TsconvWarning
 from tsconv.io.codecs import codec_words
 from tsconv.io.names import describe_repeats, repeated_names
 from tsconv.io.objstore import StoreURL, hierarchy_root, location, open_zarr, remote_error
@@ -189,7 +190,16 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
         )
     if isinstance(node, zarr.Array):
         _check_values(node, where)
+        _refuse_cf_encoding(node, getattr(p, "name", where), where)
         names = tuple(f"f{j}" for j in range(node.shape[1]))
+        root = hierarchy_root(p)
+        if root != p:
+            warnings.warn(
+                f"{where} is an array inside the store {str(root)!r}: read bare, with no time column and "
+                f"features f0..f{node.shape[1] - 1}; give the store itself (-i {str(root)!r}) for its time and names",
+                TsconvWarning,
+                stacklevel=2,
+            )
         return InputStore(path=p, values=node, time=None, features=names)
     arrays = dict(node.arrays())
     name = _values_name(arrays, where)
