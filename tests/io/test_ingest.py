@@ -741,3 +741,15 @@ def test_the_rounding_of_any_symbol_or_column_is_seen(tmp_path: Path) -> None:
                                   ("ticks", ticks, "long", "'x'")):  # fmt: skip
         with pytest.warns(TsconvWarning, match=f"rounding the values of {who}"):
             ingest(write(df, tmp_path / f"{name}.parquet"), tmp_path / f"{name}.zarr", layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["wide", "long"])
+def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path: Path, layout: str) -> None:
+    # polars keeps both columns, the second as 'a_duplicated_0': a wide file stored a feature of that made-up name
+    head = "time,a,a" if layout == "wide" else "time,feature,value,value"
+    row = "2026-01-01T00:00:00,1,2" if layout == "wide" else "2026-01-01T00:00:00,a,1,2"
+    (tmp_path / "d.csv").write_text(f"{head}\n{row}\n")
+    twice = "'a'" if layout == "wide" else "'value'"
+    with pytest.raises(StoreError, match=f"names the column {twice} more than once in its header"):
+        ingest(str(tmp_path / "d.csv"), tmp_path / "out.zarr", layout=layout)
+    assert not (tmp_path / "out.zarr").exists()

@@ -42,7 +42,9 @@ spill to disk; it would pay off only for many bands of unsorted (or CSV) input.
 
 from __future__ import annotations
 
+import csv
 import glob
+import gzip
 import os
 import resource
 import shutil
@@ -114,6 +116,25 @@ class IngestReport:
 
 
 # ------------------------------------------------------------------------------------------ inputs
+
+
+def _refuse_repeated_header(path: Path) -> None:
+    """Refuse a CSV file whose header names a column twice: polars would keep both, the second renamed
+    ``name_duplicated_0``, and a wide file would then store it as a feature of that invented name."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", newline="") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return  # polars' own read reports what is wrong with the file
+    seen: set[str] = set()
+    twice = sorted({c for c in header if c in seen or seen.add(c)})
+    if twice:
+        raise StoreError(
+            f"input file {str(path)!r} names the column{'s' if len(twice) > 1 else ''} "
+            f"{', '.join(repr(c) for c in twice)} more than once in its header",
+            hint="give every column a distinct name.",
+        )
 
 
 def _format_of(path: Path) -> str | None:
@@ -194,6 +215,8 @@ class _Source:
         self.value_columns = value_columns
         self.dtype = dtype
         schema = self._schema()
+        if self.fmt == "csv":
+            _refuse_repeated_header(path)
         self._check_columns(schema)
         if self.fmt == "csv":
             # Pin the types the inference guessed from the first rows: a value column that starts with
