@@ -65,6 +65,14 @@ def _series(rows: int = 1500, seed: int = 1, nan_fraction: float = 0.02) -> np.n
         ({"select_regex": "("}, "not a valid regex"),
         ({"time_range": ["2026-01-02T10:00:00"]}, "time_range must be"),
         ({"time_range": ["2026-01-02T10:00:00", "noon"]}, "not an ISO timestamp"),
+        (
+            {"time_range": ["1000-01-01", "2026-01-02"]},
+            "'1000-01-01' is not an ISO timestamp between 1677-09-21",
+        ),
+        (
+            {"time_range": ["2026-01-02", "2300-01-01"]},
+            "'2300-01-01' is not an ISO timestamp between 1677-09-21",
+        ),
         ({"time_range": ["2026-01-02T10:00:00", "2026-01-02T09:00:00"]}, "not before its end"),
     ],
 )
@@ -346,6 +354,20 @@ def test_time_range_outputs_the_slice_of_the_whole_run_with_its_times(tmp_path: 
     tsconv.process(src, tmp_path / "head.zarr", pipeline=pipe, chunk=64)
     head = read_output(tmp_path / "head.zarr")
     assert head.shape[0] == 100 and np.isnan(head[:64]).all()
+
+
+def test_a_time_range_with_an_offset_selects_the_same_rows_as_in_utc(tmp_path: Path) -> None:
+    # "+05:00" was refused as "not an ISO timestamp"
+    x = _series(600, seed=3)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(200, 5))
+    utc = [str(np.datetime64(T0 + k * 1_000_000, "ns")) for k in (123, 456)]
+    shifted = [
+        str(np.datetime64(T0 + k * 1_000_000 + 5 * 3_600 * 10**9, "ns")) + "+05:00" for k in (123, 456)
+    ]
+    a = tsconv.process(src, tmp_path / "a.zarr", pipeline=_pipe({"time_range": utc}), chunk=64)
+    b = tsconv.process(src, tmp_path / "b.zarr", pipeline=_pipe({"time_range": shifted}), chunk=64)
+    assert a.total_rows == b.total_rows == 333
+    assert read_output(tmp_path / "a.zarr").tobytes() == read_output(tmp_path / "b.zarr").tobytes()
 
 
 def test_resume_inside_a_time_range(tmp_path: Path, monkeypatch) -> None:

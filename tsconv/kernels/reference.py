@@ -57,11 +57,11 @@ def preprocess_reference(x: np.ndarray, plan: ResolvedPipeline) -> np.ndarray:
         z = np.full_like(p, np.nan)
         for t in range(w - 1, p.shape[0]):
             win = p[t - w + 1 : t + 1]  # [w, C]
-            mean = win.mean(axis=0)
-            std = np.sqrt(((win - mean) ** 2).mean(axis=0))
-            flat = (win == win[0]).all(axis=0)
-            with np.errstate(invalid="ignore", divide="ignore"):
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # squares past float64: NaN
+                mean = win.mean(axis=0)
+                std = np.sqrt(((win - mean) ** 2).mean(axis=0))
                 zt = (p[t] - mean) / std
+            flat = (win == win[0]).all(axis=0)
             zt[flat | ~np.isfinite(win).all(axis=0) | ~np.isfinite(std)] = np.nan
             z[t] = zt
         p = z

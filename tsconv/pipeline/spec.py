@@ -172,13 +172,23 @@ class Preprocess:
 
 
 def _parse_time(value: str) -> int:
-    """An ISO timestamp (UTC; a trailing Z or +00:00 allowed) as int64 ns since the epoch."""
+    """An ISO timestamp as int64 ns since the epoch: naive ones are UTC, an offset (``Z``, ``+05:00``) is
+    converted; a ValueError outside what int64 nanoseconds hold (1677-09-21 to 2262-04-11)."""
     text = value.strip()
     if text.endswith("Z"):
         text = text[:-1]
-    elif text.endswith("+00:00"):
-        text = text[: -len("+00:00")]
-    return int(np.datetime64(text, "ns").astype(np.int64))
+    offset = _dt.timedelta(0)
+    head, sign, tail = text[10:].rpartition("+") if "+" in text[10:] else text[10:].rpartition("-")
+    if sign and len(tail) == 5 and tail[2] == ":":  # an offset: numpy parses none
+        hours, minutes = int(tail[:2]), int(tail[3:])
+        offset = _dt.timedelta(hours=hours, minutes=minutes) * (1 if sign == "+" else -1)
+        text = text[:10] + head
+    us = np.datetime64(text, "us")  # its range holds any date: ns would wrap past 2262 silently
+    lim = np.iinfo(np.int64).max // 1000
+    if np.isnat(us) or not -lim <= int(us.astype(np.int64)) <= lim:
+        raise ValueError(f"{value!r} lies outside 1677-09-21 .. 2262-04-11")
+    ns = np.datetime64(text, "ns") - np.timedelta64(int(offset.total_seconds()), "s")
+    return int(ns.astype(np.int64))
 
 
 @dataclass(frozen=True)
@@ -570,8 +580,9 @@ def _time_range(raw: Any, where: str, table: str) -> tuple[str, str]:
                 _parse_time(v)
         except Exception:
             raise PipelineError(
-                f"{where}: {table}: time_range value {v!r} is not an ISO timestamp",
-                hint='write e.g. "2026-01-02T09:30:00" (UTC).',
+                f"{where}: {table}: time_range value {v!r} is not an ISO timestamp between 1677-09-21 and "
+                "2262-04-11 (int64 nanoseconds)",
+                hint='write e.g. "2026-01-02T09:30:00" (UTC) or "2026-01-02T14:30:00+05:00".',
             ) from None
         texts.append(v)
     if _parse_time(texts[0]) >= _parse_time(texts[1]):
