@@ -332,6 +332,8 @@ def test_toml_with_safetensors(tmp_path: Path) -> None:
         ({"weights": "bool.npy"}, "npy", "non-numeric dtype bool"),
         ({"weights": "missing.npy"}, "npy", "does not exist"),
         ({"weights": ""}, "npy", "empty string"),
+        ({"weights": "."}, "npy", "is not a regular file"),
+        ({"weights": 5}, "npy", "must be a file path or a numeric array, got 5"),
         ({"filters": ["ma:4"], "bias": "short.npy"}, "npy", "'bias' does not apply to a filter bank"),
         ({"filters": ["ma:4"], "groups": 1}, "npy", "a filter bank is depthwise"),
         ({"filters": []}, "npy", "non-empty list of strings"),
@@ -406,6 +408,10 @@ def test_bad_toml_names_the_file(tmp_path: Path) -> None:
         load_pipeline(p)
     with pytest.raises(PipelineError, match="does not exist"):
         load_pipeline(tmp_path / "missing.toml")
+    with pytest.raises(PipelineError, match="is not a regular file"):
+        load_pipeline(tmp_path)
+    with pytest.raises(PipelineError, match="the pipeline is an empty string"):
+        load_pipeline("")
 
 
 # --------------------------------------------------------------------------------- dict pipelines

@@ -378,10 +378,15 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
             hint="pass pipeline='trend_ema' (a built-in), a path like 'my_pipeline.toml', or a dict like "
             "{'conv': [{'filters': ['ma:16']}]}.",
         )
+    if not os.fspath(path).strip():
+        raise PipelineError(
+            "the pipeline is an empty string",
+            hint=f"pass the path of a .toml file, or a built-in pipeline's name: {', '.join(builtin_pipelines())}.",
+        )
     p = _builtin_or_path(path)
     if not p.is_file():
         raise PipelineError(
-            f"pipeline file {str(p)!r} does not exist",
+            f"pipeline file {str(p)!r} " + ("is not a regular file" if p.exists() else "does not exist"),
             hint=f"pass the path of a .toml file, or a built-in pipeline's name: {', '.join(builtin_pipelines())}.",
         )
     try:
@@ -797,9 +802,10 @@ def _load_array(
             arr = np.asarray(rel.detach().cpu().numpy() if hasattr(rel, "detach") else rel)
         except Exception:
             arr = None
-        if arr is None or arr.dtype == object:
+        if arr is None or arr.dtype == object or arr.ndim == 0:
             raise PipelineError(
-                f"{where}: {table}: {key} must be a file path or a numeric array, got {type(rel).__name__}"
+                f"{where}: {table}: {key} must be a file path or a numeric array, got {rel!r}"[:300],
+                hint=f'write {key} = "w.npy" (a path relative to the pipeline file).',
             )
         return _check_array(arr, key, "<array>", where, table, ndim)
     if not rel:
@@ -809,7 +815,8 @@ def _load_array(
         _check_inside(path, rel, base.dir, key, where, table)
     if not path.is_file():
         raise PipelineError(
-            f"{where}: {table}: {key} file {str(path)!r} does not exist",
+            f"{where}: {table}: {key} file {str(path)!r} "
+            + ("is not a regular file" if path.exists() else "does not exist"),
             hint="paths are relative to the pipeline file.",
         )
     tensor_key = d.get(f"{key}_key")
