@@ -1011,3 +1011,15 @@ def test_an_output_with_damaged_bookkeeping_is_refused_in_one_line(
         flag = "--resume"
     res = invoke("-i", src, "-o", out, "--device", "cpu", flag)
     assert_refused(res, needle, "hint: use --overwrite")
+
+
+def test_an_output_under_a_file_is_refused_naming_the_file(tmp_path: Path) -> None:
+    # it had failed at the lock file with "File exists" and a hint about write access
+    src = good_store(tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "afile" / "x.zarr")
+    assert_refused(
+        res, f"{str(tmp_path / 'afile')!r} is a file, not a folder", "hint: choose an --output in a folder"
+    )
+    assert snapshot(tmp_path) == before

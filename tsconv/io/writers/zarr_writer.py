@@ -168,6 +168,12 @@ def check_output_path(
             return
         is_store = there != "objects"
     elif not out.exists():
+        blocked = next((d for d in out.parents if d.exists() and not d.is_dir()), None)
+        if blocked is not None:
+            raise StoreError(
+                f"output {str(out)!r} cannot be made: {str(blocked)!r} is a file, not a folder",
+                hint="choose an --output in a folder.",
+            )
         return
     else:
         is_store = is_zarr_store(out)
