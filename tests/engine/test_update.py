@@ -846,3 +846,31 @@ def test_an_output_of_the_old_zscore_arithmetic_is_not_continued(
     tsconv.process(
         src, plain, pipeline="default", chunk=CHUNK, device="cpu", update=True
     )  # no z-score: continued
+
+
+@pytest.mark.filterwarnings("ignore:Consolidated metadata is currently not part")
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_rows_appended_to_a_consolidated_store_without_consolidating_again_are_seen(
+    tmp_path: Path, out_chunks: None, zarr_format: int
+) -> None:
+    # zarr's open reads a consolidated copy of the arrays' metadata; a writer that resizes and writes (and does
+    # not consolidate again) left it stale, and --update said "up to date" with the new rows unread
+    x, t = ticks(3000, 4, seed=46)
+    src = tmp_path / "in.zarr"
+    g = zarr.open_group(str(src), mode="w", zarr_format=zarr_format)
+    g.create_array("values", data=x[:2500], chunks=(500, 4))
+    g.create_array("time", data=t[:2500], chunks=(500,))
+    g.attrs["features"] = [f"px_{j}" for j in range(4)]
+    zarr.consolidate_metadata(str(src))
+    out, full = tmp_path / "out.zarr", tmp_path / "full.zarr"
+    tsconv.process(src, out, chunk=CHUNK, device="cpu")
+    g = zarr.open_group(str(src), mode="r+", use_consolidated=False)
+    g["values"].resize((3000, 4))
+    g["values"][2500:] = x[2500:]
+    g["time"].resize((3000,))
+    g["time"][2500:] = t[2500:]
+    assert zarr.open_group(str(src), mode="r")["values"].shape[0] == 2500  # the stale consolidated copy
+    report = tsconv.process(src, out, chunk=CHUNK, device="cpu", update=True)
+    assert report.total_rows == 3000 and report.rows > 500
+    tsconv.process(src, full, chunk=CHUNK, device="cpu")
+    assert_same(out, full)

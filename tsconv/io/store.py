@@ -140,9 +140,25 @@ def _open_node(path: Path | StoreURL) -> Any:
             hint="tsconv reads zarr stores (format 2 or 3); ingest other files into one first.",
         )
     try:
+        if _is_group(path):
+            # the arrays' own metadata, not a consolidated copy: rows appended by zarr (resize, write) without
+            # consolidating again would otherwise stay unseen, and an --update find nothing new
+            return zarr.open_group(str(path), mode="r", use_consolidated=False)
         return zarr.open(str(path), mode="r")
     except Exception as exc:
         raise StoreError(f"cannot open zarr store {str(path)!r}: {exc}") from None
+
+
+def _is_group(path: Path) -> bool:
+    """Whether the local zarr node at ``path`` is a group (format 3's node_type, or format 2's .zgroup)."""
+    if (path / ".zgroup").is_file():
+        return True
+    try:
+        import json
+
+        return json.loads((path / "zarr.json").read_text()).get("node_type") == "group"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _check_values(values: Any, where: str) -> None:
