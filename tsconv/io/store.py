@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -154,8 +155,6 @@ def _is_group(path: Path) -> bool:
     if (path / ".zgroup").is_file():
         return True
     try:
-        import json
-
         return json.loads((path / "zarr.json").read_text()).get("node_type") == "group"
     except (OSError, ValueError, AttributeError):
         return False
