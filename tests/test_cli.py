@@ -221,3 +221,38 @@ def test_an_update_with_device_auto_leaves_the_gpu_start_up_to_the_run(tmp_path,
     res = runner.invoke(main, ["process", "-i", str(src), "-o", out, "-q", "--chunk", "128", "--overwrite",
                                "--device", "cpu"])  # fmt: skip
     assert res.exit_code == 0 and starts == [True]
+
+
+_GC = """
+import gc, json, sys
+from tsconv import cli
+import tsconv.engine.api as api
+
+run = api.process
+
+def process(*args, **kw):
+    print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}), file=sys.stderr)
+    return run(*args, **kw)
+
+api.process = process
+cli.run()
+"""
+
+
+def test_the_command_runs_with_its_imports_frozen_out_of_collections(tmp_path: Path) -> None:
+    """`tsconv process` in its own process: the imports' objects are left out of the collector's passes, and
+    the collector runs during the computation; a caller's process keeps its collector as it was."""
+    import gc
+
+    src = tmp_path / "in.zarr"
+    write_store(src, price_series(300, 3, seed=1))
+    args = ["process", "-i", str(src), "-o", str(tmp_path / "a.zarr"), "--device", "cpu", "-q"]
+    res = subprocess.run([sys.executable, "-c", _GC, *args], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    seen = json.loads(res.stderr.splitlines()[-1])
+    assert seen["enabled"] and seen["frozen"] > 10_000
+
+    frozen = gc.get_freeze_count()
+    args[4] = str(tmp_path / "b.zarr")
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
