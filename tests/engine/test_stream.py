@@ -279,3 +279,35 @@ def test_a_gelu_stage_equals_the_batch_run_bit_for_bit():
     }
     expected = tsconv.features(x, pipeline, chunk=512, device="cpu")
     _same(pushed(tsconv.Stream(pipeline, features=6, chunk=512, device="cpu"), x, [7]), expected)
+
+
+@pytest.mark.parametrize("warmup", ["nan", "zero"])
+def test_a_push_stopped_part_way_takes_nothing(warmup):
+    """An interrupt in a push's third chunk left the fill state and the rows kept advanced while ``rows``
+    said nothing was taken: pushing on gave 4,231 other values (a late symbol filled from a row not taken)."""
+    x = prices(3000, 4, seed=3)
+    expected = tsconv.features(x, "default", chunk=256, warmup=warmup)
+    stream = tsconv.Stream("default", features=4, chunk=256, warmup=warmup, device="cpu")
+    first = stream.push(x[:100])
+    run, calls = stream._backend.run, []
+
+    def interrupted(*args, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return run(*args, **kw)
+
+    stream._backend.run = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        stream.push(x[100:2000], time=np.arange(100, 2000))
+    assert stream.rows == 100 and stream.last_time is None
+    stream._backend.run = run
+    _same(np.concatenate([first, stream.push(x[100:2000]), stream.push(x[2000:])]), expected)
+
+
+def test_a_time_of_nat_is_refused():
+    stream = tsconv.Stream("default", features=1)
+    t = np.array(["2026-01-02T09:30:05", "NaT", "2026-01-02T09:30:01"], dtype="datetime64[ns]")
+    with pytest.raises(tsconv.TsconvError, match=r"row 1 of this push has no time \(NaT\)"):
+        stream.push(np.ones((3, 1)), time=t)
+    assert stream.rows == 0 and stream.last_time is None

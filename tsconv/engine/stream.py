@@ -128,8 +128,28 @@ class Stream:
         """The features [n, D] float32 of ``rows`` [n, F] (or [F]: one row), the next steps of the series."""
         is_torch = isinstance(rows, torch.Tensor)
         x = self._checked(rows)
-        if time is not None:
-            self._check_time(time, x.shape[0])
+        last_time = self._checked_time(time, x.shape[0]) if time is not None else self.last_time
+        saved = self._saved()
+        try:
+            out = self._push(x)
+        except BaseException:  # an interrupt or a warning made an error, part-way: nothing of the push taken
+            self._restore(saved)
+            raise
+        self.last_time = last_time
+        return torch.from_numpy(out) if is_torch else out
+
+    def _saved(self) -> tuple[Any, ...]:
+        """What a push changes, to restore where it does not complete."""
+        z, r = self._zscore_level, self._rounding
+        return (self._rows_kept, self._state.copy(), self._level.copy(), None if z is None else z.clone(),
+                self._pushed, self._last, r.pending.copy(), r.checks, r.warned)  # fmt: skip
+
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        (self._rows_kept, self._state, self._level, self._zscore_level, self._pushed, self._last,
+         self._rounding.pending, self._rounding.checks, self._rounding.warned) = saved  # fmt: skip
+
+    def _push(self, x: np.ndarray) -> np.ndarray:
+        """The features of rows ``x`` (checked), the state advanced past them."""
         if self._columns is not None:
             x = x[:, self._columns]
         wide = x.shape[0] and not exact_in_float32(x.dtype)
@@ -154,7 +174,7 @@ class Stream:
                 pos = stop
         self._pushed = begin + x.shape[0]
         self._backend.finish()  # the FP16-storage check's warnings, once its first chunk has been seen
-        return torch.from_numpy(out) if is_torch else out
+        return out
 
     def _compute(self, raw: np.ndarray, pos: int) -> np.ndarray:
         """Rows [pos, pos + n) of one chunk, as the chunked engine computes that chunk."""
@@ -214,7 +234,9 @@ class Stream:
             )
         return arr
 
-    def _check_time(self, time: Any, n: int) -> None:
+    def _checked_time(self, time: Any, n: int) -> Any:
+        """The last of ``time``'s ``n`` stamps (the last time pushed, for n = 0), once they are checked to
+        increase strictly from the last time pushed."""
         t = time.detach().cpu().numpy() if isinstance(time, torch.Tensor) else np.asarray(time)
         if t.ndim == 0:
             t = t[None]
@@ -225,7 +247,13 @@ class Stream:
                 hint="pass time as a 1-D array as long as rows, or leave it out.",
             )
         if n == 0:
-            return
+            return self.last_time
+        if t.dtype.kind == "M" and np.isnat(t).any():
+            i = int(np.flatnonzero(np.isnat(t))[0])
+            raise TsconvError(
+                f"push(): row {i} of this push has no time (NaT)",
+                hint="give every row its timestamp; nothing of this push was taken.",
+            )
         if self.last_time is not None and t.dtype != np.asarray(self.last_time).dtype:
             raise ShapeError(
                 f"push(): time is {t.dtype}, earlier pushes gave {np.asarray(self.last_time).dtype}"
@@ -240,7 +268,7 @@ class Stream:
                 f"{before} ({seq[bad[0]]})",
                 hint="push rows in time order, one row per timestamp; nothing of this push was taken.",
             )
-        self.last_time = t[-1]
+        return t[-1]
 
 
 def _feature_names(features: int | Sequence[str]) -> tuple[str, ...]:
