@@ -55,7 +55,8 @@ class Stream:
     ``[preprocess] fill``) across pushes, and a feature may start late (NaN until its first value).
 
     ``push(rows, time=...)``: optional timestamps of the rows (a 1-D integer or datetime64 array of n),
-    checked to increase strictly within and across pushes (:attr:`last_time`); they are not returned.
+    checked to increase strictly within and across pushes (:attr:`last_time`); they are not returned. A push
+    that raises, part-way too (an interrupt, a warning turned into an error), leaves the stream as it was.
     Not thread-safe: push from one thread.
     """
 
