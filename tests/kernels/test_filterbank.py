@@ -21,7 +21,7 @@ from tsconv.pipeline.spec import pipeline_from_dict, resolve
 from ..helpers import write_store
 
 ALL = ["id", "lag:3", "diff:1", "diff:32", "ret:1", "ret:16", "ma:7", "ma:32", "dev:32", "dev:256",
-       "std:2", "std:20", "zscore:64", "ema:8", "ema:32", "ema:5:9"]  # fmt: skip
+       "std:2", "std:20", "std:100", "zscore:7", "zscore:64", "ema:8", "ema:32", "ema:5:9"]  # fmt: skip
 DEFAULT = ["diff:1", "diff:32", "diff:256", "dev:32", "dev:256"]
 # every kind the compiled CPU bank takes (a bank with ret or an EMA, like ALL, runs on torch ops)
 NATIVE = ["id", "lag:3", "diff:1", "diff:32", "ma:7", "ma:32", "dev:32", "dev:256", "dev:20", "std:2", "std:20",
@@ -232,6 +232,40 @@ def test_the_reference_gives_a_window_of_equal_values_std_0() -> None:
     bank = filter_bank(y[0].T, filters, dilation=1).numpy()  # [6 - 2, 2]: rows 2..5
     np.testing.assert_array_equal(bank[2:, 0], [0.0, 0.0])
     assert np.isnan(bank[2:, 1]).all()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch-ops"])
+def test_flat_float64_windows_of_any_length_give_std_0_and_z_score_nan(native: bool) -> None:
+    """A window of 3+ binary digits joined its segments' means from their rounded sum: on float64 ticks a flat
+    window of 7, 31 or 255 steps gave a std of 1e-14 and a z-score of 1.87 where the value had not moved."""
+    from tsconv import config
+
+    rng = np.random.default_rng(5)
+    x = np.round(100 + np.cumsum(rng.choice([-1, 0, 0, 0, 0, 1], size=(1500, 8)), axis=0) * 0.01, 2)
+    x[:, 3] = 216.08
+    x[700:, 5] = x[699, 5]  # a symbol that stops trading
+    windows = (3, 7, 13, 31, 100, 255)
+    bank = [f"{k}:{w}" for w in windows for k in ("std", "zscore")]
+    with config.override(native_bank=native):
+        y = _run(x, bank)
+    for m, spec in enumerate(bank):
+        w = int(spec.split(":")[1])
+        flat = (
+            np.ptp(np.lib.stride_tricks.sliding_window_view(x, w, axis=0), axis=2) == 0
+        )  # [rows - w + 1, c]
+        got = y[w - 1 :, m :: len(bank)][flat]
+        assert flat.sum() > 100
+        if spec.startswith("std"):
+            assert (got == 0).all(), (
+                f"{spec}: {np.count_nonzero(got)} flat windows with a std, e.g. {got[got != 0][:3]}"
+            )
+        else:
+            assert np.isnan(got).all(), (
+                f"{spec}: {np.count_nonzero(~np.isnan(got))} flat windows with a z-score"
+            )
+        want = _warm(reference(x, spec)[:, :], spec)
+        for c in range(x.shape[1]):
+            _check(y[:, c * len(bank) + m], want[:, c], f"x{c}.{spec}")
 
 
 def test_warmup_zero_uses_zero_history() -> None:
@@ -485,6 +519,24 @@ def test_bad_new_filters(spec: str, match: str) -> None:
 def test_the_fingerprint_records_how_a_bank_is_computed() -> None:
     plan = resolve(pipeline_from_dict({"conv": [{"filters": DEFAULT}]}), ["a"])
     assert plan.as_run()["stages"][0]["compute"] == "filters-3"
+    # a std or z-score window of 3+ binary digits joins its segments otherwise than before: its outputs are
+    # not continued by this version; the other banks' bits are unchanged and theirs are
+    for filters, carried in (
+        (["std:7"], True),
+        (["zscore:100", "diff:1"], True),
+        (["std:20", "zscore:64"], False),
+    ):
+        stage = resolve(pipeline_from_dict({"conv": [{"filters": filters}]}), ["a"]).as_run()["stages"][0]
+        assert (stage.get("moments") == "carried-mean") is carried, filters
+
+
+def test_window_moments_of_a_flat_float64_window_are_exactly_0() -> None:
+    from tsconv.kernels.filterbank import window_moments
+
+    x = torch.full((300, 2), 216.08, dtype=torch.float64)
+    for w in (7, 31, 100, 255):
+        s, m = window_moments(x, w)
+        assert (m == 0).all(), (w, m.abs().max())
 
 
 @pytest.mark.slow

@@ -348,7 +348,7 @@ def _window(kept: dict[int, _Level], w: int, d: int, lo: int, hi: int, ops: _Ops
             moments: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """The window of ``w`` steps ending at tile rows [lo, hi): its (weighted) sum and, with ``moments``,
     its sum of squared deviations from its mean. Segments are the binary digits of w, newest first."""
-    acc_s = acc_m = None
+    acc_s = acc_m = acc_mu = None
     acc_n = off = 0
     for j in range(w.bit_length()):
         if not w >> j & 1:
@@ -360,14 +360,32 @@ def _window(kept: dict[int, _Level], w: int, d: int, lo: int, hi: int, ops: _Ops
         size = 1 << j
         if acc_s is None:
             acc_s, acc_m = seg_s, seg_m
+            acc_mu = seg_s
         else:
             if moments:
-                acc_m = ops.merge(seg_s, seg_m, acc_s, acc_m, 1.0 / size, 1.0 / acc_n,
-                                  size * acc_n / (size + acc_n))  # fmt: skip
+                acc_m, acc_mu = _join_moments(ops, seg_s, seg_m, acc_mu, acc_m, size, acc_n, last=w >> j == 1)
             acc_s = ops.axpy(seg_s, acc_s, None if r is None else r**off)
         acc_n += size
         off += size
     return acc_s, acc_m
+
+
+def _join_moments(ops: _Ops, seg_s: torch.Tensor, seg_m: torch.Tensor | None, acc_mu: torch.Tensor,
+                  acc_m: torch.Tensor | None, size: int, acc_n: int, *,
+                  last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """A window's segment of ``size`` steps (its sum ``seg_s``, moments ``seg_m``) joined to the newer steps
+    summed so far (``acc_n`` of them: their moments ``acc_m`` and mean ``acc_mu``; for a power of two, their
+    sum): the joined moments and, unless ``last``, mean.
+
+    The newer steps' mean is carried rather than taken as their sum / acc_n: of a flat float64 window (every
+    value v) that sum is rounded once acc_n is not a power of two (3v, say), and the mean it gave was an ulp
+    off v, so the join saw a nonzero deviation and a flat window of 7, 31 or 255 steps got a standard deviation
+    of 1e-14 and a finite z-score. A carried mean moves only by a segment's nonzero deviation: v stays v."""
+    ib = 1.0 / acc_n if acc_n & (acc_n - 1) == 0 else 1.0  # a sum (the first segment alone), else a mean
+    m = ops.merge(seg_s, seg_m, acc_mu, acc_m, 1.0 / size, ib, size * acc_n / (size + acc_n))
+    if last:
+        return m, None
+    return m, ops.mean_join(acc_mu, ib, seg_s, 1.0 / size, size / (size + acc_n))
 
 
 def _bank_tile(x: torch.Tensor, filters: tuple[Filter, ...], d: int, halo: int, out3: torch.Tensor,
@@ -435,6 +453,12 @@ class _Ops(Protocol):
         (ia, ib: 1 / the windows' lengths; coef: na nb / (na + nb)); None stands for zeros."""
         raise NotImplementedError
 
+    def mean_join(self, mu: torch.Tensor, mi: float, s: torch.Tensor, i: float, w: float) -> torch.Tensor:
+        """The mean ``mu mi`` moved towards a segment's mean ``s i`` by the segment's weight ``w``:
+        ``mu mi - (mu mi - s i) w``, as rounded operations (``mu mi`` and ``s i`` exact: mi is 1 or, like i,
+        1 over a power of two)."""
+        raise NotImplementedError
+
     def finish(self, kind: str, dest: torch.Tensor, cur: torch.Tensor, y: torch.Tensor | None = None,
                m: torch.Tensor | None = None, *, window: int = 1, gain: float = 1.0) -> None:  # fmt: skip
         """One filter's output from the current rows ``cur``, the second operand ``y`` (the lagged rows, or
@@ -456,6 +480,10 @@ class _TorchOps(_Ops):
         if ma is not None or mb is not None:
             return sq.add_(ma if mb is None else mb)
         return sq
+
+    def mean_join(self, mu, mi, s, i, w):  # noqa: ANN001, ANN201
+        mu = torch.mul(mu, mi)
+        return torch.sub(mu, torch.sub(mu, torch.mul(s, i)).mul_(w))
 
     def finish(self, kind, dest, cur, y=None, m=None, *, window=1, gain=1.0):  # noqa: ANN001, ANN201
         if kind == "id":
@@ -519,11 +547,9 @@ def window_moments(x: torch.Tensor, w: int) -> tuple[torch.Tensor, torch.Tensor]
             a, b = w - 1 - off - start, n - off - start
             seg_s, seg_m = cur_s[a:b], None if cur_m is None else cur_m[a:b]
             if acc_s is None:
-                acc_s, acc_m = seg_s, seg_m
+                acc_s, acc_m, acc_mu = seg_s, seg_m, seg_s
             else:
-                acc_m = ops.merge(
-                    seg_s, seg_m, acc_s, acc_m, 1.0 / size, 1.0 / acc_n, size * acc_n / (size + acc_n)
-                )
+                acc_m, acc_mu = _join_moments(ops, seg_s, seg_m, acc_mu, acc_m, size, acc_n, last=w >> j == 1)
                 acc_s = ops.axpy(seg_s, acc_s, None)
             acc_n += size
             off += size

@@ -21,6 +21,7 @@ typedef struct {
     int top;        /* highest set bit of w */
     int moments;    /* a std or zscore reads it */
     double *s, *m;  /* the window's sum and sum of squared deviations at the current row, when summed */
+    double *mu;     /* the mean of the segments joined so far (a std or z-score's, of 3+ binary digits) */
     const double *sp, *mp; /* where they are for the current row (s and m, or a level's ring row) */
 } window_t;
 
@@ -37,6 +38,16 @@ static inline double merge(double sa, double ma, double sb, double mb, double ia
     double sq = delta * delta;
     sq = sq * coef;
     return sq + (ma + mb);
+}
+
+/* torch's _TorchOps.mean_join: mu mi - (mu mi - s i) w. A mean carried from segment to segment, not a sum /
+   its count: of a flat float64 window that sum rounds (3v) and the mean it gives is an ulp off v, which gave
+   flat windows a standard deviation of 1e-14 */
+static inline double mean_join(double mu, double mi, double s, double i, double w) {
+    mu = mu * mi;
+    double delta = mu - s * i;
+    delta = delta * w;
+    return mu - delta;
 }
 
 /* out[k * M + f] = planes[f * CB + k] for k in [k0, CB): a constant M and CB let the compiler use shuffles */
@@ -147,7 +158,7 @@ static int make_plan(plan_t *p, int M, const int32_t *kinds, const int64_t *para
         total += (size_t)size * (j <= p->mtop ? 2 : 1);
     }
     p->window_at = total;
-    p->total = total + (size_t)p->nw * 2; /* each window's sum and moments at the current row */
+    p->total = total + (size_t)p->nw * 3; /* each window's sum, moments and mean at the current row */
     return 0;
 }
 
@@ -172,14 +183,15 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const void
     const int64_t ngroups = (ncb + G - 1) / G;
     const size_t ring_stride = p->window_at * CB; /* one block's rings, in doubles */
     double *scratch = NULL; /* 64-byte aligned: a block's row of levels is whole cache lines */
-    size_t doubles = G * ring_stride + (size_t)nw * 2 * CB;
+    size_t doubles = G * ring_stride + (size_t)nw * 3 * CB;
     if (posix_memalign((void **)&scratch, 64, doubles * sizeof(double) + (size_t)CB * M * sizeof(float)))
         return -1;
     float *rowbuf = (float *)(scratch + doubles);
     window_t *win = p->win;
     for (int wi = 0; wi < nw; wi++) {
-        win[wi].s = scratch + G * ring_stride + 2 * wi * CB;
+        win[wi].s = scratch + G * ring_stride + 3 * wi * CB;
         win[wi].m = win[wi].s + CB;
+        win[wi].mu = win[wi].s + 2 * CB;
     }
     const int64_t ntasks = ((n + R - 1) / R) * ngroups;
     for (int64_t task = task0; task < ntasks; task += step) {
@@ -233,7 +245,7 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const void
             /* each window's sum (and moments) at this row: its segments newest first */
             for (int wi = 0; wi < nw; wi++) {
                 window_t *wn = &win[wi];
-                double *restrict ws = wn->s, *restrict wm = wn->m;
+                double *restrict ws = wn->s, *restrict wm = wn->m, *restrict wmu = wn->mu;
                 if ((wn->w & (wn->w - 1)) == 0) { /* one level: read in place */
                     wn->sp = rb + (p->ring_at[wn->top] + (size_t)(i & p->mask[wn->top])) * CB;
                     wn->mp = wn->sp + p->ring_rows[wn->top] * CB;
@@ -254,9 +266,21 @@ static inline __attribute__((always_inline)) int run_tasks(plan_t *p, const void
                             IVDEP for (int k = 0; k < CB; k++) wm[k] = segm[k];
                     } else {
                         if (wn->moments) {
-                            const double ia = 1.0 / (double)size, ib = 1.0 / (double)acc_n;
+                            /* the first segment alone: its sum (exact over a power of two), else the mean */
+                            const int first = (acc_n & (acc_n - 1)) == 0;
+                            const double ia = 1.0 / (double)size, ib = first ? 1.0 / (double)acc_n : 1.0;
                             const double coef = (double)(size * acc_n) / (double)(size + acc_n);
-                            IVDEP for (int k = 0; k < CB; k++) wm[k] = merge(seg[k], segm[k], ws[k], wm[k], ia, ib, coef);
+                            const int follows = (wn->w >> (j + 1)) != 0; /* another segment, older */
+                            const double wt = (double)size / (double)(size + acc_n);
+                            if (first) {
+                                IVDEP for (int k = 0; k < CB; k++) wm[k] = merge(seg[k], segm[k], ws[k], wm[k], ia, ib, coef);
+                                if (follows)
+                                    IVDEP for (int k = 0; k < CB; k++) wmu[k] = mean_join(ws[k], ib, seg[k], ia, wt);
+                            } else {
+                                IVDEP for (int k = 0; k < CB; k++) wm[k] = merge(seg[k], segm[k], wmu[k], wm[k], ia, 1.0, coef);
+                                if (follows)
+                                    IVDEP for (int k = 0; k < CB; k++) wmu[k] = mean_join(wmu[k], 1.0, seg[k], ia, wt);
+                            }
                         }
                         IVDEP for (int k = 0; k < CB; k++) ws[k] = seg[k] + ws[k];
                     }

@@ -120,6 +120,12 @@ class TritonOps:
         )  # fmt: skip
         return out
 
+    def mean_join(self, mu, mi, s, i, w):  # noqa: ANN001, ANN201
+        # torch's elementwise ops on the device: a kernel of its own would save one pass of three, once per
+        # window of three or more binary digits that a std or z-score reads
+        mu = torch.mul(mu, mi)
+        return torch.sub(mu, torch.sub(mu, torch.mul(s, i)).mul_(w))
+
     def finish(self, kind, dest, cur, y=None, m=None, *, window=1, gain=1.0):  # noqa: ANN001, ANN201
         n, c = cur.shape
         y_ = cur if y is None else y

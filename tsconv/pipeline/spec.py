@@ -20,6 +20,7 @@ import os
 import re
 import tomllib
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,6 +333,7 @@ class ResolvedPipeline:
                     # CUDA kernels rounded to float32; filters-1: a dense convolution padded to the longest
                     # filter); outputs of another version are not extended or resumed
                     **({"compute": "filters-3"} if layer.structured else {}),
+                    **_moments_arithmetic(f.taps for f in layer.filters or () if f.kind in ("std", "zscore")),
                 }
                 for stage, layer in zip(self.pipeline.stages, self.layers, strict=True)
             ],
@@ -358,9 +360,19 @@ class ResolvedPipeline:
         if self.preprocess is not None and self.preprocess.zscore is not None:
             # the z-score's arithmetic changed (pairwise moments; float32 rows not centred): an output of the
             # old is not continued by the new, whose rows would differ in the last bits
-            parts.append({"zscore_arithmetic": ZSCORE_ARITHMETIC})
+            parts.append(
+                {"zscore_arithmetic": ZSCORE_ARITHMETIC, **_moments_arithmetic([self.preprocess.zscore])}
+            )
         blob = json.dumps(parts, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+
+def _moments_arithmetic(windows: Iterable[int]) -> dict[str, str]:
+    """The fingerprint's word on how the standard deviations of ``windows`` are joined, where it changed:
+    a window of three binary digits or more (7, 31, 100) carries the mean of its joined segments (its sum over
+    their count rounded, and gave a flat float64 window a std of 1e-14, not 0); the other windows' bits did
+    not change, and their outputs are continued as before."""
+    return {"moments": "carried-mean"} if any(w.bit_count() >= 3 for w in windows) else {}
 
 
 # --------------------------------------------------------------------------------------------- loading
