@@ -273,3 +273,24 @@ def test_the_checks_pinned_copy_outlives_a_capture_that_its_thread_ends_in():
     torch.cuda.synchronize()
     assert ended_in_capture
     torch.testing.assert_close(y, x)
+
+
+@pytest.mark.parametrize("chunk", [1024, 65536])
+@pytest.mark.parametrize("first_rows", ["late symbol", "stale quote"])
+def test_a_move_the_first_rows_cannot_show_is_still_warned(first_rows, chunk):
+    """A stage that mixes in a symbol listed at row 3,000 is NaN over the first rows, and a zero-sum filter
+    over a stale opening quote is 0 there: the check, on the first 1,024 rows alone, judged nothing and warned
+    of nothing while storage moved the outputs by up to 0.81 of their scale. It samples the rest of a long
+    chunk too, and checks outputs it could not judge again on later chunks."""
+    x = price_series(12_000, 8, seed=31)
+    if first_rows == "late symbol":
+        x[:3000, 5] = np.nan
+    else:
+        x[:3000] = x[3000]
+    w = np.random.default_rng(2).standard_normal((8, 8, 5))
+    pipe = {
+        "conv": [{"filters": ["id"]}, {"weights": (w - w.mean(axis=2, keepdims=True)).astype(np.float32)}]
+    }
+    y, warned = _run(x, pipe, chunk=chunk)
+    assert len(warned) == 1 and "[[conv]] #2" in warned[0], warned
+    assert _relative_error(y, x, pipe) > 1e-2

@@ -189,7 +189,8 @@ class Backend:
         self.reads_level = self.recenter_first
         self.head = plan.head
         self._storage = _StorageCheck(plan) if _StorageCheck.needed(plan) else None
-        self._checking: _StorageCheck | None = None  # started, its warnings not yet given
+        self._checking: list[_StorageCheck] = []  # started, their warnings not yet given
+        self._warned: set[str] = set()  # the stages warned of
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
         # A bank as the last stage runs alone, then the head as torch's matmul (the "unfused" path).
@@ -300,10 +301,12 @@ class Backend:
     @torch.no_grad()
     def finish(self) -> None:
         """Give the FP16-storage check's warnings (waiting for it if it still runs); call at a run's end."""
-        if self._checking is not None:
-            checking, self._checking = self._checking, None
-            for message in checking.wait():
-                warnings.warn(message, TsconvWarning, stacklevel=2)
+        checking, self._checking = self._checking, []
+        for check in checking:
+            for what, message in check.wait():
+                if what not in self._warned:  # once per stage, from the earliest check that saw it
+                    self._warned.add(what)
+                    warnings.warn(message, TsconvWarning, stacklevel=2)
 
     def run(
         self,
@@ -357,8 +360,9 @@ class Backend:
             if self._storage is not None and self._storage.start(
                 self, x, first_row, level, centered=centered
             ):
-                self._checking, self._storage = self._storage, None
-            if self._checking is not None and self._checking.done() and not _capturing(x):
+                self._checking.append(self._storage)
+                self._storage = self._storage.again()
+            if self._checking and all(c.done() for c in self._checking) and not _capturing(x):
                 self.finish()
         start = first_row
         y = None
@@ -568,6 +572,16 @@ _WARN_FROM = FP16_WARN / 2
 # scale went unwarned with 128 rows, and were warned with 1024 (those within 5% of 1e-3 still go unwarned).
 _CHECK_ROWS = (128, 1024)
 _CHECK_MACS = 100_000_000
+# Where an input feature has fewer than _CHECK_ROWS[0] finite, moving values over a check's rows (a symbol not
+# yet listed, a stale quote under a zero-sum filter), the outputs it reaches are not judged there: a later chunk
+# is checked too (beside the first, from the data alone), from a row at
+# least twice as far into the series (a check costs at most about 0.1 s of one core, beside the run), up to
+# this many times in all. One check alone missed moves of 2.3e-3 to 0.81 of the scale, unwarned, where the
+# first 1,024 rows held a symbol that started at row 3,000.
+_CHECK_TIMES = 32
+# Samples a check takes from its chunk: the first rows, then shorter ones (a quarter as long, 128 rows at least)
+# spread over the rest of the chunk.
+_CHECK_SPREAD = 4
 # The recentering block the check assumes on CUDA: the dense kernels' largest fp32 time tile.
 _CUDA_BLOCK = 128
 
@@ -602,13 +616,19 @@ class _StorageCheck:
     whose weights float16 holds exactly, cost nothing.
     """
 
-    def __init__(self, plan: ResolvedPipeline) -> None:
+    def __init__(self, plan: ResolvedPipeline, *, after: int | None = None, times: int = 1) -> None:
+        """``after``: the first step a chunk it may start on begins at (None: any); ``times``: which check
+        this is."""
         self.plan = plan
+        self.after, self.times = after, times
+        self.sparse = False  # an input feature had too few finite, moving values over the rows sampled
+        self._row = 0  # the global step of the rows checked
+        self._sizes: list[int] = []  # the rows of each sample, halo included
         self._thread: threading.Thread | None = None
         self._copied: torch.cuda.Event | None = None  # when the stage input has reached host memory
         self._keep: torch.Tensor | None = None  # the device tensor being copied, alive until then
         self._host: torch.Tensor | None = None  # its pinned copy
-        self._messages: list[str] = []
+        self._messages: list[tuple[str, str]] = []
         self._error: BaseException | None = None
 
     @staticmethod
@@ -625,7 +645,7 @@ class _StorageCheck:
     ) -> bool:
         """Start the check on this chunk's stage input ``x`` [L, C] (row 0 is global step ``first_row``);
         False when it has too few data rows (try the next chunk) or a CUDA graph is being captured."""
-        if _capturing(x):
+        if _capturing(x) or (self.after is not None and first_row < self.after):
             return False
         _release_finished()
         plan = self.plan
@@ -637,7 +657,25 @@ class _StorageCheck:
         m = min(max(_CHECK_ROWS[0], min(_CHECK_ROWS[1], _CHECK_MACS // macs)), x.shape[0] - a - halo)
         if m < 1:
             return False
-        u = x[a : a + halo + m].float()
+        self._row = first_row + a
+        # the first m rows, and up to _CHECK_SPREAD - 1 shorter samples spread over the rest of the chunk: one
+        # long chunk (features() takes 65,536 rows at once) whose first rows could not judge an output (a
+        # symbol listed later, a stale opening quote) holds rows that can
+        starts, sizes = [a], [halo + m]
+        rest = x.shape[0] - (a + halo + m)  # rows after the first sample
+        m2 = max(_CHECK_ROWS[0], m // _CHECK_SPREAD)
+        if rest >= halo + m2:
+            span = rest - (halo + m2)
+            for k in range(1, _CHECK_SPREAD):
+                starts.append(a + halo + m + span * k // (_CHECK_SPREAD - 1))
+                sizes.append(halo + m2)
+        self._sizes = sizes
+        u = torch.cat([x[s : s + n] for s, n in zip(starts, sizes, strict=True)]).float()
+        if not u.is_cuda:
+            # decided here, from the inputs, so that where later checks start does not depend on when this one
+            # ends (a CUDA run's steps are long, and its samples spread over the first)
+            moving = torch.isfinite(u[1:]) & (u[1:] != u[:-1])
+            self.sparse = bool((moving.sum(dim=0) < _CHECK_ROWS[0]).any())
         if centered:
             u = u + level.float()
         if u.is_cuda:
@@ -662,8 +700,15 @@ class _StorageCheck:
     def done(self) -> bool:
         return self._thread is not None and not self._thread.is_alive()
 
-    def wait(self) -> list[str]:
-        """The warnings' messages, once the check has finished; re-raises an error it met."""
+    def again(self) -> _StorageCheck | None:
+        """The next check, once this one has started, where its inputs could not judge every output (it runs
+        beside this one: where it starts depends on the data alone)."""
+        if not self.sparse or self.times >= _CHECK_TIMES:
+            return None
+        return _StorageCheck(self.plan, after=max(2 * self._row, self._row + 1), times=self.times + 1)
+
+    def wait(self) -> list[tuple[str, str]]:
+        """The warnings (the stage, the message), once the check has finished; re-raises an error it met."""
         if self._thread is not None:
             self._thread.join()
         _release_finished()
@@ -702,6 +747,23 @@ class _StorageCheck:
         head_residual = None if head is None else _residual(head.weight_dtype, head.weight, head.given)
         if all(r is None for r in residuals) and head_residual is None:
             return  # float16 holds every stored weight exactly
+        noted: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for part in torch.split(u, self._sizes):
+            for what, err, exact in self._moves(part, layers, residuals, head_residual, block, recenter):
+                errs, exacts = noted.setdefault(what, ([], []))
+                errs.append(err)
+                exacts.append(exact)
+        for what, (errs, exacts) in noted.items():
+            self._note(torch.cat(errs), torch.cat(exacts), what)
+
+    def _moves(
+        self, u: torch.Tensor, layers: tuple[_DeviceLayer, ...], residuals: list[np.ndarray | None],
+        head_residual: np.ndarray | None, block: int, recenter: bool,
+    ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:  # fmt: skip
+        """For each stage (and the head) storage rounds: its name, what the rounding moved its outputs by and
+        its outputs with the weights as given, [rows, outputs], over one sample ``u`` [halo + rows, C]."""
+        plan = self.plan
+        moves = []
         y = u.T.unsqueeze(0)  # [1, C, L]
         origin = plan.pipeline.origin
         for i, (layer, dl, res) in enumerate(zip(plan.layers, layers, residuals, strict=True)):
@@ -728,12 +790,13 @@ class _StorageCheck:
                     err = _conv_recentered(y, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
                 else:
                     err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
-                self._note(err[0].T, out[0].T, f"{origin}: [[conv]] #{i + 1} ({layer.name})")
+                moves.append((f"{origin}: [[conv]] #{i + 1} ({layer.name})", err[0].T, out[0].T))
             y = apply_activation(out, layer.activation)
         if head_residual is not None:
             h = y[0].T
-            self._note(h @ torch.from_numpy(head_residual), h @ torch.from_numpy(plan.head.given).float(),
-                       f"{origin}: [head]")  # fmt: skip
+            moves.append((f"{origin}: [head]", h @ torch.from_numpy(head_residual),
+                          h @ torch.from_numpy(plan.head.given).float()))  # fmt: skip
+        return moves
 
     def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str) -> None:
         """Keep a warning when ``err`` [rows, outputs] exceeds ``_WARN_FROM`` of each output's scale (its largest
@@ -744,12 +807,12 @@ class _StorageCheck:
         rel = torch.where(scale > 0, moved / scale, 0.0)
         worst = int(torch.argmax(rel))
         if float(rel[worst]) > _WARN_FROM:
-            self._messages.append(
+            self._messages.append((what,
                 f"{what}: storing its weights as float16 moves output {worst} by up to {float(rel[worst]):.1e} "
-                f"of its scale on the first {err.shape[0]} rows of this data (longer spans can move it further, "
+                f"of its scale on {err.shape[0]} rows sampled from this data (longer spans can move it further, "
                 f'past {FP16_WARN:.0e}); set weight_dtype = "float32" for it (or use weights that float16 '
-                "holds exactly, such as power-of-two windows)"
-            )
+                "holds exactly, such as power-of-two windows)",
+            ))  # fmt: skip
 
 
 def _residual(dtype: str, stored: np.ndarray, given: np.ndarray) -> np.ndarray | None:
