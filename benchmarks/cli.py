@@ -611,15 +611,31 @@ def main() -> int:
         "repeats": args.repeats, "runs": [],
         "bytecode": {"pycache_prefix": sys.pycache_prefix, "dont_write_bytecode": sys.dont_write_bytecode},
     }  # fmt: skip
+    call = f"{doc['commit']} ({', '.join(names)})"  # this call's start-up, named by commit and stores
+    doc["startup_s_by_call"] = {call: doc["startup_s"]}
     if args.merge is not None and args.merge.exists():
+        # the other stores' runs, from the same GPU only: the table is one machine's
         old = json.loads(args.merge.read_text())
-        doc["runs"] = [r for r in old.get("runs", []) if r["store"] not in names]
-        doc["dask"] = [r for r in old.get("dask", []) if r["store"] not in names]
-        for r in doc["runs"]:
-            r.setdefault("commit", old.get("commit"))
-        kept = {r["commit"] for r in doc["runs"]}
-        by_call = {c: v for c, v in old.get("startup_s_by_call", {}).items() if c in kept}
-        doc["startup_s_by_call"] = {**by_call, doc["commit"]: doc["startup_s"]}
+        for key in ("runs", "dask"):
+            for r in old.get(key, []):
+                r.setdefault("commit", old.get("commit"))
+                r.setdefault("gpu", old.get("gpu"))
+            doc[key] = [r for r in old.get(key, []) if r["store"] not in names and r["gpu"] == doc["gpu"]]
+            dropped = sorted(
+                {r["store"] for r in old.get(key, []) if r["store"] not in names}
+                - {r["store"] for r in doc[key]}
+            )
+            if dropped:
+                print(
+                    f"--merge: {key} of stores {', '.join(dropped)} ran on another GPU; left out", flush=True
+                )
+        kept = {(r["commit"], r["store"]) for r in doc["runs"]}
+        by_call = {
+            c: v
+            for c, v in old.get("startup_s_by_call", {}).items()
+            if any((c.split(" ")[0], st) in kept for st in c.partition("(")[2].rstrip(")").split(", "))
+        }
+        doc["startup_s_by_call"] = {**by_call, call: doc["startup_s"]}
     print(f"start-up {doc['startup_s']:.2f} s", flush=True)
 
     def save() -> None:
@@ -640,8 +656,8 @@ def main() -> int:
                 reps.append(tsconv_run(src, out, p, args.work, cache))
             med = sorted(reps, key=lambda r: r["wall_s"])[len(reps) // 2]
             row = {
-                "store": n, "pipeline": pipe, "commit": doc["commit"], "codec": spec["codec"], "rows": spec["rows"],
-                "features": spec["features"], "chunks": list(zarr_chunks(src)), "fresh_process": True,
+                "store": n, "pipeline": pipe, "commit": doc["commit"], "gpu": doc["gpu"], "codec": spec["codec"],
+                "rows": spec["rows"], "features": spec["features"], "chunks": list(zarr_chunks(src)), "fresh_process": True,
                 "cold_cache": False, **med, "wall_s": statistics.median(r["wall_s"] for r in reps),
                 "report_s": statistics.median(r["report_s"] for r in reps),
                 "wall_all_s": [r["wall_s"] for r in reps], "report_all_s": [r["report_s"] for r in reps],
@@ -669,7 +685,7 @@ def main() -> int:
                 dreps = [tsconv_run(src, out, p, args.work, cache, extra=one) for _ in range(args.repeats)]
                 wall, rep = (statistics.median(r[k] for r in dreps) for k in ("wall_s", "report_s"))
                 doc.setdefault("dask", []).append({
-                    "store": n, "pipeline": pipe, "commit": doc["commit"], "workers": 1, "fresh_process": True,
+                    "store": n, "pipeline": pipe, "commit": doc["commit"], "gpu": doc["gpu"], "workers": 1, "fresh_process": True,
                     "wall_s": wall, "report_s": rep, "wall_all_s": [r["wall_s"] for r in dreps],
                     "report_all_s": [r["report_s"] for r in dreps], "plain_wall_s": row["wall_s"],
                     "plain_report_s": row["report_s"], "wall_ratio": wall / row["wall_s"],
@@ -680,7 +696,7 @@ def main() -> int:
             if args.cold == f"{n}:{pipe}":
                 with tempfile.TemporaryDirectory() as empty:
                     r = tsconv_run(src, out, p, args.work, Path(empty))
-                doc["runs"].append({"store": n, "pipeline": pipe, "commit": doc["commit"], "codec": spec["codec"], "rows": spec["rows"],
+                doc["runs"].append({"store": n, "pipeline": pipe, "commit": doc["commit"], "gpu": doc["gpu"], "codec": spec["codec"], "rows": spec["rows"],
                                     "features": spec["features"], "chunks": row["chunks"], "fresh_process": True,
                                     "cold_cache": True, **r, "warm_wall_s": row["wall_s"]})  # fmt: skip
                 save()
