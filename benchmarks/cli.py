@@ -633,7 +633,8 @@ def main() -> int:
         by_call = {
             c: v
             for c, v in old.get("startup_s_by_call", {}).items()
-            if any((c.split(" ")[0], st) in kept for st in c.partition("(")[2].rstrip(")").split(", "))
+            # keys "COMMIT (STORES)", or a bare COMMIT in results written before calls named their stores
+            if any((c.split(" ")[0], st) in kept for st in _stores_of(c, kept))
         }
         doc["startup_s_by_call"] = {**by_call, call: doc["startup_s"]}
     print(f"start-up {doc['startup_s']:.2f} s", flush=True)
@@ -701,6 +702,13 @@ def main() -> int:
                                     "cold_cache": True, **r, "warm_wall_s": row["wall_s"]})  # fmt: skip
                 save()
     return 0
+
+
+def _stores_of(call: str, kept: set[tuple[str, str]]) -> list[str]:
+    """The stores a call's start-up key names ("COMMIT (a, b)"); for a bare commit, every store kept."""
+    if "(" in call:
+        return call.partition("(")[2].rstrip(")").split(", ")
+    return sorted({store for _, store in kept})
 
 
 def zarr_chunks(src: Path) -> tuple[int, ...]:
