@@ -183,6 +183,26 @@ def test_pipeline_module_equals_features(pipeline, names):
     assert _nan_equal(batch[0], expected)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "int64"])
+@pytest.mark.parametrize(("pipeline", "names"), [PIPELINES[0], PIPELINES[3], PIPELINES[4]])
+def test_pipeline_module_reads_wide_rows_as_features_does(pipeline, names, dtype):
+    """float64 prices and int64 ticks near 1e9: read as float64 on the CPU, as features() reads them (rounded
+    to float32 first, a one-step difference of ticks was up to 63 off, 7.6e-6 on float64 prices near 100)."""
+    x = _series(names).numpy().astype(np.float64)
+    if dtype == "int64":
+        x = np.nan_to_num(1e9 + np.round(x * 100), nan=1e9).astype(np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tsconv.TsconvWarning)
+        expected = torch.from_numpy(tsconv.features(x, pipeline, names=names))
+        m = (
+            Pipeline.from_pipeline(pipeline, names)
+            if names
+            else Pipeline.from_pipeline(pipeline, n_features=3)
+        )
+        got = m(torch.from_numpy(x))
+    assert _nan_equal(got, expected)
+
+
 def test_pipeline_module_warmup_zero_equals_features():
     x = _series(None, rows=300)
     m = Pipeline.from_pipeline("default", ["a", "b", "c"], warmup="zero")

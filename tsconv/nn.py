@@ -351,14 +351,19 @@ class Pipeline(torch.nn.Module):
 
     def _series(self, x: torch.Tensor) -> torch.Tensor:
         """One series [T, F] as features() computes a series that fits one chunk (the chunked engine's first
-        chunk: zero history before step 0, the level from the series itself)."""
-        x = x.to(torch.float32)
+        chunk: zero history before step 0, the level from the series itself). Rows of a dtype float32 does not
+        hold (float64, integers of more than 16 bits) are read as float64 where the backend takes them (the CPU),
+        as features() reads them: rounded to float32 first, prices near 1e9 in integer ticks lost up to 63 ticks
+        of a one-step difference."""
+        wide = x.dtype == torch.float64 or (not x.dtype.is_floating_point and x.dtype.itemsize > 2)
+        x = x.to(torch.float64 if wide and self._backend.reads_float64 else torch.float32)
         if self._columns is not None:
             x = x[:, self._columns]
         halo = self.halo
         unknown = torch.full_like(x[0], torch.nan)  # no fill state and no level before step 0
         filled = forward_fill_torch(x, unknown)
-        level = centering_level_torch(unknown, filled)
+        # a level is float32 (level_before's), float64 rows' too: the level of features()' first chunk
+        level = centering_level_torch(unknown.float(), filled)
         rows = torch.cat([x.new_zeros((halo, x.shape[1])), filled if self._fill else x])
         y = self._backend.run(rows, -halo, level)
         if self.warmup == "nan":
