@@ -160,10 +160,10 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
     return f
 
 
-def _check_report_path(report: Path, input_path: str, output: str | None) -> None:
-    """Refuse, before the run, a ``--report`` path tsconv must not or cannot write: inside the input store or
-    the output (it would replace one of their files), or in a folder that does not exist (click refuses a
-    folder itself)."""
+def _check_report_path(report: Path, input_path: str, output: str | None, *, flag: str = "--report") -> None:
+    """Refuse, before the run, a file path (``flag``'s) tsconv must not or cannot write: inside the input store
+    or the output (it would add to or replace their files), or in a folder that does not exist (click refuses
+    a folder itself)."""
     from tsconv.io.objstore import hierarchy_root, is_url
 
     target = report.resolve()
@@ -174,13 +174,14 @@ def _check_report_path(report: Path, input_path: str, output: str | None) -> Non
         root = hierarchy_root(Path(where))
         if target == root or root in target.parents:
             raise TsconvError(
-                f"--report {str(report)!r} lies inside the {what} {str(root)!r}: it would replace one of its files",
-                hint="write the report outside the stores, e.g. beside them.",
+                f"{flag} {str(report)!r} lies inside the {what} {str(root)!r}: tsconv never writes among a "
+                "store's files",
+                hint="write the file outside the stores, e.g. beside them.",
             )
     if not target.parent.is_dir():
         raise TsconvError(
-            f"--report {str(report)!r}: its folder {str(target.parent)!r} does not exist",
-            hint="create the folder first, or write the report elsewhere.",
+            f"{flag} {str(report)!r}: its folder {str(target.parent)!r} does not exist",
+            hint="create the folder first, or write the file elsewhere.",
         )
 
 
@@ -384,6 +385,8 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
 def plot(store: str, patterns: tuple[str, ...], rows: str | None, output: str) -> None:
     """Draw a store's features against time; for a tsconv output, with the inputs they came from."""
     from tsconv.io.plot import plot_store
+
+    _check_report_path(Path(output), store, None, flag="--output")
 
     click.echo(plot_store(store, features=list(patterns), rows=rows, output=output).summary())
 

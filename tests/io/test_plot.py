@@ -117,3 +117,13 @@ def test_parse_rows() -> None:
     with pytest.raises(TsconvError):
         parse_rows("10")
     assert np.arange(10)[parse_rows("-3:")].tolist() == [7, 8, 9]
+
+
+def test_a_figure_inside_the_store_is_refused(stores: tuple[Path, Path]) -> None:
+    """`plot in.zarr -o in.zarr/p.png` had added a file among the input store's own."""
+    src, out = stores
+    for store in (src, out):
+        before = sorted(p.name for p in store.rglob("*"))
+        line = _error_line(_plot(store, "-f", "x*", "-o", store / "values" / "p.png"))
+        assert "lies inside the input store" in line and "never writes among a store's files" in line
+        assert sorted(p.name for p in store.rglob("*")) == before
