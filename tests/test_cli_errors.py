@@ -1023,3 +1023,63 @@ def test_an_output_under_a_file_is_refused_naming_the_file(tmp_path: Path) -> No
         res, f"{str(tmp_path / 'afile')!r} is a file, not a folder", "hint: choose an --output in a folder"
     )
     assert snapshot(tmp_path) == before
+
+
+def _damaged_store(root: Path, how: str) -> Path:
+    src = write_store(root / "in.zarr", price_series(300, 2))
+    meta = src / "values" / "zarr.json"
+    if how == "not json":
+        meta.write_text("{bad json")
+        return src
+    doc = json.loads(meta.read_text())
+    if how == "negative shape":
+        doc["shape"] = [-5, 2]
+    elif how == "zero chunks":
+        doc["chunk_grid"]["configuration"]["chunk_shape"] = [0, 2]
+    elif how == "control character":
+        group = json.loads((src / "zarr.json").read_text())
+        group["attributes"]["features"] = ["a\nb", "c\x1b[31m"]
+        (src / "zarr.json").write_text(json.dumps(group))
+        return src
+    meta.write_text(json.dumps(doc))
+    return src
+
+
+@pytest.mark.parametrize(
+    ("how", "needle"),
+    [
+        ("not json", "an array's metadata cannot be read (JSONDecodeError"),
+        ("negative shape", "an array's metadata cannot be read (ValueError"),
+        ("zero chunks", "declares chunks [0, 2]; each must be at least 1"),
+        ("control character", "feature name 'a\\nb' holds a control character"),
+    ],
+)
+def test_a_damaged_store_is_refused_in_one_line(tmp_path: Path, how: str, needle: str) -> None:
+    src = _damaged_store(tmp_path, how)
+    assert_refused(invoke("-i", src, "-o", tmp_path / "out.zarr", "--device", "cpu"), needle)
+    assert_refused(CliRunner().invoke(main, ["inspect", str(src)]), needle)
+
+
+@pytest.mark.parametrize(
+    ("toml", "needle"),
+    [
+        ('[[conv]]\nweights = "w.npy\\u0000x"\n', "holds a NUL character"),
+        ('[[conv]]\nfilters = ["ma:' + "9" * 5000 + '"]\n', "unknown filter"),
+        ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "nest too deeply"),
+    ],
+    ids=["nul", "digits", "nesting"],
+)
+def test_a_hostile_pipeline_file_is_refused_in_one_line(tmp_path: Path, toml: str, needle: str) -> None:
+    src = write_store(tmp_path / "in.zarr", price_series(300, 2))
+    pipe = tmp_path / "p.toml"
+    pipe.write_text(toml)
+    assert_refused(
+        invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", pipe, "--device", "cpu"), needle
+    )
+
+
+def test_a_scheduler_address_dask_cannot_parse_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("distributed")
+    src = write_store(tmp_path / "in.zarr", price_series(300, 2))
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--scheduler", "garbage", "--device", "cpu")
+    assert_refused(res, "cannot reach the dask scheduler at 'garbage'")

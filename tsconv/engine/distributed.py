@@ -330,7 +330,10 @@ def run_distributed(
     elif isinstance(client, str):
         try:
             client, own_client = Client(client, timeout="30s"), True
-        except OSError as exc:
+        except (
+            OSError,
+            ValueError,
+        ) as exc:  # ValueError: an address dask cannot parse ("missing port number")
             raise TsconvError(
                 f"cannot reach the dask scheduler at {client!r}: {exc}",
                 hint="start one with `dask scheduler` and workers with `dask worker ADDRESS` (or dask-cuda-worker).",

@@ -17,6 +17,7 @@ import base64
 import binascii
 import json
 import os
+import unicodedata
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,7 +217,18 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
                 stacklevel=2,
             )
         return InputStore(path=p, values=node, time=None, features=names)
-    arrays = dict(node.arrays())
+    try:
+        arrays = dict(node.arrays())
+    except (ValueError, TypeError) as exc:  # an array's metadata document damaged (JSON, shape, chunks)
+        raise StoreError(
+            f"{where}: an array's metadata cannot be read ({type(exc).__name__}: {exc})"[:400],
+            hint="the store's zarr.json / .zarray files are damaged: write the store again.",
+        ) from None
+    for arr_name, arr in arrays.items():
+        if any(int(c) < 1 for c in arr.chunks):
+            raise StoreError(
+                f"{where}: array {arr_name!r} declares chunks {list(arr.chunks)}; each must be at least 1"
+            )
     name = _values_name(arrays, where)
     values = arrays[name]
     _check_values(values, where if name == "values" else f"{where}: {name!r}")
@@ -236,6 +248,14 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
         names = _coordinate_names(arrays[dims[1]], dims[1], values.shape[1], where)
     else:
         names = tuple(f"f{j}" for j in range(values.shape[1]))
+    bad = next((n for n in names if any(unicodedata.category(ch) == "Cc" for ch in n)), None)
+    if (
+        bad is not None
+    ):  # a newline or an escape sequence in a name would forge lines on a terminal, and in outputs
+        raise StoreError(
+            f"{where}: feature name {bad!r} holds a control character",
+            hint="name features with printable characters (the 'features' attribute or the feature coordinate).",
+        )
     dups = repeated_names(names)
     if dups:  # a pipeline selects features by name
         raise StoreError(

@@ -52,7 +52,10 @@ __all__ = [
 ]
 
 FILTER_KINDS = ("ma", "diff", "dev", "ema", "std", "zscore", "lag", "ret", "id")
-_FILTER_RE = re.compile(r"^(ma|diff|dev|ema|std|zscore|lag|ret|id)(?::(\d+))?(?::(\d+))?$", re.ASCII)
+# at most 18 digits a parameter (the largest allowed has 5): int() refuses 4,300 digits with a traceback
+_FILTER_RE = re.compile(
+    r"^(ma|diff|dev|ema|std|zscore|lag|ret|id)(?::(\d{1,18}))?(?::(\d{1,18}))?$", re.ASCII
+)
 _MAX_TAPS = 1 << 16
 MAX_PARAMETER = _MAX_TAPS
 # (1 - alpha)^K <= 2^-24: the weight an ema:S drops is below float32's resolution

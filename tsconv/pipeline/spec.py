@@ -409,6 +409,8 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PipelineError(f"{p}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise PipelineError(f"{p}: its arrays or tables nest too deeply for a pipeline file") from None
     return pipeline_from_dict(data, base_dir=p.parent, origin=str(p), text=text, confine=True)
 
 
@@ -822,6 +824,10 @@ def _load_array(
         return _check_array(arr, key, "<array>", where, table, ndim)
     if not rel:
         raise PipelineError(f"{where}: {table}: {key} must be a file path, got an empty string")
+    if "\0" in rel:
+        raise PipelineError(
+            f"{where}: {table}: {key} file {rel!r} holds a NUL character", hint="name a file."
+        )
     path = Path(rel) if Path(rel).is_absolute() else base.dir / rel
     if base.confine:
         _check_inside(path, rel, base.dir, key, where, table)
