@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -393,23 +394,43 @@ def test_non_increasing_time(tmp_path: Path, where: int, row: int, what: str) ->
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("rows", [1, 10, 256])
-def test_series_no_longer_than_warmup(tmp_path: Path, rows: int) -> None:
+@pytest.mark.parametrize(("filters", "rows", "shortest"), [(None, 1, 1), (["ma:256", "dev:32"], 10, 31),
+                                                         (["ma:256", "dev:32"], 31, 31)])  # fmt: skip
+def test_series_no_longer_than_warmup(
+    tmp_path: Path, filters: list[str] | None, rows: int, shortest: int
+) -> None:
     src = good_store(tmp_path, rows=rows)
+    args: list[Any] = ["-i", src, "-o", tmp_path / "out.zarr"]  # warmup nan
+    if filters is not None:
+        (tmp_path / "p.toml").write_text(f"[[conv]]\nfilters = {json.dumps(filters)}\n")
+        args += ["--pipeline", tmp_path / "p.toml"]
     before, before_input = snapshot(tmp_path), snapshot(src)
-    res = invoke("-i", src, "-o", tmp_path / "out.zarr")  # default pipeline: warm-up 256, warmup nan
+    res = invoke(*args)
     assert_refused(
-        res, f"the series has {rows} steps but the pipeline's warm-up is 256 steps", "--warmup zero"
+        res,
+        f"the series has {rows} steps but the pipeline's shortest warm-up is {shortest} steps",
+        "--warmup zero",
     )
     assert snapshot(tmp_path) == before
 
-    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--warmup", "zero")
+    res = invoke(*args, "--warmup", "zero", "--overwrite")
     assert res.exit_code == 0, res.output
     assert res.stderr == ""
     out = np.asarray(zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["values"][:])
-    assert out.shape == (rows, DEFAULT_OUTPUTS)
-    assert np.isfinite(out).all()
+    assert out.shape[0] == rows and np.isfinite(out).all()
     assert snapshot(src) == before_input
+
+
+def test_a_series_shorter_than_the_longest_warm_up_gives_the_short_filters(tmp_path: Path) -> None:
+    """9 steps of lag:1 and ma:10 had been refused ("every output would be NaN"): lag:1 has 8 values."""
+    src = good_store(tmp_path, rows=9, features=1)
+    (tmp_path / "p.toml").write_text('[[conv]]\nfilters = ["lag:1", "ma:10"]\n')
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", tmp_path / "p.toml", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    y = np.asarray(zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["values"][:])
+    x = np.asarray(zarr.open_group(str(src), mode="r")["values"][:])
+    np.testing.assert_array_equal(y[1:, 0], x[:-1, 0])
+    assert np.isnan(y[0, 0]) and np.isnan(y[:, 1]).all()
 
 
 def test_series_one_step_longer_than_warmup_runs(tmp_path: Path) -> None:

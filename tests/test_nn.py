@@ -251,8 +251,13 @@ def test_pipeline_module_gives_errors_with_hints():
         m(torch.zeros(3, 600))  # feature-major
     with pytest.raises(ShapeError, match=r"time-major series \[T, F\] or a batch"):
         m(torch.zeros(600))
-    with pytest.raises(ShapeError, match="every output would be NaN.*warmup='zero'"):
-        m(torch.zeros(100, 3))
+    with pytest.raises(
+        ShapeError, match="shortest warm-up is 1 steps, so every output would be NaN.*warmup='zero'"
+    ):
+        m(torch.zeros(1, 3))
+    # shorter than the longest warm-up: diff:1 has values, as features() gives them
+    x = torch.from_numpy(price_series(100, 3, seed=2))
+    assert _nan_equal(m(x), torch.from_numpy(tsconv.features(x.numpy(), "default")))
     with pytest.raises(TsconvError, match="inference-only"):
         m(torch.zeros(600, 3, requires_grad=True))
     with pytest.raises(PipelineError, match="input_names or n_features"):

@@ -333,9 +333,10 @@ class Pipeline(torch.nn.Module):
         if x.is_complex() or x.dtype == torch.bool:
             raise ShapeError(f"expected a real numeric tensor, got {x.dtype}", hint="convert with x.float().")
         steps = x.shape[-2]
-        if steps == 0 or (self.warmup == "nan" and steps <= self.halo):
+        shortest = min(self.plan.warmups) if self.plan.warmups else self.halo  # each output's own warm-up
+        if steps == 0 or (self.warmup == "nan" and steps <= shortest):
             raise ShapeError(
-                f"the series has {steps} steps but the pipeline's warm-up is {self.halo} steps, so every "
+                f"the series has {steps} steps but the pipeline's shortest warm-up is {shortest} steps, so every "
                 "output would be NaN",
                 hint="pass a longer series, or build the module with warmup='zero' for zero history.",
             )

@@ -32,9 +32,11 @@ def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str) -> 
     """A series of ``rows`` steps has an output row that is not all warm-up."""
     if rows == 0:
         raise StoreError(f"{where}: the series is empty (0 steps)")
-    if warmup == "nan" and rows <= plan.halo:
+    # each output has its own warm-up (a bank's short filters are valid before its long ones)
+    shortest = min(plan.warmups) if plan.warmups else plan.halo
+    if warmup == "nan" and rows <= shortest:
         raise StoreError(
-            f"{where}: the series has {rows} steps but the pipeline's warm-up is {plan.halo} steps, "
+            f"{where}: the series has {rows} steps but the pipeline's shortest warm-up is {shortest} steps, "
             "so every output would be NaN",
             hint="use a longer series, shorter filters, or warmup='zero' (--warmup zero) for zero history.",
         )

@@ -48,7 +48,7 @@ class Stream:
     rounding depends on the length of the call: it matches within float32 rounding. On CUDA the push runs the
     Triton kernels and matches within the engine's float32 bound. During the warm-up (the first ``halo``
     steps) rows are NaN with ``warmup="nan"``, as in a batch run (which refuses a series no longer than
-    the warm-up; a stream returns its NaN rows), or computed on zero history with ``warmup="zero"``.
+    its shortest warm-up; a stream returns its NaN rows), or computed on zero history with ``warmup="zero"``.
 
     Cost: a push of n rows computes n + at most :attr:`lookback` rows; the state kept is that many rows plus
     a few per-feature vectors, never the history. Missing values are forward-filled (or not, by
