@@ -1057,6 +1057,10 @@ def _damaged_store(root: Path, how: str) -> Path:
         doc["shape"] = [-5, 2]
     elif how == "zero chunks":
         doc["chunk_grid"]["configuration"]["chunk_shape"] = [0, 2]
+    elif how == "huge chunk":  # no chunk file: read as fill values, a chunk at a time
+        doc["shape"] = doc["chunk_grid"]["configuration"]["chunk_shape"] = [1_000_000, 100_000]
+    elif how == "billion features":
+        doc["shape"] = [300, 1_000_000_000]
     elif how == "control character":
         group = json.loads((src / "zarr.json").read_text())
         group["attributes"]["features"] = ["a\nb", "c\x1b[31m"]
@@ -1072,6 +1076,8 @@ def _damaged_store(root: Path, how: str) -> Path:
         ("not json", "an array's metadata cannot be read (JSONDecodeError"),
         ("negative shape", "an array's metadata cannot be read (ValueError"),
         ("zero chunks", "declares chunks [0, 2]; each must be at least 1"),
+        ("huge chunk", "of 372.5 GiB decoded; tsconv reads chunks of at most 2 GiB"),
+        ("billion features", "values declare 1,000,000,000 features; tsconv reads at most 1,048,576"),
         ("control character", "feature name 'a\\nb' holds a control character"),
     ],
 )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import os
 import unicodedata
 import warnings
@@ -161,6 +162,11 @@ def _is_group(path: Path) -> bool:
         return False
 
 
+# Bounds on what a store may declare (its metadata is a few bytes, whatever it declares)
+MAX_FEATURES = 1 << 20
+MAX_CHUNK_BYTES = 2 << 30  # Blosc's own limit on a chunk
+
+
 def _check_values(values: Any, where: str) -> None:
     if not isinstance(values, zarr.Array):
         raise StoreError(f"{where}: 'values' is a group, expected a 2-D array [T, F]")
@@ -178,6 +184,18 @@ def _check_values(values: Any, where: str) -> None:
         raise StoreError(f"{where}: the series is empty (0 steps)")
     if values.shape[1] == 0:
         raise StoreError(f"{where}: the series has no features (0 columns)")
+    if values.shape[1] > MAX_FEATURES:  # a few bytes of metadata must not make a run build a billion names
+        raise StoreError(
+            f"{where}: values declare {values.shape[1]:,} features; tsconv reads at most {MAX_FEATURES:,}",
+            hint="split the features over several stores.",
+        )
+    chunk_bytes = math.prod(int(c) for c in values.chunks) * dt.itemsize
+    if chunk_bytes > MAX_CHUNK_BYTES:  # read whole: a store of no chunk files could declare one of 745 GB
+        raise StoreError(
+            f"{where}: values are stored in chunks {list(values.chunks)} of {chunk_bytes / 2**30:,.1f} GiB decoded; "
+            f"tsconv reads chunks of at most {MAX_CHUNK_BYTES >> 30} GiB",
+            hint="rechunk the store (zarr's default chunks are a few MB).",
+        )
 
 
 def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: bool = False) -> InputStore:
