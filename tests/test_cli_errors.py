@@ -1110,3 +1110,16 @@ def test_a_scheduler_address_dask_cannot_parse_is_refused(tmp_path: Path) -> Non
     src = write_store(tmp_path / "in.zarr", price_series(300, 2))
     res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--scheduler", "garbage", "--device", "cpu")
     assert_refused(res, "cannot reach the dask scheduler at 'garbage'")
+
+
+def test_more_workers_than_a_local_cluster_starts_are_refused_at_once(tmp_path: Path) -> None:
+    """--workers 100000 on 2 cores had dask create worker directories until the run was killed."""
+    from tsconv.engine.cluster import max_workers
+
+    src = write_store(tmp_path / "in.zarr", price_series(300, 2))
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--workers", max_workers() + 1, "--device", "cpu")
+    assert_refused(
+        res, f"workers={max_workers() + 1:,} is more than a local cluster starts here", "--scheduler"
+    )
+    assert snapshot(tmp_path) == before

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tsconv.engine.cluster import check_workers
 from tsconv.engine.options import check_chunk, check_length, check_warmup, refuse
 from tsconv.engine.outputs import DaskOptions, to_parquet, to_zarr
 from tsconv.engine.report import Report
@@ -151,8 +152,8 @@ def _dask_options(workers: int | None, client: Any, partition_rows: int | None) 
             "workers and client (or --workers and --scheduler) exclude each other",
             hint="--workers N starts a local cluster; --scheduler ADDRESS uses an existing one.",
         )
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise TsconvError(f"workers must be a positive integer, got {workers!r}")
+    if workers is not None:
+        check_workers(workers)
     if partition_rows is not None and (
         isinstance(partition_rows, bool) or not isinstance(partition_rows, int) or partition_rows < 1
     ):

@@ -26,7 +26,24 @@ _early: dict[str, Any] | None = None  # the cluster start_early began: its key, 
 
 
 def _valid_workers(workers: Any) -> bool:
-    return not isinstance(workers, bool) and isinstance(workers, int) and workers >= 1
+    return not isinstance(workers, bool) and isinstance(workers, int) and 1 <= workers <= max_workers()
+
+
+def max_workers() -> int:
+    """The most worker processes a local cluster starts: 4 per CPU core (100,000 asked for on 2 cores had
+    dask create worker directories until the run was killed)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def check_workers(workers: Any) -> None:
+    """``workers`` is a positive integer a local cluster can start here."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise TsconvError(f"workers must be a positive integer, got {workers!r}")
+    if workers > max_workers():
+        raise TsconvError(
+            f"workers={workers:,} is more than a local cluster starts here ({max_workers()}: 4 per CPU core)",
+            hint="ask for fewer, or start a dask cluster of your own and pass its scheduler (--scheduler ADDRESS).",
+        )
 
 
 def _env_gpus() -> list[str] | None:
@@ -180,8 +197,7 @@ def local_cluster(workers: int, device: str = "auto") -> tuple[Any, int | None]:
     first GPU it sees). ``workers`` beyond the number of GPUs are not started. The cluster
     :func:`start_early` began is taken when it matches.
     """
-    if not _valid_workers(workers):
-        raise TsconvError(f"workers must be a positive integer, got {workers!r}")
+    check_workers(workers)
     gpus = _torch_gpus(device)
     early = _take(workers, gpus)
     return early if early is not None else _make(workers, gpus)
