@@ -753,3 +753,14 @@ def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path: Path, layout: s
     with pytest.raises(StoreError, match=f"names the column {twice} more than once in its header"):
         ingest(str(tmp_path / "d.csv"), tmp_path / "out.zarr", layout=layout)
     assert not (tmp_path / "out.zarr").exists()
+
+
+@pytest.mark.parametrize("layout", ["wide", "long"])
+def test_a_feature_name_with_a_control_character_is_refused(tmp_path: Path, layout: str) -> None:
+    # the store it wrote was refused by process and inspect (a newline or an escape forges terminal lines)
+    head = 'time,"a\x1b[31m"' if layout == "wide" else "time,feature,value"
+    row = "2026-01-01T00:00:00,1" if layout == "wide" else '2026-01-01T00:00:00,"A\nB",1'
+    (tmp_path / "d.csv").write_text(f"{head}\n{row}\n")
+    with pytest.raises(StoreError, match="holds a control character"):
+        ingest(str(tmp_path / "d.csv"), tmp_path / "out.zarr", layout=layout)
+    assert not (tmp_path / "out.zarr").exists()

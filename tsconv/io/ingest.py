@@ -61,7 +61,7 @@ from zarr.codecs import BloscCodec
 
 from tsconv.errors import OutputExistsError, StoreError
 from tsconv.io.lock import OutputLock
-from tsconv.io.names import describe_repeats, repeated_names
+from tsconv.io.names import control_name, describe_repeats, repeated_names
 from tsconv.io.objstore import is_url
 from tsconv.io.precision import Float32Check
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
@@ -682,6 +682,10 @@ def ingest(
         for s in sources:
             seen.update(dict.fromkeys(s.features_in_file))
         names = list(seen)
+    if (bad := control_name(names)) is not None:
+        raise StoreError(
+            f"the feature name {bad!r} holds a control character", hint="rename the symbol or the column."
+        )
 
     if append:
         return _append(out, paths, sources, times, names, symbols, layout, progress, t0, dtype=dtype)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["describe_repeats", "repeated_names"]
+import unicodedata
+
+__all__ = ["control_name", "describe_repeats", "repeated_names"]
+
+
+def control_name(names: tuple[str, ...] | list[str]) -> str | None:
+    """The first name holding a control character (a newline, an escape: they forge lines on a terminal and
+    reach every output's names), or None."""
+    return next((n for n in names if any(unicodedata.category(ch) == "Cc" for ch in n)), None)
 
 
 def repeated_names(names: tuple[str, ...] | list[str]) -> list[str]:

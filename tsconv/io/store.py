@@ -18,7 +18,6 @@ import binascii
 import json
 import math
 import os
-import unicodedata
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ import zarr
 
 from tsconv.errors import StoreError, TsconvWarning
 from tsconv.io.codecs import codec_words
-from tsconv.io.names import describe_repeats, repeated_names
+from tsconv.io.names import control_name, describe_repeats, repeated_names
 from tsconv.io.objstore import StoreURL, hierarchy_root, location, open_zarr, remote_error
 from tsconv.io.timecolumn import TimeColumn, TimeReader
 
@@ -266,10 +265,8 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
         names = _coordinate_names(arrays[dims[1]], dims[1], values.shape[1], where)
     else:
         names = tuple(f"f{j}" for j in range(values.shape[1]))
-    bad = next((n for n in names if any(unicodedata.category(ch) == "Cc" for ch in n)), None)
-    if (
-        bad is not None
-    ):  # a newline or an escape sequence in a name would forge lines on a terminal, and in outputs
+    bad = control_name(names)
+    if bad is not None:
         raise StoreError(
             f"{where}: feature name {bad!r} holds a control character",
             hint="name features with printable characters (the 'features' attribute or the feature coordinate).",

@@ -153,7 +153,8 @@ def filter_spec(spec: str) -> Filter:
     """Parse one filter given as ``"kind:param[:taps]"``; a :class:`PipelineError` names what is wrong."""
     m = _FILTER_RE.match(spec.strip()) if isinstance(spec, str) else None
     if m is None:
-        msg = f"unknown filter {spec!r}"
+        shown = spec[:60] + "..." if isinstance(spec, str) and len(spec) > 60 else spec
+        msg = f"unknown filter {shown!r}"
         raise PipelineError(
             msg, hint=f"use one of {', '.join(k + ':N' for k in FILTER_KINDS[:-1])} or 'id', e.g. 'ma:16'."
         )
