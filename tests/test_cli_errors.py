@@ -1123,3 +1123,16 @@ def test_more_workers_than_a_local_cluster_starts_are_refused_at_once(tmp_path: 
         res, f"workers={max_workers() + 1:,} is more than a local cluster starts here", "--scheduler"
     )
     assert snapshot(tmp_path) == before
+
+
+def test_a_report_in_a_folder_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch) -> None:
+    """Found only after the whole run had written its output (a read-only mount)."""
+    src = write_store(tmp_path / "in.zarr", price_series(300, 2))
+    (tmp_path / "ro").mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path / "ro" else real(p, mode))
+    res = invoke(
+        "-i", src, "-o", tmp_path / "out.zarr", "--report", tmp_path / "ro" / "r.json", "--device", "cpu"
+    )
+    assert_refused(res, "cannot be written")
+    assert not (tmp_path / "out.zarr").exists()

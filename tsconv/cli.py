@@ -183,6 +183,11 @@ def _check_report_path(report: Path, input_path: str, output: str | None, *, fla
             f"{flag} {str(report)!r}: its folder {str(target.parent)!r} does not exist",
             hint="create the folder first, or write the file elsewhere.",
         )
+    if not os.access(target.parent, os.W_OK):  # else found only once the run is over
+        raise TsconvError(
+            f"{flag} {str(report)!r}: its folder {str(target.parent)!r} cannot be written",
+            hint="write the file elsewhere.",
+        )
 
 
 @contextlib.contextmanager
