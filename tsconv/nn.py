@@ -25,6 +25,7 @@ from tsconv.engine.fill import forward_fill_torch
 from tsconv.engine.level import centering_level_torch
 from tsconv.engine.options import check_warmup
 from tsconv.errors import PipelineError, ShapeError, TsconvError
+from tsconv.io.precision import exact_in_float32
 from tsconv.kernels.conv1d import PRECISIONS, conv1d
 from tsconv.pipeline.spec import ACTIVATIONS, WEIGHT_DTYPES, ResolvedPipeline, as_pipeline, resolve
 
@@ -356,8 +357,8 @@ class Pipeline(torch.nn.Module):
         hold (float64, integers of more than 16 bits) are read as float64 where the backend takes them (the CPU),
         as features() reads them: rounded to float32 first, prices near 1e9 in integer ticks lost up to 63 ticks
         of a one-step difference."""
-        wide = x.dtype == torch.float64 or (not x.dtype.is_floating_point and x.dtype.itemsize > 2)
-        x = x.to(torch.float64 if wide and self._backend.reads_float64 else torch.float32)
+        wide = not exact_in_float32(x.dtype) and self._backend.reads_float64
+        x = x.to(torch.float64 if wide else torch.float32)
         if self._columns is not None:
             x = x[:, self._columns]
         halo = self.halo

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -18,8 +19,11 @@ from tsconv.errors import TsconvWarning
 __all__ = ["WARN_AT", "Float32Check", "exact_in_float32", "float32_loss", "float32_loss_by_feature"]
 
 
-def exact_in_float32(dtype: np.dtype) -> bool:
-    """Whether float32 holds every value of ``dtype`` (float16 and float32, integers of up to 16 bits)."""
+def exact_in_float32(dtype: Any) -> bool:
+    """Whether float32 holds every value of ``dtype``, a numpy or torch dtype (float16, bfloat16 and float32,
+    integers of up to 16 bits)."""
+    if getattr(dtype, "is_floating_point", None) is not None:  # a torch dtype (bfloat16 has no numpy twin)
+        return dtype.itemsize <= (4 if dtype.is_floating_point else 2)
     dtype = np.dtype(dtype)
     return (dtype.kind == "f" and dtype.itemsize <= 4) or (dtype.kind in "iub" and dtype.itemsize <= 2)
 
