@@ -310,3 +310,20 @@ def test_pipeline_module_on_cuda_is_within_fp32_rounding_of_features(pipeline, n
     assert ((got - expected).nan_to_num().abs() / scale).max().item() < 4e-6
     torch._dynamo.reset()
     assert _nan_equal(torch.compile(m, backend="aot_eager", fullgraph=True)(x.cuda()).cpu(), got.float())
+
+
+def test_pipeline_module_warns_where_its_backend_rounds_wide_rows_to_float32():
+    """Where the backend reads float32 (CUDA's), float64 prices are rounded on read: the module warns, naming
+    the feature, as features() and tsconv process do (it was silent); float32 input gives no warning."""
+    rng = np.random.default_rng(3)
+    x = 400.0 + np.cumsum(rng.integers(-1, 2, size=(3000, 2)), axis=0) * 0.01 + 1e-9
+    x[:1500, 1] = np.nan  # a symbol that starts late is judged on its own first rows
+    m = Pipeline.from_pipeline("default", ["AAA", "BBB"])
+    m._backend.reads_float64 = False  # the CUDA backend's read (a CPU test cannot build that backend)
+    with pytest.warns(tsconv.TsconvWarning, match="'AAA'.*float32"):
+        m(torch.from_numpy(x))
+    quiet = Pipeline.from_pipeline("default", ["AAA", "BBB"])
+    quiet._backend.reads_float64 = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tsconv.TsconvWarning)
+        quiet(torch.from_numpy(x.astype(np.float32)))

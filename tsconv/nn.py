@@ -25,13 +25,14 @@ from tsconv.engine.fill import forward_fill_torch
 from tsconv.engine.level import centering_level_torch
 from tsconv.engine.options import check_warmup
 from tsconv.errors import PipelineError, ShapeError, TsconvError
-from tsconv.io.precision import exact_in_float32
+from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.kernels.conv1d import PRECISIONS, conv1d
 from tsconv.pipeline.spec import ACTIVATIONS, WEIGHT_DTYPES, ResolvedPipeline, as_pipeline, resolve
 
 __all__ = ["CausalConv1d", "Pipeline"]
 
 _DTYPES = {"float16": torch.float16, "float32": torch.float32}
+_CHECK_ROWS = 8192  # rows a block of the float32-rounding check copies to the host
 
 
 def _positive(name: str, value: object) -> int:
@@ -249,6 +250,9 @@ class Pipeline(torch.nn.Module):
             (rows, None if isinstance(cols, slice) else cols.tolist()) for rows, cols in plan.warmup_groups()
         ]
         self._backend = Backend(plan, _device(device))
+        # where the backend reads float32 (CUDA), rows of a dtype float32 does not hold are checked, as the
+        # engines check them, until each feature is judged or the first warning
+        self._rounding = Float32Check(plan.input_names)
 
     @classmethod
     def from_pipeline(
@@ -351,6 +355,16 @@ class Pipeline(torch.nn.Module):
             self._backend.finish()  # the FP16-storage check's warnings, once, after the first eager call
         return y
 
+    def _check_rounding(self, x: torch.Tensor) -> None:
+        """Warn where reading ``x`` (a series' selected columns, in a dtype float32 does not hold) as float32
+        moves values by more than WARN_AT of their typical step (tsconv.io.precision); blocks of rows are
+        copied to the host only until each feature is judged."""
+        check = self._rounding
+        for a in range(0, x.shape[0], _CHECK_ROWS):
+            if check.done:
+                return
+            check.see(x[a : a + _CHECK_ROWS].cpu().numpy())
+
     def _series(self, x: torch.Tensor) -> torch.Tensor:
         """One series [T, F] as features() computes a series that fits one chunk (the chunked engine's first
         chunk: zero history before step 0, the level from the series itself). Rows of a dtype float32 does not
@@ -358,9 +372,11 @@ class Pipeline(torch.nn.Module):
         as features() reads them: rounded to float32 first, prices near 1e9 in integer ticks lost up to 63 ticks
         of a one-step difference."""
         wide = not exact_in_float32(x.dtype) and self._backend.reads_float64
-        x = x.to(torch.float64 if wide else torch.float32)
         if self._columns is not None:
             x = x[:, self._columns]
+        if not wide and not exact_in_float32(x.dtype) and not torch.compiler.is_compiling():
+            self._check_rounding(x)
+        x = x.to(torch.float64 if wide else torch.float32)
         halo = self.halo
         unknown = torch.full_like(x[0], torch.nan)  # no fill state and no level before step 0
         filled = forward_fill_torch(x, unknown)
