@@ -399,6 +399,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", default="default")
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke test under TRITON_INTERPRET=1")
+    ap.add_argument(
+        "--store", default=None, help="trace this store (e.g. one of cli.py's) instead of making one"
+    )
     args = ap.parse_args()
     if args.device == "cpu" and not config.interpreted():
         raise SystemExit(
@@ -409,7 +412,12 @@ def main() -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     src = work / f"ticks_{args.rows}x{args.features}_16mb.zarr"
-    if not src.exists():
+    if args.store is not None:
+        import zarr
+
+        src = Path(args.store)
+        args.rows, args.features = zarr.open_group(str(src), mode="r")["values"].shape
+    elif not src.exists():
         t0 = time.perf_counter()
         make_ticks(src, rows=args.rows, features=args.features, seed=0)
         print(f"generated {src.name} in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -429,7 +437,8 @@ def main() -> int:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     doc: dict[str, Any] = {"gpu": gpu, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                           "commit": commit(), **machine(), "rows": args.rows, "features": args.features,
+                           "commit": commit(), **machine(), "store": src.name, "rows": args.rows,
+                           "features": args.features,
                            "variants": {}}  # fmt: skip
     with cpu():
         tsconv.process(src, out, **kw)  # compile, autotune cache, page cache
