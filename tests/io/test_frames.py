@@ -74,6 +74,24 @@ def test_iter_chunks_concatenated_equal_the_store(store: Path, series: np.ndarra
     np.testing.assert_array_equal(df["time"].dt.replace_time_zone(None).to_numpy(), _times(5000))
 
 
+def test_numpy_chunks_are_read_only_so_an_edit_cannot_reach_the_next_halo(
+    store: Path, series: np.ndarray
+) -> None:
+    """A numpy chunk's values view the decoded band that the next chunk's halo rows also view: an edit in place
+    (clipping a chunk's own rows) changed the next chunk's history, silently. They are read-only now."""
+    seen = []
+    for c in tsconv.iter_chunks(store, rows=500, halo=20, as_="numpy"):
+        np.testing.assert_array_equal(c.values, series[c.start : c.stop])  # the history as stored
+        with pytest.raises(ValueError, match="read-only"):
+            c.values[c.halo :] *= -1
+        with pytest.raises(ValueError, match="read-only"):
+            c.time[0] = c.time[-1]
+        edited = np.array(c.values)  # a copy is the user's to edit
+        edited[c.halo :] *= -1
+        seen.append(c.stop)
+    assert seen[-1] == 5000
+
+
 @pytest.mark.parametrize("halo", [0, 5, 1500, 7000])
 def test_halo_rows_come_first_and_are_marked(store: Path, series: np.ndarray, halo: int) -> None:
     rows = 1024

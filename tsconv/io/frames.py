@@ -102,7 +102,7 @@ class ArrayChunk:
     start: int  # first row (halo included)
     stop: int
     halo: int  # leading rows that are history before the chunk proper
-    values: np.ndarray  # [stop - start, len(names)], the store's dtype
+    values: np.ndarray  # [stop - start, len(names)], the store's dtype, read-only
     time: np.ndarray | None  # [stop - start] datetime64[ns] (UTC), None without time
     names: tuple[str, ...]
 
@@ -194,8 +194,8 @@ def iter_chunks(
     decoded), in the store's dtype (float16 as float32). With ``halo > 0`` each chunk starts ``halo``
     rows earlier (clipped at row 0) and a boolean column ``is_halo`` marks those leading rows; record
     batches also carry ``tsconv.halo`` / ``tsconv.start`` in their schema metadata.
-    ``as_="numpy"`` yields :class:`ArrayChunk` (``values`` a view of the decoded store chunk where
-    possible). Store chunks are decoded once each (:class:`~tsconv.io.readers.blocks.BlockReader`).
+    ``as_="numpy"`` yields :class:`ArrayChunk` (``values`` a read-only view of the decoded store chunk
+    where possible, which later chunks' halo rows may share: copy it to edit it). Store chunks are decoded once each (:class:`~tsconv.io.readers.blocks.BlockReader`).
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise TsconvError(f"rows must be a positive integer, got {rows!r}")
@@ -226,12 +226,22 @@ def _iter(info: StoreInfo, names: tuple[str, ...], array: Any, rows: int, halo: 
         a = max(0, s - halo)
         t = times.read(a, e).astype(np.int64, copy=False).view("datetime64[ns]") if times else None
         if as_ == "numpy":
-            yield ArrayChunk(start=a, stop=e, halo=s - a, values=values.read(a, e), time=t, names=names)
+            # read-only: a view shares the decoded band with the next chunk's halo rows, which an edit in
+            # place would change
+            v = _read_only(values.read(a, e))
+            yield ArrayChunk(start=a, stop=e, halo=s - a, values=v, time=_read_only(t), names=names)
             continue
         cols = np.empty((len(names), e - a), dtype=out_dtype)  # the one copy: row-major -> columns
         for off, piece in _pieces(values, a, e):
             transpose_into(cols[:, off : off + piece.shape[0]], piece)
         yield _frame(names, cols, t, a, e, s - a, halo, as_)
+
+
+def _read_only(a: np.ndarray | None) -> np.ndarray | None:
+    if a is not None:
+        a = a.view()
+        a.flags.writeable = False
+    return a
 
 
 def _frame(names: tuple[str, ...], cols: np.ndarray, t: np.ndarray | None, a: int, e: int, lead: int, halo: int, as_: str) -> Any:  # fmt: skip
