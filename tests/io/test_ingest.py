@@ -743,6 +743,74 @@ def test_the_rounding_of_any_symbol_or_column_is_seen(tmp_path: Path) -> None:
             ingest(write(df, tmp_path / f"{name}.parquet"), tmp_path / f"{name}.zarr", layout=layout)
 
 
+def test_the_rounding_of_a_symbol_past_the_first_256_and_of_decimals_is_seen(tmp_path: Path) -> None:
+    # the check looked at the first 256 symbols of a file only, and not at Decimal columns: 0.0019 stored on a
+    # 0.01 grid without a word
+    from decimal import Decimal
+
+    from tsconv.errors import TsconvWarning
+    from tsconv.io.ingest import ingest
+
+    k = np.arange(20)
+    exact = pl.DataFrame({
+        "time": np.tile(T0 + k * 1_000_000_000, 300), "feature": np.repeat([f"S{j:03d}" for j in range(300)], 20),
+        "value": np.tile(100.0 + k * 0.25, 300),  # float32 holds these
+    })  # fmt: skip
+    last = exact["feature"] == "S299"
+    many = exact.with_columns(
+        pl.when(last).then(40000.0 + pl.col("value") * 0.04).otherwise("value").alias("value")
+    )
+    with pytest.warns(TsconvWarning, match="rounding the values of 'S299'"):
+        ingest(write(many, tmp_path / "many.parquet"), tmp_path / "many.zarr")
+    prices = [Decimal(40000) + Decimal(j) / 100 for j in range(50)]
+    dec = pl.DataFrame(
+        {"time": T0 + np.arange(50) * 1_000_000_000, "feature": ["px"] * 50, "value": prices},
+        schema_overrides={"value": pl.Decimal(18, 2)},
+    )
+    with pytest.warns(TsconvWarning, match="rounding the values of 'px'"):
+        ingest(write(dec, tmp_path / "dec.parquet"), tmp_path / "dec.zarr")
+
+
+@pytest.mark.parametrize("layout", ["wide", "long"])
+def test_a_csv_column_empty_in_its_first_rows_is_read_as_its_parquet_twin(
+    tmp_path: Path, layout: str
+) -> None:
+    # polars types a CSV column empty over the rows it infers from as String: a symbol listed after 10,000 rows
+    # (or a column empty throughout) was refused as "not numeric"
+    n = 10_100
+    t = T0 + np.arange(n, dtype=np.int64) * 1_000_000
+    late = np.where(np.arange(n) < 10_050, np.nan, 7.5)
+    if layout == "wide":
+        df = pl.DataFrame({"time": t, "old": np.full(n, 1.25), "new": late, "none": np.full(n, np.nan)})
+        df = df.with_columns(pl.col("new", "none").fill_nan(None))
+        args: dict = {}
+    else:
+        df = pl.DataFrame({"time": t, "feature": ["a"] * n, "px": np.full(n, 1.25), "qty": late})
+        df = df.with_columns(pl.col("qty").fill_nan(None))
+        args = {"value_column": ["px", "qty"]}
+    ingest(write(df, tmp_path / "t.parquet"), tmp_path / "p.zarr", layout=layout, **args)
+    ingest(write(df, tmp_path / "t.csv"), tmp_path / "c.zarr", layout=layout, **args)
+    (pv, pt, pn), (cv, ct, cn) = read(tmp_path / "p.zarr"), read(tmp_path / "c.zarr")
+    assert cn == pn and np.array_equal(ct, pt) and np.array_equal(cv, pv, equal_nan=True)
+    assert np.nanmax(cv) == 7.5
+    (tmp_path / "bad.csv").write_text("time,a,b\n" + "1,1.0,\n" * 10_001 + "2,1.0,x\n")
+    with pytest.raises(StoreError, match="bad.csv"):  # text past the rows inferred: refused, naming the file
+        ingest(str(tmp_path / "bad.csv"), tmp_path / "bad.zarr", layout="wide", time_unit="s")
+
+
+def test_a_time_zone_of_a_fixed_part_hour_offset_is_refused_in_one_line(tmp_path: Path) -> None:
+    # polars panics reading '+05:30' (a BaseException): the command died with a traceback
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    times = pa.array([T0 // 1000, T0 // 1000 + 1], type=pa.timestamp("us", tz="+05:30"))
+    pq.write_table(
+        pa.table({"time": times, "feature": ["N", "N"], "value": [1.0, 2.0]}), tmp_path / "ist.parquet"
+    )
+    line = assert_refused(cli(tmp_path / "ist.parquet", "-o", tmp_path / "ist.zarr"), "'+05:30'", "UTC")
+    assert "ist.parquet" in line and not (tmp_path / "ist.zarr").exists()
+
+
 @pytest.mark.parametrize("layout", ["wide", "long"])
 def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path: Path, layout: str) -> None:
     # polars keeps both columns, the second as 'a_duplicated_0': a wide file stored a feature of that made-up name

@@ -186,6 +186,11 @@ def _one_line(exc: BaseException) -> str:
     return text[:300] + ("..." if len(text) > 300 else "")
 
 
+# What reading a file can raise: polars' errors, the OS's, and a panic in polars' Rust code (a BaseException,
+# not an Exception), which a time zone it cannot parse, such as a fixed "+05:30" offset, raised.
+_READ_ERRORS = (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError)
+
+
 def _read_error(path: Path, fmt: str, exc: BaseException) -> StoreError:
     kind = {"parquet": "Parquet", "csv": "CSV", "ipc": "Arrow IPC"}[fmt]
     if isinstance(exc, pl.exceptions.NoDataError) or (path.exists() and path.stat().st_size == 0):
@@ -193,6 +198,10 @@ def _read_error(path: Path, fmt: str, exc: BaseException) -> StoreError:
     msg = _one_line(exc)
     if "could not parse" in msg:
         hint = "every value of a value column must be a number (or empty for a missing value)."
+    elif "time zone" in msg:
+        hint = (
+            "write the time column in UTC, or with a named zone (such as Asia/Kolkata) rather than an offset."
+        )
     else:
         hint = "check that the file is complete and that its suffix matches its format."
     return StoreError(f"cannot read {str(path)!r} as {kind}: {msg}", hint=hint)
@@ -217,6 +226,7 @@ class _Source:
         schema = self._schema()
         if self.fmt == "csv":
             _refuse_repeated_header(path)
+            schema = self._empty_as_null(schema)
         self._check_columns(schema)
         if self.fmt == "csv":
             # Pin the types the inference guessed from the first rows: a value column that starts with
@@ -246,10 +256,49 @@ class _Source:
         return pl.scan_csv(p, infer_schema_length=_CSV_INFER_ROWS, **csv_options)
 
     def _schema(self) -> dict[str, pl.DataType]:
+        self._refuse_offset_zone()
         try:
             return dict(self._scan().collect_schema())
-        except (pl.exceptions.PolarsError, OSError) as exc:
+        except _READ_ERRORS as exc:
             raise _read_error(self.path, self.fmt, exc) from None
+
+    def _refuse_offset_zone(self) -> None:
+        """Refuse a Parquet or Arrow time column whose time zone is a fixed offset of part of an hour ("+05:30",
+        as pandas writes a fixed offset): polars cannot parse it and panics reading the file."""
+        if self.fmt == "csv":
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            if self.fmt == "parquet":
+                schema = pq.read_schema(str(self.path))
+            else:
+                with pa.memory_map(str(self.path)) as f:
+                    schema = pa.ipc.open_file(f).schema
+            tz = schema.field(self.time_column).type.tz
+        except Exception:  # noqa: BLE001 - not such a column or file: polars' read says why
+            return
+        if tz and len(tz) == 6 and tz[0] in "+-" and tz[3] == ":" and tz[4:] != "00":
+            raise StoreError(
+                f"the time column {self.time_column!r} of {str(self.path)!r} has the time zone {tz!r}, a fixed "
+                "offset polars cannot read",
+                hint="write the time column in UTC, or with a named zone (such as Asia/Kolkata) rather than an offset.",
+            )
+
+    def _empty_as_null(self, schema: dict[str, pl.DataType]) -> dict[str, pl.DataType]:
+        """A CSV file's schema with the columns empty in every row the type inference read typed Null, not
+        String: value columns with no value yet (a symbol that starts later), as the same file in Parquet
+        types them. Their later values are read as numbers (a text there fails that read, naming the file)."""
+        keys = {self.time_column, self.feature_column} if self.layout == "long" else {self.time_column}
+        strings = [c for c, t in schema.items() if t == pl.String and c not in keys]
+        if not strings:
+            return schema
+        try:
+            counts = self._scan().head(_CSV_INFER_ROWS).select(pl.col(strings).count()).collect()
+        except _READ_ERRORS as exc:
+            raise _read_error(self.path, self.fmt, exc) from None
+        return {c: pl.Null if c in strings and counts[c][0] == 0 else t for c, t in schema.items()}
 
     def _missing(self, column: str, option: str, schema: dict[str, pl.DataType]) -> StoreError:
         present = ", ".join(repr(c) for c in schema) or "none"
@@ -265,7 +314,7 @@ class _Source:
             # A CSV file with a header only has every column typed String: say it is empty instead.
             try:
                 empty = self._scan().head(1).collect().height == 0
-            except pl.exceptions.PolarsError as exc:
+            except _READ_ERRORS as exc:
                 raise _read_error(self.path, self.fmt, exc) from None
             if empty:
                 raise StoreError(
@@ -331,13 +380,13 @@ class _Source:
     def collect(self, lf: pl.LazyFrame) -> pl.DataFrame:
         try:
             return lf.collect(engine="streaming")
-        except pl.exceptions.PolarsError as exc:
+        except _READ_ERRORS as exc:
             raise _read_error(self.path, self.fmt, exc) from None
 
     def batches(self, lf: pl.LazyFrame) -> Iterator[pl.DataFrame]:
         try:
             yield from lf.collect_batches(chunk_size=_BATCH_ROWS, maintain_order=True)
-        except pl.exceptions.PolarsError as exc:
+        except _READ_ERRORS as exc:
             raise _read_error(self.path, self.fmt, exc) from None
 
     def distinct_times(self) -> np.ndarray:
@@ -378,7 +427,7 @@ class _Source:
                         hint="check the time column: tsconv stores times as int64 nanoseconds (numpy's datetime64[ns]).",
                     )
             ns = raw.lazy().select(self.time_ns.alias(_T)).collect()[_T]
-        except pl.exceptions.PolarsError as exc:
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
             raise StoreError(
                 f"cannot parse the time column {self.time_column!r} of {str(self.path)!r}: {_one_line(exc)}",
                 hint="times must be ISO 8601 strings (e.g. 2026-01-02T09:30:00.000001Z), timestamps or integers.",
@@ -819,8 +868,8 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
 
 
 # Value column types float32 does not hold: their values are judged before they are stored as float32.
-_WIDE_TYPES = (pl.Float64, pl.Int32, pl.Int64, pl.UInt32, pl.UInt64)
-_SAMPLE_FILES, _SAMPLE_ROWS, _SAMPLE_SYMBOLS = 16, 20_000, 256
+_WIDE_TYPES = (pl.Float64, pl.Int32, pl.Int64, pl.UInt32, pl.UInt64, pl.Int128, pl.UInt128, pl.Decimal)
+_SAMPLE_FILES, _SAMPLE_ROWS = 16, 20_000
 
 
 def _warn_rounding(sources: Sequence[_Source]) -> None:
@@ -838,18 +887,24 @@ def _warn_rounding(sources: Sequence[_Source]) -> None:
             [pl.col(source.feature_column).cast(pl.String)] if long else []
         )
         try:
-            df = source.lf.select(*keys, *cols).head(_SAMPLE_ROWS).collect()
-        except (pl.exceptions.PolarsError, OSError):
+            df = (
+                source.lf.select(*keys, *(pl.col(c).cast(pl.Float64) for c in cols))
+                .head(_SAMPLE_ROWS)
+                .collect()
+            )
+        except _READ_ERRORS:
             return  # a file the ingest cannot read: its own read says why, naming the file
         df = df.sort("__t")
         values = df.select(cols).to_numpy().astype(np.float64)
-        if long:
-            symbols = df[source.feature_column].to_numpy()
-            groups = [
-                (str(sym), symbols == sym) for sym in list(dict.fromkeys(symbols.tolist()))[:_SAMPLE_SYMBOLS]
-            ]
+        if long:  # each symbol's rows, in time order, symbols in the order they first appear
+            rows_of = (
+                df.with_row_index("__i")
+                .group_by(source.feature_column, maintain_order=True)
+                .agg(pl.col("__i"))
+            )
+            groups = [(str(sym), np.asarray(idx, dtype=np.int64)) for sym, idx in rows_of.iter_rows()]
         else:
-            groups = [("", np.ones(len(df), dtype=bool))]
+            groups = [("", np.arange(len(df)))]
         for sym, rows in groups:
             names = [feature_name(sym, c, source.value_columns) if long else c for c in cols]
             check = Float32Check(names, context=context, advice="--dtype float64 keeps them")
