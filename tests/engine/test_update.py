@@ -308,7 +308,7 @@ def test_update_refuses_a_change_in_rows_already_computed(
     assert _snapshot(out) == before  # refused before anything was written
 
 
-@pytest.mark.parametrize("damage", ["removed", "garbled"])
+@pytest.mark.parametrize("damage", ["removed", "garbled", "emptied", "another document"])
 def test_an_output_whose_input_digest_is_gone_is_refused_not_continued(
     tmp_path: Path, out_chunks: None, damage: str
 ) -> None:
@@ -317,8 +317,10 @@ def test_an_output_whose_input_digest_is_gone_is_refused_not_continued(
     digest = out / "values" / ".tsconv-input.json"
     if damage == "removed":
         digest.unlink()
-    else:
+    elif damage == "garbled":
         digest.write_text("{not json")
+    else:  # JSON without the chunk files' digest: it was taken as "unchanged", mixing in a changed row
+        digest.write_text("{}" if damage == "emptied" else '{"version": "1", "arrays": []}')
     grow(src, x, t, 3000)
     g = zarr.open_group(str(src), mode="r+")
     g["values"][2040:2041] = np.asarray(g["values"][2040:2041]) + 1  # a row the output holds

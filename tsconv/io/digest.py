@@ -300,7 +300,8 @@ def verify_input(
     ``note``: the output's ``tsconv.input_digest`` attribute (:func:`digest_note`).
 
     Outputs with no digest recorded (older ones, or skipped) are not checked; one whose attribute names its
-    digest file while the file is gone or unreadable is refused (its rows could not be checked).
+    digest file while the file is gone, unreadable or holds no chunk files' digest is refused (its rows could
+    not be checked).
     """
     recorded = read_digest(output)
     what = "resume into" if verb == "resume" else verb
@@ -309,7 +310,10 @@ def verify_input(
         f"whether the input's first {before:,} rows (those the output holds) changed cannot be checked",
         hint="use --overwrite to compute the output again from the current input.",
     )
-    if recorded is None and before > 0 and note == f"values/{DIGEST_FILE}":
+    # the attribute names a digest file: one that holds neither chunk files' digest nor why it was skipped
+    # (emptied, another document) cannot vouch for the rows either
+    kept = isinstance(recorded, dict) and (isinstance(recorded.get("arrays"), dict) or "skipped" in recorded)
+    if before > 0 and note == f"values/{DIGEST_FILE}" and not kept:
         raise unreadable
     try:
         current = input_digest(store, read_values=read_values, known=recorded)
