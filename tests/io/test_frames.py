@@ -270,3 +270,14 @@ def test_parquet_output_exists_resume_and_cli(store: Path, tmp_path: Path) -> No
     with pytest.raises(TsconvError, match="warm-up"):
         tsconv.process(store, tmp_path / "g.parquet", pipeline={"conv": [{"filters": ["ma:6000"]}]})
     assert not (tmp_path / "g.parquet").exists() and not list(tmp_path.glob(".*tmp"))
+
+
+def test_features_reads_128_bit_integer_columns_and_refuses_a_series_without_features() -> None:
+    # numpy has no 128-bit integers (polars' to_numpy raised its own error); zero columns raised numpy's
+    ticks = pl.DataFrame({"a": [100 + (k * 7) % 5 for k in range(300)], "b": list(range(300))})
+    pipe = {"conv": [{"filters": ["diff:1", "ma:4"]}]}
+    wide = ticks.with_columns(pl.col("a").cast(pl.Int128), pl.col("b").cast(pl.UInt128))
+    assert tsconv.features(wide, pipe).equals(tsconv.features(ticks, pipe))
+    for empty in (np.zeros((300, 0)), torch.zeros(300, 0)):
+        with pytest.raises(ShapeError, match="no features"):
+            tsconv.features(empty, pipe)

@@ -97,6 +97,10 @@ def features(
         )
     if arr.dtype.kind not in "fiu":
         raise ShapeError(f"expected a real numeric array, got dtype {arr.dtype}")
+    if arr.shape[1] == 0:
+        raise ShapeError(
+            f"the series has no features (shape {list(arr.shape)})", hint="pass at least one feature column."
+        )
     feature_names = tuple(names) if names is not None else tuple(f"f{j}" for j in range(arr.shape[1]))
     if len(feature_names) != arr.shape[1]:
         raise ShapeError(f"{len(feature_names)} names given for {arr.shape[1]} features")

@@ -328,7 +328,9 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int) -> tuple
         )
     if feats.width == 0:
         raise ShapeError("features(): the frame has no feature columns")
-    columns = [s.to_numpy() for s in feats.get_columns()]  # zero-copy for floats without nulls
+    # zero-copy for floats without nulls; numpy has no 128-bit integers: those are read as float64, as int64s are
+    wide = (pl.Int128, pl.UInt128)
+    columns = [(s.cast(pl.Float64) if s.dtype in wide else s).to_numpy() for s in feats.get_columns()]
     return tuple(feats.columns), FrameColumns(columns, band_rows=band_rows), time
 
 
