@@ -294,3 +294,43 @@ def test_a_move_the_first_rows_cannot_show_is_still_warned(first_rows, chunk):
     y, warned = _run(x, pipe, chunk=chunk)
     assert len(warned) == 1 and "[[conv]] #2" in warned[0], warned
     assert _relative_error(y, x, pipe) > 1e-2
+
+
+def _late_symbol_pipe() -> dict:
+    w = np.random.default_rng(2).standard_normal((8, 8, 5))
+    return {
+        "conv": [{"filters": ["id"]}, {"weights": (w - w.mean(axis=2, keepdims=True)).astype(np.float32)}]
+    }
+
+
+def test_the_check_samples_only_the_rows_that_hold_data():
+    """A batched run computes a short last step at full size: the rows past its data are stale or never
+    written. The check sampled them too; a huge value there became the outputs' scale and hid a move of
+    storage past 1e-3 of it. ``Backend.valid_rows`` bounds the sample."""
+    from tsconv.engine.compute import Backend
+
+    x = price_series(3000, 8, seed=31)
+    plan = resolve(pipeline_from_dict(_late_symbol_pipe()), [f"f{j}" for j in range(8)])
+    rows = torch.cat([torch.from_numpy(x), torch.full((1096, 8), 1e30)])  # 1,096 rows past the data
+    backend = Backend(plan, torch.device("cpu"))
+    backend.valid_rows = 3000
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        backend.run(rows, 0, rows[0].clone())
+        backend.finish()
+    warned = [str(w.message) for w in caught if issubclass(w.category, TsconvWarning)]
+    assert len(warned) == 1 and "[[conv]] #2" in warned[0], warned
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_a_symbol_listed_after_the_first_step_is_still_judged():
+    """The batched engine replays its steps as a CUDA graph, which runs no Python of the stages: only the
+    first step was checked, and a symbol listed after it went unjudged, its outputs moved by storage unwarned.
+    Replayed steps are checked where the first step's sample could not judge every output."""
+    x = price_series(300_000, 8, seed=31)
+    x[:150_000, 5] = np.nan  # listed after the first step (at most 65,536 rows)
+    pipe = _late_symbol_pipe()
+    y, warned = _run(x, pipe, device="cuda")
+    assert len(warned) == 1 and "[[conv]] #2" in warned[0], warned
+    assert _relative_error(y, x, pipe) > 1e-2

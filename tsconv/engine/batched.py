@@ -683,7 +683,12 @@ def run_batched(
                 # reach rows before it, and they are dropped): one shape per run, so no kernel is tuned for
                 # a new shape class mid-run (tuning briefly holds a 256 MB buffer: 1.33 GB peaks at 4096
                 # features when the last step of a 1M-row store was tuned, against 1.14 GB otherwise).
+                backend.valid_rows = halo + n  # a short last step runs at full size: the rest is not data
                 y = graph(s - halo)
+                if graph.status == "replayed" and backend.pre is None:
+                    # a replayed step runs no Python of the stages: their FP16-storage check is given the
+                    # step's input here (with a [preprocess], its later checks are not made)
+                    backend.check_storage(xc[: halo + n], s - halo, level, centered=center)
                 for w, warm_cols in warm:  # each output's own warm-up rows
                     if s < w:
                         y[: min(w - s, n), warm_cols] = float("nan")
@@ -760,6 +765,8 @@ def run_batched(
         writer.abort()
         graph.release()  # its pool is freed by the next run's emptying of the cache
         raise
+    finally:
+        backend.valid_rows = None
     if gpu.cuda:
         torch.cuda.synchronize(dev)
         times.gpu_process_bytes = devmem.after_run(dev)

@@ -190,6 +190,10 @@ class Backend:
         self.head = plan.head
         self._storage = _StorageCheck(plan) if _StorageCheck.needed(plan) else None
         self._checking: list[_StorageCheck] = []  # started, their warnings not yet given
+        # Rows of the next calls' input, from its first, that hold data: a batched run computes a short last
+        # step at full size, and its rows past the data are stale or never written (None: every row). The
+        # FP16-storage check samples these rows only.
+        self.valid_rows: int | None = None
         self._warned: set[str] = set()  # the stages warned of
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
@@ -333,10 +337,12 @@ class Backend:
         ``out`` [n, D] (contiguous float32 on the device): where a pipeline whose last stage is a bank with
         no head writes its result (the returned tensor is then ``out``); other pipelines ignore it.
         """
+        valid = self.valid_rows
         if self.pre is not None:
             x, level = self._preprocess(x, first_row, level, zscore_level)
             first_row += self.pre_halo
-        return self._stages(x, first_row, level, centered=False, out=out)
+            valid = None if valid is None else valid - self.pre_halo
+        return self._stages(x, first_row, level, centered=False, out=out, valid=valid)
 
     @torch.no_grad()
     def run_centered(self, xc: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:
@@ -348,22 +354,31 @@ class Backend:
         if self.pre is not None:
             msg = "run_centered() is for pipelines without a computing [preprocess]"
             raise RuntimeError(msg)
-        return self._stages(xc, first_row, level, centered=True)
+        return self._stages(xc, first_row, level, centered=True, valid=self.valid_rows)
+
+    def check_storage(self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool) -> None:
+        """Start the FP16-storage check on the stage input ``x`` (as :meth:`_stages` takes it, only rows that
+        hold data) where one is due. :meth:`_stages` calls it; a caller that replays the stages' launches
+        (the batched engine's CUDA graph runs no Python of them) calls it for each replayed step."""
+        # Beside eager calls only: its thread and host copies cannot be traced by torch.compile (tsconv.nn's
+        # modules), which sees the stages alone.
+        if torch.compiler.is_compiling():
+            return
+        check = self._storage
+        if check is not None:
+            if check.start(self, x, first_row, level, centered=centered):
+                self._checking.append(check)
+                self._storage = check.again()
+            elif check.needless:
+                self._storage = None
+        if self._checking and all(c.done() for c in self._checking) and not _capturing(x):
+            self.finish()
 
     def _stages(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool,
-        out: torch.Tensor | None = None,
+        out: torch.Tensor | None = None, valid: int | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        # The FP16-storage check runs beside eager calls only: its thread and host copies cannot be traced by
-        # torch.compile (tsconv.nn's modules), which sees the stages alone.
-        if not torch.compiler.is_compiling():
-            if self._storage is not None and self._storage.start(
-                self, x, first_row, level, centered=centered
-            ):
-                self._checking.append(self._storage)
-                self._storage = self._storage.again()
-            if self._checking and all(c.done() for c in self._checking) and not _capturing(x):
-                self.finish()
+        self.check_storage(x if valid is None else x[:valid], first_row, level, centered=centered)
         start = first_row
         y = None
         last = len(self.layers) - 1
@@ -617,12 +632,21 @@ class _StorageCheck:
     whose weights float16 holds exactly, cost nothing.
     """
 
-    def __init__(self, plan: ResolvedPipeline, *, after: int | None = None, times: int = 1) -> None:
+    def __init__(
+        self, plan: ResolvedPipeline, *, after: int | None = None, times: int = 1,
+        previous: _StorageCheck | None = None,
+    ) -> None:  # fmt: skip
         """``after``: the first step a chunk it may start on begins at (None: any); ``times``: which check
-        this is."""
+        this is; ``previous``: the check before it, whose sample (on the device) decides whether this one
+        is needed."""
         self.plan = plan
         self.after, self.times = after, times
+        self.previous = previous
+        self.needless = False  # the previous check's sample judged every output: this one never starts
         self.sparse = False  # an input feature had too few finite, moving values over the rows sampled
+        self._sparse_host: torch.Tensor | None = (
+            None  # on CUDA: ``sparse``, there once ``_copied`` has passed
+        )
         self._row = 0  # the global step of the rows checked
         self._sizes: list[int] = []  # the rows of each sample, halo included
         self._thread: threading.Thread | None = None
@@ -648,6 +672,11 @@ class _StorageCheck:
         False when it has too few data rows (try the next chunk) or a CUDA graph is being captured."""
         if _capturing(x) or (self.after is not None and first_row < self.after):
             return False
+        if self.previous is not None:
+            wanted, self.previous = self.previous.judged_sparse(), None
+            if not wanted:
+                self.needless = True
+                return False
         _release_finished()
         plan = self.plan
         halo = sum(layer.halo for layer in plan.layers)
@@ -672,11 +701,12 @@ class _StorageCheck:
                 sizes.append(halo + m2)
         self._sizes = sizes
         u = torch.cat([x[s : s + n] for s, n in zip(starts, sizes, strict=True)]).float()
+        # decided from the inputs, so that where later checks start does not depend on when this one ends; on
+        # CUDA the flag is copied with the sample and read by the next check (judged_sparse)
+        moving = torch.isfinite(u[1:]) & (u[1:] != u[:-1])
+        sparse = (moving.sum(dim=0) < _CHECK_ROWS[0]).any()
         if not u.is_cuda:
-            # decided here, from the inputs, so that where later checks start does not depend on when this one
-            # ends (a CUDA run's steps are long, and its samples spread over the first)
-            moving = torch.isfinite(u[1:]) & (u[1:] != u[:-1])
-            self.sparse = bool((moving.sum(dim=0) < _CHECK_ROWS[0]).any())
+            self.sparse = bool(sparse)
         if centered:
             u = u + level.float()
         if u.is_cuda:
@@ -685,6 +715,8 @@ class _StorageCheck:
             self._keep = u
             host = torch.empty(u.shape, dtype=u.dtype, pin_memory=True)
             host.copy_(u, non_blocking=True)
+            self._sparse_host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self._sparse_host.copy_(sparse, non_blocking=True)
             self._copied = torch.cuda.Event()
             self._copied.record()
             self._host, u = host, None
@@ -703,10 +735,27 @@ class _StorageCheck:
 
     def again(self) -> _StorageCheck | None:
         """The next check, once this one has started, where its inputs could not judge every output (it runs
-        beside this one: where it starts depends on the data alone)."""
-        if not self.sparse or self.times >= _CHECK_TIMES:
+        beside this one: where it starts depends on the data alone). On CUDA whether they could is known
+        when the sample's copy is: the next check asks (:meth:`judged_sparse`) before it starts."""
+        on_device = self._sparse_host is not None
+        if self.times >= _CHECK_TIMES or not (self.sparse or on_device):
             return None
-        return _StorageCheck(self.plan, after=max(2 * self._row, self._row + 1), times=self.times + 1)
+        after = max(2 * self._row, self._row + 1)
+        return _StorageCheck(
+            self.plan, after=after, times=self.times + 1, previous=self if on_device else None
+        )
+
+    def judged_sparse(self) -> bool:
+        """Whether an input feature had too few finite, moving values over this check's sample (so that a
+        later check is needed); on CUDA this waits for the sample's copy, which an earlier step queued."""
+        if self._sparse_host is not None:
+            self._copied.synchronize()
+            self.sparse = bool(self._sparse_host)
+            _FINISHED.append(
+                (self._sparse_host, None)
+            )  # pinned: freed by the run's thread, outside a capture
+            self._sparse_host = None
+        return self.sparse
 
     def wait(self) -> list[tuple[str, str]]:
         """The warnings (the stage, the message), once the check has finished; re-raises an error it met."""
