@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import PipelineError, ShapeError
+from tsconv.io.names import control_name
 from tsconv.pipeline.filters import Filter, bank_weights, filter_spec
 
 __all__ = [
@@ -669,6 +670,15 @@ def _positive_int(d: dict[str, Any], key: str, default: int, where: str, table: 
     return value
 
 
+def _check_name(name: Any, where: str, table: str) -> None:
+    if not isinstance(name, str) or not name:
+        raise PipelineError(f"{where}: {table}: name must be a non-empty string, got {name!r}")
+    if control_name([name]) is not None:  # it names every output of the stage, in stores and on terminals
+        raise PipelineError(
+            f"{where}: {table}: name {name!r} holds a control character", hint="name it with printable text."
+        )
+
+
 def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, default_dtype: str) -> StageSpec:
     table = f"[[conv]] #{index}"
     _check_keys(d, _CONV_KEYS, where, table)
@@ -680,8 +690,7 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, def
             hint='e.g. filters = ["ma:16", "diff:1"] or weights = "w.npy".',
         )
     name = d.get("name", f"conv{index}")
-    if not isinstance(name, str) or not name:
-        raise PipelineError(f"{where}: {table}: name must be a non-empty string, got {name!r}")
+    _check_name(name, where, table)
     dilation = _positive_int(d, "dilation", 1, where, table, most=MAX_DILATION)
     activation = _choice(d, "activation", ACTIVATIONS, "none", where, table)
     weight_dtype = _choice(d, "weight_dtype", WEIGHT_DTYPES, default_dtype, where, table)
@@ -777,8 +786,7 @@ def _head_from_dict(
                 hint="head bias must have shape [D] for weights of shape [O, D].",
             )
     name = d.get("name", "head")
-    if not isinstance(name, str) or not name:
-        raise PipelineError(f"{where}: {table}: name must be a non-empty string, got {name!r}")
+    _check_name(name, where, table)
     return HeadSpec(
         name=name,
         weight=weight,
@@ -811,6 +819,8 @@ def _load_array(
     """
     expect = expect or {}
     rel = d[key]
+    if isinstance(rel, os.PathLike):
+        rel = os.fspath(rel)
     if not isinstance(rel, str):
         try:
             arr = np.asarray(rel.detach().cpu().numpy() if hasattr(rel, "detach") else rel)
@@ -838,6 +848,11 @@ def _load_array(
             hint="paths are relative to the pipeline file.",
         )
     tensor_key = d.get(f"{key}_key")
+    if tensor_key is not None and not isinstance(tensor_key, str):
+        raise PipelineError(
+            f"{where}: {table}: {key}_key must be a string (a tensor's name in the .safetensors file), got "
+            f"{tensor_key!r}"[:300]
+        )
     suffix = path.suffix.lower()
     try:
         if suffix == ".npy":
@@ -939,8 +954,14 @@ class _Base:
 
 def _check_inside(path: Path, rel: str, folder: Path, key: str, where: str, table: str) -> None:
     """Refuse a weight file outside the pipeline file's folder (``..``, an absolute path, a symlink)."""
-    root = folder.resolve()
-    target = path.resolve()  # follows every symlink on the way, the file's own included
+    try:
+        root = folder.resolve()
+        target = path.resolve()  # follows every symlink on the way, the file's own included
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+        raise PipelineError(
+            f"{where}: {table}: {key} file {rel!r} cannot be resolved: {exc}",
+            hint="point it at a regular file inside the pipeline file's folder.",
+        ) from None
     if not target.is_relative_to(root):
         via = "" if target == path.absolute() else f", which resolves to {str(target)!r}"
         raise PipelineError(
@@ -1060,7 +1081,9 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
             Layer(
                 name=stage.name,
                 weight=_stored(weight, stage.weight_dtype, f"{what}: weights"),
-                bias=None if stage.bias is None else _stored(stage.bias, stage.weight_dtype, f"{what}: bias"),
+                # a bias is kept in float32 whatever the weights' storage: rounding it moves every output by
+                # its whole rounding error (5% of an output's scale for a de-meaning bias near 100), unchecked
+                bias=None if stage.bias is None else _stored(stage.bias, "float32", f"{what}: bias"),
                 dilation=stage.dilation,
                 groups=groups,
                 activation=stage.activation,
@@ -1090,9 +1113,7 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
         head = HeadLayer(
             name=h.name,
             weight=_stored(h.weight, h.weight_dtype, f"{pipeline.origin}: [head]: weights"),
-            bias=None
-            if h.bias is None
-            else _stored(h.bias, h.weight_dtype, f"{pipeline.origin}: [head]: bias"),
+            bias=None if h.bias is None else _stored(h.bias, "float32", f"{pipeline.origin}: [head]: bias"),
             activation=h.activation,
             weight_dtype=h.weight_dtype,
             given=np.asarray(h.weight, dtype=np.float64),
