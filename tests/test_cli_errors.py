@@ -351,6 +351,9 @@ def test_a_report_path_tsconv_must_not_or_cannot_write_is_refused_before_the_run
     before = snapshot(tmp_path)
     res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--report", tmp_path / report)
     assert_refused(res, f"--report {str(tmp_path / report)!r}", needle)
+    if "input" in needle:  # the input as a file:// URL is the same store
+        res = invoke("-i", f"file://{src}", "-o", tmp_path / "out.zarr", "--report", tmp_path / report)
+        assert_refused(res, f"--report {str(tmp_path / report)!r}", needle)
     assert snapshot(tmp_path) == before  # nothing written: no output, the input as it was
 
 

@@ -164,14 +164,15 @@ def _check_report_path(report: Path, input_path: str, output: str | None, *, fla
     """Refuse, before the run, a file path (``flag``'s) tsconv must not or cannot write: inside the input store
     or the output (it would add to or replace their files), or in a folder that does not exist (click refuses
     a folder itself)."""
-    from tsconv.io.objstore import hierarchy_root, is_url
+    from tsconv.io.objstore import hierarchy_root, location
 
     target = report.resolve()
     stores = [("input store", input_path)] + ([("output", output)] if output is not None else [])
     for what, where in stores:
-        if is_url(where):
+        loc = location(where)  # file:// and ~ as the run reads them
+        if not isinstance(loc, Path):
             continue
-        root = hierarchy_root(Path(where))
+        root = hierarchy_root(loc)
         if target == root or root in target.parents:
             raise TsconvError(
                 f"{flag} {str(report)!r} lies inside the {what} {str(root)!r}: tsconv never writes among a "

@@ -177,7 +177,32 @@ def test_missing_bucket_store_and_overlap_are_one_line_errors(prefix, s3_input):
     src = s3_input
     line = _one_error_line(_cli("process", "-i", src, "-o", f"{src}/inside.zarr", "-q", "--device", "cpu"))
     assert "overlap the input" in line
+    # s3a:// names the same bucket: the alias had hidden the overlap, and the output was written inside
+    line = _one_error_line(
+        _cli(
+            "process",
+            "-i",
+            src,
+            "-o",
+            f"{src.replace('s3://', 's3a://')}/inside.zarr",
+            "-q",
+            "--device",
+            "cpu",
+        )
+    )
+    assert "overlap the input" in line
     assert [k for k in StoreURL.parse(src).objects() if "inside" in k] == []
+
+
+def test_an_output_url_inside_the_store_of_an_input_array_url_is_refused(series):
+    # -i memory://.../in.zarr/values names an array inside in.zarr: the output in.zarr/feats.zarr was written
+    base = f"memory://tsconv-{uuid.uuid4().hex[:8]}"
+    write_store(f"{base}/in.zarr", series[:2000], chunks=(1024, 4))
+    before = StoreURL.parse(f"{base}/in.zarr").objects()
+    with pytest.raises(tsconv.TsconvError, match="overlap the input store 'memory://.*/in.zarr'"):
+        tsconv.process(f"{base}/in.zarr/values", f"{base}/in.zarr/feats.zarr", pipeline=PIPE, device="cpu")
+    assert StoreURL.parse(f"{base}/in.zarr").objects() == before
+    assert StoreURL.parse("s3a://b/t.zarr") == StoreURL.parse("s3://b/t.zarr")
 
 
 def test_object_lock_refuses_a_live_lock_and_takes_over_a_stale_one(prefix):

@@ -127,3 +127,9 @@ def test_a_figure_inside_the_store_is_refused(stores: tuple[Path, Path]) -> None
         line = _error_line(_plot(store, "-f", "x*", "-o", store / "values" / "p.png"))
         assert "lies inside the input store" in line and "never writes among a store's files" in line
         assert sorted(p.name for p in store.rglob("*")) == before
+    # the store as a file:// URL, and an output's figure inside the input store it draws beside it: both written
+    before = sorted(p.name for p in src.rglob("*"))
+    for store in (f"file://{src}", out):
+        line = _error_line(_plot(store, "-f", "x*", "-o", src / "p.png"))
+        assert "lies inside the input store" in line and str(src) in line
+    assert sorted(p.name for p in src.rglob("*")) == before

@@ -37,6 +37,9 @@ __all__ = [
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # The extra that installs a scheme's filesystem package, where tsconv declares one.
 _EXTRAS = {"s3": "s3", "s3a": "s3"}
+# Schemes that name the same filesystem as another (fsspec registers them to the same class): a location is
+# kept under one name, so that comparing two of them (an output inside its input) sees through the alias.
+_ALIASES = {"s3a": "s3", "gcs": "gs", "abfs": "az"}
 
 
 def is_url(target: object) -> bool:
@@ -79,7 +82,8 @@ class StoreURL:
             raise StoreError(f"{text!r}: '..' is not allowed in a store URL")
         if not rest:
             raise StoreError(f"{text!r} names no bucket", hint="write it as scheme://bucket/path.")
-        return cls(f"{m.group(1).lower()}://{rest}")
+        scheme = m.group(1).lower()
+        return cls(f"{_ALIASES.get(scheme, scheme)}://{rest}")
 
     def __str__(self) -> str:
         return self.url
@@ -211,14 +215,26 @@ def overlaps(a: Path | StoreURL, b: Path | StoreURL) -> bool:
 
 
 def hierarchy_root(loc: Path | StoreURL) -> Path | StoreURL:
-    """The outermost zarr hierarchy holding a local store or array (``ticks.zarr/px`` is an array inside
-    ``ticks.zarr``: tsconv writes among neither's files), resolved; a URL as it is."""
+    """The outermost zarr hierarchy holding a store or array (``ticks.zarr/px`` is an array inside
+    ``ticks.zarr``: tsconv writes among neither's files); a local path resolved."""
     if isinstance(loc, StoreURL):
-        return loc
+        root = loc
+        while "/" in root.key and _zarr_group_at(root.parent):
+            root = root.parent
+        return root
     root = Path(loc).resolve()
     while any((root.parent / marker).is_file() for marker in ("zarr.json", ".zgroup")):
         root = root.parent
     return root
+
+
+def _zarr_group_at(url: StoreURL) -> bool:
+    """Whether a zarr group's metadata is at ``url`` (False where it cannot be read: a prefix the credentials
+    do not reach holds nothing tsconv writes among)."""
+    try:
+        return any(url.child(marker).is_file() for marker in ("zarr.json", ".zgroup"))
+    except Exception:  # noqa: BLE001 - any filesystem error: not known to be a group
+        return False
 
 
 def open_zarr(loc: Path | StoreURL, *, mode: str = "r") -> Any:
