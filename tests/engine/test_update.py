@@ -876,3 +876,19 @@ def test_rows_appended_to_a_consolidated_store_without_consolidating_again_are_s
     assert report.total_rows == 3000 and report.rows > 500
     tsconv.process(src, full, chunk=CHUNK, device="cpu")
     assert_same(out, full)
+
+
+def test_a_codec_other_than_the_outputs_is_refused_not_ignored(tmp_path: Path) -> None:
+    # --update --compression lz4 on an output stored uncompressed ran, kept none and said nothing
+    x, t = ticks(3000, 3, seed=5)
+    src = make_input(tmp_path / "in.zarr", x, t, 2050, (500, 3))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, compression="none")
+    grow(src, x, t, 3000)
+    before = _snapshot(out)
+    for flags in ({"update": True}, {"resume": True}):
+        with pytest.raises(tsconv.TsconvError, match="--compression lz4: the output .* is stored with none"):
+            tsconv.process(src, out, chunk=CHUNK, compression="lz4", **flags)
+    assert _snapshot(out) == before
+    for same in ("none", "auto", None):  # the output's own codec, or none asked: the update runs
+        tsconv.process(src, out, chunk=CHUNK, compression=same, update=True)

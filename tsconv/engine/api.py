@@ -131,7 +131,7 @@ def process(
         out_path = out_loc.resolve() if isinstance(out_loc, Path) else out_loc
     return to_zarr(store, plan, out_path, device=dev, device_name=device, chunk=chunk, warmup=warmup,
                    overwrite=overwrite, resume=resume, progress=progress, cuda=cuda,
-                   compression=compression or "auto", dask=dask, t_enter=t_enter, update=update)  # fmt: skip
+                   compression=compression, dask=dask, t_enter=t_enter, update=update)  # fmt: skip
 
 
 def default_output_path(input_path: str | os.PathLike[str] | StoreURL) -> Path | StoreURL:

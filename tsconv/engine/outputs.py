@@ -41,6 +41,7 @@ from tsconv.io.writers.parquet_writer import ParquetSink, check_parquet_output, 
 from tsconv.io.writers.zarr_writer import (
     FORMAT_VERSION,
     OutputWriter,
+    check_kept_compression,
     check_output_path,
     discard_output,
     grow_output,
@@ -94,14 +95,16 @@ def to_zarr(
     resume: bool,
     progress: bool,
     cuda: CudaOptions,
-    compression: str,
+    compression: str | None,
     dask: DaskOptions | None,
     t_enter: float,
     update: bool = False,
 ) -> Report:
     """Compute ``store`` through ``plan`` into the zarr output ``out_path`` (see :func:`tsconv.process`).
 
-    ``device`` None: a dask run whose workers each resolve ``device_name``."""
+    ``device`` None: a dask run whose workers each resolve ``device_name``. ``compression`` None: not asked
+    (auto for a new output; a continued one keeps its codec, which another asked for is refused)."""
+    asked, compression = compression, compression or "auto"
     source = StoreSource(store)
     if dask is not None and (store.remote or isinstance(out_path, StoreURL)):
         raise TsconvError(
@@ -169,6 +172,8 @@ def to_zarr(
             out_path, input_path=store.root, overwrite=overwrite, resume=resume, update=update,
             fingerprint=fingerprint, legacy=lambda rows: _fingerprint(store, plan, chunk, warmup, rows=rows),
         )  # fmt: skip
+        if action not in ("create", "replace"):
+            check_kept_compression(out_path, asked, verb="update" if update else "resume")
         rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
         digest = updated_from = None
         fill_carry = FillCarry()

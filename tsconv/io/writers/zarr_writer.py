@@ -73,6 +73,7 @@ __all__ = [
     "check_output_flags",
     "check_output_path",
     "check_owner",
+    "check_kept_compression",
     "consolidate",
     "default_write_threads",
     "discard_output",
@@ -772,6 +773,20 @@ def drop_consolidated(path: Path | StoreURL) -> None:
         return
     if isinstance(doc, dict) and doc.pop("consolidated_metadata", None) is not None:
         _write_doc(path, "zarr.json", doc)
+
+
+def check_kept_compression(path: Path | StoreURL, asked: str | None, *, verb: str) -> None:
+    """Refuse a ``compression`` asked of a run that continues the output at ``path`` (``verb``: "update",
+    "resume") where it is not the codec the output was written with: its chunks keep that one."""
+    if asked is None or asked == "auto":
+        return
+    group = open_group(path, mode="r", use_consolidated=False)
+    kept = _compression_of(group["values"])
+    if kept != asked:
+        raise TsconvError(
+            f"--compression {asked}: the output {str(path)!r} is stored with {kept}, which an {verb} keeps",
+            hint="drop --compression, or use --overwrite to write the output again with another codec.",
+        )
 
 
 def _compression_of(array: zarr.Array) -> str:
