@@ -329,7 +329,7 @@ def test_bad_input_store(tmp_path: Path, case: str) -> None:
     before = snapshot(tmp_path)
     assert before
     res = invoke("-i", src, "-o", tmp_path / "out.zarr")
-    assert_refused(res, str(src), *needles)
+    assert_refused(res, str(src), *needles, "; hint: ")  # every refusal says what to do
     assert snapshot(tmp_path) == before
 
 

@@ -145,7 +145,10 @@ def default_output_path(input_path: str | os.PathLike[str] | StoreURL) -> Path |
 def _dask_options(workers: int | None, client: Any, partition_rows: int | None) -> DaskOptions | None:
     if workers is None and client is None:
         if partition_rows is not None:
-            raise TsconvError("partition_rows needs workers or client (--workers or --scheduler)")
+            raise TsconvError(
+                "partition_rows needs workers or client (--workers or --scheduler)",
+                hint="add --workers N for a local dask cluster, or drop --partition-rows.",
+            )
         return None
     if workers is not None and client is not None:
         raise TsconvError(

@@ -31,7 +31,7 @@ def check_chunk(chunk: int) -> None:
 def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str) -> None:
     """A series of ``rows`` steps has an output row that is not all warm-up."""
     if rows == 0:
-        raise StoreError(f"{where}: the series is empty (0 steps)")
+        raise StoreError(f"{where}: the series is empty (0 steps)", hint="write its rows first.")
     # each output has its own warm-up (a bank's short filters are valid before its long ones)
     shortest = min(plan.warmups) if plan.warmups else plan.halo
     if warmup == "nan" and rows <= shortest:

@@ -33,7 +33,7 @@ def _chunking(rows: int, features: int, chunks: list[int], shards: list[int] | N
     along = -(-rows // chunks[0])
     across = -(-features // chunks[1])
     words = (
-        f"{chunks[0]:,} rows x {_plural(chunks[1], 'feature')} per chunk; {_plural(along * across, 'chunk')}"
+        f"{_plural(chunks[0], 'row')} x {_plural(chunks[1], 'feature')} per chunk; {_plural(along * across, 'chunk')}"
         f" ({along:,} along time x {across:,} across features)"
     )
     if shards:
@@ -137,7 +137,7 @@ def inspect_lines(info: dict[str, Any]) -> list[str]:
     what = "a group" if info["layout"] == "group" else "a bare array: features f0, f1, ..., no time"
     rows = [
         ("store", f"{info['path']} (zarr format {info['zarr_format']}, {what})"),
-        ("values", f"{info['rows']:,} rows x {_plural(len(names), 'feature')}, {info['dtype']}"),
+        ("values", f"{_plural(info['rows'], 'row')} x {_plural(len(names), 'feature')}, {info['dtype']}"),
         ("chunks", info["chunking"]),
         ("codecs", " + ".join(info["codecs"]) or "none (stored uncompressed)"),
     ]

@@ -133,7 +133,8 @@ def _open_node(path: Path | StoreURL) -> Any:
         return _open_remote(path)
     if not path.exists():
         raise StoreError(
-            f"input store {str(path)!r} does not exist", hint="check the path passed to --input."
+            f"input store {str(path)!r} does not exist",
+            hint="check the store's path (a zarr store: a directory).",
         )
     if not is_zarr_store(path):
         what = "a file" if path.is_file() else "a directory without zarr metadata"
@@ -177,12 +178,13 @@ def _check_values(values: Any, where: str) -> None:
     dt = np.dtype(values.dtype)
     if dt.kind not in "fiu":
         raise StoreError(
-            f"{where}: values have dtype {dt}, expected a real numeric dtype (float32, float64, float16 or integer)"
+            f"{where}: values have dtype {dt}, expected a real numeric dtype (float32, float64, float16 or integer)",
+            hint="store the values as numbers, e.g. float32 (booleans as 0 and 1, complex values as two features).",
         )
     if values.shape[0] == 0:
-        raise StoreError(f"{where}: the series is empty (0 steps)")
+        raise StoreError(f"{where}: the series is empty (0 steps)", hint="write its rows first.")
     if values.shape[1] == 0:
-        raise StoreError(f"{where}: the series has no features (0 columns)")
+        raise StoreError(f"{where}: the series has no features (0 columns)", hint="write its features first.")
     if values.shape[1] > MAX_FEATURES:  # a few bytes of metadata must not make a run build a billion names
         raise StoreError(
             f"{where}: values declare {values.shape[1]:,} features; tsconv reads at most {MAX_FEATURES:,}",
@@ -255,10 +257,14 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
     names_attr = node.attrs.get("features")
     if names_attr is not None:
         if not isinstance(names_attr, list) or not all(isinstance(n, str) for n in names_attr):
-            raise StoreError(f"{where}: attribute 'features' must be a list of strings")
+            raise StoreError(
+                f"{where}: attribute 'features' must be a list of strings",
+                hint="set it to the features' names, one per column of values, or remove it (names f0, f1, ...).",
+            )
         if len(names_attr) != values.shape[1]:
             raise StoreError(
-                f"{where}: attribute 'features' names {len(names_attr)} features but values have {values.shape[1]} columns"
+                f"{where}: attribute 'features' names {len(names_attr)} features but values have {values.shape[1]} columns",
+                hint="set it to the features' names, one per column of values, or remove it (names f0, f1, ...).",
             )
         names = tuple(names_attr)
     elif dims is not None and len(dims) == 2 and dims[1] in arrays and dims[1] != name:
@@ -420,7 +426,8 @@ def _time_array(
     t = arrays[key]
     if t.ndim != 1:
         raise StoreError(
-            f"{where}: {key!r} has shape {list(t.shape)}, expected [{values.shape[0]}] (one per row of values)"
+            f"{where}: {key!r} has shape {list(t.shape)}, expected [{values.shape[0]}] (one per row of values)",
+            hint="store one time per row of values, as a 1-D array.",
         )
     if t.shape[0] != values.shape[0]:
         raise StoreError(
