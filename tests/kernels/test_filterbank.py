@@ -21,7 +21,7 @@ from tsconv.pipeline.spec import pipeline_from_dict, resolve
 from ..helpers import write_store
 
 ALL = ["id", "lag:3", "diff:1", "diff:32", "ret:1", "ret:16", "ma:7", "ma:32", "dev:32", "dev:256",
-       "std:2", "std:20", "std:100", "zscore:7", "zscore:64", "ema:8", "ema:32", "ema:5:9"]  # fmt: skip
+       "std:2", "std:20", "std:100", "zscore:7", "zscore:64", "ema:8", "ema:32", "ema:5:9", "ema:1:4"]  # fmt: skip
 DEFAULT = ["diff:1", "diff:32", "diff:256", "dev:32", "dev:256"]
 # every kind the compiled CPU bank takes (a bank with ret or an EMA, like ALL, runs on torch ops)
 NATIVE = ["id", "lag:3", "diff:1", "diff:32", "ma:7", "ma:32", "dev:32", "dev:256", "dev:20", "std:2", "std:20",

@@ -335,6 +335,13 @@ class ResolvedPipeline:
                     # filter); outputs of another version are not extended or resumed
                     **({"compute": "filters-3"} if layer.structured else {}),
                     **_moments_arithmetic(f.taps for f in layer.filters or () if f.kind in ("std", "zscore")),
+                    # an EMA of alpha 1 over several taps gave the current value whatever its window held; it
+                    # is NaN / +-inf where the window holds one now: such an output is not continued
+                    **(
+                        {"ema_alpha_1": "window-nan"}
+                        if any(f.kind == "ema" and f.alpha == 1 and f.taps > 1 for f in layer.filters or ())
+                        else {}
+                    ),
                 }
                 for stage, layer in zip(self.pipeline.stages, self.layers, strict=True)
             ],
