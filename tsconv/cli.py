@@ -164,21 +164,11 @@ def _check_report_path(report: Path, input_path: str, output: str | None, *, fla
     """Refuse, before the run, a file path (``flag``'s) tsconv must not or cannot write: inside the input store
     or the output (it would add to or replace their files), or in a folder that does not exist (click refuses
     a folder itself)."""
-    from tsconv.io.objstore import hierarchy_root, location
+    from tsconv.io.objstore import refuse_inside
 
     target = report.resolve()
     stores = [("input store", input_path)] + ([("output", output)] if output is not None else [])
-    for what, where in stores:
-        loc = location(where)  # file:// and ~ as the run reads them
-        if not isinstance(loc, Path):
-            continue
-        root = hierarchy_root(loc)
-        if target == root or root in target.parents:
-            raise TsconvError(
-                f"{flag} {str(report)!r} lies inside the {what} {str(root)!r}: tsconv never writes among a "
-                "store's files",
-                hint="write the file outside the stores, e.g. beside them.",
-            )
+    refuse_inside(report, stores, flag=flag)
     if not target.parent.is_dir():
         raise TsconvError(
             f"{flag} {str(report)!r}: its folder {str(target.parent)!r} does not exist",

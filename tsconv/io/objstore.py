@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from tsconv.errors import StoreError
+from tsconv.errors import StoreError, TsconvError
 
 __all__ = [
     "StoreURL",
@@ -31,6 +31,7 @@ __all__ = [
     "open_group",
     "open_zarr",
     "overlaps",
+    "refuse_inside",
     "remote_error",
 ]
 
@@ -235,6 +236,27 @@ def _zarr_group_at(url: StoreURL) -> bool:
         return any(url.child(marker).is_file() for marker in ("zarr.json", ".zgroup"))
     except Exception:  # noqa: BLE001 - any filesystem error: not known to be a group
         return False
+
+
+def refuse_inside(file: Path, stores: list[tuple[str, Any]], *, flag: str) -> None:
+    """Refuse ``file`` (what ``flag`` names) inside any of ``stores``, (what, location) pairs: tsconv never
+    writes among a store's files. A store named as ``file://`` or with ``~`` is the local store the run reads;
+    one at another URL holds no local file; one whose location cannot be read is skipped."""
+    target = file.resolve()
+    for what, where in stores:
+        try:
+            loc = location(where)
+        except StoreError:
+            continue
+        if not isinstance(loc, Path):
+            continue
+        root = hierarchy_root(loc)
+        if target == root or root in target.parents:
+            raise TsconvError(
+                f"{flag} {str(file)!r} lies inside the {what} {str(root)!r}: tsconv never writes among a "
+                "store's files",
+                hint="write the file outside the stores, e.g. beside them.",
+            )
 
 
 def open_zarr(loc: Path | StoreURL, *, mode: str = "r") -> Any:

@@ -148,26 +148,12 @@ def plot_store(
 
 def _refuse_inside(out: Path, src: InputStore) -> None:
     """Refuse a figure inside the plotted store, or inside the input store a tsconv output came from (whose
-    series are drawn beside its features): tsconv never writes among a store's files."""
-    from tsconv.io.objstore import hierarchy_root, location
+    series are drawn beside its features)."""
+    from tsconv.io.objstore import refuse_inside
 
     source = group_attrs(src).get("source")
     stores = [("plotted store", src.root)] + ([("input store", source)] if isinstance(source, str) else [])
-    target = out.resolve()
-    for what, where in stores:
-        try:
-            loc = location(where)
-        except StoreError:
-            continue  # an unreadable source: drawn without it (_inputs says why)
-        if not isinstance(loc, Path):
-            continue
-        root = hierarchy_root(loc)
-        if target == root or root in target.parents:
-            raise TsconvError(
-                f"--output {str(out)!r} lies inside the {what} {str(root)!r}: tsconv never writes among a "
-                "store's files",
-                hint="write the figure outside the stores, e.g. beside them.",
-            )
+    refuse_inside(out, stores, flag="--output")
 
 
 def _matplotlib() -> tuple[Any, Any]:
