@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 import tsconv
 from tsconv.cli import main
 from tsconv.errors import OutputBusyError, StoreError
-from tsconv.io.ingest import ingest
+from tsconv.io.ingest import ingest, repair
 from tsconv.io.lock import OutputLock
 from tsconv.io.store import check_time, open_input
 
@@ -151,6 +151,19 @@ def test_a_killed_ingests_temporary_store_is_removed_by_the_next_and_a_second_wr
         with pytest.raises(OutputBusyError, match="being written by another tsconv run"):
             ingest(src, out, overwrite=True)
     assert read(out)[2] == SORTED
+    # the same store through a symlink is under the same lock (two appends, one through a link, each took
+    # the other's in-progress marker for a killed append and cut its rows), and --overwrite through the link
+    # replaces the store it points to
+    link = tmp_path / "link.zarr"
+    link.symlink_to(out)
+    with OutputLock(out, run_id="f" * 32):
+        for kw in ({"append": True}, {"overwrite": True}):
+            with pytest.raises(OutputBusyError, match="being written by another tsconv run"):
+                ingest(src, link, **kw)
+        with pytest.raises(OutputBusyError):
+            repair(link)
+    ingest(src, link, overwrite=True)
+    assert link.is_symlink() and read(link)[2] == SORTED
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".csv", ".arrow"])

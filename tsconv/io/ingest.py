@@ -705,8 +705,9 @@ def ingest(
                                    feature_column=feature_column)  # fmt: skip
     paths = expand_files([files] if isinstance(files, str | os.PathLike) else files)
     _refuse_url(output)
-    out = Path(output).expanduser().absolute()
-    _check_output(out.resolve(), paths, append=append, overwrite=overwrite)
+    # resolved: one store reached through a symlink is the same store, under the same lock
+    out = Path(output).expanduser().resolve()
+    _check_output(out, paths, append=append, overwrite=overwrite)
 
     pl_dtype = pl.Float64 if dtype == "float64" else pl.Float32
     sources = [
@@ -921,7 +922,7 @@ def repair(output: str | os.PathLike[str]) -> int | None:
     """Roll back an interrupted ``tsconv ingest --append`` on ``output``: cut ``values`` and ``time``
     back to the rows committed before it. Returns those rows, or None when there was nothing to repair."""
     _refuse_url(output)
-    out = Path(output).expanduser().absolute()
+    out = Path(output).expanduser().resolve()  # as ingest locks it, through any symlink
     if not out.exists():
         raise StoreError(f"cannot repair: store {str(out)!r} does not exist", hint="check the path.")
     if not is_zarr_store(out):
