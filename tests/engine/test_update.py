@@ -892,3 +892,35 @@ def test_a_codec_other_than_the_outputs_is_refused_not_ignored(tmp_path: Path) -
     assert _snapshot(out) == before
     for same in ("none", "auto", None):  # the output's own codec, or none asked: the update runs
         tsconv.process(src, out, chunk=CHUNK, compression=same, update=True)
+
+
+@pytest.mark.parametrize("flags", [{}, {"update": True}])
+def test_an_input_changed_during_the_run_leaves_the_output_incomplete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: dict
+) -> None:
+    """`ingest --overwrite` of the input while `process` ran: the output was marked complete with values from
+    the old store and time from the new. The input's digest is taken again before the output is marked."""
+    import tsconv.engine.outputs as outputs
+
+    x, t = ticks(3000, 3, seed=5)
+    src = make_input(tmp_path / "in.zarr", x, t, 2050 if flags else 3000, (500, 3))
+    out = tmp_path / "out.zarr"
+    if flags:
+        tsconv.process(src, out, chunk=CHUNK)
+        grow(src, x, t, 3000)
+    record_end = outputs._record_end
+
+    def changing(*args, **kw):  # the rows are computed; the writer may still be writing
+        g = zarr.open_group(str(src), mode="r+")
+        g["values"][10:11] = np.asarray(g["values"][10:11]) + 1
+        return record_end(*args, **kw)
+
+    monkeypatch.setattr(outputs, "_record_end", changing)
+    with pytest.raises(
+        tsconv.TsconvError, match="changed while the output was computed, first at rows 0..500"
+    ):
+        tsconv.process(src, out, chunk=CHUNK, overwrite=not flags, **flags)
+    assert not zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"]
+    monkeypatch.setattr(outputs, "_record_end", record_end)
+    tsconv.process(src, out, chunk=CHUNK, overwrite=True)  # computed again from the settled input
+    assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"]

@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,15 @@ from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, batched_on, begin_cuda, plan_run, reset_device, run, small_for_cuda
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.contracts import BandReader
-from tsconv.io.digest import digest_note, input_digest, read_digest, verify_input, write_digest
+from tsconv.io.digest import (
+    digest_note,
+    first_change,
+    input_arrays,
+    input_digest,
+    read_digest,
+    verify_input,
+    write_digest,
+)
 from tsconv.io.lock import output_lock
 from tsconv.io.objstore import StoreURL
 from tsconv.io.precision import Float32Check, exact_in_float32
@@ -217,6 +226,12 @@ def to_zarr(
         if dask is not None:
             from tsconv.engine.distributed import run_distributed
 
+            unchanged = _input_unchanged(store, digest, stop=r0 + rows)
+
+            def end(reader: BandReader | None) -> None:  # every partition written: before marking complete
+                unchanged()
+                _record_end(out_path, fill_carry, reader, stop=r0 + rows, fingerprint=fingerprint)
+
             if start < rows and read == "float32":  # GPU workers read float32; CPU workers read float64
                 # the workers' warnings stay in their logs: the client checks the first rows
                 a = r0 + start
@@ -229,7 +244,7 @@ def to_zarr(
                 warmup=warmup, attrs=attrs, progress=progress, workers=dask.workers, client=dask.client,
                 partition_rows=dask.partition_rows, cuda=cuda, compression="lz4" if compression == "auto" else compression,
                 run_id=run_id, input_digest=digest, rows=rows, fill_carry=fill_carry,
-                before_finish=lambda reader: _record_end(out_path, fill_carry, reader, stop=r0 + rows, fingerprint=fingerprint),
+                before_finish=end,
                 read_float64=read != "float32",
             )  # fmt: skip
             return dataclasses.replace(report, updated_from=updated_from)
@@ -279,6 +294,7 @@ def to_zarr(
             if rp.encode_rows is not None:  # chunks encoded on the GPU are whole: none is partly kept
                 compute = start
             writer.keep(compute - start)
+        writer.before_complete = _input_unchanged(store, digest, stop=r0 + rows)
         t_run = time.perf_counter()
         rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + compute, stop=r0 + rows,
                                  read_float64=read != "float32")  # fmt: skip
@@ -353,6 +369,27 @@ def _same_input(current: dict[str, Any], recorded: dict[str, Any] | None) -> boo
     return recorded is not None and current == {
         k: v for k, v in recorded.items() if k not in ("fill", "tail")
     }
+
+
+def _input_unchanged(store: InputStore, digest: dict[str, Any] | None, *, stop: int) -> Callable[[], None]:
+    """A check for the moment before the output is marked complete: the input's rows [0, ``stop``) are still
+    those of ``digest``, taken when the run started (rows appended meanwhile are not a change). A store
+    replaced during the run (``ingest --overwrite``) had left an output marked complete whose values came from
+    the old store and whose time from the new. No check for an input without a digest (remote)."""
+
+    def check() -> None:
+        if digest is None or "arrays" not in digest:
+            return
+        now = input_digest(store, known=digest)
+        change = first_change(digest, now, before=stop, arrays=input_arrays(store))
+        if change is not None:
+            raise StoreError(
+                f"the input {str(store.path)!r} changed while the output was computed, first at {change}: "
+                "the output is left incomplete",
+                hint="once the input is settled, compute the output again with --overwrite.",
+            )
+
+    return check
 
 
 def _record_end(

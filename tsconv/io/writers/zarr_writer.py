@@ -875,6 +875,9 @@ class OutputWriter:
             msg = f"region end {self.stop} is not on a chunk boundary of {self.chunk_rows} rows"
             raise StoreError(msg)
         self.record = record
+        # called once every row is written, before the store is marked complete (an error leaves it incomplete):
+        # the run's check that its input did not change meanwhile
+        self.before_complete: Callable[[], None] | None = None
         self.where = _where(group)
         self.threads = default_write_threads() if threads is None else max(0, int(threads))
         self._sync = self.threads <= 1
@@ -1189,6 +1192,8 @@ class OutputWriter:
                 msg = f"internal error: finished with {self.rows_done} of {self.stop} rows written"
                 raise RuntimeError(msg)
             if self.record:
+                if self.before_complete is not None:
+                    self.before_complete()
                 with self._lock:
                     check_owner(self._root(), run_id=self.run_id, identity=self._identity,
                                 group=None if self._doc_root is not None else self.group)  # fmt: skip
