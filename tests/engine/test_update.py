@@ -896,7 +896,7 @@ def test_a_codec_other_than_the_outputs_is_refused_not_ignored(tmp_path: Path) -
 
 @pytest.mark.parametrize("flags", [{}, {"update": True}])
 def test_an_input_changed_during_the_run_leaves_the_output_incomplete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: dict
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out_chunks: None, flags: dict
 ) -> None:
     """`ingest --overwrite` of the input while `process` ran: the output was marked complete with values from
     the old store and time from the new. The input's digest is taken again before the output is marked."""

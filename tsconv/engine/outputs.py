@@ -220,13 +220,16 @@ def to_zarr(
                 halo=plan.halo,
             )
         attrs = _output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest, read=read)
+        # the digest of the input the rows come from (a new output's, or the one a resume or update checked and
+        # recorded), which the input must still match when the output is marked complete
+        unchanged = _input_unchanged(
+            store, digest if digest is not None else read_digest(out_path), stop=r0 + rows
+        )
         if action in ("done", "current"):
             return _report(store, plan, out_path, device or torch.device("cpu"), rows=0, total_rows=rows,
                            chunk=chunk, resumed_from=start, seconds=0.0, updated_from=updated_from)  # fmt: skip
         if dask is not None:
             from tsconv.engine.distributed import run_distributed
-
-            unchanged = _input_unchanged(store, digest, stop=r0 + rows)
 
             def end(reader: BandReader | None) -> None:  # every partition written: before marking complete
                 unchanged()
@@ -294,7 +297,7 @@ def to_zarr(
             if rp.encode_rows is not None:  # chunks encoded on the GPU are whole: none is partly kept
                 compute = start
             writer.keep(compute - start)
-        writer.before_complete = _input_unchanged(store, digest, stop=r0 + rows)
+        writer.before_complete = unchanged
         t_run = time.perf_counter()
         rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + compute, stop=r0 + rows,
                                  read_float64=read != "float32")  # fmt: skip
