@@ -38,8 +38,9 @@ __all__ = [
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # The extra that installs a scheme's filesystem package, where tsconv declares one.
 _EXTRAS = {"s3": "s3", "s3a": "s3"}
-# Schemes that name the same filesystem as another (fsspec registers them to the same class): a location is
-# kept under one name, so that comparing two of them (an output inside its input) sees through the alias.
+# Schemes that name the same filesystem as another (fsspec registers them to the same class): comparing two
+# locations (an output inside its input) sees through the alias. A location keeps the scheme it was given,
+# which outputs' fingerprints hold.
 _ALIASES = {"s3a": "s3", "gcs": "gs", "abfs": "az"}
 
 
@@ -83,8 +84,7 @@ class StoreURL:
             raise StoreError(f"{text!r}: '..' is not allowed in a store URL")
         if not rest:
             raise StoreError(f"{text!r} names no bucket", hint="write it as scheme://bucket/path.")
-        scheme = m.group(1).lower()
-        return cls(f"{_ALIASES.get(scheme, scheme)}://{rest}")
+        return cls(f"{m.group(1).lower()}://{rest}")
 
     def __str__(self) -> str:
         return self.url
@@ -114,9 +114,18 @@ class StoreURL:
     def with_name(self, name: str) -> StoreURL:
         return self.parent.child(name)
 
+    @property
+    def canonical(self) -> str:
+        """The URL with its scheme's alias resolved (``s3a://b/k`` is ``s3://b/k``): for comparing locations."""
+        return f"{_ALIASES.get(self.protocol, self.protocol)}://{self.key}"
+
     def is_relative_to(self, other: Path | StoreURL) -> bool:
-        """Whether this location is ``other`` or lies inside it (never for a local path)."""
-        return isinstance(other, StoreURL) and (self.url == other.url or self.url.startswith(other.url + "/"))
+        """Whether this location is ``other`` or lies inside it, through scheme aliases (never for a local
+        path)."""
+        if not isinstance(other, StoreURL):
+            return False
+        a, b = self.canonical, other.canonical
+        return a == b or a.startswith(b + "/")
 
     # -- the filesystem --------------------------------------------------------------------------
 
