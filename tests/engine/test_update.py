@@ -892,6 +892,14 @@ def test_a_codec_other_than_the_outputs_is_refused_not_ignored(tmp_path: Path) -
     assert _snapshot(out) == before
     for same in ("none", "auto", None):  # the output's own codec, or none asked: the update runs
         tsconv.process(src, out, chunk=CHUNK, compression=same, update=True)
+    # an output smaller than one output chunk is built again by an update: with the codec it had (it came out
+    # lz4, auto's choice, while the README says an update keeps the codec)
+    small = tmp_path / "small.zarr"
+    src2 = make_input(tmp_path / "in2.zarr", x, t, 2050, (500, 3))
+    tsconv.process(src2, small, chunk=CHUNK, compression="none")
+    grow(src2, x, t, 3000)
+    report = tsconv.process(src2, small, chunk=CHUNK, update=True)
+    assert report.compression == "none"
 
 
 @pytest.mark.parametrize("flags", [{}, {"update": True}])

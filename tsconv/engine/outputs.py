@@ -182,7 +182,9 @@ def to_zarr(
             fingerprint=fingerprint, legacy=lambda rows: _fingerprint(store, plan, chunk, warmup, rows=rows),
         )  # fmt: skip
         if action not in ("create", "replace"):
-            check_kept_compression(out_path, asked, verb="update" if update else "resume")
+            kept = check_kept_compression(out_path, asked, verb="update" if update else "resume")
+            # an update that builds a small output again writes it with the codec it had
+            compression = asked or (kept if kept in ("lz4", "none") else "auto")
         rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
         digest = updated_from = None
         fill_carry = FillCarry()

@@ -775,18 +775,21 @@ def drop_consolidated(path: Path | StoreURL) -> None:
         _write_doc(path, "zarr.json", doc)
 
 
-def check_kept_compression(path: Path | StoreURL, asked: str | None, *, verb: str) -> None:
-    """Refuse a ``compression`` asked of a run that continues the output at ``path`` (``verb``: "update",
-    "resume") where it is not the codec the output was written with: its chunks keep that one."""
-    if asked is None or asked == "auto":
-        return
-    group = open_group(path, mode="r", use_consolidated=False)
-    kept = _compression_of(group["values"])
-    if kept != asked:
+def stored_compression(path: Path | StoreURL) -> str:
+    """The codec of the output at ``path``'s values: "lz4", "none", or what else its codecs are."""
+    return _compression_of(open_group(path, mode="r", use_consolidated=False)["values"])
+
+
+def check_kept_compression(path: Path | StoreURL, asked: str | None, *, verb: str) -> str:
+    """The codec the output at ``path`` was written with, which a run that continues it (``verb``: "update",
+    "resume") keeps; refuses a ``compression`` asked that is another."""
+    kept = stored_compression(path)
+    if asked is not None and asked != "auto" and kept != asked:
         raise TsconvError(
             f"--compression {asked}: the output {str(path)!r} is stored with {kept}, which an {verb} keeps",
             hint="drop --compression, or use --overwrite to write the output again with another codec.",
         )
+    return kept
 
 
 def _compression_of(array: zarr.Array) -> str:
