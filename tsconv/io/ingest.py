@@ -49,6 +49,7 @@ import os
 import resource
 import shutil
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,11 +60,11 @@ import polars as pl
 import zarr
 from zarr.codecs import BloscCodec
 
-from tsconv.errors import OutputExistsError, StoreError
+from tsconv.errors import OutputExistsError, StoreError, TsconvWarning
 from tsconv.io.lock import OutputLock
 from tsconv.io.names import control_name, describe_repeats, repeated_names
 from tsconv.io.objstore import is_url
-from tsconv.io.precision import Float32Check
+from tsconv.io.precision import float32_loss_by_feature
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
 from tsconv.progress import progress_bar
 
@@ -897,25 +898,28 @@ def _warn_rounding(sources: Sequence[_Source]) -> None:
             return  # a file the ingest cannot read: its own read says why, naming the file
         df = df.sort("__t")
         values = df.select(cols).to_numpy().astype(np.float64)
-        if long:  # each symbol's rows, in time order, symbols in the order they first appear
-            rows_of = (
-                df.with_row_index("__i")
-                .group_by(source.feature_column, maintain_order=True)
-                .agg(pl.col("__i"))
-            )
-            groups = [(str(sym), np.asarray(idx, dtype=np.int64)) for sym, idx in rows_of.iter_rows()]
+        if long:  # each symbol's rows together, in time order; symbols in the order they first appear
+            symbols = df[source.feature_column].to_numpy().astype(str)
+            seen, first, inverse = np.unique(symbols, return_index=True, return_inverse=True)
+            rank = np.empty(seen.size, dtype=np.int64)
+            rank[np.argsort(first)] = np.arange(seen.size)
+            groups = rank[inverse.reshape(-1)]
+            order = np.argsort(groups, kind="stable")
+            values, groups = values[order], groups[order]
+            names = [
+                feature_name(str(sym), c, source.value_columns)
+                for sym in seen[np.argsort(first)]
+                for c in cols
+            ]
         else:
-            groups = [("", np.arange(len(df)))]
-        for sym, rows in groups:
-            names = [feature_name(sym, c, source.value_columns) if long else c for c in cols]
-            check = Float32Check(names, context=context, advice="--dtype float64 keeps them")
-            v = values[rows]
-            for a in range(0, v.shape[0], 1024):  # blocks one row apart: a column that starts late is judged
-                check.see(v[a : a + 1025])
-                if check.done:
-                    break
-            if check.warned:
-                return
+            groups, names = np.zeros(len(df), dtype=np.int64), cols
+        # every symbol in one pass (one check per symbol took 6.9 s for 16 files of 10,000 symbols)
+        message, _ = float32_loss_by_feature(
+            values, names, context=context, advice="--dtype float64 keeps them", groups=groups
+        )
+        if message is not None:
+            warnings.warn(message, TsconvWarning, stacklevel=3)
+            return
 
 
 def repair(output: str | os.PathLike[str]) -> int | None:
