@@ -123,7 +123,11 @@ def _filter_reference(s: np.ndarray, f: Filter, dilation: int) -> np.ndarray:
             return np.where(ok, np.log(np.where(ok, now, 1.0) / np.where(ok, old, 1.0)), np.nan)
         if f.kind == "ema":
             w = f.alpha * (1.0 - f.alpha) ** np.arange(f.taps)
-            return win @ (w / w.sum()) if f.alpha < 1 else now.copy()
+            if f.alpha < 1:
+                return win @ (w / w.sum())
+            # alpha 1: the current value, NaN or +-inf where the window holds one (as its mean)
+            mean = win.mean(axis=1)
+            return np.where(np.isfinite(mean), now, mean)
         mean = win.mean(axis=1)
         if f.kind == "ma":
             return mean
