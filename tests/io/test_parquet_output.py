@@ -87,3 +87,31 @@ def test_ingest_reads_a_parquet_output_back_with_nan_where_values_are_missing(
     store = tsconv.open_input(back)
     assert list(store.features) == names
     np.testing.assert_array_equal(np.asarray(store.values[:]), want)
+
+
+def test_an_input_changed_during_the_run_leaves_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # as for a zarr output: the rows read must still be the input's when the file takes its name
+    import zarr
+
+    from tsconv.io.writers import parquet_writer
+
+    src = write_store(tmp_path / "in.zarr", price_series(3000, 3, seed=2), chunks=(500, 3))
+    out = tmp_path / "out.parquet"
+    tsconv.process(src, out, pipeline="default")
+    before = out.read_bytes()
+    flush = parquet_writer.ParquetSink._flush
+
+    def changing(self) -> None:  # the last rows go out; the input changes before the file is named
+        flush(self)
+        g = zarr.open_group(str(src), mode="r+")
+        g["values"][10:11] = np.asarray(g["values"][10:11]) + 1
+
+    monkeypatch.setattr(parquet_writer.ParquetSink, "_flush", changing)
+    with pytest.raises(tsconv.TsconvError, match="changed while the output was computed"):
+        tsconv.process(src, out, pipeline="default", overwrite=True)
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "in.zarr",
+        "out.parquet",
+    ]

@@ -590,6 +590,7 @@ def to_parquet(
     with output_lock(target, run_id=run_id):
         remove_stale_temp_files(target)
         check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False)
+        digest = input_digest(store)  # the rows read must still be these when the file takes its name
         meta = {
             "source": str(store.path),
             "features": list(plan.output_names),
@@ -605,6 +606,7 @@ def to_parquet(
             )
         sink = ParquetSink(out, names=plan.output_names, time_source=store.time, metadata=meta,
                            where=str(store.path))  # fmt: skip
+        sink.before_complete = _input_unchanged(store, digest, stop=store.rows)
         stages = run(rp, source, plan, sink, progress=progress, desc=store.path.name)
         seconds = time.perf_counter() - t0
     return _report(store, plan, out, device, rows=store.rows, total_rows=store.rows, chunk=chunk,

@@ -156,6 +156,9 @@ class ParquetSink:
         import pyarrow.parquet as pq
 
         self.out, self.names = out, names
+        # called once every row is written, before the file takes its name (an error leaves the old file):
+        # the run's check that its input did not change meanwhile
+        self.before_complete: Callable[[], None] | None = None
         fields = [pa.field(n, pa.float32()) for n in names]
         if time_source is not None:
             fields.insert(0, pa.field("time", pa.timestamp("ns", tz="UTC")))
@@ -205,6 +208,8 @@ class ParquetSink:
     def finish(self) -> None:
         self._flush()
         self.writer.close()
+        if self.before_complete is not None:
+            self.before_complete()  # an error: close() discards the file
         if self._file is not None:
             self._file.close()
             self._file.commit()  # the object appears now, whole
