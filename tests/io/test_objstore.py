@@ -202,6 +202,9 @@ def test_an_output_url_inside_the_store_of_an_input_array_url_is_refused(series)
     with pytest.raises(tsconv.TsconvError, match="overlap the input store 'memory://.*/in.zarr'"):
         tsconv.process(f"{base}/in.zarr/values", f"{base}/in.zarr/feats.zarr", pipeline=PIPE, device="cpu")
     assert StoreURL.parse(f"{base}/in.zarr").objects() == before
+    # memory://o.zarr has no folder: its lock went inside the output, which was then "not a zarr store"
+    with pytest.raises(tsconv.TsconvError, match="names no bucket or folder"):
+        tsconv.process(f"{base}/in.zarr", "memory://o.zarr", pipeline=PIPE, device="cpu")
     a, b = StoreURL.parse("s3a://b/t.zarr"), StoreURL.parse("s3://b/t.zarr/x.zarr")
     assert (
         b.is_relative_to(a) and a.url == "s3a://b/t.zarr"

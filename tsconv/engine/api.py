@@ -25,7 +25,7 @@ from tsconv.engine.run import (
     cuda_errors,
     resolve_device,
 )
-from tsconv.errors import TsconvError
+from tsconv.errors import StoreError, TsconvError
 from tsconv.io.objstore import StoreURL, location
 from tsconv.io.store import open_input
 from tsconv.io.writers.formats import output_format
@@ -90,6 +90,12 @@ def process(
     if not isinstance(progress, bool):
         raise TsconvError(f"progress must be True or False, got {progress!r}")
     out_loc = location(output) if output is not None else None
+    if isinstance(out_loc, StoreURL) and "/" not in out_loc.key:
+        # the lock and the temporary objects go beside the output: it needs a folder (a bucket) to be in
+        raise StoreError(
+            f"output {out_loc.url!r} names no bucket or folder to hold it",
+            hint=f"write it as {out_loc.protocol}://bucket/{out_loc.key}.",
+        )
     parquet = output is not None and output_format(output) == "parquet"
     dask = _dask_options(workers, client, partition_rows)
     if parquet:
