@@ -644,9 +644,8 @@ class _StorageCheck:
         self.previous = previous
         self.needless = False  # the previous check's sample judged every output: this one never starts
         self.sparse = False  # an input feature had too few finite, moving values over the rows sampled
-        self._sparse_host: torch.Tensor | None = (
-            None  # on CUDA: ``sparse``, there once ``_copied`` has passed
-        )
+        # on CUDA: ``sparse``, there once ``_copied`` has passed
+        self._sparse_host: torch.Tensor | None = None
         self._row = 0  # the global step of the rows checked
         self._sizes: list[int] = []  # the rows of each sample, halo included
         self._thread: threading.Thread | None = None
@@ -704,8 +703,8 @@ class _StorageCheck:
                 sizes.append(halo + m2)
         self._sizes = sizes
         u = torch.cat([x[s : s + n] for s, n in zip(starts, sizes, strict=True)]).float()
-        # decided from the inputs, so that where later checks start does not depend on when this one ends; on
-        # CUDA the flag is copied with the sample and read by the next check (judged_sparse)
+        # decided from the inputs, not from when this check's thread ends; on CUDA the flag is copied with the
+        # sample and read by the next check once the copy has landed (judged_sparse), a step or so later
         moving = torch.isfinite(u[1:]) & (u[1:] != u[:-1])
         sparse = (moving.sum(dim=0) < _CHECK_ROWS[0]).any()
         if not u.is_cuda:
