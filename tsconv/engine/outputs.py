@@ -222,14 +222,14 @@ def to_zarr(
                 halo=plan.halo,
             )
         attrs = _output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest, read=read)
+        if action in ("done", "current"):
+            return _report(store, plan, out_path, device or torch.device("cpu"), rows=0, total_rows=rows,
+                           chunk=chunk, resumed_from=start, seconds=0.0, updated_from=updated_from)  # fmt: skip
         # the digest of the input the rows come from (a new output's, or the one a resume or update checked and
         # recorded), which the input must still match when the output is marked complete
         unchanged = _input_unchanged(
             store, digest if digest is not None else read_digest(out_path), stop=r0 + rows
         )
-        if action in ("done", "current"):
-            return _report(store, plan, out_path, device or torch.device("cpu"), rows=0, total_rows=rows,
-                           chunk=chunk, resumed_from=start, seconds=0.0, updated_from=updated_from)  # fmt: skip
         if dask is not None:
             from tsconv.engine.distributed import run_distributed
 
