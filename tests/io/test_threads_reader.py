@@ -314,3 +314,17 @@ def test_a_reader_holding_bands_serves_adjacent_bands_as_one_view(tmp_path: Path
         five = r.read(7000, 12_000)  # 5 bands, more than hold + 1: copied
         assert five.flags.owndata
         np.testing.assert_array_equal(five, x[7000:])
+
+
+@pytest.mark.parametrize("hold", [1, 2])
+def test_a_view_lives_until_a_read_reaches_hold_plus_one_bands_past_it(tmp_path: Path, hold: int) -> None:
+    # the docstring said until a read *starts* that far: a read starting in the view's band and reaching
+    # band 3 overwrote it (the rule the engines follow is where a read ends)
+    x = _data(3000, 4, "float32")
+    a = _array(tmp_path / "a.zarr", x, (500, 4))
+    with ParallelBandReader(a, threads=2, prefetch=1, hold=hold) as r:
+        v = r.read(0, 100)
+        r.read(100, 500 * (hold + 1))  # reaches band hold: band 0 is kept
+        np.testing.assert_array_equal(v, x[:100])
+        r.read(500 * (hold + 1), 500 * (hold + 2))  # reaches band hold + 1: band 0's slot may be reused
+    np.testing.assert_array_equal(x[:100], np.asarray(a[:100]))

@@ -24,9 +24,10 @@ into its column slice. A missing chunk file is the fill value.
 
 Buffer lifetime: :meth:`ParallelBandReader.read` returns a *view* of the ring when the rows lie in one
 band, or (with ``hold > 1``) in at most ``hold + 1`` bands whose slots are adjacent (no wrap). That view
-stays valid until a read that starts ``hold + 1`` or more bands past its first band (the slot is then
-reused); copy it if it must live longer. Other reads spanning bands return a fresh array. The engine's
-the chunked engine uses each block before its next read and keeps only copies (see there).
+stays valid until a read that reaches ``hold + 1`` or more bands past its first band (where a read ends,
+not where it starts: reading band L reuses the slots of bands L - hold - 1 and before); copy it if it must live
+longer. Other reads spanning bands return a fresh array. The chunked engine uses each block before its next
+read and keeps only copies (see there).
 
 Reads behind the ring (resume reads bands backwards to rebuild the fill state; random access) are
 decoded synchronously in the calling thread into a fresh array, leaving the prefetch state alone; the
