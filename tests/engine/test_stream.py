@@ -311,3 +311,33 @@ def test_a_time_of_nat_is_refused():
     with pytest.raises(tsconv.TsconvError, match=r"row 1 of this push has no time \(NaT\)"):
         stream.push(np.ones((3, 1)), time=t)
     assert stream.rows == 0 and stream.last_time is None
+
+
+def test_the_fp16_check_samples_a_push_of_enough_rows_not_a_single_row() -> None:
+    """One-row pushes had the FP16-storage check judge an output's scale from one row: a warning of 6e-3
+    where features() on the same rows, and the whole series, stayed under 5e-4. A push too short to sample is
+    not checked; a long push is checked as features() checks the series."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 3, 5)) * 0.3
+    pipe = {"conv": [{"weights": w - w.mean(axis=2, keepdims=True), "weight_dtype": "float16"}]}
+    r = np.random.default_rng(2)
+    x = (
+        np.round(r.uniform(20, 500, 3) * 100) + np.cumsum(r.choice([-2, -1, 0, 0, 0, 1, 2], (3000, 3)), 0)
+    ) / 10
+
+    def warned(run) -> list[str]:  # noqa: ANN001
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+        return [str(m.message) for m in caught if issubclass(m.category, tsconv.TsconvWarning)]
+
+    assert warned(lambda: tsconv.features(x, pipe, chunk=256)) == []
+    one_by_one = tsconv.Stream(pipe, features=3, chunk=256, device="cpu")
+    assert warned(lambda: [one_by_one.push(row) for row in x]) == []
+    x[:2000] = np.nan  # symbols listed later: features() warns, and so does a stream pushed in one go
+    expected = warned(lambda: tsconv.features(x, pipe))
+    assert len(expected) == 1
+    whole = tsconv.Stream(pipe, features=3, device="cpu")
+    assert warned(lambda: whole.push(x)) == expected

@@ -326,4 +326,6 @@ def test_a_view_lives_until_a_read_reaches_hold_plus_one_bands_past_it(tmp_path:
         v = r.read(0, 100)
         r.read(100, 500 * (hold + 1))  # reaches band hold: band 0 is kept
         np.testing.assert_array_equal(v, x[:100])
-        np.testing.assert_array_equal(r.read(0, 100), x[:100])  # band 0 again: from the ring or read behind it
+        np.testing.assert_array_equal(
+            r.read(0, 100), x[:100]
+        )  # band 0 again: from the ring or read behind it

@@ -194,6 +194,9 @@ class Backend:
         # step at full size, and its rows past the data are stale or never written (None: every row). The
         # FP16-storage check samples these rows only.
         self.valid_rows: int | None = None
+        # The fewest output rows a check may sample: one, unless the calls are pieces of a series that goes on
+        # (a Stream's pushes: one-row pushes had the check judge an output's scale from a single row)
+        self.min_check_rows = 1
         self._warned: set[str] = set()  # the stages warned of
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
@@ -586,6 +589,7 @@ _WARN_FROM = FP16_WARN / 2
 # price levels 20..500, four zero-sum grouped convs (8 channels a group) moved by 1.1e-3 to 1.25e-3 of their
 # scale went unwarned with 128 rows, and were warned with 1024 (those within 5% of 1e-3 still go unwarned).
 _CHECK_ROWS = (128, 1024)
+CHECK_ROWS_MIN = _CHECK_ROWS[0]  # the rows a check samples at least where a call may be short (Stream)
 _CHECK_MACS = 100_000_000
 # Where an input feature has fewer than _CHECK_ROWS[0] finite, moving values over a check's rows (a symbol not
 # yet listed, a stale quote under a zero-sum filter), the outputs it reaches are not judged there: a later chunk
@@ -687,7 +691,7 @@ class _StorageCheck:
         if plan.head is not None:
             macs += plan.head.weight.size
         m = min(max(_CHECK_ROWS[0], min(_CHECK_ROWS[1], _CHECK_MACS // macs)), x.shape[0] - a - halo)
-        if m < 1:
+        if m < max(1, backend.min_check_rows):
             return False
         self._row = first_row + a
         # the first m rows, and up to _CHECK_SPREAD - 1 shorter samples spread over the rest of the chunk: one

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tsconv.engine.compute import Backend
+from tsconv.engine.compute import CHECK_ROWS_MIN, Backend
 from tsconv.engine.fill import forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
 from tsconv.engine.options import check_warmup, refuse_time_range
@@ -90,6 +90,9 @@ class Stream:
         self._fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
         self._warm = plan.warmup_groups() if warmup == "nan" else []
         self._backend = Backend(plan, self.device)
+        # the FP16-storage check samples pushes of CHECK_ROWS_MIN rows or more (after the halo), not a one-row
+        # push's single row
+        self._backend.min_check_rows = CHECK_ROWS_MIN
         nf = len(plan.input_names)
         # The last prepared rows (filled, unless fill = "none"), those before step 0 zeros: the zero history.
         self._rows_kept = np.zeros((self._backend.window_lookback, nf), dtype=np.float32)
