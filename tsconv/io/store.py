@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
 import os
@@ -64,10 +65,11 @@ class InputStore:
         """Whether the store is in an object store (read through zarr, not from local chunk files)."""
         return isinstance(self.path, StoreURL)
 
-    @property
+    @functools.cached_property
     def root(self) -> Path | StoreURL:
         """The outermost zarr hierarchy holding the store: its path, or a group above it (``-i ticks.zarr/px``
-        names an array inside ``ticks.zarr``, whose files tsconv must not write among either)."""
+        names an array inside ``ticks.zarr``, whose files tsconv must not write among either). Found once: at a
+        URL each level up costs requests."""
         return hierarchy_root(self.path)
 
     @property
