@@ -190,6 +190,9 @@ def _one_line(exc: BaseException) -> str:
 # What reading a file can raise: polars' errors, the OS's, and a panic in polars' Rust code (a BaseException,
 # not an Exception), which a time zone it cannot parse, such as a fixed "+05:30" offset, raised.
 _READ_ERRORS = (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError)
+_ZONE_HINT = (
+    "write the time column in UTC, or with a named zone (such as Asia/Kolkata) rather than an offset."
+)
 
 
 def _read_error(path: Path, fmt: str, exc: BaseException) -> StoreError:
@@ -200,9 +203,7 @@ def _read_error(path: Path, fmt: str, exc: BaseException) -> StoreError:
     if "could not parse" in msg:
         hint = "every value of a value column must be a number (or empty for a missing value)."
     elif "time zone" in msg:
-        hint = (
-            "write the time column in UTC, or with a named zone (such as Asia/Kolkata) rather than an offset."
-        )
+        hint = _ZONE_HINT
     else:
         hint = "check that the file is complete and that its suffix matches its format."
     return StoreError(f"cannot read {str(path)!r} as {kind}: {msg}", hint=hint)
@@ -284,7 +285,7 @@ class _Source:
             raise StoreError(
                 f"the time column {self.time_column!r} of {str(self.path)!r} has the time zone {tz!r}, a fixed "
                 "offset polars cannot read",
-                hint="write the time column in UTC, or with a named zone (such as Asia/Kolkata) rather than an offset.",
+                hint=_ZONE_HINT,
             )
 
     def _empty_as_null(self, schema: dict[str, pl.DataType]) -> dict[str, pl.DataType]:
@@ -901,16 +902,13 @@ def _warn_rounding(sources: Sequence[_Source]) -> None:
         if long:  # each symbol's rows together, in time order; symbols in the order they first appear
             symbols = df[source.feature_column].to_numpy().astype(str)
             seen, first, inverse = np.unique(symbols, return_index=True, return_inverse=True)
+            by_first = np.argsort(first)
             rank = np.empty(seen.size, dtype=np.int64)
-            rank[np.argsort(first)] = np.arange(seen.size)
+            rank[by_first] = np.arange(seen.size)
             groups = rank[inverse.reshape(-1)]
             order = np.argsort(groups, kind="stable")
             values, groups = values[order], groups[order]
-            names = [
-                feature_name(str(sym), c, source.value_columns)
-                for sym in seen[np.argsort(first)]
-                for c in cols
-            ]
+            names = [feature_name(str(sym), c, source.value_columns) for sym in seen[by_first] for c in cols]
         else:
             groups, names = np.zeros(len(df), dtype=np.int64), cols
         # every symbol in one pass (one check per symbol took 6.9 s for 16 files of 10,000 symbols)
