@@ -195,7 +195,8 @@ def iter_chunks(
     rows earlier (clipped at row 0) and a boolean column ``is_halo`` marks those leading rows; record
     batches also carry ``tsconv.halo`` / ``tsconv.start`` in their schema metadata.
     ``as_="numpy"`` yields :class:`ArrayChunk` (``values`` a read-only view of the decoded store chunk
-    where possible, which later chunks' halo rows may share: copy it to edit it). Store chunks are decoded once each (:class:`~tsconv.io.readers.blocks.BlockReader`).
+    where possible, which later chunks' halo rows may share: copy it to edit it). Store chunks are decoded
+    once each (:class:`~tsconv.io.readers.blocks.BlockReader`).
     """
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
         raise TsconvError(f"rows must be a positive integer, got {rows!r}")

@@ -429,18 +429,16 @@ def _bank_tile(x: torch.Tensor, filters: tuple[Filter, ...], d: int, halo: int, 
             if f.taps == 1:  # one tap: the current value
                 ops.finish("id", dest, cur)
                 continue
-            if (
-                r == 0.0
-            ):  # alpha = 1: the current value, but NaN or +-inf where its window holds one, as any EMA
+            # alpha = 1: the current value, but NaN or +-inf where its window holds one, as any EMA
+            if r == 0.0:
                 if f.taps in sums:
                     total = sums[f.taps][0]
                 else:
                     bits = {j for j in range(f.taps.bit_length()) if f.taps >> j & 1}
                     kept = _ladder(x, d, ops, top=f.taps.bit_length() - 1, keep=bits, r=None)
                     total, _ = _window(kept, f.taps, d, halo, rows, ops, r=None, moments=False)
-                ops.finish(
-                    "ma", dest, cur, total, window=f.taps
-                )  # NaN / +-inf exactly where the window has them
+                # the window's mean is NaN / +-inf exactly where the window holds them
+                ops.finish("ma", dest, cur, total, window=f.taps)
                 torch.where(torch.isfinite(dest), cur.to(dest.dtype), dest, out=dest)
                 continue
             bits = {j for j in range(f.taps.bit_length()) if f.taps >> j & 1}
