@@ -691,6 +691,10 @@ def main() -> int:
                     "report_all_s": [r["report_s"] for r in dreps], "plain_wall_s": row["wall_s"],
                     "plain_report_s": row["report_s"], "wall_ratio": wall / row["wall_s"],
                     "report_ratio": rep / row["report_s"],
+                    # to take the overhead apart: the tasks' phases, dispatch and collect of each run
+                    "stage_seconds_all": [r["stage_seconds"] for r in dreps],
+                    "plain_stage_seconds": row.get("stage_seconds"), "step_rows_all": [r["step_rows"] for r in dreps],
+                    "plain_step_rows": row.get("step_rows"),
                 })  # fmt: skip
                 print(json.dumps(doc["dask"][-1]), flush=True)
                 save()
