@@ -9,6 +9,8 @@ between 20 and 500 (multiplicative walks on a 0.01 grid), symbols that start lat
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -507,6 +509,13 @@ def test_filter_docs_cover_every_kind_with_formula_and_warm_up() -> None:
         f = filter_spec(doc.example)
         assert f.kind == kind and parse_filter(doc.example).size == f.taps
         assert doc.warmup and doc.description
+
+
+def test_pipelines_readme_lists_the_filters_in_the_order_tsconv_filters_prints() -> None:
+    text = (Path(__file__).resolve().parents[2] / "pipelines" / "README.md").read_text()
+    table = text.split("### Built-in filters", 1)[1].split("\n\n(", 1)[0]
+    rows = [line.split("`")[1].split(":")[0] for line in table.splitlines() if line.startswith("| `")]
+    assert list(dict.fromkeys(rows)) == list(FILTER_DOCS)
 
 
 @pytest.mark.parametrize(("spec", "match"), [("std:1", "at least 2"), ("zscore:1", "at least 2"),

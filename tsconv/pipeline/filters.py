@@ -51,7 +51,8 @@ __all__ = [
     "bank_weights",
 ]
 
-FILTER_KINDS = ("ma", "diff", "dev", "ema", "std", "zscore", "lag", "ret", "id")
+# the order `tsconv filters` and pipelines/README.md list them in
+FILTER_KINDS = ("id", "lag", "diff", "ret", "ma", "dev", "std", "zscore", "ema")
 # at most 18 digits a parameter (the largest allowed has 5): int() refuses 4,300 digits with a traceback
 _FILTER_RE = re.compile(
     r"^(ma|diff|dev|ema|std|zscore|lag|ret|id)(?::(\d{1,18}))?(?::(\d{1,18}))?$", re.ASCII
@@ -74,23 +75,19 @@ class FilterDoc:
 
 
 FILTER_DOCS = {
-    "ma": FilterDoc("ma:W", "W", "W - 1", "mean of the last W values", "ma:16"),
+    "id": FilterDoc("id", "1", "0", "the input itself", "id"),
+    "lag": FilterDoc("lag:L", "L + 1", "L", "the value L steps back, x[t - L]", "lag:1"),
     "diff": FilterDoc("diff:L", "L + 1", "L", "difference (momentum) x[t] - x[t - L]", "diff:1"),
+    "ret": FilterDoc(
+        "ret:L", "L + 1", "L", "log return log(x[t] / x[t - L]); NaN where either value is <= 0", "ret:1"
+    ),
+    "ma": FilterDoc("ma:W", "W", "W - 1", "mean of the last W values", "ma:16"),
     "dev": FilterDoc(
         "dev:W",
         "W",
         "W - 1",
         "deviation from the W-step mean, x[t] - ma_W[t] (free of the price level)",
         "dev:64",
-    ),
-    "ema": FilterDoc(
-        "ema:S[:K]",
-        "K",
-        "K - 1",
-        "exponential moving average, alpha = 2 / (S + 1): weights alpha (1 - alpha)^k over the last K values, "
-        "renormalised to sum 1; K defaults to the smallest window with (1 - alpha)^K <= 2^-24 (about 8.3 (S + 1)), "
-        "so it is the exact recursion to float32 resolution",
-        "ema:32",
     ),
     "std": FilterDoc(
         "std:W",
@@ -106,11 +103,15 @@ FILTER_DOCS = {
         "(x[t] - ma_W[t]) / std_W[t], W >= 2; NaN where std_W is 0 (all W values equal) or NaN",
         "zscore:64",
     ),
-    "lag": FilterDoc("lag:L", "L + 1", "L", "the value L steps back, x[t - L]", "lag:1"),
-    "ret": FilterDoc(
-        "ret:L", "L + 1", "L", "log return log(x[t] / x[t - L]); NaN where either value is <= 0", "ret:1"
+    "ema": FilterDoc(
+        "ema:S[:K]",
+        "K",
+        "K - 1",
+        "exponential moving average, alpha = 2 / (S + 1): weights alpha (1 - alpha)^k over the last K values, "
+        "renormalised to sum 1; K defaults to the smallest window with (1 - alpha)^K <= 2^-24 (about 8.3 (S + 1)), "
+        "so it is the exact recursion to float32 resolution",
+        "ema:32",
     ),
-    "id": FilterDoc("id", "1", "0", "the input itself", "id"),
 }
 
 
@@ -156,7 +157,8 @@ def filter_spec(spec: str) -> Filter:
         shown = spec[:60] + "..." if isinstance(spec, str) and len(spec) > 60 else spec
         msg = f"unknown filter {shown!r}"
         raise PipelineError(
-            msg, hint=f"use one of {', '.join(k + ':N' for k in FILTER_KINDS[:-1])} or 'id', e.g. 'ma:16'."
+            msg,
+            hint=f"use 'id' or one of {', '.join(k + ':N' for k in FILTER_KINDS if k != 'id')}, e.g. 'ma:16'.",
         )
     kind, p, q = m.group(1), m.group(2), m.group(3)
     text = spec.strip()
