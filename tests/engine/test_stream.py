@@ -341,3 +341,31 @@ def test_the_fp16_check_samples_a_push_of_enough_rows_not_a_single_row() -> None
     assert len(expected) == 1
     whole = tsconv.Stream(pipe, features=3, device="cpu")
     assert warned(lambda: whole.push(x)) == expected
+
+
+@pytest.mark.parametrize("pre", [None, {"transform": "log"}])
+@pytest.mark.parametrize("size", [1, 37])
+def test_short_pushes_are_checked_for_fp16_storage_on_the_rows_they_gather(pre, size: int) -> None:
+    """Pushes each shorter than the FP16-storage check's sample went unchecked: a zero-sum dense conv moved by
+    1.2e-3 of its scale (features() warns) was never warned of when rows came one at a time."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, 8, 5))
+    pipe = {"conv": [{"weights": w - w.mean(axis=2, keepdims=True), "weight_dtype": "float16"}]}
+    if pre is not None:
+        pipe["preprocess"] = pre
+    x = 100 + np.cumsum(rng.normal(scale=0.05, size=(1500, 8)), axis=0)
+
+    def warned(run) -> list[str]:  # noqa: ANN001
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+        return [str(m.message) for m in caught if "float16" in str(m.message)]
+
+    expected = warned(lambda: tsconv.features(x, pipe))
+    assert len(expected) == 1
+    stream = tsconv.Stream(pipe, features=8, device="cpu")
+    got = warned(lambda: [stream.push(x[i : i + size]) for i in range(0, x.shape[0], size)])
+    # the same stage warned of (the output it names is the worst of the rows each sampled)
+    assert [m.split(" moves output")[0] for m in got] == [expected[0].split(" moves output")[0]]

@@ -189,6 +189,7 @@ class Backend:
         self.reads_level = self.recenter_first
         self.head = plan.head
         self._storage = _StorageCheck(plan) if _StorageCheck.needed(plan) else None
+        self._check_rows = 0 if self._storage is None else _StorageCheck.rows_wanted(plan)
         self._checking: list[_StorageCheck] = []  # started, their warnings not yet given
         # Rows of the next calls' input, from its first, that hold data: a batched run computes a short last
         # step at full size, and its rows past the data are stale or never written (None: every row). The
@@ -376,6 +377,36 @@ class Backend:
                 self._storage = None
         if self._checking and all(c.done() for c in self._checking) and not _capturing(x):
             self.finish()
+
+    @property
+    def storage_check_pending(self) -> bool:
+        """Whether the FP16-storage check (or a later one) may still start on a call's rows."""
+        return self._storage is not None
+
+    @property
+    def check_rows(self) -> int:
+        """Output rows the FP16-storage check samples first where a call has them (0: no check)."""
+        return self._check_rows
+
+    @torch.no_grad()
+    def check_storage_of(
+        self,
+        x: torch.Tensor,
+        first_row: int,
+        level: torch.Tensor,
+        *,
+        zscore_level: torch.Tensor | None = None,
+    ) -> None:
+        """Start the FP16-storage check on rows ``x`` as :meth:`run` takes them, computing no outputs: for a
+        caller whose calls are each too short to be judged (a Stream's small pushes), on rows it gathered
+        over several calls. ``zscore_level`` is not changed."""
+        if self._storage is None:
+            return
+        if self.pre is not None:
+            known = None if zscore_level is None else zscore_level.clone()
+            x, level = self._preprocess(x, first_row, level, known)
+            first_row += self.pre_halo
+        self.check_storage(x, first_row, level, centered=False)
 
     def _stages(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool,
@@ -660,6 +691,15 @@ class _StorageCheck:
         self._error: BaseException | None = None
 
     @staticmethod
+    def rows_wanted(plan: ResolvedPipeline) -> int:
+        """Output rows a check samples first where the chunk has them: as many as ``_CHECK_MACS``
+        multiply-adds allow, between ``_CHECK_ROWS[0]`` and ``_CHECK_ROWS[1]``."""
+        macs = sum(L.out_channels * L.weight.shape[1] * L.taps for L in plan.layers)
+        if plan.head is not None:
+            macs += plan.head.weight.size
+        return min(max(_CHECK_ROWS[0], min(_CHECK_ROWS[1], _CHECK_MACS // max(1, macs))), _CHECK_ROWS[1])
+
+    @staticmethod
     def needed(plan: ResolvedPipeline) -> bool:
         """Whether any stage (or the head) stores its weights as float16. Whether float16 holds them
         exactly is found in the check's thread: comparing megabytes of weights here would delay the run."""
@@ -687,10 +727,7 @@ class _StorageCheck:
         plan = self.plan
         halo = sum(layer.halo for layer in plan.layers)
         a = max(0, -first_row)  # the first data row: earlier rows are zero history
-        macs = sum(L.out_channels * L.weight.shape[1] * L.taps for L in plan.layers)
-        if plan.head is not None:
-            macs += plan.head.weight.size
-        m = min(max(_CHECK_ROWS[0], min(_CHECK_ROWS[1], _CHECK_MACS // macs)), x.shape[0] - a - halo)
+        m = min(self.rows_wanted(plan), x.shape[0] - a - halo)
         if m < max(1, backend.min_check_rows):
             return False
         self._row = first_row + a

@@ -101,6 +101,11 @@ class Stream:
         self._zscore_level: torch.Tensor | None = None  # this chunk's z-score level, on the device
         self._pushed = 0
         self.last_time: Any = None
+        # Rows of calls each too short for the FP16-storage check (pushes of fewer than CHECK_ROWS_MIN rows),
+        # gathered until the check can judge them: a one-row push at a time was never checked. As run()'s
+        # input: the first call's window, then each later call's new rows; and the step its row 0 is.
+        self._gathered: list[np.ndarray] = []
+        self._gathered_from = self._gathered_end = 0
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -146,11 +151,13 @@ class Stream:
         """What a push changes, to restore where it does not complete."""
         z, r = self._zscore_level, self._rounding
         return (self._rows_kept, self._state.copy(), self._level.copy(), None if z is None else z.clone(),
-                self._pushed, self._last, r.pending.copy(), r.checks, r.warned)  # fmt: skip
+                self._pushed, self._last, r.pending.copy(), r.checks, r.warned, self._gathered,
+                self._gathered_from, self._gathered_end)  # fmt: skip
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
         (self._rows_kept, self._state, self._level, self._zscore_level, self._pushed, self._last,
-         self._rounding.pending, self._rounding.checks, self._rounding.warned) = saved  # fmt: skip
+         self._rounding.pending, self._rounding.checks, self._rounding.warned, self._gathered,
+         self._gathered_from, self._gathered_end) = saved  # fmt: skip
 
     def _push(self, x: np.ndarray) -> np.ndarray:
         """The features of rows ``x`` (checked), the state advanced past them."""
@@ -208,6 +215,7 @@ class Stream:
         dev = self.device
         y = self._backend.run(torch.from_numpy(x).to(dev), start, torch.from_numpy(level).to(dev),
                               zscore_level=self._zscore_level)  # fmt: skip
+        self._gather_for_check(x, start, prepared, level)
         out = y[pos - start - halo :]
         out = out.cpu().numpy() if dev.type != "cpu" else out.numpy()
         for w, cols in self._warm:  # each output's own warm-up rows
@@ -215,6 +223,33 @@ class Stream:
                 out[: min(w - pos, out.shape[0]), cols] = np.nan
         self._rows_kept = np.concatenate([kept, prepared], axis=0)[-kept.shape[0] :]
         return out
+
+    def _gather_for_check(self, x: np.ndarray, start: int, new: np.ndarray, level: np.ndarray) -> None:
+        """Gather the rows of calls too short for the FP16-storage check (``x``: this call's input from step
+        ``start``, ``new``: its rows pushed now), and start the check once they hold as many output rows as
+        it samples. Calls long enough are judged by the backend itself."""
+        backend = self._backend
+        if not backend.storage_check_pending:
+            self._gathered = []
+            return
+        end = start + x.shape[0]
+        if x.shape[0] - max(0, -start) - self.halo >= backend.min_check_rows:
+            self._gathered = []  # this call was sampled (or refused for a reason more rows do not change)
+            return
+        g = self._gathered
+        if not g or self._gathered_end != end - new.shape[0] or g[0].dtype != x.dtype:
+            g, self._gathered_from = [x], start
+        else:
+            g = [*g, new]  # a new list: _saved() holds the old one
+        self._gathered, self._gathered_end = g, end
+        first = self._gathered_from
+        if end - first - max(0, -first) - self.halo >= backend.check_rows:
+            self._gathered = []
+            dev = self.device
+            rows = torch.from_numpy(np.concatenate(g, axis=0)).to(dev)
+            backend.check_storage_of(
+                rows, first, torch.from_numpy(level).to(dev), zscore_level=self._zscore_level
+            )
 
     def _checked(self, rows: Any) -> np.ndarray:
         try:
