@@ -762,6 +762,18 @@ def test_a_filter_listed_twice_is_refused(again: str) -> None:
         pipeline_from_dict({"conv": [{"filters": ["ma:4", "diff:1", again]}]})
 
 
+@pytest.mark.parametrize(
+    ("first", "again"), [("ma:16", "ma:016"), ("diff:1", "diff:01"), ("ema:8", "ema:8:67")]
+)
+def test_one_filter_written_two_ways_is_refused(first: str, again: str) -> None:
+    # each had computed the same column twice under two names
+    with pytest.raises(
+        PipelineError, match=f"listed more than once: {min(first, again)}, {max(first, again)}"
+    ):
+        pipeline_from_dict({"conv": [{"filters": [first, "lag:2", again]}]})
+    pipeline_from_dict({"conv": [{"filters": ["ema:8", "ema:8:66"]}]})  # another window: another filter
+
+
 def test_bias_key_without_a_safetensors_bias_is_refused() -> None:
     with pytest.raises(PipelineError, match="bias_key applies only when bias is a .safetensors file"):
         pipeline_from_dict({"conv": [{"weights": np.ones((1, 1, 2)), "bias_key": "b"}]})

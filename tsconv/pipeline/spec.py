@@ -714,8 +714,9 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, def
                 filter_spec(f)
             except PipelineError as exc:
                 raise PipelineError(f"{where}: {table}: {exc.message}", hint=exc.hint) from None
-        labels = [filter_spec(f).label for f in raw]  # the output names: ' ma:4' and 'ma:4' are one filter
-        dupes = sorted({f.strip() for f, lab in zip(raw, labels, strict=True) if labels.count(lab) > 1})
+        # one filter however it is written: ' ma:4' and 'ma:4', 'ma:04', 'ema:8' and 'ema:8:67' (its own window)
+        keys = [(p.kind, p.n, p.taps) for p in map(filter_spec, raw)]
+        dupes = sorted({f.strip() for f, k in zip(raw, keys, strict=True) if keys.count(k) > 1})
         if dupes:
             raise PipelineError(f"{where}: {table}: filters listed more than once: {', '.join(dupes)}")
         for key in ("bias", "bias_key", "weights_key"):
