@@ -932,3 +932,28 @@ def test_an_input_changed_during_the_run_leaves_the_output_incomplete(
     monkeypatch.setattr(outputs, "_record_end", record_end)
     tsconv.process(src, out, chunk=CHUNK, overwrite=True)  # computed again from the settled input
     assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"]
+
+
+def test_a_datetime64_time_whose_last_chunk_is_partial_is_read_updated_and_guarded(tmp_path: Path) -> None:
+    """Every run on a store whose time array is datetime64 with rows not a multiple of its chunk failed with
+    a traceback (its last rows' hash asked numpy for a buffer datetime64 does not give)."""
+    x, _ = ticks(1500, 2, seed=5)
+    t = np.datetime64("2026-01-02T09:30", "ms") + np.arange(1500).astype("timedelta64[ms]") * 7
+    src = tmp_path / "in.zarr"
+    g = zarr.open_group(str(src), mode="w", zarr_format=3)
+    g.create_array("values", data=x[:1001], chunks=(1001, 2))
+    g.create_array("time", data=t[:1001], chunks=(1000,))
+    g.attrs["features"] = ["a", "b"]
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, device="cpu")
+    tsconv.process(src, tmp_path / "out.parquet", chunk=CHUNK, device="cpu")
+    grow(src, x, t, 1500)
+    assert tsconv.process(src, out, chunk=CHUNK, device="cpu", update=True).updated_from == 1001
+    want = tmp_path / "want.zarr"
+    tsconv.process(src, want, chunk=CHUNK, device="cpu")
+    assert_same(out, want)
+    # no new rows, and the time of a row already computed moves
+    g = zarr.open_group(str(src), mode="r+")
+    g["time"][1400:1401] = g["time"][1400:1401] - np.timedelta64(1, "ms")
+    with pytest.raises(tsconv.TsconvError, match="its input"):
+        tsconv.process(src, out, chunk=CHUNK, device="cpu", update=True)

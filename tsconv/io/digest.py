@@ -136,9 +136,10 @@ def _rows_hash(array: Any, start: int, stop: int, read: RowRead | None = None, a
     import numpy as np
 
     rows = np.ascontiguousarray(array[start:stop] if read is None else read(start, stop))
+    data = rows.reshape(-1).view(np.uint8).data  # their bytes: a datetime64 array exposes no buffer itself
     if algo == "blake2b":
-        return hashlib.blake2b(rows.data, digest_size=16).hexdigest()
-    return hashlib.new(algo, rows.data).hexdigest()[:32]
+        return hashlib.blake2b(data, digest_size=16).hexdigest()
+    return hashlib.new(algo, data).hexdigest()[:32]
 
 
 def _without_shape(doc: bytes) -> bytes:
