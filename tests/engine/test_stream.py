@@ -369,3 +369,87 @@ def test_short_pushes_are_checked_for_fp16_storage_on_the_rows_they_gather(pre, 
     got = warned(lambda: [stream.push(x[i : i + size]) for i in range(0, x.shape[0], size)])
     # the same stage warned of (the output it names is the worst of the rows each sampled)
     assert [m.split(" moves output")[0] for m in got] == [expected[0].split(" moves output")[0]]
+
+
+def _ab(rows: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return 100 + rng.normal(size=rows).cumsum(), 50 + rng.normal(size=rows).cumsum()
+
+
+@pytest.mark.parametrize("kind", ["pandas", "polars", "pyarrow"])
+def test_a_frame_is_read_by_its_column_names_not_their_order(kind: str) -> None:
+    """A frame's columns were read by position: (MSFT, AAPL) pushed into a stream of (AAPL, MSFT) gave each
+    symbol the other's features, silently, and a 'time' column became a feature's values."""
+    import pandas as pd
+    import polars as pl
+    import pyarrow as pa
+
+    a, b = _ab()
+    want = tsconv.features(np.c_[a, b], "default", names=["AAPL", "MSFT"], device="cpu")
+    t = np.datetime64("2026-01-02T09:30", "ns") + np.arange(300) * np.timedelta64(1, "s")
+    make = {"pandas": pd.DataFrame, "polars": pl.DataFrame, "pyarrow": pa.table}[kind]
+    stream = tsconv.Stream("default", features=["AAPL", "MSFT"], device="cpu")
+    got = np.concatenate([stream.push(make({"MSFT": b[:100], "AAPL": a[:100]})),
+                          stream.push(make({"time": t[100:], "MSFT": b[100:], "AAPL": a[100:]}))])  # fmt: skip
+    assert np.array_equal(got, want, equal_nan=True)
+    assert stream.last_time == t[-1]
+    with pytest.raises(tsconv.TsconvError, match="the frame's columns 'IBM' are not features"):
+        stream.push(make({"AAPL": a[:1], "MSFT": b[:1], "IBM": a[:1]}))
+    with pytest.raises(tsconv.TsconvError, match="has no column 'MSFT'"):
+        stream.push(make({"AAPL": a[:1]}))
+    with pytest.raises(tsconv.TsconvError, match="time= was given too"):
+        stream.push(make({"time": t[:1], "AAPL": a[:1], "MSFT": b[:1]}), time=t[:1])
+    assert stream.rows == 300  # the refused pushes took nothing
+
+
+def test_times_of_another_unit_or_integer_width_are_compared_as_the_first_pushs() -> None:
+    x = np.ones((2, 2), np.float32)
+    stream = tsconv.Stream("default", features=2, device="cpu")
+    stream.push(x, time=np.array(["2026-01-02T09:30", "2026-01-02T09:31"], dtype="datetime64[ns]"))
+    stream.push(x, time=np.array(["2026-01-02T09:32", "2026-01-02T09:33"], dtype="datetime64[s]"))
+    assert stream.last_time == np.datetime64("2026-01-02T09:33", "ns")
+    with pytest.raises(tsconv.TsconvError, match="time must increase strictly"):
+        stream.push(x, time=np.array(["2026-01-02T09:33", "2026-01-02T09:34"], dtype="datetime64[us]"))
+    with pytest.raises(tsconv.TsconvError, match="all datetime64 or all integers"):
+        stream.push(x, time=np.array([10**18, 2 * 10**18]))
+    coarse = tsconv.Stream("default", features=2, device="cpu")
+    coarse.push(x, time=np.array(["2026-01-02T09:30", "2026-01-02T09:31"], dtype="datetime64[s]"))
+    with pytest.raises(tsconv.TsconvError, match="finer than the datetime64"):
+        coarse.push(
+            x, time=np.datetime64("2026-01-02T09:32", "ms") + np.array([1, 2]).astype("timedelta64[ms]")
+        )
+    ints = tsconv.Stream("default", features=2, device="cpu")
+    ints.push(x, time=np.array([1, 2]))
+    ints.push(x, time=np.array([3, 4], dtype=np.int32))
+    assert ints.last_time == 4
+
+
+def test_features_may_be_any_sequence_of_names_or_a_numpy_count() -> None:
+    import pandas as pd
+
+    assert tsconv.Stream("default", features=np.int64(2)).input_names == ("f0", "f1")
+    for names in (pd.Index(["AAPL", "MSFT"]), np.array(["AAPL", "MSFT"])):
+        assert tsconv.Stream("default", features=names).input_names == ("AAPL", "MSFT")
+
+
+def test_an_empty_float64_push_reads_later_rows_as_float64_as_the_concatenation_is() -> None:
+    rng = np.random.default_rng(3)
+    x = (
+        np.round(rng.uniform(20_000, 90_000, 2) * 100) / 100 + np.cumsum(rng.normal(size=(400, 2)), 0)
+    ).astype(np.float32)
+    x[200:] += 50_000.005  # a jump: its digits do not all fit float32
+    pushes = [x[:100], np.empty((0, 2)), x[100:200], x[200:].astype(np.float64) + 0.0001]
+    stream = tsconv.Stream("default", features=2, device="cpu")
+    got = np.concatenate([stream.push(p) for p in pushes])
+    assert np.array_equal(
+        got[100:], tsconv.features(np.concatenate(pushes), device="cpu")[100:], equal_nan=True
+    )
+
+
+def test_the_chunk_hint_names_the_callers_default() -> None:
+    with pytest.raises(tsconv.TsconvError) as err:
+        tsconv.features(np.ones((10, 1)), chunk=0)
+    assert err.value.hint == "the default is 65536."
+    with pytest.raises(tsconv.TsconvError) as err:
+        tsconv.process("in.zarr", "out.zarr", chunk=0)
+    assert err.value.hint == "the default is 1024."

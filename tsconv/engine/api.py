@@ -84,7 +84,7 @@ def process(
     :mod:`tsconv.engine.distributed`); each task runs as a single process would.
     """
     t_enter = time.perf_counter()
-    check_chunk(chunk)
+    check_chunk(chunk, default=1024)
     check_warmup(warmup)
     check_output_flags(overwrite=overwrite, resume=resume, update=update)
     if not isinstance(progress, bool):

@@ -22,10 +22,10 @@ def check_warmup(warmup: str) -> None:
         raise TsconvError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
 
 
-def check_chunk(chunk: int) -> None:
-    """``chunk`` (steps a chunk) is a positive integer."""
+def check_chunk(chunk: int, *, default: int) -> None:
+    """``chunk`` (steps a chunk) is a positive integer; ``default``: the caller's, for the hint."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise TsconvError(f"chunk must be a positive integer, got {chunk!r}", hint="the default is 1024.")
+        raise TsconvError(f"chunk must be a positive integer, got {chunk!r}", hint=f"the default is {default}.")
 
 
 def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str) -> None:

@@ -21,7 +21,7 @@ import torch
 from tsconv.engine.compute import CHECK_ROWS_MIN, Backend
 from tsconv.engine.fill import forward_fill
 from tsconv.engine.level import centering_level, level_before, tail_rows
-from tsconv.engine.options import check_warmup, refuse_time_range
+from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
 from tsconv.io.names import describe_repeats, repeated_names
@@ -37,7 +37,8 @@ class Stream:
     ``Stream(pipeline, features=F)`` (F input features named f0, f1, ...; or ``features=["AAPL", "MSFT"]``
     names them, as :func:`tsconv.features`'s ``names``) holds the pipeline's weights on ``device``
     (``auto``, ``cpu`` or ``cuda``) and the state of the series in memory. ``push(rows)`` takes [n, F] rows
-    (or [F], one row; numpy or torch, any real dtype: read as float32, or on the CPU as float64 from the first
+    (or [F], one row; numpy or torch, any real dtype, or a polars, pandas or pyarrow frame whose columns are taken
+    by the features' names and whose 'time' column, if any, gives the times: read as float32, or on the CPU as float64 from the first
     push whose dtype float32 does not hold, as :func:`tsconv.features` reads it) and returns their [n, D] float32
     features (a torch tensor for a tensor), the columns named by :attr:`output_names`.
 
@@ -71,12 +72,10 @@ class Stream:
     ) -> None:
         """``pipeline``: a built-in's name, a TOML path, a dict or a :class:`tsconv.Pipeline` (None: the
         default). ``chunk`` and ``warmup`` as in :func:`tsconv.features` (the batch run this equals)."""
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise TsconvError(
-                f"chunk must be a positive integer, got {chunk!r}", hint="the default is 65536."
-            )
+        check_chunk(chunk, default=65536)
         check_warmup(warmup)
         names = _feature_names(features)
+        self._names = names
         plan = resolve(as_pipeline(pipeline), names)
         refuse_time_range(plan, "tsconv.Stream")
         self.plan = plan
@@ -136,6 +135,15 @@ class Stream:
     def push(self, rows: Any, time: Any = None) -> Any:
         """The features [n, D] float32 of ``rows`` [n, F] (or [F]: one row), the next steps of the series."""
         is_torch = isinstance(rows, torch.Tensor)
+        if _is_frame(rows):
+            rows, frame_time = self._frame_rows(rows)
+            if frame_time is not None:
+                if time is not None:
+                    raise ShapeError(
+                        "push(): the frame has a 'time' column and time= was given too",
+                        hint="give the times once: in the frame's 'time' column, or as time= with a frame without one.",
+                    )
+                time = frame_time
         x = self._checked(rows)
         last_time = self._checked_time(time, x.shape[0]) if time is not None else self.last_time
         saved = self._saved()
@@ -163,13 +171,14 @@ class Stream:
         """The features of rows ``x`` (checked), the state advanced past them."""
         if self._columns is not None:
             x = x[:, self._columns]
-        wide = x.shape[0] and not exact_in_float32(x.dtype)
+        # an empty push switches too: all rows pushed, concatenated, are then of its dtype
+        wide = not exact_in_float32(x.dtype)
         if wide and self._backend.reads_float64 and self._rows_kept.dtype == np.float32:
             # float64 from here on, as the batch run reads rows of such a dtype (run_chunked), the rows pushed
             # before included: the rows kept and the fill state hold their float32 values exactly
             self._rows_kept = self._rows_kept.astype(np.float64)
             self._state = self._state.astype(np.float64)
-        if self._rows_kept.dtype == np.float32 and wide and not self._rounding.done:
+        if self._rows_kept.dtype == np.float32 and wide and x.shape[0] and not self._rounding.done:
             # a short push with the row pushed before (as given), so that pushes of one row have steps to judge by
             short = self._last is not None and x.shape[0] < 1024
             self._rounding.see(np.concatenate([self._last, x]) if short else x)
@@ -251,6 +260,45 @@ class Stream:
                 rows, first, torch.from_numpy(level).to(dev), zscore_level=self._zscore_level
             )
 
+    def _frame_rows(self, frame: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """A polars, pandas or pyarrow frame's rows, its columns taken by the stream's feature names (not by
+        position), and its 'time' column's stamps (None without one)."""
+        import polars as pl
+
+        from tsconv.io.frames import frame_input
+
+        root = type(frame).__module__.split(".")[0]
+        if root == "pandas":
+            frame = pl.from_pandas(frame)  # its index is not a column
+        elif root == "pyarrow":
+            frame = pl.from_arrow(frame)
+        if isinstance(frame, pl.LazyFrame):
+            frame = frame.collect()
+        names = self._names
+        have = set(frame.columns)
+        missing = [n for n in names if n not in have]
+        if missing:
+            shown = ", ".join(map(repr, missing[:5])) + (
+                f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
+            )
+            raise ShapeError(
+                f"push(): a frame's columns are read by name, and this one has no column {shown} of the stream's "
+                f"features (its columns: {', '.join(map(repr, frame.columns[:8]))}"
+                f"{', ...' if frame.width > 8 else ''})",
+                hint="name the frame's columns as Stream(features=[...]) names the features, or push "
+                "frame.to_numpy() with its columns in that order.",
+            )
+        time_column = "time" if "time" in have and "time" not in names else None
+        extra = [c for c in frame.columns if c not in set(names) and c != time_column]
+        if extra:
+            raise ShapeError(
+                f"push(): the frame's columns {', '.join(map(repr, extra[:5]))} are not features of this stream",
+                hint="select the stream's features (and 'time', if any) first: frame.select(...).",
+            )
+        cols = [*names, *([time_column] if time_column else [])]
+        _, source, t = frame_input(frame.select(cols), time_column=time_column, band_rows=1, caller="push()")
+        return source.read(0, source.rows), None if t is None else t.to_numpy()
+
     def _checked(self, rows: Any) -> np.ndarray:
         try:
             arr = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
@@ -280,10 +328,14 @@ class Stream:
         if t.ndim == 0:
             t = t[None]
         if t.ndim != 1 or t.shape[0] != n or t.dtype.kind not in "iuM":
+            right_shape = t.ndim == 1 and t.shape[0] == n
             raise ShapeError(
                 f"push(rows, time): time must be {n} integer or datetime64 stamps, one per row, "
                 f"got shape {list(t.shape)} {t.dtype}",
-                hint="pass time as a 1-D array as long as rows, or leave it out.",
+                hint="convert the times to datetime64 or int64 (a time-zone-aware pandas column: "
+                "its .to_numpy('datetime64[ns]') after tz_convert('UTC'))."
+                if right_shape
+                else "pass time as a 1-D array as long as rows, or leave it out.",
             )
         if n == 0:
             return self.last_time
@@ -293,10 +345,27 @@ class Stream:
                 f"push(): row {i} of this push has no time (NaT)",
                 hint="give every row its timestamp; nothing of this push was taken.",
             )
-        if self.last_time is not None and t.dtype != np.asarray(self.last_time).dtype:
-            raise ShapeError(
-                f"push(): time is {t.dtype}, earlier pushes gave {np.asarray(self.last_time).dtype}"
-            )
+        if t.dtype.kind in "iu":
+            if t.dtype.kind == "u" and t.size and int(t.max()) > np.iinfo(np.int64).max:
+                raise ShapeError(
+                    f"push(): time {int(t.max())} is beyond int64", hint="give times as int64 or datetime64."
+                )
+            t = t.astype(np.int64)  # any integer width: compared as int64
+        if self.last_time is not None:
+            before = np.asarray(self.last_time).dtype
+            if (t.dtype.kind == "M") != (before.kind == "M"):
+                raise ShapeError(
+                    f"push(): time is {t.dtype}, earlier pushes gave {before}",
+                    hint="give every push's times the same way: all datetime64 or all integers.",
+                )
+            if t.dtype != before:  # datetime64 of another unit: in the first push's, where it holds them
+                same = t.astype(before)
+                if (same.astype(t.dtype) != t).any():
+                    raise ShapeError(
+                        f"push(): time is {t.dtype}, finer than the {before} of earlier pushes",
+                        hint=f"give times in {before} (or coarser), as the first push did.",
+                    )
+                t = same
         seq = t if self.last_time is None else np.concatenate([np.asarray(self.last_time)[None], t])
         bad = np.flatnonzero(seq[1:] <= seq[:-1])
         if bad.size:
@@ -310,17 +379,30 @@ class Stream:
         return t[-1]
 
 
+def _is_frame(rows: Any) -> bool:
+    """A polars, pandas or pyarrow frame (read by its columns' names)."""
+    root = type(rows).__module__.split(".")[0]
+    return root in ("polars", "pandas", "pyarrow") and hasattr(rows, "columns")
+
+
 def _feature_names(features: int | Sequence[str]) -> tuple[str, ...]:
-    if isinstance(features, int) and not isinstance(features, bool):
+    if isinstance(features, (int, np.integer)) and not isinstance(features, (bool, np.bool_)):
         if features < 1:
             raise ShapeError(f"features must be a positive count or a list of names, got {features!r}")
-        return tuple(f"f{j}" for j in range(features))
-    if isinstance(features, str) or not isinstance(features, Sequence) or not features:
+        return tuple(f"f{j}" for j in range(int(features)))
+    # any sequence of names: a list, a tuple, a numpy array, a pandas Index, a frame's .columns
+    names = None
+    if (
+        not isinstance(features, (str, bytes))
+        and hasattr(features, "__iter__")
+        and hasattr(features, "__len__")
+    ):
+        names = tuple(str(n) for n in features)
+    if not names:
         raise ShapeError(
             f"features must be a count or a list of names, got {features!r}",
             hint="Stream(pipeline, features=3) for f0, f1, f2, or features=['AAPL', 'MSFT'].",
         )
-    names = tuple(str(n) for n in features)
     if dups := repeated_names(names):
         raise ShapeError(
             f"Stream(): feature names repeat ({describe_repeats(names, dups)})",

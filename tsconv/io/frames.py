@@ -300,13 +300,14 @@ def _is_numeric(dtype: Any) -> bool:
     return dtype.is_numeric() and not dtype.is_decimal()
 
 
-def frame_input(frame: Any, *, time_column: str | None, band_rows: int) -> tuple[tuple[str, ...], FrameColumns, Any]:  # fmt: skip
+def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: str = "features()") -> tuple[tuple[str, ...], FrameColumns, Any]:  # fmt: skip
     """A polars DataFrame or LazyFrame as (feature names, their columns as a source, the time Series or
     None): for :func:`tsconv.features` on frames.
 
     The column ``time_column`` (if present; ``None``: no time column) is carried to the output unchanged and
     must be strictly increasing without nulls; every other column is a feature (its name is the pipeline's
     input name) and must be numeric. Nulls count as missing values (NaN). A LazyFrame is collected first.
+    ``caller`` begins the errors.
     """
     import polars as pl
 
@@ -317,18 +318,18 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int) -> tuple
     time = None
     if time_column is not None and time_column in frame.columns:
         time = frame.get_column(time_column)
-        _check_frame_time(time)
+        _check_frame_time(time, caller)
     feats = frame.drop(time_column) if time is not None else frame
     bad = [f"{n} ({d})" for n, d in feats.schema.items() if not _is_numeric(d)]
     if bad:
         shown = ", ".join(bad[:5]) + (f", ... ({len(bad)} in all)" if len(bad) > 5 else "")
         raise ShapeError(
-            f"features(): every column but the time column must be numeric; not numeric: {shown}",
+            f"{caller}: every column but the time column must be numeric; not numeric: {shown}",
             hint="select the feature columns first, e.g. frame.select('time', pl.col(pl.Float32, pl.Float64)),"
             " or name the time column with time_column=...",
         )
     if feats.width == 0:
-        raise ShapeError("features(): the frame has no feature columns")
+        raise ShapeError(f"{caller}: the frame has no feature columns")
     # zero-copy for floats without nulls; numpy has no 128-bit integers: those are read as float64, as int64s are
     wide = (pl.Int128, pl.UInt128)
     columns = [(s.cast(pl.Float64) if s.dtype in wide else s).to_numpy() for s in feats.get_columns()]
@@ -344,22 +345,22 @@ def frame_output(names: tuple[str, ...], values: np.ndarray, time: Any) -> Any:
     return result.insert_column(0, time) if time is not None else result
 
 
-def _check_frame_time(time: Any) -> None:
+def _check_frame_time(time: Any, caller: str) -> None:
     import polars as pl
 
     name = time.name
     if not (time.dtype.is_temporal() or time.dtype.is_integer()) or time.dtype == pl.Time:
         raise ShapeError(
-            f"features(): the time column {name!r} has dtype {time.dtype}, expected a datetime or integer",
+            f"{caller}: the time column {name!r} has dtype {time.dtype}, expected a datetime or integer",
             hint="pass time_column=None to treat every column as a feature, or name another time column.",
         )
     if time.null_count():
-        raise ShapeError(f"features(): the time column {name!r} has {time.null_count()} nulls")
+        raise ShapeError(f"{caller}: the time column {name!r} has {time.null_count()} nulls")
     if time.len() > 1:
         d = time.to_physical().diff().slice(1)
         if (d <= 0).any():
             row = int(d.le(0).arg_true()[0]) + 1
             raise ShapeError(
-                f"features(): the time column {name!r} is not strictly increasing at row {row}",
+                f"{caller}: the time column {name!r} is not strictly increasing at row {row}",
                 hint="sort the frame by time and drop duplicate timestamps (frame.sort(...).unique(...)).",
             )
