@@ -252,6 +252,7 @@ def test_parquet_output_exists_resume_and_cli(store: Path, tmp_path: Path) -> No
     assert res.exit_code == 2 and "tsconv: error: output file" in res.output and "--overwrite" in res.output
     res = runner.invoke(main, ["process", "-i", str(store), "-o", str(out), "-q", "--resume"])
     assert res.exit_code == 2 and "--resume is not supported for Parquet" in res.output
+    assert "hint: run it again" in res.output  # a stopped run left the old file or none
     assert out.read_bytes() == b"precious"
     res = runner.invoke(main, ["process", "-i", str(store), "-o", str(out), "-q", "--overwrite"])
     assert res.exit_code == 0, res.output
@@ -261,6 +262,9 @@ def test_parquet_output_exists_resume_and_cli(store: Path, tmp_path: Path) -> No
         tsconv.process(store, tmp_path / "w.parquet", workers=2)
     with pytest.raises(TsconvError, match="compression='lz4' does not apply to a Parquet output"):
         tsconv.process(store, tmp_path / "w.parquet", compression="lz4")
+    with pytest.raises(TsconvError, match="client='tcp://h:8786' does not apply") as err:
+        tsconv.process(store, tmp_path / "w.parquet", client="tcp://h:8786")
+    assert err.value.hint == "leave client out (--scheduler at the command line)."  # there is no --client
     (tmp_path / "d.parquet").mkdir()
     with pytest.raises(StoreError, match="is a directory"):
         tsconv.process(store, tmp_path / "d.parquet", overwrite=True)

@@ -148,8 +148,9 @@ def test_a_killed_ingests_temporary_store_is_removed_by_the_next_and_a_second_wr
     assert not stale.exists() and other.exists()
     assert read(out)[2] == SORTED
     with OutputLock(out, run_id="f" * 32):
-        with pytest.raises(OutputBusyError, match="being written by another tsconv run"):
+        with pytest.raises(OutputBusyError, match="being written by another tsconv run") as busy:
             ingest(src, out, overwrite=True)
+        assert "--resume" not in busy.value.hint  # ingest has none
     assert read(out)[2] == SORTED
     # the same store through a symlink is under the same lock (two appends, one through a link, each took
     # the other's in-progress marker for a killed append and cut its rows), and --overwrite through the link

@@ -135,6 +135,8 @@ def test_a_second_writer_is_refused_at_once_naming_the_holder(
             f"tsconv: error: output {str(out.resolve())!r} is being written by another"
         )
         assert "run 0123456789ab" in res.stderr and "hint: wait for that run" in res.stderr
+        # only a zarr output can be resumed (a Parquet file is written whole)
+        assert ("--resume continues a stopped run" in res.stderr) == name.endswith(".zarr")
         os.kill(holder.pid, signal.SIGKILL)  # it never lets go itself: the kernel releases the lock
         holder.wait()
     assert lock_path(out).exists()  # a killed holder leaves the file; the next run reuses it

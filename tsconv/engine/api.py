@@ -103,7 +103,8 @@ def process(
         if resume:
             raise TsconvError(
                 f"--resume is not supported for Parquet output ({out_loc.name})",
-                hint="rerun with --overwrite (the file is rewritten whole), or write a .zarr output to resume.",
+                hint="run it again: a Parquet file is written whole, so a stopped run left the file there before "
+                "(replace it with --overwrite) or none; or write a .zarr output to resume.",
             )
         if update:
             raise TsconvError(

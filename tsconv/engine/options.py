@@ -25,7 +25,9 @@ def check_warmup(warmup: str) -> None:
 def check_chunk(chunk: int, *, default: int) -> None:
     """``chunk`` (steps a chunk) is a positive integer; ``default``: the caller's, for the hint."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise TsconvError(f"chunk must be a positive integer, got {chunk!r}", hint=f"the default is {default}.")
+        raise TsconvError(
+            f"chunk must be a positive integer, got {chunk!r}", hint=f"the default is {default}."
+        )
 
 
 def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str) -> None:
@@ -42,13 +44,18 @@ def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str) -> 
         )
 
 
+# the command line's flag of each option whose name differs there
+_FLAGS = {"client": "--scheduler"}
+
+
 def refuse(given: dict[str, Any], where: str) -> None:
     """Options that do not apply to ``where``: an error naming the first one given."""
     for name, value in given.items():
         if value is not None:
+            flag = _FLAGS.get(name, "--" + name.replace("_", "-"))
             raise TsconvError(
                 f"{name}={value!r} does not apply to {where}",
-                hint=f"leave {name} out (--{name.replace('_', '-')} at the command line).",
+                hint=f"leave {name} out ({flag} at the command line).",
             )
 
 

@@ -174,7 +174,7 @@ def to_zarr(
     run_id = uuid.uuid4().hex
     # One run owns the output from here to the end (creation, an overwrite's swap, every write, the final
     # mark); a dask run's client holds it for its workers.
-    with output_lock(out_path, run_id=run_id), contextlib.ExitStack() as pending:
+    with output_lock(out_path, run_id=run_id, resumable=True), contextlib.ExitStack() as pending:
         remove_leftovers(out_path)
         fingerprint = _fingerprint(store, plan, chunk, warmup)
         action, start = prepare_output(
@@ -376,11 +376,18 @@ def _same_input(current: dict[str, Any], recorded: dict[str, Any] | None) -> boo
     }
 
 
-def _input_unchanged(store: InputStore, digest: dict[str, Any] | None, *, stop: int) -> Callable[[], None]:
+def _input_unchanged(
+    store: InputStore,
+    digest: dict[str, Any] | None,
+    *,
+    stop: int,
+    left: str = "the output is left incomplete",
+) -> Callable[[], None]:
     """A check for the moment before the output is marked complete: the input's rows [0, ``stop``) are still
     those of ``digest``, taken when the run started (rows appended meanwhile are not a change). A store
     replaced during the run (``ingest --overwrite``) had left an output marked complete whose values came from
-    the old store and whose time from the new. No check for an input without a digest (remote)."""
+    the old store and whose time from the new. No check for an input without a digest (remote). ``left``
+    says what the output is then."""
 
     def check() -> None:
         if digest is None or "arrays" not in digest:
@@ -390,7 +397,7 @@ def _input_unchanged(store: InputStore, digest: dict[str, Any] | None, *, stop: 
         if change is not None:
             raise StoreError(
                 f"the input {str(store.path)!r} changed while the output was computed, first at {change}: "
-                "the output is left incomplete",
+                f"{left}",
                 hint="once the input is settled, compute the output again with --overwrite.",
             )
 
@@ -606,7 +613,9 @@ def to_parquet(
             )
         sink = ParquetSink(out, names=plan.output_names, time_source=store.time, metadata=meta,
                            where=str(store.path))  # fmt: skip
-        sink.before_complete = _input_unchanged(store, digest, stop=store.rows)
+        sink.before_complete = _input_unchanged(
+            store, digest, stop=store.rows, left="no file was written (one already there is kept)"
+        )
         stages = run(rp, source, plan, sink, progress=progress, desc=store.path.name)
         seconds = time.perf_counter() - t0
     return _report(store, plan, out, device, rows=store.rows, total_rows=store.rows, chunk=chunk,

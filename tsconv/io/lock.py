@@ -39,11 +39,12 @@ LOCK_SUFFIX = ".tsconv-lock"
 _HOLDER_BYTES = 4096
 
 
-def output_lock(output: Path | StoreURL, *, run_id: str) -> OutputLock | ObjectLock:
-    """The lock of an output: an flock beside a local path, an expiring lock object beside a URL."""
+def output_lock(output: Path | StoreURL, *, run_id: str, resumable: bool = False) -> OutputLock | ObjectLock:
+    """The lock of an output: an flock beside a local path, an expiring lock object beside a URL.
+    ``resumable``: a stopped run's output can be continued with --resume (the busy error says so)."""
     if isinstance(output, StoreURL):
-        return ObjectLock(output, run_id=run_id)
-    return OutputLock(output, run_id=run_id)
+        return ObjectLock(output, run_id=run_id, resumable=resumable)
+    return OutputLock(output, run_id=run_id, resumable=resumable)
 
 
 def lock_path(output: Path) -> Path:
@@ -60,10 +61,11 @@ class OutputLock:
     holds it. Not reentrant: one ``OutputLock`` per run.
     """
 
-    def __init__(self, output: Path, *, run_id: str) -> None:
+    def __init__(self, output: Path, *, run_id: str, resumable: bool = False) -> None:
         self.output = Path(output)
         self.path = lock_path(self.output)
         self.run_id = run_id
+        self.resume_note = " (--resume continues a stopped run)" if resumable else ""
         self._fd: int | None = None
 
     @property
@@ -94,7 +96,7 @@ class OutputLock:
                     raise OutputBusyError(
                         f"output {str(self.output)!r} is being written by another tsconv run "
                         f"({_describe(holder)}); refusing to start a second writer",
-                        hint="wait for that run to finish or stop it, then run again (--resume continues a stopped run).",
+                        hint=f"wait for that run to finish or stop it, then run again{self.resume_note}.",
                     ) from None
                 raise StoreError(
                     f"cannot lock the output {str(self.output)!r} ({self.path.name}: {exc.strerror})",
@@ -160,8 +162,11 @@ class ObjectLock:
     docstring). ``acquire`` raises :class:`~tsconv.errors.OutputBusyError` naming the holder while another
     run's lock is live; ``lost`` says whether renewing it failed (another run took it over)."""
 
-    def __init__(self, output: StoreURL, *, run_id: str, ttl: float | None = None) -> None:
+    def __init__(
+        self, output: StoreURL, *, run_id: str, ttl: float | None = None, resumable: bool = False
+    ) -> None:
         self.output = output
+        self.resume_note = " (--resume continues it)" if resumable else ""
         self.url = output.with_name(f".{output.name}{LOCK_SUFFIX}")
         self.run_id = run_id
         self.ttl = float(config.current().lock_ttl if ttl is None else ttl)
@@ -223,7 +228,7 @@ class ObjectLock:
                 f"output {self.output.url!r} is being written by another tsconv run ({_describe(holder)}, "
                 f"its lock renewed {age:.0f} s ago); refusing to start a second writer",
                 hint="wait for that run to finish or stop it; a stopped run's lock can be taken over "
-                f"{float(holder.get('ttl') or self.ttl):.0f} s after its last renewal (--resume continues it).",
+                f"{float(holder.get('ttl') or self.ttl):.0f} s after its last renewal{self.resume_note}.",
             )
         try:  # the stale lock is replaced only if no one replaced it since we read it
             if self.url.protocol in ("s3", "s3a") and info.get("ETag"):
@@ -234,7 +239,7 @@ class ObjectLock:
         except (FileExistsError, OSError):
             raise OutputBusyError(
                 f"output {self.output.url!r}: another run took over its stale lock first",
-                hint="wait for that run to finish, then run again (--resume continues it).",
+                hint=f"wait for that run to finish, then run again{self.resume_note}.",
             ) from None
 
     def _renew(self) -> None:
