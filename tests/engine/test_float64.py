@@ -64,6 +64,17 @@ def test_the_threshold_is_the_share_of_the_typical_step() -> None:
         assert (float32_loss(x, ("p",)) is not None) is warns
 
 
+def test_infinities_are_judged_without_a_numpy_warning() -> None:
+    # inf - inf in the moved values printed "invalid value encountered in subtract" at every such ingest
+    x = 100 + np.cumsum(np.random.default_rng(1).normal(size=(300, 2)), 0)
+    x[10, 0], x[20, 1] = np.inf, -np.inf
+    x[:, 1] = 1e6 + np.round(x[:, 1] * 100) / 3000  # b's values sit between float32's: a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        message = float32_loss(x, ("a", "b"))
+    assert message is not None and "b" in message and "'a'" not in message
+
+
 @pytest.fixture
 def no_tsconv_warnings():
     with warnings.catch_warnings():
