@@ -475,11 +475,9 @@ def run_distributed(
         stage_seconds["collect"] = max(0.0, end_wall - max(r["ended_at"] for r in results))
         # the GPU engine's stages, the slowest task's value for each (what bounds a run of parallel tasks)
         engine = [r["engine_stages"] for r in results if r.get("engine_stages")]
-        if engine:
-            for k in ("decode", "gpu_decode", "h2d", "compute", "d2h", "write", "loop", "prepare", "backend",
-                      "open_reader", "read_wait", "slot_wait"):  # fmt: skip
-                if any(k in e for e in engine):
-                    stage_seconds[f"engine_{k}"] = max(e.get(k, 0.0) for e in engine)
+        # every stage the engine reports, as a single process's report has them (open, setup, drain, finish...)
+        for k in sorted({k for e in engine for k, v in e.items() if isinstance(v, (int, float))}):
+            stage_seconds[f"engine_{k}"] = max(e.get(k, 0.0) for e in engine)
     gpu_alloc = [r["peak_gpu_allocated_bytes"] for r in results if r["peak_gpu_allocated_bytes"] is not None]
     gpu_res = [r["peak_gpu_reserved_bytes"] for r in results if r["peak_gpu_reserved_bytes"] is not None]
     dev = results[0]["device"] if results else device
