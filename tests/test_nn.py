@@ -327,3 +327,10 @@ def test_pipeline_module_warns_where_its_backend_rounds_wide_rows_to_float32():
     with warnings.catch_warnings():
         warnings.simplefilter("error", tsconv.TsconvWarning)
         quiet(torch.from_numpy(x.astype(np.float32)))
+
+
+def test_a_pipeline_with_a_time_range_is_refused_as_features_refuses_it():
+    # it was accepted, and every row returned: the span was silently ignored
+    pipe = {"preprocess": {"time_range": ["2026-01-01", "2026-01-02"]}, "conv": [{"filters": ["diff:1"]}]}
+    with pytest.raises(TsconvError, match=r"time_range is not supported by tsconv.nn.Pipeline"):
+        Pipeline.from_pipeline(pipe, n_features=2)

@@ -23,7 +23,7 @@ import torch
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import forward_fill_torch
 from tsconv.engine.level import centering_level_torch
-from tsconv.engine.options import check_warmup
+from tsconv.engine.options import check_warmup, refuse_time_range
 from tsconv.errors import PipelineError, ShapeError, TsconvError
 from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.kernels.conv1d import PRECISIONS, conv1d
@@ -232,6 +232,7 @@ class Pipeline(torch.nn.Module):
                 hint="use tsconv.nn.Pipeline.from_pipeline(pipeline, input_names).",
             )
         check_warmup(warmup)
+        refuse_time_range(plan, "tsconv.nn.Pipeline")
         self.plan = plan
         self.warmup = warmup
         columns = plan.columns

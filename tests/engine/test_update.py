@@ -334,6 +334,15 @@ def test_an_output_whose_input_digest_is_gone_is_refused_not_continued(
     assert _snapshot(out) == before
 
 
+def test_an_output_without_its_values_array_is_refused_in_one_line(tmp_path: Path, out_chunks: None) -> None:
+    # a KeyError traceback at the CLI before
+    src, out, _, _ = _updated_once(tmp_path)
+    shutil.rmtree(out / "values")
+    for flags in ({"update": True}, {"resume": True}):
+        with pytest.raises(tsconv.StoreError, match="has no 'values' array: it cannot be continued"):
+            tsconv.process(src, out, chunk=CHUNK, **flags)
+
+
 def test_a_directory_where_the_kept_rows_go_leaves_the_run_whole(tmp_path: Path, out_chunks: None) -> None:
     # the kept rows are a shortcut for the next update: where they cannot be written the run still completes,
     # records no hash of them, and the update reads the input

@@ -777,7 +777,15 @@ def drop_consolidated(path: Path | StoreURL) -> None:
 
 def stored_compression(path: Path | StoreURL) -> str:
     """The codec of the output at ``path``'s values: "lz4", "none", or what else its codecs are."""
-    return _compression_of(open_group(path, mode="r", use_consolidated=False)["values"])
+    group = open_group(path, mode="r", use_consolidated=False)
+    try:
+        values = group["values"]
+    except KeyError:
+        raise StoreError(
+            f"the output {str(path)!r} has no 'values' array: it cannot be continued",
+            hint="use --overwrite to compute it again.",
+        ) from None
+    return _compression_of(values)
 
 
 def check_kept_compression(path: Path | StoreURL, asked: str | None, *, verb: str) -> str:
