@@ -212,7 +212,7 @@ def test_wrong_rows_are_refused_with_what_was_expected():
         stream.push(np.zeros((2, 3), dtype=bool))
     with pytest.raises(tsconv.ShapeError, match="names repeat"):
         tsconv.Stream("default", features=["a", "a"])
-    with pytest.raises(tsconv.ShapeError, match="count or a list of names"):
+    with pytest.raises(tsconv.ShapeError, match="count or an ordered list of names"):
         tsconv.Stream("default", features="abc")
     with pytest.raises(tsconv.TsconvError, match="warmup"):
         tsconv.Stream("default", features=3, warmup="later")
@@ -433,17 +433,16 @@ def test_features_may_be_any_sequence_of_names_or_a_numpy_count() -> None:
 
 
 def test_an_empty_float64_push_reads_later_rows_as_float64_as_the_concatenation_is() -> None:
-    rng = np.random.default_rng(3)
-    x = (
-        np.round(rng.uniform(20_000, 90_000, 2) * 100) / 100 + np.cumsum(rng.normal(size=(400, 2)), 0)
-    ).astype(np.float32)
-    x[200:] += 50_000.005  # a jump: its digits do not all fit float32
-    pushes = [x[:100], np.empty((0, 2)), x[100:200], x[200:].astype(np.float64) + 0.0001]
-    stream = tsconv.Stream("default", features=2, device="cpu")
+    # the concatenation is float64, which features() reads as float64 on the CPU; an empty float64 push left
+    # the stream reading float32, 200 rows off the batch run's by float32's last bits
+    rng = np.random.default_rng(0)
+    pipe = {"conv": [{"weights": rng.normal(size=(2, 3, 4)), "weight_dtype": "float32"}]}
+    x = (100 + rng.choice([-1, 0, 1], size=(400, 3)).cumsum(0) / 100).astype(np.float32)
+    x[200:] = x[200:] * np.float32(1000.37) + np.float32(0.123)  # a jump far from the chunk's level
+    pushes = [x[:200], np.empty((0, 3)), x[200:]]
+    stream = tsconv.Stream(pipe, features=3, device="cpu")
     got = np.concatenate([stream.push(p) for p in pushes])
-    assert np.array_equal(
-        got[100:], tsconv.features(np.concatenate(pushes), device="cpu")[100:], equal_nan=True
-    )
+    assert np.array_equal(got, tsconv.features(np.concatenate(pushes), pipe, device="cpu"), equal_nan=True)
 
 
 def test_the_chunk_hint_names_the_callers_default() -> None:
@@ -453,3 +452,38 @@ def test_the_chunk_hint_names_the_callers_default() -> None:
     with pytest.raises(tsconv.TsconvError) as err:
         tsconv.process("in.zarr", "out.zarr", chunk=0)
     assert err.value.hint == "the default is 1024."
+
+
+def test_features_in_no_order_are_refused_and_a_pandas_row_is_read_by_its_names() -> None:
+    import pandas as pd
+    import polars as pl
+
+    # a set's order changes from process to process: the rows' columns would get other names
+    with pytest.raises(tsconv.TsconvError, match="ordered list of names, got set"):
+        tsconv.Stream("default", features={"AAPL", "MSFT"})
+    assert tsconv.Stream("default", features=np.array(2)).input_names == ("f0", "f1")
+    a, b = _ab(100)
+    frame = pd.DataFrame({"MSFT": b, "AAPL": a})
+    want = tsconv.features(np.c_[a, b], "default", names=["AAPL", "MSFT"], device="cpu")
+    stream = tsconv.Stream("default", features=["AAPL", "MSFT"], device="cpu")
+    got = np.concatenate([stream.push(frame.iloc[i]) for i in range(100)])  # Series rows, as iterrows gives
+    assert np.array_equal(got, want, equal_nan=True)
+    with pytest.raises(tsconv.TsconvError, match="column names repeat: AAPL"):
+        stream.push(pd.DataFrame([[1.0, 2.0, 3.0]], columns=["AAPL", "MSFT", "AAPL"]))
+    durations = pl.DataFrame(
+        {"time": pl.Series([1, 2], dtype=pl.Duration("ms")), "AAPL": [1.0, 2], "MSFT": [1.0, 2]}
+    )
+    with pytest.raises(tsconv.TsconvError, match="'time' column is a duration"):
+        stream.push(durations)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a LazyFrame's schema is not resolved before it is collected
+        stream.push(pl.LazyFrame({"AAPL": [1.0], "MSFT": [2.0]}))
+    assert stream.rows == 101
+
+
+def test_a_time_beyond_the_first_pushs_unit_is_refused_as_such() -> None:
+    x = np.ones((1, 2), np.float32)
+    stream = tsconv.Stream("default", features=2, device="cpu")
+    stream.push(x, time=np.array(["2026-01-02"], dtype="datetime64[ns]"))
+    with pytest.raises(tsconv.TsconvError, match=r"beyond the span datetime64\[ns\] holds"):
+        stream.push(x, time=np.array(["2300-01-01"], dtype="datetime64[us]"))

@@ -656,8 +656,8 @@ class _StorageCheck:
     """How far FP16 storage moves each stage's (and the head's) outputs on the data at hand, warned once.
 
     On the first chunk with enough data rows, 128 to 1024 output rows (``_CHECK_ROWS``; fewer for larger
-    pipelines) and shorter samples spread over the rest of the chunk (``_CHECK_SPREAD``; later chunks too where
-    an input could not judge the outputs, ``_CHECK_TIMES``): each stage's output is computed with its weights as given (its scale; the centred first
+    pipelines) and shorter samples spread over the rest of the chunk (``_CHECK_SPREAD``), and later chunks' first
+    rows alone where an input could not judge the outputs (``_CHECK_TIMES``): each stage's output is computed with its weights as given (its scale; the centred first
     stage as the engine computes it, so that a zero-sum filter on raw levels keeps its low digits), and the
     change that rounding made is that stage's conv with the rounding residual (for the centred first stage
     block by block, as the engine re-centres), compared per output with the largest finite value of the

@@ -269,7 +269,15 @@ class Stream:
 
         root = type(frame).__module__.split(".")[0]
         if root == "pandas":
-            frame = pl.from_pandas(frame)  # its index is not a column
+            if type(frame).__name__ == "Series":
+                frame = frame.to_frame().T  # one row, its index the columns' names
+            if frame.columns.has_duplicates:
+                repeats = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+                raise ShapeError(
+                    f"push(): the frame's column names repeat: {', '.join(repeats[:5])}",
+                    hint="a frame's columns are read by name: give each column its own name.",
+                )
+            frame = pl.from_pandas(frame.rename(columns=str))  # its index is not a column
         elif root == "pyarrow":
             frame = pl.from_arrow(frame)
         if isinstance(frame, pl.LazyFrame):
@@ -289,11 +297,17 @@ class Stream:
                 "frame.to_numpy() with its columns in that order.",
             )
         time_column = "time" if "time" in have and "time" not in names else None
-        extra = [c for c in frame.columns if c not in set(names) and c != time_column]
+        wanted = set(names)
+        extra = [c for c in frame.columns if c not in wanted and c != time_column]
         if extra:
             raise ShapeError(
                 f"push(): the frame's columns {', '.join(map(repr, extra[:5]))} are not features of this stream",
                 hint="select the stream's features (and 'time', if any) first: frame.select(...).",
+            )
+        if time_column is not None and frame.schema[time_column] == pl.Duration:
+            raise ShapeError(
+                f"push(): the frame's 'time' column is a duration ({frame.schema[time_column]}), not a time",
+                hint="give times as datetimes or integers, or name that column otherwise to leave it out.",
             )
         cols = [*names, *([time_column] if time_column else [])]
         _, source, t = frame_input(frame.select(cols), time_column=time_column, band_rows=1, caller="push()")
@@ -359,11 +373,19 @@ class Stream:
                     hint="give every push's times the same way: all datetime64 or all integers.",
                 )
             if t.dtype != before:  # datetime64 of another unit: in the first push's, where it holds them
-                same = t.astype(before)
+                with np.errstate(over="ignore"):
+                    same = t.astype(before)
                 if (same.astype(t.dtype) != t).any():
+                    # a coarser unit fails only where the times lie beyond the earlier unit's span
+                    coarser = np.promote_types(t.dtype, before) == before
+                    why = (
+                        f"beyond the span {before} holds (that of earlier pushes)"
+                        if coarser
+                        else (f"finer than the {before} of earlier pushes")
+                    )
                     raise ShapeError(
-                        f"push(): time is {t.dtype}, finer than the {before} of earlier pushes",
-                        hint=f"give times in {before} (or coarser), as the first push did.",
+                        f"push(): time is {t.dtype}, {why}",
+                        hint=f"give times {before} holds exactly, as the first push did.",
                     )
                 t = same
         seq = t if self.last_time is None else np.concatenate([np.asarray(self.last_time)[None], t])
@@ -379,29 +401,54 @@ class Stream:
         return t[-1]
 
 
+_FRAMES = {
+    "polars": ("DataFrame", "LazyFrame"),
+    "pandas": ("DataFrame", "Series"),
+    "pyarrow": ("Table", "RecordBatch"),
+}
+
+
 def _is_frame(rows: Any) -> bool:
-    """A polars, pandas or pyarrow frame (read by its columns' names)."""
+    """A polars, pandas or pyarrow frame, or a pandas Series (one row, as ``df.iloc[i]`` gives it): read by
+    its columns' (the Series' index's) names. By type name: an attribute lookup resolves a LazyFrame."""
     root = type(rows).__module__.split(".")[0]
-    return root in ("polars", "pandas", "pyarrow") and hasattr(rows, "columns")
+    return type(rows).__name__ in _FRAMES.get(root, ())
 
 
 def _feature_names(features: int | Sequence[str]) -> tuple[str, ...]:
     if isinstance(features, (int, np.integer)) and not isinstance(features, (bool, np.bool_)):
-        if features < 1:
-            raise ShapeError(f"features must be a positive count or a list of names, got {features!r}")
-        return tuple(f"f{j}" for j in range(int(features)))
-    # any sequence of names: a list, a tuple, a numpy array, a pandas Index, a frame's .columns
+        count: int | None = int(features)
+    else:
+        count = None
     names = None
-    if (
-        not isinstance(features, (str, bytes))
-        and hasattr(features, "__iter__")
-        and hasattr(features, "__len__")
-    ):
-        names = tuple(str(n) for n in features)
+    # an ordered, flat sequence of names: a list, a tuple, a 1-D numpy array, a pandas Index, a frame's
+    # .columns; not a set or a dict (their order is not the caller's: names would go to the wrong columns)
+    if count is None and not isinstance(features, (str, bytes, set, frozenset, dict)):
+        try:
+            arr = np.asarray(features.detach().cpu() if isinstance(features, torch.Tensor) else features)
+        except (TypeError, ValueError):
+            arr = None
+        if arr is not None and arr.ndim == 0 and arr.dtype.kind in "iu":
+            count = int(arr)
+        elif arr is not None and arr.ndim == 1 and arr.dtype.kind not in "fcbO":
+            names = tuple(str(n) for n in arr.tolist())
+        elif (
+            arr is not None
+            and arr.ndim == 1
+            and arr.dtype.kind == "O"
+            and all(isinstance(n, str) for n in arr)
+        ):
+            names = tuple(arr.tolist())
+    if count is not None:
+        if count < 1:
+            raise ShapeError(f"features must be a positive count or a list of names, got {features!r}")
+        return tuple(f"f{j}" for j in range(count))
     if not names:
         raise ShapeError(
-            f"features must be a count or a list of names, got {features!r}",
-            hint="Stream(pipeline, features=3) for f0, f1, f2, or features=['AAPL', 'MSFT'].",
+            f"features must be a count or an ordered list of names, got {type(features).__name__}: "
+            f"{str(features)[:80]}",
+            hint="Stream(pipeline, features=3) for f0, f1, f2, or features=['AAPL', 'MSFT'] (a list, in the "
+            "order of the rows' columns).",
         )
     if dups := repeated_names(names):
         raise ShapeError(
