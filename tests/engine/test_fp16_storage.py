@@ -218,6 +218,25 @@ def test_the_warned_figure_is_the_error_on_the_rows_the_check_measured(kind, tmp
     assert there / 1.5 <= _figure(warned[0]) <= 1.5 * there, (there, warned[0])
 
 
+@pytest.mark.parametrize("start", [10, 500, 900])
+def test_a_symbol_starting_inside_the_sample_does_not_inflate_the_figure(start: int) -> None:
+    """The check re-centred raw levels per block, where the engine centres on the chunk's level first: a
+    symbol starting inside a block had no level of that block's own, and its raw price put 1.1e-1 in the
+    warning where the engine's outputs moved by 1.0e-3 to 1.2e-3."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, 8, 5))
+    pipe = {"conv": [{"weights": w - w.mean(axis=2, keepdims=True), "weight_dtype": "float16"}]}
+    x = 100 + np.cumsum(rng.normal(scale=0.05, size=(1500, 8)), axis=0)
+    x[:start, 3] = np.nan
+    y, warned = _run(x, pipe)
+    plan = resolve(pipeline_from_dict({"conv": [{**pipe["conv"][0], "weight_dtype": "float32"}]}),
+                   [f"f{j}" for j in range(8)])  # fmt: skip
+    rows = slice(plan.halo, plan.halo + 1024)
+    ref = pipeline_reference(x, plan)[rows]
+    there = float(np.nanmax(np.nanmax(np.abs(y[rows] - ref), axis=0) / np.nanmax(np.abs(ref), axis=0)))
+    assert len(warned) == 1 and there / 1.5 <= _figure(warned[0]) <= 1.5 * there, (there, warned)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_the_check_copies_its_sample_asynchronously_and_warns_as_on_the_cpu():

@@ -754,6 +754,9 @@ class _StorageCheck:
             self.sparse = bool(sparse)
         if centered:
             u = u + level.float()
+        # the first stage's level, as a last row copied with the sample: the engine centres on it before each
+        # block's own level, so the rounding's error is computed on the same centred rows
+        u = torch.cat([u, level.float().reshape(1, -1).to(u.device)])
         if u.is_cuda:
             # An asynchronous copy (a blocking one would stall the run's stream), made on the run's stream
             # after ``u``'s own work; the check's thread waits for it.
@@ -846,8 +849,11 @@ class _StorageCheck:
         if all(r is None for r in residuals) and head_residual is None:
             return  # float16 holds every stored weight exactly
         noted: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        level, u = u[-1], u[:-1]
         for part in torch.split(u, self._sizes):
-            for what, err, exact in self._moves(part, layers, residuals, head_residual, block, recenter):
+            for what, err, exact in self._moves(
+                part, level, layers, residuals, head_residual, block, recenter
+            ):
                 errs, exacts = noted.setdefault(what, ([], []))
                 errs.append(err)
                 exacts.append(exact)
@@ -855,11 +861,12 @@ class _StorageCheck:
             self._note(torch.cat(errs), torch.cat(exacts), what)
 
     def _moves(
-        self, u: torch.Tensor, layers: tuple[_DeviceLayer, ...], residuals: list[np.ndarray | None],
-        head_residual: np.ndarray | None, block: int, recenter: bool,
+        self, u: torch.Tensor, level: torch.Tensor, layers: tuple[_DeviceLayer, ...],
+        residuals: list[np.ndarray | None], head_residual: np.ndarray | None, block: int, recenter: bool,
     ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:  # fmt: skip
         """For each stage (and the head) storage rounds: its name, what the rounding moved its outputs by and
-        its outputs with the weights as given, [rows, outputs], over one sample ``u`` [halo + rows, C]."""
+        its outputs with the weights as given, [rows, outputs], over one sample ``u`` [halo + rows, C] whose
+        first stage the engine centres on ``level`` [C]."""
         plan = self.plan
         moves = []
         y = u.T.unsqueeze(0)  # [1, C, L]
@@ -884,8 +891,11 @@ class _StorageCheck:
             if res is not None:
                 dw = torch.from_numpy(res)
                 if i == 0 and recenter:
+                    # on x - level, as the engine: a symbol that starts inside a block has no level of that
+                    # block's own (0), and its raw price there put 100x the engine's error in the figure
                     zeros = torch.zeros(dl.tap_sums.shape, dtype=torch.float32)
-                    err = _conv_recentered(y, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
+                    centred = y - torch.nan_to_num(level, nan=0.0)[None, :, None]
+                    err = _conv_recentered(centred, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
                 else:
                     err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
                 moves.append((f"{origin}: [[conv]] #{i + 1} ({layer.name})", err[0].T, out[0].T))
