@@ -487,3 +487,24 @@ def test_a_time_beyond_the_first_pushs_unit_is_refused_as_such() -> None:
     stream.push(x, time=np.array(["2026-01-02"], dtype="datetime64[ns]"))
     with pytest.raises(tsconv.TsconvError, match=r"beyond the span datetime64\[ns\] holds"):
         stream.push(x, time=np.array(["2300-01-01"], dtype="datetime64[us]"))
+
+
+def test_pushes_just_short_of_a_check_judge_a_late_symbol_as_features_does() -> None:
+    # pushes of 127 rows were each sampled alone (about 140 rows), the later checks' doubling passed the
+    # symbol's start before it had moved enough: features() warned, the stream did not
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, 8, 5))
+    pipe = {"conv": [{"weights": w - w.mean(axis=2, keepdims=True), "weight_dtype": "float16"}]}
+    for _ in range(4):  # the fourth series this generator draws: one whose late symbol the stream missed
+        x = 100 + np.cumsum(rng.normal(scale=0.05, size=(12000, 8)), axis=0)
+    x[:9000, 3] = np.nan
+
+    def warned(run) -> bool:  # noqa: ANN001
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+        return any("float16" in str(m.message) for m in caught)
+
+    assert warned(lambda: tsconv.features(x, pipe, chunk=4096, device="cpu"))
+    stream = tsconv.Stream(pipe, features=8, chunk=4096, device="cpu")
+    assert warned(lambda: [stream.push(x[i : i + 127]) for i in range(0, 12000, 127)])

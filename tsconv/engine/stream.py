@@ -89,9 +89,11 @@ class Stream:
         self._fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
         self._warm = plan.warmup_groups() if warmup == "nan" else []
         self._backend = Backend(plan, self.device)
-        # the FP16-storage check samples pushes of CHECK_ROWS_MIN rows or more (after the halo), not a one-row
-        # push's single row
-        self._backend.min_check_rows = CHECK_ROWS_MIN
+        # The FP16-storage check samples a push of as many rows (after the halo) as a batch run's first sample,
+        # and shorter ones on the rows they gather (_gather_for_check): a one-row push's single row gave a
+        # scale of one row, and pushes of 127 rows, each sampled alone, left a late symbol unjudged where
+        # features() warned
+        self._backend.min_check_rows = max(CHECK_ROWS_MIN, self._backend.check_rows)
         nf = len(plan.input_names)
         # The last prepared rows (filled, unless fill = "none"), those before step 0 zeros: the zero history.
         self._rows_kept = np.zeros((self._backend.window_lookback, nf), dtype=np.float32)
