@@ -1115,6 +1115,35 @@ def test_a_scheduler_address_dask_cannot_parse_is_refused(tmp_path: Path) -> Non
     assert_refused(res, "cannot reach the dask scheduler at 'garbage'")
 
 
+def test_a_scheduler_address_where_another_service_answers_is_refused_in_one_line(tmp_path: Path) -> None:
+    # dask read an HTTP server's reply as a frame length and failed allocating exabytes: a traceback
+    pytest.importorskip("distributed")
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        src = write_store(tmp_path / "in.zarr", price_series(300, 2))
+        address = f"tcp://127.0.0.1:{port}"
+        res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--scheduler", address, "--device", "cpu")
+        assert_refused(res, f"cannot reach the dask scheduler at '{address}'")
+    finally:
+        server.close()
+
+
 def test_more_workers_than_a_local_cluster_starts_are_refused_at_once(tmp_path: Path) -> None:
     """--workers 100000 on 2 cores had dask create worker directories until the run was killed."""
     from tsconv.engine.cluster import max_workers

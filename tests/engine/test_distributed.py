@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -392,6 +393,46 @@ def test_cli_workers_end_to_end(src: Path, want: dict[str, Path], tmp_path: Path
     assert "2 dask workers" in res.stdout
     _same(want["default"], out)
     assert '"rows": 10007' in report.read_text()
+    assert '"compression": "lz4"' in report.read_text()  # it said null
+
+
+def test_a_failed_task_is_one_line_at_the_cli(src: Path, tmp_path: Path) -> None:
+    # its worker logged the task's traceback ("distributed.worker - ERROR - Compute Failed") before that line
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(src, bad)
+    chunk = sorted(p for p in (bad / "values" / "c").rglob("*") if p.is_file())[-1]
+    data = bytearray(chunk.read_bytes())
+    data[40:200] = b"\xff" * 160
+    chunk.write_bytes(data)
+    args = [sys.executable, "-m", "tsconv", "process", "-i", str(bad), "-o", str(tmp_path / "o.zarr"), "-q"]
+    res = subprocess.run(
+        [*args, "--workers", "2", "--device", "cpu"], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 2 and res.stderr.startswith("tsconv: error: cannot read rows"), res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+
+
+def test_a_worker_process_leaves_ctrl_c_to_the_command() -> None:
+    # Ctrl-C reaches the terminal's whole process group: each worker process printed a traceback of its own
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        assert pool.apply(_sigint_after_setup) == "ignored"
+    assert _sigint_after_setup() == "default"  # the command's own process (a GPU worker in it) keeps it
+
+
+def _sigint_after_setup() -> str:
+    import signal
+
+    from tsconv.engine.worker_init import dask_setup
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        dask_setup.callback(None, gpu=False)
+        return "ignored" if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else "default"
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_tasks_let_glibc_keep_freed_buffers(monkeypatch) -> None:

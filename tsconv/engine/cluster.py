@@ -10,6 +10,7 @@ they start (dask's ``preload``: :mod:`tsconv.engine.worker_init`), and the run t
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -20,6 +21,9 @@ from tsconv.errors import TsconvError
 __all__ = ["discard_early", "local_cluster", "start_early"]
 
 _PRELOAD = ["tsconv.engine.worker_init"]
+# dask's own log level in a local cluster: a failed task's traceback was logged by its worker before the
+# command's one-line error (which the client raises with the task's error)
+_QUIET = logging.CRITICAL
 _GPU_ARGV = [["--gpu"]]  # the preload's arguments in a GPU worker
 _lock = threading.Lock()
 _early: dict[str, Any] | None = None  # the cluster start_early began: its key, thread, and result or error
@@ -81,8 +85,9 @@ def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
 
     if not gpus:
         cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, preload=_PRELOAD
-        )
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, preload=_PRELOAD,
+            silence_logs=_QUIET,
+        )  # fmt: skip
         return cluster, max(1, (os.cpu_count() or 1) // workers)
     gpus = gpus[:workers]
     if len(gpus) == 1:
@@ -97,6 +102,7 @@ def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
             dashboard_address=None,
             preload=_PRELOAD,
             preload_argv=_GPU_ARGV,
+            silence_logs=_QUIET,
         )
         return cluster, None
     try:

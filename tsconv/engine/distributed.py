@@ -330,12 +330,12 @@ def run_distributed(
     elif isinstance(client, str):
         try:
             client, own_client = Client(client, timeout="30s"), True
-        except (
-            OSError,
-            ValueError,
-        ) as exc:  # ValueError: an address dask cannot parse ("missing port number")
+        except (OSError, ValueError, MemoryError) as exc:
+            # ValueError: an address dask cannot parse ("missing port number"); MemoryError: a port that is not
+            # a scheduler's (an HTTP server's reply read as a frame length of exabytes)
+            why = "it does not answer as a dask scheduler" if isinstance(exc, MemoryError) else str(exc)
             raise TsconvError(
-                f"cannot reach the dask scheduler at {client!r}: {exc}",
+                f"cannot reach the dask scheduler at {client!r}: {why}",
                 hint="start one with `dask scheduler` and workers with `dask worker ADDRESS` (or dask-cuda-worker).",
             ) from None
     try:
@@ -504,4 +504,5 @@ def run_distributed(
         # the shortest task's steps: where a worker plans shorter steps than one process would
         step_rows=min((r["step_rows"] for r in results if r.get("step_rows")), default=None),
         pipeline=plan.pipeline.name,
+        compression=compression,  # dask runs do not choose from the data ("auto" is lz4)
     )

@@ -5,6 +5,9 @@ task (:mod:`tsconv.engine.cluster`). A GPU worker (``--gpu``) also begins its GP
 
 from __future__ import annotations
 
+import multiprocessing
+import signal
+import threading
 from typing import Any
 
 import click
@@ -17,5 +20,9 @@ from tsconv.kernels import early
 @click.option("--gpu", is_flag=True, help="The worker computes on its GPU.")
 def dask_setup(worker: Any, gpu: bool) -> None:
     """dask's preload hook: called with the worker once it is created."""
+    if multiprocessing.parent_process() is not None and threading.current_thread() is threading.main_thread():
+        # A worker process of the command's cluster: Ctrl-C at a terminal reaches its whole process group, and
+        # each worker printed a traceback of its own before the command's one line. The command stops them.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     if gpu:
         early.start()
