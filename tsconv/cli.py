@@ -300,7 +300,7 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
 @click.option(
     "--compression",
     type=click.Choice(["auto", "lz4", "none"]),
-    help="Zarr outputs: the values' codec: lz4 (Blosc-LZ4), none (uncompressed), or auto (the default): lz4 "
+    help="Zarr outputs: the values' codec: lz4 (Blosc-LZ4), none (uncompressed: Blosc at level 0), or auto (the default): lz4 "
     "where it saves at least 10% of a sample of the first output chunk holding a value, else none (dask runs: "
     "lz4). With nvCOMP installed (tsconv[nvcomp]) a CUDA run encodes the LZ4 chunks on the GPU.",
 )
@@ -391,7 +391,7 @@ def plot(store: str, patterns: tuple[str, ...], rows: str | None, output: str) -
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def filters(as_json: bool) -> None:
     """List the built-in filters a [[conv]] stage's `filters` may name, with their parameters."""
-    from tsconv.pipeline.filters import FILTER_DOCS, MAX_PARAMETER
+    from tsconv.pipeline.filters import FILTER_DOCS, MAX_PARAMETER, largest_ema_span
 
     if as_json:
         rows = [{"kind": k, "syntax": d.syntax, "taps": d.taps, "warmup": d.warmup, "description": d.description,
@@ -405,7 +405,8 @@ def filters(as_json: bool) -> None:
     for d in FILTER_DOCS.values():
         click.echo(f"{d.syntax:<{width}}  {d.taps:<{taps}}  {d.warmup:<{warm}}  {d.description}")
     click.echo(
-        f"\nParameters are integers from 1 to {MAX_PARAMETER:,}. A bank applies every filter to every input feature: "
+        f"\nParameters are integers from 1 to {MAX_PARAMETER:,} (ema:S: S up to {largest_ema_span():,}, whose "
+        "window then fills the most taps). A bank applies every filter to every input feature: "
         'filters = ["diff:1", "ma:16"] in a [[conv]] stage (the schema: pipelines/README.md in the repository). '
         "Each filter reads within its own window only (taps x the stage's dilation): its output is NaN where a "
         "value it reads is NaN (lag, diff and ret read the window's two ends, the others all of it), and its "

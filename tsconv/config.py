@@ -140,7 +140,7 @@ class Settings:
     engine: str = _setting(
         "TSCONV_ENGINE",
         "auto: the batched engine on CUDA, the chunked one on the CPU; chunked or batched force one (batched "
-        "on the CPU runs through the Triton interpreter, for tests without a GPU)",
+        "on the CPU runs through the Triton interpreter, with TRITON_INTERPRET=1 set, for tests without a GPU)",
         "auto",
         choices=ENGINES,
     )

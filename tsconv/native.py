@@ -8,6 +8,7 @@ call). Without a compiler, or when it fails, callers get the reason and keep the
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -60,6 +61,7 @@ def build_library(
         log.warning(
             "compiling tsconv's %s for this machine (once; cached in %s)", source.name, lib_path.parent
         )
+        tmp = None
         try:
             lib_path.parent.mkdir(parents=True, exist_ok=True)
             # Built beside its final name and renamed in: processes building at once each install a whole file.
@@ -72,11 +74,15 @@ def build_library(
                 timeout=120,
             )
             if done.returncode != 0:
-                os.unlink(tmp)
                 return None, f"{cc} failed on {source.name}: {done.stderr.strip()[-300:]}"
             os.replace(tmp, lib_path)
+            tmp = None
         except (OSError, subprocess.SubprocessError) as exc:
             return None, f"cannot build {source.name}: {type(exc).__name__}: {exc}"
+        finally:
+            if tmp is not None:  # a compiler that failed, or could not be started: no file left behind
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
     try:
         return ctypes.CDLL(str(lib_path)), None
     except OSError as exc:

@@ -199,3 +199,13 @@ def test_a_cache_shared_by_two_cpus_keeps_a_library_each(
         lib, why = native.build_library(src, flags=("-O1",), machine=cpu)
         assert lib is not None, why
     assert len(list(tmp_path.glob("filterbank_native-*.so"))) == 2
+
+
+def test_a_compiler_that_cannot_start_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # each run left an empty tmp*.so in the cache directory
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    src = Path(fbn.__file__).with_name("filterbank_native.c")
+    lib, why = native.build_library(src, flags=("-O1",), machine="x")
+    assert lib is None and "cannot build" in why
+    assert list(tmp_path.iterdir()) == []

@@ -47,6 +47,7 @@ __all__ = [
     "MAX_PARAMETER",
     "ema_taps",
     "filter_spec",
+    "largest_ema_span",
     "parse_filter",
     "bank_weights",
 ]
@@ -172,7 +173,10 @@ def filter_spec(spec: str) -> Filter:
     if q is not None and kind != "ema":
         raise PipelineError(f"filter {spec!r} takes one parameter", hint=f"write '{kind}:{n}'.")
     if n < 1 or n > _MAX_TAPS:
-        raise PipelineError(f"filter {spec!r}: parameter must be between 1 and {_MAX_TAPS}, got {n}")
+        raise PipelineError(
+            f"filter {spec!r}: parameter must be between 1 and {_MAX_TAPS}, got {n}",
+            hint=f"write e.g. '{kind}:{min(max(n, 1), _MAX_TAPS)}'.",
+        )
     if kind in ("std", "zscore") and n < 2:
         raise PipelineError(
             f"filter {spec!r}: a standard deviation needs a window of at least 2 steps",
@@ -185,7 +189,7 @@ def filter_spec(spec: str) -> Filter:
         if taps < 1 or taps > _MAX_TAPS:
             raise PipelineError(
                 f"filter {spec!r}: taps must be between 1 and {_MAX_TAPS}, got {taps}",
-                hint=f"an ema:S window holds about 8.3 (S + 1) steps: S up to {_largest_ema_span():,}, or set "
+                hint=f"an ema:S window holds about 8.3 (S + 1) steps: S up to {largest_ema_span():,}, or set "
                 "the taps with 'ema:S:K'."
                 if q is None
                 else None,
@@ -195,7 +199,8 @@ def filter_spec(spec: str) -> Filter:
     return Filter(text, kind, n, taps)
 
 
-def _largest_ema_span() -> int:
+def largest_ema_span() -> int:
+    """The largest S of an ``ema:S`` whose default window fits the most taps (7,879)."""
     lo, hi = 1, _MAX_TAPS
     while lo < hi:  # the largest S whose default window fits
         mid = (lo + hi + 1) // 2

@@ -539,7 +539,8 @@ def _preprocess_from_dict(d: dict[str, Any], where: str) -> Preprocess:
     _check_keys(d, _PRE_KEYS, where, table)
     if "select" in d and "select_regex" in d:
         raise PipelineError(
-            f"{where}: {table}: give at most one of 'select' (names or glob patterns) and 'select_regex'"
+            f"{where}: {table}: give at most one of 'select' (names or glob patterns) and 'select_regex'",
+            hint="keep one: select = ['px_*'] (globs), or select_regex = '^px_' (one regex).",
         )
     select = None
     if "select" in d:

@@ -794,7 +794,7 @@ def check_kept_compression(path: Path | StoreURL, asked: str | None, *, verb: st
     kept = stored_compression(path)
     if asked is not None and asked != "auto" and kept != asked:
         raise TsconvError(
-            f"--compression {asked}: the output {str(path)!r} is stored with {kept}, which an {verb} keeps",
+            f"--compression {asked}: the output {str(path)!r} is stored with {kept}, which {'an' if verb[0] in 'aeiou' else 'a'} {verb} keeps",
             hint="drop --compression, or use --overwrite to write the output again with another codec.",
         )
     return kept
