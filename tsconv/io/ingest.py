@@ -879,7 +879,7 @@ def _warn_rounding(sources: Sequence[_Source]) -> None:
     """Warn, once, where storing source values as float32 moves them by more than WARN_AT of their typical
     step: judged on the first rows of each of the first files, per symbol of long input and per column of
     wide input, in time order (a sample: the values are cast as they are read, band by band)."""
-    context = "the source values are {dtype} and the store's float32 (--dtype)"
+    context = "the source values are {dtype} and the store's float32 (--dtype, dtype= in Python)"
     for source in sources[:_SAMPLE_FILES]:
         long = source.layout == "long"
         cols = [c for c in (source.value_columns if long else source.features_in_file)
@@ -913,7 +913,11 @@ def _warn_rounding(sources: Sequence[_Source]) -> None:
             groups, names = np.zeros(len(df), dtype=np.int64), cols
         # every symbol in one pass (one check per symbol took 6.9 s for 16 files of 10,000 symbols)
         message, _ = float32_loss_by_feature(
-            values, names, context=context, advice="--dtype float64 keeps them", groups=groups
+            values,
+            names,
+            context=context,
+            advice="--dtype float64 (dtype='float64') keeps them",
+            groups=groups,
         )
         if message is not None:
             warnings.warn(message, TsconvWarning, stacklevel=3)
