@@ -718,7 +718,7 @@ def test_float64_sources_stored_as_float32_warn_and_an_append_keeps_the_stores_d
     )
     first, more = write(df[:200], tmp_path / "a.parquet"), write(df[200:], tmp_path / "b.parquet")
     with pytest.warns(
-        TsconvWarning, match="rounding the values of 'px'.*--dtype float64 \(dtype='float64'\) keeps them"
+        TsconvWarning, match=r"rounding the values of 'px'.*--dtype float64 \(dtype='float64'\) keeps them"
     ):
         ingest(first, tmp_path / "s32.zarr")
     with warnings.catch_warnings():
