@@ -537,7 +537,9 @@ def _prepare_update(
     if rows == recorded:  # nothing new: finish an interrupted run, or nothing at all
         if action == "resume" and not _same_input(current, read_digest(out_path)):
             write_digest(out_path, current)
-        return ("resume" if action == "resume" else "current"), start, start, rows, None, recorded
+        # an interrupted update's output says "updated from" the rows it holds done, not its grown size
+        done = start if action == "resume" else recorded
+        return ("resume" if action == "resume" else "current"), start, start, rows, None, done
     if out_rows % chunk:
         # a store smaller than one output chunk, chunked by its rows: built again whole (it is small),
         # chunked as a run over the grown input would chunk it
