@@ -24,6 +24,9 @@ _PRELOAD = ["tsconv.engine.worker_init"]
 # dask's own log level in a local cluster: a failed task's traceback was logged by its worker before the
 # command's one-line error (which the client raises with the task's error)
 _QUIET = logging.CRITICAL
+# No dashboard, and the scheduler's HTTP server (which it starts anyway, on 8787 by default) on a free port: a
+# second command's cluster warned "Port 8787 is already in use"
+_NO_DASHBOARD: dict[str, Any] = {"dashboard_address": ":0", "scheduler_kwargs": {"dashboard": False}}
 _GPU_ARGV = [["--gpu"]]  # the preload's arguments in a GPU worker
 _lock = threading.Lock()
 _early: dict[str, Any] | None = None  # the cluster start_early began: its key, thread, and result or error
@@ -85,8 +88,8 @@ def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
 
     if not gpus:
         cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None, preload=_PRELOAD,
-            silence_logs=_QUIET,
+            n_workers=workers, threads_per_worker=1, processes=True, preload=_PRELOAD, silence_logs=_QUIET,
+            **_NO_DASHBOARD,
         )  # fmt: skip
         return cluster, max(1, (os.cpu_count() or 1) // workers)
     gpus = gpus[:workers]
@@ -99,10 +102,10 @@ def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
             n_workers=1,
             threads_per_worker=1,
             processes=False,
-            dashboard_address=None,
             preload=_PRELOAD,
             preload_argv=_GPU_ARGV,
             silence_logs=_QUIET,
+            **_NO_DASHBOARD,
         )
         return cluster, None
     try:
@@ -126,14 +129,14 @@ def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
             }
             for g in gpus
         }
-        sched = {"cls": Scheduler, "options": {"dashboard_address": None}}
+        sched = {"cls": Scheduler, "options": {"dashboard_address": ":0", "dashboard": False}}
         return SpecCluster(workers=specs, scheduler=sched), None
     return LocalCUDACluster(
         CUDA_VISIBLE_DEVICES=",".join(gpus),
         threads_per_worker=1,
-        dashboard_address=None,
         preload=_PRELOAD,
         preload_argv=_GPU_ARGV,
+        **_NO_DASHBOARD,
     ), None
 
 
