@@ -699,7 +699,7 @@ class _StorageCheck:
         macs = sum(L.out_channels * L.weight.shape[1] * L.taps for L in plan.layers)
         if plan.head is not None:
             macs += plan.head.weight.size
-        return min(max(_CHECK_ROWS[0], min(_CHECK_ROWS[1], _CHECK_MACS // max(1, macs))), _CHECK_ROWS[1])
+        return max(_CHECK_ROWS[0], min(_CHECK_ROWS[1], _CHECK_MACS // max(1, macs)))
 
     @staticmethod
     def needed(plan: ResolvedPipeline) -> bool:
