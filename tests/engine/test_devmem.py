@@ -87,3 +87,24 @@ def test_after_a_run_has_stepped_later_plans_count_only_a_few_new_kernels(device
     assert devmem.after_run(device) == 900_000_000
     # the context's lazily made state and the run's kernels are in NVML's figure now
     assert devmem.outside_torch(device) == 800_000_000 + devmem.SETTLED_BYTES
+
+
+def test_the_share_is_read_once_the_early_cuda_thread_has_loaded_its_modules(device, monkeypatch) -> None:
+    # A dask worker planned while tsconv.kernels.early's thread still loaded the warm-up ops' modules: NVML
+    # showed less than the run then held, and its steps grew past --gpu-mem.
+    import threading
+    import time
+
+    from tsconv.kernels import early
+
+    procs = [(os.getpid(), 500_000_000)]
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(procs))
+
+    def warm_up() -> None:
+        time.sleep(0.3)
+        procs[0] = (os.getpid(), 700_000_000)
+
+    thread = threading.Thread(target=warm_up)
+    monkeypatch.setitem(early._threads, "cuda", thread)
+    thread.start()
+    assert devmem.outside_torch(device) == 600_000_000 + devmem.LATER_MODULES_BYTES

@@ -79,6 +79,10 @@ def outside_torch(device: torch.device) -> int:
     """Bytes of ``device`` this process holds, or will once the run's kernels load, beyond what torch's
     allocator reserves: the share of ``--gpu-mem`` the steps cannot have. Creates the CUDA context (the
     run needs it next anyway)."""
+    # The early CUDA thread (tsconv.kernels.early) may still be loading the modules of its warm-up ops: read
+    # before it ends, NVML showed a dask worker less than it would hold, and its steps grew past --gpu-mem
+    # (31,744 rows against 25,600 on the H100, and a new shape class to tune).
+    early.wait_cuda()
     torch.cuda.mem_get_info(device)  # creates the context where nothing has yet: it is in what follows
     early.trim_stack(device.index)  # before NVML is read: what it frees goes to the steps
     reserved = torch.cuda.memory_reserved(device)
