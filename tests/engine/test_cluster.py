@@ -92,3 +92,21 @@ def test_an_early_cluster_no_run_took_is_closed() -> None:
 def test_no_early_start_for_workers_the_run_refuses(workers) -> None:  # noqa: ANN001
     cl.start_early(workers, "cpu")
     assert cl._early is None
+
+
+def _profiles(dask_worker) -> bool:  # noqa: ANN001 - dask passes its worker by this name
+    return "profile" in dask_worker.periodic_callbacks
+
+
+def test_workers_do_not_sample_their_threads_stacks_for_a_dashboard_nobody_serves() -> None:
+    # dask's profiler takes the GIL every 10 ms in each worker; the command's cluster serves no dashboard
+    for gpus in ([], ["3"]):  # worker processes, and one GPU's worker in this process
+        cluster, _ = cl._make(1, gpus)
+        try:
+            with distributed.Client(cluster) as client:
+                assert list(client.run(_profiles).values()) == [False]
+        finally:
+            cluster.close()
+    import dask
+
+    assert dask.config.get("distributed.worker.profile.enabled") is True  # the caller's own setting is left

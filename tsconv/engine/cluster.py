@@ -18,7 +18,7 @@ from typing import Any
 from tsconv import config
 from tsconv.errors import TsconvError
 
-__all__ = ["discard_early", "local_cluster", "start_early"]
+__all__ = ["discard_early", "gpu_worker_here", "local_cluster", "start_early"]
 
 _PRELOAD = ["tsconv.engine.worker_init"]
 # dask's own log level in a local cluster: a failed task's traceback was logged by its worker before the
@@ -27,6 +27,10 @@ _QUIET = logging.CRITICAL
 # No dashboard, and the scheduler's HTTP server (which it starts anyway, on 8787 by default) on a free port: a
 # second command's cluster warned "Port 8787 is already in use"
 _NO_DASHBOARD: dict[str, Any] = {"dashboard_address": ":0", "scheduler_kwargs": {"dashboard": False}}
+# dask's statistical profiler samples every worker thread's stack each 10 ms under the GIL, for a dashboard
+# these clusters do not serve: off, `--workers 1 --device cpu` on 400,000 x 64 took 0.93-1.28 s against
+# 1.17-1.78 s (VM, three alternations; benchmarks/NOTES.md, section 17)
+_NO_PROFILE = {"distributed.worker.profile.enabled": False}
 _GPU_ARGV = [["--gpu"]]  # the preload's arguments in a GPU worker
 _lock = threading.Lock()
 _early: dict[str, Any] | None = None  # the cluster start_early began: its key, thread, and result or error
@@ -71,6 +75,15 @@ def _driver_gpus() -> list[str] | None:
         return None
 
 
+def gpu_worker_here(workers: Any, device: str = "auto") -> bool:
+    """Whether the cluster ``--workers`` asks for is one GPU worker in this process (as the driver lists the
+    GPUs, without torch): its GPU start-up can then begin with this process's own."""
+    if not _valid_workers(workers) or device == "cpu":
+        return False
+    gpus = _driver_gpus()
+    return gpus is not None and len(gpus[:workers]) == 1
+
+
 def _torch_gpus(device: str) -> list[str]:
     """The GPUs the workers use: none for device cpu or where torch sees no CUDA."""
     if device == "cpu":
@@ -84,6 +97,14 @@ def _torch_gpus(device: str) -> list[str]:
 
 
 def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
+    import dask
+
+    # a Nanny hands its worker process the configuration it was created under
+    with dask.config.set(_NO_PROFILE):
+        return _make_cluster(workers, gpus)
+
+
+def _make_cluster(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
     from distributed import LocalCluster
 
     if not gpus:
