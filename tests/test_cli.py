@@ -223,6 +223,26 @@ def test_an_update_with_device_auto_leaves_the_gpu_start_up_to_the_run(tmp_path,
     assert res.exit_code == 0 and starts == [True]
 
 
+@pytest.mark.parametrize(("workers", "gpus", "cuda"), [(None, ["0"], True), (1, ["0"], True), (1, ["0", "1"], True),
+                                                     (2, ["0", "1"], False), (2, ["0"], True)])  # fmt: skip
+def test_the_gpu_start_up_begins_beside_the_imports_where_this_process_computes(
+    monkeypatch, workers, gpus, cuda
+):
+    """One GPU's dask worker runs in the command's process, so its CUDA context starts with the command's
+    imports as a single process's does; worker processes of several GPUs start their own."""
+    from tsconv import cli
+    from tsconv.engine import cluster
+    from tsconv.kernels import early
+
+    starts: list[bool] = []
+    monkeypatch.setattr(early, "gpu_present", lambda: True)
+    monkeypatch.setattr(early, "start", lambda **kw: starts.append(kw.get("cuda", True)))
+    monkeypatch.setattr(cluster, "_driver_gpus", lambda: gpus)
+    monkeypatch.setattr(cluster, "start_early", lambda *a, **kw: None)
+    cli._start_process("in.zarr", None, report_path=None, options={"device": "auto", "workers": workers})
+    assert starts == [cuda]
+
+
 _GC = """
 import gc, json, sys
 from tsconv import cli

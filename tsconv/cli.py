@@ -205,6 +205,7 @@ def _imports_uncollected() -> Any:
 def _start_process(input_path: str, output: str | None, *, report_path: str | None, options: dict[str, Any]) -> None:  # fmt: skip
     """Refuse what can be refused before the engine's imports, and start the GPU's and the workers' start-up
     beside them."""
+    from tsconv.engine.cluster import gpu_worker_here, start_early
     from tsconv.io.writers.formats import output_format
     from tsconv.kernels import early
 
@@ -220,12 +221,11 @@ def _start_process(input_path: str, output: str | None, *, report_path: str | No
     if options.get("device") == "cuda" or (
         options.get("device") == "auto" and early.gpu_present() and not deferred
     ):
-        # beside the imports of torch, zarr and tsconv (tsconv.kernels.early); a client of dask workers
-        # computes nothing on the GPU itself
-        early.start(cuda=workers is None)
+        # beside the imports of torch, zarr and tsconv (tsconv.kernels.early); a client of dask worker
+        # processes computes nothing on the GPU itself, but one GPU's worker runs in this process (begun by
+        # its preload instead, the task waited 0.13 s for its CUDA context on the H100)
+        early.start(cuda=workers is None or gpu_worker_here(workers, options.get("device") or "auto"))
     if workers is not None:  # the workers' start-up beside this process's (tsconv.engine.cluster)
-        from tsconv.engine.cluster import start_early
-
         start_early(workers, options.get("device") or "auto")
 
 
