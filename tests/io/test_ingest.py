@@ -325,6 +325,24 @@ def test_append_matches_one_ingest(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert zarr.open_group(str(out), mode="r").attrs["ingest"]["complete"] is True
 
 
+def test_a_small_first_ingest_keeps_full_size_chunks_for_the_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # the chunk grid is fixed when the store is made: a 10-row first day grew into 20,001 chunk files
+    import tsconv.io.ingest as ing
+
+    monkeypatch.setattr(ing, "_CHUNK_BYTES", 64 * 4 * 4)  # 64-row chunks for 4 features
+    df, a, b = _two_halves(tmp_path)  # 25 rows, then the rest
+    out = tmp_path / "out.zarr"
+    ingest(a, out)
+    assert cli(b, "-o", out, "--append").exit_code == 0
+    g = zarr.open_group(str(out), mode="r")
+    assert g["values"].chunks == (64, 4) and g["time"].chunks == (64,)
+    v, t, _ = read(out)
+    ingest([a, b], tmp_path / "once.zarr")
+    v2, t2, _ = read(tmp_path / "once.zarr")
+    np.testing.assert_array_equal(t, t2)
+    np.testing.assert_array_equal(v, v2)
+
+
 def test_append_rolls_back_an_interrupted_append(tmp_path: Path) -> None:
     df, a, b = _two_halves(tmp_path)
     out = tmp_path / "out.zarr"
