@@ -173,6 +173,33 @@ def test_features_of_a_polars_frame_equal_features_of_numpy(series: np.ndarray) 
     assert isinstance(tsconv.features(torch.from_numpy(series), PIPE, names=NAMES), torch.Tensor)
 
 
+def test_features_of_pandas_and_arrow_frames_read_columns_by_name(series: np.ndarray) -> None:
+    # a pandas frame was taken as an array: its time column computed as feature f0, its names dropped
+    pd = pytest.importorskip("pandas")
+    df = _frame(series)
+    want = tsconv.features(df, PIPE, chunk=700)
+    pdf = df.to_pandas()[["time", *reversed(NAMES)]]  # columns in another order: read by name
+    got, names = tsconv.features(pdf, PIPE, chunk=700, return_names=True)
+    assert isinstance(got, pd.DataFrame) and list(got.columns) == ["time", *names]
+    assert list(names) == [f"{n}.{f}" for n in reversed(NAMES) for f in ("diff1", "ma16", "ema8")]
+    for n in names:
+        np.testing.assert_array_equal(got[n].to_numpy(), want[n].to_numpy())
+    assert (got["time"] == pdf["time"]).all()
+    # a DatetimeIndex is kept as the result's index; it must be strictly increasing
+    indexed = pdf.drop(columns="time").set_index(pdf["time"])
+    res = tsconv.features(indexed, PIPE, chunk=700)
+    assert res.index.equals(indexed.index) and list(res.columns) == list(names)
+    np.testing.assert_array_equal(res.to_numpy(), got[list(names)].to_numpy())
+    with pytest.raises(ShapeError, match="index is not strictly increasing"):
+        tsconv.features(indexed.iloc[::-1], PIPE)
+    with pytest.raises(ShapeError, match="column names repeat: x0"):
+        tsconv.features(pd.concat([pdf, pdf[["x0"]]], axis=1), PIPE)
+    table = tsconv.features(df.to_arrow(), PIPE, chunk=700)
+    assert isinstance(table, pa.Table) and table.column_names == want.columns
+    assert pl.from_arrow(table).equals(want)
+    assert isinstance(tsconv.features(df.to_arrow().to_batches()[0], PIPE), pa.Table)
+
+
 def test_features_refuses_non_numeric_columns_and_bad_time(series: np.ndarray) -> None:
     df = _frame(series).with_columns(pl.lit("AAPL").alias("symbol"), pl.lit(True).alias("flag"))
     with pytest.raises(ShapeError, match=r"not numeric: symbol \(String\), flag \(Boolean\)") as err:
@@ -285,3 +312,15 @@ def test_features_reads_128_bit_integer_columns_and_refuses_a_series_without_fea
     for empty in (np.zeros((300, 0)), torch.zeros(300, 0)):
         with pytest.raises(ShapeError, match="no features"):
             tsconv.features(empty, pipe)
+
+
+def test_features_of_a_bfloat16_tensor_and_of_no_rows() -> None:
+    x = torch.randn(300, 2, dtype=torch.float64).cumsum(0).add(100).to(torch.bfloat16)
+    got = tsconv.features(x, PIPE, device="cpu")
+    assert isinstance(got, torch.Tensor)
+    torch.testing.assert_close(
+        got, tsconv.features(x.float(), PIPE, device="cpu"), rtol=0, atol=0, equal_nan=True
+    )
+    with pytest.raises(StoreError, match="empty") as err:
+        tsconv.features(np.zeros((0, 2)), PIPE, device="cpu")
+    assert "at least one row" in err.value.hint

@@ -1,5 +1,5 @@
-"""The library's in-memory entry: :func:`features` runs a pipeline on a numpy array, torch tensor or polars
-frame and returns the result in memory.
+"""The library's in-memory entry: :func:`features` runs a pipeline on a numpy array, torch tensor or a polars,
+pandas or pyarrow frame and returns the result in memory.
 
 The computation is :func:`tsconv.process`'s engine (:func:`tsconv.engine.run.run`) on an in-memory source and
 sink. Kept apart from the store entry so that a script on in-memory data imports neither zarr nor the output
@@ -24,6 +24,7 @@ from tsconv.engine.run import (
     run,
 )
 from tsconv.errors import ShapeError
+from tsconv.io.dataframes import frame_input, frame_kind, frame_output, to_polars
 from tsconv.io.names import describe_repeats, repeated_names
 from tsconv.io.readers.blocks import ArraySource
 from tsconv.io.writers.memory import ArraySink
@@ -50,10 +51,12 @@ def features(
     """Run a pipeline on an in-memory series ``x`` [T, F] (numpy or torch); returns [T, D] float32 of the same kind.
 
     The computation is :func:`process`'s (on CUDA the batched engine, where ``chunk`` is not used; on the
-    CPU chunks of ``chunk`` steps), so results match it on the same data. A polars DataFrame or LazyFrame
-    gives a polars DataFrame: its ``time_column`` (if present) is carried over and the other columns, all
-    numeric, are the named features (see :func:`tsconv.io.frames.frame_input`). ``transfer`` and ``gpu_mem``
-    are the CUDA engine's, as in :func:`process`.
+    CPU chunks of ``chunk`` steps), so results match it on the same data. A frame gives a frame of its kind
+    (polars DataFrame or LazyFrame: a polars DataFrame; pandas DataFrame: a pandas DataFrame with the same
+    index; pyarrow Table or RecordBatch: a Table): its columns are read by name, its ``time_column`` (if
+    present) is carried over and the other columns, all numeric, are the named features (see
+    :func:`tsconv.io.dataframes.frame_input`). ``transfer`` and ``gpu_mem`` are the CUDA engine's, as in
+    :func:`process`.
 
     ``names`` names an array's input features (default f0, f1, ...). ``return_names=True`` returns
     ``(result, output_names)``: the D output names in column order (e.g. ``"f0.ma8"``), a tuple of str, the
@@ -69,25 +72,36 @@ def features(
     dev = resolve_device(device)
     if not batched_on(dev):
         refuse({"transfer": transfer, "gpu_mem": gpu_mem}, f"a run on the CPU (device={device!r})")
-    if type(x).__module__.split(".")[0] == "polars":
+    kind = frame_kind(x)
+    if kind == "pandas" and type(x).__name__ == "Series":
+        kind = None  # one series: an array of one feature, as numpy gives it
+    if kind is not None:
         if out is not None:
             raise ShapeError("out= is for arrays and tensors; a frame's result is a new frame")
         if names is not None:
             raise ShapeError("names= is for arrays; a frame's features are named by its columns")
-        from tsconv.io.frames import frame_input, frame_output
-
-        feature_names, source, time_series = frame_input(x, time_column=time_column, band_rows=chunk)
-        plan = _plan_for(pipeline, feature_names, source.rows, warmup, "features() on polars frames")
+        index = _pandas_index(x) if kind == "pandas" else None
+        feature_names, source, time_series = frame_input(
+            to_polars(x, "features()"), time_column=time_column, band_rows=chunk
+        )
+        plan = _plan_for(pipeline, feature_names, source.rows, warmup, f"features() on {kind} frames")
         sink = ArraySink(source.rows, plan.n_outputs, feature_major=True)
         _run_in_memory(source, plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
         frame = frame_output(plan.output_names, sink.out, time_series)
+        if kind == "pandas":
+            frame = frame.to_pandas()
+            frame.index = index
+        elif kind == "pyarrow":
+            frame = frame.to_arrow()
         return (frame, plan.output_names) if return_names else frame
     is_torch = isinstance(x, torch.Tensor)
     try:
+        if is_torch and x.dtype == torch.bfloat16:
+            x = x.float()  # numpy has no bfloat16; float32 holds every bfloat16 value exactly
         arr = x.detach().cpu().numpy() if is_torch else np.asarray(x)
     except (TypeError, ValueError) as exc:  # ragged lists, objects numpy cannot make an array of
         raise ShapeError(
-            f"expected a 2-D series [T, F] (an array, a tensor or a polars frame), got {type(x).__name__}: {exc}",
+            f"expected a 2-D series [T, F] (an array, a tensor or a frame), got {type(x).__name__}: {exc}",
             hint="pass a numpy array or torch tensor with one row per time step and one column per feature.",
         ) from None
     if arr.ndim != 2:
@@ -154,8 +168,27 @@ def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: to
     run(rp, source, plan, sink)
 
 
+def _pandas_index(frame: Any) -> Any:
+    """A pandas frame's index, which its result keeps; a datetime or numeric index other than the default
+    range must be strictly increasing, as a time column must (the rows are time steps, taken in order)."""
+    import pandas as pd
+
+    index = frame.index
+    if isinstance(index, pd.RangeIndex) or not (
+        pd.api.types.is_datetime64_any_dtype(index.dtype) or pd.api.types.is_numeric_dtype(index.dtype)
+    ):
+        return index
+    if index.hasnans or not (index.is_monotonic_increasing and index.is_unique):
+        raise ShapeError(
+            "features(): the frame's index is not strictly increasing (its rows are taken as time steps, in order)",
+            hint="sort the frame by its index and drop repeated timestamps (frame.sort_index() and "
+            "frame[~frame.index.duplicated(keep='last')]).",
+        )
+    return index
+
+
 def _plan_for(pipeline: PipelineLike, names: tuple[str, ...], rows: int, warmup: str, what: str) -> ResolvedPipeline:  # fmt: skip
     plan = resolve(as_pipeline(pipeline), names)
     refuse_time_range(plan, what)
-    check_length(rows, plan, warmup, "features()")
+    check_length(rows, plan, warmup, "features()", empty_hint="pass at least one row, one per time step.")
     return plan

@@ -30,10 +30,11 @@ def check_chunk(chunk: int, *, default: int) -> None:
         )
 
 
-def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str) -> None:
-    """A series of ``rows`` steps has an output row that is not all warm-up."""
+def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str, *, empty_hint: str = "write its rows first.") -> None:  # fmt: skip
+    """A series of ``rows`` steps has an output row that is not all warm-up; ``empty_hint``: what to do
+    about a series of none."""
     if rows == 0:
-        raise StoreError(f"{where}: the series is empty (0 steps)", hint="write its rows first.")
+        raise StoreError(f"{where}: the series is empty (0 steps)", hint=empty_hint)
     # each output has its own warm-up (a bank's short filters are valid before its long ones)
     shortest = min(plan.warmups) if plan.warmups else plan.halo
     if warmup == "nan" and rows <= shortest:

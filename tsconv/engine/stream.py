@@ -24,6 +24,7 @@ from tsconv.engine.level import centering_level, level_before, tail_rows
 from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
+from tsconv.io.dataframes import frame_input, frame_kind, to_polars
 from tsconv.io.names import describe_repeats, repeated_names
 from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.pipeline.spec import as_pipeline, resolve
@@ -137,7 +138,7 @@ class Stream:
     def push(self, rows: Any, time: Any = None) -> Any:
         """The features [n, D] float32 of ``rows`` [n, F] (or [F]: one row), the next steps of the series."""
         is_torch = isinstance(rows, torch.Tensor)
-        if _is_frame(rows):
+        if frame_kind(rows) is not None:
             rows, frame_time = self._frame_rows(rows)
             if frame_time is not None:
                 if time is not None:
@@ -267,21 +268,7 @@ class Stream:
         position), and its 'time' column's stamps (None without one)."""
         import polars as pl
 
-        from tsconv.io.frames import frame_input
-
-        root = type(frame).__module__.split(".")[0]
-        if root == "pandas":
-            if type(frame).__name__ == "Series":
-                frame = frame.to_frame().T  # one row, its index the columns' names
-            if frame.columns.has_duplicates:
-                repeats = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
-                raise ShapeError(
-                    f"push(): the frame's column names repeat: {', '.join(repeats[:5])}",
-                    hint="a frame's columns are read by name: give each column its own name.",
-                )
-            frame = pl.from_pandas(frame.rename(columns=str))  # its index is not a column
-        elif root == "pyarrow":
-            frame = pl.from_arrow(frame)
+        frame = to_polars(frame, "push()")
         if isinstance(frame, pl.LazyFrame):
             frame = frame.collect()
         names = self._names
@@ -401,20 +388,6 @@ class Stream:
                 hint="push rows in time order, one row per timestamp; nothing of this push was taken.",
             )
         return t[-1]
-
-
-_FRAMES = {
-    "polars": ("DataFrame", "LazyFrame"),
-    "pandas": ("DataFrame", "Series"),
-    "pyarrow": ("Table", "RecordBatch"),
-}
-
-
-def _is_frame(rows: Any) -> bool:
-    """A polars, pandas or pyarrow frame, or a pandas Series (one row, as ``df.iloc[i]`` gives it): read by
-    its columns' (the Series' index's) names. By type name: an attribute lookup resolves a LazyFrame."""
-    root = type(rows).__module__.split(".")[0]
-    return type(rows).__name__ in _FRAMES.get(root, ())
 
 
 def _feature_names(features: int | Sequence[str]) -> tuple[str, ...]:

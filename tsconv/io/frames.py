@@ -3,8 +3,7 @@
 - :func:`open_store` returns a :class:`StoreInfo` (rows, features, dtype, chunks, time span).
 - :func:`iter_chunks` yields the store in row chunks as polars DataFrames, Arrow record batches or
   :class:`ArrayChunk` (numpy), optionally each with ``halo`` rows of history before it.
-- :func:`frame_input` and :func:`frame_output` are what :func:`tsconv.features` needs of a polars DataFrame
-  or LazyFrame: its feature columns as a run's source, and the result frame.
+- In-memory frames as a run's input and result (:func:`tsconv.features`): :mod:`tsconv.io.dataframes`.
 
 What is and is not zero-copy (the store is row-major [T, F], the one unavoidable step is decoding
 the store's chunks):
@@ -37,19 +36,14 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import ShapeError, StoreError, TsconvError
-from tsconv.io.contracts import HostSource
-from tsconv.io.precision import exact_in_float32
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.store import InputStore, open_input
 from tsconv.io.transpose import transpose_into
 
 __all__ = [
     "ArrayChunk",
-    "FrameColumns",
     "HALO_COLUMN",
     "StoreInfo",
-    "frame_input",
-    "frame_output",
     "iter_chunks",
     "open_store",
 ]
@@ -269,98 +263,3 @@ def _frame(names: tuple[str, ...], cols: np.ndarray, t: np.ndarray | None, a: in
     import polars as pl
 
     return pl.from_arrow(batch, rechunk=False)
-
-
-# ---------------------------------------------------------------------------------- research API
-
-
-class FrameColumns(HostSource):
-    """A polars frame's feature columns (as 1-D numpy arrays) as a run's source and its own reader: each
-    read stacks the rows of one chunk into a [rows, F] block, float32, or float64 where a column's dtype does not
-    fit float32 exactly (as a float64 array is read)."""
-
-    where = "the frame"
-
-    def __init__(self, columns: list[np.ndarray], *, band_rows: int = 65536) -> None:
-        self.columns = columns
-        self.rows = int(columns[0].shape[0])
-        self.n_features = len(columns)
-        self.band_rows = band_rows
-        exact = all(exact_in_float32(c.dtype) for c in columns)
-        self.dtype = np.dtype(np.float32 if exact else np.float64)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        out = np.empty((stop - start, self.n_features), dtype=self.dtype)
-        for j, c in enumerate(self.columns):
-            out[:, j] = c[start:stop]
-        return out
-
-
-def _is_numeric(dtype: Any) -> bool:
-    return dtype.is_numeric() and not dtype.is_decimal()
-
-
-def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: str = "features()") -> tuple[tuple[str, ...], FrameColumns, Any]:  # fmt: skip
-    """A polars DataFrame or LazyFrame as (feature names, their columns as a source, the time Series or
-    None): for :func:`tsconv.features` on frames.
-
-    The column ``time_column`` (if present; ``None``: no time column) is carried to the output unchanged and
-    must be strictly increasing without nulls; every other column is a feature (its name is the pipeline's
-    input name) and must be numeric. Nulls count as missing values (NaN). A LazyFrame is collected first.
-    ``caller`` begins the errors.
-    """
-    import polars as pl
-
-    if isinstance(frame, pl.LazyFrame):
-        frame = frame.collect()
-    if not isinstance(frame, pl.DataFrame):
-        raise ShapeError(f"expected a polars DataFrame or LazyFrame, got {type(frame).__name__}")
-    time = None
-    if time_column is not None and time_column in frame.columns:
-        time = frame.get_column(time_column)
-        _check_frame_time(time, caller)
-    feats = frame.drop(time_column) if time is not None else frame
-    bad = [f"{n} ({d})" for n, d in feats.schema.items() if not _is_numeric(d)]
-    if bad:
-        shown = ", ".join(bad[:5]) + (f", ... ({len(bad)} in all)" if len(bad) > 5 else "")
-        raise ShapeError(
-            f"{caller}: every column but the time column must be numeric; not numeric: {shown}",
-            hint="select the feature columns first, e.g. frame.select('time', pl.col(pl.Float32, pl.Float64)),"
-            " or name the time column with time_column=...",
-        )
-    if feats.width == 0:
-        raise ShapeError(f"{caller}: the frame has no feature columns")
-    # zero-copy for floats without nulls; numpy has no 128-bit integers: those are read as float64, as int64s are
-    wide = (pl.Int128, pl.UInt128)
-    columns = [(s.cast(pl.Float64) if s.dtype in wide else s).to_numpy() for s in feats.get_columns()]
-    return tuple(feats.columns), FrameColumns(columns, band_rows=band_rows), time
-
-
-def frame_output(names: tuple[str, ...], values: np.ndarray, time: Any) -> Any:
-    """The result frame: the time Series (if any), then one float32 column per output from the
-    feature-major ``values`` [D, T]."""
-    import polars as pl
-
-    result = pl.DataFrame([pl.Series(n, values[j]) for j, n in enumerate(names)])
-    return result.insert_column(0, time) if time is not None else result
-
-
-def _check_frame_time(time: Any, caller: str) -> None:
-    import polars as pl
-
-    name = time.name
-    if not (time.dtype.is_temporal() or time.dtype.is_integer()) or time.dtype == pl.Time:
-        raise ShapeError(
-            f"{caller}: the time column {name!r} has dtype {time.dtype}, expected a datetime or integer",
-            hint="pass time_column=None to treat every column as a feature, or name another time column.",
-        )
-    if time.null_count():
-        raise ShapeError(f"{caller}: the time column {name!r} has {time.null_count()} nulls")
-    if time.len() > 1:
-        d = time.to_physical().diff().slice(1)
-        if (d <= 0).any():
-            row = int(d.le(0).arg_true()[0]) + 1
-            raise ShapeError(
-                f"{caller}: the time column {name!r} is not strictly increasing at row {row}",
-                hint="sort the frame by time and drop duplicate timestamps (frame.sort(...).unique(...)).",
-            )

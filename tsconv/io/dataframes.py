@@ -1,0 +1,146 @@
+"""In-memory frames (polars, pandas, pyarrow) as a run's input and its result: what :func:`tsconv.features`
+and :meth:`tsconv.Stream.push` need of a frame. Imports none of those libraries until a frame arrives, nor zarr.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tsconv.errors import ShapeError
+from tsconv.io.contracts import HostSource
+from tsconv.io.precision import exact_in_float32
+
+__all__ = ["FrameColumns", "frame_input", "frame_kind", "frame_output", "to_polars"]
+
+
+class FrameColumns(HostSource):
+    """A polars frame's feature columns (as 1-D numpy arrays) as a run's source and its own reader: each
+    read stacks the rows of one chunk into a [rows, F] block, float32, or float64 where a column's dtype does not
+    fit float32 exactly (as a float64 array is read)."""
+
+    where = "the frame"
+
+    def __init__(self, columns: list[np.ndarray], *, band_rows: int = 65536) -> None:
+        self.columns = columns
+        self.rows = int(columns[0].shape[0])
+        self.n_features = len(columns)
+        self.band_rows = band_rows
+        exact = all(exact_in_float32(c.dtype) for c in columns)
+        self.dtype = np.dtype(np.float32 if exact else np.float64)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((stop - start, self.n_features), dtype=self.dtype)
+        for j, c in enumerate(self.columns):
+            out[:, j] = c[start:stop]
+        return out
+
+
+_FRAMES = {
+    "polars": ("DataFrame", "LazyFrame"),
+    "pandas": ("DataFrame", "Series"),
+    "pyarrow": ("Table", "RecordBatch"),
+}
+
+
+def frame_kind(x: Any) -> str | None:
+    """ "polars", "pandas" or "pyarrow" for a frame read by its columns' names (a pandas Series too: one row,
+    as ``df.iloc[i]`` gives it, named by its index), else None. By type name, so that none of those libraries
+    is imported to ask."""
+    root = type(x).__module__.split(".")[0]
+    return root if type(x).__name__ in _FRAMES.get(root, ()) else None
+
+
+def to_polars(frame: Any, caller: str) -> Any:
+    """A polars DataFrame or LazyFrame of a polars, pandas or pyarrow frame (a pandas Series: one row). A
+    pandas frame's index is not a column, and its columns are named by their ``str``; repeated names are
+    refused (a frame's columns are read by name). ``caller`` begins the errors."""
+    import polars as pl
+
+    kind = frame_kind(frame)
+    if kind == "pandas":
+        if type(frame).__name__ == "Series":
+            frame = frame.to_frame().T  # one row, its index the columns' names
+        if frame.columns.has_duplicates:
+            repeats = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+            raise ShapeError(
+                f"{caller}: the frame's column names repeat: {', '.join(repeats[:5])}",
+                hint="a frame's columns are read by name: give each column its own name.",
+            )
+        return pl.from_pandas(frame.rename(columns=str))
+    if kind == "pyarrow":
+        return pl.from_arrow(frame)
+    if kind == "polars":
+        return frame
+    raise ShapeError(f"{caller}: expected a polars, pandas or pyarrow frame, got {type(frame).__name__}")
+
+
+def _is_numeric(dtype: Any) -> bool:
+    return dtype.is_numeric() and not dtype.is_decimal()
+
+
+def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: str = "features()") -> tuple[tuple[str, ...], FrameColumns, Any]:  # fmt: skip
+    """A polars DataFrame or LazyFrame as (feature names, their columns as a source, the time Series or
+    None): for :func:`tsconv.features` on frames.
+
+    The column ``time_column`` (if present; ``None``: no time column) is carried to the output unchanged and
+    must be strictly increasing without nulls; every other column is a feature (its name is the pipeline's
+    input name) and must be numeric. Nulls count as missing values (NaN). A LazyFrame is collected first.
+    ``caller`` begins the errors.
+    """
+    import polars as pl
+
+    if isinstance(frame, pl.LazyFrame):
+        frame = frame.collect()
+    if not isinstance(frame, pl.DataFrame):
+        raise ShapeError(f"expected a polars DataFrame or LazyFrame, got {type(frame).__name__}")
+    time = None
+    if time_column is not None and time_column in frame.columns:
+        time = frame.get_column(time_column)
+        _check_frame_time(time, caller)
+    feats = frame.drop(time_column) if time is not None else frame
+    bad = [f"{n} ({d})" for n, d in feats.schema.items() if not _is_numeric(d)]
+    if bad:
+        shown = ", ".join(bad[:5]) + (f", ... ({len(bad)} in all)" if len(bad) > 5 else "")
+        raise ShapeError(
+            f"{caller}: every column but the time column must be numeric; not numeric: {shown}",
+            hint="select the feature columns first, e.g. frame.select('time', pl.col(pl.Float32, pl.Float64)),"
+            " or name the time column with time_column=...",
+        )
+    if feats.width == 0:
+        raise ShapeError(f"{caller}: the frame has no feature columns")
+    # zero-copy for floats without nulls; numpy has no 128-bit integers: those are read as float64, as int64s are
+    wide = (pl.Int128, pl.UInt128)
+    columns = [(s.cast(pl.Float64) if s.dtype in wide else s).to_numpy() for s in feats.get_columns()]
+    return tuple(feats.columns), FrameColumns(columns, band_rows=band_rows), time
+
+
+def frame_output(names: tuple[str, ...], values: np.ndarray, time: Any) -> Any:
+    """The result frame: the time Series (if any), then one float32 column per output from the
+    feature-major ``values`` [D, T]."""
+    import polars as pl
+
+    result = pl.DataFrame([pl.Series(n, values[j]) for j, n in enumerate(names)])
+    return result.insert_column(0, time) if time is not None else result
+
+
+def _check_frame_time(time: Any, caller: str) -> None:
+    import polars as pl
+
+    name = time.name
+    if not (time.dtype.is_temporal() or time.dtype.is_integer()) or time.dtype == pl.Time:
+        raise ShapeError(
+            f"{caller}: the time column {name!r} has dtype {time.dtype}, expected a datetime or integer",
+            hint="pass time_column=None to treat every column as a feature, or name another time column.",
+        )
+    if time.null_count():
+        raise ShapeError(f"{caller}: the time column {name!r} has {time.null_count()} nulls")
+    if time.len() > 1:
+        d = time.to_physical().diff().slice(1)
+        if (d <= 0).any():
+            row = int(d.le(0).arg_true()[0]) + 1
+            raise ShapeError(
+                f"{caller}: the time column {name!r} is not strictly increasing at row {row}",
+                hint="sort the frame by time and drop duplicate timestamps (frame.sort(...).unique(...)).",
+            )
