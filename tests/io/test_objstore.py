@@ -211,6 +211,28 @@ def test_an_output_url_inside_the_store_of_an_input_array_url_is_refused(series)
     )  # the scheme given is kept (fingerprints hold it)
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_an_input_url_is_read_from_its_arrays_own_metadata_not_a_stale_consolidated_copy(series, zarr_format):
+    # rows appended with zarr (resize, write) after consolidating: a URL input read 200 of 300 rows, silently
+    base = f"memory://tsconv-{uuid.uuid4().hex[:8]}/in.zarr"
+    g = zarr.open_group(base, mode="w", zarr_format=zarr_format)
+    g.create_array("values", data=series[:200], chunks=(64, 4))
+    g.attrs["features"] = ["a", "b", "c", "d"]
+    zarr.consolidate_metadata(base)
+    g = zarr.open_group(base, mode="r+", use_consolidated=False)
+    g["values"].resize((300, 4))
+    g["values"][200:] = series[200:300]
+    renamed = ["w", "x", "y", "z"] if zarr_format == 2 else ["a", "b", "c", "d"]
+    if zarr_format == 2:  # (format 3's group metadata, rewritten, drops its consolidated copy)
+        g.attrs["features"] = renamed
+    got, names = tsconv.features(series[:300], PIPE, device="cpu", names=renamed, return_names=True)
+    out = f"memory://tsconv-{uuid.uuid4().hex[:8]}/out.zarr"
+    tsconv.process(base, out, pipeline=PIPE, device="cpu")
+    o = zarr.open_group(out, mode="r")
+    assert o["values"].shape[0] == 300 and tuple(o.attrs["features"]) == names
+    np.testing.assert_array_equal(o["values"][:], got)
+
+
 def test_object_lock_refuses_a_live_lock_and_takes_over_a_stale_one(prefix):
     out = StoreURL.parse(f"{prefix}/out.zarr")
     with ObjectLock(out, run_id="first", ttl=30):

@@ -269,12 +269,13 @@ def refuse_inside(file: Path, stores: list[tuple[str, Any]], *, flag: str) -> No
 
 
 def open_zarr(loc: Path | StoreURL, *, mode: str = "r") -> Any:
-    """``zarr.open`` of the node at a local path or URL."""
+    """``zarr.open`` of the node at a local path or URL; a group from its arrays' own metadata, not a
+    consolidated copy (rows appended by zarr without consolidating again would stay unseen)."""
     import zarr
 
     if isinstance(loc, StoreURL):
-        return zarr.open(store=loc.zarr_store(read_only=mode == "r"), mode=mode)
-    return zarr.open(str(loc), mode=mode)
+        return zarr.open(store=loc.zarr_store(read_only=mode == "r"), mode=mode, use_consolidated=False)
+    return zarr.open(str(loc), mode=mode, use_consolidated=False)
 
 
 def open_group(loc: Path | StoreURL, *, mode: str, use_consolidated: bool | None = None) -> Any:
