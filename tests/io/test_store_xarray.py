@@ -141,6 +141,26 @@ def test_several_data_variables_are_refused_listing_them(tmp_path: Path) -> None
     assert tsconv.open_input(one).values.basename == "bid"
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_values_variable_with_time_second_is_refused_not_read_transposed(
+    tmp_path: Path, zarr_format: int
+) -> None:
+    # 8 steps of 8 symbols, (symbol, time): read as [T, F] it was the transpose, silently
+    times = pd.date_range("2026-01-02", periods=8, freq="min")
+    x = price_series(8, 8, seed=4)
+    names = [f"s{j}" for j in range(8)]
+    ds = xr.Dataset({"values": (("symbol", "time"), x.T)}, coords={"symbol": names, "time": times})
+    ds.attrs["features"] = names
+    src = _write(ds, tmp_path / "in.zarr", zarr_format=zarr_format)
+    with pytest.raises(
+        StoreError, match=r"'values' has dimensions \('symbol', 'time'\): time is its second"
+    ) as err:
+        tsconv.open_input(src)
+    assert "ds.transpose('time', 'symbol')" in err.value.hint
+    ok = _write(ds.transpose("time", "symbol"), tmp_path / "ok.zarr", zarr_format=zarr_format)
+    np.testing.assert_array_equal(tsconv.open_input(ok).values[:], x)
+
+
 def test_repeated_coordinate_names_and_packed_values_are_refused(tmp_path: Path) -> None:
     times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
     src = _write(_dataset(times, names=["a", "b", "a"])[0], tmp_path / "dup.zarr", zarr_format=3)

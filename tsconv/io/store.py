@@ -320,9 +320,8 @@ def _dims(array: zarr.Array) -> tuple[str, ...] | None:
 
 
 def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
-    """The values array: ``values``, else the one 2-D data variable along the time dimension."""
-    if "values" in arrays:
-        return "values"
+    """The values array: ``values``, else the one 2-D data variable along the time dimension; refused where
+    its dimension names put time second (a feature-major array read as [T, F] is transposed data)."""
     dims = {k: _dims(a) for k, a in arrays.items()}
     coords = {d for ds in dims.values() if ds for d in ds}  # arrays named after a dimension (xarray)
     for a in arrays.values():  # and the other coordinates, which xarray lists in this CF attribute
@@ -333,6 +332,15 @@ def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
         time_dims = {(dims["time"] or ("time",))[0]}
     else:  # the dimensions whose coordinate holds instants, if any
         time_dims = {d for d in coords if d in arrays and arrays[d].ndim == 1 and _holds_instants(arrays[d])}
+    if "values" in arrays:
+        d = dims["values"]
+        if d is not None and len(d) == 2 and time_dims and d[0] not in time_dims and d[1] in time_dims:
+            raise StoreError(
+                f"{where}: 'values' has dimensions {d}: time is its second dimension, and tsconv reads "
+                "[time, feature] arrays",
+                hint=f"write it time-major, e.g. ds.transpose({d[1]!r}, {d[0]!r}).to_zarr(...).",
+            )
+        return "values"
     candidates = []
     for k, a in sorted(arrays.items()):
         if a.ndim != 2 or k in coords:
