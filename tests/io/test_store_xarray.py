@@ -117,6 +117,23 @@ def test_a_missing_time_is_refused_naming_its_row(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="the time of row 417 is missing"):
         tsconv.process(src, tmp_path / "out.zarr", pipeline=PIPE, device="cpu")
     assert not (tmp_path / "out.zarr").exists()
+    v2 = _write(
+        _dataset(times)[0], tmp_path / "v2.zarr", zarr_format=2
+    )  # xarray's _FillValue: the fill value
+    with pytest.raises(StoreError, match="the time of row 417 is missing"):
+        tsconv.process(v2, tmp_path / "out.zarr", pipeline=PIPE, device="cpu")
+
+
+def test_a_plain_zarr_2_time_may_hold_zarrs_default_fill_value(tmp_path: Path) -> None:
+    # "days since" the first day holds 0 at row 0, zarr 2's default fill value: it was refused as missing
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w", zarr_format=2)
+    g.create_array("values", data=price_series(50, 2, seed=5))
+    t = g.create_array("time", data=np.arange(50, dtype="int64"))
+    t.attrs.update({"units": "days since 2026-01-02", "calendar": "standard"})
+    assert t.metadata.fill_value == 0
+    tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", pipeline=PIPE, device="cpu")
+    got = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")["time"][:]
+    np.testing.assert_array_equal(got, _ns(pd.date_range("2026-01-02", periods=50, freq="D")))
 
 
 def test_a_calendar_other_than_gregorian_is_refused(tmp_path: Path) -> None:

@@ -228,15 +228,16 @@ def _parse_units(units: str, where: str) -> tuple[str, int]:
 
 
 def _missing_values(array: Any, attrs: dict[str, Any], dt: np.dtype) -> tuple[int | float, ...]:
-    """The stored values meaning "missing": ``_FillValue`` / ``missing_value`` attributes, and in zarr
-    format 2 the array's fill value (where xarray puts ``_FillValue``; in format 3 the array's fill value
-    is only zarr's default for unwritten chunks)."""
+    """The stored values meaning "missing": ``_FillValue`` / ``missing_value`` attributes, and in an array
+    xarray wrote in zarr format 2 (``_ARRAY_DIMENSIONS``) the array's fill value, where xarray puts
+    ``_FillValue``. Elsewhere the fill value is only zarr's default for unwritten chunks: 0 in format 2, which
+    a plain zarr store's "days since its first day" time holds at row 0."""
     found: list[Any] = []
     for key in ("_FillValue", "missing_value"):
         v = attrs.get(key)
         found.extend(v if isinstance(v, list) else [v])
     meta = getattr(array, "metadata", None)
-    if getattr(meta, "zarr_format", None) == 2:
+    if getattr(meta, "zarr_format", None) == 2 and "_ARRAY_DIMENSIONS" in attrs:
         found.append(getattr(meta, "fill_value", None))
     out: list[int | float] = []
     for v in found:
