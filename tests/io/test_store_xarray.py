@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import tsconv
 from tsconv.cli import main
-from tsconv.errors import StoreError
+from tsconv.errors import ShapeError, StoreError
 
 from ..helpers import price_series
 
@@ -252,3 +252,24 @@ def test_ingest_does_not_append_to_an_xarray_store(tmp_path: Path) -> None:
     pl.DataFrame({"time": [later], "feature": ["s0"], "value": [1.0]}).write_parquet(tmp_path / "new.parquet")
     with pytest.raises(StoreError, match="not in tsconv's own layout .*seconds since 2026-01-02"):
         ingest(tmp_path / "new.parquet", src, append=True)
+
+
+def test_features_of_a_dataarray_in_either_order_names_by_its_coordinate() -> None:
+    # a (symbol, time) DataArray went through np.asarray: 3 symbols read as 3 steps, names f0...
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="min")
+    ds, x = _dataset(times, dims=("time", "symbol"))
+    da = ds["values"]
+    want, names = tsconv.features(x, PIPE, names=["s0", "s1", "s2"], device="cpu", return_names=True)
+    for arr in (da, da.T):
+        got = tsconv.features(arr, PIPE, device="cpu")
+        assert isinstance(got, xr.DataArray) and got.dims == ("time", "output")
+        assert tuple(got["output"].values) == names and (got["time"].values == times.values).all()
+        np.testing.assert_array_equal(got.values, want)
+    bare = xr.DataArray(x.T, dims=("sym", "t"))  # no coordinates: the first dimension is time
+    assert tsconv.features(bare, PIPE, device="cpu").shape == (FEATURES, 2 * ROWS)
+    with pytest.raises(ShapeError, match="time coordinate is not strictly increasing"):
+        tsconv.features(da.isel(time=slice(None, None, -1)), PIPE, device="cpu")
+    with pytest.raises(ShapeError, match="one xarray DataArray"):
+        tsconv.features(ds, PIPE, device="cpu")
+    with pytest.raises(ShapeError, match="named by its 'symbol' coordinate"):
+        tsconv.features(da, PIPE, device="cpu", names=["a", "b", "c"])

@@ -55,7 +55,8 @@ def features(
     (polars DataFrame or LazyFrame: a polars DataFrame; pandas DataFrame: a pandas DataFrame with the same
     index; pyarrow Table or RecordBatch: a Table): its columns are read by name, its ``time_column`` (if
     present) is carried over and the other columns, all numeric, are the named features (see
-    :func:`tsconv.io.dataframes.frame_input`). ``transfer`` and ``gpu_mem`` are the CUDA engine's, as in
+    :func:`tsconv.io.dataframes.frame_input`). An xarray DataArray of two dimensions, in either order, gives
+    a DataArray [time, output] (see :func:`_dataarray_features`). ``transfer`` and ``gpu_mem`` are the CUDA engine's, as in
     :func:`process`.
 
     ``names`` names an array's input features (default f0, f1, ...). ``return_names=True`` returns
@@ -72,6 +73,11 @@ def features(
     dev = resolve_device(device)
     if not batched_on(dev):
         refuse({"transfer": transfer, "gpu_mem": gpu_mem}, f"a run on the CPU (device={device!r})")
+    if type(x).__module__.split(".")[0] == "xarray":
+        return _dataarray_features(
+            x, pipeline, names=names, warmup=warmup, chunk=chunk, device=device, time_column=time_column,
+            transfer=transfer, gpu_mem=gpu_mem, return_names=return_names, out=out,
+        )  # fmt: skip
     kind = frame_kind(x)
     if kind == "pandas" and type(x).__name__ == "Series":
         kind = None  # one series: an array of one feature, as numpy gives it
@@ -168,23 +174,68 @@ def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: to
     run(rp, source, plan, sink)
 
 
+def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_column: str | None, out: Any, return_names: bool, **options: Any) -> Any:  # fmt: skip
+    """:func:`features` of an xarray DataArray [time, feature] in either order: a DataArray [time, output].
+
+    The time dimension is ``time_column``'s, else the one dimension whose coordinate holds datetimes, else
+    the first (an array's convention); the other dimension's coordinate names the features. Its time
+    coordinate, which the result keeps, must be strictly increasing."""
+    import xarray as xr
+
+    if not isinstance(da, xr.DataArray):
+        raise ShapeError(
+            f"features() takes one xarray DataArray [time, feature], got {type(da).__name__}",
+            hint="pass one variable, e.g. ds['px'], or ds.to_dataarray('feature') to stack several.",
+        )
+    if out is not None:
+        raise ShapeError("out= is for arrays and tensors; a DataArray's result is a new DataArray")
+    if da.ndim != 2:
+        raise ShapeError(
+            f"expected a 2-D DataArray [time, feature], got dimensions {da.dims}",
+            hint="select or stack to two dimensions, time and feature.",
+        )
+    dims = tuple(str(d) for d in da.dims)
+    dated = [d for d in dims if d in da.coords and np.issubdtype(da.coords[d].dtype, np.datetime64)]
+    tdim = time_column if time_column in dims else dated[0] if len(dated) == 1 else dims[0]
+    fdim = dims[1] if tdim == dims[0] else dims[0]
+    da = da.transpose(tdim, fdim)
+    if fdim in da.coords:
+        if names is not None:
+            raise ShapeError(
+                f"names= is for arrays; this DataArray's features are named by its {fdim!r} coordinate"
+            )
+        names = [str(v) for v in da.coords[fdim].values]
+    if tdim in da.indexes:
+        _check_index(da.indexes[tdim], "the DataArray's time coordinate")
+    result, out_names = features(np.asarray(da.values), pipeline, names=names, return_names=True, **options)
+    coords = {"output": list(out_names)}
+    if tdim in da.coords:
+        coords[tdim] = da.coords[tdim].values
+    frame = xr.DataArray(result, dims=(tdim, "output"), coords=coords, name=da.name)
+    return (frame, out_names) if return_names else frame
+
+
 def _pandas_index(frame: Any) -> Any:
-    """A pandas frame's index, which its result keeps; a datetime or numeric index other than the default
-    range must be strictly increasing, as a time column must (the rows are time steps, taken in order)."""
+    """A pandas frame's index, which its result keeps, checked (:func:`_check_index`)."""
+    _check_index(frame.index, "the frame's index")
+    return frame.index
+
+
+def _check_index(index: Any, what: str) -> None:
+    """A datetime or numeric index other than the default range must be strictly increasing, as a time
+    column must: the rows are time steps, taken in order."""
     import pandas as pd
 
-    index = frame.index
     if isinstance(index, pd.RangeIndex) or not (
         pd.api.types.is_datetime64_any_dtype(index.dtype) or pd.api.types.is_numeric_dtype(index.dtype)
     ):
-        return index
+        return
     if index.hasnans or not (index.is_monotonic_increasing and index.is_unique):
         raise ShapeError(
-            "features(): the frame's index is not strictly increasing (its rows are taken as time steps, in order)",
-            hint="sort the frame by its index and drop repeated timestamps (frame.sort_index() and "
-            "frame[~frame.index.duplicated(keep='last')]).",
+            f"features(): {what} is not strictly increasing (its rows are taken as time steps, in order)",
+            hint="sort by time and drop repeated timestamps (pandas: frame.sort_index() and "
+            "frame[~frame.index.duplicated(keep='last')]; xarray: da.sortby('time').drop_duplicates('time')).",
         )
-    return index
 
 
 def _plan_for(pipeline: PipelineLike, names: tuple[str, ...], rows: int, warmup: str, what: str) -> ResolvedPipeline:  # fmt: skip
