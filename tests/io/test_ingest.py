@@ -282,6 +282,18 @@ def test_iso_times_past_int64_nanoseconds_are_refused_not_wrapped(tmp_path: Path
     assert not (tmp_path / "out.zarr").exists()
 
 
+@pytest.mark.parametrize("dtype", [pl.Datetime("us"), pl.Datetime("ms", "UTC"), pl.Date])
+def test_datetime_and_date_columns_past_int64_nanoseconds_name_the_time(tmp_path: Path, dtype) -> None:  # noqa: ANN001
+    # "cannot parse some times", with no hint and no time named
+    import datetime as dt
+
+    t = pl.Series([dt.datetime(2026, 1, 1), dt.datetime(2300, 1, 1)]).cast(dtype)
+    write(pl.DataFrame({"time": t, "feature": ["a", "a"], "value": [1.0, 2.0]}), tmp_path / "a.parquet")
+    with pytest.raises(StoreError, match=r"time .*2300.* lies outside what int64 nanoseconds"):
+        ingest(tmp_path / "a.parquet", tmp_path / "out.zarr")
+    assert not (tmp_path / "out.zarr").exists()
+
+
 @pytest.mark.parametrize(("unit", "scale"), [("s", SEC), ("ms", 1_000_000), ("us", 1_000), ("ns", 1)])
 def test_integer_times_with_time_unit(tmp_path: Path, unit: str, scale: int) -> None:
     base = T0 // SEC

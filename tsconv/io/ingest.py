@@ -412,14 +412,17 @@ class _Source:
                     hint="pass the unit they count with --time-unit s|ms|us|ns.",
                 )
         try:
-            if (
-                self.time_dtype == pl.String
-            ):  # parsed to ns, a date past 2262 wraps around silently: checked in us
-                c = pl.col(self.time_column)
-                us = raw.lazy().select(
-                    c, c.str.to_datetime(time_unit="us", time_zone="UTC").dt.epoch("us").alias(_T)
-                )
-                us = us.collect()
+            # in ns, a string or date past 2262 wraps around silently, and a datetime column's cast gives null:
+            # checked in us, naming the time
+            c = pl.col(self.time_column)
+            if self.time_dtype == pl.String:
+                as_us = c.str.to_datetime(time_unit="us", time_zone="UTC").dt.epoch("us")
+            elif self.time_dtype in (pl.Datetime, pl.Date):
+                as_us = c.dt.epoch("us")
+            else:
+                as_us = None
+            if as_us is not None:
+                us = raw.lazy().select(c, as_us.alias(_T)).collect()
                 lim = np.iinfo(np.int64).max // 1000
                 out = us.filter((pl.col(_T) > lim) | (pl.col(_T) < -lim))
                 if out.height:
