@@ -117,3 +117,17 @@ def test_an_input_changed_during_the_run_leaves_the_old_file(
         "in.zarr",
         "out.parquet",
     ]
+
+
+def test_a_link_to_nothing_at_the_output_is_replaced_only_with_overwrite(tmp_path: Path) -> None:
+    # the finished file is renamed onto the name, replacing a link there: one to nothing was replaced silently
+    from tsconv.errors import OutputExistsError
+
+    src = write_store(tmp_path / "in.zarr", price_series(ROWS, 2, seed=6), chunks=(256, 2))
+    out = tmp_path / "out.parquet"
+    out.symlink_to(tmp_path / "nowhere" / "f.parquet")
+    with pytest.raises(OutputExistsError, match="a symbolic link") as err:
+        tsconv.process(src, out, pipeline=PIPE, device="cpu")
+    assert "--overwrite" in err.value.hint and out.is_symlink()
+    tsconv.process(src, out, pipeline=PIPE, device="cpu", overwrite=True)
+    assert out.is_file() and not out.is_symlink() and pq.read_table(out).num_rows == ROWS

@@ -583,7 +583,11 @@ def to_parquet(
     source = StoreSource(store)
     # Checked before the lock file is made beside ``out`` (never inside the input), and again holding it.
     resolved = out.resolve() if isinstance(out, Path) else out
-    check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False)
+    # The name the finished file is renamed onto (a symlink there is replaced, not followed) is what the
+    # lock and the temporary files belong to.
+    target = out.parent.resolve() / out.name if isinstance(out, Path) else out
+    named = target if isinstance(target, Path) else None
+    check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False, name=named)
     refuse_time_range(plan, "Parquet output")
     rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
     check_time(store)
@@ -593,12 +597,9 @@ def to_parquet(
             hint="rename that output, or write a .zarr output.",
         )
     run_id = uuid.uuid4().hex
-    # The name the finished file is renamed onto (a symlink there is replaced, not followed) is what the
-    # lock and the temporary files belong to.
-    target = out.parent.resolve() / out.name if isinstance(out, Path) else out
     with output_lock(target, run_id=run_id):
         remove_stale_temp_files(target)
-        check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False)
+        check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False, name=named)
         digest = input_digest(store)  # the rows read must still be these when the file takes its name
         meta = {
             "source": str(store.path),

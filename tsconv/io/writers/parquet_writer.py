@@ -77,10 +77,11 @@ def remove_stale_temp_files(out: Path | StoreURL) -> list[Path]:
 
 
 def check_parquet_output(
-    out: Path | StoreURL, inp: Path | StoreURL, *, overwrite: bool, resume: bool
+    out: Path | StoreURL, inp: Path | StoreURL, *, overwrite: bool, resume: bool, name: Path | None = None
 ) -> None:
     """Refuse what a Parquet output cannot do: resume, lie inside the input, replace a directory, or replace
-    a file without ``overwrite``."""
+    a file without ``overwrite``. ``out`` is the output resolved; ``name``, the path the finished file is
+    renamed onto, where a symbolic link (even one to nothing) is replaced, not followed."""
     if resume:
         raise TsconvError(
             f"--resume is not supported for Parquet output ({out.name})",
@@ -116,6 +117,12 @@ def check_parquet_output(
     if (out.exists() or out.is_symlink()) and not overwrite:
         raise OutputExistsError(
             f"output file {str(out)!r} already exists", hint="pass --overwrite to replace it."
+        )
+    if name is not None and name.is_symlink() and not overwrite:
+        raise OutputExistsError(
+            f"output {str(name)!r} already exists: a symbolic link (to {os.readlink(name)!r}), which the file "
+            "would replace",
+            hint="pass --overwrite to replace the link, or name the file it points to.",
         )
 
 
