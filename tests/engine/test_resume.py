@@ -432,3 +432,22 @@ def test_the_digest_is_small_per_band_and_cheap(tmp_path: Path) -> None:
     grown = input_digest(tsconv.open_input(src))
     assert changed_bands(d, grown) == {"time": [], "values": []}
     assert len(grown["arrays"]["values"]["bands"]) == 6
+
+
+def test_an_update_of_an_interrupted_first_run_over_a_grown_input_says_where_its_rows_were_done(
+    tmp_path: Path, small_chunks: None
+) -> None:
+    # it said "updated from 4,000 rows", the size the killed run was started with
+    x = price_series(ROWS, FEATURES, seed=4)
+    src, out = _interrupted(tmp_path, x[:4000])
+    g = zarr.open_group(str(src), mode="r+")  # the input grows by 1,000 rows
+    g["values"].resize((ROWS, FEATURES))
+    g["values"][4000:] = x[4000:]
+    if "time" in g:
+        t = g["time"][:]
+        g["time"].resize((ROWS,))
+        g["time"][4000:] = t[-1] + (t[1] - t[0]) * np.arange(1, ROWS - 4000 + 1)
+    report = tsconv.process(src, out, chunk=CHUNK, update=True)
+    assert report.updated_from == DONE and report.resumed_from == DONE
+    want = tsconv.features(x, "default", chunk=CHUNK)
+    np.testing.assert_array_equal(zarr.open_group(str(out), mode="r")["values"][:], want)

@@ -534,11 +534,12 @@ def _prepare_update(
         read_values=read,
         note=meta.get("input_digest"),
     )
+    # an interrupted run's output (a first run's or an update's) says "updated from" the rows it holds done,
+    # not the size it was started with or grown to
+    done = start if action == "resume" else recorded
     if rows == recorded:  # nothing new: finish an interrupted run, or nothing at all
         if action == "resume" and not _same_input(current, read_digest(out_path)):
             write_digest(out_path, current)
-        # an interrupted update's output says "updated from" the rows it holds done, not its grown size
-        done = start if action == "resume" else recorded
         return ("resume" if action == "resume" else "current"), start, start, rows, None, done
     if out_rows % chunk:
         # a store smaller than one output chunk, chunked by its rows: built again whole (it is small),
@@ -546,7 +547,7 @@ def _prepare_update(
         refuse_foreign(out_path, what="rebuild for --update (it is smaller than one output chunk)")
         check_time(store)
         discard_output(out_path)
-        return "replace", 0, 0, rows, current, recorded
+        return "replace", 0, 0, rows, current, done
     check_time(store, start=max(0, r0 + begin - 1), stop=r1)
     parts = [[a, min(b, begin)] for a, b in meta.get("partitions_done") or [] if a < begin]
     write_digest(out_path, current)  # what the rows to compute come from; the kept rows are unchanged
@@ -555,7 +556,7 @@ def _prepare_update(
         changes={"fingerprint": fingerprint, "input_rows": [r0, r1] if (r0, r1) != (0, store.rows) else None,
                  "partitions_done": parts or None},
     )  # fmt: skip
-    return "resume", begin, compute, rows, None, recorded
+    return "resume", begin, compute, rows, None, done
 
 
 def _read_json(root: Path | StoreURL, key: str) -> dict[str, Any]:
