@@ -755,6 +755,24 @@ def test_fingerprint_changes_with_a_weight_file(tmp_path: Path) -> None:
     assert strict_resolve(load_pipeline(tmp_path / "p.toml")).fingerprint() != first
 
 
+def test_fingerprint_tells_apart_weights_that_round_alike_but_sum_apart() -> None:
+    # the level term uses the tap sums of the weights as given: two files storing the same float16 values
+    # computed apart, and an update mixed their outputs under one fingerprint
+    w = np.full((2, 3, 2), 0.1)
+    nudged = w.copy()
+    nudged[0, 0, 0] = np.nextafter(np.float32(0.1), np.float32(1.0))  # float16 stores both as one value
+    assert np.array_equal(w.astype(np.float16), nudged.astype(np.float16))
+    first, second = _fp(weights=w), _fp(weights=nudged)
+    assert first != second
+    assert _fp(weights=w) == first  # deterministic
+    # weights float16 holds exactly keep the fingerprint they had (no tap-sum entry)
+    exact = np.full((2, 3, 2), 0.25)
+    run = resolve(pipeline_from_dict({"conv": [{"weights": exact}]}), NAMES3).as_run()
+    assert "tap_sums_sha256" not in run["stages"][0]
+    rounded = resolve(pipeline_from_dict({"conv": [{"weights": w}]}), NAMES3).as_run()
+    assert "tap_sums_sha256" in rounded["stages"][0]
+
+
 @pytest.mark.parametrize("again", ["ma:4", " ma:4", "ma:4 "])
 def test_a_filter_listed_twice_is_refused(again: str) -> None:
     # with a space it had passed, and two columns of one name made the output unreadable to tsconv itself

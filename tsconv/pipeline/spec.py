@@ -307,6 +307,15 @@ class ResolvedPipeline:
             for a in arrays
         }
 
+    def _given_sums(self, layer: Layer) -> dict[str, str]:
+        """The digest of a conv stage's tap sums of the weights as given, where rounding to the stored dtype
+        changed them: a centred stage's level term uses them, so two weight files that round alike but sum
+        apart compute apart (an update mixed their outputs). Absent where they agree (the stored weights say
+        it all; such stages' fingerprints are as before) and for banks (computed from their definitions)."""
+        if layer.structured or np.array_equal(layer.tap_sums, tap_sums(layer.weight)):
+            return {}
+        return {"tap_sums_sha256": hashlib.sha256(np.ascontiguousarray(layer.tap_sums).tobytes()).hexdigest()}
+
     def as_run(self) -> dict[str, Any]:
         """A JSON-able description of what ran, with content hashes of every weight array."""
 
@@ -329,6 +338,7 @@ class ResolvedPipeline:
                     "weight_dtype": layer.weight_dtype,
                     "weight_sha256": digest(layer.weight),
                     "bias_sha256": digest(layer.bias),
+                    **self._given_sums(layer),
                     # how a bank is computed: "filters-3" each filter from its definition with its own
                     # warm-up, means divided by their window exactly (filters-2 multiplied by 1 / W, which
                     # CUDA kernels rounded to float32; filters-1: a dense convolution padded to the longest
