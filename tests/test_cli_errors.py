@@ -357,6 +357,23 @@ def test_a_report_path_tsconv_must_not_or_cannot_write_is_refused_before_the_run
     assert snapshot(tmp_path) == before  # nothing written: no output, the input as it was
 
 
+@pytest.mark.parametrize("report", ["p.toml", "w.npy", "sub/../w.npy"])
+def test_a_report_over_the_pipelines_own_files_is_refused_before_the_run(tmp_path: Path, report: str) -> None:
+    # --report w.npy replaced the run's weight file with the JSON report; the next run failed on it
+    src = good_store(tmp_path)
+    (tmp_path / "sub").mkdir()
+    np.save(tmp_path / "w.npy", np.full((2, FEATURES, 3), 0.25, dtype=np.float32))
+    (tmp_path / "p.toml").write_text('[[conv]]\nweights = "w.npy"\n')
+    before = snapshot(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", tmp_path / "p.toml", "--report",
+                 tmp_path / report)  # fmt: skip
+    assert_refused(res, "a file the pipeline is read from")
+    assert snapshot(tmp_path) == before
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", tmp_path / "p.toml", "--report",
+                 tmp_path / "r.json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+
+
 def test_an_array_inside_a_store_gets_no_default_output_among_the_stores_files(tmp_path: Path) -> None:
     # -i in.zarr/values with no -o: the default output in.zarr/values.features.zarr would lie inside the store
     src = good_store(tmp_path)

@@ -160,15 +160,22 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
     return f
 
 
-def _check_report_path(report: Path, input_path: str, output: str | None, *, flag: str = "--report") -> None:
+def _check_report_path(report: Path, input_path: str, output: str | None, *, flag: str = "--report", pipeline: Any = None) -> None:  # fmt: skip
     """Refuse, before the run, a file path (``flag``'s) tsconv must not or cannot write: inside the input store
-    or the output (it would add to or replace their files), or in a folder that does not exist (click refuses
-    a folder itself)."""
+    or the output (it would add to or replace their files), the ``pipeline``'s file or a weight file it names,
+    or in a folder that does not exist (click refuses a folder itself)."""
     from tsconv.io.objstore import refuse_inside
+    from tsconv.pipeline.spec import pipeline_files
 
     target = report.resolve()
     stores = [("input store", input_path)] + ([("output", output)] if output is not None else [])
     refuse_inside(report, stores, flag=flag)
+    for f in pipeline_files(pipeline):
+        if f.exists() and f.resolve() == target:
+            raise TsconvError(
+                f"{flag} {str(report)!r} is a file the pipeline is read from ({str(f)!r}); refusing to write over it",
+                hint="write the file elsewhere.",
+            )
     if not target.parent.is_dir():
         raise TsconvError(
             f"{flag} {str(report)!r}: its folder {str(target.parent)!r} does not exist",
@@ -212,7 +219,7 @@ def _start_process(input_path: str, output: str | None, *, report_path: str | No
     if output is not None:
         output_format(output)  # a mistyped output is refused at once
     if report_path:
-        _check_report_path(Path(report_path), input_path, output)
+        _check_report_path(Path(report_path), input_path, output, pipeline=options.get("pipeline"))
     workers = options.get("workers")
     # An update or resume with device auto may be a few rows the CPU computes (tsconv.engine.run.small_for_cuda):
     # the threads would only compete with it (0.51 against 0.19 s after start-up for 23,200 rows on the H200

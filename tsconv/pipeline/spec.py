@@ -432,6 +432,25 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
     return pipeline_from_dict(data, base_dir=p.parent, origin=str(p), text=text, confine=True)
 
 
+def pipeline_files(pipeline: Any) -> tuple[Path, ...]:
+    """The files a pipeline given by path or built-in name is read from: its TOML file and the weight and bias
+    files its tables name, resolved as :func:`load_pipeline` resolves them (so that a command can refuse to
+    write over them before it runs); () for a dict, or a file that cannot be read (the run reports it)."""
+    if not isinstance(pipeline, str | os.PathLike) or not os.fspath(pipeline).strip():
+        return ()
+    try:
+        p = _builtin_or_path(pipeline)
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, PipelineError):
+        return ()
+    conv = data.get("conv")
+    tables = [*(conv if isinstance(conv, list) else []), data.get("head")]
+    named = [
+        t[k] for t in tables if isinstance(t, dict) for k in ("weights", "bias") if isinstance(t.get(k), str)
+    ]
+    return (p, *(Path(v) if Path(v).is_absolute() else p.parent / v for v in named if v and "\0" not in v))
+
+
 def builtin_pipelines() -> dict[str, Path]:
     """The built-in pipelines' files, by name (the file's stem), in name order."""
     return {p.stem: p for p in sorted(BUILTIN_DIR.glob("*.toml"))}
