@@ -271,6 +271,16 @@ def test_a_name_with_a_control_character_is_refused(where: str) -> None:
         pipeline_from_dict(pipe)
 
 
+@pytest.mark.parametrize(
+    ("key", "value"), [("name", "evil\x1b[31mRED\nfake line"), ("description", "a\x1bb")]
+)
+def test_a_pipeline_name_or_description_with_a_control_character_is_refused(key: str, value: str) -> None:
+    # written raw into a Markdown report: an escape and a forged line
+    with pytest.raises(PipelineError, match=f"'{key}' holds a control character"):
+        pipeline_from_dict({key: value, "conv": [{"filters": ["ma:4"]}]})
+    pipeline_from_dict({"description": "two\nlines\tand a tab", "conv": [{"filters": ["ma:4"]}]})
+
+
 def test_weight_keys_of_the_wrong_type_name_the_key(tmp_path: Path) -> None:
     save_file({"a": np.ones((2, 1, 2), dtype=np.float32)}, str(tmp_path / "w.safetensors"))
     for bad in (5, ["a"]):

@@ -556,9 +556,17 @@ def pipeline_from_dict(
     name = data.get("name", Path(origin).stem if origin not in ("<dict>", "default") else origin)
     if not isinstance(name, str):
         raise PipelineError(f"{where}: top level: 'name' must be a string, got {name!r}")
-    if not isinstance(data.get("description", ""), str):
+    description = data.get("description", "")
+    if not isinstance(description, str):
         raise PipelineError(
             f"{where}: top level: 'description' must be a string, got {data['description']!r}"
+        )
+    # both reach reports, output metadata and `tsconv pipelines` on a terminal (an escape forged a report's
+    # lines); a description may run over lines
+    if control_name([name, description.replace("\n", " ").replace("\t", " ")]) is not None:
+        what = "name" if control_name([name]) is not None else "description"
+        raise PipelineError(
+            f"{where}: top level: '{what}' holds a control character", hint="write it with printable text."
         )
     return Pipeline(name=name, stages=stages, head=head, origin=origin, text=text, preprocess=preprocess)
 
