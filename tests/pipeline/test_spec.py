@@ -18,6 +18,7 @@ from tsconv.errors import PipelineError, ShapeError, TsconvError, TsconvWarning
 from tsconv.pipeline.filters import bank_weights, parse_filter
 from tsconv.pipeline.spec import (
     DEFAULT_PIPELINE_TOML,
+    builtin_pipelines,
     default_pipeline,
     load_pipeline,
     pipeline_from_dict,
@@ -249,6 +250,20 @@ def test_weights_outside_the_pipeline_folder_are_refused(tmp_path: Path, case: s
     toml.write_text(f'[[conv]]\nweights = "w.npy"\n[head]\nweights = "{rel}"\n')
     with pytest.raises(PipelineError, match=r"\[head\]: weights file .* lies outside"):
         load_pipeline(toml)
+
+
+def test_a_link_to_a_pipeline_file_reads_the_weights_beside_the_file(tmp_path: Path) -> None:
+    # a link to the built-in dense_head said "weights file 'weights/dense_32x64x5.npy' does not exist"
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "run").mkdir()
+    np.save(tmp_path / "lib" / "w.npy", np.ones((2, 3, 2)))
+    (tmp_path / "lib" / "p.toml").write_text('[[conv]]\nweights = "w.npy"\n')
+    (tmp_path / "run" / "p.toml").symlink_to(tmp_path / "lib" / "p.toml")
+    p = load_pipeline(tmp_path / "run" / "p.toml")
+    assert p.stages[0].weight.shape == (2, 3, 2) and p.origin == str(tmp_path / "run" / "p.toml")
+    linked = tmp_path / "run" / "dense_head.toml"
+    linked.symlink_to(builtin_pipelines()["dense_head"])
+    assert load_pipeline(linked).head is not None
 
 
 def test_a_weight_file_in_a_symlink_loop_is_a_pipeline_error(tmp_path: Path) -> None:

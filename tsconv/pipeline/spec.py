@@ -429,7 +429,8 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
         raise PipelineError(f"{p}: not valid TOML: {exc}") from None
     except RecursionError:  # tomllib parses nested arrays and tables recursively
         raise PipelineError(f"{p}: its arrays or tables nest too deeply for a pipeline file") from None
-    return pipeline_from_dict(data, base_dir=p.parent, origin=str(p), text=text, confine=True)
+    # weight paths are relative to the file itself, not to a symbolic link naming it
+    return pipeline_from_dict(data, base_dir=p.resolve().parent, origin=str(p), text=text, confine=True)
 
 
 def pipeline_files(pipeline: Any) -> tuple[Path, ...]:
@@ -448,7 +449,8 @@ def pipeline_files(pipeline: Any) -> tuple[Path, ...]:
     named = [
         t[k] for t in tables if isinstance(t, dict) for k in ("weights", "bias") if isinstance(t.get(k), str)
     ]
-    return (p, *(Path(v) if Path(v).is_absolute() else p.parent / v for v in named if v and "\0" not in v))
+    base = p.resolve().parent
+    return (p, *(Path(v) if Path(v).is_absolute() else base / v for v in named if v and "\0" not in v))
 
 
 def builtin_pipelines() -> dict[str, Path]:
