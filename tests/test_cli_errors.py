@@ -1185,3 +1185,27 @@ def test_a_report_in_a_folder_that_cannot_be_written_is_refused_before_the_run(t
     )
     assert_refused(res, "cannot be written")
     assert not (tmp_path / "out.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        MemoryError("Unable to allocate 916. MiB for an array with shape (2000, 3, 20000) and data type float64"),
+        RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                     "you tried to allocate 960000000 bytes. Error code 12 (Cannot allocate memory)"),
+    ],
+)  # fmt: skip
+def test_running_out_of_host_memory_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc) -> None:  # noqa: ANN001
+    # a pipeline whose weights loaded but whose copies did not fit printed numpy's or torch's traceback
+    import tsconv.engine.api as api
+
+    def short(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    monkeypatch.setattr(api, "process", short)
+    res = invoke("-i", good_store(tmp_path), "-o", tmp_path / "out.zarr")
+    assert_refused(res, "out of host memory", "smaller --chunk")
+    monkeypatch.setattr(api, "process", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    assert isinstance(
+        invoke("-i", good_store(tmp_path, name="b.zarr"), "-o", tmp_path / "o.zarr").exception, RuntimeError
+    )
