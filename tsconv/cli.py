@@ -92,7 +92,9 @@ class _Group(click.Group):
 
 
 _CPU_ALLOCATOR = "DefaultCPUAllocator: can't allocate memory"
-_MEMORY_HINT = "hint: free memory, or lower what a run holds: a smaller --chunk, fewer features or smaller weights."
+_MEMORY_HINT = (
+    "hint: free memory, or lower what a run holds: a smaller --chunk, fewer features or smaller weights."
+)
 
 
 def _one_line(exc: BaseException) -> str:

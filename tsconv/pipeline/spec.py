@@ -420,7 +420,7 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
             hint=f"pass the path of a .toml file, or a built-in pipeline's name: {', '.join(builtin_pipelines())}.",
         )
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write, is not TOML
     except UnicodeDecodeError as exc:
         raise PipelineError(f"{p}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
     try:
@@ -759,7 +759,7 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, def
         dupes = sorted({f.strip() for f, k in zip(raw, keys, strict=True) if keys.count(k) > 1})
         if dupes:
             raise PipelineError(f"{where}: {table}: filters listed more than once: {', '.join(dupes)}")
-        for key in ("bias", "bias_key", "weights_key"):
+        for key in ("bias", "bias_key", "weights_key", "weight_dtype"):  # a bank stores no weights
             if key in d:
                 raise PipelineError(f"{where}: {table}: {key!r} does not apply to a filter bank")
         if "groups" in d and d["groups"] != "depthwise":
