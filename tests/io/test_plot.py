@@ -66,6 +66,17 @@ def test_input_store_and_result(stores: tuple[Path, Path], tmp_path: Path) -> No
     assert (tmp_path / "in.png").read_bytes().startswith(PNG)
 
 
+def test_a_dense_stage_named_as_an_input_is_drawn_without_inputs(
+    stores: tuple[Path, Path], tmp_path: Path
+) -> None:
+    # its outputs mix every input: each had been drawn beside the input feature its name begins with
+    src, _ = stores
+    out = tmp_path / "dense.zarr"
+    tsconv.process(src, out, pipeline={"conv": [{"name": "x0", "weights": np.ones((3, 2, 2))}]}, device="cpu")
+    result = plot_store(out, features=["x0.*"], output=tmp_path / "d.png")
+    assert len(result.features) == 3 and result.inputs == ()
+
+
 def test_unreachable_input_draws_features_alone(stores: tuple[Path, Path], tmp_path: Path) -> None:
     moved_out = tmp_path / "out.zarr"
     shutil.copytree(stores[1], moved_out)

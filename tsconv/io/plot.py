@@ -181,13 +181,27 @@ def _read(store: InputStore, cols: list[int], a: int, b: int, every: int) -> np.
     return np.asarray(values, dtype=np.float64)
 
 
+def _per_input(run: Any) -> bool:
+    """Whether each output of the recorded pipeline comes from the one input its name begins with: filter
+    banks only, no head. A dense stage mixes every input, whatever its name (a stage named as an input
+    feature had its outputs drawn beside that feature)."""
+    if not isinstance(run, dict) or run.get("head") is not None:
+        return False
+    stages = run.get("stages")
+    return (
+        isinstance(stages, list)
+        and bool(stages)
+        and all(isinstance(s, dict) and "filters" in s for s in stages)
+    )
+
+
 def _inputs(
     store: InputStore, names: list[str], a: int, b: int, every: int
 ) -> dict[str, tuple[str, np.ndarray]]:
     """For a tsconv output: per feature name, its input feature's name and rows; {} for other stores."""
     attrs = group_attrs(store)
     meta, source = attrs.get("tsconv"), attrs.get("source")
-    if not isinstance(meta, dict) or not isinstance(source, str):
+    if not isinstance(meta, dict) or not isinstance(source, str) or not _per_input(attrs.get("pipeline")):
         return {}
     try:
         src = open_input(source)
