@@ -137,6 +137,42 @@ def test_a_killed_worker_is_replaced_and_the_output_is_identical(
     client.wait_for_workers(2, timeout=30)
 
 
+def test_the_only_worker_killed_is_replaced_and_its_lost_tasks_sent_again(
+    src: Path, want: dict[str, Path]
+) -> None:
+    # the plan scattered to it died with it: dask forgot every task that needed it and retried none, and the
+    # run ended in a FutureCancelledError traceback
+    cluster = distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None
+    )
+    flag = src.with_name("killed-only.flag")
+    try:
+        with distributed.Client(cluster) as one:
+            one.register_plugin(_KillOnce(str(flag), 3072), name="kill-once")
+            out = src.with_name("dist-killed-only.zarr")
+            report = tsconv.process(src, out, pipeline=DILATED, chunk=CHUNK, client=one, partition_rows=PART)
+    finally:
+        cluster.close()
+    assert flag.exists(), "the fault was not injected"
+    assert report.rows == ROWS
+    _same(want["dilated"], out)
+
+
+def test_a_scheduler_without_workers_is_refused_before_the_output_is_made(
+    tmp_path: Path, src: Path, monkeypatch
+) -> None:  # noqa: ANN001
+    from tsconv.engine import distributed as dist
+
+    monkeypatch.setattr(dist, "_WORKERS_WAIT_S", 0.5)
+    with distributed.LocalCluster(
+        n_workers=0, processes=False, dashboard_address=":0"
+    ) as empty, distributed.Client(empty) as none:  # fmt: skip
+        with pytest.raises(tsconv.TsconvError, match="has no workers") as err:
+            tsconv.process(src, tmp_path / "o.zarr", client=none)
+    assert "dask worker ADDRESS" in err.value.hint
+    assert not (tmp_path / "o.zarr").exists()
+
+
 def _interrupt(out: Path, done: list[list[int]]) -> None:
     """Make ``out`` look like a distributed run killed with ``done`` partitions stored."""
     g = zarr.open_group(str(out), mode="r+")

@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +264,33 @@ def _n_workers(client: Any) -> int:
         return 1
 
 
+_NO_WORKERS_HINT = (
+    "start workers with `dask worker ADDRESS` (or dask-cuda-worker), or use --workers N for a local cluster."
+)
+_WORKERS_WAIT_S = 10.0  # for a cluster whose workers are still connecting
+
+
+def _wait_for_workers(client: Any) -> None:
+    """At least one worker, before the output is made: a scheduler without any left an empty output."""
+    try:
+        client.wait_for_workers(1, timeout=_WORKERS_WAIT_S)
+    except TimeoutError:
+        raise TsconvError(
+            f"the dask cluster has no workers (none connected within {_WORKERS_WAIT_S:.0f} s)",
+            hint=_NO_WORKERS_HINT,
+        ) from None
+
+
+def _scatter(client: Any, plan: ResolvedPipeline) -> Any:
+    """``plan`` scattered to every worker (a future), or a one-line error where the cluster has none."""
+    try:
+        return client.scatter(plan, broadcast=True)
+    except ValueError as exc:  # distributed raises "No valid workers found"
+        if "no valid workers" not in str(exc).lower():
+            raise
+        raise TsconvError("the dask cluster has no workers left", hint=_NO_WORKERS_HINT) from None
+
+
 def run_distributed(
     store: InputStore,
     plan: ResolvedPipeline,
@@ -339,6 +367,7 @@ def run_distributed(
                 hint="start one with `dask scheduler` and workers with `dask worker ADDRESS` (or dask-cuda-worker).",
             ) from None
     try:
+        _wait_for_workers(client)
         n_workers = _n_workers(client)
         rows = store.rows if rows is None else rows
         if action in ("create", "replace"):
@@ -392,54 +421,80 @@ def run_distributed(
         token = uuid.uuid4().hex[:8]
         t0, t0_wall = time.perf_counter(), time.time()
         results: list[dict[str, Any]] = []
-        # the plan (its weights: 17 MB for a 1024-feature dense pipeline) sent to each worker once, not in
-        # every task of the graph (dask warned of a "large graph" on every such run)
-        plan_ref = client.scatter(plan, broadcast=True) if todo else plan
         known = fill_carry.known if fill_carry is not None else None
         fill = fill_record(*known) if known is not None else None
-        first = None  # a future the partition tasks wait for (dask hands them its result)
-        if known is None and len(todo) >= _FIRST_SCAN_TASKS:
-            first = client.submit(first_values_task, str(store.path), plan_ref, rows=rows,
-                                  settings=config.current(), key=f"tsconv-first-{token}", pure=False)  # fmt: skip
-        futures = [
-            client.submit(
-                run_partition,
-                str(store.path),
-                str(out_path),
-                plan_ref,
-                start=a,
-                stop=b,
-                chunk=chunk,
-                warmup=warmup,
-                device=device,
-                cuda=cuda if cuda is not None else CudaOptions(),
-                settings=config.current(),
-                threads=threads,
-                fill=fill,
-                first=first,
-                read_float64=read_float64,
-                key=f"tsconv-{a}-{b}-{token}",
-                retries=retries,
-                pure=False,
-            )
-            for a, b in todo
-        ]
-        try:
-            with progress_bar(
-                total=rows, initial=already, enabled=progress, desc=f"{store.path.name} ({n_workers} workers)"
-            ) as bar:
-                for fut in as_completed(futures):
-                    res = fut.result()
-                    fut.release()
-                    results.append(res)
-                    if res.get("fill_end") is not None and fill_carry is not None:
-                        fill_carry.end = parse_fill_record(res["fill_end"], len(plan.input_names))
-                    done = _merge([*done, (res["start"], res["stop"])])
-                    record(done)
-                    bar.update(res["stop"] - res["start"])
-        except BaseException:
-            client.cancel([*futures, *([first] if first is not None else [])])
-            raise
+
+        def submit(parts: list[tuple[int, int]], attempt: int) -> tuple[dict[Any, tuple[int, int]], Any]:
+            """The tasks of ``parts``, and the first-values task they wait for (or None)."""
+            # the plan (its weights: 17 MB for a 1024-feature dense pipeline) sent to each worker once, not in
+            # every task of the graph (dask warned of a "large graph" on every such run)
+            if attempt:
+                _wait_for_workers(client)  # a local cluster's nanny restarts a killed worker
+            plan_ref = _scatter(client, plan)
+            tag = token if attempt == 0 else f"{token}-{attempt}"
+            first = None  # a future the partition tasks wait for (dask hands them its result)
+            if known is None and len(parts) >= _FIRST_SCAN_TASKS:
+                first = client.submit(first_values_task, str(store.path), plan_ref, rows=rows,
+                                      settings=config.current(), key=f"tsconv-first-{tag}", pure=False)  # fmt: skip
+            futures = {
+                client.submit(
+                    run_partition,
+                    str(store.path),
+                    str(out_path),
+                    plan_ref,
+                    start=a,
+                    stop=b,
+                    chunk=chunk,
+                    warmup=warmup,
+                    device=device,
+                    cuda=cuda if cuda is not None else CudaOptions(),
+                    settings=config.current(),
+                    threads=threads,
+                    fill=fill,
+                    first=first,
+                    read_float64=read_float64,
+                    key=f"tsconv-{a}-{b}-{tag}",
+                    retries=retries,
+                    pure=False,
+                ): (a, b)
+                for a, b in parts
+            }
+            return futures, first
+
+        pending, attempt = todo, 0
+        with progress_bar(
+            total=rows, initial=already, enabled=progress, desc=f"{store.path.name} ({n_workers} workers)"
+        ) as bar:
+            while pending:
+                futures, first = submit(pending, attempt)
+                lost: list[tuple[int, int]] = []
+                try:
+                    for fut in as_completed(list(futures)):
+                        try:
+                            res = fut.result()
+                        except CancelledError:
+                            # Every worker holding the scattered plan died (a worker killed, e.g. for memory):
+                            # dask then forgets the tasks that need it and retries none of them. Their rows
+                            # are sent again with the plan scattered afresh (a rerun writes the same bytes).
+                            if attempt >= retries:
+                                raise TsconvError(
+                                    f"dask lost the workers running {store.path.name}'s partitions "
+                                    f"{attempt + 1} times; the output holds the partitions finished",
+                                    hint="see why the workers died (memory?), then rerun with --resume.",
+                                ) from None
+                            lost.append(futures[fut])
+                            continue
+                        fut.release()
+                        results.append(res)
+                        if res.get("fill_end") is not None and fill_carry is not None:
+                            fill_carry.end = parse_fill_record(res["fill_end"], len(plan.input_names))
+                        done = _merge([*done, (res["start"], res["stop"])])
+                        record(done)
+                        bar.update(res["stop"] - res["start"])
+                except BaseException:
+                    client.cancel([*futures, *([first] if first is not None else [])])
+                    raise
+                pending, attempt = sorted(lost), attempt + 1
         seconds = time.perf_counter() - t0
         end_wall = t0_wall + seconds
         if done != [(0, rows)]:
