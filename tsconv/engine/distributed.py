@@ -546,7 +546,8 @@ def run_distributed(
         features_out=plan.n_outputs,
         halo=plan.halo,
         chunk=chunk,
-        resumed_from=already if action not in ("create", "replace") else 0,
+        # the first row not done (a killed run's finished partitions need not be one prefix)
+        resumed_from=(todo[0][0] if todo else rows) if action not in ("create", "replace") else 0,
         seconds=seconds,
         rows_per_s=computed / seconds if seconds > 0 else 0.0,
         input_gbps=computed * store.n_features * store.dtype.itemsize / seconds / 1e9 if seconds > 0 else 0.0,
