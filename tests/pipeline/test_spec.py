@@ -252,9 +252,7 @@ def test_weights_outside_the_pipeline_folder_are_refused(tmp_path: Path, case: s
         load_pipeline(toml)
 
 
-def test_a_bank_refuses_a_weight_dtype_and_a_file_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
-    with pytest.raises(PipelineError, match="'weight_dtype' does not apply to a filter bank"):
-        pipeline_from_dict({"conv": [{"filters": ["ma:4"], "weight_dtype": "float32"}]})
+def test_a_pipeline_file_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
     (tmp_path / "p.toml").write_text('[[conv]]\nfilters = ["ma:4"]\n', encoding="utf-8-sig")
     assert load_pipeline(tmp_path / "p.toml").stages[0].filters == ("ma:4",)
 

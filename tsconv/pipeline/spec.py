@@ -759,7 +759,9 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, def
         dupes = sorted({f.strip() for f, k in zip(raw, keys, strict=True) if keys.count(k) > 1})
         if dupes:
             raise PipelineError(f"{where}: {table}: filters listed more than once: {', '.join(dupes)}")
-        for key in ("bias", "bias_key", "weights_key", "weight_dtype"):  # a bank stores no weights
+        # a weight_dtype is accepted and changes nothing (a bank stores no weights): pipelines written when it
+        # did are still read
+        for key in ("bias", "bias_key", "weights_key"):
             if key in d:
                 raise PipelineError(f"{where}: {table}: {key!r} does not apply to a filter bank")
         if "groups" in d and d["groups"] != "depthwise":
