@@ -363,7 +363,7 @@ def test_a_report_over_the_pipelines_own_files_is_refused_before_the_run(tmp_pat
     src = good_store(tmp_path)
     (tmp_path / "sub").mkdir()
     np.save(tmp_path / "w.npy", np.full((2, FEATURES, 3), 0.25, dtype=np.float32))
-    (tmp_path / "p.toml").write_text('[[conv]]\nweights = "w.npy"\n')
+    (tmp_path / "p.toml").write_text('[[conv]]\nweights = "w.npy"\n', encoding="utf-8-sig")  # a BOM too
     before = snapshot(tmp_path)
     res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", tmp_path / "p.toml", "--report",
                  tmp_path / report)  # fmt: skip

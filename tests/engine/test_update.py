@@ -973,3 +973,39 @@ def test_a_datetime64_time_whose_last_chunk_is_partial_is_read_updated_and_guard
     g["time"][1400:1401] = g["time"][1400:1401] - np.timedelta64(1, "ms")
     with pytest.raises(tsconv.TsconvError, match="its input"):
         tsconv.process(src, out, chunk=CHUNK, device="cpu", update=True)
+
+
+def test_an_update_tells_apart_weight_files_that_round_alike_and_continues_outputs_written_before(
+    tmp_path: Path,
+) -> None:
+    # The level term uses the first stage's tap sums of the weights as given: a file swapped for one storing the
+    # same float16 values computed other old rows, and --update mixed the two under one fingerprint.
+    from tsconv.engine import outputs
+    from tsconv.io.store import open_input
+    from tsconv.pipeline.spec import load_pipeline, resolve
+
+    x, t = ticks(3000, 3, seed=11)
+    src = make_input(tmp_path / "in.zarr", x, t, 2000, chunks=(500, 3))
+    w = np.random.default_rng(2).normal(size=(2, 3, 4)).astype(np.float32) * 0.3
+    (tmp_path / "p.toml").write_text('[[conv]]\nweights = "w.npy"\n')
+    np.save(tmp_path / "w.npy", w)
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline=tmp_path / "p.toml", chunk=CHUNK)
+    before = out.with_name("before.zarr")
+    shutil.copytree(out, before)
+    grow(src, x, t, 2600)
+    nudged = w.copy()
+    nudged[0, 0, 0] = np.nextafter(w[0, 0, 0], np.float32(10))
+    assert np.array_equal(nudged.astype(np.float16), w.astype(np.float16))
+    np.save(tmp_path / "w.npy", nudged)
+    with pytest.raises(tsconv.TsconvError, match="different input, pipeline"):
+        tsconv.process(src, out, pipeline=tmp_path / "p.toml", chunk=CHUNK, update=True)
+    # an output written before the tap sums entered the fingerprint is continued as it was
+    np.save(tmp_path / "w.npy", w)
+    plan = resolve(load_pipeline(tmp_path / "p.toml"), open_input(src).features)
+    g = zarr.open_group(str(before), mode="r+")
+    old = outputs._fingerprint(open_input(src), plan, CHUNK, "nan", with_sums=False)
+    assert old != g.attrs["tsconv"]["fingerprint"]
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "fingerprint": old}
+    report = tsconv.process(src, before, pipeline=tmp_path / "p.toml", chunk=CHUNK, update=True)
+    assert report.updated_from == 2000

@@ -799,8 +799,16 @@ def test_fingerprint_tells_apart_weights_that_round_alike_but_sum_apart() -> Non
     exact = np.full((2, 3, 2), 0.25)
     run = resolve(pipeline_from_dict({"conv": [{"weights": exact}]}), NAMES3).as_run()
     assert "tap_sums_sha256" not in run["stages"][0]
-    rounded = resolve(pipeline_from_dict({"conv": [{"weights": w}]}), NAMES3).as_run()
-    assert "tap_sums_sha256" in rounded["stages"][0]
+    rounded = resolve(pipeline_from_dict({"conv": [{"weights": w}]}), NAMES3)
+    assert "tap_sums_sha256" in rounded.as_run()["stages"][0]
+    assert "tap_sums_sha256" not in rounded.as_run(with_sums=False)["stages"][0]  # outputs written before
+    # only the first stage on levels uses them: after a bank, or on z-scores, the same outputs, the same print
+    after_bank = {"conv": [{"filters": ["ma:4"]}, {"weights": np.full((2, 3, 2), 0.1)}]}
+    on_zscores = {"preprocess": {"zscore": 8}, "conv": [{"weights": w}]}
+    for pipe in (after_bank, on_zscores):
+        plan = resolve(pipeline_from_dict(pipe), NAMES3)
+        assert not plan.first_on_levels
+        assert all("tap_sums_sha256" not in st for st in plan.as_run()["stages"])
 
 
 @pytest.mark.parametrize("again", ["ma:4", " ma:4", "ma:4 "])

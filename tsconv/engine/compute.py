@@ -178,11 +178,8 @@ class Backend:
         # Level data (raw values, or their logs): the first stage re-centres per block of outputs as well
         # (conv1d's ``recenter`` in the Triton kernels, _conv_recentered on the torch path), so the error
         # does not grow with the drift of a long chunk or step away from its one centering level (NOTES.md,
-        # "Precision"). Returns, differences and z-scores are not levels. The same rule as the level
-        # _preprocess returns.
-        log_levels = self.pre is not None and self.pre.transform == "log" and self.pre.zscore is None
-        # A bank computes in float64 from the raw values and needs no centring.
-        self.recenter_first = (self.pre is None or log_levels) and not plan.layers[0].structured
+        # "Precision"). The same rule as the level _preprocess returns.
+        self.recenter_first = plan.first_on_levels
         self.first_structured = plan.layers[0].structured
         # Whether a chunk's centering level is read at all: by the first stages that re-centre (a conv on
         # level data: raw values, or their logs, which _preprocess takes from it), and by no other.

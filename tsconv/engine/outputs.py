@@ -179,7 +179,8 @@ def to_zarr(
         fingerprint = _fingerprint(store, plan, chunk, warmup)
         action, start = prepare_output(
             out_path, input_path=store.root, overwrite=overwrite, resume=resume, update=update,
-            fingerprint=fingerprint, legacy=lambda rows: _fingerprint(store, plan, chunk, warmup, rows=rows),
+            fingerprint=fingerprint,
+            legacy=lambda rows: _fingerprint(store, plan, chunk, warmup, rows=rows, with_sums=False),
         )  # fmt: skip
         if action not in ("create", "replace"):
             kept = check_kept_compression(out_path, asked, verb="update" if update else "resume")
@@ -666,12 +667,16 @@ def _time_rows(store: InputStore, plan: ResolvedPipeline, *, distributed: bool) 
 
 
 def _fingerprint(
-    store: InputStore, plan: ResolvedPipeline, chunk: int, warmup: str, *, rows: int | None = None
-) -> str:
+    store: InputStore, plan: ResolvedPipeline, chunk: int, warmup: str, *, rows: int | None = None,
+    with_sums: bool = True,
+) -> str:  # fmt: skip
     """What an output is computed from and how: the input (path, features, dtype), the pipeline, chunk and
     warm-up. Not the input's row count, which ``--update`` grows (the digest tells changed rows apart).
-    ``rows``: the fingerprint outputs written before had, with the input's shape (rows x features)."""
-    what: dict[str, Any] = {"pipeline": plan.fingerprint(), "input": str(store.path), "dtype": str(store.dtype),
+    ``rows``: the fingerprint outputs written before had, with the input's shape (rows x features);
+    ``with_sums=False``: outputs written before the first stage's tap sums entered the pipeline's fingerprint
+    (they are continued as before: which weights they were computed with cannot be told)."""
+    pipeline = plan.fingerprint(with_sums=with_sums)
+    what: dict[str, Any] = {"pipeline": pipeline, "input": str(store.path), "dtype": str(store.dtype),
                             "chunk": chunk, "warmup": warmup, "format": FORMAT_VERSION}  # fmt: skip
     if rows is None:
         what["features"] = store.n_features

@@ -307,17 +307,30 @@ class ResolvedPipeline:
             for a in arrays
         }
 
-    def _given_sums(self, layer: Layer) -> dict[str, str]:
-        """The digest of a conv stage's tap sums of the weights as given, where rounding to the stored dtype
-        changed them: a centred stage's level term uses them, so two weight files that round alike but sum
-        apart compute apart (an update mixed their outputs). Absent where they agree (the stored weights say
-        it all; such stages' fingerprints are as before) and for banks (computed from their definitions)."""
-        if layer.structured or np.array_equal(layer.tap_sums, tap_sums(layer.weight)):
+    @property
+    def first_on_levels(self) -> bool:
+        """Whether the first stage is a conv (not a bank, which computes in float64 from the raw values) on
+        level data: raw values, or their logs without a z-score. Such a stage is re-centred per block, and its
+        level term uses the tap sums of its weights as given (tsconv.engine.compute); returns, differences
+        and z-scores are not levels."""
+        pre = self.preprocess if self.preprocess is not None and self.preprocess.computes else None
+        log_levels = pre is not None and pre.transform == "log" and pre.zscore is None
+        return (pre is None or log_levels) and not self.layers[0].structured
+
+    def _given_sums(self, index: int, layer: Layer, *, with_sums: bool) -> dict[str, str]:
+        """The digest of the first stage's tap sums of the weights as given, where it reads levels and rounding
+        to the stored dtype changed them: its level term uses them, so two weight files that round alike but
+        sum apart compute apart (an update mixed their outputs). Absent elsewhere (the stored weights say it
+        all) and without ``with_sums`` (the fingerprint outputs written before it had)."""
+        if not with_sums or index or not self.first_on_levels:
+            return {}
+        if np.array_equal(layer.tap_sums, tap_sums(layer.weight)):
             return {}
         return {"tap_sums_sha256": hashlib.sha256(np.ascontiguousarray(layer.tap_sums).tobytes()).hexdigest()}
 
-    def as_run(self) -> dict[str, Any]:
-        """A JSON-able description of what ran, with content hashes of every weight array."""
+    def as_run(self, *, with_sums: bool = True) -> dict[str, Any]:
+        """A JSON-able description of what ran, with content hashes of every weight array (``with_sums``: and
+        of the first stage's tap sums where they matter, :meth:`_given_sums`)."""
 
         def digest(a: np.ndarray | None) -> str | None:
             return None if a is None else self._digests[id(a)]
@@ -338,7 +351,7 @@ class ResolvedPipeline:
                     "weight_dtype": layer.weight_dtype,
                     "weight_sha256": digest(layer.weight),
                     "bias_sha256": digest(layer.bias),
-                    **self._given_sums(layer),
+                    **self._given_sums(i, layer, with_sums=with_sums),
                     # how a bank is computed: "filters-3" each filter from its definition with its own
                     # warm-up, means divided by their window exactly (filters-2 multiplied by 1 / W, which
                     # CUDA kernels rounded to float32; filters-1: a dense convolution padded to the longest
@@ -353,7 +366,7 @@ class ResolvedPipeline:
                         else {}
                     ),
                 }
-                for stage, layer in zip(self.pipeline.stages, self.layers, strict=True)
+                for i, (stage, layer) in enumerate(zip(self.pipeline.stages, self.layers, strict=True))
             ],
             "head": None
             if self.head is None
@@ -369,9 +382,10 @@ class ResolvedPipeline:
             "text": self.pipeline.text,
         }
 
-    def fingerprint(self) -> str:
-        """A hash that changes whenever the computation would change."""
-        run = self.as_run()
+    def fingerprint(self, *, with_sums: bool = True) -> str:
+        """A hash that changes whenever the computation would change (``with_sums=False``: as outputs written
+        before the first stage's tap sums entered it had it)."""
+        run = self.as_run(with_sums=with_sums)
         run.pop("origin")
         run.pop("text")
         parts: list[Any] = [run, list(self.input_names), self.columns]
@@ -419,18 +433,23 @@ def load_pipeline(path: str | os.PathLike[str] | dict[str, Any]) -> Pipeline:
             f"pipeline file {str(p)!r} " + ("is not a regular file" if p.exists() else "does not exist"),
             hint=f"pass the path of a .toml file, or a built-in pipeline's name: {', '.join(builtin_pipelines())}.",
         )
+    text, data = _read_toml(p)
+    # weight paths are relative to the file itself, not to a symbolic link naming it
+    return pipeline_from_dict(data, base_dir=p.resolve().parent, origin=str(p), text=text, confine=True)
+
+
+def _read_toml(p: Path) -> tuple[str, dict[str, Any]]:
+    """A pipeline file's text and its TOML, or a PipelineError saying why not (OSError as it comes)."""
     try:
         text = p.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write, is not TOML
     except UnicodeDecodeError as exc:
         raise PipelineError(f"{p}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
     try:
-        data = tomllib.loads(text)
+        return text, tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PipelineError(f"{p}: not valid TOML: {exc}") from None
     except RecursionError:  # tomllib parses nested arrays and tables recursively
         raise PipelineError(f"{p}: its arrays or tables nest too deeply for a pipeline file") from None
-    # weight paths are relative to the file itself, not to a symbolic link naming it
-    return pipeline_from_dict(data, base_dir=p.resolve().parent, origin=str(p), text=text, confine=True)
 
 
 def pipeline_files(pipeline: Any) -> tuple[Path, ...]:
@@ -441,8 +460,8 @@ def pipeline_files(pipeline: Any) -> tuple[Path, ...]:
         return ()
     try:
         p = _builtin_or_path(pipeline)
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError, PipelineError):
+        _, data = _read_toml(p)
+    except (OSError, PipelineError):
         return ()
     conv = data.get("conv")
     tables = [*(conv if isinstance(conv, list) else []), data.get("head")]

@@ -403,7 +403,7 @@ def prepare_output(
     resume: bool,
     fingerprint: str,
     update: bool = False,
-    legacy: Callable[[int], str] | None = None,
+    legacy: Callable[[int | None], str] | None = None,
 ) -> tuple[str, int]:
     """Decide what to do with ``path``: returns (action, rows_done), action one of create, replace
     (``overwrite`` of an existing store: :func:`discard_output` it, then create), resume, done (a complete
@@ -412,8 +412,9 @@ def prepare_output(
 
     Refuses to touch the input, a path that is not a zarr store, a store holding files that are not
     zarr data, an existing output without ``overwrite``, ``resume`` or ``update``, and (``resume``,
-    ``update``) an output whose ``tsconv.fingerprint`` is neither ``fingerprint`` nor, for outputs written
-    before fingerprints left out the input's rows, ``legacy(rows)`` for the input rows it recorded.
+    ``update``) an output whose ``tsconv.fingerprint`` is neither ``fingerprint`` nor one an output of the same
+    computation was written with before: ``legacy(None)``, and ``legacy(rows)`` for the input rows it
+    recorded (when fingerprints held the input's rows).
     """
     keep = resume or update
     check_output_path(path, input_path=input_path, overwrite=overwrite, resume=keep)
@@ -428,7 +429,7 @@ def prepare_output(
             raise StoreError(f"cannot {verb} {str(out)!r}: {exc}") from None
         found = meta.get("fingerprint")
         if found != fingerprint and (
-            legacy is None or found not in {legacy(n) for n in _recorded_rows(out, meta)}
+            legacy is None or found not in {legacy(n) for n in (None, *_recorded_rows(out, meta))}
         ):
             raise StoreError(
                 f"cannot {verb} {str(out)!r}: it was written by a different input, pipeline or chunk size "
