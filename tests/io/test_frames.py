@@ -194,6 +194,20 @@ def test_features_of_pandas_and_arrow_frames_read_columns_by_name(series: np.nda
         tsconv.features(indexed.iloc[::-1], PIPE)
     with pytest.raises(ShapeError, match="column names repeat: x0"):
         tsconv.features(pd.concat([pdf, pdf[["x0"]]], axis=1), PIPE)
+    with pytest.raises(ShapeError, match="column names repeat: 1"):  # alike once named by their str
+        tsconv.features(pd.DataFrame([[1.0, 2.0]] * 4, columns=[1, "1"]), PIPE)
+    with pytest.raises(ShapeError, match="column names repeat: a"):
+        tsconv.features(pa.table([pa.array([1.0, 2, 3, 4])] * 2, names=["a", "a"]), PIPE)
+    with pytest.raises(ShapeError, match="columns have 2 levels"):
+        tsconv.features(
+            pd.DataFrame(np.ones((4, 2)), columns=pd.MultiIndex.from_tuples([("p", "a"), ("p", "b")])), PIPE
+        )
+    for decreasing in (
+        pd.period_range("2024-01", periods=4, freq="M")[::-1],
+        pd.timedelta_range(0, periods=4)[::-1],
+    ):
+        with pytest.raises(ShapeError, match="index is not strictly increasing"):
+            tsconv.features(pd.DataFrame({"a": np.arange(4.0)}, index=decreasing), PIPE)
     table = tsconv.features(df.to_arrow(), PIPE, chunk=700)
     assert isinstance(table, pa.Table) and table.column_names == want.columns
     assert pl.from_arrow(table).equals(want)

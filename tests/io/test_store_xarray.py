@@ -265,6 +265,12 @@ def test_features_of_a_dataarray_in_either_order_names_by_its_coordinate() -> No
         assert isinstance(got, xr.DataArray) and got.dims == ("time", "output")
         assert tuple(got["output"].values) == names and (got["time"].values == times.values).all()
         np.testing.assert_array_equal(got.values, want)
+    dated = xr.DataArray(
+        x.T, dims=("sym", "date"), coords={"sym": ["s0", "s1", "s2"], "date": 20240101 + np.arange(ROWS)}
+    )
+    got = tsconv.features(dated, PIPE, device="cpu")  # integer dates: the names' dimension is the features'
+    assert got.dims == ("date", "output") and tuple(got["output"].values) == names
+    np.testing.assert_array_equal(got.values, want)
     bare = xr.DataArray(x.T, dims=("sym", "t"))  # no coordinates: the first dimension is time
     assert tsconv.features(bare, PIPE, device="cpu").shape == (FEATURES, 2 * ROWS)
     with pytest.raises(ShapeError, match="time coordinate is not strictly increasing"):

@@ -177,8 +177,8 @@ def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: to
 def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_column: str | None, out: Any, return_names: bool, **options: Any) -> Any:  # fmt: skip
     """:func:`features` of an xarray DataArray [time, feature] in either order: a DataArray [time, output].
 
-    The time dimension is ``time_column``'s, else the one dimension whose coordinate holds datetimes, else
-    the first (an array's convention); the other dimension's coordinate names the features. Its time
+    The time dimension is ``time_column``'s, else the one dimension whose coordinate holds datetimes, else the
+    one whose coordinate does not hold names (strings), else the first (an array's convention); the other dimension's coordinate names the features. Its time
     coordinate, which the result keeps, must be strictly increasing."""
     import xarray as xr
 
@@ -196,7 +196,17 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
         )
     dims = tuple(str(d) for d in da.dims)
     dated = [d for d in dims if d in da.coords and np.issubdtype(da.coords[d].dtype, np.datetime64)]
-    tdim = time_column if time_column in dims else dated[0] if len(dated) == 1 else dims[0]
+    # a dimension whose coordinate holds names (strings) is the features' (a date coordinate of integers, such
+    # as 20240102, holds no datetimes)
+    named = [d for d in dims if d in da.coords and da.coords[d].dtype.kind in "OUS"]
+    if time_column in dims:
+        tdim = time_column
+    elif len(dated) == 1:
+        tdim = dated[0]
+    elif len(named) == 1:
+        tdim = dims[1] if named[0] == dims[0] else dims[0]
+    else:
+        tdim = dims[0]
     fdim = dims[1] if tdim == dims[0] else dims[0]
     da = da.transpose(tdim, fdim)
     if fdim in da.coords:
@@ -226,9 +236,13 @@ def _check_index(index: Any, what: str) -> None:
     column must: the rows are time steps, taken in order."""
     import pandas as pd
 
-    if isinstance(index, pd.RangeIndex) or not (
-        pd.api.types.is_datetime64_any_dtype(index.dtype) or pd.api.types.is_numeric_dtype(index.dtype)
-    ):
+    ordered = (
+        pd.api.types.is_datetime64_any_dtype(index.dtype)
+        or pd.api.types.is_numeric_dtype(index.dtype)
+        or pd.api.types.is_timedelta64_dtype(index.dtype)
+        or isinstance(index, pd.PeriodIndex)
+    )
+    if isinstance(index, pd.RangeIndex) or not ordered:
         return
     if index.hasnans or not (index.is_monotonic_increasing and index.is_unique):
         raise ShapeError(

@@ -54,26 +54,38 @@ def frame_kind(x: Any) -> str | None:
 
 def to_polars(frame: Any, caller: str) -> Any:
     """A polars DataFrame or LazyFrame of a polars, pandas or pyarrow frame (a pandas Series: one row). A
-    pandas frame's index is not a column, and its columns are named by their ``str``; repeated names are
-    refused (a frame's columns are read by name). ``caller`` begins the errors."""
+    pandas frame's index is not a column, and its columns are named by their ``str``; repeated names (after
+    that) and a pandas frame's column levels are refused (a frame's columns are read by name). ``caller``
+    begins the errors."""
     import polars as pl
 
     kind = frame_kind(frame)
     if kind == "pandas":
         if type(frame).__name__ == "Series":
             frame = frame.to_frame().T  # one row, its index the columns' names
-        if frame.columns.has_duplicates:
-            repeats = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+        if frame.columns.nlevels > 1:
             raise ShapeError(
-                f"{caller}: the frame's column names repeat: {', '.join(repeats[:5])}",
-                hint="a frame's columns are read by name: give each column its own name.",
+                f"{caller}: the frame's columns have {frame.columns.nlevels} levels; a frame's columns are read "
+                "by name",
+                hint="flatten them first, e.g. frame.columns = ['.'.join(map(str, c)) for c in frame.columns].",
             )
+        _refuse_repeats([str(c) for c in frame.columns], caller)
         return pl.from_pandas(frame.rename(columns=str))
     if kind == "pyarrow":
+        _refuse_repeats(list(frame.schema.names), caller)
         return pl.from_arrow(frame)
     if kind == "polars":
         return frame
     raise ShapeError(f"{caller}: expected a polars, pandas or pyarrow frame, got {type(frame).__name__}")
+
+
+def _refuse_repeats(names: list[str], caller: str) -> None:
+    if len(set(names)) != len(names):
+        repeats = sorted({n for n in names if names.count(n) > 1})
+        raise ShapeError(
+            f"{caller}: the frame's column names repeat: {', '.join(repeats[:5])}",
+            hint="a frame's columns are read by name: give each column its own name.",
+        )
 
 
 def _is_numeric(dtype: Any) -> bool:
@@ -84,7 +96,8 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
     """A polars DataFrame or LazyFrame as (feature names, their columns as a source, the time Series or
     None): for :func:`tsconv.features` on frames.
 
-    The column ``time_column`` (if present; ``None``: no time column) is carried to the output unchanged and
+    The column ``time_column`` (if present; ``None``: no time column) is carried to the output (its values:
+    polars holds times in ms, us or ns, so a column in seconds from pandas or pyarrow comes back in ms) and
     must be strictly increasing without nulls; every other column is a feature (its name is the pipeline's
     input name) and must be numeric. Nulls count as missing values (NaN). A LazyFrame is collected first.
     ``caller`` begins the errors.
