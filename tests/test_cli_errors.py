@@ -999,6 +999,16 @@ def test_an_output_of_no_format_tsconv_writes_is_refused_before_the_engine_loads
             ["process", "-i", "in.zarr", "-o", "out.parquet"],
             "the Parquet file was not written: rerun the command",
         ),
+        # .pq is Parquet too: it said "rerun with --resume", which a Parquet output refuses
+        (
+            ["process", "-i", "in.zarr", "--output=out.PQ"],
+            "the Parquet file was not written: rerun the command",
+        ),
+        # --resume beside --overwrite is refused
+        (
+            ["process", "-i", "in.zarr", "-o", "out.zarr", "--overwrite"],
+            "rerun with --resume in place of --overwrite",
+        ),
         (["ingest", "a.csv", "-o", "s.zarr"], "no store was made"),
         (["ingest", "a.csv", "-o", "s.zarr", "--append"], "`tsconv repair STORE`"),
     ],
@@ -1209,3 +1219,29 @@ def test_running_out_of_host_memory_is_one_line(tmp_path: Path, monkeypatch: pyt
     assert isinstance(
         invoke("-i", good_store(tmp_path, name="b.zarr"), "-o", tmp_path / "o.zarr").exception, RuntimeError
     )
+
+
+def test_the_report_is_written_before_the_summary_line(tmp_path: Path) -> None:
+    # a closed stdout (`tsconv process ... --report r.json | head -0`) ended the command at the summary line,
+    # and the report a batch job reads was never written
+    import subprocess
+    import sys
+
+    src = good_store(tmp_path)
+    code = (
+        "import sys; from tsconv.cli import main\n"
+        "sys.stdout.close()\n"  # as a pipe whose reader has gone
+        "main([*sys.argv[1:]], prog_name='tsconv')\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, "process", "-i", str(src), "-o", str(tmp_path / "o.zarr"), "--device", "cpu",
+         "-q", "--report", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (tmp_path / "r.json").is_file(), res.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["rows"] == ROWS
+
+
+def test_a_mistyped_command_names_the_help_to_read() -> None:
+    res = CliRunner().invoke(main, ["proces", "-i", "x.zarr"])
+    assert "(see `tsconv --help`)" in res.stderr

@@ -47,12 +47,29 @@ def _after_interrupt(command: str | None, args: list[str]) -> str:
             return "`tsconv repair STORE` keeps the rows the store had before the append; then append again"
         return "no store was made (it is built under a temporary name): rerun the command"
     if command == "process":
-        if any(a.lower().endswith(".parquet") for a in args):
+        if _parquet_output(args):
             return "the Parquet file was not written: rerun the command"
         if "--update" in args:
             return "rerun with --update (or --resume) to continue where it stopped"
+        if "--overwrite" in args:
+            return "rerun with --resume in place of --overwrite to continue where it stopped"
         return "rerun with --resume to continue where it stopped"
     return "rerun the command"
+
+
+def _parquet_output(args: list[str]) -> bool:
+    """Whether the arguments of ``tsconv process`` name a Parquet output (.parquet or .pq)."""
+    from tsconv.io.writers.formats import output_format
+
+    outputs = [b for a, b in zip(args, args[1:], strict=False) if a in ("-o", "--output")]
+    outputs += [a.split("=", 1)[1] for a in args if a.startswith("--output=")]
+    for out in outputs:
+        try:
+            if output_format(out) == "parquet":
+                return True
+        except TsconvError:
+            continue
+    return False
 
 
 class _Group(click.Group):
@@ -70,7 +87,8 @@ class _Group(click.Group):
         except TsconvError as exc:
             _fail(str(exc))
         except click.UsageError as exc:
-            _fail(f"{exc.format_message()} (see `tsconv {ctx.invoked_subcommand or ''} --help`)")
+            command = f"tsconv {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "tsconv"
+            _fail(f"{exc.format_message()} (see `{command} --help`)")
         except KeyboardInterrupt:
             _fail(
                 "interrupted; " + _after_interrupt(ctx.invoked_subcommand, ctx.meta.get("tsconv.args", [])),
@@ -265,6 +283,10 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
             from tsconv.engine.cluster import discard_early
 
             discard_early()
+    if report_path:  # before the summary line: a closed stdout (a pipe) lost the report a batch job reads
+        path = Path(report_path)
+        markdown = path.suffix.lower() == ".md"
+        path.write_text(report.markdown() if markdown else json.dumps(report.to_dict(), indent=2) + "\n")
     if report.rows == 0 and report.updated_from is not None:
         click.echo(
             f"{report.output} is up to date with its input ({report.total_rows:,} rows); nothing to do."
@@ -273,10 +295,6 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
         click.echo(f"{report.output} is already complete ({report.total_rows:,} rows); nothing to do.")
     else:
         click.echo(report.summary())
-    if report_path:
-        path = Path(report_path)
-        markdown = path.suffix.lower() == ".md"
-        path.write_text(report.markdown() if markdown else json.dumps(report.to_dict(), indent=2) + "\n")
 
 
 @main.command()
