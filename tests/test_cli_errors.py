@@ -1245,3 +1245,12 @@ def test_the_report_is_written_before_the_summary_line(tmp_path: Path) -> None:
 def test_a_mistyped_command_names_the_help_to_read() -> None:
     res = CliRunner().invoke(main, ["proces", "-i", "x.zarr"])
     assert "(see `tsconv --help`)" in res.stderr
+
+
+def test_a_report_named_dash_is_refused_not_written_as_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    res = invoke("-i", good_store(tmp_path), "-o", tmp_path / "out.zarr", "--report", "-")
+    assert_refused(res, "--report '-': name a file")
+    assert not (tmp_path / "-").exists() and not (tmp_path / "out.zarr").exists()

@@ -202,6 +202,8 @@ def _check_report_path(report: Path, input_path: str, output: str | None, *, fla
     from tsconv.io.objstore import refuse_inside
     from tsconv.pipeline.spec import pipeline_files
 
+    if str(report) == "-":  # not stdout: a file named '-' appeared in the working folder
+        raise TsconvError(f"{flag} '-': name a file", hint="e.g. --report run.json (or run.md for Markdown).")
     target = report.resolve()
     stores = [("input store", input_path)] + ([("output", output)] if output is not None else [])
     refuse_inside(report, stores, flag=flag)
