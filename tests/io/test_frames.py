@@ -338,3 +338,36 @@ def test_features_of_a_bfloat16_tensor_and_of_no_rows() -> None:
     with pytest.raises(StoreError, match="empty") as err:
         tsconv.features(np.zeros((0, 2)), PIPE, device="cpu")
     assert "at least one row" in err.value.hint
+
+
+def test_open_store_checks_the_time_as_a_run_does(tmp_path: Path) -> None:
+    # an int64 time was passed through unchecked: a NaT first row and backwards times gave chunks
+    x = price_series(50, 2, seed=8)
+    for t, needle in ((np.r_[np.iinfo(np.int64).min, T0 + np.arange(1, 50)], "row 0 is missing"),
+                      (T0 + np.arange(50)[::-1], "not strictly increasing at row 1")):  # fmt: skip
+        src = write_store(tmp_path / f"{needle[:3]}.zarr", x)
+        zarr.open_group(str(src), mode="r+")["time"][:] = t
+        with pytest.raises(StoreError, match=needle):
+            tsconv.open_store(src)
+        with pytest.raises(StoreError, match=needle):
+            next(iter(tsconv.iter_chunks(src)))
+
+
+def test_iter_chunks_takes_any_sequence_of_names_native_byte_order_and_numpy_integers(tmp_path: Path) -> None:
+    x = price_series(40, 3, seed=9)
+    g = zarr.open_group(str(tmp_path / "be.zarr"), mode="w", zarr_format=2)
+    g.create_array("values", data=x.astype(">f8"), chunks=(16, 3))
+    g.attrs["features"] = ["a", "b", "c"]
+    chunks = list(tsconv.iter_chunks(tmp_path / "be.zarr", rows=np.int64(16), columns=np.array(["c", "a"])))
+    got = pl.concat(chunks)  # a big-endian store: Arrow holds no byte-swapped arrays
+    assert got.columns == ["step", "c", "a"]
+    np.testing.assert_array_equal(got.select("c", "a").to_numpy(), x[:, [2, 0]])
+    assert (
+        list(tsconv.iter_chunks(tmp_path / "be.zarr", columns=iter(["b"]), as_="arrow"))[0].num_columns == 2
+    )
+    with pytest.raises(ShapeError, match="a set"):
+        tsconv.iter_chunks(tmp_path / "be.zarr", columns={"a", "b"})
+    with pytest.raises(ShapeError, match="lists a feature twice: 'a'"):
+        tsconv.iter_chunks(tmp_path / "be.zarr", columns=["a", "b", "a"])
+    with pytest.raises(TsconvError, match="a store's path"):
+        tsconv.open_store(None)

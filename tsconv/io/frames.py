@@ -37,7 +37,7 @@ import numpy as np
 
 from tsconv.errors import ShapeError, StoreError, TsconvError
 from tsconv.io.readers.blocks import BlockReader
-from tsconv.io.store import InputStore, open_input
+from tsconv.io.store import InputStore, check_time, open_input
 from tsconv.io.transpose import transpose_into
 
 __all__ = [
@@ -102,12 +102,17 @@ class ArrayChunk:
 
 
 def open_store(path: str | os.PathLike[str] | InputStore | StoreInfo) -> StoreInfo:
-    """Open a store read-only and return its metadata. Reads only the first and last timestamp."""
+    """Open a store read-only and return its metadata, its time checked as a run checks it (strictly
+    increasing, none missing: a store's int64 time was passed through unchecked, NaT and backwards times
+    included)."""
     if isinstance(path, StoreInfo):
         return path
+    if not isinstance(path, str | os.PathLike | InputStore):
+        raise TsconvError(f"expected a store's path or URL, got {type(path).__name__}")
     store = path if isinstance(path, InputStore) else open_input(path)
     t0 = t1 = None
     if store.time is not None:
+        check_time(store)
         t0, t1 = (np.datetime64(int(store.time[i]), "ns") for i in (0, store.rows - 1))
     return StoreInfo(
         path=store.path,
@@ -143,6 +148,12 @@ def _select(store: InputStore, columns: Sequence[str] | None) -> tuple[tuple[str
         return store.features, store.values
     if isinstance(columns, str):
         columns = [columns]
+    if isinstance(columns, set | frozenset):
+        raise ShapeError("columns is a set, whose order is not defined", hint="pass a list of feature names.")
+    try:
+        columns = [str(c) if isinstance(c, np.str_) else c for c in columns]  # any iterable: a list, an array
+    except TypeError:
+        raise ShapeError(f"columns must be a list of feature names, got {type(columns).__name__}") from None
     index = {n: j for j, n in enumerate(store.features)}
     missing = [c for c in columns if c not in index]
     if missing:
@@ -153,7 +164,8 @@ def _select(store: InputStore, columns: Sequence[str] | None) -> tuple[tuple[str
             + (f", ... ({len(store.features)} in all)" if len(store.features) > 8 else ""),
         )
     if len(set(columns)) != len(columns):
-        raise ShapeError("columns lists a feature twice")
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        raise ShapeError(f"columns lists a feature twice: {', '.join(map(repr, twice[:5]))}")
     if not columns:
         raise ShapeError("columns is empty", hint="leave columns=None for all features.")
     cols = np.array([index[c] for c in columns], dtype=np.int64)
@@ -192,10 +204,11 @@ def iter_chunks(
     where possible, which later chunks' halo rows may share: copy it to edit it). Store chunks are decoded
     once each (:class:`~tsconv.io.readers.blocks.BlockReader`).
     """
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+    if isinstance(rows, bool | np.bool_) or not isinstance(rows, int | np.integer) or rows < 1:
         raise TsconvError(f"rows must be a positive integer, got {rows!r}")
-    if isinstance(halo, bool) or not isinstance(halo, int) or halo < 0:
+    if isinstance(halo, bool | np.bool_) or not isinstance(halo, int | np.integer) or halo < 0:
         raise TsconvError(f"halo must be a non-negative integer, got {halo!r}")
+    rows, halo = int(rows), int(halo)
     if as_ not in _FORMATS:
         raise TsconvError(f"as_ must be one of {', '.join(_FORMATS)}, got {as_!r}")
     info = open_store(store)
@@ -215,7 +228,8 @@ def _iter(info: StoreInfo, names: tuple[str, ...], array: Any, rows: int, halo: 
     where = str(info.path)
     values = BlockReader(array, where=where)
     times = BlockReader(info.store.time, where=where) if info.has_time else None
-    out_dtype = np.dtype(np.float32) if info.dtype == np.float16 else info.dtype
+    # native byte order: Arrow holds no byte-swapped arrays (a big-endian zarr 2 store failed in pyarrow)
+    out_dtype = np.dtype(np.float32) if info.dtype == np.float16 else info.dtype.newbyteorder("=")
     for s in range(0, info.rows, rows):
         e = min(s + rows, info.rows)
         a = max(0, s - halo)
