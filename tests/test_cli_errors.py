@@ -1091,9 +1091,9 @@ def _damaged_store(root: Path, how: str) -> Path:
         doc["shape"] = doc["chunk_grid"]["configuration"]["chunk_shape"] = [1_000_000, 100_000]
     elif how == "billion features":
         doc["shape"] = [300, 1_000_000_000]
-    elif how == "control character":
+    elif how in ("control character", "empty name"):
         group = json.loads((src / "zarr.json").read_text())
-        group["attributes"]["features"] = ["a\nb", "c\x1b[31m"]
+        group["attributes"]["features"] = ["a\nb", "c\x1b[31m"] if how == "control character" else ["a", ""]
         (src / "zarr.json").write_text(json.dumps(group))
         return src
     meta.write_text(json.dumps(doc))
@@ -1109,6 +1109,7 @@ def _damaged_store(root: Path, how: str) -> Path:
         ("huge chunk", "of 372.5 GiB decoded; tsconv reads chunks of at most 2 GiB"),
         ("billion features", "values declare 1,000,000,000 features; tsconv reads at most 1,048,576"),
         ("control character", "feature name 'a\\nb' holds a control character"),
+        ("empty name", "feature 1 has an empty name"),  # polars renamed it column_1 in iter_chunks
     ],
 )
 def test_a_damaged_store_is_refused_in_one_line(tmp_path: Path, how: str, needle: str) -> None:

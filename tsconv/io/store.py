@@ -273,6 +273,11 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
         names = _coordinate_names(arrays[dims[1]], dims[1], values.shape[1], where)
     else:
         names = tuple(f"f{j}" for j in range(values.shape[1]))
+    if "" in names:  # its outputs would be named ".diff1", and polars renames an empty column "column_1"
+        raise StoreError(
+            f"{where}: feature {names.index('')} has an empty name",
+            hint="name every feature (the 'features' attribute or the feature coordinate).",
+        )
     bad = control_name(names)
     if bad is not None:
         raise StoreError(
