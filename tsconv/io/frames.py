@@ -202,7 +202,8 @@ def iter_chunks(
     batches also carry ``tsconv.halo`` / ``tsconv.start`` in their schema metadata.
     ``as_="numpy"`` yields :class:`ArrayChunk` (``values`` a read-only view of the decoded store chunk
     where possible, which later chunks' halo rows may share: copy it to edit it). Store chunks are decoded
-    once each (:class:`~tsconv.io.readers.blocks.BlockReader`).
+    once each where a chunk's halo spans at most a few of them (:class:`~tsconv.io.readers.blocks.BlockReader`
+    keeps the last four decoded; a longer halo decodes its older store chunks again for each chunk).
     """
     if isinstance(rows, bool | np.bool_) or not isinstance(rows, int | np.integer) or rows < 1:
         raise TsconvError(f"rows must be a positive integer, got {rows!r}")
