@@ -334,3 +334,10 @@ def test_a_pipeline_with_a_time_range_is_refused_as_features_refuses_it():
     pipe = {"preprocess": {"time_range": ["2026-01-01", "2026-01-02"]}, "conv": [{"filters": ["diff:1"]}]}
     with pytest.raises(TsconvError, match=r"time_range is not supported by tsconv.nn.Pipeline"):
         Pipeline.from_pipeline(pipe, n_features=2)
+
+
+def test_a_pipeline_module_on_an_empty_batch_gives_an_empty_batch() -> None:
+    # torch.stack of no series raised "stack expects a non-empty TensorList"
+    model = tsconv.nn.Pipeline.from_pipeline({"conv": [{"filters": ["diff:1", "ma:4"]}]}, n_features=3)
+    y = model(torch.zeros(0, 20, 3))
+    assert y.shape == (0, 20, 6) and y.dtype == torch.float32

@@ -351,7 +351,13 @@ class Pipeline(torch.nn.Module):
             if x.dim() == 2:
                 y = self._series(x)
             else:
-                y = torch.stack([self._series(s) for s in x.unbind(0)])
+                series = [self._series(s) for s in x.unbind(0)]
+                # an empty batch: [0, T, D], as CausalConv1d gives [0, O, T] (torch.stack refused no tensors)
+                y = (
+                    torch.stack(series)
+                    if series
+                    else x.new_empty((0, steps, self.plan.n_outputs), dtype=torch.float32)
+                )
         if not torch.compiler.is_compiling():
             self._backend.finish()  # the FP16-storage check's warnings, once, after the first eager call
         return y

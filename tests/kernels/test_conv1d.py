@@ -1446,3 +1446,16 @@ def test_conv1d_compiles_into_one_graph_with_the_eager_values():
     for backend in ("eager", "aot_eager"):
         torch._dynamo.reset()
         assert torch.equal(torch.compile(f, backend=backend, fullgraph=True)(x), expected)
+
+
+def test_weights_made_under_inference_mode_are_used_not_refused() -> None:
+    # reading the weight cache's version counter raised "Inference tensors do not track version counter"
+    # for every kernel call with such weights
+    cache = WeightCache()
+    with torch.inference_mode():
+        w = torch.arange(6.0).reshape(2, 3)
+        built = []
+        assert cache.get(w, "t", lambda v: built.append(1) or v * 2).tolist() == [[0, 2, 4], [6, 8, 10]]
+        w.add_(1)  # an in-place write the cache could not see: nothing is kept, so it is built again
+        assert cache.get(w, "t", lambda v: built.append(1) or v * 2).tolist() == [[2, 4, 6], [8, 10, 12]]
+    assert len(built) == 2 and len(cache) == 0

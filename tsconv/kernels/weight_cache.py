@@ -33,7 +33,11 @@ class WeightCache:
         self.entries: OrderedDict[tuple, tuple[weakref.ref, int, object]] = OrderedDict()
 
     def get(self, w: torch.Tensor, tag: Hashable, build: Callable[[torch.Tensor], T]) -> T:
-        """``build(w)``, or the copy built for the same storage, layout, tag and version."""
+        """``build(w)``, or the copy built for the same storage, layout, tag and version. An inference tensor
+        (made under ``torch.inference_mode()``) has no version counter to tell an in-place write by, so its
+        copy is built afresh each call (reading ``_version`` raised for it)."""
+        if w.is_inference():
+            return build(w)
         key = (tag, w.data_ptr(), tuple(w.shape), w.stride(), w.dtype, w.device)
         owner = w if w._base is None else w._base
         hit = self.entries.get(key)
