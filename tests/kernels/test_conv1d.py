@@ -1459,3 +1459,17 @@ def test_weights_made_under_inference_mode_are_used_not_refused() -> None:
         w.add_(1)  # an in-place write the cache could not see: nothing is kept, so it is built again
         assert cache.get(w, "t", lambda v: built.append(1) or v * 2).tolist() == [[2, 4, 6], [8, 10, 12]]
     assert len(built) == 2 and len(cache) == 0
+
+
+def test_importing_the_ops_module_registers_every_custom_op() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, tsconv\n"
+        "assert not hasattr(torch.ops.tsconv, 'gemm')\n"  # import tsconv stays light
+        "import tsconv.kernels.ops\n"
+        "assert all(hasattr(torch.ops.tsconv, n) for n in ('conv1d', 'gemm', 'conv1d_head', 'filter_bank'))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
