@@ -10,6 +10,7 @@ import numpy as np
 
 from tsconv.errors import ShapeError
 from tsconv.io.contracts import HostSource
+from tsconv.io.names import repeated_names
 from tsconv.io.precision import exact_in_float32
 
 __all__ = ["FrameColumns", "frame_input", "frame_kind", "frame_output", "to_polars"]
@@ -80,8 +81,7 @@ def to_polars(frame: Any, caller: str) -> Any:
 
 
 def _refuse_repeats(names: list[str], caller: str) -> None:
-    if len(set(names)) != len(names):
-        repeats = sorted({n for n in names if names.count(n) > 1})
+    if repeats := repeated_names(names):
         raise ShapeError(
             f"{caller}: the frame's column names repeat: {', '.join(repeats[:5])}",
             hint="a frame's columns are read by name: give each column its own name.",

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import ShapeError, StoreError, TsconvError
+from tsconv.io.names import repeated_names
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.store import InputStore, check_time, open_input
 from tsconv.io.transpose import transpose_into
@@ -163,8 +164,7 @@ def _select(store: InputStore, columns: Sequence[str] | None) -> tuple[tuple[str
             hint=f"the store's features are {', '.join(store.features[:8])}"
             + (f", ... ({len(store.features)} in all)" if len(store.features) > 8 else ""),
         )
-    if len(set(columns)) != len(columns):
-        twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice := repeated_names(columns):
         raise ShapeError(f"columns lists a feature twice: {', '.join(map(repr, twice[:5]))}")
     if not columns:
         raise ShapeError("columns is empty", hint="leave columns=None for all features.")
