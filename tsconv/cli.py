@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from tsconv import __version__
-from tsconv.errors import TsconvError
+from tsconv.errors import TsconvError, first_line
 
 DEMO_ROWS, DEMO_FEATURES = 200_000, 64
 
@@ -98,11 +98,11 @@ class _Group(click.Group):
             _quiet_stdout()
             sys.exit(141)  # as a tool killed by SIGPIPE (`tsconv filters | head -1`): no error line
         except MemoryError as exc:  # numpy's allocations (a large pipeline's weights copied as it resolves)
-            _fail(f"out of host memory ({_one_line(exc) or type(exc).__name__}); {_MEMORY_HINT}")
+            _fail(f"out of host memory ({first_line(exc)}); {_MEMORY_HINT}")
         except RuntimeError as exc:
             if _CPU_ALLOCATOR not in str(exc):  # torch's CPU allocator failing: the same as numpy's
                 raise
-            _fail(f"out of host memory ({_one_line(exc)}); {_MEMORY_HINT}")
+            _fail(f"out of host memory ({first_line(exc)}); {_MEMORY_HINT}")
         except OSError as exc:
             _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
         finally:
@@ -113,11 +113,6 @@ _CPU_ALLOCATOR = "DefaultCPUAllocator: can't allocate memory"
 _MEMORY_HINT = (
     "hint: free memory, or lower what a run holds: a smaller --chunk, fewer features or smaller weights."
 )
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else ""
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

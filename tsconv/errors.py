@@ -38,3 +38,12 @@ class GpuError(TsconvError):
 
 class TsconvWarning(UserWarning):
     """A result is computed but may not be what the user expects (e.g. FP16 weight rounding)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line for a user: its first non-empty line (libraries such as polars put
+    the cause there and generic advice after it), whitespace collapsed, at most 300 characters; the
+    exception's type name where it has no message."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = " ".join((lines[0] if lines else type(exc).__name__).split())
+    return text[:300] + ("..." if len(text) > 300 else "")

@@ -56,8 +56,8 @@ def features(
     index; pyarrow Table or RecordBatch: a Table): its columns are read by name, its ``time_column`` (if
     present) is carried over and the other columns, all numeric, are the named features (see
     :func:`tsconv.io.dataframes.frame_input`). An xarray DataArray of two dimensions, in either order, gives
-    a DataArray [time, output] (see :func:`_dataarray_features`). ``transfer`` and ``gpu_mem`` are the CUDA engine's, as in
-    :func:`process`.
+    a DataArray [time, output] (see :func:`_dataarray_features`). ``transfer`` and ``gpu_mem`` are the CUDA
+    engine's, as in :func:`process`.
 
     ``names`` names an array's input features (default f0, f1, ...). ``return_names=True`` returns
     ``(result, output_names)``: the D output names in column order (e.g. ``"f0.ma8"``), a tuple of str, the
@@ -86,7 +86,9 @@ def features(
             raise ShapeError("out= is for arrays and tensors; a frame's result is a new frame")
         if names is not None:
             raise ShapeError("names= is for arrays; a frame's features are named by its columns")
-        index = _pandas_index(x) if kind == "pandas" else None
+        index = x.index if kind == "pandas" else None
+        if index is not None:
+            _check_index(index, "the frame's index")
         feature_names, source, time_series = frame_input(
             to_polars(x, "features()"), time_column=time_column, band_rows=chunk
         )
@@ -178,8 +180,9 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
     """:func:`features` of an xarray DataArray [time, feature] in either order: a DataArray [time, output].
 
     The time dimension is ``time_column``'s, else the one dimension whose coordinate holds datetimes, else the
-    one whose coordinate does not hold names (strings), else the first (an array's convention); the other dimension's coordinate names the features. Its time
-    coordinate, which the result keeps, must be strictly increasing."""
+    one whose coordinate does not hold names (strings), else the first (an array's convention); the other
+    dimension's coordinate names the features. Its time coordinate, which the result keeps, must be strictly
+    increasing."""
     import xarray as xr
 
     if not isinstance(da, xr.DataArray):
@@ -223,12 +226,6 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
         coords[tdim] = da.coords[tdim].values
     frame = xr.DataArray(result, dims=(tdim, "output"), coords=coords, name=da.name)
     return (frame, out_names) if return_names else frame
-
-
-def _pandas_index(frame: Any) -> Any:
-    """A pandas frame's index, which its result keeps, checked (:func:`_check_index`)."""
-    _check_index(frame.index, "the frame's index")
-    return frame.index
 
 
 def _check_index(index: Any, what: str) -> None:

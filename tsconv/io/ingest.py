@@ -60,7 +60,7 @@ import polars as pl
 import zarr
 from zarr.codecs import BloscCodec
 
-from tsconv.errors import OutputExistsError, StoreError, TsconvWarning
+from tsconv.errors import OutputExistsError, StoreError, TsconvWarning, first_line
 from tsconv.io.lock import OutputLock
 from tsconv.io.names import control_name, describe_repeats, repeated_names
 from tsconv.io.objstore import is_url
@@ -180,13 +180,6 @@ def expand_files(files: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return paths
 
 
-def _one_line(exc: BaseException) -> str:
-    # polars puts the cause on the first line and generic advice (about its own options) after it.
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    text = " ".join((lines[0] if lines else type(exc).__name__).split())
-    return text[:300] + ("..." if len(text) > 300 else "")
-
-
 # What reading a file can raise: polars' errors, the OS's, and a panic in polars' Rust code (a BaseException,
 # not an Exception), which a time zone it cannot parse, such as a fixed "+05:30" offset, raised.
 _READ_ERRORS = (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError)
@@ -199,7 +192,7 @@ def _read_error(path: Path, fmt: str, exc: BaseException) -> StoreError:
     kind = {"parquet": "Parquet", "csv": "CSV", "ipc": "Arrow IPC"}[fmt]
     if isinstance(exc, pl.exceptions.NoDataError) or (path.exists() and path.stat().st_size == 0):
         return StoreError(f"input file {str(path)!r} is empty", hint="remove it from the file list.")
-    msg = _one_line(exc)
+    msg = first_line(exc)
     if "could not parse" in msg:
         hint = "every value of a value column must be a number (or empty for a missing value)."
     elif "time zone" in msg:
@@ -434,7 +427,7 @@ class _Source:
             ns = raw.lazy().select(self.time_ns.alias(_T)).collect()[_T]
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as exc:
             raise StoreError(
-                f"cannot parse the time column {self.time_column!r} of {str(self.path)!r}: {_one_line(exc)}",
+                f"cannot parse the time column {self.time_column!r} of {str(self.path)!r}: {first_line(exc)}",
                 hint="times must be ISO 8601 strings (e.g. 2026-01-02T09:30:00.000001Z), timestamps or integers.",
             ) from None
         if ns.null_count():
