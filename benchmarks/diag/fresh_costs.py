@@ -214,6 +214,7 @@ def main() -> None:
     ap.add_argument("--trees", default="", help="NAME=DIR[:VAR=VALUE...],... (DIR '.': this tree)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-writer", action="store_true")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profiled driver runs")
     ap.add_argument("--writer-gb", type=float, default=4.0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--store-rows", type=int, default=None, help="override the stores' rows (a quick check)")
@@ -254,15 +255,20 @@ def main() -> None:
         for _ in range(a.repeats):
             for name, (root, extra) in trees.items():
                 run["trees"][name]["runs"].append(fresh_run(root, src, out, pipe, a.work, cache, extra))
-        run["profiled"] = profiled_run(ROOT, src, out, pipe, a.work, cache)
         for name, t in run["trees"].items():
+
+            def stage(key: str, t: dict[str, Any] = t) -> list[float]:
+                return [round(r["stage_seconds"].get(key, 0.0), 3) for r in t["runs"]]
+
             print(store, pipeline, name, "wall", [round(r["wall_s"], 2) for r in t["runs"]],
-                  "report", [round(r["report_s"], 3) for r in t["runs"]],
-                  "write", [r["stage_seconds"].get("write") for r in t["runs"]], flush=True)  # fmt: skip
-        prof = run["profiled"]
-        print(store, pipeline, "profiled: call1", round(prof["call1"]["seconds"], 3), "call2",
-              round(prof["call2"]["seconds"], 3), "start", round(prof["interpreter_to_first_line_s"], 3),
-              "exit", round(prof["end_to_exit_s"], 3), flush=True)  # fmt: skip
+                  "report", [round(r["report_s"], 3) for r in t["runs"]], "loop", stage("loop"),
+                  "d2h", stage("d2h"), "write_busy", stage("write_busy"), "decode_busy", stage("decode_busy"),
+                  "|", t["runs"][-1].get("compression"), flush=True)  # fmt: skip
+        if not a.no_profile:
+            run["profiled"] = prof = profiled_run(ROOT, src, out, pipe, a.work, cache)
+            print(store, pipeline, "profiled: call1", round(prof["call1"]["seconds"], 3), "call2",
+                  round(prof["call2"]["seconds"], 3), "start", round(prof["interpreter_to_first_line_s"], 3),
+                  "exit", round(prof["end_to_exit_s"], 3), flush=True)  # fmt: skip
         doc["runs"].append(run)
         a.out.write_text(json.dumps(doc, indent=1))
     if not a.no_writer:
