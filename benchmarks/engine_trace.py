@@ -43,6 +43,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -268,6 +269,10 @@ def variant(name: str):  # noqa: ANN201
                     set_meta(self, **changes)
 
             patches.append((cls, "_set_meta", set_meta_final))
+    elif name.startswith("hostroom"):  # the writer threads' room for steps sent as rows (HOST_ENCODE_ROOM)
+        patches.append((batched, "HOST_ENCODE_ROOM", float(name[8:])))
+    elif name == "shmout":  # the output in /dev/shm (memory), not on the disk: handled by main()
+        pass
     elif name.startswith("outmb"):  # output chunks of about N MB (the writer's target; default 16)
         from tsconv.io.writers import zarr_writer as writer_mod
 
@@ -323,6 +328,33 @@ def variant(name: str):  # noqa: ANN201
             setattr(mod, attr, value)
 
 
+class _DirtySampler:
+    """The peaks of /proc/meminfo's Dirty and Writeback (MB) while a run writes, sampled every 20 ms."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, float] = {}
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            try:
+                for line in Path("/proc/meminfo").read_text().splitlines():
+                    key, val = line.split(":", 1)
+                    if key in ("Dirty", "Writeback"):
+                        self.peaks[key] = max(self.peaks.get(key, 0.0), int(val.split()[0]) / 1024)
+            except OSError:
+                return
+
+    def __enter__(self) -> _DirtySampler:
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def summarise(spans: list[tuple[str, int, float, float, Any]], threads: int) -> dict[str, Any]:
     """The traced run in a few numbers (see the module docstring)."""
     by: dict[str, list[tuple[int, float, float, Any]]] = defaultdict(list)
@@ -336,7 +368,7 @@ def summarise(spans: list[tuple[str, int, float, float, Any]], threads: int) -> 
     loop = hi - lo
     out: dict[str, Any] = {"loop_seconds": loop}
     for k in ("ring_wait", "read_wait", "launch_piece", "copy_call", "prepare_call", "launch_step", "slot_wait",
-              "emit", "write"):  # fmt: skip
+              "emit", "write", "write_time", "write_record"):  # fmt: skip
         out[f"{k}_seconds"] = sum(t1 - t0 for _, t0, t1, _ in by[k])
     out["engine_busy_share"] = sum(t1 - t0 for _, t0, t1, _ in eng) / loop if loop > 0 else 0.0
     dec = by["decode"]
@@ -398,6 +430,7 @@ def main() -> int:
     ap.add_argument("--features", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--variants", default="default")
+    ap.add_argument("--pipeline", default=None, help="a built-in pipeline (default: the e2e dense one)")
     ap.add_argument("--device", default="cuda", help="cpu only for a smoke test under TRITON_INTERPRET=1")
     ap.add_argument(
         "--store", default=None, help="trace this store (e.g. one of cli.py's) instead of making one"
@@ -421,7 +454,7 @@ def main() -> int:
         t0 = time.perf_counter()
         make_ticks(src, rows=args.rows, features=args.features, seed=0)
         print(f"generated {src.name} in {time.perf_counter() - t0:.1f} s", flush=True)
-    pipe = write_pipeline(work / "pipe", args.features)
+    pipe = args.pipeline or write_pipeline(work / "pipe", args.features)
     _Hog.paths = sorted(str(p) for p in (src / "values").rglob("*") if p.is_file() and p.name != "zarr.json")
     out = work / "trace_out.zarr"
     nbytes = args.rows * args.features * 4
@@ -445,16 +478,17 @@ def main() -> int:
     names = args.variants.split(",")
     for i, name in enumerate(names):
         key = name if names[:i].count(name) == 0 else f"{name}#{names[:i].count(name) + 1}"  # a repeat
+        kw["output"] = Path("/dev/shm/tsconv_trace_out.zarr") if "shmout" in name else out
         with cpu(), variant(name) as extra:
             # a new variant's first run (workers start)
-            first = tsconv.process(src, out, **kw, **extra).seconds
+            first = tsconv.process(src, **kw, **extra).seconds
             secs, reps = [], []
             for _ in range(args.repeats):
-                r = tsconv.process(src, out, **kw, **extra)
+                r = tsconv.process(src, **kw, **extra)
                 secs.append(r.seconds)
                 reps.append(r.to_dict())
-            with trace.recording() as spans:
-                r = tsconv.process(src, out, **kw, **extra)
+            with trace.recording() as spans, _DirtySampler() as dirty:
+                r = tsconv.process(src, **kw, **extra)
             threads = decode.default_threads()  # the decode threads in force for this variant
         med = statistics.median(secs)
         doc["variants"][key] = {
@@ -463,6 +497,7 @@ def main() -> int:
             "median_seconds": med,
             "input_gbps": nbytes / med / 1e9,
             "traced_seconds": r.seconds,
+            "dirty_max_mb": dirty.peaks,
             "step_rows": reps[-1].get("step_rows"),
             "stage_seconds": reps[-1].get("stage_seconds"),
             "loop_seconds": statistics.median(

@@ -1322,6 +1322,7 @@ class OutputWriter:
                 self._free.put(buf)
             else:
                 borrow.drop()
+        t_written = time.perf_counter()
         with self._lock:
             try:
                 if failure is None:
@@ -1339,6 +1340,7 @@ class OutputWriter:
             self.busy_seconds += t1 - t0
         if trace.on:
             trace.add("write", t0, t1, a)
+            trace.add("write_record", t_written, t1, a)  # the lock's wait and rows_done's update
 
     def _write(self, a: int, b: int, buf: np.ndarray | _Frame, parts: int = 1) -> None:
         n = b - a
@@ -1358,6 +1360,7 @@ class OutputWriter:
             self.values[a:b] = buf[:n]
         if self.time_out is not None:
             assert self._time_in is not None
+            t_time = time.perf_counter()
             t = self._time_in.read(a, b)
             if self._time_chunks is not None:
                 if n < self.chunk_rows:  # the edge chunk, padded as zarr pads it
@@ -1368,6 +1371,8 @@ class OutputWriter:
             else:
                 with self._time_lock:
                     self.time_out[a:b] = t
+            if trace.on:
+                trace.add("write_time", t_time, time.perf_counter(), a)
 
     def _choose_compression(self, rows: np.ndarray) -> bool:
         """compression="auto": keep lz4 if it saves at least AUTO_MIN_SAVING of a sample of ``rows`` (about
