@@ -334,6 +334,36 @@ def test_rows_done_waits_for_a_slow_chunk(
     np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
 
 
+def test_threads_store_on_while_one_of_them_records_rows_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow attribute write (an object store's PUT, a busy disk) is made by one thread at a time, outside
+    the lock, for the latest prefix: the other threads' chunks do not queue behind one write each."""
+    x = _data(rows=32 * CHUNK_ROWS)
+    real, recorded, at_once, lock = OutputWriter._set_meta, [], [0, 0], threading.Lock()
+
+    def slow(self: OutputWriter, **changes: object) -> None:
+        with lock:
+            at_once[0] += 1
+            at_once[1] = max(at_once)
+        time.sleep(0.03)
+        real(self, **changes)
+        with lock:
+            at_once[0] -= 1
+        if "complete" not in changes:
+            recorded.append(changes["rows_done"])
+
+    path = tmp_path / "out.zarr"
+    w = _create(path, x, time_source=_time(32 * CHUNK_ROWS), threads=4, buffers=8)
+    monkeypatch.setattr(OutputWriter, "_set_meta", slow)
+    _append_all(w, x)
+    w.finish()
+    assert recorded == sorted(recorded) and len(recorded) < 16, recorded  # 32 chunks; coalesced
+    assert at_once[1] == 1
+    assert _meta(path) == {"complete": True, "rows": x.shape[0], "rows_done": x.shape[0]}
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
+
+
 @pytest.mark.parametrize(("threads", "fast"), [(4, True), (4, False), (0, True)])
 def test_a_failed_write_surfaces_and_resume_finishes_the_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, fast: bool

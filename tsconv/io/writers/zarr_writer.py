@@ -849,7 +849,8 @@ class OutputWriter:
     thread as it fills. ``buffers``: chunk buffers (default threads + 1, one being filled), which bounds
     memory: ``append`` blocks while all are in flight. ``fast=False`` always writes through zarr.
 
-    Attributes: ``rows_done`` (rows stored: a contiguous prefix, as recorded in ``tsconv.rows_done``),
+    Attributes: ``rows_done`` (rows stored: a contiguous prefix, which ``tsconv.rows_done`` records, one write
+    behind at most while chunks are stored),
     ``fast`` and ``fallback_reason`` (whether chunk files are written directly, and why not),
     ``busy_seconds`` (encode + write + record, summed over threads) and ``wait_seconds`` (time
     ``append`` and ``finish`` spent blocked on free buffers or completions). ``close()`` (also leaving a
@@ -919,6 +920,8 @@ class OutputWriter:
         if fast and aligned and self.time_out is not None:
             self._time_chunks, _ = ChunkFileWriter.for_array(self.time_out)
         self.rows_done = start
+        self._recorded = start  # rows_done as the attributes hold it
+        self._recording = False  # a writer thread is writing rows_done to the attributes
         self._meta: dict[str, Any] | None = None  # the tsconv attributes as last written
         local_json = _local_group_json(group)
         # Where the group's root document is written whole (a local directory, or a URL), else None: through zarr.
@@ -934,7 +937,7 @@ class OutputWriter:
         self._fill = 0
         self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self._allocated = 0
-        self._lock = threading.Lock()  # rows_done, _stored, _error, busy_seconds and the attributes
+        self._lock = threading.Lock()  # rows_done, _stored, _error, busy_seconds, _recording
         self._stored: dict[int, int] = {}  # chunks stored beyond the prefix: start row -> stop row
         self._error: StoreError | None = None
         self._inflight: list[Future[None]] = []
@@ -1323,24 +1326,50 @@ class OutputWriter:
             else:
                 borrow.drop()
         t_written = time.perf_counter()
+        recorder = False
         with self._lock:
-            try:
-                if failure is None:
-                    self._advance(a, b)
-            except Exception as exc:
-                failure = exc
-            if failure is not None and self._error is None:
-                self._error = StoreError(
-                    f"cannot write rows {a:,}..{b:,} of {self.where}: {type(failure).__name__}: {failure}",
-                    hint="check free space and permissions; rows before tsconv.rows_done are stored, "
-                    "and --resume continues from there.",
-                )
-                self._error.__cause__ = failure
-            t1 = time.perf_counter()
+            if failure is None:
+                recorder = self._advance(a, b)
+            else:
+                self._fail(a, b, failure)
+        if recorder:
+            self._record()
+        t1 = time.perf_counter()
+        with self._lock:
             self.busy_seconds += t1 - t0
         if trace.on:
             trace.add("write", t0, t1, a)
-            trace.add("write_record", t_written, t1, a)  # the lock's wait and rows_done's update
+            trace.add("write_record", t_written, t1, a)  # the lock's wait and rows_done's record
+
+    def _fail(self, a: int, b: int, failure: BaseException) -> None:
+        """Keep the first failure, naming rows [a, b) (under ``_lock``)."""
+        if self._error is None:
+            self._error = StoreError(
+                f"cannot write rows {a:,}..{b:,} of {self.where}: {type(failure).__name__}: {failure}",
+                hint="check free space and permissions; rows before tsconv.rows_done are stored, "
+                "and --resume continues from there.",
+            )
+            self._error.__cause__ = failure
+
+    def _record(self) -> None:
+        """Write ``rows_done`` to the attributes until they hold the latest prefix. One thread at a time
+        records, outside the lock: the threads whose chunks advance the prefix meanwhile go on storing (with
+        one write per chunk under the lock, 16 writer threads waited there for 5-14 thread-seconds of a
+        1-second run; benchmarks/NOTES.md, "The writer")."""
+        while True:
+            with self._lock:
+                target = self.rows_done
+                if target == self._recorded:
+                    self._recording = False
+                    return
+            try:
+                self._set_meta(rows_done=target)
+            except Exception as exc:
+                with self._lock:
+                    self._fail(self._recorded, target, exc)
+                    self._recording = False
+                return
+            self._recorded = target
 
     def _write(self, a: int, b: int, buf: np.ndarray | _Frame, parts: int = 1) -> None:
         n = b - a
@@ -1403,17 +1432,20 @@ class OutputWriter:
         self.compression = f"none (auto: lz4 saved {saving:.0%} of a sample)"
         return True
 
-    def _advance(self, a: int, b: int) -> None:
-        """Rows [a, b) are stored: extend the contiguous prefix and record it (under ``_lock``)."""
+    def _advance(self, a: int, b: int) -> bool:
+        """Rows [a, b) are stored: extend the contiguous prefix (under ``_lock``). True when the caller is to
+        record it (:meth:`_record`): no other thread is recording."""
         self._stored[a] = b
         prefix = self.rows_done
         while prefix in self._stored:
             prefix = self._stored.pop(prefix)
         if prefix == self.rows_done:
-            return  # an earlier chunk is still in flight (or failed): rows_done must not pass it
-        if self.record:
-            self._set_meta(rows_done=prefix)
+            return False  # an earlier chunk is still in flight (or failed): rows_done must not pass it
         self.rows_done = prefix
+        if not self.record or self._recording:
+            return False
+        self._recording = True
+        return True
 
     def _set_meta(self, *, consolidate: bool = False, **changes: Any) -> None:
         """Update the ``tsconv`` attributes (a change to None drops the key); ``consolidate``: also write the
