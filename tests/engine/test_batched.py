@@ -685,6 +685,8 @@ def test_host_share_takes_a_step_while_its_chunks_fit_the_room():
     assert h.take(3) and not h.take(2) and h.take(1) and not h.take(1)
     h.stored(3)
     assert h.take(2) and (h.held, h.taken) == (3, 6)
+    h.stored(3)
+    assert h.take(9) and not h.take(1)  # a step of more chunks than the room, with nothing held
     assert not _HostShare(0).take(1)
 
 

@@ -97,9 +97,10 @@ ENCODE_GROUP_MAX = 8
 _ENCODE_BYTES_PER_OUTPUT = 9
 _ENCODE_FIXED = 8 << 20
 # While the GPU encodes a zarr output's chunks, a step's rows go to the sink's writer threads instead (c-blosc
-# on the host's cores) whenever the chunks those threads hold from earlier such steps, with this step's, are
-# at most HOST_ENCODE_ROOM per thread: both encoders work at once and the copy-back stream carries only the
-# steps the host has no room for (benchmarks/NOTES.md, "Chunks encoded on the GPU"). 0: every step on the GPU.
+# on the host's cores) when those threads hold no chunk of an earlier such step, or when what they hold, with
+# this step's chunks, is at most HOST_ENCODE_ROOM chunks per thread: both encoders work at once, and the GPU,
+# whose encode shares the SMs with the steps' kernels, encodes only the steps the host has no room for
+# (benchmarks/NOTES.md, "Chunks encoded on the GPU"). 0: every step on the GPU.
 HOST_ENCODE_ROOM = 1.0
 # The share of the budget planned as allocated tensors, so that the peak *reserved* stays within it too.
 _ALLOCATED_SHARE = 0.88
@@ -857,7 +858,7 @@ def _pieces(
 
 class _HostShare:
     """The chunks of steps sent to the sink's writer threads as rows while the GPU encodes the others: a step
-    is taken while the chunks still held there, with its own, fit ``room``."""
+    is taken when none is held there, or when the chunks held, with its own, fit ``room`` (0: none taken)."""
 
     def __init__(self, room: int) -> None:
         self.room = room
@@ -867,7 +868,7 @@ class _HostShare:
 
     def take(self, k: int) -> bool:
         with self._lock:
-            if self.held + k > self.room:
+            if not self.room or (self.held and self.held + k > self.room):
                 return False
             self.held += k
             self.taken += k
