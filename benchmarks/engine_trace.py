@@ -271,6 +271,9 @@ def variant(name: str):  # noqa: ANN201
             patches.append((cls, "_set_meta", set_meta_final))
     elif name.startswith("hostroom"):  # the writer threads' room for steps sent as rows (HOST_ENCODE_ROOM)
         patches.append((batched, "HOST_ENCODE_ROOM", float(name[8:])))
+    elif name.startswith("encgrp"):  # the GPU encoder's group: about N MB of rows, up to 32 chunks
+        patches.append((batched, "ENCODE_GROUP_BYTES", int(name[6:]) << 20))
+        patches.append((batched, "ENCODE_GROUP_MAX", 32))
     elif name == "shmout":  # the output in /dev/shm (memory), not on the disk: handled by main()
         pass
     elif name.startswith("outmb"):  # output chunks of about N MB (the writer's target; default 16)
