@@ -28,7 +28,8 @@ decoder's literal-span variant, N bytes per step), ``rpartN`` (the native reader
 ``lateread`` (the GPU reader's reads started only from the engine's calls, EARLY_READS off),
 ``outcodec-CNAME-CLEVEL-SHUFFLE`` (the output's Blosc codec, e.g. outcodec-lz4-0-shuffle), ``notime`` /
 ``nometa`` (the writer skips the time column / the per-chunk ``rows_done`` update), ``outmbN`` (output
-chunks of about N MB), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``stepN`` (N-row
+chunks of about N MB), ``encgrpN`` (the GPU encoder's group of about N MB), ``shmout`` (the output in
+/dev/shm: memory, not the disk), ``pieceN`` (N MB pieces), ``ringN`` (device ring of N pieces), ``stepN`` (N-row
 steps); with the CPU reader: ``prefetchN`` (reader window of N bands), ``predecoded`` (the store decoded
 into one pinned buffer at open: no decode threads in the loop), and ``predecoded+threadhog`` /
 ``predecoded+prochog`` / ``predecoded+pyhog`` / ``predecoded+prochog+pyhog`` (beside it, 15 threads or
@@ -269,8 +270,6 @@ def variant(name: str):  # noqa: ANN201
                     set_meta(self, **changes)
 
             patches.append((cls, "_set_meta", set_meta_final))
-    elif name.startswith("hostroom"):  # the writer threads' room for steps sent as rows (HOST_ENCODE_ROOM)
-        patches.append((batched, "HOST_ENCODE_ROOM", float(name[8:])))
     elif name.startswith("encgrp"):  # the GPU encoder's group: about N MB of rows, up to 32 chunks
         patches.append((batched, "ENCODE_GROUP_BYTES", int(name[6:]) << 20))
         patches.append((batched, "ENCODE_GROUP_MAX", 32))

@@ -525,15 +525,12 @@ def test_weight_bytes_count_every_form_the_engine_keeps():
     assert weight_bytes(plan) == 4 * w.size + 4 * w.size + 16 * 16 * 64 + 16 * 16 + 16 * hw.size + 8 * 4
 
 
-def _encode_on_the_cpu(monkeypatch, chunk_rows: int, *, host_room: float = 0.0) -> None:
+def _encode_on_the_cpu(monkeypatch, chunk_rows: int) -> None:
     """The GPU encoder's path on CPU tensors: numcodecs' LZ4 in nvCOMP's place, the framing kernel through
-    the interpreter, ``chunk_rows``-row output chunks; ``host_room``: the writer threads' room for steps
-    sent as rows (0: every step framed, whatever the threads' timing)."""
+    the interpreter, ``chunk_rows``-row output chunks."""
     from tsconv import config
-    from tsconv.engine import batched, outputs
+    from tsconv.engine import outputs
     from tsconv.kernels import lz4_encode
-
-    monkeypatch.setattr(batched, "HOST_ENCODE_ROOM", host_room)
 
     from ..kernels.test_lz4_encode import CpuLZ4
 
@@ -676,75 +673,3 @@ def test_an_update_with_encoded_chunks_equals_a_full_run(tmp_path, monkeypatch):
     assert "encoded on the GPU" in full.compression
     a, b = read_output(tmp_path / "out.zarr"), read_output(tmp_path / "full.zarr")
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
-def test_host_share_takes_a_step_while_its_chunks_fit_the_room():
-    from tsconv.engine.batched import _HostShare
-
-    h = _HostShare(4)
-    assert h.take(3) and not h.take(2) and h.take(1) and not h.take(1)
-    h.stored(3)
-    assert h.take(2) and (h.held, h.taken) == (3, 6)
-    h.stored(3)
-    assert h.take(9) and not h.take(1)  # a step of more chunks than the room, with nothing held
-    assert not _HostShare(0).take(1)
-
-
-def test_steps_shared_between_the_gpu_encoder_and_the_writer_threads_store_the_same_values(
-    tmp_path, monkeypatch
-):
-    """Every other step goes to the writer threads as rows while the others come as frames: the chunks of
-    both kinds decode to the host-only run's values bit for bit, every slot comes back (the run ends), and
-    the report gives the GPU's share."""
-    from tsconv import config
-    from tsconv.engine import batched
-    from tsconv.io.writers.zarr_writer import OutputWriter
-
-    x = price_series(1900, 4, seed=26, nan_fraction=0.02)
-    src = write_store(tmp_path / "in.zarr", x, chunks=(300, 4))
-    _encode_on_the_cpu(monkeypatch, 128, host_room=64.0)
-    monkeypatch.setattr(batched, "MAX_STEP_ROWS", 256)  # two output chunks a step, eight steps
-    turns, real_take = [], batched._HostShare.take
-
-    def every_other(self, k):
-        turns.append(len(turns) % 2 == 0 and real_take(self, k))
-        return turns[-1]
-
-    monkeypatch.setattr(batched._HostShare, "take", every_other)
-    kw = dict(pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB", compression="lz4")
-    with config.override(gpu_encode=False):
-        process_batched(src, tmp_path / "host.zarr", **kw)
-    framed, real = [], OutputWriter.append_frames
-
-    def counted(self, frames, *, rows, empty, release):
-        framed.append(rows)
-        real(self, frames, rows=rows, empty=empty, release=release)
-
-    monkeypatch.setattr(OutputWriter, "append_frames", counted)
-    mixed = process_batched(src, tmp_path / "mixed.zarr", **kw)
-    assert mixed.step_rows == 256 and len(turns) == 8 and turns.count(True) == 4
-    assert sum(framed) == 1900 - 4 * 256 and len(framed) == 4
-    # 15 chunks: steps 0, 2, 4, 6 (8 chunks) to the threads, 1, 3, 5 and the short last (7) as frames
-    assert "47% of its chunks encoded on the GPU" in mixed.compression, mixed.compression
-    want, got = read_output(tmp_path / "host.zarr"), read_output(tmp_path / "mixed.zarr")
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-
-
-def test_the_writer_threads_take_steps_while_they_have_room(tmp_path, monkeypatch):
-    """With room for a step's chunks, steps go to the writer threads, whatever the mix their timing gives;
-    the stored values are the host-only run's."""
-    from tsconv import config
-    from tsconv.engine import batched
-
-    x = price_series(1400, 4, seed=27)
-    src = write_store(tmp_path / "in.zarr", x, chunks=(200, 4))
-    _encode_on_the_cpu(monkeypatch, 128, host_room=8.0)
-    monkeypatch.setattr(batched, "MAX_STEP_ROWS", 256)
-    kw = dict(pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB", compression="lz4")
-    with config.override(gpu_encode=False, write_threads=2):
-        process_batched(src, tmp_path / "host.zarr", **kw)
-    with config.override(write_threads=2):
-        shared = process_batched(src, tmp_path / "shared.zarr", **kw)
-    assert "encoded on the GPU" not in shared.compression or "% of its chunks" in shared.compression
-    want, got = read_output(tmp_path / "host.zarr"), read_output(tmp_path / "shared.zarr")
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -32,7 +32,6 @@ copy (or mapped read) of a piece starting at or before band ``L - hold - 1`` is 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import queue
@@ -96,12 +95,6 @@ ENCODE_GROUP_BYTES = 32 << 20
 ENCODE_GROUP_MAX = 8
 _ENCODE_BYTES_PER_OUTPUT = 9
 _ENCODE_FIXED = 8 << 20
-# While the GPU encodes a zarr output's chunks, a step's rows go to the sink's writer threads instead (c-blosc
-# on the host's cores) when those threads hold no chunk of an earlier such step, or when what they hold, with
-# this step's chunks, is at most HOST_ENCODE_ROOM chunks per thread: both encoders work at once, and the GPU,
-# whose encode shares the SMs with the steps' kernels, encodes only the steps the host has no room for
-# (benchmarks/NOTES.md, "Chunks encoded on the GPU"). 0: every step on the GPU.
-HOST_ENCODE_ROOM = 1.0
 # The share of the budget planned as allocated tensors, so that the peak *reserved* stays within it too.
 _ALLOCATED_SHARE = 0.88
 
@@ -308,8 +301,7 @@ class StageTimes:
     graph: str = "off"  # the steps' CUDA graph (_StepGraph.status): off, eager, replayed or "off: why"
     # what NVML showed for the process at the end of the loop (nothing is freed during a run: its peak)
     gpu_process_bytes: int | None = None
-    # the share of the output's chunks encoded on the GPU (frames to the sink), 0.0 when none were
-    gpu_encoded: float = 0.0
+    gpu_encoded: bool = False  # the output's chunks were encoded on the GPU (frames to the sink)
 
 
 log = logging.getLogger("tsconv.batched")
@@ -493,8 +485,7 @@ def run_batched(
     ``release()`` (exactly once, from any thread, also after a failure; a sink's ``append`` does).
     ``frames``: a sink that stores chunks encoded here; where its chunks divide the step and the GPU can
     encode them (:func:`tsconv.kernels.lz4_encode.encode_reason`), each step's rows go to it as Blosc-LZ4
-    frames made on the device instead, except the steps the sink's writer threads have room to encode
-    (``HOST_ENCODE_ROOM``; ``times.gpu_encoded``: the GPU's share), and to ``emit`` otherwise.
+    frames made on the device instead (``times.gpu_encoded``), and to ``emit`` otherwise.
     Equals the chunked engine's (:func:`tsconv.engine.chunked.run_chunked`) within float32 rounding (the level each step is centered on
     is the same rule applied per step instead of per chunk).
     """
@@ -615,11 +606,8 @@ def run_batched(
     )
     t_loop = time.perf_counter()
     cpu_loop = time.thread_time()
-    threads = frames.threads if layout and frames is not None and frames.threads > 1 else 0
-    host = _HostShare(int(HOST_ENCODE_ROOM * threads))
-    writer = _Writer(emit, host_out, free_out, on_rows, times, verify=source.verify, host=host,
+    writer = _Writer(emit, host_out, free_out, on_rows, times, verify=source.verify,
                      frames=(frames, host_bytes, host_empty, layout.frame_bytes) if layout else None)  # fmt: skip
-    framed = 0  # chunks encoded on the GPU
     writer.start()
     q = 0  # pieces so far (the device ring position)
     try:
@@ -741,14 +729,12 @@ def run_batched(
                         layout, max_chunks=min(encode_group(chunk_rows, n_out), per_step), device=dev
                     )
                 # False: stored uncompressed, which the host writes at memory speed
-            k = -(-n // chunk_rows) if enc is not None else 0  # the step's chunks, sent as frames
-            hk = k if k and host.take(k) else 0  # ... or as rows, which the writer threads encode
-            k -= hk
-            framed += k
             with gpu.on(gpu.back):
                 t_back0 = gpu.event(gpu.back)
-                if k:
+                k = 0
+                if enc is not None:
                     fb = layout.frame_bytes
+                    k = -(-n // chunk_rows)
                     # zarr pads the store's last chunk with the fill value
                     dev_out[o, n : k * chunk_rows] = float("nan")
                     # a group at a time through the encoder's buffers; in stream order, a group's frames are
@@ -765,7 +751,7 @@ def run_batched(
                     host_out[o, :n].copy_(dev_out[o, :n], non_blocking=gpu.cuda)
                 t_back1 = gpu.event(gpu.back)
             step_events.append((t_comp0, t_comp1, t_back0, t_back1))
-            writer.put((t_back1, o, n, e, k, hk))
+            writer.put((t_back1, o, n, e, k))
             times.steps += 1
         if on_device:
             source.finish()  # a damaged chunk raises here, before the output is finished
@@ -807,8 +793,7 @@ def run_batched(
             for k, (p0, p1, b0, b1) in enumerate(step_events):
                 trace.add("gpu_compute", at(p0), at(p1), k, thread=-2)
                 trace.add("gpu_d2h", at(b0), at(b1), k, thread=-3)
-    if enc is not None:
-        times.gpu_encoded = framed / max(1, framed + host.taken)
+    times.gpu_encoded = enc is not None
     if fill_carry is not None:  # the state at ``rows`` (the start's when there was no step to run)
         with gpu.on(gpu.compute):  # after the last piece's prepare, which wrote the state leaving it
             fill_carry.end = (rows, state.cpu().numpy().copy())
@@ -856,34 +841,6 @@ def _pieces(
     return out
 
 
-class _HostShare:
-    """The chunks of steps sent to the sink's writer threads as rows while the GPU encodes the others: a step
-    is taken when none is held there, or when the chunks held, with its own, fit ``room`` (0: none taken)."""
-
-    def __init__(self, room: int) -> None:
-        self.room = room
-        self.held = 0  # chunks sent and not yet stored
-        self.taken = 0  # chunks sent in all
-        self._lock = threading.Lock()
-
-    def take(self, k: int) -> bool:
-        with self._lock:
-            if not self.room or (self.held and self.held + k > self.room):
-                return False
-            self.held += k
-            self.taken += k
-            return True
-
-    def stored(self, k: int) -> None:
-        with self._lock:
-            self.held -= k
-
-
-def _stored(host: _HostShare, k: int, release: Callable[[], None]) -> None:
-    host.stored(k)
-    release()
-
-
 class _Writer(threading.Thread):
     """Waits for each result slot's copy and lends its rows to ``emit``, whose ``release`` frees the slot.
 
@@ -891,12 +848,9 @@ class _Writer(threading.Thread):
     before a step's rows are emitted, once the step's copy is done (so the decodes it read are too): rows
     computed from a damaged chunk never reach the output, and ``rows_done`` never covers them."""
 
-    def __init__(
-        self, emit, host_out, free_out, on_rows, times, *, verify=None, frames=None, host=None
-    ) -> None:  # noqa: ANN001
+    def __init__(self, emit, host_out, free_out, on_rows, times, *, verify=None, frames=None) -> None:  # noqa: ANN001
         super().__init__(name="tsconv-emit", daemon=True)
         self.verify = verify
-        self.host = host  # _HostShare: steps sent as rows while the GPU encodes
         self.frames = frames  # (sink, host slots as bytes, empty flags, frame bytes) for steps sent as frames
         self.emit, self.host_out, self.free_out, self.on_rows, self.times = (
             emit,
@@ -914,11 +868,8 @@ class _Writer(threading.Thread):
             item = self.queue.get()
             if item is None or self._halt:
                 return
-            ev, o, n, stop, k, hk = item
+            ev, o, n, stop, k = item
             lent = False
-            release = self.free_out[o].release
-            if hk:
-                release = functools.partial(_stored, self.host, hk, release)
             try:
                 if ev is not None:
                     ev.synchronize()
@@ -929,9 +880,9 @@ class _Writer(threading.Thread):
                 if k:
                     sink, host_bytes, host_empty, frame_bytes = self.frames
                     sink.append_frames(host_bytes[o, : k * frame_bytes].view(k, frame_bytes).numpy(), rows=n,
-                                       empty=host_empty[o, :k].numpy(), release=release)  # fmt: skip
+                                       empty=host_empty[o, :k].numpy(), release=self.free_out[o].release)  # fmt: skip
                 else:
-                    self.emit(self.host_out[o, :n].numpy(), release=release)
+                    self.emit(self.host_out[o, :n].numpy(), release=self.free_out[o].release)
                 t1 = time.perf_counter()
                 self.times.write += t1 - t0
                 if trace.on:
@@ -941,7 +892,7 @@ class _Writer(threading.Thread):
             except BaseException as exc:  # surfaced on the main thread by check()/join_checked()
                 self.error = exc
                 if not lent:  # a lent slot is freed by emit's release
-                    release()
+                    self.free_out[o].release()
                 return
 
     def put(self, item: Any) -> None:

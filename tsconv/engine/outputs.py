@@ -311,20 +311,12 @@ def to_zarr(
             # opening and checking the input, planning, the input's digest, renaming an old output aside:
             # before ``seconds`` starts
             stages["stage_seconds"]["open"] = t0 - t_enter
-        stages["compression"] = writer.compression + _encoded_where(stages.pop("gpu_encoded", 0.0))
+        on_gpu = stages.pop("gpu_encoded", False)
+        stages["compression"] = writer.compression + ("; encoded on the GPU (nvCOMP)" if on_gpu else "")
         seconds = time.perf_counter() - t0
     return _report(store, plan, out_path, device, rows=rows - compute, total_rows=rows, chunk=chunk,
                    resumed_from=compute if action not in ("create", "replace") else 0, seconds=seconds,
                    stages=stages, updated_from=updated_from)  # fmt: skip
-
-
-def _encoded_where(gpu_share: float) -> str:
-    """The report's note on where a GPU run's LZ4 chunks were encoded, given the GPU's share of them."""
-    if gpu_share >= 1.0:
-        return "; encoded on the GPU (nvCOMP)"
-    if gpu_share > 0.0:
-        return f"; {gpu_share:.0%} of its chunks encoded on the GPU (nvCOMP), the rest by the host's threads"
-    return ""
 
 
 def _encode_rows(

@@ -178,8 +178,6 @@ class FrameSink(Protocol):
     """A sink that also stores chunks the engine encoded itself (Blosc-LZ4 frames made on the GPU:
     :mod:`tsconv.kernels.lz4_encode`), so the host's cores do not encode them."""
 
-    threads: int  # threads that encode the chunks of rows appended (0 or 1: the caller's thread)
-
     def frame_rows(self) -> int | None:
         """Rows per chunk it stores from frames, or None when it takes rows only."""
         ...
