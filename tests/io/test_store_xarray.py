@@ -145,6 +145,22 @@ def test_a_calendar_other_than_gregorian_is_refused(tmp_path: Path) -> None:
     assert "calendar 'noleap'" in res.output and "convert_calendar" in res.output
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_packed_time_is_refused_not_decoded_without_its_scale(tmp_path: Path, zarr_format: int) -> None:
+    # half-hours stored as int32 with scale_factor 0.5 and units of hours: xarray unpacks before decoding the
+    # dates (00:00, 00:30, ...); decoded without the scale, every time came back twice as far from the reference
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w", zarr_format=zarr_format)
+    dims = {"dimension_names": ["time"]} if zarr_format == 3 else {}
+    t = g.create_array("time", shape=(ROWS,), dtype="i4", chunks=(ROWS,), **dims)
+    t[:] = np.arange(ROWS)
+    t.attrs.update({"units": "hours since 2026-01-02", "scale_factor": 0.5, "_ARRAY_DIMENSIONS": ["time"]})
+    v = g.create_array("values", shape=(ROWS, FEATURES), dtype="f4", chunks=(ROWS, FEATURES))
+    v[:] = np.ones((ROWS, FEATURES), np.float32)
+    res = CliRunner().invoke(main, ["inspect", str(tmp_path / "in.zarr")])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    assert "the time array is CF-packed (scale_factor=0.5)" in res.output
+
+
 def test_several_data_variables_are_refused_listing_them(tmp_path: Path) -> None:
     times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
     ds, x = _dataset(times, var="bid")
@@ -197,11 +213,37 @@ def test_repeated_coordinate_names_and_packed_values_are_refused(tmp_path: Path)
         ("float32", {"_FillValue": -9999.0}, {}, "marks missing values with (_FillValue|fill_value) = -9999"),
         ("int32", {"_FillValue": -1}, {}, "marks missing values with (_FillValue|fill_value) = -1"),
         ("float32", {}, {"missing_value": -999.0}, "marks missing values with missing_value = -999"),
-        ("int8", {}, {"_Unsigned": "true"}, "int8 values marked _Unsigned"),
+        # a netCDF attribute copied over: a list of markers, each read as NaN
+        (
+            "float32",
+            {},
+            {"missing_value": [-9999.0, -8888.0]},
+            r"marks missing values with missing_value\[0\] = -9999",
+        ),
+        ("float32", {}, {"missing_value": [float("nan"), -8888.0]}, r"missing_value\[1\] = -8888"),
+        ("int8", {}, {"_Unsigned": "true"}, "int8 values marked _Unsigned='true'.*as unsigned"),
+        (
+            "uint8",
+            {},
+            {"_Unsigned": "false"},
+            "uint8 values marked _Unsigned='false'.*as signed",
+        ),  # netCDF's bytes
         ("float32", {}, {}, None),  # NaN is xarray's own marker for floats: read
         ("int32", {}, {}, None),
+        ("uint8", {}, {"_Unsigned": "true"}, None),  # says what the dtype says
     ],
-    ids=["float-fill", "int-fill", "missing-value", "unsigned", "float", "int"],
+    ids=[
+        "float-fill",
+        "int-fill",
+        "missing-value",
+        "missing-list",
+        "missing-list-nan",
+        "unsigned",
+        "signed",
+        "float",
+        "int",
+        "unsigned-agrees",
+    ],  # fmt: skip
 )
 def test_values_xarray_would_decode_are_refused_not_read_as_data(
     tmp_path: Path, zarr_format: int, dtype: str, encoding: dict, attrs: dict, refused: str | None

@@ -385,13 +385,22 @@ def _refuse_cf_encoding(values: zarr.Array, name: str, where: str) -> None:
             "tsconv reads stored values as they are",
             hint="write the store unpacked (xarray: drop scale_factor/add_offset from the variable's encoding).",
         )
-    if str(attrs.get("_Unsigned", "")).lower() == "true" and values.dtype.kind == "i":
+    unsigned = str(attrs.get("_Unsigned", "")).lower()
+    if (unsigned == "true" and values.dtype.kind == "i") or (
+        unsigned == "false" and values.dtype.kind == "u"
+    ):
+        read_as = "unsigned" if unsigned == "true" else "signed"
         raise StoreError(
-            f"{where}: {name!r} holds {values.dtype} values marked _Unsigned (xarray reads them as unsigned "
-            "integers); tsconv reads stored values as they are",
-            hint="write the values as an unsigned integer or a float dtype.",
+            f"{where}: {name!r} holds {values.dtype} values marked _Unsigned={attrs['_Unsigned']!r} (xarray "
+            f"reads them as {read_as} integers); tsconv reads stored values as they are",
+            hint=f"write the values as a {read_as} integer or a float dtype.",
         )
-    marks = {k: _cf_number(attrs[k]) for k in ("_FillValue", "missing_value") if k in attrs}
+    marks = {
+        f"{k}[{i}]" if isinstance(attrs[k], list) else k: _cf_number(v)
+        for k in ("_FillValue", "missing_value")
+        if k in attrs
+        for i, v in enumerate(attrs[k] if isinstance(attrs[k], list) else [attrs[k]])
+    }
     if getattr(values.metadata, "zarr_format", 3) == 2 and "_ARRAY_DIMENSIONS" in attrs:
         marks["fill_value"] = _cf_number(values.metadata.fill_value)  # xarray reads it as _FillValue
     marks = {k: v for k, v in marks.items() if v is not None and not np.isnan(v)}

@@ -164,6 +164,13 @@ def time_coding(array: Any, *, where: str = "'time'") -> TimeCoding:
             "with CF units",
             hint=_FIX_UNITS + ".",
         )
+    packed = [k for k in ("scale_factor", "add_offset", "_Unsigned") if k in attrs]
+    if packed:
+        raise StoreError(
+            f"{where}: the time array is CF-packed ({', '.join(f'{k}={attrs[k]!r}' for k in packed)}), which "
+            "xarray applies before decoding the times; tsconv decodes stored times as they are",
+            hint=_FIX_UNITS + " (xarray: drop scale_factor/add_offset from the time variable's encoding).",
+        )
     units = attrs.get("units")
     if units is None:
         if dt.kind == "f":
