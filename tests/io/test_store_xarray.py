@@ -161,6 +161,20 @@ def test_a_packed_time_is_refused_not_decoded_without_its_scale(tmp_path: Path, 
     assert "the time array is CF-packed (scale_factor=0.5)" in res.output
 
 
+def test_a_features_attribute_that_disagrees_with_the_coordinate_is_refused(tmp_path: Path) -> None:
+    # xarray keeps a Dataset's attributes through sortby: the attribute's order then labelled the columns
+    # sorted by the coordinate, so MSFT's features were GOOG's
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    x = np.stack([np.arange(ROWS) * f for f in (1.0, 10.0, 100.0)], 1).astype(np.float32)
+    ds = xr.Dataset({"values": (("time", "feature"), x)}, coords={"time": times, "feature": ["AAPL", "MSFT", "GOOG"]},
+                    attrs={"features": ["AAPL", "MSFT", "GOOG"]})  # fmt: skip
+    agree = _write(ds, tmp_path / "agree.zarr", zarr_format=3)
+    assert tsconv.open_input(agree).features == ("AAPL", "MSFT", "GOOG")
+    src = _write(ds.sortby("feature"), tmp_path / "sorted.zarr", zarr_format=3)
+    with pytest.raises(StoreError, match="column 1 is 'MSFT' in the attribute and 'GOOG' in the coordinate"):
+        tsconv.open_input(src)
+
+
 def test_several_data_variables_are_refused_listing_them(tmp_path: Path) -> None:
     times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
     ds, x = _dataset(times, var="bid")

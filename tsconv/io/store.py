@@ -269,6 +269,20 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
                 hint="set it to the features' names, one per column of values, or remove it (names f0, f1, ...).",
             )
         names = tuple(names_attr)
+        if dims is not None and len(dims) == 2 and dims[1] in arrays and dims[1] != name:
+            try:
+                coord = _coordinate_names(arrays[dims[1]], dims[1], values.shape[1], where)
+            except StoreError:  # not names (numbers, another length): the attribute names the features
+                coord = names
+            if coord != names:  # xarray keeps a Dataset's attributes through sortby, isel, reindex
+                j = next(i for i, (a, b) in enumerate(zip(names, coord, strict=True)) if a != b)
+                raise StoreError(
+                    f"{where}: attribute 'features' and the feature coordinate {dims[1]!r} disagree: column {j} "
+                    f"is {names[j]!r} in the attribute and {coord[j]!r} in the coordinate (a dataset reordered "
+                    "or subset in xarray keeps its attributes)",
+                    hint="drop the stale attribute (del ds.attrs['features']) or set it to the coordinate's "
+                    "names, and write the store again.",
+                )
     elif dims is not None and len(dims) == 2 and dims[1] in arrays and dims[1] != name:
         names = _coordinate_names(arrays[dims[1]], dims[1], values.shape[1], where)
     else:
