@@ -329,6 +329,19 @@ def test_features_of_a_dataarray_in_either_order_names_by_its_coordinate() -> No
     np.testing.assert_array_equal(got.values, want)
     bare = xr.DataArray(x.T, dims=("sym", "t"))  # no coordinates: the first dimension is time
     assert tsconv.features(bare, PIPE, device="cpu").shape == (FEATURES, 2 * ROWS)
+    # coordinates of one kind on both dimensions (dates read as strings, or yyyymmdd and permno integers):
+    # the first dimension was taken as time, 3 symbols computed as 3 steps; refused unless named
+    for sym, date in ((["s0", "s1", "s2"], [f"2024-01-{d:02d}" for d in range(1, ROWS + 1)]),
+                      ([10107, 14593, 90319], 20240101 + np.arange(ROWS))):  # fmt: skip
+        both = xr.DataArray(x.T, dims=("sym", "date"), coords={"sym": sym, "date": date})
+        for arr in (both, both.T):
+            with pytest.raises(
+                ShapeError, match="which of the DataArray's dimensions .* is time is ambiguous"
+            ):
+                tsconv.features(arr, PIPE, device="cpu")
+            got = tsconv.features(arr, PIPE, device="cpu", time_column="date")
+            assert got.dims == ("date", "output") and got.shape == (ROWS, 2 * FEATURES)
+            np.testing.assert_array_equal(got.values, want)
     with pytest.raises(ShapeError, match="time coordinate is not strictly increasing"):
         tsconv.features(da.isel(time=slice(None, None, -1)), PIPE, device="cpu")
     with pytest.raises(ShapeError, match="one xarray DataArray"):

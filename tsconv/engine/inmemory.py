@@ -179,10 +179,11 @@ def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: to
 def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_column: str | None, out: Any, return_names: bool, **options: Any) -> Any:  # fmt: skip
     """:func:`features` of an xarray DataArray [time, feature] in either order: a DataArray [time, output].
 
-    The time dimension is ``time_column``'s, else the one dimension whose coordinate holds datetimes, else the
-    one whose coordinate does not hold names (strings), else the first (an array's convention); the other
-    dimension's coordinate names the features. Its time coordinate, which the result keeps, must be strictly
-    increasing."""
+    The time dimension is ``time_column``'s, else one named ``time``, else the one dimension whose coordinate
+    holds datetimes, else the one whose coordinate does not hold names (strings), else the first (an array's
+    convention) where at most one dimension has a coordinate; coordinates of the same kind on both (strings,
+    or numbers such as yyyymmdd dates and integer ids) are refused as ambiguous. The other dimension's
+    coordinate names the features. Its time coordinate, which the result keeps, must be strictly increasing."""
     import xarray as xr
 
     if not isinstance(da, xr.DataArray):
@@ -204,10 +205,19 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
     named = [d for d in dims if d in da.coords and da.coords[d].dtype.kind in "OUS"]
     if time_column in dims:
         tdim = time_column
+    elif "time" in dims:
+        tdim = "time"
     elif len(dated) == 1:
         tdim = dated[0]
     elif len(named) == 1:
         tdim = dims[1] if named[0] == dims[0] else dims[0]
+    elif all(d in da.coords for d in dims):
+        kinds = "datetimes" if dated else "names" if named else "numbers"
+        raise ShapeError(
+            f"features(): which of the DataArray's dimensions {dims} is time is ambiguous: both coordinates "
+            f"hold {kinds}",
+            hint=f"name it: time_column={dims[0]!r} or time_column={dims[1]!r} (or rename it 'time').",
+        )
     else:
         tdim = dims[0]
     fdim = dims[1] if tdim == dims[0] else dims[0]
