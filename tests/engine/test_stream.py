@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -217,6 +218,27 @@ def test_wrong_rows_are_refused_with_what_was_expected():
     with pytest.raises(tsconv.TsconvError, match="warmup"):
         tsconv.Stream("default", features=3, warmup="later")
     assert stream.rows == 0  # nothing refused was taken
+
+
+def test_features_names_must_be_an_ordered_list_as_the_streams_are():
+    # a set's order follows the hash seed: its names went to whichever columns it listed first; a string was
+    # read as its characters, and [1, "1"] gave two outputs named "1.diff1"
+    x = prices(50, 2, seed=7)
+    for bad in ({"MSFT", "AAPL"}, {"MSFT": 0, "AAPL": 1}, "ab"):
+        with pytest.raises(tsconv.ShapeError, match="names must be an ordered list"):
+            tsconv.features(x, "default", names=bad)
+        with pytest.raises(tsconv.ShapeError, match="count or an ordered list of names"):
+            tsconv.Stream("default", features=bad)
+    with pytest.raises(tsconv.ShapeError, match="names repeat .*'1'"):
+        tsconv.features(x, "default", names=[1, "1"])
+    with pytest.raises(tsconv.ShapeError, match="names repeat .*'1'"):
+        tsconv.Stream("default", features=[1, "1"])
+    ordered = ("MSFT", "AAPL")
+    for listed in (list(ordered), np.array(ordered), pd.Index(ordered)):
+        _, names = tsconv.features(x, "default", names=listed, return_names=True)
+        assert names[0] == "MSFT.diff1" and all(type(n) is str for n in names)
+    _, names = tsconv.features(x, "default", names=[7, 9], return_names=True)
+    assert names[0] == "7.diff1"
 
 
 def test_time_must_increase_strictly_across_pushes():

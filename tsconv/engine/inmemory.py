@@ -25,7 +25,7 @@ from tsconv.engine.run import (
 )
 from tsconv.errors import ShapeError
 from tsconv.io.dataframes import frame_input, frame_kind, frame_output, to_polars
-from tsconv.io.names import describe_repeats, repeated_names
+from tsconv.io.names import describe_repeats, ordered_names, repeated_names
 from tsconv.io.readers.blocks import ArraySource
 from tsconv.io.writers.memory import ArraySink
 from tsconv.pipeline.spec import PipelineLike, ResolvedPipeline, as_pipeline, resolve
@@ -123,7 +123,16 @@ def features(
         raise ShapeError(
             f"the series has no features (shape {list(arr.shape)})", hint="pass at least one feature column."
         )
-    feature_names = tuple(names) if names is not None else tuple(f"f{j}" for j in range(arr.shape[1]))
+    if names is None:
+        feature_names = tuple(f"f{j}" for j in range(arr.shape[1]))
+    elif (given := ordered_names(names)) is None:
+        raise ShapeError(
+            f"names must be an ordered list of the columns' names, got {type(names).__name__}: {str(names)[:80]}",
+            hint="names=['AAPL', 'MSFT'], in the order of the array's columns (not a set or a dict, whose "
+            "order is not the columns').",
+        )
+    else:
+        feature_names = given
     if len(feature_names) != arr.shape[1]:
         raise ShapeError(f"{len(feature_names)} names given for {arr.shape[1]} features")
     if dups := repeated_names(feature_names):

@@ -25,7 +25,7 @@ from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
 from tsconv.io.dataframes import frame_input, frame_kind, to_polars
-from tsconv.io.names import describe_repeats, repeated_names
+from tsconv.io.names import describe_repeats, ordered_names, repeated_names
 from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.pipeline.spec import as_pipeline, resolve
 
@@ -396,24 +396,15 @@ def _feature_names(features: int | Sequence[str]) -> tuple[str, ...]:
     else:
         count = None
     names = None
-    # an ordered, flat sequence of names: a list, a tuple, a 1-D numpy array, a pandas Index, a frame's
-    # .columns; not a set or a dict (their order is not the caller's: names would go to the wrong columns)
-    if count is None and not isinstance(features, (str, bytes, set, frozenset, dict)):
-        try:
-            arr = np.asarray(features.detach().cpu() if isinstance(features, torch.Tensor) else features)
-        except (TypeError, ValueError):
-            arr = None
-        if arr is not None and arr.ndim == 0 and arr.dtype.kind in "iu":
-            count = int(arr)
-        elif arr is not None and arr.ndim == 1 and arr.dtype.kind not in "fcbO":
-            names = tuple(str(n) for n in arr.tolist())
-        elif (
-            arr is not None
-            and arr.ndim == 1
-            and arr.dtype.kind == "O"
-            and all(isinstance(n, str) for n in arr)
-        ):
-            names = tuple(arr.tolist())
+    if count is None:
+        names = ordered_names(features)
+        if names is None and not isinstance(features, (str, bytes, set, frozenset, dict)):
+            try:  # a 0-d integer array or tensor: a count
+                arr = np.asarray(features.detach().cpu() if isinstance(features, torch.Tensor) else features)
+            except (TypeError, ValueError):
+                arr = None
+            if arr is not None and arr.ndim == 0 and arr.dtype.kind in "iu":
+                count = int(arr)
     if count is not None:
         if count < 1:
             raise ShapeError(f"features must be a positive count or a list of names, got {features!r}")

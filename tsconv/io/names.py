@@ -3,8 +3,33 @@
 from __future__ import annotations
 
 import unicodedata
+from typing import Any
 
-__all__ = ["control_name", "describe_repeats", "repeated_names"]
+import numpy as np
+
+__all__ = ["control_name", "describe_repeats", "ordered_names", "repeated_names"]
+
+
+def ordered_names(value: Any) -> tuple[str, ...] | None:
+    """``value`` as names when it is an ordered, flat sequence of them (a list, a tuple, a 1-D numpy array or
+    tensor, a pandas Index, a frame's columns), each as text; None for anything else: a set or a dict (their
+    order is not the caller's, so names would go to the wrong columns), a string (its characters), numbers
+    that are not integers, nested sequences."""
+    if isinstance(value, (str, bytes, set, frozenset, dict)):
+        return None
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu()
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        return None
+    if arr.ndim != 1:
+        return None
+    if arr.dtype.kind not in "fcbO":
+        return tuple(str(n) for n in arr.tolist())
+    if arr.dtype.kind == "O" and all(isinstance(n, str) for n in arr):
+        return tuple(arr.tolist())
+    return None
 
 
 def control_name(names: tuple[str, ...] | list[str]) -> str | None:
