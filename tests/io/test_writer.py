@@ -317,7 +317,7 @@ def test_rows_done_waits_for_a_slow_chunk(
     _append_all(w, x[: 8 * CHUNK_ROWS])
     assert others_done.wait(30)
     deadline = time.monotonic() + 30
-    while w.rows_done < slow and time.monotonic() < deadline:
+    while _meta(path)["rows_done"] < slow and time.monotonic() < deadline:  # recorded after it advances
         time.sleep(0.01)
     time.sleep(0.2)  # chunks after the slow one are stored by now, or about to be
     # rows_done stops before the slow chunk although later chunks are stored...
@@ -362,6 +362,31 @@ def test_threads_store_on_while_one_of_them_records_rows_done(
     assert at_once[1] == 1
     assert _meta(path) == {"complete": True, "rows": x.shape[0], "rows_done": x.shape[0]}
     np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)
+
+
+def test_a_failed_record_of_rows_done_fails_the_writer_naming_the_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = _data(rows=8 * CHUNK_ROWS)
+    real = OutputWriter._set_meta
+
+    def full(self: OutputWriter, **changes: object) -> None:
+        if changes.get("rows_done", 0) >= 2 * CHUNK_ROWS and "complete" not in changes:
+            raise OSError(28, "No space left on device")
+        real(self, **changes)
+
+    path = tmp_path / "out.zarr"
+    w = _create(path, x, time_source=_time(8 * CHUNK_ROWS), threads=4)
+    monkeypatch.setattr(OutputWriter, "_set_meta", full)
+    with pytest.raises(
+        StoreError, match=r"cannot record the rows stored in .*tsconv.rows_done = .*No space left"
+    ):
+        with w:
+            _append_all(w, x)
+            w.finish()
+    meta = _meta(path)
+    assert meta["complete"] is False and meta["rows_done"] < 2 * CHUNK_ROWS
+    assert not [th for th in threading.enumerate() if th.name.startswith("tsconv-write")]
 
 
 @pytest.mark.parametrize(("threads", "fast"), [(4, True), (4, False), (0, True)])

@@ -850,7 +850,7 @@ class OutputWriter:
     memory: ``append`` blocks while all are in flight. ``fast=False`` always writes through zarr.
 
     Attributes: ``rows_done`` (rows stored: a contiguous prefix, which ``tsconv.rows_done`` records, one write
-    behind at most while chunks are stored),
+    behind at most while chunks are stored, unless recording it failed, which fails the writer),
     ``fast`` and ``fallback_reason`` (whether chunk files are written directly, and why not),
     ``busy_seconds`` (encode + write + record, summed over threads) and ``wait_seconds`` (time
     ``append`` and ``finish`` spent blocked on free buffers or completions). ``close()`` (also leaving a
@@ -1209,7 +1209,7 @@ class OutputWriter:
             if self.record:
                 if self.before_complete is not None:
                     self.before_complete()
-                with self._lock:
+                with self._lock:  # no thread records rows_done now: _drain() waited for every _store
                     check_owner(self._root(), run_id=self.run_id, identity=self._identity,
                                 group=None if self._doc_root is not None else self.group)  # fmt: skip
                     self._set_meta(complete=True, rows_done=self.rows, partitions_done=None, consolidate=True)
@@ -1356,20 +1356,33 @@ class OutputWriter:
         records, outside the lock: the threads whose chunks advance the prefix meanwhile go on storing (with
         one write per chunk under the lock, 16 writer threads waited there for 5-14 thread-seconds of a
         1-second run; benchmarks/NOTES.md, "The writer")."""
-        while True:
-            with self._lock:
-                target = self.rows_done
-                if target == self._recorded:
-                    self._recording = False
-                    return
-            try:
-                self._set_meta(rows_done=target)
-            except Exception as exc:
+        handed = False  # the role given up under the lock, in the section that saw nothing left to record
+        try:
+            while True:
                 with self._lock:
-                    self._fail(self._recorded, target, exc)
+                    target = self.rows_done
+                    if target == self._recorded:
+                        self._recording, handed = False, True
+                        return
+                try:
+                    self._set_meta(rows_done=target)
+                except Exception as exc:
+                    with self._lock:
+                        self._recording, handed = False, True
+                        if self._error is None:
+                            self._error = StoreError(
+                                f"cannot record the rows stored in {self.where} (tsconv.rows_done = {target:,}): "
+                                f"{type(exc).__name__}: {exc}",
+                                hint="check free space and permissions; rows before tsconv.rows_done are stored, "
+                                "and --resume continues from there.",
+                            )
+                            self._error.__cause__ = exc
+                    return
+                self._recorded = target  # only the recording thread writes it
+        finally:
+            if not handed:  # interrupted (Ctrl-C where the caller's thread stores): another thread may record
+                with self._lock:
                     self._recording = False
-                return
-            self._recorded = target
 
     def _write(self, a: int, b: int, buf: np.ndarray | _Frame, parts: int = 1) -> None:
         n = b - a
