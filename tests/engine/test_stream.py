@@ -241,6 +241,27 @@ def test_features_names_must_be_an_ordered_list_as_the_streams_are():
     assert names[0] == "7.diff1"
 
 
+def test_a_pandas_frames_index_gives_the_pushes_times():
+    # the index was dropped: minutes pushed out of order were taken (a diff of -5 across the jump) where
+    # features() refuses the concatenation
+    pipe = {"conv": [{"filters": ["diff:1"]}]}
+    idx = pd.date_range("2024-01-02 09:30", periods=6, freq="min", tz="America/New_York")
+    df = pd.DataFrame({"a": np.arange(6, dtype=np.float64) + 100}, index=idx)
+    stream = tsconv.Stream(pipe, features=["a"])
+    stream.push(df.iloc[3:])
+    assert stream.last_time == np.datetime64("2024-01-02T14:35", "ns")
+    with pytest.raises(tsconv.TsconvError, match="time must increase strictly"):
+        stream.push(df.iloc[:3])
+    assert stream.rows == 3
+    ints = tsconv.Stream(pipe, features=["a"])
+    ints.push(df.reset_index(drop=True).set_axis([10, 11, 12, 13, 14, 15]).iloc[:2])
+    assert ints.last_time == 11
+    one = tsconv.Stream(pipe, features=["a"])
+    one.push(df.reset_index(drop=True))  # the default range index: no times
+    one.push(df.iloc[0])  # a Series is one row, its index the names
+    assert one.last_time is None and one.rows == 7
+
+
 def test_time_must_increase_strictly_across_pushes():
     stream = tsconv.Stream("default", features=1)
     stream.push(np.ones((3, 1)), time=np.array([1, 2, 3]))

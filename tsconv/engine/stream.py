@@ -138,9 +138,14 @@ class Stream:
     def push(self, rows: Any, time: Any = None) -> Any:
         """The features [n, D] float32 of ``rows`` [n, F] (or [F]: one row), the next steps of the series."""
         is_torch = isinstance(rows, torch.Tensor)
-        if frame_kind(rows) is not None:
+        if (kind := frame_kind(rows)) is not None:
+            index_time = (
+                _index_times(rows) if kind == "pandas" and type(rows).__name__ == "DataFrame" else None
+            )
             rows, frame_time = self._frame_rows(rows)
-            if frame_time is not None:
+            if frame_time is None and time is None:
+                time = index_time  # as features() checks a pandas frame's index, and keeps it
+            elif frame_time is not None:
                 if time is not None:
                     raise ShapeError(
                         "push(): the frame has a 'time' column and time= was given too",
@@ -388,6 +393,21 @@ class Stream:
                 hint="push rows in time order, one row per timestamp; nothing of this push was taken.",
             )
         return t[-1]
+
+
+def _index_times(frame: Any) -> np.ndarray | None:
+    """A pandas frame's datetime or integer index as the rows' times (datetime64 in UTC, or int64); None for
+    the default range index or another kind."""
+    import pandas as pd
+
+    index = frame.index
+    if isinstance(index, pd.DatetimeIndex):
+        if index.tz is not None:
+            index = index.tz_convert("UTC").tz_localize(None)
+        return index.to_numpy("datetime64[ns]")
+    if isinstance(index, pd.RangeIndex) or not pd.api.types.is_integer_dtype(index.dtype):
+        return None
+    return index.to_numpy(np.int64)
 
 
 def _feature_names(features: int | Sequence[str]) -> tuple[str, ...]:
