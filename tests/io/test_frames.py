@@ -214,6 +214,33 @@ def test_features_of_pandas_and_arrow_frames_read_columns_by_name(series: np.nda
     assert isinstance(tsconv.features(df.to_arrow().to_batches()[0], PIPE), pa.Table)
 
 
+def test_a_column_of_nulls_only_is_a_feature_with_no_value_yet_and_decimals_are_told_to_cast() -> None:
+    pd = pytest.importorskip("pandas")
+    # polars types a column of None as Null, pandas as objects: refused as "not numeric", with a hint naming an
+    # option push() does not have; its values are missing, as a numeric column's nulls are
+    pipe = {"conv": [{"filters": ["diff:1"]}]}
+    stream = tsconv.Stream(pipe, features=["AAPL", "NEWCO"])
+    assert np.isnan(stream.push(np.array([100.0, np.nan]))).all()
+    for row, step in ((pl.DataFrame([{"AAPL": 101.0, "NEWCO": None}]), 1.0),
+                      (pd.DataFrame([{"AAPL": 103.0, "NEWCO": None}]), 2.0)):  # fmt: skip
+        got = stream.push(row)
+        assert got[0, 0] == step and np.isnan(got[0, 1])
+    frame = pl.DataFrame({"AAPL": [100.0, 101.0, 103.0], "NEWCO": [None, None, None]})
+    np.testing.assert_array_equal(
+        tsconv.features(frame, pipe).to_numpy(), [[np.nan, np.nan], [1.0, np.nan], [2.0, np.nan]]
+    )
+    text = pl.DataFrame({"AAPL": [100.0, 101.0], "note": [None, "halt"]})
+    with pytest.raises(ShapeError, match=r"not numeric: note \(String\)"):
+        tsconv.features(text, pipe)
+    dec = pl.DataFrame({"px": [100.25, 100.5]}).with_columns(pl.col("px").cast(pl.Decimal(12, 2)))
+    with pytest.raises(ShapeError, match="not numeric: px") as err:
+        tsconv.features(dec, pipe)
+    assert "cast Decimal columns to floats" in err.value.hint
+    with pytest.raises(ShapeError, match="not numeric: note") as err:
+        tsconv.Stream(pipe, features=["AAPL", "note"]).push(text)
+    assert "time_column" not in err.value.hint
+
+
 def test_features_refuses_non_numeric_columns_and_bad_time(series: np.ndarray) -> None:
     df = _frame(series).with_columns(pl.lit("AAPL").alias("symbol"), pl.lit(True).alias("flag"))
     with pytest.raises(ShapeError, match=r"not numeric: symbol \(String\), flag \(Boolean\)") as err:

@@ -113,13 +113,26 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
         time = frame.get_column(time_column)
         _check_frame_time(time, caller)
     feats = frame.drop(time_column) if time is not None else frame
-    bad = [f"{n} ({d})" for n, d in feats.schema.items() if not _is_numeric(d)]
-    if bad:
+    # a column of nulls only has no numeric type (polars: Null; from pandas: None objects), yet it is a feature
+    # with no value yet (a symbol that has not traded): its values are missing, as nulls in a numeric column are
+    empty = [
+        n for n, d in feats.schema.items() if not _is_numeric(d) and feats[n].null_count() == feats.height
+    ]
+    if empty:
+        feats = feats.with_columns(pl.col(empty).cast(pl.Float64))
+    wrong = [(n, d) for n, d in feats.schema.items() if not _is_numeric(d)]
+    if wrong:
+        bad = [f"{n} ({d})" for n, d in wrong]
         shown = ", ".join(bad[:5]) + (f", ... ({len(bad)} in all)" if len(bad) > 5 else "")
+        if any(d.is_decimal() for _, d in wrong):
+            hint = "cast Decimal columns to floats first: frame.with_columns(pl.col(pl.Decimal).cast(pl.Float64))."
+        else:
+            hint = (
+                "select the feature columns first, e.g. frame.select('time', pl.col(pl.Float32, pl.Float64))"
+                + (", or name the time column with time_column=..." if caller == "features()" else ".")
+            )
         raise ShapeError(
-            f"{caller}: every column but the time column must be numeric; not numeric: {shown}",
-            hint="select the feature columns first, e.g. frame.select('time', pl.col(pl.Float32, pl.Float64)),"
-            " or name the time column with time_column=...",
+            f"{caller}: every column but the time column must be numeric; not numeric: {shown}", hint=hint
         )
     if feats.width == 0:
         raise ShapeError(f"{caller}: the frame has no feature columns")
