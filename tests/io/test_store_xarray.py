@@ -175,6 +175,28 @@ def test_a_features_attribute_that_disagrees_with_the_coordinate_is_refused(tmp_
         tsconv.open_input(src)
 
 
+def test_a_scalar_time_coordinate_leaves_the_time_to_the_dated_dimension(tmp_path: Path) -> None:
+    # ds.assign_coords(time=run_time) beside a 'date' dimension: the store was refused as having no data
+    # variable along 'time'
+    dates = pd.date_range("2026-01-02", periods=ROWS, freq="D")
+    ds, x = _dataset(dates)
+    ds = ds.rename({"time": "date"}).assign_coords(time=np.datetime64("2026-06-01"))
+    store = tsconv.open_input(_write(ds, tmp_path / "in.zarr", zarr_format=3))
+    assert store.values.shape == (ROWS, FEATURES)
+    assert (np.asarray(store.time[:]) == _ns(dates)).all()
+
+
+def test_a_data_variable_with_time_second_is_refused_with_the_transpose(tmp_path: Path) -> None:
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    ds, _ = _dataset(times, var="px")
+    src = _write(ds.transpose("feature", "time"), tmp_path / "in.zarr", zarr_format=3)
+    with pytest.raises(
+        StoreError, match="'px' has dimensions \\('feature', 'time'\\): time is its second"
+    ) as err:
+        tsconv.open_input(src)
+    assert "ds.transpose('time', 'feature')" in err.value.hint
+
+
 def test_several_data_variables_are_refused_listing_them(tmp_path: Path) -> None:
     times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
     ds, x = _dataset(times, var="bid")

@@ -347,6 +347,8 @@ def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
         listed = a.attrs.get("coordinates")
         coords.update(listed.split() if isinstance(listed, str) else ())
     time = arrays.get("time")
+    if time is not None and time.ndim == 0:  # a scalar coordinate (a run's or a snapshot's time): not an axis
+        time = None
     if time is not None:
         time_dims = {(dims["time"] or ("time",))[0]}
     else:  # the dimensions whose coordinate holds instants, if any
@@ -375,6 +377,15 @@ def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
     shown = ", ".join(sorted(arrays)) or "nothing"
     along = f" along {' or '.join(repr(d) for d in sorted(time_dims))}" if time_dims else ""
     if not candidates:
+        second = [k for k, a in sorted(arrays.items()) if a.ndim == 2 and k not in coords and dims[k]
+                  and time_dims and dims[k][1] in time_dims]  # fmt: skip
+        if len(second) == 1:
+            d = dims[second[0]]
+            raise StoreError(
+                f"{where}: {second[0]!r} has dimensions {d}: time is its second dimension, and tsconv reads "
+                "[time, feature] arrays",
+                hint=f"write it time-major, e.g. ds.transpose({d[1]!r}, {d[0]!r}).to_zarr(...).",
+            )
         raise StoreError(
             f"{where}: the group has no 'values' array (it has: {shown}) and no 2-D data variable{along}",
             hint="an input group holds 'values' [T, F] (or one 2-D data variable [time, feature]), "
@@ -455,7 +466,7 @@ def _time_array(
 ) -> TimeColumn | None:
     """``time``, else the coordinate of the values' first dimension when it holds instants (CF units or
     datetime64: an integer index coordinate is not a time); decoded to int64 ns."""
-    if "time" in arrays:
+    if "time" in arrays and arrays["time"].ndim != 0:  # a scalar time coordinate is not the rows' times
         key = "time"
     elif dims is not None and dims[0] in arrays and _holds_instants(arrays[dims[0]]):
         key = dims[0]
