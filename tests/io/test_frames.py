@@ -202,9 +202,15 @@ def test_features_of_pandas_and_arrow_frames_read_columns_by_name(series: np.nda
         tsconv.features(
             pd.DataFrame(np.ones((4, 2)), columns=pd.MultiIndex.from_tuples([("p", "a"), ("p", "b")])), PIPE
         )
+    zones = [
+        pd.Timestamp("2024-01-02 10:00", tz=z) for z in ("UTC", "Europe/London", "Asia/Tokyo", "US/Eastern")
+    ]
     for decreasing in (
         pd.period_range("2024-01", periods=4, freq="M")[::-1],
         pd.timedelta_range(0, periods=4)[::-1],
+        pd.Index(
+            zones, dtype=object
+        ),  # Timestamps of several zones stay objects: 10:00 Tokyo is before 10:00 UTC
     ):
         with pytest.raises(ShapeError, match="index is not strictly increasing"):
             tsconv.features(pd.DataFrame({"a": np.arange(4.0)}, index=decreasing), PIPE)

@@ -247,6 +247,17 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
     return (frame, out_names) if return_names else frame
 
 
+_ORDERED_OBJECTS = (
+    "datetime",
+    "datetime64",
+    "date",
+    "integer",
+    "floating",
+    "mixed-integer-float",
+    "timedelta",
+)
+
+
 def _check_index(index: Any, what: str) -> None:
     """A datetime or numeric index other than the default range must be strictly increasing, as a time
     column must: the rows are time steps, taken in order."""
@@ -257,6 +268,8 @@ def _check_index(index: Any, what: str) -> None:
         or pd.api.types.is_numeric_dtype(index.dtype)
         or pd.api.types.is_timedelta64_dtype(index.dtype)
         or isinstance(index, pd.PeriodIndex)
+        # objects that are all instants or numbers (Timestamps of several time zones, after a concat)
+        or (index.dtype == object and pd.api.types.infer_dtype(index, skipna=False) in _ORDERED_OBJECTS)
     )
     if isinstance(index, pd.RangeIndex) or not ordered:
         return
