@@ -315,6 +315,18 @@ def test_a_move_the_first_rows_cannot_show_is_still_warned(first_rows, chunk):
     assert _relative_error(y, x, pipe) > 1e-2
 
 
+@pytest.mark.parametrize("listed", [5300, 7100])
+def test_a_symbol_listed_after_the_last_doubling_check_is_still_warned(listed):
+    """Later checks start at least twice as far in (1,024, 2,048, 4,096 at --chunk 1024): a symbol listed at
+    row 5,300 of 8,000 was NaN over every row checked, and its outputs, moved by storage past 1e-3 of their
+    scale, went unwarned. The last check samples the series' last rows."""
+    x = price_series(8000, 8, seed=31)
+    x[:listed, 5] = np.nan
+    y, warned = _run(x, _late_symbol_pipe(), chunk=1024)
+    assert len(warned) == 1 and "[[conv]] #2" in warned[0], warned
+    assert _relative_error(y, x, _late_symbol_pipe()) > 1e-3
+
+
 def _late_symbol_pipe() -> dict:
     w = np.random.default_rng(2).standard_normal((8, 8, 5))
     return {

@@ -496,6 +496,7 @@ def run_batched(
     dev = backend.device
     gpu = _Gpu(dev)
     rows = source.rows if stop is None else stop
+    backend.series_end = rows
     halo, n_feat = plan.halo, len(plan.input_names)
     fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
     # a bank computes from the raw values (float64 window sums need no centring)

@@ -58,6 +58,7 @@ def run_chunked(
         source = ColumnSource(source, plan.columns)
     fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
     halo, rows, nf = plan.halo, source.rows if stop is None else stop, source.n_features
+    backend.series_end = rows
     # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
     # before step 0 as zeros (the first stage's zero history).
     begin = max(0, start - halo)
