@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,14 @@ __all__ = ["inspect_store", "inspect_lines"]
 
 
 def _iso(ns: int) -> str:
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat()
+    """ns since the epoch as ISO 8601 in UTC, to the nanosecond (through a float of seconds it was rounded to
+    the microsecond, sometimes up: a store ending at 23:59:59.9999997 of a year's last day was shown ending
+    in the next year)."""
+    seconds, frac = divmod(int(ns), 10**9)
+    text = (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)).isoformat()  # ends in +00:00
+    if frac:
+        text = f"{text[:-6]}.{f'{frac:09d}'.rstrip('0')}{text[-6:]}"
+    return text
 
 
 def _plural(n: int, word: str) -> str:
