@@ -1255,3 +1255,21 @@ def test_a_report_named_dash_is_refused_not_written_as_a_file(
     res = invoke("-i", good_store(tmp_path), "-o", tmp_path / "out.zarr", "--report", "-")
     assert_refused(res, "--report '-': name a file")
     assert not (tmp_path / "-").exists() and not (tmp_path / "out.zarr").exists()
+
+
+def test_an_output_name_too_long_for_the_files_beside_it_is_refused_up_front(tmp_path: Path) -> None:
+    # a 241-byte Parquet name is legal, but its temporary ".<name>.tsconv-<pid>.tmp" is not: pyarrow's raw
+    # "File name too long" named a file the user never gave
+    src = tmp_path / "in.zarr"
+    write_store(src, price_series(64, 2, seed=1), chunks=(64, 2))
+    name = "a" * 233 + ".parquet"
+    res = CliRunner().invoke(
+        main, ["process", "-i", str(src), "-o", str(tmp_path / name), "--device", "cpu", "-q"]
+    )
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "the output's name is 241 bytes" in res.output and "at most 235 bytes" in res.output
+    ok = "a" * 227 + ".parquet"
+    res = CliRunner().invoke(
+        main, ["process", "-i", str(src), "-o", str(tmp_path / ok), "--device", "cpu", "-q"]
+    )
+    assert res.exit_code == 0, res.output

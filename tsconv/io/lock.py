@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tsconv import config
-from tsconv.errors import OutputBusyError, StoreError
+from tsconv.errors import OutputBusyError, StoreError, TsconvError
 from tsconv.io.objstore import StoreURL, remote_error
 
 __all__ = ["LOCK_SUFFIX", "ObjectLock", "OutputLock", "lock_path", "output_lock"]
@@ -45,6 +45,29 @@ def output_lock(output: Path | StoreURL, *, run_id: str, resumable: bool = False
     if isinstance(output, StoreURL):
         return ObjectLock(output, run_id=run_id, resumable=resumable)
     return OutputLock(output, run_id=run_id, resumable=resumable)
+
+
+# The longest name a run gives a file beside its output, past the output's own name: a Parquet output's
+# temporary ".<name>.tsconv-<pid>.tmp" (a pid of up to 7 digits); the lock's and --overwrite's are shorter.
+_SIBLING_EXTRA = len(".") + len(".tsconv-") + 7 + len(".tmp")
+
+
+def _check_name_length(output: Path) -> None:
+    """Refuse an output name too long for the files a run makes beside it (the filesystem's name limit):
+    the run failed later, naming a temporary file the user never gave."""
+    parent = Path(output).absolute().parent
+    try:
+        limit = os.pathconf(parent if parent.exists() else "/", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    size = len(Path(output).name.encode())
+    if size + _SIBLING_EXTRA > limit:
+        raise TsconvError(
+            f"the output's name is {size} bytes; tsconv makes files beside it named after it (a temporary "
+            f"'.<name>.tsconv-<pid>.tmp', its lock) that this filesystem's {limit}-byte limit on a name "
+            "does not allow",
+            hint=f"choose a name of at most {limit - _SIBLING_EXTRA} bytes.",
+        )
 
 
 def lock_path(output: Path) -> Path:
@@ -63,6 +86,7 @@ class OutputLock:
 
     def __init__(self, output: Path, *, run_id: str, resumable: bool = False) -> None:
         self.output = Path(output)
+        _check_name_length(self.output)
         self.path = lock_path(self.output)
         self.run_id = run_id
         self.resume_note = " (--resume continues a stopped run)" if resumable else ""
