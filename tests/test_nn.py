@@ -49,6 +49,41 @@ def _nan_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 # -------------------------------------------------------------------------------------------- CausalConv1d
 
 
+@pytest.mark.parametrize(("c", "o", "groups"), [(4, 8, 4), (3, 5, 1), (16, 16, 1)])
+def test_weights_written_through_data_are_the_ones_used(c: int, o: int, groups: int) -> None:
+    # the kernels' cache of rearranged weights is keyed by torch's version counter, which a write through
+    # .data does not bump: the old filter's outputs came back (errors of 1.4 to 21)
+    torch.manual_seed(0)
+    m = CausalConv1d(c, o, 3, groups=groups, device=DEVICE)
+    x = torch.randn(2, c, 40, device=DEVICE)
+    m(x)
+    m.weight.data.mul_(2.0)
+    m.weight.data[0] = 0.5
+    torch.testing.assert_close(m(x).cpu(), _reference(m, x).float(), rtol=1e-5, atol=1e-5)
+    m.weight.data.copy_(torch.randn_like(m.weight))
+    torch.testing.assert_close(m(x).cpu(), _reference(m, x).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_pipeline_input_names_are_an_ordered_list() -> None:
+    # "MSFT" was read as the four features M, S, F, T
+    with pytest.raises(ShapeError, match="input_names must be an ordered list"):
+        Pipeline.from_pipeline("default", "MSFT")
+    assert Pipeline.from_pipeline("default", np.array(["MSFT", "AAPL"])).n_features == 2
+
+
+def test_a_state_dict_past_float16_is_refused_not_stored_as_inf() -> None:
+    plain = torch.nn.Conv1d(2, 2, 2)
+    with torch.no_grad():
+        plain.weight.fill_(1e5)
+    m = CausalConv1d(2, 2, 2)
+    with pytest.raises(ShapeError, match="a weight of 1e\\+05 does not fit this module's float16 weights"):
+        m.load_state_dict(plain.state_dict())
+    assert torch.isfinite(m.weight).all()
+    wide = CausalConv1d(2, 2, 2, weight_dtype="float32")
+    wide.load_state_dict(plain.state_dict())
+    assert float(wide.weight.max()) == 1e5
+
+
 @pytest.mark.parametrize(
     ("c", "o", "k", "dilation", "groups", "bias", "activation", "weight_dtype"),
     [

@@ -25,6 +25,7 @@ from tsconv.engine.fill import forward_fill_torch
 from tsconv.engine.level import centering_level_torch
 from tsconv.engine.options import check_warmup, refuse_time_range
 from tsconv.errors import PipelineError, ShapeError, TsconvError
+from tsconv.io.names import ordered_names
 from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.kernels.conv1d import PRECISIONS, conv1d
 from tsconv.pipeline.spec import ACTIVATIONS, WEIGHT_DTYPES, ResolvedPipeline, as_pipeline, resolve
@@ -163,6 +164,20 @@ class CausalConv1d(torch.nn.Module):
                 m.bias.copy_(b)
         return m
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        # copied into the float16 weight, a value past its range became inf (and every output NaN or inf),
+        # where from_weights refuses it
+        w = state_dict.get(prefix + "weight")
+        if self.weight.dtype == torch.float16 and isinstance(w, torch.Tensor) and w.numel():
+            top = float(w.detach().abs().max())
+            if top > torch.finfo(torch.float16).max:
+                raise ShapeError(
+                    f"{prefix}weight: a weight of {top:.4g} does not fit this module's float16 weights",
+                    hint='build it with weight_dtype="float32" (or CausalConv1d.from_weights(..., '
+                    'weight_dtype="float32")), or rescale the weights.',
+                )
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @property
     def halo(self) -> int:
         """Steps before each output that it reads: (kernel_size - 1) * dilation."""
@@ -188,7 +203,11 @@ class CausalConv1d(torch.nn.Module):
                 hint=f"move the module with .to({str(x.device)!r}) or the input with x.to(...).",
             )
         _refuse_grad("tsconv.nn.CausalConv1d", x, self.weight, self.bias)
-        y = conv1d(x if x.dim() == 3 else x[None], self.weight, self.bias, dilation=self.dilation,
+        # The kernels keep rearranged weights while torch's version counter says they are unchanged; a write
+        # through .data (weight.data.copy_(w): a common way to set a module's filters) does not count, and the
+        # old filter's outputs came back. A copy per call is rearranged afresh (a few small kernels).
+        w = self.weight.clone()
+        y = conv1d(x if x.dim() == 3 else x[None], w, self.bias, dilation=self.dilation,
                    groups=self.groups, activation=self.activation, precision=self.precision)  # fmt: skip
         return y if x.dim() == 3 else y[0]
 
@@ -280,7 +299,17 @@ class Pipeline(torch.nn.Module):
                 "from_pipeline needs the input features: input_names or n_features (one of them)",
                 hint="pass input_names=['AAPL', 'MSFT'], or n_features=2 for features named f0, f1.",
             )
-        names = tuple(input_names) if input_names is not None else tuple(f"f{j}" for j in range(_positive("n_features", n_features)))  # fmt: skip
+        if input_names is None:
+            names = tuple(f"f{j}" for j in range(_positive("n_features", n_features)))
+        elif (given := ordered_names(input_names)) is None:
+            raise ShapeError(
+                f"input_names must be an ordered list of the columns' names, got {type(input_names).__name__}: "
+                f"{str(input_names)[:80]}",
+                hint="input_names=['AAPL', 'MSFT'], in the order of the input's columns (a string would be "
+                "read as its characters).",
+            )
+        else:
+            names = given
         if len(set(names)) != len(names):
             raise PipelineError("input_names repeat", hint="give every feature a distinct name.")
         return cls(resolve(as_pipeline(pipeline), names), n_features=len(names), warmup=warmup, device=device)
