@@ -64,6 +64,16 @@ def test_weights_written_through_data_are_the_ones_used(c: int, o: int, groups: 
     torch.testing.assert_close(m(x).cpu(), _reference(m, x).float(), rtol=1e-5, atol=1e-5)
 
 
+def test_weight_dtype_follows_the_modules_casts() -> None:
+    m = CausalConv1d(2, 2, 2)
+    assert m.weight_dtype == "float16" and m.float().weight_dtype == "float32" and "float32" in repr(m)
+    assert m.half().weight_dtype == "float16"
+    assert m.bfloat16()(torch.ones(1, 2, 4)).dtype == torch.float32 and m.weight_dtype == "bfloat16"
+    with pytest.raises(ShapeError, match="this module's weights are float64") as err:
+        m.double()(torch.zeros(1, 2, 4))
+    assert ".float()" in err.value.hint
+
+
 def test_pipeline_input_names_are_an_ordered_list() -> None:
     # "MSFT" was read as the four features M, S, F, T
     with pytest.raises(ShapeError, match="input_names must be an ordered list"):

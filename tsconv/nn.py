@@ -108,7 +108,6 @@ class CausalConv1d(torch.nn.Module):
         self.precision = precision
         if weight_dtype not in WEIGHT_DTYPES:
             raise ShapeError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {weight_dtype!r}")
-        self.weight_dtype = weight_dtype
         bound = 1.0 / math.sqrt(in_channels // groups * kernel_size)
         shape = (out_channels, in_channels // groups, kernel_size)
         w = torch.empty(shape, device=device).uniform_(-bound, bound)
@@ -179,6 +178,12 @@ class CausalConv1d(torch.nn.Module):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
+    def weight_dtype(self) -> str:
+        """How the weight is stored now ("float16" or "float32"; after ``.bfloat16()``, "bfloat16"; after
+        ``.double()``, "float64", which a call refuses)."""
+        return str(self.weight.dtype).removeprefix("torch.")
+
+    @property
     def halo(self) -> int:
         """Steps before each output that it reads: (kernel_size - 1) * dilation."""
         return (self.kernel_size - 1) * self.dilation
@@ -201,6 +206,12 @@ class CausalConv1d(torch.nn.Module):
             raise ShapeError(
                 f"x is on {x.device} but the module's weights are on {self.weight.device}",
                 hint=f"move the module with .to({str(x.device)!r}) or the input with x.to(...).",
+            )
+        if self.weight.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise ShapeError(
+                f"this module's weights are {self.weight_dtype} (after .double() or .to(...)); its kernels take "
+                "float16 or float32 weights",
+                hint="call .float() (or .half()) on the module; inputs of any float dtype are accepted.",
             )
         _refuse_grad("tsconv.nn.CausalConv1d", x, self.weight, self.bias)
         # The kernels keep rearranged weights while torch's version counter says they are unchanged; a write
