@@ -585,6 +585,7 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, tuple[str, ...]]]:
     write(pl.DataFrame({"time": [T0], "sym": ["a"], "value": [1.0]}), tmp_path / "nofeat.parquet")
     write(pl.DataFrame({"time": [T0], "a": [1.0], "b": ["x"]}), tmp_path / "widestr.parquet")
     (tmp_path / "badtime.csv").write_text("time,feature,value\nyesterday,a,1\n")
+    (tmp_path / "usdate.csv").write_text("time,feature,value\n01/02/2024 09:30,a,1\n01/03/2024 09:30,a,2\n")
     (tmp_path / "ticks.txt").write_text("time,feature,value\n")
     (tmp_path / "exists.zarr").mkdir()
     zarr.open_group(str(tmp_path / "exists.zarr"), mode="w")
@@ -615,7 +616,12 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, tuple[str, ...]]]:
             [tmp_path / "widestr.parquet", "-o", out, "--layout", "wide"],
             ("column 'b'", "not numeric"),
         ),
-        "unparseable time": ([tmp_path / "badtime.csv", "-o", out], ("cannot parse", "badtime.csv")),
+        "unparseable time": (
+            [tmp_path / "badtime.csv", "-o", out],
+            ("'yesterday'", "is not ISO 8601", "badtime.csv"),
+        ),
+        # a US export: polars guessed day first from the first value, and 01/02 became 1 February, silently
+        "month-first time": ([tmp_path / "usdate.csv", "-o", out], ("'01/02/2024 09:30'", "is not ISO 8601")),
         "unknown suffix": ([tmp_path / "ticks.txt", "-o", out], ("unknown file format",)),
         "output exists": ([good, "-o", tmp_path / "exists.zarr"], ("already exists", "--overwrite")),
         "output is a plain file": ([good, "-o", tmp_path / "plain", "--overwrite"], ("not a zarr store",)),
@@ -656,6 +662,35 @@ def test_overwrite_replaces_a_store(tmp_path: Path) -> None:
     values, times, names = read(out)
     assert names == ["q"] and times.tolist() == TIMES[10:13]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary store left
+
+
+def test_a_kill_while_the_replaced_store_is_deleted_leaves_the_new_one(tmp_path: Path, monkeypatch) -> None:
+    # the old store was deleted in place: a kill part-way left it half-deleted at the output path, its
+    # attributes still saying complete, and the next ingest removed the new one as a leftover
+    import tsconv.io.ingest as ingest_module
+
+    good = _good(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(good, out)
+    other = write(as_datetime(long_frame(TIMES[10:13], ["q"], drop=0)), tmp_path / "other.parquet")
+    real = shutil.rmtree
+
+    def killed(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        if ".ingest-replaced-" in str(path):
+            next(p for p in Path(path).rglob("*") if p.is_file()).unlink()  # part of it gone, then the kill
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(ingest_module.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(other, out, overwrite=True)
+    monkeypatch.undo()
+    values, times, names = read(out)
+    assert names == ["q"] and times.tolist() == TIMES[10:13]
+    assert tsconv.open_input(out).values.shape == (3, 1)
+    ingest(good, tmp_path / "x.zarr")
+    ingest(other, out, overwrite=True)  # the next ingest into it removes what the kill left beside it
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 # ------------------------------------------------------------------------------- several value columns

@@ -75,6 +75,10 @@ _CHUNK_BYTES = 16 << 20  # ~16 MB chunks of all features read back fastest (as t
 _BAND_BYTES = 256 << 20  # dense output rows held in memory at once; more bands = more input re-reads
 _BATCH_ROWS = 1 << 20  # rows per streamed batch: ~20 MB of (time, feature, value) for long input
 _NS_PER = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+# ISO 8601 as times are written: a date, optionally a time (T or a space) to any fraction, optionally Z or an offset
+_ISO_8601 = (
+    r"^\s*[+-]?\d{4,}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}([.,]\d+)?)?)?\s*(Z|UTC|[+-]\d{2}(:?\d{2})?)?\s*$"
+)
 _SUFFIXES = {
     ".parquet": "parquet",
     ".pq": "parquet",
@@ -403,6 +407,18 @@ class _Source:
                 raise StoreError(
                     f"integer times of {str(self.path)!r} overflow int64 nanoseconds as {self.unit}",
                     hint="pass the unit they count with --time-unit s|ms|us|ns.",
+                )
+        if self.time_dtype == pl.String:
+            # polars guesses a format from the first value: "01/02/2024" (a US export) was read day first, as
+            # 1 February, silently, unless a later day past 12 happened to be the one it guessed from
+            odd = raw.filter(~pl.col(self.time_column).str.contains(_ISO_8601))
+            if odd.height:
+                raise StoreError(
+                    f"time {odd[self.time_column][0]!r} in {str(self.path)!r} is not ISO 8601 "
+                    "(YYYY-MM-DD, then optionally THH:MM[:SS[.fraction]] and Z or +HH:MM)",
+                    hint="write the times as ISO 8601, or parse them with their format first (polars: "
+                    "str.to_datetime('%m/%d/%Y %H:%M'); pandas: to_datetime(..., format=...)) and write a "
+                    "Parquet file.",
                 )
         try:
             # in ns, a string or date past 2262 wraps around silently, and a datetime column's cast gives null:
@@ -759,9 +775,21 @@ def ingest(
             with progress_bar(total=times.size, enabled=progress, desc="ingest") as bar:
                 read = _write_rows(values, time_arr, 0, times, sources, names, symbols, layout, bar)
             group.attrs["ingest"] = {**attrs["ingest"], "complete": True}
-            if out.exists() or out.is_symlink():
-                shutil.rmtree(out)  # only a zarr store gets here (checked above), and only with overwrite
-            os.replace(tmp, out)
+            if (
+                out.exists() or out.is_symlink()
+            ):  # only a zarr store gets here (checked above), with overwrite
+                # renamed aside first, then deleted: a kill while deleting it in place left a half-deleted
+                # store at the output path, its attributes still saying complete, and the new one removed as
+                # a leftover by the next ingest
+                aside = out.with_name(f".{out.name}.ingest-replaced-{os.getpid()}")
+                os.replace(out, aside)
+                os.replace(tmp, out)
+                if aside.is_symlink():
+                    aside.unlink()
+                else:
+                    shutil.rmtree(aside)
+            else:
+                os.replace(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
