@@ -585,6 +585,11 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, tuple[str, ...]]]:
     write(pl.DataFrame({"time": [T0], "sym": ["a"], "value": [1.0]}), tmp_path / "nofeat.parquet")
     write(pl.DataFrame({"time": [T0], "a": [1.0], "b": ["x"]}), tmp_path / "widestr.parquet")
     (tmp_path / "badtime.csv").write_text("time,feature,value\nyesterday,a,1\n")
+    # a symbol '' made a store whose reader refuses its empty feature name
+    write(
+        pl.DataFrame({"time": [T0, T0], "feature": ["", "a"], "value": [1.0, 2.0]}),
+        tmp_path / "emptyname.parquet",
+    )
     (tmp_path / "usdate.csv").write_text("time,feature,value\n01/02/2024 09:30,a,1\n01/03/2024 09:30,a,2\n")
     (tmp_path / "ticks.txt").write_text("time,feature,value\n")
     (tmp_path / "exists.zarr").mkdir()
@@ -615,6 +620,10 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, tuple[str, ...]]]:
         "non-numeric wide column": (
             [tmp_path / "widestr.parquet", "-o", out, "--layout", "wide"],
             ("column 'b'", "not numeric"),
+        ),
+        "empty feature name": (
+            [tmp_path / "emptyname.parquet", "-o", out],
+            ("empty (null) names", "emptyname"),
         ),
         "unparseable time": (
             [tmp_path / "badtime.csv", "-o", out],
@@ -651,6 +660,15 @@ def test_library_raises_tsconv_errors(tmp_path: Path) -> None:
     with pytest.raises(tsconv.TsconvError, match="time unit"):
         ingest(good, tmp_path / "o.zarr", time_unit="h")
     assert not (tmp_path / "o.zarr").exists()
+
+
+def test_a_csv_with_blank_lines_is_read_without_them(tmp_path: Path) -> None:
+    # a blank line (at the end, most often) was a row of nulls, refused as a time missing
+    src = tmp_path / "blank.csv"
+    src.write_text("time,feature,value\n2024-01-01T00:00:01Z,A,1.5\n\n2024-01-01T00:00:02Z,A,2.5\n\n")
+    ingest(src, tmp_path / "b.zarr")
+    values, times, names = read(tmp_path / "b.zarr")
+    assert names == ["A"] and len(times) == 2 and values[:, 0].tolist() == [1.5, 2.5]
 
 
 def test_overwrite_replaces_a_store(tmp_path: Path) -> None:

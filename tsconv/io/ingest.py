@@ -252,7 +252,9 @@ class _Source:
             return pl.scan_parquet(p)
         if self.fmt == "ipc":
             return pl.scan_ipc(p)
-        return pl.scan_csv(p, infer_schema_length=_CSV_INFER_ROWS, **csv_options)
+        lf = pl.scan_csv(p, infer_schema_length=_CSV_INFER_ROWS, **csv_options)
+        # a blank line (one at the end, most often) is a row of nulls, which was refused as a time missing
+        return lf.filter(~pl.all_horizontal(pl.all().is_null()))
 
     def _schema(self) -> dict[str, pl.DataType]:
         self._refuse_offset_zone()
@@ -453,7 +455,7 @@ class _Source:
     def distinct_features(self) -> list[str]:
         df = self.collect(self.lf.select(pl.col(self.feature_column).cast(pl.String).unique()))
         col = df[self.feature_column]
-        if col.null_count():
+        if col.null_count() or (col == "").any():  # a store's empty feature name is refused by every reader
             raise StoreError(
                 f"feature column {self.feature_column!r} of {str(self.path)!r} has empty (null) names",
                 hint="every row needs a feature name.",
