@@ -92,6 +92,13 @@ def test_a_state_dict_past_float16_is_refused_not_stored_as_inf() -> None:
     wide = CausalConv1d(2, 2, 2, weight_dtype="float32")
     wide.load_state_dict(plain.state_dict())
     assert float(wide.weight.max()) == 1e5
+    m.load_state_dict(plain.state_dict(), assign=True)  # keeps the given float32 tensor
+    assert m.weight.dtype == torch.float32 and float(m.weight.max()) == 1e5
+    with torch.no_grad():
+        plain.weight.fill_(65510.0)  # rounds to float16's largest, 65504
+    fits = CausalConv1d(2, 2, 2)
+    fits.load_state_dict(plain.state_dict())
+    assert float(fits.weight.max()) == 65504.0
 
 
 @pytest.mark.parametrize(

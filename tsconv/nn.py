@@ -167,14 +167,20 @@ class CausalConv1d(torch.nn.Module):
         # copied into the float16 weight, a value past its range became inf (and every output NaN or inf),
         # where from_weights refuses it
         w = state_dict.get(prefix + "weight")
-        if self.weight.dtype == torch.float16 and isinstance(w, torch.Tensor) and w.numel():
-            top = float(w.detach().abs().max())
-            if top > torch.finfo(torch.float16).max:
-                raise ShapeError(
-                    f"{prefix}weight: a weight of {top:.4g} does not fit this module's float16 weights",
-                    hint='build it with weight_dtype="float32" (or CausalConv1d.from_weights(..., '
-                    'weight_dtype="float32")), or rescale the weights.',
-                )
+        assign = bool(args and isinstance(args[0], dict) and args[0].get("assign_to_params_buffers"))
+        if (
+            self.weight.dtype == torch.float16
+            and not assign  # load_state_dict(..., assign=True) keeps the given tensor and its dtype
+            and isinstance(w, torch.Tensor)
+            and w.shape == self.weight.shape  # else torch reports the size mismatch
+            and bool((torch.isfinite(w) & torch.isinf(w.detach().to(torch.float16))).any())
+        ):
+            raise ShapeError(
+                f"{prefix}weight: a weight of {float(w.detach().abs().max()):.4g} does not fit this module's "
+                "float16 weights",
+                hint='build it with weight_dtype="float32" (or CausalConv1d.from_weights(..., '
+                'weight_dtype="float32")), or rescale the weights.',
+            )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @property
@@ -210,7 +216,7 @@ class CausalConv1d(torch.nn.Module):
         if self.weight.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise ShapeError(
                 f"this module's weights are {self.weight_dtype} (after .double() or .to(...)); its kernels take "
-                "float16 or float32 weights",
+                "float16, bfloat16 or float32 weights",
                 hint="call .float() (or .half()) on the module; inputs of any float dtype are accepted.",
             )
         _refuse_grad("tsconv.nn.CausalConv1d", x, self.weight, self.bias)

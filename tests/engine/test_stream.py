@@ -253,9 +253,10 @@ def test_a_pandas_frames_index_gives_the_pushes_times():
     with pytest.raises(tsconv.TsconvError, match="time must increase strictly"):
         stream.push(df.iloc[:3])
     assert stream.rows == 3
-    ints = tsconv.Stream(pipe, features=["a"])
-    ints.push(df.reset_index(drop=True).set_axis([10, 11, 12, 13, 14, 15]).iloc[:2])
-    assert ints.last_time == 11
+    labels = tsconv.Stream(pipe, features=["a"])  # integers are row labels as often as times: [0] each push
+    for i in range(3):
+        labels.push(pd.DataFrame({"a": [100.0 + i]}, index=[0]))
+    assert labels.last_time is None and labels.rows == 3
     one = tsconv.Stream(pipe, features=["a"])
     one.push(df.reset_index(drop=True))  # the default range index: no times
     one.push(df.iloc[0])  # a Series is one row, its index the names

@@ -627,10 +627,13 @@ def _bad_cases(tmp_path: Path) -> dict[str, tuple[list, tuple[str, ...]]]:
         ),
         "unparseable time": (
             [tmp_path / "badtime.csv", "-o", out],
-            ("'yesterday'", "is not ISO 8601", "badtime.csv"),
+            ("'yesterday'", "is not in the ISO 8601 form", "badtime.csv"),
         ),
         # a US export: polars guessed day first from the first value, and 01/02 became 1 February, silently
-        "month-first time": ([tmp_path / "usdate.csv", "-o", out], ("'01/02/2024 09:30'", "is not ISO 8601")),
+        "month-first time": (
+            [tmp_path / "usdate.csv", "-o", out],
+            ("'01/02/2024 09:30'", "is not in the ISO 8601 form"),
+        ),
         "unknown suffix": ([tmp_path / "ticks.txt", "-o", out], ("unknown file format",)),
         "output exists": ([good, "-o", tmp_path / "exists.zarr"], ("already exists", "--overwrite")),
         "output is a plain file": ([good, "-o", tmp_path / "plain", "--overwrite"], ("not a zarr store",)),
@@ -660,6 +663,30 @@ def test_library_raises_tsconv_errors(tmp_path: Path) -> None:
     with pytest.raises(tsconv.TsconvError, match="time unit"):
         ingest(good, tmp_path / "o.zarr", time_unit="h")
     assert not (tmp_path / "o.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "ns"),
+    [
+        (
+            "2024-01-02T09:30:00.123456789Z",
+            "2024-01-02T09:30:01.5Z",
+            (1704187800123456789, 1704187801500000000),
+        ),
+        ("2024-01-02 09:30:00+0530", "2024-01-02 09:31:00+0530", (1704168000000000000, 1704168060000000000)),
+        ("2024-01-02T09:30", "2024-01-02T09:31", (1704187800000000000, 1704187860000000000)),
+        ("2024-01-02T09:30:00z", "2024-01-02T09:31:00z", (1704187800000000000, 1704187860000000000)),
+        ("2024-01-02", "2024-01-03", (1704153600000000000, 1704240000000000000)),
+    ],
+)
+def test_iso_8601_time_strings_in_their_usual_forms_are_read(
+    tmp_path: Path, first: str, second: str, ns
+) -> None:
+    src = tmp_path / "iso.csv"
+    src.write_text(f"time,feature,value\n{first},a,1\n{second},a,2\n")
+    ingest(src, tmp_path / "iso.zarr")
+    _, times, _ = read(tmp_path / "iso.zarr")
+    assert times.tolist() == list(ns)
 
 
 def test_a_csv_with_blank_lines_is_read_without_them(tmp_path: Path) -> None:
@@ -694,7 +721,7 @@ def test_a_kill_while_the_replaced_store_is_deleted_leaves_the_new_one(tmp_path:
     real = shutil.rmtree
 
     def killed(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
-        if ".ingest-replaced-" in str(path):
+        if str(path).endswith(".old"):  # the replaced store, renamed aside
             next(p for p in Path(path).rglob("*") if p.is_file()).unlink()  # part of it gone, then the kill
             raise KeyboardInterrupt
         return real(path, *args, **kwargs)

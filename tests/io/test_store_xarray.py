@@ -351,6 +351,8 @@ def test_features_of_a_dataarray_in_either_order_names_by_its_coordinate() -> No
     np.testing.assert_array_equal(got.values, want)
     bare = xr.DataArray(x.T, dims=("sym", "t"))  # no coordinates: the first dimension is time
     assert tsconv.features(bare, PIPE, device="cpu").shape == (FEATURES, 2 * ROWS)
+    framed = xr.DataArray(pd.DataFrame(x))  # a pandas frame's default index and columns: 0..n-1 on both
+    np.testing.assert_array_equal(tsconv.features(framed, PIPE, device="cpu").values, want)
     # coordinates of one kind on both dimensions (dates read as strings, or yyyymmdd and permno integers):
     # the first dimension was taken as time, 3 symbols computed as 3 steps; refused unless named
     for sym, date in ((["s0", "s1", "s2"], [f"2024-01-{d:02d}" for d in range(1, ROWS + 1)]),

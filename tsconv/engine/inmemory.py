@@ -190,8 +190,9 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
 
     The time dimension is ``time_column``'s, else one named ``time``, else the one dimension whose coordinate
     holds datetimes, else the one whose coordinate does not hold names (strings), else the first (an array's
-    convention) where at most one dimension has a coordinate; coordinates of the same kind on both (strings,
-    or numbers such as yyyymmdd dates and integer ids) are refused as ambiguous. The other dimension's
+    convention) where at most one dimension has a coordinate or both are 0..n-1 (a pandas frame's defaults);
+    other coordinates of the same kind on both (strings, or numbers such as yyyymmdd dates and integer ids) are
+    refused as ambiguous. The other dimension's
     coordinate names the features. Its time coordinate, which the result keeps, must be strictly increasing."""
     import xarray as xr
 
@@ -220,7 +221,7 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
         tdim = dated[0]
     elif len(named) == 1:
         tdim = dims[1] if named[0] == dims[0] else dims[0]
-    elif all(d in da.coords for d in dims):
+    elif all(d in da.coords for d in dims) and not all(_default_range(da.coords[d].values) for d in dims):
         kinds = "datetimes" if dated else "names" if named else "numbers"
         raise ShapeError(
             f"features(): which of the DataArray's dimensions {dims} is time is ambiguous: both coordinates "
@@ -245,6 +246,12 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
         coords[tdim] = da.coords[tdim].values
     frame = xr.DataArray(result, dims=(tdim, "output"), coords=coords, name=da.name)
     return (frame, out_names) if return_names else frame
+
+
+def _default_range(values: np.ndarray) -> bool:
+    """Whether a coordinate is 0, 1, ..., n-1: what xarray gives a pandas frame's default index and columns,
+    which say nothing about which dimension is time."""
+    return values.dtype.kind in "iu" and bool(np.array_equal(values, np.arange(values.size)))
 
 
 _ORDERED_OBJECTS = (

@@ -139,9 +139,7 @@ class Stream:
         """The features [n, D] float32 of ``rows`` [n, F] (or [F]: one row), the next steps of the series."""
         is_torch = isinstance(rows, torch.Tensor)
         if (kind := frame_kind(rows)) is not None:
-            index_time = (
-                _index_times(rows) if kind == "pandas" and type(rows).__name__ == "DataFrame" else None
-            )
+            index_time = _index_times(rows) if kind == "pandas" else None
             rows, frame_time = self._frame_rows(rows)
             if frame_time is None and time is None:
                 time = index_time  # as features() checks a pandas frame's index, and keeps it
@@ -396,18 +394,16 @@ class Stream:
 
 
 def _index_times(frame: Any) -> np.ndarray | None:
-    """A pandas frame's datetime or integer index as the rows' times (datetime64 in UTC, or int64); None for
-    the default range index or another kind."""
+    """A pandas DataFrame's DatetimeIndex as the rows' times (datetime64 in UTC); None for a Series (its index
+    names the features) and other indexes (integers are as often row labels, [0] in every push, as times)."""
     import pandas as pd
 
-    index = frame.index
-    if isinstance(index, pd.DatetimeIndex):
-        if index.tz is not None:
-            index = index.tz_convert("UTC").tz_localize(None)
-        return index.to_numpy("datetime64[ns]")
-    if isinstance(index, pd.RangeIndex) or not pd.api.types.is_integer_dtype(index.dtype):
+    if not isinstance(frame, pd.DataFrame) or not isinstance(frame.index, pd.DatetimeIndex):
         return None
-    return index.to_numpy(np.int64)
+    index = frame.index
+    if index.tz is not None:
+        index = index.tz_convert("UTC").tz_localize(None)
+    return index.to_numpy("datetime64[ns]")
 
 
 def _feature_names(features: int | Sequence[str]) -> tuple[str, ...]:

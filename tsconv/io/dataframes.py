@@ -113,10 +113,13 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
         time = frame.get_column(time_column)
         _check_frame_time(time, caller)
     feats = frame.drop(time_column) if time is not None else frame
-    # a column of nulls only has no numeric type (polars: Null; from pandas: None objects), yet it is a feature
-    # with no value yet (a symbol that has not traded): its values are missing, as nulls in a numeric column are
+    # a column of nulls only has no numeric type (polars: Null; pandas' None objects: String), yet it is a
+    # feature with no value yet (a symbol that has not traded): its values are missing, as a numeric column's
+    # nulls are
     empty = [
-        n for n, d in feats.schema.items() if not _is_numeric(d) and feats[n].null_count() == feats.height
+        n
+        for n, d in feats.schema.items()
+        if d in (pl.Null, pl.String) and feats[n].null_count() == feats.height
     ]
     if empty:
         feats = feats.with_columns(pl.col(empty).cast(pl.Float64))

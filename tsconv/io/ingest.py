@@ -77,7 +77,7 @@ _BATCH_ROWS = 1 << 20  # rows per streamed batch: ~20 MB of (time, feature, valu
 _NS_PER = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 # ISO 8601 as times are written: a date, optionally a time (T or a space) to any fraction, optionally Z or an offset
 _ISO_8601 = (
-    r"^\s*[+-]?\d{4,}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}([.,]\d+)?)?)?\s*(Z|UTC|[+-]\d{2}(:?\d{2})?)?\s*$"
+    r"^\s*[+-]?\d{4,}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?\s*([Zz]|[+-]\d{2}(:?\d{2})?)?\s*$"  # noqa: E501
 )
 _SUFFIXES = {
     ".parquet": "parquet",
@@ -416,8 +416,8 @@ class _Source:
             odd = raw.filter(~pl.col(self.time_column).str.contains(_ISO_8601))
             if odd.height:
                 raise StoreError(
-                    f"time {odd[self.time_column][0]!r} in {str(self.path)!r} is not ISO 8601 "
-                    "(YYYY-MM-DD, then optionally THH:MM[:SS[.fraction]] and Z or +HH:MM)",
+                    f"time {odd[self.time_column][0]!r} in {str(self.path)!r} is not in the ISO 8601 form tsconv "
+                    "reads (YYYY-MM-DD, then optionally THH:MM[:SS[.fraction]] and Z or +HH:MM)",
                     hint="write the times as ISO 8601, or parse them with their format first (polars: "
                     "str.to_datetime('%m/%d/%Y %H:%M'); pandas: to_datetime(..., format=...)) and write a "
                     "Parquet file.",
@@ -766,6 +766,7 @@ def ingest(
     if layout == "long":
         attrs["ingest"]["value_columns"] = list(value_columns)
     tmp = out.with_name(f".{out.name}.ingest-{os.getpid()}")
+    aside = out.with_name(f".{out.name}.ingest-{os.getpid()}.old")  # the replaced store, deleted last
     out.parent.mkdir(parents=True, exist_ok=True)
     # One ingest into an output at a time; while this one holds it, a temporary store of an earlier ingest
     # into the same output can only be a killed run's leftover (its name holds a dead process's id).
@@ -783,18 +784,17 @@ def ingest(
                 # renamed aside first, then deleted: a kill while deleting it in place left a half-deleted
                 # store at the output path, its attributes still saying complete, and the new one removed as
                 # a leftover by the next ingest
-                aside = out.with_name(f".{out.name}.ingest-replaced-{os.getpid()}")
                 os.replace(out, aside)
-                os.replace(tmp, out)
-                if aside.is_symlink():
-                    aside.unlink()
-                else:
-                    shutil.rmtree(aside)
-            else:
-                os.replace(tmp, out)
+            os.replace(tmp, out)
         except BaseException:
+            if (aside.exists() or aside.is_symlink()) and not (out.exists() or out.is_symlink()):
+                os.replace(aside, out)  # interrupted between the two renames: the old store back
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if aside.is_symlink():
+            aside.unlink()
+        elif aside.exists():
+            shutil.rmtree(aside, ignore_errors=True)  # what is left, the next ingest into it removes
     return _report(times.size, len(names), t0, out, read, len(paths), appended=False)
 
 

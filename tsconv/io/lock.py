@@ -47,8 +47,9 @@ def output_lock(output: Path | StoreURL, *, run_id: str, resumable: bool = False
     return OutputLock(output, run_id=run_id, resumable=resumable)
 
 
-# The longest name a run gives a file beside its output, past the output's own name: a Parquet output's
-# temporary ".<name>.tsconv-<pid>.tmp" (a pid of up to 7 digits); the lock's and --overwrite's are shorter.
+# The longest name a run gives a file beside its output, past the output's own name (a pid of up to 7 digits):
+# a Parquet output's temporary ".<name>.tsconv-<pid>.tmp" and ingest's replaced store ".<name>.ingest-<pid>.old";
+# the lock's ".<name>.tsconv-lock" and --overwrite's ".<name>.tsconv-discarded" are shorter.
 _SIBLING_EXTRA = len(".") + len(".tsconv-") + 7 + len(".tmp")
 
 
@@ -60,7 +61,7 @@ def _check_name_length(output: Path) -> None:
         limit = os.pathconf(parent if parent.exists() else "/", "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 255
-    size = len(Path(output).name.encode())
+    size = len(os.fsencode(Path(output).name))
     if size + _SIBLING_EXTRA > limit:
         raise TsconvError(
             f"the output's name is {size} bytes; tsconv makes files beside it named after it (a temporary "

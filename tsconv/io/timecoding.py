@@ -164,7 +164,12 @@ def time_coding(array: Any, *, where: str = "'time'") -> TimeCoding:
             "with CF units",
             hint=_FIX_UNITS + ".",
         )
-    packed = [k for k in ("scale_factor", "add_offset", "_Unsigned") if k in attrs]
+    # xarray applies these before decoding the times; the identity (a scale of 1, an offset of 0, _Unsigned as
+    # the dtype says) changes nothing
+    identity = {"scale_factor": 1, "add_offset": 0, "_Unsigned": "true" if dt.kind == "u" else "false"}
+    packed = [
+        k for k, v in identity.items() if k in attrs and str(attrs[k]).lower() != str(v) and attrs[k] != v
+    ]
     if packed:
         raise StoreError(
             f"{where}: the time array is CF-packed ({', '.join(f'{k}={attrs[k]!r}' for k in packed)}), which "
