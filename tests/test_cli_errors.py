@@ -1172,6 +1172,30 @@ def test_a_scheduler_address_where_another_service_answers_is_refused_in_one_lin
         server.close()
 
 
+def test_a_scheduler_address_that_accepts_and_never_answers_is_refused_in_time(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # dask's timeout covers the connection, not the handshake: a silent port held the command for good
+    pytest.importorskip("distributed")
+    import socket
+
+    from tsconv.engine import distributed
+
+    monkeypatch.setattr(distributed, "CONNECT_TIMEOUT_S", 3.0)
+    server = socket.create_server(("127.0.0.1", 0))  # the kernel accepts into its backlog; nothing answers
+    try:
+        src = write_store(tmp_path / "in.zarr", price_series(300, 2))
+        address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+        res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--scheduler", address, "--device", "cpu")
+        assert_refused(res, f"cannot reach the dask scheduler at '{address}': no answer within 3 s")
+        res = invoke(
+            "-i", src, "-o", tmp_path / "out.zarr", "--scheduler", "ucx://127.0.0.1:1", "--device", "cpu"
+        )
+        assert_refused(res, "cannot reach the dask scheduler at 'ucx://127.0.0.1:1'")
+    finally:
+        server.close()
+
+
 def test_more_workers_than_a_local_cluster_starts_are_refused_at_once(tmp_path: Path) -> None:
     """--workers 100000 on 2 cores had dask create worker directories until the run was killed."""
     from tsconv.engine.cluster import max_workers

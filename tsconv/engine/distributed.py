@@ -20,6 +20,7 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from tsconv import config
 from tsconv.engine.cluster import local_cluster
 from tsconv.engine.fill import FillCarry, fill_record, first_values, parse_fill_record
 from tsconv.engine.run import CudaOptions
-from tsconv.errors import TsconvError
+from tsconv.errors import TsconvError, first_line
 from tsconv.io.contracts import BandReader
 from tsconv.io.store import InputStore
 from tsconv.io.writers.zarr_writer import (
@@ -270,6 +271,44 @@ _NO_WORKERS_HINT = (
 _WORKERS_WAIT_S = 10.0  # for a cluster whose workers are still connecting
 
 
+# dask's own timeout covers opening the connection, not the handshake after it: a port that accepts and never
+# answers (another service) held `Client(address)` for good
+CONNECT_TIMEOUT_S = 40.0
+
+
+def _connect(client_cls: Any, address: str) -> Any:
+    """A client of the scheduler at ``address``, or a one-line error within CONNECT_TIMEOUT_S."""
+    made: list[Any] = []
+    failed: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            made.append(client_cls(address, timeout="30s"))
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=connect, name="tsconv-dask-connect", daemon=True)
+    thread.start()
+    thread.join(CONNECT_TIMEOUT_S)
+    hint = "start one with `dask scheduler` and workers with `dask worker ADDRESS` (or dask-cuda-worker)."
+    if thread.is_alive():
+        raise TsconvError(
+            f"cannot reach the dask scheduler at {address!r}: no answer within {CONNECT_TIMEOUT_S:g} s (a port "
+            "that accepts connections but is not a dask scheduler's?)",
+            hint=hint,
+        )
+    if failed:
+        exc = failed[0]
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            raise exc
+        # ValueError: an address dask cannot parse ("missing port number"); MemoryError: a port that is not a
+        # scheduler's (an HTTP server's reply read as a frame length of exabytes); TypeError: a scheme dask
+        # lists without its library (ucx:// without ucx-py)
+        why = "it does not answer as a dask scheduler" if isinstance(exc, MemoryError) else first_line(exc)
+        raise TsconvError(f"cannot reach the dask scheduler at {address!r}: {why}", hint=hint) from None
+    return made[0]
+
+
 def _wait_for_workers(client: Any) -> None:
     """At least one worker, before the output is made: a scheduler without any left an empty output."""
     try:
@@ -356,16 +395,7 @@ def run_distributed(
         cluster, threads = local_cluster(workers, device)  # type: ignore[arg-type]
         client, own_client = Client(cluster), True
     elif isinstance(client, str):
-        try:
-            client, own_client = Client(client, timeout="30s"), True
-        except (OSError, ValueError, MemoryError) as exc:
-            # ValueError: an address dask cannot parse ("missing port number"); MemoryError: a port that is not
-            # a scheduler's (an HTTP server's reply read as a frame length of exabytes)
-            why = "it does not answer as a dask scheduler" if isinstance(exc, MemoryError) else str(exc)
-            raise TsconvError(
-                f"cannot reach the dask scheduler at {client!r}: {why}",
-                hint="start one with `dask scheduler` and workers with `dask worker ADDRESS` (or dask-cuda-worker).",
-            ) from None
+        client, own_client = _connect(Client, client), True
     try:
         _wait_for_workers(client)
         n_workers = _n_workers(client)
