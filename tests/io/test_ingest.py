@@ -689,6 +689,14 @@ def test_iso_8601_time_strings_in_their_usual_forms_are_read(
     assert times.tolist() == list(ns)
 
 
+def test_repair_of_a_store_with_a_scalar_time_coordinate_finds_nothing_to_repair(tmp_path: Path) -> None:
+    # its values' rows were compared with a 0-d time's shape[0]: an IndexError traceback
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="w", zarr_format=3)
+    g.create_array("values", data=np.ones((5, 2), np.float32))
+    g.create_array("time", data=np.array(1_700_000_000_000_000_000, np.int64))
+    assert repair(tmp_path / "s.zarr") is None
+
+
 def test_a_csv_with_blank_lines_is_read_without_them(tmp_path: Path) -> None:
     # a blank line (at the end, most often) was a row of nulls, refused as a time missing
     src = tmp_path / "blank.csv"

@@ -975,7 +975,12 @@ def repair(output: str | os.PathLike[str]) -> int | None:
 def _check_lengths(out: Path, group: zarr.Group) -> None:
     """Refuse a store whose arrays disagree without the record of an interrupted append."""
     arrays = dict(group.arrays())
-    if "values" in arrays and "time" in arrays and arrays["values"].shape[0] != arrays["time"].shape[0]:
+    if (
+        "values" in arrays
+        and "time" in arrays
+        and arrays["time"].ndim  # a scalar time coordinate (xarray's) is not the rows' times
+        and arrays["values"].shape[0] != arrays["time"].shape[0]
+    ):
         raise StoreError(
             f"cannot repair {str(out)!r}: 'values' has {arrays['values'].shape[0]:,} rows and 'time' "
             f"{arrays['time'].shape[0]:,}, but the store holds no record of an interrupted `tsconv ingest "
