@@ -7,8 +7,8 @@ cached them (benchmarks/NOTES.md, "Launch plans and weight caches"), the better 
 holds a weak reference to the tensor that owns the storage (a view's base, so ``w.T`` made afresh on every
 call still hits) and the version counter it was built at: an in-place write to the weights (or to any view of
 their storage) bumps the counter and the next call rebuilds; a freed tensor drops its entry. Writes that
-bypass autograd's version counter (through ``.data``, or from outside torch) are not seen: callers document
-how to clear.
+bypass autograd's version counter (through ``.data``, or from outside torch) are not seen: ``clear()`` them
+(``tsconv.kernels.conv1d.clear_weight_cache``), or pass a copy (``tsconv.nn`` modules do, each call).
 """
 
 from __future__ import annotations
