@@ -128,7 +128,10 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
         bad = [f"{n} ({d})" for n, d in wrong]
         shown = ", ".join(bad[:5]) + (f", ... ({len(bad)} in all)" if len(bad) > 5 else "")
         if any(d.is_decimal() for _, d in wrong):
-            hint = "cast Decimal columns to floats first: frame.with_columns(pl.col(pl.Decimal).cast(pl.Float64))."
+            hint = (
+                "cast Decimal columns to floats first (polars: frame.with_columns(pl.col(pl.Decimal).cast(pl.Float64));"
+                " pandas: frame.astype('float64'); pyarrow: table.cast(...))."
+            )
         else:
             hint = (
                 "select the feature columns first, e.g. frame.select('time', pl.col(pl.Float32, pl.Float64))"
