@@ -167,11 +167,11 @@ def test_an_unfinished_output_is_named_with_the_resume_command(
     info = json.loads(CliRunner().invoke(main, ["inspect", str(out), "--json"]).output)
     assert info["rows_written"] == done
     assert info["time_span"] == "2026-01-02T09:30:00+00:00 .. 2026-01-02T09:30:00.511+00:00"
-    from tsconv.io.inspect import _iso
+    from tsconv.io.timecoding import iso_utc
 
     # to the nanosecond, never rounded up past the year's end (or back before the epoch)
-    assert _iso(1_798_761_599_999_999_700) == "2026-12-31T23:59:59.9999997+00:00"
-    assert _iso(-1) == "1969-12-31T23:59:59.999999999+00:00"
+    assert iso_utc(1_798_761_599_999_999_700) == "2026-12-31T23:59:59.9999997+00:00"
+    assert iso_utc(-1) == "1969-12-31T23:59:59.999999999+00:00"
     assert info["warmup_nans"] == 2 * sum(WARM) and info["nan_total"] == 0  # the missing rows are not NaNs
     _no_internals(re.sub(r"`[^`]*`", "", text))
 

@@ -66,6 +66,7 @@ from tsconv.io.names import control_name, describe_repeats, repeated_names
 from tsconv.io.objstore import is_url
 from tsconv.io.precision import float32_loss_by_feature
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
+from tsconv.io.timecoding import iso_utc
 from tsconv.progress import progress_bar
 
 __all__ = ["IngestReport", "ingest", "expand_files", "repair"]
@@ -850,8 +851,8 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
     last = int(np.asarray(store.time[old_rows - 1])) if old_rows else None
     if last is not None and times[0] <= last:
         raise StoreError(
-            f"cannot append: the new times start at {_iso(int(times[0]))}, not after the store's last time "
-            f"{_iso(last)} ({int(np.searchsorted(times, last, side='right')):,} new timestamps are not later)",
+            f"cannot append: the new times start at {iso_utc(int(times[0]))}, not after the store's last time "
+            f"{iso_utc(last)} ({int(np.searchsorted(times, last, side='right')):,} new timestamps are not later)",
             hint="append only rows later than the store's last time; re-ingest everything to insert earlier rows.",
         )
     recorded = meta.get("value_columns")

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -17,19 +16,9 @@ from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.prefetch import PrefetchReader
 from tsconv.io.readers.threads import fast_path_reason
 from tsconv.io.store import InputStore, check_time, group_attrs, open_input
+from tsconv.io.timecoding import iso_utc
 
 __all__ = ["inspect_store", "inspect_lines"]
-
-
-def _iso(ns: int) -> str:
-    """ns since the epoch as ISO 8601 in UTC, to the nanosecond (through a float of seconds it was rounded to
-    the microsecond, sometimes up: a store ending at 23:59:59.9999997 of a year's last day was shown ending
-    in the next year)."""
-    seconds, frac = divmod(int(ns), 10**9)
-    text = (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)).isoformat()  # ends in +00:00
-    if frac:
-        text = f"{text[:-6]}.{f'{frac:09d}'.rstrip('0')}{text[-6:]}"
-    return text
 
 
 def _plural(n: int, word: str) -> str:
@@ -101,7 +90,7 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
         info["warmup_rows"] = int(warmup.max()) if warmup.size else 0
     if store.time is not None:
         span = check_time(store, stop=written)
-        info["time_span"] = f"{_iso(span[0])} .. {_iso(span[1])}" if span else None
+        info["time_span"] = f"{iso_utc(span[0])} .. {iso_utc(span[1])}" if span else None
     fast = fast_path_reason(store.values)
     if store.remote:
         info["reader"] = f"zarr's reader, {store.path.protocol}:// objects fetched ahead in threads"

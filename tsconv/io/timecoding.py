@@ -16,14 +16,14 @@ import base64
 import re
 import struct
 from dataclasses import dataclass
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import numpy as np
 
 from tsconv.errors import StoreError
 
-__all__ = ["NS_SINCE_EPOCH", "TimeCoding", "time_coding"]
+__all__ = ["NS_SINCE_EPOCH", "TimeCoding", "iso_utc", "time_coding"]
 
 _I64_MIN = int(np.iinfo(np.int64).min)
 _I64_MAX = int(np.iinfo(np.int64).max)
@@ -262,3 +262,14 @@ def _missing_values(array: Any, attrs: dict[str, Any], dt: np.dtype) -> tuple[in
             if not np.isnan(v):
                 out.append(float(v) if dt.kind == "f" else int(v))
     return tuple(out)
+
+
+def iso_utc(ns: int) -> str:
+    """ns since the epoch as ISO 8601 in UTC, to the nanosecond, trailing zeros of the fraction dropped (through a
+    float of seconds it was rounded to the microsecond, sometimes up: a store ending at 23:59:59.9999997 on 31
+    December was shown ending in the next year)."""
+    seconds, frac = divmod(int(ns), 10**9)
+    text = (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)).isoformat()  # ends in +00:00
+    if frac:
+        text = f"{text[:-6]}.{f'{frac:09d}'.rstrip('0')}{text[-6:]}"
+    return text
