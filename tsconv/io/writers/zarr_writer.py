@@ -1331,7 +1331,7 @@ class OutputWriter:
             if failure is None:
                 recorder = self._advance(a, b)
             else:
-                self._fail(a, b, failure)
+                self._fail(f"cannot write rows {a:,}..{b:,} of {self.where}", failure)
         if recorder:
             self._record()
         t1 = time.perf_counter()
@@ -1341,11 +1341,11 @@ class OutputWriter:
             trace.add("write", t0, t1, a)
             trace.add("write_record", t_written, t1, a)  # the lock's wait and rows_done's record
 
-    def _fail(self, a: int, b: int, failure: BaseException) -> None:
-        """Keep the first failure, naming rows [a, b) (under ``_lock``)."""
+    def _fail(self, what: str, failure: BaseException) -> None:
+        """Keep the first failure, ``what`` failing (under ``_lock``)."""
         if self._error is None:
             self._error = StoreError(
-                f"cannot write rows {a:,}..{b:,} of {self.where}: {type(failure).__name__}: {failure}",
+                f"{what}: {type(failure).__name__}: {failure}",
                 hint="check free space and permissions; rows before tsconv.rows_done are stored, "
                 "and --resume continues from there.",
             )
@@ -1369,14 +1369,10 @@ class OutputWriter:
                 except Exception as exc:
                     with self._lock:
                         self._recording, handed = False, True
-                        if self._error is None:
-                            self._error = StoreError(
-                                f"cannot record the rows stored in {self.where} (tsconv.rows_done = {target:,}): "
-                                f"{type(exc).__name__}: {exc}",
-                                hint="check free space and permissions; rows before tsconv.rows_done are stored, "
-                                "and --resume continues from there.",
-                            )
-                            self._error.__cause__ = exc
+                        self._fail(
+                            f"cannot record the rows stored in {self.where} (tsconv.rows_done = {target:,})",
+                            exc,
+                        )
                     return
                 self._recorded = target  # only the recording thread writes it
         finally:
