@@ -74,9 +74,16 @@ def hbm_gbps(device: Any, nbytes: int = 1 << 31) -> float:
     return 2 * nbytes / min(_timed(lambda: dst.copy_(src), device) for _ in range(5)) / 1e9
 
 
+def _kernel(bank: Any) -> str:
+    from tsconv.kernels.filterbank import fused_plan
+
+    plan = fused_plan(bank)
+    return "ladder" if plan is None else ("running sums" if plan.run_rows else "fused")
+
+
 def one_shape(rows: int, cols: int, step: int, device: Any, repeats: int, bw: float,
               filters: tuple[str, ...] = FILTERS) -> dict[str, Any]:  # fmt: skip
-    from tsconv.kernels.filterbank import bank_halo, filter_bank, fused_plan
+    from tsconv.kernels.filterbank import bank_halo, filter_bank
     from tsconv.pipeline.filters import filter_spec
 
     bank = tuple(filter_spec(s) for s in filters)
@@ -95,7 +102,7 @@ def one_shape(rows: int, cols: int, step: int, device: Any, repeats: int, bw: fl
     med = statistics.median(secs)
     row: dict[str, Any] = {
         "rows": rows, "features": cols, "filters": list(filters), "outputs": cols * len(bank),
-        "kernel": "fused" if device.type == "cuda" and fused_plan(bank) else "ladder",
+        "kernel": _kernel(bank) if device.type == "cuda" else "ladder",
         "step_rows": step, "steps": len(starts),
         "gpu_s": med, "gpu_all_s": secs, "bytes": nbytes, "floor_s": nbytes / (bw * 1e9),
         "over_floor": med / (nbytes / (bw * 1e9)), "effective_gbps": nbytes / med / 1e9,

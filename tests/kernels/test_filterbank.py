@@ -21,6 +21,7 @@ from tsconv.pipeline.filters import FILTER_DOCS, FILTER_KINDS, filter_spec, pars
 from tsconv.pipeline.spec import pipeline_from_dict, resolve
 
 from ..helpers import write_store
+from .sm90 import run_compile_script
 
 ALL = ["id", "lag:3", "diff:1", "diff:32", "ret:1", "ret:16", "ma:7", "ma:32", "dev:32", "dev:256",
        "std:2", "std:20", "std:100", "zscore:7", "zscore:64", "ema:8", "ema:32", "ema:5:9", "ema:1:4"]  # fmt: skip
@@ -442,14 +443,89 @@ def test_the_fused_kernel_matches_the_float64_reference(rows: int, cols: int, d:
     _compare(got, x, FUSED, d)
 
 
+def _bank_kernels(x: torch.Tensor, specs, d: int = 1, *, running: tuple[int, int, int, int]) -> np.ndarray:  # noqa: ANN001
+    """``run_fused`` (interpreted) with the running-sum kernel's tile ``running`` (rows 0: the fused kernel
+    alone) and the fused kernel's flags from it."""
+    from tsconv.kernels.filterbank import bank_halo, fused_plan
+    from tsconv.kernels.filterbank_triton import run_fused
+
+    fs = tuple(filter_spec(s) for s in specs)
+    plan = fused_plan.__wrapped__(fs, running=running)
+    halo = bank_halo(fs, d)
+    out = torch.full((x.shape[0] - halo, x.shape[1] * len(fs)), 12345.0)  # poisoned: every cell is written
+    run_fused(plan, x, out, halo=halo, dilation=d)
+    return out.numpy()
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_the_fused_kernel_gives_the_cpu_paths_bits_for_the_default_bank_on_prices() -> None:
     """Window sums of float32 prices are exact in float64 whatever the order, so the fused kernel's scans
     and the CPU's ladder agree bit for bit on tick-grid prices (power-of-two windows: 1 / W is exact)."""
     x = torch.from_numpy(prices(2000, 4, seed=8))
     fs = tuple(filter_spec(s) for s in DEFAULT)
-    a = filter_bank(x, fs, triton_kernels=True).numpy()
+    a = _bank_kernels(x, DEFAULT, running=(0, 0, 1, 1))
     np.testing.assert_array_equal(a, filter_bank(x, fs, triton_kernels=False).numpy())
+
+
+# Every kind the running-sum kernel sums, windows of 1, 2, a power of two and not, two filters on a window.
+RUNNING = ["id", "lag:3", "diff:1", "diff:16", "ret:2", "ma:1", "ma:2", "ma:7", "dev:7", "dev:16", "ma:16"]
+
+
+def _running_flags(x: torch.Tensor, specs, d: int, tile: tuple[int, int, int, int]) -> list[int]:  # noqa: ANN001
+    import triton
+
+    from tsconv.kernels.filterbank import bank_halo, fused_plan
+    from tsconv.kernels.filterbank_triton import running_kernel
+
+    fs = tuple(filter_spec(s) for s in specs)
+    plan = fused_plan.__wrapped__(fs, running=tile)
+    halo = bank_halo(fs, d)
+    n, c = x.shape[0] - halo, x.shape[1]
+    out = torch.empty((n, c * len(fs)))
+    grid = (triton.cdiv(n, plan.run_rows * d) * d, triton.cdiv(c, plan.run_channels))
+    flags = torch.full((grid[0] * grid[1],), -1, dtype=torch.int32)
+    running_kernel(plan)[grid](x, out, flags, n, c, x.stride(0), x.stride(1), out.stride(0), halo, D=d)
+    return flags.tolist()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize(
+    ("specs", "rows", "cols", "d"), [(RUNNING, 130, 4, 1), (RUNNING, 150, 4, 2), (DEFAULT, 320, 4, 1)]
+)
+def test_the_running_kernel_matches_the_float64_reference(
+    specs: list[str], rows: int, cols: int, d: int
+) -> None:
+    """The running-sum kernel (interpreted), every kind it sums, against float64 with identical NaN and
+    infinity patterns (late starts, gaps, +-inf prints: counted, not summed), row counts ending mid-tile,
+    dilations; it takes every tile of these prices itself (no flag), and gives the CPU ladder's bits."""
+    x = prices(rows, cols, seed=rows)
+    tile = (32, 32, 1, 2)
+    n = rows - max(filter_spec(s).halo for s in specs) * d
+    assert _running_flags(torch.from_numpy(x), specs, d, tile) == [0] * (-(-n // (32 * d)) * d)
+    got = _bank_kernels(torch.from_numpy(x), specs, d, running=tile)
+    _compare(got, x, specs, d)
+    fs = tuple(filter_spec(s) for s in specs)
+    np.testing.assert_array_equal(
+        got, filter_bank(torch.from_numpy(x), fs, dilation=d, triton_kernels=False).numpy()
+    )
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize(
+    ("tile", "flagged"), [((64, 32, 1, 1), [0, 1, 1]), ((32, 32, 1, 1), [0, 0, 1, 1, 1])]
+)
+def test_the_running_kernel_hands_tiles_whose_sums_are_not_exact_to_the_fused_kernel(tile, flagged) -> None:  # noqa: ANN001
+    """A 1e30 print, and a column whose values span 1e-3 to 1e5: running sums would lose the windows after
+    them (x - x[t-W] of a 1e30 is not the window's sum); those tiles are flagged, recomputed by the fused
+    kernel, and every output stays within REL of float64."""
+    x = prices(160, 3, seed=4, late=False, gaps=False, inf=False)
+    x[100, 0] = 1e30
+    x[150:, 2] = np.where(np.arange(150, 160) % 7 == 0, 1e-3, 1e5).astype(np.float32)
+    # tiles of T output rows read input rows T k .. T k + T + 15: the print at row 100, the wide values from
+    # row 150 (tiles of 32 steps: fewer than the fused kernel's 64, each of its programs reads two flags)
+    assert _running_flags(torch.from_numpy(x), RUNNING, 1, tile) == flagged
+    got = _bank_kernels(torch.from_numpy(x), RUNNING, running=tile)
+    _compare(got, x, RUNNING, 1)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -469,12 +545,23 @@ def test_the_fused_kernel_on_tiny_and_strided_inputs() -> None:
 
 
 def test_which_banks_the_fused_kernel_takes() -> None:
-    from tsconv.kernels.filterbank import FUSED_KINDS, FUSED_MAX_WINDOW, bank_bytes_per_row, fused_plan
+    from tsconv.kernels.filterbank import (
+        FUSED_KINDS,
+        FUSED_MAX_WINDOW,
+        RUNNING_KINDS,
+        bank_bytes_per_row,
+        fused_plan,
+    )
     from tsconv.kernels.filterbank_triton import FUSED_KINDS as GENERATED
+    from tsconv.kernels.filterbank_triton import RUNNING_KINDS as SUMMED
 
-    assert FUSED_KINDS == GENERATED
+    assert FUSED_KINDS == GENERATED and RUNNING_KINDS == SUMMED
     default = tuple(filter_spec(s) for s in DEFAULT)
     assert fused_plan(default) is not None and bank_bytes_per_row(default, 8, cuda=True) == 0
+    assert fused_plan(default).run_rows == 256  # the running sums first
+    assert (
+        fused_plan(tuple(filter_spec(s) for s in ("diff:1", "std:20"))).run_rows == 0
+    )  # moments: fused only
     assert bank_bytes_per_row(default, 8) > 0  # the CPU's float64 tiles
     for other in (("diff:1", "ema:8"), (f"ma:{FUSED_MAX_WINDOW + 1}",)):
         fs = tuple(filter_spec(s) for s in other)
@@ -501,6 +588,48 @@ def test_cuda_fused_bank_equals_the_float64_reference_at_scale() -> None:
     fs = tuple(filter_spec(s) for s in FUSED)
     for d in (1, 3):
         _compare(filter_bank(torch.from_numpy(x).cuda(), fs, dilation=d).cpu().numpy(), x, FUSED, d)
+
+
+@pytest.mark.gpu
+def test_cuda_running_bank_gives_the_cpu_bits_at_scale() -> None:
+    """The running-sum kernel on the GPU (default tiles), 300k x 40 prices with late starts, gaps and +-inf
+    prints: the CPU ladder's bits, dilations 1 and 3; with a 1e30 print and a column spanning 1e-3 to 1e5
+    (tiles handed to the fused kernel) within REL of float64."""
+    x = prices(300_000, 40, seed=14)
+    for specs in (DEFAULT, RUNNING):
+        fs = tuple(filter_spec(s) for s in specs)
+        for d in (1, 3):
+            got = filter_bank(torch.from_numpy(x).cuda(), fs, dilation=d).cpu().numpy()
+            want = filter_bank(torch.from_numpy(x), fs, dilation=d, triton_kernels=False).numpy()
+            np.testing.assert_array_equal(got, want)
+    wild = x.copy()
+    wild[100_000, 5] = 1e30
+    wild[200_000:, 7] = np.where(np.arange(200_000, 300_000) % 7 == 0, 1e-3, 1e5)
+    fs = tuple(filter_spec(s) for s in DEFAULT)
+    _compare(filter_bank(torch.from_numpy(wild).cuda(), fs).cpu().numpy(), wild, DEFAULT, 1)
+
+
+def test_the_running_kernel_compiles_for_sm90_without_spills() -> None:
+    """The default bank's running-sum kernel and the flagged fused kernel, compiled offline for sm_90."""
+    out = run_compile_script(
+        """
+from types import SimpleNamespace
+from tsconv.kernels.filterbank import fused_plan
+from tsconv.kernels.filterbank_triton import fused_kernel, running_kernel
+from tsconv.pipeline.filters import filter_spec
+plan = fused_plan(tuple(filter_spec(s) for s in ("diff:1", "diff:32", "diff:256", "dev:32", "dev:256")))
+rt = [i32(k) for k in ("n", "C", "sx_t", "sx_c", "so", "halo")]
+ptrs = [("x_ptr", "*fp32", "D"), ("o_ptr", "*fp32", "D"), ("f_ptr", "*i32", "D")]
+cfg = SimpleNamespace(meta={}, num_warps=plan.run_warps, num_stages=1)
+regs, spills = ptxas_usage(build(running_kernel(plan), ptrs + rt, {"D": 1}, cfg))
+assert spills == 0 and regs <= 128, (regs, spills)
+cfg = SimpleNamespace(meta={}, num_warps=plan.warps, num_stages=1)
+consts = {"D": 1, "RT": plan.run_rows, "FK": 1, "FC": plan.run_channels // plan.channels, "FLAGS": True}
+ck = build(fused_kernel(plan), ptrs + rt[:1] + [i32("n_in")] + rt[1:], consts, cfg)
+print("compiled OK", regs, spills)
+"""
+    )
+    assert "compiled OK" in out
 
 
 def test_filter_docs_cover_every_kind_with_formula_and_warm_up() -> None:

@@ -67,6 +67,8 @@ FUSED_KINDS = frozenset({"id", "lag", "diff", "ret", "ma", "dev", "std", "zscore
 # A window of W steps uses sub-blocks of b = 2^floor(log2 W) rows held in registers: W < 1024 keeps them
 # at 512 rows or fewer; longer windows run on the ladder's kernels.
 FUSED_MAX_WINDOW = 1023
+# Kinds the running-sum kernel computes (sums, no moments): a bank of these only runs there first.
+RUNNING_KINDS = frozenset({"id", "lag", "diff", "ret", "ma", "dev"})
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,13 @@ class FusedPlan:
     rows: int
     channels: int
     warps: int
+    # The running-sum kernel's tile (banks of RUNNING_KINDS only; 0 rows: none): ``run_rows`` steps (a power of
+    # two) x ``run_channels`` channels (a multiple of ``channels``) a program, its loop unrolled
+    # ``run_unroll`` times; the fused kernel above then recomputes only the tiles it flags.
+    run_rows: int = 0
+    run_channels: int = 0
+    run_warps: int = 1
+    run_unroll: int = 1
 
     @property
     def name(self) -> str:
@@ -88,9 +97,10 @@ class FusedPlan:
 
 @functools.cache  # asked once per bank call (every engine step): the plan of a bank never changes
 def fused_plan(filters: tuple[Filter, ...], *, channels: int | None = None, warps: int | None = None,
-               rows: int | None = None) -> FusedPlan | None:  # fmt: skip
+               rows: int | None = None, running: tuple[int, int, int, int] | None = None) -> FusedPlan | None:  # fmt: skip
     """The fused kernel's plan for a bank, or None where the bank needs the ladder's kernels (an EMA, or a
-    window of 1024 steps or more). ``channels``, ``warps`` and ``rows`` override the tile (benchmarks)."""
+    window of 1024 steps or more). ``channels``, ``warps`` and ``rows`` override the tile, ``running`` the
+    running-sum kernel's (rows, channels, warps, unroll; rows 0: none) (benchmarks)."""
     if not filters or any(f.kind not in FUSED_KINDS for f in filters):
         return None
     windows = [f.taps for f in filters if f.kind in _WINDOWED]
@@ -105,7 +115,23 @@ def fused_plan(filters: tuple[Filter, ...], *, channels: int | None = None, warp
     params = tuple(
         0 if f.kind == "id" else (f.n if f.kind in ("lag", "diff", "ret") else f.taps) for f in filters
     )
-    return FusedPlan(tuple(f.kind for f in filters), params, bt, bc, warps or 4)
+    kinds = tuple(f.kind for f in filters)
+    if running is None and all(k in RUNNING_KINDS for k in kinds):
+        # Steps a program: about four times its longest window (the window's first sum re-reads that many rows
+        # before the tile), 64 to 256; fewer steps give a narrow step's grid more programs. Measured on an H100
+        # (NOTES, 20): 256 steps, loop unrolled twice, for the default bank; 64-128 for windows of 20 or less.
+        longest = max(windows, default=1)
+        steps = min(256, max(64, 1 << (4 * longest - 1).bit_length()))
+        running = (steps, 32, 1, 2 if steps == 256 else 1)
+    elif running is None:
+        running = (0, 0, 1, 1)
+    run_rows, run_channels, run_warps, unroll = running
+    if run_rows:
+        # the tiles it flags are whole fused programs' or a whole number of them: one of the two tiles' steps
+        # divides the other's (both powers of two), and its channels are a whole number of the fused tile's
+        run_rows = 1 << max(run_rows - 1, 0).bit_length()
+        run_channels = -(-max(run_channels, bc) // bc) * bc
+    return FusedPlan(kinds, params, bt, bc, warps or 4, run_rows, run_channels, run_warps, unroll)
 
 
 def bank_halo(filters: tuple[Filter, ...], dilation: int) -> int:
