@@ -104,6 +104,21 @@ def test_select_by_glob_and_regex_keeps_the_store_order() -> None:
     assert resolve(pipeline_from_dict(_pipe({"select": ["*"]})), NAMES).columns is None
 
 
+def test_select_entry_that_is_a_feature_name_selects_that_feature_not_a_glob() -> None:
+    names = ["px1", "px[1]", "px?"]
+    x = np.stack([np.arange(10.0) + 100 * (j + 1) for j in range(3)], axis=1)
+    frame = pl.DataFrame({"time": (T0 + np.arange(10) * 1_000_000).astype("datetime64[ns]")}).with_columns(
+        [pl.Series(n, x[:, j]) for j, n in enumerate(names)]
+    )
+    for select, want in ((["px[1]"], 1), (["px?"], 2)):
+        got = tsconv.features(frame, {"preprocess": {"select": select}, "conv": [{"filters": ["id"]}]})
+        assert got.columns == ["time", f"{names[want]}.id"]
+        np.testing.assert_array_equal(got[f"{names[want]}.id"].to_numpy(), x[:, want])
+    # an entry that names no feature is still a glob
+    plan = resolve(pipeline_from_dict(_pipe({"select": ["px[1?]"]})), names)
+    assert plan.input_names == ("px1", "px?")
+
+
 def test_halo_adds_the_preprocessing_steps() -> None:
     base = resolve(pipeline_from_dict({"conv": BANK}), NAMES).halo
     assert resolve(pipeline_from_dict(_pipe({"transform": "log"})), NAMES).halo == base

@@ -683,7 +683,14 @@ def select_columns(pre: Preprocess | None, names: tuple[str, ...], where: str) -
     if pre is None or (pre.select is None and pre.select_regex is None):
         return None
     if pre.select is not None:
-        cols = [j for j, n in enumerate(names) if any(fnmatch.fnmatchcase(n, p) for p in pre.select)]
+        # a feature named like a glob (``px[1]``, ``px?``) must be reachable by its own name, so an entry
+        # that is a feature's name selects that feature only and is not also read as a pattern
+        exact = set(names)
+        cols = [
+            j
+            for j, n in enumerate(names)
+            if any(p == n if p in exact else fnmatch.fnmatchcase(n, p) for p in pre.select)
+        ]
         asked = ", ".join(repr(p) for p in pre.select)
     else:
         rx = re.compile(pre.select_regex)
