@@ -230,6 +230,26 @@ def test_a_values_variable_with_time_second_is_refused_not_read_transposed(
     np.testing.assert_array_equal(tsconv.open_input(ok).values[:], x)
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("var", ["values", "px"])
+def test_time_second_is_refused_when_the_time_dimension_has_no_coordinate(
+    tmp_path: Path, zarr_format: int, var: str
+) -> None:
+    # no 'time' array is written: 3 symbols were read as 3 steps and 200 steps as features f0..f199
+    x = price_series(200, 3, seed=5)
+    da = xr.DataArray(x.T, dims=("sym", "time"), coords={"sym": ["a", "b", "c"]}, name=var)
+    src = _write(da.to_dataset(), tmp_path / "in.zarr", zarr_format=zarr_format)
+    with pytest.raises(
+        StoreError, match=rf"'{var}' has dimensions \('sym', 'time'\): time is its second"
+    ) as err:
+        tsconv.open_input(src)
+    assert "ds.transpose('time', 'sym')" in err.value.hint
+    ok = _write(da.transpose("time", "sym").to_dataset(), tmp_path / "ok.zarr", zarr_format=zarr_format)
+    store = tsconv.open_input(ok)
+    assert store.features == ("a", "b", "c") and store.time is None
+    np.testing.assert_array_equal(store.values[:], x)
+
+
 def test_repeated_coordinate_names_and_packed_values_are_refused(tmp_path: Path) -> None:
     times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
     src = _write(_dataset(times, names=["a", "b", "a"])[0], tmp_path / "dup.zarr", zarr_format=3)

@@ -353,6 +353,10 @@ def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
         time_dims = {(dims["time"] or ("time",))[0]}
     else:  # the dimensions whose coordinate holds instants, if any
         time_dims = {d for d in coords if d in arrays and arrays[d].ndim == 1 and _holds_instants(arrays[d])}
+        # xarray writes no 'time' array for a 'time' dimension without a coordinate; the name still says which
+        # axis is time (as in tsconv.features), so a feature-major variable is refused, not read transposed
+        if any(ds and "time" in ds for ds in dims.values()):
+            time_dims.add("time")
     if "values" in arrays:
         d = dims["values"]
         if d is not None and len(d) == 2 and time_dims and d[0] not in time_dims and d[1] in time_dims:
