@@ -15,7 +15,7 @@ from tsconv.io.readers import gpu as gpudecode
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.prefetch import PrefetchReader
 from tsconv.io.readers.threads import fast_path_reason
-from tsconv.io.store import InputStore, check_time, group_attrs, open_input
+from tsconv.io.store import InputStore, absent_chunks, check_time, group_attrs, open_input
 from tsconv.io.timecoding import iso_utc
 
 __all__ = ["inspect_store", "inspect_lines"]
@@ -105,6 +105,8 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
         else f"no: on CUDA, chunks are decoded on the CPU; the GPU does not decode this store: {gpu}"
     )
     info["features"] = list(store.features)
+    absent = absent_chunks(store)
+    info["absent_chunks"] = absent.message() if absent is not None else None
     if count_nans:
         counts = np.zeros(store.n_features, dtype=np.int64)
         warm = 0
@@ -147,6 +149,8 @@ def inspect_lines(info: dict[str, Any]) -> list[str]:
     rows += [("reading", info["reader"]), ("GPU decoding", info["gpu_decoding"])]
     shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
     rows.append(("features", shown))
+    if info.get("absent_chunks"):
+        rows.append(("absent chunks", info["absent_chunks"]))
     lines = [f"{k:>14}: {v}" for k, v in rows]
     if "nan_counts" in info:
         counts = info["nan_counts"]

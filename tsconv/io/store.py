@@ -40,6 +40,9 @@ __all__ = [
     "is_zarr_store",
     "check_time",
     "interrupted_append",
+    "AbsentChunks",
+    "absent_chunks",
+    "warn_absent_chunks",
 ]
 
 _ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")
@@ -523,6 +526,75 @@ def _coordinate_names(coord: zarr.Array, key: str, n: int, where: str) -> tuple[
             raise StoreError(f"{where}: the feature coordinate {key!r} holds {v!r}, expected strings")
         names.append(v)
     return tuple(names)
+
+
+@dataclass(frozen=True)
+class AbsentChunks:
+    """Chunk files of an input's values that were never written, which read as a fill value other than NaN."""
+
+    count: int  # absent chunk files (shard files for a sharded array)
+    of: int  # chunk files the array's shape calls for
+    first_rows: tuple[int, int]  # the first absent one's rows [start, stop)
+    fill: float | int
+
+    def message(self) -> str:
+        """One line: which rows, how many chunk files, what they read as, and what to do."""
+        a, b = self.first_rows
+        fill = f"{self.fill:g}" if isinstance(self.fill, float) else str(self.fill)
+        return (
+            f"{self.count:,} of {self.of:,} chunk files of the values were never written (the first: rows "
+            f"{a:,}..{b - 1:,}); zarr reads them as the fill value {fill}, not as missing values; if a writer "
+            f"stopped early, rewrite those rows; if those chunks really hold only {fill}, ignore this"
+        )
+
+
+def absent_chunks(store: InputStore) -> AbsentChunks | None:
+    """The values' chunk files that were never written, where they read as a fill value other than NaN.
+
+    None where every chunk file is there, where the fill value is NaN (absent chunks read as missing),
+    and at a URL or in a store other than a local directory (listing one costs a request per page).
+    """
+    from zarr.storage import LocalStore
+
+    values = store.values
+    fill = values.metadata.fill_value
+    fill = 0 if fill is None else fill  # a format 2 array without one: zarr reads its absent chunks as 0
+    if store.remote or np.isnan(np.float64(fill)):
+        return None
+    where = values.store_path.store
+    if not isinstance(where, LocalStore):
+        return None
+    root = Path(where.root) / values.store_path.path if values.store_path.path else Path(where.root)
+    # Listed once: a stat per chunk file costs far more on a store of many chunks. zarr skips writing a
+    # chunk equal to the fill value (write_empty_chunks off), so an absent one may also be real data.
+    present = {
+        Path(os.path.relpath(os.path.join(d, f), root)).as_posix()
+        for d, _, files in os.walk(root)
+        for f in files
+    }
+    grid = tuple(int(c) for c in (getattr(values, "shards", None) or values.chunks))
+    counts = tuple(-(-int(n) // c) for n, c in zip(values.shape, grid, strict=True))
+    key = values.metadata.encode_chunk_key
+    first, count = None, 0
+    for idx in np.ndindex(*counts):
+        if key(idx) not in present:
+            first = idx if first is None else first
+            count += 1
+    if first is None:
+        return None
+    start = first[0] * grid[0]
+    stop = min(start + grid[0], int(values.shape[0]))
+    kind = np.dtype(values.dtype).kind
+    return AbsentChunks(count, math.prod(counts), (start, stop), float(fill) if kind == "f" else int(fill))
+
+
+def warn_absent_chunks(store: InputStore) -> AbsentChunks | None:
+    """Warn (:class:`TsconvWarning`) where chunk files of the values were never written and read as a fill
+    value other than NaN (:func:`absent_chunks`); return what was found."""
+    absent = absent_chunks(store)
+    if absent is not None:
+        warnings.warn(f"{store.path}: {absent.message()}", TsconvWarning, stacklevel=2)
+    return absent
 
 
 def group_attrs(store: InputStore) -> dict[str, Any]:

@@ -1,0 +1,66 @@
+"""Chunk files never written read as the fill value: a fill other than NaN is warned of, by process and inspect."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import tsconv
+from tsconv.cli import main
+from tsconv.errors import TsconvWarning
+
+from ..helpers import T0, price_series
+
+PIPE = {"conv": [{"filters": ["diff:1"]}]}
+
+
+def _store(path: Path, *, fill: float | None, partial: bool, zarr_format: int = 3) -> Path:
+    """``values`` [300, 3] in chunks of 50 rows; ``partial``: rows 100-199 never written, as by a writer
+    that died part-way through a region write."""
+    x = price_series(300, 3)
+    g = zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
+    kw = {} if fill is None else {"fill_value": fill}  # None: zarr's default, 0.0 for a float array
+    v = g.create_array("values", shape=x.shape, dtype=x.dtype, chunks=(50, 3), **kw)
+    if not partial:
+        v[:] = x
+    else:
+        v[0:100] = x[0:100]
+        v[200:300] = x[200:300]
+    g.create_array("time", data=T0 + np.arange(300, dtype=np.int64) * 1_000_000, chunks=(50,))
+    g.attrs["features"] = ["a", "b", "c"]
+    return path
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_absent_chunks_of_a_zero_fill_are_warned_by_process_and_inspect(
+    tmp_path: Path, zarr_format: int
+) -> None:
+    src = _store(tmp_path / "s.zarr", fill=None, partial=True, zarr_format=zarr_format)
+    with pytest.warns(TsconvWarning, match=r"2 of 6 chunk files .* never written \(the first: rows 100\.\.149\)"
+                      r".*fill value 0.*rewrite those rows.*ignore this") as seen:  # fmt: skip
+        tsconv.process(src, pipeline=PIPE, output=tmp_path / "o.zarr", device="cpu")
+    assert len([w for w in seen if "never written" in str(w.message)]) == 1
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "absent chunks:" in ln)
+    assert "2 of 6 chunk files" in line and "rows 100..149" in line and "fill value 0" in line
+
+
+@pytest.mark.parametrize(
+    ("fill", "partial"), [(np.nan, True), (None, False)], ids=["nan-fill-with-absent-chunks", "complete"]
+)
+def test_no_warning_for_a_nan_fill_or_a_complete_store(
+    tmp_path: Path, fill: float | None, partial: bool
+) -> None:
+    src = _store(tmp_path / "s.zarr", fill=fill, partial=partial)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TsconvWarning)
+        tsconv.process(src, pipeline=PIPE, output=tmp_path / "o.zarr", device="cpu")
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert res.exit_code == 0, res.output
+    assert "absent chunks" not in res.output and "never written" not in res.output
