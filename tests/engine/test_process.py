@@ -227,9 +227,15 @@ def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored():
     [
         (
             lambda x, src: tsconv.features(x, 42),
-            "pipeline must be a path to a TOML file, a dict or a Pipeline",
+            r"pipeline must be a path to a TOML file, a dict or a tsconv.Pipeline .*got int",
         ),
         (lambda x, src: tsconv.features([[1.0, 2.0], [3.0]], None), "expected a 2-D series"),
+        # a store's path was "a 2-D series ... got 0-D with shape []", hint: reshape with x[:, None]
+        (
+            lambda x, src: tsconv.features(str(src)),
+            r"in memory .*got the path .*hint: .*tsconv.process\(path",
+        ),
+        (lambda x, src: tsconv.features(src), r"in memory .*got the path .*hint: .*tsconv.process\(path"),
         (lambda x, src: tsconv.process(src, device=None), "device must be 'auto', 'cpu' or 'cuda', got None"),
         (lambda x, src: tsconv.process(src, overwrite="no"), "overwrite must be True or False"),
         (lambda x, src: tsconv.process(src, resume=True, overwrite=True), "exclude each other"),

@@ -131,3 +131,22 @@ def test_a_link_to_nothing_at_the_output_is_replaced_only_with_overwrite(tmp_pat
     assert "--overwrite" in err.value.hint and out.is_symlink()
     tsconv.process(src, out, pipeline=PIPE, device="cpu", overwrite=True)
     assert out.is_file() and not out.is_symlink() and pq.read_table(out).num_rows == ROWS
+
+
+def test_names_equal_but_for_case_are_warned_of(tmp_path: Path) -> None:
+    # duckdb, which reads these files, takes names case-insensitively: "Aapl.diff1" read AAPL.diff1's numbers
+    import warnings
+
+    import zarr
+
+    src = write_store(tmp_path / "in.zarr", price_series(200, 3))
+    zarr.open_group(str(src), mode="r+").attrs["features"] = ["AAPL", "Aapl", "MSFT"]
+    pipe = {"conv": [{"filters": ["diff:1"]}]}
+    with pytest.warns(
+        tsconv.TsconvWarning, match=r"'AAPL.diff1' and 'Aapl.diff1' differ only in case.*rename"
+    ):
+        tsconv.process(src, tmp_path / "out.parquet", pipeline=pipe, device="cpu")
+    zarr.open_group(str(src), mode="r+").attrs["features"] = ["AAPL", "MSFT", "GOOG"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tsconv.TsconvWarning)
+        tsconv.process(src, tmp_path / "ok.parquet", pipeline=pipe, device="cpu")

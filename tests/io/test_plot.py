@@ -77,6 +77,17 @@ def test_a_dense_stage_named_as_an_input_is_drawn_without_inputs(
     assert len(result.features) == 3 and result.inputs == ()
 
 
+def test_a_two_stage_bank_pairs_each_output_with_its_own_input(tmp_path: Path) -> None:
+    # a.diff1.ma8 is a's diff:1 then ma:8; it had been drawn beside the input named a.diff1 (longest prefix)
+    src = write_store(tmp_path / "in.zarr", price_series(300, 2))
+    zarr.open_group(str(src), mode="r+").attrs["features"] = ["a", "a.diff1"]
+    out = tmp_path / "ms.zarr"
+    tsconv.process(src, out, pipeline="multiscale", device="cpu", progress=False)
+    for feature, parent in [("a.diff1.ma8", "a"), ("a.diff1.diff1.ma8", "a.diff1")]:
+        result = plot_store(out, features=[feature], output=tmp_path / "ms.png")
+        assert result.inputs == (parent,), feature
+
+
 def test_unreachable_input_draws_features_alone(stores: tuple[Path, Path], tmp_path: Path) -> None:
     moved_out = tmp_path / "out.zarr"
     shutil.copytree(stores[1], moved_out)

@@ -311,6 +311,41 @@ def test_weight_keys_of_the_wrong_type_name_the_key(tmp_path: Path) -> None:
     np.testing.assert_array_equal(as_path.stages[0].weight, np.ones((2, 1, 2)))
 
 
+def test_a_path_object_to_safetensors_takes_weights_key(tmp_path: Path) -> None:
+    # a pathlib.Path was refused: "weights_key applies only when weights is a .safetensors file"
+    save_file({"a": np.ones((2, 1, 2), dtype=np.float32), "b": np.ones(2)}, str(tmp_path / "w.safetensors"))
+    pipe = pipeline_from_dict({"conv": [{"weights": tmp_path / "w.safetensors", "weights_key": "a"}]})
+    np.testing.assert_array_equal(pipe.stages[0].weight, np.ones((2, 1, 2)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_torch_only_safetensors_dtypes_are_read_exactly(tmp_path: Path, dtype: torch.dtype) -> None:
+    # safetensors.numpy has no bfloat16: "data type 'bfloat16' not understood", with no hint
+    from safetensors.torch import save_file as save_torch
+
+    w = torch.tensor([[[1.5, -0.3125]], [[0.0078125, 2.0]]]).to(dtype)
+    save_torch({"w": w, "other": torch.ones(3)}, str(tmp_path / "w.safetensors"))
+    pipe = pipeline_from_dict(
+        {
+            "conv": [
+                {"weights": str(tmp_path / "w.safetensors"), "weights_key": "w", "weight_dtype": "float32"}
+            ]
+        }
+    )
+    np.testing.assert_array_equal(pipe.stages[0].weight, w.to(torch.float32).numpy())
+
+
+def test_a_torch_module_as_pipeline_names_the_classes_and_the_way_through() -> None:
+    module = tsconv.nn.Pipeline.from_pipeline({"conv": [{"filters": ["ma:4"]}]}, ["a"])
+    with pytest.raises(PipelineError) as info:
+        tsconv.features(np.ones((10, 1)), module)
+    msg = str(info.value)
+    assert "tsconv.pipeline.spec.Pipeline" in msg and "got tsconv.nn.Pipeline" in msg
+    assert "pass its .plan.pipeline" in msg
+    out = tsconv.features(np.ones((10, 1)), module.plan.pipeline, names=["a"])  # the way the hint names
+    assert np.asarray(out).shape == (10, 1)
+
+
 def test_a_bias_is_kept_in_float32_under_fp16_weights() -> None:
     """Weights float16 holds exactly and a de-meaning bias of -100.03: stored as float16 the bias moved every
     output by 0.03 (5% of its scale), and the storage check, which looks at weights, said nothing."""

@@ -8,6 +8,7 @@ writers (about 0.2 s of a fresh process).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,13 @@ def features(
             x, pipeline, names=names, warmup=warmup, chunk=chunk, device=device, time_column=time_column,
             transfer=transfer, gpu_mem=gpu_mem, return_names=return_names, out=out,
         )  # fmt: skip
+    if isinstance(x, str | bytes | os.PathLike):  # numpy made a 0-D array of it: "got 0-D with shape []"
+        got = f"got the path {os.fsdecode(x)!r}"[:200]
+        raise ShapeError(
+            f"features() computes on a series in memory (an array, a tensor or a frame), {got}",
+            hint="for a store, run tsconv.process(path, output) to write its features (tsconv.iter_chunks(path) "
+            "reads a store into frames).",
+        )
     kind = frame_kind(x)
     if kind == "pandas" and type(x).__name__ == "Series":
         kind = None  # one series: an array of one feature, as numpy gives it

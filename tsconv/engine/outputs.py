@@ -39,6 +39,7 @@ from tsconv.io.digest import (
     write_digest,
 )
 from tsconv.io.lock import output_lock
+from tsconv.io.names import case_repeat
 from tsconv.io.objstore import StoreURL
 from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.io.readers.threads import ParallelBandReader
@@ -597,6 +598,14 @@ def to_parquet(
         raise StoreError(
             "the pipeline has an output named 'time', which the Parquet file's time column uses",
             hint="rename that output, or write a .zarr output.",
+        )
+    columns = (("time",) if store.time is not None else ()) + tuple(plan.output_names)
+    if pair := case_repeat(columns):
+        warnings.warn(
+            f"the Parquet file's columns {pair[0]!r} and {pair[1]!r} differ only in case: SQL readers such as "
+            "duckdb take names case-insensitively and read one for the other; hint: rename the features",
+            TsconvWarning,
+            stacklevel=3,
         )
     run_id = uuid.uuid4().hex
     with output_lock(target, run_id=run_id):

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["control_name", "describe_repeats", "ordered_names", "repeated_names"]
+__all__ = ["case_repeat", "control_name", "describe_repeats", "ordered_names", "repeated_names"]
 
 
 def ordered_names(value: Any) -> tuple[str, ...] | None:
@@ -56,3 +56,15 @@ def describe_repeats(names: tuple[str, ...] | list[str], dups: list[str]) -> str
     shown = ", ".join(repr(n) for n in dups[:5]) + (f" and {len(dups) - 5} more" if len(dups) > 5 else "")
     extra = len(names) - len(set(names))
     return f"{extra} repeat{'s' * (extra != 1)} of {len(dups)} name{'s' * (len(dups) != 1)}: {shown}"
+
+
+def case_repeat(names: tuple[str, ...] | list[str]) -> tuple[str, str] | None:
+    """The first two distinct names that are equal once case is folded (``AAPL``, ``Aapl``), or None. SQL
+    readers such as duckdb take column names case-insensitively: they read one such column for the other."""
+    first: dict[str, str] = {}
+    for n in names:
+        folded = n.casefold()
+        if folded in first and first[folded] != n:
+            return first[folded], n
+        first.setdefault(folded, n)
+    return None

@@ -21,6 +21,7 @@ import numpy as np
 
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.store import InputStore, group_attrs, open_input
+from tsconv.pipeline.filters import filter_spec
 
 __all__ = ["PlotResult", "MAX_PANELS", "MAX_POINTS", "parse_rows", "match_features", "plot_store"]
 
@@ -181,18 +182,31 @@ def _read(store: InputStore, cols: list[int], a: int, b: int, every: int) -> np.
     return np.asarray(values, dtype=np.float64)
 
 
-def _per_input(run: Any) -> bool:
-    """Whether each output of the recorded pipeline comes from the one input its name begins with: filter
-    banks only, no head. A dense stage mixes every input, whatever its name (a stage named as an input
-    feature had its outputs drawn beside that feature)."""
+def _bank_labels(run: Any) -> list[set[str]] | None:
+    """Per stage of the recorded pipeline, its filters' labels, when each output comes from one input: filter
+    banks only, no head (a dense stage mixes every input, whatever its name); None otherwise. An output's
+    name is its input's name and one label per stage, so ``a.diff1.ma8`` came from ``a``, not from an input
+    named ``a.diff1``."""
     if not isinstance(run, dict) or run.get("head") is not None:
-        return False
+        return None
     stages = run.get("stages")
-    return (
-        isinstance(stages, list)
-        and bool(stages)
-        and all(isinstance(s, dict) and "filters" in s for s in stages)
-    )
+    if not (
+        isinstance(stages, list) and stages and all(isinstance(s, dict) and "filters" in s for s in stages)
+    ):
+        return None
+    try:
+        return [{filter_spec(f).label for f in s["filters"]} for s in stages]
+    except (TsconvError, TypeError):  # bookkeeping edited or damaged: no pairing rather than a wrong one
+        return None
+
+
+def _input_of(name: str, labels: list[set[str]], inputs: set[str]) -> str | None:
+    """The input feature ``name`` was computed from: ``name`` less one ``.label`` per stage (labels hold no
+    dot), or None when its suffixes are not the stages' labels."""
+    parent, *suffixes = name.rsplit(".", len(labels))
+    if len(suffixes) != len(labels) or not all(x in s for x, s in zip(suffixes, labels, strict=True)):
+        return None
+    return parent if parent in inputs else None
 
 
 def _inputs(
@@ -201,7 +215,8 @@ def _inputs(
     """For a tsconv output: per feature name, its input feature's name and rows; {} for other stores."""
     attrs = group_attrs(store)
     meta, source = attrs.get("tsconv"), attrs.get("source")
-    if not isinstance(meta, dict) or not isinstance(source, str) or not _per_input(attrs.get("pipeline")):
+    labels = _bank_labels(attrs.get("pipeline"))
+    if not isinstance(meta, dict) or not isinstance(source, str) or labels is None:
         return {}
     try:
         src = open_input(source)
@@ -229,12 +244,8 @@ def _inputs(
             stacklevel=3,
         )
         return {}
-    by_length = sorted(src.features, key=len, reverse=True)
-    wanted: dict[str, str] = {}
-    for name in names:
-        parent = next((n for n in by_length if name.startswith(n + ".")), None)
-        if parent is not None:
-            wanted[name] = parent
+    inputs = set(src.features)
+    wanted = {name: parent for name in names if (parent := _input_of(name, labels, inputs)) is not None}
     order = list(dict.fromkeys(wanted.values()))
     if not order:
         return {}

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tsconv.errors import PipelineError, ShapeError
+from tsconv.errors import PipelineError, ShapeError, first_line
 from tsconv.io.names import control_name
 from tsconv.pipeline.filters import Filter, bank_weights, filter_spec
 
@@ -528,10 +528,25 @@ def as_pipeline(pipeline: PipelineLike) -> Pipeline:
         return pipeline_from_dict(pipeline)
     if isinstance(pipeline, str | os.PathLike):
         return load_pipeline(pipeline)
+    cls = type(pipeline)
+    got = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    # a torch module (tsconv.nn.Pipeline) or a resolved pipeline is bound to its input features; the
+    # pipeline it was made from is one attribute away
+    plan = getattr(pipeline, "plan", None)
+    if isinstance(pipeline, ResolvedPipeline) or isinstance(plan, ResolvedPipeline):
+        attr = ".pipeline" if isinstance(pipeline, ResolvedPipeline) else ".plan.pipeline"
+        hint = (
+            f"pass its {attr}: the tsconv.Pipeline it was made from, which features() binds to x's columns."
+        )
+    else:
+        hint = (
+            "pass pipeline='trend_ema' (a built-in), a path like 'my_pipeline.toml', a dict like "
+            "{'conv': [{'filters': ['ma:16']}]}, or None."
+        )
     raise PipelineError(
-        f"pipeline must be a path to a TOML file, a dict or a Pipeline, got {type(pipeline).__name__}",
-        hint="pass pipeline='trend_ema' (a built-in), a path like 'my_pipeline.toml', a dict like "
-        "{'conv': [{'filters': ['ma:16']}]}, or None.",
+        "pipeline must be a path to a TOML file, a dict or a tsconv.Pipeline (tsconv.pipeline.spec.Pipeline), "
+        f"got {got}",
+        hint=hint,
     )
 
 
@@ -708,9 +723,9 @@ def select_columns(pre: Preprocess | None, names: tuple[str, ...], where: str) -
 def _check_key_pairs(d: dict[str, Any], where: str, table: str) -> None:
     """``weights_key``/``bias_key`` name a tensor in a .safetensors file given by ``weights``/``bias``."""
     for key in ("weights", "bias"):
-        if f"{key}_key" in d and not (
-            isinstance(d.get(key), str) and d[key].lower().endswith(".safetensors")
-        ):
+        value = d.get(key)
+        path = os.fspath(value) if isinstance(value, os.PathLike) else value
+        if f"{key}_key" in d and not (isinstance(path, str) and path.lower().endswith(".safetensors")):
             raise PipelineError(
                 f"{where}: {table}: {key}_key applies only when {key} is a .safetensors file",
                 hint=f"remove {key}_key or point {key} at a .safetensors file.",
@@ -946,7 +961,10 @@ def _load_array(
     except MemoryError:
         raise _too_big(path, key, where, table) from None
     except Exception as exc:  # a corrupt or hostile file: say which and why, no traceback
-        raise PipelineError(f"{where}: {table}: cannot read {key} file {str(path)!r}: {exc}") from None
+        raise PipelineError(
+            f"{where}: {table}: cannot read {key} file {str(path)!r}: {first_line(exc)}",
+            hint=f"check that it is a {suffix} file of numbers, or save the weights again as float32.",
+        ) from None
     try:
         return _check_array(arr, key, repr(str(path)), where, table, ndim)
     except MemoryError:  # the float64 copy
@@ -1063,23 +1081,42 @@ def _check_array(arr: np.ndarray, key: str, label: str, where: str, table: str, 
     return arr
 
 
-def _load_safetensors(path: Path, tensor_key: str | None, where: str, table: str, key: str) -> np.ndarray:
-    from safetensors.numpy import load_file
+# safetensors dtypes numpy holds; others (bfloat16, float8: torch's training dtypes) are read through torch
+_NUMPY_SAFETENSORS = {"F64", "F32", "F16", "I64", "I32", "I16", "I8", "U64", "U32", "U16", "U8", "BOOL"}
 
-    tensors = load_file(str(path))
-    if tensor_key is None:
-        if len(tensors) != 1:
+
+def _load_safetensors(path: Path, tensor_key: str | None, where: str, table: str, key: str) -> np.ndarray:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        names = sorted(f.keys())
+        if tensor_key is None:
+            if len(names) != 1:
+                raise PipelineError(
+                    f"{where}: {table}: {str(path)!r} holds {len(names)} tensors ({', '.join(names)})",
+                    hint=f'name one with {key}_key = "...".',
+                )
+            tensor_key = names[0]
+        elif tensor_key not in names:
             raise PipelineError(
-                f"{where}: {table}: {str(path)!r} holds {len(tensors)} tensors ({', '.join(sorted(tensors))})",
-                hint=f'name one with {key}_key = "...".',
+                f"{where}: {table}: {str(path)!r} has no tensor {tensor_key!r}",
+                hint=f"it holds: {', '.join(names)}.",
             )
-        return next(iter(tensors.values()))
-    if tensor_key not in tensors:
+        dtype = f.get_slice(tensor_key).get_dtype()
+        if dtype in _NUMPY_SAFETENSORS:
+            return f.get_tensor(tensor_key)
+    import torch
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            # float32 holds every bfloat16 and float8 value exactly
+            return f.get_tensor(tensor_key).to(torch.float32).numpy()
+    except Exception as exc:  # a dtype this torch cannot read either
         raise PipelineError(
-            f"{where}: {table}: {str(path)!r} has no tensor {tensor_key!r}",
-            hint=f"it holds: {', '.join(sorted(tensors))}.",
-        )
-    return tensors[tensor_key]
+            f"{where}: {table}: cannot read {key} {tensor_key!r} in {str(path)!r}: its dtype {dtype} is not "
+            f"readable here ({first_line(exc)})",
+            hint="save the weights as float32 (or float16): tensor.float() before save_file.",
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------ resolving
