@@ -155,3 +155,12 @@ def test_a_figure_inside_the_store_is_refused(stores: tuple[Path, Path]) -> None
         line = _error_line(_plot(store, "-f", "x*", "-o", src / "p.png"))
         assert "lies inside the input store" in line and str(src) in line
     assert sorted(p.name for p in src.rglob("*")) == before
+
+
+def test_a_feature_named_like_a_glob_is_picked_by_its_own_name() -> None:
+    from tsconv.io.plot import match_features
+
+    names = ["px1", "px[1]", "px?", "py"]
+    assert match_features(names, ["px[1]"]) == ["px[1]"]  # not px1, which the glob matches
+    assert match_features(names, ["px?"]) == ["px?"]
+    assert match_features(names, ["px*"]) == ["px1", "px[1]", "px?"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fnmatch
 import unicodedata
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["case_repeat", "control_name", "describe_repeats", "ordered_names", "repeated_names"]
+__all__ = ["case_repeat", "control_name", "describe_repeats", "matching", "ordered_names", "repeated_names"]
 
 
 def ordered_names(value: Any) -> tuple[str, ...] | None:
@@ -68,3 +70,15 @@ def case_repeat(names: tuple[str, ...] | list[str]) -> tuple[str, str] | None:
             return first[folded], n
         first.setdefault(folded, n)
     return None
+
+
+def matching(names: Sequence[str], patterns: Sequence[str]) -> list[int]:
+    """Indices of ``names`` (in their order) that any entry of ``patterns`` picks: an entry that is one of the
+    names picks that name only (a feature named like a glob, ``px[1]`` or ``px?``, stays reachable by its own
+    name); any other entry is an fnmatch pattern, case-sensitive."""
+    exact = set(names)
+    return [
+        j
+        for j, n in enumerate(names)
+        if any(p == n if p in exact else fnmatch.fnmatchcase(n, p) for p in patterns)
+    ]

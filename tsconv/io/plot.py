@@ -13,13 +13,13 @@ import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
+from tsconv.io.names import matching
 from tsconv.io.store import InputStore, group_attrs, open_input
 from tsconv.pipeline.filters import filter_spec
 
@@ -66,10 +66,11 @@ def parse_rows(text: str) -> slice:
 
 
 def match_features(names: Sequence[str], patterns: Sequence[str]) -> list[str]:
-    """The names matching any of the glob ``patterns`` (fnmatch, case-sensitive), in the store's order."""
+    """The names any of ``patterns`` picks, in the store's order: a feature's own name, else a glob (fnmatch,
+    case-sensitive)."""
     if not patterns:
         raise TsconvError("no feature pattern given", hint="pass --features PATTERN, e.g. --features 'x0.*'.")
-    chosen = [n for n in names if any(fnmatchcase(n, p) for p in patterns)]
+    chosen = [names[j] for j in matching(names, patterns)]
     if not chosen:
         shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
         asked = ", ".join(repr(p) for p in patterns)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import difflib
-import fnmatch
 import functools
 import hashlib
 import json
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import PipelineError, ShapeError, first_line
-from tsconv.io.names import control_name
+from tsconv.io.names import control_name, matching
 from tsconv.pipeline.filters import Filter, bank_weights, filter_spec
 
 __all__ = [
@@ -698,14 +697,7 @@ def select_columns(pre: Preprocess | None, names: tuple[str, ...], where: str) -
     if pre is None or (pre.select is None and pre.select_regex is None):
         return None
     if pre.select is not None:
-        # a feature named like a glob (``px[1]``, ``px?``) must be reachable by its own name, so an entry
-        # that is a feature's name selects that feature only and is not also read as a pattern
-        exact = set(names)
-        cols = [
-            j
-            for j, n in enumerate(names)
-            if any(p == n if p in exact else fnmatch.fnmatchcase(n, p) for p in pre.select)
-        ]
+        cols = matching(names, pre.select)
         asked = ", ".join(repr(p) for p in pre.select)
     else:
         rx = re.compile(pre.select_regex)
