@@ -292,10 +292,12 @@ def fused_source(plan) -> tuple[str, str]:  # noqa: ANN001 - filterbank.FusedPla
 
 # ----------------------------------------------------------------------- the running-sum kernel
 
-# What the running-sum kernel writes for each kind: _EXPR's expressions over its own names (w{p}_s: the window's
-# sum with NaN and infinities as a direct sum has them), so both kernels give the same bits from the same sums.
+# The kinds the running-sum kernel computes (filterbank.RUNNING_KINDS, checked by a test), with _EXPR's
+# expressions over its own names (w{p}_s: the window's sum with NaN and infinities as a direct sum has them), so
+# both kernels give the same bits from the same sums.
 RUNNING_KINDS = frozenset({"id", "lag", "diff", "ret", "ma", "dev"})
-# Rows of the rows before a program's first step read at once to start its window sums.
+# Rows before a program's first step read at once to start a window's sum (16: 96 registers a thread on sm_90;
+# 64-row blocks took 234 and capped the SM at 8 warps).
 _START_BLOCK = 16
 _COUNT_BITS = 10
 _COUNT_MASK = (1 << _COUNT_BITS) - 1
