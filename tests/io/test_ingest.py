@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 
 import tsconv
 from tsconv.cli import main
-from tsconv.errors import OutputBusyError, StoreError
+from tsconv.errors import OutputBusyError, StoreError, TsconvWarning
 from tsconv.io.ingest import ingest, repair
 from tsconv.io.lock import OutputLock
 from tsconv.io.store import check_time, open_input
@@ -966,3 +966,56 @@ def test_a_feature_name_with_a_control_character_is_refused(tmp_path: Path, layo
     with pytest.raises(StoreError, match="holds a control character"):
         ingest(str(tmp_path / "d.csv"), tmp_path / "out.zarr", layout=layout)
     assert not (tmp_path / "out.zarr").exists()
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_a_pandas_index_in_a_wide_file_is_left_out_with_a_warning(tmp_path: Path, suffix: str) -> None:
+    # a filtered frame (its rows no longer a range) written with pandas' defaults keeps its index as the
+    # column '__index_level_0__', which was stored as a feature of row numbers
+    pd = pytest.importorskip("pandas")
+    import pyarrow as pa
+
+    def to_file(frame: object, path: Path) -> Path:
+        if suffix == ".parquet":
+            frame.to_parquet(path)  # type: ignore[attr-defined]
+        else:
+            table = pa.Table.from_pandas(frame)
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+                w.write_table(table)
+        return path
+
+    t = pd.date_range("2026-01-05 09:30", periods=8, freq="s", tz="UTC")
+    df = pd.DataFrame({"time": t, "AAPL": np.arange(8.0) + 100, "MSFT": np.arange(8.0) + 200})
+    first = to_file(df[df.AAPL.isin([100.0, 101.0, 103.0])], tmp_path / f"a{suffix}")
+    out = tmp_path / "out.zarr"
+    with pytest.warns(TsconvWarning, match="pandas index column.*'__index_level_0__'"):
+        ingest(first, out, layout="wide")
+    values, times, names = read(out)
+    assert names == ["AAPL", "MSFT"]
+    np.testing.assert_array_equal(values, [[100, 200], [101, 201], [103, 203]])
+    later = to_file(df[df.AAPL.isin([104.0, 105.0, 107.0])], tmp_path / f"b{suffix}")
+    with pytest.warns(TsconvWarning, match="__index_level_0__"):
+        ingest(later, out, layout="wide", append=True)
+    values, times, names = read(out)
+    assert names == ["AAPL", "MSFT"]
+    np.testing.assert_array_equal(values[3:], [[104, 204], [105, 205], [107, 207]])
+    # the time column as the frame's index is the time column still
+    ingest(to_file(df.set_index("time"), tmp_path / f"t{suffix}"), tmp_path / "t.zarr", layout="wide")
+    assert read(tmp_path / "t.zarr")[2] == ["AAPL", "MSFT"]
+
+
+def test_a_wide_csv_column_with_no_name_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    # pandas' default to_csv writes its index under an empty header: the store got a feature named '', which
+    # inspect and process then refused
+    rows = "".join(f"{k},2026-01-05 09:30:0{k}+00:00,{100 + k}.0,{200 + k}.0\n" for k in range(5))
+    (tmp_path / "w.csv").write_text(",time,AAPL,MSFT\n" + rows)
+    out = tmp_path / "out.zarr"
+    assert_refused(
+        cli(tmp_path / "w.csv", "-o", out, "--layout", "wide"), "column 0", "no name", "index=False"
+    )
+    assert not out.exists()
+    (tmp_path / "ok.csv").write_text("time,AAPL,MSFT\n2026-01-05 09:29:00+00:00,1.0,2.0\n")
+    ingest(tmp_path / "ok.csv", out, layout="wide")
+    before = snapshot(out)
+    assert_refused(cli(tmp_path / "w.csv", "-o", out, "--layout", "wide", "--append"), "column 0", "no name")
+    assert snapshot(out) == before

@@ -5,7 +5,9 @@ Input layouts:
   (say ``px`` and ``qty``) each symbol of the feature column gives one feature per value column, named
   ``symbol.column`` (``AAPL.px``, ``AAPL.qty``: the symbol first, as in a pipeline's outputs
   ``AAPL.px.diff1``); with one value column a feature is named by its symbol alone.
-- ``wide``: a time column plus one numeric column per feature.
+- ``wide``: a time column plus one numeric column per feature. The index columns pandas declares in a
+  Parquet or Arrow file's metadata (``__index_level_0__`` of a filtered frame) are left out, with a warning;
+  a column with no name (the index pandas' ``to_csv`` writes by default) is refused.
 
 Output: a zarr (format 3) group with ``values`` [T, F] (float32 or float64, NaN where a (time, feature)
 cell has no value), ``time`` [T] int64 ns since the epoch (UTC), the sorted distinct timestamps of all
@@ -45,6 +47,7 @@ from __future__ import annotations
 import csv
 import glob
 import gzip
+import json
 import os
 import resource
 import shutil
@@ -224,6 +227,12 @@ class _Source:
         self.value_columns = value_columns
         self.dtype = dtype
         schema = self._schema()
+        # pandas' index (row numbers once a frame is filtered) is not data: as a wide file's feature it was
+        # stored, and processed, as one
+        self.index_columns: list[str] = []
+        if layout == "wide":
+            self.index_columns = [c for c in self._pandas_index() if c in schema and c != time_column]
+            schema = {c: t for c, t in schema.items() if c not in self.index_columns}
         if self.fmt == "csv":
             _refuse_repeated_header(path)
             schema = self._empty_as_null(schema)
@@ -264,20 +273,37 @@ class _Source:
         except _READ_ERRORS as exc:
             raise _read_error(self.path, self.fmt, exc) from None
 
-    def _refuse_offset_zone(self) -> None:
-        """Refuse a Parquet or Arrow time column whose time zone is a fixed offset of part of an hour ("+05:30",
-        as pandas writes a fixed offset): polars cannot parse it and panics reading the file."""
+    def _arrow_schema(self) -> Any:
+        """The pyarrow schema of a Parquet or Arrow file, with its metadata; None for CSV or an unreadable file."""
         if self.fmt == "csv":
-            return
+            return None
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
             if self.fmt == "parquet":
-                schema = pq.read_schema(str(self.path))
-            else:
-                with pa.memory_map(str(self.path)) as f:
-                    schema = pa.ipc.open_file(f).schema
+                return pq.read_schema(str(self.path))
+            with pa.memory_map(str(self.path)) as f:
+                return pa.ipc.open_file(f).schema
+        except Exception:  # noqa: BLE001 - not such a file: polars' read says why
+            return None
+
+    def _pandas_index(self) -> list[str]:
+        """The columns pandas' metadata (key ``pandas``) declares as the frame's index; a RangeIndex is
+        declared as a dict and stored as no column."""
+        schema = self._arrow_schema()
+        meta = (schema.metadata or {}).get(b"pandas") if schema is not None else None
+        try:
+            index = json.loads(meta)["index_columns"] if meta else []
+        except (ValueError, KeyError, TypeError):
+            return []
+        return [c for c in index if isinstance(c, str)] if isinstance(index, list) else []
+
+    def _refuse_offset_zone(self) -> None:
+        """Refuse a Parquet or Arrow time column whose time zone is a fixed offset of part of an hour ("+05:30",
+        as pandas writes a fixed offset): polars cannot parse it and panics reading the file."""
+        schema = self._arrow_schema()
+        try:
             tz = schema.field(self.time_column).type.tz
         except Exception:  # noqa: BLE001 - not such a column or file: polars' read says why
             return
@@ -335,6 +361,14 @@ class _Source:
                     )
             return
         features = [c for c in schema if c != self.time_column]
+        if "" in features:
+            # checked before the store is written: every reader refuses a store with an empty feature name
+            raise StoreError(
+                f"column {list(schema).index('')} of {str(self.path)!r} has no name, and a wide file's columns "
+                "besides the time column are features: likely a pandas index written by to_csv",
+                hint="write the file with index=False (df.to_csv(path, index=False)), or name the column in "
+                "the header.",
+            )
         if not features:
             raise StoreError(
                 f"{str(self.path)!r} has no feature columns besides {self.time_column!r}",
@@ -735,6 +769,15 @@ def ingest(
         for p in paths
     ]  # fmt: skip
 
+    if layout == "wide" and (indexed := [s for s in sources if s.index_columns]):
+        cols = dict.fromkeys(c for s in indexed for c in s.index_columns)
+        warnings.warn(
+            f"left out the pandas index column(s) {', '.join(map(repr, cols))} of {len(indexed)} file(s) "
+            f"(first {str(indexed[0].path)!r}): an index is not a feature; write with index=False (pandas) "
+            "to leave it out of the file",
+            TsconvWarning,
+            stacklevel=2,
+        )
     # Pass 1: distinct timestamps and feature names (small next to the data).
     times = np.unique(np.concatenate([s.distinct_times() for s in sources]))
     symbols: list[str] = []
