@@ -27,7 +27,7 @@ from tsconv.engine.run import (
 )
 from tsconv.errors import StoreError, TsconvError
 from tsconv.io.objstore import StoreURL, location
-from tsconv.io.store import open_input, warn_absent_chunks
+from tsconv.io.store import open_input, warn_absent_chunks, warn_unitless_early_time
 from tsconv.io.writers.formats import output_format
 from tsconv.io.writers.zarr_writer import check_compression, check_output_flags
 from tsconv.pipeline.spec import PipelineLike, as_pipeline, resolve
@@ -127,6 +127,7 @@ def process(
         )
     store = open_input(input)
     warn_absent_chunks(store)
+    warn_unitless_early_time(store)
     plan = resolve(as_pipeline(pipeline), store.features)
     check_length(store.rows, plan, warmup, str(store.path))
     if parquet:

@@ -69,7 +69,7 @@ from tsconv.io.names import control_name, describe_repeats, repeated_names
 from tsconv.io.objstore import is_url
 from tsconv.io.precision import float32_loss_by_feature
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
-from tsconv.io.timecoding import iso_utc
+from tsconv.io.timecoding import iso_utc, looks_early
 from tsconv.progress import progress_bar
 
 __all__ = ["IngestReport", "ingest", "expand_files", "repair"]
@@ -780,6 +780,8 @@ def ingest(
         )
     # Pass 1: distinct timestamps and feature names (small next to the data).
     times = np.unique(np.concatenate([s.distinct_times() for s in sources]))
+    if time_unit == "ns" and any(s.time_dtype.is_integer() for s in sources):
+        _warn_early_integers(times)
     symbols: list[str] = []
     if layout == "long":
         symbols = sorted({n for s in sources for n in s.distinct_features()})
@@ -945,6 +947,20 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
 # Value column types float32 does not hold: their values are judged before they are stored as float32.
 _WIDE_TYPES = (pl.Float64, pl.Int32, pl.Int64, pl.UInt32, pl.UInt64, pl.Int128, pl.UInt128, pl.Decimal)
 _SAMPLE_FILES, _SAMPLE_ROWS = 16, 20_000
+
+
+def _warn_early_integers(times: np.ndarray) -> None:
+    """Warn where integer times taken as ns all lie within a year of the epoch: epoch seconds,
+    milliseconds or microseconds ingested without their unit."""
+    lo, hi = int(times[0]), int(times[-1])
+    if looks_early(lo, hi):
+        warnings.warn(
+            "the integer times, read as nanoseconds (--time-unit ns, the default), all lie within a year of "
+            f"1970-01-01: {iso_utc(lo)} .. {iso_utc(hi)}; if they count seconds, milliseconds or microseconds since the "
+            "epoch, ingest again with --time-unit s, ms or us (time_unit= in Python)",
+            TsconvWarning,
+            stacklevel=3,
+        )
 
 
 def _warn_rounding(sources: Sequence[_Source]) -> None:

@@ -15,7 +15,14 @@ from tsconv.io.readers import gpu as gpudecode
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.readers.prefetch import PrefetchReader
 from tsconv.io.readers.threads import fast_path_reason
-from tsconv.io.store import InputStore, absent_chunks, check_time, group_attrs, open_input
+from tsconv.io.store import (
+    InputStore,
+    absent_chunks,
+    check_time,
+    group_attrs,
+    open_input,
+    unitless_early_time,
+)
 from tsconv.io.timecoding import iso_utc
 
 __all__ = ["inspect_store", "inspect_lines"]
@@ -107,6 +114,7 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
     info["features"] = list(store.features)
     absent = absent_chunks(store)
     info["absent_chunks"] = absent.message() if absent is not None else None
+    info["time_units"] = unitless_early_time(store)
     if count_nans:
         counts = np.zeros(store.n_features, dtype=np.int64)
         warm = 0
@@ -151,6 +159,8 @@ def inspect_lines(info: dict[str, Any]) -> list[str]:
     rows.append(("features", shown))
     if info.get("absent_chunks"):
         rows.append(("absent chunks", info["absent_chunks"]))
+    if info.get("time_units"):
+        rows.append(("time units", info["time_units"]))
     lines = [f"{k:>14}: {v}" for k, v in rows]
     if "nan_counts" in info:
         counts = info["nan_counts"]

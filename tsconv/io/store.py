@@ -31,6 +31,7 @@ from tsconv.errors import StoreError, TsconvWarning
 from tsconv.io.codecs import codec_words
 from tsconv.io.names import control_name, describe_repeats, repeated_names
 from tsconv.io.objstore import StoreURL, hierarchy_root, location, open_zarr, remote_error
+from tsconv.io.timecoding import iso_utc, looks_early
 from tsconv.io.timecolumn import TimeColumn, TimeReader
 
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
     "AbsentChunks",
     "absent_chunks",
     "warn_absent_chunks",
+    "unitless_early_time",
+    "warn_unitless_early_time",
 ]
 
 _ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")
@@ -595,6 +598,36 @@ def warn_absent_chunks(store: InputStore) -> AbsentChunks | None:
     if absent is not None:
         warnings.warn(f"{store.path}: {absent.message()}", TsconvWarning, stacklevel=2)
     return absent
+
+
+def unitless_early_time(store: InputStore) -> str | None:
+    """One line where the time is integers without units (read as ns since the epoch) whose first and
+    last rows lie within a year of the epoch (:func:`~tsconv.io.timecoding.looks_early`): epoch seconds,
+    milliseconds or microseconds, or step counts, written without a unit. None otherwise; reads two rows."""
+    t = store.time
+    if t is None or t.coding.cf or t.coding.dtype.kind not in "iu" or t.shape[0] == 0:
+        return None
+    try:
+        first, last = int(t[0]), int(t[-1])
+    except StoreError:  # out of range: every read of the time says so
+        return None
+    if not looks_early(first, last):
+        return None
+    return (
+        f"'time' holds {t.coding.dtype} without a 'units' attribute, read as nanoseconds since the epoch: "
+        f"{iso_utc(first)} .. {iso_utc(last)}; if it counts seconds, milliseconds or microseconds, add CF units "
+        "such as 'milliseconds since 1970-01-01' (zarr: group['time'].attrs['units'] = ...); if these are "
+        "nanoseconds, ignore this"
+    )
+
+
+def warn_unitless_early_time(store: InputStore) -> str | None:
+    """Warn (:class:`TsconvWarning`) where the time is unitless integers that read as 1970
+    (:func:`unitless_early_time`); return the warning's line."""
+    line = unitless_early_time(store)
+    if line is not None:
+        warnings.warn(f"{store.path}: {line}", TsconvWarning, stacklevel=2)
+    return line
 
 
 def group_attrs(store: InputStore) -> dict[str, Any]:

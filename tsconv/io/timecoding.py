@@ -23,7 +23,7 @@ import numpy as np
 
 from tsconv.errors import StoreError
 
-__all__ = ["NS_SINCE_EPOCH", "TimeCoding", "iso_utc", "time_coding"]
+__all__ = ["EARLY_NS", "NS_SINCE_EPOCH", "TimeCoding", "iso_utc", "looks_early", "time_coding"]
 
 _I64_MIN = int(np.iinfo(np.int64).min)
 _I64_MAX = int(np.iinfo(np.int64).max)
@@ -58,6 +58,10 @@ _REF = re.compile(
 # The CF attributes of tsconv's int64 ns since the epoch (UTC): written on the output's time so xarray decodes
 # it to datetime64[ns]; :func:`time_coding` reads them back as 1 ns per unit from the epoch.
 NS_SINCE_EPOCH = {"units": "nanoseconds since 1970-01-01", "calendar": "proleptic_gregorian"}
+# Integers without a unit are read as ns, so epoch seconds, milliseconds and microseconds (these up to the
+# year 2969) or step counts land within a year of 1970-01-01; real ns data almost never does. 1970-01-12
+# (1e15 ns) would let today's epoch microseconds (1.8e15) through.
+EARLY_NS = 365 * _NS["D"]
 _FIX_UNITS = "write the store with times as datetime64 (xarray's default CF encoding), or as int64 ns"
 
 
@@ -183,6 +187,16 @@ def time_coding(array: Any, *, where: str = "'time'") -> TimeCoding:
                 f"{where}: the time array holds floats ({dt}) but has no 'units' attribute",
                 hint="add CF units such as 'seconds since 1970-01-01', or store int64 nanoseconds.",
             )
+        if dt.itemsize < 8:  # as ns, int32 reaches only 2.1 s from 1970: these count some other unit
+            info = np.iinfo(dt)
+            raise StoreError(
+                f"{where}: the time array holds {dt} values but has no 'units' attribute; without units "
+                f"tsconv reads int64 nanoseconds since the epoch, and as nanoseconds {dt} spans only "
+                f"{iso_utc(int(info.min))} .. {iso_utc(int(info.max))}",
+                hint="add CF units naming what the integers count, such as 'seconds since 1970-01-01' or "
+                "'milliseconds since 1970-01-01' (zarr: group['time'].attrs['units'] = ...), or store int64 "
+                "nanoseconds.",
+            )
         return TimeCoding(dt, description=f"{dt} nanoseconds since the epoch")
     if not isinstance(units, str):
         raise StoreError(f"{where}: the time array's 'units' attribute is {units!r}, expected a string")
@@ -205,6 +219,12 @@ def time_coding(array: Any, *, where: str = "'time'") -> TimeCoding:
     missing = _missing_values(array, attrs, dt)
     desc = f"{units!r}" + (f", calendar {calendar!r}" if calendar is not None else "")
     return TimeCoding(dt, _NS[unit], ref_ns, missing, cf=True, description=desc)
+
+
+def looks_early(first_ns: int, last_ns: int) -> bool:
+    """Whether times from ``first_ns`` to ``last_ns`` all lie within :data:`EARLY_NS` of the epoch, where
+    integers of another unit read as ns land."""
+    return -EARLY_NS < min(first_ns, last_ns) and max(first_ns, last_ns) < EARLY_NS
 
 
 def _parse_units(units: str, where: str) -> tuple[str, int]:
