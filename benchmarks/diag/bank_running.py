@@ -83,7 +83,14 @@ def correctness(dev: torch.device) -> list[dict]:
     return out
 
 
-def timing(dev: torch.device, bw: float, shapes, step: int, repeats: int) -> list[dict]:  # noqa: ANN001
+def _tile(text: str):  # noqa: ANN202
+    """'fused' (the fused kernel alone), 'auto' (the plan's own tile) or rows x channels x warps x unroll."""
+    if text in ("fused", "auto"):
+        return None if text == "fused" else "auto"
+    return tuple(int(v) for v in text.split("x"))
+
+
+def timing(dev: torch.device, bw: float, shapes, step: int, repeats: int, tiles) -> list[dict]:  # noqa: ANN001
     out = []
     for rows, cols in shapes:
         for bank, specs in BANKS.items():
@@ -92,7 +99,7 @@ def timing(dev: torch.device, bw: float, shapes, step: int, repeats: int) -> lis
             x = _prices(rows + halo, cols, dev)
             starts = list(range(0, rows, step))
             nbytes = rows * cols * 4 * (1 + len(fs))
-            for tile in TILES:
+            for tile in tiles:
                 plan = _plan(fs, tile)
                 width = cols * len(fs)
                 bufs = [torch.empty((min(s + step, rows) - s, width), device=dev) for s in starts[:2]]
@@ -122,13 +129,21 @@ def main() -> int:
     ap.add_argument("--shapes", default="1048576x100,262144x1024,2097152x96")
     ap.add_argument("--step", type=int, default=65536)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--tiles", default="fused,auto,256x32x1x1,128x32x1x1,64x32x1x1",
+                    help="timed variants: fused, auto, or rows x channels x warps x unroll")  # fmt: skip
+    ap.add_argument("--no-correctness", action="store_true")
     a = ap.parse_args()
     dev = torch.device("cuda")
     shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
-    doc = {"machine": machine(), "commit": commit(), "correctness": correctness(dev)}
+    tiles = [_tile(t) for t in a.tiles.split(",")]
+    doc = {
+        "machine": machine(),
+        "commit": commit(),
+        "correctness": [] if a.no_correctness else correctness(dev),
+    }
     bw = hbm_gbps(dev)
     doc["hbm_gbps"] = bw
-    doc["timing"] = timing(dev, bw, shapes, a.step, a.repeats)
+    doc["timing"] = timing(dev, bw, shapes, a.step, a.repeats, tiles)
     a.out.write_text(json.dumps(doc, indent=1))
     return 0
 

@@ -529,6 +529,19 @@ def test_the_running_kernel_hands_tiles_whose_sums_are_not_exact_to_the_fused_ke
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_flagged_tile_of_a_later_channel_group_is_recomputed_there() -> None:
+    """40 channels in running tiles of 16 (three groups, the last one partial): a 1e30 print in channel 37
+    flags only the third group's tile, and the fused kernel recomputes that group's channels, not the
+    first's (its programs are one per running tile, looping over their channel tiles)."""
+    x = prices(160, 40, seed=5, late=False, gaps=False, inf=False)
+    x[100, 37] = 1e30
+    tile = (64, 16, 1, 1)
+    assert _running_flags(torch.from_numpy(x), RUNNING, 1, tile) == [0, 0, 0, 0, 0, 1, 0, 0, 0]
+    got = _bank_kernels(torch.from_numpy(x), RUNNING, running=tile)
+    _compare(got, x, RUNNING, 1)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_the_fused_kernel_on_tiny_and_strided_inputs() -> None:
     """One output row, fewer rows than a block, a time-major view of channel-major data, flat windows."""
     from tsconv.kernels.filterbank import bank_halo
