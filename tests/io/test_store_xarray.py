@@ -392,3 +392,36 @@ def test_features_of_a_dataarray_in_either_order_names_by_its_coordinate() -> No
         tsconv.features(ds, PIPE, device="cpu")
     with pytest.raises(ShapeError, match="named by its 'symbol' coordinate"):
         tsconv.features(da, PIPE, device="cpu", names=["a", "b", "c"])
+
+
+def test_a_dataarray_dated_by_date_objects_tz_aware_times_or_periods_is_read_as_its_pandas_frame() -> None:
+    # date objects (groupby(ts.dt.date)) counted as names: integer permnos were taken as time, each symbol
+    # computed across symbols, silently; string tickers refused as "both hold names"; tz-aware and Period
+    # coordinates raised numpy's TypeError, time_column given or not
+    import datetime as dt
+
+    x = price_series(ROWS, FEATURES, seed=5)
+    days = pd.Index([dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(ROWS)], name="date")
+    frames = [
+        pd.DataFrame(x, index=days, columns=pd.Index(10000 + np.arange(FEATURES), name="permno")),
+        pd.DataFrame(x, index=days, columns=pd.Index(["AAPL", "MSFT", "IBM"], name="sym")),
+        pd.DataFrame(
+            x,
+            index=pd.date_range(
+                "2024-01-02 09:30", periods=ROWS, freq="min", tz="America/New_York", name="at"
+            ),
+            columns=pd.Index(["AAPL", "MSFT", "IBM"], name="sym"),
+        ),
+        pd.DataFrame(
+            x, index=pd.period_range("1980-01", periods=ROWS, freq="M", name="month"), columns=["a", "b", "c"]
+        ),
+    ]
+    for frame in frames:
+        want = tsconv.features(frame, PIPE, device="cpu")
+        tdim = frame.index.name
+        da = xr.DataArray(frame)
+        for arr, kw in ((da, {}), (da.T, {}), (da.T, {"time_column": tdim})):
+            got = tsconv.features(arr, PIPE, device="cpu", **kw)
+            assert got.dims == (tdim, "output") and list(got["output"].values) == list(want.columns)
+            assert got.indexes[tdim].equals(want.index) and got.indexes[tdim].dtype == want.index.dtype
+            np.testing.assert_array_equal(got.values, want.to_numpy())

@@ -197,11 +197,11 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
     """:func:`features` of an xarray DataArray [time, feature] in either order: a DataArray [time, output].
 
     The time dimension is ``time_column``'s, else one named ``time``, else the one dimension whose coordinate
-    holds datetimes, else the one whose coordinate does not hold names (strings), else the first (an array's
-    convention) where at most one dimension has a coordinate or both are 0..n-1 (a pandas frame's defaults);
-    other coordinates of the same kind on both (strings, or numbers such as yyyymmdd dates and integer ids) are
-    refused as ambiguous. The other dimension's
-    coordinate names the features. Its time coordinate, which the result keeps, must be strictly increasing."""
+    holds datetimes (numpy or tz-aware datetimes, Periods, date or datetime objects), else the one whose
+    coordinate does not hold names (strings), else the first (an array's convention) where at most one
+    dimension has a coordinate or both are 0..n-1 (a pandas frame's defaults); other coordinates of the same
+    kind on both (strings, or numbers such as yyyymmdd dates and integer ids) are refused as ambiguous. The
+    other dimension's coordinate names the features. Its time coordinate, which the result keeps, must be strictly increasing."""
     import xarray as xr
 
     if not isinstance(da, xr.DataArray):
@@ -217,10 +217,11 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
             hint="select or stack to two dimensions, time and feature.",
         )
     dims = tuple(str(d) for d in da.dims)
-    dated = [d for d in dims if d in da.coords and np.issubdtype(da.coords[d].dtype, np.datetime64)]
+    held = {d: _coordinate_holds(da.coords[d]) for d in dims if d in da.coords}
+    dated = [d for d in dims if held.get(d) == "datetimes"]
     # a dimension whose coordinate holds names (strings) is the features' (a date coordinate of integers, such
     # as 20240102, holds no datetimes)
-    named = [d for d in dims if d in da.coords and da.coords[d].dtype.kind in "OUS"]
+    named = [d for d in dims if held.get(d) == "names"]
     if time_column in dims:
         tdim = time_column
     elif "time" in dims:
@@ -250,10 +251,36 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
         _check_index(da.indexes[tdim], "the DataArray's time coordinate")
     result, out_names = features(np.asarray(da.values), pipeline, names=names, return_names=True, **options)
     coords = {"output": list(out_names)}
-    if tdim in da.coords:
+    if tdim in da.indexes:
+        # the index, not .values, which turns tz-aware times into naive UTC objects and Periods into objects
+        coords[tdim] = da.indexes[tdim]
+    elif tdim in da.coords:
         coords[tdim] = da.coords[tdim].values
     frame = xr.DataArray(result, dims=(tdim, "output"), coords=coords, name=da.name)
     return (frame, out_names) if return_names else frame
+
+
+_DATED_OBJECTS = ("datetime", "datetime64", "date", "period")
+
+
+def _coordinate_holds(coord: Any) -> str:
+    """``"datetimes"``, ``"names"`` (strings) or ``"other"``: what a DataArray coordinate's values are.
+
+    By the values, not only the dtype: xarray keeps ``datetime.date`` keys (``groupby(ts.dt.date)``) as an
+    object coordinate, and pandas' tz-aware and Period dtypes, which numpy cannot interpret, as they are."""
+    import pandas as pd
+
+    dtype = coord.dtype
+    if pd.api.types.is_datetime64_any_dtype(dtype) or isinstance(dtype, pd.PeriodDtype):
+        return "datetimes"
+    if getattr(dtype, "kind", "O") in "US":
+        return "names"
+    if getattr(dtype, "kind", "O") != "O":
+        return "other"
+    inferred = pd.api.types.infer_dtype(np.asarray(coord.values).ravel(), skipna=True)
+    if inferred in ("string", "bytes"):
+        return "names"
+    return "datetimes" if inferred in _DATED_OBJECTS else "other"
 
 
 def _default_range(values: np.ndarray) -> bool:
