@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -404,3 +405,57 @@ def test_iter_chunks_takes_any_sequence_of_names_native_byte_order_and_numpy_int
         tsconv.iter_chunks(tmp_path / "be.zarr", columns=["a", "b", "a"])
     with pytest.raises(TsconvError, match="a store's path"):
         tsconv.open_store(None)
+
+
+def test_an_integer_index_beside_a_time_column_is_row_labels_as_push_takes_it() -> None:
+    # pd.concat of daily frames repeats the labels 0..4, sort_values('time') permutes them: features() refused
+    # both as "not strictly increasing", hinting sort_index() and dropping repeats (half the rows gone)
+    pd = pytest.importorskip("pandas")
+    pipe = {"conv": [{"filters": ["diff:1"]}]}
+
+    def day(d: int, seed: int) -> object:
+        t = pd.date_range(f"2024-01-0{d} 09:30", periods=5, freq="min", tz="UTC")
+        px = 100 + np.random.default_rng(seed).standard_normal(5).cumsum()
+        return pd.DataFrame({"time": t, "px": px})
+
+    both = pd.concat([day(2, 0), day(3, 1)])
+    shuffled = pd.concat([day(3, 1), day(2, 0)], ignore_index=True).sort_values("time")
+    want = np.diff(both["px"].to_numpy(), prepend=np.nan).astype(np.float32)
+    for frame in (both, shuffled):
+        got = tsconv.features(frame, pipe)
+        assert got.index.equals(frame.index)
+        np.testing.assert_array_equal(got["px.diff1"].to_numpy(), want)
+        np.testing.assert_array_equal(tsconv.Stream(pipe, features=["px"]).push(frame)[:, 0], want)
+    # the index is the time without a time column, or as a DatetimeIndex: still checked
+    with pytest.raises(ShapeError, match="index is not strictly increasing") as err:
+        tsconv.features(both.drop(columns="time"), pipe)
+    assert "sort_index()" in err.value.hint
+    backwards = both.set_index(both["time"].iloc[::-1].to_numpy())
+    with pytest.raises(ShapeError, match="index is not strictly increasing") as err:
+        tsconv.features(backwards, pipe)
+    # the 'time' column is in order: sorting by the index would put the rows out of it
+    assert "reset_index(drop=True)" in err.value.hint and "sort_index" not in err.value.hint
+
+
+def test_a_pandas_series_is_told_to_frame_not_to_index_with_none() -> None:
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(ShapeError, match="got 1-D") as err:
+        tsconv.features(pd.Series(np.arange(10.0), name="px"), {"conv": [{"filters": ["diff:1"]}]})
+    assert "series.to_frame()" in err.value.hint and "x[:, None]" not in err.value.hint
+
+
+def test_pandas_columns_pyarrow_cannot_convert_are_named() -> None:
+    pd = pytest.importorskip("pandas")
+    pipe = {"conv": [{"filters": ["diff:1"]}]}
+    # pyarrow's own errors escaped: "ArrowNotImplementedError: Unsupported numpy type 15"
+    x = np.arange(10.0)
+    for bad, dtype in (
+        (x + 1j, "complex128"),
+        (pd.arrays.SparseArray(x), "Sparse[float64"),
+        (np.array([1.0, "x"] * 5, dtype=object), "object"),
+    ):
+        frame = pd.DataFrame({"px": x, "bad": bad})
+        for run in (tsconv.Stream(pipe, features=["px", "bad"]).push, lambda f: tsconv.features(f, pipe)):
+            with pytest.raises(ShapeError, match=rf"columns cannot be read: bad \({re.escape(dtype)}") as err:
+                run(frame)
+            assert "px" not in str(err.value) and "real numbers" in err.value.hint

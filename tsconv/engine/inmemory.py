@@ -25,7 +25,7 @@ from tsconv.engine.run import (
     run,
 )
 from tsconv.errors import ShapeError
-from tsconv.io.dataframes import frame_input, frame_kind, frame_output, to_polars
+from tsconv.io.dataframes import frame_input, frame_kind, frame_output, index_is_time, to_polars
 from tsconv.io.names import describe_repeats, ordered_names, repeated_names
 from tsconv.io.readers.blocks import ArraySource
 from tsconv.io.writers.memory import ArraySink
@@ -87,7 +87,8 @@ def features(
             "reads a store into frames).",
         )
     kind = frame_kind(x)
-    if kind == "pandas" and type(x).__name__ == "Series":
+    is_series = kind == "pandas" and type(x).__name__ == "Series"
+    if is_series:
         kind = None  # one series: an array of one feature, as numpy gives it
     if kind is not None:
         if out is not None:
@@ -95,11 +96,12 @@ def features(
         if names is not None:
             raise ShapeError("names= is for arrays; a frame's features are named by its columns")
         index = x.index if kind == "pandas" else None
-        if index is not None:
-            _check_index(index, "the frame's index")
         feature_names, source, time_series = frame_input(
             to_polars(x, "features()"), time_column=time_column, band_rows=chunk
         )
+        timed = time_series is not None
+        if index is not None and index_is_time(index, has_time_column=timed):
+            _check_index(index, "the frame's index", time_column=time_column if timed else None)
         plan = _plan_for(pipeline, feature_names, source.rows, warmup, f"features() on {kind} frames")
         sink = ArraySink(source.rows, plan.n_outputs, feature_major=True)
         _run_in_memory(source, plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
@@ -121,9 +123,11 @@ def features(
             hint="pass a numpy array or torch tensor with one row per time step and one column per feature.",
         ) from None
     if arr.ndim != 2:
+        # x[:, None] raises on a pandas Series (pandas 3): it becomes a frame of one column instead
+        reshape = "series.to_frame()" if is_series else "x[:, None]"
         raise ShapeError(
             f"expected a 2-D series [T, F] (time-major), got {arr.ndim}-D with shape {list(arr.shape)}",
-            hint="pass one row per time step and one column per feature; reshape a 1-D series with x[:, None].",
+            hint=f"pass one row per time step and one column per feature; reshape a 1-D series with {reshape}.",
         )
     if arr.dtype.kind not in "fiu":
         raise ShapeError(f"expected a real numeric array, got dtype {arr.dtype}")
@@ -300,9 +304,10 @@ _ORDERED_OBJECTS = (
 )
 
 
-def _check_index(index: Any, what: str) -> None:
+def _check_index(index: Any, what: str, *, time_column: str | None = None) -> None:
     """A datetime or numeric index other than the default range must be strictly increasing, as a time
-    column must: the rows are time steps, taken in order."""
+    column must: the rows are time steps, taken in order. ``time_column``: the frame's time column, in order
+    already, so that the hint does not sort the rows out of its order."""
     import pandas as pd
 
     ordered = (
@@ -316,10 +321,19 @@ def _check_index(index: Any, what: str) -> None:
     if isinstance(index, pd.RangeIndex) or not ordered:
         return
     if index.hasnans or not (index.is_monotonic_increasing and index.is_unique):
+        if time_column is not None:
+            hint = (
+                f"the {time_column!r} column is strictly increasing: if it holds the times, drop the index "
+                "(frame.reset_index(drop=True)); else make the two agree."
+            )
+        else:
+            hint = (
+                "sort by time and drop repeated timestamps (pandas: frame.sort_index() and "
+                "frame[~frame.index.duplicated(keep='last')]; xarray: da.sortby('time').drop_duplicates('time'))."
+            )
         raise ShapeError(
             f"features(): {what} is not strictly increasing (its rows are taken as time steps, in order)",
-            hint="sort by time and drop repeated timestamps (pandas: frame.sort_index() and "
-            "frame[~frame.index.duplicated(keep='last')]; xarray: da.sortby('time').drop_duplicates('time')).",
+            hint=hint,
         )
 
 

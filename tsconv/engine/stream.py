@@ -24,7 +24,7 @@ from tsconv.engine.level import centering_level, level_before, tail_rows
 from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
-from tsconv.io.dataframes import frame_input, frame_kind, to_polars
+from tsconv.io.dataframes import frame_input, frame_kind, index_is_time, to_polars
 from tsconv.io.names import describe_repeats, ordered_names, repeated_names
 from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.pipeline.spec import as_pipeline, resolve
@@ -139,9 +139,11 @@ class Stream:
         """The features [n, D] float32 of ``rows`` [n, F] (or [F]: one row), the next steps of the series."""
         is_torch = isinstance(rows, torch.Tensor)
         if (kind := frame_kind(rows)) is not None:
-            index_time = _index_times(rows) if kind == "pandas" else None
-            rows, frame_time = self._frame_rows(rows)
-            if frame_time is None and time is None:
+            frame = rows
+            rows, frame_time = self._frame_rows(frame)
+            timed = frame_time is not None
+            index_time = _index_times(frame, has_time_column=timed) if kind == "pandas" else None
+            if not timed and time is None:
                 time = index_time  # as features() checks a pandas frame's index, and keeps it
             elif frame_time is not None:
                 if time is not None:
@@ -393,12 +395,15 @@ class Stream:
         return t[-1]
 
 
-def _index_times(frame: Any) -> np.ndarray | None:
-    """A pandas DataFrame's DatetimeIndex as the rows' times (datetime64 in UTC); None for a Series (its index
-    names the features) and other indexes (integers are as often row labels, [0] in every push, as times)."""
+def _index_times(frame: Any, *, has_time_column: bool) -> np.ndarray | None:
+    """A pandas DataFrame's DatetimeIndex as the rows' times (datetime64 in UTC), where :func:`index_is_time`
+    (features()'s rule) takes its index as the times; None for a Series (its index names the features) and
+    other indexes: without a time column too, as integers are as often row labels, [0] in every push."""
     import pandas as pd
 
-    if not isinstance(frame, pd.DataFrame) or not isinstance(frame.index, pd.DatetimeIndex):
+    if not isinstance(frame, pd.DataFrame) or not index_is_time(frame.index, has_time_column=has_time_column):
+        return None
+    if not isinstance(frame.index, pd.DatetimeIndex):
         return None
     index = frame.index
     if index.tz is not None:

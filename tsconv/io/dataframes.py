@@ -13,7 +13,7 @@ from tsconv.io.contracts import HostSource
 from tsconv.io.names import repeated_names
 from tsconv.io.precision import exact_in_float32
 
-__all__ = ["FrameColumns", "frame_input", "frame_kind", "frame_output", "to_polars"]
+__all__ = ["FrameColumns", "frame_input", "frame_kind", "frame_output", "index_is_time", "to_polars"]
 
 
 class FrameColumns(HostSource):
@@ -71,13 +71,49 @@ def to_polars(frame: Any, caller: str) -> Any:
                 hint="flatten them first, e.g. frame.columns = ['.'.join(map(str, c)) for c in frame.columns].",
             )
         _refuse_repeats([str(c) for c in frame.columns], caller)
-        return pl.from_pandas(frame.rename(columns=str))
+        frame = frame.rename(columns=str)
+        try:
+            return pl.from_pandas(frame)
+        except (TypeError, ValueError, NotImplementedError):  # pyarrow's ArrowTypeError, ArrowInvalid, ...
+            _refuse_unconvertible(frame, caller)
+            raise
     if kind == "pyarrow":
         _refuse_repeats(list(frame.schema.names), caller)
         return pl.from_arrow(frame)
     if kind == "polars":
         return frame
     raise ShapeError(f"{caller}: expected a polars, pandas or pyarrow frame, got {type(frame).__name__}")
+
+
+def index_is_time(index: Any, *, has_time_column: bool) -> bool:
+    """Whether a pandas frame's index holds its rows' times, for features() to check and Stream.push to read:
+    a DatetimeIndex does; another index (integers, mostly) only where the frame has no time column. Beside a
+    time column it holds row labels, which pd.concat of daily frames repeats and sort_values('time') permutes
+    while the rows are in time order."""
+    import pandas as pd
+
+    return isinstance(index, pd.DatetimeIndex) or not has_time_column
+
+
+def _refuse_unconvertible(frame: Any, caller: str) -> None:
+    """Raise a ShapeError naming the pandas columns pyarrow cannot convert (complex, sparse, objects mixing
+    strings and numbers); returns where each converts alone, for the caller to re-raise the error it had."""
+    import polars as pl
+
+    bad = []
+    for name in frame.columns:
+        try:
+            pl.from_pandas(frame[[name]])
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            bad.append(f"{name} ({frame[name].dtype}: {str(exc)[:80]})")
+    if bad:
+        shown = ", ".join(bad[:5]) + (f", ... ({len(bad)} in all)" if len(bad) > 5 else "")
+        raise ShapeError(
+            f"{caller}: the frame's columns cannot be read: {shown}",
+            hint="feature columns must be real numbers (int, uint or float; dense, not Sparse) and a time column "
+            "datetimes or integers: convert or drop the others first, e.g. frame.astype({'col': 'float64'}) "
+            "or frame.sparse.to_dense().",
+        )
 
 
 def _refuse_repeats(names: list[str], caller: str) -> None:
