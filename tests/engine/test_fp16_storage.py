@@ -377,3 +377,54 @@ def test_on_cuda_a_symbol_listed_after_the_first_step_is_still_judged():
     y, warned = _run(x, pipe, device="cuda")
     assert len(warned) == 1 and "[[conv]] #2" in warned[0], warned
     assert _relative_error(y, x, pipe) > 1e-2
+
+
+# ------------------------------------------------------------------- a stage whose later stages show its rounding
+
+
+def _four_levels(rows: int = 4000) -> np.ndarray:
+    """Random walks near 20, 137.5, 480 and 63.2 on a 0.01 tick grid, float32."""
+    rng = np.random.default_rng(3)
+    levels = np.array([20.0, 137.5, 480.0, 63.2])
+    return np.round(levels + np.cumsum(rng.normal(0, 1, (rows, 4)) * levels * 0.001, 0), 2).astype(np.float32)
+
+
+_LWMA = {"name": "lwma", "weights": np.tile(np.arange(1, 6) / 15.0, (4, 1, 1)), "groups": "depthwise"}
+
+
+@pytest.mark.parametrize(
+    "then",
+    [{"filters": ["diff:1", "dev:8"]}, {"weights": np.tile([-1.0, 1.0], (4, 1, 1)), "groups": "depthwise"}],
+    ids=["bank", "dense"],
+)
+def test_a_stage_whose_rounding_a_later_stage_shows_is_warned(then):
+    """A weighted 5-step mean of prices, FP16-stored, is off by 6e-7 of the price: its own outputs' figure.
+    Differenced after it, the pipeline's outputs were 1.5e-3 to 1.9e-3 of their scale off, unwarned."""
+    x = _four_levels()
+    pipe = {"conv": [_LWMA, then]}
+    y, warned = _run(x, pipe, device="cpu")
+    actual = _relative_error(y, x, pipe)
+    assert actual > 1e-3
+    assert len(warned) == 1, (actual, warned)
+    assert "[[conv]] #1 (lwma): storing its weights as float16 moves the pipeline's output" in warned[0]
+    assert actual / 2.5 <= _figure(warned[0]) <= 2.5 * actual, (actual, warned[0])
+
+
+@pytest.mark.parametrize(
+    "pipe",
+    [
+        {"conv": [_LWMA, {"filters": ["ma:4", "ma:16"]}]},  # rounded, but the outputs keep the price's scale
+        {
+            "conv": [
+                {**_LWMA, "weights": np.tile([0.25, 0.25, 0.5], (4, 1, 1))},
+                {"filters": ["diff:1", "dev:8"]},
+            ]
+        },
+        {"conv": [{"filters": ["ma:5", "ema:6"]}, {"filters": ["diff:1", "dev:8"]}]},  # banks store nothing
+    ],
+    ids=["rounded_then_means", "exact_then_differences", "banks"],
+)
+def test_a_chain_that_storage_leaves_within_its_promise_is_not_warned(pipe):
+    x = _four_levels()
+    y, warned = _run(x, pipe, device="cpu")
+    assert warned == [] and _relative_error(y, x, pipe) < 5e-4

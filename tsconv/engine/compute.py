@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from tsconv.errors import TsconvWarning
 from tsconv.kernels import torch_side
-from tsconv.kernels.filterbank import filter_bank, window_moments
+from tsconv.kernels.filterbank import bank_halo, filter_bank, window_moments
 from tsconv.kernels.torch_side import apply_activation, rows_matmul
 from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
@@ -660,7 +660,9 @@ class _StorageCheck:
     stage as the engine computes it, so that a zero-sum filter on raw levels keeps its low digits), and the
     change that rounding made is that stage's conv with the rounding residual (for the centred first stage
     block by block, as the engine re-centres), compared per output with the largest finite value of the
-    output. In float32 (the residual is small, so its product is exact enough), on the CPU whatever the
+    output; a stage with later ones (or a head) is judged too by the move its rounding makes in the
+    pipeline's outputs, carried through them (:meth:`_carried`), against those outputs' scale. In float32
+    (the residual is small, so its product is exact enough), on the CPU whatever the
     engine's device: on CUDA, torch's conv and matmul would load cuBLAS (or cuDNN) into a batch job whose
     own kernels are Triton's, hundreds of milliseconds of a fresh process, where the CPU needs at most
     about a tenth of a second (``_CHECK_MACS``): it runs in a thread beside the run (torch's CPU ops
@@ -860,33 +862,41 @@ class _StorageCheck:
         head_residual = None if head is None else _residual(head.weight_dtype, head.weight, head.given)
         if all(r is None for r in residuals) and head_residual is None:
             return  # float16 holds every stored weight exactly
-        noted: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        noted: dict[tuple[str, bool], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         level, u = u[-1], u[:-1]
         for part in torch.split(u, self._sizes):
-            for what, err, exact in self._moves(
+            for what, carried, err, exact in self._moves(
                 part, level, layers, residuals, head_residual, block, recenter
             ):
-                errs, exacts = noted.setdefault(what, ([], []))
+                errs, exacts = noted.setdefault((what, carried), ([], []))
                 errs.append(err)
                 exacts.append(exact)
-        for what, (errs, exacts) in noted.items():
-            self._note(torch.cat(errs), torch.cat(exacts), what)
+        # the pipeline's outputs first: a stage is warned once, with the figure of what the user gets
+        for what, carried in sorted(noted, key=lambda k: not k[1]):
+            errs, exacts = noted[what, carried]
+            self._note(torch.cat(errs), torch.cat(exacts), what, carried=carried)
 
     def _moves(
         self, u: torch.Tensor, level: torch.Tensor, layers: tuple[_DeviceLayer, ...],
         residuals: list[np.ndarray | None], head_residual: np.ndarray | None, block: int, recenter: bool,
-    ) -> list[tuple[str, torch.Tensor, torch.Tensor]]:  # fmt: skip
-        """For each stage (and the head) storage rounds: its name, what the rounding moved its outputs by and
-        its outputs with the weights as given, [rows, outputs], over one sample ``u`` [halo + rows, C] whose
-        first stage the engine centres on ``level`` [C]."""
+    ) -> list[tuple[str, bool, torch.Tensor, torch.Tensor]]:  # fmt: skip
+        """For each stage (and the head) storage rounds: its name, whether the move is the pipeline's outputs'
+        (else the stage's own), what the rounding moved those outputs by and those outputs with the weights as
+        given, [rows, outputs], over one sample ``u`` [halo + rows, C] whose first stage the engine centres on
+        ``level`` [C]. A stage before others gets both: its own outputs' move, and the pipeline's outputs'
+        move that its rounding alone makes through every later stage and the head."""
         plan = self.plan
         moves = []
         y = u.T.unsqueeze(0)  # [1, C, L]
         origin = plan.pipeline.origin
+        inputs, pres, own = [], [], {}  # each stage's input and output before its activation; the moves
         for i, (layer, dl, res) in enumerate(zip(plan.layers, layers, residuals, strict=True)):
+            inputs.append(y)
             if layer.structured:
-                y = filter_bank(y[0].T, layer.filters, dilation=layer.dilation, activation=layer.activation,
-                                triton_kernels=False).T.unsqueeze(0)  # fmt: skip
+                out = filter_bank(y[0].T, layer.filters, dilation=layer.dilation, triton_kernels=False)
+                out = out.T.unsqueeze(0)
+                pres.append(out if layer.activation in (None, "none") else out.clone())
+                y = apply_activation(out, layer.activation)
                 continue
             bias = None if layer.bias is None else torch.from_numpy(layer.bias).float()
             # The scale: each stage's output with the weights as given (what the outputs should be), the
@@ -900,6 +910,7 @@ class _StorageCheck:
                 out = _conv_recentered(y, bias, dl, 0, weight=given, tap_sums=sums, block=block)
             else:
                 out = F.conv1d(y, given, bias, dilation=layer.dilation, groups=layer.groups)
+            pres.append(out if layer.activation in (None, "none") else out.clone())
             if res is not None:
                 dw = torch.from_numpy(res)
                 if i == 0 and recenter:
@@ -910,29 +921,92 @@ class _StorageCheck:
                     err = _conv_recentered(centred, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
                 else:
                     err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
-                moves.append((f"{origin}: [[conv]] #{i + 1} ({layer.name})", err[0].T, out[0].T))
+                own[i] = (f"{origin}: [[conv]] #{i + 1} ({layer.name})", err)
+                moves.append((own[i][0], False, err[0].T, out[0].T))
             y = apply_activation(out, layer.activation)
+        head = None if plan.head is None else torch.from_numpy(plan.head.given).float()
+        final = y[0].T if head is None else y[0].T @ head
+        for i, (what, err) in own.items():
+            if i + 1 < len(plan.layers) or head is not None:
+                moves.append((what, True, self._carried(i, err, inputs, pres, head), final))
         if head_residual is not None:
             h = y[0].T
-            moves.append((f"{origin}: [head]", h @ torch.from_numpy(head_residual),
-                          h @ torch.from_numpy(plan.head.given).float()))  # fmt: skip
+            moves.append((f"{origin}: [head]", False, h @ torch.from_numpy(head_residual), h @ head))
         return moves
 
-    def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str) -> None:
+    def _carried(
+        self, i: int, err: torch.Tensor, inputs: list[torch.Tensor], pres: list[torch.Tensor],
+        head: torch.Tensor | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """The move of the pipeline's outputs, [rows, outputs], that stage ``i``'s move ``err`` [1, O, L] makes
+        through the later stages (their weights as given) and the head. A stage's own move, over its own
+        outputs' scale, hid what later stages show: a 5-step weighted mean of prices, moved by 6e-7 of the
+        price, then differenced, left the outputs 1.7e-3 of their scale off, unwarned. The move itself is
+        carried through linear steps (small, so float32 keeps it to its own digits); activations and the
+        bank's non-linear filters take the difference of two runs in float64, from the outputs as given."""
+        layers = self.plan.layers
+        d = _activation_move(pres[i], err, layers[i].activation)
+        for j in range(i + 1, len(layers)):
+            layer = layers[j]
+            if layer.structured:
+                d = _bank_move(layer.filters, layer.dilation, inputs[j], d)
+            else:
+                given = torch.from_numpy(layer.given).float()
+                d = F.conv1d(d, given, dilation=layer.dilation, groups=layer.groups)
+            d = _activation_move(pres[j], d, layer.activation)
+        return d[0].T if head is None else d[0].T @ head
+
+    def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str, *, carried: bool = False) -> None:
         """Keep a warning when ``err`` [rows, outputs] exceeds ``_WARN_FROM`` of each output's scale (its largest
-        finite |value| in ``exact``), naming the worst output."""
+        finite |value| in ``exact``), naming the worst output (``carried``: the pipeline's), once a stage."""
+        if any(w == what for w, _ in self._messages):
+            return
         finite = torch.isfinite(exact) & torch.isfinite(err)
         scale = torch.where(finite, exact.abs(), 0.0).amax(dim=0)
         moved = torch.where(finite, err.abs(), 0.0).amax(dim=0)
         rel = torch.where(scale > 0, moved / scale, 0.0)
         worst = int(torch.argmax(rel))
         if float(rel[worst]) > _WARN_FROM:
+            whose = "the pipeline's " if carried else ""
             self._messages.append((what,
-                f"{what}: storing its weights as float16 moves output {worst} by up to {float(rel[worst]):.1e} "
+                f"{what}: storing its weights as float16 moves {whose}output {worst} by up to {float(rel[worst]):.1e} "
                 f"of its scale on {err.shape[0]} rows sampled from this data (longer spans can move it further, "
                 f'past {FP16_WARN:.0e}); set weight_dtype = "float32" for it (or use weights that float16 '
                 "holds exactly, such as power-of-two windows)",
             ))  # fmt: skip
+
+
+# Filters that are linear in their input: a move carried through them is the filter of the move.
+_LINEAR_FILTERS = frozenset({"id", "lag", "diff", "ma", "dev", "ema"})
+
+
+def _activation_move(pre: torch.Tensor, d: torch.Tensor, activation: str | None) -> torch.Tensor:
+    """How far ``activation`` moves its output where its input ``pre`` (as given) moves by ``d``: in float64,
+    since ``pre`` may hold price levels whose float32 spacing is coarser than ``d``."""
+    if activation in (None, "none"):
+        return d
+    p = pre.double()
+    return (apply_activation(p + d, activation) - apply_activation(p.clone(), activation)).float()
+
+
+def _bank_move(filters: tuple[Filter, ...], dilation: int, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The move [1, C x M, L - halo] of a bank's outputs where its input ``x`` [1, C, L] moves by ``d``: the
+    linear filters of ``d``, the others' difference of two runs on float64 inputs (ret, std, zscore)."""
+    channels, m = x.shape[1], len(filters)
+    n = x.shape[2] - bank_halo(filters, dilation)
+    out = torch.empty((n, channels, m), dtype=torch.float32)
+    linear = [k for k, f in enumerate(filters) if f.kind in _LINEAR_FILTERS]
+    other = [k for k in range(m) if k not in linear]
+    if linear:
+        part = filter_bank(d[0].T, tuple(filters[k] for k in linear), dilation=dilation, triton_kernels=False)
+        out[:, :, linear] = part[part.shape[0] - n :].reshape(n, channels, len(linear))
+    if other:
+        fs = tuple(filters[k] for k in other)
+        x64 = x[0].T.double()
+        moved = filter_bank(x64 + d[0].T, fs, dilation=dilation, triton_kernels=False)
+        part = moved - filter_bank(x64, fs, dilation=dilation, triton_kernels=False)
+        out[:, :, other] = part[part.shape[0] - n :].reshape(n, channels, len(other))
+    return out.reshape(n, channels * m).T.unsqueeze(0)
 
 
 def _residual(dtype: str, stored: np.ndarray, given: np.ndarray) -> np.ndarray | None:
