@@ -606,10 +606,11 @@ def test_cuda_fused_bank_equals_the_float64_reference_at_scale() -> None:
 @pytest.mark.gpu
 def test_cuda_running_bank_gives_the_cpu_bits_at_scale() -> None:
     """The running-sum kernel on the GPU (default tiles), 300k x 40 prices with late starts, gaps and +-inf
-    prints: the CPU ladder's bits, dilations 1 and 3; with a 1e30 print and a column spanning 1e-3 to 1e5
-    (tiles handed to the fused kernel) within REL of float64."""
+    prints: the CPU ladder's bits, dilations 1 and 3 (a bank whose longest window reaches past its longest lag
+    too: the row leaving that window at a tile's first step lies before the input); with a 1e30 print and a
+    column spanning 1e-3 to 1e5 (tiles handed to the fused kernel) within REL of float64."""
     x = prices(300_000, 40, seed=14)
-    for specs in (DEFAULT, RUNNING):
+    for specs in (DEFAULT, RUNNING, ["diff:1", "ret:1", "ma:7", "dev:20", "lag:5"]):
         fs = tuple(filter_spec(s) for s in specs)
         for d in (1, 3):
             got = filter_bank(torch.from_numpy(x).cuda(), fs, dilation=d).cpu().numpy()
