@@ -127,7 +127,8 @@ def process(
         )
     store = open_input(input)
     warn_absent_chunks(store)
-    warn_unitless_early_time(store)
+    if not (update or resume):  # the run that made the output warned; a no-op update reads no input rows
+        warn_unitless_early_time(store)
     plan = resolve(as_pipeline(pipeline), store.features)
     check_length(store.rows, plan, warmup, str(store.path))
     if parquet:
