@@ -64,7 +64,12 @@ def _series(rows: int = 1500, seed: int = 1, nan_fraction: float = 0.02) -> np.n
         ({"select": []}, "select must be a non-empty list"),
         ({"select_regex": "("}, "not a valid regex"),
         ({"time_range": ["2026-01-02T10:00:00"]}, "time_range must be"),
-        ({"time_range": ["2026-01-02T10:00:00", "noon"]}, "not an ISO timestamp"),
+        ({"time_range": ["2026-01-02T10:00:00", "noon"]}, "'noon' is not a recognised ISO timestamp"),
+        # a date in range with a malformed offset was said to lie outside 1677-09-21 .. 2262-04-11
+        (
+            {"time_range": ["2026-01-02T10:00:00+2", "2026-01-03"]},
+            r"\+2' is not a recognised ISO timestamp \(",
+        ),
         (
             {"time_range": ["1000-01-01", "2026-01-02"]},
             "'1000-01-01' is not an ISO timestamp between 1677-09-21",
@@ -383,6 +388,21 @@ def test_a_time_range_with_an_offset_selects_the_same_rows_as_in_utc(tmp_path: P
     b = tsconv.process(src, tmp_path / "b.zarr", pipeline=_pipe({"time_range": shifted}), chunk=64)
     assert a.total_rows == b.total_rows == 333
     assert read_output(tmp_path / "a.zarr").tobytes() == read_output(tmp_path / "b.zarr").tobytes()
+
+
+@pytest.mark.parametrize("offset", ["+0200", "+02"])
+def test_a_time_range_offset_in_iso_basic_form_is_read(offset: str) -> None:
+    # "2026-01-02T11:40:00+0200" (ISO 8601's basic form, or hours only) was refused as outside 1677 .. 2262
+    extended = pipeline_from_dict(
+        _pipe({"time_range": ["2026-01-02T11:40:00+02:00", "2026-01-02T11:50:00+02:00"]})
+    )
+    basic = pipeline_from_dict(
+        _pipe({"time_range": [f"2026-01-02T11:40:00{offset}", f"2026-01-02T11:50:00{offset}"]})
+    )
+    assert basic.preprocess.time_range_ns() == extended.preprocess.time_range_ns()
+    assert extended.preprocess.time_range_ns()[0] == np.datetime64("2026-01-02T09:40:00", "ns").astype(
+        np.int64
+    )
 
 
 def test_resume_inside_a_time_range(tmp_path: Path, monkeypatch) -> None:

@@ -136,6 +136,20 @@ def test_resume_refuses_a_different_pipeline_or_chunk(tmp_path: Path) -> None:
     assert tsconv.process(src, out, chunk=512, resume=True).rows == 0  # complete: nothing to do
 
 
+def test_a_resume_refusal_names_what_differs(tmp_path: Path) -> None:
+    # it said "a different input, pipeline or chunk size (or warm-up)" whatever changed
+    src = write_store(tmp_path / "in.zarr", price_series(3000, 2, seed=2))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=512, pipeline={"conv": [{"filters": ["ma:4"]}]})
+    with pytest.raises(tsconv.TsconvError, match="what differs: chunk: 512 then, 256 now;"):
+        tsconv.process(src, out, chunk=256, resume=True, pipeline={"conv": [{"filters": ["ma:4"]}]})
+    with pytest.raises(
+        tsconv.TsconvError,
+        match=re.escape("""what differs: the pipeline's [[conv]] stage 1 filters: ["ma:4"] then"""),
+    ):
+        tsconv.process(src, out, chunk=512, resume=True, pipeline={"conv": [{"filters": ["ma:8"]}]})
+
+
 # ------------------------------------------------------------------- the state a resume carries over
 
 LONG_PIPE = {"conv": [{"filters": ["ma:64", "diff:32"]}]}  # halo 63: the carry reaches a chunk back

@@ -381,6 +381,52 @@ def test_update_refuses_a_shrunken_input_and_another_pipeline_chunk_or_warmup(
     assert _snapshot(out) == before
 
 
+def test_an_update_refusal_names_what_differs(tmp_path: Path, out_chunks: None) -> None:
+    # it said "a different input, pipeline or chunk size (or warm-up)" whatever changed
+    x, t = ticks(3000, 3, seed=5)
+    src = make_input(tmp_path / "in.zarr", x, t, 2050, (500, 3))
+    a = tmp_path / "a.toml"
+    a.write_text('[preprocess]\nzscore = 20\n\n[[conv]]\nfilters = ["id"]\n')
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline=a, chunk=CHUNK)
+    grow(src, x, t, 2200)
+    z30 = tmp_path / "z30.toml"
+    z30.write_text(a.read_text().replace("zscore = 20", "zscore = 30"))
+    other = shutil.copytree(src, tmp_path / "other.zarr")
+    b = tmp_path / "b.toml"
+    b.write_text(a.read_text())  # the same pipeline, under another file name
+    for kw, said in (
+        ({"chunk": 64}, "what differs: chunk: 128 then, 64 now; hint: use --overwrite"),
+        ({"warmup": "zero"}, "what differs: warm-up: 'nan' then, 'zero' now;"),
+        (
+            {"pipeline": z30},
+            "what differs: the pipeline's name: 'a' then, 'z30' now (the file's name unless the pipeline "
+            'sets name = "..."); the pipeline\'s [preprocess] zscore: 20 then, 30 now; hint: use --overwrite',
+        ),
+        ({"src": other}, f"what differs: input: {str(src)!r} then, {str(other)!r} now;"),
+        (
+            {"pipeline": b},
+            "what differs: the pipeline's name: 'a' then, 'b' now (the file's name unless the pipeline sets "
+            'name = "..."); hint: if it computes the same, set name = "a" in the pipeline to continue it',
+        ),
+    ):
+        kw = {"src": src, "pipeline": a, "chunk": CHUNK, **kw}
+        with pytest.raises(tsconv.TsconvError, match="different input, pipeline or chunk size") as info:
+            tsconv.process(kw.pop("src"), out, **kw, update=True)
+        assert said in str(info.value)
+    b.write_text('name = "a"\n' + a.read_text())
+    assert tsconv.process(src, out, pipeline=b, chunk=CHUNK, update=True).updated_from == 2050
+    # a refusal whose record holds no difference says what it said
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "fingerprint": "0" * 64}
+    with pytest.raises(tsconv.TsconvError) as info:
+        tsconv.process(src, out, pipeline=a, chunk=CHUNK, update=True)
+    assert str(info.value).endswith(
+        "it was written by a different input, pipeline or chunk size (or warm-up); hint: use --overwrite to start "
+        "again."
+    )
+
+
 def test_resume_of_a_grown_input_finishes_the_rows_it_started_with_and_says_update_adds_the_rest(
     tmp_path: Path, out_chunks: None
 ) -> None:

@@ -182,6 +182,8 @@ def to_zarr(
             out_path, input_path=store.root, overwrite=overwrite, resume=resume, update=update,
             fingerprint=fingerprint,
             legacy=lambda rows: _fingerprint(store, plan, chunk, warmup, rows=rows, with_sums=False),
+            run=lambda: {"source": str(store.path), "pipeline": plan.as_run(),
+                         "tsconv": {"chunk": chunk, "warmup": warmup}},
         )  # fmt: skip
         if action not in ("create", "replace"):
             kept = check_kept_compression(out_path, asked, verb="update" if update else "resume")

@@ -172,22 +172,38 @@ class Preprocess:
         }
 
 
+# a UTC offset ending a timestamp's time: +hh:mm, +hhmm or +hh (ISO 8601's extended and basic forms)
+_OFFSET = re.compile(r"(?P<time>[T ].*?)(?P<sign>[+-])(?P<hh>\d{2})(?::?(?P<mm>\d{2}))?")
+_TIME_FORMS = '"2026-01-02", "2026-01-02T09:30:00[.fff]" (UTC), with an offset Z, +05:00, +0500 or +05'
+
+
 def _parse_time(value: str) -> int:
-    """An ISO timestamp as int64 ns since the epoch: naive ones are UTC, an offset (``Z``, ``+05:00``) is
-    converted; a ValueError outside what int64 nanoseconds hold (1677-09-21 to 2262-04-11)."""
+    """An ISO timestamp as int64 ns since the epoch: naive ones are UTC, an offset (``Z``, ``+05:00``,
+    ``+0500``, ``+05``) is converted. A ValueError saying which: a value that is not such a timestamp, or
+    one outside what int64 nanoseconds hold (1677-09-21 to 2262-04-11)."""
     text = value.strip()
     if text.endswith("Z"):
         text = text[:-1]
     offset = _dt.timedelta(0)
-    head, sign, tail = text[10:].rpartition("+") if "+" in text[10:] else text[10:].rpartition("-")
-    if sign and len(tail) == 5 and tail[2] == ":":  # an offset: numpy parses none
-        hours, minutes = int(tail[:2]), int(tail[3:])
-        offset = _dt.timedelta(hours=hours, minutes=minutes) * (1 if sign == "+" else -1)
-        text = text[:10] + head
-    us = np.datetime64(text, "us")  # its range holds any date: ns would wrap past 2262 silently
+    m = _OFFSET.fullmatch(text, 10)
+    if m and int(m["hh"]) < 24 and int(m["mm"] or 0) < 60:  # an offset: numpy parses none
+        offset = _dt.timedelta(hours=int(m["hh"]), minutes=int(m["mm"] or 0)) * (
+            1 if m["sign"] == "+" else -1
+        )
+        text = text[:10] + m["time"]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy warns and guesses at what it does not know ("+1")
+            us = np.datetime64(text, "us")  # its range holds any date: ns would wrap past 2262 silently
+    except (ValueError, OverflowError, Warning):
+        us = np.datetime64("NaT")
+    if np.isnat(us):
+        raise ValueError(f"{value!r} is not a recognised ISO timestamp ({_TIME_FORMS})")
     lim = np.iinfo(np.int64).max // 1000
-    if np.isnat(us) or not -lim <= int(us.astype(np.int64)) <= lim:
-        raise ValueError(f"{value!r} lies outside 1677-09-21 .. 2262-04-11")
+    if not -lim <= int(us.astype(np.int64)) <= lim:
+        raise ValueError(
+            f"{value!r} is not an ISO timestamp between 1677-09-21 and 2262-04-11 (int64 nanoseconds)"
+        )
     ns = np.datetime64(text, "ns") - np.timedelta64(int(offset.total_seconds()), "s")
     return int(ns.astype(np.int64))
 
@@ -675,13 +691,10 @@ def _time_range(raw: Any, where: str, table: str) -> tuple[str, str]:
         if not isinstance(v, str):
             raise PipelineError(f"{where}: {table}: time_range values must be ISO timestamps, got {v!r}")
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                _parse_time(v)
-        except Exception:
+            _parse_time(v)
+        except ValueError as exc:
             raise PipelineError(
-                f"{where}: {table}: time_range value {v!r} is not an ISO timestamp between 1677-09-21 and "
-                "2262-04-11 (int64 nanoseconds)",
+                f"{where}: {table}: time_range value {exc}",
                 hint='write e.g. "2026-01-02T09:30:00" (UTC) or "2026-01-02T14:30:00+05:00".',
             ) from None
         texts.append(v)

@@ -404,6 +404,7 @@ def prepare_output(
     fingerprint: str,
     update: bool = False,
     legacy: Callable[[int | None], str] | None = None,
+    run: Callable[[], dict[str, Any]] | None = None,
 ) -> tuple[str, int]:
     """Decide what to do with ``path``: returns (action, rows_done), action one of create, replace
     (``overwrite`` of an existing store: :func:`discard_output` it, then create), resume, done (a complete
@@ -414,7 +415,9 @@ def prepare_output(
     zarr data, an existing output without ``overwrite``, ``resume`` or ``update``, and (``resume``,
     ``update``) an output whose ``tsconv.fingerprint`` is neither ``fingerprint`` nor one an output of the same
     computation was written with before: ``legacy(None)``, and ``legacy(rows)`` for the input rows it
-    recorded (when fingerprints held the input's rows).
+    recorded (when fingerprints held the input's rows). ``run()``: this run's record as a new output's
+    attributes hold it (``source``, ``pipeline``, ``tsconv.chunk`` and ``warmup``), for the refusal to name
+    what differs (:func:`what_differs`).
     """
     keep = resume or update
     check_output_path(path, input_path=input_path, overwrite=overwrite, resume=keep)
@@ -431,16 +434,102 @@ def prepare_output(
         if found != fingerprint and (
             legacy is None or found not in {legacy(n) for n in (None, *_recorded_rows(out, meta))}
         ):
+            then = _attributes(out)
+            changed = what_differs(then, run()) if run is not None else []
+            hint = "use --overwrite to start again."
+            if len(changed) == 1 and changed[0].startswith("the pipeline's name:"):
+                name = json.dumps((then.get("pipeline") or {}).get("name"))
+                hint = f"if it computes the same, set name = {name} in the pipeline to continue it; or {hint}"
             raise StoreError(
                 f"cannot {verb} {str(out)!r}: it was written by a different input, pipeline or chunk size "
-                "(or warm-up)",
-                hint="use --overwrite to start again.",
+                "(or warm-up)" + (f"; what differs: {'; '.join(changed)}" if changed else ""),
+                hint=hint,
             )
         if meta.get("complete"):
             return ("done" if resume else "update"), int(meta["rows"])
         return "resume", int(meta.get("rows_done", 0))
     refuse_foreign(out)
     return "replace", 0
+
+
+# what follows from a pipeline's other entries (a z-score's window sets the halo, a bank's filters its shape):
+# named only where nothing else differs, so a refusal names what the user changed
+_DERIVED = {"halo", "shape", "groups", "weight_sha256", "bias_sha256", "tap_sums_sha256", "compute", "moments",
+            "ema_alpha_1"}  # fmt: skip
+_HASHES = {"weight_sha256": "weights (content)", "bias_sha256": "bias (content)",
+           "tap_sums_sha256": "weights' tap sums (content)"}  # fmt: skip
+_TABLES = {"preprocess": "[preprocess]", "stages": "[[conv]]", "head": "[head]"}
+# the name is recorded in the fingerprint: a pipeline file renamed or copied unchanged gets another
+_NOTES = {("pipeline", "name"): ' (the file\'s name unless the pipeline sets name = "...")'}
+
+
+def what_differs(then: dict[str, Any], now: dict[str, Any], *, limit: int = 6) -> list[str]:
+    """What an output's recorded run (its attributes, ``then``) and this run (``now``, alike) differ in, each
+    as "what: X then, Y now": the input, chunk, warm-up and the pipeline's entries; empty where the
+    record does not tell (an older output, or a difference it does not hold, such as the input's features)."""
+    found: list[tuple[tuple[Any, ...], Any, Any]] = []
+    if "source" in then:
+        _differ(then["source"], now.get("source"), ("input",), found)
+    t, n = then.get("tsconv") or {}, now.get("tsconv") or {}
+    for key in ("chunk", "warmup"):
+        if key in t:
+            _differ(t[key], n.get(key), (key,), found)
+    pipe: list[tuple[tuple[Any, ...], Any, Any]] = []
+    if isinstance(then.get("pipeline"), dict) and isinstance(now.get("pipeline"), dict):
+        old, new = then["pipeline"], now["pipeline"]
+        for key in dict.fromkeys([*old, *new]):
+            if key not in ("origin", "text"):  # where it came from, not what it computes
+                _differ(old.get(key), new.get(key), ("pipeline", key), pipe)
+    given = [d for d in pipe if d[0][-1] not in _DERIVED]
+    found += given or pipe
+    items = [
+        f"{_label(path)}: {_shown(a)} then, {_shown(b)} now{_NOTES.get(path, '')}" for path, a, b in found
+    ]
+    return items if len(items) <= limit else [*items[:limit], f"and {len(items) - limit} more"]
+
+
+def _differ(a: Any, b: Any, path: tuple[Any, ...], out: list[tuple[tuple[Any, ...], Any, Any]]) -> None:
+    """Append (path, a, b) for each entry where ``a`` and ``b`` differ: tables and lists of tables entry by
+    entry, anything else whole."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in dict.fromkeys([*a, *b]):
+            _differ(a.get(key), b.get(key), (*path, key), out)
+    elif isinstance(a, list) and isinstance(b, list) and all(isinstance(x, dict) for x in a + b) and a and b:
+        for i in range(max(len(a), len(b))):
+            _differ(a[i] if i < len(a) else None, b[i] if i < len(b) else None, (*path, i), out)
+    elif a != b:
+        out.append((path, a, b))
+
+
+def _label(path: tuple[Any, ...]) -> str:
+    if path[0] != "pipeline":
+        return {"warmup": "warm-up"}.get(path[0], path[0])
+    words = [_TABLES.get(path[1], path[1])]
+    for key in path[2:]:
+        words.append(f"stage {key + 1}" if isinstance(key, int) else _HASHES.get(key, key))
+    return "the pipeline's " + " ".join(words)
+
+
+def _shown(v: Any, *, width: int = 80) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, dict):
+        v = {k: x for k, x in v.items() if x is not None}
+    text = repr(v[:12] + "…") if isinstance(v, str) and len(v) == 64 and re.fullmatch(r"[0-9a-f]+", v) else (
+        repr(v) if isinstance(v, str) else json.dumps(v))  # fmt: skip
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _attributes(path: Path | StoreURL) -> dict[str, Any]:
+    """The attributes of the output store at ``path`` (its record of the run that wrote it); {} where they
+    cannot be read."""
+    try:
+        doc = _read_doc(path, "zarr.json")
+        if isinstance(doc, dict) and doc.get("node_type") == "group":
+            return dict(doc.get("attributes") or {})
+        return dict(open_group(path, mode="r").attrs)
+    except Exception:  # noqa: BLE001 - a refusal's detail: without it the refusal says less
+        return {}
 
 
 def refuse_foreign(path: Path | StoreURL, *, what: str = "overwrite") -> None:
