@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -305,3 +306,20 @@ def spy_fill_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(fill, "fill_state_before", spy)
     return lowest
+
+
+def warned_once_then_inspected(src: Path, out: Path, *, pipeline: object, match: str, label: str) -> str:
+    """Run ``tsconv.process`` on ``src`` (CPU), assert exactly one TsconvWarning matching ``match``, then
+    ``tsconv inspect src``; return inspect's line starting with ``label``."""
+    from click.testing import CliRunner
+
+    import tsconv
+    from tsconv.cli import main
+    from tsconv.errors import TsconvWarning
+
+    with pytest.warns(TsconvWarning, match=match) as seen:
+        tsconv.process(src, pipeline=pipeline, output=out, device="cpu")
+    assert len([w for w in seen if w.category is TsconvWarning and re.search(match, str(w.message))]) == 1
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert res.exit_code == 0, res.output
+    return next(ln for ln in res.output.splitlines() if label in ln)

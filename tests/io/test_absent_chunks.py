@@ -14,7 +14,7 @@ import tsconv
 from tsconv.cli import main
 from tsconv.errors import TsconvWarning
 
-from ..helpers import T0, price_series
+from ..helpers import T0, price_series, warned_once_then_inspected
 
 PIPE = {"conv": [{"filters": ["diff:1"]}]}
 
@@ -41,13 +41,11 @@ def test_absent_chunks_of_a_zero_fill_are_warned_by_process_and_inspect(
     tmp_path: Path, zarr_format: int
 ) -> None:
     src = _store(tmp_path / "s.zarr", fill=None, partial=True, zarr_format=zarr_format)
-    with pytest.warns(TsconvWarning, match=r"2 of 6 chunk files .* never written \(the first: rows 100\.\.149\)"
-                      r".*fill value 0.*rewrite those rows.*ignore this") as seen:  # fmt: skip
-        tsconv.process(src, pipeline=PIPE, output=tmp_path / "o.zarr", device="cpu")
-    assert len([w for w in seen if "never written" in str(w.message)]) == 1
-    res = CliRunner().invoke(main, ["inspect", str(src)])
-    assert res.exit_code == 0, res.output
-    line = next(ln for ln in res.output.splitlines() if "absent chunks:" in ln)
+    line = warned_once_then_inspected(
+        src, tmp_path / "o.zarr", pipeline=PIPE, label="absent chunks:",
+        match=r"2 of 6 chunk files .* never written \(the first: rows 100\.\.149\).*fill value 0.*rewrite "
+        r"those rows.*ignore this",
+    )  # fmt: skip
     assert "2 of 6 chunk files" in line and "rows 100..149" in line and "fill value 0" in line
 
 

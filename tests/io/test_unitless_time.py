@@ -17,7 +17,7 @@ from tsconv.cli import main
 from tsconv.errors import StoreError, TsconvWarning
 from tsconv.io.ingest import ingest
 
-from ..helpers import T0, price_series
+from ..helpers import T0, price_series, warned_once_then_inspected
 
 PIPE = {"conv": [{"filters": ["diff:1"]}]}
 ROWS = 300
@@ -55,13 +55,11 @@ def test_unitless_int64_times_in_1970_are_warned_by_process_and_inspect(
     tmp_path: Path, time: np.ndarray
 ) -> None:
     src = _store(tmp_path / "s.zarr", time)
-    with pytest.warns(TsconvWarning, match=r"'time' holds u?int64 without a 'units' attribute, read as "
-                      r"nanoseconds since the epoch: 1970-01-.*'milliseconds since 1970-01-01'") as seen:  # fmt: skip
-        tsconv.process(src, pipeline=PIPE, output=tmp_path / "o.zarr", device="cpu")
-    assert len([w for w in seen if "without a 'units' attribute" in str(w.message)]) == 1
-    res = CliRunner().invoke(main, ["inspect", str(src)])
-    assert res.exit_code == 0, res.output
-    line = next(ln for ln in res.output.splitlines() if "time units:" in ln)
+    line = warned_once_then_inspected(
+        src, tmp_path / "o.zarr", pipeline=PIPE, label="time units:",
+        match=r"'time' holds u?int64 without a 'units' attribute, read as nanoseconds since the epoch: "
+        r"1970-01-.*'milliseconds since 1970-01-01'",
+    )  # fmt: skip
     assert "1970-01-" in line and "'milliseconds since 1970-01-01'" in line
 
 
