@@ -517,12 +517,12 @@ PIPELINE_CASES = {
     "dilation 0": (
         '[[conv]]\nfilters = ["ma:4"]\ndilation = 0\n',
         None,
-        ["dilation must be an integer from 1 to 1,048,576, got 0"],
+        ["dilation must be an integer from 1 to 1,048,576, got 0", "hint: write a whole number"],
     ),
     "dilation -1": (
         '[[conv]]\nfilters = ["ma:4"]\ndilation = -1\n',
         None,
-        ["dilation must be an integer from 1 to 1,048,576, got -1"],
+        ["dilation must be an integer from 1 to 1,048,576, got -1", "hint: write a whole number"],
     ),
     "groups not dividing C": (
         W_TOML + "groups = 2\n",
@@ -597,7 +597,12 @@ PIPELINE_CASES = {
     "unknown filter foo:3": ('[[conv]]\nfilters = ["ma:4", "foo:3"]\n', None, ["unknown filter 'foo:3'"]),
     "filter without parameter": ('[[conv]]\nfilters = ["ma"]\n', None, ["filter 'ma' needs a parameter"]),
     "filter with zero window": ('[[conv]]\nfilters = ["ma:0"]\n', None, ["parameter must be between 1 and"]),
-    "bad TOML syntax": ('[[conv]\nfilters = ["ma:4"\n', None, ["not valid TOML"]),
+    "bad TOML syntax": (
+        '[[conv]\nfilters = ["ma:4"\n',
+        None,
+        ["not valid TOML", "hint: fix the file at that line"],
+    ),
+    "no filters": ("[[conv]]\nfilters = []\n", None, ["non-empty list of strings", "hint: e.g. filters = ["]),
     "both weights and filters": (
         '[[conv]]\nweights = "w.npy"\nfilters = ["ma:4"]\n',
         _npy("w.npy", np.ones((3, 3, 2))),
@@ -649,7 +654,7 @@ def test_pipeline_file_not_utf8(tmp_path: Path) -> None:
     toml.write_bytes(b'name = "caf\xe9"\n[[conv]]\nfilters = ["ma:4"]\n')  # latin-1, as some editors save
     before = snapshot(tmp_path)
     res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--pipeline", toml)
-    assert_refused(res, str(toml))
+    assert_refused(res, str(toml), "not a UTF-8 text file", "hint: check that the path names the pipeline's")
     assert snapshot(tmp_path) == before
 
 
@@ -1279,6 +1284,29 @@ def test_a_report_named_dash_is_refused_not_written_as_a_file(
     res = invoke("-i", good_store(tmp_path), "-o", tmp_path / "out.zarr", "--report", "-")
     assert_refused(res, "--report '-': name a file")
     assert not (tmp_path / "-").exists() and not (tmp_path / "out.zarr").exists()
+
+
+def test_an_empty_report_name_is_refused_before_the_run(tmp_path: Path) -> None:
+    # `--report "$REPORT"` with REPORT unset: the run ended with exit 0 and no report, and no error
+    res = invoke("-i", good_store(tmp_path), "-o", tmp_path / "out.zarr", "--report", "", "--device", "cpu")
+    assert_refused(res, "--report '': name a file", "hint:")
+    assert res.exit_code == 2 and not (tmp_path / "out.zarr").exists()
+
+
+def test_a_report_that_cannot_be_written_names_it_after_the_summary(tmp_path: Path) -> None:
+    # --report /dev/full printed only "[Errno 28] No space left on device", no file named and no summary line
+    full = Path("/dev/full")
+    if not full.exists():
+        pytest.skip("no /dev/full here")
+    res = invoke("-i", good_store(tmp_path), "-o", tmp_path / "out.zarr", "--report", full, "--device", "cpu")
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert f"{ROWS:,} rows x {FEATURES} features" in res.stdout
+    line = res.stderr.strip()
+    assert line.startswith(
+        "tsconv: error: --report '/dev/full' could not be written (No space left on device)"
+    )
+    assert "the output" in line and "is complete" in line and "hint:" in line
+    assert zarr.open_group(tmp_path / "out.zarr", mode="r").attrs["tsconv"]["complete"]
 
 
 def test_an_output_name_too_long_for_the_files_beside_it_is_refused_up_front(tmp_path: Path) -> None:

@@ -131,3 +131,16 @@ def test_the_public_api():
     assert tsconv.config is config
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         tsconv.nope  # noqa: B018
+
+
+def test_a_lock_ttl_below_one_second_is_refused():
+    # TSCONV_LOCK_TTL=0 renewed an object-store lock in a busy loop (wait(ttl / 4)) and let a second
+    # writer take over the live lock
+    with pytest.raises(TsconvError, match="TSCONV_LOCK_TTL must be a whole number >= 1, got '0'"):
+        config.from_env({"TSCONV_LOCK_TTL": "0"})
+    with (
+        pytest.raises(TsconvError, match="setting lock_ttl must be int >= 1, got 0"),
+        config.override(lock_ttl=0),
+    ):
+        pass
+    assert config.from_env({"TSCONV_LOCK_TTL": "1"}).lock_ttl == 1

@@ -250,7 +250,13 @@ def _start_process(input_path: str, output: str | None, *, report_path: str | No
 
     if output is not None:
         output_format(output)  # a mistyped output is refused at once
-    if report_path:
+    # `--report "$REPORT"` with REPORT unset: else a batch job gets no report and no error
+    if report_path == "":
+        raise TsconvError(
+            "--report '': name a file",
+            hint="e.g. --report run.json; in a script, check the variable it reads is set.",
+        )
+    if report_path is not None:
         _check_report_path(Path(report_path), input_path, output, pipeline=options.get("pipeline"))
     workers = options.get("workers")
     # An update or resume with device auto may be a few rows the CPU computes (tsconv.engine.run.small_for_cuda):
@@ -280,10 +286,15 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
             from tsconv.engine.cluster import discard_early
 
             discard_early()
-    if report_path:  # before the summary line: a closed stdout (a pipe) lost the report a batch job reads
+    failed: OSError | None = None
+    # before the summary line: a closed stdout (a pipe) lost the report a batch job reads
+    if report_path is not None:
         path = Path(report_path)
         markdown = path.suffix.lower() == ".md"
-        path.write_text(report.markdown() if markdown else json.dumps(report.to_dict(), indent=2) + "\n")
+        try:
+            path.write_text(report.markdown() if markdown else json.dumps(report.to_dict(), indent=2) + "\n")
+        except OSError as exc:  # a full disk or /dev/full: the output is complete, only the report is lost
+            failed = exc
     if report.rows == 0 and report.updated_from is not None:
         click.echo(
             f"{report.output} is up to date with its input ({report.total_rows:,} rows); nothing to do."
@@ -292,6 +303,12 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
         click.echo(f"{report.output} is already complete ({report.total_rows:,} rows); nothing to do.")
     else:
         click.echo(report.summary())
+    if failed is not None:
+        raise TsconvError(
+            f"--report {report_path!r} could not be written ({failed.strerror or failed}); "
+            f"the output {report.output} is complete",
+            hint="free space or name another file; a rerun with --overwrite writes the report again.",
+        )
 
 
 @main.command()

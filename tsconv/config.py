@@ -43,8 +43,9 @@ ENGINES = ("auto", "chunked", "batched")
 HUGE_PAGES = ("auto", "on", "off")
 
 
-def _setting(env: str, doc: str, default: Any, *, choices: tuple[str, ...] | None = None, shown: str | None = None) -> Any:  # fmt: skip
-    return field(default=default, metadata={"env": env, "doc": doc, "choices": choices, "shown": shown})
+def _setting(env: str, doc: str, default: Any, *, choices: tuple[str, ...] | None = None, shown: str | None = None, minimum: int = 0) -> Any:  # fmt: skip
+    meta = {"env": env, "doc": doc, "choices": choices, "shown": shown, "minimum": minimum}
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -126,8 +127,9 @@ class Settings:
     lock_ttl: int = _setting(
         "TSCONV_LOCK_TTL",
         "seconds after which an object-store output's lock that its run stopped renewing (a killed run) may be "
-        "taken over; renewed every quarter of it",
+        "taken over; renewed every quarter of it; at least 1",
         60,
+        minimum=1,  # 0 renewed the lock in a busy loop and let a second writer take a live lock
     )
     huge_pages: str = _setting(
         "TSCONV_HUGE_PAGES",
@@ -163,9 +165,10 @@ def _parse(f: dataclasses.Field, text: str) -> Any:
             n = int(value)
         except ValueError:
             n = -1
-        if n < 0:
+        if n < f.metadata["minimum"]:
             raise TsconvError(
-                f"{env} must be a whole number >= 0, got {text!r}", hint="unset it for the default."
+                f"{env} must be a whole number >= {f.metadata['minimum']}, got {text!r}",
+                hint="unset it for the default.",
             )
         return n
     if kind.startswith("Path"):
@@ -226,8 +229,14 @@ def override(**changes: Any) -> Iterator[Settings]:
             raise TsconvError(f"unknown setting {name!r}", hint=f"settings are: {', '.join(known)}.")
         kind = f.type.split(" ")[0] if isinstance(f.type, str) else f.type.__name__
         if value is not None or "None" not in str(f.type):
-            if not _CHECKS[kind](value) or (f.metadata["choices"] and value not in f.metadata["choices"]):
+            low = kind == "int" and _CHECKS[kind](value) and value < f.metadata["minimum"]
+            if (
+                not _CHECKS[kind](value)
+                or low
+                or (f.metadata["choices"] and value not in f.metadata["choices"])
+            ):
                 allowed = ", ".join(f.metadata["choices"]) if f.metadata["choices"] else kind
+                allowed += f" >= {f.metadata['minimum']}" if low else ""
                 raise TsconvError(f"setting {name} must be {allowed}, got {value!r}")
         checked[name] = Path(value).expanduser() if kind == "Path" and value is not None else value
     with _lock:

@@ -190,3 +190,24 @@ def test_a_time_range_output_counts_only_its_own_warmup_rows(tmp_path: Path, fir
     # diff1 is warm from row 1, so inside the span only diff16 has warm-up rows
     assert info["warmup_nans"] == int(np.isnan(y[:warm]).sum()) == warm * 2
     assert info["nan_total"] == int(np.isnan(y[warm:]).sum()) == 0
+
+
+def test_a_sliced_resave_of_an_output_is_not_called_complete(tmp_path: Path) -> None:
+    # xarray's to_zarr of rows 595:1000 kept the tsconv attributes: inspect said "complete", and counted the
+    # data NaNs in the slice's first rows as warm-up
+    out = _output(tmp_path, price_series(1000, 2, seed=5))
+    g = zarr.open_group(str(out), mode="r")
+    part = np.asarray(g["values"][595:])
+    part[3:8, :] = np.nan  # in the rows the recorded warm-up (16) would cover
+    cut = zarr.open_group(str(tmp_path / "cut.zarr"), mode="w")
+    cut.create_array("values", data=part, chunks=(128, part.shape[1]))
+    cut.create_array("time", data=np.asarray(g["time"][595:]), chunks=(128,))
+    cut.attrs.update(dict(g.attrs))
+    info = inspect_store(tmp_path / "cut.zarr")
+    assert "warmup_nans" not in info and info["nan_total"] == int(np.isnan(part).sum()) > 0
+    text = _text(tmp_path / "cut.zarr")
+    assert (
+        "tsconv output: tsconv attributes record 1,000 rows, the array holds 405: re-saved or sliced since "
+        "tsconv wrote it" in text
+    )
+    assert "complete" not in text and "warm-up" not in text

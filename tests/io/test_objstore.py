@@ -253,6 +253,18 @@ def test_object_lock_refuses_a_live_lock_and_takes_over_a_stale_one(prefix):
         lock.release()
 
 
+def test_a_lock_recorded_with_ttl_0_is_stale_at_once_not_read_as_the_default() -> None:
+    # `holder.get("ttl") or self.ttl` read a recorded 0 as absent and kept the holder's lock for 60 s
+    out = StoreURL.parse(f"memory://tsconv-{uuid.uuid4().hex[:8]}/out.zarr")
+    doc = {"pid": 1, "host": "h", "run_id": "zero", "renewed": time.time(), "ttl": 0}
+    out.parent.write_bytes(".out.zarr.tsconv-lock", json.dumps(doc).encode())
+    lock = ObjectLock(out, run_id="next", ttl=60).acquire()
+    try:
+        assert json.loads(out.parent.read_bytes(".out.zarr.tsconv-lock"))["run_id"] == "next"
+    finally:
+        lock.release()
+
+
 def test_memory_urls_round_trip(series, local_run):
     """Another fsspec scheme: no server, the generic paths (the lock without ETags, plain PUTs)."""
     base = f"memory://tsconv-{uuid.uuid4().hex[:8]}"

@@ -150,3 +150,22 @@ def test_names_equal_but_for_case_are_warned_of(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", tsconv.TsconvWarning)
         tsconv.process(src, tmp_path / "ok.parquet", pipeline=pipe, device="cpu")
+
+
+def test_inspect_and_plot_of_a_parquet_output_say_what_it_is(tmp_path: Path) -> None:
+    # they said "ingest other files into one first", advice for someone else's file, not tsconv's own output
+    from click.testing import CliRunner
+
+    from tsconv.cli import main
+
+    src = write_store(tmp_path / "in.zarr", price_series(300, 2, seed=1), chunks=(256, 2))
+    out = tmp_path / "out.parquet"
+    tsconv.process(src, out, pipeline=PIPE, device="cpu", progress=False)
+    for args in (["inspect", str(out)], ["plot", str(out), "-f", "*", "-o", str(tmp_path / "p.png")]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2 and "Traceback" not in res.output
+        assert "is a tsconv output in Parquet (300 rows x 4 features" in res.stderr
+        assert "polars, pandas or duckdb" in res.stderr and "ingest" not in res.stderr
+    other = tmp_path / "other.parquet"
+    pq.write_table(pq.read_table(out).replace_schema_metadata(None), other)
+    assert "ingest other files into one first" in CliRunner().invoke(main, ["inspect", str(other)]).stderr

@@ -81,7 +81,16 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
     meta = attrs.get("tsconv")
     written = store.rows
     warmup = np.zeros(store.n_features, dtype=np.int64)
-    if isinstance(meta, dict):
+    recorded = meta.get("rows") if isinstance(meta, dict) else None
+    # a complete output's attributes kept by a tool that re-saved a slice of it (xarray's to_zarr): its rows
+    # are not the ones tsconv wrote, nor its first rows the warm-up
+    resaved = isinstance(recorded, int) and bool(meta.get("complete")) and recorded != store.rows
+    if resaved:
+        info["tsconv_output"] = (
+            f"tsconv attributes record {recorded:,} rows, the array holds {store.rows:,}: "
+            "re-saved or sliced since tsconv wrote it"
+        )
+    elif isinstance(meta, dict):
         if meta.get("complete"):
             info["tsconv_output"] = "complete"
         else:
@@ -132,7 +141,7 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
             reader.close()
         info["nan_total"] = int(counts.sum())
         info["nan_counts"] = {n: int(c) for n, c in zip(store.features, counts, strict=True)}
-        if isinstance(meta, dict):
+        if isinstance(meta, dict) and not resaved:
             info["warmup_nans"] = warm
     return info
 

@@ -248,12 +248,13 @@ class ObjectLock:
             holder = {}
         holder = holder if isinstance(holder, dict) else {}
         age = time.time() - float(holder.get("renewed") or 0)
-        if age < float(holder.get("ttl") or self.ttl):
+        ttl = float(self.ttl if holder.get("ttl") is None else holder["ttl"])  # the holder's own, 0 included
+        if age < ttl:
             raise OutputBusyError(
                 f"output {self.output.url!r} is being written by another tsconv run ({_describe(holder)}, "
                 f"its lock renewed {age:.0f} s ago); refusing to start a second writer",
                 hint="wait for that run to finish or stop it; a stopped run's lock can be taken over "
-                f"{float(holder.get('ttl') or self.ttl):.0f} s after its last renewal{self.resume_note}.",
+                f"{ttl:.0f} s after its last renewal{self.resume_note}.",
             )
         try:  # the stale lock is replaced only if no one replaced it since we read it
             if self.url.protocol in ("s3", "s3a") and info.get("ETag"):

@@ -145,6 +145,15 @@ def _open_node(path: Path | StoreURL) -> Any:
             hint="check the store's path (a zarr store: a directory).",
         )
     if not is_zarr_store(path):
+        from tsconv.io.writers.parquet_writer import parquet_output_words
+
+        words = parquet_output_words(path) if path.is_file() else None
+        if words is not None:  # "ingest other files into one first" is no advice for tsconv's own output
+            raise StoreError(
+                f"{str(path)!r} is {words}, not a zarr store",
+                hint="tsconv reads zarr stores; read a Parquet output with polars, pandas or duckdb, or "
+                "run tsconv process again with a .zarr output to inspect or plot it.",
+            )
         what = "a file" if path.is_file() else "a directory without zarr metadata"
         raise StoreError(
             f"{str(path)!r} is not a zarr store ({what})",

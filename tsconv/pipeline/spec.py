@@ -458,11 +458,17 @@ def _read_toml(p: Path) -> tuple[str, dict[str, Any]]:
     try:
         text = p.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write, is not TOML
     except UnicodeDecodeError as exc:
-        raise PipelineError(f"{p}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
+        raise PipelineError(
+            f"{p}: not a UTF-8 text file ({exc.reason} at byte {exc.start})",
+            hint="check that the path names the pipeline's .toml file, and save it as UTF-8 text.",
+        ) from None
     try:
         return text, tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise PipelineError(f"{p}: not valid TOML: {exc}") from None
+        raise PipelineError(
+            f"{p}: not valid TOML: {exc}",
+            hint="fix the file at that line; pipelines/README.md shows a pipeline file's tables.",
+        ) from None
     except RecursionError:  # tomllib parses nested arrays and tables recursively
         raise PipelineError(f"{p}: its arrays or tables nest too deeply for a pipeline file") from None
 
@@ -759,7 +765,10 @@ def _choice(
 def _positive_int(d: dict[str, Any], key: str, default: int, where: str, table: str, *, most: int) -> int:
     value = d.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise PipelineError(f"{where}: {table}: {key} must be an integer from 1 to {most:,}, got {value!r}")
+        raise PipelineError(
+            f"{where}: {table}: {key} must be an integer from 1 to {most:,}, got {value!r}",
+            hint=f"write a whole number, e.g. {key} = 2, or leave it out for {default}.",
+        )
     return value
 
 
@@ -794,7 +803,10 @@ def _stage_from_dict(d: dict[str, Any], index: int, base: _Base, where: str, def
     if has_f:
         raw = d["filters"]
         if not isinstance(raw, list) or not raw or not all(isinstance(f, str) for f in raw):
-            raise PipelineError(f"{where}: {table}: filters must be a non-empty list of strings, got {raw!r}")
+            raise PipelineError(
+                f"{where}: {table}: filters must be a non-empty list of strings, got {raw!r}",
+                hint='e.g. filters = ["ma:16", "diff:1"]; `tsconv filters` lists them.',
+            )
         for f in raw:
             try:
                 filter_spec(f)

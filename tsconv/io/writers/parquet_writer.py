@@ -44,6 +44,7 @@ __all__ = [
     "ParquetSink",
     "check_parquet_output",
     "is_parquet_path",
+    "parquet_output_words",
     "remove_stale_temp_files",
 ]
 
@@ -55,6 +56,34 @@ _TMP_INFIX, _TMP_SUFFIX = ".tsconv-", ".tmp"  # .<name>.tsconv-<pid>.tmp
 
 def is_parquet_path(path: str | os.PathLike[str] | StoreURL | None) -> bool:
     return path is not None and str(path).lower().endswith(_SUFFIXES)
+
+
+def parquet_output_words(path: Path) -> str | None:
+    """``path`` in words if it is a Parquet file tsconv wrote (its schema metadata holds the ``tsconv`` key):
+    its rows, features, pipeline and input; None for any other file."""
+    try:
+        with path.open("rb") as f:
+            f.seek(-4, os.SEEK_END)
+            if f.read(4) != b"PAR1":  # every Parquet file ends so: other files never import pyarrow
+                return None
+        import pyarrow.parquet as pq
+
+        meta = pq.read_metadata(str(path))
+        attrs = json.loads((meta.metadata or {}).get(b"tsconv", b"null"))
+    except (OSError, ValueError, ImportError):
+        return None
+    if not isinstance(attrs, dict):
+        return None
+    features = attrs.get("features")
+    n = len(features) if isinstance(features, list) else meta.num_columns
+    pipeline = attrs.get("pipeline")
+    name = pipeline.get("name") if isinstance(pipeline, dict) else None
+    return (
+        f"a tsconv output in Parquet ({meta.num_rows:,} rows x {n:,} features"
+        + (f", pipeline {name!r}" if name else "")
+        + (f", from {attrs['source']}" if attrs.get("source") else "")
+        + ")"
+    )
 
 
 def _temp_path(out: Path) -> Path:
