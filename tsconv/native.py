@@ -57,13 +57,16 @@ def build_library(
         cc = config.current().compiler or shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             return None, f"no C compiler (cc) to build tsconv's {source.name}"
+        try:
+            lib_path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return None, f"cannot create the cache directory {str(lib_path.parent)!r}: {exc.strerror or exc}"
         # a first run on a machine pays the build (seconds): said on one line, as tuning is
         log.warning(
             "compiling tsconv's %s for this machine (once; cached in %s)", source.name, lib_path.parent
         )
         tmp = None
         try:
-            lib_path.parent.mkdir(parents=True, exist_ok=True)
             # Built beside its final name and renamed in: processes building at once each install a whole file.
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
             os.close(fd)
@@ -124,6 +127,13 @@ class NativeLibrary(Generic[T]):
     def _load(self) -> tuple[T | None, str | None]:
         lib, why = build_library(self.source, flags=self.flags, machine=cpu_tag() if self._per_cpu else "")
         if lib is None:
+            # once a process: the run goes on by a slower path, and the user can mend the cause
+            env = "TSCONV_" + self.setting.upper()
+            log.warning(
+                "%s; tsconv goes on without it, more slowly (%s=0 takes that path without this warning)",
+                why,
+                env,
+            )
             return None, why
         try:
             return self._wrap(lib), None

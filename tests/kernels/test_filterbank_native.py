@@ -5,6 +5,7 @@ the torch path's in test_filterbank.py: the "native" cases.)"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,3 +210,28 @@ def test_a_compiler_that_cannot_start_leaves_no_file(tmp_path: Path, monkeypatch
     lib, why = native.build_library(src, flags=("-O1",), machine="x")
     assert lib is None and "cannot build" in why
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cache_directory_that_cannot_be_made_is_said_once_not_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cache directory below a file: no "compiling ... cached in DIR" (nothing would be), but the reason,
+    once, with the setting that takes the slower path quietly; the bank still gives its bits."""
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "afile" / "sub"))
+    fbn.LIBRARY.forget()
+    x = torch.from_numpy(np.random.default_rng(3).normal(100.0, 1.0, (500, 4)).astype(np.float32))
+    bank = tuple(filter_spec(s) for s in ("diff:1", "dev:32"))
+    with caplog.at_level(logging.WARNING, logger="tsconv.native"):
+        got = filter_bank(x, bank)
+        filter_bank(x, bank)
+    monkeypatch.undo()
+    fbn.LIBRARY.forget()
+    said = [r.getMessage() for r in caplog.records]
+    assert not any("compiling" in m for m in said), said
+    assert (
+        len(said) == 1
+        and "cannot create the cache directory" in said[0]
+        and "TSCONV_NATIVE_BANK=0" in said[0]
+    )
+    _assert_same_bits(got, _torch_ops(x, bank, 1), "without a cache directory")
