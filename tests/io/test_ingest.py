@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import shutil
@@ -1019,3 +1020,102 @@ def test_a_wide_csv_column_with_no_name_is_refused_before_anything_is_written(tm
     before = snapshot(out)
     assert_refused(cli(tmp_path / "w.csv", "-o", out, "--layout", "wide", "--append"), "column 0", "no name")
     assert snapshot(out) == before
+
+
+# --------------------------------------------------------------------- leftovers and a full disk
+
+
+def _kill_at_marker(monkeypatch: pytest.MonkeyPatch, out: Path, b: Path) -> Path:
+    """An append killed as zarr renames its marker's zarr.json into place: the temporary file zarr wrote it
+    under stays, the store is unchanged (no append is recorded pending). Returns that file."""
+    real = Path.replace
+
+    def killed(self: Path, target: str | os.PathLike[str]) -> Path:
+        if Path(target).name == "zarr.json" and self.name.endswith(".partial"):
+            raise _Crash
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "replace", killed)
+    with pytest.raises(_Crash):
+        ingest(b, out, append=True)
+    monkeypatch.setattr(Path, "replace", real)
+    (left,) = out.glob("*.partial")
+    return left
+
+
+def test_a_metadata_temporary_file_of_a_killed_append_is_removed_by_repair_and_the_next_append(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it was removed only when an append was recorded pending: every later open warned that it "is not
+    # recognized as a component of a Zarr hierarchy", and `process -o STORE --overwrite` refused the store
+    _, b, out, ref = _crash_setup(tmp_path, monkeypatch)
+    left = _kill_at_marker(monkeypatch, out, b)
+    assert left.name.startswith("zarr.") and left.name != "zarr.json.partial"  # zarr's own name for it
+    kept = out / "zarr.notes.partial"  # not a temporary file's name: not tsconv's to delete
+    kept.write_text("mine")
+    res = CliRunner().invoke(main, ["repair", str(out)])
+    assert res.exit_code == 0 and "nothing to repair" in res.stdout
+    assert not left.exists() and kept.read_text() == "mine"
+    kept.unlink()
+    assert _files(out) == _files(tmp_path / "base.zarr")
+
+    left = _kill_at_marker(monkeypatch, out, b)  # again, and this time append straight away
+    res = CliRunner().invoke(main, ["ingest", str(b), "-o", str(out), "--append", "-q"])
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr
+    assert not left.exists() and _files(out) == _files(ref)
+    res = CliRunner().invoke(main, ["inspect", str(out)])
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr
+
+
+def test_overwrite_takes_a_metadata_temporary_file_as_zarr_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, b, out, ref = _crash_setup(tmp_path, monkeypatch)
+    _kill_at_marker(monkeypatch, out, b)
+    res = CliRunner().invoke(main, ["process", "-i", str(ref), "-o", str(out), "--overwrite", "-q"])
+    assert res.exit_code == 0, res.stderr
+    assert not list(out.glob("*.partial")) and zarr.open_group(str(out), mode="r")["values"].shape[0] == 39
+
+
+def _no_space(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_names_the_new_store_and_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it printed only "[Errno 28] No space left on device"
+    import tsconv.io.ingest as ing
+
+    _, a, _ = _two_halves(tmp_path)
+    out = tmp_path / "out.zarr"
+    monkeypatch.setattr(ing, "_write_rows", _no_space)
+    res = cli(a, "-o", out)
+    assert_refused(res, f"cannot write the new store '{out}'", "No space left on device", "hint: free space",
+                   "rerun the command")  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.parquet", "b.csv"]
+
+
+@pytest.mark.parametrize("roll_back_fails", [False, True])
+def test_a_full_disk_during_an_append_names_the_store_and_the_rows_it_keeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, roll_back_fails: bool
+) -> None:
+    import tsconv.io.ingest as ing
+
+    _, b, out, ref = _crash_setup(tmp_path, monkeypatch)
+    monkeypatch.setattr(ing, "_write_rows", _no_space)
+    if roll_back_fails:  # its own metadata write fails on the full disk too
+        monkeypatch.setattr(ing, "_remove_partial_files", _no_space)
+    res = cli(b, "-o", out, "--append")
+    if roll_back_fails:
+        assert_refused(res, f"the appended rows of '{out}'", "No space left", "hint: free space",
+                       f"`tsconv repair {out}`", "its 25 rows")  # fmt: skip
+        monkeypatch.undo()
+        assert repair(out) == 25
+    else:
+        assert_refused(res, f"the appended rows of '{out}'", "No space left", "hint: free space",
+                       "append again", "rolled back to its 25 rows")  # fmt: skip
+        monkeypatch.undo()
+    assert _files(out) == _files(tmp_path / "base.zarr")
+    ingest(b, out, append=True)
+    assert _files(out) == _files(ref)

@@ -444,6 +444,7 @@ def test_foreign_entries_are_named_and_zarr_data_is_not(tmp_path: Path, src: Pat
     tsconv.process(src, out, chunk=CHUNK)
     (out / "values" / "c" / "0" / "0.1f2e.partial").write_bytes(b"a killed writer's chunk")
     (out / "zarr.json.5a5a.partial").write_text("{")
+    (out / "values" / f"zarr.{'6b' * 16}.partial").write_text("{")  # zarr's, named by Path.with_suffix
     assert foreign_entries(out) == []  # tsconv's own layout, its digest and leftovers of a kill
     (out / "a.txt").write_text("x")
     (out / "b").mkdir()

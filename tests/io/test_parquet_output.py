@@ -169,3 +169,45 @@ def test_inspect_and_plot_of_a_parquet_output_say_what_it_is(tmp_path: Path) -> 
     other = tmp_path / "other.parquet"
     pq.write_table(pq.read_table(out).replace_schema_metadata(None), other)
     assert "ingest other files into one first" in CliRunner().invoke(main, ["inspect", str(other)]).stderr
+
+
+def test_a_full_disk_names_the_parquet_file_and_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it printed only "[Errno 28] Error writing bytes to file. Detail: ..."
+    import errno
+
+    from click.testing import CliRunner
+
+    from tsconv.cli import main
+
+    def full(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    src = write_store(tmp_path / "in.zarr", price_series(ROWS, 2, seed=6), chunks=(256, 2))
+    out = tmp_path / "out.parquet"
+    monkeypatch.setattr(pq.ParquetWriter, "write_batch", full)
+    res = CliRunner().invoke(main, ["process", "-i", str(src), "-o", str(out), "-q"])
+    assert res.exit_code != 0 and "Traceback" not in res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"tsconv: error: cannot write rows 0..{ROWS:,} of the Parquet output '{out}'")
+    assert "Error writing bytes" in line and "hint: free space on its disk, then rerun" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr"]  # no temporary file left
+
+
+def test_overwrite_replaces_only_a_parquet_file_or_an_empty_one(tmp_path: Path) -> None:
+    # --overwrite replaced any file at the path, while a zarr output replaces nothing but zarr data
+    from tsconv.errors import StoreError
+
+    src = write_store(tmp_path / "in.zarr", price_series(ROWS, 2, seed=6), chunks=(256, 2))
+    out = tmp_path / "out.parquet"
+    out.write_text("time,a\n1,2\n")
+    with pytest.raises(StoreError, match=r"is not a Parquet file \(it starts with b'time'") as err:
+        tsconv.process(src, out, pipeline=PIPE, device="cpu", overwrite=True)
+    assert str(out) in str(err.value) and "remove it yourself" in err.value.hint
+    assert out.read_text() == "time,a\n1,2\n"
+    out.write_bytes(b"")  # nothing there to lose
+    tsconv.process(src, out, pipeline=PIPE, device="cpu", overwrite=True)
+    before = pq.read_table(out)
+    tsconv.process(src, out, pipeline=PIPE, device="cpu", overwrite=True)  # a Parquet file is replaced
+    assert pq.read_table(out).num_rows == before.num_rows == ROWS

@@ -45,6 +45,7 @@ spill to disk; it would pay off only for many bands of unsorted (or CSV) input.
 from __future__ import annotations
 
 import csv
+import errno
 import glob
 import gzip
 import json
@@ -70,6 +71,7 @@ from tsconv.io.objstore import is_url
 from tsconv.io.precision import float32_loss_by_feature
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
 from tsconv.io.timecoding import iso_utc, looks_early
+from tsconv.io.writers.zarr_writer import is_metadata_temporary
 from tsconv.progress import progress_bar
 
 __all__ = ["IngestReport", "ingest", "expand_files", "repair"]
@@ -832,10 +834,16 @@ def ingest(
                 # a leftover by the next ingest
                 os.replace(out, aside)
             os.replace(tmp, out)
-        except BaseException:
+        except BaseException as exc:
             if (aside.exists() or aside.is_symlink()) and not (out.exists() or out.is_symlink()):
                 os.replace(aside, out)  # interrupted between the two renames: the old store back
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise _write_error(
+                    f"the new store {str(out)!r}",
+                    exc,
+                    then="rerun the command (no store was made; one already at the output is kept)",
+                ) from exc
             raise
         if aside.is_symlink():
             aside.unlink()
@@ -872,7 +880,8 @@ def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times:
     """
     with OutputLock(out, run_id=f"ingest-append-{os.getpid()}"):  # a repair must not cut a running append
         group = zarr.open_group(str(out), mode="r+")
-        _roll_back(out, group)
+        if _roll_back(out, group) is None:
+            _remove_metadata_temporaries(out)
         return _append_locked(
             out, group, paths, sources, times, names, symbols, layout, progress, t0, dtype=dtype
         )
@@ -930,17 +939,27 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
         _warn_rounding(sources)
     total = old_rows + int(times.size)
     # Every check passed: from here on the store changes. The marker goes first, the commit last.
-    group.attrs["ingest"] = {**meta, "complete": False, "rows_before": old_rows, "rows": total}
     try:
+        group.attrs["ingest"] = {**meta, "complete": False, "rows_before": old_rows, "rows": total}
         values.resize((total, values.shape[1]))
         time_arr.resize((total,))
         with progress_bar(total=times.size, enabled=progress, desc="append") as bar:
             read = _write_rows(values, time_arr, old_rows, times, sources, store_names, symbols, layout, bar)
-    except Exception:
+        group.attrs["ingest"] = {**meta, "complete": True, "rows": total, "version": INGEST_VERSION}
+    except Exception as exc:
         # An error while writing (e.g. a bad value deep in a CSV file): take the new rows away again.
-        _roll_back(out, group)
+        try:
+            _roll_back(out, group)
+        except Exception:
+            if not isinstance(exc, OSError):
+                raise
+            # on a full disk the roll back's own metadata write can fail too: the record stays for repair
+            then = f"`tsconv repair {out}` (or append again) to cut it back to its {old_rows:,} rows"
+            raise _write_error(f"the appended rows of {str(out)!r}", exc, then=then) from exc
+        if isinstance(exc, OSError):
+            then = f"append again (the store was rolled back to its {old_rows:,} rows)"
+            raise _write_error(f"the appended rows of {str(out)!r}", exc, then=then) from exc
         raise
-    group.attrs["ingest"] = {**meta, "complete": True, "rows": total, "version": INGEST_VERSION}
     return _report(times.size, len(store_names), t0, out, read, len(paths), appended=True)
 
 
@@ -1028,6 +1047,7 @@ def repair(output: str | os.PathLike[str]) -> int | None:
             raise StoreError(f"cannot repair {str(out)!r}: it is not a zarr group ({exc})") from None
         kept = _roll_back(out, group)
         if kept is None:
+            _remove_metadata_temporaries(out)
             _check_lengths(out, group)
         return kept
 
@@ -1076,6 +1096,12 @@ def _roll_back(out: Path, group: zarr.Group) -> int | None:
     return keep
 
 
+def _write_error(what: str, exc: OSError, *, then: str) -> StoreError:
+    """A failed write (a full disk, most often) with the store it was for and what to do next."""
+    space = "free space on its disk" if exc.errno == errno.ENOSPC else "check free space and permissions"
+    return StoreError(f"cannot write {what}: {first_line(exc)}", hint=f"{space}, then {then}.")
+
+
 def _remove_partial_files(out: Path) -> None:
     # zarr writes every file under a temporary name and renames it into place: a killed write leaves that
     # temporary file behind ('<name>.<32 hex>.partial'), which nothing reads.
@@ -1083,6 +1109,17 @@ def _remove_partial_files(out: Path) -> None:
         tag = p.name[: -len(".partial")].rsplit(".", 1)[-1]
         if len(tag) == 32 and all(c in "0123456789abcdef" for c in tag) and p.is_file():
             p.unlink()
+
+
+def _remove_metadata_temporaries(out: Path) -> None:
+    # With no append pending, a killed append can only have died writing its marker into the root's
+    # zarr.json (before that nothing is written): its temporary file makes zarr warn on every later open.
+    # Only the root and the arrays' directories are searched, so an append's cost does not grow with the
+    # chunk files (listing the group's members is what warns).
+    for node in [out, *(Path(e.path) for e in os.scandir(out) if e.is_dir(follow_symlinks=False))]:
+        for entry in os.scandir(node):
+            if is_metadata_temporary(entry.name) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
 
 
 def _iso(ns: int) -> str:

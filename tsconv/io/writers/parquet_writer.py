@@ -12,8 +12,9 @@ killed run is removed by the next run on the same output. A run holds the output
 (:class:`tsconv.io.lock.OutputLock`) throughout, as zarr outputs do. The schema metadata key
 ``tsconv`` holds the zarr output's attributes as JSON (source, pipeline as run, chunk, warm-up, halo,
 features, run id). ``resume`` is not supported (a Parquet file cannot be appended to after a crash); an
-existing file is replaced only with ``overwrite`` (and only once the new file is complete), and a
-directory at the output path is never replaced.
+existing file is replaced only with ``overwrite`` (and only once the new file is complete), and only
+when it is a Parquet file (it starts with ``PAR1``) or empty; a directory at the output path is never
+replaced.
 
 At a URL (:mod:`tsconv.io.objstore`) the file is written in place through fsspec without committing
 (``autocommit=False``: on S3 a multipart upload), committed by :meth:`ParquetSink.finish` and discarded
@@ -24,6 +25,7 @@ bucket keeps (and bills) until a lifecycle rule aborts it.
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -34,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from tsconv.errors import OutputExistsError, StoreError, TsconvError
+from tsconv.errors import OutputExistsError, StoreError, TsconvError, first_line
 from tsconv.io.objstore import StoreURL, overlaps, remote_error
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.transpose import transpose_into
@@ -52,6 +54,7 @@ ROW_GROUP_ROWS = 1 << 16
 _GROUP_BYTES = 256 << 20  # at most this much buffered output (fewer rows per group beyond 1024 outputs)
 _SUFFIXES = (".parquet", ".pq")
 _TMP_INFIX, _TMP_SUFFIX = ".tsconv-", ".tmp"  # .<name>.tsconv-<pid>.tmp
+_MAGIC = b"PAR1"  # every Parquet file starts (and ends) with it
 
 
 def is_parquet_path(path: str | os.PathLike[str] | StoreURL | None) -> bool:
@@ -147,12 +150,47 @@ def check_parquet_output(
         raise OutputExistsError(
             f"output file {str(out)!r} already exists", hint="pass --overwrite to replace it."
         )
-    if name is not None and name.is_symlink() and not overwrite:
-        raise OutputExistsError(
-            f"output {str(name)!r} already exists: a symbolic link (to {os.readlink(name)!r}), which the file "
-            "would replace",
-            hint="pass --overwrite to replace the link, or name the file it points to.",
+    if name is not None and name.is_symlink():
+        if not overwrite:
+            raise OutputExistsError(
+                f"output {str(name)!r} already exists: a symbolic link (to {os.readlink(name)!r}), which the "
+                "file would replace",
+                hint="pass --overwrite to replace the link, or name the file it points to.",
+            )
+        return  # the link is replaced, not the file it points to
+    if out.is_file():
+        _refuse_non_parquet(out)
+
+
+def _refuse_non_parquet(out: Path) -> None:
+    """Refuse to replace a file that is not Parquet: as a zarr output replaces only zarr data, a file someone
+    named by mistake (a CSV, a script) is not tsconv's to delete. An empty file holds nothing to lose."""
+    try:
+        with out.open("rb") as f:
+            head = f.read(len(_MAGIC))
+    except OSError as exc:
+        raise StoreError(
+            f"cannot read the output file {str(out)!r} to check that it is a Parquet file before replacing "
+            f"it: {exc.strerror or exc}",
+            hint="remove it yourself or choose another --output.",
+        ) from None
+    if head and head != _MAGIC:
+        raise StoreError(
+            f"output file {str(out)!r} is not a Parquet file (it starts with {head!r}, not {_MAGIC!r}); "
+            "refusing to replace it",
+            hint="remove it yourself or choose another --output.",
         )
+
+
+def _write_error(out: Path | StoreURL, what: str, exc: OSError) -> StoreError:
+    """A failed write of the output named, with what to do: the old file (if any) is still there."""
+    where = out.url if isinstance(out, StoreURL) else str(out)
+    space = "free space on its disk" if exc.errno == errno.ENOSPC else "check free space and permissions"
+    return StoreError(
+        f"cannot write {what} of the Parquet output {where!r}: {first_line(exc)}",
+        hint=f"{space}, then rerun the command (the file is written whole; any file already at the output "
+        "is kept until then).",
+    )
 
 
 def _nulls_for_nan(col: np.ndarray) -> Any:
@@ -243,7 +281,10 @@ class ParquetSink:
 
     def finish(self) -> None:
         self._flush()
-        self.writer.close()
+        try:
+            self.writer.close()
+        except OSError as exc:
+            raise _write_error(self.out, "the footer", exc) from exc
         if self.before_complete is not None:
             self.before_complete()  # an error: close() discards the file
         if self._file is not None:
@@ -259,6 +300,8 @@ class ParquetSink:
         self._done = True
         try:
             self.writer.close()
+        except OSError:
+            pass  # the file is deleted anyway; a full disk failing its footer again must not hide the first error
         finally:
             if self._file is not None:
                 self._file.discard()
@@ -277,6 +320,9 @@ class ParquetSink:
             t = self.times.read(a, a + n).astype(np.int64, copy=False)
             arrays.insert(0, pa.array(t.view("datetime64[ns]"), type=pa.timestamp("ns", tz="UTC")))
             names.insert(0, "time")
-        self.writer.write_batch(pa.RecordBatch.from_arrays(arrays, names=names), row_group_size=n)
+        try:
+            self.writer.write_batch(pa.RecordBatch.from_arrays(arrays, names=names), row_group_size=n)
+        except OSError as exc:
+            raise _write_error(self.out, f"rows {a:,}..{a + n:,}", exc) from exc
         self.row += n
         self.fill = 0

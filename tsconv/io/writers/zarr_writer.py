@@ -81,6 +81,7 @@ __all__ = [
     "finish_grow",
     "foreign_entries",
     "grow_output",
+    "is_metadata_temporary",
     "output_chunk_rows",
     "output_meta",
     "prepare_output",
@@ -289,7 +290,15 @@ _METADATA_FILES = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zme
 # A chunk key's parts (v3 default "c/0/1" or "c.0.1", v2 "0.1" or "0/1"); writers' temporary files end in
 # ".partial" (zarr's LocalStore and tsconv's chunk writer).
 _CHUNK_PART = re.compile(r"(c|\d+)(\.\d+)*(\.[^/]*\.partial)?")
-_PARTIAL_META = re.compile(r"zarr\.json\.[0-9a-f]+\.partial")
+# A metadata document's temporary file: tsconv's own (_set_meta: "zarr.json.<hex>.partial") and zarr's
+# LocalStore, which names it with Path.with_suffix ("zarr.<hex>.partial": ".json" is replaced).
+_PARTIAL_META = re.compile(r"zarr(\.json)?\.[0-9a-f]+\.partial")
+
+
+def is_metadata_temporary(name: str) -> bool:
+    """Whether the file name ``name`` is the temporary file of a ``zarr.json`` write (tsconv's or zarr's)
+    that a killed process left before renaming it into place: nothing reads it, and it is safe to delete."""
+    return _PARTIAL_META.fullmatch(name) is not None
 
 
 def _write_placeholder(url: StoreURL) -> None:
@@ -1111,8 +1120,9 @@ class OutputWriter:
         no temporary objects: each is written in one PUT."""
         remote = isinstance(path, StoreURL)
         if not remote:
-            for tmp in Path(path).glob("zarr.json.*.partial"):  # a progress update cut short (_set_meta)
-                tmp.unlink(missing_ok=True)
+            for tmp in Path(path).glob("zarr.*.partial"):  # a progress update cut short (_set_meta, zarr)
+                if is_metadata_temporary(tmp.name):
+                    tmp.unlink(missing_ok=True)
         drop_consolidated(path)
         finish_grow(path)
         group = open_group(path, mode="r+", use_consolidated=False)
