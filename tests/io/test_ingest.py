@@ -524,6 +524,74 @@ def test_repair_refuses_a_mismatch_it_has_no_record_of(tmp_path: Path) -> None:
     assert_refused(CliRunner().invoke(main, ["repair", str(tmp_path / "nope.zarr")]), "does not exist")
 
 
+def _interrupt_append(out: Path, rows_before: int, rows: int) -> None:
+    """Leave ``out`` as an append killed right after its resize leaves it: marker set, arrays longer."""
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["ingest"] = {**g.attrs["ingest"], "complete": False, "rows_before": rows_before, "rows": rows}
+    g["values"].resize((rows, g["values"].shape[1]))
+    g["time"].resize((rows,))
+
+
+def test_an_array_of_a_store_with_an_unfinished_append_is_refused_read_bare(tmp_path: Path) -> None:
+    # the store was refused, but `-i out.zarr/values` computed (and inspect showed) the 74 uncommitted rows
+    _, a, _ = _two_halves(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(a, out)
+    _interrupt_append(out, 25, 99)
+    with pytest.raises(StoreError, match="did not finish") as info:
+        open_input(out / "values")
+    assert f"tsconv repair {out}" in str(info.value)
+    res = CliRunner().invoke(
+        main, ["process", "-i", str(out / "values"), "-o", str(tmp_path / "f.zarr"), "-q"]
+    )
+    assert_refused(res, f"{out / 'values'} is an array inside the store {out}", "did not finish",
+                   "the rows before it: 25", f"tsconv repair {out}")  # fmt: skip
+    assert not (tmp_path / "f.zarr").exists()
+    res = CliRunner().invoke(main, ["inspect", str(out / "values")])
+    assert_refused(res, "did not finish", "the rows before it: 25", f"tsconv repair {out}")
+    assert CliRunner().invoke(main, ["repair", str(out)]).exit_code == 0
+    with pytest.warns(TsconvWarning, match="read bare"):
+        assert open_input(out / "values").rows == 25
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+@pytest.mark.parametrize("command", ["repair", "append"])
+def test_an_unfinished_append_with_a_damaged_array_is_refused_untouched(
+    tmp_path: Path, damage: str, command: str
+) -> None:
+    # a JSONDecodeError / KeyError traceback, while inspect told the user to run repair on this very store
+    _, a, b = _two_halves(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(a, out)
+    _interrupt_append(out, 25, 99)
+    meta = out / "values" / "zarr.json"
+    if damage == "truncated":
+        meta.write_bytes(meta.read_bytes()[:200])
+    else:
+        shutil.rmtree(out / "values")
+    before = snapshot(out)
+    args = (
+        ["repair", str(out)] if command == "repair" else ["ingest", str(b), "-o", str(out), "--append", "-q"]
+    )
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2
+    what = (
+        "its 'values' array cannot be read (JSONDecodeError" if damage == "truncated" else "no 'values' array"
+    )
+    assert_refused(res, what, f"restore {str(out / 'values')!r}", "committed before the append: 25")
+    assert snapshot(out) == before
+
+
+def test_times_past_year_9999_are_named_not_a_traceback(tmp_path: Path) -> None:
+    # ns counts labelled us: Python's datetime (year <= 9999) failed while the message naming them was built
+    ns = [1_767_605_400_000_000_000, 1_767_605_401_000_000_000]
+    t = pl.Series(ns, dtype=pl.Int64).cast(pl.Datetime("us"))
+    write(pl.DataFrame({"time": t, "feature": ["a", "a"], "value": [1.0, 2.0]}), tmp_path / "a.parquet")
+    res = CliRunner().invoke(main, ["ingest", str(tmp_path / "a.parquet"), "-o", str(tmp_path / "out.zarr")])
+    assert_refused(res, "time '+57983-03-09", "lies outside what int64 nanoseconds since 1970 hold")
+    assert not (tmp_path / "out.zarr").exists()
+
+
 def test_append_refused_overlap_and_new_features(tmp_path: Path) -> None:
     df, a, b = _two_halves(tmp_path)
     out = tmp_path / "out.zarr"

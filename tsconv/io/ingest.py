@@ -474,8 +474,10 @@ class _Source:
                 lim = np.iinfo(np.int64).max // 1000
                 out = us.filter((pl.col(_T) > lim) | (pl.col(_T) < -lim))
                 if out.height:
+                    # polars' own text of the time: a Python datetime holds no year past 9999
+                    shown = out.head(1).select(pl.col(self.time_column).cast(pl.String))[self.time_column][0]
                     raise StoreError(
-                        f"time {out[self.time_column][0]!r} in {str(self.path)!r} lies outside what int64 "
+                        f"time {shown!r} in {str(self.path)!r} lies outside what int64 "
                         "nanoseconds since 1970 hold (1677-09-21 to 2262-04-11)",
                         hint="check the time column: tsconv stores times as int64 nanoseconds (numpy's datetime64[ns]).",
                     )
@@ -1075,9 +1077,7 @@ def _roll_back(out: Path, group: zarr.Group) -> int | None:
     keep = interrupted_append(group.attrs)
     if keep is None:
         return None
-    values, time_arr = group["values"], group["time"]
-    if not isinstance(values, zarr.Array) or not isinstance(time_arr, zarr.Array):
-        raise StoreError(f"cannot repair {str(out)!r}: 'values' and 'time' must be arrays")
+    values, time_arr = (_append_array(out, group, key, keep) for key in ("values", "time"))
     shortest = min(int(values.shape[0]), int(time_arr.shape[0]))
     if keep > shortest:  # the committed rows are gone: nothing here can bring them back
         raise StoreError(
@@ -1094,6 +1094,31 @@ def _roll_back(out: Path, group: zarr.Group) -> int | None:
     meta.pop("rows_before")
     group.attrs["ingest"] = {**meta, "complete": True, "rows": keep}
     return keep
+
+
+def _append_array(out: Path, group: zarr.Group, key: str, keep: int) -> zarr.Array:
+    """The array ``key`` of a store to roll back, refused (before anything is changed) where it is missing
+    or its metadata cannot be read: then no cut can make the store whole."""
+    hint = (
+        f"restore {str(out / key)!r} from a copy of the store, then run `tsconv repair {out}` again (the rows "
+        f"committed before the append: {keep:,}); or re-create the store from its source files "
+        "(`tsconv ingest FILES -o STORE --overwrite`)."
+    )
+    try:
+        node = group[key]
+    except KeyError:
+        raise StoreError(
+            f"cannot roll back the interrupted append to {str(out)!r}: it has no {key!r} array", hint=hint
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - its zarr.json / .zarray damaged (JSON, shape, dtype)
+        raise StoreError(
+            f"cannot roll back the interrupted append to {str(out)!r}: the metadata of its {key!r} array "
+            f"cannot be read ({type(exc).__name__}: {first_line(exc)})"[:500],
+            hint=hint,
+        ) from None
+    if not isinstance(node, zarr.Array):
+        raise StoreError(f"cannot repair {str(out)!r}: {key!r} is a group, not an array", hint=hint)
+    return node
 
 
 def _write_error(what: str, exc: OSError, *, then: str) -> StoreError:

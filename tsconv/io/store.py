@@ -232,19 +232,18 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
             f"{meta.get('rows', '?'):,} rows written)",
             hint="finish it with `tsconv process ... --resume` before reading it.",
         )
-    committed = interrupted_append(node.attrs) if isinstance(node, zarr.Group) else None
-    if committed is not None:
-        raise StoreError(
-            f"{where}: a `tsconv ingest --append` to this store did not finish, or is still running "
-            f"({_lengths(node)}; the rows before it: {committed:,})",
-            hint=f"roll it back with `tsconv repair {where}`, or run the append again, which rolls it back "
-            "first.",
-        )
+    if isinstance(node, zarr.Group):
+        _refuse_unfinished_append(node, where)
     if isinstance(node, zarr.Array):
+        root = hierarchy_root(p)
+        if root != p:
+            # the marker is on the store's group: its array read bare would show the rows never committed
+            enclosing = _open_enclosing(root)
+            if enclosing is not None:
+                _refuse_unfinished_append(enclosing, str(root), array=where)
         _check_values(node, where)
         _refuse_cf_encoding(node, getattr(p, "name", where), where)
         names = tuple(f"f{j}" for j in range(node.shape[1]))
-        root = hierarchy_root(p)
         if root != p:
             warnings.warn(
                 f"{where} is an array inside the store {str(root)!r}: read bare, with no time column and "
@@ -330,6 +329,30 @@ def interrupted_append(attrs: Any) -> int | None:
         return None
     rows = meta["rows_before"]
     return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0 else None
+
+
+def _refuse_unfinished_append(group: zarr.Group, where: str, *, array: str | None = None) -> None:
+    """Refuse the store ``group`` at ``where`` (or ``array``, read bare from inside it) while an append to it
+    is unfinished: its arrays hold rows never committed (unwritten, or half written)."""
+    committed = interrupted_append(group.attrs)
+    if committed is None:
+        return
+    subject = f"{where}: a" if array is None else f"{array} is an array inside the store {where}; a"
+    raise StoreError(
+        f"{subject} `tsconv ingest --append` to this store did not finish, or is still running "
+        f"({_lengths(group)}; the rows before it: {committed:,})",
+        hint=f"roll it back with `tsconv repair {where}`, or run the append again, which rolls it back first.",
+    )
+
+
+def _open_enclosing(root: Path | StoreURL) -> zarr.Group | None:
+    """The group at ``root`` enclosing an array opened bare; None where it cannot be opened as one (then no
+    record of an append can be read from it either)."""
+    try:
+        node = open_zarr(root, mode="r")
+    except Exception:  # noqa: BLE001 - any failure: the array itself opened, and is read as it is
+        return None
+    return node if isinstance(node, zarr.Group) else None
 
 
 def _lengths(group: zarr.Group) -> str:
