@@ -330,6 +330,10 @@ def test_parquet_output_exists_resume_and_cli(store: Path, tmp_path: Path) -> No
     assert "hint: run it again" in res.output  # a stopped run left the old file or none
     assert out.read_bytes() == b"precious"
     res = runner.invoke(main, ["process", "-i", str(store), "-o", str(out), "-q", "--overwrite"])
+    assert res.exit_code == 2 and "is not a Parquet file" in res.output  # --overwrite replaces Parquet only
+    assert out.read_bytes() == b"precious"
+    out.write_bytes(b"")  # an empty file holds nothing to lose
+    res = runner.invoke(main, ["process", "-i", str(store), "-o", str(out), "-q", "--overwrite"])
     assert res.exit_code == 0, res.output
     assert "5,000 rows x 4 features -> 20 features" in res.output
     assert pl.read_parquet(out).shape == (5000, 21)
