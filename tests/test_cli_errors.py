@@ -1286,6 +1286,20 @@ def test_a_report_named_dash_is_refused_not_written_as_a_file(
     assert not (tmp_path / "-").exists() and not (tmp_path / "out.zarr").exists()
 
 
+def test_a_report_or_figure_at_a_url_is_refused_not_written_under_a_folder_named_s3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Path("s3://bkt/r/run.json") is the relative 's3:/bkt/r/run.json': written there where such a folder was
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s3:" / "bkt" / "r").mkdir(parents=True)
+    src = good_store(tmp_path)
+    res = invoke("-i", src, "-o", tmp_path / "out.zarr", "--report", "s3://bkt/r/run.json", "--device", "cpu")
+    assert_refused(res, "--report 's3://bkt/r/run.json' is a URL", "--report run.json")
+    res = CliRunner().invoke(main, ["plot", str(src), "-f", "*", "-o", "s3://bkt/r/fig.png"])
+    assert_refused(res, "--output 's3://bkt/r/fig.png' is a URL", "local file")
+    assert not any((tmp_path / "s3:").rglob("*.*")) and not (tmp_path / "out.zarr").exists()
+
+
 def test_an_empty_report_name_is_refused_before_the_run(tmp_path: Path) -> None:
     # `--report "$REPORT"` with REPORT unset: the run ended with exit 0 and no report, and no error
     res = invoke("-i", good_store(tmp_path), "-o", tmp_path / "out.zarr", "--report", "", "--device", "cpu")

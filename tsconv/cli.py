@@ -190,13 +190,21 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
     return f
 
 
-def _check_report_path(report: Path, input_path: str, output: str | None, *, flag: str = "--report", pipeline: Any = None) -> None:  # fmt: skip
-    """Refuse, before the run, a file path (``flag``'s) tsconv must not or cannot write: inside the input store
-    or the output (it would add to or replace their files), the ``pipeline``'s file or a weight file it names,
-    or in a folder that does not exist (click refuses a folder itself)."""
-    from tsconv.io.objstore import refuse_inside
+def _check_report_path(path: str, input_path: str, output: str | None, *, flag: str = "--report", pipeline: Any = None) -> None:  # fmt: skip
+    """Refuse, before the run, a file path (``flag``'s) tsconv must not or cannot write: a URL (it writes local
+    files only), inside the input store or the output (it would add to or replace their files), the
+    ``pipeline``'s file or a weight file it names, or in a folder that does not exist (click refuses a folder
+    itself)."""
+    from tsconv.io.objstore import is_url, refuse_inside
     from tsconv.pipeline.spec import pipeline_files
 
+    if is_url(path):  # else Path() made 's3://b/r.json' the relative path 's3:/b/r.json'
+        raise TsconvError(
+            f"{flag} {path!r} is a URL; tsconv writes this file locally only",
+            hint=f"name a local file (e.g. {flag} {path.rstrip('/').rsplit('/', 1)[-1] or 'run.json'}) and copy it "
+            "to the object store afterwards.",
+        )
+    report = Path(path)
     if str(report) == "-":  # not stdout: a file named '-' appeared in the working folder
         raise TsconvError(f"{flag} '-': name a file", hint="e.g. --report run.json (or run.md for Markdown).")
     target = report.resolve()
@@ -257,7 +265,7 @@ def _start_process(input_path: str, output: str | None, *, report_path: str | No
             hint="e.g. --report run.json; in a script, check the variable it reads is set.",
         )
     if report_path is not None:
-        _check_report_path(Path(report_path), input_path, output, pipeline=options.get("pipeline"))
+        _check_report_path(report_path, input_path, output, pipeline=options.get("pipeline"))
     workers = options.get("workers")
     # An update or resume with device auto may be a few rows the CPU computes (tsconv.engine.run.small_for_cuda):
     # the threads would only compete with it (0.51 against 0.19 s after start-up for 23,200 rows on the H200
@@ -438,7 +446,7 @@ def plot(store: str, patterns: tuple[str, ...], rows: str | None, output: str) -
     """Draw a store's features against time; for a tsconv output, with the inputs they came from."""
     from tsconv.io.plot import plot_store
 
-    _check_report_path(Path(output), store, None, flag="--output")
+    _check_report_path(output, store, None, flag="--output")
 
     click.echo(plot_store(store, features=list(patterns), rows=rows, output=output).summary())
 

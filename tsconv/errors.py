@@ -32,6 +32,11 @@ class OutputBusyError(StoreError):
     """Another run holds the output's lock: one writer per output at a time."""
 
 
+class OutputLostError(StoreError):
+    """Another run took over this run's output (an object store's lock, lost while this run stalled): this run
+    writes nothing more to it."""
+
+
 class GpuError(TsconvError):
     """The GPU could not run the job: its memory is taken (by this run's budget or another process)."""
 

@@ -265,6 +265,47 @@ def test_a_lock_recorded_with_ttl_0_is_stale_at_once_not_read_as_the_default() -
         lock.release()
 
 
+def test_a_run_that_stalls_past_its_lock_ttl_writes_nothing_into_the_run_that_took_over(series, monkeypatch):
+    """Run A pauses (its process stopped, its machine suspended) past its lock's TTL between two chunks; run B
+    takes the stale lock over (--overwrite, another pipeline) and completes. A, continued, used to write its
+    rows over B's and its run id back into B's root document (kept from before), pass check_owner and mark
+    the store complete: now it stops with an error at its next write, and B's store is left byte for byte."""
+    import tsconv.engine.outputs
+    from tsconv.io.writers.zarr_writer import OutputWriter
+
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: 3 * chunk)
+    monkeypatch.setenv("TSCONV_WRITE_THREADS", "1")  # chunks stored in the engine's thread, one at a time
+    src = write_store(f"memory://tsconv-{uuid.uuid4().hex[:8]}/in.zarr", series, chunks=(1024, 4))
+    out = f"memory://tsconv-{uuid.uuid4().hex[:8]}/out.zarr"
+    locks: list[ObjectLock] = []
+    acquire, store = ObjectLock.acquire, OutputWriter._store
+    monkeypatch.setattr(ObjectLock, "acquire", lambda self: locks.append(self) or acquire(self))
+    b_store: dict[str, bytes] = {}
+    stalled: list[OutputWriter] = []
+
+    def stall_before_the_second_chunk(self, a, b, *args, **kwargs):
+        if a > 0 and not stalled:
+            stalled.append(self)
+            lock = locks[0]  # A's: stopped as SIGSTOP stops it, last renewed two TTLs ago
+            lock._stop.set()
+            lock._thread.join()
+            lock._renewed = time.time() - 2 * lock.ttl
+            doc = json.loads(lock.url.read_bytes())
+            lock.url.write_bytes("", json.dumps({**doc, "renewed": lock._renewed}).encode())
+            tsconv.process(src, out, pipeline="multiscale", device="cpu", chunk=256, overwrite=True)
+            fs, root = StoreURL.parse(out).filesystem()
+            b_store.update({p: fs.cat_file(p) for p in fs.find(root)})
+        return store(self, a, b, *args, **kwargs)
+
+    monkeypatch.setattr(OutputWriter, "_store", stall_before_the_second_chunk)
+    with pytest.raises(StoreError, match="was taken over by another run.*the other run's output stands"):
+        tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=256)
+    fs, root = StoreURL.parse(out).filesystem()
+    assert b_store and {p: fs.cat_file(p) for p in fs.find(root)} == b_store  # no chunk, no document of A's
+    g = zarr.open_group(out, mode="r", use_consolidated=False)
+    assert g.attrs["tsconv"]["complete"] and g.attrs["pipeline"]["name"] == "multiscale"
+
+
 def test_memory_urls_round_trip(series, local_run):
     """Another fsspec scheme: no server, the generic paths (the lock without ETags, plain PUTs)."""
     base = f"memory://tsconv-{uuid.uuid4().hex[:8]}"
@@ -311,6 +352,30 @@ def test_locations_and_actionable_errors(tmp_path):
     assert "no credentials found" in str(remote_error(no_creds, url, "open"))
     missing = remote_error(ImportError("Install s3fs to access S3"), url, "open")
     assert "pip install 'tsconv-features[s3]'" in str(missing)
+
+
+def test_an_s3_output_without_credentials_is_one_line(series, tmp_path, monkeypatch):
+    """The output URL's first listing (check_output_path) raised botocore's traceback; an input's is one line."""
+    s3fs = pytest.importorskip("s3fs", reason="s3fs is not installed")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    s3fs.S3FileSystem.clear_instance_cache()
+    src = write_store(tmp_path / "in.zarr", series, chunks=(1024, 4))
+    try:
+        line = _one_error_line(
+            _cli("process", "-i", src, "-o", "s3://bkt/o.zarr", "--pipeline", PIPE, "--device", "cpu")
+        )
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert (
+        "cannot write the output 's3://bkt/o.zarr': no credentials found" in line
+        and "AWS_ACCESS_KEY_ID" in line
+    )
 
 
 def test_a_scheme_without_its_package_is_one_line(tmp_path):

@@ -38,7 +38,7 @@ from tsconv.io.digest import (
     verify_input,
     write_digest,
 )
-from tsconv.io.lock import output_lock
+from tsconv.io.lock import ObjectLock, output_lock
 from tsconv.io.names import case_repeat
 from tsconv.io.objstore import StoreURL
 from tsconv.io.precision import Float32Check, exact_in_float32
@@ -175,7 +175,9 @@ def to_zarr(
     run_id = uuid.uuid4().hex
     # One run owns the output from here to the end (creation, an overwrite's swap, every write, the final
     # mark); a dask run's client holds it for its workers.
-    with output_lock(out_path, run_id=run_id, resumable=True), contextlib.ExitStack() as pending:
+    with output_lock(out_path, run_id=run_id, resumable=True) as lock, contextlib.ExitStack() as pending:
+        # an object store's lock can be lost to another run while this one stalls: every write checks it first
+        check_lock = lock.check if isinstance(lock, ObjectLock) else None
         remove_leftovers(out_path)
         fingerprint = _fingerprint(store, plan, chunk, warmup)
         action, start = prepare_output(
@@ -304,11 +306,18 @@ def to_zarr(
                 compute = start
             writer.keep(compute - start)
         writer.before_complete = unchanged
+        writer.check_lock = check_lock
+
+        def record_end(reader: BandReader) -> None:
+            if check_lock is not None:
+                check_lock()
+            _record_end(out_path, fill_carry, reader, stop=r0 + rows, fingerprint=fingerprint)
+
         t_run = time.perf_counter()
         rp = dataclasses.replace(rp, chunk=chunk, warmup=warmup, start=r0 + compute, stop=r0 + rows,
                                  read_float64=read != "float32")  # fmt: skip
         stages = run(rp, source, plan, writer, progress=progress, desc=store.path.name, fill_carry=fill_carry,
-                     before_finish=lambda reader: _record_end(out_path, fill_carry, reader, stop=r0 + rows, fingerprint=fingerprint))  # fmt: skip
+                     before_finish=record_end)  # fmt: skip
         if "stage_seconds" in stages:
             stages["stage_seconds"]["before_run"] = t_run - t0
             # opening and checking the input, planning, the input's digest, renaming an old output aside:

@@ -11,9 +11,10 @@ lock is an expiring object, ``.<name>.tsconv-lock`` beside the output, created o
 conditional PUT, ``If-None-Match: *``) and renewed by a thread every quarter of the ``lock_ttl`` setting.
 A lock not renewed for ``lock_ttl`` seconds (its holder is gone) is taken over, on S3 by a PUT
 conditional on the stale copy's ETag, so two runs cannot both take it. A run paused for longer than the
-TTL (its machine suspended) can lose it to another run; the run id re-checked in the store before it is
-marked complete (:func:`tsconv.io.writers.zarr_writer.check_owner`) then stops it from marking the other's
-store.
+TTL (its machine suspended) can lose it to another run; its writer then stops before its next chunk or
+metadata write (:meth:`ObjectLock.check`), and the run id re-read from the store before each metadata write and
+before the store is marked complete (:func:`tsconv.io.writers.zarr_writer.check_owner`) stops it from marking
+the other's store.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tsconv import config
-from tsconv.errors import OutputBusyError, StoreError, TsconvError
+from tsconv.errors import OutputBusyError, OutputLostError, StoreError, TsconvError
 from tsconv.io.objstore import StoreURL, remote_error
 
 __all__ = ["LOCK_SUFFIX", "ObjectLock", "OutputLock", "lock_path", "output_lock"]
@@ -184,8 +185,9 @@ def _describe(holder: dict[str, Any] | None) -> str:
 
 class ObjectLock:
     """An exclusive, expiring lock on one output in an object store, for one run (a context manager; see the module
-    docstring). ``acquire`` raises :class:`~tsconv.errors.OutputBusyError` naming the holder while another
-    run's lock is live; ``lost`` says whether renewing it failed (another run took it over)."""
+        docstring). ``acquire`` raises :class:`~tsconv.errors.OutputBusyError` naming the holder while another
+        run's lock is live; ``lost`` says whether renewing it failed (another run took it over), and ``check`` raises
+    then."""
 
     def __init__(
         self, output: StoreURL, *, run_id: str, ttl: float | None = None, resumable: bool = False
@@ -195,7 +197,8 @@ class ObjectLock:
         self.url = output.with_name(f".{output.name}{LOCK_SUFFIX}")
         self.run_id = run_id
         self.ttl = float(config.current().lock_ttl if ttl is None else ttl)
-        self.lost = False
+        self._lost = threading.Event()  # set by the renewal thread, read by the writer's threads
+        self._renewed = 0.0  # time.time() of the last successful PUT (wall clock: it runs on while suspended)
         self._etag: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -204,6 +207,37 @@ class ObjectLock:
     @property
     def held(self) -> bool:
         return self._thread is not None
+
+    @property
+    def lost(self) -> bool:
+        """Whether this run no longer holds the lock (taken over, or a renewal failed)."""
+        return self._lost.is_set()
+
+    def check(self) -> None:
+        """Raise :class:`~tsconv.errors.OutputLostError` when this run may no longer write its output: the lock was
+        lost, or not renewed for ``ttl`` seconds and no longer this run's in the store. Called before each write.
+
+        A write can still land between this check and its PUT (S3 has no PUT conditional on another object);
+        the renewal every ``ttl / 4`` and the look at the lock object once renewals are overdue keep that
+        window to a write already under way when the run stalled."""
+        if not self.lost and time.time() - self._renewed > self.ttl:
+            # renewals are overdue (the process was paused or its machine suspended) and the renewal thread may
+            # not have run since: look at the lock object now rather than write on a lock that may be another's
+            try:
+                raw = self.url.read_bytes()
+                mine = raw is not None and json.loads(raw).get("run_id") == self.run_id
+            except Exception:  # out of reach: the write itself fails with its own error, or goes on
+                mine = True
+            if not mine:
+                self._lost.set()
+        if self.lost:
+            raise OutputLostError(
+                f"the lock on the output {self.output.url!r} (run {self.run_id[:12]}) was taken over by another "
+                f"run, or could not be renewed, after this run stalled longer than TSCONV_LOCK_TTL "
+                f"({self.ttl:g} s); this run wrote nothing more to it, and the other run's output stands",
+                hint="check that output, and rerun this one if it is still wanted; for runs that may pause (a "
+                "suspended machine, a stopped process), raise TSCONV_LOCK_TTL.",
+            )
 
     def _doc(self) -> bytes:
         holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": self._started,
@@ -215,6 +249,7 @@ class ObjectLock:
         out = fs.pipe_file(path, self._doc(), **conditions)
         # s3fs returns put_object's answer; the ETag makes the next renewal conditional on this copy
         self._etag = out.get("ETag") if isinstance(out, dict) else None
+        self._renewed = time.time()
 
     def acquire(self) -> ObjectLock:
         """Take the lock now, or refuse (another run renewed its lock less than ``ttl`` seconds ago)."""
@@ -278,8 +313,8 @@ class ObjectLock:
                     if raw is None or json.loads(raw).get("run_id") != self.run_id:
                         raise FileExistsError("the lock is another run's")
                     self._put()
-            except Exception:  # taken over (the condition failed), or out of reach: check_owner decides
-                self.lost = True
+            except Exception:  # taken over (the condition failed), or out of reach: the writer stops (check)
+                self._lost.set()
                 return
 
     def release(self) -> None:

@@ -52,10 +52,10 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from tsconv import config, trace
-from tsconv.errors import OutputExistsError, StoreError, TsconvError
+from tsconv.errors import OutputExistsError, OutputLostError, StoreError, TsconvError
 from tsconv.io.contracts import is_rows_of
 from tsconv.io.digest import DIGEST_FILE, read_digest, write_digest
-from tsconv.io.objstore import StoreURL, open_group, overlaps
+from tsconv.io.objstore import StoreURL, open_group, overlaps, remote_error
 from tsconv.io.store import is_zarr_store
 from tsconv.io.tail import TAIL_FILE
 from tsconv.io.timecoding import NS_SINCE_EPOCH
@@ -195,7 +195,10 @@ def check_output_path(
 def _remote_store_kind(url: StoreURL) -> str | None:
     """What is at an output URL: None (nothing), "store" (zarr metadata at its root) or "objects" (objects
     without it)."""
-    keys = url.children()  # one listing request; each round trip costs milliseconds
+    try:
+        keys = url.children()  # one listing request; each round trip costs milliseconds
+    except Exception as exc:  # no credentials, an endpoint out of reach: one line, as for an input
+        raise remote_error(exc, url, "write the output") from None
     if not keys:
         return None
     return "store" if {"zarr.json", ".zgroup", ".zarray"} & set(keys) else "objects"
@@ -698,6 +701,20 @@ def check_owner(
         )
 
 
+def _check_doc_owner(root: StoreURL, doc: dict[str, Any], *, run_id: str | None) -> None:
+    """Raise OutputLostError when the root document ``doc`` just read from ``root`` names another run than
+    ``run_id``."""
+    found = doc.get("attributes", {}).get("tsconv", {}).get("run_id")
+    if run_id is not None and found != run_id:
+        raise OutputLostError(
+            f"the output store {root.url!r} names run {str(found)[:12]} now, not this run ({run_id[:12]}): another "
+            "run took it over while this one was writing it (this run stalled longer than TSCONV_LOCK_TTL?); this "
+            "run wrote nothing more to it, and the other run's output stands",
+            hint="check that output, and rerun this one (with --overwrite) if it is still wanted; for runs that "
+            "may pause, raise TSCONV_LOCK_TTL.",
+        )
+
+
 def _read_doc(root: Path | StoreURL, key: str) -> dict[str, Any] | None:
     """The JSON document ``key`` below a local store's directory or an object store's URL (None: absent)."""
     if isinstance(root, StoreURL):
@@ -989,6 +1006,9 @@ class OutputWriter:
         # called once every row is written, before the store is marked complete (an error leaves it incomplete):
         # the run's check that its input did not change meanwhile
         self.before_complete: Callable[[], None] | None = None
+        # called before every chunk and metadata write: raises OutputLostError once the run's lock on an object
+        # store's output is another run's (tsconv.io.lock.ObjectLock.check)
+        self.check_lock: Callable[[], None] | None = None
         self.where = _where(group)
         self.threads = default_write_threads() if threads is None else max(0, int(threads))
         self._sync = self.threads <= 1
@@ -1416,6 +1436,8 @@ class OutputWriter:
         t0 = time.perf_counter()
         failure: BaseException | None = None
         try:
+            if self.check_lock is not None:
+                self.check_lock()
             self._write(a, b, buf, parts)
         except Exception as exc:
             failure = exc
@@ -1442,7 +1464,9 @@ class OutputWriter:
 
     def _fail(self, what: str, failure: BaseException) -> None:
         """Keep the first failure, ``what`` failing (under ``_lock``)."""
-        if self._error is None:
+        if self._error is None and isinstance(failure, OutputLostError):
+            self._error = failure  # its own message: no write failed, the output is another run's
+        elif self._error is None:
             self._error = StoreError(
                 f"{what}: {type(failure).__name__}: {failure}",
                 hint="check free space and permissions; rows before tsconv.rows_done are stored, "
@@ -1558,6 +1582,8 @@ class OutputWriter:
     def _set_meta(self, *, consolidate: bool = False, **changes: Any) -> None:
         """Update the ``tsconv`` attributes (a change to None drops the key); ``consolidate``: also write the
         store's consolidated metadata, in the same write for a local store."""
+        if self.check_lock is not None:
+            self.check_lock()
         meta = dict(self._meta if self._meta is not None else self.group.attrs.get("tsconv", {}))
         meta.update(changes)
         meta = {k: v for k, v in meta.items() if v is not None or k not in changes}
@@ -1567,7 +1593,13 @@ class OutputWriter:
             # the final one took 2-3 ms of the run's tail; in an object store this also puts the complete
             # mark and the consolidated metadata in one PUT. The document is read once: nothing else writes
             # this store's attributes while it runs. Progress is written compact (json's C encoder).
-            if self._group_doc is None:
+            if isinstance(self._doc_root, StoreURL):
+                # read again before each write: a copy kept from before would put this run's id back over
+                # that of a run that took the output over while this one stalled (its lock lost), and
+                # check_owner would then pass
+                self._group_doc = _read_doc(self._doc_root, "zarr.json") or {}
+                _check_doc_owner(self._doc_root, self._group_doc, run_id=self.run_id)
+            elif self._group_doc is None:
                 self._group_doc = _read_doc(self._doc_root, "zarr.json") or {}
             self._group_doc.setdefault("attributes", {})["tsconv"] = meta
             if consolidate:
