@@ -233,6 +233,33 @@ def test_an_input_url_is_read_from_its_arrays_own_metadata_not_a_stale_consolida
     np.testing.assert_array_equal(o["values"][:], got)
 
 
+def test_a_renewal_that_fails_once_keeps_the_lock_and_one_failing_past_its_ttl_loses_it(prefix, monkeypatch):
+    # a network error on one renewal stopped the renewals for good: the lock went stale under a running run
+    out = StoreURL.parse(f"{prefix}/out.zarr")
+    lock = ObjectLock(out, run_id="mine", ttl=0.4).acquire()
+    real, calls = ObjectLock._put, []
+
+    def flaky(self, **conditions):  # noqa: ANN001, ANN003, ANN202
+        calls.append(conditions)
+        if len(calls) == 1:
+            raise OSError("connection reset")
+        return real(self, **conditions)
+
+    try:
+        monkeypatch.setattr(ObjectLock, "_put", flaky)
+        time.sleep(0.45)  # the failed renewal, then one that succeeds
+        assert len(calls) >= 2 and not lock.lost
+        lock.check()
+        monkeypatch.setattr(ObjectLock, "_put", lambda self, **c: (_ for _ in ()).throw(OSError("down")))
+        time.sleep(0.7)  # renewals failing for longer than the ttl
+        assert lock.lost
+        with pytest.raises(StoreError, match="could not be renewed"):
+            lock.check()
+    finally:
+        monkeypatch.undo()
+        lock.release()
+
+
 def test_object_lock_refuses_a_live_lock_and_takes_over_a_stale_one(prefix):
     out = StoreURL.parse(f"{prefix}/out.zarr")
     with ObjectLock(out, run_id="first", ttl=30):

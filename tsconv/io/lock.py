@@ -185,9 +185,9 @@ def _describe(holder: dict[str, Any] | None) -> str:
 
 class ObjectLock:
     """An exclusive, expiring lock on one output in an object store, for one run (a context manager; see the module
-        docstring). ``acquire`` raises :class:`~tsconv.errors.OutputBusyError` naming the holder while another
-        run's lock is live; ``lost`` says whether renewing it failed (another run took it over), and ``check`` raises
-    then."""
+    docstring). ``acquire`` raises :class:`~tsconv.errors.OutputBusyError` naming the holder while another run's
+    lock is live; ``lost`` says whether it could not be renewed within its ttl (another run may hold it), and
+    ``check`` raises then."""
 
     def __init__(
         self, output: StoreURL, *, run_id: str, ttl: float | None = None, resumable: bool = False
@@ -210,7 +210,7 @@ class ObjectLock:
 
     @property
     def lost(self) -> bool:
-        """Whether this run no longer holds the lock (taken over, or a renewal failed)."""
+        """Whether this run may no longer hold the lock (not renewed within its ttl, or taken over)."""
         return self._lost.is_set()
 
     def check(self) -> None:
@@ -313,9 +313,13 @@ class ObjectLock:
                     if raw is None or json.loads(raw).get("run_id") != self.run_id:
                         raise FileExistsError("the lock is another run's")
                     self._put()
-            except Exception:  # taken over (the condition failed), or out of reach: the writer stops (check)
-                self._lost.set()
-                return
+            except Exception:
+                # Taken over (the condition failed), or out of reach for now. A lock is taken over only once it
+                # went unrenewed for ttl seconds, so before that a failure is transient: try again next tick;
+                # after it the lock may be another run's, and the writer stops (check).
+                if time.time() - self._renewed >= self.ttl:
+                    self._lost.set()
+                    return
 
     def release(self) -> None:
         """Stop renewing and delete the lock object if it is still this run's."""
