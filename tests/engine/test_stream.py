@@ -552,3 +552,16 @@ def test_pushes_just_short_of_a_check_judge_a_late_symbol_as_features_does() -> 
     assert warned(lambda: tsconv.features(x, pipe, chunk=4096, device="cpu"))
     stream = tsconv.Stream(pipe, features=8, chunk=4096, device="cpu")
     assert warned(lambda: [stream.push(x[i : i + 127]) for i in range(0, 12000, 127)])
+
+
+@pytest.mark.parametrize("head_shape", [(100, 16), (100, 1)], ids=["100x16", "one_output"])
+def test_a_heads_rows_do_not_depend_on_the_push(head_shape: tuple[int, int]) -> None:
+    """A bank of 100 outputs into a head: torch's CPU matmul rounded a product of fewer than four rows, and any
+    one-column product, by the row count and position (MKL's other kernels); pushes of 1, 2 and 3 rows
+    differed from the batch run."""
+    rng = np.random.default_rng(11)
+    pipe = {"conv": [{"filters": ["id", "diff:1", "ma:4", "dev:8"]}],
+            "head": {"weights": rng.normal(size=head_shape) / 10, "weight_dtype": "float32"}}  # fmt: skip
+    x = prices(400, 25, seed=12)
+    expected = tsconv.features(x, pipe, chunk=64)
+    _same(pushed(tsconv.Stream(pipe, features=25, chunk=64, device="cpu"), x, [1, 2, 3, 5, 70]), expected)

@@ -314,7 +314,7 @@ def test_the_threads_tiles_equal_one_threads_and_a_forked_child_has_no_pool() ->
     worker, say) has none of the parent's threads, so it must not be handed the parent's pool."""
     import os
 
-    from tsconv.kernels import filterbank as fb
+    from tsconv.kernels import cpu_tiles as fb
 
     x = torch.from_numpy(prices(40_000, 24, seed=4))  # several tiles of 24 channels
     bank = tuple(filter_spec(s) for s in ("diff:1", "diff:32", "dev:32", "dev:256", "std:20"))

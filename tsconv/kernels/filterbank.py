@@ -26,16 +26,14 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from tsconv.kernels.cpu_tiles import run_parts, run_tiles
 from tsconv.kernels.filterbank_native import NativeBank, native_bank
 from tsconv.kernels.torch_side import apply_activation, custom_op
 from tsconv.pipeline.filters import Filter, filter_spec
@@ -215,7 +213,7 @@ def filter_bank(
         if native is not None:
             # one compiled pass per block of rows and channels, the torch path's bits (filterbank_native.py)
             native.run(x, filters, dilation=dilation, halo=halo, out=out, workers=torch.get_num_threads(),
-                       run_parts=_parts_in_threads)  # fmt: skip
+                       run_parts=run_parts)  # fmt: skip
             return _activated(out, activation)
     if not out.is_contiguous():  # feature-major: the paths below write whole rows, so into rows, then copied
         return out.copy_(filter_bank(x, filters, dilation=dilation, activation=activation,
@@ -261,9 +259,8 @@ def filter_bank(
             spare.append(buf)
 
     tiles = [(c0, r0) for c0 in range(0, channels, ct) for r0 in range(0, n, rt)]
-    workers = torch.get_num_threads() if x.device.type == "cpu" and not use_triton else 1
-    if workers > 1 and len(tiles) > 1:
-        _in_threads(run, tiles, workers)
+    if x.device.type == "cpu" and not use_triton:
+        run_tiles(run, tiles)  # tiles are independent: each output reads its own window only
     else:
         for tile in tiles:
             run(*tile)
@@ -280,9 +277,6 @@ def _activated(out: torch.Tensor, activation: str | None) -> torch.Tensor:
     return out
 
 
-_POOL_LOCK = threading.Lock()
-
-
 @functools.cache
 def _triton_ops() -> _Ops:
     """The bank's Triton operations, imported at the first bank that runs them (a CPU run may lack Triton);
@@ -290,50 +284,6 @@ def _triton_ops() -> _Ops:
     from tsconv.kernels.filterbank_triton import TritonOps
 
     return TritonOps()
-
-
-def _in_threads(run, tiles: list[tuple[int, int]], workers: int) -> None:  # noqa: ANN001
-    """The CPU tiles on ``workers`` threads, each op single-threaded: torch's own parallel ops on tiles of
-    this size ran 10x slower than one thread on the loaded 2-core VM (spinning workers), and tiles are
-    independent (each output reads its own window only, so the result is the same bits).
-
-    The threads persist between calls, each taking every ``workers``-th tile: with a pool made per call (a
-    65,536-row chunk of 22 tiles) the default bank took 18.6-19.1 ms a chunk on the 2-core VM, with
-    persistent threads 15.0 ms, on one thread 17.8 ms (benchmarks/NOTES.md, section 20). Returns once every
-    tile is done, a failed one included."""
-    with _POOL_LOCK:  # torch's thread count is the process's: one bank at a time changes it
-        torch.set_num_threads(1)
-        try:
-            pool = _POOLS.get(workers)
-            if pool is None:
-                pool = _POOLS[workers] = ThreadPoolExecutor(
-                    max_workers=workers, thread_name_prefix="tsconv-bank"
-                )
-            parts = [pool.submit(_tiles_in_turn, run, tiles[i::workers]) for i in range(workers)]
-            wait_futures(parts)
-            for f in parts:
-                f.result()
-        finally:
-            torch.set_num_threads(workers)
-
-
-def _parts_in_threads(part, count: int) -> None:  # noqa: ANN001
-    """``part(k, count)`` for k < count, on the bank's persistent threads when count > 1."""
-    if count > 1:
-        _in_threads(part, [(k, count) for k in range(count)], count)
-    else:
-        part(0, 1)
-
-
-def _tiles_in_turn(run, tiles: list[tuple[int, int]]) -> None:  # noqa: ANN001
-    for tile in tiles:
-        run(*tile)
-
-
-_POOLS: dict[int, ThreadPoolExecutor] = {}  # by thread count; used under _POOL_LOCK only
-if hasattr(os, "register_at_fork"):
-    # a forked child (a dask worker, say) has none of the parent's threads: it makes its own pool
-    os.register_at_fork(after_in_child=_POOLS.clear)
 
 
 @dataclass

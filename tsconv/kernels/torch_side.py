@@ -23,12 +23,14 @@ import torch.nn.functional as F
 
 from tsconv import config
 from tsconv.errors import TsconvError
+from tsconv.kernels.cpu_tiles import run_tiles
 from tsconv.kernels.weight_cache import WeightCache
 
 __all__ = [
     "INTERPRETED",
     "WEIGHTS",
     "apply_activation",
+    "conv1d_cpu",
     "custom_op",
     "recenter_sums",
     "require_triton",
@@ -92,13 +94,130 @@ def _tap_sums(weight: torch.Tensor) -> torch.Tensor:
     return WEIGHTS.get(weight, ("tap_sums",), lambda w: w.double().sum(dim=2).contiguous())
 
 
+# Output rows (conv1d) and rows (matmul) per CPU tile, each tile computed on one thread
+# (tsconv.kernels.cpu_tiles). One thread's time per output row on the 2-core VM, by tile: a [6 -> 6, K 7]
+# conv 134 / 48 / 33 / 45 ns at 128 / 512 / 1,024 / 65,536 rows, [1024 -> 32, K 5] 6.2 / 4.7 / 4.5 / 26 us,
+# depthwise [64, K 9] 541 / 189 / 176 / 324 ns, [64 -> 64, K 16] 1,445 / 1,326 ns at 512 / 1,024: tiles of
+# 512 rows keep the two cores of a 1,024-row chunk busy, tiles of 1,024 serve calls over 2,048 rows.
+_CONV_TILE = 512
+_MATMUL_TILE = 1024
+_MIN_ROWS = 4
+
+
+def conv1d_cpu(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, dilation: int = 1, groups: int = 1
+) -> torch.Tensor:
+    """``F.conv1d(x, weight, bias)`` ("valid") for a CPU ``x`` [N, C, L], in tiles of fixed shape, each on one
+    thread: a call's bits depend on its shape only, not on the process's thread count. N = 1: tiles of
+    ``_CONV_TILE`` output rows (twice that in calls of more than 4 tiles); N > 1 (re-centred blocks): as many
+    rows of blocks a tile, at least two blocks each (torch computes a batch of one by another algorithm; a block's bits must not depend on how
+    many blocks share its call). Under ``torch.compile`` a torch op (``torch.ops.tsconv.conv1d_cpu``), kept
+    whole; called directly otherwise (an eager call through the op imported Triton into a CPU run)."""
+    if torch.compiler.is_compiling():
+        return _conv1d_cpu_op(x, weight, bias, dilation, groups)
+    return _conv1d_tiles(x, weight, bias, dilation, groups)
+
+
+@custom_op("tsconv::conv1d_cpu", __name__)
+def _conv1d_cpu_op(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int, groups: int
+) -> torch.Tensor:
+    """``torch.ops.tsconv.conv1d_cpu``: :func:`conv1d_cpu`."""
+    return _conv1d_tiles(x, weight, bias, dilation, groups)
+
+
+def _conv1d_tiles(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int, groups: int
+) -> torch.Tensor:
+    n, _, length = x.shape
+    n_out = length - dilation * (weight.shape[2] - 1)
+    out = torch.empty((n, weight.shape[0], max(n_out, 0)), dtype=torch.result_type(x, weight))
+    if n_out <= 0 or n == 0:
+        return out
+
+    def conv(xs: torch.Tensor) -> torch.Tensor:
+        return F.conv1d(xs, weight, bias, dilation=dilation, groups=groups)
+
+    tile = _CONV_TILE if n * n_out <= 4 * _CONV_TILE else 2 * _CONV_TILE  # output rows a tile
+
+    if n == 1:
+        halo = length - n_out
+
+        def rows(a: int, b: int) -> None:
+            out[:, :, a:b] = conv(x[:, :, a : b + halo])
+
+        tiles = [(a, min(a + tile, n_out)) for a in range(0, n_out, tile)]
+    else:
+        per = max(2, tile // n_out)
+
+        def rows(a: int, b: int) -> None:
+            if b - a == 1:
+                out[a:b] = conv(x[a:b].expand(2, -1, -1))[:1]
+            else:
+                out[a:b] = conv(x[a:b])
+
+        tiles = [(a, min(a + per, n)) for a in range(0, n, per)]
+    run_tiles(rows, tiles)
+    return out
+
+
+@_conv1d_cpu_op.register_fake
+def _conv1d_cpu_fake(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int, groups: int
+) -> torch.Tensor:
+    n_out = torch.sym_max(x.shape[2] - dilation * (weight.shape[2] - 1), 0)
+    return x.new_empty((x.shape[0], weight.shape[0], n_out), dtype=torch.result_type(x, weight))
+
+
 def rows_matmul(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``y @ w`` whose rows do not depend on how many rows ``y`` has. torch's CPU matmul of a single row
-    takes a matrix-vector kernel that rounds differently from the matrix product of two or more rows (each of
-    which it computes alike), so a Stream's one-row push would not equal the batch run bit for bit."""
-    if y.shape[0] != 1:
-        return y @ w
-    return (torch.cat([y, y]) @ w)[:1]
+    """``y @ w`` (y [..., n, K], w [..., K, N]) whose rows do not depend on how many rows share the call,
+    where in it they sit, nor (on the CPU) on the process's thread count, so that a Stream's pushes, an
+    update's calls and a dask worker's equal the batch run bit for bit.
+
+    torch's CPU matmul (MKL) rounds a product of fewer than four rows, and a one-column product (a
+    matrix-vector kernel), by other kernels whose bits depend on the row count and position; on several
+    threads it splits a few rows' sums by the thread count. On one thread, with four rows or more and two
+    columns or more, each float32 row's bits were the same at any count, offset and layout (18,240 cases, K 1
+    to 4,096, N 1 to 1,000). So on the CPU: tiles of ``_MATMUL_TILE`` rows (at least four: a short call repeats
+    its last row, a short last tile joins the one before), each on one thread, and a one-column ``w`` doubled.
+    float64 rows are the same on any thread count, but not at any row count (MKL's dgemm: 766 of 2,592
+    cases differed by an ulp): a caller rounding them to float32 sees that with odds of about 2^-29 a value."""
+    if y.device.type != "cpu":
+        return y @ w if y.shape[-2] != 1 else (torch.cat([y, y], dim=-2) @ w)[..., :1, :]
+    return _rows_matmul_op(y, w) if torch.compiler.is_compiling() else _rows_tiles(y, w)
+
+
+@custom_op("tsconv::rows_matmul", __name__)
+def _rows_matmul_op(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``torch.ops.tsconv.rows_matmul``: :func:`rows_matmul` on the CPU, kept whole by ``torch.compile``."""
+    return _rows_tiles(y, w)
+
+
+def _rows_tiles(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    n, cols = y.shape[-2], w.shape[-1]
+    out = torch.empty((*y.shape[:-2], n, cols), dtype=torch.result_type(y, w))
+    if n == 0 or out.numel() == 0:
+        return out
+    wide = w if cols >= 2 else torch.cat([w, w], dim=-1)
+
+    def rows(a: int, b: int) -> None:
+        part = y[..., a:b, :]
+        if b - a < _MIN_ROWS:
+            part = torch.cat(
+                [part, part[..., -1:, :].expand(*part.shape[:-2], _MIN_ROWS - (b - a), -1)], dim=-2
+            )
+        out[..., a:b, :] = (part @ wide)[..., : b - a, :cols]
+
+    starts = list(range(0, n, _MATMUL_TILE))
+    if len(starts) > 1 and n - starts[-1] < _MIN_ROWS:
+        starts.pop()
+    run_tiles(rows, list(zip(starts, [*starts[1:], n], strict=True)))
+    return out
+
+
+@_rows_matmul_op.register_fake
+def _rows_matmul_fake(y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return y.new_empty((*y.shape[:-2], y.shape[-2], w.shape[-1]), dtype=torch.result_type(y, w))
 
 
 def _strided(x: torch.Tensor) -> torch.Tensor:
