@@ -610,3 +610,27 @@ def test_a_float64_store_on_workers_reads_as_a_single_process_does(
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # the client's view: GPU workers
     with pytest.warns(TsconvWarning, match="float64.*rounding the values of"):
         tsconv.process(src, tmp_path / "g.zarr", chunk=CHUNK, client=client, partition_rows=1000)
+
+
+def test_the_tasks_fp16_warnings_reach_the_client_once_a_stage(client, src: Path) -> None:
+    """Each task checks FP16 storage on its own rows: each gave its own warning (23 near-copies on a 2-worker
+    run, on the workers' terminals). The client now gives one a stage, the largest move any task saw."""
+    rng = np.random.default_rng(5)
+    pipe = {
+        "conv": [
+            {
+                "weights": rng.normal(size=(4, FEATURES, 3)) / 3,
+                "activation": "relu",
+                "weight_dtype": "float32",
+            },
+            {"weights": rng.normal(size=(3, 4, 3)) / 3, "weight_dtype": "float16"},
+        ]
+    }
+    with pytest.warns(tsconv.TsconvWarning) as single:
+        tsconv.process(src, src.with_name("fp16-single.zarr"), pipeline=pipe, chunk=CHUNK)
+    assert [str(w.message) for w in single if "float16" in str(w.message)]  # the data does move it
+    with pytest.warns(tsconv.TsconvWarning) as caught:
+        tsconv.process(src, src.with_name("fp16-dist.zarr"), pipeline=pipe, chunk=CHUNK, client=client,
+                       partition_rows=PART)  # fmt: skip
+    fp16 = [str(w.message) for w in caught if "storing its weights as float16" in str(w.message)]
+    assert len(fp16) == 1 and "[[conv]] #2" in fp16[0], fp16

@@ -204,6 +204,9 @@ class Backend:
         # (a Stream's pushes: one-row pushes had the check judge an output's scale from a single row)
         self.min_check_rows = 1
         self._warned: set[str] = set()  # the stages warned of
+        # Where a list (a dask task's), the FP16-storage check's warnings land there as (stage, move, message)
+        # for the client to give once a stage, instead of each task giving its own.
+        self.notes: list[tuple[str, float, str]] | None = None
         self.head_weight = put(plan.head.weight) if plan.head else None
         self.head_bias = put(plan.head.bias) if plan.head else None
         # A bank as the last stage runs alone, then the head as torch's matmul (the "unfused" path).
@@ -320,10 +323,13 @@ class Backend:
         """Give the FP16-storage check's warnings (waiting for it if it still runs); call at a run's end."""
         checking, self._checking = self._checking, []
         for check in checking:
-            for what, message in check.wait():
+            for what, move, message in check.wait():
                 if what not in self._warned:  # once per stage, from the earliest check that saw it
                     self._warned.add(what)
-                    warnings.warn(message, TsconvWarning, stacklevel=2)
+                    if self.notes is not None:
+                        self.notes.append((what, move, message))
+                    else:
+                        warnings.warn(message, TsconvWarning, stacklevel=2)
 
     def run(
         self,
@@ -714,7 +720,7 @@ class _StorageCheck:
         self._copied: torch.cuda.Event | None = None  # when the stage input has reached host memory
         self._keep: torch.Tensor | None = None  # the device tensor being copied, alive until then
         self._host: torch.Tensor | None = None  # its pinned copy
-        self._messages: list[tuple[str, str]] = []
+        self._messages: list[tuple[str, float, str]] = []
         self._error: BaseException | None = None
 
     @staticmethod
@@ -845,8 +851,9 @@ class _StorageCheck:
             self._sparse_host = None
         return self.sparse
 
-    def wait(self) -> list[tuple[str, str]]:
-        """The warnings (the stage, the message), once the check has finished; re-raises an error it met."""
+    def wait(self) -> list[tuple[str, float, str]]:
+        """The warnings (the stage, its move relative to the output's scale, the message), once the check has
+        finished; re-raises an error it met."""
         if self._thread is not None:
             self._thread.join()
         _release_finished()
@@ -982,7 +989,7 @@ class _StorageCheck:
     def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str, *, carried: bool = False) -> None:
         """Keep a warning when ``err`` [rows, outputs] exceeds ``_WARN_FROM`` of each output's scale (its largest
         finite |value| in ``exact``), naming the worst output (``carried``: the pipeline's), once a stage."""
-        if any(w == what for w, _ in self._messages):
+        if any(w == what for w, _, _ in self._messages):
             return
         finite = torch.isfinite(exact) & torch.isfinite(err)
         scale = torch.where(finite, exact.abs(), 0.0).amax(dim=0)
@@ -991,7 +998,7 @@ class _StorageCheck:
         worst = int(torch.argmax(rel))
         if float(rel[worst]) > _WARN_FROM:
             whose = "the pipeline's " if carried else ""
-            self._messages.append((what,
+            self._messages.append((what, float(rel[worst]),
                 f"{what}: storing its weights as float16 moves {whose}output {worst} by up to {float(rel[worst]):.1e} "
                 f"of its scale on {err.shape[0]} rows sampled from this data (longer spans can move it further, "
                 f'past {FP16_WARN:.0e}); set weight_dtype = "float32" for it (or use weights that float16 '

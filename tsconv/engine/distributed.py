@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from pathlib import Path
@@ -34,7 +35,7 @@ from tsconv import config
 from tsconv.engine.cluster import local_cluster
 from tsconv.engine.fill import FillCarry, fill_record, first_values, parse_fill_record
 from tsconv.engine.run import CudaOptions
-from tsconv.errors import TsconvError, first_line
+from tsconv.errors import TsconvError, TsconvWarning, first_line
 from tsconv.io.contracts import BandReader
 from tsconv.io.store import InputStore
 from tsconv.io.writers.zarr_writer import (
@@ -198,7 +199,8 @@ def run_partition(
         if first is not None and len(first) == len(plan.input_names):
             carry.first = np.asarray(first, dtype=np.int64)
         t1 = time.perf_counter()
-        stages = run(rp, source, plan, writer, threads=threads, fill_carry=carry)
+        notes: list[tuple[str, float, str]] = []
+        stages = run(rp, source, plan, writer, threads=threads, fill_carry=carry, storage_notes=notes)
         t2 = time.perf_counter()
     cuda_dev = dev.type == "cuda"
     return {
@@ -223,7 +225,19 @@ def run_partition(
         "peak_gpu_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)) if cuda_dev else None,
         "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)) if cuda_dev else None,
         "fill_end": fill_record(*carry.end) if carry.end is not None and stop >= store.rows else None,
+        "storage_notes": notes,
     }
+
+
+def _warn_once_a_stage(notes: list[tuple[str, float, str]]) -> None:
+    """The tasks' FP16-storage warnings, one a stage: the largest move any task's sample saw (each task checks
+    its own rows; a warning from each was dozens of near-copies, on workers' terminals the client may not see)."""
+    worst: dict[str, tuple[float, str]] = {}
+    for stage, move, message in notes:
+        if stage not in worst or move > worst[stage][0]:
+            worst[stage] = (move, message)
+    for _, message in worst.values():
+        warnings.warn(message, TsconvWarning, stacklevel=3)
 
 
 def _uses_gpu(device: str) -> bool:
@@ -548,6 +562,7 @@ def run_distributed(
         if cluster is not None:
             cluster.close()
 
+    _warn_once_a_stage([n for r in results for n in r.get("storage_notes", ())])
     computed = sum(r["stop"] - r["start"] for r in results)
     stage_seconds = None
     if (

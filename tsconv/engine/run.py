@@ -310,6 +310,7 @@ def run(
     threads: int | None = None,
     fill_carry: FillCarry | None = None,
     before_finish: Callable[[BandReader], None] | None = None,
+    storage_notes: list[tuple[str, float, str]] | None = None,
 ) -> dict[str, Any]:
     """Compute the planned rows of ``source`` through ``plan`` into ``sink``, then finish the sink.
 
@@ -318,12 +319,15 @@ def run(
     threads for the reader (None: the default). ``fill_carry``: the fill state to start from and, after the
     run, the one at its end (:class:`tsconv.engine.fill.FillCarry`). ``before_finish``: called with the reader
     (still open) once the rows are computed, before the sink is finished (a zarr output marked complete).
+    ``storage_notes``: where given, the FP16-storage check's warnings are appended there as (stage, move,
+    message) instead of given (a dask task's, which the client gives once).
     """
     from tsconv.progress import progress_bar
 
     dev = rp.device
     setup: dict[str, float] = {}  # seconds before the loop, for the report's stage_seconds
     backend = _timed(setup, "backend", Backend, plan, dev)
+    backend.notes = storage_notes
     if dev.type == "cuda":
         _timed(setup, "triton_start", early.wait_triton)  # the reader's open may launch the GPU decoder
         _timed(setup, "cuda_start", early.wait_cuda)  # its launches done before the loop captures a graph
