@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from tsconv.engine.level import centering_level, centering_level_torch
@@ -17,3 +18,30 @@ def test_centering_level_torch_equals_the_numpy_rule():
         expected = centering_level(before, rows)
         got = centering_level_torch(torch.from_numpy(before), torch.from_numpy(rows)).numpy()
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(("taps", "spike"), [([1.0], 1e7), ([-1.0, 1.0], 1e7), ([-1.0, 1.0], 1e5),
+                                              ([0.0, -1.0, 1.0], -1e7)])  # fmt: skip
+def test_one_bad_print_before_a_chunk_is_not_the_next_chunks_level(taps: list[float], spike: float) -> None:
+    """A first stage of one or two taps has a halo of 0 or 1 row: its level came from that row alone (or the
+    fill state), so one bad print on a chunk's last row centred the whole next chunk on it, and the float32
+    rows lost the moves (a [-1, 1] stage gave 0 for every difference). The level reads the last 5 rows
+    whatever the halo, in a batch run, a stream and an update alike."""
+    import tsconv
+
+    rng = np.random.default_rng(0)
+    rows, chunk = 3000, 1024
+    x = (100 + np.cumsum(rng.integers(-3, 4, rows)) * 0.01).astype(np.float32)[:, None]
+    x[chunk - 1, 0] = spike
+    pipe = {"weight_dtype": "float32", "conv": [{"weights": np.array([[taps]])}]}
+    got = tsconv.features(x, pipe, device="cpu", chunk=chunk)[:, 0].astype(np.float64)
+    k = len(taps)
+    xd = x[:, 0].astype(np.float64)
+    want = sum(
+        t * np.concatenate([np.full(k - 1 - j, np.nan), xd[: rows - (k - 1 - j)]]) for j, t in enumerate(taps)
+    )
+    after = slice(chunk + k, 2 * chunk)  # the next chunk, past the rows that read the print itself
+    assert np.abs(got[after] - want[after]).max() <= 2e-5
+    stream = tsconv.Stream(pipe, features=1, chunk=chunk, device="cpu")
+    pushed = np.concatenate([stream.push(x[i : i + 700]) for i in range(0, rows, 700)])
+    np.testing.assert_array_equal(pushed[:, 0], got.astype(np.float32))

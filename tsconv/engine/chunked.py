@@ -16,7 +16,7 @@ import torch
 
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, forward_fill
-from tsconv.engine.level import centering_level, level_before, tail_rows
+from tsconv.engine.level import TAIL_ROWS, centering_level, level_before, rows_before
 from tsconv.io.contracts import BandReader
 from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.io.readers.blocks import ColumnSource
@@ -60,13 +60,16 @@ def run_chunked(
     halo, rows, nf = plan.halo, source.rows if stop is None else stop, source.n_features
     backend.series_end = rows
     # The carry is the halo: the prepared (filled) input rows just before the next chunk, with rows
-    # before step 0 as zeros (the first stage's zero history).
-    begin = max(0, start - halo)
+    # before step 0 as zeros (the first stage's zero history). ``recent``: the last TAIL_ROWS prepared data
+    # rows before it, which the first stage's level reads whatever the halo (a halo of one row made one bad
+    # print there the next chunk's level).
+    begin = max(0, start - rows_before(halo))
     # rows as the pipeline reads them: float64 where float32 would round the input and the backend takes float64
     wide = read_float64 and backend.reads_float64 and not exact_in_float32(source.dtype)
     dt = np.dtype(np.float64 if wide else np.float32)
     state = (fill_carry or FillCarry()).state_before(source, begin, dt)
-    carry = np.zeros((halo - (start - begin), nf), dtype=dt)
+    carry = np.zeros((max(0, halo - (start - begin)), nf), dtype=dt)
+    recent = carry[:0]
     mark = None if fill_carry is None else fill_carry.mark
     if mark is not None and mark <= begin:
         fill_carry.at_mark = state.astype(np.float64) if mark == begin else None
@@ -75,7 +78,9 @@ def run_chunked(
         if mark is not None and begin < mark <= start:
             fill_carry.at_mark = forward_fill(raw[: mark - begin], state)[1].astype(np.float64)
         prefix, state = forward_fill(raw, state)
-        carry = np.concatenate([carry, prefix if fill else raw], axis=0)
+        recent = prefix if fill else raw
+        carry = np.concatenate([carry, recent], axis=0)
+        carry, recent = carry[carry.shape[0] - halo :], recent[-TAIL_ROWS:].copy()
     device = backend.device
     warm = plan.warmup_groups() if warmup == "nan" else []
     into: torch.Tensor | None = None
@@ -99,7 +104,7 @@ def run_chunked(
                 if into is None:
                     into = torch.from_numpy(np.empty((e - s, backend.out_width), dtype=np.float32))
                 dest = into[: e - s]
-        before = level_before(carry[halo - tail_rows(halo, s) :], state) if backend.reads_level else None
+        before = level_before(recent, state) if backend.reads_level else None
         # ``raw`` may be a view of the reader's buffers, valid only until a later read (ParallelBandReader
         # reuses its ring): it, ``filled`` (``raw`` itself when it has no NaN) and ``x`` (``filled`` when
         # halo is 0) are used before the next read; the carry is a slice of a concatenation (a copy).
@@ -124,6 +129,8 @@ def run_chunked(
         emit(out)
         if halo:
             carry = x[x.shape[0] - halo :]
+        if backend.reads_level:  # a copy: ``filled`` may be the reader's buffer
+            recent = np.concatenate([recent, filled], axis=0)[-TAIL_ROWS:]
         if on_rows is not None:
             on_rows(e - s)
         s = e

@@ -109,7 +109,8 @@ def _conv_recentered(
     conv(x - v) + v * (exact tap sums): the torch twin of conv1d's ``recenter``. ``v`` per channel and
     block is the median of x at the block's first output step and the two steps before it (a sample
     that is not finite counts as 0, samples in the leading ``recenter_from`` rows of zero history move
-    to the first data row), so it is causal and one spike is never a block's level. A float64 ``x`` is
+    to the first data row, and one before row 0 to the block's own step), so it is causal and one spike
+    is never a block's level. A float64 ``x`` is
     rounded to float32 after each block's level is off. ``weight`` and ``tap_sums`` replace the layer's
     (the FP16 storage check runs the rounding residual this way)."""
     weight = layer.weight if weight is None else weight
@@ -123,7 +124,10 @@ def _conv_recentered(
     nb = max(2, -(-n_out // block))
     xp = F.pad(x, (0, nb * block - n_out))
     rows = torch.arange(nb) * block + halo  # each block's first output step, as an input row
-    picks = torch.stack([rows, rows - 1, rows - 2]).clamp_(min=min(recenter_from, L - 1), max=L - 1)
+    # a sample before the input's first row is the block's own step: clamped to row 0, it counted that row
+    # twice, and one bad print there (a chunk's halo of one row) was the block's level
+    picks = torch.stack([rows, rows - 1, rows - 2])
+    picks = torch.where(picks >= 0, picks, rows).clamp_(min=min(recenter_from, L - 1), max=L - 1)
     samples = x[0][:, picks]  # [C, 3, nb]
     samples = torch.where(torch.isfinite(samples), samples, 0.0)
     v = samples.median(dim=1).values  # [C, nb]

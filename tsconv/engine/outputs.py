@@ -24,6 +24,7 @@ import torch
 
 from tsconv import config
 from tsconv.engine.fill import FillCarry, fill_record, parse_fill_record
+from tsconv.engine.level import rows_before
 from tsconv.engine.options import refuse_time_range
 from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, batched_on, begin_cuda, plan_run, reset_device, run, small_for_cuda
@@ -225,7 +226,7 @@ def to_zarr(
                 chunk=chunk,
                 fingerprint=fingerprint,
                 reader=source.early_reader() if dask is None else None,
-                halo=plan.halo,
+                halo=rows_before(plan.halo),  # the rows before its start a CPU run reads
             )
         attrs = _output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest, read=read)
         if action in ("done", "current"):
@@ -275,14 +276,14 @@ def to_zarr(
             tail is not None
             and chunked_cpu
             and updated_from is not None
-            and tail.start <= max(0, r0 + compute - plan.halo)
+            and tail.start <= max(0, r0 + compute - rows_before(plan.halo))
         ):
             # the rows before the output's end that this run reads, checked unchanged by _prepare_update
             source.use_tail(tail)
             fill_carry.known = (tail.start, tail.state)
         if chunked_cpu and not isinstance(out_path, StoreURL):
             # the input rows the next update reads, kept by _keep_tail
-            keep = tail_rows_to_keep(output_rows=rows, chunk=chunk, halo=plan.halo)
+            keep = tail_rows_to_keep(output_rows=rows, chunk=chunk, halo=rows_before(plan.halo))
             fill_carry.mark = max(0, r0 + rows - keep)
         t0 = time.perf_counter()
         reset_device(device)

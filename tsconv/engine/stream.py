@@ -20,7 +20,7 @@ import torch
 
 from tsconv.engine.compute import CHECK_ROWS_MIN, Backend
 from tsconv.engine.fill import forward_fill
-from tsconv.engine.level import centering_level, level_before, tail_rows
+from tsconv.engine.level import TAIL_ROWS, centering_level, level_before
 from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
@@ -210,7 +210,7 @@ class Stream:
         s = pos // self.chunk * self.chunk
         reads_level = self._backend.reads_level
         if pos == s:  # a new chunk: its level from the rows before it, as run_chunked takes it
-            tail = tail_rows(halo, s)
+            tail = min(TAIL_ROWS, s, kept.shape[0])  # the rows before the chunk run_chunked's level takes
             if reads_level:
                 self._level = level_before(kept[kept.shape[0] - tail :], self._state)
             if self._backend.pre is not None and self._backend.pre.zscore is not None:

@@ -226,10 +226,12 @@ def level(row0_ptrs, row, lv_min, dilation, stride_t, L_in, mask, SAMPLES: tl.co
     v = tl.load(row0_ptrs + r * stride_t, mask=mask & (r < L_in), other=0.0).to(tl.float32)
     v = tl.where(tl.abs(v) < float("inf"), v, 0.0)
     if SAMPLES == 3:
-        r1 = tl.maximum(row - dilation, lv_min)
+        # a sample before row 0 is ``row`` itself: clamped to row 0 it counted that row twice, and one bad
+        # print there (a step's halo of one row) was the block's level
+        r1 = tl.maximum(tl.where(row - dilation >= 0, row - dilation, row), lv_min)
         v1 = tl.load(row0_ptrs + r1 * stride_t, mask=mask & (r1 < L_in), other=0.0).to(tl.float32)
         v1 = tl.where(tl.abs(v1) < float("inf"), v1, 0.0)
-        r2 = tl.maximum(row - 2 * dilation, lv_min)
+        r2 = tl.maximum(tl.where(row - 2 * dilation >= 0, row - 2 * dilation, row), lv_min)
         v2 = tl.load(row0_ptrs + r2 * stride_t, mask=mask & (r2 < L_in), other=0.0).to(tl.float32)
         v2 = tl.where(tl.abs(v2) < float("inf"), v2, 0.0)
         v = tl.maximum(tl.minimum(v, v1), tl.minimum(tl.maximum(v, v1), v2))
