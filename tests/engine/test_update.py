@@ -427,6 +427,36 @@ def test_an_update_refusal_names_what_differs(tmp_path: Path, out_chunks: None) 
     )
 
 
+def test_an_update_refusal_names_the_inputs_features_or_dtype(tmp_path: Path, out_chunks: None) -> None:
+    """An append that renamed, added or retyped the input's features: the refusal named nothing, or blamed the
+    pipeline's shape and weights (a bank's follow from the input's width)."""
+    x, t = ticks(3000, 3, seed=6)
+    out = tmp_path / "out.zarr"
+    for change, said in (
+        ("names", "what differs: the input's feature names (content): "),
+        (
+            "width",
+            "what differs: the input's feature count: 3 then, 4 now; the input's feature names (content)",
+        ),
+        ("dtype", "what differs: the input's dtype: 'float32' then, 'float64' now; hint"),
+    ):
+        src = make_input(tmp_path / f"{change}.zarr", x, t, 2050, (500, 3))
+        tsconv.process(src, out, chunk=CHUNK, overwrite=True)
+        g = zarr.open_group(str(src), mode="r+")
+        if change == "names":
+            g.attrs["features"] = ["f1", "f0", "f2"]
+        elif change == "width":
+            g["values"].resize((2050, 4))
+            g.attrs["features"] = ["f0", "f1", "f2", "f3"]
+        else:
+            v = g["values"][:]
+            del g["values"]
+            g.create_array("values", shape=v.shape, chunks=(500, 3), dtype="float64")[:] = v
+        with pytest.raises(tsconv.TsconvError, match="different input, pipeline or chunk size") as info:
+            tsconv.process(src, out, chunk=CHUNK, update=True)
+        assert said in str(info.value) and "[[conv]]" not in str(info.value), str(info.value)
+
+
 def test_resume_of_a_grown_input_finishes_the_rows_it_started_with_and_says_update_adds_the_rest(
     tmp_path: Path, out_chunks: None
 ) -> None:

@@ -186,7 +186,7 @@ def to_zarr(
             fingerprint=fingerprint,
             legacy=lambda rows: _fingerprint(store, plan, chunk, warmup, rows=rows, with_sums=False),
             run=lambda: {"source": str(store.path), "pipeline": plan.as_run(),
-                         "tsconv": {"chunk": chunk, "warmup": warmup}},
+                         "tsconv": {"chunk": chunk, "warmup": warmup, "input": _input_record(store, plan)}},
         )  # fmt: skip
         if action not in ("create", "replace"):
             kept = check_kept_compression(out_path, asked, verb="update" if update else "resume")
@@ -706,6 +706,13 @@ def _fingerprint(
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
+def _input_record(store: InputStore, plan: ResolvedPipeline) -> dict[str, Any]:
+    """What the fingerprint holds of the input besides its path, for a refusal to name what changed: its
+    dtype, feature count and the pipeline's input names (a hash: a store may have a million)."""
+    names = hashlib.sha256(json.dumps(list(plan.input_names)).encode()).hexdigest()
+    return {"dtype": str(store.dtype), "features": store.n_features, "names_sha256": names}
+
+
 def _output_attrs(
     store: InputStore,
     plan: ResolvedPipeline,
@@ -738,6 +745,7 @@ def _output_attrs(
             "fingerprint": fingerprint,
             "run_id": run_id,
             "input_digest": digest_note(digest) if digest is not None else None,
+            "input": _input_record(store, plan),
         },
     }
     if read is not None:

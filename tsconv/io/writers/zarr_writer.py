@@ -471,14 +471,16 @@ _DERIVED = {"halo", "shape", "groups", "weight_sha256", "bias_sha256", "tap_sums
 _HASHES = {"weight_sha256": "weights (content)", "bias_sha256": "bias (content)",
            "tap_sums_sha256": "weights' tap sums (content)"}  # fmt: skip
 _TABLES = {"preprocess": "[preprocess]", "stages": "[[conv]]", "head": "[head]"}
+_INPUT = {"features": "the input's feature count", "names_sha256": "the input's feature names (content)",
+          "dtype": "the input's dtype"}  # fmt: skip
 # the name is recorded in the fingerprint: a pipeline file renamed or copied unchanged gets another
 _NOTES = {("pipeline", "name"): ' (the file\'s name unless the pipeline sets name = "...")'}
 
 
 def what_differs(then: dict[str, Any], now: dict[str, Any], *, limit: int = 6) -> list[str]:
     """What an output's recorded run (its attributes, ``then``) and this run (``now``, alike) differ in, each
-    as "what: X then, Y now": the input, chunk, warm-up and the pipeline's entries; empty where the
-    record does not tell (an older output, or a difference it does not hold, such as the input's features)."""
+    as "what: X then, Y now": the input (its path; its dtype, feature count and names where the record holds
+    them), chunk, warm-up and the pipeline's entries; empty where the record does not tell (an older output)."""
     found: list[tuple[tuple[Any, ...], Any, Any]] = []
     if "source" in then:
         _differ(then["source"], now.get("source"), ("input",), found)
@@ -486,6 +488,10 @@ def what_differs(then: dict[str, Any], now: dict[str, Any], *, limit: int = 6) -
     for key in ("chunk", "warmup"):
         if key in t:
             _differ(t[key], n.get(key), (key,), found)
+    ti, ni = t.get("input"), n.get("input")
+    if isinstance(ti, dict) and isinstance(ni, dict):
+        for key, label in _INPUT.items():
+            _differ(ti.get(key), ni.get(key), (label,), found)
     pipe: list[tuple[tuple[Any, ...], Any, Any]] = []
     if isinstance(then.get("pipeline"), dict) and isinstance(now.get("pipeline"), dict):
         old, new = then["pipeline"], now["pipeline"]
@@ -493,7 +499,8 @@ def what_differs(then: dict[str, Any], now: dict[str, Any], *, limit: int = 6) -
             if key not in ("origin", "text"):  # where it came from, not what it computes
                 _differ(old.get(key), new.get(key), ("pipeline", key), pipe)
     given = [d for d in pipe if d[0][-1] not in _DERIVED]
-    found += given or pipe
+    # another input's features change what follows from them (a bank's shape): named only without one
+    found += given or ([] if any(d[0][0] in _INPUT.values() for d in found) else pipe)
     items = [
         f"{_label(path)}: {_shown(a)} then, {_shown(b)} now{_NOTES.get(path, '')}" for path, a, b in found
     ]
