@@ -411,3 +411,18 @@ def test_the_reported_peak_rss_is_the_process_own_not_its_parents() -> None:
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     )
     assert 0 < child < held.nbytes // 2
+
+
+def test_an_output_wider_than_a_store_may_be_is_refused_before_it_is_written(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """262,144 features through the default bank wrote 1,310,720 outputs that inspect (and a run on them) then
+    refused: the bound is the one on any store tsconv reads (here lowered to 10: 3 features give 15)."""
+    import tsconv.engine.outputs as outputs
+
+    monkeypatch.setattr(outputs, "MAX_FEATURES", 10)
+    src = write_store(tmp_path / "in.zarr", price_series(500, 3, seed=1), chunks=(100, 3))
+    out = tmp_path / "out.zarr"
+    with pytest.raises(tsconv.TsconvError, match="the pipeline gives 15 outputs .* at most 10 features"):
+        tsconv.process(src, out)
+    assert not out.exists()

@@ -45,7 +45,7 @@ from tsconv.io.objstore import StoreURL
 from tsconv.io.precision import Float32Check, exact_in_float32
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.source import StoreSource
-from tsconv.io.store import InputStore, check_time
+from tsconv.io.store import MAX_FEATURES, InputStore, check_time
 from tsconv.io.tail import InputTail, read_tail, remove_tail, tail_digest, tail_rows_to_keep, write_tail
 from tsconv.io.timecolumn import ShiftedTime
 from tsconv.io.writers.parquet_writer import ParquetSink, check_parquet_output, remove_stale_temp_files
@@ -156,6 +156,12 @@ def to_zarr(
     read = recorded or read  # the CPU reads as the output's earlier rows were read
     if device is not None and device.type == "cuda":
         begin_cuda(device, asked=device_name)  # where resolve_device left it to the run (else a no-op)
+    if plan.n_outputs > MAX_FEATURES:  # an output tsconv's own readers (inspect, a run on it) would refuse
+        raise StoreError(
+            f"the pipeline gives {plan.n_outputs:,} outputs ({len(plan.input_names):,} features in); a store "
+            f"tsconv writes or reads holds at most {MAX_FEATURES:,} features",
+            hint="select fewer features ([preprocess] select) or split them over several runs.",
+        )
     # planned before the output is touched: a pipeline that cannot fit the GPU budget changes nothing
     rp = (
         None
