@@ -463,3 +463,19 @@ def test_pandas_columns_pyarrow_cannot_convert_are_named() -> None:
             with pytest.raises(ShapeError, match=rf"columns cannot be read: bad \({re.escape(dtype)}") as err:
                 run(frame)
             assert "px" not in str(err.value) and "real numbers" in err.value.hint
+
+
+def test_features_gives_a_time_column_in_seconds_its_type_back() -> None:
+    """Frames pass through polars, which has no seconds: a pandas datetime64[s] column came back as [ms] and a
+    pyarrow timestamp[s] as timestamp[ms] (the same instants, another type)."""
+    import pandas as pd
+
+    x = price_series(300, 2, seed=3)
+    t = pd.date_range("2024-03-10", periods=300, freq="s", tz="US/Eastern").as_unit("s")
+    df = pd.DataFrame({"time": t, "a": x[:, 0], "b": x[:, 1]})
+    got = tsconv.features(df, "default", device="cpu")
+    assert got["time"].dtype == df["time"].dtype and (got["time"] == df["time"]).all()
+    table = pa.table({"time": pa.array(t.tz_convert("UTC").tz_localize(None).values, pa.timestamp("s", tz="UTC")),
+                      "a": x[:, 0], "b": x[:, 1]})  # fmt: skip
+    out = tsconv.features(table, "default", device="cpu")
+    assert out.column("time").equals(table.column("time")) and out.column_names[0] == "time"

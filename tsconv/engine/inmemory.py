@@ -106,11 +106,18 @@ def features(
         sink = ArraySink(source.rows, plan.n_outputs, feature_major=True)
         _run_in_memory(source, plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
         frame = frame_output(plan.output_names, sink.out, time_series)
+        # polars holds times in ms, us or ns: a pandas or pyarrow time column in seconds gets its type back
         if kind == "pandas":
             frame = frame.to_pandas()
             frame.index = index
+            if timed and frame[time_column].dtype != x[time_column].dtype:
+                frame[time_column] = frame[time_column].astype(x[time_column].dtype)
         elif kind == "pyarrow":
             frame = frame.to_arrow()
+            given = x.schema.field(time_column).type if timed else None
+            if timed and frame.schema.field(time_column).type != given:
+                i = frame.schema.get_field_index(time_column)
+                frame = frame.set_column(i, time_column, frame.column(i).cast(given))
         return (frame, plan.output_names) if return_names else frame
     is_torch = isinstance(x, torch.Tensor)
     try:

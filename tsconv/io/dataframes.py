@@ -133,7 +133,8 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
     None): for :func:`tsconv.features` on frames.
 
     The column ``time_column`` (if present; ``None``: no time column) is carried to the output (its values:
-    polars holds times in ms, us or ns, so a column in seconds from pandas or pyarrow comes back in ms) and
+    polars holds times in ms, us or ns, so :func:`tsconv.features` gives a pandas or pyarrow column in
+    seconds its type back) and
     must be strictly increasing without nulls; every other column is a feature (its name is the pipeline's
     input name) and must be numeric. Nulls count as missing values (NaN). A LazyFrame is collected first.
     ``caller`` begins the errors.
