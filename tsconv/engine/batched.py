@@ -49,7 +49,7 @@ from tsconv import config, trace
 from tsconv.engine import devmem
 from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, forward_fill
-from tsconv.engine.level import level_before_torch, tail_rows
+from tsconv.engine.level import TAIL_ROWS, level_before_torch, rows_before
 from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader, FrameSink
 from tsconv.io.precision import Float32Check
@@ -234,7 +234,9 @@ def plan_step_rows(
     )
     row_bytes = src_features * src_itemsize
     weights = weight_bytes(plan) + (_CUBLAS_BYTES if plan.head is not None else 0)
-    halo_bytes = (plan.halo * 4 * len(plan.input_names)) * 3  # xc's halo rows and two carries
+    halo_bytes = (
+        (plan.halo + 2 * rows_before(plan.halo)) * 4 * len(plan.input_names)
+    )  # xc's halo, two carries
     # The rest of the budget is the allocator's: segment rounding, medium blocks in 20 MiB segments and the
     # step graph's pool held 51-76 MB of reserved memory above the allocated peak (diag/gpu_memory.py).
     avail = int(budget * _ALLOCATED_SHARE) - _FIXED_BYTES - weights - halo_bytes
@@ -513,11 +515,13 @@ def run_batched(
             hint="use --transfer pinned (the default).",
         )
 
-    # Start state, as the chunked engine builds it: the fill state and raw filled rows before `start`.
+    # Start state, as the chunked engine builds it: the fill state and raw filled rows before `start`. The
+    # carries hold the halo and at least the TAIL_ROWS the next step's level reads (rows_before).
     sel: BandReader = ColumnSource(source, plan.columns) if plan.columns is not None else source
-    begin = max(0, start - halo)
+    kept = rows_before(halo)
+    begin = max(0, start - kept)
     state0 = (fill_carry or FillCarry()).state_before(sel, begin)
-    carry0 = np.zeros((halo - (start - begin), n_feat), dtype=np.float32)
+    carry0 = np.zeros((kept - (start - begin), n_feat), dtype=np.float32)
     if start > begin:
         raw = np.asarray(sel.read(begin, start), dtype=np.float32)
         prefix, state0 = forward_fill(raw, state0)
@@ -530,7 +534,7 @@ def run_batched(
     level = torch.full_like(state, float("nan"))
     carries = [
         torch.from_numpy(np.ascontiguousarray(carry0)).to(dev),
-        torch.zeros((halo, n_feat), device=dev),
+        torch.zeros((kept, n_feat), device=dev),
     ]
     cols = None if plan.columns is None else torch.tensor(plan.columns, dtype=torch.int64, device=dev)
     xc = torch.empty((halo + step_rows, n_feat), dtype=f32, device=dev)
@@ -617,7 +621,7 @@ def run_batched(
             n = e - s
             if needs_level:
                 with gpu.on(gpu.compute):
-                    level_before_torch(carries[i % 2][halo - tail_rows(halo, s) :], state, level)
+                    level_before_torch(carries[i % 2][kept - min(TAIL_ROWS, s) :], state, level)
             pieces = _pieces(s, e, band_rows, piece_rows, ring_bands)
             for j, (lo, hi) in enumerate(pieces):
                 band = lo // band_rows

@@ -7,9 +7,8 @@ to the chunk's values. It must also come from a step no later than the outputs i
 causality holds bit for bit.
 
 The rule, per feature: the median of the finite values among the last TAIL_ROWS prepared rows before the
-chunk (the lower middle one when their count is even; the CPU engines read that many rows before a chunk
-whatever the halo, :func:`rows_before`; the batched engine's steps take those of its halo, at most
-TAIL_ROWS), so that up to two infinities or bad prints in a row at a chunk edge are never the level (an infinite level made every output of the next chunk NaN; a
+chunk (the lower middle one when their count is even; the engines read that many rows before a chunk or
+step whatever the halo, :func:`rows_before`), so that up to two infinities or bad prints in a row at a chunk edge are never the level (an infinite level made every output of the next chunk NaN; a
 level of 1e30 left every output of it off by about 1e23); else the fill state where it is finite; else
 the feature's first finite value in the chunk (the outputs before it read no finite value of the
 feature, so the choice cannot change them); else 0. Rows before step 0 (the zero history) are not data
@@ -31,21 +30,14 @@ __all__ = [
     "centering_level",
     "centering_level_torch",
     "rows_before",
-    "tail_rows",
 ]
 
 TAIL_ROWS = 5
 
 
-def tail_rows(halo_rows: int, first_row: int) -> int:
-    """How many of the ``halo_rows`` rows before a chunk starting at global step ``first_row`` are data
-    rows the level may use (at most TAIL_ROWS; rows before step 0 are zero history)."""
-    return max(0, min(TAIL_ROWS, halo_rows, first_row))
-
-
 def rows_before(halo: int) -> int:
-    """Input rows before its first step that a CPU run reads: the halo, and at least the TAIL_ROWS its
-    first chunk's level takes (a stage of one or two taps has a halo of 0 or 1 row, and one bad print
+    """Input rows before its first step that a run reads and carries from chunk to chunk: the halo, and at
+    least the TAIL_ROWS a chunk's level takes (a stage of one or two taps has a halo of 0 or 1 row, and one bad print
     there would be that chunk's level)."""
     return max(halo, TAIL_ROWS)
 

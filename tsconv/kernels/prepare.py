@@ -5,7 +5,7 @@ The batched engine (:mod:`tsconv.engine.batched`) hands the raw rows of a step (
 
 * rows ``halo ..``: the step's rows, upcast to float32, forward filled (NaN takes the feature's last
   value, carried across steps in ``state``), minus a per-feature level;
-* rows ``0 .. halo``: the previous rows (``carry_in``, raw filled values kept exactly) minus the level,
+* rows ``0 .. halo``: the previous rows (the last of ``carry_in``, raw filled values kept exactly) minus the level,
   written by the step's last piece once the level is final.
 
 The level is the one the CPU engine uses (:mod:`tsconv.engine.level`): the batched engine sets it before
@@ -119,6 +119,7 @@ def _prep_kernel(
     off,
     n_step,
     halo,
+    kept,
     C,
     state_ptr,
     level_ptr,
@@ -142,7 +143,7 @@ def _prep_kernel(
     scol = _columns(cols_ptr, cidx, cmask, HAS_COLS)
     state, lvl = _entering(state_ptr, level_ptr, summ_ptr, cidx, cmask, s, nseg, C)
     rows = tl.arange(0, BT)
-    keep_from = n_step - halo  # step rows at or after this one are the next step's halo
+    keep_from = n_step - kept  # step rows at or after this one are carried to the next step
     r0 = s * seg_rows
     r1 = tl.minimum(r0 + seg_rows, n)
     for t0 in range(r0, r1, BT):
@@ -167,7 +168,7 @@ def _prep_kernel(
             y = v
         xrow = (halo + g).to(tl.int64)
         tl.store(xc_ptr + xrow[:, None] * stride_xr + cidx[None, :], y, mask=m)
-        if halo > 0:
+        if kept > 0:
             crow = (g - keep_from).to(tl.int64)
             cm = m & (g >= keep_from)[:, None]
             tl.store(carry_out_ptr + crow[:, None] * C + cidx[None, :], v, mask=cm)
@@ -178,11 +179,11 @@ def _prep_kernel(
 
 @triton.jit
 def _finish_kernel(
-    state_ptr, level_ptr, summ_ptr, nseg, C, halo, carry_in_ptr, xc_ptr, stride_xr,
+    state_ptr, level_ptr, summ_ptr, nseg, C, halo, kept, carry_in_ptr, xc_ptr, stride_xr,
     CENTER: tl.constexpr, LAST: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """After every segment: the fill state and level leaving the piece; after a step's last piece, the
-    halo rows (the carried raw filled rows minus the final level)."""
+    halo rows (the last ``halo`` of the ``kept`` carried raw filled rows, minus the final level)."""
     pid = tl.program_id(0)
     cidx = pid * BC + tl.arange(0, BC)
     cmask = cidx < C
@@ -194,7 +195,8 @@ def _finish_kernel(
         for h0 in range(0, halo, BT):
             h = h0 + rows
             hm = (h < halo)[:, None] & cmask[None, :]
-            c = tl.load(carry_in_ptr + h[:, None].to(tl.int64) * C + cidx[None, :], mask=hm, other=0.0)
+            c = tl.load(carry_in_ptr + (kept - halo + h)[:, None].to(tl.int64) * C + cidx[None, :], mask=hm,
+                        other=0.0)  # fmt: skip
             if CENTER:
                 c = c - lvl[None, :]
             tl.store(xc_ptr + h[:, None].to(tl.int64) * stride_xr + cidx[None, :], c, mask=hm)
@@ -233,16 +235,20 @@ def prepare(
     the int64 source column of each of the C prepared features (None: the first C). ``state`` [C]
     (fill state, updated), ``level`` [C] (set before a step's first piece by
     :func:`tsconv.engine.level.level_before_torch`; NaN where unknown; final after the ``last`` piece),
-    ``carry_in``/``carry_out`` [halo, C] float32 contiguous (the previous step's last raw filled rows, and
-    this step's), ``xc`` [halo + n_step, C] float32 with unit column stride. Pieces of one step must be prepared in order, on one stream. ``split=False``
+    ``carry_in``/``carry_out`` [kept, C] float32 contiguous, kept >= halo (the previous step's last raw filled
+    rows, and this step's: the halo and the rows the next step's level reads), ``xc`` [halo + n_step, C] float32 with unit column stride. Pieces of one step must be prepared in order, on one stream. ``split=False``
     reads ``src`` once, in one segment (for mapped host memory, where each read crosses PCIe).
     """
     C = xc.shape[1]
     halo = xc.shape[0] - n_step
+    kept = carry_out.shape[0]
     n = src.shape[0]
     if n == 0 and not last:
         return
-    if halo == 0:  # no carry rows: any valid pointer will do, the kernels never touch them
+    if kept < halo or carry_in.shape[0] != kept:
+        msg = f"carries of {carry_in.shape[0]} and {kept} rows for a halo of {halo}"
+        raise ValueError(msg)
+    if kept == 0:  # no carry rows: any valid pointer will do, the kernels never touch them
         carry_in = carry_out = state
     seg, nseg = _segments(n, split)
     summ = torch.empty((2, nseg, C), dtype=torch.float32, device=xc.device)
@@ -255,12 +261,12 @@ def prepare(
                 src, src.stride(0), src.stride(1), cols_arg, n, C, seg, summ, nseg, **common
             )  # fmt: skip
         _prep_kernel[(fb, nseg)](
-            src, src.stride(0), src.stride(1), cols_arg, n, off, n_step, halo, C, state, level, summ, nseg,
-            seg, carry_out, xc, xc.stride(0), FILL=fill, CENTER=center, ONE_SEGMENT=nseg == 1, **common,
+            src, src.stride(0), src.stride(1), cols_arg, n, off, n_step, halo, kept, C, state, level, summ,
+            nseg, seg, carry_out, xc, xc.stride(0), FILL=fill, CENTER=center, ONE_SEGMENT=nseg == 1, **common,
         )  # fmt: skip
     else:
         summ.fill_(float("nan"))
     _finish_kernel[(fb,)](
-        state, level, summ, nseg, C, halo, carry_in, xc, xc.stride(0), CENTER=center, LAST=last, BT=_BT,
+        state, level, summ, nseg, C, halo, kept, carry_in, xc, xc.stride(0), CENTER=center, LAST=last, BT=_BT,
         BC=_BC, num_warps=2,
     )  # fmt: skip
