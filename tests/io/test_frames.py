@@ -479,3 +479,19 @@ def test_features_gives_a_time_column_in_seconds_its_type_back() -> None:
                       "a": x[:, 0], "b": x[:, 1]})  # fmt: skip
     out = tsconv.features(table, "default", device="cpu")
     assert out.column("time").equals(table.column("time")) and out.column_names[0] == "time"
+
+
+@pytest.mark.parametrize("route", ["array", "pandas", "stream"])
+def test_an_empty_feature_name_is_refused_on_every_route(route: str) -> None:
+    """A store's empty feature name is refused when it opens; an array's names, a frame's column and a
+    stream's features were taken, and their outputs named ".diff1"."""
+    import pandas as pd
+
+    x = price_series(300, 2, seed=1)
+    with pytest.raises(ShapeError, match="feature 0 has an empty name"):
+        if route == "array":
+            tsconv.features(x, names=["", "b"], device="cpu")
+        elif route == "pandas":
+            tsconv.features(pd.DataFrame({"": x[:, 0], "b": x[:, 1]}), device="cpu")
+        else:
+            tsconv.Stream("default", features=["", "b"], device="cpu")

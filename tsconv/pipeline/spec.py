@@ -1167,6 +1167,10 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
     ``input_names`` are the source's features; ``[preprocess]`` select/select_regex picks some of them.
     """
     names = tuple(input_names)
+    if (
+        "" in names
+    ):  # its outputs would be named ".diff1" (a store's is refused when it opens; frames, streams)
+        raise ShapeError(f"feature {names.index('')} has an empty name", hint="name every feature.")
     columns = select_columns(pipeline.preprocess, names, pipeline.origin)
     if columns is not None:
         names = tuple(names[j] for j in columns)
