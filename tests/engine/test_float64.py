@@ -368,3 +368,24 @@ def test_a_parquet_output_says_how_its_input_was_read(tmp_path: Path, no_tsconv_
         tsconv.process(src, out, pipeline=PIPE, device="cpu", chunk=128)
         meta = json.loads(pq.read_schema(out).metadata[b"tsconv"])
         assert meta["tsconv"].get("read") == read
+
+
+@pytest.mark.parametrize("route", ["features", "stream"])
+def test_int64_values_beyond_2_53_warn_that_float64_rounds_them(route: str) -> None:
+    """Nanosecond timestamps as a feature: the CPU reads int64 as float64, which rounds them to multiples of
+    256; their differences of 100 / 150 / 750 came out as 0 / 256 / 768 and nothing was said."""
+    x = (1_700_000_000_000_000_000 + np.cumsum(np.tile([0, 100, 150, 750, 100], 60))).astype(np.int64)[
+        :, None
+    ]
+    pipe = {"conv": [{"filters": ["diff:1"]}]}
+    with pytest.warns(
+        tsconv.TsconvWarning, match=r"feature 'f0' holds integers beyond 2\^53 .* multiple of 256"
+    ):
+        if route == "features":
+            tsconv.features(x, pipe, device="cpu")
+        else:
+            tsconv.Stream(pipe, features=1, device="cpu").push(x)
+    small = np.arange(300, dtype=np.int64)[:, None] * 1_000_000  # within 2^53: exact, nothing to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tsconv.TsconvWarning)
+        tsconv.features(small, pipe, device="cpu")

@@ -18,7 +18,7 @@ from tsconv.engine.compute import Backend
 from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import TAIL_ROWS, centering_level, level_before, rows_before
 from tsconv.io.contracts import BandReader
-from tsconv.io.precision import Float32Check, exact_in_float32
+from tsconv.io.precision import Float32Check, WideIntegerCheck, exact_in_float32
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -86,6 +86,7 @@ def run_chunked(
     into: torch.Tensor | None = None
     unread = torch.zeros(nf, dtype=torch.float32, device=backend.device)  # the level of a run that reads none
     rounding = Float32Check(plan.input_names)
+    wide_ints = WideIntegerCheck(plan.input_names)  # int64 beyond 2^53, which the float64 read rounds
     step = chunk * _chunks_per_call(backend, chunk)
     in_place = emit_copies and device.type == "cpu" and backend.out_width is not None
     s = start
@@ -111,6 +112,8 @@ def run_chunked(
         block = source.read(s, e)
         if dt == np.float32:
             rounding.see(block)
+        else:
+            wide_ints.see(block)
         raw = np.asarray(block, dtype=dt)
         # With fill = "none" the fill state still gives the centering level (a value no later than the
         # outputs it touches), but the backend gets the NaNs as they are.

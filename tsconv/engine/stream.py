@@ -26,7 +26,7 @@ from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
 from tsconv.io.dataframes import frame_input, frame_kind, index_is_time, to_polars
 from tsconv.io.names import describe_repeats, ordered_names, repeated_names
-from tsconv.io.precision import Float32Check, exact_in_float32
+from tsconv.io.precision import Float32Check, WideIntegerCheck, exact_in_float32
 from tsconv.pipeline.spec import as_pipeline, resolve
 
 __all__ = ["Stream"]
@@ -86,6 +86,7 @@ class Stream:
         self.n_features = len(names)
         self._columns = None if plan.columns is None else list(plan.columns)
         self._rounding = Float32Check(plan.input_names)
+        self._wide_ints = WideIntegerCheck(plan.input_names)  # int64 beyond 2^53, as run_chunked
         self._last: np.ndarray | None = None  # the last row pushed, as given, while the rounding check runs
         self._fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
         self._warm = plan.warmup_groups() if warmup == "nan" else []
@@ -191,6 +192,8 @@ class Stream:
             short = self._last is not None and x.shape[0] < 1024
             self._rounding.see(np.concatenate([self._last, x]) if short else x)
             self._last = x[-1:].copy()
+        if self._rows_kept.dtype == np.float64:
+            self._wide_ints.see(x)
         x = np.asarray(x, dtype=self._rows_kept.dtype)
         out = np.empty((x.shape[0], self.plan.n_outputs), dtype=np.float32)
         begin = self._pushed

@@ -16,7 +16,14 @@ import numpy as np
 
 from tsconv.errors import TsconvWarning
 
-__all__ = ["WARN_AT", "Float32Check", "exact_in_float32", "float32_loss", "float32_loss_by_feature"]
+__all__ = [
+    "WARN_AT",
+    "Float32Check",
+    "WideIntegerCheck",
+    "exact_in_float32",
+    "float32_loss",
+    "float32_loss_by_feature",
+]
 
 
 def exact_in_float32(dtype: Any) -> bool:
@@ -171,3 +178,38 @@ class Float32Check:
             self.pending[:] = False
             self.warned = True
             warnings.warn(message, TsconvWarning, stacklevel=3)
+
+
+# float64 holds every integer up to 2^53 in magnitude; int64 and uint64 go beyond
+_FLOAT64_EXACT = float(2**53)
+
+
+class WideIntegerCheck:
+    """Warns once, from the caller's thread, where int64 or uint64 rows hold values beyond 2^53, which the CPU's
+    float64 read rounds (nanosecond timestamps as a feature: differences of 100 and 150 came out as 0 and 256).
+    Every read of such a dtype is checked until it warns: a pass over values about to be converted anyway."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+        self.warned = False
+
+    def see(self, rows: np.ndarray) -> None:
+        """Check ``rows`` [n, F] (one column per name) as read, before their float64 conversion."""
+        if self.warned or rows.dtype.kind not in "iu" or rows.dtype.itemsize < 8 or rows.shape[0] == 0:
+            return
+        big = np.abs(rows.astype(np.float64)) > _FLOAT64_EXACT
+        hit = np.flatnonzero(big.any(axis=0))
+        if hit.size == 0:
+            return
+        j = int(hit[0])
+        value = rows[int(np.argmax(big[:, j])), j]
+        name = self.names[j]
+        self.warned = True
+        warnings.warn(
+            f"feature {name!r} holds integers beyond 2^53 (e.g. {int(value):,}), which float64 rounds to a "
+            f"multiple of {int(np.spacing(np.float64(abs(int(value))))):,}: its differences and deviations lose "
+            f"those low digits ({len(hit)} feature(s) like it); subtract a reference value (e.g. the first) before "
+            "storing them, or store them as float64 if that rounding is acceptable",
+            TsconvWarning,
+            stacklevel=3,
+        )
