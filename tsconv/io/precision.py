@@ -181,13 +181,13 @@ class Float32Check:
 
 
 # float64 holds every integer up to 2^53 in magnitude; int64 and uint64 go beyond
-_FLOAT64_EXACT = float(2**53)
+_FLOAT64_EXACT = 2**53
 
 
 class WideIntegerCheck:
     """Warns once, from the caller's thread, where int64 or uint64 rows hold values beyond 2^53, which the CPU's
     float64 read rounds (nanosecond timestamps as a feature: differences of 100 and 150 came out as 0 and 256).
-    Every read of such a dtype is checked until it warns: a pass over values about to be converted anyway."""
+    Every read of such a dtype is checked until it warns: its minimum and maximum, without a copy."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = tuple(names)
@@ -195,9 +195,15 @@ class WideIntegerCheck:
 
     def see(self, rows: np.ndarray) -> None:
         """Check ``rows`` [n, F] (one column per name) as read, before their float64 conversion."""
-        if self.warned or rows.dtype.kind not in "iu" or rows.dtype.itemsize < 8 or rows.shape[0] == 0:
+        if self.warned or rows.dtype.kind not in "iu" or rows.dtype.itemsize < 8 or rows.size == 0:
             return
-        big = np.abs(rows.astype(np.float64)) > _FLOAT64_EXACT
+        if int(rows.max()) <= _FLOAT64_EXACT and int(rows.min()) >= -_FLOAT64_EXACT:  # two passes, no copy
+            return
+        big = (
+            (rows > _FLOAT64_EXACT) | (rows < -_FLOAT64_EXACT)
+            if rows.dtype.kind == "i"
+            else rows > _FLOAT64_EXACT
+        )
         hit = np.flatnonzero(big.any(axis=0))
         if hit.size == 0:
             return
