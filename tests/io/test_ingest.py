@@ -1001,6 +1001,41 @@ def test_a_csv_column_empty_in_its_first_rows_is_read_as_its_parquet_twin(
         ingest(str(tmp_path / "bad.csv"), tmp_path / "bad.zarr", layout="wide", time_unit="s")
 
 
+@pytest.mark.parametrize("layout", ["long", "wide"])
+def test_a_csv_value_column_is_read_as_floats_whatever_its_first_rows_hold(
+    tmp_path: Path, layout: str
+) -> None:
+    # polars types a CSV column from its first 10,000 rows: whole numbers there made it i64, and a later
+    # 101.25 was refused; a 'nan' (as Python's csv module writes it) or 'Inf' there made it String, refused
+    # as not numeric, though the same cell further down was read as NaN
+    whole = [str(100 + k % 7) for k in range(20_000)]
+    for name, cells in {
+        "late": [*whole, "101.25", "nan", ".5", "1E5"],
+        "early": ["nan", "Inf", "-nan", *whole, "101.25"],
+    }.items():
+        head = "time,feature,value" if layout == "long" else "time,a"
+        rows = [f"{k},a,{v}" if layout == "long" else f"{k},{v}" for k, v in enumerate(cells)]
+        path = tmp_path / f"{name}.csv"
+        path.write_text("\n".join([head, *rows]) + "\n")
+        ingest(str(path), tmp_path / f"{name}.zarr", layout=layout, time_unit="s", dtype="float64")
+        values, times, features = read(tmp_path / f"{name}.zarr")
+        assert features == ["a"] and np.array_equal(times, np.arange(len(cells)) * SEC)
+        assert np.array_equal(values[:, 0], [float(v) for v in cells], equal_nan=True)
+
+
+def test_a_bad_csv_time_cell_is_told_the_time_forms_not_the_value_rule(tmp_path: Path) -> None:
+    # the hint was chosen on "could not parse" whatever the column: a time cell past the rows polars types
+    # from was told that "every value of a value column must be a number"
+    ok = "".join(f"{1_767_312_000 + k},a,{k}.5\n" for k in range(11_000))
+    for name, bad in {"iso": "2026-01-02T09:30:00Z", "fraction": "1767323000.5"}.items():
+        path = tmp_path / f"{name}.csv"
+        path.write_text(f"time,feature,value\n{ok}{bad},a,1.5\n")
+        line = assert_refused(
+            cli(path, "-o", tmp_path / f"{name}.zarr", "--time-unit", "s"), bad, "--time-unit", "ISO 8601"
+        )
+        assert "value column" not in line and not (tmp_path / f"{name}.zarr").exists()
+
+
 def test_a_time_zone_of_a_fixed_part_hour_offset_is_refused_in_one_line(tmp_path: Path) -> None:
     # polars panics reading '+05:30' (a BaseException): the command died with a traceback
     import pyarrow as pa

@@ -50,6 +50,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import resource
 import shutil
 import time
@@ -198,12 +199,21 @@ _ZONE_HINT = (
 )
 
 
-def _read_error(path: Path, fmt: str, exc: BaseException) -> StoreError:
+def _read_error(path: Path, fmt: str, exc: BaseException, *, time_column: str | None = None) -> StoreError:
     kind = {"parquet": "Parquet", "csv": "CSV", "ipc": "Arrow IPC"}[fmt]
     if isinstance(exc, pl.exceptions.NoDataError) or (path.exists() and path.stat().st_size == 0):
         return StoreError(f"input file {str(path)!r} is empty", hint="remove it from the file list.")
     msg = first_line(exc)
-    if "could not parse" in msg:
+    column = re.search(r"could not parse .* at column '(.*)' \(column number", msg)
+    if column and column[1] == time_column:
+        # the type was guessed from the first rows: a later time in another form (or with a fraction) fails
+        hint = (
+            f"write every time of column {time_column!r} in one form: whole numbers counting --time-unit, "
+            "or ISO 8601 strings such as 2026-01-02T09:30:00Z."
+        )
+    elif column:
+        hint = f"every value of column {column[1]!r} must be a number (or empty for a missing value)."
+    elif "could not parse" in msg:
         hint = "every value of a value column must be a number (or empty for a missing value)."
     elif "time zone" in msg:
         hint = _ZONE_HINT
@@ -235,23 +245,12 @@ class _Source:
         if layout == "wide":
             self.index_columns = [c for c in self._pandas_index() if c in schema and c != time_column]
             schema = {c: t for c, t in schema.items() if c not in self.index_columns}
+        self._overrides: dict[str, pl.DataType] = {}
         if self.fmt == "csv":
             _refuse_repeated_header(path)
-            schema = self._empty_as_null(schema)
+            schema = self._pin_csv_types(schema)
         self._check_columns(schema)
-        if self.fmt == "csv":
-            # Pin the types the inference guessed from the first rows: a value column that starts with
-            # integers may hold decimals further down, and feature names that look like numbers stay names.
-            overrides: dict[str, pl.DataType] = {}
-            if layout == "long":
-                overrides.update({c: pl.Float64 for c in value_columns})
-                overrides[feature_column] = pl.String
-            else:
-                overrides.update({c: pl.Float64 for c in schema if c != time_column})
-            self.lf = self._scan(schema_overrides=overrides)
-            schema = {**schema, **overrides}
-        else:
-            self.lf = self._scan()
+        self.lf = self._scan(schema_overrides=self._overrides) if self.fmt == "csv" else self._scan()
         self.schema = schema
         self.time_dtype = schema[time_column]
         self.features_in_file = [c for c in schema if c != time_column] if layout == "wide" else []
@@ -273,7 +272,7 @@ class _Source:
         try:
             return dict(self._scan().collect_schema())
         except _READ_ERRORS as exc:
-            raise _read_error(self.path, self.fmt, exc) from None
+            raise self._read_error(exc) from None
 
     def _arrow_schema(self) -> Any:
         """The pyarrow schema of a Parquet or Arrow file, with its metadata; None for CSV or an unreadable file."""
@@ -316,19 +315,39 @@ class _Source:
                 hint=_ZONE_HINT,
             )
 
-    def _empty_as_null(self, schema: dict[str, pl.DataType]) -> dict[str, pl.DataType]:
-        """A CSV file's schema with the columns empty in every row the type inference read typed Null, not
-        String: value columns with no value yet (a symbol that starts later), as the same file in Parquet
-        types them. Their later values are read as numbers (a text there fails that read, naming the file)."""
-        keys = {self.time_column, self.feature_column} if self.layout == "long" else {self.time_column}
-        strings = [c for c, t in schema.items() if t == pl.String and c not in keys]
-        if not strings:
-            return schema
-        try:
-            counts = self._scan().head(_CSV_INFER_ROWS).select(pl.col(strings).count()).collect()
-        except _READ_ERRORS as exc:
-            raise _read_error(self.path, self.fmt, exc) from None
-        return {c: pl.Null if c in strings and counts[c][0] == 0 else t for c, t in schema.items()}
+    def _read_error(self, exc: BaseException) -> StoreError:
+        return _read_error(self.path, self.fmt, exc, time_column=self.time_column)
+
+    def _pin_csv_types(self, schema: dict[str, pl.DataType]) -> dict[str, pl.DataType]:
+        """A CSV file's schema with its value columns Float64 and a long file's feature column String, the
+        types every read of the file uses (``self._overrides``). polars guesses from the first rows only:
+        integers there fail on a later decimal, and ``nan`` or ``Inf`` there guess String though the Float64
+        parser reads them. A value column stays String, to be refused as not numeric, only where a cell of
+        those rows is no number; text further down fails the read, naming the file."""
+        if self.layout == "long":
+            values = [c for c in self.value_columns if c in schema]
+            if self.feature_column in schema:
+                self._overrides[self.feature_column] = pl.String
+        else:
+            values = [c for c in schema if c != self.time_column]
+        strings = [c for c in values if schema[c] == pl.String]
+        self._overrides.update({c: pl.Float64 for c in values if _is_numeric(schema[c])})
+        if strings:
+            try:
+                head = (
+                    self._scan(schema_overrides=self._overrides)
+                    .head(_CSV_INFER_ROWS)
+                    .select(strings)
+                    .collect()
+                )
+            except _READ_ERRORS as exc:
+                raise self._read_error(exc) from None
+            # the CSV parser skips leading blanks before a number, the cast does not
+            numbers = head.select(pl.col(strings).str.strip_chars_start().cast(pl.Float64, strict=False))
+            self._overrides.update(
+                {c: pl.Float64 for c in strings if numbers[c].null_count() == head[c].null_count()}
+            )
+        return {**schema, **self._overrides}
 
     def _missing(self, column: str, option: str, schema: dict[str, pl.DataType]) -> StoreError:
         present = ", ".join(repr(c) for c in schema) or "none"
@@ -343,9 +362,9 @@ class _Source:
         if self.fmt == "csv":
             # A CSV file with a header only has every column typed String: say it is empty instead.
             try:
-                empty = self._scan().head(1).collect().height == 0
+                empty = self._scan(schema_overrides=self._overrides).head(1).collect().height == 0
             except _READ_ERRORS as exc:
-                raise _read_error(self.path, self.fmt, exc) from None
+                raise self._read_error(exc) from None
             if empty:
                 raise StoreError(
                     f"input file {str(self.path)!r} has no rows", hint="remove it from the file list."
@@ -419,13 +438,13 @@ class _Source:
         try:
             return lf.collect(engine="streaming")
         except _READ_ERRORS as exc:
-            raise _read_error(self.path, self.fmt, exc) from None
+            raise self._read_error(exc) from None
 
     def batches(self, lf: pl.LazyFrame) -> Iterator[pl.DataFrame]:
         try:
             yield from lf.collect_batches(chunk_size=_BATCH_ROWS, maintain_order=True)
         except _READ_ERRORS as exc:
-            raise _read_error(self.path, self.fmt, exc) from None
+            raise self._read_error(exc) from None
 
     def distinct_times(self) -> np.ndarray:
         """Sorted distinct timestamps (int64 ns). Distinct raw values are converted, not every row."""
