@@ -1023,6 +1023,18 @@ def test_a_csv_value_column_is_read_as_floats_whatever_its_first_rows_hold(
         assert np.array_equal(values[:, 0], [float(v) for v in cells], equal_nan=True)
 
 
+def test_a_long_csv_column_ingest_does_not_use_cannot_fail_the_file(tmp_path: Path) -> None:
+    # an unused column was still parsed with the type guessed from its first rows: 20,000 whole quantities
+    # then 2.5 refused the whole file
+    rows = [f"{k},a,{k}.25,{k % 9}" for k in range(20_000)] + ["20000,a,7.5,2.5"]
+    path = tmp_path / "t.csv"
+    path.write_text("time,feature,value,qty\n" + "\n".join(rows) + "\n")
+    ingest(str(path), tmp_path / "t.zarr", time_unit="s", dtype="float64")
+    values, times, features = read(tmp_path / "t.zarr")
+    assert features == ["a"] and np.array_equal(times, np.arange(20_001) * SEC)
+    assert np.array_equal(values[:, 0], [k + 0.25 for k in range(20_000)] + [7.5])
+
+
 def test_a_bad_csv_time_cell_is_told_the_time_forms_not_the_value_rule(tmp_path: Path) -> None:
     # the hint was chosen on "could not parse" whatever the column: a time cell past the rows polars types
     # from was told that "every value of a value column must be a number"

@@ -319,15 +319,17 @@ class _Source:
         return _read_error(self.path, self.fmt, exc, time_column=self.time_column)
 
     def _pin_csv_types(self, schema: dict[str, pl.DataType]) -> dict[str, pl.DataType]:
-        """A CSV file's schema with its value columns Float64 and a long file's feature column String, the
-        types every read of the file uses (``self._overrides``). polars guesses from the first rows only:
-        integers there fail on a later decimal, and ``nan`` or ``Inf`` there guess String though the Float64
-        parser reads them. A value column stays String, to be refused as not numeric, only where a cell of
+        """A CSV file's schema with its value columns Float64 and a long file's other columns (feature
+        column included) String, the types every read of the file uses (``self._overrides``). polars guesses
+        from the first rows only: integers there fail on a later decimal, and ``nan`` or ``Inf`` there guess
+        String though the Float64 parser reads them. A value column stays String, to be refused as not numeric, only where a cell of
         those rows is no number; text further down fails the read, naming the file."""
         if self.layout == "long":
             values = [c for c in self.value_columns if c in schema]
-            if self.feature_column in schema:
-                self._overrides[self.feature_column] = pl.String
+            # columns a long file's ingest does not use are read as text: a guessed integer type there
+            # failed the whole file on a later decimal
+            used = {self.time_column, *values}
+            self._overrides.update({c: pl.String for c in schema if c not in used})
         else:
             values = [c for c in schema if c != self.time_column]
         strings = [c for c in values if schema[c] == pl.String]
