@@ -1061,6 +1061,38 @@ def test_a_time_zone_of_a_fixed_part_hour_offset_is_refused_in_one_line(tmp_path
     assert "ist.parquet" in line and not (tmp_path / "ist.zarr").exists()
 
 
+@pytest.mark.parametrize("zone", ["Z", "+0530", "UTC+2", "europe/paris"])
+def test_a_time_zone_polars_cannot_read_is_refused_before_it_panics(
+    tmp_path: Path, zone: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # only "+05:30" was caught before the read: other zones reached polars, whose panic Rust printed on
+    # stderr (several lines, a backtrace hint) before the one-line refusal
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    times = pa.array([T0 // 1000, T0 // 1000 + 1], type=pa.timestamp("us", tz=zone))
+    pq.write_table(
+        pa.table({"time": times, "feature": ["N", "N"], "value": [1.0, 2.0]}), tmp_path / "z.parquet"
+    )
+    with pytest.raises(StoreError, match="time zone") as err:
+        ingest(str(tmp_path / "z.parquet"), tmp_path / "z.zarr")
+    assert repr(zone) in str(err.value) and "panicked" not in capfd.readouterr().err
+    assert not (tmp_path / "z.zarr").exists()
+
+
+def test_whole_hour_offsets_and_zone_names_polars_reads_are_ingested(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for zone in ["+02:00", "-0500", "UTC", "utc", "Zulu", "America/New_York"]:
+        times = pa.array([T0 // 1000, T0 // 1000 + 1], type=pa.timestamp("us", tz=zone))
+        pq.write_table(
+            pa.table({"time": times, "feature": ["N", "N"], "value": [1.0, 2.0]}), tmp_path / "z.parquet"
+        )
+        ingest(str(tmp_path / "z.parquet"), tmp_path / "z.zarr", overwrite=True)
+        assert np.array_equal(read(tmp_path / "z.zarr")[1], [T0, T0 + 1000])
+
+
 @pytest.mark.parametrize("layout", ["wide", "long"])
 def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path: Path, layout: str) -> None:
     # polars keeps both columns, the second as 'a_duplicated_0': a wide file stored a feature of that made-up name

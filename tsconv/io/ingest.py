@@ -197,6 +197,19 @@ _READ_ERRORS = (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError
 _ZONE_HINT = (
     "write the time column in UTC, or with a named zone (such as Asia/Kolkata) rather than an offset."
 )
+_WHOLE_HOUR_OFFSET = re.compile(r"[+-]([01][0-9]|2[0-3]):?00")
+
+
+def _polars_reads_zone(tz: str) -> bool:
+    """Whether polars reads a time column in zone ``tz``: an IANA name as spelled there (and "utc"), or an
+    offset of whole hours ("+02:00", "+0200"); "Z", "+05:30", "+05", "UTC+2" and "europe/paris" make it
+    panic."""
+    if tz == "utc" or _WHOLE_HOUR_OFFSET.fullmatch(tz):
+        return True
+    import zoneinfo
+
+    names = zoneinfo.available_timezones()  # empty without a zone database: polars has its own, let it judge
+    return not names or tz in names
 
 
 def _read_error(path: Path, fmt: str, exc: BaseException, *, time_column: str | None = None) -> StoreError:
@@ -268,7 +281,7 @@ class _Source:
         return lf.filter(~pl.all_horizontal(pl.all().is_null()))
 
     def _schema(self) -> dict[str, pl.DataType]:
-        self._refuse_offset_zone()
+        self._refuse_unreadable_zone()
         try:
             return dict(self._scan().collect_schema())
         except _READ_ERRORS as exc:
@@ -300,18 +313,18 @@ class _Source:
             return []
         return [c for c in index if isinstance(c, str)] if isinstance(index, list) else []
 
-    def _refuse_offset_zone(self) -> None:
-        """Refuse a Parquet or Arrow time column whose time zone is a fixed offset of part of an hour ("+05:30",
-        as pandas writes a fixed offset): polars cannot parse it and panics reading the file."""
+    def _refuse_unreadable_zone(self) -> None:
+        """Refuse a Parquet or Arrow time column whose time zone polars cannot parse ("+05:30", as pandas
+        writes a fixed offset; "Z"): polars panics reading the file, and Rust prints the panic on stderr."""
         schema = self._arrow_schema()
         try:
             tz = schema.field(self.time_column).type.tz
         except Exception:  # noqa: BLE001 - not such a column or file: polars' read says why
             return
-        if tz and len(tz) == 6 and tz[0] in "+-" and tz[3] == ":" and tz[4:] != "00":
+        if tz and not _polars_reads_zone(tz):
             raise StoreError(
-                f"the time column {self.time_column!r} of {str(self.path)!r} has the time zone {tz!r}, a fixed "
-                "offset polars cannot read",
+                f"the time column {self.time_column!r} of {str(self.path)!r} has the time zone {tz!r}, "
+                "which polars cannot read (a zone name it does not know, or an offset of part of an hour)",
                 hint=_ZONE_HINT,
             )
 
