@@ -441,6 +441,26 @@ def test_series_no_longer_than_warmup(
     assert snapshot(src) == before_input
 
 
+@pytest.mark.parametrize("warmup", ["nan", "zero"])
+def test_a_series_within_the_preprocess_warmup_is_refused_whatever_the_warmup(
+    tmp_path: Path, warmup: str
+) -> None:
+    # a [preprocess]'s first steps are NaN whatever --warmup: a zero run skipped the check and wrote an
+    # all-NaN output with exit 0, and the refusal's hint sent the user to --warmup zero
+    src = good_store(tmp_path, rows=200)
+    (tmp_path / "p.toml").write_text(
+        '[preprocess]\ntransform = "log_return"\nzscore = 256\n\n[[conv]]\nfilters = ["id", "ma:4"]\n'
+    )
+    before = snapshot(tmp_path)
+    res = invoke(
+        "-i", src, "-o", tmp_path / "out.zarr", "--pipeline", tmp_path / "p.toml", "--warmup", warmup
+    )
+    line = assert_refused(
+        res, "the series has 200 steps but the pipeline's shortest warm-up is 256 steps", "[preprocess]"
+    )
+    assert "--warmup zero" not in line and snapshot(tmp_path) == before
+
+
 def test_a_series_shorter_than_the_longest_warm_up_gives_the_short_filters(tmp_path: Path) -> None:
     """9 steps of lag:1 and ma:10 had been refused ("every output would be NaN"): lag:1 has 8 values."""
     src = good_store(tmp_path, rows=9, features=1)

@@ -385,12 +385,15 @@ class Pipeline(torch.nn.Module):
         if x.is_complex() or x.dtype == torch.bool:
             raise ShapeError(f"expected a real numeric tensor, got {x.dtype}", hint="convert with x.float().")
         steps = x.shape[-2]
-        shortest = min(self.plan.warmups) if self.plan.warmups else self.halo  # each output's own warm-up
-        if steps == 0 or (self.warmup == "nan" and steps <= shortest):
+        shortest = min(self.plan.nan_rows(self.warmup), default=0)  # each output's own warm-up
+        if steps == 0 or steps <= shortest:
             raise ShapeError(
                 f"the series has {steps} steps but the pipeline's shortest warm-up is {shortest} steps, so every "
                 "output would be NaN",
-                hint="pass a longer series, or build the module with warmup='zero' for zero history.",
+                hint=f"pass a longer series, or a shorter [preprocess] (its first {self.plan.pre_halo} steps are "
+                "NaN whatever the warm-up)."
+                if self.plan.pre_halo
+                else "pass a longer series, or build the module with warmup='zero' for zero history.",
             )
         _refuse_grad("tsconv.nn.Pipeline", x)
         with torch.no_grad():

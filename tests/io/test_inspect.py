@@ -134,6 +134,26 @@ def test_zero_warmup_has_no_warmup_nans(tmp_path: Path) -> None:
     assert "warm-up NaNs: none (the run computed the first rows with zero history)" in _text(out)
 
 
+def test_zero_warmup_counts_the_preprocess_nans_as_warmup(tmp_path: Path) -> None:
+    # a [preprocess]'s first steps are NaN whatever --warmup, and reach every output: they were counted as
+    # NaNs "in the data", beside "warm-up NaNs: none (... zero history)"
+    src = write_store(tmp_path / "in.zarr", price_series(1000, 2, seed=4), chunks=(256, 2))
+    out = tmp_path / "out.zarr"
+    pipe = tmp_path / "p.toml"
+    pipe.write_text(
+        '[preprocess]\ntransform = "log_return"\nzscore = 256\n\n[[conv]]\nfilters = ["id", "ma:4", "ma:16"]\n'
+    )
+    tsconv.process(src, out, pipeline=pipe, chunk=256, device="cpu", warmup="zero")
+    y = np.asarray(zarr.open_group(str(out), mode="r")["values"][:])
+    lead = [int(np.argmax(~np.isnan(y[:, j]))) for j in range(y.shape[1])]
+    assert min(lead) > 0 and np.isfinite(y[max(lead) :]).all()
+    info = inspect_store(out)
+    assert info["nan_total"] == 0 and info["warmup_nans"] == sum(lead) and info["warmup_rows"] == max(lead)
+    text = _text(out)
+    assert f"warm-up NaNs: {sum(lead):,} in the first {max(lead)} rows (the [preprocess] leaves" in text
+    _no_internals(text)
+
+
 def test_an_input_store_has_no_warmup_line(tmp_path: Path) -> None:
     x = price_series(300, 2, nan_fraction=0.1)
     src = write_store(tmp_path / "in.zarr", x)

@@ -36,12 +36,19 @@ def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str, *, 
     if rows == 0:
         raise StoreError(f"{where}: the series is empty (0 steps)", hint=empty_hint)
     # each output has its own warm-up (a bank's short filters are valid before its long ones)
-    shortest = min(plan.warmups) if plan.warmups else plan.halo
-    if warmup == "nan" and rows <= shortest:
+    shortest = min(plan.nan_rows(warmup), default=0)
+    if rows <= shortest:
+        if plan.pre_halo:
+            hint = (
+                f"use a longer series or a shorter [preprocess]: its first {plan.pre_halo} steps are NaN "
+                "whatever --warmup, and every output's window must reach past them."
+            )
+        else:
+            hint = "use a longer series, shorter filters, or warmup='zero' (--warmup zero) for zero history."
         raise StoreError(
             f"{where}: the series has {rows} steps but the pipeline's shortest warm-up is {shortest} steps, "
             "so every output would be NaN",
-            hint="use a longer series, shorter filters, or warmup='zero' (--warmup zero) for zero history.",
+            hint=hint,
         )
 
 

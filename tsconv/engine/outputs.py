@@ -635,7 +635,8 @@ def to_parquet(
             "features": list(plan.output_names),
             "pipeline": plan.as_run(),
             "tsconv": {"version": __version__, "rows": store.rows, "chunk": chunk, "warmup": warmup,
-                       "halo": plan.halo, "warmups": list(plan.warmups), "complete": True, "run_id": run_id},
+                       "halo": plan.halo, "warmups": list(plan.warmups), "pre_halo": plan.pre_halo,
+                       "complete": True, "run_id": run_id},
         }  # fmt: skip
         t0 = time.perf_counter()
         reset_device(device)
@@ -748,6 +749,7 @@ def _output_attrs(
             "warmup": warmup,
             "halo": plan.halo,
             "warmups": list(plan.warmups),  # each output's own warm-up rows (tsconv inspect counts them)
+            "pre_halo": plan.pre_halo,  # the [preprocess]'s NaN steps, warm-up NaNs with --warmup zero too
             "fingerprint": fingerprint,
             "run_id": run_id,
             "input_digest": digest_note(digest) if digest is not None else None,

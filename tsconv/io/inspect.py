@@ -58,8 +58,9 @@ def _resume_command(store: InputStore, meta: dict[str, Any], source: Any) -> str
 def _warmup_rows(meta: dict[str, Any], rows: int, n_features: int) -> np.ndarray:
     """Per output, the rows its warm-up left NaN: its own warm-up (``warmups``; older outputs record only
     the ``halo``, every output's then) less the input rows before a ``[preprocess] time_range``; none with
-    ``--warmup zero``."""
-    if meta.get("warmup") != "nan":
+    ``--warmup zero``, unless a ``[preprocess]`` left its first steps NaN (``pre_halo``), which reach every
+    output as with ``--warmup nan``."""
+    if meta.get("warmup") != "nan" and not meta.get("pre_halo"):
         return np.zeros(n_features, dtype=np.int64)
     first = int((meta.get("input_rows") or [0])[0])
     warm = meta.get("warmups")
@@ -102,6 +103,7 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
             )
         info["rows_written"] = written
         info["warmup"] = meta.get("warmup")
+        info["pre_halo"] = int(meta.get("pre_halo") or 0)
         warmup = np.minimum(_warmup_rows(meta, store.rows, store.n_features), written)
         info["warmup_rows"] = int(warmup.max()) if warmup.size else 0
     if store.time is not None:
@@ -183,8 +185,14 @@ def inspect_lines(info: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"{'NaNs':>14}: none{where}")
         lines += [f"{'':>16}{name}: {count:,}" for name, count in nz[:10]]
-        if output and info.get("warmup") == "zero":
+        if output and info.get("warmup") == "zero" and not info.get("pre_halo"):
             lines.append(f"{'warm-up NaNs':>14}: none (the run computed the first rows with zero history)")
+        elif output and info.get("warmup") == "zero":
+            lines.append(
+                f"{'warm-up NaNs':>14}: {info['warmup_nans']:,} in the first {_plural(info['warmup_rows'], 'row')}"
+                f" (the [preprocess] leaves its first {info['pre_halo']} steps NaN, which --warmup zero does not"
+                " compute)"
+            )
         elif output:
             lines.append(
                 f"{'warm-up NaNs':>14}: {info['warmup_nans']:,} in the first {_plural(info['warmup_rows'], 'row')}"

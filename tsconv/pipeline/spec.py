@@ -293,6 +293,13 @@ class ResolvedPipeline:
             return [(values[0], slice(None))]
         return [(v, np.flatnonzero(w == v)) for v in values]
 
+    def nan_rows(self, warmup: str) -> tuple[int, ...]:
+        """Per output, the leading steps a run with ``warmup`` leaves NaN: its warm-up with "nan"; with
+        "zero" none, unless a ``[preprocess]`` leaves its first steps NaN, which reach every output as
+        NaNs before a feature's first value do (zero history does not compute them)."""
+        warm = self.warmups if self.warmups else (self.halo,) * self.n_outputs
+        return tuple(warm) if warmup == "nan" or self.pre_halo else (0,) * len(warm)
+
     @property
     def preprocess(self) -> Preprocess | None:
         return self.pipeline.preprocess
