@@ -49,6 +49,30 @@ def test_absent_chunks_of_a_zero_fill_are_warned_by_process_and_inspect(
     assert "2 of 6 chunk files" in line and "rows 100..149" in line and "fill value 0" in line
 
 
+@pytest.mark.parametrize("index_location", ["end", "start"])
+def test_inner_chunks_never_written_in_a_shard_are_warned_by_process_and_inspect(
+    tmp_path: Path, index_location: str
+) -> None:
+    # 420 rows in chunks of 50 inside shards of 150: rows 100..149 never written in the first shard (its
+    # file exists), the second shard file never written; the last shard's inner chunk past row 420 is
+    # absent from its index but outside the array, so not counted.
+    x = price_series(420, 3)
+    src = tmp_path / "s.zarr"
+    g = zarr.open_group(str(src), mode="w")
+    shards = {"shape": (150, 3), "index_location": index_location}
+    v = g.create_array("values", shape=x.shape, dtype=x.dtype, chunks=(50, 3), shards=shards, fill_value=0.0)
+    v[0:100] = x[0:100]
+    v[300:420] = x[300:420]
+    g.create_array("time", data=T0 + np.arange(420, dtype=np.int64) * 1_000_000, chunks=(50,))
+    g.attrs["features"] = ["a", "b", "c"]
+    assert (src / "values" / "c" / "0" / "0").is_file()  # the partly written shard is there
+    line = warned_once_then_inspected(
+        src, tmp_path / "o.zarr", pipeline=PIPE, label="absent chunks:",
+        match=r"4 of 9 chunks .* never written \(the first: rows 100\.\.149\).*fill value 0",
+    )  # fmt: skip
+    assert "4 of 9 chunks" in line and "rows 100..149" in line
+
+
 @pytest.mark.parametrize(
     ("fill", "partial"), [(np.nan, True), (None, False)], ids=["nan-fill-with-absent-chunks", "complete"]
 )

@@ -567,17 +567,18 @@ def _coordinate_names(coord: zarr.Array, key: str, n: int, where: str) -> tuple[
 class AbsentChunks:
     """Chunk files of an input's values that were never written, which read as a fill value other than NaN."""
 
-    count: int  # absent chunk files (shard files for a sharded array)
-    of: int  # chunk files the array's shape calls for
+    count: int  # absent chunk files, or absent inner chunks where the shards' indexes were read
+    of: int  # chunk files (or inner chunks) the array's shape calls for
     first_rows: tuple[int, int]  # the first absent one's rows [start, stop)
     fill: float | int
+    what: str = "chunk files"
 
     def message(self) -> str:
         """One line: which rows, how many chunk files, what they read as, and what to do."""
         a, b = self.first_rows
         fill = f"{self.fill:g}" if isinstance(self.fill, float) else str(self.fill)
         return (
-            f"{self.count:,} of {self.of:,} chunk files of the values were never written (the first: rows "
+            f"{self.count:,} of {self.of:,} {self.what} of the values were never written (the first: rows "
             f"{a:,}..{b - 1:,}); zarr reads them as the fill value {fill}, not as missing values; if a writer "
             f"stopped early, rewrite those rows; if those chunks really hold only {fill}, ignore this"
         )
@@ -607,6 +608,16 @@ def absent_chunks(store: InputStore) -> AbsentChunks | None:
         for d, _, files in os.walk(root)
         for f in files
     }
+    fill = float(fill) if np.dtype(values.dtype).kind == "f" else int(fill)
+    inner = _written_inner_chunks(values, root, present) if getattr(values, "shards", None) else None
+    if inner is not None:
+        written, grid = inner
+        if written.all():
+            return None
+        first = np.unravel_index(int(np.argmin(written)), written.shape)
+        start = int(first[0]) * grid[0]
+        stop = min(start + grid[0], int(values.shape[0]))
+        return AbsentChunks(int(written.size - written.sum()), written.size, (start, stop), fill, "chunks")
     grid = tuple(int(c) for c in (getattr(values, "shards", None) or values.chunks))
     counts = tuple(-(-int(n) // c) for n, c in zip(values.shape, grid, strict=True))
     key = values.metadata.encode_chunk_key
@@ -619,8 +630,64 @@ def absent_chunks(store: InputStore) -> AbsentChunks | None:
         return None
     start = first[0] * grid[0]
     stop = min(start + grid[0], int(values.shape[0]))
-    kind = np.dtype(values.dtype).kind
-    return AbsentChunks(count, math.prod(counts), (start, stop), float(fill) if kind == "f" else int(fill))
+    return AbsentChunks(count, math.prod(counts), (start, stop), fill)
+
+
+def _written_inner_chunks(
+    values: zarr.Array, root: Path, present: set[str]
+) -> tuple[np.ndarray, tuple[int, ...]] | None:
+    """Which inner chunks of a sharded array were written (the grid of inner chunks over the array's shape),
+    read from each shard file's index, and the inner chunk shape.
+
+    zarr writes a partly filled shard with its unwritten inner chunks marked absent in the index, so the
+    shard files alone miss them. Only the index bytes are read. None where the index is not the spec's
+    plain one (little- or big-endian uint64 pairs, with or without a crc32c) or codecs precede sharding:
+    the caller then counts shard files, as before.
+    """
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+    codecs = values.metadata.codecs
+    if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+        return None
+    sharding = codecs[0]
+    kinds = tuple(type(c) for c in sharding.index_codecs)
+    if kinds not in ((BytesCodec,), (BytesCodec, Crc32cCodec)):
+        return None
+    inner = tuple(int(c) for c in sharding.chunk_shape)
+    shard = tuple(int(s) for s in values.shards)
+    if len(inner) != len(shard) or any(s % c for s, c in zip(shard, inner, strict=True)):
+        return None
+    per_shard = tuple(s // c for s, c in zip(shard, inner, strict=True))
+    n = math.prod(per_shard)
+    size = 16 * n + 4 * (len(kinds) - 1)
+    endian = getattr(sharding.index_codecs[0].endian, "value", None)
+    dtype = np.dtype(">u8" if endian == "big" else "<u8")
+    at_start = getattr(sharding.index_location, "value", sharding.index_location) == "start"
+    shards = tuple(-(-int(m) // s) for m, s in zip(values.shape, shard, strict=True))
+    written = np.zeros(tuple(a * b for a, b in zip(shards, per_shard, strict=True)), dtype=bool)
+    key = values.metadata.encode_chunk_key
+    for idx in np.ndindex(*shards):
+        name = key(idx)
+        if name not in present:
+            continue
+        cells = tuple(slice(i * p, (i + 1) * p) for i, p in zip(idx, per_shard, strict=True))
+        try:
+            fd = os.open(root / name, os.O_RDONLY)
+            try:
+                length = os.fstat(fd).st_size
+                raw = os.pread(fd, size, 0 if at_start else max(length - size, 0))
+            finally:
+                os.close(fd)
+        except OSError:
+            raw = b""
+        if len(raw) != size:  # unreadable or truncated: zarr's own read of that shard reports it
+            written[cells] = True
+            continue
+        # The crc32c is not checked here: zarr checks it when the shard is read.
+        offsets = np.frombuffer(raw, dtype, count=2 * n).reshape((*per_shard, 2))[..., 0]
+        written[cells] = offsets != np.iinfo(np.uint64).max
+    grid = tuple(-(-int(m) // c) for m, c in zip(values.shape, inner, strict=True))
+    return written[tuple(slice(0, g) for g in grid)], inner
 
 
 def warn_absent_chunks(store: InputStore) -> AbsentChunks | None:
