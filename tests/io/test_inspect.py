@@ -231,3 +231,16 @@ def test_a_sliced_resave_of_an_output_is_not_called_complete(tmp_path: Path) -> 
         "tsconv wrote it" in text
     )
     assert "complete" not in text and "warm-up" not in text
+
+
+def test_a_damaged_chunk_names_the_store_and_the_file_to_restore(tmp_path: Path) -> None:
+    # it had said "of the store" and hinted to check the store with `tsconv inspect`, the command that failed
+    src = _store(tmp_path / "s.zarr", price_series(300, 4))
+    # chunks of 100 rows x 2 features: the second file of rows 100..200, so not the first one the band reads
+    (src / "values" / "c" / "1" / "1").write_bytes(b"garbage")
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert res.exit_code != 0
+    [line] = res.output.strip().splitlines()
+    assert line.startswith(f"tsconv: error: cannot read rows 100..200 of {src}: ")
+    assert f"the chunk file {src / 'values' / 'c' / '1' / '1'} (rows 100..200) is damaged" in line
+    assert "restore it from a copy" in line and "tsconv inspect" not in line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,10 @@ from click.testing import CliRunner, Result
 
 import tsconv
 from tsconv.cli import main
-from tsconv.errors import TsconvError
+from tsconv.errors import TsconvError, TsconvWarning
 from tsconv.io.plot import MAX_POINTS, parse_rows, plot_store
 
-from ..helpers import price_series, write_store
+from ..helpers import T0, price_series, write_store
 
 pytest.importorskip("matplotlib")
 
@@ -164,3 +165,59 @@ def test_a_feature_named_like_a_glob_is_picked_by_its_own_name() -> None:
     assert match_features(names, ["px[1]"]) == ["px[1]"]  # not px1, which the glob matches
     assert match_features(names, ["px?"]) == ["px?"]
     assert match_features(names, ["px*"]) == ["px1", "px[1]", "px?"]
+
+
+def _drawn(monkeypatch: pytest.MonkeyPatch) -> dict[str, np.ndarray]:
+    """Each line plot draws, by its label: the y values."""
+    import matplotlib.axes
+
+    lines: dict[str, np.ndarray] = {}
+    draw = matplotlib.axes.Axes.plot
+
+    def record(self: object, x: object, y: object, *args: object, **kw: object) -> object:
+        lines[str(kw.get("label"))] = np.asarray(y)
+        return draw(self, x, y, *args, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", record)
+    return lines
+
+
+def test_a_rewritten_input_is_not_drawn_on_the_outputs_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the input re-written with 50 earlier rows in front: read by row number, rows 50 earlier were drawn
+    x = price_series(300, 1)
+    src = write_store(tmp_path / "in.zarr", x)
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, device="cpu", progress=False)
+    g = zarr.open_group(str(src), mode="w")
+    g.create_array("values", data=np.concatenate([np.zeros((50, 1), np.float32), x]))
+    g.create_array("time", data=T0 + np.arange(-50, 300, dtype=np.int64) * 1_000_000)
+    g.attrs["features"] = ["x0"]
+    lines = _drawn(monkeypatch)
+    with pytest.warns(TsconvWarning) as caught:
+        result = plot_store(out, features=["x0.diff1"], output=tmp_path / "p.png", rows="100:200")
+    assert result.inputs == () and list(lines) == ["x0.diff1"]
+    [message] = [str(w.message) for w in caught]
+    assert f"the input store {src} no longer matches the output's rows" in message
+    assert (
+        "output row 100 is 2026-01-02T09:30:00.05+00:00, the output's 2026-01-02T09:30:00.1+00:00" in message
+    )
+    assert "drawing the features alone" in message
+
+
+def test_a_time_range_output_is_drawn_beside_its_own_input_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = price_series(300, 1)
+    src = write_store(tmp_path / "in.zarr", x)
+    out = tmp_path / "out.zarr"
+    start, stop = (str(np.datetime64(T0 + r * 1_000_000, "ns")) for r in (120, 280))
+    pipe = {"preprocess": {"time_range": [start, stop]}, "conv": [{"filters": ["diff:1"]}]}
+    tsconv.process(src, out, pipeline=pipe, device="cpu", progress=False)
+    lines = _drawn(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TsconvWarning)
+        result = plot_store(out, features=["x0.diff1"], output=tmp_path / "p.png", rows="10:20")
+    assert result.inputs == ("x0",)
+    np.testing.assert_array_equal(lines["x0"], x[130:140, 0])

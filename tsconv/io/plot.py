@@ -21,6 +21,7 @@ import numpy as np
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
 from tsconv.io.names import matching
 from tsconv.io.store import InputStore, group_attrs, open_input
+from tsconv.io.timecoding import iso_utc
 from tsconv.pipeline.filters import filter_spec
 
 __all__ = ["PlotResult", "MAX_PANELS", "MAX_POINTS", "parse_rows", "match_features", "plot_store"]
@@ -95,8 +96,9 @@ def plot_store(
 
     ``output``: a .png, .svg or .pdf file. ``rows``: a slice or ``"A:B"`` (default: all rows). The x axis
     is the decoded time where the store has times, else the row number. For a tsconv output the input
-    series each feature was computed from is drawn beside it; when the input store cannot be read, the
-    features are drawn alone and a :class:`TsconvWarning` says why.
+    series each feature was computed from is drawn beside it; when the input store cannot be read, or its
+    times for the rows drawn are not the output's (rewritten since), the features are drawn alone and a
+    :class:`TsconvWarning` says why.
     """
     out = Path(output)
     if out.suffix.lower() not in _FORMATS:
@@ -250,6 +252,21 @@ def _inputs(
     order = list(dict.fromkeys(wanted.values()))
     if not order:
         return {}
+    if store.time is not None and src.time is not None:
+        ours = np.asarray(store.time[a:b])[::every]
+        theirs = np.asarray(src.time[first + a : first + b])[::every]
+        if not np.array_equal(ours, theirs):
+            # read by row number, a rewritten input would draw other rows on the output's time axis
+            k = int(np.flatnonzero(ours != theirs)[0])
+            warnings.warn(
+                f"the input store {source} no longer matches the output's rows: its time at output row "
+                f"{a + k * every:,} is {iso_utc(int(theirs[k]))}, the output's {iso_utc(int(ours[k]))} (was the "
+                "input rewritten since?); drawing the features alone (compute the output again, with "
+                "--overwrite, to draw it beside its inputs)",
+                TsconvWarning,
+                stacklevel=3,
+            )
+            return {}
     cols = [src.features.index(n) for n in order]
     y = _read(src, cols, first + a, first + b, every)
     series = {n: y[:, j] for j, n in enumerate(order)}
