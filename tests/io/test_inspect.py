@@ -242,5 +242,5 @@ def test_a_damaged_chunk_names_the_store_and_the_file_to_restore(tmp_path: Path)
     assert res.exit_code != 0
     [line] = res.output.strip().splitlines()
     assert line.startswith(f"tsconv: error: cannot read rows 100..200 of {src}: ")
-    assert f"the chunk file {src / 'values' / 'c' / '1' / '1'} (rows 100..200) is damaged" in line
+    assert f"the chunk file {src / 'values' / 'c' / '1' / '1'} (rows 100..199) is damaged" in line
     assert "restore it from a copy" in line and "tsconv inspect" not in line

@@ -71,21 +71,26 @@ def _warmup_rows(meta: dict[str, Any], rows: int, n_features: int) -> np.ndarray
     return np.clip(np.asarray(warm, dtype=np.int64) - first, 0, rows)
 
 
-def _damaged_hint(store: InputStore, row: int) -> str:
-    """What to do when the values' band holding ``row`` does not read: the chunk file to restore or
-    rewrite, found by reading the band's chunk files one by one."""
+def _damaged_hint(store: InputStore, start: int, stop: int) -> str:
+    """What to do when the values' rows [start, stop) do not read: the chunk file to restore or rewrite,
+    found by reading the chunk files of those rows one by one."""
     values = store.values
     grid = tuple(int(c) for c in (getattr(values, "shards", None) or values.chunks))
-    a, b = row // grid[0] * grid[0], min((row // grid[0] + 1) * grid[0], store.rows)
-    key = values.metadata.encode_chunk_key
-    bad = 0  # where every file reads alone (an object fetch that failed once), name the band's first
-    for j in range(-(-store.n_features // grid[1])):
+    # where every file reads alone (an object fetch that failed once), name the first
+    bad = (start // grid[0], 0)
+    cells = (
+        (i, j)
+        for i in range(start // grid[0], -(-stop // grid[0]))
+        for j in range(-(-store.n_features // grid[1]))
+    )
+    for i, j in cells:
         try:
-            values[a:b, j * grid[1] : (j + 1) * grid[1]]
+            values[i * grid[0] : (i + 1) * grid[0], j * grid[1] : (j + 1) * grid[1]]
         except Exception:
-            bad = j
+            bad = (i, j)
             break
-    file = key((row // grid[0], bad))
+    a, b = bad[0] * grid[0], min((bad[0] + 1) * grid[0], store.rows)
+    file = values.metadata.encode_chunk_key(bad)
     where = values.store_path.store
     if store.remote or not hasattr(where, "root"):
         name = f"{str(values.store_path).rstrip('/')}/{file}"
@@ -93,7 +98,7 @@ def _damaged_hint(store: InputStore, row: int) -> str:
         name = str(Path(where.root) / values.store_path.path / file)
     reach = " (or, in an object store, it was out of reach: try again)" if store.remote else ""
     return (
-        f"the chunk file {name} (rows {a:,}..{b:,}) is damaged or truncated{reach}: restore it from a "
+        f"the chunk file {name} (rows {a:,}..{b - 1:,}) is damaged or truncated{reach}: restore it from a "
         "copy, or write the store again (one made by `tsconv ingest`: `tsconv ingest FILES -o STORE --overwrite`)."
     )
 
@@ -165,11 +170,12 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
                 else BlockReader(store.values, max_cached=1, where=str(store.path))
             )
             for a in range(0, written, reader.band_rows):
+                b = min(a + reader.band_rows, written)
                 try:
-                    band = np.isnan(reader.read(a, min(a + reader.band_rows, written)))
+                    band = np.isnan(reader.read(a, b))
                 except StoreError as exc:
                     # the readers' hint sends the user to `tsconv inspect`, the command that just failed
-                    raise StoreError(exc.message, hint=_damaged_hint(store, a)) from None
+                    raise StoreError(exc.message, hint=_damaged_hint(store, a, b)) from None
                 early = (a + np.arange(band.shape[0]))[:, None] < warmup[None, :]  # each output's own warm-up
                 warm += int((band & early).sum())
                 counts += (band & ~early).sum(axis=0)
