@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -495,3 +496,86 @@ def test_an_empty_feature_name_is_refused_on_every_route(route: str) -> None:
             tsconv.features(pd.DataFrame({"": x[:, 0], "b": x[:, 1]}), device="cpu")
         else:
             tsconv.Stream("default", features=["", "b"], device="cpu")
+
+
+def _frame_kinds(df: pl.DataFrame) -> dict[str, object]:
+    return {"polars": df, "pandas": df.to_pandas(), "pyarrow": df.to_arrow()}
+
+
+def test_integers_beyond_2_53_in_a_frame_are_warned_of_as_in_an_array() -> None:
+    # the frame's read stacked int64 columns as float64 (and polars' to_numpy turned one with a null into
+    # float64) before the check of integer dtypes saw them: rounded without a word
+    import pandas as pd
+
+    big = [None] + (2**53 + 1 + 3 * np.arange(1, 300)).tolist()
+    small = pl.Series("a", big[1:]).cast(pl.Float64).to_list()  # a float feature beside it
+    pipe = {"conv": [{"filters": ["id", "diff:1"]}]}
+    frames = {
+        "polars": pl.DataFrame({"b": [1.0] + small, "a": pl.Series(big[1:] + [big[1]], dtype=pl.Int64)}),
+        "polars with a null": pl.DataFrame({"b": [1.0] + small, "a": pl.Series(big, dtype=pl.Int64)}),
+        "pandas Int64": pd.DataFrame({"b": [1.0] + small, "a": pd.array(big, dtype="Int64")}),
+        "pyarrow uint64": pa.table({"b": [1.0] + small, "a": pa.array(big, pa.uint64())}),
+    }
+    said = r"feature 'a' holds integers beyond 2\^53 \(e\.g\. 9,007,199,254,74.*\), which float64 rounds"
+    for kind, frame in frames.items():
+        with pytest.warns(tsconv.TsconvWarning, match=said) as record:
+            tsconv.features(frame, pipe, device="cpu")
+        assert len([w for w in record if "2^53" in str(w.message)]) == 1, kind
+        stream = tsconv.Stream(pipe, features=["b", "a"], device="cpu")
+        with pytest.warns(tsconv.TsconvWarning, match=said):
+            stream.push(frame)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per stream, as for arrays
+            stream.push(frame)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tsconv.features(pl.DataFrame({"a": [2**53, None, -(2**53)]}), pipe, device="cpu")
+
+
+def test_a_column_of_nulls_only_does_not_widen_the_read_of_the_others() -> None:
+    # it was cast to Float64, so the frame read as float64 and a dense first stage gave the other columns'
+    # outputs other bits than the same frame with that column Float32 (and a stream's later push switched)
+    rng = np.random.default_rng(1)
+    x = (np.cumsum(rng.normal(size=(600, 3)), 0) + 100).astype(np.float32)
+    w = rng.normal(size=(4, 3, 5)).astype(np.float32)
+    pipe = {"conv": [{"weights": np.concatenate([w, w]), "groups": 2, "weight_dtype": "float32"}]}
+    typed = pl.DataFrame({k: x[:, j % 3] if j < 3 else np.full(600, np.nan, np.float32)
+                          for j, k in enumerate("abcdef")}).fill_nan(None)  # fmt: skip
+    want = tsconv.features(typed, pipe, device="cpu").to_numpy()
+    nulls = typed.with_columns(pl.lit(None).alias("d"))
+    for kind, frame in _frame_kinds(nulls).items():
+        got = tsconv.features(frame, pipe, device="cpu")
+        got = got.to_numpy() if kind != "pyarrow" else pl.from_arrow(got).to_numpy()
+        np.testing.assert_array_equal(got, want, err_msg=kind)
+    # other columns of float64 still read as float64
+    wide = nulls.with_columns(pl.col("a", "b", "c").cast(pl.Float64))
+    np.testing.assert_array_equal(
+        tsconv.features(wide, pipe, device="cpu").to_numpy(),
+        tsconv.features(wide.with_columns(pl.col("d").cast(pl.Float64)), pipe, device="cpu").to_numpy(),
+    )
+    # pushes with the column of nulls in the later ones equal features() of all rows
+    small = {"conv": [{"weights": w, "weight_dtype": "float32"}]}
+    rows = typed.select("a", "b", "c")
+    stream = tsconv.Stream(small, features=["a", "b", "c"], device="cpu")
+    cuts = [0, 7, 65, 300, 450, 600]
+    pushed = [
+        rows[a:b].with_columns(pl.lit(None).alias("c")) if a >= 300 else rows[a:b]
+        for a, b in zip(cuts, cuts[1:], strict=False)
+    ]
+    got = np.concatenate([stream.push(p) for p in pushed])
+    np.testing.assert_array_equal(
+        got, tsconv.features(pl.concat(pushed, how="vertical_relaxed"), small, device="cpu").to_numpy()
+    )
+
+
+def test_an_output_named_as_the_time_column_is_refused_before_computing() -> None:
+    # polars raised its own DuplicateError as it put the time column beside the outputs
+    df = pl.DataFrame({"x.id": np.arange(50), "x": np.arange(50.0) + 100})
+    for kind, frame in _frame_kinds(df).items():
+        with pytest.raises(
+            ShapeError, match="the output 'x.id' has the name of the frame's time column"
+        ) as err:
+            tsconv.features(
+                frame, {"conv": [{"filters": ["id", "diff:1"]}]}, time_column="x.id", device="cpu"
+            )
+        assert "rename the time column or the feature" in err.value.hint, kind

@@ -25,8 +25,16 @@ from tsconv.engine.run import (
     run,
 )
 from tsconv.errors import ShapeError
-from tsconv.io.dataframes import frame_input, frame_kind, frame_output, index_is_time, to_polars
+from tsconv.io.dataframes import (
+    frame_input,
+    frame_kind,
+    frame_output,
+    index_is_time,
+    refuse_time_clash,
+    to_polars,
+)
 from tsconv.io.names import describe_repeats, ordered_names, repeated_names
+from tsconv.io.precision import WideIntegerCheck
 from tsconv.io.readers.blocks import ArraySource
 from tsconv.io.writers.memory import ArraySink
 from tsconv.pipeline.spec import PipelineLike, ResolvedPipeline, as_pipeline, resolve
@@ -103,6 +111,8 @@ def features(
         if index is not None and index_is_time(index, has_time_column=timed):
             _check_index(index, "the frame's index", time_column=time_column if timed else None)
         plan = _plan_for(pipeline, feature_names, source.rows, warmup, f"features() on {kind} frames")
+        refuse_time_clash(plan.output_names, time_series)
+        WideIntegerCheck(plan.input_names).see_ranges(source.int_range)
         sink = ArraySink(source.rows, plan.n_outputs, feature_major=True)
         _run_in_memory(source, plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
         frame = frame_output(plan.output_names, sink.out, time_series)

@@ -308,6 +308,7 @@ class Stream:
             )
         cols = [*names, *([time_column] if time_column else [])]
         _, source, t = frame_input(frame.select(cols), time_column=time_column, band_rows=1, caller="push()")
+        self._wide_ints.see_ranges(source.int_range)
         return source.read(0, source.rows), None if t is None else t.to_numpy()
 
     def _checked(self, rows: Any) -> np.ndarray:

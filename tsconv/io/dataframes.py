@@ -13,18 +13,34 @@ from tsconv.io.contracts import HostSource
 from tsconv.io.names import repeated_names
 from tsconv.io.precision import exact_in_float32
 
-__all__ = ["FrameColumns", "frame_input", "frame_kind", "frame_output", "index_is_time", "to_polars"]
+__all__ = [
+    "FrameColumns",
+    "frame_input",
+    "frame_kind",
+    "frame_output",
+    "index_is_time",
+    "refuse_time_clash",
+    "to_polars",
+]
 
 
 class FrameColumns(HostSource):
     """A polars frame's feature columns (as 1-D numpy arrays) as a run's source and its own reader: each
     read stacks the rows of one chunk into a [rows, F] block, float32, or float64 where a column's dtype does not
-    fit float32 exactly (as a float64 array is read)."""
+    fit float32 exactly (as a float64 array is read). ``int_range``: the least and greatest value of each
+    64- or 128-bit integer column, by name, taken before any conversion, for :class:`WideIntegerCheck`."""
 
     where = "the frame"
 
-    def __init__(self, columns: list[np.ndarray], *, band_rows: int = 65536) -> None:
+    def __init__(
+        self,
+        columns: list[np.ndarray],
+        *,
+        band_rows: int = 65536,
+        int_range: dict[str, tuple[int, int]] | None = None,
+    ) -> None:
         self.columns = columns
+        self.int_range = int_range or {}
         self.rows = int(columns[0].shape[0])
         self.n_features = len(columns)
         self.band_rows = band_rows
@@ -152,14 +168,14 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
     feats = frame.drop(time_column) if time is not None else frame
     # a column of nulls only has no numeric type (polars: Null; pandas' None objects: String), yet it is a
     # feature with no value yet (a symbol that has not traded): its values are missing, as a numeric column's
-    # nulls are
+    # nulls are. Float32, which holds NaN, so that it does not make the other columns read as float64
     empty = [
         n
         for n, d in feats.schema.items()
         if d in (pl.Null, pl.String) and feats[n].null_count() == feats.height
     ]
     if empty:
-        feats = feats.with_columns(pl.col(empty).cast(pl.Float64))
+        feats = feats.with_columns(pl.col(empty).cast(pl.Float32))
     wrong = [(n, d) for n, d in feats.schema.items() if not _is_numeric(d)]
     if wrong:
         bad = [f"{n} ({d})" for n, d in wrong]
@@ -179,10 +195,27 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
         )
     if feats.width == 0:
         raise ShapeError(f"{caller}: the frame has no feature columns")
+    # the read stacks int64 columns as float64, and polars' to_numpy gives one with a null as float64: values
+    # beyond 2^53 are rounded before a WideIntegerCheck sees them, so their range is taken here
+    int_range = {
+        s.name: (int(s.min()), int(s.max()))
+        for s in feats.get_columns()
+        if s.dtype in (pl.Int64, pl.UInt64, pl.Int128, pl.UInt128) and s.null_count() < s.len()
+    }
     # zero-copy for floats without nulls; numpy has no 128-bit integers: those are read as float64, as int64s are
     wide = (pl.Int128, pl.UInt128)
     columns = [(s.cast(pl.Float64) if s.dtype in wide else s).to_numpy() for s in feats.get_columns()]
-    return tuple(feats.columns), FrameColumns(columns, band_rows=band_rows), time
+    return tuple(feats.columns), FrameColumns(columns, band_rows=band_rows, int_range=int_range), time
+
+
+def refuse_time_clash(output_names: tuple[str, ...], time: Any) -> None:
+    """Refuse (before computing) an output named as the time column that :func:`frame_output` puts beside it."""
+    if time is not None and time.name in output_names:
+        raise ShapeError(
+            f"features(): the output {time.name!r} has the name of the frame's time column; a frame's columns "
+            "are read by name, so both cannot be in the result",
+            hint="rename the time column or the feature (or name another time column with time_column=...).",
+        )
 
 
 def frame_output(names: tuple[str, ...], values: np.ndarray, time: Any) -> Any:

@@ -9,7 +9,7 @@ carries it: :func:`float32_loss` says so where it exceeds :data:`WARN_AT` of a f
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -208,14 +208,29 @@ class WideIntegerCheck:
         if hit.size == 0:
             return
         j = int(hit[0])
-        value = rows[int(np.argmax(big[:, j])), j]
-        name = self.names[j]
+        self._warn(self.names[j], int(rows[int(np.argmax(big[:, j])), j]), len(hit))
+
+    def see_ranges(self, ranges: Mapping[str, tuple[int, int]]) -> None:
+        """Check the least and greatest value of integer columns, by feature name (names not among this
+        check's are not read), where the values reach the reader already converted: a frame's columns."""
+        if self.warned:
+            return
+        hit = [
+            (n, lo, hi)
+            for n, (lo, hi) in ranges.items()
+            if n in self.names and not -_FLOAT64_EXACT <= lo <= hi <= _FLOAT64_EXACT
+        ]
+        if hit:
+            name, lo, hi = hit[0]
+            self._warn(name, hi if hi > _FLOAT64_EXACT else lo, len(hit))
+
+    def _warn(self, name: str, value: int, count: int) -> None:
         self.warned = True
         warnings.warn(
-            f"feature {name!r} holds integers beyond 2^53 (e.g. {int(value):,}), which float64 rounds to a "
-            f"multiple of {int(np.spacing(np.float64(abs(int(value))))):,}: its differences and deviations lose "
-            f"those low digits ({len(hit)} feature(s) like it); subtract a reference value (e.g. the first) before "
+            f"feature {name!r} holds integers beyond 2^53 (e.g. {value:,}), which float64 rounds to a "
+            f"multiple of {int(np.spacing(np.float64(abs(value)))):,}: its differences and deviations lose "
+            f"those low digits ({count} feature(s) like it); subtract a reference value (e.g. the first) before "
             "storing them, or store them as float64 if that rounding is acceptable",
             TsconvWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
