@@ -7,6 +7,7 @@ import contextlib
 import gc
 import json
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -38,6 +39,42 @@ def _quiet_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, fd)
     os.close(devnull)
+
+
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a batch scheduler's stop, a closed terminal), raised as Ctrl-C is, so that the
+    same clean-up runs (the lock released, temporary files removed) and the same advice is printed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+_STOP_NAMES = {"SIGTERM": "terminated (SIGTERM)", "SIGHUP": "hung up (SIGHUP)"}
+
+
+def _install_stop_handlers() -> None:
+    """The first SIGINT, SIGTERM or SIGHUP stops the command through its clean-up; a second one during that
+    clean-up is noted and waits for it (it had broken off the clean-up with click's "Aborted!" or a
+    traceback from the interpreter's thread shutdown); a third ends the process at once."""
+    seen: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        if len(seen) == 1:
+            raise KeyboardInterrupt if signum == signal.SIGINT else _Stopped(signum)
+        if len(seen) == 2:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write("tsconv: finishing the clean-up first; interrupt again to stop at once\n")
+                sys.stderr.flush()
+            return
+        os._exit(128 + signum)
+
+    for name in _STOP_SIGNALS:
+        sig = getattr(signal, name, None)  # SIGHUP: not on Windows
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+            signal.signal(sig, stop)
 
 
 def _after_interrupt(command: str | None, args: list[str]) -> str:
@@ -89,11 +126,12 @@ class _Group(click.Group):
         except click.UsageError as exc:
             command = f"tsconv {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "tsconv"
             _fail(f"{exc.format_message()} (see `{command} --help`)")
-        except KeyboardInterrupt:
-            _fail(
-                "interrupted; " + _after_interrupt(ctx.invoked_subcommand, ctx.meta.get("tsconv.args", [])),
-                code=130,
-            )
+        except KeyboardInterrupt as exc:
+            advice = _after_interrupt(ctx.invoked_subcommand, ctx.meta.get("tsconv.args", []))
+            if isinstance(exc, _Stopped):
+                name = signal.Signals(exc.signum).name
+                _fail(f"{_STOP_NAMES.get(name, name)}; {advice}", code=128 + exc.signum)
+            _fail("interrupted; " + advice, code=130)
         except BrokenPipeError:
             _quiet_stdout()
             sys.exit(141)  # as a tool killed by SIGPIPE (`tsconv filters | head -1`): no error line
@@ -132,10 +170,12 @@ def run() -> None:
     a 2-core machine (wall time against ``os._exit``; benchmarks/NOTES.md, "Fixed costs around the
     loop"), which a batch job pays per store. By then the command's work is done and its files are
     closed; the atexit handlers (thread pools, temporary files, dask) still run first, and the last of
-    them flushes the standard streams and ends the process with the command's code.
+    them flushes the standard streams and ends the process with the command's code. SIGTERM and SIGHUP
+    stop it as Ctrl-C does (exit status 143 and 129).
     """
     atexit.register(_exit_now)  # registered first, so it runs last
     _OWN_PROCESS.append(True)
+    _install_stop_handlers()
     try:
         main()
     except SystemExit as exc:

@@ -529,3 +529,67 @@ def test_contradictory_or_non_bool_output_flags_are_refused(
     with pytest.raises(TsconvError, match=needle):
         tsconv.process(src, out, chunk=CHUNK, **kw)
     assert out.stat().st_mtime_ns == before
+
+
+# ------------------------------------------------------------------------------ a scheduler's stop
+
+_STOPPED = """
+import os, signal, sys, threading
+import tsconv.io.writers.zarr_writer as w
+from tsconv.cli import run
+
+signums = [int(n) for n in sys.argv[1].split(",")]  # a second one reaches the clean-up
+calls = []
+
+def counted(rows_of):
+    def call(self, arg, *args, **kwargs):
+        calls.append(rows_of(arg))
+        if sum(calls) >= 3 * 26_214:  # past three output chunks (4 MB of 40 outputs): a run part-way
+            calls[:] = [-1e9]
+            # from another thread, so that all are pending before the main thread handles one (it
+            # handles pending signals lowest number first)
+            kills = threading.Thread(target=lambda: [os.kill(os.getpid(), n) for n in signums])
+            kills.start()
+            kills.join()
+        return original[call](self, arg, *args, **kwargs)
+    return call
+
+original = {}
+for name, rows_of in (("keep", int), ("append", len)):
+    wrapped = counted(rows_of)
+    original[wrapped] = getattr(w.OutputWriter, name)
+    setattr(w.OutputWriter, name, wrapped)
+sys.argv = ["tsconv", *sys.argv[2:]]
+run()
+"""
+
+
+@pytest.mark.parametrize(
+    "signums",
+    [[signal.SIGTERM], [signal.SIGHUP], [signal.SIGHUP, signal.SIGTERM], [signal.SIGINT, signal.SIGTERM]],
+    ids=["term", "hup", "hup+term", "int+term"],
+)
+def test_sigterm_and_sighup_stop_a_run_as_ctrl_c_does(tmp_path: Path, signums: list[int]) -> None:
+    # a batch scheduler stops a job with SIGTERM: the run died at once (status -15, no advice, the lock file
+    # and temporary files left); a second signal during Ctrl-C's clean-up broke it off ("Aborted!", status 1)
+    src = write_store(tmp_path / "big.zarr", price_series(200_000, 8, seed=2), chunks=(50_000, 8))
+    want, out = tmp_path / "want.zarr", tmp_path / "out.zarr"
+    tsconv.process(src, want, device="cpu")
+    args = ["process", "-i", str(src), "-o", str(out), "--device", "cpu", "-q"]
+    signum, times = min(signums), len(signums)
+    proc = subprocess.run([sys.executable, "-c", _STOPPED, ",".join(map(str, signums)), *args], env=_env(),
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 128 + signum, proc.stderr  # 130 for Ctrl-C, as before
+    name = signal.Signals(signum).name
+    lines = proc.stderr.splitlines()
+    said = {"SIGTERM": "terminated (SIGTERM)", "SIGHUP": "hung up (SIGHUP)", "SIGINT": "interrupted"}[name]
+    assert lines[-1] == f"tsconv: error: {said}; rerun with --resume to continue where it stopped", (
+        proc.stderr
+    )
+    assert len(lines) == times and "Traceback" not in proc.stderr
+    if times == 2:
+        assert lines[0] == "tsconv: finishing the clean-up first; interrupt again to stop at once"
+    assert not lock_path(out).exists() and _leftovers(tmp_path) == []
+    assert not _meta(out)["complete"] and 0 < _meta(out)["rows_done"] < 200_000
+    tsconv.process(src, out, device="cpu", resume=True)
+    np.testing.assert_array_equal(_values(out), _values(want))
