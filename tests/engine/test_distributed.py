@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -532,6 +533,13 @@ class _SwapStore(distributed.WorkerPlugin):
             shutil.copytree(out, out.with_name("theirs.zarr"), ignore=shutil.ignore_patterns("*.partial"))
             os.rename(out, aside)
             os.rename(out.with_name("theirs.zarr"), out)
+            out.with_name("theirs-files.json").write_text(json.dumps(_files(out)))
+
+
+def _files(store: Path) -> dict[str, list[int]]:
+    """Each file of ``store``: its inode and modification time (a chunk stored again is a new file)."""
+    return {str(p.relative_to(store)): [p.stat().st_ino, p.stat().st_mtime_ns] for p in store.rglob("*")
+            if p.is_file()}  # fmt: skip
 
 
 def test_the_client_does_not_mark_a_replaced_store_complete(client, src: Path) -> None:
@@ -544,6 +552,20 @@ def test_the_client_does_not_mark_a_replaced_store_complete(client, src: Path) -
         client.unregister_worker_plugin("swap-store")
     assert src.with_name("ours-aside.zarr").exists(), "the store was not swapped"
     assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"] is False
+    # the run's tasks, which run on after the client's cancel (as after a Ctrl-C), stored no chunk in the store
+    # put in its place
+    _wait_until_no_task_runs(client)
+    assert _files(out) == json.loads(out.with_name("theirs-files.json").read_text())
+
+
+def _wait_until_no_task_runs(client, timeout: float = 60.0) -> None:  # noqa: ANN001
+    """Until no worker's thread runs a task, cancelled ones included (the scheduler has forgotten those)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while any(client.run(lambda dask_worker: len(dask_worker.state.all_running_tasks)).values()):
+        assert time.monotonic() < end, "tasks still running"
+        time.sleep(0.1)
 
 
 def test_a_distributed_output_records_its_run_and_input(client, src: Path) -> None:

@@ -31,7 +31,7 @@ import tsconv
 import tsconv.io.writers.zarr_writer as writer_module
 from tsconv.cli import main
 from tsconv.engine import chunked
-from tsconv.errors import OutputBusyError, StoreError, TsconvError
+from tsconv.errors import OutputBusyError, OutputLostError, StoreError, TsconvError
 from tsconv.io.lock import OutputLock, lock_path
 from tsconv.io.writers.parquet_writer import remove_stale_temp_files
 from tsconv.io.writers.zarr_writer import (
@@ -224,6 +224,79 @@ def test_check_owner(tmp_path: Path, src: Path) -> None:
         check_owner(tmp_path / "copy.zarr", run_id=run_id, identity=identity)
     resumed = tsconv.process(src, out, chunk=CHUNK, resume=True)
     assert resumed.rows == 0 and _meta(out)["run_id"] == run_id  # nothing to do: nothing rewritten
+
+
+def _region_store(path: Path, run_id: str, fill: float) -> np.ndarray:
+    """A new output store of run ``run_id`` holding ``fill`` in every row, as ``run_id``'s writer left it."""
+    x = np.full((ROWS, FEATURES), fill, dtype=np.float32)
+    attrs = {"tsconv": {"complete": False, "rows": ROWS, "rows_done": 0, "run_id": run_id}}
+    w = OutputWriter.create(path, rows=ROWS, names=("a", "b", "c"), chunk_rows=CHUNK, time_source=None,
+                            attrs=attrs, threads=0, compression="lz4")  # fmt: skip
+    w.append(x)
+    w.finish()
+    return x
+
+
+def _files(store: Path) -> dict[str, int]:
+    return {str(p.relative_to(store)): p.stat().st_ino for p in sorted((store / "values").rglob("*"))}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["chunk-files", "through-zarr"])
+@pytest.mark.parametrize("how", ["swapped", "run-id"])
+def test_a_dask_task_stores_no_chunk_once_its_store_is_another_runs(
+    tmp_path: Path, how: str, fast: bool
+) -> None:
+    """A task outlives a client stopped by Ctrl-C: its writer must not store the old run's rows in the store
+    another run (--overwrite, or --resume in place) made of the output meanwhile."""
+    out, ours = tmp_path / "out.zarr", "a" * 32
+    _region_store(out, ours, 1.0)
+    w = OutputWriter.region(out, time_source=None, start=0, stop=ROWS, threads=0, fast=fast, run_id=ours,
+                            identity=store_identity(out))  # fmt: skip
+    w.append(np.full((CHUNK, FEATURES), 2.0, dtype=np.float32))  # one chunk stored while the store is ours
+    if how == "swapped":
+        os.rename(out, tmp_path / "aside.zarr")
+        want = _region_store(out, "b" * 32, 3.0)
+    else:
+        _set_run_id(out, "b" * 32)
+        want = _values(out)
+    before = _files(out)
+    with pytest.raises(OutputLostError, match=r"was replaced while this run \(run aaaaaaaaaaaa\).*this task "
+                       r"\(rows 0..3,000\) stores no more chunks"):  # fmt: skip
+        w.append(np.full((ROWS - CHUNK, FEATURES), 2.0, dtype=np.float32))
+        w.finish()
+    w.close()
+    assert _files(out) == before and np.array_equal(_values(out), want)
+
+
+@pytest.mark.skipif(os.rename not in os.supports_dir_fd, reason="no directory descriptors here")
+def test_a_dask_tasks_chunk_renamed_in_as_its_store_is_replaced_lands_in_the_old_store(
+    tmp_path: Path,
+) -> None:
+    """The store renamed aside between a chunk's check and its rename: the chunk goes to the discarded store,
+    which the task opened, not to the new one at the path; the next chunk is refused."""
+    out, aside = tmp_path / "out.zarr", tmp_path / "aside.zarr"
+    _region_store(out, "a" * 32, 1.0)
+    w = OutputWriter.region(out, time_source=None, start=0, stop=ROWS, threads=0, run_id="a" * 32,
+                            identity=store_identity(out))  # fmt: skip
+    assert w._chunks is not None
+    checked, real = [], w._chunks._guard
+    assert real is not None
+
+    def guard() -> None:
+        real()
+        checked.append(1)
+        if len(checked) == 2:  # the second chunk's check passed: now the other run's --overwrite
+            os.rename(out, aside)
+            _region_store(out, "b" * 32, 3.0)
+
+    w._chunks._guard = guard
+    with pytest.raises(OutputLostError, match="another directory is at that path now"):
+        w.append(np.full((ROWS, FEATURES), 2.0, dtype=np.float32))
+        w.finish()
+    w.close()
+    assert np.array_equal(_values(out), np.full((ROWS, FEATURES), 3.0, dtype=np.float32))
+    old = _values(aside)
+    assert (old[: 2 * CHUNK] == 2.0).all() and (old[2 * CHUNK :] == 1.0).all()
 
 
 # ---------------------------------------------------------------------------- overwrite crash safety

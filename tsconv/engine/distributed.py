@@ -161,6 +161,8 @@ def run_partition(
     fill: dict[str, Any] | None = None,
     first: list[int] | None = None,
     read_float64: bool = True,
+    run_id: str | None = None,
+    identity: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """One dask task: compute rows [start, stop) and write them into the output store (no attributes).
 
@@ -170,6 +172,8 @@ def run_partition(
     cover, where the task's walk back for its start's fill state may stop; ``first``: each selected
     feature's first row with a value (:func:`tsconv.engine.fill.first_values`), which bounds that walk too.
     The result's ``fill_end``: the fill state after the task's last row, where that is the input's last.
+    ``run_id``, ``identity``: the run's and its output's (:func:`tsconv.io.writers.zarr_writer.store_identity`):
+    the task stores a chunk only while the output is still that run's (it outlives a client stopped meanwhile).
     """
     import socket
 
@@ -191,9 +195,8 @@ def run_partition(
         rp = plan_run(source, plan, device=dev, chunk=chunk, warmup=warmup, start=start, stop=stop, cuda=cuda)
         rp = dataclasses.replace(rp, read_float64=read_float64)
         # the worker's share of the cores (threads) for writing too, not the default per process
-        writer = OutputWriter.region(
-            Path(output_path), time_source=store.time, start=start, stop=stop, threads=threads
-        )
+        writer = OutputWriter.region(Path(output_path), time_source=store.time, start=start, stop=stop,
+                                     threads=threads, run_id=run_id, identity=identity)  # fmt: skip
         reset_device(dev)
         carry = FillCarry(known=parse_fill_record(fill, len(plan.input_names)))
         if first is not None and len(first) == len(plan.input_names):
@@ -497,6 +500,8 @@ def run_distributed(
                     fill=fill,
                     first=first,
                     read_float64=read_float64,
+                    run_id=own,
+                    identity=identity,
                     key=f"tsconv-{a}-{b}-{tag}",
                     retries=retries,
                     pure=False,

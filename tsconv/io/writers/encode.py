@@ -21,10 +21,13 @@ Everything else goes through zarr (:class:`~tsconv.io.writers.zarr_writer.Output
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import threading
 import uuid
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +84,17 @@ class ChunkFileWriter:
         self.fill = self.dtype.type(layout.fill)
         self.write_empty = bool(array._async_array.config.write_empty_chunks)
         self._key = layout.key
+        self._guard: Callable[[], None] | None = None
+        self._dir_fd: int | None = None
+
+    def pin(self, guard: Callable[[], None], *, dir_fd: int | None = None) -> None:
+        """Call ``guard`` (which raises to refuse) before each chunk file is renamed into place or removed;
+        with ``dir_fd``, this array's directory opened earlier (owned from now on, closed with this writer),
+        write every file relative to it rather than to the path, wherever that directory is renamed to."""
+        self._guard = guard
+        if dir_fd is not None:
+            self._dir_fd = dir_fd
+            weakref.finalize(self, os.close, dir_fd)
 
     @classmethod
     def for_array(cls, array: Any) -> tuple[ChunkFileWriter | None, str | None]:
@@ -98,7 +112,7 @@ class ChunkFileWriter:
         :func:`encode_in_parts`)."""
         path = self.path(band)
         if not self.write_empty and self._all_fill(chunk):
-            path.unlink(missing_ok=True)  # what zarr does: an all-fill chunk is read as the fill value
+            self._remove(path)  # what zarr does: an all-fill chunk is read as the fill value
             return
         self._store(path, *encode_in_parts(self.codec, chunk, parts))
 
@@ -118,21 +132,67 @@ class ChunkFileWriter:
         value, removed as :meth:`write` removes it."""
         path = self.path(band)
         if empty and not self.write_empty:
-            path.unlink(missing_ok=True)
+            self._remove(path)
             return
         self._store(path, frame)
 
     def _store(self, path: Path, *data: Any) -> None:
+        if self._dir_fd is not None:
+            self._store_at(path.relative_to(self.root), data)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
         try:
             with open(tmp, "wb") as f:
                 for piece in data:
                     f.write(piece)
+            if self._guard is not None:
+                self._guard()
             os.replace(tmp, path)  # atomic: readers and a resumed run see the old file or the new one
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+
+    def _store_at(self, rel: Path, data: tuple[Any, ...]) -> None:
+        """:meth:`_store` relative to the pinned directory: a store renamed aside after the guard's check
+        gets the file in the renamed (discarded) directory, never in the store put at its path."""
+        fd = self._dir_fd
+        self._makedirs(rel.parent)
+        tmp = rel.with_name(f"{rel.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666, dir_fd=fd), "wb") as f:
+                for piece in data:
+                    f.write(piece)
+            assert self._guard is not None
+            self._guard()
+            os.replace(tmp, rel, src_dir_fd=fd, dst_dir_fd=fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=fd)
+            raise
+
+    def _makedirs(self, rel: Path) -> None:
+        """``rel`` and its parents below the pinned directory (``mkdir -p``)."""
+        if rel == Path():
+            return
+        try:
+            os.mkdir(rel, dir_fd=self._dir_fd)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            self._makedirs(rel.parent)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(rel, dir_fd=self._dir_fd)
+
+    def _remove(self, path: Path) -> None:
+        """Delete the chunk file ``path`` if there is one (past the guard, relative to a pinned directory)."""
+        if self._guard is not None:
+            self._guard()
+        with contextlib.suppress(FileNotFoundError):
+            if self._dir_fd is not None:
+                os.unlink(path.relative_to(self.root), dir_fd=self._dir_fd)
+            else:
+                path.unlink()
 
     def _all_fill(self, chunk: np.ndarray) -> bool:
         first = chunk.flat[0]

@@ -680,11 +680,12 @@ def check_owner(
     run_id: str | None,
     identity: tuple[int, int] | None,
     group: zarr.Group | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> None:
     """Refuse to go on when the output store at ``path`` is no longer the one this run created or resumed:
     its ``tsconv.run_id``, read from disk, is another run's, or its root is another directory (``identity``,
     from :func:`store_identity`). ``group``: read the attributes through zarr (stores that are not local
-    format-3 directories)."""
+    format-3 directories). ``rows``: the caller is a dask task writing these rows (an OutputLostError)."""
     if run_id is None:
         return
     try:
@@ -701,6 +702,13 @@ def check_owner(
         why = (
             "another directory is at that path now" if moved else f"its metadata names run {str(found)[:12]}"
         )
+        if rows is not None:
+            raise OutputLostError(
+                f"the output store {str(path)!r} was replaced while this run (run {run_id[:12]}) was writing it: "
+                f"{why}; this task (rows {rows[0]:,}..{rows[1]:,}) stores no more chunks in it",
+                hint="the run was stopped or lost its output to another run (--overwrite, --resume), whose "
+                "output stands; rerun this one if it is still wanted.",
+            )
         raise StoreError(
             f"the output store {str(path)!r} was replaced while this run (run {run_id[:12]}) was writing it: "
             f"{why}; not marking it complete",
@@ -1174,11 +1182,17 @@ class OutputWriter:
         threads: int | None = None,
         buffers: int | None = None,
         fast: bool = True,
+        run_id: str | None = None,
+        identity: tuple[int, int] | None = None,
     ) -> OutputWriter:
-        """A writer of the chunk-aligned rows [start, stop) only, which never touches the attributes."""
-        group = zarr.open_group(str(path), mode="r+")
-        return cls(
-            group,
+        """A writer of the chunk-aligned rows [start, stop) only, which never touches the attributes.
+
+        ``run_id``, ``identity``: the run's and its store's (:func:`store_identity` on the client): every chunk
+        is stored only while the store at ``path`` is still that run's, else an :class:`OutputLostError`
+        (a task of a stopped client's run goes on running, and must not write into a store that replaced it).
+        """
+        writer = cls(
+            zarr.open_group(str(path), mode="r+"),
             time_source=time_source,
             start=start,
             stop=stop,
@@ -1187,6 +1201,37 @@ class OutputWriter:
             buffers=buffers,
             fast=fast,
         )
+        if run_id is not None:
+            writer._pin(path, run_id=run_id, identity=identity)
+        return writer
+
+    def _pin(self, path: Path, *, run_id: str, identity: tuple[int, int] | None) -> None:
+        """A region writer's check of the store's owner, at once and before each chunk is stored."""
+        pinned = os.rename in os.supports_dir_fd
+        root_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY) if pinned else None
+        try:
+            here = os.fstat(root_fd) if root_fd is not None else os.stat(path)
+            local, rows = (here.st_dev, here.st_ino), (self.rows_done, self.stop)
+            # Device numbers of one shared file system differ between hosts (NFS), inode numbers do not: the
+            # client's identity is compared by its inode, the checks that follow by this host's.
+            first = local if identity is None else (here.st_dev, identity[1])
+            check_owner(path, run_id=run_id, identity=first, rows=rows)
+
+            def guard() -> None:
+                check_owner(path, run_id=run_id, identity=local, rows=rows)
+
+            if self._chunks is None or (self.time_out is not None and self._time_chunks is None):
+                self.check_lock = guard  # before each chunk, for the arrays zarr writes (one check a chunk)
+            for files in (self._chunks, self._time_chunks):
+                if files is not None:
+                    # Without directory descriptors (Windows), a store renamed in between the check and a
+                    # chunk's rename gets that chunk: one a writer thread at most.
+                    sub = os.path.relpath(files.root, path)
+                    fd = os.open(sub, os.O_RDONLY | os.O_DIRECTORY, dir_fd=root_fd) if pinned else None
+                    files.pin(guard, dir_fd=fd)
+        finally:
+            if root_fd is not None:
+                os.close(root_fd)
 
     # -- the caller's side ------------------------------------------------------------------------
 
