@@ -213,6 +213,22 @@ def test_resume_runs_only_unfinished_partitions(client, src: Path, want: dict[st
     assert tsconv.process(src, out, pipeline=DILATED, chunk=CHUNK, client=client, resume=True).rows == 0
 
 
+def test_a_resume_removes_the_killed_workers_temporary_chunk_files(
+    client, src: Path, want: dict[str, Path]
+) -> None:
+    out = src.with_name("dist-resume-partial.zarr")
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART)
+    _interrupt(out, [[0, 2048], [4096, 7168]])
+    # what a worker killed mid-write leaves: its chunk's temporary file, never renamed in
+    planted = [out / "values" / "c" / band / "0.0123abcd.partial" for band in ("2", "8")]
+    planted.append(out / "zarr.json.0123abcd.partial")  # and a progress update cut short
+    for tmp in planted:
+        tmp.write_bytes(b"half a chunk")
+    tsconv.process(src, out, chunk=CHUNK, client=client, partition_rows=PART, resume=True)
+    assert sorted(out.rglob("*.partial")) == []
+    _same(want["default"], out)
+
+
 def test_a_partition_done_in_part_computes_only_the_rest() -> None:
     from tsconv.engine.distributed import missing, partitions
 

@@ -280,6 +280,19 @@ def test_object_lock_refuses_a_live_lock_and_takes_over_a_stale_one(prefix):
         lock.release()
 
 
+def test_a_plain_run_on_an_output_another_run_holds_names_that_run(series) -> None:
+    # refused with "already exists; hint: pass --overwrite ... --resume" (the output's check came before the lock's)
+    base = f"memory://tsconv-{uuid.uuid4().hex[:8]}"
+    src = write_store(f"{base}/in.zarr", series, chunks=(1024, 4))
+    out = StoreURL.parse(f"{base}/out.zarr")
+    tsconv.process(src, out.url, pipeline=PIPE, device="cpu")
+    with ObjectLock(out, run_id="writing", ttl=30):
+        with pytest.raises(OutputBusyError, match="run writing.*renewed 0 s ago"):
+            tsconv.process(src, out.url, pipeline=PIPE, device="cpu")
+    with pytest.raises(tsconv.OutputExistsError, match="already exists"):  # released: nobody writes it
+        tsconv.process(src, out.url, pipeline=PIPE, device="cpu")
+
+
 def test_a_lock_recorded_with_ttl_0_is_stale_at_once_not_read_as_the_default() -> None:
     # `holder.get("ttl") or self.ttl` read a recorded 0 as absent and kept the holder's lock for 60 s
     out = StoreURL.parse(f"memory://tsconv-{uuid.uuid4().hex[:8]}/out.zarr")

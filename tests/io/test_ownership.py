@@ -144,6 +144,31 @@ def test_a_second_writer_is_refused_at_once_naming_the_holder(
     assert not lock_path(out).exists()  # a run that ends removes it
 
 
+@pytest.mark.parametrize("name", ["out.zarr", "out.parquet"])
+def test_a_plain_run_on_an_output_being_written_names_the_holder_not_overwrite(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The output exists (another run is writing it): the refusal names that run, as with --overwrite, and
+    does not send a scheduler's retry to --overwrite or --resume."""
+    out = tmp_path / name
+    tsconv.process(src, out, chunk=CHUNK)
+    if name.endswith(".zarr"):  # what a run still writing it shows
+        g = zarr.open_group(str(out), mode="r+")
+        g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False}
+    with _held_by_another_process(out) as holder:
+        with pytest.raises(
+            OutputBusyError, match=f"being written by another tsconv run \\(pid {holder.pid} "
+        ):
+            tsconv.process(src, out, chunk=CHUNK)
+        res = _cli(monkeypatch, "-i", src, "-o", out)
+        assert res.exit_code == 2 and "run 0123456789ab" in res.stderr
+        assert "--overwrite" not in res.stderr and "hint: wait for that run" in res.stderr
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    with pytest.raises(tsconv.OutputExistsError, match="already exists"):  # no one holds it: as before
+        tsconv.process(src, out, chunk=CHUNK)
+
+
 def test_a_dask_run_is_refused_before_any_cluster_starts(src: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.zarr"
     with _held_by_another_process(out):

@@ -45,6 +45,7 @@ from tsconv.io.writers.zarr_writer import (
     drop_consolidated,
     finish_grow,
     output_chunk_rows,
+    remove_temporaries,
     store_identity,
 )
 from tsconv.pipeline.spec import ResolvedPipeline
@@ -437,6 +438,8 @@ def run_distributed(
             drop_consolidated(out_path)  # refreshed when the run completes
             finish_grow(out_path)  # an update killed between marking its new rows and extending the arrays
             group = zarr.open_group(str(out_path), mode="r+", use_consolidated=False)
+            # a killed run's workers left their chunk files half written; none of this run's has started
+            remove_temporaries(out_path, group, start=rows_done)
             meta = dict(group.attrs.get("tsconv", {}))
             done = _merge([(0, rows_done), *(tuple(p) for p in meta.get("partitions_done", []))])
             if run_id is not None:

@@ -28,7 +28,7 @@ from tsconv.engine.level import rows_before
 from tsconv.engine.options import refuse_time_range
 from tsconv.engine.report import Report, make_report
 from tsconv.engine.run import CudaOptions, batched_on, begin_cuda, plan_run, reset_device, run, small_for_cuda
-from tsconv.errors import StoreError, TsconvError, TsconvWarning
+from tsconv.errors import OutputExistsError, StoreError, TsconvError, TsconvWarning
 from tsconv.io.contracts import BandReader
 from tsconv.io.digest import (
     digest_note,
@@ -39,7 +39,7 @@ from tsconv.io.digest import (
     verify_input,
     write_digest,
 )
-from tsconv.io.lock import ObjectLock, output_lock
+from tsconv.io.lock import ObjectLock, check_free, output_lock
 from tsconv.io.names import case_repeat
 from tsconv.io.objstore import StoreURL
 from tsconv.io.precision import Float32Check, exact_in_float32
@@ -178,7 +178,12 @@ def to_zarr(
     )
     if not update:  # an update checks the rows it adds (_prepare_update): the others were checked before
         check_time(store)
-    check_output_path(out_path, input_path=store.root, overwrite=overwrite, resume=resume or update)
+    try:
+        check_output_path(out_path, input_path=store.root, overwrite=overwrite, resume=resume or update)
+    except OutputExistsError:
+        # another run is writing it: the hint's --overwrite or --resume would not be the way, waiting is
+        check_free(out_path, resumable=True)
+        raise
     run_id = uuid.uuid4().hex
     # One run owns the output from here to the end (creation, an overwrite's swap, every write, the final
     # mark); a dask run's client holds it for its workers.
@@ -608,7 +613,11 @@ def to_parquet(
     # lock and the temporary files belong to.
     target = out.parent.resolve() / out.name if isinstance(out, Path) else out
     named = target if isinstance(target, Path) else None
-    check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False, name=named)
+    try:
+        check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False, name=named)
+    except OutputExistsError:
+        check_free(target)  # another run is writing it: waiting is the way, not --overwrite
+        raise
     refuse_time_range(plan, "Parquet output")
     rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
     check_time(store)

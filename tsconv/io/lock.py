@@ -34,7 +34,7 @@ from tsconv import config
 from tsconv.errors import OutputBusyError, OutputLostError, StoreError, TsconvError
 from tsconv.io.objstore import StoreURL, remote_error
 
-__all__ = ["LOCK_SUFFIX", "ObjectLock", "OutputLock", "lock_path", "output_lock"]
+__all__ = ["LOCK_SUFFIX", "ObjectLock", "OutputLock", "check_free", "lock_path", "output_lock"]
 
 LOCK_SUFFIX = ".tsconv-lock"
 _HOLDER_BYTES = 4096
@@ -46,6 +46,12 @@ def output_lock(output: Path | StoreURL, *, run_id: str, resumable: bool = False
     if isinstance(output, StoreURL):
         return ObjectLock(output, run_id=run_id, resumable=resumable)
     return OutputLock(output, run_id=run_id, resumable=resumable)
+
+
+def check_free(output: Path | StoreURL, *, resumable: bool = False) -> None:
+    """Raise :class:`~tsconv.errors.OutputBusyError` naming the holder when another run holds the lock of
+    ``output`` now; takes no lock and writes nothing (for a refusal made before a run takes it)."""
+    output_lock(output, run_id="", resumable=resumable).check_free()
 
 
 # The longest name a run gives a file beside its output, past the output's own name (a pid of up to 7 digits):
@@ -119,11 +125,7 @@ class OutputLock:
                 holder = _read_holder(fd)
                 os.close(fd)
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise OutputBusyError(
-                        f"output {str(self.output)!r} is being written by another tsconv run "
-                        f"({_describe(holder)}); refusing to start a second writer",
-                        hint=f"wait for that run to finish or stop it, then run again{self.resume_note}.",
-                    ) from None
+                    raise self._busy(holder) from None
                 raise StoreError(
                     f"cannot lock the output {str(self.output)!r} ({self.path.name}: {exc.strerror})",
                     hint="tsconv takes an flock beside the output; write to a filesystem that supports it.",
@@ -147,6 +149,29 @@ class OutputLock:
         os.pwrite(fd, json.dumps(holder).encode(), 0)
         self._fd = fd
         return self
+
+    def check_free(self) -> None:
+        """Raise :class:`~tsconv.errors.OutputBusyError` naming the holder when another process holds the
+        lock now, without taking it or creating its file."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # no lock file: no holder (one that cannot be opened is acquire's to report)
+            return
+        try:
+            # shared, and let go at once: a run taking it in that instant is refused as by any second writer
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise self._busy(_read_holder(fd)) from None
+        finally:
+            os.close(fd)
+
+    def _busy(self, holder: dict[str, Any] | None) -> OutputBusyError:
+        return OutputBusyError(
+            f"output {str(self.output)!r} is being written by another tsconv run "
+            f"({_describe(holder)}); refusing to start a second writer",
+            hint=f"wait for that run to finish or stop it, then run again{self.resume_note}.",
+        )
 
     def release(self) -> None:
         """Give the lock up and remove the file (a killed run leaves it; the next run reuses it)."""
@@ -277,20 +302,8 @@ class ObjectLock:
         if raw is None:
             self._put(mode="create")
             return
-        try:
-            holder = json.loads(raw)
-        except ValueError:
-            holder = {}
-        holder = holder if isinstance(holder, dict) else {}
-        age = time.time() - float(holder.get("renewed") or 0)
-        ttl = float(self.ttl if holder.get("ttl") is None else holder["ttl"])  # the holder's own, 0 included
-        if age < ttl:
-            raise OutputBusyError(
-                f"output {self.output.url!r} is being written by another tsconv run ({_describe(holder)}, "
-                f"its lock renewed {age:.0f} s ago); refusing to start a second writer",
-                hint="wait for that run to finish or stop it; a stopped run's lock can be taken over "
-                f"{ttl:.0f} s after its last renewal{self.resume_note}.",
-            )
+        if (busy := self._busy(raw)) is not None:
+            raise busy
         try:  # the stale lock is replaced only if no one replaced it since we read it
             if self.url.protocol in ("s3", "s3a") and info.get("ETag"):
                 self._put(IfMatch=info["ETag"])
@@ -302,6 +315,34 @@ class ObjectLock:
                 f"output {self.output.url!r}: another run took over its stale lock first",
                 hint=f"wait for that run to finish, then run again{self.resume_note}.",
             ) from None
+
+    def check_free(self) -> None:
+        """Raise :class:`~tsconv.errors.OutputBusyError` naming the holder while another run's lock object is
+        live (renewed less than its ttl ago), without taking it."""
+        try:
+            raw = self.url.read_bytes()
+        except Exception:  # out of reach: taking the lock reports it
+            return
+        if raw is not None and (busy := self._busy(raw)) is not None:
+            raise busy
+
+    def _busy(self, raw: bytes) -> OutputBusyError | None:
+        """The refusal a lock object holding ``raw`` gives while live; None once it is stale."""
+        try:
+            holder = json.loads(raw)
+        except ValueError:
+            holder = {}
+        holder = holder if isinstance(holder, dict) else {}
+        age = time.time() - float(holder.get("renewed") or 0)
+        ttl = float(self.ttl if holder.get("ttl") is None else holder["ttl"])  # the holder's own, 0 included
+        if age >= ttl:
+            return None
+        return OutputBusyError(
+            f"output {self.output.url!r} is being written by another tsconv run ({_describe(holder)}, "
+            f"its lock renewed {age:.0f} s ago); refusing to start a second writer",
+            hint="wait for that run to finish or stop it; a stopped run's lock can be taken over "
+            f"{ttl:.0f} s after its last renewal{self.resume_note}.",
+        )
 
     def _renew(self) -> None:
         while not self._stop.wait(self.ttl / 4):

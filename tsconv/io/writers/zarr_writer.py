@@ -87,6 +87,7 @@ __all__ = [
     "prepare_output",
     "refuse_foreign",
     "remove_leftovers",
+    "remove_temporaries",
     "rows_written",
     "store_identity",
 ]
@@ -302,6 +303,21 @@ def is_metadata_temporary(name: str) -> bool:
     """Whether the file name ``name`` is the temporary file of a ``zarr.json`` write (tsconv's or zarr's)
     that a killed process left before renaming it into place: nothing reads it, and it is safe to delete."""
     return _PARTIAL_META.fullmatch(name) is not None
+
+
+def remove_temporaries(path: Path | StoreURL, group: zarr.Group, *, start: int) -> None:
+    """Delete the temporary files a killed run left in the output ``path`` (open as ``group``): its metadata
+    documents' and its arrays' chunk files from row ``start`` on. Only for a run holding the output's lock
+    before any of its writers starts (a resume, an update): another writer's would be in use. An object store
+    has none: each object is written in one PUT."""
+    if isinstance(path, StoreURL):
+        return
+    for tmp in Path(path).glob("zarr.*.partial"):  # a progress update cut short (_set_meta, zarr)
+        if is_metadata_temporary(tmp.name):
+            tmp.unlink(missing_ok=True)
+    for name in ("values", "time"):  # the arrays a writer writes chunk files of
+        if (array := _member(group, name)) is not None:
+            remove_partial_files(array, from_row=start)
 
 
 def _write_placeholder(url: StoreURL) -> None:
@@ -1154,16 +1170,10 @@ class OutputWriter:
         ``run_id``: recorded as the store's ``tsconv.run_id`` (this run owns it now). An object store has
         no temporary objects: each is written in one PUT."""
         remote = isinstance(path, StoreURL)
-        if not remote:
-            for tmp in Path(path).glob("zarr.*.partial"):  # a progress update cut short (_set_meta, zarr)
-                if is_metadata_temporary(tmp.name):
-                    tmp.unlink(missing_ok=True)
         drop_consolidated(path)
         finish_grow(path)
         group = open_group(path, mode="r+", use_consolidated=False)
-        for name in ("values", "time") if not remote else ():  # no one else writes it during a resume
-            if (array := _member(group, name)) is not None:  # the arrays a writer writes chunk files of
-                remove_partial_files(array, from_row=start)
+        remove_temporaries(path, group, start=start)
         writer = cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast,
                      location=path if remote else None)  # fmt: skip
         if run_id is not None:
