@@ -168,7 +168,7 @@ def test_a_dense_stage_after_another_matches_within_float32_rounding():
     assert (np.abs(got - expected)[ok] <= 2 * error_bound(x, plan)[ok]).all()
 
 
-def test_the_state_is_bounded_and_a_push_computes_its_rows_plus_the_lookback(monkeypatch):
+def test_the_state_is_bounded_and_a_push_computes_its_rows_plus_the_lookback_per_chunk(monkeypatch):
     computed: list[int] = []
     run = Backend.run
 
@@ -190,6 +190,17 @@ def test_the_state_is_bounded_and_a_push_computes_its_rows_plus_the_lookback(mon
     # one call per chunk the push falls in (8 here), each its rows plus at most the lookback
     assert len(computed) == 8 and sum(computed) <= 1800 + 8 * lookback
     assert stream.lookback == lookback
+    # the default chunk, as the README words it: n + lookback within a chunk, n + 2 x lookback across a
+    # chunk boundary (the promise was n + lookback for any push, which a push across the boundary exceeds)
+    stream = tsconv.Stream("default", features=2, device="cpu")
+    x = prices(65636, 2, seed=5, gaps=False)
+    stream.push(x[:65386])
+    computed.clear()
+    stream.push(x[65386:65486])
+    assert len(computed) == 1 and computed[0] <= 100 + lookback
+    computed.clear()
+    stream.push(x[65486:65586])
+    assert len(computed) == 2 and 100 + lookback < sum(computed) <= 100 + 2 * lookback
 
 
 def test_one_row_pushes_as_1d_rows_and_tensors():
@@ -413,6 +424,47 @@ def test_short_pushes_are_checked_for_fp16_storage_on_the_rows_they_gather(pre, 
     got = warned(lambda: [stream.push(x[i : i + size]) for i in range(0, x.shape[0], size)])
     # the same stage warned of (the output it names is the worst of the rows each sampled)
     assert [m.split(" moves output")[0] for m in got] == [expected[0].split(" moves output")[0]]
+
+
+def test_a_dataarray_is_read_by_its_coordinates_as_features_reads_it() -> None:
+    """A DataArray was read by position: columns went to the wrong features, and a (feature, time) one with
+    as many times as features was silently transposed, its time coordinate dropped."""
+    import xarray as xr
+
+    a, b = _ab()
+    want = tsconv.features(np.c_[a, b], "default", names=["a", "b"], device="cpu")
+    t = np.datetime64("2024-01-01", "ns") + np.arange(300) * np.timedelta64(1, "s")
+    da = xr.DataArray(np.c_[b, a], dims=("time", "feature"), coords={"time": t, "feature": ["b", "a"]})
+    stream = tsconv.Stream("default", features=["a", "b"], device="cpu")
+    got = np.concatenate([stream.push(da[:2].transpose("feature", "time")),  # as many times as features
+                          stream.push(da[2:150].transpose("feature", "time")),
+                          stream.push(da.isel(time=150)),  # one row, its scalar time coordinate
+                          stream.push(da[151:])])  # fmt: skip
+    assert np.array_equal(got, want, equal_nan=True)
+    assert stream.last_time == t[-1] and stream.rows == 300
+    with pytest.raises(tsconv.TsconvError, match="time must increase strictly"):
+        stream.push(da[:1])
+    with pytest.raises(tsconv.ShapeError, match="read by its 'feature' coordinate, which has 'b', 'c'"):
+        stream.push(da[:1].assign_coords(feature=["b", "c"]))
+    assert stream.rows == 300
+
+
+def test_a_bfloat16_tensor_is_pushed_as_features_takes_it() -> None:
+    # .numpy() cannot convert bfloat16, and the failure was worded as a shape error
+    x = torch.linspace(100, 101, 600).reshape(200, 3).to(torch.bfloat16)
+    stream = tsconv.Stream("default", features=3, device="cpu")
+    got = stream.push(x)
+    assert isinstance(got, torch.Tensor)
+    assert torch.equal(got.nan_to_num(-1), tsconv.features(x, "default", device="cpu").nan_to_num(-1))
+
+
+def test_a_pandas_series_of_one_feature_over_time_is_told_to_be_a_frame() -> None:
+    df = pd.DataFrame({"a": [1.0, 2.0]}, index=pd.date_range("2024-01-01", periods=2))
+    stream = tsconv.Stream("default", features=["a"], device="cpu")
+    with pytest.raises(tsconv.ShapeError, match="a pandas Series is taken as one row, its index naming") as e:
+        stream.push(df["a"])
+    assert "series.to_frame()" in e.value.hint
+    assert stream.push(df["a"].to_frame()).shape[0] == 2
 
 
 def _ab(rows: int = 300) -> tuple[np.ndarray, np.ndarray]:

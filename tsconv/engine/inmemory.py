@@ -214,27 +214,20 @@ def _run_in_memory(source: Any, plan: ResolvedPipeline, sink: ArraySink, dev: to
     run(rp, source, plan, sink)
 
 
-def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_column: str | None, out: Any, return_names: bool, **options: Any) -> Any:  # fmt: skip
-    """:func:`features` of an xarray DataArray [time, feature] in either order: a DataArray [time, output].
-
-    The time dimension is ``time_column``'s, else one named ``time``, else the one dimension whose coordinate
-    holds datetimes (numpy or tz-aware datetimes, Periods, date or datetime objects), else the one whose
-    coordinate does not hold names (strings), else the first (an array's convention) where at most one
-    dimension has a coordinate or both are 0..n-1 (a pandas frame's defaults); other coordinates of the same
-    kind on both (strings, or numbers such as yyyymmdd dates and integer ids) are refused as ambiguous. The
-    other dimension's coordinate names the features. Its time coordinate, which the result keeps, must be strictly increasing."""
+def dataarray_dims(da: Any, *, time_column: str | None, caller: str) -> tuple[str, str]:
+    """The time and feature dimensions of an xarray DataArray [time, feature] in either order, by
+    :func:`_dataarray_features`' rule (``Stream.push`` reads a DataArray by the same). ``caller`` begins the
+    errors."""
     import xarray as xr
 
     if not isinstance(da, xr.DataArray):
         raise ShapeError(
-            f"features() takes one xarray DataArray [time, feature], got {type(da).__name__}",
+            f"{caller} takes one xarray DataArray [time, feature], got {type(da).__name__}",
             hint="pass one variable, e.g. ds['px'], or ds.to_dataarray('feature') to stack several.",
         )
-    if out is not None:
-        raise ShapeError("out= is for arrays and tensors; a DataArray's result is a new DataArray")
     if da.ndim != 2:
         raise ShapeError(
-            f"expected a 2-D DataArray [time, feature], got dimensions {da.dims}",
+            f"{caller} expects a 2-D DataArray [time, feature], got dimensions {da.dims}",
             hint="select or stack to two dimensions, time and feature.",
         )
     dims = tuple(str(d) for d in da.dims)
@@ -254,13 +247,31 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
     elif all(d in da.coords for d in dims) and not all(_default_range(da.coords[d].values) for d in dims):
         kinds = "datetimes" if dated else "names" if named else "numbers"
         raise ShapeError(
-            f"features(): which of the DataArray's dimensions {dims} is time is ambiguous: both coordinates "
+            f"{caller}: which of the DataArray's dimensions {dims} is time is ambiguous: both coordinates "
             f"hold {kinds}",
-            hint=f"name it: time_column={dims[0]!r} or time_column={dims[1]!r} (or rename it 'time').",
+            hint=f"name it: time_column={dims[0]!r} or time_column={dims[1]!r} (or rename it 'time')."
+            if caller == "features()"  # push() has no time_column: its frames' time column is 'time'
+            else f"rename it 'time': da.rename({{{dims[0]!r}: 'time'}}).",
         )
     else:
         tdim = dims[0]
-    fdim = dims[1] if tdim == dims[0] else dims[0]
+    return tdim, dims[1] if tdim == dims[0] else dims[0]
+
+
+def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_column: str | None, out: Any, return_names: bool, **options: Any) -> Any:  # fmt: skip
+    """:func:`features` of an xarray DataArray [time, feature] in either order: a DataArray [time, output].
+
+    The time dimension is ``time_column``'s, else one named ``time``, else the one dimension whose coordinate
+    holds datetimes (numpy or tz-aware datetimes, Periods, date or datetime objects), else the one whose
+    coordinate does not hold names (strings), else the first (an array's convention) where at most one
+    dimension has a coordinate or both are 0..n-1 (a pandas frame's defaults); other coordinates of the same
+    kind on both (strings, or numbers such as yyyymmdd dates and integer ids) are refused as ambiguous. The
+    other dimension's coordinate names the features. Its time coordinate, which the result keeps, must be strictly increasing."""
+    import xarray as xr
+
+    tdim, fdim = dataarray_dims(da, time_column=time_column, caller="features()")
+    if out is not None:
+        raise ShapeError("out= is for arrays and tensors; a DataArray's result is a new DataArray")
     da = da.transpose(tdim, fdim)
     if fdim in da.coords:
         if names is not None:

@@ -7,7 +7,7 @@ A stream keeps the same state between pushes, only a little more of it: a push's
 step 0, as in :func:`tsconv.features`), whose input starts where
 :meth:`~tsconv.engine.compute.Backend.window_start` says, on the chunk's block grid, with the level the chunk
 has. So the rows equal a batch run over everything pushed, and a push costs its rows plus at most
-``Backend.window_lookback`` rows before them, whatever the history.
+``Backend.window_lookback`` rows before them for each chunk they fall in, whatever the history.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 
 from tsconv.engine.compute import CHECK_ROWS_MIN, Backend
 from tsconv.engine.fill import forward_fill
+from tsconv.engine.inmemory import _coordinate_holds, dataarray_dims
 from tsconv.engine.level import TAIL_ROWS, centering_level, level_before
 from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
@@ -39,7 +40,8 @@ class Stream:
     names them, as :func:`tsconv.features`'s ``names``) holds the pipeline's weights on ``device``
     (``auto``, ``cpu`` or ``cuda``) and the state of the series in memory. ``push(rows)`` takes [n, F] rows
     (or [F], one row; numpy or torch, any real dtype, or a polars, pandas or pyarrow frame whose columns are taken
-    by the features' names and whose 'time' column, if any, gives the times: read as float32, or on the CPU as float64 from the first
+    by the features' names and whose 'time' column, if any, gives the times, or an xarray DataArray read as
+    :func:`tsconv.features` reads it, its datetime coordinate giving the times: read as float32, or on the CPU as float64 from the first
     push whose dtype float32 does not hold, as :func:`tsconv.features` reads it) and returns their [n, D] float32
     features (a torch tensor for a tensor), the columns named by :attr:`output_names`.
 
@@ -52,8 +54,10 @@ class Stream:
     steps) rows are NaN with ``warmup="nan"``, as in a batch run (which refuses a series no longer than
     its shortest warm-up; a stream returns its NaN rows), or computed on zero history with ``warmup="zero"``.
 
-    Cost: a push of n rows computes n + at most :attr:`lookback` rows; the state kept is that many rows plus
-    a few per-feature vectors, never the history. Missing values are forward-filled (or not, by
+    Cost: a push of n rows computes n + at most :attr:`lookback` rows for each chunk of ``chunk`` steps it
+    touches (n + lookback within one chunk of the default 65,536, n + 2 x lookback across a chunk boundary; a
+    small ``chunk`` makes pushes cost more); the state kept is lookback rows plus a few per-feature vectors,
+    never the history. Missing values are forward-filled (or not, by
     ``[preprocess] fill``) across pushes, and a feature may start late (NaN until its first value).
 
     ``push(rows, time=...)``: optional timestamps of the rows (a 1-D integer or datetime64 array of n),
@@ -139,7 +143,11 @@ class Stream:
     def push(self, rows: Any, time: Any = None) -> Any:
         """The features [n, D] float32 of ``rows`` [n, F] (or [F]: one row), the next steps of the series."""
         is_torch = isinstance(rows, torch.Tensor)
-        if (kind := frame_kind(rows)) is not None:
+        if type(rows).__module__.split(".")[0] == "xarray":
+            rows, coord_time = self._dataarray_rows(rows)
+            if time is None:
+                time = coord_time  # as a pandas frame's DatetimeIndex: time= given wins
+        elif (kind := frame_kind(rows)) is not None:
             frame = rows
             rows, frame_time = self._frame_rows(frame)
             timed = frame_time is not None
@@ -276,6 +284,7 @@ class Stream:
         position), and its 'time' column's stamps (None without one)."""
         import polars as pl
 
+        series = frame_kind(frame) == "pandas" and type(frame).__name__ == "Series"
         frame = to_polars(frame, "push()")
         if isinstance(frame, pl.LazyFrame):
             frame = frame.collect()
@@ -286,11 +295,19 @@ class Stream:
             shown = ", ".join(map(repr, missing[:5])) + (
                 f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
             )
+            what = (
+                "a pandas Series is taken as one row, its index naming the features"
+                if series
+                else "a frame's columns are read by name"
+            )
             raise ShapeError(
-                f"push(): a frame's columns are read by name, and this one has no column {shown} of the stream's "
-                f"features (its columns: {', '.join(map(repr, frame.columns[:8]))}"
-                f"{', ...' if frame.width > 8 else ''})",
-                hint="name the frame's columns as Stream(features=[...]) names the features, or push "
+                f"push(): {what}, and this one has no {'feature' if series else 'column'} {shown} of the "
+                f"stream's features (its {'index' if series else 'columns'}: "
+                f"{', '.join(map(repr, frame.columns[:8]))}{', ...' if frame.width > 8 else ''})",
+                hint="for one feature over time (df['a']), push series.to_frame(), a column named as the "
+                "feature; for one row, index the Series by the stream's feature names."
+                if series
+                else "name the frame's columns as Stream(features=[...]) names the features, or push "
                 "frame.to_numpy() with its columns in that order.",
             )
         time_column = "time" if "time" in have and "time" not in names else None
@@ -312,13 +329,19 @@ class Stream:
         return source.read(0, source.rows), None if t is None else t.to_numpy()
 
     def _checked(self, rows: Any) -> np.ndarray:
-        try:
-            arr = rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
-        except (TypeError, ValueError) as exc:
-            raise ShapeError(
-                f"push() expects rows [n, {self.n_features}] (an array or a tensor), got {type(rows).__name__}: {exc}",
-                hint="pass a numpy array or torch tensor with one row per time step and one column per feature.",
-            ) from None
+        if isinstance(rows, torch.Tensor):
+            t = rows.detach().cpu()
+            if t.is_floating_point() and t.dtype not in (torch.float16, torch.float32, torch.float64):
+                t = t.float()  # bfloat16 and float8, which numpy lacks: float32 holds their values exactly
+            try:
+                arr = t.numpy()
+            except (TypeError, RuntimeError) as exc:
+                raise ShapeError(
+                    f"push() expects a tensor of real numbers, got dtype {t.dtype}: {exc}",
+                    hint="convert with .float().",
+                ) from None
+        else:
+            arr = self._as_array(rows)
         if arr.ndim == 1:
             arr = arr[None, :]
         if arr.ndim != 2 or arr.shape[1] != self.n_features:
@@ -332,6 +355,49 @@ class Stream:
                 f"push() expects real numbers, got dtype {arr.dtype}", hint="convert with .astype('float32')."
             )
         return arr
+
+    def _as_array(self, rows: Any) -> np.ndarray:
+        try:
+            return np.asarray(rows)
+        except (TypeError, ValueError) as exc:
+            raise ShapeError(
+                f"push() expects rows [n, {self.n_features}] (an array or a tensor), got {type(rows).__name__}: {exc}",
+                hint="pass a numpy array or torch tensor with one row per time step and one column per feature.",
+            ) from None
+
+    def _dataarray_rows(self, da: Any) -> tuple[np.ndarray, np.ndarray | None]:
+        """An xarray DataArray's rows, read as features() reads it (either dimension order, the features by
+        its feature coordinate's names, by position without one), and its time coordinate's stamps where it
+        holds datetimes (None otherwise: numbers there are as often row labels, as a pandas frame's index)."""
+        if getattr(da, "ndim", None) == 1 and "time" not in da.dims:
+            # one row, as [F] is: da.isel(time=i), whose scalar time becomes the new dimension's coordinate
+            da = da.expand_dims("time")
+        tdim, fdim = dataarray_dims(da, time_column="time", caller="push()")
+        da = da.transpose(tdim, fdim)
+        arr = self._as_array(da.values)
+        if fdim in da.coords:
+            have = [str(v) for v in da.coords[fdim].values]
+            missing = [n for n in self._names if n not in have]
+            extra = [n for n in have if n not in self._names]
+            if missing or extra or repeated_names(have):
+                raise ShapeError(
+                    f"push(): a DataArray's features are read by its {fdim!r} coordinate, which has "
+                    f"{', '.join(map(repr, have[:8]))}{', ...' if len(have) > 8 else ''}; the stream's features "
+                    f"are {', '.join(map(repr, self._names[:8]))}{', ...' if len(self._names) > 8 else ''}",
+                    hint=f"select or rename them to the stream's features: da.sel({fdim}=[...]), or push "
+                    "da.values with its columns in the order of Stream(features=...).",
+                )
+            arr = arr[:, [have.index(n) for n in self._names]]
+        if tdim not in da.indexes or _coordinate_holds(da.coords[tdim]) != "datetimes":
+            return arr, None
+        import pandas as pd
+
+        index = da.indexes[tdim]
+        if isinstance(index, pd.PeriodIndex):
+            index = index.to_timestamp()
+        # tz-aware times, and datetime objects of several zones, in UTC, as a pandas frame's index is taken
+        index = pd.DatetimeIndex(pd.to_datetime(index, utc=True)).tz_localize(None)
+        return arr, index.to_numpy("datetime64[ns]")
 
     def _checked_time(self, time: Any, n: int) -> Any:
         """The last of ``time``'s ``n`` stamps (the last time pushed, for n = 0), once they are checked to
