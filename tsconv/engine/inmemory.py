@@ -39,7 +39,7 @@ from tsconv.io.readers.blocks import ArraySource
 from tsconv.io.writers.memory import ArraySink
 from tsconv.pipeline.spec import PipelineLike, ResolvedPipeline, as_pipeline, resolve
 
-__all__ = ["features"]
+__all__ = ["coordinate_holds", "dataarray_dims", "features"]
 
 
 @cuda_errors()
@@ -231,7 +231,7 @@ def dataarray_dims(da: Any, *, time_column: str | None, caller: str) -> tuple[st
             hint="select or stack to two dimensions, time and feature.",
         )
     dims = tuple(str(d) for d in da.dims)
-    held = {d: _coordinate_holds(da.coords[d]) for d in dims if d in da.coords}
+    held = {d: coordinate_holds(da.coords[d]) for d in dims if d in da.coords}
     dated = [d for d in dims if held.get(d) == "datetimes"]
     # a dimension whose coordinate holds names (strings) is the features' (a date coordinate of integers, such
     # as 20240102, holds no datetimes)
@@ -295,7 +295,7 @@ def _dataarray_features(da: Any, pipeline: PipelineLike, *, names: Any, time_col
 _DATED_OBJECTS = ("datetime", "datetime64", "date", "period")
 
 
-def _coordinate_holds(coord: Any) -> str:
+def coordinate_holds(coord: Any) -> str:
     """``"datetimes"``, ``"names"`` (strings) or ``"other"``: what a DataArray coordinate's values are.
 
     By the values, not only the dtype: xarray keeps ``datetime.date`` keys (``groupby(ts.dt.date)``) as an

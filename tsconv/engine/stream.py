@@ -20,7 +20,7 @@ import torch
 
 from tsconv.engine.compute import CHECK_ROWS_MIN, Backend
 from tsconv.engine.fill import forward_fill
-from tsconv.engine.inmemory import _coordinate_holds, dataarray_dims
+from tsconv.engine.inmemory import coordinate_holds, dataarray_dims
 from tsconv.engine.level import TAIL_ROWS, centering_level, level_before
 from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
@@ -388,7 +388,7 @@ class Stream:
                     "da.values with its columns in the order of Stream(features=...).",
                 )
             arr = arr[:, [have.index(n) for n in self._names]]
-        if tdim not in da.indexes or _coordinate_holds(da.coords[tdim]) != "datetimes":
+        if tdim not in da.indexes or coordinate_holds(da.coords[tdim]) != "datetimes":
             return arr, None
         import pandas as pd
 
