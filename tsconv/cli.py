@@ -546,13 +546,12 @@ def pipelines(as_json: bool) -> None:
     help="long: (time, feature, value) rows; wide: a time column plus one column per feature.",
 )
 @click.option("--time-column", default="time", show_default=True, help="Name of the time column.")
-@click.option("--feature-column", default="feature", show_default=True, help="Feature names (long layout).")
+@click.option("--feature-column", default=None, help="Feature names (long layout)  [default: feature]")
 @click.option(
     "--value-column",
     multiple=True,
-    default=["value"],
-    show_default=True,
-    help="Values (long layout); repeat it for several, which name the features SYMBOL.COLUMN (AAPL.px, AAPL.qty).",
+    help="Values (long layout); repeat it for several, which name the features SYMBOL.COLUMN (AAPL.px, "
+    "AAPL.qty)  [default: value]",
 )
 @click.option(
     "--time-unit",
@@ -572,7 +571,7 @@ def pipelines(as_json: bool) -> None:
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, feature_column: str,
+def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, feature_column: str | None,
            value_column: tuple[str, ...], time_unit: str, dtype: str | None, append: bool, overwrite: bool, quiet: bool) -> None:  # fmt: skip
     """Ingest Parquet, CSV(.gz) or Arrow IPC files (paths or quoted globs) into a zarr store."""
     from tsconv.io.ingest import ingest as run_ingest
@@ -583,7 +582,7 @@ def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, f
         layout=layout,
         time_column=time_column,
         feature_column=feature_column,
-        value_column=list(value_column),
+        value_column=list(value_column) or None,  # None: not given, which the wide layout accepts
         append=append,
         overwrite=overwrite,
         dtype=dtype,

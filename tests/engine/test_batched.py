@@ -355,6 +355,32 @@ def test_process_refuses_an_unknown_transfer_mode_and_cuda_options_on_the_cpu(tm
     assert not (tmp_path / "o.zarr").exists()
 
 
+def test_cuda_options_with_local_workers_and_no_gpu_here_are_refused_before_a_cluster_starts(
+    tmp_path, monkeypatch
+):
+    # device auto with workers=N left each worker to resolve it, and CPU workers ignored the CUDA options
+    from tsconv import config
+    from tsconv.engine import cluster
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a local cluster was started")
+
+    monkeypatch.setattr(cluster, "_driver_gpus", lambda: [])  # the driver lists no GPU
+    monkeypatch.setattr(cluster, "_make", no_cluster)
+    src = write_store(tmp_path / "in.zarr", price_series(100, 2))
+    for option in ({"transfer": "mapped"}, {"gpu_mem": "2GB"}, {"decode": "gpu"}):
+        name = next(iter(option))
+        with pytest.raises(TsconvError, match=f"{name}=.* does not apply to a run on the CPU .*no CUDA GPU"):
+            tsconv.process(src, tmp_path / "o.zarr", pipeline=BANK, workers=1, **option)
+    assert not (tmp_path / "o.zarr").exists()
+    # the batched engine on the CPU takes them, as a single process does: on to the cluster
+    with (
+        config.override(engine="batched"),
+        pytest.raises(AssertionError, match="a local cluster was started"),
+    ):
+        tsconv.process(src, tmp_path / "o.zarr", pipeline=BANK, workers=1, transfer="mapped")
+
+
 def test_pieces_smaller_than_a_band_wrap_the_device_ring(monkeypatch):
     from tsconv.engine import batched
 

@@ -242,6 +242,12 @@ def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored():
         (lambda x, src: tsconv.process(src, progress="yes"), "progress must be True or False"),
         (lambda x, src: tsconv.process(src, workers=0), "workers must be a positive integer"),
         (lambda x, src: tsconv.process(src, partition_rows=1000), "partition_rows needs workers or client"),
+        # bytes reached pathlib's raw TypeError
+        (
+            lambda x, src: tsconv.process(src, b"pp.zarr"),
+            r"output must be a str path, an os.PathLike .*got bytes",
+        ),
+        (lambda x, src: tsconv.process(bytes(src)), r"input must be a str path, an os.PathLike .*got bytes"),
         (lambda x, src: tsconv.load_pipeline(3), "a pipeline is a path to a TOML file or a dict"),
     ],
 )

@@ -249,6 +249,25 @@ def test_a_column_of_nulls_only_is_a_feature_with_no_value_yet_and_decimals_are_
     assert "time_column" not in err.value.hint
 
 
+def test_a_named_time_column_the_frame_lacks_is_refused_and_the_default_may_be_absent(
+    series: np.ndarray,
+) -> None:
+    # a misspelt name made an integer time column a feature (time.diff1, ...) and dropped the times
+    pd = pytest.importorskip("pandas")
+    df = _frame(series).with_columns(pl.col("time").dt.epoch("ns"))
+    for frame in (df, df.to_pandas(), df.to_arrow()):
+        with pytest.raises(
+            ShapeError, match=r"no time column 'timestamp' \(its columns: 'time', 'x0'"
+        ) as err:
+            tsconv.features(frame, PIPE, device="cpu", time_column="timestamp")
+        assert "time_column=None" in err.value.hint
+    bare = df.drop("time")
+    assert tsconv.features(bare, PIPE, device="cpu").columns[0] == "x0.diff1"  # no 'time': no time column
+    indexed = bare.to_pandas().set_index(pd.DatetimeIndex(_times(len(series)), name="timestamp"))
+    got = tsconv.features(indexed, PIPE, device="cpu", time_column="timestamp")  # the index holds the times
+    assert got.index.equals(indexed.index) and got.columns[0] == "x0.diff1"
+
+
 def test_features_refuses_non_numeric_columns_and_bad_time(series: np.ndarray) -> None:
     df = _frame(series).with_columns(pl.lit("AAPL").alias("symbol"), pl.lit(True).alias("flag"))
     with pytest.raises(ShapeError, match=r"not numeric: symbol \(String\), flag \(Boolean\)") as err:

@@ -894,6 +894,40 @@ def test_several_value_columns_append_and_refusals(tmp_path: Path) -> None:
     assert not (tmp_path / "x.zarr").exists()
 
 
+def test_long_layout_options_with_wide_input_and_a_feature_column_that_is_the_time_column_are_refused(
+    tmp_path: Path,
+) -> None:
+    # wide input ingested every column whatever value_column named, and feature_column=time made one feature
+    # per timestamp
+    times = [T0 + i * 1_000_000_000 for i in range(3)]
+    wide = write(pl.DataFrame({"time": times, "px_a": [1.0, 2.0, 3.0], "px_b": [4.0, 5.0, 6.0]}),
+                 tmp_path / "wide.parquet")  # fmt: skip
+    long = write(pl.DataFrame({"time": times, "feature": ["A"] * 3, "value": [1.0, 2.0, 3.0]}),
+                 tmp_path / "long.parquet")  # fmt: skip
+    out = tmp_path / "x.zarr"
+    for option, flag in (
+        ({"value_column": "px_a"}, "--value-column"),
+        ({"feature_column": "sym"}, "--feature-column"),
+    ):
+        name, value = next(iter(option.items()))
+        with pytest.raises(
+            StoreError, match=f"{name}=.* applies to long input only, not to layout='wide'"
+        ) as err:
+            ingest(wide, out, layout="wide", **option)
+        assert flag in err.value.hint
+        assert_refused(
+            cli(wide, "-o", out, "--layout", "wide", flag, value), f"{name}=", "layout='wide'", flag
+        )
+    with pytest.raises(StoreError, match="the feature column 'time' is also the time column"):
+        ingest(long, out, feature_column="time")
+    assert_refused(
+        cli(long, "-o", out, "--feature-column", "time"), "the feature column 'time' is also the time"
+    )
+    assert not out.exists()
+    ingest(wide, out, layout="wide")  # the defaults of the long layout's options are not given options
+    assert read(out)[2] == ["px_a", "px_b"]
+
+
 def test_float64_sources_stored_as_float32_warn_and_an_append_keeps_the_stores_dtype(tmp_path: Path) -> None:
     from tsconv.errors import TsconvWarning
     from tsconv.io.ingest import ingest

@@ -386,6 +386,9 @@ def test_features_of_a_dataarray_in_either_order_names_by_its_coordinate() -> No
             got = tsconv.features(arr, PIPE, device="cpu", time_column="date")
             assert got.dims == ("date", "output") and got.shape == (ROWS, 2 * FEATURES)
             np.testing.assert_array_equal(got.values, want)
+    # a time_column no dimension has was ignored, and the rules above picked one
+    with pytest.raises(ShapeError, match=r"no dimension 'Date' \(its dimensions: \('sym', 'date'\)\)"):
+        tsconv.features(dated, PIPE, device="cpu", time_column="Date")
     with pytest.raises(ShapeError, match="time coordinate is not strictly increasing"):
         tsconv.features(da.isel(time=slice(None, None, -1)), PIPE, device="cpu")
     with pytest.raises(ShapeError, match="one xarray DataArray"):

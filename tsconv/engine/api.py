@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tsconv.engine.cluster import check_workers
+from tsconv.engine.cluster import check_workers, gpus_here
 from tsconv.engine.options import check_chunk, check_length, check_warmup, refuse
 from tsconv.engine.outputs import DaskOptions, to_parquet, to_zarr
 from tsconv.engine.report import Report
@@ -84,6 +84,9 @@ def process(
     :mod:`tsconv.engine.distributed`); each task runs as a single process would.
     """
     t_enter = time.perf_counter()
+    _check_location(input, "input")
+    if output is not None:
+        _check_location(output, "output")
     check_chunk(chunk, default=1024)
     check_warmup(warmup)
     check_output_flags(overwrite=overwrite, resume=resume, update=update)
@@ -125,6 +128,18 @@ def process(
             {"transfer": transfer, "gpu_mem": gpu_mem, "decode": decode},
             f"a run on the CPU (device={device!r})",
         )
+    elif (
+        dev is None
+        and workers is not None
+        and not gpus_here(device)
+        and not batched_on(resolve_device("cpu"))
+    ):
+        # a local cluster's workers run on this host, so they meet no GPU either. An external client's workers
+        # may be on other hosts with GPUs: there each worker's resolve decides, and this process cannot tell
+        refuse(
+            {"transfer": transfer, "gpu_mem": gpu_mem, "decode": decode},
+            f"a run on the CPU (workers={workers}, device={device!r}, and no CUDA GPU on this host)",
+        )
     store = open_input(input)
     warn_absent_chunks(store)
     if not (update or resume):  # the run that made the output warned; a no-op update reads no input rows
@@ -150,6 +165,18 @@ def default_output_path(input_path: str | os.PathLike[str] | StoreURL) -> Path |
     p = p.resolve() if isinstance(p, Path) else p
     stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
     return p.with_name(f"{stem}.features.zarr")
+
+
+def _check_location(value: Any, role: str) -> None:
+    """A store location is text: a str, a str os.PathLike or a StoreURL (bytes reached pathlib's TypeError)."""
+    text = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(text, str | StoreURL):
+        raise TsconvError(
+            f"{role} must be a str path, an os.PathLike (pathlib.Path) or a URL, got {type(value).__name__} "
+            f"{value!r}"[:300],
+            hint=f"pass the {role} as text, e.g. {role}='ticks.zarr' or Path('ticks.zarr')"
+            + (f" ({role}.decode() for bytes)." if isinstance(text, bytes) else "."),
+        )
 
 
 def _dask_options(workers: int | None, client: Any, partition_rows: int | None) -> DaskOptions | None:

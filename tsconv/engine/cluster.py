@@ -18,7 +18,7 @@ from typing import Any
 from tsconv import config
 from tsconv.errors import TsconvError
 
-__all__ = ["discard_early", "gpu_worker_here", "local_cluster", "start_early"]
+__all__ = ["discard_early", "gpu_worker_here", "gpus_here", "local_cluster", "start_early"]
 
 _PRELOAD = ["tsconv.engine.worker_init"]
 # dask's own log level in a local cluster: a failed task's traceback was logged by its worker before the
@@ -82,6 +82,15 @@ def gpu_worker_here(workers: Any, device: str = "auto") -> bool:
         return False
     gpus = _driver_gpus()
     return gpus is not None and len(gpus[:workers]) == 1
+
+
+def gpus_here(device: str = "auto") -> bool:
+    """Whether a local cluster's workers would run on CUDA: the driver's list where it can be read, else
+    torch's (what :func:`local_cluster` asks), so a CPU-only host pays no CUDA start-up to learn it."""
+    if device == "cpu":
+        return False
+    gpus = _driver_gpus()
+    return bool(gpus if gpus is not None else _torch_gpus(device))
 
 
 def _torch_gpus(device: str) -> list[str]:

@@ -26,6 +26,7 @@ from tsconv.engine.run import (
 )
 from tsconv.errors import ShapeError
 from tsconv.io.dataframes import (
+    TIME_COLUMN,
     frame_input,
     frame_kind,
     frame_output,
@@ -51,7 +52,7 @@ def features(
     warmup: str = "nan",
     chunk: int = 65536,
     device: str = "auto",
-    time_column: str | None = "time",
+    time_column: str | None = TIME_COLUMN,
     transfer: str | None = None,
     gpu_mem: int | str | None = None,
     return_names: bool = False,
@@ -62,9 +63,9 @@ def features(
     The computation is :func:`process`'s (on CUDA the batched engine, where ``chunk`` is not used; on the
     CPU chunks of ``chunk`` steps), so results match it on the same data. A frame gives a frame of its kind
     (polars DataFrame or LazyFrame: a polars DataFrame; pandas DataFrame: a pandas DataFrame with the same
-    index; pyarrow Table or RecordBatch: a Table): its columns are read by name, its ``time_column`` (if
-    present) is carried over and the other columns, all numeric, are the named features (see
-    :func:`tsconv.io.dataframes.frame_input`). An xarray DataArray of two dimensions, in either order, gives
+    index; pyarrow Table or RecordBatch: a Table): its columns are read by name, its ``time_column`` (the
+    default ``time`` if present; another name must be a column, or a pandas index's name) is carried over
+    and the other columns, all numeric, are the named features (see :func:`tsconv.io.dataframes.frame_input`). An xarray DataArray of two dimensions, in either order, gives
     a DataArray [time, output] (see :func:`_dataarray_features`). ``transfer`` and ``gpu_mem`` are the CUDA
     engine's, as in :func:`process`.
 
@@ -104,6 +105,14 @@ def features(
         if names is not None:
             raise ShapeError("names= is for arrays; a frame's features are named by its columns")
         index = x.index if kind == "pandas" else None
+        # an index of that name holds the times (index_is_time), kept as the result's index: no column to find
+        if (
+            index is not None
+            and time_column is not None
+            and index.name == time_column
+            and time_column not in x
+        ):
+            time_column = None
         feature_names, source, time_series = frame_input(
             to_polars(x, "features()"), time_column=time_column, band_rows=chunk
         )
@@ -236,6 +245,13 @@ def dataarray_dims(da: Any, *, time_column: str | None, caller: str) -> tuple[st
     # a dimension whose coordinate holds names (strings) is the features' (a date coordinate of integers, such
     # as 20240102, holds no datetimes)
     named = [d for d in dims if held.get(d) == "names"]
+    if time_column is not None and time_column not in dims and time_column != TIME_COLUMN:
+        # another dimension would be taken for time by the rules below, and the misspelt name go unnoticed
+        raise ShapeError(
+            f"features(): the DataArray has no dimension {time_column!r} (its dimensions: {dims})",
+            hint=f"name its time dimension: time_column={dims[0]!r} or time_column={dims[1]!r}, or leave "
+            "time_column out.",
+        )
     if time_column in dims:
         tdim = time_column
     elif "time" in dims:

@@ -14,6 +14,7 @@ from tsconv.io.names import repeated_names
 from tsconv.io.precision import exact_in_float32
 
 __all__ = [
+    "TIME_COLUMN",
     "FrameColumns",
     "frame_input",
     "frame_kind",
@@ -53,6 +54,10 @@ class FrameColumns(HostSource):
             out[:, j] = c[start:stop]
         return out
 
+
+# the time column's default name: a frame without it has no time column (other names are the caller's, and must be
+# there)
+TIME_COLUMN = "time"
 
 _FRAMES = {
     "polars": ("DataFrame", "LazyFrame"),
@@ -148,7 +153,8 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
     """A polars DataFrame or LazyFrame as (feature names, their columns as a source, the time Series or
     None): for :func:`tsconv.features` on frames.
 
-    The column ``time_column`` (if present; ``None``: no time column) is carried to the output (its values:
+    The column ``time_column`` (``None``: no time column; the default name :data:`TIME_COLUMN` may be absent,
+    another is refused where the frame lacks it) is carried to the output (its values:
     polars holds times in ms, us or ns, so :func:`tsconv.features` gives a pandas or pyarrow column in
     seconds its type back) and
     must be strictly increasing without nulls; every other column is a feature (its name is the pipeline's
@@ -162,6 +168,14 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
     if not isinstance(frame, pl.DataFrame):
         raise ShapeError(f"expected a polars DataFrame or LazyFrame, got {type(frame).__name__}")
     time = None
+    if time_column is not None and time_column not in frame.columns and time_column != TIME_COLUMN:
+        # a misspelt name would otherwise make the time column a feature (its integers) and drop the times
+        shown = ", ".join(map(repr, frame.columns[:8])) + (", ..." if frame.width > 8 else "")
+        raise ShapeError(
+            f"{caller}: the frame has no time column {time_column!r} (its columns: {shown})",
+            hint="name the frame's time column with time_column=..., or pass time_column=None to treat every "
+            "column as a feature.",
+        )
     if time_column is not None and time_column in frame.columns:
         time = frame.get_column(time_column)
         _check_frame_time(time, caller)

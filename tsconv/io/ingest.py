@@ -724,7 +724,8 @@ def _new_store(path: Path, *, times: np.ndarray, names: Sequence[str], dtype: st
 
 
 def _value_columns(value_column: str | Sequence[str], *, layout: str, time_column: str, feature_column: str) -> tuple[str, ...]:  # fmt: skip
-    """The value columns as a tuple of distinct names, checked."""
+    """The value columns as a tuple of distinct names, checked (and, for long input, that the feature column
+    is not the time column)."""
     cols = (value_column,) if isinstance(value_column, str) else tuple(value_column)
     if not cols or not all(isinstance(c, str) and c for c in cols):
         raise StoreError(
@@ -736,6 +737,11 @@ def _value_columns(value_column: str | Sequence[str], *, layout: str, time_colum
             f"the value column {dups[0]!r} is given more than once", hint="name each value column once."
         )
     if layout == "long":
+        if feature_column == time_column:
+            raise StoreError(
+                f"the feature column {feature_column!r} is also the time column",
+                hint="name the column of symbols (feature names) with --feature-column.",
+            )
         for c in cols:
             if c in (time_column, feature_column):
                 raise StoreError(
@@ -760,8 +766,8 @@ def ingest(
     *,
     layout: str = "long",
     time_column: str = "time",
-    feature_column: str = "feature",
-    value_column: str | Sequence[str] = "value",
+    feature_column: str | None = None,
+    value_column: str | Sequence[str] | None = None,
     append: bool = False,
     overwrite: bool = False,
     dtype: str | None = None,
@@ -773,7 +779,8 @@ def ingest(
     A new store is built under a temporary name beside ``output`` and renamed into place when complete.
     ``append`` adds rows strictly after the store's last time (the store's dtype and feature order are
     kept); see the module docstring for the rules on duplicates, ordering and time zones. Long input:
-    ``value_column`` is one column, or several (a list), which name the features ``symbol.column``.
+    ``feature_column`` (default ``feature``) names the symbols; ``value_column`` (default ``value``) is one
+    column, or several (a list), which name the features ``symbol.column``. Both are refused for wide input.
     ``dtype``: the values' dtype, float32 (the default for a new store) or float64; an append keeps the
     store's and refuses another. Storing float64 source values as float32 warns where that rounding moves them
     by more than :data:`tsconv.io.precision.WARN_AT` of their typical step.
@@ -792,6 +799,17 @@ def ingest(
             "--append and --overwrite exclude each other",
             hint="--append adds rows to the store; --overwrite replaces it.",
         )
+    if layout == "wide":
+        for name, given in (("feature_column", feature_column), ("value_column", value_column)):
+            if given is not None:
+                flag = "--" + name.replace("_", "-")
+                raise StoreError(
+                    f"{name}={given!r} applies to long input only, not to layout='wide' (where every column but "
+                    "the time column is a feature)",
+                    hint=f"leave {name} out ({flag} at the command line), or ingest long input (--layout long).",
+                )
+    feature_column = "feature" if feature_column is None else feature_column
+    value_column = "value" if value_column is None else value_column
     value_columns = _value_columns(value_column, layout=layout, time_column=time_column,
                                    feature_column=feature_column)  # fmt: skip
     paths = expand_files([files] if isinstance(files, str | os.PathLike) else files)
