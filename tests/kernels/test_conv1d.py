@@ -1473,3 +1473,19 @@ def test_importing_the_ops_module_registers_every_custom_op() -> None:
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
+
+
+def test_weights_written_by_out_are_not_served_stale_from_the_cache() -> None:
+    # the depthwise weights of the second conv are the output of the first, written again between the calls
+    g = torch.Generator().manual_seed(12)
+    k = torch.randn(6, 2, 1, generator=g).to(DEVICE)
+    buf = torch.empty(1, 6, 3, device=DEVICE)
+    x = torch.randn(1, 6, 30, generator=g).to(DEVICE)
+    conv1d(torch.randn(1, 2, 3, generator=g).to(DEVICE), k, out=buf)
+    first = conv1d(x, buf.view(6, 1, 3), groups=6)
+    conv1d(torch.randn(1, 2, 3, generator=g).to(DEVICE), k, out=buf)
+    second = conv1d(x, buf.view(6, 1, 3), groups=6)
+    w = buf.view(6, 1, 3).double()
+    want = torch.nn.functional.conv1d(torch.nn.functional.pad(x.double(), (2, 0)), w, groups=6).float()
+    assert not torch.equal(first, second)
+    torch.testing.assert_close(second, want, rtol=1e-5, atol=1e-4)

@@ -901,3 +901,21 @@ def test_gemm_op_passes_opcheck_and_compiles_into_one_graph():
 
     torch._dynamo.reset()
     assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(a), f(a))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_weights_written_by_out_are_not_served_stale_from_the_cache(precision: str) -> None:
+    # a Triton launch writes ``out`` without bumping its version counter: weights a gemm wrote into a buffer
+    # were served the packed copy cached from the buffer's earlier values (the second product equal to the
+    # first, 4.4 off the new one), where torch's own out= ops bump the counter
+    g = _gen(12)
+    a = torch.randn(8, 4, generator=g).to(DEVICE)
+    src1, src2 = (torch.randn(4, 5, generator=g).to(DEVICE) for _ in range(2))
+    proj, w = torch.randn(5, 3, generator=g).to(DEVICE), torch.empty(4, 3, device=DEVICE)
+    gemm(src1, proj, out=w)
+    first = gemm(a, w, precision=precision)
+    gemm(src2, proj, out=w)
+    second = gemm(a, w, precision=precision)
+    want = (a.double() @ w.double()).float()
+    assert not torch.equal(first, second)
+    torch.testing.assert_close(second, want, rtol=1e-2 if precision == "tf32" else 1e-5, atol=1e-3)

@@ -74,6 +74,7 @@ from tsconv.kernels.common import (
 from tsconv.kernels.conv1d.dense import a16_buffer, dense_descriptors, prepare_dense_weights, tma_conv_tile
 from tsconv.kernels.conv1d.spec import ConvSpec, check_tap_sums, validate
 from tsconv.kernels.torch_side import WEIGHTS, custom_op, recenter_sums, round_tf32_torch
+from tsconv.kernels.weight_cache import writes_out
 
 __all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "conv1d_head", "conv1d_head_space", "fused_path"]
 
@@ -607,6 +608,7 @@ def fused_path(
 # --------------------------------------------------------------------------------------------------------
 
 
+@writes_out
 def conv1d_head(
     x: torch.Tensor,
     weight: torch.Tensor,

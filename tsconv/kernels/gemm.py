@@ -71,7 +71,7 @@ from tsconv.kernels.launch import (
     tensor_key,
 )
 from tsconv.kernels.torch_side import apply_activation, custom_op, round_tf32_torch
-from tsconv.kernels.weight_cache import WeightCache
+from tsconv.kernels.weight_cache import WeightCache, writes_out
 
 __all__ = [
     "ACTIVATIONS",
@@ -546,6 +546,7 @@ def _validate(
 # --------------------------------------------------------------------------------------------------------
 
 
+@writes_out
 def gemm(
     a: torch.Tensor,
     b: torch.Tensor | PackedWeights,

@@ -6,23 +6,44 @@ cached them (benchmarks/NOTES.md, "Launch plans and weight caches"), the better 
 :class:`WeightCache` keeps the derived copy keyed by (tag, data_ptr, shape, strides, dtype, device). An entry
 holds a weak reference to the tensor that owns the storage (a view's base, so ``w.T`` made afresh on every
 call still hits) and the version counter it was built at: an in-place write to the weights (or to any view of
-their storage) bumps the counter and the next call rebuilds; a freed tensor drops its entry. Writes that
-bypass autograd's version counter (through ``.data``, or from outside torch) are not seen: ``clear()`` them
-(``tsconv.kernels.conv1d.clear_weight_cache``), or pass a copy (``tsconv.nn`` modules do, each call).
+their storage) bumps the counter and the next call rebuilds; a freed tensor drops its entry. tsconv's own
+kernels write ``out=`` from Triton, which torch does not see, so the public calls bump it themselves
+(:func:`writes_out`), as torch's ``out=`` ops do. Writes that bypass autograd's version counter (through
+``.data``, or from outside torch) are not seen: ``clear()`` them (``tsconv.kernels.conv1d.clear_weight_cache``),
+or pass a copy (``tsconv.nn`` modules do, each call).
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
+from torch.autograd.graph import increment_version
 
-__all__ = ["WeightCache"]
+__all__ = ["WeightCache", "writes_out"]
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def writes_out(fn: F) -> F:
+    """Wrap a kernel call taking ``out=``: after it, ``out``'s version counter is bumped, as torch's own
+    ``out=`` ops bump it, so a tensor the kernel wrote and then passed as weights is not served a copy
+    cached from its earlier values (a Triton launch writes memory torch does not track)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        y = fn(*args, **kwargs)
+        out = kwargs.get("out")
+        if out is not None and not torch.compiler.is_compiling():  # compiled: filled by a torch copy
+            increment_version(out)
+        return y
+
+    return call  # type: ignore[return-value]
 
 
 class WeightCache:

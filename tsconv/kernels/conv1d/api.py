@@ -39,6 +39,7 @@ from tsconv.kernels.conv1d import state
 from tsconv.kernels.conv1d.spec import ConvSpec, check_tap_sums, validate
 from tsconv.kernels.launch import overlaps, tensor_key
 from tsconv.kernels.torch_side import WEIGHTS, apply_activation, custom_op, recenter_sums
+from tsconv.kernels.weight_cache import writes_out
 
 __all__ = ["clear_weight_cache", "conv1d"]
 
@@ -57,6 +58,7 @@ def clear_weight_cache() -> None:
 # --------------------------------------------------------------------------------------------------------
 
 
+@writes_out
 def conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -78,7 +80,8 @@ def conv1d(
         x: [N, C, L] float32 (float16, bfloat16 accepted) with any strides, e.g. ``buf.transpose(1, 2)`` of a
             time-major [N, L, C] buffer.
         weight: [O, C/groups, K] float16 or float32 (bfloat16 accepted); used at its stored values (upcast
-            exactly; in precision "fp16" float32 weights are rounded to float16).
+            exactly; in precision "fp16" the tensor-core path rounds float32 weights to float16, while
+            depthwise and few-channel-per-group convs use them as they are).
         bias: optional [O] added before the activation.
         dilation: spacing between taps (>= 1).
         groups: 1 for dense, C for depthwise banks (O = M*C, output channel c*M + m is filter m of input
