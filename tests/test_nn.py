@@ -393,3 +393,17 @@ def test_a_pipeline_module_on_an_empty_batch_gives_an_empty_batch() -> None:
     model = tsconv.nn.Pipeline.from_pipeline({"conv": [{"filters": ["diff:1", "ma:4"]}]}, n_features=3)
     y = model(torch.zeros(0, 20, 3))
     assert y.shape == (0, 20, 6) and y.dtype == torch.float32
+
+
+def test_a_module_of_a_resolved_pipeline_with_a_selection_checks_the_width() -> None:
+    # rebuilt from a resolved pipeline that selects some features, the module did not know the source's width:
+    # 6 columns passed where 4 were resolved against ran on columns 1 and 3 under the names px_a and px_b
+    names = ["vol_a", "px_a", "vol_b", "px_b"]
+    m = Pipeline.from_pipeline("returns_zscore", input_names=names)
+    again = Pipeline.from_pipeline(m.plan)
+    assert again.n_features == m.n_features == 4
+    x = torch.from_numpy(price_series(600, 4, seed=5))
+    torch.testing.assert_close(again(x), m(x), rtol=0, atol=0, equal_nan=True)
+    wider = torch.cat([torch.ones(600, 2), x], dim=1)
+    with pytest.raises(ShapeError, match="built for 4 features"):
+        again(wider)

@@ -217,7 +217,7 @@ class CausalConv1d(torch.nn.Module):
             raise ShapeError(
                 f"this module's weights are {self.weight_dtype} (after .double() or .to(...)); its kernels take "
                 "float16, bfloat16 or float32 weights",
-                hint="call .float() (or .half()) on the module; inputs of any float dtype are accepted.",
+                hint="call .float() (or .half()) on the module.",
             )
         _refuse_grad("tsconv.nn.CausalConv1d", x, self.weight, self.bias)
         # The kernels keep rearranged weights while torch's version counter says they are unchanged; a write
@@ -273,7 +273,9 @@ class Pipeline(torch.nn.Module):
         self.warmup = warmup
         columns = plan.columns
         # the width of x: every feature the pipeline was resolved against (a selection's columns index it)
-        self.n_features = len(plan.input_names) if n_features is None and columns is None else n_features
+        if n_features is None:
+            n_features = len(plan.input_names) if columns is None else plan.source_width
+        self.n_features = n_features
         if self.n_features is not None and columns is not None and max(columns) >= self.n_features:
             raise PipelineError(
                 f"the pipeline selects column {max(columns)} of {self.n_features} features",

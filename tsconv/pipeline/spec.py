@@ -280,6 +280,7 @@ class ResolvedPipeline:
     input_names: tuple[str, ...]  # the selected features, the first stage's inputs
     output_names: tuple[str, ...]
     columns: tuple[int, ...] | None = None  # the selected features' columns in the source; None: all
+    source_width: int | None = None  # how many features the source had (the width ``columns`` index)
     # Per output: its warm-up, the first steps whose receptive field reaches before step 0 (NaN with
     # --warmup nan). Each filter of a bank has its own, so a diff:1 beside a dev:256 is valid from step 1.
     warmups: tuple[int, ...] = ()
@@ -1268,5 +1269,6 @@ def resolve(pipeline: Pipeline, input_names: tuple[str, ...] | list[str]) -> Res
         input_names=selected,
         output_names=names,
         columns=columns,
+        source_width=len(input_names),
         warmups=tuple(warm),
     )
