@@ -104,6 +104,7 @@ def _conv_recentered(
     weight: torch.Tensor | None = None,
     tap_sums: torch.Tensor | None = None,
     block: int = _CPU_BLOCK,
+    threaded: bool = False,
 ) -> torch.Tensor:
     """conv_valid(x, w) + bias for x [1, C, L] on the CPU, each block of output rows computed as
     conv(x - v) + v * (exact tap sums): the torch twin of conv1d's ``recenter``. ``v`` per channel and
@@ -112,7 +113,9 @@ def _conv_recentered(
     to the first data row, and one before row 0 to the block's own step), so it is causal and one spike
     is never a block's level. A float64 ``x`` is
     rounded to float32 after each block's level is off. ``weight`` and ``tap_sums`` replace the layer's
-    (the FP16 storage check runs the rounding residual this way)."""
+    (the FP16 storage check runs the rounding residual this way). ``threaded``: the conv on torch's own
+    threads rather than in fixed tiles (the check's estimate, whose bits reach no output: its sample of a
+    thousand rows made two tiles, so a 4096-feature first stage took 0.6 s more of a GPU run's report)."""
     weight = layer.weight if weight is None else weight
     tap_sums = layer.tap_sums if tap_sums is None else tap_sums
     _, C, L = x.shape
@@ -133,7 +136,8 @@ def _conv_recentered(
     v = samples.median(dim=1).values  # [C, nb]
     blocks = xp[0].unfold(1, block + halo, block)  # [C, nb, block + halo], a view
     xb = (blocks - v[:, :, None]).permute(1, 0, 2).to(weight.dtype)  # [nb, C, block + halo]
-    y = conv1d_cpu(xb, weight, None, dilation=layer.dilation, groups=layer.groups)  # [nb, O, block]
+    conv = F.conv1d if threaded else conv1d_cpu
+    y = conv(xb, weight, None, dilation=layer.dilation, groups=layer.groups)  # [nb, O, block]
     g = layer.groups
     o_g, c_g = tap_sums.shape[0] // g, tap_sums.shape[1]
     # per block, as the conv: its bits depend on neither the number of blocks nor the thread count
@@ -941,7 +945,9 @@ class _StorageCheck:
             if i == 0 and recenter:
                 # the layer's tap sums live on the engine's device; the check runs on the CPU
                 sums = torch.from_numpy(layer.tap_sums)
-                out = _conv_recentered(y, bias, dl, 0, weight=given, tap_sums=sums, block=block)
+                out = _conv_recentered(
+                    y, bias, dl, 0, weight=given, tap_sums=sums, block=block, threaded=True
+                )
             else:
                 out = F.conv1d(y, given, bias, dilation=layer.dilation, groups=layer.groups)
             pres.append(out if layer.activation in (None, "none") else out.clone())
@@ -952,7 +958,9 @@ class _StorageCheck:
                     # block's own (0), and its raw price there put 100x the engine's error in the figure
                     zeros = torch.zeros(dl.tap_sums.shape, dtype=torch.float32)
                     centred = y - torch.nan_to_num(level, nan=0.0)[None, :, None]
-                    err = _conv_recentered(centred, None, dl, 0, weight=dw, tap_sums=zeros, block=block)
+                    err = _conv_recentered(
+                        centred, None, dl, 0, weight=dw, tap_sums=zeros, block=block, threaded=True
+                    )
                 else:
                     err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
                 own[i] = (f"{origin}: [[conv]] #{i + 1} ({layer.name})", err)
