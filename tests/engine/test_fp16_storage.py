@@ -428,3 +428,25 @@ def test_a_chain_that_storage_leaves_within_its_promise_is_not_warned(pipe):
     x = _four_levels()
     y, warned = _run(x, pipe, device="cpu")
     assert warned == [] and _relative_error(y, x, pipe) < 5e-4
+
+
+def test_the_check_computes_on_torchs_threads_not_the_engines_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the check's re-centred first-stage convs went through the engine's fixed CPU tiles: its sample of about a
+    # thousand rows is two tiles, so a 4096 -> 256 stage ran on two of an H100 host's 16 cores and a GPU run
+    # waited 0.6 s more for it (its bits reach no output, only the warning's figure)
+    import threading
+
+    from tsconv.engine import compute
+
+    in_check: list[str] = []
+    tiles = compute.conv1d_cpu
+
+    def noting(*args, **kwargs):
+        in_check.append(threading.current_thread().name)
+        return tiles(*args, **kwargs)
+
+    monkeypatch.setattr(compute, "conv1d_cpu", noting)
+    x = price_series(4000, C, seed=5)
+    _, warned = _run(x, {"conv": [{"weights": _zero_sum_dense()}]}, chunk=1024)
+    assert warned, "the check ran and judged the stage"
+    assert in_check and "tsconv-fp16-check" not in in_check  # the engine's own convs do use the tiles
