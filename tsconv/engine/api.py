@@ -131,6 +131,7 @@ def process(
     elif (
         dev is None
         and workers is not None
+        and any(v is not None for v in (transfer, gpu_mem, decode))  # the GPU probe only where it decides
         and not gpus_here(device)
         and not batched_on(resolve_device("cpu"))
     ):
