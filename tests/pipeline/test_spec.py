@@ -335,6 +335,16 @@ def test_torch_only_safetensors_dtypes_are_read_exactly(tmp_path: Path, dtype: t
     np.testing.assert_array_equal(pipe.stages[0].weight, w.to(torch.float32).numpy())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_torch_only_dtypes_given_as_tensors_are_read_exactly(dtype: torch.dtype) -> None:
+    # a bfloat16 tensor (torch's training dtype) in a dict was refused as "a file path or a numeric array"
+    w = torch.tensor([[[1.5, -0.3125]], [[0.0078125, 2.0]]]).to(dtype)
+    b = torch.tensor([0.5, -1.0]).to(dtype)
+    pipe = pipeline_from_dict({"conv": [{"weights": w, "bias": b, "weight_dtype": "float32"}]})
+    np.testing.assert_array_equal(pipe.stages[0].weight, w.to(torch.float32).numpy())
+    np.testing.assert_array_equal(pipe.stages[0].bias, b.to(torch.float32).numpy())
+
+
 def test_a_torch_module_as_pipeline_names_the_classes_and_the_way_through() -> None:
     module = tsconv.nn.Pipeline.from_pipeline({"conv": [{"filters": ["ma:4"]}]}, ["a"])
     with pytest.raises(PipelineError) as info:

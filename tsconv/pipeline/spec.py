@@ -939,7 +939,7 @@ def _load_array(
         rel = os.fspath(rel)
     if not isinstance(rel, str):
         try:
-            arr = np.asarray(rel.detach().cpu().numpy() if hasattr(rel, "detach") else rel)
+            arr = np.asarray(_tensor_values(rel) if hasattr(rel, "detach") else rel)
         except Exception:
             arr = None
         if arr is None or arr.dtype == object or arr.ndim == 0:
@@ -994,6 +994,15 @@ def _load_array(
         return _check_array(arr, key, repr(str(path)), where, table, ndim)
     except MemoryError:  # the float64 copy
         raise _too_big(path, key, where, table) from None
+
+
+def _tensor_values(t: Any) -> np.ndarray:
+    """A torch tensor's values as a numpy array; bfloat16 and float8 (torch's training dtypes, which numpy
+    lacks) as float32, which holds each of their values exactly (as from a .safetensors file)."""
+    t = t.detach().cpu()
+    if t.is_floating_point() and t.element_size() < 4 and str(t.dtype) != "torch.float16":
+        t = t.float()
+    return t.numpy()
 
 
 def _too_big(path: Path, key: str, where: str, table: str) -> PipelineError:
