@@ -101,6 +101,17 @@ def test_select_matching_nothing_names_patterns_and_features() -> None:
         resolve(pipeline_from_dict(_pipe({"select_regex": "^bid"})), NAMES)
 
 
+def test_select_naming_a_feature_the_input_lacks_is_refused() -> None:
+    # a misspelt or absent name beside others that match was dropped: the run computed the others, exit 0
+    pipe = pipeline_from_dict(_pipe({"select": ["px_0", "vol_O", "px_*"]}))
+    with pytest.raises(PipelineError, match=r"select names 'vol_O', which is not a feature") as info:
+        resolve(pipe, NAMES)
+    assert "did you mean 'vol_0'" in str(info.value)
+    # a glob that matches nothing beside others that match is a pattern, not a name: kept as before
+    plan = resolve(pipeline_from_dict(_pipe({"select": ["px_*", "bid_*", "ask[12]"]})), NAMES)
+    assert plan.input_names == ("px_0", "px_1", "px_2")
+
+
 def test_select_by_glob_and_regex_keeps_the_store_order() -> None:
     plan = resolve(pipeline_from_dict(_pipe({"select": ["px_2", "px_*"]})), NAMES)
     assert plan.input_names == ("px_0", "px_1", "px_2") and plan.columns == (0, 2, 4)

@@ -736,6 +736,19 @@ def select_columns(pre: Preprocess | None, names: tuple[str, ...], where: str) -
             f"{where}: [preprocess]: select {asked} matches none of the features",
             hint=f"the features are {shown}.",
         )
+    if pre.select is not None:
+        # an entry without a glob's characters is a name: one the input lacks (a typo, a symbol not in this
+        # store) was dropped while the others ran; an unmatched glob may be meant for other stores
+        known = set(names)
+        absent = [p for p in pre.select if p not in known and not any(c in p for c in "*?[")]
+        if absent:
+            close = difflib.get_close_matches(absent[0], names, n=1)
+            raise PipelineError(
+                f"{where}: [preprocess]: select names {', '.join(repr(p) for p in absent[:8])}, which "
+                f"{'is not a feature' if len(absent) == 1 else 'are not features'} of the input",
+                hint=(f"did you mean {close[0]!r}? " if close else "")
+                + "remove the name, or write a glob pattern (e.g. 'px_*') for features some stores lack.",
+            )
     return None if len(cols) == len(names) else tuple(cols)
 
 
