@@ -250,6 +250,35 @@ def test_time_second_is_refused_when_the_time_dimension_has_no_coordinate(
     np.testing.assert_array_equal(store.values[:], x)
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("dates", [None, "yyyymmdd", "steps"])
+def test_a_variable_whose_first_coordinate_names_the_features_is_refused_not_read_transposed(
+    tmp_path: Path, zarr_format: int, dates: str | None
+) -> None:
+    # (sym, date) with ticker names on sym: without a date coordinate, 3 symbols were read as 3 steps and 200
+    # dates as features f0..f199, silently; with integer dates the hint said to make them strings, which gave
+    # that same transposed read. features() of the same DataArray reads it as (date, sym).
+    x = price_series(200, 3, seed=6)
+    coords: dict = {"sym": ["a", "b", "c"]}
+    if dates == "yyyymmdd":
+        coords["date"] = 20240101 + np.arange(200)
+    elif dates == "steps":
+        coords["date"] = np.arange(200)
+    da = xr.DataArray(x.T, dims=("sym", "date"), coords=coords, name="px")
+    src = _write(da.to_dataset(), tmp_path / "in.zarr", zarr_format=zarr_format)
+    with pytest.raises(
+        StoreError,
+        match=r"'px' has dimensions \('sym', 'date'\) and the coordinate of its first, 'sym', holds names",
+    ) as err:
+        tsconv.open_input(src)
+    assert "ds.transpose('date', 'sym')" in err.value.hint
+    assert tsconv.features(da, PIPE, device="cpu").dims == ("date", "output")
+    ok = _write(da.transpose("date", "sym").to_dataset(), tmp_path / "ok.zarr", zarr_format=zarr_format)
+    store = tsconv.open_input(ok)
+    assert store.features == ("a", "b", "c") and store.time is None
+    np.testing.assert_array_equal(store.values[:], x)
+
+
 def test_repeated_coordinate_names_and_packed_values_are_refused(tmp_path: Path) -> None:
     times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
     src = _write(_dataset(times, names=["a", "b", "a"])[0], tmp_path / "dup.zarr", zarr_format=3)

@@ -269,8 +269,10 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
     _check_values(values, where if name == "values" else f"{where}: {name!r}")
     _refuse_cf_encoding(values, name, where)
     dims = _dims(values)
-    time = _time_array(arrays, dims, values, where)
     names_attr = node.attrs.get("features")
+    if names_attr is None:
+        _refuse_names_first(arrays, dims, name, where)
+    time = _time_array(arrays, dims, values, where)
     if names_attr is not None:
         if not isinstance(names_attr, list) or not all(isinstance(n, str) for n in names_attr):
             raise StoreError(
@@ -439,6 +441,31 @@ def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
         hint="write one data variable per store (e.g. ds[['name']].to_zarr(...)), or name the one to read "
         "'values'.",
     )
+
+
+def _refuse_names_first(
+    arrays: dict[str, zarr.Array], dims: tuple[str, ...] | None, name: str, where: str
+) -> None:
+    """Refuse a variable whose first dimension's coordinate holds names (strings) and whose second's does not
+    (none, or numbers): a feature-major array, (symbol, date), which read as [T, F] would be transposed data
+    (its symbols taken as steps); ``tsconv.features`` reads a DataArray by the same rule."""
+    if dims is None or len(dims) != 2:
+        return
+    first, second = (arrays.get(d) if d != name else None for d in dims)
+    if first is None or not _holds_names(first) or (second is not None and _holds_names(second)):
+        return
+    raise StoreError(
+        f"{where}: {name!r} has dimensions {dims} and the coordinate of its first, {dims[0]!r}, holds names "
+        f"(strings): it is feature-major, and tsconv reads [time, feature] arrays",
+        hint=f"write it time-major, e.g. ds.transpose({dims[1]!r}, {dims[0]!r}).to_zarr(...); if {dims[0]!r} "
+        "holds times, store them as datetime64 (xarray: ds.assign_coords("
+        f"{dims[0]}=pd.to_datetime(ds[{dims[0]!r}].values))).",
+    )
+
+
+def _holds_names(array: zarr.Array) -> bool:
+    """Whether a coordinate array holds strings (feature names), by its dtype."""
+    return array.ndim == 1 and np.dtype(array.dtype).kind in "USOT"
 
 
 def _refuse_cf_encoding(values: zarr.Array, name: str, where: str) -> None:
