@@ -253,6 +253,16 @@ def _time_array(data: np.ndarray, **attrs: object) -> Callable[[Path], Path]:
     return make
 
 
+def _feature_major(root: Path) -> Path:
+    """A store of 'values' [F, T] without dimension names, beside 'time' [T]: it was called damaged."""
+    p = good_store(root, rows=ROWS)
+    g = zarr.open_group(str(p), mode="r+")
+    x = np.asarray(g["values"][:])
+    del g["values"]
+    g.create_array("values", data=np.ascontiguousarray(x.T))
+    return p
+
+
 def _two_data_variables(root: Path) -> Path:
     """An xarray-like group (dimension names, a 'time' coordinate) with two candidate variables."""
     g = zarr.open_group(str(root / "in.zarr"), mode="w")
@@ -286,6 +296,15 @@ STORE_CASES = {
     "time of wrong length": (
         _time_of_wrong_length,
         [f"'time' has {ROWS - 1} rows but the values have {ROWS}", "re-create it"],
+    ),
+    # feature-major values [F, T] read as [T, F]: the store was called damaged, the attribute wrong
+    "feature-major values beside a time": (
+        _feature_major,
+        [f"the values [{FEATURES}, {ROWS}] look feature-major", f"'time' holds {ROWS} times", "x.T"],
+    ),
+    "feature-major values with names": (
+        _group(np.zeros((3, ROWS), np.float32), features=["a", "b", "c"]),
+        [f"the values [3, {ROWS}] look feature-major", "attribute 'features' names 3, as many as their rows"],
     ),
     "repeated feature names": (
         _group(np.zeros((ROWS, 16), np.float32), features=["px"] * 16),

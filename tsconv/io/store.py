@@ -279,6 +279,10 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
                 f"{where}: attribute 'features' must be a list of strings",
                 hint="set it to the features' names, one per column of values, or remove it (names f0, f1, ...).",
             )
+        if len(names_attr) == values.shape[0] != values.shape[1]:
+            raise _feature_major(
+                where, values, f"attribute 'features' names {len(names_attr)}, as many as their rows"
+            )
         if len(names_attr) != values.shape[1]:
             raise StoreError(
                 f"{where}: attribute 'features' names {len(names_attr)} features but values have {values.shape[1]} columns",
@@ -547,6 +551,8 @@ def _time_array(
             f"{where}: {key!r} has shape {list(t.shape)}, expected [{values.shape[0]}] (one per row of values)",
             hint="store one time per row of values, as a 1-D array.",
         )
+    if t.shape[0] == values.shape[1] != values.shape[0]:
+        raise _feature_major(where, values, f"{key!r} holds {t.shape[0]:,} times, as many as their columns")
     if t.shape[0] != values.shape[0]:
         raise StoreError(
             f"{where}: {key!r} has {t.shape[0]:,} rows but the values have {values.shape[0]:,}; every row of "
@@ -555,6 +561,18 @@ def _time_array(
             "for a store of `tsconv ingest` with `tsconv ingest FILES -o STORE --overwrite`.",
         )
     return TimeColumn(t, where=f"{where}: {key!r}")
+
+
+def _feature_major(where: str, values: zarr.Array, what: str) -> StoreError:
+    """The error for values [F, T] whose times or names count their columns and rows the other way round
+    (``what`` says which); the store was called damaged, or its names attribute wrong."""
+    rows, cols = (int(n) for n in values.shape)
+    return StoreError(
+        f"{where}: the values [{rows:,}, {cols:,}] look feature-major ([feature, time]): {what}; tsconv "
+        "reads [time, feature] arrays",
+        hint="write the values time-major, one row per time step (numpy: x.T; xarray: "
+        "ds.transpose('time', ...)), and the store again.",
+    )
 
 
 def _holds_instants(array: zarr.Array) -> bool:
