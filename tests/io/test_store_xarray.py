@@ -279,6 +279,17 @@ def test_a_variable_whose_first_coordinate_names_the_features_is_refused_not_rea
     np.testing.assert_array_equal(store.values[:], x)
 
 
+def test_a_store_of_xarray_groups_is_refused_naming_them(tmp_path: Path) -> None:
+    # ds.to_zarr(path, group="fx"): the root holds groups only, and was said to have "nothing"
+    ds, x = _dataset(pd.date_range("2026-01-02", periods=ROWS, freq="s"))
+    src = _write(ds, tmp_path / "in.zarr", zarr_format=3, group="fx")
+    _write(ds, src, zarr_format=3, group="eq/daily")
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "it holds the groups 'eq', 'fx'" in res.output and f"{src}/eq" in res.output
+    np.testing.assert_array_equal(tsconv.open_input(src / "fx").values[:], x)
+
+
 def test_repeated_coordinate_names_and_packed_values_are_refused(tmp_path: Path) -> None:
     times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
     src = _write(_dataset(times, names=["a", "b", "a"])[0], tmp_path / "dup.zarr", zarr_format=3)

@@ -264,7 +264,7 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
             raise StoreError(
                 f"{where}: array {arr_name!r} declares chunks {list(arr.chunks)}; each must be at least 1"
             )
-    name = _values_name(arrays, where)
+    name = _values_name(arrays, where, groups=tuple(node.group_keys()))
     values = arrays[name]
     _check_values(values, where if name == "values" else f"{where}: {name!r}")
     _refuse_cf_encoding(values, name, where)
@@ -382,9 +382,10 @@ def _dims(array: zarr.Array) -> tuple[str, ...] | None:
     return tuple(str(n) for n in names)
 
 
-def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
+def _values_name(arrays: dict[str, zarr.Array], where: str, *, groups: tuple[str, ...] = ()) -> str:
     """The values array: ``values``, else the one 2-D data variable along the time dimension; refused where
-    its dimension names put time second (a feature-major array read as [T, F] is transposed data)."""
+    its dimension names put time second (a feature-major array read as [T, F] is transposed data).
+    ``groups``: the group's subgroups, named where it holds no series itself (xarray's ``to_zarr(group=...)``)."""
     dims = {k: _dims(a) for k, a in arrays.items()}
     coords = {d for ds in dims.values() if ds for d in ds}  # arrays named after a dimension (xarray)
     for a in arrays.values():  # and the other coordinates, which xarray lists in this CF attribute
@@ -433,6 +434,14 @@ def _values_name(arrays: dict[str, zarr.Array], where: str) -> str:
                 f"{where}: {second[0]!r} has dimensions {d}: time is its second dimension, and tsconv reads "
                 "[time, feature] arrays",
                 hint=f"write it time-major, e.g. ds.transpose({d[1]!r}, {d[0]!r}).to_zarr(...).",
+            )
+        if groups:
+            listed = ", ".join(repr(g) for g in sorted(groups)[:5]) + (" ..." if len(groups) > 5 else "")
+            raise StoreError(
+                f"{where}: the group has no 'values' array (its arrays: {shown}) and no 2-D data variable{along}; "
+                f"it holds the group{'s' * (len(groups) > 1)} {listed}",
+                hint=f"give the path of the group that holds the series, e.g. {where}/{sorted(groups)[0]} "
+                "(xarray's to_zarr(..., group=NAME) writes a dataset into such a group).",
             )
         raise StoreError(
             f"{where}: the group has no 'values' array (it has: {shown}) and no 2-D data variable{along}",
