@@ -345,6 +345,17 @@ def test_torch_only_dtypes_given_as_tensors_are_read_exactly(dtype: torch.dtype)
     np.testing.assert_array_equal(pipe.stages[0].bias, b.to(torch.float32).numpy())
 
 
+def test_a_masked_weight_array_is_refused_not_read_under_its_mask() -> None:
+    # np.asarray drops the mask: the values under it (here 99) became weights without a word
+    w = np.ma.masked_array([[[1.0, 99.0]], [[0.5, 2.0]]], mask=[[[0, 1]], [[0, 0]]])
+    with pytest.raises(PipelineError, match="masked array with masked entries") as info:
+        pipeline_from_dict({"conv": [{"weights": w}]})
+    assert "filled(0.0)" in (info.value.hint or "")
+    unmasked = np.ma.masked_array([[[1.0, 99.0]]], mask=False)  # nothing masked: the values are the weights
+    pipe = pipeline_from_dict({"conv": [{"weights": unmasked}]})
+    np.testing.assert_array_equal(pipe.stages[0].weight, [[[1.0, 99.0]]])
+
+
 def test_a_torch_module_as_pipeline_names_the_classes_and_the_way_through() -> None:
     module = tsconv.nn.Pipeline.from_pipeline({"conv": [{"filters": ["ma:4"]}]}, ["a"])
     with pytest.raises(PipelineError) as info:

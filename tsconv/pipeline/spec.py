@@ -951,6 +951,12 @@ def _load_array(
     if isinstance(rel, os.PathLike):
         rel = os.fspath(rel)
     if not isinstance(rel, str):
+        if isinstance(rel, np.ma.MaskedArray) and np.ma.is_masked(rel):
+            raise PipelineError(
+                f"{where}: {table}: {key} is a masked array with masked entries; tsconv would read the values "
+                "under the mask as weights",
+                hint=f"give plain values, e.g. {key}=arr.filled(0.0) if masked weights mean 0.",
+            )
         try:
             arr = np.asarray(_tensor_values(rel) if hasattr(rel, "detach") else rel)
         except Exception:
