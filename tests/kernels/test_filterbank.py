@@ -221,6 +221,16 @@ def test_a_print_whose_square_overflows_float64_gives_nan_z_scores_not_0(bank: l
         _check(y[308:, m], want, f"x0.{bank[m]} after the print")
 
 
+def test_an_ema_of_alpha_1_is_the_current_value_beside_a_float64_print_beyond_float32() -> None:
+    """ema:1:K (alpha = 1) is x[t], NaN or +-inf only where its window holds one: a finite float64 print of
+    1e40 (beyond float32's range) in the window made its float32 mean inf, and the outputs after it were inf."""
+    x = np.array([[100.0], [1e40], [101.0], [102.0], [103.0], [104.0], [105.0]])
+    x[5, 0] = np.inf
+    y = _run(x, ["ema:1:4"], chunk=3)[:, 0]
+    np.testing.assert_array_equal(y[3:5], [102.0, 103.0])
+    assert np.isposinf(y[5:]).all()  # the +inf print's windows
+
+
 def test_the_reference_gives_a_window_of_equal_values_std_0() -> None:
     # three equal float64 values whose float64 mean is an ulp off them: std 0, z-score NaN, as the bank gives
     from tsconv.kernels.reference import bank_reference

@@ -413,9 +413,10 @@ def _bank_tile(x: torch.Tensor, filters: tuple[Filter, ...], d: int, halo: int, 
                     bits = {j for j in range(f.taps.bit_length()) if f.taps >> j & 1}
                     kept = _ladder(x, d, ops, top=f.taps.bit_length() - 1, keep=bits, r=None)
                     total, _ = _window(kept, f.taps, d, halo, rows, ops, r=None, moments=False)
-                # the window's mean is NaN / +-inf exactly where the window holds them
+                # the window's mean is NaN / +-inf exactly where the window holds them; told from the float64
+                # sum, not the float32 mean, which a finite float64 print beyond float32's range makes inf
                 ops.finish("ma", dest, cur, total, window=f.taps)
-                torch.where(torch.isfinite(dest), cur.to(dest.dtype), dest, out=dest)
+                torch.where(torch.isfinite(total), cur.to(dest.dtype), dest, out=dest)
                 continue
             bits = {j for j in range(f.taps.bit_length()) if f.taps >> j & 1}
             kept = _ladder(x, d, ops, top=f.taps.bit_length() - 1, keep=bits, r=r)
