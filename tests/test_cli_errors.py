@@ -393,15 +393,26 @@ def test_a_report_over_the_pipelines_own_files_is_refused_before_the_run(tmp_pat
     assert res.exit_code == 0, res.output
 
 
-def test_an_array_inside_a_store_gets_no_default_output_among_the_stores_files(tmp_path: Path) -> None:
-    # -i in.zarr/values with no -o: the default output in.zarr/values.features.zarr would lie inside the store
-    src = good_store(tmp_path)
-    before = snapshot(tmp_path)
+@pytest.mark.parametrize("inner", [("values",), ("eq", "daily")])
+def test_an_input_inside_a_store_gets_its_default_output_beside_the_store(
+    tmp_path: Path, inner: tuple[str, ...]
+) -> None:
+    # -i in.zarr/eq/daily with no -o: beside the input, in.zarr/eq/daily.features.zarr, the default lay among
+    # the store's files, and the run was refused as overlapping its input, for a path the user never chose
+    root = tmp_path / "in.zarr"
+    if inner == ("values",):
+        good_store(tmp_path)
+    else:
+        zarr.open_group(str(root), mode="w").create_group("eq")
+        write_store(root / "eq" / "daily", price_series(ROWS, FEATURES))
+    before = snapshot(root)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TsconvWarning)  # the bare array's read is said too
-        res = invoke("-i", src / "values")
-    assert_refused(res, "would overlap the input store", str(src.resolve()))
-    assert snapshot(tmp_path) == before
+        warnings.simplefilter("ignore", TsconvWarning)  # a bare array's read is said too
+        res = invoke("-i", root.joinpath(*inner))
+    assert res.exit_code == 0, res.output
+    assert snapshot(root) == before
+    out = zarr.open_group(str(tmp_path / f"in.{'.'.join(inner)}.features.zarr"), mode="r")
+    assert out["values"].shape[0] == ROWS
 
 
 @pytest.mark.parametrize("where", [0, 7, ROWS - 1])

@@ -365,7 +365,8 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
     "--output",
     "-o",
     type=click.Path(),
-    help="Output zarr store, or a .parquet file (default: <input>.features.zarr beside it).",
+    help="Output zarr store, or a .parquet file (default: <input>.features.zarr beside it; for a group or array "
+    "inside a store, beside that store).",
 )
 @_common_process_options
 @click.option("--overwrite", is_flag=True, help="Replace an existing output store.")

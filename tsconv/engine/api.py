@@ -152,7 +152,7 @@ def process(
         return to_parquet(store, plan, out_loc, device=dev, chunk=chunk, warmup=warmup, overwrite=overwrite,
                           progress=progress, cuda=cuda)  # fmt: skip
     if out_loc is None:
-        out_path = default_output_path(store.path)
+        out_path = default_output_path(store.path, root=store.root)
     else:
         out_path = out_loc.resolve() if isinstance(out_loc, Path) else out_loc
     return to_zarr(store, plan, out_path, device=dev, device_name=device, chunk=chunk, warmup=warmup,
@@ -160,12 +160,23 @@ def process(
                    compression=compression, dask=dask, t_enter=t_enter, update=update)  # fmt: skip
 
 
-def default_output_path(input_path: str | os.PathLike[str] | StoreURL) -> Path | StoreURL:
-    """``ticks.zarr`` -> ``ticks.features.zarr``, beside the input (a local path or a URL)."""
+def default_output_path(
+    input_path: str | os.PathLike[str] | StoreURL, *, root: Path | StoreURL | None = None
+) -> Path | StoreURL:
+    """``ticks.zarr`` -> ``ticks.features.zarr``, beside the input (a local path or a URL). A local input inside
+    a larger zarr hierarchy ``root`` (``ticks.zarr/eq/daily``) gets its output beside that hierarchy
+    (``ticks.eq.daily.features.zarr``): beside the input it would lie among the hierarchy's files, which tsconv
+    never writes into."""
     p = location(input_path)
     p = p.resolve() if isinstance(p, Path) else p
-    stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
-    return p.with_name(f"{stem}.features.zarr")
+    if isinstance(p, Path) and isinstance(root, Path) and root != p and p.is_relative_to(root):
+        stem = ".".join((_stem(root.name), *p.relative_to(root).parts))
+        return root.with_name(f"{stem}.features.zarr")
+    return p.with_name(f"{_stem(p.name)}.features.zarr")
+
+
+def _stem(name: str) -> str:
+    return name[: -len(".zarr")] if name.endswith(".zarr") else name
 
 
 def _check_location(value: Any, role: str) -> None:
