@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 import tsconv
 from tsconv.cli import main
-from tsconv.errors import OutputExistsError, ShapeError, StoreError, TsconvError
+from tsconv.errors import OutputExistsError, ShapeError, StoreError, TsconvError, TsconvWarning
 from tsconv.io.frames import ArrayChunk, StoreInfo
 from tsconv.io.writers import parquet_writer
 
@@ -220,6 +220,28 @@ def test_features_of_pandas_and_arrow_frames_read_columns_by_name(series: np.nda
     assert isinstance(table, pa.Table) and table.column_names == want.columns
     assert pl.from_arrow(table).equals(want)
     assert isinstance(tsconv.features(df.to_arrow().to_batches()[0], PIPE), pa.Table)
+
+
+def test_the_pandas_index_a_pyarrow_table_holds_is_no_feature() -> None:
+    # pa.Table.from_pandas (and pq.read_table of a pandas-written file) keeps a filtered frame's index as the
+    # column __index_level_0__, which features() computed as a feature: row labels under '__index_level_0__.diff1'
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame(
+        {"time": pd.date_range("2024-01-01", periods=60, freq="D"), "a": np.arange(60.0) ** 2}
+    )
+    rows = frame[frame.index % 3 != 0]  # its index 1, 2, 4, 5, ...: a column, not a RangeIndex
+    want = pl.from_pandas(tsconv.features(rows.reset_index(drop=True), PIPE), nan_to_null=False)
+    for table in (pa.Table.from_pandas(rows), pa.RecordBatch.from_pandas(rows)):
+        assert "__index_level_0__" in table.schema.names
+        with pytest.warns(TsconvWarning, match="left out the pandas index column.s. '__index_level_0__'"):
+            got, names = tsconv.features(table, PIPE, return_names=True)
+        assert names == ("a.diff1", "a.ma16", "a.ema8") and got.column_names == ["time", *names]
+        assert pl.from_arrow(got).equals(want)
+    # an index named as the time column is the time column, as a frame's column of that name is
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        timed = tsconv.features(pa.Table.from_pandas(rows.set_index("time")), PIPE)
+    assert pl.from_arrow(timed).equals(want)
 
 
 def test_a_column_of_nulls_only_is_a_feature_with_no_value_yet_and_decimals_are_told_to_cast() -> None:

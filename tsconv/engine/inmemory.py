@@ -33,6 +33,7 @@ from tsconv.io.dataframes import (
     index_is_time,
     refuse_time_clash,
     to_polars,
+    without_pandas_index,
 )
 from tsconv.io.names import describe_repeats, ordered_names, repeated_names
 from tsconv.io.precision import WideIntegerCheck
@@ -65,7 +66,8 @@ def features(
     (polars DataFrame or LazyFrame: a polars DataFrame; pandas DataFrame: a pandas DataFrame with the same
     index; pyarrow Table or RecordBatch: a Table): its columns are read by name, its ``time_column`` (the
     default ``time`` if present; another name must be a column, or a pandas index's name) is carried over
-    and the other columns, all numeric, are the named features (see :func:`tsconv.io.dataframes.frame_input`). An xarray DataArray of two dimensions, in either order, gives
+    and the other columns, all numeric, are the named features (see :func:`tsconv.io.dataframes.frame_input`; a
+    pyarrow table's pandas index columns are left out with a warning). An xarray DataArray of two dimensions, in either order, gives
     a DataArray [time, output] (see :func:`_dataarray_features`). ``transfer`` and ``gpu_mem`` are the CUDA
     engine's, as in :func:`process`.
 
@@ -113,6 +115,8 @@ def features(
             and time_column not in x
         ):
             time_column = None
+        if kind == "pyarrow":  # a table of a pandas frame holds its index as columns, named in its metadata
+            x = without_pandas_index(x, time_column=time_column, caller="features()")
         feature_names, source, time_series = frame_input(
             to_polars(x, "features()"), time_column=time_column, band_rows=chunk
         )

@@ -4,11 +4,13 @@ and :meth:`tsconv.Stream.push` need of a frame. Imports none of those libraries 
 
 from __future__ import annotations
 
+import json
+import warnings
 from typing import Any
 
 import numpy as np
 
-from tsconv.errors import ShapeError
+from tsconv.errors import ShapeError, TsconvWarning
 from tsconv.io.contracts import HostSource
 from tsconv.io.names import repeated_names
 from tsconv.io.precision import exact_in_float32
@@ -20,7 +22,9 @@ __all__ = [
     "frame_kind",
     "frame_output",
     "index_is_time",
+    "pandas_index_columns",
     "refuse_time_clash",
+    "without_pandas_index",
     "to_polars",
 ]
 
@@ -104,6 +108,35 @@ def to_polars(frame: Any, caller: str) -> Any:
     if kind == "polars":
         return frame
     raise ShapeError(f"{caller}: expected a polars, pandas or pyarrow frame, got {type(frame).__name__}")
+
+
+def pandas_index_columns(schema: Any) -> list[str]:
+    """The columns the pandas metadata of a pyarrow schema (key ``pandas``, as ``pa.Table.from_pandas`` and
+    pandas' ``to_parquet`` write it) declares as the frame's index (``__index_level_0__`` of a filtered frame);
+    a RangeIndex is declared as a dict and stored as no column."""
+    meta = (getattr(schema, "metadata", None) or {}).get(b"pandas")
+    try:
+        index = json.loads(meta)["index_columns"] if meta else []
+    except (ValueError, KeyError, TypeError):
+        return []
+    return [c for c in index if isinstance(c, str)] if isinstance(index, list) else []
+
+
+def without_pandas_index(table: Any, *, time_column: str | None, caller: str) -> Any:
+    """A pyarrow Table or RecordBatch without the index columns its pandas metadata declares (the time column
+    excepted), with a warning naming them: row labels are not features (ingest leaves them out alike)."""
+    index = [c for c in pandas_index_columns(table.schema) if c in table.schema.names and c != time_column]
+    if not index:
+        return table
+    warnings.warn(
+        f"{caller}: left out the pandas index column(s) {', '.join(map(repr, index))} of the "
+        f"{type(table).__name__}: an index is not a feature; build it with pa.Table.from_pandas(frame, "
+        "preserve_index=False), or write the frame with index=False, to leave it out (an index of times: name "
+        "it as the time column, frame.rename_axis('time'), to carry it over)",
+        TsconvWarning,
+        stacklevel=4,
+    )
+    return table.select([c for c in table.schema.names if c not in index])
 
 
 def index_is_time(index: Any, *, has_time_column: bool) -> bool:

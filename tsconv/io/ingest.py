@@ -49,7 +49,6 @@ import errno
 import functools
 import glob
 import gzip
-import json
 import os
 import re
 import resource
@@ -67,6 +66,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from tsconv.errors import OutputExistsError, StoreError, TsconvWarning, first_line
+from tsconv.io.dataframes import pandas_index_columns
 from tsconv.io.lock import OutputLock
 from tsconv.io.names import control_name, describe_repeats, repeated_names
 from tsconv.io.objstore import is_url
@@ -310,15 +310,8 @@ class _Source:
             return None
 
     def _pandas_index(self) -> list[str]:
-        """The columns pandas' metadata (key ``pandas``) declares as the frame's index; a RangeIndex is
-        declared as a dict and stored as no column."""
-        schema = self._arrow_schema()
-        meta = (schema.metadata or {}).get(b"pandas") if schema is not None else None
-        try:
-            index = json.loads(meta)["index_columns"] if meta else []
-        except (ValueError, KeyError, TypeError):
-            return []
-        return [c for c in index if isinstance(c, str)] if isinstance(index, list) else []
+        """The columns pandas' metadata declares as the frame's index (:func:`pandas_index_columns`)."""
+        return pandas_index_columns(self._arrow_schema())
 
     def _refuse_unreadable_zone(self) -> None:
         """Refuse a Parquet or Arrow time column whose time zone polars cannot parse ("+05:30", as pandas
