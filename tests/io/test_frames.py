@@ -244,6 +244,24 @@ def test_the_pandas_index_a_pyarrow_table_holds_is_no_feature() -> None:
     assert pl.from_arrow(timed).equals(want)
 
 
+def test_a_multiindex_whose_times_repeat_is_several_series_and_refused() -> None:
+    # a long frame indexed by (time, symbol) or (symbol, time) was taken row by row as one series: px.diff1
+    # differenced symbol B's price against symbol A's (99, -98, ...), silently
+    pd = pytest.importorskip("pandas")
+    times = pd.date_range("2024-01-01", periods=20, freq="h", tz="UTC")
+    long = pd.DataFrame({"time": np.repeat(times, 2), "symbol": ["A", "B"] * 20, "px": np.arange(40.0)})
+    for levels in (["time", "symbol"], ["symbol", "time"]):
+        with pytest.raises(ShapeError, match="level 'time' of times is not strictly increasing") as info:
+            tsconv.features(long.set_index(levels).sort_index(), PIPE)
+        assert "unstack('symbol')" in info.value.hint
+    # one series' rows under the same levels are time steps, kept as the result's index
+    one = long[long["symbol"] == "A"].set_index(["time", "symbol"])
+    got = tsconv.features(one, PIPE)
+    assert got.index.equals(one.index)
+    want = tsconv.features(one["px"].to_numpy()[:, None], PIPE)
+    np.testing.assert_array_equal(got.to_numpy(), want)
+
+
 def test_a_column_of_nulls_only_is_a_feature_with_no_value_yet_and_decimals_are_told_to_cast() -> None:
     pd = pytest.importorskip("pandas")
     # polars types a column of None as Null, pandas as objects: refused as "not numeric", with a hint naming an

@@ -358,6 +358,9 @@ def _check_index(index: Any, what: str, *, time_column: str | None = None) -> No
     already, so that the hint does not sort the rows out of its order."""
     import pandas as pd
 
+    if isinstance(index, pd.MultiIndex):
+        _check_index_levels(index, what)
+        return
     ordered = (
         pd.api.types.is_datetime64_any_dtype(index.dtype)
         or pd.api.types.is_numeric_dtype(index.dtype)
@@ -382,6 +385,27 @@ def _check_index(index: Any, what: str, *, time_column: str | None = None) -> No
         raise ShapeError(
             f"features(): {what} is not strictly increasing (its rows are taken as time steps, in order)",
             hint=hint,
+        )
+
+
+def _check_index_levels(index: Any, what: str) -> None:
+    """A pandas MultiIndex's levels of times must each increase strictly: a level whose times repeat or go back
+    (``set_index(['time', 'symbol'])`` of a long frame) says that the rows are several series stacked, not one
+    time step each, which the convolutions would run across (one symbol's first row differenced against
+    another's last)."""
+    for level, name in enumerate(index.names):
+        values = index.get_level_values(level)
+        if coordinate_holds(values) != "datetimes" or (values.is_monotonic_increasing and values.is_unique):
+            continue
+        label = repr(name) if name is not None else f"number {level}"
+        others = [n for n in index.names if n != name]
+        series = repr(others[0]) if others and others[0] is not None else "level"
+        raise ShapeError(
+            f"features(): {what} has {index.nlevels} levels, and its level {label} of times is not strictly "
+            "increasing: its rows are not one time step each but several series stacked (a long frame)",
+            hint=f"give each series its own column, e.g. frame.unstack({series}) with the columns flattened "
+            "('.'.join), or pass one series' rows (frame.xs(key, level=...)); where the levels together "
+            "hold each row's time, combine them into one DatetimeIndex.",
         )
 
 
