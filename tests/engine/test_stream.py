@@ -274,6 +274,24 @@ def test_a_pandas_frames_index_gives_the_pushes_times():
     assert one.last_time is None and one.rows == 7
 
 
+def test_a_long_frames_multiindex_push_is_refused_as_several_series():
+    # a push indexed by (time, symbol) was taken row by row as one series: a.diff1 differenced one symbol's
+    # value against the other's (99, -98, ...), as features() did
+    idx = pd.MultiIndex.from_product(
+        [pd.date_range("2024-01-02 09:30", periods=3, freq="min", tz="UTC"), ["A", "B"]],
+        names=["time", "symbol"],
+    )
+    long = pd.DataFrame({"a": [1.0, 100.0, 2.0, 200.0, 3.0, 300.0]}, index=idx)
+    stream = tsconv.Stream({"conv": [{"filters": ["diff:1"]}]}, features=["a"])
+    with pytest.raises(
+        tsconv.ShapeError, match="push\\(\\): the frame's index has 2 levels, and its level 'time'"
+    ):
+        stream.push(long)
+    assert stream.rows == 0
+    stream.push(long.xs("A", level="symbol", drop_level=False))  # one series' rows are time steps
+    assert stream.rows == 3
+
+
 def test_time_must_increase_strictly_across_pushes():
     stream = tsconv.Stream("default", features=1)
     stream.push(np.ones((3, 1)), time=np.array([1, 2, 3]))

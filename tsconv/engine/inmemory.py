@@ -41,7 +41,7 @@ from tsconv.io.readers.blocks import ArraySource
 from tsconv.io.writers.memory import ArraySink
 from tsconv.pipeline.spec import PipelineLike, ResolvedPipeline, as_pipeline, resolve
 
-__all__ = ["coordinate_holds", "dataarray_dims", "features"]
+__all__ = ["check_index_levels", "coordinate_holds", "dataarray_dims", "features"]
 
 
 @cuda_errors()
@@ -359,7 +359,7 @@ def _check_index(index: Any, what: str, *, time_column: str | None = None) -> No
     import pandas as pd
 
     if isinstance(index, pd.MultiIndex):
-        _check_index_levels(index, what)
+        check_index_levels(index, what, caller="features()")
         return
     ordered = (
         pd.api.types.is_datetime64_any_dtype(index.dtype)
@@ -388,11 +388,11 @@ def _check_index(index: Any, what: str, *, time_column: str | None = None) -> No
         )
 
 
-def _check_index_levels(index: Any, what: str) -> None:
+def check_index_levels(index: Any, what: str, *, caller: str) -> None:
     """A pandas MultiIndex's levels of times must each increase strictly: a level whose times repeat or go back
     (``set_index(['time', 'symbol'])`` of a long frame) says that the rows are several series stacked, not one
     time step each, which the convolutions would run across (one symbol's first row differenced against
-    another's last)."""
+    another's last). ``caller`` begins the error."""
     for level, name in enumerate(index.names):
         values = index.get_level_values(level)
         if coordinate_holds(values) != "datetimes" or (values.is_monotonic_increasing and values.is_unique):
@@ -401,7 +401,7 @@ def _check_index_levels(index: Any, what: str) -> None:
         others = [n for n in index.names if n != name]
         series = repr(others[0]) if others and others[0] is not None else "level"
         raise ShapeError(
-            f"features(): {what} has {index.nlevels} levels, and its level {label} of times is not strictly "
+            f"{caller}: {what} has {index.nlevels} levels, and its level {label} of times is not strictly "
             "increasing: its rows are not one time step each but several series stacked (a long frame)",
             hint=f"give each series its own column, e.g. frame.unstack({series}) with the columns flattened "
             "('.'.join), or pass one series' rows (frame.xs(key, level=...)); where the levels together "

@@ -20,7 +20,7 @@ import torch
 
 from tsconv.engine.compute import CHECK_ROWS_MIN, Backend
 from tsconv.engine.fill import forward_fill
-from tsconv.engine.inmemory import coordinate_holds, dataarray_dims
+from tsconv.engine.inmemory import check_index_levels, coordinate_holds, dataarray_dims
 from tsconv.engine.level import TAIL_ROWS, centering_level, level_before
 from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
@@ -473,6 +473,8 @@ def _index_times(frame: Any, *, has_time_column: bool) -> np.ndarray | None:
 
     if not isinstance(frame, pd.DataFrame) or not index_is_time(frame.index, has_time_column=has_time_column):
         return None
+    if isinstance(frame.index, pd.MultiIndex):  # a long frame's (time, symbol) rows: several series, refused
+        check_index_levels(frame.index, "the frame's index", caller="push()")
     if not isinstance(frame.index, pd.DatetimeIndex):
         return None
     index = frame.index
