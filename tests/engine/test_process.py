@@ -248,6 +248,11 @@ def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored():
             r"output must be a str path, an os.PathLike .*got bytes",
         ),
         (lambda x, src: tsconv.process(bytes(src)), r"input must be a str path, an os.PathLike .*got bytes"),
+        # an array's 300-character repr, and no word of features()
+        (
+            lambda x, src: tsconv.process(x),
+            r"input must be a store's location .*got a numpy ndarray of shape \(400, 2\).*tsconv.features\(data",
+        ),
         (lambda x, src: tsconv.load_pipeline(3), "a pipeline is a path to a TOML file or a dict"),
     ],
 )

@@ -183,6 +183,13 @@ def _check_location(value: Any, role: str) -> None:
     """A store location is text: a str, a str os.PathLike or a StoreURL (bytes reached pathlib's TypeError)."""
     text = os.fspath(value) if isinstance(value, os.PathLike) else value
     if not isinstance(text, str | StoreURL):
+        if hasattr(value, "shape"):  # an array, a frame, a tensor: data in memory, not a store's location
+            raise TsconvError(
+                f"{role} must be a store's location (a str path, an os.PathLike or a URL), got a "
+                f"{type(value).__module__.split('.')[0]} {type(value).__name__} of shape {tuple(value.shape)}",
+                hint="for data in memory call tsconv.features(data, pipeline), which returns the features; "
+                "process() streams a zarr store into an output store.",
+            )
         raise TsconvError(
             f"{role} must be a str path, an os.PathLike (pathlib.Path) or a URL, got {type(value).__name__} "
             f"{value!r}"[:300],
