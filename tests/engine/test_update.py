@@ -172,6 +172,25 @@ def test_a_small_output_is_rebuilt_chunked_as_a_full_run_would(tmp_path: Path) -
     assert zarr.open_group(str(out))["values"].chunks == zarr.open_group(str(want))["values"].chunks
 
 
+def test_a_small_output_of_whole_engine_chunks_is_rebuilt_too(tmp_path: Path) -> None:
+    # 1,024 rows are 8 engine chunks: the output's one chunk of 1,024 rows is still smaller than a full
+    # run's, and updates kept writing 1,024-row chunks (the same values, another store).
+    x, t = ticks(3000, 4, seed=3)
+    src = make_input(tmp_path / "in.zarr", x, t, 1024, (300, 4))
+    out, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
+    tsconv.process(src, out, chunk=CHUNK, device="cpu")
+    for rows in (1100, 3000):
+        grow(src, x, t, rows)
+        tsconv.process(src, out, chunk=CHUNK, device="cpu", update=True)
+    tsconv.process(src, want, chunk=CHUNK, device="cpu")
+    assert_same(out, want)
+    assert (
+        zarr.open_group(str(out))["values"].chunks
+        == zarr.open_group(str(want))["values"].chunks
+        == (3000, 20)
+    )
+
+
 def test_a_small_output_holding_other_files_is_not_rebuilt(tmp_path: Path) -> None:
     x, t = ticks(1500, 2, seed=3)
     src = make_input(tmp_path / "in.zarr", x, t, 1000, (300, 2))

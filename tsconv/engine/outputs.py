@@ -223,7 +223,13 @@ def to_zarr(
                 tail = read_tail(out_path, stop=before, n_features=source.n_features, dtype=source.dtype,
                                  n_inputs=len(plan.input_names), fingerprint=fingerprint,
                                  digest=(read_digest(out_path) or {}).get("tail"))  # fmt: skip
-            step = functools.partial(_prepare_update, tail=tail) if update else _prepare_resume
+            step = (
+                functools.partial(
+                    _prepare_update, tail=tail, full_rows=output_chunk_rows(chunk, plan.n_outputs)
+                )
+                if update
+                else _prepare_resume
+            )
             # the checks read the input's rows through the run's own reader: the bands they decode
             # are the ones the run starts in (source.open hands the reader over)
             pending.callback(source.close)
@@ -527,6 +533,7 @@ def _prepare_resume(
 def _prepare_update(
     out_path: Path | StoreURL, store: InputStore, *, r0: int, r1: int, action: str, start: int, chunk: int,
     fingerprint: str, reader: ParallelBandReader | None = None, halo: int = 0, tail: InputTail | None = None,
+    full_rows: int | None = None,
 ) -> _Prepared:  # fmt: skip
     """``--update`` of an existing output: refuse an input whose rows already computed changed, else
     extend the output to the input's rows (:func:`grow_output`) and say where to compute from.
@@ -537,15 +544,21 @@ def _prepare_update(
     chunk kept as stored (``rows_done`` goes back to the chunk's start, so a kill leaves an output that
     ``--update`` or ``--resume`` finishes). An interrupted update's output has no known end beyond
     ``rows_done``: it continues from there. Returns :data:`_Prepared`. ``reader``, ``halo``: as for
-    :func:`_prepare_resume`; ``tail``: input rows kept with the output, which the reader need not decode."""
+    :func:`_prepare_resume`; ``tail``: input rows kept with the output, which the reader need not decode.
+    ``full_rows``: the rows of a full output chunk (:func:`output_chunk_rows`); an output that is one chunk
+    of fewer was smaller than one chunk, chunked by its rows, and is built again whole."""
     meta = _recorded(out_path, store, r0=r0, r1=r1, verb="update")
     recorded, rows = int(meta["rows"]), r1 - r0
     out_rows = int(_read_json(out_path, "values/zarr.json")["chunk_grid"]["configuration"]["chunk_shape"][0])
+    # chunked by its rows: not on engine chunks, or one chunk of whole engine chunks holding all its rows,
+    # short of a full output chunk (1,024 rows at --chunk 128 kept 1,024-row chunks through every update,
+    # where a full run writes larger ones; a dask run's partitions chunk an output smaller on purpose)
+    small = bool(out_rows % chunk) or (full_rows is not None and recorded <= out_rows < full_rows)
     begin = min(start if action == "resume" else recorded, recorded // out_rows * out_rows)
     compute = begin if action == "resume" else recorded // chunk * chunk
     read = None
     if reader is not None:
-        if rows > recorded and not out_rows % chunk:
+        if rows > recorded and not small:
             # the hashes of the old and the new last band, the fill state and the run read from here on;
             # rows kept with the output (``tail``) are not decoded
             first = max(0, r0 + compute - halo)
@@ -566,7 +579,7 @@ def _prepare_update(
         if action == "resume" and not _same_input(current, read_digest(out_path)):
             write_digest(out_path, current)
         return ("resume" if action == "resume" else "current"), start, start, rows, None, done
-    if out_rows % chunk:
+    if small:
         # a store smaller than one output chunk, chunked by its rows: built again whole (it is small),
         # chunked as a run over the grown input would chunk it
         refuse_foreign(out_path, what="rebuild for --update (it is smaller than one output chunk)")
