@@ -1013,6 +1013,57 @@ def test_a_codec_other_than_the_outputs_is_refused_not_ignored(tmp_path: Path) -
     assert report.compression == "none"
 
 
+def _undecided_codec_case(tmp_path: Path) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    """A pipeline whose outputs lz4 does not compress (auto stores them uncompressed) over an input whose
+    first 1,500 rows are all NaN (every output chunk before them is all NaN, so not stored): (input,
+    pipeline file, x, t)."""
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "w.npy", rng.normal(size=(6, 4, 5)).astype(np.float32))
+    np.save(tmp_path / "h.npy", rng.normal(size=(6, 3)).astype(np.float32))
+    pipe = tmp_path / "zs.toml"
+    pipe.write_text(
+        '[preprocess]\nzscore = 20\n[[conv]]\nweights = "w.npy"\nactivation = "relu"\n'
+        '[head]\nweights = "h.npy"\n'
+    )
+    x = rng.normal(size=(3000, 4)).astype(np.float32)
+    x[:1500] = np.nan
+    t = T0 + np.cumsum(rng.integers(1, 1000, size=3000)).astype(np.int64)
+    return make_input(tmp_path / "in.zarr", x, t, 1000, (500, 4)), pipe, x, t
+
+
+@pytest.mark.parametrize("how", ["update", "resume"])
+def test_auto_compression_undecided_before_a_value_is_decided_as_one_run_decides_it(
+    tmp_path: Path, out_chunks: None, how: str
+) -> None:
+    # auto chooses the codec at the first chunk holding a value; an output continued before one was stored
+    # kept Blosc-LZ4 (-10% saved here) where one run over the same rows stores them uncompressed
+    src, pipe, x, t = _undecided_codec_case(tmp_path)
+    out, want = tmp_path / "out.zarr", tmp_path / "want.zarr"
+    if how == "update":
+        tsconv.process(src, out, pipeline=pipe, chunk=CHUNK, device="cpu")
+        assert not (out / "values" / "c").exists()  # nothing stored, nothing chosen
+        grow(src, x, t, 3000)
+        report = tsconv.process(src, out, pipeline=pipe, chunk=CHUNK, device="cpu", update=True)
+    else:  # a run stopped after its first three output chunks, all NaN
+        grow(src, x, t, 3000)
+        tsconv.process(src, out, pipeline=pipe, chunk=CHUNK, device="cpu")
+        shutil.rmtree(out / "values" / "c")
+        for f in (out / "time" / "c").iterdir():
+            if int(f.name) >= 3:
+                f.unlink()
+        doc = out / "values" / "zarr.json"
+        doc.write_text(re.sub(r'"clevel": 0', '"clevel": 5', doc.read_text()))
+        g = zarr.open_group(str(out), mode="r+")
+        g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": 3 * 3 * CHUNK}
+        report = tsconv.process(src, out, pipeline=pipe, chunk=CHUNK, device="cpu", resume=True)
+    full = tsconv.process(src, want, pipeline=pipe, chunk=CHUNK, device="cpu")
+    assert full.compression.startswith("none (auto")
+    assert report.compression == full.compression
+    assert_same(out, want)
+    assert (out / "values" / "zarr.json").read_bytes() == (want / "values" / "zarr.json").read_bytes()
+    assert _snapshot(out / "values") == _snapshot(want / "values")
+
+
 @pytest.mark.parametrize("flags", [{}, {"update": True}])
 def test_an_input_changed_during_the_run_leaves_the_output_incomplete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out_chunks: None, flags: dict

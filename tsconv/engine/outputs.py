@@ -52,6 +52,7 @@ from tsconv.io.writers.parquet_writer import ParquetSink, check_parquet_output, 
 from tsconv.io.writers.zarr_writer import (
     FORMAT_VERSION,
     OutputWriter,
+    auto_pending,
     check_kept_compression,
     check_output_path,
     discard_output,
@@ -201,8 +202,10 @@ def to_zarr(
         )  # fmt: skip
         if action not in ("create", "replace"):
             kept = check_kept_compression(out_path, asked, verb="update" if update else "resume")
-            # an update that builds a small output again writes it with the codec it had
-            compression = asked or (kept if kept in ("lz4", "none") else "auto")
+            # an update that builds a small output again writes it with the codec it had, or chooses one as
+            # its first run would have where that run's "auto" chose none yet
+            undecided = auto_pending(out_path)
+            compression = asked or ("auto" if undecided else kept if kept in ("lz4", "none") else "auto")
         rows = r1 - r0  # output rows: the whole store, or the rows of its time_range
         digest = updated_from = None
         fill_carry = FillCarry()
@@ -245,7 +248,12 @@ def to_zarr(
                 reader=source.early_reader() if dask is None else None,
                 halo=rows_before(plan.halo),  # the rows before its start a CPU run reads
             )
-        attrs = _output_attrs(store, plan, chunk, warmup, fingerprint, run_id, digest, read=read)
+        # the codec asked for (dask runs store lz4 for auto): a continued output whose auto chose none yet
+        # chooses as one run would (auto_pending)
+        codec = "lz4" if dask is not None and compression == "auto" else compression
+        attrs = _output_attrs(
+            store, plan, chunk, warmup, fingerprint, run_id, digest, read=read, compression=codec
+        )
         if action in ("done", "current"):
             return _report(store, plan, out_path, device or torch.device("cpu"), rows=0, total_rows=rows,
                            chunk=chunk, resumed_from=start, seconds=0.0, updated_from=updated_from)  # fmt: skip
@@ -752,10 +760,12 @@ def _output_attrs(
     digest: dict[str, Any] | None,
     *,
     read: str | None,
+    compression: str | None = None,
 ) -> dict[str, Any]:
     """A new output's attributes; ``tsconv.run_id`` names the run that owns it (OutputWriter.finish checks
     it), ``tsconv.input_digest`` where the input's digest is kept (or why there is none), ``tsconv.read`` how
-    an input float32 does not hold was read (:func:`_input_read`)."""
+    an input float32 does not hold was read (:func:`_input_read`), ``tsconv.compression`` the codec asked
+    for (:func:`tsconv.io.writers.zarr_writer.auto_pending`)."""
     from tsconv import __version__
 
     attrs = {
@@ -780,6 +790,8 @@ def _output_attrs(
     }
     if read is not None:
         attrs["tsconv"]["read"] = read
+    if compression is not None:
+        attrs["tsconv"]["compression"] = compression
     return attrs
 
 

@@ -69,6 +69,7 @@ __all__ = [
     "DISCARDED_SUFFIX",
     "FORMAT_VERSION",
     "OutputWriter",
+    "auto_pending",
     "check_compression",
     "check_output_flags",
     "check_output_path",
@@ -935,6 +936,23 @@ def stored_compression(path: Path | StoreURL) -> str:
     return _compression_of(values)
 
 
+def auto_pending(path: Path | StoreURL) -> bool:
+    """Whether the local output at ``path`` was created with compression "auto" (its ``tsconv.compression``)
+    and has chosen no codec yet: Blosc-LZ4 still in its metadata and no values chunk stored (every chunk so far
+    was all NaN, which is not stored; a choice of none rewrites the metadata, one of lz4 stores the chunk it
+    sampled). A run that continues it chooses at its first chunk with a value, as one run would have."""
+    if isinstance(path, StoreURL):
+        return False
+    meta = output_meta(path)
+    if meta.get("compression") != "auto" or stored_compression(path) != "lz4":
+        return False
+    try:
+        with os.scandir(Path(path) / "values" / "c") as chunks:
+            return next(chunks, None) is None
+    except FileNotFoundError:
+        return True
+
+
 def check_kept_compression(path: Path | StoreURL, asked: str | None, *, verb: str) -> str:
     """The codec the output at ``path`` was written with, which a run that continues it (``verb``: "update",
     "resume") keeps; refuses a ``compression`` asked that is another."""
@@ -1176,6 +1194,7 @@ class OutputWriter:
         remove_temporaries(path, group, start=start)
         writer = cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast,
                      location=path if remote else None)  # fmt: skip
+        writer._auto_pending = not remote and writer.fast and auto_pending(path)
         if run_id is not None:
             writer._set_meta(run_id=run_id)
             writer.run_id = run_id
