@@ -283,3 +283,17 @@ def test_rows_from_a_damaged_chunk_never_reach_the_output(tmp_path: Path, monkey
     assert meta["complete"] is False and meta["rows_done"] <= 600
     stored = sorted(int(p.name) for p in (out / "values" / "c").iterdir())
     assert stored and max(stored) * 128 < 600  # no output chunk holding rows from 600 on was written
+
+
+def test_a_blosc_typesize_other_than_the_values_is_decoded_on_the_cpu(tmp_path: Path) -> None:
+    """zarr's BloscCodec(typesize=8) over float32 values: c-blosc splits each block into 8 streams, which the
+    kernel (splitting by the values' 4 bytes) flagged as a damaged chunk: the run failed on a sound store."""
+    x = price_series(600, 4, seed=11).astype(np.float32)
+    codec = BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=8)
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=x.shape, chunks=(150, 4), dtype=x.dtype,
+                          compressors=codec)  # fmt: skip
+    a[:] = x
+    a = zarr.open_array(str(tmp_path / "a.zarr"), mode="r")
+    assert gpudecode.unsupported_reason(a) == "Blosc typesize 8 for 4-byte values"
+    with gpudecode.GpuBandReader(a, device=DEVICE) as r:  # asked for anyway: each chunk decoded on the CPU
+        np.testing.assert_array_equal(_all_bands(r), x)

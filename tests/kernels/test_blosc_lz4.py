@@ -101,7 +101,7 @@ def test_real_chunks_decode_exactly(n: int, dtype, shuffle: int) -> None:
     x = _prices(n, dtype)
     c = _blosc(x, shuffle)
     h = blosc_header.parse_header(c)
-    assert blosc_header.unsupported_reason(h, nbytes=x.nbytes, size=c.size) is None
+    assert blosc_header.unsupported_reason(h, nbytes=x.nbytes, size=c.size, typesize=x.itemsize) is None
     out, err = _decode([c], [x.nbytes], row=x.nbytes + 40)
     assert err == [0]
     np.testing.assert_array_equal(out[0, : x.nbytes], x.view(np.uint8))
@@ -282,18 +282,30 @@ def test_headers_the_gpu_does_not_decode_say_why() -> None:
     n = x.nbytes
     z = np.frombuffer(numcodecs.Blosc(cname="zstd", shuffle=1).encode(x), np.uint8)
     assert "compressor code" in blosc_header.unsupported_reason(
-        blosc_header.parse_header(z), nbytes=n, size=z.size
+        blosc_header.parse_header(z), nbytes=n, size=z.size, typesize=4
     )
     b = np.frombuffer(numcodecs.Blosc(cname="lz4", shuffle=numcodecs.Blosc.BITSHUFFLE).encode(x), np.uint8)
     assert (
-        blosc_header.unsupported_reason(blosc_header.parse_header(b), nbytes=n, size=b.size) == "bitshuffle"
+        blosc_header.unsupported_reason(blosc_header.parse_header(b), nbytes=n, size=b.size, typesize=4)
+        == "bitshuffle"
     )
     c = _blosc(x, 1)
     assert "expected" in blosc_header.unsupported_reason(
-        blosc_header.parse_header(c), nbytes=n + 4, size=c.size
+        blosc_header.parse_header(c), nbytes=n + 4, size=c.size, typesize=4
     )
     assert "the file has" in blosc_header.unsupported_reason(
-        blosc_header.parse_header(c), nbytes=n, size=c.size - 1
+        blosc_header.parse_header(c), nbytes=n, size=c.size - 1, typesize=4
+    )
+    # a float32 chunk c-blosc split into 8-byte values' streams (zarr's BloscCodec(typesize=8)): the kernel
+    # would split it by 4 and flag a sound chunk as damaged
+    c8 = np.frombuffer(numcodecs.Blosc(cname="lz4", shuffle=1).encode(x.view(np.int64)), np.uint8)
+    assert (
+        blosc_header.unsupported_reason(blosc_header.parse_header(c8), nbytes=n, size=c8.size, typesize=4)
+        == "Blosc typesize 8 for 4-byte values"
+    )
+    assert (
+        blosc_header.unsupported_reason(blosc_header.parse_header(c8), nbytes=n, size=c8.size, typesize=8)
+        is None
     )
     with pytest.raises(ValueError, match="16-byte header"):
         blosc_header.parse_header(c[:10])

@@ -67,7 +67,7 @@ def _check_decodes(x: np.ndarray, chunk_rows: int, frames: list[bytes], lay: le.
         want = x[c * chunk_rows : (c + 1) * chunk_rows]
         h = blosc_header.parse_header(f)
         assert (h.nbytes, h.blocksize, h.typesize, h.cbytes) == (lay.chunk_bytes, lay.blocksize, 4, len(f))
-        assert blosc_header.unsupported_reason(h, nbytes=lay.chunk_bytes, size=len(f)) is None
+        assert blosc_header.unsupported_reason(h, nbytes=lay.chunk_bytes, size=len(f), typesize=4) is None
         got = np.frombuffer(numcodecs.Blosc().decode(f), np.float32).reshape(want.shape)
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 

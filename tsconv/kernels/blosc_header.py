@@ -54,9 +54,9 @@ def parse_header(data: memoryview | bytes) -> BloscHeader:
     return BloscHeader(flags=b[2], typesize=b[3], nbytes=le32(4), blocksize=le32(8), cbytes=le32(12))
 
 
-def unsupported_reason(h: BloscHeader, *, nbytes: int, size: int) -> str | None:
+def unsupported_reason(h: BloscHeader, *, nbytes: int, size: int, typesize: int) -> str | None:
     """None when the GPU decoder handles a chunk with header ``h`` of ``size`` stored bytes decoding to
-    ``nbytes``; else why not."""
+    ``nbytes`` of ``typesize``-byte values (the kernel splits and unshuffles by that size); else why not."""
     if h.nbytes != nbytes:
         return f"chunk decodes to {h.nbytes} bytes, expected {nbytes}"
     if max(nbytes, size) >= 1 << 31:
@@ -73,6 +73,8 @@ def unsupported_reason(h: BloscHeader, *, nbytes: int, size: int) -> str | None:
         return "bitshuffle"
     if not 1 <= h.typesize <= 16:
         return f"typesize {h.typesize}"
+    if h.typesize != typesize:  # (zarr's BloscCodec(typesize=...)): its streams are split by another size
+        return f"Blosc typesize {h.typesize} for {typesize}-byte values"
     if h.blocksize % h.typesize and h.nblocks > 1:
         return f"blocksize {h.blocksize}"
     if not h.split and h.shuffle:

@@ -96,7 +96,9 @@ def unsupported_reason(array: Any) -> str | None:
                 h = blosc_header.parse_header(head)
             except ValueError as exc:
                 return str(exc)
-            return blosc_header.unsupported_reason(h, nbytes=_chunk_bytes(layout), size=size)
+            return blosc_header.unsupported_reason(
+                h, nbytes=_chunk_bytes(layout), size=size, typesize=layout.dtype.itemsize
+            )
     return "no chunk files in the first bands"
 
 
@@ -473,7 +475,9 @@ class GpuBandReader(DeviceBandReader):
         decoding it on the CPU here (kept in ``_cpu_chunks``)."""
         try:
             h = blosc_header.parse_header(view)
-            why = blosc_header.unsupported_reason(h, nbytes=self._chunk, size=view.size)
+            why = blosc_header.unsupported_reason(
+                h, nbytes=self._chunk, size=view.size, typesize=self.dtype.itemsize
+            )
         except ValueError as exc:
             why = str(exc)
         if why is None:
