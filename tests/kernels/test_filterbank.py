@@ -750,3 +750,27 @@ def test_filter_bank_op_passes_opcheck_and_compiles_into_one_graph():
     torch._dynamo.reset()
     got = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
     assert torch.equal(got.nan_to_num(nan=7.0), f(x).nan_to_num(nan=7.0))
+
+
+@pytest.mark.parametrize("triton_kernels", [False, True], ids=["cpu", "triton"])
+def test_weights_a_bank_wrote_into_out_are_not_served_stale_from_the_cache(triton_kernels: bool) -> None:
+    """The bank's kernels write ``out`` unseen by torch's version counter, as conv1d's did (2f9c448): a conv
+    whose weights are that buffer, written again between its calls, was served the packed copy of the first
+    values (conv1d keeps it while the version is unchanged)."""
+    from tsconv.kernels.conv1d import conv1d
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # (conftest: interpreted on the CPU)
+    if dev == "cuda" and not triton_kernels:
+        pytest.skip("the CPU bank runs on CPU tensors, whose conv1d takes the torch path here")
+    g = torch.Generator().manual_seed(3)
+    bank = (filter_spec("diff:1"),)
+    x = torch.randn(1, 4, 30, generator=g).to(dev)
+    buf = torch.empty(3, 4, device=dev)  # 4 rows in, one of halo: 3 taps of 4 depthwise filters
+    filter_bank(torch.randn(4, 4, generator=g).to(dev), bank, out=buf, triton_kernels=triton_kernels)
+    first = conv1d(x, buf.view(4, 1, 3), groups=4)
+    filter_bank(torch.randn(4, 4, generator=g).to(dev), bank, out=buf, triton_kernels=triton_kernels)
+    second = conv1d(x, buf.view(4, 1, 3), groups=4)
+    w = buf.view(4, 1, 3).double()
+    want = torch.nn.functional.conv1d(torch.nn.functional.pad(x.double(), (2, 0)), w, groups=4).float()
+    assert not torch.equal(first, second)
+    torch.testing.assert_close(second, want, rtol=1e-5, atol=1e-5)
