@@ -104,6 +104,31 @@ def test_prepare_equals_the_chunked_engines_arithmetic(pieces, fill, dtype, spli
     np.testing.assert_array_equal(cout.numpy(), want_carry)
 
 
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.uint8])
+@pytest.mark.parametrize("pieces", [[90], [33, 50, 7]])
+def test_prepare_of_integer_rows_leaves_the_last_row_as_the_fill_state(dtype, pieces):
+    """The rows past a piece's last tile were loaded as 0 or the integer type's minimum (a masked load's NaN
+    cannot be an integer) and taken for values: the fill state leaving the step, which the output records
+    for its next update, was 0 or -2^31 instead of the last row."""
+    n, C, halo = sum(pieces), 5, 3
+    raw = (np.arange(n * C).reshape(n, C) % 97 + 1).astype(dtype)
+    state = np.full(C, np.nan, np.float32)
+    carry = np.zeros((halo, C), np.float32)
+    want, want_state, want_level, want_carry = _prep_reference(raw, state, carry)
+    xc = torch.full((halo + n, C), 123.0)
+    st, lv = torch.from_numpy(state.copy()), torch.from_numpy(state.copy())
+    cin, cout = torch.from_numpy(carry.copy()), torch.full((halo, C), -7.0)
+    off = 0
+    for k, p in enumerate(pieces):
+        prepare(torch.from_numpy(raw[off : off + p]), xc=xc, state=st, level=lv, carry_in=cin,
+                carry_out=cout, off=off, n_step=n, last=k == len(pieces) - 1)  # fmt: skip
+        off += p
+    np.testing.assert_array_equal(st.numpy(), want_state)
+    np.testing.assert_array_equal(xc.numpy(), want)
+    np.testing.assert_array_equal(lv.numpy(), want_level)
+    np.testing.assert_array_equal(cout.numpy(), want_carry)
+
+
 def test_prepare_selects_columns_and_leaves_the_level_uncentered():
     raw = price_series(40, 11, seed=2, nan_fraction=0.1)
     cols = np.array([9, 0, 4, 4, 10])

@@ -46,8 +46,10 @@ def _last_valid(a, b):
 
 @triton.jit
 def _tile(src_ptr, stride_sr, stride_sc, scol, r, m):
+    """A float32 tile, NaN outside ``m``: set after the upcast, because an integer load's ``other`` cannot
+    hold NaN (it read as 0 or the type's minimum, which the fill took for the feature's last value)."""
     ptrs = src_ptr + r[:, None].to(tl.int64) * stride_sr + scol[None, :] * stride_sc
-    return tl.load(ptrs, mask=m, other=float("nan")).to(tl.float32)
+    return tl.where(m, tl.load(ptrs, mask=m, other=0).to(tl.float32), float("nan"))
 
 
 @triton.jit
