@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+import zarr
 from click.testing import CliRunner
 from tqdm import tqdm
 
@@ -84,3 +90,75 @@ def test_the_cli_writes_plain_lines_off_a_terminal_and_nothing_with_q(tmp_path: 
     assert [ln for ln in res.stderr.splitlines() if ln.startswith("in.zarr: 600 rows in ")]
     quiet = CliRunner().invoke(main, [*args, "-q"])
     assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+_CLOSED_STDERR_RUN = """
+import os, sys
+from tsconv.progress import PlainProgress
+
+PlainProgress.__init__.__kwdefaults__["every"] = 0.0  # a line at every update, as a long run writes one
+if sys.argv[1] == "closed":
+    os.close(2)  # `tsconv process ... 2>&-`: sys.stderr is None
+    sys.stderr = None
+elif sys.argv[1] == "stdout closed":
+    os.close(1)  # `tsconv process ... >&-`
+    sys.stdout = None
+else:
+    sys.stderr = open("/dev/full", "w")  # a log on a full disk
+sys.argv[:2] = ["tsconv"]
+from tsconv.cli import run
+
+run()
+"""
+
+
+@pytest.mark.parametrize("stderr", ["closed", "full"])
+def test_a_closed_or_full_stderr_loses_the_progress_lines_not_the_run(tmp_path: Path, stderr: str) -> None:
+    """The first progress line into a closed stderr (AttributeError) or a full disk's log (ENOSPC) stopped
+    the run part-way with exit 1, the output unfinished and no report; the lines are dropped instead."""
+    if stderr == "full" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    src = write_store(tmp_path / "in.zarr", price_series(3000, 2), chunks=(500, 2))
+    out, report = tmp_path / "o.zarr", tmp_path / "run.json"
+    args = [
+        "process",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--device",
+        "cpu",
+        "--chunk",
+        "256",
+        "--report",
+        str(report),
+    ]
+    res = subprocess.run(
+        [sys.executable, "-c", _CLOSED_STDERR_RUN, stderr, *args], stdout=subprocess.PIPE, text=True
+    )
+    assert res.returncode == 0
+    assert res.stdout.startswith("3,000 rows x 2 features")
+    assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"] is True
+    assert json.loads(report.read_text())["rows"] == 3000
+
+
+def test_a_plain_progress_whose_stream_fails_writes_nothing_more() -> None:
+    class Full(io.StringIO):
+        def write(self, s: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    for stream in (Full(), None):
+        with PlainProgress(total=10, desc="x", stream=stream, every=0.0) as bar:
+            bar.update(5)
+            bar.update(5)
+
+
+def test_a_closed_stdout_ends_the_command_without_a_traceback(tmp_path: Path) -> None:
+    """The exit's flush of a closed stdout (None) printed 'Exception ignored in atexit callback' and a
+    traceback, and left the interpreter's slow teardown to run."""
+    src = write_store(tmp_path / "in.zarr", price_series(600, 2))
+    args = ["process", "-i", str(src), "-o", str(tmp_path / "o.zarr"), "--device", "cpu", "-q"]
+    res = subprocess.run(
+        [sys.executable, "-c", _CLOSED_STDERR_RUN, "stdout closed", *args], stderr=subprocess.PIPE, text=True
+    )
+    assert res.returncode == 0 and res.stderr == ""

@@ -22,12 +22,19 @@ DEMO_ROWS, DEMO_FEATURES = 200_000, 64
 
 
 def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"tsconv: error: {message}", err=True)
+    _to_stderr(f"tsconv: error: {message}")
     sys.exit(code)
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    click.echo(f"tsconv: warning: {message}", err=True)
+    _to_stderr(f"tsconv: warning: {message}")
+
+
+def _to_stderr(line: str) -> None:
+    """``line`` on stderr, where it can be written: a stderr on a full disk (or a closed one, which click
+    skips) loses the line, not the run nor its exit status."""
+    with contextlib.suppress(OSError, ValueError):
+        click.echo(line, err=True)
 
 
 def _quiet_stdout() -> None:
@@ -191,7 +198,7 @@ def _exit_now() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):  # AttributeError: a closed stream is None (`>&-`)
             pass
     os._exit(_EXIT_CODE[0])
 

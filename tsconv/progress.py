@@ -33,7 +33,8 @@ def _rate(n: float, unit: str) -> str:
 
 class PlainProgress:
     """Progress as plain lines on ``stream``: one every ``every`` seconds of ``clock`` while updates come,
-    and a last one on close. The same calls as a tqdm bar: ``update(n)``, ``close()``, a context manager."""
+    and a last one on close (none where ``stream`` is None or fails). The same calls as a tqdm bar:
+    ``update(n)``, ``close()``, a context manager."""
 
     def __init__(
         self,
@@ -42,7 +43,7 @@ class PlainProgress:
         desc: str,
         unit: str = "rows",
         initial: int = 0,
-        stream: TextIO,
+        stream: TextIO | None,
         clock: Callable[[], float] = time.monotonic,
         every: float = PLAIN_EVERY_S,
     ) -> None:
@@ -89,8 +90,16 @@ class PlainProgress:
         return f"{self.desc}: {self.n:,} of {self.total:,} {self.unit}{pct}, {_rate(rate, self.unit)}{left}"
 
     def _write(self, line: str) -> None:
-        self._stream.write(line + "\n")
-        self._stream.flush()
+        """Write ``line``; where stderr is closed (``2>&-``, ``sys.stderr`` None) or cannot be written (a log on
+        a full disk, a pipe whose reader left), drop this line and the later ones: the lines are for the eye,
+        and the run, its output and its report go on."""
+        if self._stream is None:
+            return
+        try:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+        except (OSError, ValueError):  # ValueError: a closed file object
+            self._stream = None
 
     def __enter__(self) -> PlainProgress:
         return self
@@ -116,7 +125,7 @@ def progress_bar(
     stream: TextIO | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Any:
-    """A progress bar over ``total`` rows on ``stream`` (default: stderr as it is now): tqdm's on a
+    """A progress bar over ``total`` rows on ``stream`` (default: stderr as it is now, None where closed): tqdm's on a
     terminal, else a :class:`PlainProgress`; a silent tqdm when not ``enabled``. Use it in ``with``."""
     from tqdm import tqdm
 
