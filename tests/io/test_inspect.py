@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import numcodecs
@@ -244,3 +245,26 @@ def test_a_damaged_chunk_names_the_store_and_the_file_to_restore(tmp_path: Path)
     assert line.startswith(f"tsconv: error: cannot read rows 100..200 of {src}: ")
     assert f"the chunk file {src / 'values' / 'c' / '1' / '1'} (rows 100..199) is damaged" in line
     assert "restore it from a copy" in line and "tsconv inspect" not in line
+
+
+def test_the_commands_it_names_quote_paths_with_spaces(tmp_path: Path) -> None:
+    """The resume command named `-i /data/my ticks.zarr -o ...` unquoted: run as shown, the shell split the
+    paths (click: 'Got unexpected extra argument'); likewise the repair command of an unfinished append."""
+    where = tmp_path / "my runs"
+    where.mkdir()
+    out = _output(where, price_series(1000, 2, seed=1))
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": 0}
+    command = re.search(r"finish it with `([^`]*)`", _text(out)).group(1)
+    args = shlex.split(command)
+    assert args[args.index("-i") + 1] == str((where / "in.zarr").resolve())
+    assert args[args.index("-o") + 1] == str(out.resolve())
+    res = CliRunner().invoke(main, [*args[1:], "--pipeline", str(where / "p.toml")])
+    assert res.exit_code == 0, res.output
+    assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"] is True
+
+    src = where / "in.zarr"
+    zarr.open_group(str(src), mode="r+").attrs["ingest"] = {"complete": False, "rows_before": 500}
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    repair = re.search(r"`(tsconv repair [^`]*)`", res.output).group(1)
+    assert shlex.split(repair)[2:] == [str(src.resolve())]

@@ -52,6 +52,7 @@ import gzip
 import os
 import re
 import resource
+import shlex
 import shutil
 import time
 import warnings
@@ -1008,7 +1009,7 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
             if not isinstance(exc, OSError):
                 raise
             # on a full disk the roll back's own metadata write can fail too: the record stays for repair
-            then = f"`tsconv repair {out}` (or append again) to cut it back to its {old_rows:,} rows"
+            then = f"`tsconv repair {shlex.quote(str(out))}` (or append again) to cut it back to its {old_rows:,} rows"
             raise _write_error(f"the appended rows of {str(out)!r}", exc, then=then) from exc
         if isinstance(exc, OSError):
             then = f"append again (the store was rolled back to its {old_rows:,} rows)"
@@ -1152,7 +1153,7 @@ def _append_array(out: Path, group: zarr.Group, key: str, keep: int) -> zarr.Arr
     """The array ``key`` of a store to roll back, refused (before anything is changed) where it is missing
     or its metadata cannot be read: then no cut can make the store whole."""
     hint = (
-        f"restore {str(out / key)!r} from a copy of the store, then run `tsconv repair {out}` again (the rows "
+        f"restore {str(out / key)!r} from a copy of the store, then run `tsconv repair {shlex.quote(str(out))}` again (the rows "
         f"committed before the append: {keep:,}); or re-create the store from its source files "
         "(`tsconv ingest FILES -o STORE --overwrite`)."
     )

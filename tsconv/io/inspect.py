@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,15 @@ def _chunking(rows: int, features: int, chunks: list[int], shards: list[int] | N
 
 
 def _resume_command(store: InputStore, meta: dict[str, Any], source: Any) -> str:
-    """The command that finishes an unfinished output: the input, the output, and the recorded settings."""
-    parts = ["tsconv process", "-i", str(source) if source else "INPUT", "-o", str(store.path)]
+    """The command that finishes an unfinished output: the input, the output, and the recorded settings; paths
+    quoted for the shell (a space or a quote in them would split them)."""
+    parts = [
+        "tsconv process",
+        "-i",
+        shlex.quote(str(source)) if source else "INPUT",
+        "-o",
+        shlex.quote(str(store.path)),
+    ]
     if meta.get("chunk") is not None:
         parts += ["--chunk", str(meta["chunk"])]
     if meta.get("warmup") == "zero":

@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import os
+import shlex
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -347,7 +348,7 @@ def _refuse_unfinished_append(group: zarr.Group, where: str, *, array: str | Non
     raise StoreError(
         f"{subject} `tsconv ingest --append` to this store did not finish, or is still running "
         f"({_lengths(group)}; the rows before it: {committed:,})",
-        hint=f"roll it back with `tsconv repair {where}`, or run the append again, which rolls it back first.",
+        hint=f"roll it back with `tsconv repair {shlex.quote(str(where))}`, or run the append again, which rolls it back first.",
     )
 
 
