@@ -1300,3 +1300,23 @@ def test_a_full_disk_during_an_append_names_the_store_and_the_rows_it_keeps(
     assert _files(out) == _files(tmp_path / "base.zarr")
     ingest(b, out, append=True)
     assert _files(out) == _files(ref)
+
+
+@pytest.mark.parametrize("held", ["int32", "uint8", "float16"])
+def test_an_append_to_a_store_of_integer_or_float16_values_is_refused_untouched(
+    tmp_path: Path, held: str
+) -> None:
+    # an int32 store failed with numpy's "cannot convert float NaN to integer" traceback (exit 1) once marked,
+    # and values without a NaN were truncated (1.5 stored as 1); a float16 store turned 70000 into inf
+    out = tmp_path / "plain.zarr"
+    g = zarr.open_group(str(out), mode="w", zarr_format=3)
+    g.create_array("values", shape=(3, 2), chunks=(2, 2), dtype=held)[:] = np.arange(6).reshape(3, 2)
+    g.create_array("time", shape=(3,), chunks=(2,), dtype="int64")[:] = T0 + np.arange(3) * SEC
+    g.attrs["features"] = ["a", "b"]
+    new = write(
+        pl.DataFrame({"time": [T0 + 3 * SEC] * 2, "feature": ["a", "b"], "value": [1.5, 70000.0]}),
+        tmp_path / "new.parquet",
+    )
+    before = snapshot(out)
+    assert_refused(cli(new, "-o", out, "--append"), f"holds {held} values", "float32 or float64", "new store")
+    assert snapshot(out) == before

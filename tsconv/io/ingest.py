@@ -983,6 +983,15 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
     store_names = list(store.features)
     values, time_arr = group["values"], group["time"]
     held = np.dtype(values.dtype).name
+    if held not in ("float32", "float64"):
+        # the rows are read as float32 with NaN for a missing cell: an integer array cannot hold a NaN (a
+        # traceback, after the store was marked) and truncates 1.5 to 1; float16 turns 70000 into inf
+        raise StoreError(
+            f"cannot append to {str(out)!r}: it holds {held} values, and an append writes float32 or float64 "
+            "(NaN where a time has no value for a feature)",
+            hint="ingest all the files into a new store (float32, or --dtype float64), or store the values "
+            "as float32 or float64 first.",
+        )
     if dtype is not None and dtype != held:
         raise StoreError(
             f"cannot append with --dtype {dtype}: {str(out)!r} holds {held} values, which an append keeps",
