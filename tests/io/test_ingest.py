@@ -1320,3 +1320,52 @@ def test_an_append_to_a_store_of_integer_or_float16_values_is_refused_untouched(
     before = snapshot(out)
     assert_refused(cli(new, "-o", out, "--append"), f"holds {held} values", "float32 or float64", "new store")
     assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_consolidated_store_is_appended_to_and_repaired_by_its_arrays_own_metadata(
+    tmp_path: Path, zarr_format: int
+) -> None:
+    # A store with consolidated metadata (zarr.consolidate_metadata, xarray): the copy kept the lengths of before
+    # the first append (xarray read those rows only), and an interrupted second append was refused by repair and
+    # --append as having lost the first one's committed rows ("'values' has 10"), the store left unreadable.
+    from tests.io import crashpoints
+
+    df = long_frame(TIMES, NAMES, seed=3, drop=0.0)
+    parts = [write(df.filter(pl.col("time").is_in(TIMES[a:b])), tmp_path / f"p{a}.parquet")
+             for a, b in ((0, 10), (10, 25), (25, 40))]  # fmt: skip
+    ref = tmp_path / "ref.zarr"
+    ingest(parts, ref)
+    out = tmp_path / "out.zarr"
+    ingest(parts[0], tmp_path / "made.zarr")
+    made = zarr.open_group(str(tmp_path / "made.zarr"), mode="r")
+    g = zarr.open_group(str(out), mode="w", zarr_format=zarr_format)
+    for key in ("values", "time"):
+        src = made[key]
+        g.create_array(key, shape=src.shape, chunks=(16, *src.shape[1:]), dtype=src.dtype)[:] = src[:]
+    g.attrs.update(dict(made.attrs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # format 3: "not part of the specification"
+        zarr.consolidate_metadata(str(out))
+
+    def consolidated_rows() -> tuple[int, int]:
+        view = zarr.open_group(str(out), mode="r", use_consolidated=True)
+        return view["values"].shape[0], view["time"].shape[0]
+
+    ingest(parts[1], out, append=True)
+    assert consolidated_rows() == (25, 25)
+    log, undo = crashpoints.install(1, lambda: (_ for _ in ()).throw(_Crash()))  # after the values' resize
+    try:
+        with pytest.raises(_Crash):
+            ingest(parts[2], out, append=True)
+    finally:
+        undo()
+    res = CliRunner().invoke(main, ["repair", str(out)])
+    assert res.exit_code == 0, res.stderr
+    assert "keeps its 25 rows" in res.stdout
+    assert consolidated_rows() == (25, 25)
+    ingest(parts[2], out, append=True)
+    assert consolidated_rows() == (40, 40)
+    got, want = read(out), read(ref)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])

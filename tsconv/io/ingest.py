@@ -49,6 +49,7 @@ import errno
 import functools
 import glob
 import gzip
+import json
 import os
 import re
 import resource
@@ -934,7 +935,7 @@ def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times:
     to ``rows_before``, whatever their lengths, so the old rows are never touched.
     """
     with OutputLock(out, run_id=f"ingest-append-{os.getpid()}"):  # a repair must not cut a running append
-        group = zarr.open_group(str(out), mode="r+")
+        group = _open_group(out)
         if _roll_back(out, group) is None:
             _remove_metadata_temporaries(out)
         return _append_locked(
@@ -1002,9 +1003,15 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
     if held == "float32":
         _warn_rounding(sources)
     total = old_rows + int(times.size)
+    marker = {**meta, "complete": False, "rows_before": old_rows, "rows": total}
+    consolidated = _has_consolidated(out)
+    if (
+        consolidated
+    ):  # written again from the arrays' own metadata once the append is committed or rolled back
+        marker["consolidated"] = True
     # Every check passed: from here on the store changes. The marker goes first, the commit last.
     try:
-        group.attrs["ingest"] = {**meta, "complete": False, "rows_before": old_rows, "rows": total}
+        group.attrs["ingest"] = marker
         values.resize((total, values.shape[1]))
         time_arr.resize((total,))
         with progress_bar(total=times.size, enabled=progress, desc="append") as bar:
@@ -1024,6 +1031,8 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
             then = f"append again (the store was rolled back to its {old_rows:,} rows)"
             raise _write_error(f"the appended rows of {str(out)!r}", exc, then=then) from exc
         raise
+    if consolidated:
+        _consolidate(out, group)
     return _report(times.size, len(store_names), t0, out, read, len(paths), appended=True)
 
 
@@ -1106,7 +1115,7 @@ def repair(output: str | os.PathLike[str]) -> int | None:
         raise StoreError(f"cannot repair: {str(out)!r} is not a zarr store")
     with OutputLock(out, run_id=f"ingest-repair-{os.getpid()}"):
         try:
-            group = zarr.open_group(str(out), mode="r+")
+            group = _open_group(out)
         except Exception as exc:
             raise StoreError(f"cannot repair {str(out)!r}: it is not a zarr group ({exc})") from None
         kept = _roll_back(out, group)
@@ -1154,8 +1163,38 @@ def _roll_back(out: Path, group: zarr.Group) -> int | None:
     _remove_partial_files(out)
     meta = dict(group.attrs["ingest"])
     meta.pop("rows_before")
+    consolidated = meta.pop("consolidated", False)
     group.attrs["ingest"] = {**meta, "complete": True, "rows": keep}
+    if consolidated is True:
+        _consolidate(out, group)
     return keep
+
+
+def _open_group(out: Path) -> zarr.Group:
+    """The store's root group to append to or repair, its arrays read from their own metadata: a consolidated
+    copy (zarr.consolidate_metadata, xarray) is stale once rows were appended, and gave the arrays' lengths
+    before them (a later interrupted append was refused as having lost its committed rows)."""
+    return zarr.open_group(str(out), mode="r+", use_consolidated=False)
+
+
+def _has_consolidated(out: Path) -> bool:
+    """Whether the store holds consolidated metadata: in its root zarr.json (format 3) or .zmetadata (2)."""
+    if (out / ".zmetadata").is_file():
+        return True
+    try:
+        doc = json.loads((out / "zarr.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("consolidated_metadata") is not None
+
+
+def _consolidate(out: Path, group: zarr.Group) -> None:
+    """Write the store's consolidated metadata again, from its arrays' own (their new lengths): readers that
+    use it (xarray by default) saw the rows before the append only."""
+    with warnings.catch_warnings():
+        # zarr: consolidated metadata is not part of the format 3 specification (xarray reads it)
+        warnings.simplefilter("ignore", UserWarning)
+        zarr.consolidate_metadata(str(out), zarr_format=group.metadata.zarr_format)
 
 
 def _append_array(out: Path, group: zarr.Group, key: str, keep: int) -> zarr.Array:
