@@ -182,7 +182,8 @@ def test_an_unfinished_output_is_named_with_the_resume_command(
     text = _text(out)
     assert "sort the series" not in text
     src = tmp_path / "in.zarr"
-    resume = f"`tsconv process -i {src.resolve()} -o {out.resolve()} --chunk 256 --resume`"
+    pipe = (tmp_path / "p.toml").resolve()
+    resume = f"`tsconv process -i {src.resolve()} -o {out.resolve()} --pipeline {pipe} --chunk 256 --resume`"
     assert f"tsconv output: unfinished: 512 of 1,000 rows written; finish it with {resume}" in text
     assert "(counted over the 512 rows written)" in text
     info = json.loads(CliRunner().invoke(main, ["inspect", str(out), "--json"]).output)
@@ -259,7 +260,8 @@ def test_the_commands_it_names_quote_paths_with_spaces(tmp_path: Path) -> None:
     args = shlex.split(command)
     assert args[args.index("-i") + 1] == str((where / "in.zarr").resolve())
     assert args[args.index("-o") + 1] == str(out.resolve())
-    res = CliRunner().invoke(main, [*args[1:], "--pipeline", str(where / "p.toml")])
+    assert args[args.index("--pipeline") + 1] == str((where / "p.toml").resolve())
+    res = CliRunner().invoke(main, args[1:])  # as printed: the pipeline's file named too
     assert res.exit_code == 0, res.output
     assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"] is True
 
@@ -268,3 +270,29 @@ def test_the_commands_it_names_quote_paths_with_spaces(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["inspect", str(src)])
     repair = re.search(r"`(tsconv repair [^`]*)`", res.output).group(1)
     assert shlex.split(repair)[2:] == [str(src.resolve())]
+
+
+@pytest.mark.parametrize("pipeline", ["trend_ema", None, "dict"])
+def test_the_resume_command_names_the_pipeline_the_output_records(
+    tmp_path: Path, pipeline: str | None
+) -> None:
+    """The command named no --pipeline, only "(with the --pipeline of the run that started it, if it had
+    one)": run as shown for a built-in's output, it was refused as another pipeline."""
+    src = write_store(tmp_path / "in.zarr", price_series(1500, 2, seed=4), chunks=(256, 2))
+    out = tmp_path / "out.zarr"
+    given = {"conv": [{"filters": ["diff:1", "ma:8"]}]} if pipeline == "dict" else pipeline
+    tsconv.process(src, out, pipeline=given, chunk=256, device="cpu")
+    want = np.asarray(zarr.open_group(str(out), mode="r")["values"][:])
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": 0}
+    text = _text(out)
+    args = shlex.split(re.search(r"finish it with `([^`]*)`", text).group(1))
+    if pipeline == "dict":  # no file to name: a placeholder, said what it stands for
+        assert args[args.index("--pipeline") + 1] == "PIPELINE" and "given as a dict" in text
+        return
+    assert ("--pipeline" in args) == (pipeline is not None)
+    if pipeline is not None:
+        assert args[args.index("--pipeline") + 1] == pipeline
+    res = CliRunner().invoke(main, args[1:])
+    assert res.exit_code == 0, res.output
+    np.testing.assert_array_equal(np.asarray(zarr.open_group(str(out), mode="r")["values"][:]), want)

@@ -48,9 +48,29 @@ def _chunking(rows: int, features: int, chunks: list[int], shards: list[int] | N
     return words
 
 
-def _resume_command(store: InputStore, meta: dict[str, Any], source: Any) -> str:
-    """The command that finishes an unfinished output: the input, the output, and the recorded settings; paths
-    quoted for the shell (a space or a quote in them would split them)."""
+# The built-in pipelines' files (tsconv/pipeline/builtin), which an output records as its pipeline's origin.
+_BUILTIN_DIR = Path(__file__).resolve().parents[1] / "pipeline" / "builtin"
+
+
+def _pipeline_option(pipeline: Any) -> str | None:
+    """The ``--pipeline`` that runs the recorded pipeline again: a built-in's name, the TOML file's path, None
+    for the default pipeline; "PIPELINE" for one given as a dict (a library call: no file to name)."""
+    origin = pipeline.get("origin") if isinstance(pipeline, dict) else None
+    if not isinstance(origin, str) or origin == "default":
+        return None
+    if origin == "<dict>":
+        return "PIPELINE"
+    path = Path(origin)
+    if path.parent == _BUILTIN_DIR or (
+        path.parent.name == "builtin" and path.parent.parent.name == "pipeline"
+    ):
+        return shlex.quote(path.stem)  # a built-in, wherever tsconv was installed when it ran
+    return shlex.quote(origin)
+
+
+def _resume_command(store: InputStore, meta: dict[str, Any], source: Any, pipeline: Any = None) -> str:
+    """The command that finishes an unfinished output: the input, the output, the pipeline and the recorded
+    settings; paths quoted for the shell (a space or a quote in them would split them)."""
     parts = [
         "tsconv process",
         "-i",
@@ -58,6 +78,8 @@ def _resume_command(store: InputStore, meta: dict[str, Any], source: Any) -> str
         "-o",
         shlex.quote(str(store.path)),
     ]
+    if (option := _pipeline_option(pipeline)) is not None:
+        parts += ["--pipeline", option]
     if meta.get("chunk") is not None:
         parts += ["--chunk", str(meta["chunk"])]
     if meta.get("warmup") == "zero":
@@ -140,8 +162,13 @@ def inspect_store(path: str | os.PathLike[str], *, count_nans: bool = True) -> d
             written = min(store.rows, int(meta.get("rows_done") or 0))
             info["tsconv_output"] = (
                 f"unfinished: {written:,} of {store.rows:,} rows written; finish it with "
-                f"`{_resume_command(store, meta, attrs.get('source'))}` "
-                "(with the --pipeline of the run that started it, if it had one)"
+                f"`{_resume_command(store, meta, attrs.get('source'), attrs.get('pipeline'))}`"
+                + (
+                    " (PIPELINE: the pipeline the run was given as a dict, written as a TOML file; or call "
+                    "tsconv.process with it and resume=True)"
+                    if _pipeline_option(attrs.get("pipeline")) == "PIPELINE"
+                    else ""
+                )
             )
         info["rows_written"] = written
         info["warmup"] = meta.get("warmup")
