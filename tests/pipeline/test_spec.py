@@ -345,6 +345,18 @@ def test_torch_only_dtypes_given_as_tensors_are_read_exactly(dtype: torch.dtype)
     np.testing.assert_array_equal(pipe.stages[0].bias, b.to(torch.float32).numpy())
 
 
+@pytest.mark.parametrize("where", ["top", "conv"])
+def test_a_key_that_is_no_string_is_an_unknown_key_not_a_traceback(where: str) -> None:
+    # difflib's TypeError ('int' object is not subscriptable) escaped for {1: 2}
+    d = (
+        {1: 2, "conv": [{"filters": ["diff:1"]}]}
+        if where == "top"
+        else {"conv": [{"filters": ["diff:1"], 1: 2}]}
+    )
+    with pytest.raises(PipelineError, match="unknown key 1"):
+        pipeline_from_dict(d)
+
+
 def test_a_masked_weight_array_is_refused_not_read_under_its_mask() -> None:
     # np.asarray drops the mask: the values under it (here 99) became weights without a word
     w = np.ma.masked_array([[[1.0, 99.0]], [[0.5, 2.0]]], mask=[[[0, 1]], [[0, 0]]])

@@ -767,7 +767,7 @@ def _check_key_pairs(d: dict[str, Any], where: str, table: str) -> None:
 def _check_keys(d: dict[str, Any], allowed: set[str], where: str, table: str) -> None:
     for key in d:
         if key not in allowed:
-            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            close = difflib.get_close_matches(key, sorted(allowed), n=1) if isinstance(key, str) else []
             hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(sorted(allowed))}."
             raise PipelineError(f"{where}: {table}: unknown key {key!r}", hint=hint)
 
