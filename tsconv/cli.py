@@ -242,12 +242,12 @@ def _check_report_path(path: str, input_path: str, output: str | None, *, flag: 
     files only), inside the input store or the output (it would add to or replace their files), the
     ``pipeline``'s file or a weight file it names, or in a folder that does not exist (click refuses a folder
     itself)."""
-    from tsconv.io.objstore import is_url, refuse_inside
+    from tsconv.io.objstore import is_url, refuse_inside, shown
     from tsconv.pipeline.spec import pipeline_files
 
     if is_url(path):  # else Path() made 's3://b/r.json' the relative path 's3:/b/r.json'
         raise TsconvError(
-            f"{flag} {path!r} is a URL; tsconv writes this file locally only",
+            f"{flag} {shown(path)!r} is a URL; tsconv writes this file locally only",
             hint=f"name a local file (e.g. {flag} {path.rstrip('/').rsplit('/', 1)[-1] or 'run.json'}) and copy it "
             "to the object store afterwards.",
         )

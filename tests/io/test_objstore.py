@@ -346,6 +346,26 @@ def test_a_run_that_stalls_past_its_lock_ttl_writes_nothing_into_the_run_that_to
     assert g.attrs["tsconv"]["complete"] and g.attrs["pipeline"]["name"] == "multiscale"
 
 
+def test_a_password_or_query_in_a_url_is_refused_and_never_shown(series):
+    # memory://user:hunter2@b/in.zarr was read and its password recorded in the output's `source`; s3://KEY:hunter2@b
+    # and ?token=hunter2 were echoed in the error line
+    bucket = f"tsconv-{uuid.uuid4().hex[:8]}"
+    src = str(write_store(f"memory://user:hunter2@{bucket}/in.zarr", series[:500], chunks=(256, 4)))
+    out = StoreURL.parse(f"memory://{bucket}-out/out.zarr")
+    with pytest.raises(StoreError, match=r"'memory://user:\*\*\*@.*' holds a password") as err:
+        tsconv.process(src, out.url, pipeline=PIPE, device="cpu")
+    assert "hunter2" not in str(err.value) and not out.exists()
+    for url in (
+        "s3://KEY:hUn/ter2@bkt/t.zarr",
+        "memory://b/t.zarr?token=hunter2",
+        "http://u:hunter2@h:80/t?sig=hunter2",
+    ):
+        line = _one_error_line(_cli("inspect", url))
+        assert "ter2" not in line and ("holds a password" in line or "holds a query" in line), line
+    assert location("az://container@account/t.zarr").url == "az://container@account/t.zarr"  # no password
+    assert location("http://host:8080/a@b/t.zarr").url == "http://host:8080/a@b/t.zarr"  # a port
+
+
 def test_memory_urls_round_trip(series, local_run):
     """Another fsspec scheme: no server, the generic paths (the lock without ETags, plain PUTs)."""
     base = f"memory://tsconv-{uuid.uuid4().hex[:8]}"

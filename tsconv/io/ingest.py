@@ -71,7 +71,7 @@ from tsconv.errors import OutputExistsError, StoreError, TsconvWarning, first_li
 from tsconv.io.dataframes import pandas_index_columns
 from tsconv.io.lock import OutputLock
 from tsconv.io.names import control_name, describe_repeats, repeated_names
-from tsconv.io.objstore import is_url
+from tsconv.io.objstore import is_url, shown
 from tsconv.io.precision import float32_loss_by_feature
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
 from tsconv.io.timecoding import iso_utc, looks_early
@@ -757,7 +757,7 @@ def _refuse_url(output: object) -> None:
     """ingest and repair write local stores only: a URL would otherwise be taken as a relative path."""
     if is_url(output):
         raise StoreError(
-            f"{output!r}: tsconv ingest and repair write local stores only, not object stores",
+            f"{shown(output)!r}: tsconv ingest and repair write local stores only, not object stores",
             hint="ingest into a local store, then copy it (or run tsconv process on it straight to the URL).",
         )
 

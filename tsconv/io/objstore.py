@@ -7,7 +7,9 @@ directly). A URL's store is read and written through zarr's ``FsspecStore``.
 
 Credentials, region and endpoint are the filesystem's own business: for S3, s3fs and botocore read
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``, ``AWS_REGION``,
-``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` and ``~/.aws``; tsconv passes no options of its own. The
+``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` and ``~/.aws``; tsconv passes no options of its own, and
+refuses a URL holding a password (``user:password@``) or a query (``?token=...``), which messages and the
+output's ``source`` would show (:func:`shown` masks them in its refusal). The
 errors of a missing package (s3fs), a missing bucket or store, refused credentials or an unreachable
 endpoint become a :class:`~tsconv.errors.StoreError` that says which (:func:`remote_error`).
 """
@@ -33,6 +35,7 @@ __all__ = [
     "overlaps",
     "refuse_inside",
     "remote_error",
+    "shown",
 ]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -77,13 +80,30 @@ class StoreURL:
         m = _SCHEME.match(text)
         if m is None:
             raise StoreError(
-                f"{text!r} is not a URL", hint="write it as scheme://bucket/path, e.g. s3://b/t.zarr."
+                f"{shown(text)!r} is not a URL", hint="write it as scheme://bucket/path, e.g. s3://b/t.zarr."
             )
-        rest = "/".join(p for p in text[m.end() :].split("/") if p not in ("", "."))
+        after = text[m.end() :]
+        if _password(text) is not None:
+            # user:password@: messages, reports and the output's `source` would show it
+            raise StoreError(
+                f"{shown(text)!r} holds a password: tsconv takes no credentials in a URL",
+                hint="remove them from the URL and give them as the filesystem reads them: the environment "
+                "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, for s3://) or fsspec's configuration.",
+            )
+        if "?" in after:
+            # a token or signature (?sig=..., ?X-Amz-...) or an option (?versionId=...): it would be printed
+            # and recorded, and the store's objects are other URLs, below the path, that it cannot follow to
+            raise StoreError(
+                f"{shown(text)!r} holds a query (?...): tsconv reads a store's objects below the URL's path "
+                "and takes no query",
+                hint="remove it; give credentials as the filesystem reads them (the environment or fsspec's "
+                "configuration).",
+            )
+        rest = "/".join(p for p in after.split("/") if p not in ("", "."))
         if ".." in rest.split("/"):
-            raise StoreError(f"{text!r}: '..' is not allowed in a store URL")
+            raise StoreError(f"{shown(text)!r}: '..' is not allowed in a store URL")
         if not rest:
-            raise StoreError(f"{text!r} names no bucket", hint="write it as scheme://bucket/path.")
+            raise StoreError(f"{shown(text)!r} names no bucket", hint="write it as scheme://bucket/path.")
         return cls(f"{m.group(1).lower()}://{rest}")
 
     def __str__(self) -> str:
@@ -209,6 +229,31 @@ class StoreURL:
                     hint="check the bucket's name, and the endpoint (AWS_ENDPOINT_URL) and region it is in.",
                 )
         return StoreError(f"{what} {self.url!r} does not exist", hint="check the URL.")
+
+
+def _password(text: str) -> tuple[int, int] | None:
+    """Where the password of ``scheme://user:password@host/...`` lies in ``text`` (start, end), or None. The
+    password may hold an unencoded ``/`` (AWS secret keys do); ``host:8080/a@b`` is a port, not a password."""
+    m = _SCHEME.match(text)
+    if m is None:
+        return None
+    before, at, _ = text[m.end() :].partition("@")
+    first = before.split("/", 1)[0]
+    if not at or ":" not in first or ("/" in before and first.rpartition(":")[2].isdigit()):
+        return None
+    start = m.end() + first.index(":") + 1
+    return start, m.end() + len(before)
+
+
+def shown(text: object) -> str:
+    """``text`` (a location as given) as messages may show it: a URL's password (``user:***@``) and query
+    (``?***``) masked."""
+    text = str(text)
+    if (span := _password(text)) is not None:
+        text = f"{text[: span[0]]}***{text[span[1] :]}"
+    if _SCHEME.match(text) and "?" in text:
+        text = text.partition("?")[0] + "?***"
+    return text
 
 
 def overlaps(a: Path | StoreURL, b: Path | StoreURL) -> bool:
