@@ -135,6 +135,19 @@ def test_long_round_trip(tmp_path: Path, suffix: str) -> None:
     assert check_time(store) == (TIMES[0], TIMES[-1])
 
 
+def test_file_urls_name_the_local_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # -o file:///d/out.zarr was built as the relative folder ./file:/d/out.zarr (exit 0), and a file:// input
+    # file "did not exist"; process and inspect read both as the local paths
+    monkeypatch.chdir(tmp_path)
+    df = long_frame(TIMES, NAMES)
+    src = write(df, tmp_path / "ticks.parquet")
+    res = CliRunner().invoke(main, ["ingest", f"file://{src}", "-o", f"file://{tmp_path}/out.zarr"])
+    assert res.exit_code == 0, res.output
+    assert not (tmp_path / "file:").exists()
+    np.testing.assert_array_equal(read(tmp_path / "out.zarr")[0], dense(df, SORTED)[0].astype(np.float32))
+    assert repair(f"file://{tmp_path}/out.zarr") is None  # nothing to repair, at the same store
+
+
 def test_a_killed_ingests_temporary_store_is_removed_by_the_next_and_a_second_writer_is_refused(
     tmp_path: Path,
 ) -> None:

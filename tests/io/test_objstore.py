@@ -404,6 +404,14 @@ def test_locations_and_actionable_errors(tmp_path):
     assert location("s3://b//a/t.zarr/") == StoreURL("s3://b/a/t.zarr")
     assert location(f"file://{tmp_path}/t.zarr") == tmp_path / "t.zarr"  # local: the fast readers
     assert location("t.zarr") == Path.cwd() / "t.zarr"
+    assert location("file://localhost/tmp/t.zarr") == Path("/tmp/t.zarr")
+    assert location("file:///tmp/run%201/a#b.zarr") == Path(
+        "/tmp/run 1/a#b.zarr"
+    )  # '#': a name, as fsspec has it
+    # file://~/t.zarr and file://data/t.zarr were read as /t.zarr (the "host" dropped): a run wrote there
+    for text, path in (("file://~/t.zarr", "'~/t.zarr'"), ("file://data/t.zarr", "'data/t.zarr'")):
+        with pytest.raises(StoreError, match=f"names the host .*write the path itself \\({path}\\)"):
+            location(text)
     url = StoreURL.parse("s3://b/t.zarr")
     assert url.name == "t.zarr" and url.parent == StoreURL("s3://b") and url.with_name("u").url == "s3://b/u"
     err = remote_error(PermissionError("Access Denied"), url, "open")

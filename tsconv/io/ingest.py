@@ -71,7 +71,7 @@ from tsconv.errors import OutputExistsError, StoreError, TsconvWarning, first_li
 from tsconv.io.dataframes import pandas_index_columns
 from tsconv.io.lock import OutputLock
 from tsconv.io.names import control_name, describe_repeats, repeated_names
-from tsconv.io.objstore import is_url, shown
+from tsconv.io.objstore import is_url, location, shown
 from tsconv.io.precision import float32_loss_by_feature
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
 from tsconv.io.timecoding import iso_utc, looks_early
@@ -165,6 +165,8 @@ def expand_files(files: Iterable[str | os.PathLike[str]]) -> list[Path]:
     found: set[Path] = set()
     for item in files:
         text = os.path.expanduser(str(item))
+        if text.lower().startswith("file://"):
+            text = str(location(text))
         if glob.has_magic(text):
             matches = [Path(m) for m in glob.glob(text, recursive=True) if Path(m).is_file()]
             if not matches:
@@ -816,8 +818,9 @@ def ingest(
                                    feature_column=feature_column)  # fmt: skip
     paths = expand_files([files] if isinstance(files, str | os.PathLike) else files)
     _refuse_url(output)
-    # resolved: one store reached through a symlink is the same store, under the same lock
-    out = Path(output).expanduser().resolve()
+    # resolved: one store reached through a symlink is the same store, under the same lock; a file:// URL is
+    # its path (Path() made file:///d/t.zarr the relative folder 'file:/d/t.zarr')
+    out = location(output).resolve()
     _check_output(out, paths, append=append, overwrite=overwrite)
 
     pl_dtype = pl.Float64 if dtype == "float64" else pl.Float32
@@ -1108,7 +1111,7 @@ def repair(output: str | os.PathLike[str]) -> int | None:
     """Roll back an interrupted ``tsconv ingest --append`` on ``output``: cut ``values`` and ``time``
     back to the rows committed before it. Returns those rows, or None when there was nothing to repair."""
     _refuse_url(output)
-    out = Path(output).expanduser().resolve()  # as ingest locks it, through any symlink
+    out = location(output).resolve()  # as ingest locks it, through any symlink
     if not out.exists():
         raise StoreError(f"cannot repair: store {str(out)!r} does not exist", hint="check the path.")
     if not is_zarr_store(out):

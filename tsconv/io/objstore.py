@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote
 
 from tsconv.errors import StoreError, TsconvError
 
@@ -57,14 +57,21 @@ def is_url(target: object) -> bool:
 
 def location(target: str | os.PathLike[str] | StoreURL) -> Path | StoreURL:
     """A store's location: a :class:`StoreURL` for a URL, else the local path (``~`` expanded, made
-    absolute; ``file://`` URLs are local paths)."""
+    absolute; ``file:///path`` and ``file://localhost/path`` are local paths, ``file://other/path`` is refused)."""
     if isinstance(target, StoreURL):
         return target
     text = os.fspath(target)
     if is_url(text):
         return StoreURL.parse(text)
     if isinstance(text, str) and text.lower().startswith("file://"):
-        text = unquote(urlparse(text).path)
+        # file://HOST/path: the host was dropped, so file://~/t.zarr and file://data/t.zarr named /t.zarr
+        host, _, path = text[len("file://") :].partition("/")
+        if host not in ("", "localhost"):
+            raise StoreError(
+                f"{text!r} names the host {host!r}: a file:// URL's path starts at its third slash",
+                hint=f"write the path itself ({unquote(f'{host}/{path}')!r}) or file:///absolute/path.",
+            )
+        text = unquote(f"/{path}")  # '?' and '#' are part of the name, as fsspec reads them
     return Path(text).expanduser().absolute()
 
 
