@@ -420,6 +420,19 @@ def test_locations_and_actionable_errors(tmp_path):
     assert "no credentials found" in str(remote_error(no_creds, url, "open"))
     missing = remote_error(ImportError("Install s3fs to access S3"), url, "open")
     assert "pip install 'tsconv-features[s3]'" in str(missing)
+    # http's filesystem path is the whole URL: its 'bucket' was "http:" (the bucket 'http:' does not exist)
+    assert str(StoreURL.parse("http://127.0.0.1:9/t.zarr").missing("input store")).startswith(
+        "input store 'http://127.0.0.1:9/t.zarr' does not exist"
+    )
+
+
+def test_an_output_at_an_unknown_scheme_is_said_once(series):
+    # "cannot write the output 'nosuch://b/o.zarr': StoreError: cannot open 'nosuch://b/o.zarr': fsspec knows..."
+    src = write_store(f"memory://tsconv-{uuid.uuid4().hex[:8]}/in.zarr", series[:300], chunks=(256, 4))
+    line = _one_error_line(_cli("process", "-i", src, "-o", "nosuch://b/o.zarr", "-q", "--device", "cpu"))
+    assert "StoreError" not in line and line.count("nosuch://b/o.zarr") == 1 and "knows no scheme" in line, (
+        line
+    )
 
 
 def test_an_s3_output_without_credentials_is_one_line(series, tmp_path, monkeypatch):

@@ -225,7 +225,8 @@ class StoreURL:
         """The error for a store that is not at this location: the bucket is missing, or the store."""
         fs, path = self.filesystem()
         bucket = path.split("/", 1)[0]
-        if bucket and "/" in path:
+        # a bucket where the filesystem's path is bucket/key (s3, gs, az); http's path is the whole URL
+        if bucket and "/" in path and path == self.key:
             try:
                 bucket_there = bool(fs.exists(bucket))
             except Exception:
@@ -342,6 +343,8 @@ def open_group(loc: Path | StoreURL, *, mode: str, use_consolidated: bool | None
 
 def remote_error(exc: BaseException, url: StoreURL, doing: str) -> StoreError:
     """A user's error for ``exc``, raised while trying to ``doing`` (e.g. "open") the store at ``url``."""
+    if isinstance(exc, StoreError):  # said already (the filesystem's own error, made one by filesystem())
+        return exc
     name = type(exc).__name__
     text = str(exc) or name
     if isinstance(exc, ImportError):
