@@ -366,6 +366,36 @@ def test_a_password_or_query_in_a_url_is_refused_and_never_shown(series):
     assert location("http://host:8080/a@b/t.zarr").url == "http://host:8080/a@b/t.zarr"  # a port
 
 
+def test_a_failed_write_at_a_url_names_it_leaves_it_unfinished_and_resumes_to_a_full_run(series, monkeypatch):
+    # the error named the output "<FsspecStore(AsyncFileSystemWrapper, /tsconv-.../out.zarr)>", not its URL
+    import tsconv.engine.outputs
+    from tsconv.io.writers.zarr_writer import OutputWriter
+
+    monkeypatch.setattr(tsconv.engine.outputs, "output_chunk_rows", lambda chunk, n_outputs: 3 * chunk)
+    base = f"memory://tsconv-{uuid.uuid4().hex[:8]}"
+    src = write_store(f"{base}/in.zarr", series, chunks=(1024, 4))
+    write, calls = OutputWriter._write, []
+
+    def fail_the_second(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError("connection reset")
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(OutputWriter, "_write", fail_the_second)
+    with pytest.raises(
+        StoreError, match=f"cannot write rows 768..1,536 of the output store '{base}/out.zarr'"
+    ):
+        tsconv.process(src, f"{base}/out.zarr", pipeline=PIPE, device="cpu", chunk=256)
+    monkeypatch.setattr(OutputWriter, "_write", write)
+    with pytest.raises(StoreError, match="unfinished tsconv run"):
+        tsconv.process(f"{base}/out.zarr", f"{base}/o2.zarr", pipeline=PIPE, device="cpu")
+    report = tsconv.process(src, f"{base}/out.zarr", pipeline=PIPE, device="cpu", chunk=256, resume=True)
+    tsconv.process(src, f"{base}/full.zarr", pipeline=PIPE, device="cpu", chunk=256)
+    assert report.resumed_from == 768
+    np.testing.assert_array_equal(read_output(f"{base}/out.zarr"), read_output(f"{base}/full.zarr"))
+
+
 def test_memory_urls_round_trip(series, local_run):
     """Another fsspec scheme: no server, the generic paths (the lock without ETags, plain PUTs)."""
     base = f"memory://tsconv-{uuid.uuid4().hex[:8]}"

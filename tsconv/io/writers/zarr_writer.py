@@ -1058,7 +1058,7 @@ class OutputWriter:
         # called before every chunk and metadata write: raises OutputLostError once the run's lock on an object
         # store's output is another run's (tsconv.io.lock.ObjectLock.check)
         self.check_lock: Callable[[], None] | None = None
-        self.where = _where(group)
+        self.where = f"the output store {location.url!r}" if location is not None else _where(group)
         self.threads = default_write_threads() if threads is None else max(0, int(threads))
         self._sync = self.threads <= 1
         self._max_buffers = (
