@@ -378,6 +378,38 @@ def test_a_push_stopped_part_way_takes_nothing(warmup):
     _same(np.concatenate([first, stream.push(x[100:2000]), stream.push(x[2000:])]), expected)
 
 
+def test_a_push_refused_by_a_warning_made_an_error_warns_again_when_pushed_again() -> None:
+    """A push that a warning made an error (warnings.simplefilter("error")) took nothing of its rows, but the
+    check that warned counted itself done: the same rows pushed again were taken without the warning (the
+    wide-integer check, and the FP16-storage check, read on a frame before the push began too)."""
+    import warnings
+
+    import polars as pl
+
+    rng = np.random.default_rng(1)
+    head = rng.normal(size=(32, 3))
+    zero_sum_head = {"conv": [{"filters": ["ma:16", "ma:4"]}], "head": {"weights": head - head.mean(axis=0)}}
+    x = prices(2000, 16, seed=5, late=False, gaps=False)
+    wide = (np.arange(40).reshape(20, 2) + 2**60).astype(np.int64)
+    cases = [
+        (zero_sum_head, 16, lambda: x),
+        ("default", 2, lambda: wide),
+        ("default", ["a", "b"], lambda: pl.DataFrame({"a": wide[:, 0], "b": wide[:, 1]})),
+    ]
+    for pipe, features, rows in cases:
+        stream = tsconv.Stream(pipe, features=features, device="cpu")
+        for _ in range(2):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", tsconv.TsconvWarning)
+                with pytest.raises(tsconv.TsconvWarning):
+                    stream.push(rows())
+            assert stream.rows == 0
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            stream.push(rows())
+        assert len([w for w in caught if issubclass(w.category, tsconv.TsconvWarning)]) == 1
+
+
 def test_a_time_of_nat_is_refused():
     stream = tsconv.Stream("default", features=1)
     t = np.array(["2026-01-02T09:30:05", "NaT", "2026-01-02T09:30:01"], dtype="datetime64[ns]")

@@ -18,6 +18,7 @@ import threading
 import warnings
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -413,6 +414,24 @@ class Backend:
                 self._storage = None
         if self._checking and all(c.done() for c in self._checking) and not _capturing(x):
             self.finish()
+
+    def storage_check_state(self) -> tuple[Any, ...]:
+        """The FP16-storage check's progress, for a caller that takes a call back (a Stream's push that
+        raised): :meth:`restore_storage_check` makes the next calls check and warn as that call would have
+        (a warning made an error left the check done, and the same rows pushed again went unwarned)."""
+        s = self._storage  # not started: a started check is replaced by its next one (check_storage)
+        how = None if s is None else (s.plan, s.after, s.times, s.previous, s.end)
+        return how, list(self._checking), set(self._warned)
+
+    def restore_storage_check(self, state: tuple[Any, ...]) -> None:
+        """Put the FP16-storage check back as :meth:`storage_check_state` found it."""
+        how, checking, warned = state
+        if how is None:
+            self._storage = None
+        else:
+            plan, after, times, previous, end = how
+            self._storage = _StorageCheck(plan, after=after, times=times, previous=previous, end=end)
+        self._checking, self._warned = checking, warned
 
     @property
     def storage_check_pending(self) -> bool:

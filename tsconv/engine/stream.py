@@ -143,6 +143,17 @@ class Stream:
     def push(self, rows: Any, time: Any = None) -> Any:
         """The features [n, D] float32 of ``rows`` [n, F] (or [F]: one row), the next steps of the series."""
         is_torch = isinstance(rows, torch.Tensor)
+        saved = self._saved()  # before a frame's read too, whose wide-integer check may warn
+        try:
+            out, last_time = self._taken(rows, time)
+        except BaseException:  # an interrupt or a warning made an error, part-way: nothing of the push taken
+            self._restore(saved)
+            raise
+        self.last_time = last_time
+        return torch.from_numpy(out) if is_torch else out
+
+    def _taken(self, rows: Any, time: Any) -> tuple[np.ndarray, Any]:
+        """The features of ``rows``, the state advanced past them, and the last time pushed once they are."""
         if type(rows).__module__.split(".")[0] == "xarray":
             rows, coord_time = self._dataarray_rows(rows)
             if time is None:
@@ -163,26 +174,22 @@ class Stream:
                 time = frame_time
         x = self._checked(rows)
         last_time = self._checked_time(time, x.shape[0]) if time is not None else self.last_time
-        saved = self._saved()
-        try:
-            out = self._push(x)
-        except BaseException:  # an interrupt or a warning made an error, part-way: nothing of the push taken
-            self._restore(saved)
-            raise
-        self.last_time = last_time
-        return torch.from_numpy(out) if is_torch else out
+        return self._push(x), last_time
 
     def _saved(self) -> tuple[Any, ...]:
-        """What a push changes, to restore where it does not complete."""
+        """What a push changes, to restore where it does not complete (the checks that warn included: one
+        whose warning was made an error counted itself done, and the rows pushed again went unwarned)."""
         z, r = self._zscore_level, self._rounding
         return (self._rows_kept, self._state.copy(), self._level.copy(), None if z is None else z.clone(),
                 self._pushed, self._last, r.pending.copy(), r.checks, r.warned, self._gathered,
-                self._gathered_from, self._gathered_end)  # fmt: skip
+                self._gathered_from, self._gathered_end, self._wide_ints.warned,
+                self._backend.storage_check_state())  # fmt: skip
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
         (self._rows_kept, self._state, self._level, self._zscore_level, self._pushed, self._last,
          self._rounding.pending, self._rounding.checks, self._rounding.warned, self._gathered,
-         self._gathered_from, self._gathered_end) = saved  # fmt: skip
+         self._gathered_from, self._gathered_end, self._wide_ints.warned, check) = saved  # fmt: skip
+        self._backend.restore_storage_check(check)
 
     def _push(self, x: np.ndarray) -> np.ndarray:
         """The features of rows ``x`` (checked), the state advanced past them."""
