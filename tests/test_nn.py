@@ -407,3 +407,15 @@ def test_a_module_of_a_resolved_pipeline_with_a_selection_checks_the_width() -> 
     wider = torch.cat([torch.ones(600, 2), x], dim=1)
     with pytest.raises(ShapeError, match="built for 4 features"):
         again(wider)
+
+
+@pytest.mark.parametrize("pipeline", ["default", "returns_zscore"])
+@pytest.mark.parametrize("n_features", [3, 6])
+def test_a_module_given_another_width_than_its_pipeline_was_resolved_against_is_refused(pipeline, n_features):
+    # Pipeline(plan, n_features=6) for a plan resolved against 4 features ran on 6 columns: 30 outputs under the
+    # plan's 20 names (without a selection), or the selected columns by position of another width
+    names = ["vol_a", "px_a", "vol_b", "px_b"]
+    plan = Pipeline.from_pipeline(pipeline, input_names=names).plan
+    assert Pipeline(plan, n_features=4).n_features == 4
+    with pytest.raises(PipelineError, match=f"resolved against 4 features, not n_features={n_features}"):
+        Pipeline(plan, n_features=n_features)

@@ -260,7 +260,8 @@ class Pipeline(torch.nn.Module):
         device: str | torch.device = "cpu",
     ) -> None:
         """Prefer :meth:`from_pipeline`; ``plan`` is a pipeline resolved against ``n_features`` input
-        features (default: its ``input_names``, which a ``[preprocess]`` selection narrows)."""
+        features (default: as many as it was resolved against, which its ``input_names`` are unless a
+        ``[preprocess]`` selection narrows them; another count is refused)."""
         super().__init__()
         if not isinstance(plan, ResolvedPipeline):
             raise PipelineError(
@@ -273,9 +274,15 @@ class Pipeline(torch.nn.Module):
         self.warmup = warmup
         columns = plan.columns
         # the width of x: every feature the pipeline was resolved against (a selection's columns index it)
-        if n_features is None:
-            n_features = len(plan.input_names) if columns is None else plan.source_width
-        self.n_features = n_features
+        width = len(plan.input_names) if columns is None else plan.source_width
+        if n_features is not None and width is not None and n_features != width:
+            # other columns under the plan's names: 6 features through a plan of 4 gave 30 outputs, 20 named
+            raise PipelineError(
+                f"the pipeline was resolved against {width} features, not n_features={n_features}",
+                hint="leave n_features out, or resolve the pipeline against the input's features "
+                "(Pipeline.from_pipeline(pipeline, input_names)).",
+            )
+        self.n_features = width if n_features is None else n_features
         if self.n_features is not None and columns is not None and max(columns) >= self.n_features:
             raise PipelineError(
                 f"the pipeline selects column {max(columns)} of {self.n_features} features",
