@@ -280,6 +280,22 @@ def test_features_writes_into_out_and_returns_it(chunk: int) -> None:
     np.testing.assert_array_equal(tbuf.numpy(), want)
 
 
+def test_features_into_a_tensor_bumps_its_version_as_torchs_out_ops_do() -> None:
+    """features(x, out=buf) wrote the tensor through numpy, unseen by autograd: a product saved for backward
+    before the next batch was written into buf gave that batch's gradient, silently (torch's own out= ops
+    raise), and tsconv's kernels served weights cached from buf's earlier values."""
+    x = torch.from_numpy(price_series(400, 2, seed=3))
+    buf = torch.empty(400, 10)
+    w = torch.ones(10, requires_grad=True)
+    before = buf._version
+    tsconv.features(x, out=buf)
+    assert buf._version > before
+    loss = (buf * w).sum()
+    tsconv.features(x + 1, out=buf)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_features_refuses_an_out_it_cannot_fill() -> None:
     import polars as pl
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.autograd.graph import increment_version
 
 from tsconv.engine.options import check_chunk, check_length, check_warmup, refuse, refuse_time_range
 from tsconv.engine.run import (
@@ -190,6 +191,10 @@ def features(
     into = None if out is None else _checked_out(out, arr, (arr.shape[0], plan.n_outputs), is_torch)
     sink = ArraySink(arr.shape[0], plan.n_outputs, into=into)
     _run_in_memory(ArraySource(arr, band_rows=chunk), plan, sink, dev, chunk=chunk, warmup=warmup, cuda=cuda)
+    if is_torch and out is not None:
+        # written through numpy, which autograd does not see: bumped as torch's out= ops bump it (a product
+        # saved for backward before the next batch filled ``out`` gave that batch's gradient, silently)
+        increment_version(out)
     y = out if out is not None else torch.from_numpy(sink.out) if is_torch else sink.out
     return (y, plan.output_names) if return_names else y
 
