@@ -136,8 +136,9 @@ def test_any_sequence_of_pushes_equals_the_batch_run(case, rows, chunk, sizes, s
     x = prices(rows, _width(names), seed=seed)
     stream = tsconv.Stream(pipeline, features=names, chunk=chunk, warmup=warmup, device="cpu")
     got = pushed(stream, x, sizes)
-    if warmup == "nan" and rows <= stream.halo:
-        # The batch run refuses a series within the warm-up; its rows are those of a longer one (causality).
+    if (warmup == "nan" and rows <= stream.halo) or rows <= min(stream.plan.nan_rows(warmup), default=0):
+        # The batch run refuses a series within the warm-up (with warmup="zero" too, within a [preprocess]'s
+        # NaN steps); its rows are those of a longer one (causality).
         longer = np.concatenate([x, prices(stream.halo + 1, x.shape[1], seed=seed + 1, late=False)])
         expected = tsconv.features(longer, pipeline, names=_names(names), chunk=chunk, warmup=warmup)[:rows]
     else:
