@@ -453,3 +453,14 @@ def test_an_output_wider_than_a_store_may_be_is_refused_before_it_is_written(
     with pytest.raises(tsconv.TsconvError, match="the pipeline gives 15 outputs .* at most 10 features"):
         tsconv.process(src, out)
     assert not out.exists()
+
+
+def test_features_into_a_tensor_that_requires_grad_is_refused_as_torchs_out_ops_refuse_it() -> None:
+    # it was written silently through numpy, outside autograd's view of a leaf that records its uses
+    x = torch.from_numpy(price_series(300, 2, seed=3))
+    out = torch.empty((300, 10), requires_grad=True)
+    with pytest.raises(tsconv.TsconvError, match="out= requires grad"):
+        tsconv.features(x, out=out)
+    with torch.no_grad():  # torch's out= ops take it there too
+        assert tsconv.features(x, out=out) is out
+    np.testing.assert_array_equal(out.detach().numpy(), tsconv.features(x).numpy())

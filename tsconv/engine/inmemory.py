@@ -204,6 +204,13 @@ def _checked_out(out: Any, x: np.ndarray, shape: tuple[int, int], is_torch: bool
     kind = "a CPU float32 torch tensor" if is_torch else "a float32 numpy array"
     if is_torch:
         ok = isinstance(out, torch.Tensor) and out.device.type == "cpu" and out.dtype == torch.float32
+        if ok and out.requires_grad and torch.is_grad_enabled():  # as torch's own out= ops refuse it
+            raise ShapeError(
+                "out= requires grad: tsconv's features are computed outside autograd and cannot be written into "
+                "a tensor whose writes it would have to record",
+                hint="pass a tensor that does not require grad (out.detach(), or torch.empty(...)), or call "
+                "inside torch.no_grad().",
+            )
         arr = out.detach().numpy() if ok else None
     else:
         arr = out if isinstance(out, np.ndarray) and out.dtype == np.float32 else None
