@@ -94,6 +94,10 @@ def _conv_layer(
 # to the output's scale: 1.8e-2 with one level per chunk, 1.5e-3 / 1.0e-3 / 6.9e-4 / 5.2e-4 with blocks
 # of 64 / 32 / 16 / 8 rows (float32 weights: 1.4e-5 per chunk, 4.8e-7 in blocks).
 _CPU_BLOCK = 16
+# Samples of x a CPU block's level is the median of: the block's first output step and the steps just before it.
+# Five, so that two bad prints in a row among them are never the level (of three, two were: every output of that
+# block whose window did not hold them lost up to 60% of its scale).
+_CPU_LEVEL_SAMPLES = 5
 
 
 def _conv_recentered(
@@ -109,11 +113,11 @@ def _conv_recentered(
 ) -> torch.Tensor:
     """conv_valid(x, w) + bias for x [1, C, L] on the CPU, each block of output rows computed as
     conv(x - v) + v * (exact tap sums): the torch twin of conv1d's ``recenter``. ``v`` per channel and
-    block is the median of x at the block's first output step and the two steps before it (a sample
+    block is the median of x at the block's first output step and the four steps before it (a sample
     that is not finite counts as 0, samples in the leading ``recenter_from`` rows of zero history move
-    to the first data row, and one before row 0 to the block's own step), so it is causal and one spike
-    is never a block's level. A float64 ``x`` is
-    rounded to float32 after each block's level is off. ``weight`` and ``tap_sums`` replace the layer's
+    to the first data row, and one before row 0 counts as 0: ``x`` is centred on the engine's level), so it
+    is causal and one or two bad prints in a row are never a block's level. A float64 ``x`` is rounded to
+    float32 after each block's level is off. ``weight`` and ``tap_sums`` replace the layer's
     (the FP16 storage check runs the rounding residual this way). ``threaded``: the conv on torch's own
     threads rather than in fixed tiles (the check's estimate, whose bits reach no output: its sample of a
     thousand rows made two tiles, so a 4096-feature first stage took 0.6 s more of a GPU run's report)."""
@@ -128,12 +132,15 @@ def _conv_recentered(
     nb = max(2, -(-n_out // block))
     xp = F.pad(x, (0, nb * block - n_out))
     rows = torch.arange(nb) * block + halo  # each block's first output step, as an input row
-    # a sample before the input's first row is the block's own step: clamped to row 0, it counted that row
-    # twice, and one bad print there (a chunk's halo of one row) was the block's level
-    picks = torch.stack([rows, rows - 1, rows - 2])
-    picks = torch.where(picks >= 0, picks, rows).clamp_(min=min(recenter_from, L - 1), max=L - 1)
-    samples = x[0][:, picks]  # [C, 3, nb]
-    samples = torch.where(torch.isfinite(samples), samples, 0.0)
+    # a sample before the input's first row counts as 0, the call's own level (the engine's, a median of the rows
+    # before the chunk): clamped to row 0, it counted that row twice, and one bad print there (a chunk's halo of
+    # one row) was the block's level; taken as the block's own step, two prints in a row across a chunk's edge
+    # (its last row and the next one's first) were too
+    picks = torch.stack([rows - k for k in range(_CPU_LEVEL_SAMPLES)])
+    before = picks < 0
+    picks = picks.clamp(min=min(recenter_from, L - 1), max=L - 1)
+    samples = x[0][:, picks]  # [C, samples, nb]
+    samples = torch.where(torch.isfinite(samples) & ~before, samples, 0.0)
     v = samples.median(dim=1).values  # [C, nb]
     blocks = xp[0].unfold(1, block + halo, block)  # [C, nb, block + halo], a view
     xb = (blocks - v[:, :, None]).permute(1, 0, 2).to(weight.dtype)  # [nb, C, block + halo]
@@ -304,12 +311,14 @@ class Backend:
 
         The re-centred first stage works in blocks counted from the call's first row: the start is on the
         chunk's block grid, at most halo + block - 1 rows before ``row``. A re-centring
-        block's level reads the two steps before it, so with a first stage of halo under 2 the call starts
-        one block earlier (the block holding ``row`` then has them; the earlier one's outputs are dropped).
+        block's level reads steps before it (two in the Triton kernels, four on the CPU), so with a first stage
+        of a shorter halo the call starts one block earlier (the block holding ``row`` then has them; the
+        earlier one's outputs are dropped).
         """
         a = self._alignment()
         start = chunk_row + (row - self.halo - chunk_row) // a * a
-        if self.recenter_first and self.layers[0].halo < 2 and start > chunk_row:
+        reach = 2 if self.triton else _CPU_LEVEL_SAMPLES - 1
+        if self.recenter_first and self.layers[0].halo < reach and start > chunk_row:
             start -= a
         return start
 
