@@ -450,3 +450,26 @@ def test_the_check_computes_on_torchs_threads_not_the_engines_tiles(monkeypatch:
     _, warned = _run(x, {"conv": [{"weights": _zero_sum_dense()}]}, chunk=1024)
     assert warned, "the check ran and judged the stage"
     assert in_check and "tsconv-fp16-check" not in in_check  # the engine's own convs do use the tiles
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_a_stages_own_figure_is_its_outputs_move_after_its_activation(activation: str) -> None:
+    """A stage's own figure compared the move of its output before the activation with the scale after it (the
+    activation ran in place on the outputs the figure's scale was read from): a tanh stage over prices, whose
+    outputs are 1.0 whatever the rounding, was warned as moved by 2.4e-3 of its scale. The move now goes through
+    the activation as the pipeline's outputs' figure does; a relu over a zero-sum stage is still judged."""
+    rng = np.random.default_rng(0)
+    x = (100 + np.cumsum(rng.normal(0, 0.01, (2000, 1)), axis=0)).astype(np.float32)
+    taps = [0.1, 0.2, 0.3] if activation == "tanh" else [0.1, 0.2, -0.3]
+    pipe = {
+        "conv": [{"weights": np.array([[[1.0]]])}, {"weights": np.array([[taps]]), "activation": activation}]
+    }
+    y, warned = _run(x, pipe, device="cpu")
+    exact = tsconv.features(x, {**pipe, "weight_dtype": "float32"}, device="cpu")
+    ok = np.isfinite(exact)
+    actual = float(np.abs(y - exact)[ok].max() / np.abs(exact[ok]).max())
+    if activation == "tanh":
+        assert actual == 0.0 and warned == [], warned  # saturated: storage moves no output
+    else:
+        assert actual > 1e-3 and len(warned) == 1, (actual, warned)
+        assert actual / 2.5 <= _figure(warned[0]) <= 2.5 * actual, (actual, warned[0])

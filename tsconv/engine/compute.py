@@ -992,8 +992,12 @@ class _StorageCheck:
                 else:
                     err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
                 own[i] = (f"{origin}: [[conv]] #{i + 1} ({layer.name})", err)
-                moves.append((own[i][0], False, err[0].T, out[0].T))
             y = apply_activation(out, layer.activation)
+            if res is not None:
+                # the stage's outputs are after its activation: their move, over their scale (the move before
+                # it, over the scale after it, warned of a saturated tanh stage that storage moves not at all)
+                moved = _activation_move(pres[i], err, layer.activation)
+                moves.append((own[i][0], False, moved[0].T, y[0].T))
         head = None if plan.head is None else torch.from_numpy(plan.head.given).float()
         final = y[0].T if head is None else y[0].T @ head
         for i, (what, err) in own.items():
