@@ -1096,6 +1096,42 @@ def test_an_input_changed_during_the_run_leaves_the_output_incomplete(
     assert zarr.open_group(str(out), mode="r").attrs["tsconv"]["complete"]
 
 
+@pytest.mark.parametrize("output", ["out.zarr", "kept.zarr", "out.parquet"])
+def test_an_input_replaced_between_its_opening_and_its_digest_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """`ingest --overwrite` of the input landing after the run opened it (its features, rows and chunks read)
+    but before the digest was taken: the output was marked complete, every column the new store's values
+    under the old store's names (the digest, of the new files, matched again at the end)."""
+    import os
+
+    import tsconv.engine.outputs as outputs
+
+    x, t = ticks(1000, 4, seed=5)
+    src = make_input(tmp_path / "in.zarr", x, t, 1000, (500, 4))
+    new = make_input(tmp_path / ".in.zarr.new", x[:, ::-1].copy(), t, 1000, (500, 4))
+    zarr.open_group(str(new), mode="r+").attrs["features"] = ["sz_3", "px_2", "sz_1", "px_0"]
+    out = tmp_path / output
+    if output == "kept.zarr":
+        tsconv.process(src, out, chunk=CHUNK, device="cpu")
+    before = (out / "zarr.json").read_bytes() if output == "kept.zarr" else None
+    digest = outputs.input_digest
+
+    def swapped(store, **kw):  # the other process's renames, at this instant
+        if new.exists():
+            os.replace(src, tmp_path / ".in.zarr.old")
+            os.replace(new, src)
+        return digest(store, **kw)
+
+    monkeypatch.setattr(outputs, "input_digest", swapped)
+    with pytest.raises(tsconv.TsconvError, match="was replaced by another store after this run opened it"):
+        tsconv.process(src, out, chunk=CHUNK, device="cpu", overwrite=output == "kept.zarr")
+    if before is None:
+        assert not out.exists()
+    else:  # --overwrite's old output is kept
+        assert (out / "zarr.json").read_bytes() == before
+
+
 def test_a_datetime64_time_whose_last_chunk_is_partial_is_read_updated_and_guarded(tmp_path: Path) -> None:
     """Every run on a store whose time array is datetime64 with rows not a multiple of its chunk failed with
     a traceback (its last rows' hash asked numpy for a buffer datetime64 does not give)."""

@@ -211,15 +211,18 @@ def to_zarr(
         fill_carry = FillCarry()
         tail: InputTail | None = None  # input rows kept with the output by the run before (an update's)
         compute = start
-        if action == "create":
-            if update:
-                check_time(store)
+        if action == "create" and update:
+            check_time(store)
+        if action in ("create", "replace"):
             digest = input_digest(store)
-        elif action == "replace":
-            digest = input_digest(store)
+        # The files at the input's path now (the digest's; a resume's or update's is checked against the one
+        # recorded) must be the store's whose features, rows and chunks the run was planned from: a store renamed
+        # onto the path since it was opened gave an output of its rows under the old one's names.
+        store.check_unreplaced()
+        if action == "replace":
             # the old store's files go in a thread beside the run, which the lock outlasts
             pending.callback(discard_output(out_path, background=True))
-        else:  # output rows [0, n) come from input rows [0, r0 + n)
+        elif action != "create":  # output rows [0, n) come from input rows [0, r0 + n)
             before = r0 + rows_written(out_path)
             fill_carry.known = _fill_known(out_path, plan, before=before)
             if update and dask is None and not store.remote:
@@ -660,6 +663,7 @@ def to_parquet(
         remove_stale_temp_files(target)
         check_parquet_output(resolved, store.root, overwrite=overwrite, resume=False, name=named)
         digest = input_digest(store)  # the rows read must still be these when the file takes its name
+        store.check_unreplaced()  # and be the store's whose features and rows the run was planned from
         meta = {
             "source": str(store.path),
             "features": list(plan.output_names),

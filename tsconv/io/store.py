@@ -66,6 +66,9 @@ class InputStore:
     values: zarr.Array
     time: TimeColumn | None  # int64 ns since the epoch (UTC), decoded from the stored array on each read
     features: tuple[str, ...]
+    # (st_dev, st_ino) of the local store's directory as opened: tells the store apart from another renamed
+    # onto its path since (``tsconv ingest --overwrite``); None at a URL
+    identity: tuple[int, int] | None = None
 
     @property
     def remote(self) -> bool:
@@ -86,6 +89,18 @@ class InputStore:
     @property
     def n_features(self) -> int:
         return int(self.values.shape[1])
+
+    def check_unreplaced(self) -> None:
+        """Raise :class:`~tsconv.errors.StoreError` when another store took this one's path since it was
+        opened: its features, rows and chunks were read from this one, while its files (a digest, the rows)
+        would be read from the other."""
+        if self.identity is not None and _identity(self.path) != self.identity:
+            raise StoreError(
+                f"the input {str(self.path)!r} was replaced by another store after this run opened it (written "
+                "again meanwhile, e.g. by `tsconv ingest --overwrite`): its features and rows were read from the "
+                "store that was there; nothing was computed",
+                hint="run again once the input is settled.",
+            )
 
     @property
     def chunk_rows(self) -> int:
@@ -224,6 +239,7 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
     """
     p = location(path)
     p = p.resolve() if isinstance(p, Path) else p
+    identity = _identity(p)  # before its metadata is read: a store replaced in between is told apart later
     node = _open_node(p)
     where = str(p)
     meta = node.attrs.get("tsconv") if isinstance(node, zarr.Group) else None
@@ -252,7 +268,7 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
                 TsconvWarning,
                 stacklevel=2,
             )
-        return InputStore(path=p, values=node, time=None, features=names)
+        return InputStore(path=p, values=node, time=None, features=names, identity=identity)
     try:
         arrays = dict(node.arrays())
     except (ValueError, TypeError) as exc:  # an array's metadata document damaged (JSON, shape, chunks)
@@ -325,7 +341,18 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
             f"{where}: feature names repeat ({describe_repeats(names, dups)})",
             hint="give every feature a distinct name (the 'features' attribute or the feature coordinate).",
         )
-    return InputStore(path=p, values=values, time=time, features=names)
+    return InputStore(path=p, values=values, time=time, features=names, identity=identity)
+
+
+def _identity(path: Path | StoreURL) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of a local store's directory; None at a URL or where there is none."""
+    if not isinstance(path, Path):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def interrupted_append(attrs: Any) -> int | None:
