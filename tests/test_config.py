@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import re
 import threading
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -108,6 +110,20 @@ def test_nothing_but_config_reads_the_environment():
     # the dask client starts GPU workers with CUDA_VISIBLE_DEVICES set: writing a child's environment is
     # not reading settings
     assert found == {}, f"environment reads outside tsconv/config.py: {found}"
+
+
+def test_every_tsconv_variable_the_code_and_docs_name_is_a_setting():
+    """An error's hint said TSCONV_GPU_DECODE=0 decodes on the CPU: that variable was removed (--decode cpu
+    took its place), so following the advice changed nothing, silently."""
+    known = {f.metadata["env"] for f in fields(config.Settings)}
+    texts = [*sorted(ROOT.rglob("*.py")), README, ROOT.parent / "pipelines" / "README.md"]
+    named = {
+        (str(p.relative_to(ROOT.parent)), name)
+        for p in texts
+        for name in re.findall(r"\bTSCONV_[A-Z0-9_]+", p.read_text())
+        if name not in known
+    }
+    assert named == set(), f"TSCONV_ variables named but not settings: {sorted(named)}"
 
 
 def test_the_readme_settings_table_is_generated_from_the_dataclass():

@@ -356,7 +356,7 @@ class GpuBandReader(DeviceBandReader):
         return StoreError(
             f"cannot read rows {a:,}..{a + self._band_len(b):,} of {self.where}: {why}",
             hint="the store may be damaged or truncated; check it with `tsconv inspect`. "
-            "TSCONV_GPU_DECODE=0 decodes on the CPU instead.",
+            "--decode cpu (decode='cpu') decodes on the CPU instead.",
         )
 
     def _schedule(self, g: int, *, wait: bool = True) -> bool:
