@@ -152,11 +152,26 @@ def test_the_public_api():
 def test_a_lock_ttl_below_one_second_is_refused():
     # TSCONV_LOCK_TTL=0 renewed an object-store lock in a busy loop (wait(ttl / 4)) and let a second
     # writer take over the live lock
-    with pytest.raises(TsconvError, match="TSCONV_LOCK_TTL must be a whole number >= 1, got '0'"):
+    with pytest.raises(TsconvError, match="TSCONV_LOCK_TTL must be a whole number from 1 to 604800, got '0'"):
         config.from_env({"TSCONV_LOCK_TTL": "0"})
     with (
         pytest.raises(TsconvError, match="setting lock_ttl must be int >= 1, got 0"),
         config.override(lock_ttl=0),
+    ):
+        pass
+
+
+def test_a_lock_ttl_beyond_a_week_is_refused():
+    # TSCONV_LOCK_TTL=100000000000 was taken: the object-store lock's renewal thread died on its first wait
+    # (OverflowError: wait(ttl / 4) past threading.TIMEOUT_MAX), a traceback in the middle of the run
+    with pytest.raises(
+        TsconvError, match="TSCONV_LOCK_TTL must be a whole number from 1 to 604800, got '1000"
+    ):
+        config.from_env({"TSCONV_LOCK_TTL": "100000000000"})
+    assert config.from_env({"TSCONV_LOCK_TTL": "604800"}).lock_ttl == 604_800
+    with (
+        pytest.raises(TsconvError, match="setting lock_ttl must be int <= 604800, got 100000000000"),
+        config.override(lock_ttl=10**11),
     ):
         pass
     assert config.from_env({"TSCONV_LOCK_TTL": "1"}).lock_ttl == 1

@@ -43,8 +43,15 @@ ENGINES = ("auto", "chunked", "batched")
 HUGE_PAGES = ("auto", "on", "off")
 
 
-def _setting(env: str, doc: str, default: Any, *, choices: tuple[str, ...] | None = None, shown: str | None = None, minimum: int = 0) -> Any:  # fmt: skip
-    meta = {"env": env, "doc": doc, "choices": choices, "shown": shown, "minimum": minimum}
+def _setting(env: str, doc: str, default: Any, *, choices: tuple[str, ...] | None = None, shown: str | None = None, minimum: int = 0, maximum: int | None = None) -> Any:  # fmt: skip
+    meta = {
+        "env": env,
+        "doc": doc,
+        "choices": choices,
+        "shown": shown,
+        "minimum": minimum,
+        "maximum": maximum,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -127,9 +134,10 @@ class Settings:
     lock_ttl: int = _setting(
         "TSCONV_LOCK_TTL",
         "seconds after which an object-store output's lock that its run stopped renewing (a killed run) may be "
-        "taken over; renewed every quarter of it; at least 1",
+        "taken over; renewed every quarter of it; 1 to 604800 (a week)",
         60,
         minimum=1,  # 0 renewed the lock in a busy loop and let a second writer take a live lock
+        maximum=604_800,  # 1e11 overflowed the renewal thread's wait (a traceback, no renewals)
     )
     huge_pages: str = _setting(
         "TSCONV_HUGE_PAGES",
@@ -165,10 +173,11 @@ def _parse(f: dataclasses.Field, text: str) -> Any:
             n = int(value)
         except ValueError:
             n = -1
-        if n < f.metadata["minimum"]:
+        low, high = f.metadata["minimum"], f.metadata["maximum"]
+        if n < low or (high is not None and n > high):
+            allowed = f">= {low}" if high is None else f"from {low} to {high}"
             raise TsconvError(
-                f"{env} must be a whole number >= {f.metadata['minimum']}, got {text!r}",
-                hint="unset it for the default.",
+                f"{env} must be a whole number {allowed}, got {text!r}", hint="unset it for the default."
             )
         return n
     if kind.startswith("Path"):
@@ -229,14 +238,17 @@ def override(**changes: Any) -> Iterator[Settings]:
             raise TsconvError(f"unknown setting {name!r}", hint=f"settings are: {', '.join(known)}.")
         kind = f.type.split(" ")[0] if isinstance(f.type, str) else f.type.__name__
         if value is not None or "None" not in str(f.type):
+            high = f.metadata["maximum"]
             low = kind == "int" and _CHECKS[kind](value) and value < f.metadata["minimum"]
+            over = kind == "int" and _CHECKS[kind](value) and high is not None and value > high
             if (
                 not _CHECKS[kind](value)
                 or low
+                or over
                 or (f.metadata["choices"] and value not in f.metadata["choices"])
             ):
                 allowed = ", ".join(f.metadata["choices"]) if f.metadata["choices"] else kind
-                allowed += f" >= {f.metadata['minimum']}" if low else ""
+                allowed += f" >= {f.metadata['minimum']}" if low else f" <= {high}" if over else ""
                 raise TsconvError(f"setting {name} must be {allowed}, got {value!r}")
         checked[name] = Path(value).expanduser() if kind == "Path" and value is not None else value
     with _lock:
