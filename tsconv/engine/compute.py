@@ -94,10 +94,12 @@ def _conv_layer(
 # to the output's scale: 1.8e-2 with one level per chunk, 1.5e-3 / 1.0e-3 / 6.9e-4 / 5.2e-4 with blocks
 # of 64 / 32 / 16 / 8 rows (float32 weights: 1.4e-5 per chunk, 4.8e-7 in blocks).
 _CPU_BLOCK = 16
-# Samples of x a CPU block's level is the median of: the block's first output step and the steps just before it.
-# Five, so that two bad prints in a row among them are never the level (of three, two were: every output of that
-# block whose window did not hold them lost up to 60% of its scale).
-_CPU_LEVEL_SAMPLES = 5
+# Samples of x a block's level is the median of: the block's first output step and the steps just before it, on
+# the CPU as in the Triton kernels (common.level). Five, so that two bad prints in a row among them are never the
+# level (of three, two were: every output of that block whose window did not hold them lost up to 60% of its
+# scale; the dense kernels read one, and one print of 1e8 there put that block's outputs hundreds of times their
+# scale off).
+_LEVEL_SAMPLES = 5
 
 
 def _conv_recentered(
@@ -136,7 +138,7 @@ def _conv_recentered(
     # before the chunk): clamped to row 0, it counted that row twice, and one bad print there (a chunk's halo of
     # one row) was the block's level; taken as the block's own step, two prints in a row across a chunk's edge
     # (its last row and the next one's first) were too
-    picks = torch.stack([rows - k for k in range(_CPU_LEVEL_SAMPLES)])
+    picks = torch.stack([rows - k for k in range(_LEVEL_SAMPLES)])
     before = picks < 0
     picks = picks.clamp(min=min(recenter_from, L - 1), max=L - 1)
     samples = x[0][:, picks]  # [C, samples, nb]
@@ -311,15 +313,18 @@ class Backend:
 
         The re-centred first stage works in blocks counted from the call's first row: the start is on the
         chunk's block grid, at most halo + block - 1 rows before ``row``. A re-centring
-        block's level reads steps before it (two in the Triton kernels, four on the CPU), so with a first stage
-        of a shorter halo the call starts one block earlier (the block holding ``row`` then has them; the
+        block's level reads the four steps before it, so with a first stage of a shorter halo the call starts
+        one block earlier (the block holding ``row`` then has them; the
         earlier one's outputs are dropped).
         """
         a = self._alignment()
         start = chunk_row + (row - self.halo - chunk_row) // a * a
-        reach = 2 if self.triton else _CPU_LEVEL_SAMPLES - 1
-        if self.recenter_first and self.layers[0].halo < reach and start > chunk_row:
-            start -= a
+        if self.recenter_first:
+            # the rows a block's level reads before its first output step: the Triton kernels step by the
+            # dilation, the CPU's blocks by one row
+            reach = (_LEVEL_SAMPLES - 1) * (self.layers[0].dilation if self.triton else 1)
+            if (short := reach - self.layers[0].halo) > 0:
+                start = max(chunk_row, start - -(-short // a) * a)
         return start
 
     def _alignment(self) -> int:

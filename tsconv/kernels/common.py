@@ -209,31 +209,39 @@ def grouped(pid, n_rows, n_cols, GROUP: tl.constexpr):
 
 
 @triton.jit
+def _level_sample(row0_ptrs, row, j, lv_min, dilation, stride_t, L_in, mask):
+    """x at ``row - j * d`` for :func:`level`, 0 where not finite; a row before row 0 is ``row`` itself."""
+    r = tl.maximum(tl.where(row - j * dilation >= 0, row - j * dilation, row), lv_min)
+    v = tl.load(row0_ptrs + r * stride_t, mask=mask & (r < L_in), other=0.0).to(tl.float32)
+    return tl.where(tl.abs(v) < float("inf"), v, 0.0)
+
+
+@triton.jit
 def level(row0_ptrs, row, lv_min, dilation, stride_t, L_in, mask, SAMPLES: tl.constexpr):
     """The re-centering level of a block of outputs (``recenter=True``).
 
     ``row`` is the input row of the last tap of the block's first output (in "causal" padding that output's
-    own step): the latest row no later than any of the block's outputs, so re-centering stays causal. With
-    SAMPLES = 3 the level is the median of x at ``row``, ``row - d`` and ``row - 2d`` (d the dilation), so
-    one spike (a volume print) is not taken for the level; SAMPLES = 1 reads ``row`` only (the dense
-    kernels, where each extra read is one more load per pipelined step). Rows before ``lv_min`` are
-    the caller's zero history (the engine's first step; ``conv1d(recenter_from=)``): samples there move to
-    ``lv_min``, the first row of data (outputs whose own step is before it are the history's, which the
-    engine discards). A sample that is not finite counts as 0, so NaN and inf still reach exactly the
-    outputs whose taps read them. ``row0_ptrs`` point at input row 0.
+    own step): the latest row no later than any of the block's outputs, so re-centering stays causal. The
+    level is the median of x at ``row``, ``row - d``, ..., ``row - (SAMPLES - 1) d`` (d the dilation; SAMPLES
+    1, 3 or 5; every kernel takes 5), so two bad prints in a row are never taken for the level: a block whose
+    level is a print of 1e8 computes every output it holds as conv(x - 1e8), off by hundreds of times the
+    outputs' scale. A sample before row 0 is ``row`` itself (clamped to row 0 it counted that row again).
+    Rows before ``lv_min`` are the caller's zero history (the engine's first step;
+    ``conv1d(recenter_from=)``): samples there move to ``lv_min``, the first row of data (outputs whose own
+    step is before it are the history's, which the engine discards). A sample that is not finite counts as
+    0, so NaN and inf still reach exactly the outputs whose taps read them. ``row0_ptrs`` point at input row 0.
     """
-    r = tl.maximum(row, lv_min)
-    v = tl.load(row0_ptrs + r * stride_t, mask=mask & (r < L_in), other=0.0).to(tl.float32)
-    v = tl.where(tl.abs(v) < float("inf"), v, 0.0)
-    if SAMPLES == 3:
-        # a sample before row 0 is ``row`` itself: clamped to row 0 it counted that row twice, and one bad
-        # print there (a step's halo of one row) was the block's level
-        r1 = tl.maximum(tl.where(row - dilation >= 0, row - dilation, row), lv_min)
-        v1 = tl.load(row0_ptrs + r1 * stride_t, mask=mask & (r1 < L_in), other=0.0).to(tl.float32)
-        v1 = tl.where(tl.abs(v1) < float("inf"), v1, 0.0)
-        r2 = tl.maximum(tl.where(row - 2 * dilation >= 0, row - 2 * dilation, row), lv_min)
-        v2 = tl.load(row0_ptrs + r2 * stride_t, mask=mask & (r2 < L_in), other=0.0).to(tl.float32)
-        v2 = tl.where(tl.abs(v2) < float("inf"), v2, 0.0)
+    v = _level_sample(row0_ptrs, row, 0, lv_min, dilation, stride_t, L_in, mask)
+    if SAMPLES >= 3:
+        v1 = _level_sample(row0_ptrs, row, 1, lv_min, dilation, stride_t, L_in, mask)
+        v2 = _level_sample(row0_ptrs, row, 2, lv_min, dilation, stride_t, L_in, mask)
+        if SAMPLES == 5:
+            v3 = _level_sample(row0_ptrs, row, 3, lv_min, dilation, stride_t, L_in, mask)
+            v4 = _level_sample(row0_ptrs, row, 4, lv_min, dilation, stride_t, L_in, mask)
+            # median of five: the median of v4 and the middle pair of (v, v1) and (v2, v3)
+            lo = tl.maximum(tl.minimum(v, v1), tl.minimum(v2, v3))
+            hi = tl.minimum(tl.maximum(v, v1), tl.maximum(v2, v3))
+            v, v1, v2 = v4, lo, hi
         v = tl.maximum(tl.minimum(v, v1), tl.minimum(tl.maximum(v, v1), v2))
     return v
 

@@ -207,7 +207,7 @@ def _conv1d_head_kernel(
             if PREC == 0:
                 a = a.to(tl.float32)
                 if RECENTER:
-                    lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
+                    lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 5)
                     a = a - lv[None, :]
                 acc = dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
             elif PREC == 1:  # float32 x was rounded to TF32 by the launcher's pre-pass (see conv1d)
@@ -219,7 +219,7 @@ def _conv1d_head_kernel(
             addback = tl.full((BLOCK_O,), 0.0, tl.float64)
             for c0 in range(0, C, BLOCK_C):
                 c_ok = offs_c < C - c0
-                lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 1)
+                lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 5)
                 s_ptrs = s_ptr + offs_o[None, :].to(tl.int64) * C + (c0 + offs_c)[:, None]
                 sums = tl.load(s_ptrs, mask=c_ok[:, None] & o_mask[None, :], other=0.0)
                 addback += tl.sum(sums * lv.to(tl.float64)[:, None], axis=0)

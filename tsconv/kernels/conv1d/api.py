@@ -11,7 +11,7 @@ float32 registers (:mod:`tsconv.kernels.conv1d.direct`), and for one input chann
 banks) the generated register-window kernels come first (:mod:`tsconv.kernels.conv1d.window`).
 
 ``recenter=True`` (every kernel but the TMA one, "fp32"): each program subtracts a per-channel level read at
-its first output step (``common.level``: the median of three taps in the depthwise kernels) from the x it
+its first output step (``common.level``: the median of x there and at the four taps before it) from the x it
 loads and adds ``level * tap sum`` back in float64 before the bias, so on raw levels the rounding scales with
 the moves a block sees, not with the level or its drift (the engine's first stage; benchmarks/NOTES.md,
 "Precision").
@@ -98,8 +98,8 @@ def conv1d(
             allocated time-major when ``x`` is a time-major view (channel stride 1) and contiguous otherwise.
         recenter: for raw levels (prices) through zero-sum or near-zero-sum filters, with "fp32": each block
             of outputs computes ``conv(x - v) + v * (sum of taps)`` with ``v`` a level of the channel read at
-            the block's first output step (the median of that step and the two taps before it for depthwise
-            and few-channel convs, that step alone for dense ones; causal, and skipped where not finite), so
+            the block's first output step (the median of that step and the four taps before it, so two bad
+            prints in a row are never the level; causal, and samples not finite count as 0), so
             the float32 rounding scales with the moves within a block's reach instead of with the level or
             its drift. 3-19% more time on the H200 (benchmarks/NOTES.md, "Per-block recentering"); the Triton kernels
             only (the torch path on CPU tensors computes as ``F.conv1d``).

@@ -146,7 +146,7 @@ def _conv1d_direct_kernel(
     k_main = K - K % UNROLL
     for ci in range(0, CG):
         if RECENTER:
-            lv1 = level(lv_ptrs, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, 3)
+            lv1 = level(lv_ptrs, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, 5)
             lv = lv1[None, :, None]
             # the level times each filter's tap sum (float64 [O, CG]), added back before the bias
             s = tl.load(s_ptr + o * CG + ci, mask=gm_mask, other=0.0)
@@ -324,7 +324,7 @@ def _conv1d_bank_kernel(
                     stride_xt,
                     L_in,
                     g_mask[None, :, None],
-                    3,
+                    5,
                 )
             if (t0 >= pad) & (t0 + BLOCK_T <= interior_end):
                 acc = _bank_taps(

@@ -97,11 +97,11 @@ def source(rows: int, filters: int, taps: int) -> tuple[str, str]:
     add("    t_in = t0 - pad  # x row of window index 0")
     add("    x_rows = x_ptr + n.to(tl.int64) * stride_xn + offs_g * stride_xc + t_in * stride_xt")
     add("    w_rows = w_ptr + pid_g.to(tl.int64) * stride_wg + tl.arange(0, BLOCK_G)")
-    # recenter: the thread's level comes from its first output's last taps (window index K - 1 and the two
+    # recenter: the thread's level comes from its first output's last taps (window index K - 1 and the four
     # before it); see common.level
     add("    if RECENTER:")
     add(f"        t_lvl = t_in + (n_kstep * {KB} + TAIL - 1) * dilation")
-    add("        lv = level(x_rows - t_in * stride_xt, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, 3)")
+    add("        lv = level(x_rows - t_in * stride_xt, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, 5)")
     # the first R - 1 window values
     for j in range(R - 1):
         add(
