@@ -672,3 +672,24 @@ def test_the_tasks_fp16_warnings_reach_the_client_once_a_stage(client, src: Path
                        partition_rows=PART)  # fmt: skip
     fp16 = [str(w.message) for w in caught if "storing its weights as float16" in str(w.message)]
     assert len(fp16) == 1 and "[[conv]] #2" in fp16[0], fp16
+
+
+def test_a_tasks_warning_of_int64_beyond_2_53_reaches_the_client_once(client, tmp_path: Path) -> None:
+    """A CPU run warns where int64 rows hold values beyond 2^53 (float64 rounds them); a task gave that warning
+    in its worker's log only (the client, e.g. `--scheduler`, said nothing, exit 0). The client now gives it
+    once, as a single process does, from the task of the first rows holding such values."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    x = np.cumsum(rng.integers(-3, 4, size=(3000, 3)), axis=0).astype(np.int64) + 1000
+    x[2000:, 1] += 1_767_346_200_000_000_000  # nanosecond timestamps as a feature, from row 2,000 on
+    src = write_store(tmp_path / "int.zarr", x, chunks=(500, 3))
+    with pytest.warns(tsconv.TsconvWarning, match="beyond 2") as single:
+        tsconv.process(src, tmp_path / "s.zarr", chunk=CHUNK, device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tsconv.process(src, tmp_path / "d.zarr", chunk=CHUNK, device="cpu", client=client, partition_rows=500)
+    wide = [str(w.message) for w in caught if "beyond 2^53" in str(w.message)]
+    assert len(wide) == 1 and "'x1'" in wide[0], wide
+    assert wide[0] == next(str(w.message) for w in single if "beyond 2^53" in str(w.message))
+    assert read_output(tmp_path / "d.zarr").tobytes() == read_output(tmp_path / "s.zarr").tobytes()

@@ -40,6 +40,7 @@ def run_chunked(
     emit_copies: bool = False,
     reserve: Callable[[int], np.ndarray | None] | None = None,
     read_float64: bool = True,
+    read_notes: list[str] | None = None,
 ) -> None:
     """Compute rows [start, stop) (default: to T) chunk by chunk (or several chunks a call, where that gives
     the same bits: :func:`_chunks_per_call`) and hand each result block to ``emit`` in order.
@@ -49,7 +50,8 @@ def run_chunked(
     ``reserve``: the sink's :meth:`~tsconv.io.contracts.Sink.reserve`, where such a chunk is computed in place
     when the sink has room for it (``features()``'s result: no copy at all). ``read_float64``: an input float32
     does not hold is read as float64 where the backend takes it (else as float32, as an output's earlier
-    rows were).
+    rows were). ``read_notes``: where given, the wide-integer check's warning is appended there instead of
+    given (:class:`tsconv.io.precision.WideIntegerCheck`).
 
     ``source`` holds all the features the plan was resolved against; ``[preprocess]`` selection is applied
     here, and its transform and z-score in the backend.
@@ -86,7 +88,9 @@ def run_chunked(
     into: torch.Tensor | None = None
     unread = torch.zeros(nf, dtype=torch.float32, device=backend.device)  # the level of a run that reads none
     rounding = Float32Check(plan.input_names)
-    wide_ints = WideIntegerCheck(plan.input_names)  # int64 beyond 2^53, which the float64 read rounds
+    wide_ints = WideIntegerCheck(
+        plan.input_names, notes=read_notes
+    )  # int64 beyond 2^53, which the float64 read rounds
     step = chunk * _chunks_per_call(backend, chunk)
     in_place = emit_copies and device.type == "cpu" and backend.out_width is not None
     s = start

@@ -204,7 +204,9 @@ def run_partition(
             carry.first = np.asarray(first, dtype=np.int64)
         t1 = time.perf_counter()
         notes: list[tuple[str, float, str]] = []
-        stages = run(rp, source, plan, writer, threads=threads, fill_carry=carry, storage_notes=notes)
+        read_notes: list[str] = []
+        stages = run(rp, source, plan, writer, threads=threads, fill_carry=carry, storage_notes=notes,
+                     read_notes=read_notes)  # fmt: skip
         t2 = time.perf_counter()
     cuda_dev = dev.type == "cuda"
     return {
@@ -230,6 +232,7 @@ def run_partition(
         "peak_gpu_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)) if cuda_dev else None,
         "fill_end": fill_record(*carry.end) if carry.end is not None and stop >= store.rows else None,
         "storage_notes": notes,
+        "read_notes": read_notes,
     }
 
 
@@ -242,6 +245,15 @@ def _warn_once_a_stage(notes: list[tuple[str, float, str]]) -> None:
             worst[stage] = (move, message)
     for _, message in worst.values():
         warnings.warn(message, TsconvWarning, stacklevel=3)
+
+
+def _warn_first_read_note(results: list[dict[str, Any]]) -> None:
+    """The tasks' read warnings (int64 beyond 2^53), once: the one of the task of the first rows that gave one,
+    as a single process gives it at its first read of such values (in a task it stayed in the worker's log)."""
+    for res in sorted(results, key=lambda r: r["start"]):
+        if res.get("read_notes"):
+            warnings.warn(res["read_notes"][0], TsconvWarning, stacklevel=3)
+            return
 
 
 def _uses_gpu(device: str) -> bool:
@@ -571,6 +583,7 @@ def run_distributed(
             cluster.close()
 
     _warn_once_a_stage([n for r in results for n in r.get("storage_notes", ())])
+    _warn_first_read_note(results)
     computed = sum(r["stop"] - r["start"] for r in results)
     stage_seconds = None
     if (

@@ -311,6 +311,7 @@ def run(
     fill_carry: FillCarry | None = None,
     before_finish: Callable[[BandReader], None] | None = None,
     storage_notes: list[tuple[str, float, str]] | None = None,
+    read_notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """Compute the planned rows of ``source`` through ``plan`` into ``sink``, then finish the sink.
 
@@ -320,7 +321,8 @@ def run(
     run, the one at its end (:class:`tsconv.engine.fill.FillCarry`). ``before_finish``: called with the reader
     (still open) once the rows are computed, before the sink is finished (a zarr output marked complete).
     ``storage_notes``: where given, the FP16-storage check's warnings are appended there as (stage, move,
-    message) instead of given (a dask task's, which the client gives once).
+    message) instead of given (a dask task's, which the client gives once); ``read_notes``: likewise the
+    CPU read's warning of int64 values beyond 2^53, as its message.
     """
     from tsconv.progress import progress_bar
 
@@ -356,7 +358,7 @@ def run(
                 stages["gpu_encoded"] = times.gpu_encoded
         else:
             run_chunked(reader, plan, backend, sink.append, start=rp.start, stop=rp.stop, chunk=rp.chunk,
-                        read_float64=rp.read_float64,
+                        read_float64=rp.read_float64, read_notes=read_notes,
                         warmup=rp.warmup, on_rows=bar.update, fill_carry=fill_carry, emit_copies=True, reserve=sink.reserve)  # fmt: skip
         backend.finish()
         if before_finish is not None:

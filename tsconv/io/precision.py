@@ -187,10 +187,13 @@ _FLOAT64_EXACT = 2**53
 class WideIntegerCheck:
     """Warns once, from the caller's thread, where int64 or uint64 rows hold values beyond 2^53, which the CPU's
     float64 read rounds (nanosecond timestamps as a feature: differences of 100 and 150 came out as 0 and 256).
-    Every read of such a dtype is checked until it warns: its minimum and maximum, without a copy."""
+    Every read of such a dtype is checked until it warns: its minimum and maximum, without a copy. ``notes``:
+    where given, the warning's message is appended there instead of given (a dask task's, which the client
+    gives)."""
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], *, notes: list[str] | None = None) -> None:
         self.names = tuple(names)
+        self.notes = notes
         self.warned = False
 
     def see(self, rows: np.ndarray) -> None:
@@ -226,11 +229,13 @@ class WideIntegerCheck:
 
     def _warn(self, name: str, value: int, count: int) -> None:
         self.warned = True
-        warnings.warn(
+        message = (
             f"feature {name!r} holds integers beyond 2^53 (e.g. {value:,}), which float64 rounds to a "
             f"multiple of {int(np.spacing(np.float64(abs(value)))):,}: its differences and deviations lose "
             f"those low digits ({count} feature(s) like it); subtract a reference value (e.g. the first) before "
-            "storing them, or store them as float64 if that rounding is acceptable",
-            TsconvWarning,
-            stacklevel=4,
+            "storing them, or store them as float64 if that rounding is acceptable"
         )
+        if self.notes is not None:
+            self.notes.append(message)
+        else:
+            warnings.warn(message, TsconvWarning, stacklevel=4)
