@@ -159,6 +159,56 @@ def test_the_only_worker_killed_is_replaced_and_its_lost_tasks_sent_again(
     _same(want["dilated"], out)
 
 
+_KILLING_CLUSTER = """
+import os, sys, time, distributed
+
+class KillAlways(distributed.WorkerPlugin):
+    # kill the worker whenever it starts partition 0's task (one that needs more memory than a worker has)
+    def transition(self, key, start, finish, **kwargs):
+        if finish == "executing" and str(key).startswith("tsconv-0-"):
+            os._exit(1)
+
+if __name__ == "__main__":
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    distributed.Client(cluster).register_plugin(KillAlways())
+    print(cluster.scheduler_address, flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.slow  # a cluster whose workers die dozens of times: about a minute on 2 cores
+def test_a_partition_that_kills_every_worker_ends_in_one_error_not_a_hang(src: Path, tmp_path: Path) -> None:
+    # The plan was scattered under a key hashed from its content, the same in every attempt: scattered again
+    # after dask had lost it, the scheduler could list it on a worker that had dropped it, and the tasks waited
+    # for it for good (4 runs of 6 hung, the scheduler in a process of its own). Each scatter has a key of its own.
+    import threading
+
+    script = tmp_path / "cluster.py"
+    script.write_text(_KILLING_CLUSTER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=tmp_path)  # fmt: skip
+    try:
+        address = proc.stdout.readline().strip()
+        for attempt in range(3):
+            failed: list[BaseException] = []
+
+            def go(out: Path = tmp_path / f"o{attempt}.zarr", failed: list[BaseException] = failed) -> None:
+                try:
+                    tsconv.process(src, out, chunk=CHUNK, client=address, partition_rows=PART, progress=False)
+                except BaseException as exc:  # noqa: BLE001 - checked below
+                    failed.append(exc)
+
+            thread = threading.Thread(target=go, daemon=True)
+            thread.start()
+            thread.join(90)
+            assert not thread.is_alive(), f"run {attempt + 1} hung"
+            # "dask lost the workers ... 3 times", or no worker back in time: one line either way
+            assert len(failed) == 1 and isinstance(failed[0], tsconv.TsconvError), failed
+    finally:
+        proc.stdin.close()
+        proc.wait(60)
+
+
 def test_a_scheduler_without_workers_is_refused_before_the_output_is_made(
     tmp_path: Path, src: Path, monkeypatch
 ) -> None:  # noqa: ANN001

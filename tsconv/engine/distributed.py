@@ -351,9 +351,13 @@ def _wait_for_workers(client: Any) -> None:
 
 
 def _scatter(client: Any, plan: ResolvedPipeline) -> Any:
-    """``plan`` scattered to every worker (a future), or a one-line error where the cluster has none."""
+    """``plan`` scattered to every worker (a future), or a one-line error where the cluster has none.
+
+    Each scatter has a key of its own: under the key hashed from the plan, the same in every attempt, a plan
+    scattered again after dask lost it could be listed on a worker that had dropped it, and the tasks waited
+    for it for good."""
     try:
-        return client.scatter(plan, broadcast=True)
+        return client.scatter(plan, broadcast=True, hash=False)
     except ValueError as exc:  # distributed raises "No valid workers found"
         if "no valid workers" not in str(exc).lower():
             raise
