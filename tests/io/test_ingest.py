@@ -811,7 +811,7 @@ def test_a_kill_while_the_replaced_store_is_deleted_leaves_the_new_one(tmp_path:
     real = shutil.rmtree
 
     def killed(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
-        if str(path).endswith(".old"):  # the replaced store, renamed aside
+        if Path(path).name.startswith(".out.zarr.ingest-"):  # the replaced store, swapped or renamed aside
             next(p for p in Path(path).rglob("*") if p.is_file()).unlink()  # part of it gone, then the kill
             raise KeyboardInterrupt
         return real(path, *args, **kwargs)
@@ -825,6 +825,50 @@ def test_a_kill_while_the_replaced_store_is_deleted_leaves_the_new_one(tmp_path:
     assert tsconv.open_input(out).values.shape == (3, 1)
     ingest(good, tmp_path / "x.zarr")
     ingest(other, out, overwrite=True)  # the next ingest into it removes what the kill left beside it
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _exchange_supported(where: Path) -> bool:
+    from tsconv.io.ingest import _exchange
+
+    a, b = where / ".xa", where / ".xb"
+    a.mkdir(), b.mkdir()
+    try:
+        return _exchange(a, b)
+    finally:
+        a.rmdir(), b.rmdir()
+
+
+_KILL_AT_A_RENAME = """
+import os, sys
+from pathlib import Path
+from tsconv.io.ingest import ingest
+out = Path(sys.argv[2]).absolute()
+real = os.replace
+def replace(src, dst):
+    if Path(src).absolute() == out:  # the old store moved aside, then killed, before the new one is in place
+        real(src, dst)
+        os._exit(9)
+    return real(src, dst)
+os.replace = replace
+ingest(sys.argv[1], out, overwrite=True)
+"""
+
+
+def test_a_kill_while_an_overwrite_puts_the_new_store_in_place_leaves_a_store_there(tmp_path: Path) -> None:
+    # two renames (old aside, new in place): a kill between them left nothing at the output path, and the next
+    # ingest into it deleted the old store and the new one as leftovers
+    if not _exchange_supported(tmp_path):
+        pytest.skip("this filesystem has no renameat2(RENAME_EXCHANGE): the overwrite renames twice here")
+    good = _good(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(good, out)
+    other = write(as_datetime(long_frame(TIMES[10:13], ["q"], drop=0)), tmp_path / "other.parquet")
+    res = subprocess.run([sys.executable, "-c", _KILL_AT_A_RENAME, str(other), str(out)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    values, times, names = read(out)
+    assert names == ["q"] and times.tolist() == TIMES[10:13]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 

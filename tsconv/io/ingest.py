@@ -45,6 +45,7 @@ spill to disk; it would pay off only for many bands of unsorted (or CSV) input.
 from __future__ import annotations
 
 import csv
+import ctypes
 import errno
 import functools
 import glob
@@ -888,11 +889,16 @@ def ingest(
             if (
                 out.exists() or out.is_symlink()
             ):  # only a zarr store gets here (checked above), with overwrite
-                # renamed aside first, then deleted: a kill while deleting it in place left a half-deleted
-                # store at the output path, its attributes still saying complete, and the new one removed as
-                # a leftover by the next ingest
-                os.replace(out, aside)
-            os.replace(tmp, out)
+                if _exchange(tmp, out):  # one step: the output path never lacks a store
+                    aside = tmp
+                else:
+                    # renamed aside first, then deleted: a kill while deleting it in place left a half-deleted
+                    # store at the output path, its attributes still saying complete, and the new one removed
+                    # as a leftover by the next ingest
+                    os.replace(out, aside)
+                    os.replace(tmp, out)
+            else:
+                os.replace(tmp, out)
         except BaseException as exc:
             if (aside.exists() or aside.is_symlink()) and not (out.exists() or out.is_symlink()):
                 os.replace(aside, out)  # interrupted between the two renames: the old store back
@@ -909,6 +915,24 @@ def ingest(
         elif aside.exists():
             shutil.rmtree(aside, ignore_errors=True)  # what is left, the next ingest into it removes
     return _report(times.size, len(names), t0, out, read, len(paths), appended=False)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the entries at ``a`` and ``b`` in one step (Linux's ``renameat2(RENAME_EXCHANGE)``, which Python
+    does not wrap); False where the system or the filesystem cannot, the caller then renaming twice. Two
+    renames leave a moment with nothing at ``b``: an ingest --overwrite killed there left no store at the
+    output path, and the next ingest deleted both the old one and the new one as leftovers."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):  # not on this filesystem
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def _report(rows: int, features: int, t0: float, out: Path, read: int, files: int, *, appended: bool) -> IngestReport:  # fmt: skip
