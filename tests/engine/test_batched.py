@@ -336,6 +336,22 @@ def test_step_rows_follow_the_budget_and_refuse_what_cannot_fit():
         plan_step_rows(plan, budget=parse_bytes(f"{need - 0.02}GB"), outside=parse_bytes("1.15GB"), **kw)
 
 
+def test_a_warm_up_longer_than_a_chunk_is_in_the_budgets_figure():
+    """The refusal's figure was one chunk's (1.08 GB) where a step must also hold the warm-up: at that budget
+    the run was refused again, as a warm-up that does not fit, with no figure (4.01 GB was the least)."""
+    names = tuple(f"x{j}" for j in range(4096))
+    plan = resolve(pipeline_from_dict({"conv": [{"name": "b", "filters": ["ma:5000"]}]}), names)
+    kw = dict(src_features=4096, src_itemsize=4, chunk=1024, transfer="pinned", rows=10**6)
+    for budget in ("300MB", "1.2GB"):
+        with pytest.raises(TsconvError, match="a step of 5120 rows .the warm-up of 4999 steps") as err:
+            plan_step_rows(plan, budget=parse_bytes(budget), **kw)
+        assert "shorten the filters" in err.value.hint and "--chunk" not in err.value.hint
+    need = float(err.value.hint.split("at least ")[1].split("GB")[0])
+    assert plan_step_rows(plan, budget=parse_bytes(f"{need}GB"), **kw) == 5120
+    with pytest.raises(TsconvError, match="does not fit"):  # the hint's figure is the least that fits
+        plan_step_rows(plan, budget=parse_bytes(f"{need - 0.02}GB"), **kw)
+
+
 def test_steps_that_encode_on_the_gpu_hold_whole_output_chunks_and_their_encoder():
     names = tuple(f"x{j}" for j in range(96))
     plan = resolve(

@@ -257,14 +257,22 @@ def plan_step_rows(
         return lo
 
     fit = fitting(avail)
-    if fit < chunk:
-        need = (_FIXED_BYTES + weights + halo_bytes + ring(chunk) + per * chunk) / _ALLOCATED_SHARE
+    # the fewest rows a step holds: one chunk, and the next step's halo (in whole chunks)
+    least = max(chunk, -(-plan.halo // chunk) * chunk)
+    if fit < least:
+        need = (_FIXED_BYTES + weights + halo_bytes + ring(least) + per * least) / _ALLOCATED_SHARE
+        what = (
+            f"one {chunk}-step chunk"
+            if least == chunk
+            else f"a step of {least} rows (the warm-up of {plan.halo} steps, in whole {chunk}-step chunks)"
+        )
         raise TsconvError(
-            f"the pipeline does not fit the GPU memory budget: one {chunk}-step chunk of "
+            f"the pipeline does not fit the GPU memory budget: {what} of "
             f"{len(plan.input_names)} features needs about {need / 1e6:,.0f} MB, the budget is "
             f"{whole / 1e6:,.0f} MB{held}",
-            hint=f"raise --gpu-mem (to at least {math.ceil((need + outside) / 1e7) / 100:.2f}GB), use a smaller --chunk, or "
-            "select fewer features.",
+            hint=f"raise --gpu-mem (to at least {math.ceil((need + outside) / 1e7) / 100:.2f}GB), "
+            + ("use a smaller --chunk" if least == chunk else "shorten the filters")
+            + ", or select fewer features.",
         )
     if encode_rows:  # the encoder's buffers beside the step
         fit = fitting(avail - encoder)
