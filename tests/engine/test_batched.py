@@ -352,6 +352,39 @@ def test_a_warm_up_longer_than_a_chunk_is_in_the_budgets_figure():
         plan_step_rows(plan, budget=parse_bytes(f"{need - 0.02}GB"), **kw)
 
 
+def test_a_series_that_one_step_covers_needs_no_room_for_a_next_steps_warm_up(tmp_path):
+    """Every step was planned to hold the next one's warm-up, also where one step covers every row: 2,000
+    rows through ma:3000 were refused at a budget one 2,048-row step fits ("warm-up of 2999 steps does not
+    fit", no figure)."""
+    pipe = {"conv": [{"name": "b", "filters": ["diff:1", "ma:3000"]}]}
+    plan = resolve(pipeline_from_dict(pipe), tuple(f"x{j}" for j in range(4)))
+    kw = dict(src_features=4, src_itemsize=4, chunk=1024, transfer="pinned")
+
+    def steps(budget: int, rows: int) -> int | None:
+        try:
+            return plan_step_rows(plan, budget=budget, rows=rows, **kw)
+        except TsconvError:
+            return None
+
+    lo, hi = 1, 10**9  # the least budget that plans the 2,000 rows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if steps(mid, 2000) else (mid + 1, hi)
+    assert steps(lo, 2000) == 2048
+    with pytest.raises(TsconvError, match=r"a step of 3072 rows .the warm-up of 2999 steps"):
+        plan_step_rows(plan, budget=lo, rows=10**6, **kw)  # more steps: each holds the next one's warm-up
+    with pytest.raises(TsconvError, match=r"one step of its 2000 rows") as err:
+        plan_step_rows(plan, budget=lo - 1, rows=2000, **kw)
+    assert float(err.value.hint.split("at least ")[1].split("GB")[0]) * 1e9 >= lo
+    x = price_series(2000, 4, seed=3)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(500, 4))
+    b = process_batched(src, tmp_path / "b.zarr", pipeline=pipe, device="cpu", chunk=1024, gpu_mem=lo)
+    assert b.step_rows == 2048
+    tsconv.process(src, tmp_path / "a.zarr", pipeline=pipe, device="cpu", chunk=1024)
+    ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
+    assert np.array_equal(ya.view(np.uint32), yb.view(np.uint32))
+
+
 def test_steps_that_encode_on_the_gpu_hold_whole_output_chunks_and_their_encoder():
     names = tuple(f"x{j}" for j in range(96))
     plan = resolve(

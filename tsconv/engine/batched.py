@@ -257,22 +257,28 @@ def plan_step_rows(
         return lo
 
     fit = fitting(avail)
-    # the fewest rows a step holds: one chunk, and the next step's halo (in whole chunks)
-    least = max(chunk, -(-plan.halo // chunk) * chunk)
+
+    def least_rows(unit: int) -> int:
+        """The fewest rows a step of whole ``unit``-row chunks holds: one chunk, and the next step's halo
+        where there is a next step (rows that one step covers need no room for another's halo)."""
+        return min(max(unit, -(-plan.halo // unit) * unit), -(-max(rows, 1) // unit) * unit)
+
+    least = least_rows(chunk)
     if fit < least:
         need = (_FIXED_BYTES + weights + halo_bytes + ring(least) + per * least) / _ALLOCATED_SHARE
-        what = (
-            f"one {chunk}-step chunk"
-            if least == chunk
-            else f"a step of {least} rows (the warm-up of {plan.halo} steps, in whole {chunk}-step chunks)"
-        )
+        if least == chunk:
+            what, other = f"one {chunk}-step chunk", "use a smaller --chunk"
+        elif least < plan.halo:  # one step for every row, shorter than the warm-up
+            what, other = f"one step of its {rows} rows", "shorten the filters"
+        else:
+            what = f"a step of {least} rows (the warm-up of {plan.halo} steps, in whole {chunk}-step chunks)"
+            other = "shorten the filters"
         raise TsconvError(
             f"the pipeline does not fit the GPU memory budget: {what} of "
             f"{len(plan.input_names)} features needs about {need / 1e6:,.0f} MB, the budget is "
             f"{whole / 1e6:,.0f} MB{held}",
-            hint=f"raise --gpu-mem (to at least {math.ceil((need + outside) / 1e7) / 100:.2f}GB), "
-            + ("use a smaller --chunk" if least == chunk else "shorten the filters")
-            + ", or select fewer features.",
+            hint=f"raise --gpu-mem (to at least {math.ceil((need + outside) / 1e7) / 100:.2f}GB), {other}, "
+            "or select fewer features.",
         )
     if encode_rows:  # the encoder's buffers beside the step
         fit = fitting(avail - encoder)
@@ -286,7 +292,7 @@ def plan_step_rows(
     # below it): the step chosen must fit beside its own ring, not only beside the ring of ``fit`` rows.
     while step > unit and per * step + ring(step) + (encoder if encode_rows else 0) > avail:
         step -= unit
-    step = max(step, -(-plan.halo // unit) * unit)  # a step must hold the next step's halo
+    step = max(step, least_rows(unit))  # a step must hold the next step's halo
     if step > fit:
         raise TsconvError(
             f"the pipeline's warm-up of {plan.halo} steps does not fit the GPU memory budget of "
