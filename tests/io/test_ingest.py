@@ -1196,6 +1196,31 @@ def test_a_csv_header_naming_a_column_twice_is_refused(tmp_path: Path, layout: s
     assert not (tmp_path / "out.zarr").exists()
 
 
+@pytest.mark.parametrize(
+    "names",
+    [
+        pl.Series([{"s": "a", "x": 1}, {"s": "a", "x": 2}]),
+        pl.Series([["a"], ["b"]]),
+        pl.Series([[1, 2], [3, 4]], dtype=pl.Array(pl.Int64, 2)),
+    ],
+    ids=["struct", "list", "array"],
+)
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_a_nested_feature_column_is_refused_naming_its_type(
+    tmp_path: Path, names: pl.Series, suffix: str
+) -> None:
+    # a struct's text became the features' names ('{"a",1}', '{"a",2}'), silently; a list failed the read
+    # with a hint that the file was damaged
+    df = pl.DataFrame({"time": [T0, T0 + SEC], "feature": names, "value": [1.0, 2.0]})
+    src = write(df, tmp_path / f"n{suffix}")
+    with pytest.raises(
+        StoreError, match="feature column 'feature' of .* holds (Struct|List|Array).*, not names"
+    ):
+        ingest(src, tmp_path / "out.zarr")
+    assert not (tmp_path / "out.zarr").exists()
+    assert_refused(cli(src, "-o", tmp_path / "out.zarr"), "not names")
+
+
 @pytest.mark.parametrize("layout", ["wide", "long"])
 def test_a_feature_name_with_a_control_character_is_refused(tmp_path: Path, layout: str) -> None:
     # the store it wrote was refused by process and inspect (a newline or an escape forges terminal lines)

@@ -392,6 +392,15 @@ class _Source:
         if self.layout == "long":
             if self.feature_column not in schema:
                 raise self._missing(self.feature_column, "--feature-column", schema)
+            names = schema[self.feature_column]
+            if names.is_nested() or isinstance(names, pl.Duration):
+                # a struct's text ('{"AAPL",1}') became a feature's name, silently; a list failed the read
+                # with a hint that the file was damaged
+                raise StoreError(
+                    f"feature column {self.feature_column!r} of {str(self.path)!r} holds {names}, not names",
+                    hint="the feature column holds one name per row (strings, categories or integers); name "
+                    "another column with --feature-column, or unnest the column first.",
+                )
             for col in self.value_columns:
                 if col not in schema:
                     raise self._missing(col, "--value-column", schema)
