@@ -1221,6 +1221,28 @@ def test_a_nested_feature_column_is_refused_naming_its_type(
     assert_refused(cli(src, "-o", tmp_path / "out.zarr"), "not names")
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_an_arrow_ipc_stream_is_refused_as_a_stream_not_as_a_damaged_file(
+    tmp_path: Path, compression: str | None
+) -> None:
+    # polars' scan reads the file format only: a stream failed with 'InvalidFooter' and the hint to check
+    # that the file was complete and its suffix right
+    df = long_frame(TIMES, NAMES)
+    src = tmp_path / "s.arrow"
+    df.write_ipc_stream(src, compression=compression or "uncompressed")
+    with pytest.raises(
+        StoreError, match="is an Arrow IPC stream; tsconv reads the Arrow IPC file format"
+    ) as err:
+        ingest(src, tmp_path / "out.zarr")
+    assert "write_ipc(dst)" in (err.value.hint or "")
+    assert not (tmp_path / "out.zarr").exists()
+    # as the hint says, the file format of the same rows is read
+    pl.read_ipc_stream(src).write_ipc(tmp_path / "f.arrow")
+    ingest(tmp_path / "f.arrow", tmp_path / "out.zarr", dtype="float64")
+    values, _, names = read(tmp_path / "out.zarr")
+    np.testing.assert_array_equal(values, dense(df, names)[0])
+
+
 @pytest.mark.parametrize("layout", ["wide", "long"])
 def test_a_feature_name_with_a_control_character_is_refused(tmp_path: Path, layout: str) -> None:
     # the store it wrote was refused by process and inspect (a newline or an escape forges terminal lines)

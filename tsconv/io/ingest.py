@@ -293,6 +293,7 @@ class _Source:
         return lf.filter(~pl.all_horizontal(pl.all().is_null()))
 
     def _schema(self) -> dict[str, pl.DataType]:
+        self._refuse_ipc_stream()
         self._refuse_unreadable_zone()
         try:
             return dict(self._scan().collect_schema())
@@ -317,6 +318,32 @@ class _Source:
     def _pandas_index(self) -> list[str]:
         """The columns pandas' metadata declares as the frame's index (:func:`pandas_index_columns`)."""
         return pandas_index_columns(self._arrow_schema())
+
+    def _refuse_ipc_stream(self) -> None:
+        """Refuse an Arrow IPC stream (pa.ipc.new_stream, polars' write_ipc_stream), which polars' scan does not
+        read: it failed with 'InvalidFooter' and a hint that the file was incomplete or misnamed."""
+        if self.fmt != "ipc":
+            return
+        try:
+            with open(self.path, "rb") as f:
+                magic = f.read(6)
+        except OSError:
+            return  # polars' read says why
+        if not magic or magic == b"ARROW1":
+            return
+        import pyarrow as pa
+
+        try:
+            with pa.memory_map(str(self.path)) as f:
+                pa.ipc.open_stream(f).schema  # noqa: B018 - reads the stream's schema message only
+        except Exception:  # noqa: BLE001 - not a stream either: polars' read says why
+            return
+        raise StoreError(
+            f"input file {str(self.path)!r} is an Arrow IPC stream; tsconv reads the Arrow IPC file format "
+            "(the one with a footer: pa.ipc.new_file, polars' write_ipc)",
+            hint="write the file again in the file format (pyarrow: batches read with pa.ipc.open_stream written "
+            "with pa.ipc.new_file; polars: pl.read_ipc_stream(src).write_ipc(dst)).",
+        )
 
     def _refuse_unreadable_zone(self) -> None:
         """Refuse a Parquet or Arrow time column whose time zone polars cannot parse ("+05:30", as pandas
