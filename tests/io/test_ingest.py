@@ -1244,6 +1244,42 @@ def test_an_arrow_ipc_stream_is_refused_as_a_stream_not_as_a_damaged_file(
 
 
 @pytest.mark.parametrize("layout", ["wide", "long"])
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_a_parquet_or_arrow_file_naming_a_column_twice_is_refused(
+    tmp_path: Path, layout: str, suffix: str
+) -> None:
+    # pyarrow writes such a table: polars refused the Parquet file with a hint that it was damaged, and
+    # panicked reading the Arrow file (a Rust backtrace on stderr, then polars' JoinError text)
+    pa = pytest.importorskip("pyarrow")
+    times = pa.array([T0, T0 + SEC]).cast(pa.timestamp("ns"))
+    if layout == "wide":
+        table = pa.Table.from_arrays(
+            [times, pa.array([1.0, 2.0]), pa.array([3.0, 4.0])], names=["time", "a", "a"]
+        )
+    else:
+        cols = [times, pa.array(["x", "y"]), pa.array([1.0, 2.0]), pa.array([3.0, 4.0])]
+        table = pa.Table.from_arrays(cols, names=["time", "feature", "value", "value"])
+    src = tmp_path / f"d{suffix}"
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow.parquet").write_table(table, src)
+    else:
+        with pa.ipc.new_file(src, table.schema) as writer:
+            writer.write_table(table)
+    twice = "'a'" if layout == "wide" else "'value'"
+    root = Path(tsconv.__file__).resolve().parents[1]
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    res = subprocess.run(  # in a subprocess: Rust prints a panic on the process's own stderr
+        [sys.executable, "-m", "tsconv", "ingest", str(src), "-o", str(tmp_path / "out.zarr"), "-q",
+         "--layout", layout],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path, "RUST_BACKTRACE": "0"},
+    )  # fmt: skip
+    assert res.returncode != 0
+    assert res.stderr.splitlines() == [res.stderr.splitlines()[0]], res.stderr  # one line, no panic
+    assert f"names the column {twice} more than once" in res.stderr, res.stderr
+    assert not (tmp_path / "out.zarr").exists()
+
+
+@pytest.mark.parametrize("layout", ["wide", "long"])
 def test_a_feature_name_with_a_control_character_is_refused(tmp_path: Path, layout: str) -> None:
     # the store it wrote was refused by process and inspect (a newline or an escape forges terminal lines)
     head = 'time,"a\x1b[31m"' if layout == "wide" else "time,feature,value"

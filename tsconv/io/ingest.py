@@ -294,6 +294,7 @@ class _Source:
 
     def _schema(self) -> dict[str, pl.DataType]:
         self._refuse_ipc_stream()
+        self._refuse_repeated_columns()
         self._refuse_unreadable_zone()
         try:
             return dict(self._scan().collect_schema())
@@ -344,6 +345,20 @@ class _Source:
             hint="write the file again in the file format (pyarrow: batches read with pa.ipc.open_stream written "
             "with pa.ipc.new_file; polars: pl.read_ipc_stream(src).write_ipc(dst)).",
         )
+
+    def _refuse_repeated_columns(self) -> None:
+        """Refuse a Parquet or Arrow file that names a column twice (pyarrow writes such a table): polars
+        refused the Parquet file with a hint that it was damaged, and panicked reading the Arrow file (Rust's
+        panic and backtrace on stderr)."""
+        schema = self._arrow_schema()
+        twice = repeated_names(list(schema.names)) if schema is not None else []
+        if twice:
+            raise StoreError(
+                f"input file {str(self.path)!r} names the column{'s' if len(twice) > 1 else ''} "
+                f"{', '.join(repr(c) for c in twice)} more than once",
+                hint="give every column a distinct name (pyarrow: table.rename_columns([...])) and write the "
+                "file again.",
+            )
 
     def _refuse_unreadable_zone(self) -> None:
         """Refuse a Parquet or Arrow time column whose time zone polars cannot parse ("+05:30", as pandas
