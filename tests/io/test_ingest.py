@@ -1037,6 +1037,40 @@ def test_the_rounding_of_any_symbol_or_column_is_seen(tmp_path: Path) -> None:
             ingest(write(df, tmp_path / f"{name}.parquet"), tmp_path / f"{name}.zarr", layout=layout)
 
 
+def test_a_wide_files_rounding_is_judged_in_bounded_blocks_as_one(tmp_path: Path, monkeypatch) -> None:
+    # the check held the first 20,000 rows of every float64 column at once, with its copies: 9.2 GB for a
+    # file of 8,000 columns, where the ingest itself holds a band; the blocks' warning is the whole sample's
+    import tsconv.io.ingest as ingest_module
+    from tsconv.io.precision import float32_loss_by_feature
+
+    n, f = 3000, 300
+    rng = np.random.default_rng(3)
+    t = T0 + np.arange(n, dtype=np.int64) * 1_000_000_000
+    scale = 0.01 * (1 + np.arange(f))  # wider steps to the right: the first column's rounding matters most
+    x = 400 + np.cumsum(rng.normal(0, 1, (n, f)) * scale, axis=0)
+    df = pl.DataFrame({"time": t, **{f"c{j}": x[:, j] for j in range(f)}})
+    src = write(df, tmp_path / "w.parquet")
+    want, _ = float32_loss_by_feature(x, [f"c{j}" for j in range(f)], groups=np.zeros(n, dtype=np.int64),
+                                      context="{dtype}", advice="")  # fmt: skip
+    assert want is not None and "(and " in want
+    seen: list[int] = []
+    real = ingest_module._wide_blocks
+
+    def blocks(source, cols):  # noqa: ANN001, ANN202
+        for block in real(source, cols):
+            seen.append(block[0].size)
+            yield block
+
+    monkeypatch.setattr(ingest_module, "_SAMPLE_CELLS", 20_000)
+    monkeypatch.setattr(ingest_module, "_SAMPLE_MIN_ROWS", 3000)  # the whole series: the message comparable
+    monkeypatch.setattr(ingest_module, "_wide_blocks", blocks)
+    with pytest.warns(TsconvWarning) as got:
+        ingest(src, tmp_path / "w.zarr", layout="wide")
+    message = next(str(w.message) for w in got if "rounding the values" in str(w.message))
+    assert message.split(": ", 1)[1].split("; --dtype")[0] == want.split(": ", 1)[1].rstrip("; ")
+    assert len(seen) > 40 and max(seen) <= 20_000 + 3000  # a block of columns, never the whole width
+
+
 def test_the_rounding_of_a_symbol_past_the_first_256_and_of_decimals_is_seen(tmp_path: Path) -> None:
     # the check looked at the first 256 symbols of a file only, and not at Decimal columns: 0.0019 stored on a
     # 0.01 grid without a word

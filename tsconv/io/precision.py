@@ -9,7 +9,7 @@ carries it: :func:`float32_loss` says so where it exceeds :data:`WARN_AT` of a f
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ __all__ = [
     "exact_in_float32",
     "float32_loss",
     "float32_loss_by_feature",
+    "float32_loss_in_blocks",
 ]
 
 
@@ -77,6 +78,37 @@ def float32_loss_by_feature(
         return None, ~settled
     if x.size == 0:
         return None, settled
+    stats = _loss_stats(x, groups, n_groups)
+    if stats[0].any():
+        return _loss_message(stats, names, dtype=sample.dtype, context=context, advice=advice), ~settled
+    return _loss_message(stats, names, dtype=sample.dtype, context=context, advice=advice), stats[2] > 0
+
+
+def float32_loss_in_blocks(
+    blocks: Iterable[tuple[np.ndarray, Sequence[str]]], *, context: str = _READ, advice: str = _ADVICE
+) -> str | None:
+    """:func:`float32_loss` over the whole samples [n, F_i] of several column blocks of one series (their
+    rows in time order), judged as one: the warning names the worst feature of them all and counts the
+    others. The blocks are taken one at a time, so a wide file's sample never has to be held whole."""
+    parts: list[tuple[np.ndarray, ...]] = []
+    names: list[str] = []
+    dtype: Any = None
+    for sample, block_names in blocks:
+        if exact_in_float32(sample.dtype) or sample.size == 0:
+            continue
+        dtype = sample.dtype
+        parts.append(_loss_stats(np.asarray(sample, dtype=np.float64), None, 1))
+        names.extend(block_names)
+    if not parts:
+        return None
+    stats = tuple(np.concatenate(column) for column in zip(*parts, strict=True))
+    return _loss_message(stats, names, dtype=dtype, context=context, advice=advice)
+
+
+def _loss_stats(x: np.ndarray, groups: np.ndarray | None, n_groups: int) -> tuple[np.ndarray, ...]:
+    """Per feature: whether a value leaves float32's range, the largest move of rounding, the count of
+    nonzero finite steps and their total (``groups`` as :func:`float32_loss_by_feature` takes them)."""
+    cols = x.shape[1]
     with np.errstate(over="ignore", invalid="ignore"):  # infinities: inf - inf, judged by `finite` below
         rounded = x.astype(np.float32).astype(np.float64)
         steps = np.abs(np.diff(x, axis=0))
@@ -87,48 +119,47 @@ def float32_loss_by_feature(
     # the mean of the nonzero finite steps, one pass (a median took 0.2-0.6 s on 4,096 x 1,024 on the VM)
     used = np.isfinite(steps) & (steps > 0)
     if groups is None:
-        beyond = lost.any(axis=0)
-        moved, count = moved_rows.max(axis=0), used.sum(axis=0)
-        total = np.where(used, steps, 0.0).sum(axis=0)
-    else:  # per group: no step across two groups' rows
-        used &= (groups[1:] == groups[:-1])[:, None]
-        beyond = np.zeros((n_groups, cols), dtype=bool)
-        moved, count, total = (
-            np.zeros((n_groups, cols)),
-            np.zeros((n_groups, cols)),
-            np.zeros((n_groups, cols)),
+        return (
+            lost.any(axis=0),
+            moved_rows.max(axis=0),
+            used.sum(axis=0),
+            np.where(used, steps, 0.0).sum(axis=0),
         )
-        np.logical_or.at(beyond, groups, lost)
-        np.maximum.at(moved, groups, moved_rows)
-        np.add.at(count, groups[1:], used)
-        np.add.at(total, groups[1:], np.where(used, steps, 0.0))
-        beyond, moved, count, total = (
-            beyond.reshape(-1),
-            moved.reshape(-1),
-            count.reshape(-1),
-            total.reshape(-1),
-        )
+    # per group: no step across two groups' rows
+    used &= (groups[1:] == groups[:-1])[:, None]
+    beyond = np.zeros((n_groups, cols), dtype=bool)
+    moved, count, total = (np.zeros((n_groups, cols)), np.zeros((n_groups, cols)), np.zeros((n_groups, cols)))
+    np.logical_or.at(beyond, groups, lost)
+    np.maximum.at(moved, groups, moved_rows)
+    np.add.at(count, groups[1:], used)
+    np.add.at(total, groups[1:], np.where(used, steps, 0.0))
+    return beyond.reshape(-1), moved.reshape(-1), count.reshape(-1), total.reshape(-1)
+
+
+def _loss_message(
+    stats: tuple[np.ndarray, ...], names: Sequence[str], *, dtype: Any, context: str, advice: str
+) -> str | None:
+    beyond, moved, count, total = stats
     if beyond.any():
         j = int(np.flatnonzero(beyond)[0])
         return (
-            f"{context.format(dtype=sample.dtype)}: {names[j]!r} holds values beyond float32's range (about "
+            f"{context.format(dtype=dtype)}: {names[j]!r} holds values beyond float32's range (about "
             f"3.4e38), which become infinities; rescale them"
-        ), ~settled
-    settled = count > 0
+        )
     if not count.any():
-        return None, settled
+        return None
     typical = total / np.maximum(count, 1)
     share = np.where(count > 0, moved / np.where(count > 0, typical, 1.0), 0.0)
     over = np.flatnonzero(share > WARN_AT)
     if not over.size:
-        return None, settled
+        return None
     j = int(over[np.argmax(share[over])])
     others = f" (and {over.size - 1:,} more features)" if over.size > 1 else ""
     return (
-        f"{context.format(dtype=sample.dtype)}: rounding the values of {names[j]!r} to float32 moves them by up to "
+        f"{context.format(dtype=dtype)}: rounding the values of {names[j]!r} to float32 moves them by up to "
         f"{moved[j]:.2g}, {share[j]:.1e} of their mean nonzero one-step change ({typical[j]:.2g}){others}, and "
         f"differences and deviations of them carry that error; {advice}"
-    ), settled
+    )
 
 
 # Reads a check looks at before it stops waiting for the features with no step yet (symbols not trading)
