@@ -41,6 +41,7 @@ sys.path.insert(0, str(HERE.parent))
 from provenance import commit, machine  # noqa: E402
 
 from tsconv.io.readers.threads import ParallelBandReader  # noqa: E402
+from tsconv.kernels import blosc_header  # noqa: E402
 from tsconv.kernels import blosc_lz4 as bl  # noqa: E402
 
 
@@ -125,8 +126,11 @@ def main() -> int:
     doc["read_s"] = read_s
 
     # headers on the host: what the GPU path accepts
-    headers = [bl.parse_header(hbuf[offs[i] : offs[i] + 16]) for i in range(n)]
-    reasons = {bl.unsupported_reason(h, nbytes=chunk_bytes, size=sizes[i]) for i, h in enumerate(headers)}
+    headers = [blosc_header.parse_header(hbuf[offs[i] : offs[i] + 16]) for i in range(n)]
+    reasons = {
+        blosc_header.unsupported_reason(h, nbytes=chunk_bytes, size=sizes[i], typesize=arr.dtype.itemsize)
+        for i, h in enumerate(headers)
+    }
     doc["unsupported"] = sorted(r for r in reasons if r)
     ts = headers[0].typesize
     max_blocks = max(h.nblocks for h in headers)
