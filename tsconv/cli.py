@@ -564,9 +564,9 @@ def pipelines(as_json: bool) -> None:
 @click.option(
     "--time-unit",
     type=click.Choice(["s", "ms", "us", "ns"]),
-    default="ns",
-    show_default=True,
-    help="Unit of integer time columns (since the epoch, UTC).",
+    default=None,
+    help="Unit of integer time columns (since the epoch, UTC); refused where no file's time column holds "
+    "integers.  [default: ns]",
 )
 @click.option(
     "--dtype",
@@ -580,7 +580,7 @@ def pipelines(as_json: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing output store.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, feature_column: str | None,
-           value_column: tuple[str, ...], time_unit: str, dtype: str | None, append: bool, overwrite: bool, quiet: bool) -> None:  # fmt: skip
+           value_column: tuple[str, ...], time_unit: str | None, dtype: str | None, append: bool, overwrite: bool, quiet: bool) -> None:  # fmt: skip
     """Ingest Parquet, CSV(.gz) or Arrow IPC files (paths or quoted globs) into a zarr store."""
     from tsconv.io.ingest import ingest as run_ingest
 

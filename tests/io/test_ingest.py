@@ -1037,6 +1037,27 @@ def test_the_rounding_of_any_symbol_or_column_is_seen(tmp_path: Path) -> None:
             ingest(write(df, tmp_path / f"{name}.parquet"), tmp_path / f"{name}.zarr", layout=layout)
 
 
+@pytest.mark.parametrize("kind", ["datetime", "iso text"])
+def test_a_time_unit_for_times_that_carry_their_own_is_refused(tmp_path: Path, kind: str) -> None:
+    # --time-unit s on a datetime or ISO time column did nothing, without a word
+    t = T0 + np.arange(3, dtype=np.int64) * 1_000_000_000
+    df = pl.DataFrame({"time": t, "a": [1.0, 2.0, 3.0]}).with_columns(
+        pl.col("time").cast(pl.Datetime("ns", "UTC"))
+    )
+    if kind == "iso text":
+        df = df.with_columns(pl.col("time").dt.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    src = write(df, tmp_path / "d.parquet")
+    res = cli(src, "-o", tmp_path / "d.zarr", "--layout", "wide", "--time-unit", "s")
+    assert_refused(res, "--time-unit s applies to integer time columns", "leave --time-unit out")
+    assert not (tmp_path / "d.zarr").exists()
+    assert (
+        cli(src, "-o", tmp_path / "d.zarr", "--layout", "wide").exit_code == 0
+    )  # without it: read as written
+    ints = write(pl.DataFrame({"time": t // 1_000_000_000, "a": [1.0, 2.0, 3.0]}), tmp_path / "i.parquet")
+    assert cli(ints, "-o", tmp_path / "i.zarr", "--layout", "wide", "--time-unit", "s").exit_code == 0
+    assert read(tmp_path / "i.zarr")[1].tolist() == read(tmp_path / "d.zarr")[1].tolist()
+
+
 def test_a_wide_files_rounding_is_judged_in_bounded_blocks_as_one(tmp_path: Path, monkeypatch) -> None:
     # the check held the first 20,000 rows of every float64 column at once, with its copies: 9.2 GB for a
     # file of 8,000 columns, where the ingest itself holds a band; the blocks' warning is the whole sample's

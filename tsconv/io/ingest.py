@@ -827,7 +827,7 @@ def ingest(
     append: bool = False,
     overwrite: bool = False,
     dtype: str | None = None,
-    time_unit: str = "ns",
+    time_unit: str | None = None,
     progress: bool = False,
 ) -> IngestReport:
     """Ingest Parquet/CSV/Arrow IPC files (paths or globs) into the zarr store ``output``.
@@ -839,13 +839,15 @@ def ingest(
     column, or several (a list), which name the features ``symbol.column``. Both are refused for wide input.
     ``dtype``: the values' dtype, float32 (the default for a new store) or float64; an append keeps the
     store's and refuses another. Storing float64 source values as float32 warns where that rounding moves them
-    by more than :data:`tsconv.io.precision.WARN_AT` of their typical step.
+    by more than :data:`tsconv.io.precision.WARN_AT` of their typical step. ``time_unit``: the unit of integer
+    time columns (default ns); refused where no file's time column holds integers.
     """
     t0 = time.perf_counter()
     if layout not in ("long", "wide"):
         raise StoreError(f"layout must be 'long' or 'wide', got {layout!r}", hint="use --layout long|wide.")
     if dtype is not None and dtype not in ("float32", "float64"):
         raise StoreError(f"dtype must be float32 or float64, got {dtype!r}", hint="use --dtype float32.")
+    unit_given, time_unit = time_unit is not None, time_unit or "ns"
     if time_unit not in _NS_PER:
         raise StoreError(
             f"time unit must be one of s, ms, us, ns, got {time_unit!r}", hint="use --time-unit ns."
@@ -882,6 +884,13 @@ def ingest(
         for p in paths
     ]  # fmt: skip
 
+    if unit_given and not any(s.time_dtype.is_integer() for s in sources):
+        # it counts integers only: datetimes and ISO text carry their own unit, and the option did nothing
+        raise StoreError(
+            f"--time-unit {time_unit} applies to integer time columns, and the time column of "
+            f"{str(sources[0].path)!r} holds {sources[0].time_dtype}",
+            hint="leave --time-unit out (time_unit= in Python): these times carry their own unit.",
+        )
     if layout == "wide" and (indexed := [s for s in sources if s.index_columns]):
         cols = dict.fromkeys(c for s in indexed for c in s.index_columns)
         warnings.warn(
