@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -302,6 +303,36 @@ def _chunk_files(path: Path) -> dict[str, bytes]:
 
 def _snapshot(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("how", ["resume", "update"])
+def test_an_output_linking_into_the_input_is_refused_and_the_input_left_alone(
+    tmp_path: Path, small_chunks: None, how: str
+) -> None:
+    # An output directory is not to be trusted: a chunk directory the run writes in, linked to one of the
+    # input's, took the output's chunk in place of the input's (the run then found its input changed).
+    x = price_series(ROWS, FEATURES, seed=4)
+    if how == "resume":
+        src, out = _interrupted(tmp_path, x)
+    else:
+        src = write_store(tmp_path / "in.zarr", x[:DONE], chunks=(BAND, FEATURES))
+        out = tmp_path / "out.zarr"
+        tsconv.process(src, out, chunk=CHUNK)
+        g = zarr.open_group(str(src), mode="r+")
+        g["values"].resize((ROWS, FEATURES))
+        g["values"][DONE:] = x[DONE:]
+        g["time"].resize((ROWS,))
+        g["time"][DONE:] = np.asarray(g["time"][DONE - 1]) + np.arange(1, ROWS - DONE + 1) * 10**9
+    shutil.rmtree(out / "values" / "c" / str(DONE // CHUNK), ignore_errors=True)
+    (out / "values" / "c" / str(DONE // CHUNK)).symlink_to(
+        src / "values" / "c" / "2", target_is_directory=True
+    )
+    before = _snapshot(src)
+    with pytest.raises(
+        tsconv.TsconvError, match=r"values/c/8 in it is a symbolic link \(to '.*in\.zarr/values/c/2'\)"
+    ):
+        tsconv.process(src, out, chunk=CHUNK, **{how: True})
+    assert _snapshot(src) == before
 
 
 def test_resume_refuses_an_input_rewritten_with_other_data_of_the_same_shape(

@@ -474,9 +474,17 @@ def prepare_output(
                 "(or warm-up)" + (f"; what differs: {'; '.join(changed)}" if changed else ""),
                 hint=hint,
             )
+        rows = int(meta["rows"]) if meta.get("complete") else int(meta.get("rows_done", 0))
+        if isinstance(out, Path) and (link := linked_entry(out, from_row=rows)) is not None:
+            raise StoreError(
+                f"cannot {verb} {str(out)!r}: {link} in it is a symbolic link (to "
+                f"{os.readlink(out / link)!r}); a run would write its files wherever the link points",
+                hint="delete the output and run again without --resume/--update, or replace the link by a copy "
+                "of what it points to.",
+            )
         if meta.get("complete"):
-            return ("done" if resume else "update"), int(meta["rows"])
-        return "resume", int(meta.get("rows_done", 0))
+            return ("done" if resume else "update"), rows
+        return "resume", rows
     refuse_foreign(out)
     return "replace", 0
 
@@ -566,6 +574,39 @@ def _attributes(path: Path | StoreURL) -> dict[str, Any]:
         return dict(open_group(path, mode="r").attrs)
     except Exception:  # noqa: BLE001 - a refusal's detail: without it the refusal says less
         return {}
+
+
+def linked_entry(root: Path, *, from_row: int) -> str | None:
+    """The first symbolic link (its path relative to ``root``) among the entries of the output store ``root``
+    that a resume or an update from row ``from_row`` writes through: the store's own entries, its arrays',
+    their chunk directories' and the chunk directories of the rows from ``from_row`` on; else None. A chunk
+    file renamed onto a link replaces it, but a linked directory takes the files written in it (an input's
+    chunk directory linked into the output would get the output's chunks). Rows before ``from_row`` are not
+    listed: what a resume or an update costs does not grow with the history."""
+    nodes = [root]
+    for entry in os.scandir(root):
+        if entry.is_symlink():
+            return entry.name
+        if entry.is_dir() and _node_type(Path(entry.path)) == "array":
+            nodes.append(Path(entry.path))
+    for node in nodes[1:]:
+        tops = [node, node / "c"] if (node / "c").is_dir() and not (node / "c").is_symlink() else [node]
+        try:
+            doc = json.loads((node / "zarr.json").read_text())
+            first = from_row // int(doc["chunk_grid"]["configuration"]["chunk_shape"][0])
+        except (OSError, ValueError, KeyError, TypeError, IndexError, ZeroDivisionError):
+            first = 0
+        for top in tops:
+            for entry in os.scandir(top):
+                if entry.is_symlink():
+                    return os.path.relpath(entry.path, root)
+                if (
+                    top.name == "c"
+                    and entry.is_dir()
+                    and (not entry.name.isdigit() or int(entry.name) >= first)
+                ):
+                    tops.append(Path(entry.path))
+    return None
 
 
 def refuse_foreign(path: Path | StoreURL, *, what: str = "overwrite") -> None:
