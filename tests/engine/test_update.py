@@ -4,8 +4,10 @@ computed changed, or that lost rows, is refused; a run killed at any point is fi
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -925,8 +927,20 @@ def test_input_rows_kept_with_the_output_are_read_only_where_they_are_sound(
         state=kept["state"],
         fingerprint=theirs["fingerprint"],
     )
+    huge = io.BytesIO()  # a header declaring 10^12 rows (12 TB), followed by a few bytes
+    with zipfile.ZipFile(huge, "w") as zf:
+        for key, value in (("start", np.int64(start)), ("state", kept["state"]), ("fingerprint", owner)):
+            part = io.BytesIO()
+            np.save(part, value)
+            zf.writestr(f"{key}.npy", part.getvalue())
+        part = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            part, {"descr": "<f4", "fortran_order": False, "shape": (10**12, 4)}
+        )
+        zf.writestr("rows.npy", part.getvalue() + bytes(64))
     cases = (
         ("damaged", b"PK\x03\x04 not a zip"),
+        ("huge", huge.getvalue()),  # was an 'out of host memory' error, its hint to lower --chunk
         ("pickled", pickled),
         ("elsewhere", elsewhere),
         ("foreign", foreign),

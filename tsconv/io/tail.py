@@ -18,6 +18,7 @@ keep none.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import uuid
 import zipfile
@@ -131,6 +132,8 @@ def read_tail(
     if isinstance(output, StoreURL) or digest is None:
         return None
     try:
+        if not _sizes_fit(_path(output)):
+            return None
         with np.load(_path(output), allow_pickle=False) as z:
             start, rows, state, owner = int(z["start"]), z["rows"], z["state"], z["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, EOFError):
@@ -150,6 +153,27 @@ def read_tail(
         return None
     tail = InputTail(start, rows, state, fingerprint)
     return tail if tail_digest(tail) == digest else None
+
+
+def _sizes_fit(path: Path) -> bool:
+    """Whether every array in the .npz file at ``path`` declares no more data than its member holds, and
+    none more than a kept tail's: numpy allocates what a header declares before reading the data (a few
+    bytes declaring 10^12 rows were an out-of-memory error failing the update)."""
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if info.file_size > MAX_TAIL_BYTES + 4096:
+                return False
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dtype = read(f)
+                if dtype.hasobject or math.prod(shape) * dtype.itemsize > info.file_size:
+                    return False
+    return True
 
 
 class TailedReader(BandReader):
