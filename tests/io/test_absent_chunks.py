@@ -86,3 +86,26 @@ def test_no_warning_for_a_nan_fill_or_a_complete_store(
     res = CliRunner().invoke(main, ["inspect", str(src)])
     assert res.exit_code == 0, res.output
     assert "absent chunks" not in res.output and "never written" not in res.output
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["chunks", "shards"])
+def test_a_store_declaring_10_to_the_15_rows_is_inspected_not_out_of_memory(
+    tmp_path: Path, sharded: bool
+) -> None:
+    # A few bytes of metadata declare 976 billion chunks: every chunk key was listed (np.ndindex over them:
+    # a MemoryError, told as 'out of host memory' with the hint to lower --chunk); sharded, a flag per
+    # inner chunk (909 GiB). They are counted from the files there.
+    src = tmp_path / "s.zarr"
+    g = zarr.open_group(str(src), mode="w")
+    kw = {"shards": (2048, 3)} if sharded else {}
+    v = g.create_array("values", shape=(10**15, 3), dtype="float32", chunks=(1024, 3), fill_value=0.0, **kw)
+    v[:2048] = 1.0
+    v[4096:5120] = 1.0
+    g.attrs["features"] = ["a", "b", "c"]
+    res = CliRunner().invoke(main, ["inspect", "--no-nan-count", str(src)])
+    assert res.exit_code == 0, res.output
+    of = 10**15 // (2048 if sharded else 1024)
+    written = 2 if sharded else 3
+    assert f"{of - written:,} of {of:,} chunk files" in res.output
+    first = "2,048..4,095" if sharded else "2,048..3,071"
+    assert f"the first: rows {first})" in res.output

@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 import warnings
 from dataclasses import dataclass
@@ -666,6 +667,10 @@ class AbsentChunks:
         )
 
 
+# The most inner chunks of a sharded array whose index entries are read to tell which were written
+MAX_INNER_CHUNKS = 1 << 26
+
+
 def absent_chunks(store: InputStore) -> AbsentChunks | None:
     """The values' chunk files that were never written, where they read as a fill value other than NaN.
 
@@ -703,16 +708,34 @@ def absent_chunks(store: InputStore) -> AbsentChunks | None:
     grid = tuple(int(c) for c in (getattr(values, "shards", None) or values.chunks))
     counts = tuple(-(-int(n) // c) for n, c in zip(values.shape, grid, strict=True))
     key = values.metadata.encode_chunk_key
-    first, count = None, 0
-    for idx in np.ndindex(*counts):
-        if key(idx) not in present:
-            first = idx if first is None else first
-            count += 1
-    if first is None:
+    # Counted from the files there, not by listing every key the shape calls for: a few bytes of metadata
+    # may declare 10^15 rows (np.ndindex over 10^12 chunks was a MemoryError, a billion took minutes).
+    written = 0
+    for name in present:
+        idx = tuple(int(d) for d in re.findall(r"\d+", name))
+        if (
+            len(idx) == len(counts)
+            and all(i < n for i, n in zip(idx, counts, strict=True))
+            and key(idx) == name
+        ):
+            written += 1
+    total = math.prod(counts)
+    if written == total:
         return None
+    # the first absent one lies among the first written + 1 in C order
+    first = next(idx for i in range(written + 1) if key(idx := _c_index(i, counts)) not in present)
     start = first[0] * grid[0]
     stop = min(start + grid[0], int(values.shape[0]))
-    return AbsentChunks(count, math.prod(counts), (start, stop), fill)
+    return AbsentChunks(total - written, total, (start, stop), fill)
+
+
+def _c_index(i: int, counts: tuple[int, ...]) -> tuple[int, ...]:
+    """The ``i``-th index of a grid of ``counts`` in C order (np.unravel_index, without its int64 bound)."""
+    idx = []
+    for n in reversed(counts):
+        i, r = divmod(i, n)
+        idx.append(r)
+    return tuple(reversed(idx))
 
 
 def _written_inner_chunks(
@@ -746,6 +769,8 @@ def _written_inner_chunks(
     dtype = np.dtype(">u8" if endian == "big" else "<u8")
     at_start = getattr(sharding.index_location, "value", sharding.index_location) == "start"
     shards = tuple(-(-int(m) // s) for m, s in zip(values.shape, shard, strict=True))
+    if math.prod(shards) * n > MAX_INNER_CHUNKS:  # a flag each: the shard files are counted instead
+        return None
     written = np.zeros(tuple(a * b for a, b in zip(shards, per_shard, strict=True)), dtype=bool)
     key = values.metadata.encode_chunk_key
     for idx in np.ndindex(*shards):
