@@ -1082,8 +1082,7 @@ def test_a_wide_files_rounding_is_judged_in_bounded_blocks_as_one(tmp_path: Path
             seen.append(block[0].size)
             yield block
 
-    monkeypatch.setattr(ingest_module, "_SAMPLE_CELLS", 20_000)
-    monkeypatch.setattr(ingest_module, "_SAMPLE_MIN_ROWS", 3000)  # the whole series: the message comparable
+    monkeypatch.setattr(ingest_module, "_BLOCK_CELLS", 20_000)
     monkeypatch.setattr(ingest_module, "_wide_blocks", blocks)
     with pytest.warns(TsconvWarning) as got:
         ingest(src, tmp_path / "w.zarr", layout="wide")

@@ -1191,10 +1191,12 @@ def _warn_rounding(sources: Sequence[_Source]) -> None:
             return
 
 
-# Cells of a wide file's rounding sample: its rows shrink with its width (to at least 1,024, the rows the
-# readers' checks take), and its columns go through the check a block at a time
-_SAMPLE_CELLS = 1 << 20
+# Cells of a wide file's rounding sample (128 MB of float64): its rows shrink with its width past 838 columns
+# (to at least 1,024, the rows the readers' checks take); its columns go through the check a block of
+# _BLOCK_CELLS at a time, whose copies there are a few times its 8 MB
+_SAMPLE_CELLS = 16 << 20
 _SAMPLE_MIN_ROWS = 1024
+_BLOCK_CELLS = 1 << 20
 
 
 def _wide_blocks(source: _Source, cols: list[str]) -> Iterator[tuple[np.ndarray, list[str]]]:
@@ -1208,7 +1210,7 @@ def _wide_blocks(source: _Source, cols: list[str]) -> Iterator[tuple[np.ndarray,
         .collect()
     )
     order = np.argsort(df["__t"].to_numpy(), kind="stable")
-    per = max(1, _SAMPLE_CELLS // max(len(df), 1))
+    per = max(1, _BLOCK_CELLS // max(len(df), 1))
     for i in range(0, len(cols), per):
         block = cols[i : i + per]
         yield df.select(block).to_numpy().astype(np.float64)[order], block
