@@ -44,7 +44,7 @@ class PlotResult:
 
     def summary(self) -> str:
         inputs = f" with their inputs ({', '.join(self.inputs)})" if self.inputs else ""
-        every = f", every {self.every:,}th row" if self.every > 1 else ""
+        every = f", every {_ordinal(self.every)} row" if self.every > 1 else ""
         return (
             f"plotted {len(self.features)} feature{'s' * (len(self.features) != 1)}{inputs}, rows "
             f"{self.start:,}..{self.stop:,}{every} -> {self.output}"
@@ -140,7 +140,7 @@ def plot_store(
             ax.set_zorder(twin.get_zorder() + 1)  # the feature over its input
             ax.patch.set_visible(False)
     axes[-1].set_xlabel("time (UTC)" if src.time is not None else "row")
-    every_words = f", every {every:,}th row" if every > 1 else ""
+    every_words = f", every {_ordinal(every)} row" if every > 1 else ""
     fig.suptitle(f"{src.path.name}: rows {a:,}..{b:,}{every_words}", fontsize="medium")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
@@ -271,3 +271,9 @@ def _inputs(
     y = _read(src, cols, first + a, first + b, every)
     series = {n: y[:, j] for j, n in enumerate(order)}
     return {name: (parent, series[parent]) for name, parent in wanted.items()}
+
+
+def _ordinal(n: int) -> str:
+    """2nd, 3rd, 11th, 1,021st."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n:,}{suffix}"
