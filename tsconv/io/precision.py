@@ -79,9 +79,8 @@ def float32_loss_by_feature(
     if x.size == 0:
         return None, settled
     stats = _loss_stats(x, groups, n_groups)
-    if stats[0].any():
-        return _loss_message(stats, names, dtype=sample.dtype, context=context, advice=advice), ~settled
-    return _loss_message(stats, names, dtype=sample.dtype, context=context, advice=advice), stats[2] > 0
+    message = _loss_message(stats, names, dtype=sample.dtype, context=context, advice=advice)
+    return message, (~settled if stats[0].any() else stats[2] > 0)  # a value beyond float32 settles them all
 
 
 def float32_loss_in_blocks(
