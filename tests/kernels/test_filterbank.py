@@ -368,6 +368,26 @@ def test_a_bank_writes_into_a_given_out(activation: str) -> None:
             filter_bank(x, bank, out=bad)
 
 
+def test_a_bank_refuses_an_out_over_x_and_a_dilation_below_one() -> None:
+    """filter_bank's out= overlapping x (its tiles read rows that earlier tiles had written) gave other
+    numbers silently, and dilation=0 read every tap at the current row (diff:1 all zeros), a negative one
+    failing inside torch: both are refused as conv1d refuses them, and the op's dilation too."""
+    bank = tuple(filter_spec(s) for s in ("diff:1", "ma:4"))
+    buf = torch.from_numpy(prices(300, 6, seed=3, late=False, gaps=False, inf=False))
+    x = buf[:, :3]  # a column view of the buffer whose rows from 3 on the result would take
+    with pytest.raises(tsconv.ShapeError, match="out overlaps x"):
+        filter_bank(x, bank, out=buf[3:])
+    for d in (0, -1):
+        with pytest.raises(tsconv.ShapeError, match="dilation must be an int >= 1"):
+            filter_bank(x, bank, dilation=d)
+        with pytest.raises(tsconv.ShapeError, match="dilation must be an int >= 1"):
+            torch.ops.tsconv.filter_bank(x.contiguous(), "diff:1,ma:4", d, "none", None)
+    with pytest.raises(tsconv.ShapeError, match="activation must be one of"):
+        filter_bank(x, bank, activation="sigmoid")
+    with pytest.raises(tsconv.ShapeError, match=r"x must be a \[L, C\] tensor"):
+        filter_bank(x[:, 0], bank)
+
+
 def test_two_stages_and_a_head_chunked_equal_whole() -> None:
     x = prices(3000, 3, seed=4, late=False, gaps=False, inf=False)
     pipe = {"conv": [{"filters": ["ema:8", "dev:16", "std:8"]}, {"filters": ["id", "ma:4", "zscore:8"],

@@ -33,6 +33,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from tsconv.errors import ShapeError
+from tsconv.kernels.checks import is_activation, overlap
 from tsconv.kernels.cpu_tiles import run_parts, run_tiles
 from tsconv.kernels.filterbank_native import NativeBank, native_bank
 from tsconv.kernels.torch_side import apply_activation, custom_op
@@ -186,6 +188,20 @@ def filter_bank(
     if torch.compiler.is_compiling() and out is None:
         specs = ",".join(f.spec for f in filters)  # an op takes no list of str: specs hold no comma
         return _filter_bank_op(x, specs, dilation, activation or "none", triton_kernels)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        got = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ShapeError(f"x must be a [L, C] tensor, got {got}", hint="pass a time-major [L, C] tensor.")
+    if isinstance(dilation, bool) or not isinstance(dilation, int | np.integer) or dilation < 1:
+        # 0 read every tap at the current row (diff:1 all zeros), a negative one failed inside torch
+        raise ShapeError(
+            f"dilation must be an int >= 1, got {dilation!r}", hint="use dilation=1 for adjacent taps."
+        )
+    dilation = int(dilation)
+    if not is_activation(activation):
+        raise ShapeError(
+            f"activation must be one of None, 'none', 'relu', 'gelu', 'tanh', got {activation!r}",
+            hint="use activation='none' for the filters' own values.",
+        )
     use_triton = x.is_cuda if triton_kernels is None else triton_kernels
     n_in, channels = x.shape
     halo = bank_halo(filters, dilation)
@@ -200,7 +216,9 @@ def filter_bank(
         ):
             msg = (f"out must be a float32 [{n}, {channels * m}] tensor on {x.device}, contiguous or with "
                    f"contiguous columns, got {out.dtype} {tuple(out.shape)} {out.stride()} on {out.device}")  # fmt: skip
-            raise ValueError(msg)
+            raise ShapeError(msg, hint="pass out=None for a fresh result.")
+        if overlap(out, x):  # the bank's tiles would read rows of x its earlier tiles had overwritten
+            raise ShapeError("out overlaps x in memory", hint="write the result to a separate buffer.")
     elif x.device.type == "cpu":
         # numpy's allocation (madvised for transparent huge pages where the kernel offers them): a fresh torch
         # one of this size faulted in 4 KB pages, 30-100 ms per 52 MB chunk output on the 2-core VM against
