@@ -61,6 +61,16 @@ def test_open_store_metadata(store: Path, tmp_path: Path) -> None:
         tsconv.open_store(tmp_path / "nope.zarr")
 
 
+@pytest.mark.parametrize("value", [None, 5, b"in.zarr"])
+def test_open_input_refuses_what_is_no_location(store: Path, value: object) -> None:
+    """tsconv.open_input(None), of a number or of bytes raised os.fspath's bare TypeError; a StoreError says
+    what it takes, as process() and open_store() say it (a Path is taken, as annotated)."""
+    assert tsconv.open_input(store).features == tuple(NAMES)
+    with pytest.raises(StoreError, match="must be a str path, an os.PathLike") as err:
+        tsconv.open_input(value)
+    assert err.value.hint and ("decode()" in err.value.hint) == isinstance(value, bytes)
+
+
 # ----------------------------------------------------------------------------------- iter_chunks
 
 

@@ -238,6 +238,14 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
 
     The output of an unfinished tsconv run is refused unless ``allow_incomplete``: its tail is missing.
     """
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(text, str | StoreURL):  # None, a number or bytes reached os.fspath's TypeError
+        raise StoreError(
+            f"a store's location must be a str path, an os.PathLike (pathlib.Path) or a URL, got "
+            f"{type(path).__name__} {path!r}"[:300],
+            hint="pass it as text, e.g. 'ticks.zarr' or Path('ticks.zarr')"
+            + (" (.decode() for bytes)." if isinstance(text, bytes) else "."),
+        )
     p = location(path)
     p = p.resolve() if isinstance(p, Path) else p
     identity = _identity(p)  # before its metadata is read: a store replaced in between is told apart later
