@@ -648,3 +648,18 @@ def test_an_output_named_as_the_time_column_is_refused_before_computing() -> Non
                 frame, {"conv": [{"filters": ["id", "diff:1"]}]}, time_column="x.id", device="cpu"
             )
         assert "rename the time column or the feature" in err.value.hint, kind
+
+
+def test_frame_time_centuries_apart_is_compared_not_differenced() -> None:
+    # the check differenced the int64 ns times: 2200 -> 1750 wrapped to a positive step and was taken (a frame
+    # running backwards computed as in order), and 1750 -> 2200 wrapped negative and was refused
+    import pandas as pd
+
+    x = np.array([100.0, 101.0, 102.0])
+    back = np.array(["2200-01-01", "1750-01-01", "1750-01-02"], dtype="datetime64[ns]")
+    for frame in (pl.DataFrame({"time": back, "a": x}), pd.DataFrame({"time": back, "a": x})):
+        with pytest.raises(ShapeError, match="not strictly increasing at row 1"):
+            tsconv.features(frame, PIPE, device="cpu")
+    ahead = np.array(["1750-01-01", "2200-01-01", "2200-01-02"], dtype="datetime64[ns]")
+    got = tsconv.features(pl.DataFrame({"time": ahead, "a": x}), PIPE, device="cpu")
+    assert got["time"].to_numpy().astype("datetime64[ns]").tolist() == ahead.tolist()

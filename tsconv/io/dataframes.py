@@ -286,9 +286,12 @@ def _check_frame_time(time: Any, caller: str) -> None:
     if time.null_count():
         raise ShapeError(f"{caller}: the time column {name!r} has {time.null_count()} nulls")
     if time.len() > 1:
-        d = time.to_physical().diff().slice(1)
-        if (d <= 0).any():
-            row = int(d.le(0).arg_true()[0]) + 1
+        # compared, not differenced: ns times more than 292 years apart overflow int64 (a difference that wraps
+        # took 2200 -> 1750 as increasing and refused 1750 -> 2200)
+        t = time.to_physical()
+        down = t.slice(1) <= t.slice(0, t.len() - 1)
+        if down.any():
+            row = int(down.arg_true()[0]) + 1
             raise ShapeError(
                 f"{caller}: the time column {name!r} is not strictly increasing at row {row}",
                 hint="sort the frame by time and drop duplicate timestamps (frame.sort(...).unique(...)).",
