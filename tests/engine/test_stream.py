@@ -275,6 +275,28 @@ def test_a_pandas_frames_index_gives_the_pushes_times():
     assert one.last_time is None and one.rows == 7
 
 
+def test_a_pushs_index_or_coordinate_of_times_beyond_ns_keeps_its_unit():
+    # a DatetimeIndex (or a DataArray's time coordinate) was taken as datetime64[ns], which wraps times past 2262
+    # or before 1677 held in s/ms/us: the year 3000 was the last time pushed as 1831, so a later push of 1900 was
+    # taken (a series run backwards, silently); features() takes such times in their own unit, and so does push
+    import xarray as xr
+
+    pipe = {"conv": [{"filters": ["diff:1"]}]}
+    later = pd.date_range("3000-01-01", periods=3, freq="D", unit="s")
+    earlier = pd.date_range("1900-01-01", periods=3, freq="D", unit="us")
+    x = np.arange(3, dtype=np.float64)[:, None] + 100
+    for make in (
+        lambda t: pd.DataFrame({"a": x[:, 0]}, index=t),
+        lambda t: xr.DataArray(x, dims=("time", "feature"), coords={"time": t.values, "feature": ["a"]}),
+    ):
+        stream = tsconv.Stream(pipe, features=["a"], device="cpu")
+        stream.push(make(later))
+        assert str(stream.last_time) == "3000-01-03T00:00:00"  # not wrapped into 1831
+        with pytest.raises(tsconv.TsconvError, match="time must increase strictly"):
+            stream.push(make(earlier))
+        assert stream.rows == 3
+
+
 def test_a_long_frames_multiindex_push_is_refused_as_several_series():
     # a push indexed by (time, symbol) was taken row by row as one series: a.diff1 differenced one symbol's
     # value against the other's (99, -98, ...), as features() did

@@ -404,7 +404,7 @@ class Stream:
             index = index.to_timestamp()
         # tz-aware times, and datetime objects of several zones, in UTC, as a pandas frame's index is taken
         index = pd.DatetimeIndex(pd.to_datetime(index, utc=True)).tz_localize(None)
-        return arr, index.to_numpy("datetime64[ns]")
+        return arr, index.to_numpy()  # its own unit: ns wraps times past 2262 or before 1677
 
     def _checked_time(self, time: Any, n: int) -> Any:
         """The last of ``time``'s ``n`` stamps (the last time pushed, for n = 0), once they are checked to
@@ -487,7 +487,7 @@ def _index_times(frame: Any, *, has_time_column: bool) -> np.ndarray | None:
     index = frame.index
     if index.tz is not None:
         index = index.tz_convert("UTC").tz_localize(None)
-    return index.to_numpy("datetime64[ns]")
+    return index.to_numpy()  # its own unit, as a time column's: ns wraps times past 2262 or before 1677
 
 
 def _feature_names(features: int | Sequence[str]) -> tuple[str, ...]:
