@@ -416,6 +416,23 @@ def test_a_time_range_offset_in_iso_basic_form_is_read(offset: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "bound",
+    [
+        "1677-09-21T00:13:00+01:00",  # 1677-09-20T23:13Z, before int64 ns: read as 2262-04-11T22:47
+        "2262-04-11T23:00:00-01:00",  # 2262-04-12T00:00Z, past int64 ns: read as 1677
+        "2262-04-11T23:47:16.8547759",  # its microsecond within range, its ns past it
+    ],
+)
+def test_a_time_range_bound_past_int64_ns_is_refused_not_wrapped(bound: str) -> None:
+    # the local time was checked, then shifted by its offset (or parsed to the ns) in numpy, which wrapped: a
+    # span of minutes in 1677 selected a store's rows in 2262
+    with pytest.raises(PipelineError, match="between 1677-09-21 and 2262-04-11"):
+        pipeline_from_dict(_pipe({"time_range": [bound, "2262-04-11T23:47:16"]}))
+    last = pipeline_from_dict(_pipe({"time_range": ["2262-04-11", "2262-04-11T22:47:16.854775807-01:00"]}))
+    assert last.preprocess.time_range_ns()[1] == np.iinfo(np.int64).max
+
+
 def test_resume_inside_a_time_range(tmp_path: Path, monkeypatch) -> None:
     x = _series(2000, seed=3)
     src = write_store(tmp_path / "in.zarr", x, chunks=(300, 5))

@@ -200,12 +200,18 @@ def _parse_time(value: str) -> int:
     if np.isnat(us):
         raise ValueError(f"{value!r} is not a recognised ISO timestamp ({_TIME_FORMS})")
     lim = np.iinfo(np.int64).max // 1000
+    outside = ValueError(
+        f"{value!r} is not an ISO timestamp between 1677-09-21 and 2262-04-11 (int64 nanoseconds)"
+    )
     if not -lim <= int(us.astype(np.int64)) <= lim:
-        raise ValueError(
-            f"{value!r} is not an ISO timestamp between 1677-09-21 and 2262-04-11 (int64 nanoseconds)"
-        )
-    ns = np.datetime64(text, "ns") - np.timedelta64(int(offset.total_seconds()), "s")
-    return int(ns.astype(np.int64))
+        raise outside
+    # numpy wraps a local time past int64 ns (its last microsecond's digits, or the offset's shift to UTC), into
+    # the other end of the range: checked in Python integers
+    local = int(np.datetime64(text, "ns").astype(np.int64))
+    ns = local - int(offset.total_seconds()) * 10**9
+    if local // 1000 != int(us.astype(np.int64)) or not -lim * 1000 <= ns <= np.iinfo(np.int64).max:
+        raise outside
+    return ns
 
 
 @dataclass(frozen=True)
