@@ -401,6 +401,13 @@ def test_a_time_range_with_an_offset_selects_the_same_rows_as_in_utc(tmp_path: P
     assert read_output(tmp_path / "a.zarr").tobytes() == read_output(tmp_path / "b.zarr").tobytes()
 
 
+def test_a_time_range_in_utc_with_a_lowercase_z_is_read() -> None:
+    # "2026-01-02T09:40:00z" was refused as no ISO timestamp; ingest reads it, and RFC 3339 allows either case
+    upper = pipeline_from_dict(_pipe({"time_range": ["2026-01-02T09:40:00Z", "2026-01-02T09:50:00Z"]}))
+    lower = pipeline_from_dict(_pipe({"time_range": ["2026-01-02T09:40:00z", "2026-01-02T09:50:00z"]}))
+    assert lower.preprocess.time_range_ns() == upper.preprocess.time_range_ns()
+
+
 @pytest.mark.parametrize("offset", ["+0200", "+02"])
 def test_a_time_range_offset_in_iso_basic_form_is_read(offset: str) -> None:
     # "2026-01-02T11:40:00+0200" (ISO 8601's basic form, or hours only) was refused as outside 1677 .. 2262

@@ -182,7 +182,7 @@ def _parse_time(value: str) -> int:
     ``+0500``, ``+05``) is converted. A ValueError saying which: a value that is not such a timestamp, or
     one outside what int64 nanoseconds hold (1677-09-21 to 2262-04-11)."""
     text = value.strip()
-    if text.endswith("Z"):
+    if text.endswith(("Z", "z")):  # as ingest reads it (RFC 3339 allows either case)
         text = text[:-1]
     offset = _dt.timedelta(0)
     m = _OFFSET.fullmatch(text, 10)
