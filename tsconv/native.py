@@ -15,6 +15,7 @@ import logging
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from typing import Generic, TypeVar
 
 from tsconv import config
 
-__all__ = ["NativeLibrary", "build_library", "cpu_tag"]
+__all__ = ["NativeLibrary", "build_library", "cpu_tag", "damaged"]
 
 log = logging.getLogger("tsconv.native")
 T = TypeVar("T")
@@ -48,12 +49,15 @@ def build_library(
     source: Path, *, flags: tuple[str, ...], machine: str = ""
 ) -> tuple[ctypes.CDLL | None, str | None]:
     """``source`` compiled as a shared library with ``flags`` (built once per source, flags and machine into
-    the cache directory) and loaded; or None and why not."""
+    the cache directory, and again where the cached one is damaged: :func:`damaged`) and loaded; or None and
+    why not."""
     text = source.read_bytes()
     key = text + " ".join(flags).encode() + f"{sys.platform}-{platform.machine()}-{machine}".encode()
     tag = hashlib.sha256(key).hexdigest()[:16]
     lib_path = config.cache_dir() / f"{source.stem}-{tag}.so"
-    if not lib_path.exists():
+    exists = lib_path.exists()
+    broken = damaged(lib_path) if exists else None
+    if not exists or broken is not None:
         cc = config.current().compiler or shutil.which("cc") or shutil.which("gcc")
         if cc is None:
             return None, f"no C compiler (cc) to build tsconv's {source.name}"
@@ -62,9 +66,14 @@ def build_library(
         except OSError as exc:
             return None, f"cannot create the cache directory {str(lib_path.parent)!r}: {exc.strerror or exc}"
         # a first run on a machine pays the build (seconds): said on one line, as tuning is
-        log.warning(
-            "compiling tsconv's %s for this machine (once; cached in %s)", source.name, lib_path.parent
-        )
+        if broken is None:
+            log.warning(
+                "compiling tsconv's %s for this machine (once; cached in %s)", source.name, lib_path.parent
+            )
+        else:
+            log.warning(
+                "compiling tsconv's %s again: the library cached as %s %s", source.name, lib_path, broken
+            )
         tmp = None
         try:
             # Built beside its final name and renamed in: processes building at once each install a whole file.
@@ -78,6 +87,8 @@ def build_library(
             )
             if done.returncode != 0:
                 return None, f"{cc} failed on {source.name}: {done.stderr.strip()[-300:]}"
+            with open(tmp, "rb") as fh:  # on the disk before its name is: a crash leaves no library cut short
+                os.fsync(fh.fileno())
             os.replace(tmp, lib_path)
             tmp = None
         except (OSError, subprocess.SubprocessError) as exc:
@@ -90,6 +101,44 @@ def build_library(
         return ctypes.CDLL(str(lib_path)), None
     except OSError as exc:
         return None, f"cannot load {lib_path}: {exc}"
+
+
+def damaged(path: Path) -> str | None:
+    """How the library at ``path`` is damaged, or None: shorter than its ELF headers say (the segments that
+    dlopen maps, the section headers the linker writes last), or, on Linux, no ELF library at all. Loading a
+    library cut short (a crash before its data reached the disk, a copy of the cache broken off) ended the
+    process with SIGBUS as dlopen touched pages past the file's end; the file is checked first instead."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+            if head[:4] != b"\x7fELF":
+                return "is no ELF library" if sys.platform.startswith("linux") else None
+            wide, order = head[4:5] == b"\x02", "<" if head[5:6] == b"\x01" else ">"
+            if len(head) < (64 if wide else 52):
+                return f"is cut short ({size:,} bytes)"
+            if wide:
+                phoff, shoff = struct.unpack_from(order + "QQ", head, 0x20)
+                phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 0x36)
+            else:
+                phoff, shoff = struct.unpack_from(order + "II", head, 0x1C)
+                phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 0x2A)
+            if phnum and phentsize < (56 if wide else 32):
+                return "has damaged headers"
+            end = max(phoff + phnum * phentsize, shoff + shnum * shentsize)
+            fh.seek(phoff)
+            table = fh.read(phnum * phentsize)
+    except OSError:
+        return None  # unreadable: dlopen says why
+    word, at_offset, at_filesz = (order + "Q", 8, 32) if wide else (order + "I", 4, 16)
+    for at in range(0, len(table) - phentsize + 1, phentsize or 1):
+        if struct.unpack_from(order + "I", table, at)[0] == 1:  # PT_LOAD: mapped from the file
+            (offset,), (filesz,) = (
+                struct.unpack_from(word, table, at + at_offset),
+                struct.unpack_from(word, table, at + at_filesz),
+            )
+            end = max(end, offset + filesz)
+    return f"is cut short ({size:,} of {end:,} bytes)" if size < end else None
 
 
 class NativeLibrary(Generic[T]):

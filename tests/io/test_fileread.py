@@ -4,6 +4,8 @@ cannot be built."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +82,27 @@ def test_the_library_is_built_once_into_the_cache(tmp_path: Path, monkeypatch, r
     assert fileread.native_reader() is not None
     assert built[0].stat().st_mtime_ns == stamp
     assert len([r for r in caplog.records if r.name == "tsconv.native"]) == 1
+
+
+_LOAD = "from tsconv.io.readers import fileread; print(fileread.native_reader() is not None)"
+
+
+@pytest.mark.parametrize("damage", ["cut short", "emptied"])
+def test_a_damaged_cached_library_is_built_again(tmp_path: Path, monkeypatch, reloaded, damage) -> None:
+    """A cached library cut short (a crash before its data reached the disk, a copy of the cache broken off)
+    killed every later process with SIGBUS as it was loaded (dlopen maps pages past the file's end); an
+    emptied one was refused, with a warning, by every later process and never built again. Both are built
+    again, once, and loaded (in a fresh process: a SIGBUS would end this one)."""
+    monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+    if fileread.native_reader() is None:
+        pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
+    (lib,) = tmp_path.glob("fileread-*.so")
+    whole = lib.stat().st_size
+    lib.write_bytes(lib.read_bytes()[: whole // 2] if damage == "cut short" else b"")
+    for said in (1, 0):  # built again and said once; then loaded as it is, quietly
+        done = subprocess.run([sys.executable, "-c", _LOAD], capture_output=True, text=True, timeout=300)
+        assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
+        assert len(done.stderr.splitlines()) == said, done.stderr
+        assert "compiling tsconv's fileread.c again" in done.stderr or not said
+        assert lib.stat().st_size == whole
