@@ -8,7 +8,6 @@ call). Without a compiler, or when it fails, callers get the reason and keep the
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import hashlib
 import logging
@@ -74,11 +73,13 @@ def build_library(
             log.warning(
                 "compiling tsconv's %s again: the library cached as %s %s", source.name, lib_path, broken
             )
-        tmp = None
+        work = None
         try:
             # Built beside its final name and renamed in: processes building at once each install a whole file.
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=lib_path.parent)
-            os.close(fd)
+            # The compiler makes the file (in a folder of this build's own): its modes are the umask's, where a
+            # mkstemp file it wrote into stayed rwx--x--x, which no other user of the cache could load.
+            work = tempfile.mkdtemp(prefix=".build-", dir=lib_path.parent)
+            tmp = os.path.join(work, lib_path.name)
             done = subprocess.run(
                 [cc, *flags, "-shared", "-fPIC", "-o", tmp, str(source), "-lm"],
                 capture_output=True,
@@ -90,13 +91,11 @@ def build_library(
             with open(tmp, "rb") as fh:  # on the disk before its name is: a crash leaves no library cut short
                 os.fsync(fh.fileno())
             os.replace(tmp, lib_path)
-            tmp = None
         except (OSError, subprocess.SubprocessError) as exc:
             return None, f"cannot build {source.name}: {type(exc).__name__}: {exc}"
         finally:
-            if tmp is not None:  # a compiler that failed, or could not be started: no file left behind
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+            if work is not None:  # a compiler that failed, or could not be started: no file left behind
+                shutil.rmtree(work, ignore_errors=True)
     try:
         return ctypes.CDLL(str(lib_path)), None
     except OSError as exc:

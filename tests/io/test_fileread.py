@@ -106,3 +106,20 @@ def test_a_damaged_cached_library_is_built_again(tmp_path: Path, monkeypatch, re
         assert len(done.stderr.splitlines()) == said, done.stderr
         assert "compiling tsconv's fileread.c again" in done.stderr or not said
         assert lib.stat().st_size == whole
+
+
+def test_a_built_library_has_the_modes_the_umask_gives(tmp_path: Path, monkeypatch, reloaded) -> None:
+    """A library is built as the compiler makes its outputs (rwxr-xr-x under umask 022), so another user of a
+    shared cache directory loads it: built into a mkstemp file it stayed rwx--x--x, which no one else could
+    read, load or build again (the file was there)."""
+    monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+    umask = os.umask(0o022)
+    try:
+        if fileread.native_reader() is None:
+            pytest.skip(f"no native reader here: {fileread.unavailable_reason()}")
+    finally:
+        os.umask(umask)
+    (lib,) = tmp_path.glob("fileread-*.so")
+    assert oct(lib.stat().st_mode & 0o777) == oct(0o755)
+    assert [p.name for p in tmp_path.iterdir()] == [lib.name]  # nothing else left behind
