@@ -104,7 +104,10 @@ class Settings:
         True,
     )
     compiler: str | None = _setting(
-        "CC", "the C compiler for the native reader and bank", None, shown="cc or gcc on the PATH"
+        "CC",
+        "the C compiler for the native reader and bank, a command with its arguments as make reads it",
+        None,
+        shown="cc or gcc on the PATH",
     )
     mmap: bool = _setting(
         "TSCONV_MMAP",

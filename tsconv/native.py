@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import struct
 import subprocess
@@ -57,9 +58,15 @@ def build_library(
     exists = lib_path.exists()
     broken = damaged(lib_path) if exists else None
     if not exists or broken is not None:
-        cc = config.current().compiler or shutil.which("cc") or shutil.which("gcc")
-        if cc is None:
+        try:  # a command with its arguments, as make and setuptools read CC ("ccache gcc", "gcc -m64")
+            command = shlex.split(config.current().compiler or "")
+        except ValueError as exc:
+            return None, f"the CC setting {config.current().compiler!r} is no command ({exc}): fix its quotes"
+        found = shutil.which("cc") or shutil.which("gcc")
+        if not command and found is None:
             return None, f"no C compiler (cc) to build tsconv's {source.name}"
+        command = command or [found]
+        cc = " ".join(command)
         try:
             lib_path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -81,7 +88,7 @@ def build_library(
             work = tempfile.mkdtemp(prefix=".build-", dir=lib_path.parent)
             tmp = os.path.join(work, lib_path.name)
             done = subprocess.run(
-                [cc, *flags, "-shared", "-fPIC", "-o", tmp, str(source), "-lm"],
+                [*command, *flags, "-shared", "-fPIC", "-o", tmp, str(source), "-lm"],
                 capture_output=True,
                 text=True,
                 timeout=120,

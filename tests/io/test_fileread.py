@@ -4,6 +4,7 @@ cannot be built."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -123,3 +124,15 @@ def test_a_built_library_has_the_modes_the_umask_gives(tmp_path: Path, monkeypat
     (lib,) = tmp_path.glob("fileread-*.so")
     assert oct(lib.stat().st_mode & 0o777) == oct(0o755)
     assert [p.name for p in tmp_path.iterdir()] == [lib.name]  # nothing else left behind
+
+
+def test_a_compiler_setting_with_arguments_is_a_command(tmp_path: Path, monkeypatch, reloaded) -> None:
+    """CC names a command with its arguments, as make and setuptools read it ("ccache gcc", "gcc -m64"):
+    it was run as one program name, not found, and the reader fell back to Python with a warning."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler here")
+    monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", f"{cc} -Wall")
+    assert fileread.native_reader() is not None, fileread.unavailable_reason()
