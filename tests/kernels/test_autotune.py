@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,17 @@ def test_the_shipped_cache_is_in_the_package_and_readable() -> None:
         doc = json.loads(f.read_text())
         assert doc["schema"] == 1 and doc["entries"], f
         assert all("|triton=" in k and "config" in v for k, v in doc["entries"].items())
+
+
+def test_the_tuning_cache_file_has_the_modes_the_umask_gives(tmp_path: Path) -> None:
+    # mkstemp's 0600 stayed: another user of a shared cache directory read "unreadable autotune cache"
+    path = tmp_path / "autotune-GPU.json"
+    old = os.umask(0o022)
+    try:
+        autotune._umask.cache_clear()
+        autotune._write_file(path, "GPU", "k", {"config": "c"})
+    finally:
+        os.umask(old)
+        autotune._umask.cache_clear()
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    assert json.loads(path.read_text())["entries"] == {"k": {"config": "c"}}

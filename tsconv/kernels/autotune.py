@@ -201,6 +201,8 @@ def _write_file(path: Path, gpu: str, key: str, record: dict) -> None:
         payload = {"schema": _SCHEMA, "gpu": gpu, "entries": dict(sorted(entries.items()))}
         fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
         try:
+            # mkstemp's 0600 kept the file from the other users of a shared cache: the modes open() would give
+            os.fchmod(fd, 0o666 & ~_umask())
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(payload, fh, indent=1)
             os.replace(tmp, path)  # atomic: readers see the old or the new file, never half of one
@@ -209,6 +211,14 @@ def _write_file(path: Path, gpu: str, key: str, record: dict) -> None:
                 os.unlink(tmp)
     except OSError as exc:
         log.warning("could not write autotune cache %s: %s (the winner is kept in memory)", path, exc)
+
+
+@functools.cache
+def _umask() -> int:
+    """The process's umask (read by setting it and back, once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @functools.cache
