@@ -37,7 +37,7 @@ from tsconv.engine.fill import FillCarry, fill_record, first_values, parse_fill_
 from tsconv.engine.run import CudaOptions
 from tsconv.errors import TsconvError, TsconvWarning, first_line
 from tsconv.io.contracts import BandReader
-from tsconv.io.store import InputStore
+from tsconv.io.store import InputStore, store_identity
 from tsconv.io.writers.zarr_writer import (
     OutputWriter,
     check_owner,
@@ -46,7 +46,6 @@ from tsconv.io.writers.zarr_writer import (
     finish_grow,
     output_chunk_rows,
     remove_temporaries,
-    store_identity,
 )
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -173,7 +172,7 @@ def run_partition(
     cover, where the task's walk back for its start's fill state may stop; ``first``: each selected
     feature's first row with a value (:func:`tsconv.engine.fill.first_values`), which bounds that walk too.
     The result's ``fill_end``: the fill state after the task's last row, where that is the input's last.
-    ``run_id``, ``identity``: the run's and its output's (:func:`tsconv.io.writers.zarr_writer.store_identity`):
+    ``run_id``, ``identity``: the run's and its output's (:func:`tsconv.io.store.store_identity`):
     the task stores a chunk only while the output is still that run's (it outlives a client stopped meanwhile).
     """
     import socket

@@ -48,6 +48,7 @@ __all__ = [
     "warn_absent_chunks",
     "unitless_early_time",
     "warn_unitless_early_time",
+    "store_identity",
 ]
 
 _ZARR_MARKERS = ("zarr.json", ".zgroup", ".zarray")
@@ -95,7 +96,7 @@ class InputStore:
         """Raise :class:`~tsconv.errors.StoreError` when another store took this one's path since it was
         opened: its features, rows and chunks were read from this one, while its files (a digest, the rows)
         would be read from the other."""
-        if self.identity is not None and _identity(self.path) != self.identity:
+        if self.identity is not None and store_identity(self.path) != self.identity:
             raise StoreError(
                 f"the input {str(self.path)!r} was replaced by another store after this run opened it (written "
                 "again meanwhile, e.g. by `tsconv ingest --overwrite`): its features and rows were read from the "
@@ -248,7 +249,9 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
         )
     p = location(path)
     p = p.resolve() if isinstance(p, Path) else p
-    identity = _identity(p)  # before its metadata is read: a store replaced in between is told apart later
+    identity = store_identity(
+        p
+    )  # before its metadata is read: a store replaced in between is told apart later
     node = _open_node(p)
     where = str(p)
     meta = node.attrs.get("tsconv") if isinstance(node, zarr.Group) else None
@@ -353,8 +356,9 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
     return InputStore(path=p, values=values, time=time, features=names, identity=identity)
 
 
-def _identity(path: Path | StoreURL) -> tuple[int, int] | None:
-    """(st_dev, st_ino) of a local store's directory; None at a URL or where there is none."""
+def store_identity(path: Path | StoreURL) -> tuple[int, int] | None:
+    """(device, inode) of a local store's root directory: a store replaced by another has another (None
+    in an object store, where only a run id tells, or where there is none)."""
     if not isinstance(path, Path):
         return None
     try:

@@ -56,7 +56,7 @@ from tsconv.errors import OutputExistsError, OutputLostError, StoreError, Tsconv
 from tsconv.io.contracts import is_rows_of
 from tsconv.io.digest import DIGEST_FILE, read_digest, write_digest
 from tsconv.io.objstore import StoreURL, open_group, overlaps, remote_error
-from tsconv.io.store import is_zarr_store
+from tsconv.io.store import is_zarr_store, store_identity
 from tsconv.io.tail import TAIL_FILE
 from tsconv.io.timecoding import NS_SINCE_EPOCH
 from tsconv.io.timecolumn import TimeReader
@@ -90,7 +90,6 @@ __all__ = [
     "remove_leftovers",
     "remove_temporaries",
     "rows_written",
-    "store_identity",
 ]
 
 FORMAT_VERSION = 1
@@ -718,18 +717,6 @@ def rows_written(path: Path | StoreURL) -> int:
         return int(meta["rows"])
     stops = [int(p[1]) for p in meta.get("partitions_done", []) or []]
     return max([int(meta.get("rows_done", 0)), *stops])
-
-
-def store_identity(path: Path | StoreURL) -> tuple[int, int] | None:
-    """(device, inode) of a local store's root directory: a store replaced by another has another (None
-    in an object store, where only the run id tells)."""
-    if isinstance(path, StoreURL):
-        return None
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def check_owner(
