@@ -40,6 +40,7 @@ from tsconv.io.contracts import BandReader
 from tsconv.io.store import InputStore, store_identity
 from tsconv.io.writers.zarr_writer import (
     OutputWriter,
+    PinnedAttrs,
     check_owner,
     consolidate,
     drop_consolidated,
@@ -460,6 +461,7 @@ def run_distributed(
             if run_id is not None:
                 group.attrs["tsconv"] = {**meta, "run_id": run_id}
         identity = store_identity(out_path)
+        attrs_of_run = PinnedAttrs(group)  # the run's records, into the directory checked here only
         chunk_rows = int(group["values"].chunks[0])
         gpu = _uses_gpu(device)
         per = _rows_per_partition(rows, chunk_rows, plan.halo, plan.n_outputs, n_workers, partition_rows,
@@ -474,11 +476,11 @@ def run_distributed(
             # Progress goes only into this run's store: one renamed in over it (another run's --overwrite)
             # is refused before the write, and a rename during zarr's own write reads as the same refusal.
             check_owner(out_path, run_id=own, identity=identity)
-            meta = dict(group.attrs.get("tsconv", {}))
+            meta = attrs_of_run.get()
             prefix = done[0][1] if done and done[0][0] == 0 else 0
             meta.update(rows_done=prefix, partitions_done=[list(p) for p in done], **extra)
             try:
-                group.attrs["tsconv"] = meta
+                attrs_of_run.set(meta)
             except OSError:
                 check_owner(out_path, run_id=own, identity=identity)
                 raise
@@ -574,10 +576,11 @@ def run_distributed(
         if any(n != rows for n in shapes.values()):
             msg = f"internal error: the output's arrays hold {shapes} rows, not {rows}: not marked complete"
             raise RuntimeError(msg)
-        meta = dict(group.attrs.get("tsconv", {}))
+        meta = attrs_of_run.get()
         meta.pop("partitions_done", None)
         meta.update(complete=True, rows_done=rows)
-        group.attrs["tsconv"] = meta
+        attrs_of_run.set(meta)
+        check_owner(out_path, run_id=own, identity=identity)  # consolidate() writes by the path
         consolidate(out_path)
     finally:
         if own_client:

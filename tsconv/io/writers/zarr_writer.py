@@ -64,6 +64,7 @@ from tsconv.io.writers.encode import ChunkFileWriter, remove_partial_files
 from tsconv.kernels.blosc_header import parse_header
 
 __all__ = [
+    "PinnedAttrs",
     "COMPRESSIONS",
     "CREATING_SUFFIX",
     "DISCARDED_SUFFIX",
@@ -813,6 +814,43 @@ def _local_group_json(group: zarr.Group) -> Path | None:
         return None
     path = Path(store.root) / group.path / "zarr.json" if group.path else Path(store.root) / "zarr.json"
     return path if path.is_file() else None
+
+
+class PinnedAttrs:
+    """The ``tsconv`` attributes of a store's root group, read and replaced relative to its directory as opened
+    here (local format-3 stores where the system has ``dir_fd``; elsewhere through zarr): a record written
+    after a check of the store's owner, while another run renamed its own store in over the path, goes to the
+    directory this run opened, never into the other store."""
+
+    def __init__(self, group: zarr.Group) -> None:
+        self.group = group
+        self._fd: int | None = None
+        doc = _local_group_json(group)
+        if doc is not None and not group.path and os.replace in os.supports_dir_fd:
+            self._fd = os.open(doc.parent, os.O_RDONLY | os.O_DIRECTORY)
+            weakref.finalize(self, os.close, self._fd)
+
+    def get(self) -> dict[str, Any]:
+        """The ``tsconv`` attributes, as stored now."""
+        if self._fd is None:
+            return dict(self.group.attrs.get("tsconv", {}))
+        return dict(self._doc().get("attributes", {}).get("tsconv", {}))
+
+    def set(self, meta: dict[str, Any]) -> None:
+        """Replace the ``tsconv`` attributes, atomically."""
+        if self._fd is None:
+            self.group.attrs["tsconv"] = meta
+            return
+        doc = self._doc()
+        doc.setdefault("attributes", {})["tsconv"] = meta
+        tmp = f"zarr.json.{uuid.uuid4().hex}.partial"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666, dir_fd=self._fd), "w") as f:
+            f.write(json.dumps(doc, indent=2))
+        os.replace(tmp, "zarr.json", src_dir_fd=self._fd, dst_dir_fd=self._fd)
+
+    def _doc(self) -> dict[str, Any]:
+        with open(os.open("zarr.json", os.O_RDONLY, dir_fd=self._fd)) as f:
+            return json.load(f)
 
 
 def _replace_json(path: Path, doc: dict[str, Any], *, indent: int | None = 2) -> None:
