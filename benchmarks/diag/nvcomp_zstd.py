@@ -88,7 +88,11 @@ def main() -> None:
         st = torch.zeros((n,), dtype=torch.int32, device=dev)
         temp = ctypes.c_size_t(0)
         rc = lib.nvcompBatchedZstdDecompressGetTempSize(
-            ctypes.c_size_t(n), ctypes.c_size_t(raw), opts, ctypes.byref(temp), ctypes.c_size_t(n * raw),
+            ctypes.c_size_t(n),
+            ctypes.c_size_t(raw),
+            opts,
+            ctypes.byref(temp),
+            ctypes.c_size_t(n * raw),
             ctypes.c_void_p(stream.cuda_stream),
         )
         assert rc == 0, rc
@@ -96,9 +100,16 @@ def main() -> None:
 
         def launch() -> None:
             rc = lib.nvcompBatchedZstdDecompressAsync(
-                ctypes.c_void_p(cptr.data_ptr()), ctypes.c_void_p(csz.data_ptr()), ctypes.c_void_p(osz.data_ptr()),
-                ctypes.c_void_p(got.data_ptr()), ctypes.c_size_t(n), ctypes.c_void_p(tmp.data_ptr()),
-                ctypes.c_size_t(temp.value), ctypes.c_void_p(optr.data_ptr()), opts, ctypes.c_void_p(st.data_ptr()),
+                ctypes.c_void_p(cptr.data_ptr()),
+                ctypes.c_void_p(csz.data_ptr()),
+                ctypes.c_void_p(osz.data_ptr()),
+                ctypes.c_void_p(got.data_ptr()),
+                ctypes.c_size_t(n),
+                ctypes.c_void_p(tmp.data_ptr()),
+                ctypes.c_size_t(temp.value),
+                ctypes.c_void_p(optr.data_ptr()),
+                opts,
+                ctypes.c_void_p(st.data_ptr()),
                 ctypes.c_void_p(stream.cuda_stream),
             )
             assert rc == 0, rc
@@ -116,8 +127,15 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         s = statistics.median(times)
         mem = comp.numel() + outb.numel() + tmp.numel()
-        return {"chunks": n, "seconds": s, "gbps": n * raw / s / 1e9, "temp_bytes": temp.value,
-                "device_bytes": mem, "equal": ok, "launch": launch}
+        return {
+            "chunks": n,
+            "seconds": s,
+            "gbps": n * raw / s / 1e9,
+            "temp_bytes": temp.value,
+            "device_bytes": mem,
+            "equal": ok,
+            "launch": launch,
+        }
 
     def cpu_all(n: int) -> float:
         dec = numcodecs.Zstd().decode
@@ -127,9 +145,16 @@ def main() -> None:
                 pass
         return time.perf_counter() - t0
 
-    res: dict = {"commit": commit(), "machine": machine(), "gpu": torch.cuda.get_device_name(),
-                 "chunk": [rows, cols], "compressed_ratio": ratio, "threads": threads, "gpu_alone": [],
-                 "both": []}
+    res: dict = {
+        "commit": commit(),
+        "machine": machine(),
+        "gpu": torch.cuda.get_device_name(),
+        "chunk": [rows, cols],
+        "compressed_ratio": ratio,
+        "threads": threads,
+        "gpu_alone": [],
+        "both": [],
+    }
     cpu_n = 4 * threads
     cpu_s = statistics.median(cpu_all(cpu_n) for _ in range(args.repeats))
     res["cpu_alone"] = {"chunks": cpu_n, "seconds": cpu_s, "gbps": cpu_n * raw / cpu_s / 1e9}
@@ -145,8 +170,13 @@ def main() -> None:
         tc = cpu_all(cpu_n)
         torch.cuda.synchronize()
         tb = time.perf_counter() - t0
-        both = {"gpu_chunks": n, "cpu_chunks": cpu_n, "cpu_seconds": tc, "seconds": tb,
-                "gbps": (n + cpu_n) * raw / tb / 1e9}
+        both = {
+            "gpu_chunks": n,
+            "cpu_chunks": cpu_n,
+            "cpu_seconds": tc,
+            "seconds": tb,
+            "gbps": (n + cpu_n) * raw / tb / 1e9,
+        }
         res["both"].append(both)
         print("both", both, flush=True)
         torch.cuda.empty_cache()
