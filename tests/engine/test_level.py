@@ -36,15 +36,20 @@ def test_one_bad_print_before_a_chunk_is_not_the_next_chunks_level(taps: list[fl
     pipe = {"weight_dtype": "float32", "conv": [{"weights": np.array([[taps]])}]}
     got = tsconv.features(x, pipe, device="cpu", chunk=chunk)[:, 0].astype(np.float64)
     k = len(taps)
-    xd = x[:, 0].astype(np.float64)
-    want = sum(
-        t * np.concatenate([np.full(k - 1 - j, np.nan), xd[: rows - (k - 1 - j)]]) for j, t in enumerate(taps)
-    )
+    want = _causal(x[:, 0].astype(np.float64), taps)
     after = slice(chunk + k, 2 * chunk)  # the next chunk, past the rows that read the print itself
     assert np.abs(got[after] - want[after]).max() <= 2e-5
     stream = tsconv.Stream(pipe, features=1, chunk=chunk, device="cpu")
     pushed = np.concatenate([stream.push(x[i : i + 700]) for i in range(0, rows, 700)])
     np.testing.assert_array_equal(pushed[:, 0], got.astype(np.float32))
+
+
+def _causal(xd: np.ndarray, taps: list[float]) -> np.ndarray:
+    """The causal conv of one float64 series with ``taps`` (last tap on the current step), NaN in its warm-up."""
+    k, rows = len(taps), xd.shape[0]
+    return sum(
+        t * np.concatenate([np.full(k - 1 - j, np.nan), xd[: rows - (k - 1 - j)]]) for j, t in enumerate(taps)
+    )
 
 
 @pytest.mark.parametrize("burst", [(30, 31), (31, 32), (1022, 1023), (1023, 1024)])
@@ -63,10 +68,7 @@ def test_two_bad_prints_in_a_row_are_not_a_blocks_level(burst: tuple[int, int], 
     pipe = {"weight_dtype": "float32", "conv": [{"weights": np.array([[taps]])}]}
     got = tsconv.features(x, pipe, device="cpu", chunk=chunk)[:, 0].astype(np.float64)
     k = len(taps)
-    xd = x[:, 0].astype(np.float64)
-    want = sum(
-        t * np.concatenate([np.full(k - 1 - j, np.nan), xd[: rows - (k - 1 - j)]]) for j, t in enumerate(taps)
-    )
+    want = _causal(x[:, 0].astype(np.float64), taps)
     clean = np.ones(rows, dtype=bool)
     clean[: k - 1] = False  # warm-up
     clean[burst[0] : burst[1] + k] = False  # the outputs whose window holds a print

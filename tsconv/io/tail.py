@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tsconv.io.contracts import BandReader
+from tsconv.io.npyheader import read_npy_header
 from tsconv.io.objstore import StoreURL
 
 __all__ = [
@@ -164,13 +165,7 @@ def _sizes_fit(path: Path) -> bool:
             if info.file_size > MAX_TAIL_BYTES + 4096:
                 return False
             with zf.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                read = (
-                    np.lib.format.read_array_header_1_0
-                    if version == (1, 0)
-                    else np.lib.format.read_array_header_2_0
-                )
-                shape, _, dtype = read(f)
+                shape, dtype = read_npy_header(f)
                 if dtype.hasobject or math.prod(shape) * dtype.itemsize > info.file_size:
                     return False
     return True

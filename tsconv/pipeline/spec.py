@@ -28,6 +28,7 @@ import numpy as np
 
 from tsconv.errors import PipelineError, ShapeError, first_line
 from tsconv.io.names import control_name, matching
+from tsconv.io.npyheader import read_npy_header
 from tsconv.pipeline.filters import Filter, bank_weights, filter_spec
 
 __all__ = [
@@ -1049,14 +1050,7 @@ def _check_npy_header(
     (``{got}``: the size in the file, ``{shape}``: its shape)."""
     with open(path, "rb") as f:
         try:
-            version = np.lib.format.read_magic(f)
-            # format 3.0 differs from 2.0 only in allowing UTF-8 in field names, which weights never have
-            read = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0
-            )
-            shape, _, dtype = read(f)
+            shape, dtype = read_npy_header(f)
         except Exception as exc:
             raise PipelineError(
                 f"{where}: {table}: cannot read {key} file {str(path)!r}: not a valid .npy header ({exc})"
