@@ -535,8 +535,9 @@ def render(doc: dict[str, Any], md: Path, png: Path | None) -> None:
         )
     for r in colds:
         lines.append(
-            f"\nEmpty tuning cache, {r['store']} {r['pipeline']}: wall {r['wall_s']:.2f} s, "
-            f"report {r['report_s']:.2f} s (the warm median: {r.get('warm_wall_s', float('nan')):.2f} s)."
+            f"\nEmpty tuning cache, {r['store']} {r['pipeline']} (commit {r.get('commit', doc['commit'])}): wall "
+            f"{r['wall_s']:.2f} s, report {r['report_s']:.2f} s (the warm median of its call: "
+            f"{r.get('warm_wall_s', float('nan')):.2f} s)."
         )
     for r in doc.get("dask", []):
         lines.append(
