@@ -551,6 +551,33 @@ def test_features_gives_a_time_column_in_seconds_its_type_back() -> None:
     assert out.column("time").equals(table.column("time")) and out.column_names[0] == "time"
 
 
+@pytest.mark.parametrize("kind", ["pandas", "pandas-arrow", "pyarrow"])
+def test_a_time_column_at_a_fixed_offset_is_read_and_given_back(kind: str) -> None:
+    """pd.to_datetime of ISO times ending in +05:30 gives datetime64[us, UTC+05:30], which polars cannot read:
+    features() and push() raised polars' ComputeError ('unable to parse time zone'). The times are read as
+    their instants, and the result's time column has the input's type and zone."""
+    import pandas as pd
+
+    x = price_series(50, 2, seed=2)
+    t = pd.to_datetime([f"2024-01-02T09:{m:02d}:00+05:30" for m in range(50)])
+    df = pd.DataFrame({"time": t, "a": x[:, 0], "b": x[:, 1]})
+    if kind == "pandas-arrow":
+        df = df.astype({"time": pd.ArrowDtype(pa.timestamp("ns", tz="+05:30"))})
+    frame = pa.Table.from_pandas(df, preserve_index=False) if kind == "pyarrow" else df
+    got = tsconv.features(frame, PIPE, device="cpu")
+    want = tsconv.features(x, PIPE, names=["a", "b"], device="cpu")
+    if kind == "pyarrow":
+        assert got.column("time").equals(frame.column("time"))
+        values = np.stack([got.column(n).to_numpy() for n in got.column_names[1:]], axis=1)
+    else:
+        assert got["time"].dtype == df["time"].dtype and (got["time"] == df["time"]).all()
+        values = got.drop(columns="time").to_numpy()
+    np.testing.assert_array_equal(values, want)
+    stream = tsconv.Stream(PIPE, features=["a", "b"], device="cpu")
+    np.testing.assert_array_equal(stream.push(frame), want)
+    assert stream.last_time == np.datetime64("2024-01-02T04:19:00")  # 09:49 at +05:30, in UTC
+
+
 @pytest.mark.parametrize("route", ["array", "pandas", "stream"])
 def test_an_empty_feature_name_is_refused_on_every_route(route: str) -> None:
     """A store's empty feature name is refused when it opens; an array's names, a frame's column and a

@@ -96,7 +96,7 @@ def to_polars(frame: Any, caller: str) -> Any:
                 hint="flatten them first, e.g. frame.columns = ['.'.join(map(str, c)) for c in frame.columns].",
             )
         _refuse_repeats([str(c) for c in frame.columns], caller)
-        frame = frame.rename(columns=str)
+        frame = _zoned_in_utc(frame.rename(columns=str), "pandas")
         try:
             return pl.from_pandas(frame)
         except (TypeError, ValueError, NotImplementedError):  # pyarrow's ArrowTypeError, ArrowInvalid, ...
@@ -104,10 +104,38 @@ def to_polars(frame: Any, caller: str) -> Any:
             raise
     if kind == "pyarrow":
         _refuse_repeats(list(frame.schema.names), caller)
-        return pl.from_arrow(frame)
+        return pl.from_arrow(_zoned_in_utc(frame, "pyarrow"))
     if kind == "polars":
         return frame
     raise ShapeError(f"{caller}: expected a polars, pandas or pyarrow frame, got {type(frame).__name__}")
+
+
+def _zoned_in_utc(frame: Any, kind: str) -> Any:
+    """A pandas or pyarrow frame whose time-zoned timestamp columns are in UTC, the same instants: polars reads
+    no fixed offset but whole hours ('+05:30', '+05', as pd.to_datetime gives ISO times with an offset) and
+    raised its ComputeError on them. The result's time column gets the input's type (and zone) back."""
+    if kind == "pandas":
+        import pandas as pd
+
+        def zoned(dtype: Any) -> bool:
+            arrow = getattr(dtype, "pyarrow_dtype", None)  # pd.ArrowDtype(pa.timestamp(..., tz=...))
+            return isinstance(dtype, pd.DatetimeTZDtype) or getattr(arrow, "tz", None) is not None
+
+        cols = [c for c, d in frame.dtypes.items() if zoned(d)]
+        if cols:
+            frame = frame.copy(deep=False)  # the caller's frame keeps its columns
+            for c in cols:
+                frame[c] = frame[c].dt.tz_convert("UTC")
+        return frame
+    import pyarrow as pa
+
+    schema = frame.schema
+    cols = [
+        i for i, f in enumerate(schema) if pa.types.is_timestamp(f.type) and f.type.tz not in (None, "UTC")
+    ]
+    for i in cols:
+        schema = schema.set(i, schema.field(i).with_type(pa.timestamp(schema.field(i).type.unit, tz="UTC")))
+    return frame.cast(schema) if cols else frame
 
 
 def pandas_index_columns(schema: Any) -> list[str]:
