@@ -389,3 +389,17 @@ def test_int64_values_beyond_2_53_warn_that_float64_rounds_them(route: str) -> N
     with warnings.catch_warnings():
         warnings.simplefilter("error", tsconv.TsconvWarning)
         tsconv.features(small, pipe, device="cpu")
+
+
+def test_the_wide_integer_warning_counts_the_other_features_only() -> None:
+    """One feature beyond 2^53 was said to have "1 feature(s) like it"; three were "3 feature(s) like it"."""
+    base = (1 << 60) + np.arange(300, dtype=np.int64)[:, None] * 100
+    small = np.arange(300, dtype=np.int64)[:, None]
+    pipe = {"conv": [{"filters": ["diff:1"]}]}
+    for x, tail in ((np.hstack([base, small]), "lose those low digits; subtract"),
+                    (np.hstack([base, base, small, base]), "lose those low digits (and 2 more features); subtract")):  # fmt: skip
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            tsconv.features(x, pipe, device="cpu")
+        said = [str(w.message) for w in caught if "beyond 2^53" in str(w.message)]
+        assert len(said) == 1 and said[0].startswith("feature 'f0' holds") and tail in said[0], said

@@ -258,11 +258,14 @@ class WideIntegerCheck:
             self._warn(name, hi if hi > _FLOAT64_EXACT else lo, len(hit))
 
     def _warn(self, name: str, value: int, count: int) -> None:
+        """Warn of ``name``, one of ``count`` features (itself included) holding such values."""
         self.warned = True
+        # the others only: "(1 feature(s) like it)" of a feature alone said there was a second one
+        others = f" (and {count - 1:,} more features)" if count > 1 else ""
         message = (
             f"feature {name!r} holds integers beyond 2^53 (e.g. {value:,}), which float64 rounds to a "
             f"multiple of {int(np.spacing(np.float64(abs(value)))):,}: its differences and deviations lose "
-            f"those low digits ({count} feature(s) like it); subtract a reference value (e.g. the first) before "
+            f"those low digits{others}; subtract a reference value (e.g. the first) before "
             "storing them, or store them as float64 if that rounding is acceptable"
         )
         if self.notes is not None:
