@@ -473,3 +473,27 @@ def test_a_stages_own_figure_is_its_outputs_move_after_its_activation(activation
     else:
         assert actual > 1e-3 and len(warned) == 1, (actual, warned)
         assert actual / 2.5 <= _figure(warned[0]) <= 2.5 * actual, (actual, warned[0])
+
+
+def test_the_warning_names_the_output_that_storage_moves():
+    """The warning gave the output's index ("output 4", "the pipeline's output 12"), which the user had to map to
+    a column; it names the column (or, for a stage before others, its output as ``<stage>.<o>``)."""
+    x = price_series(4000, 4, seed=3)
+    w = np.zeros((6, 4, 5), np.float32)
+    w[:, :, 0], w[:, :, -1] = -0.5, 0.5  # float16 holds these: storage moves no output but the one below
+    w[4] = 3 * _zero_sum_dense(9)[0, :4]
+    for pipe, said in (
+        ({"conv": [{"name": "s", "weights": w}]}, "moves output 's.4' by up to"),
+        ({"conv": [{"name": "s", "weights": w}, {"filters": ["id", "diff:3"]}]},
+         "moves the pipeline's output 's.4.id' by up to"),
+    ):  # fmt: skip
+        _, warned = _run(x, pipe, chunk=1024)
+        assert len(warned) == 1 and "[[conv]] #1 (s): storing its weights as float16 " + said in warned[0], (
+            warned
+        )
+    head = np.zeros((4 * C, 3))
+    head[:, 2] = np.random.default_rng(1).normal(size=4 * C)
+    head[:, 2] -= head[:, 2].mean()  # zero-sum over the means of prices: storage moves output 2 only
+    pipe = {"conv": [{"filters": ["ma:16", "ma:4"]}], "head": {"name": "h", "weights": head}}
+    _, warned = _run(price_series(4000, 2 * C, seed=5), pipe, chunk=1024)
+    assert len(warned) == 1 and "[head]: storing its weights as float16 moves output 'h.2' by up" in warned[0]

@@ -934,27 +934,29 @@ class _StorageCheck:
         if all(r is None for r in residuals) and head_residual is None:
             return  # float16 holds every stored weight exactly
         noted: dict[tuple[str, bool], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        named: dict[tuple[str, bool], tuple[str, ...]] = {}
         level, u = u[-1], u[:-1]
         for part in torch.split(u, self._sizes):
-            for what, carried, err, exact in self._moves(
+            for what, carried, err, exact, names in self._moves(
                 part, level, layers, residuals, head_residual, block, recenter
             ):
                 errs, exacts = noted.setdefault((what, carried), ([], []))
                 errs.append(err)
                 exacts.append(exact)
+                named[what, carried] = names
         # the pipeline's outputs first: a stage is warned once, with the figure of what the user gets
         for what, carried in sorted(noted, key=lambda k: not k[1]):
             errs, exacts = noted[what, carried]
-            self._note(torch.cat(errs), torch.cat(exacts), what, carried=carried)
+            self._note(torch.cat(errs), torch.cat(exacts), what, named[what, carried], carried=carried)
 
     def _moves(
         self, u: torch.Tensor, level: torch.Tensor, layers: tuple[_DeviceLayer, ...],
         residuals: list[np.ndarray | None], head_residual: np.ndarray | None, block: int, recenter: bool,
-    ) -> list[tuple[str, bool, torch.Tensor, torch.Tensor]]:  # fmt: skip
+    ) -> list[tuple[str, bool, torch.Tensor, torch.Tensor, tuple[str, ...]]]:  # fmt: skip
         """For each stage (and the head) storage rounds: its name, whether the move is the pipeline's outputs'
         (else the stage's own), what the rounding moved those outputs by and those outputs with the weights as
-        given, [rows, outputs], over one sample ``u`` [halo + rows, C] whose first stage the engine centres on
-        ``level`` [C]. A stage before others gets both: its own outputs' move, and the pipeline's outputs'
+        given, [rows, outputs], and those outputs' names (``<stage>.<o>``, or the pipeline's), over one sample
+        ``u`` [halo + rows, C] whose first stage the engine centres on ``level`` [C]. A stage before others gets both: its own outputs' move, and the pipeline's outputs'
         move that its rounding alone makes through every later stage and the head."""
         plan = self.plan
         moves = []
@@ -1002,15 +1004,20 @@ class _StorageCheck:
                 # the stage's outputs are after its activation: their move, over their scale (the move before
                 # it, over the scale after it, warned of a saturated tanh stage that storage moves not at all)
                 moved = _activation_move(pres[i], err, layer.activation)
-                moves.append((own[i][0], False, moved[0].T, y[0].T))
+                names = tuple(f"{layer.name}.{o}" for o in range(layer.out_channels))
+                moves.append((own[i][0], False, moved[0].T, y[0].T, names))
         head = None if plan.head is None else torch.from_numpy(plan.head.given).float()
         final = y[0].T if head is None else y[0].T @ head
         for i, (what, err) in own.items():
             if i + 1 < len(plan.layers) or head is not None:
-                moves.append((what, True, self._carried(i, err, inputs, pres, head), final))
+                moves.append(
+                    (what, True, self._carried(i, err, inputs, pres, head), final, plan.output_names)
+                )
         if head_residual is not None:
             h = y[0].T
-            moves.append((f"{origin}: [head]", False, h @ torch.from_numpy(head_residual), h @ head))
+            moves.append(
+                (f"{origin}: [head]", False, h @ torch.from_numpy(head_residual), h @ head, plan.output_names)
+            )
         return moves
 
     def _carried(
@@ -1035,9 +1042,11 @@ class _StorageCheck:
             d = _activation_move(pres[j], d, layer.activation)
         return d[0].T if head is None else d[0].T @ head
 
-    def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str, *, carried: bool = False) -> None:
+    def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str, names: tuple[str, ...], *,
+              carried: bool = False) -> None:  # fmt: skip
         """Keep a warning when ``err`` [rows, outputs] exceeds ``_WARN_FROM`` of each output's scale (its largest
-        finite |value| in ``exact``), naming the worst output (``carried``: the pipeline's), once a stage."""
+        finite |value| in ``exact``), naming the worst output by its name in ``names`` (``carried``: the
+        pipeline's: an output column), once a stage."""
         if any(w == what for w, _, _ in self._messages):
             return
         finite = torch.isfinite(exact) & torch.isfinite(err)
@@ -1048,7 +1057,7 @@ class _StorageCheck:
         if float(rel[worst]) > _WARN_FROM:
             whose = "the pipeline's " if carried else ""
             self._messages.append((what, float(rel[worst]),
-                f"{what}: storing its weights as float16 moves {whose}output {worst} by up to {float(rel[worst]):.1e} "
+                f"{what}: storing its weights as float16 moves {whose}output {names[worst]!r} by up to {float(rel[worst]):.1e} "
                 f"of its scale on {err.shape[0]} rows sampled from this data (longer spans can move it further, "
                 f'past {FP16_WARN:.0e}); set weight_dtype = "float32" for it (or use weights that float16 '
                 "holds exactly, such as power-of-two windows)",
