@@ -497,3 +497,28 @@ def test_the_warning_names_the_output_that_storage_moves():
     pipe = {"conv": [{"filters": ["ma:16", "ma:4"]}], "head": {"name": "h", "weights": head}}
     _, warned = _run(price_series(4000, 2 * C, seed=5), pipe, chunk=1024)
     assert len(warned) == 1 and "[head]: storing its weights as float16 moves output 'h.2' by up" in warned[0]
+
+
+@pytest.mark.parametrize("kind", ["demeaning_bias", "saturated_tanh"])
+def test_the_heads_figure_is_its_outputs_move_after_its_bias_and_activation(kind: str) -> None:
+    """The head's figure (its own, and the scale a stage before it is carried to) was read from ``y @ W``, without
+    the head's bias and activation: a head over prices whose bias takes their level off (outputs near 0, not
+    100) was off by 7.2e-3 of its outputs' scale, unwarned, and a tanh head saturated at 1.0 over prices, which
+    storage moves not at all, was warned as moved by 9.7e-4. Both are judged on the outputs the user gets."""
+    rng = np.random.default_rng(5)
+    x = (100 + np.cumsum(rng.normal(0, 0.01, (4000, 2)), axis=0)).astype(np.float32)
+    if kind == "demeaning_bias":
+        w = np.array([[0.3], [0.4]])
+        head = {"weights": w, "bias": -(x[:100].mean(axis=0) @ w)}
+    else:  # 0.3 x - 0.2 y near 10 over prices near 100: tanh gives 1.0 in float32
+        head = {"weights": np.array([[0.3], [-0.2]]), "activation": "tanh"}
+    pipe = {"conv": [{"filters": ["id"]}], "head": head}
+    y, warned = _run(x, pipe, device="cpu")
+    exact = tsconv.features(x, {**pipe, "weight_dtype": "float32"}, device="cpu")
+    actual = float(np.abs(y - exact).max() / np.abs(exact).max())
+    if kind == "saturated_tanh":
+        assert actual == 0.0 and warned == [], warned
+    else:
+        assert actual > 5e-3 and len(warned) == 1, (actual, warned)
+        assert "[head]: storing its weights as float16 moves output 'head.0'" in warned[0]
+        assert actual / 2.5 <= _figure(warned[0]) <= 2.5 * actual, (actual, warned[0])

@@ -1006,26 +1006,41 @@ class _StorageCheck:
                 moved = _activation_move(pres[i], err, layer.activation)
                 names = tuple(f"{layer.name}.{o}" for o in range(layer.out_channels))
                 moves.append((own[i][0], False, moved[0].T, y[0].T, names))
-        head = None if plan.head is None else torch.from_numpy(plan.head.given).float()
-        final = y[0].T if head is None else y[0].T @ head
+        # the head's outputs as given, after its bias and activation (what the user gets): without the bias,
+        # a head that subtracts a level (a bias of -100 over prices) was judged on a scale of 100 where its
+        # outputs' is 1, and a move of 6.6% of their scale went unwarned
+        h = y[0].T
+        head = head_pre = None
+        final = h
+        if plan.head is not None:
+            head = torch.from_numpy(plan.head.given).float()
+            head_pre = h @ head
+            if plan.head.bias is not None:
+                head_pre = head_pre + torch.from_numpy(plan.head.bias).float()
+            final = apply_activation(head_pre.clone(), plan.head.activation)
         for i, (what, err) in own.items():
             if i + 1 < len(plan.layers) or head is not None:
                 moves.append(
-                    (what, True, self._carried(i, err, inputs, pres, head), final, plan.output_names)
+                    (
+                        what,
+                        True,
+                        self._carried(i, err, inputs, pres, head, head_pre),
+                        final,
+                        plan.output_names,
+                    )
                 )
         if head_residual is not None:
-            h = y[0].T
-            moves.append(
-                (f"{origin}: [head]", False, h @ torch.from_numpy(head_residual), h @ head, plan.output_names)
-            )
+            moved = _activation_move(head_pre, h @ torch.from_numpy(head_residual), plan.head.activation)
+            moves.append((f"{origin}: [head]", False, moved, final, plan.output_names))
         return moves
 
     def _carried(
         self, i: int, err: torch.Tensor, inputs: list[torch.Tensor], pres: list[torch.Tensor],
-        head: torch.Tensor | None,
+        head: torch.Tensor | None, head_pre: torch.Tensor | None,
     ) -> torch.Tensor:  # fmt: skip
         """The move of the pipeline's outputs, [rows, outputs], that stage ``i``'s move ``err`` [1, O, L] makes
-        through the later stages (their weights as given) and the head. A stage's own move, over its own
+        through the later stages (their weights as given) and the head (``head_pre``: its outputs as given
+        before its activation). A stage's own move, over its own
         outputs' scale, hid what later stages show: a 5-step weighted mean of prices, moved by 6e-7 of the
         price, then differenced, left the outputs 1.7e-3 of their scale off, unwarned. The move itself is
         carried through linear steps (small, so float32 keeps it to its own digits); activations and the
@@ -1040,7 +1055,9 @@ class _StorageCheck:
                 given = torch.from_numpy(layer.given).float()
                 d = F.conv1d(d, given, dilation=layer.dilation, groups=layer.groups)
             d = _activation_move(pres[j], d, layer.activation)
-        return d[0].T if head is None else d[0].T @ head
+        if head is None:
+            return d[0].T
+        return _activation_move(head_pre, d[0].T @ head, self.plan.head.activation)
 
     def _note(self, err: torch.Tensor, exact: torch.Tensor, what: str, names: tuple[str, ...], *,
               carried: bool = False) -> None:  # fmt: skip
