@@ -376,6 +376,23 @@ def test_a_report_path_tsconv_must_not_or_cannot_write_is_refused_before_the_run
     assert snapshot(tmp_path) == before  # nothing written: no output, the input as it was
 
 
+@pytest.mark.parametrize(
+    ("inner", "default"), [((), "in.features.zarr"), (("values",), "in.values.features.zarr")]
+)
+def test_a_report_inside_the_default_output_is_refused_before_the_run(
+    tmp_path: Path, inner: tuple[str, ...], default: str
+) -> None:
+    # without -o, --report in.features.zarr/zarr.json replaced the output's root document with the JSON
+    # report (its tsconv metadata gone: a --resume then called it another run's), exit 0
+    src = good_store(tmp_path)
+    assert invoke("-i", src.joinpath(*inner)).exit_code == 0
+    report = tmp_path / default / "zarr.json"
+    before = snapshot(tmp_path)
+    res = invoke("-i", src.joinpath(*inner), "--overwrite", "--report", report)
+    assert_refused(res, f"--report {str(report)!r}", "lies inside the output", str(tmp_path / default))
+    assert snapshot(tmp_path) == before
+
+
 @pytest.mark.parametrize("report", ["p.toml", "w.npy", "sub/../w.npy"])
 def test_a_report_over_the_pipelines_own_files_is_refused_before_the_run(tmp_path: Path, report: str) -> None:
     # --report w.npy replaced the run's weight file with the JSON report; the next run failed on it

@@ -329,12 +329,29 @@ def _start_process(input_path: str, output: str | None, *, report_path: str | No
         start_early(workers, options.get("device") or "auto")
 
 
+def _refuse_report_in_default_output(report_path: str, input_path: str) -> None:
+    """Refuse a ``--report`` inside the output a run without ``--output`` writes (beside the input, or beside the
+    store holding it), as one inside a named output is: that output is known once the engine's modules are
+    imported, which :func:`_start_process` does not wait for."""
+    from tsconv.engine.api import default_output_path
+    from tsconv.io.objstore import hierarchy_root, location, refuse_inside
+
+    try:
+        loc = location(input_path)
+    except TsconvError:
+        return  # the run refuses the input itself
+    root = hierarchy_root(loc) if isinstance(loc, Path) else None
+    refuse_inside(Path(report_path), [("output", default_output_path(loc, root=root))], flag="--report")
+
+
 def _run_process(input_path: str, output: str | None, *, report_path: str | None, quiet: bool, **options: Any) -> None:  # fmt: skip
     workers = options.get("workers")
     try:
         with _imports_uncollected():
             _start_process(input_path, output, report_path=report_path, options=options)
             from tsconv.engine.api import process
+        if report_path is not None and output is None:
+            _refuse_report_in_default_output(report_path, input_path)
         report = process(input_path, output, progress=not quiet, **options)
     finally:
         if workers is not None:
