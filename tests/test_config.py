@@ -74,6 +74,17 @@ def test_override_replaces_settings_process_wide_and_nests(monkeypatch):
     assert config.current().decode_threads == 7 and config.current().mmap
 
 
+def test_an_inner_override_equal_to_an_outer_one_gives_back_the_block_it_is_in():
+    # the block that ended took the first equal settings off the stack, the outer block's: inside the
+    # middle block decode_threads was 4 again, not its 2
+    with config.override(decode_threads=4):
+        with config.override(decode_threads=2):
+            with config.override(decode_threads=4):
+                assert config.current().decode_threads == 4
+            assert config.current().decode_threads == 2
+        assert config.current().decode_threads == 4
+
+
 @pytest.mark.parametrize(
     ("changes", "match"),
     [

@@ -262,8 +262,8 @@ def override(**changes: Any) -> Iterator[Settings]:
     try:
         yield settings
     finally:
-        with _lock:
-            _overrides.remove(settings)
+        with _lock:  # this block's own settings: an equal one of an outer block stays in force
+            del _overrides[max(i for i, s in enumerate(_overrides) if s is settings)]
 
 
 def interpreted() -> bool:
