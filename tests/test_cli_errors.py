@@ -1370,8 +1370,29 @@ def test_a_report_or_figure_at_a_url_is_refused_not_written_under_a_folder_named
 def test_an_empty_report_name_is_refused_before_the_run(tmp_path: Path) -> None:
     # `--report "$REPORT"` with REPORT unset: the run ended with exit 0 and no report, and no error
     res = invoke("-i", good_store(tmp_path), "-o", tmp_path / "out.zarr", "--report", "", "--device", "cpu")
-    assert_refused(res, "--report '': name a file", "hint:")
+    assert_refused(res, "Invalid value for '--report': '' names no path", "variable")
     assert res.exit_code == 2 and not (tmp_path / "out.zarr").exists()
+
+
+def test_an_empty_path_is_refused_not_taken_for_the_current_directory(tmp_path: Path, monkeypatch) -> None:
+    # `-o "$OUT"` with OUT unset: '' is the current directory, so `tsconv process -o '' --overwrite` run from inside
+    # a store replaced it, exit 0; every path option refuses '' before anything is read or written
+    src = good_store(tmp_path)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "keep.txt").write_text("the job's own file")
+    monkeypatch.chdir(job)
+    before = snapshot(job)
+    for args in (
+        ["process", "-i", str(src), "-o", "", "--overwrite", "--device", "cpu", "-q"],
+        ["process", "-i", "", "-o", str(tmp_path / "out.zarr"), "--device", "cpu", "-q"],
+        ["ingest", str(tmp_path / "missing.csv"), "-o", ""],
+        ["inspect", ""],
+    ):
+        res = CliRunner().invoke(main, args)
+        assert_refused(res, "'' names no path", "variable")
+        assert res.exit_code == 2, args
+    assert snapshot(job) == before and not (tmp_path / "out.zarr").exists()
 
 
 def test_a_report_that_cannot_be_written_names_it_after_the_summary(tmp_path: Path) -> None:

@@ -116,6 +116,21 @@ def _parquet_output(args: list[str]) -> bool:
     return False
 
 
+class _PathOption(click.Path):
+    """A path option or argument that refuses ``''``: as a path it names the current directory, so
+    `-o "$OUT"` with OUT unset would write (or, with --overwrite, replace) whatever directory the job runs in."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value == "":
+            self.fail(
+                "'' names no path (as a path it means the current directory); name one. In a script, check "
+                "that the variable it reads is set.",
+                param,
+                ctx,
+            )
+        return super().convert(value, param, ctx)
+
+
 class _Group(click.Group):
     """Turn the library's errors into one line on stderr and a non-zero exit, never a traceback."""
 
@@ -207,7 +222,7 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
     f = click.option(
         "--pipeline",
         "pipeline",
-        type=click.Path(dir_okay=False),
+        type=_PathOption(dir_okay=False),
         help="Pipeline TOML file, or a built-in pipeline's name (see `tsconv pipelines`; default: default).",
     )(f)
     f = click.option(
@@ -230,7 +245,7 @@ def _common_process_options(f):  # noqa: ANN001, ANN202
     f = click.option(
         "--report",
         "report_path",
-        type=click.Path(dir_okay=False),
+        type=_PathOption(dir_okay=False),
         help="Write the run report here: a short Markdown summary for a name ending in .md, else JSON.",
     )(f)
     f = click.option("--quiet", "-q", is_flag=True, help="No progress bar.")(f)
@@ -305,12 +320,6 @@ def _start_process(input_path: str, output: str | None, *, report_path: str | No
 
     if output is not None:
         output_format(output)  # a mistyped output is refused at once
-    # `--report "$REPORT"` with REPORT unset: else a batch job gets no report and no error
-    if report_path == "":
-        raise TsconvError(
-            "--report '': name a file",
-            hint="e.g. --report run.json; in a script, check the variable it reads is set.",
-        )
     if report_path is not None:
         _check_report_path(report_path, input_path, output, pipeline=options.get("pipeline"))
     workers = options.get("workers")
@@ -384,11 +393,11 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
 
 
 @main.command()
-@click.option("--input", "-i", "input_path", required=True, type=click.Path(), help="Input zarr store.")
+@click.option("--input", "-i", "input_path", required=True, type=_PathOption(), help="Input zarr store.")
 @click.option(
     "--output",
     "-o",
-    type=click.Path(),
+    type=_PathOption(),
     help="Output zarr store, or a .parquet file (default: <input>.features.zarr beside it; for a group or array "
     "inside a store, beside that store).",
 )
@@ -461,7 +470,7 @@ def process(input_path: str, output: str | None, pipeline: str | None, chunk: in
 @main.command()
 @click.option("--rows", type=click.IntRange(min=1), default=DEMO_ROWS, show_default=True)
 @click.option("--features", type=click.IntRange(min=1), default=DEMO_FEATURES, show_default=True)
-@click.option("--dir", "directory", type=click.Path(file_okay=False), default="data", show_default=True)
+@click.option("--dir", "directory", type=_PathOption(file_okay=False), default="data", show_default=True)
 @_common_process_options
 def demo(rows: int, features: int, directory: str, pipeline: str | None, chunk: int, device: str,
          warmup: str, report_path: str | None, quiet: bool) -> None:  # fmt: skip
@@ -478,7 +487,7 @@ def demo(rows: int, features: int, directory: str, pipeline: str | None, chunk: 
 
 
 @main.command()
-@click.argument("store", type=click.Path())
+@click.argument("store", type=_PathOption())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.option("--no-nan-count", is_flag=True, help="Skip the NaN count (it reads the whole store).")
 def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
@@ -490,7 +499,7 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
 
 
 @main.command()
-@click.argument("store", type=click.Path())
+@click.argument("store", type=_PathOption())
 @click.option(
     "--features",
     "-f",
@@ -504,7 +513,7 @@ def inspect(store: str, as_json: bool, no_nan_count: bool) -> None:
     "--output",
     "-o",
     required=True,
-    type=click.Path(dir_okay=False),
+    type=_PathOption(dir_okay=False),
     help="Figure to write: .png, .svg or .pdf.",
 )
 def plot(store: str, patterns: tuple[str, ...], rows: str | None, output: str) -> None:
@@ -562,7 +571,9 @@ def pipelines(as_json: bool) -> None:
 
 @main.command()
 @click.argument("files", nargs=-1, required=True)
-@click.option("--output", "-o", required=True, type=click.Path(), help="Zarr store to create (or append to).")
+@click.option(
+    "--output", "-o", required=True, type=_PathOption(), help="Zarr store to create (or append to)."
+)
 @click.option(
     "--layout",
     type=click.Choice(["long", "wide"]),
@@ -618,7 +629,7 @@ def ingest(files: tuple[str, ...], output: str, layout: str, time_column: str, f
 
 
 @main.command()
-@click.argument("store", type=click.Path())
+@click.argument("store", type=_PathOption())
 def repair(store: str) -> None:
     """Roll back an interrupted `tsconv ingest --append`: keep the rows the store had before it."""
     from tsconv.io.ingest import repair as run_repair
