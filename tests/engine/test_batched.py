@@ -16,6 +16,7 @@ import torch
 import zarr
 
 import tsconv
+from tsconv import config
 from tsconv.engine.batched import parse_bytes, plan_step_rows, run_batched
 from tsconv.engine.chunked import run_chunked
 from tsconv.engine.compute import Backend
@@ -257,6 +258,28 @@ def test_process_batched_on_a_store_matches_the_chunked_engine(tmp_path):
     np.testing.assert_allclose(yb, ya, rtol=1e-5, atol=1e-5)
     g = zarr.open_group(str(tmp_path / "b.zarr"), mode="r")
     assert g.attrs["tsconv"]["complete"] is True
+
+
+def test_big_endian_rows_of_a_zarr_2_store_and_an_array_equal_the_chunked_engine(tmp_path):
+    # zarr 2 keeps '>f4' as stored (reads are big-endian arrays), which torch cannot wrap: the batched engine,
+    # the default on CUDA, failed with numpy's 'byte order different from the native byte order'
+    x = price_series(300, 3, seed=4, nan_fraction=0.03)
+    big = x.astype(">f4")
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w", zarr_format=2)
+    g.create_array("values", data=big, chunks=(64, 3))
+    g.create_array("time", data=np.arange(300, dtype=np.int64) * 1_000_000 + 1_767_346_200_000_000_000,
+                   chunks=(64,))  # fmt: skip
+    g.attrs["features"] = ["a", "b", "c"]
+    a = tsconv.process(tmp_path / "in.zarr", tmp_path / "a.zarr", pipeline=BANK, device="cpu", chunk=64)
+    b = process_batched(tmp_path / "in.zarr", tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=64)
+    assert a.rows == b.rows == 300
+    ya, yb = read_output(tmp_path / "a.zarr"), read_output(tmp_path / "b.zarr")
+    np.testing.assert_array_equal(np.isnan(ya), np.isnan(yb))
+    np.testing.assert_allclose(yb, ya, rtol=1e-5, atol=1e-5)
+    ident = {"conv": [{"filters": ["id"]}], "preprocess": {"fill": "none"}}
+    with config.override(engine="batched"):
+        y = tsconv.features(big, pipeline=ident, device="cpu")
+    np.testing.assert_array_equal(y, x)
 
 
 def test_result_slots_lent_to_the_writer_threads_are_reused_only_once_stored(tmp_path, monkeypatch):

@@ -552,7 +552,10 @@ def run_batched(
     ]
     cols = None if plan.columns is None else torch.tensor(plan.columns, dtype=torch.int64, device=dev)
     xc = torch.empty((halo + step_rows, n_feat), dtype=f32, device=dev)
-    src_dtype = torch.from_numpy(np.empty(0, dtype=source.dtype)).dtype
+    # torch holds native byte order only: big-endian rows (a zarr 2 store's '>f4', an array's) are swapped
+    # on the host as they are read (below)
+    native = np.dtype(source.dtype).newbyteorder("=")
+    src_dtype = torch.from_numpy(np.empty(0, dtype=native)).dtype
     band_rows = max(1, source.band_rows)
     # A reader that decodes on the device (tsconv.io.readers.gpu) hands out device views of its own ring.
     on_device = source.on_device
@@ -650,8 +653,9 @@ def run_batched(
                 else:
                     view = np.asarray(source.read(lo, hi))
                     rounding.see(view, plan.columns)
-                    if not view.flags.c_contiguous:  # a strided in-memory source; ring views are contiguous
-                        view = np.ascontiguousarray(view)
+                    if not view.flags.c_contiguous or view.dtype != native:
+                        # a strided in-memory source or big-endian rows; ring views are contiguous and native
+                        view = np.ascontiguousarray(view, dtype=native)
                 t2 = time.perf_counter()
                 extra["ring_wait"] = extra.get("ring_wait", 0.0) + t1 - t0
                 times.read_wait += t2 - t1
