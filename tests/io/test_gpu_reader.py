@@ -17,6 +17,7 @@ from zarr.codecs import BloscCodec
 import tsconv
 from tsconv.errors import StoreError
 from tsconv.io.readers import gpu as gpudecode
+from tsconv.io.readers.threads import ParallelBandReader
 
 from ..helpers import mostly_slow, price_series, process_batched, read_output, write_store
 
@@ -103,6 +104,22 @@ def test_a_damaged_chunk_raises_a_store_error(tmp_path: Path, file_reads) -> Non
     f.write_bytes(bytes(data))
     with gpudecode.GpuBandReader(a, device=DEVICE, where="ticks.zarr") as r:
         with pytest.raises(StoreError, match=r"rows 300..450 of ticks.zarr"):
+            _all_bands(r)
+
+
+@pytest.mark.parametrize("columns", [6, 4], ids=["whole-rows", "features-split"])
+def test_an_empty_chunk_file_is_a_store_error_not_the_fill_value(tmp_path: Path, file_reads, columns) -> None:
+    # a chunk file cut to 0 bytes (a crash before its data reached the disk) was taken for a missing chunk:
+    # its rows read as the fill value (NaN), silently, where zarr and the CPU reader refuse it
+    x = price_series(600, 6, seed=3).astype(np.float32)
+    a = _store(tmp_path / "a.zarr", x, (150, columns))
+    (tmp_path / "a.zarr" / "c" / "2" / "0").write_bytes(b"")
+    with pytest.raises(StoreError, match=r"rows 300..450 of ticks.zarr"):
+        ParallelBandReader(a, where="ticks.zarr").read(300, 450)
+    with gpudecode.GpuBandReader(a, device=DEVICE, where="ticks.zarr") as r:
+        with pytest.raises(
+            StoreError, match=r"rows 300..450 of ticks.zarr: chunk file c/2/0 is empty \(0 bytes\)"
+        ):
             _all_bands(r)
 
 

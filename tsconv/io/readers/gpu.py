@@ -418,6 +418,8 @@ class GpuBandReader(DeviceBandReader):
             sizes = self._sizes[b0:b1].reshape(-1)
             slots = hh * self.batch + np.arange(b0, b1) % self.batch
             offsets = (slots[:, None] * self._slot + self._within[b0:b1]).reshape(-1)
+            for k in np.flatnonzero(sizes == 0):
+                self._absent(b0 + int(k) // self._n_cols, int(k) % self._n_cols)
             present = np.flatnonzero(sizes)
             keys = [divmod(int(k), self._n_cols) for k in present]
             paths = [os.fsencode(self._paths[b0 + i][c]) for i, c in keys]
@@ -452,6 +454,7 @@ class GpuBandReader(DeviceBandReader):
         try:
             size = int(self._sizes[b, c])
             if size == 0:
+                self._absent(b, c)
                 return [0]
             pos = int(self._within[b, c])
             view = self._host_np[slot, pos : pos + size]
@@ -469,6 +472,17 @@ class GpuBandReader(DeviceBandReader):
                 self._busy += t1 - t0
             if trace.on:
                 trace.add("decode", t0, t1, b)
+
+    def _absent(self, b: int, c: int) -> None:
+        """Chunk (b, c), which had no bytes when the reader opened, is the fill value where its file is missing;
+        an empty file is a chunk cut short (a crash before its data reached the disk), which zarr and the CPU
+        reader refuse too."""
+        try:
+            empty = os.stat(self._paths[b][c]).st_size == 0
+        except FileNotFoundError:
+            return
+        if empty:
+            raise self._damaged(b, f"chunk file {self._layout.key((b, c))} is empty (0 bytes)")
 
     def _check_chunk(self, b: int, c: int, view: np.ndarray) -> int:
         """Chunk (b, c)'s LZ4 block count when the GPU decodes its stored bytes ``view``; else 0, after
