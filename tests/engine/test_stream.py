@@ -9,6 +9,7 @@ symbols that start late (leading NaN) and gaps (NaN runs mid-series).
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -621,6 +622,30 @@ def test_the_chunk_hint_names_the_callers_default() -> None:
     with pytest.raises(tsconv.TsconvError) as err:
         tsconv.process("in.zarr", "out.zarr", chunk=0)
     assert err.value.hint == "the default is 1024."
+
+
+def test_a_numpy_integer_chunk_is_taken_as_the_int(tmp_path: Path) -> None:
+    # chunk=np.int64(100) (a chunk size computed with numpy) was refused as 'chunk must be a positive integer,
+    # got np.int64(100)'; it is that integer, and an output records it as JSON
+    import zarr
+
+    from ..helpers import price_series, write_store
+
+    x = price_series(600, 2, seed=3)
+    want = tsconv.features(x, "default", chunk=100, device="cpu")
+    assert np.array_equal(
+        tsconv.features(x, "default", chunk=np.int64(100), device="cpu"), want, equal_nan=True
+    )
+    stream = tsconv.Stream("default", features=2, chunk=np.int32(100), device="cpu")
+    assert stream.chunk == 100 and type(stream.chunk) is int
+    assert np.array_equal(np.concatenate([stream.push(x[:250]), stream.push(x[250:])]), want, equal_nan=True)
+    src = write_store(tmp_path / "in.zarr", x)
+    tsconv.process(src, tmp_path / "out.zarr", chunk=np.int64(100), device="cpu")
+    assert zarr.open_group(str(tmp_path / "out.zarr"), mode="r").attrs["tsconv"]["chunk"] == 100
+    with pytest.raises(tsconv.TsconvError, match="chunk must be a positive integer, got np.int64\\(0\\)"):
+        tsconv.features(x, chunk=np.int64(0))
+    with pytest.raises(tsconv.TsconvError, match="chunk must be a positive integer"):
+        tsconv.features(x, chunk=np.bool_(True))
 
 
 def test_features_in_no_order_are_refused_and_a_pandas_row_is_read_by_its_names() -> None:

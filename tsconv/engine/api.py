@@ -87,7 +87,7 @@ def process(
     _check_location(input, "input")
     if output is not None:
         _check_location(output, "output")
-    check_chunk(chunk, default=1024)
+    chunk = check_chunk(chunk, default=1024)
     check_warmup(warmup)
     check_output_flags(overwrite=overwrite, resume=resume, update=update)
     if not isinstance(progress, bool):

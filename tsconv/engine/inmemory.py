@@ -80,7 +80,7 @@ def features(
     C-contiguous, writeable and apart from ``x``, to write the result into and return (a loop over same-sized
     batches then reuses one buffer instead of having a fresh one mapped and zeroed for each call).
     """
-    check_chunk(chunk, default=65536)
+    chunk = check_chunk(chunk, default=65536)
     check_warmup(warmup)
     cuda = CudaOptions.from_args(transfer=transfer, gpu_mem=gpu_mem, decode="cpu")
     dev = resolve_device(device)

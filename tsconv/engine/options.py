@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tsconv.errors import StoreError, TsconvError
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -22,12 +24,14 @@ def check_warmup(warmup: str) -> None:
         raise TsconvError(f"warmup must be one of {', '.join(WARMUPS)}, got {warmup!r}")
 
 
-def check_chunk(chunk: int, *, default: int) -> None:
-    """``chunk`` (steps a chunk) is a positive integer; ``default``: the caller's, for the hint."""
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+def check_chunk(chunk: int, *, default: int) -> int:
+    """``chunk`` (steps a chunk) is a positive integer, a numpy one too; returned as an int (it is recorded in
+    JSON: an output's fingerprint and attributes). ``default``: the caller's, for the hint."""
+    if isinstance(chunk, bool | np.bool_) or not isinstance(chunk, int | np.integer) or chunk < 1:
         raise TsconvError(
             f"chunk must be a positive integer, got {chunk!r}", hint=f"the default is {default}."
         )
+    return int(chunk)
 
 
 def check_length(rows: int, plan: ResolvedPipeline, warmup: str, where: str, *, empty_hint: str = "write its rows first.") -> None:  # fmt: skip

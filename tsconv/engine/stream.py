@@ -77,7 +77,7 @@ class Stream:
     ) -> None:
         """``pipeline``: a built-in's name, a TOML path, a dict or a :class:`tsconv.Pipeline` (None: the
         default). ``chunk`` and ``warmup`` as in :func:`tsconv.features` (the batch run this equals)."""
-        check_chunk(chunk, default=65536)
+        chunk = check_chunk(chunk, default=65536)
         check_warmup(warmup)
         names = _feature_names(features)
         self._names = names
