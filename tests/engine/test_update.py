@@ -1205,3 +1205,41 @@ def test_an_update_tells_apart_weight_files_that_round_alike_and_continues_outpu
     g.attrs["tsconv"] = {**g.attrs["tsconv"], "fingerprint": old}
     report = tsconv.process(src, before, pipeline=tmp_path / "p.toml", chunk=CHUNK, update=True)
     assert report.updated_from == 2000
+
+
+def test_a_big_endian_stores_update_reads_the_rows_kept_with_the_output(
+    tmp_path: Path, out_chunks: None
+) -> None:
+    """zarr 2 reads a big-endian store's rows in their stored order and the run kept them in native order, so the
+    kept rows' check (same dtype as the input's) never passed there: every update decoded the input's old chunks
+    again, the shortcut silently lost. The byte order is not a difference of values."""
+    from tsconv.engine import outputs
+
+    x, t = ticks(3400, 4, seed=45)
+    src = tmp_path / "in.zarr"
+    g = zarr.open_group(str(src), mode="w", zarr_format=2)
+    g.create_array("values", data=x[:3000].astype(">f4"), chunks=(700, 2))
+    g.create_array("time", data=t[:3000], chunks=(700,))
+    g.attrs["features"] = [f"px_{j}" for j in range(4)]
+    base = tmp_path / "base.zarr"
+    tsconv.process(src, base, pipeline="default", chunk=CHUNK, device="cpu")
+    g["values"].resize((3400, 4))
+    g["values"][3000:] = x[3000:].astype(">f4")
+    g["time"].resize((3400,))
+    g["time"][3000:] = t[3000:]
+    got: list[object] = []
+    real = outputs.read_tail
+
+    def spy(*args: object, **kwargs: object) -> object:
+        got.append(real(*args, **kwargs))
+        return got[-1]
+
+    out = tmp_path / "out.zarr"
+    shutil.copytree(base, out)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(outputs, "read_tail", spy)
+        tsconv.process(src, out, pipeline="default", chunk=CHUNK, device="cpu", update=True)
+    assert len(got) == 1 and got[0] is not None
+    full = tmp_path / "full.zarr"
+    tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
+    assert_same(out, full)

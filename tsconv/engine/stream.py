@@ -50,9 +50,10 @@ class Stream:
     stage, if any, is the first and reads raw (or log) levels: every built-in pipeline, a dense head included.
     A dense stage after another stage, or after returns or a z-score, is computed by torch's conv, whose
     rounding depends on the length of the call: it matches within float32 rounding. On CUDA the push runs the
-    Triton kernels and matches within the engine's float32 bound. During the warm-up (the first ``halo``
-    steps) rows are NaN with ``warmup="nan"``, as in a batch run (which refuses a series no longer than
-    its shortest warm-up; a stream returns its NaN rows), or computed on zero history with ``warmup="zero"``.
+    Triton kernels and matches within the engine's float32 bound. During each output's own warm-up (the steps
+    before its filters have a full window: one step for ``diff:1``, up to ``halo`` for the longest) its rows
+    are NaN with ``warmup="nan"``, as in a batch run (which refuses a series no longer than its shortest
+    warm-up; a stream returns its NaN rows), or computed on zero history with ``warmup="zero"``.
 
     Cost: a push of n rows computes n + at most :attr:`lookback` rows for each chunk of ``chunk`` steps it
     touches (n + lookback within one chunk of the default 65,536, n + 2 x lookback across a chunk boundary; a

@@ -145,7 +145,7 @@ def read_tail(
         or str(owner) != fingerprint
         or rows.ndim != 2
         or rows.shape[1] != n_features
-        or rows.dtype != np.dtype(dtype)
+        or rows.dtype != np.dtype(dtype).newbyteorder("=")  # kept in native order, as the reader gives rows
         or state.shape != (n_inputs,)
         or state.dtype != np.float64
         or start < 0
