@@ -254,6 +254,10 @@ def test_the_gil_switch_interval_is_short_during_a_cuda_run_and_restored():
             r"input must be a store's location .*got a numpy ndarray of shape \(400, 2\).*tsconv.features\(data",
         ),
         (lambda x, src: tsconv.load_pipeline(3), "a pipeline is a path to a TOML file or a dict"),
+        # '' (an unset variable) is the current directory: process(src, "", overwrite=True) run inside a store
+        # would have replaced it
+        (lambda x, src: tsconv.process(src, "", overwrite=True), r"output '' names no store .*variable"),
+        (lambda x, src: tsconv.process(""), r"input '' names no store"),
     ],
 )
 def test_library_misuse_is_a_clear_error(tmp_path: Path, call, match) -> None:

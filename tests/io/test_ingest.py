@@ -1563,3 +1563,19 @@ def test_a_consolidated_store_is_appended_to_and_repaired_by_its_arrays_own_meta
     got, want = read(out), read(ref)
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_an_empty_output_path_is_refused_not_taken_for_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # '' (an unset variable) is the current directory: ingest(..., "", overwrite=True) run inside a store replaced it
+    src = tmp_path / "ticks.parquet"
+    pl.DataFrame({"time": [1, 2, 3], "a": [1.0, 2.0, 3.0]}).write_parquet(src)
+    job = tmp_path / "job.zarr"
+    zarr.open_group(str(job), mode="w").create_array("values", data=np.zeros((3, 1), np.float32))
+    monkeypatch.chdir(job)
+    before = sorted(p.name for p in job.rglob("*"))
+    for call in (lambda: ingest(str(src), "", layout="wide", overwrite=True), lambda: repair("")):
+        with pytest.raises(StoreError, match="output '' names no store"):
+            call()
+    assert sorted(p.name for p in job.rglob("*")) == before

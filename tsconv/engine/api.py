@@ -196,6 +196,13 @@ def _check_location(value: Any, role: str) -> None:
             hint=f"pass the {role} as text, e.g. {role}='ticks.zarr' or Path('ticks.zarr')"
             + (f" ({role}.decode() for bytes)." if isinstance(text, bytes) else "."),
         )
+    if (
+        text == ""
+    ):  # a path of '' is the current directory: an unset variable would name wherever the job runs
+        raise TsconvError(
+            f"{role} '' names no store (as a path it means the current directory)",
+            hint=f"pass the {role}'s path; in a script, check that the variable it comes from is set.",
+        )
 
 
 def _dask_options(workers: int | None, client: Any, partition_rows: int | None) -> DaskOptions | None:

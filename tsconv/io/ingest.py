@@ -808,7 +808,13 @@ def _value_columns(value_column: str | Sequence[str], *, layout: str, time_colum
 
 
 def _refuse_url(output: object) -> None:
-    """ingest and repair write local stores only: a URL would otherwise be taken as a relative path."""
+    """ingest and repair write local stores only: a URL would otherwise be taken as a relative path; and a path
+    of '' (an unset variable) would be the current directory."""
+    if isinstance(output, str) and output == "":
+        raise StoreError(
+            "output '' names no store (as a path it means the current directory)",
+            hint="pass the store's path; in a script, check that the variable it comes from is set.",
+        )
     if is_url(output):
         raise StoreError(
             f"{shown(output)!r}: tsconv ingest and repair write local stores only, not object stores",
