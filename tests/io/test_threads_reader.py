@@ -254,6 +254,23 @@ def test_a_corrupt_chunk_is_a_store_error_like_block_reader(
         np.testing.assert_array_equal(r.read(3000, 4000), x[3000:])  # the other bands still read
 
 
+@pytest.mark.parametrize("mmap", [True, False])
+def test_a_blosc_chunk_cut_short_is_a_store_error_not_other_bytes(tmp_path: Path, mmap: bool) -> None:
+    """c-blosc trusts the frame's header for its stored size: a chunk file that lost its last bytes was
+    decoded from whatever lay past them (zeros of the mapping's last page, or the previous chunk's bytes in
+    the read buffer), silently. Blosc at level 0 (``--compression none``) stores the values as they are."""
+    from tsconv import config
+
+    x = _data(4000, 6, "float32")
+    a = _array(tmp_path / "a.zarr", x, (1000, 6), compressors=BloscCodec(cname="lz4", clevel=0))
+    chunk = tmp_path / "a.zarr" / "c" / "2" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-96])  # the last four rows
+    with config.override(mmap=mmap), ParallelBandReader(a, threads=1, prefetch=0, where="in.zarr") as r:
+        np.testing.assert_array_equal(r.read(0, 2000), x[:2000])
+        with pytest.raises(StoreError, match=r"rows 2,000..3,000 of in.zarr: .*cut short"):
+            r.read(2000, 3000)
+
+
 def test_corrupt_chunk_in_engine_is_a_store_error(tmp_path: Path) -> None:
     x = price_series(9000, 3, seed=1)
     src = write_store(tmp_path / "in.zarr", x, chunks=(4096, 3))

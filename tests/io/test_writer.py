@@ -554,6 +554,25 @@ def test_reopening_searches_for_temporary_files_only_from_its_start(tmp_path: Pa
     assert remove_partial_files(g["values"]) == 1  # from row 0: all of them
 
 
+def test_a_kept_chunk_cut_short_is_a_store_error_not_other_rows(tmp_path: Path) -> None:
+    """An update reads its output's last chunk back (keep): a chunk file that lost its last bytes was decoded
+    from whatever lay past them (c-blosc takes the frame's length from its header) and those rows were
+    stored again as the output's own, silently (Blosc at level 0, --compression none, stores the values as
+    they are)."""
+    x = _data()
+    path = tmp_path / "out.zarr"
+    with _create(path, x, compression="none", threads=0) as w:
+        _append_all(w, x)
+        w.finish()
+    file = path / "values" / "c" / "3" / "0"
+    file.write_bytes(file.read_bytes()[:-480])  # its last ten rows
+    with OutputWriter.reopen(path, time_source=None, start=3 * CHUNK_ROWS, threads=0) as w:
+        with pytest.raises(
+            StoreError, match=r"rows 3,072..4,096 of .* back .*cut short.*; hint: .*--overwrite"
+        ):
+            w.keep(CHUNK_ROWS)
+
+
 def _encode_cases() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
     prices = (100 + np.cumsum(rng.integers(-1, 2, size=(6000, 131)), axis=0) * 0.01).astype(np.float32)

@@ -88,13 +88,18 @@ def decode_file(path: Path, dest: np.ndarray, codec: Any, scratch: Callable[[int
 
 
 def decode_bytes(codec: Any, data: np.ndarray, flat: np.ndarray, expected: int) -> bool:
-    """Decode the compressed ``data`` into ``flat`` (uint8, ``expected`` bytes); raises if sizes differ."""
+    """Decode the compressed ``data`` into ``flat`` (uint8, ``expected`` bytes); raises if sizes differ, or
+    if a Blosc frame says it is longer than ``data``."""
     size = data.size
     if isinstance(codec, numcodecs.Blosc):
         declared = int.from_bytes(bytes(data[4:8]), "little") if size >= 16 else -1
     else:
         declared = zstd_content_size(data)
     if declared == expected:
+        stored = int.from_bytes(bytes(data[12:16]), "little")
+        if isinstance(codec, numcodecs.Blosc) and stored > size:  # c-blosc would read on past ``data``
+            msg = f"the Blosc frame declares {stored} stored bytes, the chunk holds {size} (cut short)"
+            raise ValueError(msg)
         codec.decode(data, out=flat)
         return True
     if isinstance(codec, numcodecs.Blosc):

@@ -34,7 +34,7 @@ from typing import Any
 import numcodecs
 import numpy as np
 
-from tsconv.io.readers.chunkfile import chunk_layout
+from tsconv.io.readers.chunkfile import chunk_layout, decode_bytes
 
 __all__ = ["ChunkFileWriter", "encode_in_parts", "fast_write_reason", "remove_partial_files"]
 
@@ -124,7 +124,9 @@ class ChunkFileWriter:
         except FileNotFoundError:
             out[...] = self.fill
             return
-        self.codec.decode(data, out=out)
+        decode_bytes(
+            self.codec, np.frombuffer(data, dtype=np.uint8), out.reshape(-1).view(np.uint8), out.nbytes
+        )
 
     def write_frame(self, band: int, frame: np.ndarray, *, empty: bool) -> None:
         """Store band ``band`` from ``frame``, a chunk already encoded as this array's codec encodes it

@@ -1354,7 +1354,15 @@ class OutputWriter:
             raise RuntimeError(msg)
         self._buf = self._take_buffer() if self._buf is None else self._buf
         if self._chunks is not None:
-            self._chunks.read(self._next // self.chunk_rows, self._buf)
+            band = self._next // self.chunk_rows
+            try:
+                self._chunks.read(band, self._buf)
+            except Exception as exc:  # a damaged or cut-short chunk file: its rows would be kept wrong
+                raise StoreError(
+                    f"cannot read rows {self._next:,}..{self._next + n:,} of {self.where} back (chunk file "
+                    f"{self._chunks.path(band)}): {type(exc).__name__}: {exc}",
+                    hint="the output is damaged; compute it again with --overwrite instead of --update/--resume.",
+                ) from None
         else:
             self._buf[:n] = self.values[self._next : self._next + n]
         self._fill = n
