@@ -7,6 +7,7 @@ never passes a chunk that is not stored, a failed write always surfaces, and res
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -616,6 +617,23 @@ def test_a_chunk_encoded_in_parts_is_the_single_thread_encode_byte_for_byte(
                         codec.decode(b"".join(got), out=np.empty_like(x)), x, equal_nan=True
                     )
     assert joined >= 8 * len(levels)  # most cases are joined from parts, not the fallback's single encode
+
+
+@pytest.mark.parametrize("parts", [4, 8])
+def test_a_forced_block_size_larger_than_a_part_is_the_single_thread_encode(
+    parts: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block size set in the codec (zarr's BloscCodec(blocksize=...)) that c-blosc keeps whole (values too
+    wide to split into streams) is cut to a part's size when the part is smaller: the frame was joined from
+    2 or 1 MiB blocks where one encode makes 4 MiB ones (other bytes, the same values)."""
+    from tsconv.io.writers.encode import encode_in_parts
+
+    monkeypatch.setattr(numcodecs.blosc, "use_threads", False)
+    x = np.cumsum(np.random.default_rng(3).normal(size=(1 << 21, 1)), axis=0).astype(np.float32)  # 8 MiB
+    codec = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1, blocksize=1 << 22, typesize=32)
+    want = bytes(codec.encode(x))
+    assert struct.unpack_from("<I", want, 8)[0] == 1 << 22
+    assert b"".join(bytes(p) for p in encode_in_parts(codec, x, parts)) == want
 
 
 def _uneven_blocks() -> np.ndarray:

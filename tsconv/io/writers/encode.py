@@ -225,8 +225,9 @@ def encode_in_parts(codec: numcodecs.Blosc, chunk: np.ndarray, parts: int) -> li
     encoded apart (blocks are compressed independently), and the frames joined: one header, the block
     offsets moved, the blocks in order. The result is c-blosc's single-thread frame byte for byte
     (tests/io/test_writer.py compares them over codecs, levels, shuffles and data); wherever it might not
-    be (a block size that does not divide the cuts, a piece stored uncompressed, output close to the input's
-    size, where c-blosc's limit on the whole might act), one encode is made instead.
+    be (a block size that does not divide the cuts or that the codec sets above a piece's size, a piece
+    stored uncompressed, output close to the input's size, where c-blosc's limit on the whole might act),
+    one encode is made instead.
     """
     flat = np.ascontiguousarray(chunk).reshape(-1)
     n, size = flat.nbytes, flat.itemsize
@@ -247,6 +248,9 @@ def encode_in_parts(codec: numcodecs.Blosc, chunk: np.ndarray, parts: int) -> li
         or flags & _MEMCPYED
         or any(h[:4] != heads[0][:4] or h[5] != block for h in heads)
         or any(c % block for c in cuts[:-1])
+        # a block size set in the codec is cut to a smaller piece's size (one encode keeps it; an automatic
+        # one is at most 1 MiB, never above a piece)
+        or (codec.blocksize and any(b - a < block + typesize for a, b in zip(cuts, cuts[1:], strict=False)))
     ):
         return _encode_apart(codec, [chunk])
     table = _HEADER.size + 4 * -(-n // block)
