@@ -329,6 +329,22 @@ print("compiled OK")
 """
 
 
+@pytest.mark.parametrize("shuffle", [0, 1])
+def test_a_split_flag_on_blocks_of_fewer_than_128_values_is_decoded_on_the_host(shuffle: int) -> None:
+    """c-blosc splits a block into streams only where the header's flag allows it and the block holds 128
+    values or more (MIN_BUFFERSIZE: the rule before the flag, as c-blosc before 1.5 wrote chunks without
+    it); the kernel split such a block by the flag alone, and flagged a chunk numcodecs reads as damaged."""
+    x = _prices(300)
+    c = np.frombuffer(
+        numcodecs.Blosc(cname="lz4", clevel=5, shuffle=shuffle, blocksize=256).encode(x), np.uint8
+    ).copy()
+    assert c[2] & 0x10  # 64 values a block: c-blosc says "not split"
+    c[2] &= 0xEF  # as a chunk written before the flag says it
+    np.testing.assert_array_equal(np.frombuffer(numcodecs.Blosc().decode(c), np.float32), x)
+    h = blosc_header.parse_header(c)
+    assert "fewer than 128" in blosc_header.unsupported_reason(h, nbytes=x.nbytes, size=c.size, typesize=4)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="on a GPU machine the real kernel runs in the other tests"

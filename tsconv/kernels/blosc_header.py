@@ -11,6 +11,9 @@ __all__ = ["BloscHeader", "parse_header", "unsupported_reason"]
 
 _HEADER = 16
 _LZ4 = 1
+# c-blosc decodes a block as typesize streams only where the split flag allows it and the block holds this
+# many values or more (MIN_BUFFERSIZE; c-blosc before 1.5 wrote no flag and split by this rule alone)
+_MIN_SPLIT = 128
 
 
 @dataclass(frozen=True)
@@ -79,4 +82,6 @@ def unsupported_reason(h: BloscHeader, *, nbytes: int, size: int, typesize: int)
         return f"blocksize {h.blocksize}"
     if not h.split and h.shuffle:
         return "shuffled blocks that are not split into streams"
+    if h.split and h.blocksize // h.typesize < _MIN_SPLIT:  # c-blosc's rule from before the split flag
+        return f"blocks of {h.blocksize // h.typesize} values (fewer than {_MIN_SPLIT}: c-blosc does not split them)"
     return None
