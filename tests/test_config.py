@@ -186,3 +186,13 @@ def test_a_lock_ttl_beyond_a_week_is_refused():
     ):
         pass
     assert config.from_env({"TSCONV_LOCK_TTL": "1"}).lock_ttl == 1
+
+
+def test_an_override_reads_choices_and_paths_as_the_environment_does():
+    # TSCONV_HEAD_PATH=GEMM was taken and override(head_path="GEMM") refused; override(cache_dir="") gave Path('.'),
+    # the current directory, where TSCONV_CACHE_DIR='' means the default
+    with config.override(head_path="GEMM") as s:
+        assert s.head_path == "gemm"
+    with pytest.raises(TsconvError, match="setting cache_dir must be a path, got ''"):
+        with config.override(cache_dir=""):
+            pass

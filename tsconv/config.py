@@ -240,6 +240,14 @@ def override(**changes: Any) -> Iterator[Settings]:
         if f is None:
             raise TsconvError(f"unknown setting {name!r}", hint=f"settings are: {', '.join(known)}.")
         kind = f.type.split(" ")[0] if isinstance(f.type, str) else f.type.__name__
+        if f.metadata["choices"] and isinstance(value, str):
+            value = value.lower()  # as the environment variable is read
+        if kind == "Path" and isinstance(value, str | os.PathLike) and os.fspath(value) == "":
+            # Path('') is the current directory; the variable set to '' means the default
+            raise TsconvError(
+                f"setting {name} must be a path, got ''",
+                hint=f"pass None for the default ({f.metadata['env']} unset).",
+            )
         if value is not None or "None" not in str(f.type):
             high = f.metadata["maximum"]
             low = kind == "int" and _CHECKS[kind](value) and value < f.metadata["minimum"]
