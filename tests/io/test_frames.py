@@ -318,6 +318,26 @@ def test_a_named_time_column_the_frame_lacks_is_refused_and_the_default_may_be_a
     assert got.index.equals(indexed.index) and got.columns[0] == "x0.diff1"
 
 
+def test_features_refuses_a_flat_long_frame_with_a_pivot_hint(series: np.ndarray) -> None:
+    # (time, symbol, price) rows: the hints for a wide frame (drop the repeated timestamps; select the numeric
+    # columns) lose other symbols' rows or difference one symbol's price against another's, silently
+    pytest.importorskip("pandas")
+    wide = _frame(series).select("time", "x0", "x1")
+    long = wide.unpivot(index="time", variable_name="symbol", value_name="price").sort("time", "symbol")
+    for frame in (long, long.to_pandas(), long.to_arrow()):
+        with pytest.raises(ShapeError, match="several series stacked \\(a long frame\\)") as err:
+            tsconv.features(frame, PIPE, device="cpu")
+        assert "pivot_table(index='time', columns='symbol', values='price'" in err.value.hint
+        assert "unique" not in err.value.hint
+    one_per_time = long.unique("time", keep="first", maintain_order=True)  # ticks that never share a time
+    for frame in (one_per_time, one_per_time.to_pandas().astype({"symbol": "category"})):
+        with pytest.raises(ShapeError, match=r"not numeric: symbol") as err:
+            tsconv.features(frame, PIPE, device="cpu")
+        assert err.value.hint.startswith("if its rows stack several series (a long frame), pivot it")
+    pivoted = long.pivot(on="symbol", index="time", values="price", aggregate_function="last")
+    assert tsconv.features(pivoted, PIPE, device="cpu").equals(tsconv.features(wide, PIPE, device="cpu"))
+
+
 def test_features_refuses_non_numeric_columns_and_bad_time(series: np.ndarray) -> None:
     df = _frame(series).with_columns(pl.lit("AAPL").alias("symbol"), pl.lit(True).alias("flag"))
     with pytest.raises(ShapeError, match=r"not numeric: symbol \(String\), flag \(Boolean\)") as err:

@@ -237,9 +237,12 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
             hint="name the frame's time column with time_column=..., or pass time_column=None to treat every "
             "column as a feature.",
         )
+    # a column of labels (strings) beside the values: the rows of a long frame, (time, symbol, price), which
+    # following a wide frame's hints (drop the repeated times, select the numeric columns) would mix or lose
+    long_hint = _long_frame_hint(frame, time_column)
     if time_column is not None and time_column in frame.columns:
         time = frame.get_column(time_column)
-        _check_frame_time(time, caller)
+        _check_frame_time(time, caller, long_hint=long_hint)
     feats = frame.drop(time_column) if time is not None else frame
     # a column of nulls only has no numeric type (polars: Null; pandas' None objects: String), yet it is a
     # feature with no value yet (a symbol that has not traded): its values are missing, as a numeric column's
@@ -265,6 +268,8 @@ def frame_input(frame: Any, *, time_column: str | None, band_rows: int, caller: 
                 "select the feature columns first, e.g. frame.select('time', pl.col(pl.Float32, pl.Float64))"
                 + (", or name the time column with time_column=..." if caller == "features()" else ".")
             )
+            if long_hint:
+                hint = f"if its rows stack several series (a long frame), {long_hint}; else {hint}"
         raise ShapeError(
             f"{caller}: every column but the time column must be numeric; not numeric: {shown}", hint=hint
         )
@@ -302,7 +307,30 @@ def frame_output(names: tuple[str, ...], values: np.ndarray, time: Any) -> Any:
     return result.insert_column(0, time) if time is not None else result
 
 
-def _check_frame_time(time: Any, caller: str) -> None:
+def _long_frame_hint(frame: Any, time_column: str | None) -> str | None:
+    """How to pivot a frame with a column of labels (strings, categories) beside its values, a long frame's
+    (time, symbol, price) rows, to one column per label; None for a frame without such a column."""
+    import polars as pl
+
+    labels = [
+        n
+        for n, d in frame.schema.items()
+        if n != time_column
+        and isinstance(d, (pl.String, pl.Categorical, pl.Enum))
+        and frame[n].null_count() < frame.height
+    ]
+    if not labels:
+        return None
+    values = [n for n, d in frame.schema.items() if n != time_column and _is_numeric(d)]
+    on, value, index = labels[0], (values[0] if values else "price"), time_column or "time"
+    return (
+        f"pivot it to one column per {on} first: polars frame.pivot(on={on!r}, index={index!r}, values={value!r}, "
+        f"aggregate_function='last'), pandas frame.pivot_table(index={index!r}, columns={on!r}, values={value!r}, "
+        "aggfunc='last'), as tsconv ingest reads a long file"
+    )
+
+
+def _check_frame_time(time: Any, caller: str, *, long_hint: str | None = None) -> None:
     import polars as pl
 
     name = time.name
@@ -320,6 +348,12 @@ def _check_frame_time(time: Any, caller: str) -> None:
         down = t.slice(1) <= t.slice(0, t.len() - 1)
         if down.any():
             row = int(down.arg_true()[0]) + 1
+            if long_hint and (t.slice(1) == t.slice(0, t.len() - 1)).any():
+                raise ShapeError(
+                    f"{caller}: the time column {name!r} repeats times beside a column of labels: the rows are "
+                    "several series stacked (a long frame), not one time step each",
+                    hint=long_hint + ".",
+                )
             raise ShapeError(
                 f"{caller}: the time column {name!r} is not strictly increasing at row {row}",
                 hint="sort the frame by time and drop duplicate timestamps (frame.sort(...).unique(...)).",
