@@ -196,9 +196,8 @@ def _check_location(value: Any, role: str) -> None:
             hint=f"pass the {role} as text, e.g. {role}='ticks.zarr' or Path('ticks.zarr')"
             + (f" ({role}.decode() for bytes)." if isinstance(text, bytes) else "."),
         )
-    if (
-        text == ""
-    ):  # a path of '' is the current directory: an unset variable would name wherever the job runs
+    # a path of '' is the current directory: an unset variable would name wherever the job runs
+    if text == "":
         raise TsconvError(
             f"{role} '' names no store (as a path it means the current directory)",
             hint=f"pass the {role}'s path; in a script, check that the variable it comes from is set.",

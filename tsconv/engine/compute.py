@@ -956,8 +956,9 @@ class _StorageCheck:
         """For each stage (and the head) storage rounds: its name, whether the move is the pipeline's outputs'
         (else the stage's own), what the rounding moved those outputs by and those outputs with the weights as
         given, [rows, outputs], and those outputs' names (``<stage>.<o>``, or the pipeline's), over one sample
-        ``u`` [halo + rows, C] whose first stage the engine centres on ``level`` [C]. A stage before others gets both: its own outputs' move, and the pipeline's outputs'
-        move that its rounding alone makes through every later stage and the head."""
+        ``u`` [halo + rows, C] whose first stage the engine centres on ``level`` [C]. A stage before others gets
+        both: its own outputs' move, and the pipeline's outputs' move that its rounding alone makes through every
+        later stage and the head."""
         plan = self.plan
         moves = []
         y = u.T.unsqueeze(0)  # [1, C, L]
@@ -1040,10 +1041,9 @@ class _StorageCheck:
     ) -> torch.Tensor:  # fmt: skip
         """The move of the pipeline's outputs, [rows, outputs], that stage ``i``'s move ``err`` [1, O, L] makes
         through the later stages (their weights as given) and the head (``head_pre``: its outputs as given
-        before its activation). A stage's own move, over its own
-        outputs' scale, hid what later stages show: a 5-step weighted mean of prices, moved by 6e-7 of the
-        price, then differenced, left the outputs 1.7e-3 of their scale off, unwarned. The move itself is
-        carried through linear steps (small, so float32 keeps it to its own digits); activations and the
+        before its activation). A stage's own move, over its own outputs' scale, hid what later stages show: a
+        5-step weighted mean of prices, moved by 6e-7 of the price, then differenced, left the outputs 1.7e-3 of
+        their scale off, unwarned. The move itself is carried through linear steps (small, so float32 keeps it to its own digits); activations and the
         bank's non-linear filters take the difference of two runs in float64, from the outputs as given."""
         layers = self.plan.layers
         d = _activation_move(pres[i], err, layers[i].activation)
