@@ -2,8 +2,9 @@
 
 Used where a measured bottleneck has no library call (:mod:`tsconv.io.readers.fileread`,
 :mod:`tsconv.kernels.filterbank_native`): the library goes into the user cache directory under a name that hashes
-the source, the flags and the machine, and is loaded through ctypes (which releases the GIL during each
-call). Without a compiler, or when it fails, callers get the reason and keep their Python path.
+the source, the flags, the machine, its C library and the compiler command, and is loaded through ctypes
+(which releases the GIL during each call). Without a compiler, or when it fails, callers get the reason and
+keep their Python path.
 """
 
 from __future__ import annotations
@@ -50,9 +51,15 @@ def build_library(
 ) -> tuple[ctypes.CDLL | None, str | None]:
     """``source`` compiled as a shared library with ``flags`` (built once per source, flags and machine into
     the cache directory, and again where the cached one is damaged: :func:`damaged`) and loaded; or None and
-    why not."""
+    why not. The library's name hashes the source, the flags, the platform, its C library (glibc's version),
+    ``machine`` and the ``CC`` setting."""
     text = source.read_bytes()
-    key = text + " ".join(flags).encode() + f"{sys.platform}-{platform.machine()}-{machine}".encode()
+    # A library loads only where its C library does (one built against a newer glibc asks for symbols an older
+    # one lacks) and is what its compiler command made (CC='gcc -m32', a cross compiler): a cache directory
+    # shared by such hosts or commands keeps one library each, where one name made every other host refuse
+    # the library, never built again, on every run.
+    host = f"{sys.platform}-{platform.machine()}-{'-'.join(platform.libc_ver())}-{machine}"
+    key = text + " ".join(flags).encode() + host.encode() + (config.current().compiler or "").encode()
     tag = hashlib.sha256(key).hexdigest()[:16]
     lib_path = config.cache_dir() / f"{source.stem}-{tag}.so"
     exists = lib_path.exists()

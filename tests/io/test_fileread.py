@@ -113,6 +113,43 @@ def test_a_damaged_cached_library_is_built_again(tmp_path: Path, monkeypatch, re
         assert lib.stat().st_size == whole
 
 
+@pytest.mark.parametrize("other", ["C library", "compiler command"])
+def test_a_library_another_host_or_compiler_built_is_not_taken(
+    tmp_path: Path, monkeypatch, reloaded, other
+) -> None:
+    """A cache directory shared by hosts of other C libraries (a home directory on NFS: a library built where
+    glibc is 2.34 or later asks for pthread_create@GLIBC_2.34, which an older glibc lacks) or by another
+    compiler command (CC='gcc -m32', a cross compiler) took the other's library under the same name: this
+    host refused it on every run, with a warning, and never built its own. Each keeps a library of its own."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler here")
+    monkeypatch.delenv("TSCONV_NATIVE_READ", raising=False)
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", cc)
+    src = Path(fileread.__file__).with_name("fileread.c")
+    with monkeypatch.context() as there:  # the other host, or the other compiler command
+        if other == "C library":
+            there.setattr(native.platform, "libc_ver", lambda *a, **kw: ("glibc", "9.99"))
+        else:
+            there.setenv("CC", f"{cc} -g")  # stands for one that builds what this host cannot load
+        assert native.build_library(src, flags=fileread.LIBRARY.flags)[0] is not None
+        # what it built loads there, not here: a library linked to one this host lacks stands in for it
+        (theirs,) = (tmp_path / "cache").glob("fileread-*.so")
+        (tmp_path / "dep.c").write_text("int tsconv_test_dep(void) { return 1; }\n")
+        subprocess.run(
+            [cc, "-shared", "-fPIC", "-o", tmp_path / "libtsdep.so", tmp_path / "dep.c"], check=True
+        )
+        subprocess.run(
+            [cc, "-shared", "-fPIC", "-o", tmp_path / "foreign.so", src, "-pthread", "-L", tmp_path,
+             "-Wl,--no-as-needed", "-ltsdep"],
+            check=True,
+        )  # fmt: skip
+        os.replace(tmp_path / "foreign.so", theirs)
+    assert fileread.native_reader() is not None, fileread.unavailable_reason()
+    assert len(list((tmp_path / "cache").glob("fileread-*.so"))) == 2
+
+
 def test_a_built_library_has_the_modes_the_umask_gives(tmp_path: Path, monkeypatch, reloaded) -> None:
     """A library is built as the compiler makes its outputs (rwxr-xr-x under umask 022), so another user of a
     shared cache directory loads it: built into a mkstemp file it stayed rwx--x--x, which no one else could
