@@ -6,6 +6,8 @@ the torch path's in test_filterbank.py: the "native" cases.)"""
 from __future__ import annotations
 
 import logging
+import math
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,6 +190,24 @@ def test_the_setting_off_and_no_compiler(
     monkeypatch.undo()
     fbn.LIBRARY.forget()
     _assert_same_bits(got, _torch_ops(x, bank, 1), "without a compiler")
+
+
+def test_a_compiler_setting_with_fast_math_gives_the_same_bits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reloaded: None
+) -> None:
+    """CC is a command with its arguments (CC='gcc -ffast-math', a site's default): its fast-math took the
+    bank's NaN checks out (-ffinite-math-only), and outputs whose windows held a NaN or an infinity were
+    numbers where the torch path gives NaN, silently. The bank's own flags turn fast-math off after CC's."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv("TSCONV_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", f"{cc} -ffast-math")
+    bank = _bank(BANKS["mixed"])
+    x = torch.from_numpy(_noise(3000 + bank_halo(bank, 1), 8, seed=0))
+    x[1500, 1], x[100:200, 2] = math.inf, math.nan
+    assert fbn.native_bank() is not None, fbn.unavailable_reason()
+    _assert_same_bits(filter_bank(x, bank), _torch_ops(x, bank, 1), "CC with -ffast-math")
 
 
 def test_a_cache_shared_by_two_cpus_keeps_a_library_each(

@@ -97,10 +97,11 @@ class NativeBank:
 
 # -march=native: the kernel's vectors are 4 doubles, whole AVX registers where the CPU has them (the library is
 # keyed by the CPU's flags); no fast-math and no contraction into fused multiply-adds, so every operation rounds
-# as torch's does.
+# as torch's does. -fno-fast-math comes after the CC setting's own arguments: a CC='gcc -ffast-math' took the
+# kernel's NaN checks out (finite math only), and outputs whose windows held a NaN were numbers.
 LIBRARY = NativeLibrary(
     Path(__file__).with_name("filterbank_native.c"),
-    flags=("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno"),
+    flags=("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fno-math-errno"),
     wrap=NativeBank,
     setting="native_bank",
     per_cpu=True,
