@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,35 @@ def test_the_tuning_cache_file_has_the_modes_the_umask_gives(tmp_path: Path) -> 
         autotune._umask.cache_clear()
     assert oct(path.stat().st_mode & 0o777) == oct(0o644)
     assert json.loads(path.read_text())["entries"] == {"k": {"config": "c"}}
+
+
+_WRITER = """
+import os, sys, time
+from pathlib import Path
+from tsconv.kernels import autotune
+path, go, me = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+print("ready", flush=True)
+while not go.exists():
+    time.sleep(0.001)
+for i in range(400):
+    autotune._write_file(path, "GPU", f"{me}-{i}", {"config": "c"})
+"""
+
+
+def test_two_processes_writing_the_cache_at_once_keep_every_entry(tmp_path: Path) -> None:
+    """Each writer read the file, then replaced it with what it read and its own entry: the entries the other
+    process wrote in between were lost (a winner tuned for minutes, tuned again by the next run)."""
+    path, go = tmp_path / "autotune-GPU.json", tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), str(go), me], stdout=subprocess.PIPE, text=True
+        )
+        for me in ("a", "b")
+    ]
+    for proc in procs:  # both imported and waiting: they write at once
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    go.touch()
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0
+    entries = json.loads(path.read_text())["entries"]
+    assert sorted(entries) == sorted(f"{me}-{i}" for me in ("a", "b") for i in range(400))
