@@ -468,3 +468,23 @@ def test_features_into_a_tensor_that_requires_grad_is_refused_as_torchs_out_ops_
     with torch.no_grad():  # torch's out= ops take it there too
         assert tsconv.features(x, out=out) is out
     np.testing.assert_array_equal(out.detach().numpy(), tsconv.features(x).numpy())
+
+
+def test_a_cache_directory_inside_the_input_or_output_is_refused(tmp_path: Path) -> None:
+    """TSCONV_CACHE_DIR inside the input store: the run wrote its native libraries and build folders among the
+    input's files; inside the output, among the output's (and --overwrite removed the cache). Both are refused
+    before anything is written."""
+    from tsconv import config
+
+    src = write_store(tmp_path / "in.zarr", price_series(400, 2, seed=1))
+    before = sorted(p.name for p in src.rglob("*"))
+    for cache, out in (
+        (src / "cache", tmp_path / "out.zarr"),
+        (tmp_path / "out.zarr" / "c", tmp_path / "out.zarr"),
+    ):
+        with (
+            config.override(cache_dir=cache),
+            pytest.raises(tsconv.TsconvError, match="cache directory.*lies inside"),
+        ):
+            tsconv.process(src, out, device="cpu")
+    assert sorted(p.name for p in src.rglob("*")) == before and not (tmp_path / "out.zarr").exists()

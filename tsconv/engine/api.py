@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tsconv import config
 from tsconv.engine.cluster import check_workers, gpus_here
 from tsconv.engine.options import check_chunk, check_length, check_warmup, refuse
 from tsconv.engine.outputs import DaskOptions, to_parquet, to_zarr
@@ -26,7 +27,7 @@ from tsconv.engine.run import (
     resolve_device,
 )
 from tsconv.errors import StoreError, TsconvError
-from tsconv.io.objstore import StoreURL, location
+from tsconv.io.objstore import StoreURL, location, refuse_inside
 from tsconv.io.store import open_input, warn_absent_chunks, warn_unitless_early_time
 from tsconv.io.writers.formats import output_format
 from tsconv.io.writers.zarr_writer import check_compression, check_output_flags
@@ -92,6 +93,12 @@ def process(
     check_output_flags(overwrite=overwrite, resume=resume, update=update)
     if not isinstance(progress, bool):
         raise TsconvError(f"progress must be True or False, got {progress!r}")
+    # the native libraries and tuned kernels are written into the cache directory during the run
+    refuse_inside(
+        config.cache_dir(),
+        [("input", input), *([("output", output)] if output is not None else [])],
+        flag="the cache directory (TSCONV_CACHE_DIR)",
+    )
     out_loc = location(output) if output is not None else None
     if isinstance(out_loc, StoreURL) and "/" not in out_loc.key:
         # the lock and the temporary objects go beside the output: it needs a folder (a bucket) to be in
