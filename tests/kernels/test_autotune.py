@@ -158,3 +158,11 @@ def test_two_processes_writing_the_cache_at_once_keep_every_entry(tmp_path: Path
         assert proc.wait(timeout=300) == 0
     entries = json.loads(path.read_text())["entries"]
     assert sorted(entries) == sorted(f"{me}-{i}" for me in ("a", "b") for i in range(400))
+
+
+def test_a_cache_file_nested_past_pythons_stack_is_ignored_and_rewritten(tmp_path: Path) -> None:
+    # json.load raised RecursionError, which the unreadable-file path did not catch: a traceback at every write
+    path = tmp_path / "autotune-GPU.json"
+    path.write_text("[" * 200_000)
+    autotune._write_file(path, "GPU", "k", {"config": "c"})
+    assert json.loads(path.read_text())["entries"] == {"k": {"config": "c"}}

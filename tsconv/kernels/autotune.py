@@ -183,7 +183,7 @@ def _read_file(path: Path) -> dict:
             data = json.load(fh)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's stack
         log.warning("ignoring unreadable autotune cache %s: %s", path, exc)
         return {}
     if (
