@@ -710,3 +710,19 @@ def test_frame_time_centuries_apart_is_compared_not_differenced() -> None:
     ahead = np.array(["1750-01-01", "2200-01-01", "2200-01-02"], dtype="datetime64[ns]")
     got = tsconv.features(pl.DataFrame({"time": ahead, "a": x}), PIPE, device="cpu")
     assert got["time"].to_numpy().astype("datetime64[ns]").tolist() == ahead.tolist()
+
+
+def test_an_object_column_of_datetimes_at_a_fixed_offset_is_a_clear_error() -> None:
+    # datetime objects at +05:30 in an object column: polars' ComputeError 'unable to parse time zone' escaped
+    import datetime as dt
+
+    import pandas as pd
+
+    tz = dt.timezone(dt.timedelta(hours=5, minutes=30))
+    times = [dt.datetime(2024, 1, 1, 9, 30 + k, tzinfo=tz) for k in range(3)]
+    df = pd.DataFrame({"time": pd.Series(times, dtype=object), "a": [1.0, 2.0, 3.0]})
+    with pytest.raises(
+        tsconv.TsconvError,
+        match=r"cannot be read: time \(object.*pd.to_datetime\(frame\['time'\], utc=True\)",
+    ):
+        tsconv.features(df, {"conv": [{"filters": ["lag:1"]}]})

@@ -99,7 +99,8 @@ def to_polars(frame: Any, caller: str) -> Any:
         frame = _zoned_in_utc(frame.rename(columns=str), "pandas")
         try:
             return pl.from_pandas(frame)
-        except (TypeError, ValueError, NotImplementedError):  # pyarrow's ArrowTypeError, ArrowInvalid, ...
+        # pyarrow's ArrowTypeError, ArrowInvalid, ...; polars' own (a time zone it cannot parse)
+        except (TypeError, ValueError, NotImplementedError, pl.exceptions.PolarsError):
             _refuse_unconvertible(frame, caller)
             raise
     if kind == "pyarrow":
@@ -186,15 +187,16 @@ def _refuse_unconvertible(frame: Any, caller: str) -> None:
     for name in frame.columns:
         try:
             pl.from_pandas(frame[[name]])
-        except (TypeError, ValueError, NotImplementedError) as exc:
+        except (TypeError, ValueError, NotImplementedError, pl.exceptions.PolarsError) as exc:
             bad.append(f"{name} ({frame[name].dtype}: {str(exc)[:80]})")
     if bad:
         shown = ", ".join(bad[:5]) + (f", ... ({len(bad)} in all)" if len(bad) > 5 else "")
         raise ShapeError(
             f"{caller}: the frame's columns cannot be read: {shown}",
             hint="feature columns must be real numbers (int, uint or float; dense, not Sparse) and a time column "
-            "datetimes or integers: convert or drop the others first, e.g. frame.astype({'col': 'float64'}) "
-            "or frame.sparse.to_dense().",
+            "datetimes or integers: convert or drop the others first, e.g. frame.astype({'col': 'float64'}), "
+            "frame.sparse.to_dense(), or pd.to_datetime(frame['time'], utc=True) for an object column of "
+            "datetimes at a UTC offset.",
         )
 
 
