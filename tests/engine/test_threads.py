@@ -117,3 +117,39 @@ def test_the_thread_count_is_the_callers_again_after_fewer_parts_than_threads() 
         run_parts(lambda k, count: seen.append(torch.get_num_threads()), 2)
         assert torch.get_num_threads() == 4
     assert seen == [1, 1]
+
+
+def test_a_thread_that_first_ran_torch_during_another_threads_run_does_not_leave_the_process_on_one() -> None:
+    """A ThreadPoolExecutor over symbols: a worker whose first parallel torch op ran while another worker's
+    dense run held torch at one thread kept 1 (torch reads the process's count once per thread), and its own
+    run then gave torch back 1: every thread started afterwards ran torch, and tsconv's tiles, on one."""
+    import threading
+
+    from tsconv.kernels.cpu_tiles import one_thread
+
+    def fresh_count() -> int:
+        seen: list[int] = []
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        return seen[0]
+
+    counts: dict[str, int] = {}
+    started, release = threading.Event(), threading.Event()
+
+    def late_worker() -> None:
+        counts["first"] = torch.get_num_threads()  # its first torch op, while the main thread's block holds
+        started.set()
+        release.wait()
+        run_parts(lambda k, count: None, 2)  # a bank's parts, as features() runs them
+        counts["after"] = torch.get_num_threads()
+
+    with _threads(3):
+        worker = threading.Thread(target=late_worker)
+        with one_thread():
+            worker.start()
+            assert started.wait(10)
+        release.set()
+        worker.join(10)
+        assert counts["first"] == 1  # torch's own rule, which tsconv cannot change
+        assert (counts["after"], fresh_count(), torch.get_num_threads()) == (3, 3, 3)

@@ -30,13 +30,15 @@ __all__ = ["one_thread", "run_parts", "run_tiles"]
 _LOCK = threading.RLock()  # torch's thread count is the process's: one caller at a time changes it
 _STATE = threading.local()  # ``workers`` on a thread inside one_thread; ``tile`` on the tiles' threads
 _POOLS: dict[int, ThreadPoolExecutor] = {}  # by thread count; used under _LOCK only
+_GIVEN_BACK: int | None = None  # the count the last block gave torch back; used under _LOCK only
 
 
 def _after_fork_in_child() -> None:
     """A forked child (a dask worker, say) has none of the parent's threads: its own pools, a lock no thread
     of the parent holds, no block of the parent's."""
-    global _LOCK, _STATE
+    global _LOCK, _STATE, _GIVEN_BACK
     _POOLS.clear()
+    _GIVEN_BACK = None
     _LOCK = threading.RLock()
     _STATE = threading.local()
 
@@ -48,7 +50,14 @@ if hasattr(os, "register_at_fork"):
 @contextmanager
 def one_thread() -> Iterator[int]:
     """Hold torch on one thread until the block ends (then the caller's count again); yields the count the
-    tiles of :func:`run_tiles` spread over. Nested blocks keep the outer one's count."""
+    tiles of :func:`run_tiles` spread over. Nested blocks keep the outer one's count.
+
+    torch reads the process's count once per thread, at the thread's first parallel op: a thread that first
+    ran one while another thread's block held the process at one thread keeps 1 (a research script's
+    ThreadPoolExecutor over symbols). Where the caller's count is not the one the last block gave back, the
+    process's own count is read in a fresh thread, and the block gives that back: the caller's 1 would have
+    held every thread started afterwards, tsconv's tiles included, at one thread."""
+    global _GIVEN_BACK
     if getattr(_STATE, "tile", False):
         yield 1
         return
@@ -59,6 +68,8 @@ def one_thread() -> Iterator[int]:
             return
         # read under the lock: another caller's block holds torch at one thread until it ends
         before = torch.get_num_threads()
+        if before != _GIVEN_BACK:  # this thread's count may be one another block held the process at
+            before = _process_count()
         torch.set_num_threads(1)
         _STATE.workers = before
         try:
@@ -66,6 +77,16 @@ def one_thread() -> Iterator[int]:
         finally:
             _STATE.workers = None
             torch.set_num_threads(before)
+            _GIVEN_BACK = before
+
+
+def _process_count() -> int:
+    """torch's thread count for the process: what a thread that has run no torch op yet reads (0.3 ms)."""
+    seen: list[int] = []
+    probe = threading.Thread(target=lambda: seen.append(torch.get_num_threads()), name="tsconv-threads")
+    probe.start()
+    probe.join()
+    return seen[0]
 
 
 def run_tiles(run: Callable[..., None], tiles: Sequence[tuple], *, workers: int | None = None) -> None:
