@@ -907,3 +907,40 @@ def test_a_receptive_field_too_long_to_carry_is_refused() -> None:
     stages = [{"filters": ["diff:1000"], "dilation": 1 << 20}] * 20
     with pytest.raises(PipelineError, match="receptive field spans"):
         resolve(pipeline_from_dict({"conv": stages}), NAMES3)
+
+
+def test_loading_time_ranges_in_threads_leaves_the_warning_filters_as_they_were() -> None:
+    """A time_range was parsed inside warnings.catch_warnings() with every warning an error: the filters are
+    the process's, so two threads loading pipelines at once could restore each other's and leave every later
+    warning an error (a TsconvWarning then raised out of features()); 'now' and 'today' read the clock."""
+    import sys
+    import threading
+
+    from tsconv.pipeline.spec import pipeline_from_dict
+
+    data = {
+        "preprocess": {"time_range": ["2026-01-02T09:30:00+05:00", "2026-01-03"]},
+        "conv": [{"filters": ["diff:1"]}],
+    }
+    before = list(warnings.filters)
+
+    def load() -> None:
+        for _ in range(1500):
+            pipeline_from_dict(data)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # a thread switch at nearly every bytecode: the race shows in one run
+    try:
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert warnings.filters == before
+    for clock in ("now", "today"):
+        with pytest.raises(PipelineError, match="not a recognised ISO timestamp"):
+            pipeline_from_dict(
+                {"preprocess": {"time_range": ["2026-01-02", clock]}, "conv": [{"filters": ["diff:1"]}]}
+            )

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import tomllib
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +174,7 @@ class Preprocess:
 
 # a UTC offset ending a timestamp's time: +hh:mm, +hhmm or +hh (ISO 8601's extended and basic forms)
 _OFFSET = re.compile(r"(?P<time>[T ].*?)(?P<sign>[+-])(?P<hh>\d{2})(?::?(?P<mm>\d{2}))?")
+_DATE_TIME = re.compile(r"-?\d{4,}(-\d{2}(-\d{2}([T ]\d{2}(:\d{2}(:\d{2}(\.\d+)?)?)?)?)?)?")
 _TIME_FORMS = '"2026-01-02", "2026-01-02T09:30:00[.fff]" (UTC), with an offset Z, +05:00, +0500 or +05'
 
 
@@ -192,12 +192,15 @@ def _parse_time(value: str) -> int:
             1 if m["sign"] == "+" else -1
         )
         text = text[:10] + m["time"]
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # numpy warns and guesses at what it does not know ("+1")
+    # Only a date and a time reach numpy: it warns and guesses at a zone it does not know ("+1"), and reads
+    # "now" and "today" as the clock; a filter that turned its warning into an error was the process's
+    # (warnings.catch_warnings), so two threads loading pipelines could leave every warning an error.
+    us = np.datetime64("NaT")
+    if _DATE_TIME.fullmatch(text):
+        try:
             us = np.datetime64(text, "us")  # its range holds any date: ns would wrap past 2262 silently
-    except (ValueError, OverflowError, Warning):
-        us = np.datetime64("NaT")
+        except (ValueError, OverflowError):
+            pass
     if np.isnat(us):
         raise ValueError(f"{value!r} is not a recognised ISO timestamp ({_TIME_FORMS})")
     lim = np.iinfo(np.int64).max // 1000
