@@ -991,3 +991,34 @@ def test_the_new_stores_metadata_equals_zarrs_own(tmp_path: Path, compression, w
         assert (json.loads(ours) == json.loads(theirs)) if rel.endswith(".json") else ours == theirs, rel
     ours = zarr.open_group(str(tmp_path / "ours.zarr"), mode="r")
     assert ours["values"].shape == (rows, 3) and np.isnan(ours["values"][:5]).all()
+
+
+def test_consolidating_silences_zarrs_one_message_not_other_warnings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Consolidating silenced every UserWarning of the process while zarr ran (catch_warnings swaps the process's
+    filters): another thread's TsconvWarning went unseen, and two such blocks interleaved left the filter for
+    good. Only zarr's message about format 3 is silenced, and the filters are as they were after."""
+    import warnings
+
+    from tsconv.errors import TsconvWarning
+    from tsconv.io.writers import zarr_writer
+
+    zarr.open_group(str(tmp_path / "g.zarr"), mode="w").create_array("a", data=np.zeros(3, np.float32))
+    real = zarr.consolidate_metadata
+
+    def noisy(*args: object, **kwargs: object) -> object:
+        warnings.warn(
+            "Consolidated metadata is currently not part in the Zarr format 3 spec", UserWarning, stacklevel=1
+        )
+        warnings.warn("another thread's warning", TsconvWarning, stacklevel=1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(zarr_writer.zarr, "consolidate_metadata", noisy)
+    before = list(warnings.filters)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        zarr_writer.consolidate(tmp_path / "g.zarr")
+    assert [str(w.message) for w in seen] == ["another thread's warning"]
+    assert warnings.filters == before
+    assert zarr.open_consolidated(str(tmp_path / "g.zarr")).metadata.consolidated_metadata is not None

@@ -970,12 +970,20 @@ def _consolidated_doc(root: Path | StoreURL) -> dict[str, Any]:
     return {"kind": "inline", "must_understand": False, "metadata": found}
 
 
-def consolidate(path: Path) -> None:
-    """Write consolidated metadata into the output store at ``path`` through zarr (a dask run's end)."""
-    with warnings.catch_warnings():
-        # zarr: consolidated metadata is not part of the format 3 specification (xarray reads it)
-        warnings.simplefilter("ignore", UserWarning)
-        zarr.consolidate_metadata(str(path), zarr_format=3)
+_CONSOLIDATING = threading.Lock()
+
+
+def consolidate(store: Any, *, path: str | None = None, zarr_format: int = 3) -> None:
+    """Write consolidated metadata through zarr into ``store`` (a local path, or a zarr store with the group's
+    ``path`` in it): a dask run's end, an ingest's append, a format 2 output's marks."""
+    # zarr warns that consolidated metadata is not part of the format 3 specification (xarray reads it). That
+    # one message is silenced, not every UserWarning: catch_warnings swaps the process's filters, so another
+    # thread's warnings (a TsconvWarning among them) went unseen meanwhile, and two such blocks interleaved
+    # left the silencing filter in place for good. One block at a time, so tsconv's own never interleave.
+    with _CONSOLIDATING, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+        zarr.consolidate_metadata(str(store) if isinstance(store, Path) else store, path=path,
+                                  zarr_format=zarr_format)  # fmt: skip
 
 
 def drop_consolidated(path: Path | StoreURL) -> None:
@@ -1764,8 +1772,7 @@ class OutputWriter:
         else:
             self.group.attrs["tsconv"] = meta
             if consolidate:
-                with warnings.catch_warnings():  # as in consolidate()
-                    warnings.simplefilter("ignore", UserWarning)
-                    fmt = self.group.metadata.zarr_format
-                    zarr.consolidate_metadata(self.group.store, path=self.group.path, zarr_format=fmt)
+                consolidate(
+                    self.group.store, path=self.group.path, zarr_format=self.group.metadata.zarr_format
+                )
         self._meta = meta
