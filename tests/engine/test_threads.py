@@ -153,3 +153,21 @@ def test_a_thread_that_first_ran_torch_during_another_threads_run_does_not_leave
         worker.join(10)
         assert counts["first"] == 1  # torch's own rule, which tsconv cannot change
         assert (counts["after"], fresh_count(), torch.get_num_threads()) == (3, 3, 3)
+
+
+def test_calls_from_several_threads_give_what_each_gives_alone() -> None:
+    """README, Threads: calls in a thread pool (built-in and custom pipelines, other data and chunks each) give
+    the bits each call gives run alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(3)
+    dense = {"conv": [{"weights": rng.normal(size=(4, 3, 5)).astype(np.float32)}]}
+    calls = [
+        (price_series(3000, 3, seed=k, nan_fraction=0.01), p, chunk)
+        for k, (p, chunk) in enumerate([("default", 700), (dense, 1024), ("trend_ema", 333), (dense, 64)] * 2)
+    ]
+    alone = [tsconv.features(x, p, chunk=c, device="cpu") for x, p, c in calls]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda a: tsconv.features(a[0], a[1], chunk=a[2], device="cpu"), calls))
+    for a, b in zip(alone, together, strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
