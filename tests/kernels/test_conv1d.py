@@ -807,6 +807,36 @@ def test_torch_path_without_interpreter(monkeypatch: pytest.MonkeyPatch, groups:
             check(x, w, b, groups=groups, dilation=3, padding=padding, activation=act)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the torch path serves CPU tensors only")
+def test_torch_path_pads_no_more_than_the_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A causal dilation far above L: the torch path padded (K-1)*dilation zeros per channel (dilation 10**9
+    was killed for memory); taps reaching past the input's start are left out, their 0 * inf kept as NaN."""
+    monkeypatch.setattr(torch_side, "INTERPRETED", False)
+    lengths: list[int] = []
+    conv = torch.nn.functional.conv1d
+
+    def spy(xs: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        lengths.append(xs.shape[-1])
+        return conv(xs, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "conv1d", spy)
+    x = torch.randn(2, 3, 10, generator=_gen(0))
+    w = torch.randn(4, 3, 5, generator=_gen(1))
+    b = torch.randn(4, generator=_gen(2))
+    # dilation 4: the first two taps never meet the input; 10**6: the last tap alone does
+    for dilation, ref in (
+        (4, conv1d_reference(x, w, b, dilation=4)),
+        (10**6, conv1d_reference(x, w[:, :, -1:], b)),
+    ):
+        lengths.clear()
+        y = conv1d(x, w, b, dilation=dilation)
+        assert lengths and max(lengths) < 2 * x.shape[2], lengths
+        assert relative_error(y, ref) < 1e-6
+    w[1, 2, 0] = math.inf  # a tap that only ever meets the padding: 0 * inf in every output of filter 1
+    y = conv1d(x, w, b, dilation=10**6)
+    assert y[:, 1].isnan().all() and not y[:, [0, 2, 3]].isnan().any()
+
+
 # ------------------------------------------------------------------------------------------ validation
 
 

@@ -219,12 +219,24 @@ def _allocate_out(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
 def _conv1d_torch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, spec: ConvSpec
 ) -> None:
-    """CPU tensors without the interpreter: F.conv1d in float32 on the weights' stored values."""
+    """CPU tensors without the interpreter: F.conv1d in float32 on the weights' stored values.
+
+    Causal taps that reach back L steps or more read only the zero padding, at every output: they are left
+    out, so the padding is at most L - 1 steps, not (K - 1) * dilation (a dilation far above L allocated its
+    padding in full: dilation 10**9 was killed for memory where the kernels return at once). Their products
+    0 * w are kept where they are not 0: a tap that is not finite makes its filter's outputs NaN, as before
+    and as the kernels give."""
     xf = x.float()
+    w = weight.float()
+    skipped = None
     if spec.causal and spec.K > 1:
-        xf = F.pad(xf, ((spec.K - 1) * spec.dilation, 0))
+        keep = min(spec.K, (spec.L - 1) // spec.dilation + 1)  # L >= 1: an empty result returned before
+        skipped, w = w[:, :, : spec.K - keep], w[:, :, spec.K - keep :]
+        xf = F.pad(xf, ((keep - 1) * spec.dilation, 0))
     b = None if bias is None else bias.float()
-    y = F.conv1d(xf, weight.float(), b, dilation=spec.dilation, groups=spec.groups)
+    y = F.conv1d(xf, w, b, dilation=spec.dilation, groups=spec.groups)
+    if skipped is not None and skipped.numel() > 0:
+        y[:, ~skipped.isfinite().flatten(1).all(dim=1)] = float("nan")
     out.copy_(apply_activation(y, _ACT_NAME[spec.act]))
 
 
