@@ -837,6 +837,23 @@ def test_torch_path_pads_no_more_than_the_input(monkeypatch: pytest.MonkeyPatch)
     assert y[:, 1].isnan().all() and not y[:, [0, 2, 3]].isnan().any()
 
 
+@pytest.mark.parametrize("torch_path", [False, True])
+@pytest.mark.parametrize("groups", [1, 3])
+def test_no_input_channels_give_the_bias(
+    monkeypatch: pytest.MonkeyPatch, groups: int, torch_path: bool
+) -> None:
+    """C = 0 (every column selected away): the kernels give act(bias), as gemm does for K = 0; the torch path
+    raised F.conv1d's 'The size of tensor a (3) must match the size of tensor b (0)'."""
+    if torch_path:
+        monkeypatch.setattr(torch_side, "INTERPRETED", False)
+    x = torch.zeros(2, 0, 5, device=DEVICE)
+    w = torch.zeros(3, 0, 4, device=DEVICE)
+    b = torch.tensor([1.0, -2.0, 0.5], device=DEVICE)
+    y = conv1d(x, w, b, groups=groups, activation="relu")
+    assert torch.equal(y, torch.tensor([1.0, 0.0, 0.5], device=DEVICE)[:, None].expand(2, 3, 5))
+    assert torch.equal(conv1d(x, w, groups=groups), torch.zeros(2, 3, 5, device=DEVICE))
+
+
 # ------------------------------------------------------------------------------------------ validation
 
 

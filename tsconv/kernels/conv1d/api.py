@@ -225,7 +225,12 @@ def _conv1d_torch(
     out, so the padding is at most L - 1 steps, not (K - 1) * dilation (a dilation far above L allocated its
     padding in full: dilation 10**9 was killed for memory where the kernels return at once). Their products
     0 * w are kept where they are not 0: a tap that is not finite makes its filter's outputs NaN, as before
-    and as the kernels give."""
+    and as the kernels give. No input channels (C = 0): every output is its bias, as the kernels and gemm's
+    K = 0 give (F.conv1d raises on an empty weight)."""
+    if spec.C == 0:
+        y = torch.zeros((spec.N, spec.O, spec.L_out), dtype=torch.float32, device=x.device)
+        out.copy_(apply_activation(y if bias is None else y + bias.float()[:, None], _ACT_NAME[spec.act]))
+        return
     xf = x.float()
     w = weight.float()
     skipped = None
