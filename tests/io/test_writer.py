@@ -1018,7 +1018,7 @@ def test_consolidating_silences_zarrs_one_message_not_other_warnings(
     before = list(warnings.filters)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        zarr_writer.consolidate(tmp_path / "g.zarr")
+        zarr_writer.write_consolidated(tmp_path / "g.zarr")
     assert [str(w.message) for w in seen] == ["another thread's warning"]
     assert warnings.filters == before
     assert zarr.open_consolidated(str(tmp_path / "g.zarr")).metadata.consolidated_metadata is not None

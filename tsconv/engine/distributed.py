@@ -42,11 +42,11 @@ from tsconv.io.writers.zarr_writer import (
     OutputWriter,
     PinnedAttrs,
     check_owner,
-    consolidate,
     drop_consolidated,
     finish_grow,
     output_chunk_rows,
     remove_temporaries,
+    write_consolidated,
 )
 from tsconv.pipeline.spec import ResolvedPipeline
 
@@ -580,8 +580,8 @@ def run_distributed(
         meta.pop("partitions_done", None)
         meta.update(complete=True, rows_done=rows)
         attrs_of_run.set(meta)
-        check_owner(out_path, run_id=own, identity=identity)  # consolidate() writes by the path
-        consolidate(out_path)
+        check_owner(out_path, run_id=own, identity=identity)  # write_consolidated() writes by the path
+        write_consolidated(out_path)
     finally:
         if own_client:
             client.close()

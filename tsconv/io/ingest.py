@@ -76,7 +76,7 @@ from tsconv.io.objstore import is_url, location, shown
 from tsconv.io.precision import float32_loss_by_feature, float32_loss_in_blocks
 from tsconv.io.store import interrupted_append, is_zarr_store, open_input
 from tsconv.io.timecoding import iso_utc, looks_early
-from tsconv.io.writers.zarr_writer import consolidate, is_metadata_temporary
+from tsconv.io.writers.zarr_writer import is_metadata_temporary, write_consolidated
 from tsconv.progress import progress_bar
 
 __all__ = ["IngestReport", "ingest", "expand_files", "repair"]
@@ -1309,7 +1309,7 @@ def _has_consolidated(out: Path) -> bool:
 def _consolidate(out: Path, group: zarr.Group) -> None:
     """Write the store's consolidated metadata again, from its arrays' own (their new lengths): readers that
     use it (xarray by default) saw the rows before the append only."""
-    consolidate(out, zarr_format=group.metadata.zarr_format)
+    write_consolidated(out, zarr_format=group.metadata.zarr_format)
 
 
 def _append_array(out: Path, group: zarr.Group, key: str, keep: int) -> zarr.Array:

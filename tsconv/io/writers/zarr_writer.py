@@ -76,7 +76,7 @@ __all__ = [
     "check_output_path",
     "check_owner",
     "check_kept_compression",
-    "consolidate",
+    "write_consolidated",
     "default_write_threads",
     "discard_output",
     "drop_consolidated",
@@ -973,7 +973,7 @@ def _consolidated_doc(root: Path | StoreURL) -> dict[str, Any]:
 _CONSOLIDATING = threading.Lock()
 
 
-def consolidate(store: Any, *, path: str | None = None, zarr_format: int = 3) -> None:
+def write_consolidated(store: Any, *, path: str | None = None, zarr_format: int = 3) -> None:
     """Write consolidated metadata through zarr into ``store`` (a local path, or a zarr store with the group's
     ``path`` in it): a dask run's end, an ingest's append, a format 2 output's marks."""
     # zarr warns that consolidated metadata is not part of the format 3 specification (xarray reads it). That
@@ -1772,7 +1772,7 @@ class OutputWriter:
         else:
             self.group.attrs["tsconv"] = meta
             if consolidate:
-                consolidate(
+                write_consolidated(
                     self.group.store, path=self.group.path, zarr_format=self.group.metadata.zarr_format
                 )
         self._meta = meta
