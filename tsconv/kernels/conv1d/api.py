@@ -91,8 +91,10 @@ def conv1d(
         activation: None/"none", "relu", "gelu" (exact erf form) or "tanh".
         precision: "fp32" (default; float32-accurate via a 3xTF32 split on tensor cores), or the opt-in
             tensor-core modes "tf32" and "fp16" (10-bit mantissas: unfit for raw price levels, where a 0.05
-            move at 100 is below their resolution; fine on normalised returns). Depthwise and
-            few-channel-per-group convs compute in float32 in every mode.
+            move at 100 is below their resolution; fine on normalised returns; "fp16" also holds no
+            magnitude past 65,504, so larger x or weights, prices near 70,000 say, become inf or NaN on the
+            GPU, while CPU tensors compute in float32 whatever the mode). Depthwise and few-channel-per-group
+            convs compute in float32 in every mode.
         out: optional float32 [N, O, L_out] destination with any non-overlapping strides, e.g. the
             ``transpose(1, 2)`` view of a time-major [N, L_out, O] buffer. Without it, the result is
             allocated time-major when ``x`` is a time-major view (channel stride 1) and contiguous otherwise.
