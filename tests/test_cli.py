@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from tsconv.cli import main
 
-from .helpers import price_series, write_store
+from .helpers import price_series, read_output, write_store
 
 
 def test_demo_creates_the_store_then_processes_it(tmp_path: Path) -> None:
@@ -276,3 +276,27 @@ def test_the_command_runs_with_its_imports_frozen_out_of_collections(tmp_path: P
     args[4] = str(tmp_path / "b.zarr")
     assert CliRunner().invoke(main, args).exit_code == 0
     assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+
+def test_the_command_does_not_import_cupy_for_zarr(tmp_path: Path) -> None:
+    """zarr imports cupy wherever it is installed (GPU buffers, 0.25 s of a fresh process on a GPU machine); the
+    command never uses it, so its own process leaves it out, and zarr runs as without cupy."""
+    fake = tmp_path / "site" / "cupy"
+    fake.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    src = tmp_path / "in.zarr"
+    write_store(src, price_series(300, 3, seed=1))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])
+    )
+    probe = subprocess.run([sys.executable, "-c", "import zarr"], env=env, cwd=tmp_path, capture_output=True)
+    assert probe.returncode == 0 and marker.exists()  # the fake is what zarr would import
+    marker.unlink()
+    args = ["process", "-i", str(src), "-o", str(tmp_path / "a.zarr"), "--device", "cpu", "-q"]
+    res = subprocess.run(
+        [sys.executable, "-m", "tsconv", *args], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert not marker.exists()
+    assert read_output(tmp_path / "a.zarr").shape == (300, 15)
