@@ -163,3 +163,24 @@ def test_features_on_cuda_writes_into_out() -> None:
     buf = np.full(want.shape, 12345.0, np.float32)
     assert tsconv.features(x, device="cuda", out=buf) is buf
     np.testing.assert_array_equal(buf, want)
+
+
+def test_a_big_endian_zarr_2_store_on_cuda_equals_the_cpu_engine(tmp_path: Path) -> None:
+    """zarr 2 hands out '>f4' rows as stored; the CUDA run (batched engine, CPU reader: not Blosc-LZ4) swaps them
+    to native order as it reads, and gives the CPU engine's values."""
+    rng = np.random.default_rng(5)
+    x = (100 + np.cumsum(rng.integers(-1, 2, size=(20_000, 6)), axis=0) * 0.01).astype(np.float32)
+    x[:300, 2] = np.nan  # a symbol that starts late
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w", zarr_format=2)
+    g.create_array("values", data=x.astype(">f4"), chunks=(4096, 6))
+    g.create_array("time", data=np.arange(20_000, dtype=np.int64) * 1_000_000_000, chunks=(4096,))
+    g.attrs["features"] = [f"f{i}" for i in range(6)]
+    cpu = tsconv.process(tmp_path / "in.zarr", tmp_path / "cpu.zarr", device="cpu")
+    gpu = tsconv.process(tmp_path / "in.zarr", tmp_path / "gpu.zarr", device="cuda")
+    assert cpu.rows == gpu.rows == 20_000
+    yc = np.asarray(zarr.open_group(str(tmp_path / "cpu.zarr"), mode="r")["values"][:])
+    yg = np.asarray(zarr.open_group(str(tmp_path / "gpu.zarr"), mode="r")["values"][:])
+    np.testing.assert_array_equal(np.isnan(yc), np.isnan(yg))
+    rel = _col_rel(yg, yc.astype(np.float64))
+    print(f"big-endian store: cuda vs cpu max column-relative difference {rel:.2e}")
+    assert rel < 1e-5
