@@ -541,6 +541,21 @@ def test_a_pandas_series_of_one_feature_over_time_is_told_to_be_a_frame() -> Non
     assert stream.push(df["a"].to_frame()).shape[0] == 2
 
 
+def test_rows_of_iterrows_with_every_feature_missing_beside_a_datetime_are_missing_values() -> None:
+    # iterrows() gives such a row as datetime64, its NaNs as NaT: push refused it as "not numeric: a (Datetime)"
+    x = prices(60, 2, seed=3)
+    x[20:23] = np.nan  # a halt: no feature has a value
+    t = pd.date_range("2026-01-02 09:30", periods=60, freq="s")
+    df = pd.DataFrame({"time": t, "a": x[:, 0], "b": x[:, 1]})
+    assert df.iloc[21:22].iterrows().__next__()[1].dtype.kind == "M"
+    stream = tsconv.Stream("default", features=["a", "b"], device="cpu")
+    got = np.concatenate([stream.push(row) for _, row in df.iterrows()])
+    _same(got, tsconv.features(x, "default", names=["a", "b"], device="cpu"))
+    assert stream.last_time == t[-1].to_datetime64()
+    with pytest.raises(tsconv.ShapeError, match=r"not numeric: a \(Datetime"):  # a datetime that is one
+        stream.push(pd.Series([t[-1] + pd.Timedelta(1, "s")] * 3, index=["time", "a", "b"]))
+
+
 def _ab(rows: int = 300) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     return 100 + rng.normal(size=rows).cumsum(), 50 + rng.normal(size=rows).cumsum()

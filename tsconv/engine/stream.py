@@ -297,6 +297,12 @@ class Stream:
         if isinstance(frame, pl.LazyFrame):
             frame = frame.collect()
         names = self._names
+        if series:
+            # A Series has one dtype for all its values: iterrows() gives a row whose features are all NaN beside
+            # a datetime as datetime64, the NaNs as NaT, which were refused as "not numeric". Missing values.
+            nat = [n for n in names if n in frame.columns and frame.schema[n].is_temporal()
+                   and frame[n].null_count() == frame.height]  # fmt: skip
+            frame = frame.with_columns(pl.col(nat).cast(pl.Float32)) if nat else frame
         have = set(frame.columns)
         missing = [n for n in names if n not in have]
         if missing:
