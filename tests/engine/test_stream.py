@@ -556,6 +556,32 @@ def test_rows_of_iterrows_with_every_feature_missing_beside_a_datetime_are_missi
         stream.push(pd.Series([t[-1] + pd.Timedelta(1, "s")] * 3, index=["time", "a", "b"]))
 
 
+def test_a_time_column_without_times_is_refused_with_hints_push_can_follow() -> None:
+    # the hints named features()'s time_column=None, which push() does not take, and told to rename a duration
+    # column, which push() then refused as no feature; a row of iterrows() has its integer times as floats
+    import polars as pl
+
+    df = pd.DataFrame({"time": np.arange(5) * 10, "a": np.linspace(100, 101, 5), "b": np.linspace(50, 49, 5)})
+    stream = tsconv.Stream("default", features=["a", "b"], device="cpu")
+    row = next(df.iterrows())[1]
+    with pytest.raises(tsconv.ShapeError, match=r"'time' column is not a time \(Float64\)") as err:
+        stream.push(row)
+    assert "df.iloc[[i]]" in err.value.hint and "time_column" not in err.value.hint
+    floats = df.astype({"time": "float64"})
+    durations = pl.DataFrame(
+        {"time": pl.Series([1, 2], dtype=pl.Duration("ms")), "a": [1.0, 2], "b": [1.0, 2]}
+    )
+    for frame, what in ((floats, "not a time"), (durations, "a duration")):
+        with pytest.raises(tsconv.ShapeError, match=f"'time' column is {what}") as err:
+            stream.push(frame)
+        assert "time_column" not in err.value.hint and "drop it" in err.value.hint
+    assert stream.rows == 0
+    for i in range(5):  # the routes the hints give
+        stream.push(df.iloc[[i]])
+    stream.push(floats.drop(columns="time").iloc[:2], time=[60, 70])
+    assert stream.rows == 7 and stream.last_time == 70
+
+
 def _ab(rows: int = 300) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     return 100 + rng.normal(size=rows).cumsum(), 50 + rng.normal(size=rows).cumsum()

@@ -332,15 +332,35 @@ class Stream:
                 f"push(): the frame's columns {', '.join(map(repr, extra[:5]))} are not features of this stream",
                 hint="select the stream's features (and 'time', if any) first: frame.select(...).",
             )
-        if time_column is not None and frame.schema[time_column] == pl.Duration:
-            raise ShapeError(
-                f"push(): the frame's 'time' column is a duration ({frame.schema[time_column]}), not a time",
-                hint="give times as datetimes or integers, or name that column otherwise to leave it out.",
-            )
+        if time_column is not None:
+            self._check_time_dtype(frame.schema[time_column], series=series)
         cols = [*names, *([time_column] if time_column else [])]
         _, source, t = frame_input(frame.select(cols), time_column=time_column, band_rows=1, caller="push()")
         self._wide_ints.see_ranges(source.int_range)
         return source.read(0, source.rows), None if t is None else t.to_numpy()
+
+    @staticmethod
+    def _check_time_dtype(dtype: Any, *, series: bool) -> None:
+        """Refuse a frame's 'time' column that holds no times, with push()'s own hints: frame_input's name
+        features()'s ``time_column=None``, an option push() lacks, and a renamed column is refused as no feature."""
+        import polars as pl
+
+        if (dtype.is_temporal() and dtype not in (pl.Duration, pl.Time)) or dtype.is_integer():
+            return
+        what = "a duration" if dtype == pl.Duration else "a time of day" if dtype == pl.Time else "not a time"
+        if series:
+            hint = (
+                "a pandas Series holds one dtype for all its values, so a row of a frame (df.iloc[i], iterrows()) "
+                "has its integer times as floats: push df.iloc[[i]], a one-row frame, which keeps each column's "
+                "dtype, or give the rows without 'time' and time= as integers."
+            )
+        else:
+            hint = (
+                "cast the column to datetimes or integers, or drop it (frame.drop('time')) and give the times as "
+                "time= (datetime64 or integers)."
+            )
+        raise ShapeError(f"push(): the frame's 'time' column is {what} ({dtype}), expected datetimes or integers",
+                         hint=hint)  # fmt: skip
 
     def _checked(self, rows: Any) -> np.ndarray:
         if isinstance(rows, torch.Tensor):
