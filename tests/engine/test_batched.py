@@ -260,6 +260,15 @@ def test_process_batched_on_a_store_matches_the_chunked_engine(tmp_path):
     assert g.attrs["tsconv"]["complete"] is True
 
 
+def test_the_write_stage_counts_the_chunks_written_as_the_run_finishes(tmp_path):
+    # 700 rows fit one output chunk, which the writer stores only in finish(): the report said write 0.000
+    x = price_series(700, 6, seed=7, nan_fraction=0.03)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(150, 6))
+    r = process_batched(src, tmp_path / "b.zarr", pipeline=BANK, device="cpu", chunk=128, gpu_mem="80MB")
+    assert zarr.open_group(str(tmp_path / "b.zarr"), mode="r")["values"].chunks[0] >= 700
+    assert r.stage_seconds["write_busy"] > 0 and r.stage_seconds["write"] > 0
+
+
 def test_big_endian_rows_of_a_zarr_2_store_and_an_array_equal_the_chunked_engine(tmp_path):
     # zarr 2 keeps '>f4' as stored (reads are big-endian arrays), which torch cannot wrap: the batched engine,
     # the default on CUDA, failed with numpy's 'byte order different from the native byte order'
