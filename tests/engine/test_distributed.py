@@ -662,13 +662,15 @@ def test_the_plan_goes_to_the_workers_once_not_in_every_task(client, tmp_path: P
     pipe = {"conv": [{"filters": ["diff:1", "dev:8"]}],
             "head": {"weights": np.random.default_rng(0).normal(size=(10, 40_000))}}  # 3.2 MB  # fmt: skip
     want = tmp_path / "want.zarr"
-    tsconv.process(src, want, pipeline=pipe, chunk=CHUNK)
+    single = tsconv.process(src, want, pipeline=pipe, chunk=CHUNK)
     out = tmp_path / "out.zarr"
     with dask.config.set({"distributed.admin.large-graph-warning-threshold": "2MB"}):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            tsconv.process(src, out, pipeline=pipe, chunk=CHUNK, client=client, partition_rows=200)
+            report = tsconv.process(src, out, pipeline=pipe, chunk=CHUNK, client=client, partition_rows=200)
     assert not [w for w in caught if "large graph" in str(w.message)]
+    # the path that computed the head is named, as a single process's report names it (it said None: no head)
+    assert report.head_path == single.head_path == "unfused"
     a, b = zarr.open_group(str(want), mode="r"), zarr.open_group(str(out), mode="r")
     assert np.array_equal(np.asarray(a["values"][:]), np.asarray(b["values"][:]), equal_nan=True)
 

@@ -221,6 +221,7 @@ def run_partition(
         },
         "engine_stages": stages.get("stage_seconds"),  # the batched engine's, on CUDA
         "reader": stages.get("reader"),
+        "head_path": stages.get("head_path"),
         "decode_note": stages.get("decode_note"),
         "step_rows": stages.get("step_rows"),  # the batched engine's rows per launch
         "started_at": started_at,
@@ -608,6 +609,11 @@ def run_distributed(
     gpu_alloc = [r["peak_gpu_allocated_bytes"] for r in results if r["peak_gpu_allocated_bytes"] is not None]
     gpu_res = [r["peak_gpu_reserved_bytes"] for r in results if r["peak_gpu_reserved_bytes"] is not None]
     dev = results[0]["device"] if results else device
+    # the path of most rows, as a single process names it (tsconv.engine.head.HeadPaths.path); None: no head
+    head_rows: dict[str, int] = {}
+    for r in results:
+        if r.get("head_path"):
+            head_rows[r["head_path"]] = head_rows.get(r["head_path"], 0) + r["stop"] - r["start"]
     return Report(
         input=str(store.path),
         output=str(out_path),
@@ -632,5 +638,6 @@ def run_distributed(
         # the shortest task's steps: where a worker plans shorter steps than one process would
         step_rows=min((r["step_rows"] for r in results if r.get("step_rows")), default=None),
         pipeline=plan.pipeline.name,
+        head_path=max(head_rows, key=head_rows.__getitem__) if head_rows else None,
         compression=compression,  # dask runs do not choose from the data ("auto" is lz4)
     )
