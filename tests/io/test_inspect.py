@@ -272,6 +272,30 @@ def test_the_commands_it_names_quote_paths_with_spaces(tmp_path: Path) -> None:
     assert shlex.split(repair)[2:] == [str(src.resolve())]
 
 
+def test_the_resume_command_names_a_relative_pipeline_file_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run given `--pipeline p.toml` recorded 'p.toml': the resume command, run from another folder, named
+    no file there ('pipeline file 'p.toml' does not exist'), or another pipeline of that name."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "p.toml").write_text('[[conv]]\nfilters = ["diff:1", "ma:8"]\n')
+    src = write_store(tmp_path / "in.zarr", price_series(1500, 2, seed=4), chunks=(256, 2))
+    out = tmp_path / "out.zarr"
+    monkeypatch.chdir(job)
+    res = CliRunner().invoke(main, ["process", "-i", str(src), "-o", str(out), "--pipeline", "p.toml", "--chunk", "256", "-q", "--device", "cpu"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    want = np.asarray(zarr.open_group(str(out), mode="r")["values"][:])
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs["tsconv"] = {**g.attrs["tsconv"], "complete": False, "rows_done": 0}
+    monkeypatch.chdir(tmp_path)
+    args = shlex.split(re.search(r"finish it with `([^`]*)`", _text(out)).group(1))
+    assert args[args.index("--pipeline") + 1] == str(job / "p.toml")
+    res = CliRunner().invoke(main, args[1:])
+    assert res.exit_code == 0, res.output
+    np.testing.assert_array_equal(np.asarray(zarr.open_group(str(out), mode="r")["values"][:]), want)
+
+
 @pytest.mark.parametrize("pipeline", ["trend_ema", None, "dict"])
 def test_the_resume_command_names_the_pipeline_the_output_records(
     tmp_path: Path, pipeline: str | None

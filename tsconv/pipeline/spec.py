@@ -368,9 +368,12 @@ class ResolvedPipeline:
         def digest(a: np.ndarray | None) -> str | None:
             return None if a is None else self._digests[id(a)]
 
+        origin = self.pipeline.origin
         return {
             "name": self.pipeline.name,
-            "origin": self.pipeline.origin,
+            # a file's path as the run's folder names it: `tsconv inspect`'s resume command names this file,
+            # run from any folder (a relative path named no file there, or another one)
+            "origin": origin if origin in ("default", "<dict>") else os.path.abspath(origin),
             "halo": self.halo,
             "preprocess": None if self.preprocess is None else self.preprocess.as_dict(),
             "stages": [
