@@ -756,3 +756,25 @@ def test_a_heads_rows_do_not_depend_on_the_push(head_shape: tuple[int, int]) -> 
     x = prices(400, 25, seed=12)
     expected = tsconv.features(x, pipe, chunk=64)
     _same(pushed(tsconv.Stream(pipe, features=25, chunk=64, device="cpu"), x, [1, 2, 3, 5, 70]), expected)
+
+
+def test_masked_entries_are_missing_values_in_features_and_push() -> None:
+    """A numpy masked array's masked cells are missing (NaN), as the mask says, not the values beneath it:
+    ``np.asarray`` keeps the data and drops the mask."""
+    rng = np.random.default_rng(3)
+    x = (100 + np.cumsum(rng.integers(-2, 3, size=(400, 3)), axis=0) * 0.01).astype(np.float32)
+    hidden = np.zeros(x.shape, bool)
+    hidden[50:60, 1] = True
+    hidden[200, :] = True
+    masked = np.ma.array(np.where(hidden, np.float32(9999.0), x), mask=hidden)
+    want = tsconv.features(np.where(hidden, np.nan, x).astype(np.float32), device="cpu")
+    np.testing.assert_array_equal(tsconv.features(masked, device="cpu"), want)
+    s = tsconv.Stream("default", features=3, device="cpu")
+    got = np.concatenate([s.push(masked[i : i + 37]) for i in range(0, 400, 37)])
+    np.testing.assert_array_equal(got, want)
+    ints = np.ma.array(np.arange(40, dtype=np.int32).reshape(20, 2), mask=np.zeros((20, 2), bool))
+    ints[5, 0] = np.ma.masked
+    y = tsconv.features(
+        ints, pipeline={"conv": [{"filters": ["id"]}], "preprocess": {"fill": "none"}}, device="cpu"
+    )
+    assert np.isnan(y[5, 0]) and y[6, 0] == 12 and y[5, 1] == 11

@@ -28,6 +28,7 @@ from tsconv.engine.run import (
 from tsconv.errors import ShapeError
 from tsconv.io.dataframes import (
     TIME_COLUMN,
+    array_values,
     frame_input,
     frame_kind,
     frame_output,
@@ -147,7 +148,7 @@ def features(
     try:
         if is_torch and x.dtype == torch.bfloat16:
             x = x.float()  # numpy has no bfloat16; float32 holds every bfloat16 value exactly
-        arr = x.detach().cpu().numpy() if is_torch else np.asarray(x)
+        arr = x.detach().cpu().numpy() if is_torch else array_values(x)
     except (TypeError, ValueError) as exc:  # ragged lists, objects numpy cannot make an array of
         raise ShapeError(
             f"expected a 2-D series [T, F] (an array, a tensor or a frame), got {type(x).__name__}: {exc}",

@@ -25,7 +25,7 @@ from tsconv.engine.level import TAIL_ROWS, centering_level, level_before
 from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
-from tsconv.io.dataframes import frame_input, frame_kind, index_is_time, to_polars
+from tsconv.io.dataframes import array_values, frame_input, frame_kind, index_is_time, to_polars
 from tsconv.io.names import describe_repeats, ordered_names, repeated_names
 from tsconv.io.precision import Float32Check, WideIntegerCheck, exact_in_float32
 from tsconv.pipeline.spec import as_pipeline, resolve
@@ -392,7 +392,7 @@ class Stream:
 
     def _as_array(self, rows: Any) -> np.ndarray:
         try:
-            return np.asarray(rows)
+            return array_values(rows)
         except (TypeError, ValueError) as exc:
             raise ShapeError(
                 f"push() expects rows [n, {self.n_features}] (an array or a tensor), got {type(rows).__name__}: {exc}",

@@ -18,6 +18,7 @@ from tsconv.io.precision import exact_in_float32
 __all__ = [
     "TIME_COLUMN",
     "FrameColumns",
+    "array_values",
     "frame_input",
     "frame_kind",
     "frame_output",
@@ -68,6 +69,21 @@ _FRAMES = {
     "pandas": ("DataFrame", "Series"),
     "pyarrow": ("Table", "RecordBatch"),
 }
+
+
+def array_values(x: Any) -> np.ndarray:
+    """``np.asarray(x)``, except that a masked array's masked entries become NaN: ``asarray`` returns the data
+    beneath the mask, so masked cells would be read as whatever values they hide. Integers with masked
+    entries become the float type that holds them (NaN has no integer)."""
+    if isinstance(x, np.ma.MaskedArray):
+        mask = np.ma.getmaskarray(x)
+        if mask.any():
+            if x.dtype.kind not in "fiu":
+                return np.asarray(x)  # refused as not numeric by the caller
+            kind = x.dtype if x.dtype.kind == "f" else np.result_type(x.dtype, np.float32)
+            return np.ma.filled(x.astype(kind), np.nan)
+        return np.asarray(x.data)
+    return np.asarray(x)
 
 
 def frame_kind(x: Any) -> str | None:
