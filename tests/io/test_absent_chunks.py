@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 
@@ -109,3 +110,66 @@ def test_a_store_declaring_10_to_the_15_rows_is_inspected_not_out_of_memory(
     assert f"{of - written:,} of {of:,} chunk files" in res.output
     first = "2,048..4,095" if sharded else "2,048..3,071"
     assert f"the first: rows {first})" in res.output
+
+
+def _store_missing_time(path: Path, *, zarr_format: int = 3, sharded: bool = False, rows: int = 300) -> Path:
+    """``values`` complete, ``time`` [rows] in chunks of 50 with rows 50..99 never written, as a writer that
+    died part-way leaves it."""
+    x = price_series(rows, 3)
+    g = zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
+    g.create_array("values", data=x, chunks=(50, 3))
+    kw = {"shards": (150,)} if sharded else {}
+    t = g.create_array("time", shape=(rows,), dtype="int64", chunks=(50,), **kw)
+    times = T0 + np.arange(rows, dtype=np.int64) * 1_000_000
+    t[:50] = times[:50]
+    t[100:] = times[100:]
+    g.attrs["features"] = ["a", "b", "c"]
+    return path
+
+
+@pytest.mark.parametrize(
+    ("zarr_format", "sharded"), [(3, False), (2, False), (3, True)], ids=["zarr3", "zarr2", "sharded"]
+)
+def test_time_chunks_never_written_are_an_incomplete_store_not_an_unsorted_one(
+    tmp_path: Path, zarr_format: int, sharded: bool
+) -> None:
+    # zarr reads them as the fill value 0: the error said "not strictly increasing at row 50 (0 after ...)"
+    # with the hint to sort the series, which cannot mend a store that lacks its times
+    src = _store_missing_time(tmp_path / "s.zarr", zarr_format=zarr_format, sharded=sharded)
+    match = r"incomplete: 1 of the 6 chunks .*never written \(the first: rows 50\.\.99\).*fill value 0"
+    with pytest.raises(tsconv.StoreError, match=match) as err:
+        tsconv.process(src, pipeline=PIPE, output=tmp_path / "o.zarr", device="cpu")
+    assert "sort" not in str(err.value) + (err.value.hint or "")
+    with pytest.raises(tsconv.StoreError, match=match):
+        tsconv.open_store(src)
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert res.exit_code == 2 and re.search(match, res.output) and "sort" not in res.output, res.output
+
+
+def test_time_chunks_of_rows_appended_and_never_written_are_refused_by_update(tmp_path: Path) -> None:
+    # another writer resized the arrays for 100 more rows and died before writing their times
+    src = _store_missing_time(tmp_path / "s.zarr")
+    g = zarr.open_group(str(src), mode="r+")
+    g["time"][50:100] = T0 + np.arange(50, 100, dtype=np.int64) * 1_000_000
+    out = tmp_path / "o.zarr"
+    tsconv.process(src, pipeline=PIPE, output=out, device="cpu", chunk=64)
+    g["values"].resize((400, 3))
+    g["values"][300:] = price_series(100, 3, seed=1)
+    g["time"].resize((400,))
+    with pytest.raises(
+        tsconv.StoreError, match=r"incomplete: 2 of .*never written \(the first: rows 300\.\.349\)"
+    ):
+        tsconv.process(src, pipeline=PIPE, output=out, device="cpu", chunk=64, update=True)
+
+
+def test_a_last_time_chunk_of_one_row_equal_to_the_fill_value_is_read(tmp_path: Path) -> None:
+    # zarr does not write a chunk that equals its fill value: a last chunk holding one row may be that
+    x = price_series(301, 3)
+    times = T0 + np.arange(301, dtype=np.int64) * 1_000_000
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    g.create_array("values", data=x, chunks=(50, 3))
+    g.create_array("time", data=times, chunks=(50,), fill_value=int(times[-1]))
+    g.attrs["features"] = ["a", "b", "c"]
+    assert not (tmp_path / "s.zarr" / "time" / "c" / "6").exists()
+    info = tsconv.open_store(tmp_path / "s.zarr")
+    assert info.time_end == np.datetime64(int(times[-1]), "ns")

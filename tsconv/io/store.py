@@ -45,6 +45,7 @@ __all__ = [
     "interrupted_append",
     "AbsentChunks",
     "absent_chunks",
+    "absent_time_chunks",
     "warn_absent_chunks",
     "unitless_early_time",
     "warn_unitless_early_time",
@@ -665,7 +666,7 @@ class AbsentChunks:
     count: int  # absent chunk files, or absent inner chunks where the shards' indexes were read
     of: int  # chunk files (or inner chunks) the array's shape calls for
     first_rows: tuple[int, int]  # the first absent one's rows [start, stop)
-    fill: float | int
+    fill: float | int | str
     what: str = "chunk files"
 
     def message(self) -> str:
@@ -689,24 +690,17 @@ def absent_chunks(store: InputStore) -> AbsentChunks | None:
     None where every chunk file is there, where the fill value is NaN (absent chunks read as missing),
     and at a URL or in a store other than a local directory (listing one costs a request per page).
     """
-    from zarr.storage import LocalStore
-
     values = store.values
     fill = values.metadata.fill_value
     fill = 0 if fill is None else fill  # a format 2 array without one: zarr reads its absent chunks as 0
     if store.remote or np.isnan(np.float64(fill)):
         return None
-    where = values.store_path.store
-    if not isinstance(where, LocalStore):
+    listed = _chunk_files(values)
+    if listed is None:
         return None
-    root = Path(where.root) / values.store_path.path if values.store_path.path else Path(where.root)
-    # Listed once: a stat per chunk file costs far more on a store of many chunks. zarr skips writing a
-    # chunk equal to the fill value (write_empty_chunks off), so an absent one may also be real data.
-    present = {
-        Path(os.path.relpath(os.path.join(d, f), root)).as_posix()
-        for d, _, files in os.walk(root)
-        for f in files
-    }
+    # zarr skips writing a chunk equal to the fill value (write_empty_chunks off), so an absent one may
+    # also be real data.
+    root, present = listed
     fill = float(fill) if np.dtype(values.dtype).kind == "f" else int(fill)
     inner = _written_inner_chunks(values, root, present) if getattr(values, "shards", None) else None
     if inner is not None:
@@ -739,6 +733,71 @@ def absent_chunks(store: InputStore) -> AbsentChunks | None:
     start = first[0] * grid[0]
     stop = min(start + grid[0], int(values.shape[0]))
     return AbsentChunks(total - written, total, (start, stop), fill)
+
+
+def _chunk_files(array: zarr.Array) -> tuple[Path, set[str]] | None:
+    """The directory of a local array and the files below it (chunk keys relative to it); None where the
+    array is not in a local directory (listing an object store costs a request per page)."""
+    from zarr.storage import LocalStore
+
+    where = getattr(getattr(array, "store_path", None), "store", None)
+    if not isinstance(where, LocalStore):
+        return None
+    root = Path(where.root) / array.store_path.path if array.store_path.path else Path(where.root)
+    # Listed once: a stat per chunk file costs far more on a store of many chunks.
+    present = {
+        Path(os.path.relpath(os.path.join(d, f), root)).as_posix()
+        for d, _, files in os.walk(root)
+        for f in files
+    }
+    return root, present
+
+
+def absent_time_chunks(time: TimeColumn, *, start: int = 0, stop: int | None = None) -> AbsentChunks | None:
+    """The chunks of a local store's time array holding rows [start, stop) that were never written.
+
+    zarr reads such a chunk as the fill value, a run of equal (or missing) times: never a store's times,
+    which increase strictly, but a writer that stopped early (an append that resized the arrays and died,
+    a copy cut short). Only a chunk holding a single row of the array may be the fill value for real
+    (zarr does not write a chunk equal to it), so it is left to the check of the times themselves.
+    Chunks inside a shard count where the shard's index marks them never written. None where every one
+    is there, or the array is not in a local directory."""
+    array = time.array
+    rows = int(time.shape[0])
+    stop = rows if stop is None else min(stop, rows)
+    if stop <= start or getattr(array, "ndim", None) != 1:
+        return None
+    listed = _chunk_files(array)
+    if listed is None:
+        return None
+    root, present = listed
+    inner = _written_inner_chunks(array, root, present) if getattr(array, "shards", None) else None
+    if inner is not None:
+        flags, (n,) = inner
+        lo, hi = start // n, -(-stop // n)
+        written = {int(c) for c in np.flatnonzero(flags[lo:hi]) + lo}
+    else:
+        n = int((getattr(array, "shards", None) or array.chunks)[0])
+        lo, hi = start // n, -(-stop // n)
+        key = array.metadata.encode_chunk_key
+        # counted from the files there: a few bytes of metadata may declare 10^15 rows
+        written: set[int] = set()
+        for name in present:
+            idx = tuple(int(d) for d in re.findall(r"\d+", name))
+            if len(idx) == 1 and lo <= idx[0] < hi and key(idx) == name:
+                written.add(idx[0])
+    if n == 1:  # every chunk holds one row
+        return None
+    last = -(-rows // n) - 1
+    single = last if rows - last * n == 1 and lo <= last < hi and last not in written else None
+    count = hi - lo - len(written) - (single is not None)
+    if count == 0:
+        return None
+    # the first absent one lies among the first len(written) + 2 from lo
+    c0 = next(c for c in range(lo, hi) if c not in written and c != single)
+    fill = np.asarray(0 if array.metadata.fill_value is None else array.metadata.fill_value)
+    fill = str(fill) if fill.dtype.kind in "mM" else fill.item()  # NaT, not None
+    return AbsentChunks(count, hi - lo, (c0 * n, min((c0 + 1) * n, rows)), fill, "chunks")
 
 
 def _c_index(i: int, counts: tuple[int, ...]) -> tuple[int, ...]:
@@ -862,13 +921,27 @@ def check_time(store: InputStore, *, start: int = 0, stop: int | None = None) ->
     """Check ``time`` is strictly increasing, reading one store chunk at a time; return (first, last) in
     int64 ns since the epoch (None without time or rows). ``start``, ``stop``: check only rows [start,
     stop) (an update checks its new rows and the one before them). A time that cannot be decoded
-    (missing, out of range) is a StoreError."""
+    (missing, out of range), or a local store's time chunk never written (:func:`absent_time_chunks`), is
+    a StoreError."""
     if store.time is None:
         return None
     t = store.time
     n = int(t.shape[0]) if stop is None else min(stop, int(t.shape[0]))
     if n <= 0:
         return None
+    # read as the fill value, they would fail the checks below as unsorted or missing times, sending the
+    # user to sort a store that is incomplete
+    absent = absent_time_chunks(t, start=min(start, n), stop=n)
+    if absent is not None:
+        a, b = absent.first_rows
+        raise StoreError(
+            f"{t.where}: the store is incomplete: {absent.count:,} of the {absent.of:,} chunks of its time "
+            f"rows {start:,}..{n - 1:,} {'was' if absent.count == 1 else 'were'} never written (the first: "
+            f"rows {a:,}..{b - 1:,}), which zarr reads as the fill value {absent.fill}, not as times",
+            hint="a writer stopped before writing them (an append or copy cut short): write those rows' times "
+            "again, or re-create the store (one made by `tsconv ingest`: `tsconv ingest FILES -o STORE "
+            "--overwrite`).",
+        )
     reader = TimeReader(t)  # chunk files decoded by numcodecs: 0.02 s for 1M rows against zarr's 0.16 s
     step = int(t.chunks[0]) * max(1, (1 << 22) // (8 * int(t.chunks[0])))
     prev = None
