@@ -346,3 +346,28 @@ def test_a_view_lives_until_a_read_reaches_hold_plus_one_bands_past_it(tmp_path:
         np.testing.assert_array_equal(
             r.read(0, 100), x[:100]
         )  # band 0 again: from the ring or read behind it
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_blosc_chunk_cut_short_read_by_zarr_is_a_store_error_not_other_bytes(
+    tmp_path: Path, zarr_format: int
+) -> None:
+    """The layouts zarr reads (zarr 2, which zarr-python 2 wrote with Blosc-LZ4 by default; others the native
+    reader does not take): c-blosc decoded a file that lost its last bytes from the memory past them, so a
+    run computed features of other numbers, without a word."""
+    import numcodecs
+
+    x = price_series(3000, 4, seed=2)
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w", zarr_format=zarr_format)
+    if zarr_format == 2:
+        kw: dict = {"compressors": numcodecs.Blosc(cname="lz4", clevel=0)}
+    else:
+        kw = {"compressors": BloscCodec(cname="lz4", clevel=0), "chunk_key_encoding": {"name": "v2"}}
+    g.create_array("values", data=x, chunks=(1000, 4), **kw)
+    g.attrs["features"] = ["a", "b", "c", "d"]
+    chunk = tmp_path / "in.zarr" / "values" / "1.0"
+    chunk.write_bytes(chunk.read_bytes()[:-16])  # the last row
+    assert fast_path_reason(zarr.open_group(str(tmp_path / "in.zarr"), mode="r")["values"]) is not None
+    match = r"chunk file 1\.0 \(rows 1,000..1,999\): the Blosc frame declares \d+ stored bytes.*cut short"
+    with pytest.raises(StoreError, match=match):
+        tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", pipeline="trend_ema", device="cpu")

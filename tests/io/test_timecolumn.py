@@ -218,3 +218,30 @@ class _Attrs:
 
     def __init__(self, a: np.ndarray, **attrs: object) -> None:
         self.dtype, self.attrs = a.dtype, attrs
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_blosc_time_chunk_cut_short_read_by_zarr_is_a_store_error_not_other_bytes(
+    tmp_path: Path, zarr_format: int
+) -> None:
+    # zarr 2 arrays and sharded ones are read through zarr, whose c-blosc decoded a frame that lost its
+    # last bytes from the memory past them: the last time of the chunk silently another number. Level 0
+    # stores the times as they are, so every byte cut is read from past the end.
+    import numcodecs
+
+    if zarr_format == 2:
+        kw = {"compressors": numcodecs.Blosc(cname="lz4", clevel=0), "zarr_format": 2}
+        chunk = tmp_path / "t.zarr" / "1"
+    else:  # the native path's check covers a plain layout: this one goes through zarr
+        kw = {"compressors": BloscCodec(cname="lz4", clevel=0), "chunk_key_encoding": {"name": "v2"}}
+        chunk = tmp_path / "t.zarr" / "1"
+    t = _time_array(tmp_path / "t.zarr", 3000, 1000, **kw)
+    chunk.write_bytes(chunk.read_bytes()[:-16])  # the last two times
+    col = TimeColumn(zarr.open_array(str(tmp_path / "t.zarr"), mode="r"))
+    assert not TimeReader(col).fast
+    np.testing.assert_array_equal(TimeReader(col).read(0, 1000), np.asarray(t[:1000]))
+    with pytest.raises(
+        StoreError,
+        match=r"chunk file 1 \(rows 1,000..1,999\): the Blosc frame declares \d+ stored bytes.*cut short",
+    ):
+        TimeReader(col).read(500, 1500)

@@ -133,6 +133,7 @@ class _Columns:
 
     def __init__(self, array: Any, cols: np.ndarray) -> None:
         self.array, self.cols = array, cols
+        self.zarr_array = array  # the rows read_rows checks the chunk files of
         self.shape = (array.shape[0], cols.size)
         self.chunks, self.ndim, self.dtype = array.chunks, 2, array.dtype
         contiguous = cols.size and (np.diff(cols) == 1).all()

@@ -14,6 +14,7 @@ import numpy as np
 
 from tsconv.errors import StoreError
 from tsconv.io.contracts import BandReader, HostSource
+from tsconv.io.readers.chunkfile import blosc_cut_short
 
 __all__ = ["BlockReader", "ArraySource", "ColumnSource", "read_rows", "splice_bands"]
 
@@ -21,6 +22,13 @@ __all__ = ["BlockReader", "ArraySource", "ColumnSource", "read_rows", "splice_ba
 def read_rows(array: Any, a: int, b: int, *, where: str) -> np.ndarray:
     """Rows [a, b) of a zarr array, read by zarr; a chunk that does not decode (or cannot be fetched) is a
     :class:`StoreError` naming the rows."""
+    # zarr would decode it from the bytes past its end, silently; a column selection's rows are its array's
+    cut = blosc_cut_short(getattr(array, "zarr_array", array), a, b)
+    if cut is not None:
+        raise StoreError(
+            f"cannot read rows {a:,}..{b:,} of {where}: {cut}",
+            hint="the chunk file is damaged: restore it from a copy, or write those rows again.",
+        )
     try:
         return np.asarray(array[a:b])
     except StoreError:  # already says what is wrong (e.g. a time that cannot be decoded)

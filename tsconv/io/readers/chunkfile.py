@@ -217,3 +217,53 @@ def chunk_layout(array: Any, *, ndim: int = 2) -> tuple[ChunkLayout | None, str 
         ), None
     chunks = (int(array.chunks[0]), int(array.chunks[1]))
     return ChunkLayout(root, dtype, chunks, codec, fill, key), None
+
+
+def blosc_cut_short(array: Any, a: int, b: int) -> str | None:
+    """Where zarr itself reads rows [a, b) of ``array`` (a local zarr array, format 2 or 3, not sharded,
+    whose chunk files are Blosc frames): the first of their chunk files cut short, in words (its name and rows); else None.
+
+    c-blosc trusts the frame's header for its stored size, so zarr decodes a file that lost its last bytes
+    from whatever memory follows them (every byte of a level-0 frame, the last literals of an LZ4 one),
+    without a word. :func:`decode_bytes` checks the files the native readers decode; this checks those
+    zarr decodes (zarr 2 stores, layouts the native readers do not take), with one small read per file."""
+    from zarr.codecs import BloscCodec
+    from zarr.storage import LocalStore
+
+    meta = getattr(array, "metadata", None)
+    store = getattr(getattr(array, "store_path", None), "store", None)
+    if meta is None or not isinstance(store, LocalStore) or getattr(array, "shards", None) is not None:
+        return None
+    compressors = tuple(getattr(array, "compressors", None) or ())
+    if not compressors or not isinstance(compressors[-1], BloscCodec | numcodecs.Blosc):
+        return None
+    root = Path(store.root) / array.store_path.path if array.store_path.path else Path(store.root)
+    chunks = tuple(int(c) for c in array.chunks)
+    shape = tuple(int(s) for s in array.shape)
+    if not chunks or b <= a:
+        return None
+    bands = range(a // chunks[0], -(-min(b, shape[0]) // chunks[0]))
+    across = [range(-(-n // c)) for n, c in zip(shape[1:], chunks[1:], strict=True)]
+    key = meta.encode_chunk_key
+    for band in bands:
+        for rest in np.ndindex(*(len(r) for r in across)) if across else [()]:
+            name = key((band, *rest))
+            try:
+                fd = os.open(root / name, os.O_RDONLY)
+            except FileNotFoundError:  # never written: the fill value
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                head = os.pread(fd, 16, 0)
+            finally:
+                os.close(fd)
+            rows = f"rows {band * chunks[0]:,}..{min((band + 1) * chunks[0], shape[0]) - 1:,}"
+            if size < 16:
+                return f"chunk file {name} ({rows}) holds {size} bytes, less than a Blosc header (cut short)"
+            stored = int.from_bytes(head[12:16], "little")
+            if stored > size:
+                return (
+                    f"chunk file {name} ({rows}): the Blosc frame declares {stored} stored bytes, the file "
+                    f"holds {size} (cut short)"
+                )
+    return None
