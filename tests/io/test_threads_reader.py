@@ -371,3 +371,20 @@ def test_a_blosc_chunk_cut_short_read_by_zarr_is_a_store_error_not_other_bytes(
     match = r"chunk file 1\.0 \(rows 1,000..1,999\): the Blosc frame declares \d+ stored bytes.*cut short"
     with pytest.raises(StoreError, match=match):
         tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", pipeline="trend_ema", device="cpu")
+
+
+def test_a_shard_file_cut_short_with_its_index_first_is_a_store_error_not_other_bytes(tmp_path: Path) -> None:
+    """zarr reads each inner chunk at the byte range the index (written first) gives: the last ones reached
+    past the end of a shard file that lost its last bytes, and c-blosc decoded them from the memory there."""
+    x = np.arange(3000 * 4, dtype=np.float32).reshape(3000, 4)
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w")
+    shards = {"shape": (1000, 4), "index_location": "start"}
+    g.create_array(
+        "values", data=x, chunks=(500, 4), shards=shards, compressors=BloscCodec(cname="lz4", clevel=0)
+    )
+    g.attrs["features"] = ["a", "b", "c", "d"]
+    shard = tmp_path / "in.zarr" / "values" / "c" / "1" / "0"
+    shard.write_bytes(shard.read_bytes()[:-16])  # the last row
+    match = r"shard file c/1/0 \(rows 1,000..1,999\) holds \d+ bytes, less than its index says .*cut short"
+    with pytest.raises(StoreError, match=match):
+        tsconv.process(tmp_path / "in.zarr", tmp_path / "out.zarr", pipeline="trend_ema", device="cpu")

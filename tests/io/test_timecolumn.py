@@ -245,3 +245,16 @@ def test_a_blosc_time_chunk_cut_short_read_by_zarr_is_a_store_error_not_other_by
         match=r"chunk file 1 \(rows 1,000..1,999\): the Blosc frame declares \d+ stored bytes.*cut short",
     ):
         TimeReader(col).read(500, 1500)
+
+
+def test_a_time_shard_file_cut_short_with_its_index_first_is_a_store_error(tmp_path: Path) -> None:
+    # read through zarr, which took the last inner chunk's bytes from past the file's end: other times
+    shards = {"shape": (2000,), "index_location": "start"}
+    _time_array(
+        tmp_path / "t.zarr", 3000, 1000, shards=shards, compressors=[BloscCodec(cname="lz4", clevel=0)]
+    )
+    shard = tmp_path / "t.zarr" / "c" / "0"
+    shard.write_bytes(shard.read_bytes()[:-16])
+    col = TimeColumn(zarr.open_array(str(tmp_path / "t.zarr"), mode="r"))
+    with pytest.raises(StoreError, match=r"shard file c/0 \(rows 0..1,999\) holds \d+ bytes.*cut short"):
+        TimeReader(col).read(0, 3000)

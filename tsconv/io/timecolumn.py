@@ -26,7 +26,7 @@ import numpy as np
 
 from tsconv.errors import StoreError
 from tsconv.io.readers import fileread
-from tsconv.io.readers.chunkfile import blosc_cut_short, chunk_layout, decode_bytes
+from tsconv.io.readers.chunkfile import chunk_cut_short, chunk_layout, decode_bytes
 from tsconv.io.timecoding import TimeCoding, time_coding
 
 __all__ = ["ShiftedTime", "TimeColumn", "TimeReader"]
@@ -73,7 +73,7 @@ class TimeColumn:
 
     def stored(self, a: int, b: int) -> np.ndarray:
         """Stored values of rows [a, b) as zarr reads them; a chunk that does not decode is a StoreError."""
-        cut = blosc_cut_short(self.array, a, b)  # zarr would decode it from the bytes past its end, silently
+        cut = chunk_cut_short(self.array, a, b)  # zarr would decode it from the bytes past its end, silently
         if cut is not None:
             raise damaged(self.where, f"rows {a:,}..{b:,}", ValueError(cut))
         try:

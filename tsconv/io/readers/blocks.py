@@ -14,7 +14,7 @@ import numpy as np
 
 from tsconv.errors import StoreError
 from tsconv.io.contracts import BandReader, HostSource
-from tsconv.io.readers.chunkfile import blosc_cut_short
+from tsconv.io.readers.chunkfile import chunk_cut_short
 
 __all__ = ["BlockReader", "ArraySource", "ColumnSource", "read_rows", "splice_bands"]
 
@@ -23,7 +23,7 @@ def read_rows(array: Any, a: int, b: int, *, where: str) -> np.ndarray:
     """Rows [a, b) of a zarr array, read by zarr; a chunk that does not decode (or cannot be fetched) is a
     :class:`StoreError` naming the rows."""
     # zarr would decode it from the bytes past its end, silently; a column selection's rows are its array's
-    cut = blosc_cut_short(getattr(array, "zarr_array", array), a, b)
+    cut = chunk_cut_short(getattr(array, "zarr_array", array), a, b)
     if cut is not None:
         raise StoreError(
             f"cannot read rows {a:,}..{b:,} of {where}: {cut}",

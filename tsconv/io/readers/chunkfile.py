@@ -219,31 +219,36 @@ def chunk_layout(array: Any, *, ndim: int = 2) -> tuple[ChunkLayout | None, str 
     return ChunkLayout(root, dtype, chunks, codec, fill, key), None
 
 
-def blosc_cut_short(array: Any, a: int, b: int) -> str | None:
-    """Where zarr itself reads rows [a, b) of ``array`` (a local zarr array, format 2 or 3, not sharded,
-    whose chunk files are Blosc frames): the first of their chunk files cut short, in words (its name and rows); else None.
+def chunk_cut_short(array: Any, a: int, b: int) -> str | None:
+    """Where zarr itself reads rows [a, b) of ``array`` (a local zarr array, format 2 or 3): the first of
+    their chunk files cut short, in words (its name and rows); else None.
 
     c-blosc trusts the frame's header for its stored size, so zarr decodes a file that lost its last bytes
     from whatever memory follows them (every byte of a level-0 frame, the last literals of an LZ4 one),
-    without a word. :func:`decode_bytes` checks the files the native readers decode; this checks those
-    zarr decodes (zarr 2 stores, layouts the native readers do not take), with one small read per file."""
+    without a word; a shard file whose index comes first gives zarr its inner chunks' byte ranges as the
+    index says, the last of them reaching past the file's end. :func:`decode_bytes` checks the files the
+    native readers decode; this checks those zarr decodes (zarr 2 stores, sharded arrays, layouts the native
+    readers do not take), with one small read per Blosc chunk file or shard file."""
     from zarr.codecs import BloscCodec
     from zarr.storage import LocalStore
 
     meta = getattr(array, "metadata", None)
     store = getattr(getattr(array, "store_path", None), "store", None)
-    if meta is None or not isinstance(store, LocalStore) or getattr(array, "shards", None) is not None:
+    if meta is None or not isinstance(store, LocalStore) or b <= a:
         return None
-    compressors = tuple(getattr(array, "compressors", None) or ())
-    if not compressors or not isinstance(compressors[-1], BloscCodec | numcodecs.Blosc):
+    shards = getattr(array, "shards", None)
+    index = _shard_index(array) if shards is not None else None
+    if shards is not None and index is None:
         return None
+    if shards is None:
+        compressors = tuple(getattr(array, "compressors", None) or ())
+        if not compressors or not isinstance(compressors[-1], BloscCodec | numcodecs.Blosc):
+            return None
     root = Path(store.root) / array.store_path.path if array.store_path.path else Path(store.root)
-    chunks = tuple(int(c) for c in array.chunks)
+    grid = tuple(int(c) for c in (shards or array.chunks))
     shape = tuple(int(s) for s in array.shape)
-    if not chunks or b <= a:
-        return None
-    bands = range(a // chunks[0], -(-min(b, shape[0]) // chunks[0]))
-    across = [range(-(-n // c)) for n, c in zip(shape[1:], chunks[1:], strict=True)]
+    bands = range(a // grid[0], -(-min(b, shape[0]) // grid[0]))
+    across = [range(-(-n // c)) for n, c in zip(shape[1:], grid[1:], strict=True)]
     key = meta.encode_chunk_key
     for band in bands:
         for rest in np.ndindex(*(len(r) for r in across)) if across else [()]:
@@ -254,16 +259,58 @@ def blosc_cut_short(array: Any, a: int, b: int) -> str | None:
                 continue
             try:
                 size = os.fstat(fd).st_size
-                head = os.pread(fd, 16, 0)
+                why = _shard_cut_short(fd, size, index) if index is not None else _blosc_cut_short(fd, size)
             finally:
                 os.close(fd)
-            rows = f"rows {band * chunks[0]:,}..{min((band + 1) * chunks[0], shape[0]) - 1:,}"
-            if size < 16:
-                return f"chunk file {name} ({rows}) holds {size} bytes, less than a Blosc header (cut short)"
-            stored = int.from_bytes(head[12:16], "little")
-            if stored > size:
-                return (
-                    f"chunk file {name} ({rows}): the Blosc frame declares {stored} stored bytes, the file "
-                    f"holds {size} (cut short)"
-                )
+            if why is not None:
+                rows = f"rows {band * grid[0]:,}..{min((band + 1) * grid[0], shape[0]) - 1:,}"
+                return f"{'shard' if index is not None else 'chunk'} file {name} ({rows}){why} (cut short)"
     return None
+
+
+def _blosc_cut_short(fd: int, size: int) -> str | None:
+    if size < 16:
+        return f" holds {size} bytes, less than a Blosc header"
+    stored = int.from_bytes(os.pread(fd, 16, 0)[12:16], "little")
+    return (
+        f": the Blosc frame declares {stored} stored bytes, the file holds {size}" if stored > size else None
+    )
+
+
+def _shard_index(array: Any) -> tuple[int, np.dtype, bool, int] | None:
+    """(entries, dtype, at_start, bytes) of a sharded array's shard index where it is the spec's plain one
+    (little- or big-endian uint64 pairs, with or without a crc32c), else None."""
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+    codecs = array.metadata.codecs
+    if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+        return None
+    sharding = codecs[0]
+    kinds = tuple(type(c) for c in sharding.index_codecs)
+    if kinds not in ((BytesCodec,), (BytesCodec, Crc32cCodec)):
+        return None
+    inner = tuple(int(c) for c in sharding.chunk_shape)
+    shard = tuple(int(s) for s in array.shards)
+    if len(inner) != len(shard) or any(s % c for s, c in zip(shard, inner, strict=True)):
+        return None
+    n = 1
+    for s, c in zip(shard, inner, strict=True):
+        n *= s // c
+    endian = getattr(sharding.index_codecs[0].endian, "value", None)
+    at_start = getattr(sharding.index_location, "value", sharding.index_location) == "start"
+    return n, np.dtype(">u8" if endian == "big" else "<u8"), at_start, 16 * n + 4 * (len(kinds) - 1)
+
+
+def _shard_cut_short(fd: int, size: int, index: tuple[int, np.dtype, bool, int]) -> str | None:
+    n, dtype, at_start, nbytes = index
+    if size < nbytes:
+        return f" holds {size} bytes, less than its index of {nbytes}"
+    raw = os.pread(fd, nbytes, 0 if at_start else size - nbytes)
+    pairs = np.frombuffer(raw, dtype, count=2 * n).reshape(n, 2)
+    written = pairs[:, 0] != np.iinfo(np.uint64).max
+    if not written.any():
+        return None
+    off, length = pairs[written, 0], pairs[written, 1]
+    limit = np.uint64(size if at_start else size - nbytes)
+    past = (off > limit) | (length > limit - np.minimum(off, limit))  # not off + length: a garbage one wraps
+    return f" holds {size} bytes, less than its index says its chunks take" if past.any() else None
