@@ -33,6 +33,7 @@ from tsconv.errors import StoreError, TsconvWarning
 from tsconv.io.codecs import codec_words
 from tsconv.io.names import control_name, describe_repeats, repeated_names
 from tsconv.io.objstore import StoreURL, hierarchy_root, location, open_zarr, remote_error
+from tsconv.io.readers.chunkfile import shard_index
 from tsconv.io.timecoding import iso_utc, looks_early
 from tsconv.io.timecolumn import TimeColumn, TimeReader
 
@@ -820,25 +821,14 @@ def _written_inner_chunks(
     plain one (little- or big-endian uint64 pairs, with or without a crc32c) or codecs precede sharding:
     the caller then counts shard files, as before.
     """
-    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
-
+    index = shard_index(values)
+    if index is None:
+        return None
+    n, dtype, at_start, size = index
     codecs = values.metadata.codecs
-    if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
-        return None
-    sharding = codecs[0]
-    kinds = tuple(type(c) for c in sharding.index_codecs)
-    if kinds not in ((BytesCodec,), (BytesCodec, Crc32cCodec)):
-        return None
-    inner = tuple(int(c) for c in sharding.chunk_shape)
+    inner = tuple(int(c) for c in codecs[0].chunk_shape)
     shard = tuple(int(s) for s in values.shards)
-    if len(inner) != len(shard) or any(s % c for s, c in zip(shard, inner, strict=True)):
-        return None
     per_shard = tuple(s // c for s, c in zip(shard, inner, strict=True))
-    n = math.prod(per_shard)
-    size = 16 * n + 4 * (len(kinds) - 1)
-    endian = getattr(sharding.index_codecs[0].endian, "value", None)
-    dtype = np.dtype(">u8" if endian == "big" else "<u8")
-    at_start = getattr(sharding.index_location, "value", sharding.index_location) == "start"
     shards = tuple(-(-int(m) // s) for m, s in zip(values.shape, shard, strict=True))
     if math.prod(shards) * n > MAX_INNER_CHUNKS:  # a flag each: the shard files are counted instead
         return None

@@ -237,7 +237,7 @@ def chunk_cut_short(array: Any, a: int, b: int) -> str | None:
     if meta is None or not isinstance(store, LocalStore) or b <= a:
         return None
     shards = getattr(array, "shards", None)
-    index = _shard_index(array) if shards is not None else None
+    index = shard_index(array) if shards is not None else None
     if shards is not None and index is None:
         return None
     if shards is None:
@@ -277,7 +277,7 @@ def _blosc_cut_short(fd: int, size: int) -> str | None:
     )
 
 
-def _shard_index(array: Any) -> tuple[int, np.dtype, bool, int] | None:
+def shard_index(array: Any) -> tuple[int, np.dtype, bool, int] | None:
     """(entries, dtype, at_start, bytes) of a sharded array's shard index where it is the spec's plain one
     (little- or big-endian uint64 pairs, with or without a crc32c), else None."""
     from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
