@@ -95,6 +95,19 @@ def test_missing_chunks_and_chunks_the_gpu_does_not_decode(tmp_path: Path, monke
         np.testing.assert_array_equal(_all_bands(r), want)
 
 
+def test_absent_chunks_of_a_uint64_array_whose_fill_value_is_above_int64(tmp_path: Path) -> None:
+    """A uint64 store with fill value 2**64 - 1 and an absent chunk: the fill went to torch as a Python int,
+    which it cannot take above 2**63 - 1 (ValueError: Overflow when unpacking long long)."""
+    fill = np.iinfo(np.uint64).max
+    x = np.arange(300 * 6, dtype=np.uint64).reshape(300, 6)
+    a = _store(tmp_path / "a.zarr", x, (100, 4), fill_value=fill)
+    (tmp_path / "a.zarr" / "c" / "1" / "1").unlink()  # rows 100..199, columns 4..5: the fill value
+    want = np.asarray(zarr.open_array(str(tmp_path / "a.zarr"), mode="r")[:])
+    assert (want[100:200, 4:] == fill).all()
+    with gpudecode.GpuBandReader(a, device=DEVICE) as r:
+        np.testing.assert_array_equal(_all_bands(r), want)
+
+
 def test_a_damaged_chunk_raises_a_store_error(tmp_path: Path, file_reads) -> None:
     x = price_series(600, 6, seed=3).astype(np.float32)
     a = _store(tmp_path / "a.zarr", x, (150, 6))

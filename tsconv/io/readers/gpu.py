@@ -202,6 +202,9 @@ class GpuBandReader(DeviceBandReader):
         self._n_cols = -(-self.n_features // self._col_width)
         self._n_bands = -(-self.rows // self.band_rows)
         self._chunk = _chunk_bytes(layout)
+        # A tensor, not a Python number: torch takes no int above 2**63 - 1 (a uint64 fill of 2**64 - 1
+        # raised on the first absent chunk)
+        self._fill = torch.from_numpy(np.asarray(layout.fill, dtype=self.dtype)).to(self.device)
         self._whole = self._n_cols == 1 and self._col_width == self.n_features
         self.batch = min(batch or batch_bands(array), self._n_bands)
         # The engine's pieces: up to a whole batch (one prepare launch over its bands), never across one's end.
@@ -615,7 +618,7 @@ class GpuBandReader(DeviceBandReader):
                 if cpu is not None:
                     chunk = torch.from_numpy(cpu).to(self.device)
                 elif not blocks[k]:
-                    band[:, c0:c1] = _fill_value(self._layout.fill)
+                    band[:, c0:c1] = self._fill
                     continue
                 else:
                     chunk = out[k]
@@ -644,8 +647,3 @@ class GpuBandReader(DeviceBandReader):
                     b = g * self.batch + int(bad[0]) // self._n_cols
                     self._failure = self._damaged(b, "a chunk does not decode (Blosc-LZ4 on the GPU)")
                     raise self._failure
-
-
-def _fill_value(fill: Any) -> float | int:
-    v = np.asarray(fill).item()
-    return float("nan") if isinstance(v, float) and math.isnan(v) else v
