@@ -370,8 +370,12 @@ def test_an_array_inside_a_store_is_read_bare_with_a_warning_and_its_cf_markers_
     times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
     ds, _ = _dataset(times)
     src = _write(ds, tmp_path / "s.zarr", zarr_format=3)
-    with pytest.warns(TsconvWarning, match="is an array inside the store .*read bare, with no time column"):
+    with pytest.warns(
+        TsconvWarning, match="is an array inside the store .*read bare, with no time column"
+    ) as seen:
         store = tsconv.open_input(src / "values")
+    # the advice holds for every command: `tsconv inspect` takes the store as its argument, it has no -i
+    assert f"give the store itself, {str(src)!r}," in str(seen[0].message)
     assert store.time is None and store.features[0] == "f0"
     ds["values"].encoding.update(_FillValue=-9999.0)
     marked = _write(ds, tmp_path / "m.zarr", zarr_format=3)

@@ -278,7 +278,7 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
         if root != p:
             warnings.warn(
                 f"{where} is an array inside the store {str(root)!r}: read bare, with no time column and "
-                f"features f0..f{node.shape[1] - 1}; give the store itself (-i {str(root)!r}) for its time and names",
+                f"features f0..f{node.shape[1] - 1}; give the store itself, {str(root)!r}, for its time and names",
                 TsconvWarning,
                 stacklevel=2,
             )
