@@ -53,6 +53,8 @@ def _no_internals(text: str) -> None:
         (3, {"compressors": GzipCodec(level=6)}, "gzip level 6"),
         (3, {"compressors": None}, "none (stored uncompressed)"),
         (2, {"compressors": numcodecs.Blosc("lz4", 5, numcodecs.Blosc.NOSHUFFLE)}, "Blosc LZ4 level 5"),
+        (3, {"compressors": BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=8)},
+         "Blosc LZ4 level 5 + shuffle (typesize 8 for 4-byte values)"),
         (2, {"compressors": numcodecs.Zstd(level=3), "filters": [numcodecs.Delta("<f4")]}, "delta + zstd level 3"),
         (2, {"compressors": None}, "none (stored uncompressed)"),
     ],

@@ -31,9 +31,10 @@ def _name_and_config(codec: Any) -> tuple[str, dict[str, Any]]:
     return name.removeprefix("numcodecs.").lower(), config
 
 
-def codec_words(codec: Any) -> str | None:
+def codec_words(codec: Any, *, itemsize: int | None = None) -> str | None:
     """A codec in words ("Blosc LZ4 level 5 + shuffle", "zstd level 3"); None for the plain little-endian
-    bytes serializer, which changes nothing a user needs to know."""
+    bytes serializer, which changes nothing a user needs to know. ``itemsize``: the values' bytes each, so a
+    Blosc shuffle over another type size (which compresses and decodes differently) is named."""
     name, c = _name_and_config(codec)
     if name == "bytes":
         return None if c.get("endian") in (None, "little") else f"{c['endian']}-endian bytes"
@@ -44,6 +45,9 @@ def codec_words(codec: Any) -> str | None:
         shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}.get(shuffle, shuffle)
         words = f"Blosc {_BLOSC_NAMES.get(cname, cname)} level {c.get('clevel')}"
         extra = _BLOSC_SHUFFLE.get(shuffle, f"shuffle {shuffle}")
+        typesize = c.get("typesize")
+        if extra and itemsize is not None and typesize not in (None, itemsize):
+            extra += f" (typesize {typesize} for {itemsize}-byte values)"
         return f"{words} + {extra}" if extra else words
     if name in ("zstd", "gzip", "zlib", "bz2"):
         level = c.get("level")

@@ -122,7 +122,8 @@ class InputStore:
             chain = (*v.filters, v.serializer, *v.compressors)
         else:
             chain = (*(v.filters or ()), *v.compressors)
-        codecs = [w for w in (codec_words(c) for c in chain if c is not None) if w is not None]
+        size = np.dtype(v.dtype).itemsize
+        codecs = [w for w in (codec_words(c, itemsize=size) for c in chain if c is not None) if w is not None]
         return {
             "path": str(self.path),
             "zarr_format": fmt,
