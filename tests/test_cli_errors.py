@@ -24,6 +24,7 @@ from click.testing import CliRunner, Result
 
 from tsconv.cli import main
 from tsconv.errors import TsconvWarning
+from tsconv.io.timecoding import iso_utc
 
 from .helpers import T0, price_series, write_store
 
@@ -457,7 +458,9 @@ def test_non_increasing_time(tmp_path: Path, where: int, row: int, what: str) ->
     g["time"][:] = t
     before = snapshot(tmp_path)
     res = invoke("-i", src, "-o", tmp_path / "out.zarr")
-    assert_refused(res, f"'time' is not strictly increasing at row {row} ({t[where]} after {t[where - 1]})")
+    # the times as instants, not as the int64 nanoseconds they are stored as
+    assert_refused(res, f"'time' is not strictly increasing at row {row:,} "
+                        f"({iso_utc(t[where])} after {iso_utc(t[where - 1])})")  # fmt: skip
     assert snapshot(tmp_path) == before
 
 

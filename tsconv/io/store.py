@@ -950,15 +950,15 @@ def check_time(store: InputStore, *, start: int = 0, stop: int | None = None) ->
         if prev is not None and block[0] <= prev:
             bad = a
             raise StoreError(
-                f"{t.where} is not strictly increasing at row {bad} ({block[0]} after {prev})",
+                f"{t.where} is not strictly increasing at row {bad:,} ({iso_utc(block[0])} after {iso_utc(prev)})",
                 hint="sort the series by time and drop duplicate timestamps.",
             )
         down = block[1:] <= block[:-1]  # compared, not differenced: times centuries apart overflow int64
         if down.any():
             bad = a + int(np.argmax(down)) + 1
             raise StoreError(
-                f"{t.where} is not strictly increasing at row {bad} "
-                f"({block[bad - a]} after {block[bad - a - 1]})",
+                f"{t.where} is not strictly increasing at row {bad:,} "
+                f"({iso_utc(block[bad - a])} after {iso_utc(block[bad - a - 1])})",
                 hint="sort the series by time and drop duplicate timestamps.",
             )
         prev = int(block[-1])
