@@ -6,6 +6,7 @@ subprocesses; those are started together by one module fixture so their interpre
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -1412,6 +1413,34 @@ def test_a_report_that_cannot_be_written_names_it_after_the_summary(tmp_path: Pa
     )
     assert "the output" in line and "is complete" in line and "hint:" in line
     assert zarr.open_group(tmp_path / "out.zarr", mode="r").attrs["tsconv"]["complete"]
+
+
+def test_a_report_cut_short_by_a_full_disk_leaves_the_previous_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the report was written in place: a disk that filled mid-write left half a JSON file where a batch
+    # job's previous, whole report had been
+    report = tmp_path / "report.json"
+    report.write_text('{"previous": true}\n')
+    real = Path.write_text
+
+    def half_then_full(self: Path, text: str, *args: object, **kwargs: object) -> int:
+        if self.parent == tmp_path and text.startswith("{"):
+            real(self, text[: len(text) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    res = invoke(
+        "-i", good_store(tmp_path), "-o", tmp_path / "out.zarr", "--report", report, "--device", "cpu"
+    )
+    assert res.exit_code == 2 and "could not be written (No space left on device)" in res.stderr
+    assert report.read_text() == '{"previous": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr", "out.zarr", "report.json"]
+    monkeypatch.undo()
+    res = invoke("-i", good_store(tmp_path / "again"), "-o", tmp_path / "out2.zarr", "--report", report,
+                 "--device", "cpu")  # fmt: skip
+    assert res.exit_code == 0 and json.loads(report.read_text())["rows"] == ROWS
 
 
 def test_an_output_name_too_long_for_the_files_beside_it_is_refused_up_front(tmp_path: Path) -> None:

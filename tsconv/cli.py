@@ -357,6 +357,24 @@ def _refuse_report_in_default_output(report_path: str, input_path: str) -> None:
     refuse_inside(Path(report_path), [("output", default_output_path(loc, root=root))], flag="--report")
 
 
+def _replace_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a full disk or a kill mid-write leaves the file that was
+    there (a batch job's reader never parses half a report). A path that is not a regular file (/dev/stdout,
+    a pipe) is written as it is."""
+    if path.exists() and not path.is_file():
+        path.write_text(text)
+        return
+    tmp = path.with_name(
+        f".tsconv-report-{os.getpid()}.partial"
+    )  # not from the name: one of 255 bytes is legal
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def _run_process(input_path: str, output: str | None, *, report_path: str | None, quiet: bool, **options: Any) -> None:  # fmt: skip
     workers = options.get("workers")
     try:
@@ -377,7 +395,9 @@ def _run_process(input_path: str, output: str | None, *, report_path: str | None
         path = Path(report_path)
         markdown = path.suffix.lower() == ".md"
         try:
-            path.write_text(report.markdown() if markdown else json.dumps(report.to_dict(), indent=2) + "\n")
+            _replace_text(
+                path, report.markdown() if markdown else json.dumps(report.to_dict(), indent=2) + "\n"
+            )
         except OSError as exc:  # a full disk or /dev/full: the output is complete, only the report is lost
             failed = exc
     if report.rows == 0 and report.updated_from is not None:
