@@ -198,6 +198,19 @@ def test_every_filter_against_the_reference(d: int, bank: list[str]) -> None:
             _check(y[:, c * len(bank) + m], want, f"x{c}.{spec} d={d}")
 
 
+@pytest.mark.parametrize("factor", [1e-7, 1e5], ids=["micro-prices", "six-figure-prices"])
+@pytest.mark.parametrize("bank", [ALL, NATIVE], ids=["torch-ops", "native"])
+def test_every_filter_against_the_reference_at_far_price_levels(factor: float, bank: list[str]) -> None:
+    # prices of 2e-6..5e-5 (a token quoted in another) and 2e6..5e7 (an index in points, a stock like BRK.A
+    # in cents): the error bound is relative to each output's scale, whatever the level
+    x = (prices(6000, 5, seed=11).astype(np.float64) * factor).astype(np.float32)
+    y = _run(x, bank, chunk=777)
+    for m, spec in enumerate(bank):
+        for c in range(x.shape[1]):
+            want = _warm(reference(x[:, c : c + 1], spec, 1)[:, 0], spec, 1)
+            _check(y[:, c * len(bank) + m], want, f"x{c}.{spec} x{factor:g}")
+
+
 @pytest.mark.parametrize(
     "bank", [["zscore:8", "std:8", "ema:4"], ["zscore:8", "std:8"]], ids=["torch-ops", "native"]
 )
