@@ -198,6 +198,32 @@ def test_zscore_of_log_prices_keeps_its_digits_after_a_long_drift() -> None:
         assert np.abs(y[ok, 0] - ref[ok, 0]).max() <= 4 * np.finfo(np.float32).eps * np.abs(ref[ok, 0]).max()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_stages_after_log_keep_the_digits_of_the_log_prices_moves(dtype: type) -> None:
+    # log(1e6) = 13.8 rounded to float32 keeps about 1e-6 of absolute resolution: with the log levels rounded
+    # before the first stage, a diff:1 of them (log returns of 1e-4 a step) was off by 2.5e-3 of its scale,
+    # and a zero-sum stage of weights by 4e-4, where log_return kept 4e-8
+    rng = np.random.default_rng(3)
+    x = (1e6 * np.exp(np.cumsum(rng.normal(0, 1e-4, size=(3000, 2)), axis=0))).astype(dtype)
+    log = np.log(x.astype(np.float64))
+    ret = np.full_like(log, np.nan)
+    ret[1:] = log[1:] - log[:-1]
+    diff2 = np.full_like(log, np.nan)
+    diff2[2:] = log[2:] - log[:-2]
+    w = np.tile(np.array([-1.0, 0.0, 1.0])[None, None], (2, 1, 1))  # x[t] - x[t-2]
+    stages = {
+        "bank": ([{"filters": ["diff:1"]}], ret),
+        "weights": ([{"weights": w, "groups": "depthwise", "weight_dtype": "float32"}], diff2),
+    }
+    for conv, ref in stages.values():
+        pipe = {"preprocess": {"transform": "log"}, "conv": conv}
+        for chunk in (97, 3000):
+            y = tsconv.features(x, pipe, chunk=chunk)
+            np.testing.assert_array_equal(np.isnan(y), np.isnan(ref))
+            scale = np.nanmax(np.abs(ref), axis=0)
+            assert (np.nanmax(np.abs(y - ref), axis=0) <= 1e-6 * scale).all()
+
+
 def test_zscore_level_is_a_value_of_the_data_not_the_zero_history() -> None:
     # A counter near 1e12 with small steps (int64, read as float64): the level the z-score centres on must be a
     # value of the series in the first chunk too, not a row of the zero history before step 0 (3.3e-5 off there)

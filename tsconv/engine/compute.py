@@ -583,7 +583,8 @@ class Backend:
     def _preprocess(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor, zscore_level: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``[preprocess]`` transform and z-score of ``x`` [L, C] in "valid" mode: [L - pre_halo, C] float32.
+        """The ``[preprocess]`` transform and z-score of ``x`` [L, C] in "valid" mode: [L - pre_halo, C] float32
+        (float64 for log levels where :attr:`reads_float64`).
 
         Computed in float64. Rows whose global step is < pre_halo are NaN (they would need steps before
         0), and rows before step 0 are zero (the first stage's zero history). Returns the rows and the
@@ -618,6 +619,12 @@ class Backend:
         if pre.transform == "log" and pre.zscore is None:
             lv = level.to(torch.float64)
             c = torch.where(lv > 0, torch.log(lv), 0.0).to(torch.float32)
+            if self.reads_float64:
+                # Log levels stay float64 where the stages take float64 rows (a bank computes from them, a first
+                # stage of weights subtracts its level first): rounded to float32 here, log(100) kept 2.4e-7 of
+                # absolute resolution, and a diff:1 of log prices moving 1e-4 a step was off by 2.5e-3 of its
+                # scale (log_return: 4e-8)
+                return p, c
         else:
             c = torch.zeros_like(level)
         return p.to(torch.float32), c
