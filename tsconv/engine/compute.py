@@ -382,10 +382,12 @@ class Backend:
         with self._held():
             valid = self.valid_rows
             if self.pre is not None:
-                x, level = self._preprocess(x, first_row, level, zscore_level)
+                x, level, centered = self._preprocess(x, first_row, level, zscore_level)
                 first_row += self.pre_halo
                 valid = None if valid is None else valid - self.pre_halo
-            return self._stages(x, first_row, level, centered=False, out=out, valid=valid)
+            else:
+                centered = False
+            return self._stages(x, first_row, level, centered=centered, out=out, valid=valid)
 
     def _held(self) -> AbstractContextManager[object]:
         """For an eager CPU call of a pipeline with a dense stage: torch on one thread for the whole call, its
@@ -471,11 +473,12 @@ class Backend:
         over several calls. ``zscore_level`` is not changed."""
         if self._storage is None:
             return
+        centered = False
         if self.pre is not None:
             known = None if zscore_level is None else zscore_level.clone()
-            x, level = self._preprocess(x, first_row, level, known)
+            x, level, centered = self._preprocess(x, first_row, level, known)
             first_row += self.pre_halo
-        self.check_storage(x, first_row, level, centered=False)
+        self.check_storage(x, first_row, level, centered=centered)
 
     def _stages(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool,
@@ -582,13 +585,14 @@ class Backend:
 
     def _preprocess(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor, zscore_level: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """The ``[preprocess]`` transform and z-score of ``x`` [L, C] in "valid" mode: [L - pre_halo, C] float32
         (float64 for log levels where :attr:`reads_float64`).
 
         Computed in float64. Rows whose global step is < pre_halo are NaN (they would need steps before
-        0), and rows before step 0 are zero (the first stage's zero history). Returns the rows and the
-        first stage's centering level: log(level) after "log", else 0 (the data are already small).
+        0), and rows before step 0 are zero (the first stage's zero history). Returns the rows, the
+        first stage's centering level: log(level) after "log", else 0 (the data are already small), and
+        whether the rows are already centred on it.
         """
         pre = self.pre
         p = x.to(torch.float64)
@@ -624,10 +628,14 @@ class Backend:
                 # stage of weights subtracts its level first): rounded to float32 here, log(100) kept 2.4e-7 of
                 # absolute resolution, and a diff:1 of log prices moving 1e-4 a step was off by 2.5e-3 of its
                 # scale (log_return: 4e-8)
-                return p, c
+                return p, c, False
+            if self.layers and self.layers[0].filters is None:
+                # float32 stages (Triton): a first stage of weights takes its rows centred, so they are
+                # centred here in float64 and rounded after, keeping the moves' digits, not the level's
+                return (p - c.to(torch.float64)).to(torch.float32), c, True
         else:
             c = torch.zeros_like(level)
-        return p.to(torch.float32), c
+        return p.to(torch.float32), c, False
 
 
 def _rolling_zscore(
