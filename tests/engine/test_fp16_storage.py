@@ -522,3 +522,18 @@ def test_the_heads_figure_is_its_outputs_move_after_its_bias_and_activation(kind
         assert actual > 5e-3 and len(warned) == 1, (actual, warned)
         assert "[head]: storing its weights as float16 moves output 'head.0'" in warned[0]
         assert actual / 2.5 <= _figure(warned[0]) <= 2.5 * actual, (actual, warned[0])
+
+
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=pytest.mark.slow), 3])
+def test_a_short_chunk_is_judged_on_the_rows_the_check_samples_not_on_its_own_few(chunk: int) -> None:
+    # Judged on each chunk alone, the check saw an output's scale in 1 to 3 rows: dense_head on walks near 100
+    # was warned of 1.7e-3 (--chunk 1) and 5.3e-4 (--chunk 3), unwarned at the default --chunk (its error
+    # there: under 4e-4), and this conv of 6.1e-3 "on 1 rows sampled". Short chunks' rows are now gathered.
+    x = price_series(1200, 64, seed=3)
+    assert _run(x, "dense_head", chunk=chunk)[1] == [] and _run(x, "dense_head", chunk=1024)[1] == []
+    x = price_series(1400, C, seed=3)
+    pipe = {"conv": [{"weights": _zero_sum_dense()}]}
+    _, warned = _run(x, pipe, chunk=chunk)
+    _, whole = _run(x, pipe, chunk=1024)
+    assert len(warned) == 1 and len(whole) == 1 and "on 1024 rows sampled" in warned[0], warned
+    assert _figure(whole[0]) / 2 <= _figure(warned[0]) <= 2 * _figure(whole[0]), (warned, whole)
