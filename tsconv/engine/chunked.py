@@ -177,10 +177,8 @@ class _CheckSample:
             self.rows, self.held = [], 0
             return
         if x.shape[0] - max(0, -first) - self.halo >= backend.min_check_rows:
-            self.rows, self.held = (
-                [],
-                0,
-            )  # this call was sampled (or refused for a reason more rows do not change)
+            # this call was sampled (or refused for a reason more rows do not change)
+            self.rows, self.held = [], 0
             return
         if self.rows:
             self.rows.append(new.copy())
