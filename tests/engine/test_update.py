@@ -975,6 +975,29 @@ def test_an_output_of_the_old_zscore_arithmetic_is_not_continued(
     )  # no z-score: continued
 
 
+def test_an_output_of_log_levels_rounded_before_the_stages_is_not_continued(
+    tmp_path: Path, out_chunks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """How log levels reach the first stage is part of the fingerprint: rows of the other arithmetic differ
+    by up to 2.5e-3 of a difference's scale, so such an output is refused, not extended with mixed rows."""
+    import tsconv.pipeline.spec as spec
+    from tsconv.errors import StoreError
+
+    x, t = ticks(1200, 4, seed=47)
+    src = make_input(tmp_path / "in.zarr", x, t, 1000, chunks=(500, 2))
+    log = {"preprocess": {"transform": "log"}, "conv": [{"filters": ["diff:1", "ma:8"]}]}
+    returns = {"preprocess": {"transform": "log_return"}, "conv": [{"filters": ["diff:1", "ma:8"]}]}
+    old, other = tmp_path / "old.zarr", tmp_path / "other.zarr"
+    monkeypatch.setattr(spec, "LOG_ARITHMETIC", 1)
+    tsconv.process(src, old, pipeline=log, chunk=CHUNK, device="cpu")
+    tsconv.process(src, other, pipeline=returns, chunk=CHUNK, device="cpu")
+    monkeypatch.undo()
+    grow(src, x, t, 1200)
+    with pytest.raises(StoreError, match="overwrite"):
+        tsconv.process(src, old, pipeline=log, chunk=CHUNK, device="cpu", update=True)
+    tsconv.process(src, other, pipeline=returns, chunk=CHUNK, device="cpu", update=True)  # continued
+
+
 @pytest.mark.filterwarnings("ignore:Consolidated metadata is currently not part")
 @pytest.mark.parametrize("zarr_format", [3, 2])
 def test_rows_appended_to_a_consolidated_store_without_consolidating_again_are_seen(

@@ -52,6 +52,9 @@ __all__ = [
 
 # The [preprocess] z-score's arithmetic, part of a pipeline's fingerprint where it has one (see fingerprint)
 ZSCORE_ARITHMETIC = 3
+# How log levels (transform = "log", no z-score) reach the first stage, part of such a pipeline's fingerprint:
+# 2 = in float64 on the CPU, centred before rounding for a Triton stage of weights (1, unrecorded: rounded first)
+LOG_ARITHMETIC = 2
 
 ACTIVATIONS = ("none", "relu", "gelu", "tanh")
 WEIGHT_DTYPES = ("float16", "float32")
@@ -431,6 +434,14 @@ class ResolvedPipeline:
             parts.append(
                 {"zscore_arithmetic": ZSCORE_ARITHMETIC, **_moments_arithmetic([self.preprocess.zscore])}
             )
+        if (
+            self.preprocess is not None
+            and self.preprocess.transform == "log"
+            and self.preprocess.zscore is None
+        ):
+            # rows of log levels rounded before the stages differ from these by up to 2.5e-3 of a difference's
+            # scale: an output of the old is not continued (mixed rows) but refused
+            parts.append({"log_arithmetic": LOG_ARITHMETIC})
         blob = json.dumps(parts, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
