@@ -19,7 +19,7 @@ import tsconv
 import tsconv.engine.outputs as engine
 from tsconv.engine.chunked import run_chunked
 from tsconv.errors import PipelineError, TsconvError
-from tsconv.kernels.reference import preprocess_reference
+from tsconv.kernels.reference import pipeline_reference, preprocess_reference
 from tsconv.pipeline.spec import builtin_pipelines, load_pipeline, pipeline_from_dict, resolve
 
 from ..helpers import (
@@ -534,37 +534,35 @@ def test_the_triton_path_with_preprocessing_matches_the_reference() -> None:
         assert_matches_reference(np.concatenate(out), x, plan)
 
 
-def test_the_triton_path_centres_log_prices_for_a_stage_of_weights_before_rounding() -> None:
+@pytest.mark.parametrize("first", ["weights", "bank"])
+def test_the_triton_path_centres_log_prices_before_rounding(first: str) -> None:
     # the Triton path takes float32 rows: log prices near 1e6 rounded to float32 (about 1e-6 of absolute
-    # resolution) left x[t] - x[t-2] of moves of 1e-4 off by 4e-4 of its scale; centred in float64 first, the
-    # rounding follows the moves
+    # resolution) left x[t] - x[t-2] of moves of 1e-4 as a stage of weights off by 4e-4 of its scale, and a
+    # bank's diff:1 by 2.5e-3; centred in float64 first, the rounding follows the moves, and a bank's id, lag,
+    # ma and ema get the level back after it
     from tsconv.engine.compute import Backend
     from tsconv.io.readers.blocks import ArraySource
 
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
     rng = np.random.default_rng(3)
     x = (1e6 * np.exp(np.cumsum(rng.normal(0, 1e-4, size=(400, 2)), axis=0))).astype(np.float32)
-    log = np.log(x.astype(np.float64))
-    want = np.full_like(log, np.nan)
-    want[2:] = log[2:] - log[:-2]
-    w = np.tile(np.array([-1.0, 0.0, 1.0])[None, None], (2, 1, 1))  # x[t] - x[t-2]
-    pipe = pipeline_from_dict(
-        {
-            "preprocess": {"transform": "log"},
-            "conv": [{"weights": w, "groups": "depthwise", "weight_dtype": "float32"}],
-        }
-    )
+    x[:150, 1] = np.nan  # a symbol that starts late
+    if first == "weights":
+        w = np.tile(np.array([-1.0, 0.0, 1.0])[None, None], (2, 1, 1))  # x[t] - x[t-2]
+        conv = [{"weights": w, "groups": "depthwise", "weight_dtype": "float32"}]
+    else:
+        conv = [{"filters": ["diff:1", "ma:8", "dev:8", "std:8", "lag:2", "ema:16", "id", "zscore:8"]}]
+    pipe = pipeline_from_dict({"preprocess": {"transform": "log"}, "conv": conv})
     plan = resolve(pipe, ["px_0", "px_1"])
+    want = pipeline_reference(x, plan)
     out: list[np.ndarray] = []
     backend = Backend(plan, torch.device("cpu"), use_triton=True)
     assert not backend.reads_float64
     run_chunked(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup="nan")
     y = np.concatenate(out)
     np.testing.assert_array_equal(np.isnan(y), np.isnan(want))
-    scale = np.nanmax(np.abs(want), axis=0)
-    assert (np.nanmax(np.abs(y - want), axis=0) <= 1e-6 * scale).all(), (
-        np.nanmax(np.abs(y - want), axis=0) / scale
-    )
+    err = np.nanmax(np.abs(y - want), axis=0) / np.nanmax(np.abs(want), axis=0)
+    assert (err <= 1e-6).all(), dict(zip(plan.output_names, err, strict=True))
 
 
 def test_polars_features_with_select_and_log_return() -> None:

@@ -100,6 +100,9 @@ _CPU_BLOCK = 16
 # scale; the dense kernels read one, and one print of 1e8 there put that block's outputs hundreds of times their
 # scale off).
 _LEVEL_SAMPLES = 5
+# Built-in filters by how a shift c of their input moves them: f(x + c) = f(x) + c, or f(x + c) = f(x)
+_SHIFTED = frozenset({"id", "lag", "ma", "ema"})
+_UNMOVED = frozenset({"diff", "dev", "std", "zscore"})
 
 
 def _conv_recentered(
@@ -255,6 +258,34 @@ class Backend:
         # (_first_stage_input), so a float64 input loses nothing to a float32 read. The Triton paths read
         # float32 (tsconv.io.precision says where that matters).
         self.reads_float64 = not self.triton
+        # Log levels for a first stage that is a bank on the Triton path (float32 rows): its columns that move
+        # with a shift of their input (id, lag, ma, ema) get the level added back after the bank, the others
+        # (diff, dev, std, zscore) do not see it, so the rows can be centred in float64 before the rounding;
+        # ret (not shift-invariant) or an activation leave the bank on the rounded logs
+        self._level_columns: tuple[torch.Tensor, torch.Tensor] | None = (
+            None  # (output columns, their features)
+        )
+        first = self.layers[0] if self.layers else None
+        if (
+            self.triton
+            and self.pre is not None
+            and self.pre.transform == "log"
+            and self.pre.zscore is None
+            and first is not None
+            and first.filters is not None
+            and first.activation == "none"
+            and all(f.kind in _SHIFTED | _UNMOVED for f in first.filters)
+        ):
+            m, shifted = len(first.filters), [j for j, f in enumerate(first.filters) if f.kind in _SHIFTED]
+            c = plan.layers[0].in_channels
+            # integer indices, made here: a step graph may not sync on a mask's nonzero, nor copy to the device
+            self._level_columns = (
+                torch.tensor(
+                    [k * m + j for k in range(c) for j in shifted], dtype=torch.int64, device=device
+                ),
+                torch.tensor([k for k in range(c) for _ in shifted], dtype=torch.int64, device=device),
+            )
+            self.reads_level = True  # the level the rows are centred on
 
     def _head_paths(self, plan: ResolvedPipeline):  # noqa: ANN202 - HeadPaths, imported lazily
         """The last stage + head by the measured-fastest path on CUDA (see :mod:`tsconv.engine.head`).
@@ -491,14 +522,18 @@ class Backend:
         history = min(max(-first_row, 0), x.shape[0])  # leading rows before step 0: zero history
         for i, layer in enumerate(self.layers):
             if layer.filters is not None:
+                shift = i == 0 and centered and self._level_columns is not None
                 if i == 0:  # time-major [L, C]; a centred input gets its level back (the GPU engine
-                    # does not centre a pipeline whose first stage is a bank)
-                    src = x + level if centered else x
+                    # does not centre a pipeline whose first stage is a bank), after the bank where it can
+                    src = x + level if centered and not shift else x
                 else:
                     src = y[0].T
                 into = out if i == last and self.head is None else None
                 res = filter_bank(src, layer.filters, dilation=layer.dilation, activation=layer.activation,
                                   triton_kernels=self.triton, out=into)  # fmt: skip
+                if shift:
+                    cols, feature = self._level_columns
+                    res[:, cols] += level.to(res.dtype)[feature]
                 if i == last:
                     return res if self.head is None else self._head_matmul(res)
                 y = res.T.unsqueeze(0)
@@ -629,9 +664,10 @@ class Backend:
                 # absolute resolution, and a diff:1 of log prices moving 1e-4 a step was off by 2.5e-3 of its
                 # scale (log_return: 4e-8)
                 return p, c, False
-            if self.layers and self.layers[0].filters is None:
-                # float32 stages (Triton): a first stage of weights takes its rows centred, so they are
-                # centred here in float64 and rounded after, keeping the moves' digits, not the level's
+            if self.layers and (self.layers[0].filters is None or self._level_columns is not None):
+                # float32 stages (Triton): a first stage of weights, or a bank that adds the level back where
+                # it moves its output (_level_columns), takes its rows centred, so they are centred here in
+                # float64 and rounded after, keeping the moves' digits, not the level's
                 return (p - c.to(torch.float64)).to(torch.float32), c, True
         else:
             c = torch.zeros_like(level)
