@@ -364,9 +364,8 @@ def _replace_text(path: Path, text: str) -> None:
     if path.exists() and not path.is_file():
         path.write_text(text)
         return
-    tmp = path.with_name(
-        f".tsconv-report-{os.getpid()}.partial"
-    )  # not from the name: one of 255 bytes is legal
+    # not named after the report: a name of 255 bytes is legal, and a longer one beside it is not
+    tmp = path.with_name(f".tsconv-report-{os.getpid()}.partial")
     try:
         tmp.write_text(text)
         os.replace(tmp, path)

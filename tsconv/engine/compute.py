@@ -262,15 +262,13 @@ class Backend:
         # with a shift of their input (id, lag, ma, ema) get the level added back after the bank, the others
         # (diff, dev, std, zscore) do not see it, so the rows can be centred in float64 before the rounding;
         # ret (not shift-invariant) or an activation leave the bank on the rounded logs
-        self._level_columns: tuple[torch.Tensor, torch.Tensor] | None = (
-            None  # (output columns, their features)
-        )
+        # (output columns, their features)
+        self._level_columns: tuple[torch.Tensor, torch.Tensor] | None = None
         first = self.layers[0] if self.layers else None
         if (
             self.triton
             and self.pre is not None
-            and self.pre.transform == "log"
-            and self.pre.zscore is None
+            and self.pre.log_levels
             and first is not None
             and first.filters is not None
             and first.activation == "none"
@@ -655,7 +653,7 @@ class Backend:
             p[negative:leading] = torch.nan
         if negative:
             p[:negative] = 0.0
-        if pre.transform == "log" and pre.zscore is None:
+        if pre.log_levels:
             lv = level.to(torch.float64)
             c = torch.where(lv > 0, torch.log(lv), 0.0).to(torch.float32)
             if self.reads_float64:

@@ -53,7 +53,7 @@ __all__ = [
 # The [preprocess] z-score's arithmetic, part of a pipeline's fingerprint where it has one (see fingerprint)
 ZSCORE_ARITHMETIC = 3
 # How log levels (transform = "log", no z-score) reach the first stage, part of such a pipeline's fingerprint:
-# 2 = in float64 on the CPU, centred before rounding for a Triton stage of weights (1, unrecorded: rounded first)
+# 2 = in float64 on the CPU, centred before rounding for a first Triton stage (1, unrecorded: rounded first)
 LOG_ARITHMETIC = 2
 
 ACTIVATIONS = ("none", "relu", "gelu", "tanh")
@@ -147,6 +147,11 @@ class Preprocess:
     @property
     def logs(self) -> bool:
         return self.transform in ("log", "log_return")
+
+    @property
+    def log_levels(self) -> bool:
+        """Whether the first stage gets levels of the data: logs, with no difference or z-score after them."""
+        return self.transform == "log" and self.zscore is None
 
     @property
     def pre_halo(self) -> int:
@@ -350,8 +355,7 @@ class ResolvedPipeline:
         level term uses the tap sums of its weights as given (tsconv.engine.compute); returns, differences
         and z-scores are not levels."""
         pre = self.preprocess if self.preprocess is not None and self.preprocess.computes else None
-        log_levels = pre is not None and pre.transform == "log" and pre.zscore is None
-        return (pre is None or log_levels) and not self.layers[0].structured
+        return (pre is None or pre.log_levels) and not self.layers[0].structured
 
     def _given_sums(self, index: int, layer: Layer, *, with_sums: bool) -> dict[str, str]:
         """The digest of the first stage's tap sums of the weights as given, where it reads levels and rounding
@@ -434,11 +438,7 @@ class ResolvedPipeline:
             parts.append(
                 {"zscore_arithmetic": ZSCORE_ARITHMETIC, **_moments_arithmetic([self.preprocess.zscore])}
             )
-        if (
-            self.preprocess is not None
-            and self.preprocess.transform == "log"
-            and self.preprocess.zscore is None
-        ):
+        if self.preprocess is not None and self.preprocess.log_levels:
             # rows of log levels rounded before the stages differ from these by up to 2.5e-3 of a difference's
             # scale: an output of the old is not continued (mixed rows) but refused
             parts.append({"log_arithmetic": LOG_ARITHMETIC})
