@@ -33,6 +33,8 @@ from ..helpers import (
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore::tsconv.errors.TsconvWarning")
+# the real kernels where a GPU is present, the interpreter (conftest) on CPU tensors elsewhere
+_TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 NAMES = ["px_0", "vol_0", "px_1", "spread_0", "px_2"]
 BANK = [{"filters": ["ma:4", "diff:2", "id"]}, {"filters": ["dev:4"], "dilation": 2}]
@@ -527,7 +529,7 @@ def test_the_triton_path_with_preprocessing_matches_the_reference() -> None:
         pipe = pipeline_from_dict({"preprocess": pre, "conv": conv})
         plan = resolve(pipe, ["px_0", "px_1"])
         out: list[np.ndarray] = []
-        backend = Backend(plan, torch.device("cpu"), use_triton=True)
+        backend = Backend(plan, _TRITON_DEVICE, use_triton=True)
         # log prices are levels and are recentered like raw ones; log-returns and z-scores are not levels
         assert backend.recenter_first is (pre.get("transform") == "log")
         run_chunked(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup="nan")
@@ -556,7 +558,7 @@ def test_the_triton_path_centres_log_prices_before_rounding(first: str) -> None:
     plan = resolve(pipe, ["px_0", "px_1"])
     want = pipeline_reference(x, plan)
     out: list[np.ndarray] = []
-    backend = Backend(plan, torch.device("cpu"), use_triton=True)
+    backend = Backend(plan, _TRITON_DEVICE, use_triton=True)
     assert not backend.reads_float64
     run_chunked(ArraySource(x), plan, backend, out.append, start=0, chunk=128, warmup="nan")
     y = np.concatenate(out)
