@@ -500,6 +500,39 @@ def test_short_pushes_are_checked_for_fp16_storage_on_the_rows_they_gather(pre, 
     assert [m.split(" moves output")[0] for m in got] == [expected[0].split(" moves output")[0]]
 
 
+def test_a_short_push_refused_by_the_warning_its_gathered_rows_raised_warns_again() -> None:
+    """The push whose rows complete the FP16-storage check's gathered sample, refused by the warning made an
+    error, must leave the rows gathered before it: pushed again, it completes the same sample and warns again
+    (judged on its own 37 rows, it would not be checked at all)."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(16, 8, 5))
+    pipe = {"conv": [{"weights": w - w.mean(axis=2, keepdims=True), "weight_dtype": "float16"}]}
+    x = 100 + np.cumsum(rng.normal(scale=0.05, size=(1500, 8)), axis=0)
+    stream = tsconv.Stream(pipe, features=8, device="cpu")
+    refused = None
+    for i in range(0, x.shape[0], 37):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", tsconv.TsconvWarning)
+                stream.push(x[i : i + 37])
+        except tsconv.TsconvWarning:
+            refused = i
+            break
+    assert refused is not None and stream.rows == refused
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", tsconv.TsconvWarning)
+            with pytest.raises(tsconv.TsconvWarning, match="float16"):
+                stream.push(x[refused : refused + 37])
+        assert stream.rows == refused
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stream.push(x[refused : refused + 37])
+    assert len([w for w in caught if "float16" in str(w.message)]) == 1
+
+
 def test_a_dataarray_is_read_by_its_coordinates_as_features_reads_it() -> None:
     """A DataArray was read by position: columns went to the wrong features, and a (feature, time) one with
     as many times as features was silently transposed, its time coordinate dropped."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from tsconv.engine.compute import CHECK_ROWS_MIN, Backend
+from tsconv.engine.compute import CHECK_ROWS_MIN, Backend, ShortCallSample
 from tsconv.engine.fill import FillCarry, forward_fill
 from tsconv.engine.level import TAIL_ROWS, centering_level, level_before, rows_before
 from tsconv.io.contracts import BandReader
@@ -92,7 +92,16 @@ def run_chunked(
         plan.input_names, notes=read_notes
     )  # int64 beyond 2^53, which the float64 read rounds
     step = chunk * _chunks_per_call(backend, chunk)
-    sampled = _CheckSample(backend, halo, step)
+    # calls of fewer rows than the check samples: their rows are gathered for it (a first call of a default
+    # --chunk, whose zero history leaves it a halo short, is sampled on its own rows)
+    least = backend.min_check_rows
+    sampled = (
+        ShortCallSample(backend, halo)
+        if backend.storage_check_pending and step < backend.check_rows
+        else None
+    )
+    if sampled is not None:
+        backend.min_check_rows = max(CHECK_ROWS_MIN, backend.check_rows)
     in_place = emit_copies and device.type == "cpu" and backend.out_width is not None
     s = start
     while s < rows:
@@ -130,7 +139,8 @@ def run_chunked(
             filled = raw
         x = np.concatenate([carry, filled], axis=0) if halo else filled
         y = backend.run(torch.from_numpy(x).to(device), s - halo, level, out=dest)
-        sampled.see(x, s - halo, filled, level)
+        if sampled is not None:
+            sampled.see(x, s - halo, filled, level)
         out = y.cpu().numpy() if device.type != "cpu" else y.numpy()
         for w, cols in warm:  # each output's own warm-up rows (a bank's filters each have theirs)
             if s < w:
@@ -143,67 +153,11 @@ def run_chunked(
         if on_rows is not None:
             on_rows(e - s)
         s = e
-    sampled.close()
+    if sampled is not None:  # the rows gathered since the last sample, judged by the check's own rules
+        backend.min_check_rows = least
+        sampled.flush()
     if fill_carry is not None:  # the state at ``rows``: after the last chunk, or the start's with none to do
         fill_carry.end = (rows, state.copy())
-
-
-class _CheckSample:
-    """The FP16-storage check's sample where calls are too short to hold one (``--chunk`` below the rows it
-    samples): the calls' input rows are gathered until they hold as many output rows as the check samples,
-    as a Stream gathers its short pushes. Judged on each call alone, a --chunk 1 run of ``dense_head`` warned
-    that storage moved an output by 1.7e-3 of its scale "on 1 rows sampled" (the scale of one row), where
-    the default --chunk measured, and the whole series had, under 4e-4."""
-
-    def __init__(self, backend: Backend, halo: int, step: int) -> None:
-        self.backend, self.halo = backend, halo
-        self.least = backend.min_check_rows
-        # calls of fewer rows than the check samples (a first call of a default --chunk, whose zero history
-        # leaves it a halo short, is sampled on its own rows, as before)
-        self.active = backend.storage_check_pending and step < backend.check_rows
-        if self.active:
-            backend.min_check_rows = max(CHECK_ROWS_MIN, backend.check_rows)
-        self.rows: list[np.ndarray] = []  # copies: the reader reuses its buffers
-        self.held = 0  # their rows
-        self.first = 0  # the global step of the gathered rows' first
-        self.level: torch.Tensor | None = None
-
-    def see(self, x: np.ndarray, first: int, new: np.ndarray, level: torch.Tensor) -> None:
-        """A call's input ``x`` from step ``first`` (its halo included), ``new`` its rows after the halo."""
-        backend = self.backend
-        if not self.active:
-            return
-        if not backend.storage_check_pending:
-            self.rows, self.held = [], 0
-            return
-        if x.shape[0] - max(0, -first) - self.halo >= backend.min_check_rows:
-            # this call was sampled (or refused for a reason more rows do not change)
-            self.rows, self.held = [], 0
-            return
-        if self.rows:
-            self.rows.append(new.copy())
-            self.held += new.shape[0]
-        else:
-            self.rows, self.first, self.held = [x.copy()], first, x.shape[0]
-        self.level = level
-        if self.held - max(0, -self.first) - self.halo >= backend.check_rows:
-            self._start()
-
-    def _start(self) -> None:
-        rows, self.rows, self.held = np.concatenate(self.rows, axis=0), [], 0
-        backend = self.backend
-        assert self.level is not None
-        backend.check_storage_of(torch.from_numpy(rows).to(backend.device), self.first, self.level)
-
-    def close(self) -> None:
-        """At the run's end: the rows gathered since the last sample are offered to the check with its own
-        rules (a short series is judged on all its rows, as one call of them would be; the last check on the
-        series' last rows)."""
-        if not self.active:
-            return
-        self.backend.min_check_rows = self.least
-        if self.rows and self.backend.storage_check_pending:
-            self._start()
 
 
 # Output bytes one call of a call-invariant pipeline may produce when several chunks go together, and the most

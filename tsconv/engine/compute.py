@@ -32,7 +32,7 @@ from tsconv.kernels.torch_side import apply_activation, conv1d_cpu, rows_matmul
 from tsconv.pipeline.filters import Filter
 from tsconv.pipeline.spec import ResolvedPipeline
 
-__all__ = ["Backend"]
+__all__ = ["CHECK_ROWS_MIN", "Backend", "ShortCallSample"]
 
 
 @dataclass(frozen=True)
@@ -754,6 +754,72 @@ _CHECK_TIMES = 32
 _CHECK_SPREAD = 4
 # The recentering block the check assumes on CUDA: the dense kernels' largest fp32 time tile.
 _CUDA_BLOCK = 128
+
+
+class ShortCallSample:
+    """The FP16-storage check's sample where each call is too short to hold one (a Stream's small pushes, a run at
+    a ``--chunk`` below the rows the check samples): the calls' input rows are gathered until they hold as many
+    output rows as the check samples, then the check starts on them. Judged on each call alone, a one-row push
+    was never checked, and a --chunk 1 run of ``dense_head`` warned that storage moved an output by 1.7e-3 of
+    its scale "on 1 rows sampled" (the scale of one row), where the whole series had under 4e-4.
+
+    The caller sets ``backend.min_check_rows`` so that the backend does not judge short calls itself. What is
+    gathered is kept as copies (a reader reuses its buffers, a user their push's array) and replaced, never
+    changed in place, so that :meth:`state` is a snapshot a Stream restores after a failed push."""
+
+    def __init__(self, backend: Backend, halo: int) -> None:
+        self.backend, self.halo = backend, halo
+        self._rows: tuple[np.ndarray, ...] = ()  # the first call's input, then each later call's new rows
+        self._first = self._end = 0  # the global steps of the gathered rows' first and of the row after them
+
+    def see(
+        self,
+        x: np.ndarray,
+        first: int,
+        new: np.ndarray,
+        level: np.ndarray | torch.Tensor,
+        *,
+        zscore_level: torch.Tensor | None = None,
+    ) -> None:
+        """A call's input ``x`` from global step ``first`` (its halo and any history included), ``new`` its
+        rows after those, and the ``level`` (and ``zscore_level``) it ran with."""
+        backend = self.backend
+        end = first + x.shape[0]
+        if (
+            not backend.storage_check_pending
+            or x.shape[0] - max(0, -first) - self.halo >= backend.min_check_rows
+        ):
+            self._rows = ()  # no check to come, or this call was sampled (or refused for a reason rows do not change)
+            return
+        if not self._rows or self._end != end - new.shape[0] or self._rows[0].dtype != x.dtype:
+            self._rows, self._first = (x.copy(),), first
+        else:
+            self._rows = (*self._rows, new.copy())
+        self._end, self._level, self._zscore_level = end, level, zscore_level
+        if end - self._first - max(0, -self._first) - self.halo >= backend.check_rows:
+            self._start()
+
+    def flush(self) -> None:
+        """Offer the rows gathered since the last sample to the check with its own rules (at a run's end: a
+        short series is judged on all its rows, as one call of them would be)."""
+        if self._rows and self.backend.storage_check_pending:
+            self._start()
+
+    def state(self) -> tuple[Any, ...]:
+        """What :meth:`see` changes, for :meth:`restore`."""
+        return self._rows, self._first, self._end
+
+    def restore(self, state: tuple[Any, ...]) -> None:
+        """Back to a :meth:`state`."""
+        self._rows, self._first, self._end = state
+
+    def _start(self) -> None:
+        rows, self._rows = np.concatenate(self._rows, axis=0), ()
+        dev = self.backend.device
+        level = self._level if isinstance(self._level, torch.Tensor) else torch.from_numpy(self._level)
+        self.backend.check_storage_of(
+            torch.from_numpy(rows).to(dev), self._first, level.to(dev), zscore_level=self._zscore_level
+        )
 
 
 # (pinned copy, device tensor) pairs of finished checks, freed by the run's thread (_release_finished)

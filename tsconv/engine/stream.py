@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tsconv.engine.compute import CHECK_ROWS_MIN, Backend
+from tsconv.engine.compute import CHECK_ROWS_MIN, Backend, ShortCallSample
 from tsconv.engine.fill import forward_fill
 from tsconv.engine.inmemory import check_index_levels, coordinate_holds, dataarray_dims
 from tsconv.engine.level import TAIL_ROWS, centering_level, level_before
@@ -97,7 +97,7 @@ class Stream:
         self._warm = plan.warmup_groups() if warmup == "nan" else []
         self._backend = Backend(plan, self.device)
         # The FP16-storage check samples a push of as many rows (after the halo) as a batch run's first sample,
-        # and shorter ones on the rows they gather (_gather_for_check): a one-row push's single row gave a
+        # and shorter ones on the rows they gather (ShortCallSample): a one-row push's single row gave a
         # scale of one row, and pushes of 127 rows, each sampled alone, left a late symbol unjudged where
         # features() warned
         self._backend.min_check_rows = max(CHECK_ROWS_MIN, self._backend.check_rows)
@@ -109,11 +109,9 @@ class Stream:
         self._zscore_level: torch.Tensor | None = None  # this chunk's z-score level, on the device
         self._pushed = 0
         self.last_time: Any = None
-        # Rows of calls each too short for the FP16-storage check (pushes of fewer than CHECK_ROWS_MIN rows),
-        # gathered until the check can judge them: a one-row push at a time was never checked. As run()'s
-        # input: the first call's window, then each later call's new rows; and the step its row 0 is.
-        self._gathered: list[np.ndarray] = []
-        self._gathered_from = self._gathered_end = 0
+        # Rows of pushes each too short for the FP16-storage check, gathered until it can judge them: a one-row
+        # push at a time was never checked
+        self._sample = ShortCallSample(self._backend, plan.halo)
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -182,14 +180,15 @@ class Stream:
         whose warning was made an error counted itself done, and the rows pushed again went unwarned)."""
         z, r = self._zscore_level, self._rounding
         return (self._rows_kept, self._state.copy(), self._level.copy(), None if z is None else z.clone(),
-                self._pushed, self._last, r.pending.copy(), r.checks, r.warned, self._gathered,
-                self._gathered_from, self._gathered_end, self._wide_ints.warned,
+                self._pushed, self._last, r.pending.copy(), r.checks, r.warned, self._sample.state(),
+                self._wide_ints.warned,
                 self._backend.storage_check_state())  # fmt: skip
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
         (self._rows_kept, self._state, self._level, self._zscore_level, self._pushed, self._last,
-         self._rounding.pending, self._rounding.checks, self._rounding.warned, self._gathered,
-         self._gathered_from, self._gathered_end, self._wide_ints.warned, check) = saved  # fmt: skip
+         self._rounding.pending, self._rounding.checks, self._rounding.warned, sample,
+         self._wide_ints.warned, check) = saved  # fmt: skip
+        self._sample.restore(sample)
         self._backend.restore_storage_check(check)
 
     def _push(self, x: np.ndarray) -> np.ndarray:
@@ -251,7 +250,7 @@ class Stream:
         dev = self.device
         y = self._backend.run(torch.from_numpy(x).to(dev), start, torch.from_numpy(level).to(dev),
                               zscore_level=self._zscore_level)  # fmt: skip
-        self._gather_for_check(x, start, prepared, level)
+        self._sample.see(x, start, prepared, level, zscore_level=self._zscore_level)
         out = y[pos - start - halo :]
         out = out.cpu().numpy() if dev.type != "cpu" else out.numpy()
         for w, cols in self._warm:  # each output's own warm-up rows
@@ -259,33 +258,6 @@ class Stream:
                 out[: min(w - pos, out.shape[0]), cols] = np.nan
         self._rows_kept = np.concatenate([kept, prepared], axis=0)[-kept.shape[0] :]
         return out
-
-    def _gather_for_check(self, x: np.ndarray, start: int, new: np.ndarray, level: np.ndarray) -> None:
-        """Gather the rows of calls too short for the FP16-storage check (``x``: this call's input from step
-        ``start``, ``new``: its rows pushed now), and start the check once they hold as many output rows as
-        it samples. Calls long enough are judged by the backend itself."""
-        backend = self._backend
-        if not backend.storage_check_pending:
-            self._gathered = []
-            return
-        end = start + x.shape[0]
-        if x.shape[0] - max(0, -start) - self.halo >= backend.min_check_rows:
-            self._gathered = []  # this call was sampled (or refused for a reason more rows do not change)
-            return
-        g = self._gathered
-        if not g or self._gathered_end != end - new.shape[0] or g[0].dtype != x.dtype:
-            g, self._gathered_from = [x], start
-        else:
-            g = [*g, new]  # a new list: _saved() holds the old one
-        self._gathered, self._gathered_end = g, end
-        first = self._gathered_from
-        if end - first - max(0, -first) - self.halo >= backend.check_rows:
-            self._gathered = []
-            dev = self.device
-            rows = torch.from_numpy(np.concatenate(g, axis=0)).to(dev)
-            backend.check_storage_of(
-                rows, first, torch.from_numpy(level).to(dev), zscore_level=self._zscore_level
-            )
 
     def _frame_rows(self, frame: Any) -> tuple[np.ndarray, np.ndarray | None]:
         """A polars, pandas or pyarrow frame's rows, its columns taken by the stream's feature names (not by
