@@ -161,6 +161,35 @@ def test_a_reader_closing_the_pipe_ends_the_command_quietly(monkeypatch: pytest.
     assert "error" not in res.output
 
 
+@pytest.mark.parametrize("args", [["--version"], ["-h"]])
+def test_the_groups_own_options_end_quietly_on_a_closed_pipe_and_in_one_line_on_a_full_disk(
+    args: list[str],
+) -> None:
+    """`tsconv --version | head -0` exited 1 (click's own handling), and `tsconv -h >/dev/full` printed a
+    traceback: the group's options act before a command runs, outside its error handling."""
+    command = [sys.executable, "-m", "tsconv", *args]
+    read, write = os.pipe()
+    os.close(read)  # a reader that has gone: the first write fails with EPIPE
+    try:
+        res = subprocess.run(command, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (res.returncode, res.stderr) == (141, "")
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(command, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.splitlines() == ["tsconv: error: [Errno 28] No space left on device"]
+
+
+def test_an_unknown_option_of_the_group_is_one_line() -> None:
+    # click printed "Usage: ...", "Try 'tsconv --help' for help." and "Error: ..." on three lines
+    res = CliRunner().invoke(main, ["--bogus"])
+    assert res.exit_code == 2
+    assert res.stderr.splitlines() == ["tsconv: error: No such option '--bogus'. (see `tsconv --help`)"]
+
+
 def test_filters_lists_every_built_in_filter() -> None:
     from tsconv.pipeline.filters import FILTER_KINDS, parse_filter
 

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,37 +137,51 @@ class _Group(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["tsconv.args"] = list(args)  # the command and its arguments, for the advice after Ctrl-C
-        return super().parse_args(ctx, args)
+        # The group's own options (--version, -h, an unknown one) act here, before invoke(): without the same
+        # handling `tsconv --version | head -0` exited 1, `tsconv -h >/dev/full` printed a traceback and
+        # `tsconv --bogus` printed click's three-line usage error.
+        with _one_line_errors(ctx):
+            return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        shown = warnings.showwarning
-        warnings.showwarning = _show_warning
-        try:
+        with _one_line_errors(ctx):
             return super().invoke(ctx)
-        except TsconvError as exc:
-            _fail(str(exc))
-        except click.UsageError as exc:
-            command = f"tsconv {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "tsconv"
-            _fail(f"{exc.format_message()} (see `{command} --help`)")
-        except KeyboardInterrupt as exc:
-            advice = _after_interrupt(ctx.invoked_subcommand, ctx.meta.get("tsconv.args", []))
-            if isinstance(exc, _Stopped):
-                name = signal.Signals(exc.signum).name
-                _fail(f"{_STOP_NAMES.get(name, name)}; {advice}", code=128 + exc.signum)
-            _fail("interrupted; " + advice, code=130)
-        except BrokenPipeError:
-            _quiet_stdout()
-            sys.exit(141)  # as a tool killed by SIGPIPE (`tsconv filters | head -1`): no error line
-        except MemoryError as exc:  # numpy's allocations (a large pipeline's weights copied as it resolves)
-            _fail(f"out of host memory ({first_line(exc)}); {_MEMORY_HINT}")
-        except RuntimeError as exc:
-            if _CPU_ALLOCATOR not in str(exc):  # torch's CPU allocator failing: the same as numpy's
-                raise
-            _fail(f"out of host memory ({first_line(exc)}); {_MEMORY_HINT}")
-        except OSError as exc:
-            _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
-        finally:
-            warnings.showwarning = shown
+
+
+@contextlib.contextmanager
+def _one_line_errors(ctx: click.Context) -> Iterator[None]:
+    """The errors of a command (or of the group's own options) as one ``tsconv: error:`` line and the exit
+    status the README gives; a defect of tsconv's keeps its traceback."""
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning
+    try:
+        yield
+    except click.exceptions.NoArgsIsHelpError:  # bare `tsconv`: click prints the help, as before
+        raise
+    except TsconvError as exc:
+        _fail(str(exc))
+    except click.UsageError as exc:
+        command = f"tsconv {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "tsconv"
+        _fail(f"{exc.format_message()} (see `{command} --help`)")
+    except KeyboardInterrupt as exc:
+        advice = _after_interrupt(ctx.invoked_subcommand, ctx.meta.get("tsconv.args", []))
+        if isinstance(exc, _Stopped):
+            name = signal.Signals(exc.signum).name
+            _fail(f"{_STOP_NAMES.get(name, name)}; {advice}", code=128 + exc.signum)
+        _fail("interrupted; " + advice, code=130)
+    except BrokenPipeError:
+        _quiet_stdout()
+        sys.exit(141)  # as a tool killed by SIGPIPE (`tsconv filters | head -1`): no error line
+    except MemoryError as exc:  # numpy's allocations (a large pipeline's weights copied as it resolves)
+        _fail(f"out of host memory ({first_line(exc)}); {_MEMORY_HINT}")
+    except RuntimeError as exc:
+        if _CPU_ALLOCATOR not in str(exc):  # torch's CPU allocator failing: the same as numpy's
+            raise
+        _fail(f"out of host memory ({first_line(exc)}); {_MEMORY_HINT}")
+    except OSError as exc:
+        _fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc))
+    finally:
+        warnings.showwarning = shown
 
 
 _CPU_ALLOCATOR = "DefaultCPUAllocator: can't allocate memory"
