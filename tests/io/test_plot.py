@@ -221,3 +221,39 @@ def test_a_time_range_output_is_drawn_beside_its_own_input_rows(
         result = plot_store(out, features=["x0.diff1"], output=tmp_path / "p.png", rows="10:20")
     assert result.inputs == ("x0",)
     np.testing.assert_array_equal(lines["x0"], x[130:140, 0])
+
+
+@pytest.mark.parametrize("fill", ["ffill", "none"])
+def test_an_input_is_drawn_as_the_pipeline_read_it_forward_filled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fill: str
+) -> None:
+    # ticks of 10 symbols in one store, a row each (ingest's long layout): drawn as stored, a symbol's values
+    # were points between NaNs, which a line does not draw, beside features computed from the filled series
+    rng = np.random.default_rng(0)
+    rows, n = 3000, 10
+    prices = price_series(rows, n)
+    x = np.full((rows, n), np.nan, np.float32)
+    sym = rng.integers(0, n, rows)
+    x[np.arange(rows), sym] = prices[np.arange(rows), sym]
+    x[:, 2] = np.nan
+    x[2000, 2] = 7.0  # one value, after the rows drawn: NaN before it, as the features
+    src = write_store(tmp_path / "in.zarr", x, chunks=(256, n))
+    out = tmp_path / "out.zarr"
+    pipe = {"preprocess": {"fill": fill}, "conv": [{"filters": ["id"]}]}
+    tsconv.process(src, out, pipeline=pipe, device="cpu", progress=False)
+    lines = _drawn(monkeypatch)
+    monkeypatch.setattr("tsconv.io.plot._FILL_BAND_ROWS", 500)  # bands and the walk back over several
+    plot_store(out, features=["x3.id", "x2.id"], output=tmp_path / "p.png", rows="1100:1900")
+    want = x[1100:1900].astype(np.float64)
+    if fill == "ffill":
+        last = np.full(n, np.nan)
+        for row in x[:1100]:
+            last = np.where(np.isnan(row), last, row)
+        for i, row in enumerate(want):
+            want[i] = last = np.where(np.isnan(row), last, row)
+        assert np.isfinite(lines["x3"]).all()
+    np.testing.assert_array_equal(lines["x3"], want[:, 3])
+    np.testing.assert_array_equal(lines["x2"], want[:, 2])
+    np.testing.assert_array_equal(
+        lines["x3.id"], np.asarray(zarr.open_group(str(out))["values"][1100:1900, 3])
+    )

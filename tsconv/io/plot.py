@@ -96,7 +96,8 @@ def plot_store(
 
     ``output``: a .png, .svg or .pdf file. ``rows``: a slice or ``"A:B"`` (default: all rows). The x axis
     is the decoded time where the store has times, else the row number. For a tsconv output the input
-    series each feature was computed from is drawn beside it; when the input store cannot be read, or its
+    series each feature was computed from is drawn beside it, forward filled as the pipeline read it (as
+    stored where its ``[preprocess]`` sets ``fill = "none"``); when the input store cannot be read, or its
     times for the rows drawn are not the output's (rewritten since), the features are drawn alone and a
     :class:`TsconvWarning` says why.
     """
@@ -185,6 +186,62 @@ def _read(store: InputStore, cols: list[int], a: int, b: int, every: int) -> np.
     return np.asarray(values, dtype=np.float64)
 
 
+def _fills(run: Any) -> bool:
+    """Whether the recorded pipeline forward-fills its input (the default; ``[preprocess] fill = "none"`` not)."""
+    pre = run.get("preprocess") if isinstance(run, dict) else None
+    return not (isinstance(pre, dict) and pre.get("fill") == "none")
+
+
+def _read_filled(store: InputStore, cols: list[int], a: int, b: int, every: int) -> np.ndarray:
+    """Rows ``a, a + every, ...`` below ``b`` of the columns ``cols``, forward filled per column from the last
+    value before row ``a`` (NaN before a column's first value), as the engine fills them. Read a band of
+    whole chunks at a time (each decoded once, not once a band) and thinned band by band."""
+    chunk = max(1, int(store.values.chunks[0]))
+    band = chunk * max(1, _FILL_BAND_ROWS // chunk)
+    last = _last_values_before(store, cols, a, band)
+    parts = []
+    for start in range(a - a % chunk, b, band):
+        lo, hi = max(a, start), min(b, start + band)
+        block = _filled(np.asarray(store.values.get_orthogonal_selection((slice(lo, hi), cols))), last)
+        last = block[-1]
+        parts.append(block[(a - lo) % every :: every])
+    return np.concatenate(parts).astype(np.float64, copy=False)
+
+
+_FILL_BAND_ROWS = 65_536  # rows read at a time for a filled input (32 columns of float64: 16 MB)
+
+
+def _last_values_before(store: InputStore, cols: list[int], row: int, band: int) -> np.ndarray:
+    """Per column, its last non-NaN value in rows < ``row`` (NaN where it has none), read back a band at a
+    time until every column has one or row 0 is reached."""
+    last = np.full(len(cols), np.nan)
+    missing = np.ones(len(cols), dtype=bool)
+    stop = row
+    while stop > 0 and missing.any():
+        start = max(0, (stop - 1) // band * band)
+        block = np.asarray(
+            store.values.get_orthogonal_selection((slice(start, stop), cols)), dtype=np.float64
+        )
+        valid = ~np.isnan(block)
+        has = missing & valid.any(axis=0)
+        at = block.shape[0] - 1 - np.argmax(valid[::-1], axis=0)  # each column's last valid row
+        last[has] = block[at[has], np.flatnonzero(has)]
+        missing &= ~has
+        stop = start
+    return last
+
+
+def _filled(block: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """``block`` [n, k] as float64 with each NaN taking the last non-NaN value above it, or ``last`` [k]."""
+    block = block.astype(np.float64)
+    nan = np.isnan(block)
+    if not nan.any():
+        return block
+    idx = np.where(nan, -1, np.arange(block.shape[0])[:, None])
+    np.maximum.accumulate(idx, axis=0, out=idx)
+    return np.take_along_axis(np.concatenate([last[None, :], block]), idx + 1, axis=0)
+
+
 def _bank_labels(run: Any) -> list[set[str]] | None:
     """Per stage of the recorded pipeline, its filters' labels, when each output comes from one input: filter
     banks only, no head (a dense stage mixes every input, whatever its name); None otherwise. An output's
@@ -268,7 +325,13 @@ def _inputs(
             )
             return {}
     cols = [src.features.index(n) for n in order]
-    y = _read(src, cols, first + a, first + b, every)
+    # the input as the pipeline read it: forward filled unless its [preprocess] says fill = "none". Drawn as
+    # stored, a symbol's ticks between other symbols' rows (a long layout's store) were isolated points
+    # between NaNs, which a line does not draw: the input beside its features was mostly or wholly missing.
+    if _fills(attrs.get("pipeline")):
+        y = _read_filled(src, cols, first + a, first + b, every)
+    else:
+        y = _read(src, cols, first + a, first + b, every)
     series = {n: y[:, j] for j, n in enumerate(order)}
     return {name: (parent, series[parent]) for name, parent in wanted.items()}
 
