@@ -1168,6 +1168,28 @@ def test_a_csv_value_column_is_read_as_floats_whatever_its_first_rows_hold(
         assert np.array_equal(values[:, 0], [float(v) for v in cells], equal_nan=True)
 
 
+@pytest.mark.parametrize("layout", ["long", "wide"])
+def test_a_csv_missing_value_marker_is_named_with_how_to_write_it(tmp_path: Path, layout: str) -> None:
+    # R's write.csv writes NA for a missing price (SQL exports NULL): the column of numbers was refused as
+    # "not numeric (String)" with no cell named, and told to name another value column (wide: that the file
+    # was long input)
+    head, row = ("time,feature,value", "{k},a,{v}") if layout == "long" else ("time,a", "{k},{v}")
+    for marker in ["NA", "NULL"]:
+        cells = ["100.5", marker, "100.75"]
+        path = tmp_path / f"{marker}.csv"
+        path.write_text("\n".join([head, *(row.format(k=k, v=v) for k, v in enumerate(cells))]) + "\n")
+        args = [path, "-o", tmp_path / f"{marker}.zarr", "--time-unit", "s", "--layout", layout]
+        line = assert_refused(cli(*args), f"it holds {marker!r}", "empty cells for missing values")
+        assert "--value-column" not in line and "--layout long" not in line
+    # text that is no missing-value marker is named too, and keeps the hint it had
+    path = tmp_path / "text.csv"
+    path.write_text(f"{head}\n" + row.format(k=1, v="AAPL") + "\n")
+    line = assert_refused(
+        cli(path, "-o", tmp_path / "t.zarr", "--time-unit", "s", "--layout", layout), "'AAPL'"
+    )
+    assert ("--value-column" if layout == "long" else "--layout long") in line
+
+
 def test_a_long_csv_column_ingest_does_not_use_cannot_fail_the_file(tmp_path: Path) -> None:
     # an unused column was still parsed with the type guessed from its first rows: 20,000 whole quantities
     # then 2.5 refused the whole file

@@ -103,6 +103,8 @@ _T = "__tsconv_time_ns"  # internal column names, unlikely to clash with a featu
 _F = "__tsconv_feature"
 _V = "__tsconv_value"
 _CSV_INFER_ROWS = 10_000
+# how exports mark a missing number (R, SQL, Excel, Python): a CSV value column holding one is typed String
+_MISSING_MARKERS = frozenset({"na", "n/a", "#n/a", "null", "none", "nil", "missing"})
 
 
 @dataclass(frozen=True)
@@ -271,6 +273,8 @@ class _Source:
             self.index_columns = [c for c in self._pandas_index() if c in schema and c != time_column]
             schema = {c: t for c, t in schema.items() if c not in self.index_columns}
         self._overrides: dict[str, pl.DataType] = {}
+        # a CSV value column left String: its first cell that is no number, named in the refusal
+        self._not_a_number: dict[str, str] = {}
         if self.fmt == "csv":
             _refuse_repeated_header(path)
             schema = self._pin_csv_types(schema)
@@ -406,9 +410,12 @@ class _Source:
                 raise self._read_error(exc) from None
             # the CSV parser skips leading blanks before a number, the cast does not
             numbers = head.select(pl.col(strings).str.strip_chars_start().cast(pl.Float64, strict=False))
-            self._overrides.update(
-                {c: pl.Float64 for c in strings if numbers[c].null_count() == head[c].null_count()}
-            )
+            for c in strings:
+                text = head[c].filter(head[c].is_not_null() & numbers[c].is_null())
+                if text.len():
+                    self._not_a_number[c] = str(text[0])
+                else:
+                    self._overrides[c] = pl.Float64
         return {**schema, **self._overrides}
 
     def _missing(self, column: str, option: str, schema: dict[str, pl.DataType]) -> StoreError:
@@ -448,8 +455,10 @@ class _Source:
                     raise self._missing(col, "--value-column", schema)
                 if not _is_numeric(schema[col]):
                     raise StoreError(
-                        f"value column {col!r} of {str(self.path)!r} is not numeric ({schema[col]})",
-                        hint="values must be numbers; name another column with --value-column.",
+                        f"value column {col!r} of {str(self.path)!r} is not numeric "
+                        + self._what_type(col, schema[col]),
+                        hint=self._missing_hint(col)
+                        or "values must be numbers; name another column with --value-column.",
                     )
             return
         features = [c for c in schema if c != self.time_column]
@@ -470,11 +479,31 @@ class _Source:
         bad = [c for c in features if not _is_numeric(schema[c])]
         if bad:
             raise StoreError(
-                f"column {bad[0]!r} of {str(self.path)!r} is not numeric ({schema[bad[0]]})"
+                f"column {bad[0]!r} of {str(self.path)!r} is not numeric {self._what_type(bad[0], schema[bad[0]])}"
                 + (f", nor are {len(bad) - 1} more" if len(bad) > 1 else ""),
-                hint="wide input has a time column plus numeric feature columns only; is this long input "
+                hint=self._missing_hint(bad[0])
+                or "wide input has a time column plus numeric feature columns only; is this long input "
                 "(--layout long)?",
             )
+
+    def _what_type(self, column: str, dtype: pl.DataType) -> str:
+        """'(String)', or for a CSV value column typed String by a cell that is no number, that cell:
+        '(it holds 'NA', which is no number)'."""
+        text = self._not_a_number.get(column)
+        return f"({dtype})" if text is None else f"(it holds {text[:40]!r}, which is no number)"
+
+    def _missing_hint(self, column: str) -> str | None:
+        """The hint for a CSV value column that a missing-value marker (R's NA, SQL's NULL) made String:
+        the column is numbers, and told to name another column (or, wide, to read the file as long input),
+        the user was sent the wrong way."""
+        text = self._not_a_number.get(column)
+        if text is None or text.strip().lower() not in _MISSING_MARKERS:
+            return None
+        return (
+            f"tsconv reads an empty cell (or NaN) as a missing value, not {text.strip()!r}: write the file with "
+            "empty cells for missing values (R: write.csv(..., na = ''); pandas' to_csv writes them), or "
+            "convert it to Parquet first (polars: pl.read_csv(path, null_values=[...]).write_parquet(...))."
+        )
 
     def _time_expr(self, dt: pl.DataType, unit: str) -> pl.Expr:
         c = pl.col(self.time_column)
