@@ -1215,6 +1215,26 @@ def test_a_bad_csv_time_cell_is_told_the_time_forms_not_the_value_rule(tmp_path:
         assert "value column" not in line and not (tmp_path / f"{name}.zarr").exists()
 
 
+def test_iso_times_with_and_without_an_offset_in_one_file_are_refused_naming_both(tmp_path: Path) -> None:
+    # both forms are read (no offset: UTC), but polars reads a column in one form: a file mixing them was
+    # refused with polars' conversion error and the hint that times must be ISO 8601 strings, which they were
+    for name, times in {
+        "z": ["2026-01-02T09:30:00Z", "2026-01-02T09:30:01"],
+        "date": ["2026-01-02", "2026-01-02T09:30:00+02:00"],
+    }.items():
+        path = tmp_path / f"{name}.csv"
+        path.write_text("time,feature,value\n" + "".join(f"{t},a,1.5\n" for t in times))
+        line = assert_refused(
+            cli(path, "-o", tmp_path / f"{name}.zarr"), *map(repr, times), "every time with"
+        )
+        assert "must be ISO 8601" not in line and not (tmp_path / f"{name}.zarr").exists()
+    # offsets written in different forms are all offsets: read, each converted to UTC
+    path = tmp_path / "offsets.csv"
+    path.write_text("time,feature,value\n2026-01-02T09:30:00Z,a,1\n2026-01-02T11:30:01+02:00,a,2\n")
+    ingest(str(path), tmp_path / "offsets.zarr")
+    assert np.array_equal(read(tmp_path / "offsets.zarr")[1], [T0, T0 + SEC])
+
+
 def test_a_time_zone_of_a_fixed_part_hour_offset_is_refused_in_one_line(tmp_path: Path) -> None:
     # polars panics reading '+05:30' (a BaseException): the command died with a traceback
     import pyarrow as pa

@@ -578,6 +578,18 @@ class _Source:
                     "str.to_datetime('%m/%d/%Y %H:%M'); pandas: to_datetime(..., format=...)) and write a "
                     "Parquet file.",
                 )
+            # polars takes the form of one time for the whole column: times with an offset (Z, +02:00) beside
+            # times without one, both forms tsconv reads, failed the parse with the hint to write ISO 8601
+            zoned = pl.col(self.time_column).str.extract(_ISO_8601, 4).is_not_null()
+            forms = raw.select(pl.col(self.time_column).filter(zoned).first().alias("with"),
+                               pl.col(self.time_column).filter(~zoned).first().alias("without"))  # fmt: skip
+            with_offset, without = forms["with"][0], forms["without"][0]
+            if with_offset is not None and without is not None:
+                raise StoreError(
+                    f"the time column {self.time_column!r} of {str(self.path)!r} holds times with an offset "
+                    f"({with_offset!r}) and times without one ({without!r}), which are not read together",
+                    hint="write every time with its offset (Z for UTC), or every time without one (read as UTC).",
+                )
         try:
             # in ns, a string or date past 2262 wraps around silently, and a datetime column's cast gives null:
             # checked in us, naming the time
