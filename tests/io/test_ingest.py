@@ -1621,3 +1621,23 @@ def test_an_empty_output_path_is_refused_not_taken_for_the_current_directory(
         with pytest.raises(StoreError, match="output '' names no store"):
             call()
     assert sorted(p.name for p in job.rglob("*")) == before
+
+
+def test_a_csv_cut_short_mid_line_is_warned_of_naming_its_last_line(tmp_path: Path) -> None:
+    """A CSV whose writer stopped mid-write was ingested without a word, its cut last row as it read
+    (101.25 stored as 10); a file that does not end with a line break is warned of, one written in full is not."""
+    whole = "time,feature,value\n2026-01-02T09:30:00Z,AAPL,100.5\n2026-01-02T09:30:01Z,AAPL,101.25\n"
+    done, cut = tmp_path / "done.csv", tmp_path / "cut.csv"
+    done.write_text(whole)
+    cut.write_text(whole[: whole.rindex("101.25") + 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TsconvWarning)
+        ingest(done, tmp_path / "done.zarr")
+        windows = tmp_path / "crlf.csv"
+        windows.write_bytes(whole.replace("\n", "\r\n").encode())
+        ingest(windows, tmp_path / "crlf.zarr")
+    with pytest.warns(
+        TsconvWarning,
+        match=r"do not end with a line break \(first '.*cut\.csv', whose last line reads '2026-01-02T09:30:01Z,AAPL,10'\)",
+    ):
+        ingest(cut, tmp_path / "cut.zarr")

@@ -155,6 +155,26 @@ def _refuse_repeated_header(path: Path) -> None:
         )
 
 
+def _cut_short_csv(path: Path) -> str | None:
+    """The last line of a plain CSV file that does not end with a line break, else None: a writer stopped
+    mid-write leaves such a file, whose last row polars reads as it finds it (``101.25`` cut to ``10``, a time
+    cut to an earlier one). A .csv.gz cut short fails to decompress, and Parquet and Arrow files have footers."""
+    if str(path).lower().endswith(".gz"):
+        return None
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return None
+            f.seek(max(0, size - 200))
+            tail = f.read()
+    except OSError:
+        return None  # polars' own read reports what is wrong with the file
+    if tail.endswith(b"\n"):
+        return None
+    return tail.rsplit(b"\n", 1)[-1].decode("utf-8", "replace")
+
+
 def _format_of(path: Path) -> str | None:
     name = path.name.lower()
     for suffix in sorted(_SUFFIXES, key=len, reverse=True):  # .csv.gz before .gz-less matches
@@ -944,6 +964,15 @@ def ingest(
             f"left out the pandas index column(s) {', '.join(map(repr, cols))} of {len(indexed)} file(s) "
             f"(first {str(indexed[0].path)!r}): an index is not a feature; write with index=False (pandas) "
             "to leave it out of the file",
+            TsconvWarning,
+            stacklevel=2,
+        )
+    cut = [(s.path, line) for s in sources if s.fmt == "csv" and (line := _cut_short_csv(s.path)) is not None]
+    if cut:
+        warnings.warn(
+            f"{len(cut)} CSV file(s) do not end with a line break (first {str(cut[0][0])!r}, whose last line "
+            f"reads {cut[0][1]!r}): a file whose writer stopped mid-write ends so, and its cut last row is "
+            "ingested as it reads; check that the file is complete (a file written in full ends with a line break)",
             TsconvWarning,
             stacklevel=2,
         )
