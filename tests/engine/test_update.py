@@ -1266,3 +1266,23 @@ def test_a_big_endian_stores_update_reads_the_rows_kept_with_the_output(
     full = tmp_path / "full.zarr"
     tsconv.process(src, full, pipeline="default", chunk=CHUNK, device="cpu")
     assert_same(out, full)
+
+
+def test_an_update_refusal_after_another_select_does_not_blame_the_inputs_names(
+    tmp_path: Path, out_chunks: None
+) -> None:
+    """A pipeline whose [preprocess] select changed: the refusal said the input's feature names changed (the
+    record hashes the names the pipeline reads, which follow the selection), while the store was as before."""
+    x, t = ticks(3000, 3, seed=7)
+    src = make_input(tmp_path / "in.zarr", x, t, 2050, (500, 3))
+    out = tmp_path / "out.zarr"
+    a = tmp_path / "a.toml"
+    a.write_text('[[conv]]\nfilters = ["id"]\n')
+    tsconv.process(src, out, pipeline=a, chunk=CHUNK)
+    grow(src, x, t, 2200)
+    a.write_text('[preprocess]\nselect = ["px_*"]\n\n[[conv]]\nfilters = ["id"]\n')
+    with pytest.raises(tsconv.TsconvError, match="different input, pipeline or chunk size") as info:
+        tsconv.process(src, out, pipeline=a, chunk=CHUNK, update=True)
+    said = str(info.value)
+    assert "what differs: the pipeline's [preprocess]: none then" in said, said
+    assert "feature names" not in said, said

@@ -498,6 +498,9 @@ _HASHES = {"weight_sha256": "weights (content)", "bias_sha256": "bias (content)"
 _TABLES = {"preprocess": "[preprocess]", "stages": "[[conv]]", "head": "[head]"}
 _INPUT = {"features": "the input's feature count", "names_sha256": "the input's feature names (content)",
           "dtype": "the input's dtype"}  # fmt: skip
+# the recorded names are those the pipeline reads, after its [preprocess] selection: where the selection changed,
+# they differ with it, and naming them would blame the input's names, which are as they were
+_SELECTION = ("select", "select_regex")
 # the name is recorded in the fingerprint: a pipeline file renamed or copied unchanged gets another
 _NOTES = {("pipeline", "name"): ' (the file\'s name unless the pipeline sets name = "...")'}
 
@@ -513,16 +516,18 @@ def what_differs(then: dict[str, Any], now: dict[str, Any], *, limit: int = 6) -
     for key in ("chunk", "warmup"):
         if key in t:
             _differ(t[key], n.get(key), (key,), found)
-    ti, ni = t.get("input"), n.get("input")
-    if isinstance(ti, dict) and isinstance(ni, dict):
-        for key, label in _INPUT.items():
-            _differ(ti.get(key), ni.get(key), (label,), found)
     pipe: list[tuple[tuple[Any, ...], Any, Any]] = []
     if isinstance(then.get("pipeline"), dict) and isinstance(now.get("pipeline"), dict):
         old, new = then["pipeline"], now["pipeline"]
         for key in dict.fromkeys([*old, *new]):
             if key not in ("origin", "text"):  # where it came from, not what it computes
                 _differ(old.get(key), new.get(key), ("pipeline", key), pipe)
+    reselected = _selection(then.get("pipeline")) != _selection(now.get("pipeline"))
+    ti, ni = t.get("input"), n.get("input")
+    if isinstance(ti, dict) and isinstance(ni, dict):
+        for key, label in _INPUT.items():
+            if not (reselected and key == "names_sha256"):
+                _differ(ti.get(key), ni.get(key), (label,), found)
     given = [d for d in pipe if d[0][-1] not in _DERIVED]
     # another input's features change what follows from them (a bank's shape): named only without one
     found += given or ([] if any(d[0][0] in _INPUT.values() for d in found) else pipe)
@@ -530,6 +535,12 @@ def what_differs(then: dict[str, Any], now: dict[str, Any], *, limit: int = 6) -
         f"{_label(path)}: {_shown(a)} then, {_shown(b)} now{_NOTES.get(path, '')}" for path, a, b in found
     ]
     return items if len(items) <= limit else [*items[:limit], f"and {len(items) - limit} more"]
+
+
+def _selection(pipeline: Any) -> tuple[Any, ...]:
+    """A recorded pipeline's ``[preprocess]`` selection (``select``, ``select_regex``; None where unset)."""
+    pre = pipeline.get("preprocess") if isinstance(pipeline, dict) else None
+    return tuple(pre.get(key) if isinstance(pre, dict) else None for key in _SELECTION)
 
 
 def _differ(a: Any, b: Any, path: tuple[Any, ...], out: list[tuple[tuple[Any, ...], Any, Any]]) -> None:
