@@ -1641,3 +1641,50 @@ def test_a_csv_cut_short_mid_line_is_warned_of_naming_its_last_line(tmp_path: Pa
         match=r"do not end with a line break \(first '.*cut\.csv', whose last line reads '2026-01-02T09:30:01Z,AAPL,10'\)",
     ):
         ingest(cut, tmp_path / "cut.zarr")
+
+
+def test_files_without_rows_in_a_daily_glob_add_nothing_and_an_append_of_only_such_files_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A holiday's file (a header, or a schema, only) in a daily glob stopped the whole ingest ("has no rows;
+    remove it from the file list"), and a daily --append of that day alone failed the job. Such files are left
+    out with a warning, and an --append of only such files leaves the store as it was."""
+    day1 = write(long_frame(TIMES[:20], NAMES), tmp_path / "d1.parquet")
+    (tmp_path / "d2.csv").write_text("time,feature,value\n")
+    write(long_frame(TIMES[:2], NAMES).clear(), tmp_path / "d3.parquet")
+    ingest(day1, tmp_path / "alone.zarr")
+    with pytest.warns(
+        TsconvWarning, match=r"left out 2 of 3 input files that hold no rows \(first '.*d2\.csv'\)"
+    ):
+        ingest([day1, tmp_path / "d2.csv", tmp_path / "d3.parquet"], tmp_path / "out.zarr")
+    want = read(tmp_path / "alone.zarr")
+    got = read(tmp_path / "out.zarr")
+    assert (
+        np.array_equal(got[0], want[0], equal_nan=True)
+        and np.array_equal(got[1], want[1])
+        and got[2] == want[2]
+    )
+    before = {
+        p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "out.zarr").rglob("*") if p.is_file()
+    }
+    res = CliRunner().invoke(
+        main,
+        [
+            "ingest",
+            str(tmp_path / "d2.csv"),
+            str(tmp_path / "d3.parquet"),
+            "-o",
+            str(tmp_path / "out.zarr"),
+            "--append",
+        ],
+    )
+    assert res.exit_code == 0 and "2 file(s) with no rows: nothing appended to" in res.output, res.output
+    rep = ingest(tmp_path / "d2.csv", tmp_path / "out.zarr", append=True)
+    assert (rep.rows, rep.input_rows, rep.appended) == (0, 0, True)
+    assert "nothing appended" in rep.summary()
+    after = {
+        p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "out.zarr").rglob("*") if p.is_file()
+    }
+    assert after == before
+    with pytest.raises(StoreError, match="d2.csv' has no rows"):  # a new store from no rows at all
+        ingest([tmp_path / "d2.csv", tmp_path / "d3.parquet"], tmp_path / "none.zarr")

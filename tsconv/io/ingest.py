@@ -122,6 +122,8 @@ class IngestReport:
     appended: bool
 
     def summary(self) -> str:
+        if self.appended and self.input_rows == 0:
+            return f"{self.files} file(s) with no rows: nothing appended to {self.output}, which is as it was"
         verb = "appended to" if self.appended else "->"
         return (
             f"{self.files} file(s), {self.input_rows:,} input rows -> {self.rows:,} rows x {self.features} "
@@ -134,6 +136,14 @@ class IngestReport:
 
 
 # ------------------------------------------------------------------------------------------ inputs
+
+
+class _NoRowsError(StoreError):
+    """An input file that holds a header or a schema only (a holiday's file in a daily glob)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"input file {str(path)!r} has no rows", hint="remove it from the file list.")
+        self.path = path
 
 
 def _refuse_repeated_header(path: Path) -> None:
@@ -455,9 +465,7 @@ class _Source:
             except _READ_ERRORS as exc:
                 raise self._read_error(exc) from None
             if empty:
-                raise StoreError(
-                    f"input file {str(self.path)!r} has no rows", hint="remove it from the file list."
-                )
+                raise _NoRowsError(self.path)
         if self.layout == "long":
             if self.feature_column not in schema:
                 raise self._missing(self.feature_column, "--feature-column", schema)
@@ -570,9 +578,7 @@ class _Source:
         """Sorted distinct timestamps (int64 ns). Distinct raw values are converted, not every row."""
         raw = self.collect(self.lf.select(pl.col(self.time_column).unique()))
         if raw.height == 0:
-            raise StoreError(
-                f"input file {str(self.path)!r} has no rows", hint="remove it from the file list."
-            )
+            raise _NoRowsError(self.path)
         if raw[self.time_column].null_count():
             raise StoreError(
                 f"time column {self.time_column!r} of {str(self.path)!r} has empty (null) values",
@@ -945,11 +951,33 @@ def ingest(
     _check_output(out, paths, append=append, overwrite=overwrite)
 
     pl_dtype = pl.Float64 if dtype == "float64" else pl.Float32
-    sources = [
-        _Source(p, layout=layout, time_column=time_column, feature_column=feature_column,
-                value_columns=value_columns, time_unit=time_unit, dtype=pl_dtype)
-        for p in paths
-    ]  # fmt: skip
+    sources: list[_Source] = []
+    empty: list[_NoRowsError] = []  # files with a header or schema only: they add nothing
+    for p in paths:
+        try:
+            sources.append(_Source(p, layout=layout, time_column=time_column, feature_column=feature_column,
+                                   value_columns=value_columns, time_unit=time_unit, dtype=pl_dtype))  # fmt: skip
+        except _NoRowsError as exc:
+            empty.append(exc)
+    # Pass 1: distinct timestamps (small next to the data); a file whose scan finds no rows adds nothing
+    distinct: list[np.ndarray] = []
+    for src in list(sources):
+        try:
+            distinct.append(src.distinct_times())
+        except _NoRowsError as exc:
+            empty.append(exc)
+            sources.remove(src)
+    if empty and not sources:
+        if not append:
+            raise empty[0]
+        return _nothing_to_append(out, files=len(paths), t0=t0)
+    if empty:
+        # a daily job's glob that takes in a holiday's file (a header only) goes on with the others
+        warnings.warn(
+            f"left out {len(empty)} of {len(paths)} input files that hold no rows (first {str(empty[0].path)!r})",
+            TsconvWarning,
+            stacklevel=2,
+        )
 
     if unit_given and not any(s.time_dtype.is_integer() for s in sources):
         # it counts integers only: datetimes and ISO text carry their own unit, and the option did nothing
@@ -976,8 +1004,7 @@ def ingest(
             TsconvWarning,
             stacklevel=2,
         )
-    # Pass 1: distinct timestamps and feature names (small next to the data).
-    times = np.unique(np.concatenate([s.distinct_times() for s in sources]))
+    times = np.unique(np.concatenate(distinct))
     if time_unit == "ns" and any(s.time_dtype.is_integer() for s in sources):
         _warn_early_integers(times)
     symbols: list[str] = []
@@ -1084,6 +1111,14 @@ def _report(rows: int, features: int, t0: float, out: Path, read: int, files: in
         files=files,
         appended=appended,
     )
+
+
+def _nothing_to_append(out: Path, *, files: int, t0: float) -> IngestReport:
+    """The report of an ``--append`` whose files all hold no rows: the store, checked readable, is left as it is."""
+    store = open_input(out)
+    return IngestReport(rows=0, features=store.n_features, seconds=time.perf_counter() - t0, rows_per_s=0.0,
+                        peak_rss_bytes=_peak_rss(), output=str(out), input_rows=0, files=files,
+                        appended=True)  # fmt: skip
 
 
 def _append(out: Path, paths: Sequence[Path], sources: Sequence[_Source], times: np.ndarray,
