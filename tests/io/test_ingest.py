@@ -1688,3 +1688,22 @@ def test_files_without_rows_in_a_daily_glob_add_nothing_and_an_append_of_only_su
     assert after == before
     with pytest.raises(StoreError, match="d2.csv' has no rows"):  # a new store from no rows at all
         ingest([tmp_path / "d2.csv", tmp_path / "d3.parquet"], tmp_path / "none.zarr")
+
+
+def test_the_rounding_warning_of_a_new_store_and_of_an_append_points_at_the_callers_line(
+    tmp_path: Path,
+) -> None:
+    # an --append's warning pointed into tsconv/io/ingest.py (the call inside the append), not at the script
+    n = 3000
+    t = T0 + np.arange(2 * n, dtype=np.int64) * 1_000_000_000
+    px = 400 + np.cumsum(np.random.default_rng(7).normal(0, 0.01, 2 * n))
+    first = write(
+        pl.DataFrame({"time": t[:n], "feature": ["b"] * n, "value": px[:n]}), tmp_path / "1.parquet"
+    )
+    later = write(
+        pl.DataFrame({"time": t[n:], "feature": ["b"] * n, "value": px[n:]}), tmp_path / "2.parquet"
+    )
+    for files, kw in ((first, {}), (later, {"append": True})):
+        with pytest.warns(TsconvWarning, match="rounding the values of 'b'") as caught:
+            ingest(files, tmp_path / "s.zarr", **kw)
+        assert [w.filename for w in caught if "rounding" in str(w.message)] == [__file__]

@@ -1199,7 +1199,9 @@ def _append_locked(out: Path, group: zarr.Group, paths: Sequence[Path], sources:
     for s in sources:  # values are read in the store's precision (float64 only when the store has it)
         s.dtype = pl.Float64 if held == "float64" else pl.Float32
     if held == "float32":
-        _warn_rounding(sources)
+        _warn_rounding(
+            sources, stacklevel=5
+        )  # ingest -> _append -> _append_locked -> here: the caller's line
     total = old_rows + int(times.size)
     marker = {**meta, "complete": False, "rows_before": old_rows, "rows": total}
     consolidated = _has_consolidated(out)
@@ -1253,7 +1255,7 @@ def _warn_early_integers(times: np.ndarray) -> None:
         )
 
 
-def _warn_rounding(sources: Sequence[_Source]) -> None:
+def _warn_rounding(sources: Sequence[_Source], *, stacklevel: int = 3) -> None:
     """Warn, once, where storing source values as float32 moves them by more than WARN_AT of their typical
     step: judged on the first rows of each of the first files, per symbol of long input and per column of
     wide input, in time order (a sample: the values are cast as they are read, band by band)."""
@@ -1298,7 +1300,7 @@ def _warn_rounding(sources: Sequence[_Source]) -> None:
             # every symbol in one pass (one check per symbol took 6.9 s for 16 files of 10,000 symbols)
             message, _ = float32_loss_by_feature(values, names, context=context, advice=advice, groups=groups)
         if message is not None:
-            warnings.warn(message, TsconvWarning, stacklevel=3)
+            warnings.warn(message, TsconvWarning, stacklevel=stacklevel)
             return
 
 
