@@ -1707,3 +1707,22 @@ def test_the_rounding_warning_of_a_new_store_and_of_an_append_points_at_the_call
         with pytest.warns(TsconvWarning, match="rounding the values of 'b'") as caught:
             ingest(files, tmp_path / "s.zarr", **kw)
         assert [w.filename for w in caught if "rounding" in str(w.message)] == [__file__]
+
+
+def test_a_schema_only_parquet_with_untyped_columns_is_left_out_as_a_header_only_csv_is(
+    tmp_path: Path,
+) -> None:
+    """A holiday's Parquet file written from pandas' DataFrame(columns=[...]) carries its columns as Null (no
+    rows gave them a type) and was refused for its time column's type, where a header-only CSV was left out."""
+    day1 = write(long_frame(TIMES[:20], NAMES), tmp_path / "d1.parquet")
+    untyped = tmp_path / "d2.parquet"
+    pl.DataFrame({"time": [], "feature": [], "value": []}).write_parquet(untyped)
+    assert pl.read_parquet_schema(untyped)["time"] == pl.Null
+    ingest(day1, tmp_path / "alone.zarr")
+    with pytest.warns(
+        TsconvWarning, match=r"left out 1 of 2 input files that hold no rows \(first '.*d2\.parquet'\)"
+    ):
+        ingest([day1, untyped], tmp_path / "out.zarr")
+    want, got = read(tmp_path / "alone.zarr"), read(tmp_path / "out.zarr")
+    assert np.array_equal(got[0], want[0], equal_nan=True) and np.array_equal(got[1], want[1])
+    assert ingest(untyped, tmp_path / "out.zarr", append=True).input_rows == 0

@@ -466,6 +466,10 @@ class _Source:
                 raise self._read_error(exc) from None
             if empty:
                 raise _NoRowsError(self.path)
+        elif self._row_count() == 0:
+            # a schema only: checked before its columns' types, which such a file need not carry (pandas'
+            # DataFrame(columns=[...]) writes every column as Null), as a header-only CSV's are not
+            raise _NoRowsError(self.path)
         if self.layout == "long":
             if self.feature_column not in schema:
                 raise self._missing(self.feature_column, "--feature-column", schema)
@@ -513,6 +517,13 @@ class _Source:
                 or "wide input has a time column plus numeric feature columns only; is this long input "
                 "(--layout long)?",
             )
+
+    def _row_count(self) -> int:
+        """A Parquet or Arrow file's rows, from its metadata (polars counts them without reading the data)."""
+        try:
+            return int(self._scan().select(pl.len()).collect().item())
+        except _READ_ERRORS as exc:
+            raise self._read_error(exc) from None
 
     def _what_type(self, column: str, dtype: pl.DataType) -> str:
         """'(String)', or for a CSV value column typed String by a cell that is no number, that cell:
