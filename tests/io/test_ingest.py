@@ -1726,3 +1726,19 @@ def test_a_schema_only_parquet_with_untyped_columns_is_left_out_as_a_header_only
     want, got = read(tmp_path / "alone.zarr"), read(tmp_path / "out.zarr")
     assert np.array_equal(got[0], want[0], equal_nan=True) and np.array_equal(got[1], want[1])
     assert ingest(untyped, tmp_path / "out.zarr", append=True).input_rows == 0
+
+
+def test_a_csv_whose_lines_end_with_a_carriage_return_alone_is_refused_not_left_out_as_empty(
+    tmp_path: Path,
+) -> None:
+    """A CSV with old Mac line endings (\\r alone: Excel for Mac's "CSV (Macintosh)") reads as one header line and
+    no rows: since files with no rows are left out, an --append of such a day's file exited 0 with its rows
+    dropped ('nothing appended'). It is refused, naming the line endings."""
+    store = tmp_path / "out.zarr"
+    ingest(write(long_frame(TIMES[:20], NAMES), tmp_path / "d1.parquet"), store)
+    mac = tmp_path / "d2.csv"
+    mac.write_bytes(b"time,feature,value\r2026-03-02T09:30:00Z,AAPL,1.5\r2026-03-02T09:30:01Z,AAPL,2.5\r")
+    with pytest.raises(StoreError, match=r"d2\.csv' end with a carriage return alone"):
+        ingest(mac, store, append=True)
+    (tmp_path / "hdr.csv").write_bytes(b"time,feature,value\r")  # a header only, ended by \r: still no rows
+    assert ingest(tmp_path / "hdr.csv", store, append=True).input_rows == 0

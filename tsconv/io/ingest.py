@@ -465,6 +465,15 @@ class _Source:
             except _READ_ERRORS as exc:
                 raise self._read_error(exc) from None
             if empty:
+                if any("\r" in c for c in schema):
+                    # lines ended by a carriage return alone (Excel for Mac's "CSV (Macintosh)"): polars reads
+                    # the whole file as its header, and the file, rows and all, was left out as holding none
+                    raise StoreError(
+                        f"the lines of {str(self.path)!r} end with a carriage return alone (\\r, old Mac line "
+                        "endings), which tsconv does not read: the whole file reads as its header",
+                        hint="convert its line endings to \\n (or \\r\\n), e.g. `tr '\\r' '\\n' < in.csv > out.csv`, "
+                        "or save it as 'CSV UTF-8'.",
+                    )
                 raise _NoRowsError(self.path)
         elif self._row_count() == 0:
             # a schema only: checked before its columns' types, which such a file need not carry (pandas'
