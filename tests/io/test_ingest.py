@@ -1742,3 +1742,20 @@ def test_a_csv_whose_lines_end_with_a_carriage_return_alone_is_refused_not_left_
         ingest(mac, store, append=True)
     (tmp_path / "hdr.csv").write_bytes(b"time,feature,value\r")  # a header only, ended by \r: still no rows
     assert ingest(tmp_path / "hdr.csv", store, append=True).input_rows == 0
+
+
+def test_an_append_of_only_files_without_rows_rolls_back_an_interrupted_append_as_any_append_does(
+    tmp_path: Path,
+) -> None:
+    # it refused the store with the hint to run the append again, which refused again: only repair worked
+    _, a, _ = _two_halves(tmp_path)
+    out = tmp_path / "out.zarr"
+    ingest(a, out)
+    want = read(out)
+    _interrupt_append(out, 25, 99)
+    (tmp_path / "holiday.csv").write_text("time,feature,value\n")
+    rep = ingest(tmp_path / "holiday.csv", out, append=True)
+    assert (rep.rows, rep.input_rows) == (0, 0)
+    got = read(out)
+    assert np.array_equal(got[0], want[0], equal_nan=True) and np.array_equal(got[1], want[1])
+    assert open_input(out).rows == 25

@@ -1134,8 +1134,13 @@ def _report(rows: int, features: int, t0: float, out: Path, read: int, files: in
 
 
 def _nothing_to_append(out: Path, *, files: int, t0: float) -> IngestReport:
-    """The report of an ``--append`` whose files all hold no rows: the store, checked readable, is left as it is."""
-    store = open_input(out)
+    """The report of an ``--append`` whose files all hold no rows: the store is left as it is, but for the
+    roll-back of an interrupted append that every ``--append`` makes first (:func:`_append`)."""
+    with OutputLock(out, run_id=f"ingest-append-{os.getpid()}"):
+        group = _open_group(out)
+        if _roll_back(out, group) is None:
+            _remove_metadata_temporaries(out)
+        store = open_input(out)
     return IngestReport(rows=0, features=store.n_features, seconds=time.perf_counter() - t0, rows_per_s=0.0,
                         peak_rss_bytes=_peak_rss(), output=str(out), input_rows=0, files=files,
                         appended=True)  # fmt: skip
