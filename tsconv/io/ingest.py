@@ -981,12 +981,15 @@ def ingest(
             empty.append(exc)
     # Pass 1: distinct timestamps (small next to the data); a file whose scan finds no rows adds nothing
     distinct: list[np.ndarray] = []
-    for src in list(sources):
+    with_rows: list[_Source] = []
+    for src in sources:
         try:
             distinct.append(src.distinct_times())
         except _NoRowsError as exc:
             empty.append(exc)
-            sources.remove(src)
+            continue
+        with_rows.append(src)
+    sources = with_rows
     if empty and not sources:
         if not append:
             raise empty[0]
