@@ -20,8 +20,8 @@ from tsconv import config
 from tsconv.engine.batched import parse_bytes, plan_step_rows, run_batched
 from tsconv.engine.chunked import run_chunked
 from tsconv.engine.compute import Backend
-from tsconv.engine.fill import forward_fill
 from tsconv.errors import TsconvError
+from tsconv.io.ffill import forward_fill
 from tsconv.io.readers.blocks import ArraySource
 from tsconv.kernels import prepare as prep
 from tsconv.kernels.prepare import prepare

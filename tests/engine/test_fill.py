@@ -9,8 +9,9 @@ import pytest
 import torch
 import zarr
 
-from tsconv.engine.fill import forward_fill, forward_fill_torch
+from tsconv.engine.fill import forward_fill_torch
 from tsconv.io.contracts import BandReader
+from tsconv.io.ffill import forward_fill
 
 from ..helpers import write_store
 

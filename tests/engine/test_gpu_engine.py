@@ -17,7 +17,7 @@ import zarr
 import tsconv
 from tsconv.engine import devmem
 from tsconv.engine.batched import parse_bytes
-from tsconv.engine.fill import forward_fill
+from tsconv.io.ffill import forward_fill
 from tsconv.kernels.prepare import prepare
 from tsconv.kernels.reference import pipeline_reference
 from tsconv.pipeline.spec import BUILTIN_DIR, load_pipeline, resolve

@@ -48,10 +48,11 @@ import torch
 from tsconv import config, trace
 from tsconv.engine import devmem
 from tsconv.engine.compute import Backend
-from tsconv.engine.fill import FillCarry, forward_fill
+from tsconv.engine.fill import FillCarry
 from tsconv.engine.level import TAIL_ROWS, level_before_torch, rows_before
 from tsconv.errors import TsconvError
 from tsconv.io.contracts import BandReader, FrameSink
+from tsconv.io.ffill import forward_fill
 from tsconv.io.precision import Float32Check
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.kernels.filterbank import bank_bytes_per_row

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from tsconv.engine.compute import CHECK_ROWS_MIN, Backend, ShortCallSample
-from tsconv.engine.fill import FillCarry, forward_fill
+from tsconv.engine.fill import FillCarry
 from tsconv.engine.level import TAIL_ROWS, centering_level, level_before, rows_before
 from tsconv.io.contracts import BandReader
+from tsconv.io.ffill import forward_fill
 from tsconv.io.precision import Float32Check, WideIntegerCheck, exact_in_float32
 from tsconv.io.readers.blocks import ColumnSource
 from tsconv.pipeline.spec import ResolvedPipeline

@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 from tsconv.engine.compute import CHECK_ROWS_MIN, Backend, ShortCallSample
-from tsconv.engine.fill import forward_fill
 from tsconv.engine.inmemory import check_index_levels, coordinate_holds, dataarray_dims
 from tsconv.engine.level import TAIL_ROWS, centering_level, level_before
 from tsconv.engine.options import check_chunk, check_warmup, refuse_time_range
 from tsconv.engine.run import cuda_errors, exact_fp32, resolve_device
 from tsconv.errors import ShapeError, TsconvError
 from tsconv.io.dataframes import array_values, frame_input, frame_kind, index_is_time, to_polars
+from tsconv.io.ffill import forward_fill
 from tsconv.io.names import describe_repeats, ordered_names, repeated_names
 from tsconv.io.precision import Float32Check, WideIntegerCheck, exact_in_float32
 from tsconv.pipeline.spec import as_pipeline, resolve

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tsconv.errors import StoreError, TsconvError, TsconvWarning
+from tsconv.io.ffill import forward_fill
 from tsconv.io.names import matching
 from tsconv.io.store import InputStore, group_attrs, open_input
 from tsconv.io.timecoding import iso_utc
@@ -202,8 +203,8 @@ def _read_filled(store: InputStore, cols: list[int], a: int, b: int, every: int)
     parts = []
     for start in range(a - a % chunk, b, band):
         lo, hi = max(a, start), min(b, start + band)
-        block = _filled(np.asarray(store.values.get_orthogonal_selection((slice(lo, hi), cols))), last)
-        last = block[-1]
+        raw = np.asarray(store.values.get_orthogonal_selection((slice(lo, hi), cols)), dtype=np.float64)
+        block, last = forward_fill(raw, last)
         parts.append(block[(a - lo) % every :: every])
     return np.concatenate(parts).astype(np.float64, copy=False)
 
@@ -229,17 +230,6 @@ def _last_values_before(store: InputStore, cols: list[int], row: int, band: int)
         missing &= ~has
         stop = start
     return last
-
-
-def _filled(block: np.ndarray, last: np.ndarray) -> np.ndarray:
-    """``block`` [n, k] as float64 with each NaN taking the last non-NaN value above it, or ``last`` [k]."""
-    block = block.astype(np.float64)
-    nan = np.isnan(block)
-    if not nan.any():
-        return block
-    idx = np.where(nan, -1, np.arange(block.shape[0])[:, None])
-    np.maximum.accumulate(idx, axis=0, out=idx)
-    return np.take_along_axis(np.concatenate([last[None, :], block]), idx + 1, axis=0)
 
 
 def _bank_labels(run: Any) -> list[set[str]] | None:
