@@ -69,8 +69,8 @@ def parse_fill_record(doc: object, n_features: int) -> tuple[int, np.ndarray] | 
 
 def forward_fill_torch(block: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     """:func:`tsconv.io.ffill.forward_fill` on a device tensor ``block`` [n, F] given ``last`` [F]: the filled
-    rows (the same
-    values; the new state is their last row). Free of data-dependent branches, so torch.compile traces it."""
+    rows (the same values; the new state is their last row). Free of data-dependent branches, so
+    torch.compile traces it."""
     n = block.shape[0]
     steps = torch.arange(n, device=block.device)[:, None]
     idx = torch.where(torch.isnan(block), -1, steps).cummax(dim=0).values  # last valid row, -1: the state
