@@ -303,6 +303,27 @@ def test_repeated_coordinate_names_and_packed_values_are_refused(tmp_path: Path)
 
 
 @pytest.mark.parametrize("zarr_format", [3, 2])
+@pytest.mark.parametrize("dtype", ["float32", "int16"])
+def test_a_scale_of_one_and_an_offset_of_zero_are_read_not_refused_as_packing(
+    tmp_path: Path, zarr_format: int, dtype: str
+) -> None:
+    # xarray keeps scale_factor=1, add_offset=0 in the encoding of a variable read from netCDF and writes them to
+    # zarr again: the stored values are the values (xarray reads the same numbers), and were refused as CF-packed
+    ds, x = _dataset(pd.date_range("2026-01-02", periods=ROWS, freq="s"))
+    x = np.round(x * 100) if dtype == "int16" else x
+    ds["values"] = (("time", "feature"), x.astype(dtype))
+    ds["values"].encoding.update(scale_factor=1.0, add_offset=0.0)
+    src = _write(ds, tmp_path / "s.zarr", zarr_format=zarr_format)
+    assert zarr.open_group(str(src), mode="r")["values"].attrs["scale_factor"] == 1.0
+    np.testing.assert_array_equal(xr.open_zarr(src)["values"].values, x.astype(dtype))
+    np.testing.assert_array_equal(tsconv.open_input(src).values[:], x.astype(dtype))
+    ds["values"].encoding.update(scale_factor=1.0, add_offset=0.5)  # an offset alone moves every value
+    src = _write(ds, tmp_path / "offset.zarr", zarr_format=zarr_format)
+    with pytest.raises(StoreError, match=r"'values' is CF-packed \(add_offset=0.5\)"):
+        tsconv.open_input(src)
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])
 @pytest.mark.parametrize(
     ("dtype", "encoding", "attrs", "refused"),
     [

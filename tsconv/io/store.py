@@ -529,7 +529,10 @@ def _refuse_cf_encoding(values: zarr.Array, name: str, where: str) -> None:
     """Refuse values that xarray would decode (CF packing, unsigned flags, missing-value markers): tsconv reads
     stored values as they are, so such cells would enter the features as data."""
     attrs = values.attrs
-    keys = [k for k in ("scale_factor", "add_offset") if k in attrs]
+    # a scale of 1 and an offset of 0 change no value (xarray keeps them in a variable's encoding from a netCDF
+    # source, and writes them again): only packing that moves values is refused, as for the time
+    identity = {"scale_factor": 1.0, "add_offset": 0.0}
+    keys = [k for k, same in identity.items() if k in attrs and _cf_number(attrs[k]) != same]
     if keys:
         raise StoreError(
             f"{where}: {name!r} is CF-packed ({', '.join(f'{k}={attrs[k]!r}' for k in keys)}); "
