@@ -279,6 +279,33 @@ def test_a_variable_whose_first_coordinate_names_the_features_is_refused_not_rea
     np.testing.assert_array_equal(store.values[:], x)
 
 
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_one_variable_per_symbol_is_refused_with_the_stack_that_reads_it(
+    tmp_path: Path, zarr_format: int
+) -> None:
+    # xr.Dataset({"AAPL": series, ...}): the refusal said only what a group should hold, not how to get there
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    x = price_series(ROWS, FEATURES, seed=3)
+    names = ["MSFT", "AAPL", "GOOG"]
+    ds = xr.Dataset({n: ("time", x[:, j]) for j, n in enumerate(names)}, coords={"time": times})
+    src = _write(ds, tmp_path / "per.zarr", zarr_format=zarr_format)
+    res = CliRunner().invoke(main, ["inspect", str(src)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "3 1-D data variables along 'time' (AAPL, GOOG, MSFT), one per feature" in res.output
+    with pytest.raises(StoreError) as err:
+        tsconv.open_input(src)
+    hint = err.value.hint
+    assert "ds.to_dataarray('feature').transpose('time', 'feature').to_dataset(name='values')" in hint
+    stacked = _write(  # the hint's stack, as given
+        ds.to_dataarray("feature").transpose("time", "feature").to_dataset(name="values"),
+        tmp_path / "stacked.zarr",
+        zarr_format=zarr_format,
+    )
+    store = tsconv.open_input(stacked)
+    assert store.features == tuple(names)
+    np.testing.assert_array_equal(store.values[:], x)
+
+
 def test_a_store_of_xarray_groups_is_refused_naming_them(tmp_path: Path) -> None:
     # ds.to_zarr(path, group="fx"): the root holds groups only, and was said to have "nothing"
     ds, x = _dataset(pd.date_range("2026-01-02", periods=ROWS, freq="s"))

@@ -479,6 +479,17 @@ def _values_name(arrays: dict[str, zarr.Array], where: str, *, groups: tuple[str
                 "[time, feature] arrays",
                 hint=f"write it time-major, e.g. ds.transpose({d[1]!r}, {d[0]!r}).to_zarr(...).",
             )
+        series = _one_variable_per_feature(arrays, dims, coords, time_dims)
+        if series is not None:
+            dim, names = series
+            listed = ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+            raise StoreError(
+                f"{where}: the group has no 'values' array and no 2-D data variable{along}; it holds "
+                f"{len(names)} 1-D data variables along {dim!r} ({listed}), one per feature, and tsconv reads "
+                "one 2-D variable [time, feature]",
+                hint=f"stack them into one: ds.to_dataarray('feature').transpose({dim!r}, 'feature')"
+                ".to_dataset(name='values').to_zarr(...) (names the features by the variables).",
+            )
         if groups:
             listed = ", ".join(repr(g) for g in sorted(groups)[:5]) + (" ..." if len(groups) > 5 else "")
             raise StoreError(
@@ -498,6 +509,26 @@ def _values_name(arrays: dict[str, zarr.Array], where: str, *, groups: tuple[str
         hint="write one data variable per store (e.g. ds[['name']].to_zarr(...)), or name the one to read "
         "'values'.",
     )
+
+
+def _one_variable_per_feature(
+    arrays: dict[str, zarr.Array],
+    dims: dict[str, tuple[str, ...] | None],
+    coords: set[str],
+    time_dims: set[str],
+) -> tuple[str, list[str]] | None:
+    """(dimension, names) where a group holds two or more numeric 1-D data variables along one dimension (time,
+    where one is known), xarray's ``Dataset({symbol: series, ...})``: one variable per feature, which the refusal
+    shows how to stack into the 2-D variable tsconv reads; None otherwise."""
+    along: dict[str, list[str]] = {}
+    for k, a in sorted(arrays.items()):
+        d = dims[k]
+        if a.ndim != 1 or k in coords or d is None or np.dtype(a.dtype).kind not in "fiu":
+            continue
+        if not time_dims or d[0] in time_dims:
+            along.setdefault(d[0], []).append(k)
+    found = [(d, names) for d, names in along.items() if len(names) >= 2]
+    return found[0] if len(found) == 1 else None
 
 
 def _refuse_names_first(
