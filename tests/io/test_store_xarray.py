@@ -431,6 +431,21 @@ def test_an_array_inside_a_store_is_read_bare_with_a_warning_and_its_cf_markers_
         tsconv.open_input(marked / "values")
 
 
+def test_an_array_of_a_nested_group_read_bare_names_its_group_not_the_root(tmp_path: Path) -> None:
+    # to_zarr(group="eq/daily"): the root holds no series, so the warning sent the user to an error; it names
+    # the group holding the array, which reads with its time and names
+    from tsconv.errors import TsconvWarning
+
+    times = pd.date_range("2026-01-02", periods=ROWS, freq="s")
+    src = _write(_dataset(times)[0], tmp_path / "s.zarr", zarr_format=3, group="eq/daily")
+    with pytest.warns(TsconvWarning, match="read bare") as seen:
+        tsconv.open_input(src / "eq" / "daily" / "values")
+    group = src / "eq" / "daily"
+    assert f"give the store itself, {str(group)!r}," in str(seen[0].message)
+    store = tsconv.open_input(group)  # what the warning names reads as the series it is
+    assert store.time is not None and store.features[0] != "f0"
+
+
 def test_ingest_does_not_append_to_an_xarray_store(tmp_path: Path) -> None:
     import polars as pl
 

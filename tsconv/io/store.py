@@ -277,9 +277,13 @@ def open_input(path: str | os.PathLike[str] | StoreURL, *, allow_incomplete: boo
         _refuse_cf_encoding(node, getattr(p, "name", where), where)
         names = tuple(f"f{j}" for j in range(node.shape[1]))
         if root != p:
+            # the store is the group holding the array, not the hierarchy's root: for an array of a nested
+            # group (xarray's to_zarr(..., group="eq/daily")) the root holds no series, and naming it sent
+            # the user to an error
+            holder = p.parent
             warnings.warn(
                 f"{where} is an array inside the store {str(root)!r}: read bare, with no time column and "
-                f"features f0..f{node.shape[1] - 1}; give the store itself, {str(root)!r}, for its time and names",
+                f"features f0..f{node.shape[1] - 1}; give the store itself, {str(holder)!r}, for its time and names",
                 TsconvWarning,
                 stacklevel=2,
             )
