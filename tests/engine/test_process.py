@@ -327,6 +327,17 @@ def test_features_refuses_an_out_it_cannot_fill() -> None:
         tsconv.features(pl.DataFrame({"a": x[:, 0]}), out=np.empty((600, 5), np.float32))
 
 
+def test_features_refusals_of_an_array_carry_a_hint() -> None:
+    # names of the wrong length and a non-numeric dtype were refused without the hint every error carries
+    x = price_series(300, 2, seed=2)
+    with pytest.raises(tsconv.ShapeError, match=r"1 names given for the 2 columns of x") as seen:
+        tsconv.features(x, names=["AAPL"])
+    assert seen.value.hint and "one name per column" in seen.value.hint
+    with pytest.raises(tsconv.ShapeError, match="real numeric array, got dtype bool") as seen:
+        tsconv.features(x > 100)
+    assert seen.value.hint and "float or integer" in seen.value.hint
+
+
 def test_load_pipeline_takes_the_dict_features_takes() -> None:
     pipe = {"conv": [{"filters": ["diff:1", "ma:4"]}]}
     x = price_series(300, 2, seed=2)

@@ -162,7 +162,11 @@ def features(
             hint=f"pass one row per time step and one column per feature; reshape a 1-D series with {reshape}.",
         )
     if arr.dtype.kind not in "fiu":
-        raise ShapeError(f"expected a real numeric array, got dtype {arr.dtype}")
+        raise ShapeError(
+            f"expected a real numeric array, got dtype {arr.dtype}",
+            hint="pass float or integer values (e.g. x.astype(numpy.float64)); booleans, complex numbers, "
+            "strings and objects are not read as prices.",
+        )
     if arr.shape[1] == 0:
         raise ShapeError(
             f"the series has no features (shape {list(arr.shape)})", hint="pass at least one feature column."
@@ -178,7 +182,13 @@ def features(
     else:
         feature_names = given
     if len(feature_names) != arr.shape[1]:
-        raise ShapeError(f"{len(feature_names)} names given for {arr.shape[1]} features")
+        # the README promises a hint with every error: say which side to change
+        raise ShapeError(
+            f"features(): {len(feature_names)} names given for the {arr.shape[1]} columns of x "
+            f"(shape {list(arr.shape)})",
+            hint="give one name per column of x, in column order (names=[...] of length "
+            f"{arr.shape[1]}), or select the columns the names are for.",
+        )
     if dups := repeated_names(feature_names):
         raise ShapeError(
             f"features(): names repeat ({describe_repeats(feature_names, dups)})",
