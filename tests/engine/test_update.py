@@ -1286,3 +1286,16 @@ def test_an_update_refusal_after_another_select_does_not_blame_the_inputs_names(
     said = str(info.value)
     assert "what differs: the pipeline's [preprocess]: none then" in said, said
     assert "feature names" not in said, said
+
+
+def test_an_update_refusal_shows_long_input_paths_whole(tmp_path: Path, out_chunks: None) -> None:
+    # paths over 80 characters were cut at their end ("'/tmp/.../deep/other.… now"), where two inputs differ
+    x, t = ticks(1200, 2, seed=3)
+    deep = tmp_path / ("d" * 70)
+    src = make_input(deep / "in.zarr", x, t, 1100, (500, 2))
+    out = tmp_path / "out.zarr"
+    tsconv.process(src, out, pipeline="default", chunk=CHUNK)
+    other = shutil.copytree(src, deep / "other.zarr")
+    with pytest.raises(tsconv.TsconvError) as info:
+        tsconv.process(other, out, pipeline="default", chunk=CHUNK, update=True)
+    assert f"what differs: input: {str(src)!r} then, {str(other)!r} now;" in str(info.value)

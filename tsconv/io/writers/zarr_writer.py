@@ -570,8 +570,12 @@ def _shown(v: Any, *, width: int = 80) -> str:
         return "none"
     if isinstance(v, dict):
         v = {k: x for k, x in v.items() if x is not None}
-    text = repr(v[:12] + "…") if isinstance(v, str) and len(v) == 64 and re.fullmatch(r"[0-9a-f]+", v) else (
-        repr(v) if isinstance(v, str) else json.dumps(v))  # fmt: skip
+    if isinstance(v, str) and len(v) == 64 and re.fullmatch(r"[0-9a-f]+", v):
+        return repr(v[:12] + "…")
+    if isinstance(v, str):
+        # a path or a name, shown whole: two inputs' paths differ at their end, which a cut would drop
+        return repr(v)
+    text = json.dumps(v)
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
