@@ -258,3 +258,12 @@ def test_a_time_shard_file_cut_short_with_its_index_first_is_a_store_error(tmp_p
     col = TimeColumn(zarr.open_array(str(tmp_path / "t.zarr"), mode="r"))
     with pytest.raises(StoreError, match=r"shard file c/0 \(rows 0..1,999\) holds \d+ bytes.*cut short"):
         TimeReader(col).read(0, 3000)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_an_infinite_float_time_is_refused_without_numpys_warnings(dtype: type) -> None:
+    # a float16 time past 65504 is stored as inf: refused, but numpy's "invalid value" warnings came first
+    hours = time_coding(_Attrs(np.zeros(1, dtype), units="hours since 2000-01-01"))
+    with pytest.raises(StoreError, match=r"row 2 holds inf .*outside the int64 nanosecond range"):
+        hours.decode(np.array([0.5, 1.0, np.inf], dtype=dtype))

@@ -112,16 +112,20 @@ class TimeCoding:
         if kind == "f":
             v = raw.astype(np.float64, copy=False)
             whole = np.floor(v)
-            extra = np.rint((v - whole) * f).astype(np.int64)  # 0 .. f: the fraction, rounded to ns
+            # an infinite time (a float16 past 65504) is refused below, by row: not numpy's warnings first
+            with np.errstate(invalid="ignore"):
+                extra = np.rint((v - whole) * f).astype(np.int64)  # 0 .. f: the fraction, rounded to ns
             slack = f
         else:
             whole, extra, slack = raw, None, 0
         v_lo = -(_I64_MAX // f) - q  # ceil((int64 min + 1) / f) - q: NaT stays unreachable
         v_hi = (_I64_MAX - r - slack) // f - q
         lo, hi = whole.min(), whole.max()
-        fits = _I64_MIN <= q <= _I64_MAX and bool(np.isfinite(lo) and np.isfinite(hi))
+        q_fits = _I64_MIN <= q <= _I64_MAX
+        fits = q_fits and bool(np.isfinite(lo) and np.isfinite(hi))
         if not (fits and v_lo <= int(lo) and int(hi) <= v_hi):
-            bad = ~((whole >= v_lo) & (whole <= v_hi)) if fits else np.ones(raw.shape, dtype=bool)
+            # the first row out of range, an infinite one included (not row 0 for every row)
+            bad = ~((whole >= v_lo) & (whole <= v_hi)) if q_fits else np.ones(raw.shape, dtype=bool)
             row = row0 + int(np.argmax(bad))
             raise StoreError(
                 f"{where}: row {row:,} holds {raw[row - row0].item()!r} ({self.description}), outside the "
