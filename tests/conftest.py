@@ -17,6 +17,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """Workers for ``-n auto``: none on a GPU machine, where the tests share one device and some time it; else
+    one per core, at most 4 (each worker's engine runs threads of its own)."""
+    if torch.cuda.is_available():
+        return 0
+    return max(
+        1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         return
