@@ -1080,6 +1080,15 @@ def test_an_output_of_no_format_tsconv_writes_is_refused_before_the_engine_loads
             ["process", "-i", "in.zarr", "--output=out.PQ"],
             "the Parquet file was not written: rerun the command",
         ),
+        # click's other spellings of -o: they said "rerun with --resume", which a Parquet output refuses
+        (
+            ["process", "-i", "in.zarr", "-oout.parquet"],
+            "the Parquet file was not written: rerun the command",
+        ),
+        (
+            ["process", "-i", "in.zarr", "-qo", "out.parquet"],
+            "the Parquet file was not written: rerun the command",
+        ),
         # --resume beside --overwrite is refused
         (
             ["process", "-i", "in.zarr", "-o", "out.zarr", "--overwrite"],

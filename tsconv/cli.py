@@ -85,14 +85,15 @@ def _install_stop_handlers() -> None:
             signal.signal(sig, stop)
 
 
-def _after_interrupt(command: str | None, args: list[str]) -> str:
-    """What a user does after Ctrl-C stopped ``tsconv COMMAND ARGS``."""
+def _after_interrupt(command: str | None, args: list[str], output: str | None = None) -> str:
+    """What a user does after Ctrl-C stopped ``tsconv COMMAND ARGS``; ``output``: the ``--output`` click
+    parsed, where the command got that far (``-ofeats.parquet`` and ``-qo feats.parquet`` name it too)."""
     if command == "ingest":
         if "--append" in args:
             return "`tsconv repair STORE` keeps the rows the store had before the append; then append again"
         return "no store was made (it is built under a temporary name): rerun the command"
     if command == "process":
-        if _parquet_output(args):
+        if _parquet_output(args, parsed=output):
             return "the Parquet file was not written: rerun the command"
         if "--update" in args:
             return "rerun with --update (or --resume) to continue where it stopped"
@@ -102,12 +103,17 @@ def _after_interrupt(command: str | None, args: list[str]) -> str:
     return "rerun the command"
 
 
-def _parquet_output(args: list[str]) -> bool:
-    """Whether the arguments of ``tsconv process`` name a Parquet output (.parquet or .pq)."""
+def _parquet_output(args: list[str], *, parsed: str | None = None) -> bool:
+    """Whether ``tsconv process`` names a Parquet output (.parquet or .pq): ``parsed``, the output click read,
+    where the command got that far; else one its arguments give as ``-o OUT``, ``--output OUT`` or
+    ``--output=OUT``."""
     from tsconv.io.writers.formats import output_format
 
-    outputs = [b for a, b in zip(args, args[1:], strict=False) if a in ("-o", "--output")]
-    outputs += [a.split("=", 1)[1] for a in args if a.startswith("--output=")]
+    if parsed is not None:
+        outputs = [parsed]
+    else:
+        outputs = [b for a, b in zip(args, args[1:], strict=False) if a in ("-o", "--output")]
+        outputs += [a.split("=", 1)[1] for a in args if a.startswith("--output=")]
     for out in outputs:
         try:
             if output_format(out) == "parquet":
@@ -164,7 +170,9 @@ def _one_line_errors(ctx: click.Context) -> Iterator[None]:
         command = f"tsconv {ctx.invoked_subcommand}" if ctx.invoked_subcommand else "tsconv"
         _fail(f"{exc.format_message()} (see `{command} --help`)")
     except KeyboardInterrupt as exc:
-        advice = _after_interrupt(ctx.invoked_subcommand, ctx.meta.get("tsconv.args", []))
+        advice = _after_interrupt(
+            ctx.invoked_subcommand, ctx.meta.get("tsconv.args", []), ctx.meta.get("tsconv.output")
+        )
         if isinstance(exc, _Stopped):
             name = signal.Signals(exc.signum).name
             _fail(f"{_STOP_NAMES.get(name, name)}; {advice}", code=128 + exc.signum)
@@ -490,6 +498,8 @@ def process(input_path: str, output: str | None, pipeline: str | None, chunk: in
             workers: int | None, scheduler: str | None, transfer: str | None, decode: str | None,
             gpu_mem: str | None, compression: str | None, partition_rows: int | None) -> None:  # fmt: skip
     """Stream a store through a pipeline into an output store."""
+    # the output as click parsed it, for the advice after Ctrl-C (meta is shared with the group's context)
+    click.get_current_context().meta["tsconv.output"] = output
     given = [
         f"--{name}" for name, on in (("overwrite", overwrite), ("resume", resume), ("update", update)) if on
     ]
