@@ -211,3 +211,16 @@ def test_overwrite_replaces_only_a_parquet_file_or_an_empty_one(tmp_path: Path) 
     before = pq.read_table(out)
     tsconv.process(src, out, pipeline=PIPE, device="cpu", overwrite=True)  # a Parquet file is replaced
     assert pq.read_table(out).num_rows == before.num_rows == ROWS
+
+
+def test_an_output_below_a_file_names_the_file(tmp_path: Path) -> None:
+    # it said "cannot create the lock file ... File exists" and asked for write access to the directory
+    from tsconv.errors import StoreError
+
+    src = write_store(tmp_path / "in.zarr", price_series(ROWS, 2, seed=6), chunks=(256, 2))
+    (tmp_path / "notes.txt").write_text("x")
+    out = tmp_path / "notes.txt" / "sub" / "out.parquet"
+    with pytest.raises(StoreError, match=r"cannot be made: '.*notes\.txt' is a file, not a folder") as err:
+        tsconv.process(src, out, pipeline=PIPE, device="cpu")
+    assert "choose an --output in a folder" in err.value.hint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr", "notes.txt"]

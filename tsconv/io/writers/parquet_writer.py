@@ -141,6 +141,14 @@ def check_parquet_output(
                 f"output file {out.url!r} already exists", hint="pass --overwrite to replace it."
             )
         return
+    # a file where a folder of the path should be: the lock file's mkdir said "File exists", and its hint
+    # asked for write access (a zarr output names the file)
+    blocked = next((d for d in out.parents if d.exists() and not d.is_dir()), None)
+    if blocked is not None:
+        raise StoreError(
+            f"output {str(out)!r} cannot be made: {str(blocked)!r} is a file, not a folder",
+            hint="choose an --output in a folder.",
+        )
     if out.is_dir():
         raise StoreError(
             f"output path {str(out)!r} is a directory; refusing to replace it",
