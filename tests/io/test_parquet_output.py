@@ -224,3 +224,15 @@ def test_an_output_below_a_file_names_the_file(tmp_path: Path) -> None:
         tsconv.process(src, out, pipeline=PIPE, device="cpu")
     assert "choose an --output in a folder" in err.value.hint
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr", "notes.txt"]
+
+
+def test_a_time_range_is_refused_with_what_to_do_instead(tmp_path: Path) -> None:
+    # the hint said "it selects output rows of a store with time in tsconv.process(); slice the result
+    # instead", to a user of tsconv.process()
+    src = write_store(tmp_path / "in.zarr", price_series(ROWS, 2, seed=6), chunks=(256, 2))
+    pipe = {"preprocess": {"time_range": ["2026-01-01", "2026-01-02"]}, **PIPE}
+    with pytest.raises(tsconv.TsconvError, match="time_range is not supported by Parquet output") as err:
+        tsconv.process(src, tmp_path / "out.parquet", pipeline=pipe, device="cpu")
+    assert "tsconv.process()" not in err.value.hint
+    assert "write a .zarr output" in err.value.hint and "filter the Parquet file" in err.value.hint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr"]

@@ -71,10 +71,12 @@ def refuse(given: dict[str, Any], where: str) -> None:
             )
 
 
-def refuse_time_range(plan: ResolvedPipeline, what: str) -> None:
-    """``[preprocess] time_range`` selects output rows of a store with time; refuse it elsewhere."""
+def refuse_time_range(plan: ResolvedPipeline, what: str, *, hint: str | None = None) -> None:
+    """``[preprocess] time_range`` selects output rows of a store with time; refuse it elsewhere. ``hint``:
+    what to do instead, where the default (process() a store, or slice the result) does not fit."""
     if plan.preprocess is not None and plan.preprocess.time_range is not None:
         raise TsconvError(
             f"{plan.pipeline.origin}: [preprocess] time_range is not supported by {what}",
-            hint="it selects output rows of a store with time in tsconv.process(); slice the result instead.",
+            hint=hint
+            or "it selects output rows of a store with time in tsconv.process(); slice the result instead.",
         )

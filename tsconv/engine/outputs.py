@@ -642,7 +642,13 @@ def to_parquet(
     except OutputExistsError:
         check_free(target)  # another run is writing it: waiting is the way, not --overwrite
         raise
-    refuse_time_range(plan, "Parquet output")
+    # the default hint sent a user of tsconv process (or process()) to tsconv.process()
+    refuse_time_range(
+        plan,
+        "Parquet output",
+        hint="write a .zarr output, which keeps the span's rows only; or remove time_range and filter the "
+        "Parquet file on its time column.",
+    )
     rp = plan_run(source, plan, device=device, chunk=chunk, warmup=warmup, cuda=cuda)
     check_time(store)
     if store.time is not None and "time" in plan.output_names:
