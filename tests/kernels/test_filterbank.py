@@ -439,12 +439,13 @@ def test_the_triton_kernels_equal_the_torch_path() -> None:
 
 def test_the_triton_path_cuts_wide_inputs_by_channel(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tile of every channel would leave a wide input with tiles of a few rows, each re-reading its halo:
-    with a small tile budget the ladder's kernels (a bank with an EMA) take 3 channels at a time and give the
-    same bits as the torch path."""
+    with a small tile budget the ladder's kernels (a bank with an EMA) take 3 channels at a time (5 channels:
+    two groups, the second partial) and give the same bits as the torch path. Tiles keep 1024 rows or more, so
+    1400 rows give each group a long tile and a short one (interpreted, the time goes with rows x groups)."""
     import tsconv.kernels.filterbank as fb
 
     monkeypatch.setattr(fb, "_CUDA_TILE", 4096)
-    x = torch.from_numpy(prices(3000, 8, seed=9))
+    x = torch.from_numpy(prices(1400, 5, seed=9))
     fs = tuple(filter_spec(s) for s in ("diff:1", "ma:16", "std:8", "ema:3"))
     launches: list[tuple[int, ...]] = []
     real = fb._bank_tile
@@ -453,7 +454,7 @@ def test_the_triton_path_cuts_wide_inputs_by_channel(monkeypatch: pytest.MonkeyP
     )
     got = filter_bank(x, fs, triton_kernels=True)
     assert launches and max(c for _, c in launches) == 3
-    assert sum(r < 1024 for r, _ in launches) <= 3  # only each channel group's last rows are short
+    assert sum(r < 1024 for r, _ in launches) <= 2  # only each channel group's last rows are short
     np.testing.assert_array_equal(got.numpy(), filter_bank(x, fs, triton_kernels=False).numpy())
 
 
@@ -486,14 +487,22 @@ def test_the_fused_kernel_matches_the_float64_reference(rows: int, cols: int, d:
     _compare(got, x, FUSED, d)
 
 
-def _bank_kernels(x: torch.Tensor, specs, d: int = 1, *, running: tuple[int, int, int, int]) -> np.ndarray:  # noqa: ANN001
+def _bank_kernels(
+    x: torch.Tensor,
+    specs,  # noqa: ANN001
+    d: int = 1,
+    *,
+    running: tuple[int, int, int, int],
+    rows: int | None = None,
+    channels: int | None = None,
+) -> np.ndarray:
     """``run_fused`` (interpreted) with the running-sum kernel's tile ``running`` (rows 0: the fused kernel
-    alone) and the fused kernel's flags from it."""
+    alone) and the fused kernel's flags from it; ``rows`` and ``channels`` override the fused kernel's tile."""
     from tsconv.kernels.filterbank import bank_halo, fused_plan
     from tsconv.kernels.filterbank_triton import run_fused
 
     fs = tuple(filter_spec(s) for s in specs)
-    plan = fused_plan.__wrapped__(fs, running=running)
+    plan = fused_plan.__wrapped__(fs, running=running, rows=rows, channels=channels)
     halo = bank_halo(fs, d)
     out = torch.full((x.shape[0] - halo, x.shape[1] * len(fs)), 12345.0)  # poisoned: every cell is written
     run_fused(plan, x, out, halo=halo, dilation=d)
@@ -514,21 +523,42 @@ def test_the_fused_kernel_gives_the_cpu_paths_bits_for_the_default_bank_on_price
 RUNNING = ["id", "lag:3", "diff:1", "diff:16", "ret:2", "ma:1", "ma:2", "ma:7", "dev:7", "dev:16", "ma:16"]
 
 
-def _running_flags(x: torch.Tensor, specs, d: int, tile: tuple[int, int, int, int]) -> list[int]:  # noqa: ANN001
-    import triton
+def _flagged_bank_kernels(
+    x: torch.Tensor,
+    specs,  # noqa: ANN001
+    d: int = 1,
+    *,
+    running: tuple[int, int, int, int],
+    rows: int | None = None,
+    channels: int | None = None,
+) -> tuple[np.ndarray, list[int]]:
+    """:func:`_bank_kernels` and the flags its running-sum kernel wrote, which the fused kernel then read
+    (each set to -1 before the launch: every flag is written), from one run of each kernel: interpreted, the
+    running kernel's step loop is most of a test's time."""
+    from tsconv.kernels import filterbank_triton
 
-    from tsconv.kernels.filterbank import bank_halo, fused_plan
-    from tsconv.kernels.filterbank_triton import running_kernel
+    real = filterbank_triton.running_kernel
+    seen: list[torch.Tensor] = []
 
-    fs = tuple(filter_spec(s) for s in specs)
-    plan = fused_plan.__wrapped__(fs, running=tile)
-    halo = bank_halo(fs, d)
-    n, c = x.shape[0] - halo, x.shape[1]
-    out = torch.empty((n, c * len(fs)))
-    grid = (triton.cdiv(n, plan.run_rows * d) * d, triton.cdiv(c, plan.run_channels))
-    flags = torch.full((grid[0] * grid[1],), -1, dtype=torch.int32)
-    running_kernel(plan)[grid](x, out, flags, n, c, x.stride(0), x.stride(1), out.stride(0), halo, D=d)
-    return flags.tolist()
+    class _Spy:
+        def __init__(self, plan) -> None:  # noqa: ANN001
+            self.kernel = real(plan)
+
+        def __getitem__(self, grid):  # noqa: ANN001, ANN204
+            def launch(x, out, flags, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+                flags.fill_(-1)
+                self.kernel[grid](x, out, flags, *args, **kwargs)
+                seen.append(flags)
+
+            return launch
+
+    filterbank_triton.running_kernel = _Spy
+    try:
+        got = _bank_kernels(x, specs, d, running=running, rows=rows, channels=channels)
+    finally:
+        filterbank_triton.running_kernel = real
+    assert len(seen) == 1
+    return got, seen[0].tolist()
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -544,13 +574,23 @@ def test_the_running_kernel_matches_the_float64_reference(
     x = prices(rows, cols, seed=rows)
     tile = (32, 32, 1, 2)
     n = rows - max(filter_spec(s).halo for s in specs) * d
-    assert _running_flags(torch.from_numpy(x), specs, d, tile) == [0] * (-(-n // (32 * d)) * d)
-    got = _bank_kernels(torch.from_numpy(x), specs, d, running=tile)
+    got, flags = _flagged_bank_kernels(torch.from_numpy(x), specs, d, running=tile)
+    assert flags == [0] * (-(-n // (32 * d)) * d)
     _compare(got, x, specs, d)
     fs = tuple(filter_spec(s) for s in specs)
     np.testing.assert_array_equal(
         got, filter_bank(torch.from_numpy(x), fs, dilation=d, triton_kernels=False).numpy()
     )
+
+
+def _check_after_the_print(got: np.ndarray, x: np.ndarray, row: int, c: int) -> None:
+    """A 1e30 print at input ``row`` of channel ``c`` sets that channel's scale, under which any error of the
+    steps after it passes: the steps it has left every window of (RUNNING's halo is 16) are checked at their own
+    scale, against a reference from the rows after it. There a tile's running sums (the print added, then taken
+    away) are wrong, by a whole value for ma:16: only the fused kernel's recomputing gets them right."""
+    for m, spec in enumerate(RUNNING):
+        want = reference(x[row + 1 :, c : c + 1], spec)[16:, 0]
+        _check(got[row + 1 :, c * len(RUNNING) + m], want, f"x{c}.{spec} after the print")
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -566,22 +606,27 @@ def test_the_running_kernel_hands_tiles_whose_sums_are_not_exact_to_the_fused_ke
     x[150:, 2] = np.where(np.arange(150, 160) % 7 == 0, 1e-3, 1e5).astype(np.float32)
     # tiles of T output rows read input rows T k .. T k + T + 15: the print at row 100, the wide values from
     # row 150 (tiles of 32 steps: fewer than the fused kernel's 64, each of its programs reads two flags)
-    assert _running_flags(torch.from_numpy(x), RUNNING, 1, tile) == flagged
-    got = _bank_kernels(torch.from_numpy(x), RUNNING, running=tile)
+    got, flags = _flagged_bank_kernels(torch.from_numpy(x), RUNNING, running=tile)
+    assert flags == flagged
     _compare(got, x, RUNNING, 1)
+    _check_after_the_print(got, x, 100, 0)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_a_flagged_tile_of_a_later_channel_group_is_recomputed_there() -> None:
-    """40 channels in running tiles of 16 (three groups, the last one partial): a 1e30 print in channel 37
-    flags only the third group's tile, and the fused kernel recomputes that group's channels, not the
-    first's (its programs are one per running tile, looping over their channel tiles)."""
-    x = prices(160, 40, seed=5, late=False, gaps=False, inf=False)
-    x[100, 37] = 1e30
-    tile = (64, 16, 1, 1)
-    assert _running_flags(torch.from_numpy(x), RUNNING, 1, tile) == [0, 0, 0, 0, 0, 1, 0, 0, 0]
-    got = _bank_kernels(torch.from_numpy(x), RUNNING, running=tile)
+    """40 channels in running tiles of 16 (three groups, the last one partial), two tiles of steps: a 1e30
+    print in channel 37 flags only the third group's second tile, and the fused kernel recomputes that group's
+    channels, not the first's (its programs are one per running tile, looping over their channel tiles of 4,
+    channel 37 in the second of them). Tiles of 32 steps in both kernels: interpreted, the running kernel's
+    step loop is the test's time."""
+    x = prices(80, 40, seed=5, late=False, gaps=False, inf=False)
+    x[50, 37] = 1e30  # output step 34 (halo 16): the second tile of steps, its sums wrong from step 50
+    got, flags = _flagged_bank_kernels(
+        torch.from_numpy(x), RUNNING, running=(32, 16, 1, 1), rows=32, channels=4
+    )
+    assert flags == [0, 0, 0, 0, 0, 1]
     _compare(got, x, RUNNING, 1)
+    _check_after_the_print(got, x, 50, 37)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
