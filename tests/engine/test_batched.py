@@ -294,36 +294,52 @@ def test_big_endian_rows_of_a_zarr_2_store_and_an_array_equal_the_chunked_engine
 def test_result_slots_lent_to_the_writer_threads_are_reused_only_once_stored(tmp_path, monkeypatch):
     """The writer threads store chunks straight from the engine's host slots and free them in any order:
     no slot is refilled while a write still reads it. One write of the first step (slot 0) is held until
-    a step after the third has been written or 6 s have passed; a slot refilled too early shows in it."""
+    a step after the third has been written, or the engine has waited for slot 0 (its first wait for a slot
+    that times out: steps 0-2 take free slots; a correct engine always ends up there, after 0.25 s), or 6 s
+    have passed; a slot refilled too early shows in it."""
     import random
     import threading
+    import types
 
     from tsconv import config
     from tsconv.engine import batched, outputs
     from tsconv.io.writers.zarr_writer import OutputWriter
 
-    x = price_series(2600, 4, seed=11, nan_fraction=0.02)
-    src = write_store(tmp_path / "in.zarr", x, chunks=(300, 4))
-    monkeypatch.setattr(batched, "MAX_STEP_ROWS", 256)  # 11 steps through 3 slots
-    monkeypatch.setattr(outputs, "output_chunk_rows", lambda chunk, n_outputs: 64)  # 4 chunks a step
+    # steps of 64 rows: interpreted, the prepare kernel's scan costs per row and per step
+    x = price_series(700, 4, seed=11, nan_fraction=0.02)
+    src = write_store(tmp_path / "in.zarr", x, chunks=(75, 4))
+    monkeypatch.setattr(batched, "MAX_STEP_ROWS", 64)  # 11 steps through 3 slots
+    monkeypatch.setattr(outputs, "output_chunk_rows", lambda chunk, n_outputs: 16)  # 4 chunks a step
     with config.override(write_threads=0):
-        process_batched(src, tmp_path / "sync.zarr", pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB")
+        process_batched(src, tmp_path / "sync.zarr", pipeline=BANK, device="cpu", chunk=16, gpu_mem="80MB")
     rng, real, later = random.Random(3), OutputWriter._write, threading.Event()
 
     def slow(self, a, b, buf, *rest):
-        if a == 64:
+        if a == 16:
             later.wait(6)
-        elif a >= 3 * 256:
+        elif a >= 3 * 64:
             later.set()
         time.sleep(rng.random() * 0.01)
         real(self, a, b, buf, *rest)
 
     monkeypatch.setattr(OutputWriter, "_write", slow)
+
+    class Slot(threading.BoundedSemaphore):
+        def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+            got = super().acquire(blocking, timeout)
+            if not got:  # the engine waits for a lent slot: step 3 for slot 0, held above
+                later.set()
+            return got
+
+    spy = types.ModuleType("threading")
+    spy.__dict__.update(vars(threading))
+    spy.BoundedSemaphore = Slot
+    monkeypatch.setattr(batched, "threading", spy)
     with config.override(write_threads=4):
         r = process_batched(
-            src, tmp_path / "lent.zarr", pipeline=BANK, device="cpu", chunk=64, gpu_mem="80MB"
+            src, tmp_path / "lent.zarr", pipeline=BANK, device="cpu", chunk=16, gpu_mem="80MB"
         )
-    assert r.step_rows == 256
+    assert r.step_rows == 64
     want, got = read_output(tmp_path / "sync.zarr"), read_output(tmp_path / "lent.zarr")
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
