@@ -68,8 +68,9 @@ def _run(x, w, b, *, groups, cfg, recenter, path, **kw):
 @pytest.mark.parametrize("path", mostly_slow(list(_PATHS), fast=(0, 4)))
 @pytest.mark.parametrize(("K", "dilation", "padding"), [(5, 1, "causal"), (4, 3, "valid")])
 def test_recenter_removes_the_levels_error(path: str, K: int, dilation: int, padding: str) -> None:
-    """Zero-sum filters on levels near 4096: the error falls by more than 10x and meets the fp32 bound."""
-    C, L = 16, 70
+    """Zero-sum filters on levels near 4096: the error falls by more than 10x and meets the fp32 bound. The
+    window kernel's blocks are 4 rows: 36 steps give it 9 a series (interpreted, its time goes with the rows)."""
+    C, L = 16, 36 if path == "window" else 70
     x = far_levels(2, L, C, seed=1).transpose(1, 2)
     groups, w, cfg = _case(path, C, K)
     b = torch.randn(w.shape[0], generator=_gen(3)).to(DEVICE) * 0.01
@@ -176,9 +177,12 @@ def test_bad_prints_at_a_blocks_level_step_are_not_its_level(path: str, burst: i
     tiles; for 4-row windows too): a level read there would put every other output of the block 1e5 away from its data.
     Every kernel takes the median of five steps, so on the outputs whose taps miss the prints the recentered
     error stays within a few times the plain kernel's. The dense kernels read one step, and with zero-sum
-    filters such a block was hundreds of times its outputs' scale off."""
+    filters such a block was hundreds of times its outputs' scale off. The window kernel's blocks are 4 rows:
+    its six ends are 8 steps apart, at 16, 24, ..., 56 (interpreted, its time goes with the rows)."""
     C, L, K = 16, 200, 2  # K = 2: in a 4-row window block starting at a print, two outputs miss it
     ends = (48, 64, 96, 128, 160, 192)
+    if path == "window":
+        L, ends = 64, (16, 24, 32, 40, 48, 56)
     spikes = tuple(e - j for e in ends for j in range(burst))
     x = _spiky(L, C, spikes)
     for zero_sum in (False, True):  # averages (the output is the volume's level) and zero-sum filters
