@@ -290,9 +290,12 @@ def fused_source(plan) -> tuple[str, str]:  # noqa: ANN001 - filterbank.FusedPla
     add(f"        first = (pid // D) * {BT} // RT")
     add("        col = tl.program_id(1)")
     add("        flag = 0")
+    # the running kernel's tiles of steps: a last program of FK of them can reach past them (no flag there)
+    add("        n_rt = tl.cdiv(n, RT * D) * D")
     add("        for j in tl.static_range(FK):")
+    add("            r = (first + j) * D + pid % D")
     add(
-        "            flag = tl.maximum(flag, tl.load(f_ptr + ((first + j) * D + pid % D) * tl.num_programs(1) + col))"
+        "            flag = tl.maximum(flag, tl.load(f_ptr + r * tl.num_programs(1) + col, mask=r < n_rt, other=0))"
     )
     add("        if flag == 0:")
     add("            return")
