@@ -171,6 +171,7 @@ def test_float16_and_integer_inputs(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.interpreted
 def test_the_triton_path_of_the_engine_matches_the_reference() -> None:
     """The CUDA route (Triton kernels per stage: the filter bank's running-sum kernel, dense and grouped
     conv1d) run through the interpreter on CPU tensors, over two chunks (the second short), both warm-ups.

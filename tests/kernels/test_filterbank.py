@@ -427,6 +427,7 @@ def test_a_short_chunk_process_run_equals_one_long_run(tmp_path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's log of the masked-out values
+@pytest.mark.interpreted
 def test_the_triton_kernels_equal_the_torch_path() -> None:
     """Interpreted on CPU tensors (TRITON_INTERPRET=1): the same operations, so the same bits."""
     x = torch.from_numpy(prices(400, 4, seed=6))
@@ -437,6 +438,7 @@ def test_the_triton_kernels_equal_the_torch_path() -> None:
         np.testing.assert_array_equal(b.numpy(), a.numpy())
 
 
+@pytest.mark.interpreted
 def test_the_triton_path_cuts_wide_inputs_by_channel(monkeypatch: pytest.MonkeyPatch) -> None:
     """A tile of every channel would leave a wide input with tiles of a few rows, each re-reading its halo:
     with a small tile budget the ladder's kernels (a bank with an EMA) take 3 channels at a time (5 channels:
@@ -474,6 +476,7 @@ def _compare(got: np.ndarray, x: np.ndarray, specs: list[str], d: int) -> None:
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's log of the masked-out values
 @pytest.mark.parametrize(("rows", "cols", "d"), [(1500, 5, 1), (1201, 3, 2), (900, 4, 3)])
+@pytest.mark.interpreted
 def test_the_fused_kernel_matches_the_float64_reference(rows: int, cols: int, d: int) -> None:
     """The fused CUDA kernel (interpreted): every fused kind within REL of float64, NaN and infinity patterns
     identical, on prices with late starts, gaps and +-inf prints; row counts that end mid-block, odd
@@ -511,6 +514,7 @@ def _bank_kernels(
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.interpreted
 def test_the_fused_kernel_gives_the_cpu_paths_bits_for_the_default_bank_on_prices() -> None:
     """Window sums of float32 prices are exact in float64 whatever the order, so the fused kernel's scans
     and the CPU's ladder agree bit for bit on tick-grid prices (power-of-two windows: 1 / W is exact)."""
@@ -566,6 +570,7 @@ def _flagged_bank_kernels(
 @pytest.mark.parametrize(
     ("specs", "rows", "cols", "d"), [(RUNNING, 130, 4, 1), (RUNNING, 150, 4, 2), (DEFAULT, 320, 4, 1)]
 )
+@pytest.mark.interpreted
 def test_the_running_kernel_matches_the_float64_reference(
     specs: list[str], rows: int, cols: int, d: int
 ) -> None:
@@ -598,6 +603,7 @@ def _check_after_the_print(got: np.ndarray, x: np.ndarray, row: int, c: int) -> 
 @pytest.mark.parametrize(
     ("tile", "flagged"), [((64, 32, 1, 1), [0, 1, 1]), ((32, 32, 1, 1), [0, 0, 1, 1, 1])]
 )
+@pytest.mark.interpreted
 def test_the_running_kernel_hands_tiles_whose_sums_are_not_exact_to_the_fused_kernel(tile, flagged) -> None:  # noqa: ANN001
     """A 1e30 print, and a column whose values span 1e-3 to 1e5: running sums would lose the windows after
     them (x - x[t-W] of a 1e30 is not the window's sum); those tiles are flagged, recomputed by the fused
@@ -614,6 +620,7 @@ def test_the_running_kernel_hands_tiles_whose_sums_are_not_exact_to_the_fused_ke
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.interpreted
 def test_a_flagged_tile_of_a_later_channel_group_is_recomputed_there() -> None:
     """40 channels in running tiles of 16 (three groups, the last one partial), two tiles of steps: a 1e30
     print in channel 37 flags only the third group's second tile, and the fused kernel recomputes that group's
@@ -631,6 +638,7 @@ def test_a_flagged_tile_of_a_later_channel_group_is_recomputed_there() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.interpreted
 def test_the_fused_kernel_on_tiny_and_strided_inputs() -> None:
     """One output row, fewer rows than a block, a time-major view of channel-major data, flat windows."""
     from tsconv.kernels.filterbank import bank_halo
@@ -866,10 +874,11 @@ def test_the_fused_kernel_reads_no_flag_past_the_running_kernels_tiles() -> None
     plan = fused_plan.__wrapped__(fs, running=(32, 32, 1, 1))
     assert (plan.rows, plan.run_rows) == (64, 32)
     halo = bank_halo(fs, 1)
-    x = torch.from_numpy(prices(144 + halo, 3, seed=4, late=False, gaps=False, inf=False))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the real kernel, else interpreted (conftest)
+    x = torch.from_numpy(prices(144 + halo, 3, seed=4, late=False, gaps=False, inf=False)).to(dev)
     n, c = 144, 3
-    out = torch.full((n, c * len(fs)), 12345.0)
-    words = torch.ones(8, dtype=torch.int32)
+    out = torch.full((n, c * len(fs)), 12345.0, device=dev)
+    words = torch.ones(8, dtype=torch.int32, device=dev)
     flags = words[:5]
     flags.zero_()
     grid = (-(-n // plan.rows), -(-c // plan.run_channels))
