@@ -30,7 +30,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():
         # Triton runs compiled here, and CPU tensors cannot reach its kernels: the gpu tests run them
-        skip = pytest.mark.skip(reason="runs Triton kernels interpreted on CPU tensors (no CUDA)")
+        skip = pytest.mark.skip(
+            reason="Triton kernels interpreted on CPU tensors; here the gpu tests run them on the device"
+        )
         marker = "interpreted"
     else:
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
