@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bank_gpu import _prices, _timed, hbm_gbps  # noqa: E402
 from provenance import commit, machine  # noqa: E402
 
+from tsconv.kernels import filterbank_triton  # noqa: E402
 from tsconv.kernels.filterbank import bank_halo, filter_bank, fused_plan  # noqa: E402
 from tsconv.kernels.filterbank_triton import run_fused  # noqa: E402
 from tsconv.pipeline.filters import filter_spec  # noqa: E402
@@ -84,14 +85,45 @@ def correctness(dev: torch.device) -> list[dict]:
 
 
 def _tile(text: str):  # noqa: ANN202
-    """'fused' (the fused kernel alone), 'auto' (the plan's own tile) or rows x channels x warps x unroll."""
+    """'fused' (the fused kernel alone), 'auto' (the plan's own tile) or rows x channels x warps x unroll,
+    each with an optional 'rN': the running kernel compiled with at most N registers a thread (maxnreg)."""
+    text, _, reg = text.partition("r")
     if text in ("fused", "auto"):
-        return None if text == "fused" else "auto"
-    return tuple(int(v) for v in text.split("x"))
+        tile = None if text == "fused" else "auto"
+    else:
+        tile = tuple(int(v) for v in text.split("x"))
+    return (tile, int(reg) if reg else None)
+
+
+class _Running:
+    """The running kernel launched with ``maxnreg`` (None: Triton's choice); records its registers and spills."""
+
+    seen: dict = {}
+
+    def __init__(self, real, maxnreg):  # noqa: ANN001
+        self.real, self.maxnreg = real, maxnreg
+
+    def __call__(self, plan):  # noqa: ANN001, ANN204
+        kernel, maxnreg = self.real(plan), self.maxnreg
+
+        class _Launch:
+            def __getitem__(self, grid):  # noqa: ANN001, ANN204
+                def launch(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                    if maxnreg is not None:
+                        kwargs["maxnreg"] = maxnreg
+                    k = kernel[grid](*args, **kwargs)
+                    _Running.seen["regs"] = getattr(k, "n_regs", None)
+                    _Running.seen["spills"] = getattr(k, "n_spills", None)
+                    return k
+
+                return launch
+
+        return _Launch()
 
 
 def timing(dev: torch.device, bw: float, shapes, step: int, repeats: int, tiles) -> list[dict]:  # noqa: ANN001
     out = []
+    real_running = filterbank_triton.running_kernel
     for rows, cols in shapes:
         for bank, specs in BANKS.items():
             fs = tuple(filter_spec(s) for s in specs)
@@ -99,8 +131,10 @@ def timing(dev: torch.device, bw: float, shapes, step: int, repeats: int, tiles)
             x = _prices(rows + halo, cols, dev)
             starts = list(range(0, rows, step))
             nbytes = rows * cols * 4 * (1 + len(fs))
-            for tile in tiles:
+            for tile, maxnreg in tiles:
                 plan = _plan(fs, tile)
+                filterbank_triton.running_kernel = _Running(real_running, maxnreg)
+                _Running.seen = {}
                 width = cols * len(fs)
                 bufs = [torch.empty((min(s + step, rows) - s, width), device=dev) for s in starts[:2]]
 
@@ -117,8 +151,10 @@ def timing(dev: torch.device, bw: float, shapes, step: int, repeats: int, tiles)
                 secs = [_timed(series, dev) for _ in range(repeats)]
                 med = statistics.median(secs)
                 floor = nbytes / (bw * 1e9)
-                out.append({"rows": rows, "features": cols, "bank": bank, "tile": tile, "gpu_s": med,
-                            "all_s": secs, "floor_s": floor, "over_floor": med / floor})  # fmt: skip
+                out.append({"rows": rows, "features": cols, "bank": bank, "tile": tile, "maxnreg": maxnreg,
+                            "gpu_s": med, "all_s": secs, "floor_s": floor, "over_floor": med / floor,
+                            "running_regs": _Running.seen.get("regs"), "running_spills": _Running.seen.get("spills")})  # fmt: skip
+                filterbank_triton.running_kernel = real_running
                 print(out[-1], flush=True)
     return out
 
@@ -130,7 +166,7 @@ def main() -> int:
     ap.add_argument("--step", type=int, default=65536)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tiles", default="fused,auto,256x32x1x1,128x32x1x1,64x32x1x1",
-                    help="timed variants: fused, auto, or rows x channels x warps x unroll")  # fmt: skip
+                    help="timed variants: fused, auto, or rows x channels x warps x unroll; rN: maxnreg N")  # fmt: skip
     ap.add_argument("--no-correctness", action="store_true")
     a = ap.parse_args()
     dev = torch.device("cuda")
