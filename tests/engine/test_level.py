@@ -76,3 +76,31 @@ def test_two_bad_prints_in_a_row_are_not_a_blocks_level(burst: tuple[int, int], 
     stream = tsconv.Stream(pipe, features=1, chunk=chunk, device="cpu")
     pushed = np.concatenate([stream.push(x[i : i + 37]) for i in range(0, rows, 37)])
     np.testing.assert_array_equal(pushed[:, 0], got.astype(np.float32))
+
+
+@pytest.mark.parametrize("taps", [[-0.5, 0.0, 0.5], [0.3, -0.1, -0.2]])
+def test_a_price_that_triples_within_a_chunk_keeps_its_moves_digits(taps: list[float]) -> None:
+    """float32 rows were centred on the chunk's level in float32 before the blocks' re-centring: once a price
+    had moved more than 2x from it (a coin at 1e-4 tripling within a features() call), x - level rounded at the
+    level's resolution, and a difference of the price was 1.1e-5 of its scale off (0 now, as for float64
+    rows), the same bits through a stream; rows within 2x of the level keep their float32 bits."""
+    import tsconv
+
+    rng = np.random.default_rng(7)
+    rows = 20_000
+    lp = np.log(1e-4) + np.cumsum(rng.normal(scale=1e-3, size=rows))
+    lp[rows // 2 :] += np.linspace(0.0, np.log(3.0), rows - rows // 2)
+    x = (np.round(np.exp(lp) / 1e-9) * 1e-9).astype(np.float32)[:, None]
+    assert x.max() > 2.5 * x[0, 0]  # the premise: far from the chunk's level (its first value)
+    pipe = {"weight_dtype": "float32", "conv": [{"weights": np.array([[taps]])}]}
+    got = tsconv.features(x, pipe, device="cpu", chunk=rows)[:, 0]
+    want = _causal(x[:, 0].astype(np.float64), taps)
+    k = len(taps)
+    err = np.abs(got[k - 1 :] - want[k - 1 :]).max() / np.abs(want[k - 1 :]).max()
+    assert err < 5e-7, err
+    stream = tsconv.Stream(pipe, features=1, chunk=rows, device="cpu")
+    pushed = np.concatenate([stream.push(x[i : i + 3001]) for i in range(0, rows, 3001)])
+    np.testing.assert_array_equal(pushed[:, 0], got)
+    # rows within 2x of the level (the first half) have the bits a series that never left it gives
+    calm = tsconv.features(x[: rows // 2], pipe, device="cpu", chunk=rows)[:, 0]
+    np.testing.assert_array_equal(got[: rows // 2], calm)

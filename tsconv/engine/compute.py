@@ -163,6 +163,22 @@ def _conv_recentered(
     return y.permute(1, 0, 2).reshape(1, -1, nb * block)[..., :n_out]
 
 
+def _rounded_off_level(xc: torch.Tensor, c: torch.Tensor) -> bool:
+    """Whether float32 CPU rows ``xc`` = x - ``c`` [L, C] may have been rounded: some row at least half its
+    column's level away from it (within that, Sterbenz: x - c is exact), other than x = 0 (the zero history,
+    exact: xc = -c), for a level that is not 0 (x - 0 is x). NaN compares false; an infinity counts (the
+    float64 path takes it as it is). In numpy: 2-3 ms a 65,536 x 64 chunk on the 2-core VM, torch's ops 30-45."""
+    if xc.dtype != torch.float32 or xc.device.type != "cpu" or torch.compiler.is_compiling():
+        return False  # float64 rows are centred in float64 already; a traced module keeps float32 (no numpy)
+    a = xc.numpy()
+    lv = c.to(xc.dtype).numpy()
+    half = np.where(lv == 0, np.inf, np.abs(lv) * 0.5).astype(a.dtype)
+    far = np.abs(a) >= half
+    if not far.any():
+        return False
+    return bool((far & (a != -lv)).any())
+
+
 class Backend:
     """Holds a pipeline's weights on a device and runs chunks through it, computing in float32."""
 
@@ -605,8 +621,15 @@ class Backend:
         # re-centres this stage per block, it stays float64 until each block's level is off
         # (_conv_recentered): rounded after one level per chunk, the error grew with the chunk's drift
         # (6.9e-6 of a zero-sum conv's scale at chunk 65,536 against 4.5e-7 for float32 rows).
+        per_block = self.recenter_first and not self.triton
         xt = x if centered else x - c
-        if not (xt.dtype == torch.float64 and self.recenter_first and not self.triton):
+        if per_block and not centered and _rounded_off_level(xt, c):
+            # float32 rows that moved more than 2x from the chunk's level (a coin tripling within a features()
+            # call): x - c rounded at the level's resolution, which the blocks' re-centring cannot give back (a
+            # difference was 1.1e-5 of its scale off). Centred in float64 as a float64 input is; rows that
+            # float32 centred exactly keep their bits.
+            xt = x.to(torch.float64) - c.to(torch.float64)
+        if not (xt.dtype == torch.float64 and per_block):
             xt = xt.to(torch.float32)
         xt = xt.T.unsqueeze(0)
         per_group = layer.tap_sums.shape[1]
