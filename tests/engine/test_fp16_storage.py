@@ -537,3 +537,19 @@ def test_a_short_chunk_is_judged_on_the_rows_the_check_samples_not_on_its_own_fe
     _, whole = _run(x, pipe, chunk=1024)
     assert len(warned) == 1 and len(whole) == 1 and "on 1024 rows sampled" in warned[0], warned
     assert _figure(whole[0]) / 2 <= _figure(warned[0]) <= 2 * _figure(whole[0]), (warned, whole)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float64])
+def test_wide_rows_whose_moves_float32_cannot_hold_are_judged_on_their_moves(dtype) -> None:
+    """The CPU reads float64 and wide-integer rows as float64 (a cumulative volume near 1e12 moving by up to
+    2,000 a step), but the check rounded its sample to float32 (ulp 131,072 there) before centring it: its
+    outputs' scale came from a staircase, 3e-3 of the outputs' scale went unwarned. The check now centres
+    such a sample in float64 first, as the engine does, and warns with the figure of what it measured."""
+    rows = 20_000
+    steps = np.random.default_rng(1).integers(0, 2001, rows)
+    x = (10**12 + np.cumsum(steps)).astype(dtype)[:, None]
+    pipe = {"conv": [{"weights": np.array([[[0.3, -0.1, -0.2]]])}]}
+    y, warned = _run(x, pipe, device="cpu")
+    actual = _relative_error(y, x.astype(np.float64), pipe)
+    assert actual > 1e-3  # the premise: storage moves these outputs past the promise
+    assert len(warned) == 1 and actual / 2 <= _figure(warned[0]) <= 2 * actual, (actual, warned)

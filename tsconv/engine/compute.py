@@ -962,7 +962,14 @@ class _StorageCheck:
                 starts.append(a + halo + m + span * k // (_CHECK_SPREAD - 1))
                 sizes.append(halo + m2)
         self._sizes = sizes
-        u = torch.cat([x[s : s + n] for s, n in zip(starts, sizes, strict=True)]).float()
+        u = torch.cat([x[s : s + n] for s, n in zip(starts, sizes, strict=True)])
+        # Float64 rows (the CPU's reading of float64 and wide-integer inputs) stay float64 where the first stage
+        # is re-centred: _conv_recentered rounds them once each block's level is off, as the engine does.
+        # Rounded here first, a cumulative volume near 1e12 moving 1,000 a step became a staircase of 131,072
+        # (float32's ulp there), and the outputs' scale measured on it left a 3e-3 move unwarned.
+        wide = u.dtype == torch.float64 and not u.is_cuda and backend.recenter_first and not centered
+        if not wide:
+            u = u.float()
         # decided from the inputs, not from when this check's thread ends; on CUDA the flag is copied with the
         # sample and read by the next check once the copy has landed (judged_sparse), a step or so later
         moving = torch.isfinite(u[1:]) & (u[1:] != u[:-1])
@@ -973,7 +980,7 @@ class _StorageCheck:
             u = u + level.float()
         # the first stage's level, as a last row copied with the sample: the engine centres on it before each
         # block's own level, so the rounding's error is computed on the same centred rows
-        u = torch.cat([u, level.float().reshape(1, -1).to(u.device)])
+        u = torch.cat([u, level.to(u.dtype).reshape(1, -1).to(u.device)])
         if u.is_cuda:
             # An asynchronous copy (a blocking one would stall the run's stream), made on the run's stream
             # after ``u``'s own work; the check's thread waits for it.
