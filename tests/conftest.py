@@ -17,6 +17,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# optional: the hook is pytest-xdist's, and where xdist is absent or disabled (`-p no:xdist`) pytest stopped at an
+# "unknown hook" INTERNALERROR before running any test
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """Workers for ``-n auto``: none on a GPU machine, where the tests share one device and some time it; else
     one per core, at most 4 (each worker's engine runs threads of its own)."""
