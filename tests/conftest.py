@@ -20,9 +20,12 @@ if not torch.cuda.is_available():
 # optional: the hook is pytest-xdist's, and where xdist is absent or disabled (`-p no:xdist`) pytest stopped at an
 # "unknown hook" INTERNALERROR before running any test
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """Workers for ``-n auto``: none on a GPU machine, where the tests share one device and some time it; else
-    one per core, at most 4 (each worker's engine runs threads of its own)."""
+    one per core, at most 4 (each worker's engine runs threads of its own). A count the user set in xdist's
+    PYTEST_XDIST_AUTO_NUM_WORKERS is left to xdist (None), which reads it: this hook took precedence over it."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
     if torch.cuda.is_available():
         return 0
     return max(
