@@ -10,6 +10,7 @@ between 20 and 500 (multiplicative walks on a 0.01 grid), symbols that start lat
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -532,10 +533,7 @@ def _flagged_bank_kernels(
     x: torch.Tensor,
     specs,  # noqa: ANN001
     d: int = 1,
-    *,
-    running: tuple[int, int, int, int],
-    rows: int | None = None,
-    channels: int | None = None,
+    **tile: Any,  # running, rows, channels: as for _bank_kernels
 ) -> tuple[np.ndarray, list[int]]:
     """:func:`_bank_kernels` and the flags its running-sum kernel wrote, which the fused kernel then read
     (each set to -1 before the launch: every flag is written), from one run of each kernel: interpreted, the
@@ -559,7 +557,7 @@ def _flagged_bank_kernels(
 
     filterbank_triton.running_kernel = _Spy
     try:
-        got = _bank_kernels(x, specs, d, running=running, rows=rows, channels=channels)
+        got = _bank_kernels(x, specs, d, **tile)
     finally:
         filterbank_triton.running_kernel = real
     assert len(seen) == 1
