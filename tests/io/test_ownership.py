@@ -8,6 +8,7 @@ store.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -188,6 +189,26 @@ def test_one_lock_per_output_within_a_process_too(tmp_path: Path) -> None:
         OutputLock(tmp_path / "other.zarr", run_id="c" * 32).acquire().release()  # another output is free
     assert not lock_path(out).exists()
     OutputLock(out, run_id="d" * 32).acquire().release()
+
+
+def test_a_full_disk_does_not_fail_the_lock(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The holder record is all the lock writes: on a full disk it failed every command that takes the lock
+    # with a bare "[Errno 28] No space left on device" naming no file (`tsconv repair` included), and left
+    # its file behind. The lock is held without the record; the refusal says so.
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    out = tmp_path / "out.zarr"
+    with OutputLock(out, run_id="a" * 32) as lock:
+        assert lock.held
+        with pytest.raises(OutputBusyError, match="holder details not yet written"):
+            OutputLock(out, run_id="b" * 32).acquire()
+    assert not lock_path(out).exists()
+    result = CliRunner().invoke(main, ["repair", str(src)])
+    assert result.exit_code == 0 and "nothing to repair" in result.output, result.output
 
 
 # ----------------------------------------------------------------------- the store replaced mid-run

@@ -145,9 +145,16 @@ class OutputLock:
             "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "run_id": self.run_id,
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
-        self._fd = fd
+        self._fd = fd  # held from here: release() lets it go whatever fails below
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        except OSError:
+            # The record only names the holder in a second run's refusal ("holder details not yet written"
+            # without it). On a full disk (or quota) it failed the whole command with a bare "[Errno 28] No
+            # space left on device" naming no file, and kept `tsconv repair` from running: the run goes on,
+            # and its own writes say what could not be written, naming the store.
+            pass
         return self
 
     def check_free(self) -> None:
