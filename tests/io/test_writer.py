@@ -6,7 +6,9 @@ never passes a chunk that is not stored, a failed write always surfaces, and res
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from tsconv.errors import StoreError
+from tsconv.io.digest import write_digest
 from tsconv.io.readers.threads import ParallelBandReader
 from tsconv.io.writers.encode import ChunkFileWriter, fast_write_reason
 from tsconv.io.writers.zarr_writer import OutputWriter
@@ -424,6 +427,39 @@ def test_a_failed_write_surfaces_and_resume_finishes_the_store(
     assert g.attrs["tsconv"]["complete"] is True
     np.testing.assert_array_equal(np.asarray(g["values"][:]), x)
     np.testing.assert_array_equal(np.asarray(g["time"][:]), t)
+
+
+def test_a_full_disk_before_any_row_names_the_store_and_leaves_nothing_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full disk while a new store was laid out, or while a resume took its store over, stopped `tsconv
+    # process` with a bare "[Errno 28] No space left on device" naming no file (a file's close raises it
+    # so), and creation left the half-made store beside the output.
+    x, t = _data(), _time()
+    path = tmp_path / "out.zarr"
+
+    def full(self: Path, *args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", full)
+    space = r"No space left on device; hint: free space on its disk"
+    with pytest.raises(
+        StoreError, match=rf"cannot create the output store '{re.escape(str(path))}': .*{space}"
+    ):
+        _create(path, x, time_source=t, input_digest={"version": 1})
+    assert list(tmp_path.iterdir()) == []
+
+    monkeypatch.undo()
+    with _create(path, x, time_source=t) as w:  # closed unfinished: an output to resume
+        _append_all(w, x[: 3 * CHUNK_ROWS])
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(
+        StoreError, match=rf"cannot continue the output store '{re.escape(str(path))}': .*{space}"
+    ):
+        OutputWriter.reopen(path, time_source=t, start=_meta(path)["rows_done"], run_id="r" * 32)
+    with pytest.raises(StoreError, match=rf"cannot record the input's digest in the output store .*{space}"):
+        write_digest(path, {"version": 1})
+    assert _meta(path)["complete"] is False
 
 
 def test_a_failure_in_the_last_chunk_surfaces_at_finish(

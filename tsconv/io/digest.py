@@ -23,6 +23,8 @@ only. An output in an object store keeps its digest as the object of the same ke
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -32,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tsconv.errors import StoreError, TsconvError
+from tsconv.errors import StoreError, TsconvError, first_line
 from tsconv.io.objstore import StoreURL
 from tsconv.io.timecolumn import TimeColumn
 
@@ -275,8 +277,19 @@ def write_digest(output: Path | StoreURL, digest: dict[str, Any]) -> None:
         return
     path = _digest_path(output)
     tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.partial")
-    tmp.write_text(json.dumps(digest, separators=(",", ":")))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(digest, separators=(",", ":")))
+        os.replace(tmp, path)
+    except OSError as exc:
+        # a full disk stopped a --resume or --update here with a bare "[Errno 28] No space left on device",
+        # leaving the temporary file
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        space = "free space on its disk" if exc.errno == errno.ENOSPC else "check free space and permissions"
+        raise StoreError(
+            f"cannot record the input's digest in the output store {str(output)!r}: {first_line(exc)}",
+            hint=f"{space}, then run the same command again.",
+        ) from exc
 
 
 def input_arrays(store: Any) -> dict[str, Any]:

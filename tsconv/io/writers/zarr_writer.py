@@ -29,6 +29,7 @@ prefix, and the first failure surfaces at the next ``append`` or at ``finish``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import queue
@@ -52,7 +53,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from tsconv import config, trace
-from tsconv.errors import OutputExistsError, OutputLostError, StoreError, TsconvError
+from tsconv.errors import OutputExistsError, OutputLostError, StoreError, TsconvError, first_line
 from tsconv.io.contracts import is_rows_of
 from tsconv.io.digest import DIGEST_FILE, read_digest, write_digest
 from tsconv.io.objstore import StoreURL, open_group, overlaps, remote_error
@@ -956,6 +957,13 @@ def _write_layout(
     (root / "feature" / "c" / "0").write_bytes(names_chunk)
 
 
+def _prepare_error(path: Path | StoreURL, what: str, exc: OSError, *, then: str) -> StoreError:
+    """A write failed before any row was stored (a full disk, most often), with the store and what to do."""
+    where = path.url if isinstance(path, StoreURL) else str(path)
+    space = "free space on its disk" if exc.errno == errno.ENOSPC else "check free space and permissions"
+    return StoreError(f"cannot {what} {where!r}: {first_line(exc)}", hint=f"{space}, then {then}.")
+
+
 def _consolidated_doc(root: Path | StoreURL) -> dict[str, Any]:
     """The ``consolidated_metadata`` entry zarr.consolidate_metadata writes into a local format-3 group's
     zarr.json, built from its arrays' zarr.json files as they are on disk (tsconv's layout: no sub-groups).
@@ -1236,20 +1244,31 @@ class OutputWriter:
         # Build the empty store beside its final place and rename it in: a kill during creation then
         # leaves no half-made store at ``path`` that a later --resume would have to refuse.
         tmp = _sibling(path, CREATING_SUFFIX)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        _write_layout(
-            tmp,
-            rows=rows,
-            names=names,
-            chunk_rows=min(chunk_rows, rows),
-            clevel=0 if compression == "none" else 5,
-            time=time_source is not None,
-            attrs={**attrs, "features": list(names)},
-        )
-        if input_digest is not None:
-            write_digest(tmp, input_digest)
-        os.rename(tmp, path)
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            _write_layout(
+                tmp,
+                rows=rows,
+                names=names,
+                chunk_rows=min(chunk_rows, rows),
+                clevel=0 if compression == "none" else 5,
+                time=time_source is not None,
+                attrs={**attrs, "features": list(names)},
+            )
+            if input_digest is not None:
+                write_digest(tmp, input_digest)
+            os.rename(tmp, path)
+        except BaseException as exc:
+            # A full disk here (its first file's close) stopped the run with a bare "[Errno 28] No space left
+            # on device" naming no file, and left the half-made store beside the output until the next run.
+            shutil.rmtree(tmp, ignore_errors=True)
+            failed = exc.__cause__ if isinstance(exc, StoreError) else exc  # write_digest's names the tmp
+            if not isinstance(failed, OSError):
+                raise
+            raise _prepare_error(
+                path, "create the output store", failed, then="rerun the command (no store was made)"
+            ) from exc
         writer = cls(
             zarr.open_group(str(path), mode="r+"),
             time_source=time_source,
@@ -1277,16 +1296,25 @@ class OutputWriter:
         ``run_id``: recorded as the store's ``tsconv.run_id`` (this run owns it now). An object store has
         no temporary objects: each is written in one PUT."""
         remote = isinstance(path, StoreURL)
-        drop_consolidated(path)
-        finish_grow(path)
-        group = open_group(path, mode="r+", use_consolidated=False)
-        remove_temporaries(path, group, start=start)
-        writer = cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers, fast=fast,
-                     location=path if remote else None)  # fmt: skip
-        writer._auto_pending = not remote and writer.fast and auto_pending(path)
-        if run_id is not None:
-            writer._set_meta(run_id=run_id)
-            writer.run_id = run_id
+        try:
+            drop_consolidated(path)
+            finish_grow(path)
+            group = open_group(path, mode="r+", use_consolidated=False)
+            remove_temporaries(path, group, start=start)
+            writer = cls(group, time_source=time_source, start=start, threads=threads, buffers=buffers,
+                         fast=fast, location=path if remote else None)  # fmt: skip
+            writer._auto_pending = not remote and writer.fast and auto_pending(path)
+            if run_id is not None:
+                writer._set_meta(run_id=run_id)
+                writer.run_id = run_id
+        except OSError as exc:
+            # as in create: a full disk or a read-only store was a bare errno (or a temporary file's name)
+            raise _prepare_error(
+                path,
+                "continue the output store",
+                exc,
+                then="run the same command again (the rows stored are kept)",
+            ) from exc
         return writer
 
     @classmethod
