@@ -195,6 +195,34 @@ def test_a_full_disk_names_the_parquet_file_and_says_what_to_do(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr"]  # no temporary file left
 
 
+def test_a_disk_full_before_the_first_row_names_the_parquet_file_and_keeps_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the file's first bytes (pyarrow writes them as the writer opens) failed with a bare "[Errno 28] Error
+    # writing bytes to file" naming no file, and the temporary file stayed beside the output
+    import errno
+
+    from click.testing import CliRunner
+
+    from tsconv.cli import main
+
+    def full(self, where, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        Path(where).write_bytes(b"")  # opened, then its first write fails
+        raise OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device")
+
+    src = write_store(tmp_path / "in.zarr", price_series(ROWS, 2, seed=6), chunks=(256, 2))
+    out = tmp_path / "out.parquet"
+    out.write_bytes(b"PAR1 an earlier run's file")
+    monkeypatch.setattr(pq.ParquetWriter, "__init__", full)
+    res = CliRunner().invoke(main, ["process", "-i", str(src), "-o", str(out), "-q", "--overwrite"])
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    (line,) = res.stderr.splitlines()
+    assert line.startswith(f"tsconv: error: cannot write the header of the Parquet output '{out}'"), line
+    assert "hint: free space on its disk, then rerun" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.zarr", "out.parquet"]  # no temporary file
+    assert out.read_bytes() == b"PAR1 an earlier run's file"
+
+
 def test_overwrite_replaces_only_a_parquet_file_or_an_empty_one(tmp_path: Path) -> None:
     # --overwrite replaced any file at the path, while a zarr output replaces nothing but zarr data
     from tsconv.errors import StoreError

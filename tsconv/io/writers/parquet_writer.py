@@ -25,6 +25,7 @@ bucket keeps (and bills) until a lifecycle rule aborts it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import json
@@ -257,7 +258,14 @@ class ParquetSink:
         else:
             self.tmp = _temp_path(out)
             out.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(str(self.tmp), schema)
+            try:
+                self.writer = pq.ParquetWriter(str(self.tmp), schema)
+            except OSError as exc:
+                # the file's first bytes: on a full disk this was a bare "[Errno 28] Error writing bytes to
+                # file" naming no file, and the temporary file stayed beside the output
+                with contextlib.suppress(OSError):
+                    self.tmp.unlink(missing_ok=True)
+                raise _write_error(out, "the header", exc) from exc
         self.times = BlockReader(time_source, where=where) if time_source is not None else None
         cap = max(1024, _GROUP_BYTES // (4 * len(names)))  # bound the buffer for wide outputs
         self.group_rows = min(ROW_GROUP_ROWS if row_group_rows is None else row_group_rows, cap)
