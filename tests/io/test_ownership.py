@@ -211,6 +211,36 @@ def test_a_full_disk_does_not_fail_the_lock(
     assert result.exit_code == 0 and "nothing to repair" in result.output, result.output
 
 
+def test_a_lock_file_removed_mid_run_stops_the_run_and_spares_the_next_runs_lock(
+    src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The flock holds the file, not the path: another process removing it (a clean-up of dot files) let a
+    # second run lock a new file and write the same output beside this one (an --overwrite with another
+    # pipeline then ended complete with both runs' chunks), and this run's end removed the second run's lock.
+    out = tmp_path / "out.zarr"
+    other: list[OutputLock] = []
+    real_write = writer_module.OutputWriter._write
+
+    def write(self: OutputWriter, a: int, b: int, *rest: object) -> None:
+        real_write(self, a, b, *rest)
+        if a == 0:
+            lock_path(out).unlink()
+            other.append(OutputLock(out, run_id="b" * 32).acquire())  # a second run takes the output
+
+    monkeypatch.setattr(writer_module.OutputWriter, "_write", write)
+    monkeypatch.setattr("tsconv.engine.outputs.output_chunk_rows", lambda chunk, n_outputs: CHUNK)
+    with (
+        tsconv.config.override(write_threads=0),  # one chunk at a time: none in flight past its check
+        pytest.raises(OutputLostError, match=r"lock file of the output .* was removed or replaced"),
+    ):
+        tsconv.process(src, out, pipeline=OLD_PIPE, chunk=CHUNK, device="cpu", progress=False)
+    assert _meta(out)["complete"] is False and _meta(out)["rows_done"] <= CHUNK
+    assert other[0].held and lock_path(out).exists()  # the second run's lock stays
+    with pytest.raises(OutputBusyError):
+        OutputLock(out, run_id="c" * 32).acquire()
+    other[0].release()
+
+
 # ----------------------------------------------------------------------- the store replaced mid-run
 
 

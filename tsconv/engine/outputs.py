@@ -39,7 +39,7 @@ from tsconv.io.digest import (
     verify_input,
     write_digest,
 )
-from tsconv.io.lock import ObjectLock, check_free, output_lock
+from tsconv.io.lock import check_free, output_lock
 from tsconv.io.names import case_repeat
 from tsconv.io.objstore import StoreURL
 from tsconv.io.precision import Float32Check, exact_in_float32
@@ -189,8 +189,9 @@ def to_zarr(
     # One run owns the output from here to the end (creation, an overwrite's swap, every write, the final
     # mark); a dask run's client holds it for its workers.
     with output_lock(out_path, run_id=run_id, resumable=True) as lock, contextlib.ExitStack() as pending:
-        # an object store's lock can be lost to another run while this one stalls: every write checks it first
-        check_lock = lock.check if isinstance(lock, ObjectLock) else None
+        # an object store's lock can be lost to another run while this one stalls, a local one when another
+        # process removes its file: every write checks it first
+        check_lock = lock.check
         remove_leftovers(out_path)
         fingerprint = _fingerprint(store, plan, chunk, warmup)
         action, start = prepare_output(

@@ -157,6 +157,32 @@ class OutputLock:
             pass
         return self
 
+    def check(self) -> None:
+        """Raise :class:`~tsconv.errors.OutputLostError` when the file at the lock's path is no longer the one
+        this run holds. Called before each write of the output (a stat: microseconds).
+
+        The flock holds the file, not the path: once another process removed the file (a clean-up of dot
+        files, a user), a second run made a new one, locked it and wrote the same output beside this run; a
+        --overwrite with another pipeline then ended with both runs' chunks in one store that it marked
+        complete."""
+        fd = self._fd
+        if fd is None or self._holds_path(fd):
+            return
+        raise OutputLostError(
+            f"the lock file of the output {str(self.output)!r} ({self.path.name}) was removed or replaced while "
+            f"this run (run {self.run_id[:12]}) held it, so another run may be writing that output now; this run "
+            "writes nothing more to it",
+            hint="let no clean-up remove tsconv's lock files during a run; once no other run writes the output, "
+            "finish it with --resume, or compute it again with --overwrite.",
+        )
+
+    def _holds_path(self, fd: int) -> bool:
+        """Whether the file at the lock's path is the one open as ``fd``."""
+        try:
+            return os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except FileNotFoundError:
+            return False
+
     def check_free(self) -> None:
         """Raise :class:`~tsconv.errors.OutputBusyError` naming the holder when another process holds the
         lock now, without taking it or creating its file."""
@@ -186,8 +212,10 @@ class OutputLock:
         if fd is None:
             return
         try:
-            # Unlinked while still held, so no run can lock this file after we let go of it.
-            self.path.unlink(missing_ok=True)
+            # Unlinked while still held, so no run can lock this file after we let go of it; a file made by
+            # another run after ours was removed is that run's, and stays.
+            if self._holds_path(fd):
+                self.path.unlink(missing_ok=True)
         finally:
             os.close(fd)
 
