@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class TsconvError(ValueError):
     """Base error of tsconv. The CLI prints its message on one line and exits non-zero."""
@@ -52,3 +54,8 @@ def first_line(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     text = " ".join((lines[0] if lines else type(exc).__name__).split())
     return text[:300] + ("..." if len(text) > 300 else "")
+
+
+def disk_advice(exc: OSError) -> str:
+    """What a failed write asks of the user, for a hint: free space where the disk is full, else both."""
+    return "free space on its disk" if exc.errno == errno.ENOSPC else "check free space and permissions"

@@ -24,7 +24,6 @@ only. An output in an object store keeps its digest as the object of the same ke
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import math
@@ -34,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tsconv.errors import StoreError, TsconvError, first_line
+from tsconv.errors import StoreError, TsconvError, disk_advice, first_line
 from tsconv.io.objstore import StoreURL
 from tsconv.io.timecolumn import TimeColumn
 
@@ -285,7 +284,7 @@ def write_digest(output: Path | StoreURL, digest: dict[str, Any]) -> None:
         # leaving the temporary file
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        space = "free space on its disk" if exc.errno == errno.ENOSPC else "check free space and permissions"
+        space = disk_advice(exc)
         raise StoreError(
             f"cannot record the input's digest in the output store {str(output)!r}: {first_line(exc)}",
             hint=f"{space}, then run the same command again.",

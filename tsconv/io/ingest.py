@@ -68,7 +68,7 @@ import polars as pl
 import zarr
 from zarr.codecs import BloscCodec
 
-from tsconv.errors import OutputExistsError, StoreError, TsconvWarning, first_line
+from tsconv.errors import OutputExistsError, StoreError, TsconvWarning, disk_advice, first_line
 from tsconv.io.dataframes import pandas_index_columns
 from tsconv.io.lock import OutputLock
 from tsconv.io.names import control_name, describe_repeats, repeated_names
@@ -1474,7 +1474,7 @@ def _append_array(out: Path, group: zarr.Group, key: str, keep: int) -> zarr.Arr
 
 def _write_error(what: str, exc: OSError, *, then: str) -> StoreError:
     """A failed write (a full disk, most often) with the store it was for and what to do next."""
-    space = "free space on its disk" if exc.errno == errno.ENOSPC else "check free space and permissions"
+    space = disk_advice(exc)
     return StoreError(f"cannot write {what}: {first_line(exc)}", hint=f"{space}, then {then}.")
 
 

@@ -26,7 +26,6 @@ bucket keeps (and bills) until a lifecycle rule aborts it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import glob
 import json
 import os
@@ -37,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from tsconv.errors import OutputExistsError, StoreError, TsconvError, first_line
+from tsconv.errors import OutputExistsError, StoreError, TsconvError, disk_advice, first_line
 from tsconv.io.objstore import StoreURL, overlaps, remote_error
 from tsconv.io.readers.blocks import BlockReader
 from tsconv.io.transpose import transpose_into
@@ -194,7 +193,7 @@ def _refuse_non_parquet(out: Path) -> None:
 def _write_error(out: Path | StoreURL, what: str, exc: OSError) -> StoreError:
     """A failed write of the output named, with what to do: the old file (if any) is still there."""
     where = out.url if isinstance(out, StoreURL) else str(out)
-    space = "free space on its disk" if exc.errno == errno.ENOSPC else "check free space and permissions"
+    space = disk_advice(exc)
     return StoreError(
         f"cannot write {what} of the Parquet output {where!r}: {first_line(exc)}",
         hint=f"{space}, then rerun the command (the file is written whole; any file already at the output "

@@ -29,7 +29,6 @@ prefix, and the first failure surfaces at the next ``append`` or at ``finish``.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import queue
@@ -53,7 +52,7 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from tsconv import config, trace
-from tsconv.errors import OutputExistsError, OutputLostError, StoreError, TsconvError, first_line
+from tsconv.errors import OutputExistsError, OutputLostError, StoreError, TsconvError, disk_advice, first_line
 from tsconv.io.contracts import is_rows_of
 from tsconv.io.digest import DIGEST_FILE, read_digest, write_digest
 from tsconv.io.objstore import StoreURL, open_group, overlaps, remote_error
@@ -960,7 +959,7 @@ def _write_layout(
 def _prepare_error(path: Path | StoreURL, what: str, exc: OSError, *, then: str) -> StoreError:
     """A write failed before any row was stored (a full disk, most often), with the store and what to do."""
     where = path.url if isinstance(path, StoreURL) else str(path)
-    space = "free space on its disk" if exc.errno == errno.ENOSPC else "check free space and permissions"
+    space = disk_advice(exc)
     return StoreError(f"cannot {what} {where!r}: {first_line(exc)}", hint=f"{space}, then {then}.")
 
 
