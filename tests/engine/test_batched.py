@@ -50,8 +50,8 @@ TWO_STAGES = {
 }
 
 
-def _prep_reference(raw, state, carry, *, fill=True, center=True):
-    """The chunked engine's arithmetic: forward fill, level, (carry ; rows) - level."""
+def _prep_reference(raw, state, carry, *, fill=True):
+    """The chunked engine's arithmetic: forward fill, the level, (carry ; rows) as they are."""
     filled, new_state = forward_fill(raw.astype(np.float32), state.copy())
     level = state.copy()
     for j in np.flatnonzero(np.isnan(level)):
@@ -59,7 +59,7 @@ def _prep_reference(raw, state, carry, *, fill=True, center=True):
         level[j] = v[0] if v.size else 0.0
     rows = filled if fill else raw.astype(np.float32)
     x = np.concatenate([carry, rows])
-    return (x - level if center else x), new_state, level, rows[-carry.shape[0] :] if carry.shape[0] else None
+    return x, new_state, level, rows[-carry.shape[0] :] if carry.shape[0] else None
 
 
 @pytest.mark.parametrize(
@@ -130,17 +130,17 @@ def test_prepare_of_integer_rows_leaves_the_last_row_as_the_fill_state(dtype, pi
     np.testing.assert_array_equal(cout.numpy(), want_carry)
 
 
-def test_prepare_selects_columns_and_leaves_the_level_uncentered():
+def test_prepare_selects_columns():
     raw = price_series(40, 11, seed=2, nan_fraction=0.1)
     cols = np.array([9, 0, 4, 4, 10])
     state = np.full(5, np.nan, np.float32)
     carry = np.zeros((0, 5), np.float32)
-    want, _, want_level, _ = _prep_reference(raw[:, cols], state, carry, center=False)
+    want, _, want_level, _ = _prep_reference(raw[:, cols], state, carry)
     xc = torch.full((40, 5), np.nan)
     st, lv = torch.from_numpy(state.copy()), torch.from_numpy(state.copy())
     empty = torch.zeros((0, 5))
     prepare(torch.from_numpy(raw), xc=xc, state=st, level=lv, carry_in=empty, carry_out=empty, off=0,
-            n_step=40, cols=torch.from_numpy(cols), center=False)  # fmt: skip
+            n_step=40, cols=torch.from_numpy(cols))  # fmt: skip
     np.testing.assert_array_equal(xc.numpy(), want)
     np.testing.assert_array_equal(lv.numpy(), want_level)
 
@@ -626,7 +626,7 @@ def test_a_short_last_step_runs_at_the_full_step_shape(monkeypatch):
         lengths.append(xc.shape[0])
         return real(self, xc, first_row, level, **kw)
 
-    monkeypatch.setattr(Backend, "_stages", spy)  # (run and run_centered: a bank first stage takes run)
+    monkeypatch.setattr(Backend, "_stages", spy)
     y = _batched(x, plan, step_rows=128, band_rows=100)  # steps of 128, 128 and 45 rows
     assert len(lengths) == 3 and len(set(lengths)) == 1
     assert_matches_reference(y, x, plan)
@@ -838,3 +838,62 @@ def test_an_update_with_encoded_chunks_equals_a_full_run(tmp_path, monkeypatch):
     assert "encoded on the GPU" in full.compression
     a, b = read_output(tmp_path / "out.zarr"), read_output(tmp_path / "full.zarr")
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize(
+    ("taps", "use_triton"),
+    [
+        ([-0.5, 0.0, 0.5], False),
+        pytest.param([-0.5, 0.0, 0.5], True, marks=pytest.mark.slow),
+        ([0.3, -0.1, -0.2], False),
+        ([0.3, -0.1, -0.2], True),
+    ],
+)
+def test_a_price_that_triples_within_a_step_keeps_its_moves_digits(taps, use_triton):
+    """The prepare kernel centred a whole step on one level in float32: once a price had moved more than
+    about 2x from it (a coin at 1e-4 tripling within a step), x - level rounded at the level's resolution,
+    and a difference of the price was 1.2e-5 of its scale off (3.4e-6 through the Triton kernels). The rows
+    now reach the blocks' re-centring as they are."""
+    rng = np.random.default_rng(7)
+    rows = 1024
+    lp = np.log(1e-4) + np.cumsum(rng.normal(scale=1e-3, size=rows))
+    lp[rows // 2 :] += np.linspace(0.0, np.log(3.0), rows - rows // 2)
+    x = (np.round(np.exp(lp) / 1e-9) * 1e-9).astype(np.float32)[:, None]
+    assert x.max() > 2.5 * x[0, 0]  # the premise: far from the step's level (its first value)
+    plan = resolve(pipeline_from_dict({"weight_dtype": "float32", "conv": [{"weights": np.array([[taps]])}]}),
+                   ("x0",))  # fmt: skip
+    out: list[np.ndarray] = []
+    backend = Backend(plan, torch.device("cpu"), use_triton=use_triton)
+    run_batched(ArraySource(x, band_rows=300), plan, backend,
+                lambda a, release: (out.append(a.copy()), release()), start=0, step_rows=rows, warmup="nan")  # fmt: skip
+    got = np.concatenate(out)[:, 0].astype(np.float64)
+    xd, k = x[:, 0].astype(np.float64), len(taps)
+    want = sum(t * xd[j : rows - (k - 1 - j)] for j, t in enumerate(taps))
+    err = np.abs(got[k - 1 :] - want).max() / np.abs(want).max()
+    assert err < 5e-7, err
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_a_symbol_listed_inside_a_block_is_centred_on_the_steps_level(use_triton):
+    """A block whose samples of a feature are NaN (the symbol lists after the block's first output) takes the
+    step's level for it, the symbol's first price: on 0 instead, its outputs were computed on raw prices near
+    100 and a zero-sum filter of 0.01-tick moves lost their digits."""
+    rng = np.random.default_rng(3)
+    rows, late = 512, 203  # inside a block of outputs, whatever the kernels' time tiles
+    x = (100 + np.cumsum(rng.integers(-3, 4, size=(rows, 3)), axis=0) * 0.01).astype(np.float32)
+    x[:late, 1] = np.nan
+    w = rng.normal(size=(2, 3, 3))
+    w -= w.mean(axis=(1, 2), keepdims=True)  # zero-sum over channels and taps
+    plan = resolve(pipeline_from_dict({"weight_dtype": "float32", "conv": [{"weights": w}]}),
+                   ("x0", "x1", "x2"))  # fmt: skip
+    out: list[np.ndarray] = []
+    backend = Backend(plan, torch.device("cpu"), use_triton=use_triton)
+    run_batched(ArraySource(x, band_rows=100), plan, backend,
+                lambda a, release: (out.append(a.copy()), release()), start=0, step_rows=rows, warmup="nan")  # fmt: skip
+    got = np.concatenate(out).astype(np.float64)
+    xd = x.astype(np.float64)
+    want = np.stack([sum(xd[j : rows - (2 - j)] @ w[o, :, j] for j in range(3)) for o in range(2)], axis=1)
+    listed = want[late:]  # outputs from step late + 2 on, the first whose taps all read the symbol's prices
+    err = np.abs(got[late + 2 :] - listed).max() / np.abs(listed).max()
+    assert np.isnan(got[late + 1]).all()  # a window that reads a row before the listing: NaN
+    assert err < 2e-6, err

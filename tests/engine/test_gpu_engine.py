@@ -52,7 +52,7 @@ def test_the_prepare_kernel_equals_the_chunked_engines_arithmetic_bit_for_bit(ti
     for j in np.flatnonzero(np.isnan(lvl)):
         v = filled[np.isfinite(filled[:, j]), j]
         lvl[j] = v[0] if v.size else 0.0
-    want = np.concatenate([carry, filled]) - lvl
+    want = np.concatenate([carry, filled])  # the rows as they are: the level is the re-centring's fallback
     xc = torch.full((halo + n, raw.shape[1]), 123.0, device=dev)
     s_t, l_t = torch.from_numpy(state0.copy()).to(dev), torch.from_numpy(state0.copy()).to(dev)
     cin, cout = torch.from_numpy(carry.copy()).to(dev), torch.zeros((halo, raw.shape[1]), device=dev)
@@ -184,3 +184,31 @@ def test_a_big_endian_zarr_2_store_on_cuda_equals_the_cpu_engine(tmp_path: Path)
     rel = _col_rel(yg, yc.astype(np.float64))
     print(f"big-endian store: cuda vs cpu max column-relative difference {rel:.2e}")
     assert rel < 1e-5
+
+
+@pytest.mark.parametrize("taps", [[-0.5, 0.0, 0.5], [0.3, -0.1, -0.2]])
+def test_prices_that_triple_within_a_step_and_symbols_listed_late_keep_their_digits_on_cuda(
+    tmp_path: Path, taps: list[float]
+) -> None:
+    """A first stage of weights on float32 prices through the CUDA engine: a coin tripling within one step (its
+    rows were centred in float32 on the step's level, 1.2e-5 of a difference's scale off on CPU tensors) and
+    symbols listed inside a step (the blocks where they start fall back on the step's level) against float64."""
+    rng = np.random.default_rng(7)
+    rows, feats = 200_000, 8
+    lp = np.log(1e-4) + np.cumsum(rng.normal(scale=1e-3, size=(rows, feats)), axis=0)
+    lp[rows // 2 :] += np.linspace(0.0, np.log(3.0), rows - rows // 2)[:, None]
+    x = (np.round(np.exp(lp) / 1e-9) * 1e-9).astype(np.float32)
+    assert (x[-1] > 2.5 * x[rows // 2 - 1]).all()  # the premise: tripled within the run's one step
+    for j, start in enumerate([0, 0, 777, 5_000, 70_001, 100_003, 0, 0]):
+        x[:start, j] = np.nan
+    w = np.zeros((feats, 1, len(taps)))
+    w[:, 0, :] = taps
+    pipe = {"weight_dtype": "float32", "conv": [{"weights": w, "groups": feats}]}
+    got = tsconv.features(x, pipe, device="cuda").astype(np.float64)
+    xd, k = x.astype(np.float64), len(taps)
+    want = sum(t * np.concatenate([np.full((k - 1 - j, feats), np.nan), xd[: rows - (k - 1 - j)]]) for j, t in
+               enumerate(taps))  # fmt: skip
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    err = _col_rel(got, want)
+    print(f"taps {taps}: worst column {err:.2e} of its scale")
+    assert err < 5e-7, err

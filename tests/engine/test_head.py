@@ -136,7 +136,7 @@ def test_each_forced_path_matches_the_unfused_path_and_the_reference(pipe, monke
 
 
 def test_forced_fused_through_the_batched_engine(monkeypatch):
-    """run_centered (the GPU engine's call) with the fused path equals the chunked engine's unfused path."""
+    """The batched engine's steps with the fused path equal the chunked engine's unfused path."""
     x, plan = _data(), _plan("single")
     y0 = _chunked(x, plan, _cpu_backend(plan, monkeypatch, "unfused"))
     backend = _cpu_backend(plan, monkeypatch, "fused")

@@ -126,7 +126,7 @@ def test_a_run_with_the_step_graph_writes_the_bytes_of_one_without(tmp_path: Pat
     pipeline = {
         "bank": bank,
         "dense": _dense_pipeline(tmp_path, 48) if pipe == "dense" else None,
-        # the float64 transform and z-score (Backend.run, not run_centered) inside the graph
+        # the float64 transform and z-score inside the graph
         "preprocess": {"preprocess": {"transform": "log_return", "zscore": 64}, **bank},
     }[pipe]
     monkeypatch.setattr(batched, "MAX_STEP_ROWS", 4096)  # ten steps

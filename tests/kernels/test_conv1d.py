@@ -1469,9 +1469,9 @@ def test_conv1d_op_passes_torch_opcheck(args):
     w = torch.randn(ws, generator=g).to(DEVICE)
     b = torch.randn(ws[0], generator=g).to(DEVICE) if with_bias else None
     op = torch.ops.tsconv.conv1d.default
-    torch.library.opcheck(op, (x, w, b, dilation, groups, padding, act, "fp32", False, 0, None))
+    torch.library.opcheck(op, (x, w, b, dilation, groups, padding, act, "fp32", False, 0, None, None))
     xt = x.transpose(1, 2).contiguous().transpose(1, 2)  # a time-major view: the result is time-major too
-    torch.library.opcheck(op, (xt, w, b, dilation, groups, padding, act, "fp32", False, 0, None))
+    torch.library.opcheck(op, (xt, w, b, dilation, groups, padding, act, "fp32", False, 0, None, None))
 
 
 def test_conv1d_compiles_into_one_graph_with_the_eager_values():

@@ -754,7 +754,7 @@ def test_conv1d_head_op_passes_opcheck_and_compiles_into_one_graph():
     x = torch.randn(1, 16, 12, generator=g).to(DEVICE)
     w = torch.randn(16, 16, 3, generator=g).to(DEVICE)
     hw = torch.randn(16, 4, generator=g).to(DEVICE)
-    args = (x, w, None, hw, None, 1, 1, "causal", "relu", None, "fp32", False, 0, None)
+    args = (x, w, None, hw, None, 1, 1, "causal", "relu", None, "fp32", False, 0, None, None)
     torch.library.opcheck(torch.ops.tsconv.conv1d_head.default, args)
 
     def f(x: torch.Tensor) -> torch.Tensor:

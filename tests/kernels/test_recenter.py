@@ -56,10 +56,10 @@ def _case(path: str, C: int, K: int, *, zero_sum: bool = True, seed: int = 7, wd
     return groups, w, cfg
 
 
-def _run(x, w, b, *, groups, cfg, recenter, path, **kw):
+def _run(x, w, b, *, groups, cfg, recenter, path, fallback=None, **kw):
     spec = conv_spec.validate(x, w, b, None, groups=groups, precision="fp32", recenter=recenter, **kw)
     out = nan_out(x.shape[0], w.shape[0], spec.L_out)
-    conv_api._conv1d_triton(x, w, b, out, spec, config=cfg)
+    conv_api._conv1d_triton(x, w, b, out, spec, config=cfg, fallback=fallback)
     expected = {"grouped_direct": "direct"}.get(path, path)
     assert conv1d_mod.last_launch["path"] == expected
     return out
@@ -161,6 +161,36 @@ def test_recenter_validation() -> None:
         conv1d_mod.conv1d(x, w, groups=4, recenter=True, precision="tf32")
     with pytest.raises(ShapeError, match="recenter_from must be >= 0"):
         conv1d_mod.conv1d(x, w, groups=4, recenter=True, recenter_from=-1)
+    level = torch.full((4,), 4096.0, device=DEVICE)
+    with pytest.raises(ShapeError, match="recenter_fallback is for recenter=True"):
+        conv1d_mod.conv1d(x, w, groups=4, recenter_fallback=level)
+    with pytest.raises(ShapeError, match=r"shape \[4\] on .*, got \(3,\)"):
+        conv1d_mod.conv1d(x, w, groups=4, recenter=True, recenter_fallback=level[:3])
+    with pytest.raises(ShapeError, match="float32"):
+        conv1d_mod.conv1d(x, w, groups=4, recenter=True, recenter_fallback=level.double())
+
+
+@pytest.mark.parametrize("path", mostly_slow(list(_PATHS), fast=(0, 1, 4)))
+def test_recenter_fallback_centres_the_block_where_a_series_starts(path: str) -> None:
+    """A channel whose samples at a block's start are NaN (its series starts inside the block) takes the
+    caller's level for it: without one it took 0, and the block's outputs were computed on raw levels near
+    4096 (float32 resolves 5e-4 there, against 0.01 moves)."""
+    C, L, start = 16, 36 if path == "window" else 70, 21  # 21: inside a block of every path's tiles
+    x = far_levels(1, L, C, seed=2)
+    x[0, :start, 3] = float("nan")
+    x = x.transpose(1, 2)  # [1, C, L] view of the time-major buffer
+    groups, w, cfg = _case(path, C, 3)
+    ref = conv1d_reference(x, w, None, groups=groups)
+    level = x[0, :, start].contiguous()  # each channel's value where channel 3 starts
+    kw = dict(dilation=1, padding="causal", activation=None)
+    plain = _run(x, w, None, groups=groups, cfg=cfg, recenter=True, path=path, **kw)
+    fell_back = _run(x, w, None, groups=groups, cfg=cfg, recenter=True, path=path, fallback=level, **kw)
+    listed = ref[..., start + 2 :]  # outputs whose taps read channel 3's prices only
+    assert torch.equal(torch.isnan(fell_back), torch.isnan(ref))
+    err = relative_error(fell_back[..., start + 2 :], listed)
+    err_plain = relative_error(plain[..., start + 2 :], listed)
+    assert err * 10 < err_plain, f"with the fallback {err:.2e}, on 0 {err_plain:.2e}"
+    assert err < 1e-5, err
 
 
 def _spiky(L: int, C: int, spikes: tuple[int, ...], seed: int = 9) -> torch.Tensor:

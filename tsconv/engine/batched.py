@@ -327,7 +327,7 @@ log = logging.getLogger("tsconv.batched")
 class _StepGraph:
     """A step's conv and head launches, captured once as a CUDA graph and replayed for every later step.
 
-    Why: issuing a step's launches (conv, head, the centering bias: a few dozen Triton and torch calls)
+    Why: issuing a step's launches (conv, head, the bias: a few dozen Triton and torch calls)
     took the engine thread 1.7 ms per step on a fast H200 host and 5.5 ms on a slow one
     (``launch_step`` in benchmarks/results/engine_trace_*.json), while the thread was busy 86-95% of the
     loop. A replay is one launch. Every step from the second on has the same buffers and shapes (a short
@@ -503,8 +503,8 @@ def run_batched(
     ``frames``: a sink that stores chunks encoded here; where its chunks divide the step and the GPU can
     encode them (:func:`tsconv.kernels.lz4_encode.encode_reason`), each step's rows go to it as Blosc-LZ4
     frames made on the device instead (``times.gpu_encoded``), and to ``emit`` otherwise.
-    Equals the chunked engine's (:func:`tsconv.engine.chunked.run_chunked`) within float32 rounding (the level each step is centered on
-    is the same rule applied per step instead of per chunk).
+    Equals the chunked engine's (:func:`tsconv.engine.chunked.run_chunked`) within float32 rounding (the
+    level a first stage's re-centring falls back on is the same rule applied per step instead of per chunk).
     """
     # imports Triton, which a CPU run (the chunked engine) may lack
     from tsconv.kernels.prepare import prepare
@@ -516,8 +516,6 @@ def run_batched(
     backend.series_end = rows
     halo, n_feat = plan.halo, len(plan.input_names)
     fill = plan.preprocess is None or plan.preprocess.fill == "ffill"
-    # a bank computes from the raw values (float64 window sums need no centring)
-    center = backend.pre is None and not backend.first_structured
     # a bank's steps read no level: its per-step torch ops cost the engine thread 1-2 ms a step for nothing
     # (benchmarks/NOTES.md, "Pieces and steps")
     needs_level = backend.reads_level
@@ -617,13 +615,12 @@ def run_batched(
         base = gpu.event(gpu.compute)
         base.synchronize()
         base_t = time.perf_counter()
-    run_step = backend.run_centered if center else backend.run
     warm = [
         (w, sel if isinstance(sel, slice) else torch.from_numpy(sel).to(dev))
         for w, sel in (plan.warmup_groups() if warmup == "nan" else [])
     ]
     graph = _StepGraph(
-        lambda first_row: run_step(xc, first_row, level),
+        lambda first_row: backend.run(xc, first_row, level),
         gpu.compute,
         enabled=gpu.cuda and config.current().cuda_graph,
     )
@@ -684,7 +681,7 @@ def run_batched(
                     prepare(
                         src, xc=xc[: halo + n], state=state, level=level, carry_in=carries[i % 2],
                         carry_out=carries[(i + 1) % 2], off=lo - s, n_step=n, cols=cols, fill=fill,
-                        center=center, last=j == len(pieces) - 1, split=not mapped,
+                        last=j == len(pieces) - 1, split=not mapped,
                     )  # fmt: skip
                     done = gpu.event(gpu.compute)
                     prep_events.append((p0, done))
@@ -712,7 +709,7 @@ def run_batched(
                 if graph.status == "replayed" and backend.pre is None:
                     # a replayed step runs no Python of the stages: their FP16-storage check is given the
                     # step's input here (with a [preprocess], its later checks are not made)
-                    backend.check_storage(xc[: halo + n], s - halo, level, centered=center)
+                    backend.check_storage(xc[: halo + n], s - halo, level, centered=False)
                 for w, warm_cols in warm:  # each output's own warm-up rows
                     if s < w:
                         y[: min(w - s, n), warm_cols] = float("nan")

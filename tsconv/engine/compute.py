@@ -59,12 +59,13 @@ def _conv_layer(
     triton: bool,
     recenter: bool = False,
     recenter_from: int = 0,
+    fallback: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """act(conv_valid(x, w) + bias) for x [1, C, L] (any strides); returns [1, O, L - halo].
 
-    ``recenter``: conv1d's per-block re-centering (the Triton kernels only; the first stage on levels),
-    with ``recenter_from`` leading rows of zero history; the level is added back with the exact tap sums
-    of the weights as given."""
+    ``recenter``: conv1d's per-block re-centering (the first stage on levels), with ``recenter_from``
+    leading rows of zero history and ``fallback`` [C] each channel's level where a block's samples are not
+    finite (None: 0); the level is added back with the exact tap sums of the weights as given."""
     if triton:
         from tsconv.kernels.conv1d import conv1d
 
@@ -80,9 +81,11 @@ def _conv_layer(
             recenter=recenter,
             recenter_from=recenter_from,
             tap_sums=layer.tap_sums if recenter else None,
+            recenter_fallback=fallback if recenter else None,
         )
     if recenter:
-        return apply_activation(_conv_recentered(x, bias, layer, recenter_from), layer.activation)
+        y = _conv_recentered(x, bias, layer, recenter_from, fallback=fallback)
+        return apply_activation(y, layer.activation)
     y = conv1d_cpu(x, layer.weight, bias, dilation=layer.dilation, groups=layer.groups)
     return apply_activation(y, layer.activation)
 
@@ -115,12 +118,13 @@ def _conv_recentered(
     tap_sums: torch.Tensor | None = None,
     block: int = _CPU_BLOCK,
     threaded: bool = False,
+    fallback: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """conv_valid(x, w) + bias for x [1, C, L] on the CPU, each block of output rows computed as
     conv(x - v) + v * (exact tap sums): the torch twin of conv1d's ``recenter``. ``v`` per channel and
     block is the median of x at the block's first output step and the four steps before it (a sample
-    that is not finite counts as 0, samples in the leading ``recenter_from`` rows of zero history move
-    to the first data row, and one before row 0 counts as 0: ``x`` is centred on the engine's level), so it
+    that is not finite, or before row 0, counts as ``fallback`` [C], the engine's level of the chunk (None:
+    0); samples in the leading ``recenter_from`` rows of zero history move to the first data row), so it
     is causal and one or two bad prints in a row are never a block's level. A float64 ``x`` is rounded to
     float32 after each block's level is off. ``weight`` and ``tap_sums`` replace the layer's
     (the FP16 storage check runs the rounding residual this way). ``threaded``: the conv on torch's own
@@ -137,7 +141,7 @@ def _conv_recentered(
     nb = max(2, -(-n_out // block))
     xp = F.pad(x, (0, nb * block - n_out))
     rows = torch.arange(nb) * block + halo  # each block's first output step, as an input row
-    # a sample before the input's first row counts as 0, the call's own level (the engine's, a median of the rows
+    # a sample before the input's first row counts as the call's level (the engine's, a median of the rows
     # before the chunk): clamped to row 0, it counted that row twice, and one bad print there (a chunk's halo of
     # one row) was the block's level; taken as the block's own step, two prints in a row across a chunk's edge
     # (its last row and the next one's first) were too
@@ -145,7 +149,8 @@ def _conv_recentered(
     before = picks < 0
     picks = picks.clamp(min=min(recenter_from, L - 1), max=L - 1)
     samples = x[0][:, picks]  # [C, samples, nb]
-    samples = torch.where(torch.isfinite(samples) & ~before, samples, 0.0)
+    fb = 0.0 if fallback is None else fallback.to(x.dtype)[:, None, None]
+    samples = torch.where(torch.isfinite(samples) & ~before, samples, fb)
     v = samples.median(dim=1).values  # [C, nb]
     blocks = xp[0].unfold(1, block + halo, block)  # [C, nb, block + halo], a view
     xb = (blocks - v[:, :, None]).permute(1, 0, 2).to(weight.dtype)  # [nb, C, block + halo]
@@ -161,22 +166,6 @@ def _conv_recentered(
         addback = addback + bias.to(addback.dtype)[:, None]
     y = y + addback.T.to(y.dtype)[:, :, None]
     return y.permute(1, 0, 2).reshape(1, -1, nb * block)[..., :n_out]
-
-
-def _rounded_off_level(xc: torch.Tensor, c: torch.Tensor) -> bool:
-    """Whether float32 CPU rows ``xc`` = x - ``c`` [L, C] may have been rounded: some row at least half its
-    column's level away from it (within that, Sterbenz: x - c is exact), other than x = 0 (the zero history,
-    exact: xc = -c), for a level that is not 0 (x - 0 is x). NaN compares false; an infinity counts (the
-    float64 path takes it as it is). In numpy: 2-3 ms a 65,536 x 64 chunk on the 2-core VM, torch's ops 30-45."""
-    if xc.dtype != torch.float32 or xc.device.type != "cpu" or torch.compiler.is_compiling():
-        return False  # float64 rows are centred in float64 already; a traced module keeps float32 (no numpy)
-    a = xc.numpy()
-    lv = c.to(xc.dtype).numpy()
-    half = np.where(lv == 0, np.inf, np.abs(lv) * 0.5).astype(a.dtype)
-    far = np.abs(a) >= half
-    if not far.any():
-        return False
-    return bool((far & (a != -lv)).any())
 
 
 class Backend:
@@ -445,19 +434,6 @@ class Backend:
             return nullcontext()
         return one_thread()
 
-    @torch.no_grad()
-    def run_centered(self, xc: torch.Tensor, first_row: int, level: torch.Tensor) -> torch.Tensor:
-        """:meth:`run` for an input already centered: ``xc`` = x - ``level`` (history rows included).
-
-        The batched GPU engine prepares ``xc`` in one pass over the input (:mod:`tsconv.kernels.prepare`);
-        pipelines with a computing ``[preprocess]`` go through :meth:`run`.
-        """
-        if self.pre is not None:
-            msg = "run_centered() is for pipelines without a computing [preprocess]"
-            raise RuntimeError(msg)
-        with self._held():
-            return self._stages(xc, first_row, level, centered=True, valid=self.valid_rows)
-
     def check_storage(self, x: torch.Tensor, first_row: int, level: torch.Tensor, *, centered: bool) -> None:
         """Start the FP16-storage check on the stage input ``x`` (as :meth:`_stages` takes it, only rows that
         hold data) where one is due. :meth:`_stages` calls it; a caller that replays the stages' launches
@@ -555,14 +531,17 @@ class Backend:
                 if start < 0:
                     y[..., : min(-start, y.shape[-1])] = 0.0
                 continue
+            fallback = None
             if i == 0:
-                y, bias = self._first_stage_input(x, layer, level, centered=centered)
+                y, bias, fallback = self._first_stage_input(x, layer, level, centered=centered)
             else:
                 bias = layer.bias
+            first = i == 0 and self.recenter_first
             if i == last and self._head is not None:
                 # the last stage and the head, by the chosen path
-                return self._head.run(y, bias, recenter_from=history if i == 0 else 0)
-            first = i == 0 and self.recenter_first
+                return self._head.run(
+                    y, bias, recenter_from=history if i == 0 else 0, fallback=fallback if first else None
+                )
             y = _conv_layer(
                 y,
                 bias,
@@ -570,6 +549,7 @@ class Backend:
                 triton=self.triton,
                 recenter=first,
                 recenter_from=history if first else 0,
+                fallback=fallback if first else None,
             )
             start += layer.halo
             # Each stage pads its own input with zeros (F.pad semantics): rows before step 0 are zero
@@ -597,47 +577,43 @@ class Backend:
     def _first_stage(
         self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor, *, centered: bool = False
     ) -> torch.Tensor:
-        """conv(x) computed as conv(x - c) + conv(c) (see :meth:`_first_stage_input`)."""
-        xt, bias = self._first_stage_input(x, layer, c, centered=centered)
+        """The first stage on ``x`` as the engine computes it (see :meth:`_first_stage_input`)."""
+        xt, bias, fallback = self._first_stage_input(x, layer, c, centered=centered)
         # (tests: no history rows)
-        return _conv_layer(xt, bias, layer=layer, triton=self.triton, recenter=self.recenter_first)
+        return _conv_layer(
+            xt, bias, layer=layer, triton=self.triton, recenter=self.recenter_first, fallback=fallback
+        )
 
     def _first_stage_input(
         self, x: torch.Tensor, layer: _DeviceLayer, c: torch.Tensor, *, centered: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first stage's input x - c as [1, C, L] and its bias, so that conv(x) = conv(x - c) + conv(c)
-        with c a per-feature level taken from the data.
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The first stage's input as [1, C, L], its bias and the level its re-centring falls back on.
 
-        Raw price levels near 100 leave fp32 about 1e-5 of absolute resolution, and a zero-sum filter
-        (a difference, a deviation from a mean) then loses most of its digits. Centering first makes
-        the error scale with the moves instead of the level; conv(c) = c * (sum of taps) is folded into
-        the bias in float64, and is exactly zero for zero-sum filters. ``c`` must not come from a later
-        step than the outputs it touches, or causality would hold only up to rounding: the engine passes
-        the last value before the chunk, or a feature's first value where it starts inside the chunk
-        (outputs before that are NaN anyway).
+        Raw price levels near 100 leave fp32 about 1e-5 of absolute resolution, and a zero-sum filter (a
+        difference, a deviation from a mean) would lose most of its digits: a first stage on levels is
+        re-centred per block of outputs (conv1d's ``recenter``, :func:`_conv_recentered` on the CPU), each
+        block computing conv(x - v) + v * (sum of taps) with v the block's own level, so the error scales
+        with the moves a block sees. Where a block has no finite sample of a feature (a symbol that starts
+        trading inside it), v is the chunk's level ``c`` (the fallback returned): the rows before the chunk,
+        else the feature's first value in it, so causality holds (outputs before that value are NaN).
+        ``x`` reaches the blocks as it is: taking ``c`` off a whole chunk first rounded every row that moved
+        more than about 2x from ``c`` (a coin tripling within a chunk, a 20 -> 500 ramp) at the level's
+        resolution, which no block could give back (1.1e-5 of a difference's scale on the CPU, 1.2e-5 on
+        the GPU's steps). A ``centered`` input (log levels centred in float64 by :meth:`_preprocess`) is
+        already x - c: its blocks fall back on 0, and conv(c) = c * (sum of taps) joins the bias in float64.
+        Float64 rows (the CPU's) stay float64 until each block's level is off.
         """
-        # [1, C, L] view of a time-major buffer; zero history -> -c. A float64 input (the CPU's) is centred in
-        # float64, so its float32 rows hold the moves to float32's precision, not the level's; where the CPU
-        # re-centres this stage per block, it stays float64 until each block's level is off
-        # (_conv_recentered): rounded after one level per chunk, the error grew with the chunk's drift
-        # (6.9e-6 of a zero-sum conv's scale at chunk 65,536 against 4.5e-7 for float32 rows).
         per_block = self.recenter_first and not self.triton
-        xt = x if centered else x - c
-        if per_block and not centered and _rounded_off_level(xt, c):
-            # float32 rows that moved more than 2x from the chunk's level (a coin tripling within a features()
-            # call): x - c rounded at the level's resolution, which the blocks' re-centring cannot give back (a
-            # difference was 1.1e-5 of its scale off). Centred in float64 as a float64 input is; rows that
-            # float32 centred exactly keep their bits.
-            xt = x.to(torch.float64) - c.to(torch.float64)
-        if not (xt.dtype == torch.float64 and per_block):
-            xt = xt.to(torch.float32)
-        xt = xt.T.unsqueeze(0)
+        xt = x if x.dtype == torch.float64 and per_block else x.to(torch.float32)
+        xt = xt.T.unsqueeze(0)  # [1, C, L] view of a time-major buffer
+        if not centered:
+            return xt, layer.bias64.to(torch.float32), c
         per_group = layer.tap_sums.shape[1]
         c64 = c.to(torch.float64).view(layer.groups, per_group)
         out_per_group = layer.tap_sums.shape[0] // layer.groups
         level = (layer.tap_sums.view(layer.groups, out_per_group, per_group) * c64[:, None, :]).sum(-1)
         bias = (layer.bias64 + level.reshape(-1)).to(torch.float32)
-        return xt, bias
+        return xt, bias, None
 
     def _preprocess(
         self, x: torch.Tensor, first_row: int, level: torch.Tensor, zscore_level: torch.Tensor | None = None

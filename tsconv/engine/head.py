@@ -119,7 +119,7 @@ class HeadPaths:
         head_bias: torch.Tensor | None,
         head_activation: str | None,
         head_weight_torch: torch.Tensor | None = None,
-        conv: Callable[..., torch.Tensor] | None = None,  # conv(xt, bias, recenter_from=0)
+        conv: Callable[..., torch.Tensor] | None = None,  # conv(xt, bias, recenter_from=0, fallback=None)
         triton: bool = True,
         forced: str | None = None,
         measure: bool = False,
@@ -190,7 +190,14 @@ class HeadPaths:
             f"|rows={autotune.pow2_bucket(rows)}|gpu={self._gpu}"
         )
 
-    def choose(self, xt: torch.Tensor, bias: torch.Tensor | None, *, recenter_from: int = 0) -> str:
+    def choose(
+        self,
+        xt: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        recenter_from: int = 0,
+        fallback: torch.Tensor | None = None,
+    ) -> str:
         """The path for this step's input ``xt`` [1, C, halo + steps] and conv ``bias``; may time the paths."""
         if self.forced is not None:
             return self.forced
@@ -199,18 +206,25 @@ class HeadPaths:
         bucket = autotune.pow2_bucket(xt.shape[-1] - self.halo)
         path = self._chosen.get(bucket)
         if path is None:
-            path = self._decide(self.key(xt.shape[-1] - self.halo), xt, bias, recenter_from)
+            path = self._decide(self.key(xt.shape[-1] - self.halo), xt, bias, recenter_from, fallback)
             self._chosen[bucket] = path
         return path
 
-    def _decide(self, key: str, xt: torch.Tensor, bias: torch.Tensor | None, recenter_from: int = 0) -> str:
+    def _decide(
+        self,
+        key: str,
+        xt: torch.Tensor,
+        bias: torch.Tensor | None,
+        recenter_from: int = 0,
+        fallback: torch.Tensor | None = None,
+    ) -> str:
         rec = autotune.cached_record(SPACE, key, device=self.device)
         if rec is not None and rec.get("config") in self.offered:
             return str(rec["config"])
         if not autotune.tuning_enabled():
             return "unfused"
         t0 = time.perf_counter()
-        timings = self.measure_all(xt, bias, recenter_from=recenter_from)
+        timings = self.measure_all(xt, bias, recenter_from=recenter_from, fallback=fallback)
         finite = {p: ms for p, ms in timings.items() if math.isfinite(ms)}
         if not finite:
             return "unfused"  # every path failed: the plain path raises its error where the engine sees it
@@ -228,7 +242,12 @@ class HeadPaths:
         return best
 
     def measure_all(
-        self, xt: torch.Tensor, bias: torch.Tensor | None, *, recenter_from: int = 0
+        self,
+        xt: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        recenter_from: int = 0,
+        fallback: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """Milliseconds per call of each offered path on these inputs (inf where a path fails)."""
         timings: dict[str, float] = {}
@@ -236,7 +255,9 @@ class HeadPaths:
             try:
                 timings[p] = float(
                     _time_path(
-                        p, lambda p=p: self.compute(p, xt, bias, recenter_from=recenter_from), self.device
+                        p,
+                        lambda p=p: self.compute(p, xt, bias, recenter_from=recenter_from, fallback=fallback),
+                        self.device,
                     )
                 )
             except Exception as exc:  # noqa: BLE001 - a path that cannot run (resources, ...) is not chosen
@@ -246,16 +267,30 @@ class HeadPaths:
 
     # ----------------------------------------------------------------------------------------- compute
 
-    def run(self, xt: torch.Tensor, bias: torch.Tensor | None, *, recenter_from: int = 0) -> torch.Tensor:
+    def run(
+        self,
+        xt: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        recenter_from: int = 0,
+        fallback: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``head_act(act(conv_valid(xt) + bias) @ W + b)``: [steps, D] float32 for ``xt`` [1, C, halo + steps]
-        (``recenter_from``: leading rows of zero history, for conv1d's recentering)."""
-        path = self.choose(xt, bias, recenter_from=recenter_from)
-        out = self.compute(path, xt, bias, recenter_from=recenter_from)
+        (``recenter_from``: leading rows of zero history, ``fallback``: each channel's level where a block's
+        samples are not finite, for conv1d's recentering)."""
+        path = self.choose(xt, bias, recenter_from=recenter_from, fallback=fallback)
+        out = self.compute(path, xt, bias, recenter_from=recenter_from, fallback=fallback)
         self.rows[path] = self.rows.get(path, 0) + int(out.shape[0])
         return out
 
     def compute(
-        self, path: str, xt: torch.Tensor, bias: torch.Tensor | None, *, recenter_from: int = 0
+        self,
+        path: str,
+        xt: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        recenter_from: int = 0,
+        fallback: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The step by ``path`` (one of :attr:`offered`): [steps, D] float32."""
         if path == "fused":
@@ -275,8 +310,9 @@ class HeadPaths:
                 recenter=self.recenter,
                 recenter_from=recenter_from,
                 tap_sums=self.tap_sums,
+                recenter_fallback=fallback if self.recenter else None,
             )[0]
-        y = self.conv(xt, bias, recenter_from=recenter_from)[0].T  # [steps, O]
+        y = self.conv(xt, bias, recenter_from=recenter_from, fallback=fallback)[0].T  # [steps, O]
         if path == "gemm":
             assert self._gemm is not None and self._pack is not None  # offered only with the Triton paths
             if self._packed is None:
@@ -290,7 +326,11 @@ class HeadPaths:
         return apply_activation(out, self.head_activation)
 
     def _tsconv_conv(
-        self, xt: torch.Tensor, bias: torch.Tensor | None, recenter_from: int = 0
+        self,
+        xt: torch.Tensor,
+        bias: torch.Tensor | None,
+        recenter_from: int = 0,
+        fallback: torch.Tensor | None = None,
     ) -> torch.Tensor:
         from tsconv.kernels.conv1d import conv1d
 
@@ -306,6 +346,7 @@ class HeadPaths:
             recenter=self.recenter,
             recenter_from=recenter_from,
             tap_sums=self.tap_sums,
+            recenter_fallback=fallback if self.recenter else None,
         )
 
 

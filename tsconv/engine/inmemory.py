@@ -66,8 +66,8 @@ def features(
     The computation is :func:`process`'s (on CUDA the batched engine, where ``chunk`` is not used; on the
     CPU chunks of ``chunk`` steps), so results match it on the same data. On the CPU: bit for bit at the
     same ``chunk`` (:func:`process`'s default is 1,024, this one's 65,536), and for built-in filters at any;
-    weights stages centre each chunk on its own level, so at another ``chunk`` they agree within float32
-    rounding. A frame gives a frame of its kind
+    weights stages re-centre in blocks counted from each chunk's first row, so at another ``chunk`` they agree
+    within float32 rounding. A frame gives a frame of its kind
     (polars DataFrame or LazyFrame: a polars DataFrame; pandas DataFrame: a pandas DataFrame with the same
     index; pyarrow Table or RecordBatch: a Table): its columns are read by name, its ``time_column`` (the
     default ``time`` if present; another name must be a column, or a pandas index's name) is carried over

@@ -1,10 +1,12 @@
-"""The level each chunk (CPU engine) or step (batched engine) is centred on before the first stage.
+"""The level of each chunk (CPU engine) or step (batched engine) that a first stage's re-centring falls back on.
 
-The first stage computes conv(x) as conv(x - c) + c * sum(taps), with c a per-feature level taken from
-the data, so that raw price levels keep their low digits (see ``Backend._first_stage_input``). Any finite
-c gives the same result in exact arithmetic; in float32 the error grows with |x - c|, so c must be close
-to the chunk's values. It must also come from a step no later than the outputs it touches, so that
-causality holds bit for bit.
+A first stage of weights on level data computes each block of outputs as conv(x - v) + v * sum(taps), with v
+the block's own level (the median of a few rows at its start; see ``conv1d(recenter=)``), so that raw price
+levels keep their low digits. Where a block has no finite sample of a feature (a symbol that starts trading
+inside it) or a sample before the call's first row, v is this chunk level c instead
+(``conv1d(recenter_fallback=)``), so c must be close to the chunk's values; it must also come from a step no
+later than the outputs it touches, so that causality holds bit for bit. Log levels (``[preprocess] transform
+= "log"``) are centred on the log of it in float64 before their rounding to float32.
 
 The rule, per feature: the median of the finite values among the last TAIL_ROWS prepared rows before the
 chunk (the lower middle one when their count is even; the engines read that many rows before a chunk or
@@ -12,10 +14,10 @@ step whatever the halo, :func:`rows_before`), so that up to two infinities or ba
 level of 1e30 left every output of it off by about 1e23); else the fill state where it is finite; else
 the feature's first finite value in the chunk (the outputs before it read no finite value of the
 feature, so the choice cannot change them); else 0. Rows before step 0 (the zero history) are not data
-and never count. Two cases can still centre a chunk far from its values: a burst of three or more
+and never count. Two cases can still give a chunk a level far from its values: a burst of three or more
 extreme values ending exactly at a chunk edge, and a feature whose first finite print is extreme (its
-first finite value is the only causal choice). The outputs then keep their non-finite pattern, but that
-chunk's finite outputs of the feature lose precision in proportion to the extreme value.
+first finite value is the only causal choice). The outputs then keep their non-finite pattern, but the
+blocks of that chunk that fall back on the level lose precision in proportion to the extreme value.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ __all__ = [
     "check_grid",
     "dot_first",
     "dot_fp32",
+    "level_fallback",
     "grouped",
     "level",
     "max_offset",
@@ -209,15 +210,23 @@ def grouped(pid, n_rows, n_cols, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _level_sample(row0_ptrs, row, j, lv_min, dilation, stride_t, L_in, mask):
-    """x at ``row - j * d`` for :func:`level`, 0 where not finite; a row before row 0 is ``row`` itself."""
+def _level_sample(row0_ptrs, row, j, lv_min, dilation, stride_t, L_in, mask, fb):
+    """x at ``row - j * d`` for :func:`level`, ``fb`` where not finite; a row before row 0 is ``row`` itself."""
     r = tl.maximum(tl.where(row - j * dilation >= 0, row - j * dilation, row), lv_min)
     v = tl.load(row0_ptrs + r * stride_t, mask=mask & (r < L_in), other=0.0).to(tl.float32)
-    return tl.where(tl.abs(v) < float("inf"), v, 0.0)
+    return tl.where(tl.abs(v) < float("inf"), v, fb)
 
 
 @triton.jit
-def level(row0_ptrs, row, lv_min, dilation, stride_t, L_in, mask, SAMPLES: tl.constexpr):
+def level_fallback(f_ptr, offs, mask, FALLBACK: tl.constexpr):
+    """Each channel's level where its samples are not finite (``conv1d(recenter_fallback=)``), else 0."""
+    if FALLBACK:
+        return tl.load(f_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return offs.to(tl.float32) * 0.0
+
+
+@triton.jit
+def level(row0_ptrs, row, lv_min, dilation, stride_t, L_in, mask, fb, SAMPLES: tl.constexpr):
     """The re-centering level of a block of outputs (``recenter=True``).
 
     ``row`` is the input row of the last tap of the block's first output (in "causal" padding that output's
@@ -229,15 +238,17 @@ def level(row0_ptrs, row, lv_min, dilation, stride_t, L_in, mask, SAMPLES: tl.co
     Rows before ``lv_min`` are the caller's zero history (the engine's first step;
     ``conv1d(recenter_from=)``): samples there move to ``lv_min``, the first row of data (outputs whose own
     step is before it are the history's, which the engine discards). A sample that is not finite counts as
-    0, so NaN and inf still reach exactly the outputs whose taps read them. ``row0_ptrs`` point at input row 0.
+    ``fb`` (:func:`level_fallback`: the caller's level of the channel, e.g. the engine's chunk level, else 0), so
+    NaN and inf still reach exactly the outputs whose taps read them, and a block where a series starts (its
+    samples NaN) is centred near the series' first values, not on 0. ``row0_ptrs`` point at input row 0.
     """
-    v = _level_sample(row0_ptrs, row, 0, lv_min, dilation, stride_t, L_in, mask)
+    v = _level_sample(row0_ptrs, row, 0, lv_min, dilation, stride_t, L_in, mask, fb)
     if SAMPLES >= 3:
-        v1 = _level_sample(row0_ptrs, row, 1, lv_min, dilation, stride_t, L_in, mask)
-        v2 = _level_sample(row0_ptrs, row, 2, lv_min, dilation, stride_t, L_in, mask)
+        v1 = _level_sample(row0_ptrs, row, 1, lv_min, dilation, stride_t, L_in, mask, fb)
+        v2 = _level_sample(row0_ptrs, row, 2, lv_min, dilation, stride_t, L_in, mask, fb)
         if SAMPLES == 5:
-            v3 = _level_sample(row0_ptrs, row, 3, lv_min, dilation, stride_t, L_in, mask)
-            v4 = _level_sample(row0_ptrs, row, 4, lv_min, dilation, stride_t, L_in, mask)
+            v3 = _level_sample(row0_ptrs, row, 3, lv_min, dilation, stride_t, L_in, mask, fb)
+            v4 = _level_sample(row0_ptrs, row, 4, lv_min, dilation, stride_t, L_in, mask, fb)
             # median of five: the median of v4 and the middle pair of (v, v1) and (v2, v3)
             lo = tl.maximum(tl.minimum(v, v1), tl.minimum(v2, v3))
             hi = tl.minimum(tl.maximum(v, v1), tl.maximum(v2, v3))

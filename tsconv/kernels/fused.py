@@ -66,13 +66,14 @@ from tsconv.kernels.common import (
     activate,
     dot_fp32,
     level,
+    level_fallback,
     max_offset,
     round_tf32_into,
     round_tf32_rne,
     tf32_buffer,
 )
 from tsconv.kernels.conv1d.dense import a16_buffer, dense_descriptors, prepare_dense_weights, tma_conv_tile
-from tsconv.kernels.conv1d.spec import ConvSpec, check_tap_sums, validate
+from tsconv.kernels.conv1d.spec import ConvSpec, check_fallback, check_tap_sums, validate
 from tsconv.kernels.torch_side import WEIGHTS, custom_op, recenter_sums, round_tf32_torch
 from tsconv.kernels.weight_cache import writes_out
 
@@ -114,6 +115,7 @@ def _conv1d_head_kernel(
     wlo_ptr,
     b_ptr,
     s_ptr,
+    f_ptr,
     hw_ptr,
     hwlo_ptr,
     hb_ptr,
@@ -150,6 +152,7 @@ def _conv1d_head_kernel(
     ROUND_H: tl.constexpr,
     INDEX64: tl.constexpr,
     RECENTER: tl.constexpr,
+    FALLBACK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -207,7 +210,10 @@ def _conv1d_head_kernel(
             if PREC == 0:
                 a = a.to(tl.float32)
                 if RECENTER:
-                    lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 5)
+                    fb = level_fallback(f_ptr + c0, offs_c, c_ok, FALLBACK)
+                    lv = level(
+                        lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, fb, 5
+                    )
                     a = a - lv[None, :]
                 acc = dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
             elif PREC == 1:  # float32 x was rounded to TF32 by the launcher's pre-pass (see conv1d)
@@ -219,7 +225,8 @@ def _conv1d_head_kernel(
             addback = tl.full((BLOCK_O,), 0.0, tl.float64)
             for c0 in range(0, C, BLOCK_C):
                 c_ok = offs_c < C - c0
-                lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 5)
+                fb = level_fallback(f_ptr + c0, offs_c, c_ok, FALLBACK)
+                lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, fb, 5)
                 s_ptrs = s_ptr + offs_o[None, :].to(tl.int64) * C + (c0 + offs_c)[:, None]
                 sums = tl.load(s_ptrs, mask=c_ok[:, None] & o_mask[None, :], other=0.0)
                 addback += tl.sum(sums * lv.to(tl.float64)[:, None], axis=0)
@@ -626,6 +633,7 @@ def conv1d_head(
     recenter: bool = False,
     recenter_from: int = 0,
     tap_sums: torch.Tensor | None = None,
+    recenter_fallback: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``head_act(act(conv1d(x) + bias) @ head_weight + head_bias)`` per step; returns float32 [N, L_out, D].
 
@@ -642,7 +650,7 @@ def conv1d_head(
             "tf32" / "fp16" (10-bit mantissas; unfit for raw price levels).
         out: optional float32 [N, L_out, D] destination with any non-overlapping strides; it must not share
             memory with the inputs. Without it a contiguous [N, L_out, D] tensor is allocated.
-        recenter, recenter_from, tap_sums: the conv's per-block re-centering for raw levels, as in
+        recenter, recenter_from, tap_sums, recenter_fallback: the conv's per-block re-centering for raw levels, as in
             :func:`tsconv.kernels.conv1d.conv1d` ("fp32" only).
 
     Fused for dense convs (groups = 1) with O <= 1024 and D <= 256 (see :func:`fused_path`); other shapes
@@ -659,7 +667,8 @@ def conv1d_head(
     if torch.compiler.is_compiling():
         # one graph node instead of a trace into the tuner and Triton's launcher
         y = _conv1d_head_op(x, weight, bias, head_weight, head_bias, dilation, groups, padding, activation,
-                            head_activation, precision, recenter, recenter_from, tap_sums)  # fmt: skip
+                            head_activation, precision, recenter, recenter_from, tap_sums,
+                            recenter_fallback)  # fmt: skip
         return y if out is None else out.copy_(y)
     spec = _validate(
         x,
@@ -679,6 +688,7 @@ def conv1d_head(
     )
     c = spec.conv
     check_tap_sums(tap_sums, weight, c)
+    check_fallback(recenter_fallback, x, c)
     if out is None:
         out = torch.empty((c.N, c.L_out, spec.D), dtype=torch.float32, device=x.device)
     if out.numel() == 0:
@@ -690,12 +700,14 @@ def conv1d_head(
         if reason is not None:
             last_launch.clear()
             last_launch.update(path="unfused", reason=reason)
-            _unfused(x, weight, bias, head_weight, head_bias, out, spec, tap_sums)
+            _unfused(x, weight, bias, head_weight, head_bias, out, spec, tap_sums, recenter_fallback)
         elif x.is_cuda:
             with torch.cuda.device(x.device):  # Triton launches on the current device and stream
-                _fused_triton(x, weight, bias, head_weight, head_bias, out, spec, tap_sums=tap_sums)
+                _fused_triton(x, weight, bias, head_weight, head_bias, out, spec, tap_sums=tap_sums,
+                              fallback=recenter_fallback)  # fmt: skip
         else:
-            _fused_triton(x, weight, bias, head_weight, head_bias, out, spec, tap_sums=tap_sums)
+            _fused_triton(x, weight, bias, head_weight, head_bias, out, spec, tap_sums=tap_sums,
+                          fallback=recenter_fallback)  # fmt: skip
     return out
 
 
@@ -715,11 +727,13 @@ def _conv1d_head_op(
     recenter: bool,
     recenter_from: int,
     tap_sums: torch.Tensor | None,
+    recenter_fallback: torch.Tensor | None,
 ) -> torch.Tensor:
     """``torch.ops.tsconv.conv1d_head``: :func:`conv1d_head` without ``out``."""
     return conv1d_head(x, weight, bias, head_weight, head_bias, dilation=dilation, groups=groups,
                        padding=padding, activation=activation, head_activation=head_activation,
-                       precision=precision, recenter=recenter, recenter_from=recenter_from, tap_sums=tap_sums)  # fmt: skip
+                       precision=precision, recenter=recenter, recenter_from=recenter_from, tap_sums=tap_sums,
+                       recenter_fallback=recenter_fallback)  # fmt: skip
 
 
 @_conv1d_head_op.register_fake
@@ -738,12 +752,14 @@ def _conv1d_head_fake(
     recenter: bool,
     recenter_from: int,
     tap_sums: torch.Tensor | None,
+    recenter_fallback: torch.Tensor | None,
 ) -> torch.Tensor:
     # the same checks as a real call, so a misfit fails while tracing with conv1d_head's message
     spec = _validate(x, weight, bias, head_weight, head_bias, None, dilation=dilation, groups=groups,
                      padding=padding, activation=activation, head_activation=head_activation,
                      precision=precision, recenter=recenter, recenter_from=recenter_from)  # fmt: skip
     check_tap_sums(tap_sums, weight, spec.conv)
+    check_fallback(recenter_fallback, x, spec.conv)
     return x.new_empty((spec.conv.N, spec.conv.L_out, head_weight.shape[1]), dtype=torch.float32)
 
 
@@ -756,6 +772,7 @@ def _unfused(
     out: torch.Tensor,
     spec: _Spec,
     tap_sums: torch.Tensor | None = None,
+    fallback: torch.Tensor | None = None,
 ) -> None:
     """conv1d into a time-major [N, L_out, O] buffer, then gemm on its [N * L_out, O] view."""
     c = spec.conv
@@ -773,6 +790,7 @@ def _unfused(
         recenter=c.recenter,
         recenter_from=c.recenter_from,
         tap_sums=tap_sums,
+        recenter_fallback=fallback,
     )
     rows = c.N * c.L_out
     try:
@@ -836,8 +854,10 @@ def _fused_triton(
     *,
     config: autotune.Config | None = None,
     tap_sums: torch.Tensor | None = None,
+    fallback: torch.Tensor | None = None,
 ) -> object:
-    """Run the fused kernel; ``config`` (tests only) bypasses the tuner. Returns the last launch's result."""
+    """Run the fused kernel; ``config`` (tests only) bypasses the tuner; ``fallback``: conv1d_head's
+    ``recenter_fallback``. Returns the last launch's result."""
     c = spec.conv
     w_hi, w_lo = WEIGHTS.get(  # [1, K, O, C padded to 16], shared with conv1d's cache
         weight, ("dense", 1, c.precision), lambda w: prepare_dense_weights(w, 1, c.precision)
@@ -867,6 +887,7 @@ def _fused_triton(
         "ROUND_H": c.precision == "tf32" and _ROUND_TF32,
         "INDEX64": index64,
         "RECENTER": c.recenter,
+        "FALLBACK": fallback is not None,
         "BLOCK_D": block_d,
     }
     sums = recenter_sums(weight, tap_sums) if c.recenter else w_hi
@@ -895,6 +916,7 @@ def _fused_triton(
             w_hi if w_lo is None else w_lo,
             w_hi if b is None else b,
             sums,
+            sums if fallback is None else fallback,
             h_hi,
             h_hi if h_lo is None else h_lo,
             h_hi if hb is None else hb,

@@ -1,17 +1,19 @@
-"""Input preparation on the GPU: upcast, forward fill, centering and the halo, in one pass over the input.
+"""Input preparation on the GPU: upcast, forward fill, the step's level and the halo, in one pass over the input.
 
 The batched engine (:mod:`tsconv.engine.batched`) hands the raw rows of a step (or of one band of it) to
 :func:`prepare`, which writes the first stage's input ``xc`` [halo + n, C] float32, time-major:
 
 * rows ``halo ..``: the step's rows, upcast to float32, forward filled (NaN takes the feature's last
-  value, carried across steps in ``state``), minus a per-feature level;
-* rows ``0 .. halo``: the previous rows (the last of ``carry_in``, raw filled values kept exactly) minus the level,
-  written by the step's last piece once the level is final.
+  value, carried across steps in ``state``);
+* rows ``0 .. halo``: the previous rows (the last of ``carry_in``, raw filled values kept exactly), written by
+  the step's last piece.
 
-The level is the one the CPU engine uses (:mod:`tsconv.engine.level`): the batched engine sets it before
-the step from the last rows before it and the fill state; a feature without one takes its first finite
-value in the step (earlier rows of it are not finite), else 0.
-Subtracting it is the same float32 operation the CPU engine performs, so the conv sees the same numbers.
+It also completes the step's ``level``, the one the CPU engine takes per chunk (:mod:`tsconv.engine.level`):
+the batched engine sets it before the step from the last rows before it and the fill state; a feature
+without one takes its first finite value in the step (earlier rows of it are not finite), else 0. The
+first stage's re-centring falls back on it where a block has no finite sample of a feature
+(``conv1d(recenter_fallback=)``). The rows are not centred on it: x - level rounded every row that moved
+more than about 2x from it at the level's resolution (benchmarks/NOTES.md, "Centring levels").
 
 Up to three launches per piece. The rows are cut into segments (up to 32) so that a piece runs on enough
 programs: one program per (block of 16 features, segment). The first kernel summarises each segment (its
@@ -132,7 +134,6 @@ def _prep_kernel(
     xc_ptr,
     stride_xr,
     FILL: tl.constexpr,
-    CENTER: tl.constexpr,
     HAS_COLS: tl.constexpr,
     ONE_SEGMENT: tl.constexpr,
     BT: tl.constexpr,
@@ -161,15 +162,8 @@ def _prep_kernel(
         lvl = tl.where(lvl == lvl, lvl, _first_valid(filled, tl.abs(filled) < float("inf"), rows, BT))
         v = filled if FILL else x
         g = off + r  # row within the step
-        if CENTER:
-            # Until a feature's first finite value, its level is unknown (NaN) but its rows are NaN or
-            # infinite, which any finite level leaves as they are: subtracting the NaN would turn an
-            # infinite first print into NaN (and NaN every output that reads it).
-            y = v - tl.where(lvl == lvl, lvl, 0.0)[None, :]
-        else:
-            y = v
         xrow = (halo + g).to(tl.int64)
-        tl.store(xc_ptr + xrow[:, None] * stride_xr + cidx[None, :], y, mask=m)
+        tl.store(xc_ptr + xrow[:, None] * stride_xr + cidx[None, :], v, mask=m)
         if kept > 0:
             crow = (g - keep_from).to(tl.int64)
             cm = m & (g >= keep_from)[:, None]
@@ -182,10 +176,10 @@ def _prep_kernel(
 @triton.jit
 def _finish_kernel(
     state_ptr, level_ptr, summ_ptr, nseg, C, halo, kept, carry_in_ptr, xc_ptr, stride_xr,
-    CENTER: tl.constexpr, LAST: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    LAST: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):  # fmt: skip
     """After every segment: the fill state and level leaving the piece; after a step's last piece, the
-    halo rows (the last ``halo`` of the ``kept`` carried raw filled rows, minus the final level)."""
+    halo rows (the last ``halo`` of the ``kept`` carried raw filled rows) and the final level."""
     pid = tl.program_id(0)
     cidx = pid * BC + tl.arange(0, BC)
     cmask = cidx < C
@@ -199,8 +193,6 @@ def _finish_kernel(
             hm = (h < halo)[:, None] & cmask[None, :]
             c = tl.load(carry_in_ptr + (kept - halo + h)[:, None].to(tl.int64) * C + cidx[None, :], mask=hm,
                         other=0.0)  # fmt: skip
-            if CENTER:
-                c = c - lvl[None, :]
             tl.store(xc_ptr + h[:, None].to(tl.int64) * stride_xr + cidx[None, :], c, mask=hm)
     tl.store(level_ptr + cidx, lvl, mask=cmask)
 
@@ -227,7 +219,6 @@ def prepare(
     n_step: int,
     cols: torch.Tensor | None = None,
     fill: bool = True,
-    center: bool = True,
     last: bool = True,
     split: bool = True,
 ) -> None:
@@ -264,11 +255,11 @@ def prepare(
             )  # fmt: skip
         _prep_kernel[(fb, nseg)](
             src, src.stride(0), src.stride(1), cols_arg, n, off, n_step, halo, kept, C, state, level, summ,
-            nseg, seg, carry_out, xc, xc.stride(0), FILL=fill, CENTER=center, ONE_SEGMENT=nseg == 1, **common,
+            nseg, seg, carry_out, xc, xc.stride(0), FILL=fill, ONE_SEGMENT=nseg == 1, **common,
         )  # fmt: skip
     else:
         summ.fill_(float("nan"))
     _finish_kernel[(fb,)](
-        state, level, summ, nseg, C, halo, kept, carry_in, xc, xc.stride(0), CENTER=center, LAST=last, BT=_BT,
+        state, level, summ, nseg, C, halo, kept, carry_in, xc, xc.stride(0), LAST=last, BT=_BT,
         BC=_BC, num_warps=2,
     )  # fmt: skip

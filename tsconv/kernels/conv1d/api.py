@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from tsconv.kernels import autotune, torch_side
 from tsconv.kernels.checks import ACT_NAME as _ACT_NAME
 from tsconv.kernels.conv1d import state
-from tsconv.kernels.conv1d.spec import ConvSpec, check_tap_sums, validate
+from tsconv.kernels.conv1d.spec import ConvSpec, check_fallback, check_tap_sums, validate
 from tsconv.kernels.launch import overlaps, tensor_key
 from tsconv.kernels.torch_side import WEIGHTS, apply_activation, custom_op, recenter_sums
 from tsconv.kernels.weight_cache import writes_out
@@ -73,6 +73,7 @@ def conv1d(
     recenter: bool = False,
     recenter_from: int = 0,
     tap_sums: torch.Tensor | None = None,
+    recenter_fallback: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal conv1d with fused bias and activation; returns the float32 [N, O, L_out] result.
 
@@ -112,6 +113,10 @@ def conv1d(
             added back with (default: the stored weight's own). Pass the sums of the weights as given
             before rounding them to float16, so that the rounding does not add level x (rounded sum - true
             sum) to every output.
+        recenter_fallback: with ``recenter``, optional float32 [C]: each channel's level where a block's
+            samples are not finite (a series that starts inside the block; default 0). Pass a level near the
+            channel's values (its last value before ``x``, or its first in ``x``), so that on raw prices the
+            block where a series starts is centred near its first prints rather than on 0.
 
     The call is asynchronous on CUDA (the current stream of ``x``'s device) and not differentiable. The first
     call for a new shape class on a GPU tunes the block shapes (several launches into ``out``, a few seconds;
@@ -126,12 +131,12 @@ def conv1d(
         # torch.compile: the call becomes one node of the graph (the tsconv::conv1d op) instead of being
         # traced into the launch plans, the tuner and Triton's launcher
         y = _conv1d_op(x, weight, bias, dilation, groups, padding, activation, precision, recenter,
-                       recenter_from, tap_sums)  # fmt: skip
+                       recenter_from, tap_sums, recenter_fallback)  # fmt: skip
         return y if out is None else out.copy_(y)
     options = (dilation, groups, padding, activation, precision, recenter, recenter_from)
-    key = _plan_key(x, weight, bias, out, options, tap_sums)
+    key = _plan_key(x, weight, bias, out, options, tap_sums, recenter_fallback)
     if key is not None:
-        y = _planned(key, x, weight, bias, out, tap_sums)
+        y = _planned(key, x, weight, bias, out, tap_sums, recenter_fallback)
         if y is not None:
             return y
     spec = validate(
@@ -148,19 +153,21 @@ def conv1d(
         recenter_from=recenter_from,
     )
     check_tap_sums(tap_sums, weight, spec)
+    check_fallback(recenter_fallback, x, spec)
     if out is None:
         out = _allocate_out(x, spec)
     if out.numel() == 0:
         return out
+    f = recenter_fallback
     with torch.no_grad():
         if x.is_cuda:
             if key is not None:  # x is on the current device (_plan_key)
-                _conv1d_triton(x, weight, bias, out, spec, plan_key=key, tap_sums=tap_sums)
+                _conv1d_triton(x, weight, bias, out, spec, plan_key=key, tap_sums=tap_sums, fallback=f)
             else:
                 with torch.cuda.device(x.device):  # Triton launches on the current device and stream
-                    _conv1d_triton(x, weight, bias, out, spec, tap_sums=tap_sums)
+                    _conv1d_triton(x, weight, bias, out, spec, tap_sums=tap_sums, fallback=f)
         elif torch_side.INTERPRETED:
-            _conv1d_triton(x, weight, bias, out, spec, plan_key=key, tap_sums=tap_sums)
+            _conv1d_triton(x, weight, bias, out, spec, plan_key=key, tap_sums=tap_sums, fallback=f)
         else:
             _conv1d_torch(x, weight, bias, out, spec)
     return out
@@ -184,10 +191,12 @@ def _conv1d_op(
     recenter: bool,
     recenter_from: int,
     tap_sums: torch.Tensor | None,
+    recenter_fallback: torch.Tensor | None,
 ) -> torch.Tensor:
     """``torch.ops.tsconv.conv1d``: :func:`conv1d` without ``out`` (an op that returns a new tensor)."""
     return conv1d(x, weight, bias, dilation=dilation, groups=groups, padding=padding, activation=activation,
-                  precision=precision, recenter=recenter, recenter_from=recenter_from, tap_sums=tap_sums)  # fmt: skip
+                  precision=precision, recenter=recenter, recenter_from=recenter_from, tap_sums=tap_sums,
+                  recenter_fallback=recenter_fallback)  # fmt: skip
 
 
 @_conv1d_op.register_fake
@@ -203,11 +212,13 @@ def _conv1d_fake(
     recenter: bool,
     recenter_from: int,
     tap_sums: torch.Tensor | None,
+    recenter_fallback: torch.Tensor | None,
 ) -> torch.Tensor:
     # the same checks (so a misfit fails while tracing, with conv1d's message) and the same layout as a real call
     spec = validate(x, weight, bias, None, dilation=dilation, groups=groups, padding=padding,
                     activation=activation, precision=precision, recenter=recenter, recenter_from=recenter_from)  # fmt: skip
     check_tap_sums(tap_sums, weight, spec)
+    check_fallback(recenter_fallback, x, spec)
     return _allocate_out(x, spec)
 
 
@@ -273,6 +284,7 @@ def _conv1d_triton(
     config: autotune.Config | None = None,
     plan_key: tuple | None = None,
     tap_sums: torch.Tensor | None = None,
+    fallback: torch.Tensor | None = None,
 ) -> object:
     """Run the Triton path; ``config`` (tests only) bypasses the tuner and fixes the block shapes.
     ``plan_key``: record the launch as a plan under this key (see :func:`_planned`).
@@ -283,8 +295,12 @@ def _conv1d_triton(
     Cg, Og = spec.C // spec.groups, spec.O // spec.groups
     b = None if bias is None else bias.contiguous()
     if _uses_gemm(Cg, Og):
-        return launch_dense(x, weight, b, out, spec, config, plan_key=plan_key, tap_sums=tap_sums)
-    return launch_direct(x, weight, b, out, spec, config, plan_key=plan_key, tap_sums=tap_sums)
+        return launch_dense(
+            x, weight, b, out, spec, config, plan_key=plan_key, tap_sums=tap_sums, fallback=fallback
+        )
+    return launch_direct(
+        x, weight, b, out, spec, config, plan_key=plan_key, tap_sums=tap_sums, fallback=fallback
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -293,7 +309,13 @@ def _conv1d_triton(
 
 
 def _plan_key(
-    x: object, weight: object, bias: object, out: object, options: tuple, tap_sums: object = None
+    x: object,
+    weight: object,
+    bias: object,
+    out: object,
+    options: tuple,
+    tap_sums: object = None,
+    fallback: object = None,
 ) -> tuple | None:
     """Everything validation, the tuner's key and the kernels' specialization read from a call, or None (no
     plan: plans off, x not a plain tensor on the current CUDA device or interpreted on the CPU).
@@ -314,6 +336,7 @@ def _plan_key(
         tensor_key(out) if isinstance(out, torch.Tensor) else out is None,
         tuple((type(v), v) for v in options),
         tensor_key(tap_sums) if isinstance(tap_sums, torch.Tensor) else tap_sums is None,
+        tensor_key(fallback) if isinstance(fallback, torch.Tensor) else fallback is None,
         # the switches the launchers read (tests set them)
         (state.A_SPLIT, state.FLUSH, state.ROUND_X_TF32, state.FORCE_INDEX64),
     )
@@ -326,6 +349,7 @@ def _planned(
     bias: torch.Tensor | None,
     out: torch.Tensor | None,
     tap_sums: torch.Tensor | None = None,
+    fallback: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Replay the launch recorded under ``key`` with this call's tensors; None when there is none, or when
     ``out`` overlaps an input (the full path raises the error)."""
@@ -341,11 +365,12 @@ def _planned(
         if overlaps(o, e_out, x, e_x) or overlaps(o, e_out, weight, e_w) or overlaps(o, e_out, bias, e_b):
             return None
     with torch.no_grad():
-        if entry.pack is not None:  # direct, bank, window: (x, packed weights, bias, tap sums, out)
+        if entry.pack is not None:  # direct, bank, window: (x, packed weights, bias, tap sums, fallback, out)
             wp = entry.pack(weight)
             sums = recenter_sums(weight, tap_sums) if spec.recenter else wp
-            entry.plan.launch((x, wp, wp if bias is None else bias.contiguous(), sums, out))
+            f = sums if fallback is None else fallback
+            entry.plan.launch((x, wp, wp if bias is None else bias.contiguous(), sums, f, out))
         else:
-            _launchers()[2](entry, x, weight, bias, out, tap_sums)  # the dense family's replay
+            _launchers()[2](entry, x, weight, bias, out, tap_sums, fallback)  # the dense family's replay
     state.last_launch.update(path=entry.path, config=entry.config)
     return out

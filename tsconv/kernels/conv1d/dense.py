@@ -49,6 +49,7 @@ from tsconv.kernels.common import (
     dot_fp32,
     grouped,
     level,
+    level_fallback,
     max_offset,
     round_tf32_into,
     tf32_buffer,
@@ -83,6 +84,7 @@ def _conv1d_dense_kernel(
     wlo_ptr,
     b_ptr,
     s_ptr,
+    f_ptr,
     y_ptr,
     L_in,
     L_out,
@@ -111,6 +113,7 @@ def _conv1d_dense_kernel(
     FLUSH: tl.constexpr,
     INDEX64: tl.constexpr,
     RECENTER: tl.constexpr,
+    FALLBACK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
@@ -148,6 +151,7 @@ def _conv1d_dense_kernel(
     if INDEX64:
         t_lvl = t_lvl.to(tl.int64)
     lv_ptrs = x_base + offs_c * stride_xc
+    f_base = f_ptr + g * Cg  # the group's channels' fallback levels
     # One flat loop over (channel block, tap), taps fastest (consecutive A tiles overlap in time), so the
     # software pipeline spans all K * n_cb steps.
     for it in range(0, K * n_cb):
@@ -168,7 +172,8 @@ def _conv1d_dense_kernel(
         if PREC == 0:
             a = a.to(tl.float32)
             if RECENTER:  # exact where x is near its level (the case it is for); masked zeros become -level
-                lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 5)
+                fb = level_fallback(f_base + c0, offs_c, c_ok, FALLBACK)
+                lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, fb, 5)
                 a = a - lv[None, :]
             acc = dot_fp32(a, b, wlo_ptrs + w_off, w_mask, acc, A_SPLIT, W_SPLIT, FLUSH)
         elif PREC == 1:
@@ -185,7 +190,8 @@ def _conv1d_dense_kernel(
         addback = tl.full((BLOCK_O,), 0.0, tl.float64)
         for c0 in range(0, Cg, BLOCK_C):
             c_ok = offs_c < Cg - c0
-            lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, 5)
+            fb = level_fallback(f_base + c0, offs_c, c_ok, FALLBACK)
+            lv = level(lv_ptrs + c0 * stride_xc, t_lvl, lv_min, dilation, stride_xt, L_in, c_ok, fb, 5)
             s_ptrs = s_ptr + (g * Og + offs_o)[None, :].to(tl.int64) * Cg + (c0 + offs_c)[:, None]
             s = tl.load(s_ptrs, mask=c_ok[:, None] & o_mask[None, :], other=0.0)
             addback += tl.sum(s * lv.to(tl.float64)[:, None], axis=0)
@@ -375,9 +381,11 @@ def launch_dense(
     *,
     plan_key: tuple | None = None,
     tap_sums: torch.Tensor | None = None,
+    fallback: torch.Tensor | None = None,
 ) -> object:
     """Launch a dense kernel for ``spec``: with ``config`` (tests), else with the tuner's pick for the shape
-    class. ``plan_key``: record the launch as a plan (:func:`replay`). Returns what the launch returned."""
+    class. ``plan_key``: record the launch as a plan (:func:`replay`). ``fallback``: conv1d's
+    ``recenter_fallback``. Returns what the launch returned."""
     G, K = spec.groups, spec.K
     Cg, Og = spec.C // G, spec.O // G
     w_hi, w_lo = dense_weights(weight, spec)
@@ -409,6 +417,7 @@ def launch_dense(
         "FLUSH": state.FLUSH,
         "INDEX64": index64,
         "RECENTER": spec.recenter,
+        "FALLBACK": fallback is not None,
     }
     sums = recenter_sums(weight, tap_sums) if spec.recenter else w_hi
 
@@ -448,6 +457,7 @@ def launch_dense(
             "wlo_ptr": w_hi if w_lo is None else w_lo,
             "b_ptr": w_hi if bias is None else bias,
             "s_ptr": sums,
+            "f_ptr": sums if fallback is None else fallback,
             "y_ptr": out,
             "L_in": spec.L,
             "L_out": spec.L_out,
@@ -546,6 +556,7 @@ def replay(
     bias: torch.Tensor | None,
     out: torch.Tensor,
     tap_sums: torch.Tensor | None = None,
+    fallback: torch.Tensor | None = None,
 ) -> None:
     """Launch the plan :func:`launch_dense` recorded with this call's tensors: the weights from the cache, the
     copy of x made by the recorded pass (``state.PREP_*``), the TMA descriptors built afresh."""
@@ -564,4 +575,5 @@ def replay(
         entry.plan.launch((x_desc, w_desc, w_hi, b, out))
     else:
         sums = recenter_sums(weight, tap_sums) if spec.recenter else w_hi
-        entry.plan.launch((x_k, w_hi, w_hi if w_lo is None else w_lo, b, sums, out))
+        f = sums if fallback is None else fallback
+        entry.plan.launch((x_k, w_hi, w_hi if w_lo is None else w_lo, b, sums, f, out))

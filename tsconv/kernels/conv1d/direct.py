@@ -26,7 +26,7 @@ import triton.language as tl
 from tsconv.kernels import autotune, torch_side
 from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
 from tsconv.kernels.checks import dtype_name as _dtype_name
-from tsconv.kernels.common import activate, check_grid, level, max_offset
+from tsconv.kernels.common import activate, check_grid, level, level_fallback, max_offset
 from tsconv.kernels.conv1d import state
 from tsconv.kernels.conv1d.spec import ConvSpec, layout
 from tsconv.kernels.conv1d.window import launch_window
@@ -64,6 +64,7 @@ def _conv1d_direct_kernel(
     w_ptr,
     b_ptr,
     s_ptr,
+    f_ptr,
     y_ptr,
     L_in,
     L_out,
@@ -90,6 +91,7 @@ def _conv1d_direct_kernel(
     ACT: tl.constexpr,
     INDEX64: tl.constexpr,
     RECENTER: tl.constexpr,
+    FALLBACK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -146,7 +148,8 @@ def _conv1d_direct_kernel(
     k_main = K - K % UNROLL
     for ci in range(0, CG):
         if RECENTER:
-            lv1 = level(lv_ptrs, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, 5)
+            fb = level_fallback(f_ptr + ci, offs_g * CG, g_mask, FALLBACK)
+            lv1 = level(lv_ptrs, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, fb, 5)
             lv = lv1[None, :, None]
             # the level times each filter's tap sum (float64 [O, CG]), added back before the bias
             s = tl.load(s_ptr + o * CG + ci, mask=gm_mask, other=0.0)
@@ -230,6 +233,7 @@ def _conv1d_bank_kernel(
     w_ptr,
     b_ptr,
     s_ptr,
+    f_ptr,
     y_ptr,
     L_in,
     L_out,
@@ -254,6 +258,7 @@ def _conv1d_bank_kernel(
     ACT: tl.constexpr,
     INDEX64: tl.constexpr,
     RECENTER: tl.constexpr,
+    FALLBACK: tl.constexpr,
     EVEN: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -292,6 +297,7 @@ def _conv1d_bank_kernel(
         bias = tl.load(b_ptr + o, mask=gm_mask, other=0.0).to(tl.float32)
     if RECENTER:
         tap_sums = tl.load(s_ptr + o, mask=gm_mask, other=0.0)
+        fb = level_fallback(f_ptr, offs_g, g_mask, FALLBACK)[None, :, None]
     lv = tl.full((1, BLOCK_G, 1), 0.0, tl.float32)
     for it in range(T_ITERS):
         t0 = (pid_t * T_ITERS + it) * BLOCK_T
@@ -324,6 +330,7 @@ def _conv1d_bank_kernel(
                     stride_xt,
                     L_in,
                     g_mask[None, :, None],
+                    fb,
                     5,
                 )
             if (t0 >= pad) & (t0 + BLOCK_T <= interior_end):
@@ -394,10 +401,12 @@ def launch_direct(
     *,
     plan_key: tuple | None = None,
     tap_sums: torch.Tensor | None = None,
+    fallback: torch.Tensor | None = None,
 ) -> object:
     """Launch a direct, bank or window kernel for ``spec`` (the config says which): with ``config`` (tests),
     else with the tuner's pick for the shape class. ``plan_key``: record the launch as a plan, with the
-    function that packs a weight tensor for that kernel. Returns what the launch returned."""
+    function that packs a weight tensor for that kernel. ``fallback``: conv1d's ``recenter_fallback``.
+    Returns what the launch returned."""
     G, K = spec.groups, spec.K
     Cg, Og = spec.C // G, spec.O // G
     # Packed only when a direct or bank config runs: the window kernel packs its own layout.
@@ -416,19 +425,21 @@ def launch_direct(
         "ACT": spec.act,
         "INDEX64": index64,
         "RECENTER": spec.recenter,
+        "FALLBACK": fallback is not None,
         "BLOCK_M": block_m,
     }
 
     def launch(cfg: autotune.Config) -> object:
         kw = cfg.launch_kwargs()
         if kw.pop("WINDOW", 0):
-            return launch_window(x, weight, bias, out, spec, index64, kw, recorded, tap_sums)
+            return launch_window(x, weight, bias, out, spec, index64, kw, recorded, tap_sums, fallback)
         kw.setdefault("UNROLL", 1)
         wp = pack_direct(weight)
         sums = recenter_sums(weight, tap_sums) if spec.recenter else wp
+        f = sums if fallback is None else fallback
         recorded["pack"] = pack_direct
         if kw.pop("BANK", 0):
-            return _launch_bank(x, wp, bias, sums, out, spec, meta, kw, recorded)
+            return _launch_bank(x, wp, bias, sums, f, out, spec, meta, kw, recorded)
         n_tblk = triton.cdiv(spec.L_out, kw["BLOCK_T"])
         n_gblk = triton.cdiv(G, kw["BLOCK_G"])
         n_mblk = triton.cdiv(Og, block_m)
@@ -439,6 +450,7 @@ def launch_direct(
             wp,
             wp if bias is None else bias,
             sums,
+            f,
             out,
             spec.L,
             spec.L_out,
@@ -483,6 +495,7 @@ def _launch_bank(
     wp: torch.Tensor,
     bias: torch.Tensor | None,
     sums: torch.Tensor,
+    f: torch.Tensor,
     out: torch.Tensor,
     spec: ConvSpec,
     meta: dict[str, object],
@@ -505,6 +518,7 @@ def _launch_bank(
         wp,
         wp if bias is None else bias,
         sums,
+        f,
         out,
         spec.L,
         spec.L_out,

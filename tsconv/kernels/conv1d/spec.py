@@ -16,7 +16,16 @@ from tsconv.kernels.checks import ACT_CODE as _ACT_CODE
 from tsconv.kernels.checks import check_out, is_activation
 from tsconv.kernels.checks import describe as _shape
 
-__all__ = ["ACTIVATIONS", "PADDINGS", "PRECISIONS", "ConvSpec", "check_tap_sums", "layout", "validate"]
+__all__ = [
+    "ACTIVATIONS",
+    "PADDINGS",
+    "PRECISIONS",
+    "ConvSpec",
+    "check_fallback",
+    "check_tap_sums",
+    "layout",
+    "validate",
+]
 
 
 ACTIVATIONS = (None, "none", "relu", "gelu", "tanh")
@@ -208,6 +217,27 @@ def check_tap_sums(tap_sums: object, weight: torch.Tensor, spec: ConvSpec) -> No
         raise ShapeError(
             f"tap_sums must be a contiguous float64 tensor of shape {list(want)} on {weight.device}, got {got}.",
             hint="pass weight.double().sum(dim=2) of the weights as given.",
+        )
+
+
+def check_fallback(fallback: object, x: torch.Tensor, spec: ConvSpec) -> None:
+    """Refuse ``recenter_fallback`` given without ``recenter`` or not float32 [C] contiguous on x's device."""
+    if fallback is None:
+        return
+    if not spec.recenter:
+        msg = "recenter_fallback is for recenter=True."
+        raise ShapeError(msg, hint="pass recenter=True, or leave recenter_fallback out.")
+    if (
+        not isinstance(fallback, torch.Tensor)
+        or tuple(fallback.shape) != (spec.C,)
+        or fallback.dtype != torch.float32
+        or fallback.device != x.device
+        or not fallback.is_contiguous()
+    ):
+        got = _shape(fallback) if isinstance(fallback, torch.Tensor) else type(fallback).__name__
+        raise ShapeError(
+            f"recenter_fallback must be a contiguous float32 tensor of shape [{spec.C}] on {x.device}, got {got}.",
+            hint="pass one level per input channel, e.g. each channel's last value before x.",
         )
 
 

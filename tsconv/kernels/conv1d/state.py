@@ -52,8 +52,8 @@ last_launch: dict[str, str] = {}
 # weight caches"), more than its kernel for small batches; a plan replays the recorded launch with the call's
 # tensors.
 PREP_NONE, PREP_A16, PREP_ROUND = 0, 1, 2
-POINTER_SLOTS = ("x_ptr", "w_ptr", "wlo_ptr", "b_ptr", "s_ptr", "y_ptr")
-DIRECT_SLOTS = ("x_ptr", "w_ptr", "b_ptr", "s_ptr", "y_ptr")  # the direct, bank and window kernels
+POINTER_SLOTS = ("x_ptr", "w_ptr", "wlo_ptr", "b_ptr", "s_ptr", "f_ptr", "y_ptr")
+DIRECT_SLOTS = ("x_ptr", "w_ptr", "b_ptr", "s_ptr", "f_ptr", "y_ptr")  # the direct, bank and window kernels
 TMA_SLOTS = ("x_desc", "w_desc", "w_ptr", "b_ptr", "y_ptr")
 PLANS = PlanCache(64)
 autotune.on_clear(PLANS.clear)  # plans embody the tuner's winners

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from tsconv.kernels.checks import INT32_MAX as _INT32_MAX
-from tsconv.kernels.common import activate, check_grid, level
+from tsconv.kernels.common import activate, check_grid, level, level_fallback
 from tsconv.kernels.conv1d.spec import ConvSpec
 from tsconv.kernels.launch import launch_recorded
 from tsconv.kernels.torch_side import WEIGHTS, recenter_sums
@@ -69,11 +69,13 @@ def source(rows: int, filters: int, taps: int) -> tuple[str, str]:
         '@triton.jit(do_not_specialize=["L_in", "L_out", "N", "n_kstep", "dilation", "pad", "lv_min", "n_tblk"])'
     )
     add(f"def {name}(")
-    add("    x_ptr, w_ptr, b_ptr, s_ptr, y_ptr, L_in, L_out, N, G, n_kstep, dilation, pad, lv_min, n_tblk,")
+    add(
+        "    x_ptr, w_ptr, b_ptr, s_ptr, f_ptr, y_ptr, L_in, L_out, N, G, n_kstep, dilation, pad, lv_min, n_tblk,"
+    )
     add("    stride_wg,")
     add("    stride_xn, stride_xc, stride_xt, stride_yn, stride_yo, stride_yt,")
     add("    HAS_BIAS: tl.constexpr, ACT: tl.constexpr, INDEX64: tl.constexpr, VEC_STORE: tl.constexpr,")
-    add("    RECENTER: tl.constexpr,")
+    add("    RECENTER: tl.constexpr, FALLBACK: tl.constexpr,")
     add("    BLOCK_G: tl.constexpr, TAIL: tl.constexpr,")
     add("):")
     add(
@@ -101,7 +103,10 @@ def source(rows: int, filters: int, taps: int) -> tuple[str, str]:
     # before it); see common.level
     add("    if RECENTER:")
     add(f"        t_lvl = t_in + (n_kstep * {KB} + TAIL - 1) * dilation")
-    add("        lv = level(x_rows - t_in * stride_xt, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, 5)")
+    add("        fb = level_fallback(f_ptr, offs_g, g_mask, FALLBACK)")
+    add(
+        "        lv = level(x_rows - t_in * stride_xt, t_lvl, lv_min, dilation, stride_xt, L_in, g_mask, fb, 5)"
+    )
     # the first R - 1 window values
     for j in range(R - 1):
         add(
@@ -198,7 +203,10 @@ def kernel(rows: int, filters: int, taps: int) -> triton.runtime.JITFunction:
     filename = f"<tsconv.kernels.conv1d.window {name}>"
     # Triton reads a kernel's source through inspect/linecache: register the generated text under its name.
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
-    namespace = {"triton": triton, "tl": tl, "activate": activate, "level": level, "__name__": __name__}
+    namespace = {
+        "triton": triton, "tl": tl, "activate": activate, "level": level, "level_fallback": level_fallback,
+        "__name__": __name__,
+    }  # fmt: skip
     exec(compile(src, filename, "exec"), namespace)  # noqa: S102 (our own template, integers only)
     return namespace[name]
 
@@ -243,6 +251,7 @@ def launch_window(
     kw: dict[str, int],
     recorded: dict[str, object],
     tap_sums: torch.Tensor | None = None,
+    fallback: torch.Tensor | None = None,
 ) -> object:
     """Launch the generated register-window kernel (:func:`kernel`; one input channel per group) for the
     direct family's ``WINDOW`` config ``kw``; ``recorded`` gets the launch and the weights' packing function."""
@@ -256,11 +265,13 @@ def launch_window(
     grid = (spec.N * n_tblk * n_gblk,)
     check_grid(grid[0])
     fn = kernel(rows, Og, taps)
+    sums = recenter_sums(weight, tap_sums) if spec.recenter else wp
     args = (
         x,
         wp,
         wp if bias is None else bias,
-        recenter_sums(weight, tap_sums) if spec.recenter else wp,
+        sums,
+        sums if fallback is None else fallback,
         out,
         spec.L,
         spec.L_out,
@@ -281,6 +292,7 @@ def launch_window(
         "INDEX64": index64 or wp.numel() > _INT32_MAX,
         "VEC_STORE": out.stride(1) == 1,  # the generator uses it only for power-of-two filter counts
         "RECENTER": spec.recenter,
+        "FALLBACK": fallback is not None,
         "BLOCK_G": block_g,
         "TAIL": spec.K % taps,
     }
