@@ -20,7 +20,7 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
 
 from tsconv.errors import StoreError
 from tsconv.io.digest import write_digest
@@ -1058,3 +1058,29 @@ def test_consolidating_silences_zarrs_one_message_not_other_warnings(
     assert [str(w.message) for w in seen] == ["another thread's warning"]
     assert warnings.filters == before
     assert zarr.open_consolidated(str(tmp_path / "g.zarr")).metadata.consolidated_metadata is not None
+
+
+@pytest.mark.parametrize(
+    ("codecs", "want"),
+    [
+        ("lz4", "lz4"),
+        ("clevel0", "none"),
+        ("zstd", None),  # not Blosc: the codecs' names, as zarr's open gives them
+    ],
+)
+def test_stored_compression_reads_the_values_document_as_zarr_does(tmp_path, codecs, want) -> None:
+    from tsconv.io.writers import zarr_writer
+
+    compressors = {
+        "lz4": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
+        "clevel0": [BloscCodec(cname="lz4", clevel=0, shuffle="shuffle")],
+        "zstd": [ZstdCodec()],
+    }[codecs]
+    g = zarr.open_group(str(tmp_path / "o.zarr"), mode="w")
+    g.create_array("values", shape=(8, 2), chunks=(4, 2), dtype="float32", serializer=BytesCodec(),
+                   compressors=compressors)  # fmt: skip
+    through_zarr = zarr_writer._compression_of(zarr.open_group(str(tmp_path / "o.zarr"), mode="r")["values"])
+    got = zarr_writer.stored_compression(tmp_path / "o.zarr")
+    assert got == through_zarr
+    if want is not None:
+        assert got == want
