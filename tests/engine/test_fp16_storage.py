@@ -553,3 +553,20 @@ def test_wide_rows_whose_moves_float32_cannot_hold_are_judged_on_their_moves(dty
     actual = _relative_error(y, x.astype(np.float64), pipe)
     assert actual > 1e-3  # the premise: storage moves these outputs past the promise
     assert len(warned) == 1 and actual / 2 <= _figure(warned[0]) <= 2 * actual, (actual, warned)
+
+
+@pytest.mark.parametrize("listed", [203, 2100])
+def test_a_wide_feature_listed_late_is_judged_on_the_level_the_engine_falls_back_on(listed) -> None:
+    """A block of the first stage with no finite sample of a feature (a symbol listed inside it) takes the
+    chunk's level in the engine, but the check's outputs' scale took 0 there: a cumulative volume near 1e12
+    listed late was rounded raw to float32 (ulp 131,072), the scale came out about 100x too large, and 7.5e-4
+    (listed at 203) or 2.5e-3 (at 2,100: past the 1e-3 promised) of the outputs' scale went unwarned."""
+    rng = np.random.default_rng(0)
+    rows = 4000
+    x = 1e12 + np.cumsum(rng.integers(500, 1500, size=(rows, 2)), axis=0).astype(np.float64)
+    x[:listed, 1] = np.nan
+    pipe = {"conv": [{"weights": np.array([[[0.1, -0.3, 0.2], [0.3, -0.1, -0.2]]])}]}
+    y, warned = _run(x, pipe, chunk=1024, device="cpu")
+    actual = _relative_error(y, x, pipe)
+    assert actual > 5e-4  # the premise: storage moves these outputs past the warning's threshold
+    assert len(warned) == 1 and actual / 2 <= _figure(warned[0]) <= 2 * actual, (actual, warned)

@@ -1099,11 +1099,16 @@ class _StorageCheck:
             # given ones, and a zero-sum filter's output on raw levels then carried level x (that
             # difference), many times its scale: the check saw the scale inflated and warned too little.
             given = torch.from_numpy(layer.given).float()
+            # A block with no finite sample of a feature (a symbol that lists inside it, one before the sample's
+            # first row) falls back on the engine's level, as the engine's blocks do: on 0, a cumulative volume
+            # near 1e12 listed late was taken raw in float32, the outputs' scale came out 100x too large and a
+            # move of 2.5e-3 of it went unwarned
+            fallback = torch.nan_to_num(level, nan=0.0)
             if i == 0 and recenter:
                 # the layer's tap sums live on the engine's device; the check runs on the CPU
                 sums = torch.from_numpy(layer.tap_sums)
                 out = _conv_recentered(
-                    y, bias, dl, 0, weight=given, tap_sums=sums, block=block, threaded=True
+                    y, bias, dl, 0, weight=given, tap_sums=sums, block=block, threaded=True, fallback=fallback
                 )
             else:
                 out = F.conv1d(y, given, bias, dilation=layer.dilation, groups=layer.groups)
@@ -1111,12 +1116,20 @@ class _StorageCheck:
             if res is not None:
                 dw = torch.from_numpy(res)
                 if i == 0 and recenter:
-                    # on x - level, as the engine: a symbol that starts inside a block has no level of that
-                    # block's own (0), and its raw price there put 100x the engine's error in the figure
+                    # block by block as the engine, falling back on its level: a symbol that starts inside a
+                    # block has no level of that block's own, and its raw price there (0) put 100x the engine's
+                    # error in the figure
                     zeros = torch.zeros(dl.tap_sums.shape, dtype=torch.float32)
-                    centred = y - torch.nan_to_num(level, nan=0.0)[None, :, None]
                     err = _conv_recentered(
-                        centred, None, dl, 0, weight=dw, tap_sums=zeros, block=block, threaded=True
+                        y,
+                        None,
+                        dl,
+                        0,
+                        weight=dw,
+                        tap_sums=zeros,
+                        block=block,
+                        threaded=True,
+                        fallback=fallback,
                     )
                 else:
                     err = F.conv1d(y, dw, dilation=layer.dilation, groups=layer.groups)
