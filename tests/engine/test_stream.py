@@ -155,6 +155,24 @@ def test_a_one_row_push_that_starts_a_block_equals_the_batch_run():
     _same(pushed(stream, x, [1]), tsconv.features(x, "dense_head", names=W64, chunk=63))
 
 
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_one_tap_first_stage_equals_the_batch_run_bit_for_bit(groups):
+    """A one-tap stage (a [4 -> 2, K 1] mix of prices, or one output a group) is a product whose rows are its
+    output channels in torch's CPU conv: with fewer than four, MKL rounded each re-centring block by how many
+    blocks shared the call, and pushes of 37 rows or one differed from the batch run in the last bit (a few
+    rows of 700 of mid prices; rarely on a tick grid, whose small moves' products are exact)."""
+    rng = np.random.default_rng(5)
+    pipe = {
+        "weight_dtype": "float32",
+        "conv": [{"weights": rng.normal(size=(2, 4 // groups, 1)), "groups": groups}],
+    }
+    x = (100 + np.cumsum(rng.normal(scale=0.05, size=(700, 4)), axis=0)).astype(np.float32)  # mid prices
+    x[:40, 1] = np.nan
+    expected = tsconv.features(x, pipe, chunk=512)
+    for sizes in ([37], [1]):
+        _same(pushed(tsconv.Stream(pipe, features=4, chunk=512, device="cpu"), x, sizes), expected)
+
+
 def test_a_dense_stage_after_another_matches_within_float32_rounding():
     """torch's CPU conv rounds a stage's outputs by the length of the call: after another stage (here a
     dense one) a stream matches the batch run within the engine's bound, not bit for bit."""

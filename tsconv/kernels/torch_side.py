@@ -134,6 +134,8 @@ def _conv1d_tiles(
     out = torch.empty((n, weight.shape[0], max(n_out, 0)), dtype=torch.result_type(x, weight))
     if n_out <= 0 or n == 0:
         return out
+    if weight.shape[2] == 1:
+        return _pointwise(x, weight, bias, groups)
 
     def conv(xs: torch.Tensor) -> torch.Tensor:
         return F.conv1d(xs, weight, bias, dilation=dilation, groups=groups)
@@ -159,6 +161,21 @@ def _conv1d_tiles(
         tiles = [(a, min(a + per, n)) for a in range(0, n, per)]
     run_tiles(rows, tiles)
     return out
+
+
+def _pointwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, groups: int) -> torch.Tensor:
+    """A one-tap conv of ``x`` [N, C, L] as :func:`rows_matmul` of its steps. torch computes it as a product
+    whose rows are the output channels: with fewer than four of them (a [4 -> 2, K 1] stage, or one output a
+    group) MKL's small-row kernels rounded each block by how many blocks shared the call, so a Stream's pushes
+    differed from the batch run in the last bit. Each step is one row of the product here."""
+    n, c, length = x.shape
+    o = weight.shape[0]
+    cg, og = c // groups, o // groups
+    steps = x.reshape(n, groups, cg, length).permute(1, 0, 3, 2).reshape(groups, n * length, cg).contiguous()
+    y = rows_matmul(steps, weight.reshape(groups, og, cg).transpose(1, 2).contiguous())  # [groups, N L, og]
+    if bias is not None:
+        y = y + bias.to(y.dtype).view(groups, 1, og)
+    return y.reshape(groups, n, length, og).permute(1, 0, 3, 2).reshape(n, o, length)
 
 
 @_conv1d_cpu_op.register_fake
