@@ -242,11 +242,12 @@ class Pipeline(torch.nn.Module):
     ``forward`` takes a [T, F] (or [B, T, F]: B independent series) tensor whose F columns are the features
     the pipeline was resolved against, on the module's device, and returns float32 [T, D] (or [B, T, D]),
     the output columns named by :attr:`output_names`. It is :func:`tsconv.features`'s computation on the
-    whole series at once, by the engine's own compute step: forward fill, the per-feature centring level,
+    whole series at once, by the engine's own compute step: forward fill, the per-feature level,
     ``[preprocess]``, every stage (the first re-centred per block) and the head, warm-up rows NaN (or zero
     history with ``warmup="zero"``). On the CPU it equals ``features(x, pipeline)`` bit for bit for series of
     up to features()' ``chunk`` (65,536) steps; longer ones, and CUDA, where features() runs the batched
-    engine, differ by float32 rounding only (each chunk or step of features() is centred on its own level).
+    engine, differ by float32 rounding only (the first stage's blocks are counted from each chunk or step of
+    features(), and fall back on its level).
     The whole series is computed at once, so memory grows with T (features() streams). Inference only; the
     weights are the pipeline's (no parameters; ``.to(device)`` moves them).
     """

@@ -207,14 +207,15 @@ class Backend:
         pre = plan.preprocess
         self.pre = pre if pre is not None and pre.computes else None
         self.pre_halo = plan.pre_halo
-        # Level data (raw values, or their logs): the first stage re-centres per block of outputs as well
-        # (conv1d's ``recenter`` in the Triton kernels, _conv_recentered on the torch path), so the error
-        # does not grow with the drift of a long chunk or step away from its one centering level (NOTES.md,
-        # "Precision"). The same rule as the level _preprocess returns.
+        # Level data (raw values, or their logs): the first stage re-centres per block of outputs (conv1d's
+        # ``recenter`` in the Triton kernels, _conv_recentered on the torch path), so the error follows the
+        # moves a block sees, not the level or a chunk's drift (NOTES.md, "Precision"). The same rule as the
+        # level _preprocess returns.
         self.recenter_first = plan.first_on_levels
         self.first_structured = plan.layers[0].structured
-        # Whether a chunk's centering level is read at all: by the first stages that re-centre (a conv on
-        # level data: raw values, or their logs, which _preprocess takes from it), and by no other.
+        # Whether a chunk's level is read at all: by the first stages that re-centre (a conv on level data:
+        # raw values, whose blocks fall back on it, or their logs, which _preprocess centres on it), and by
+        # no other.
         self.reads_level = self.recenter_first
         self.head = plan.head
         self._storage = _StorageCheck(plan) if _StorageCheck.needed(plan) else None
