@@ -1084,3 +1084,27 @@ def test_stored_compression_reads_the_values_document_as_zarr_does(tmp_path, cod
     assert got == through_zarr
     if want is not None:
         assert got == want
+
+
+def test_auto_compression_decides_from_the_first_chunk_whichever_writer_thread_stores_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first chunk holding a value decides, not the one a writer thread happens to store first: a run's
+    1-row last chunk stored before its first chunk decided "none" (LZ4 cannot shrink 48 bytes) for prices LZ4
+    halves, so the same run's output was stored compressed or not by the threads' timing."""
+    x = price_series(CHUNK_ROWS + 1, FEATURES, seed=4)
+    store = OutputWriter._store
+
+    def first_chunk_late(self: OutputWriter, a: int, *args: object, **kw: object) -> None:
+        if a == 0:
+            time.sleep(0.3)  # the first chunk's thread is slow: the last chunk's stores first
+        store(self, a, *args, **kw)
+
+    monkeypatch.setattr(OutputWriter, "_store", first_chunk_late)
+    path = tmp_path / "auto.zarr"
+    w = _create(path, x, threads=2)
+    _append_all(w, x)
+    w.finish()
+    assert w.compression.startswith("lz4 (auto: it saved"), w.compression
+    assert _values_clevel(path) == 5
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path / "values"), mode="r")[:]), x)

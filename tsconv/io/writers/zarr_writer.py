@@ -1613,6 +1613,13 @@ class OutputWriter:
 
     def _dispatch(self, a: int, b: int, buf: np.ndarray, borrow: _Borrow | None) -> None:
         """Store rows [a, b) from ``buf`` (one of ours, or a borrowed full chunk) in a writer thread."""
+        if self._auto_pending and self._chunks is not None:
+            # compression="auto" is settled here, in row order: in the writer threads the chunk stored first
+            # decided, and a run's short last chunk (a few rows LZ4 cannot shrink) stored before the first
+            # made the output uncompressed by the threads' timing
+            with self._auto_lock:
+                if self._auto_pending and self._choose_compression(buf[: b - a]):
+                    self._auto_pending = False
         if self._sync:
             self._store(a, b, buf, borrow)
             self._raise_if_failed()
