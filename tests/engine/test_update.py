@@ -692,6 +692,34 @@ def test_cli_update_says_so_on_one_line_and_refuses_on_one(tmp_path: Path, out_c
     assert "--update" in CliRunner().invoke(main, ["process", "--help"]).stdout
 
 
+@pytest.mark.parametrize("verb", ["--update", "--resume"])
+def test_an_output_path_naming_a_store_tsconv_did_not_write_is_refused_as_such(
+    tmp_path: Path, verb: str
+) -> None:
+    """--output naming another zarr store (a typo, another input) was refused as "written by a different input,
+    pipeline or chunk size", with the hint --overwrite that deletes that store (a bare array: zarr's "An array
+    already exists in store"); the refusal says the store is not tsconv's and names --output."""
+    from click.testing import CliRunner
+
+    from tsconv.cli import main
+
+    x, t = ticks(300, 3, seed=5)
+    src = make_input(tmp_path / "in.zarr", x, t, 300, (100, 3))
+    other = make_input(tmp_path / "other.zarr", x, t, 300, (100, 3))
+    bare = tmp_path / "bare.zarr"
+    zarr.create_array(str(bare), shape=(10, 3), dtype="f4")
+    for out, why in ((other, "its attributes hold no 'tsconv' record"), (bare, "a zarr array, not a group")):
+        before = sorted(p.relative_to(out) for p in out.rglob("*"))
+        res = CliRunner().invoke(main, ["process", "-i", str(src), "-o", str(out), "-q", verb])
+        assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, res.output
+        assert res.stderr.startswith(
+            f"tsconv: error: cannot {verb[2:].replace('resume', 'resume into')} {str(out)!r}: "
+        )
+        assert f": it is not an output of tsconv ({why}); hint: check --output" in res.stderr, res.stderr
+        assert "different input" not in res.stderr and "check --output" in res.stderr
+        assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # untouched
+
+
 @pytest.mark.parametrize("kept", [True, False], ids=["input-rows-kept", "no-input-rows-kept"])
 def test_an_update_starts_from_the_recorded_fill_state_not_from_row_0(
     tmp_path: Path, out_chunks: None, monkeypatch: pytest.MonkeyPatch, kept: bool

@@ -455,10 +455,22 @@ def prepare_output(
         return "create", 0
     if keep:
         verb = "resume into" if resume else "update"
+        # --output naming a store tsconv did not write (a typo, another input) is said to be one: it read as
+        # "written by a different input, pipeline or chunk size" with the hint --overwrite, which deletes it
+        not_ours = (
+            "a zarr array, not a group" if isinstance(out, Path) and _node_type(out) == "array" else None
+        )
         try:
-            meta = output_meta(out)
+            meta = output_meta(out) if not_ours is None else {}
         except Exception as exc:
             raise StoreError(f"cannot {verb} {str(out)!r}: {exc}") from None
+        if not_ours is not None or not meta:
+            raise StoreError(
+                f"cannot {verb} {str(out)!r}: it is not an output of tsconv "
+                f"({not_ours or 'its attributes hold no ' + repr('tsconv') + ' record'})",
+                hint="check --output: it names a store tsconv did not write. To write the features to a new "
+                "store, name another path (without --resume/--update).",
+            )
         found = meta.get("fingerprint")
         if found != fingerprint and (
             legacy is None or found not in {legacy(n) for n in (None, *_recorded_rows(out, meta))}
