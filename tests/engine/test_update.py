@@ -692,6 +692,31 @@ def test_cli_update_says_so_on_one_line_and_refuses_on_one(tmp_path: Path, out_c
     assert "--update" in CliRunner().invoke(main, ["process", "--help"]).stdout
 
 
+def test_an_input_written_again_whole_is_refused_saying_how_to_grow_it_instead(tmp_path: Path) -> None:
+    """A store written again whole each day (the same rows and more) reads as changed, as the digest holds its
+    chunk files' stats: the refusal said only that the input changed, which the user knew it had not; it says
+    why such a store counts as changed and how to grow one that --update continues."""
+    from click.testing import CliRunner
+
+    from tsconv.cli import main
+
+    x, t = ticks(700, 3, seed=6)
+    src, out = make_input(tmp_path / "in.zarr", x, t, 600, (100, 3)), tmp_path / "out.zarr"
+    tsconv.process(src, out, chunk=CHUNK, device="cpu")
+    shutil.rmtree(src)
+    make_input(src, x, t, 700, (100, 3))  # the same 600 rows, then 100 more
+    res = CliRunner().invoke(
+        main, ["process", "-i", str(src), "-o", str(out), "--chunk", str(CHUNK), "-q", "--update"]
+    )
+    assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, res.output
+    assert "first at rows 0..100 (values chunk files)" in res.stderr
+    assert (
+        "; hint: use --overwrite to compute the output again from the current input; chunk files written again "
+        in res.stderr
+    )
+    assert "grow the input in place instead" in res.stderr and 'append_dim="time"' in res.stderr
+
+
 @pytest.mark.parametrize("verb", ["--update", "--resume"])
 def test_an_output_path_naming_a_store_tsconv_did_not_write_is_refused_as_such(
     tmp_path: Path, verb: str

@@ -341,10 +341,20 @@ def verify_input(
         raise unreadable from None
     if change is not None:
         what, since = ("resume into", "started") if verb == "resume" else (verb, "written")
+        hint = "use --overwrite to compute the output again from the current input"
+        if change.endswith("chunk files)"):
+            # the band digests are the files' stats: a store written again whole with the same rows (a daily
+            # xarray to_zarr(mode="w")) reads as changed, and "changed" alone left the user sure it had not
+            hint += (
+                "; chunk files written again count as a change even where they hold the same rows (tsconv "
+                "compares their size, time and inode, not their values): to --update, grow the input in place "
+                'instead (zarr: resize, then write the new rows; xarray: to_zarr(..., append_dim="time"); '
+                "tsconv ingest --append)"
+            )
         raise StoreError(
             f"cannot {what} {str(output)!r}: its input {str(store.path)!r} changed since the output was "
             f"{since}, first at {change}, and the output holds rows computed from the old data "
             f"(up to row {before:,})",
-            hint="use --overwrite to compute the output again from the current input.",
+            hint=hint + ".",
         )
     return current
