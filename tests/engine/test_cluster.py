@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tsconv.engine import cluster as cl
+from tsconv.errors import TsconvError
 
 distributed = pytest.importorskip("distributed")
 
@@ -110,3 +111,77 @@ def test_workers_do_not_sample_their_threads_stacks_for_a_dashboard_nobody_serve
     import dask
 
     assert dask.config.get("distributed.worker.profile.enabled") is True  # the caller's own setting is left
+
+
+def _main_module(monkeypatch, tmp_path, text: str) -> str:  # noqa: ANN001
+    """A ``__main__`` of a script holding ``text``, as a user's script that calls tsconv.process is."""
+    import types
+
+    script = tmp_path / "job.py"
+    script.write_text(text)
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    return str(script)
+
+
+def _nanny_fails(workers, gpus):  # noqa: ANN001, ANN202
+    raise RuntimeError("Nanny failed to start.")
+
+
+def test_a_cluster_that_does_not_start_from_an_unguarded_script_names_the_script_and_the_guard(
+    monkeypatch, tmp_path
+) -> None:  # fmt: skip
+    # dask's own "RuntimeError: Nanny failed to start." was a traceback, naming no cause: the workers had run the
+    # script's top-level tsconv.process(workers=...) again as they started
+    script = _main_module(monkeypatch, tmp_path, "import tsconv\ntsconv.process('in.zarr', workers=2)\n")
+    monkeypatch.setattr(cl, "_make_cluster", _nanny_fails)
+    with pytest.raises(TsconvError, match="did not start") as err:
+        cl._make(2, [])
+    assert repr(script) in str(err.value) and 'if __name__ == "__main__":' in err.value.hint
+
+
+def test_a_cluster_that_does_not_start_from_a_guarded_script_is_one_error_without_the_guards_advice(
+    monkeypatch, tmp_path
+) -> None:  # fmt: skip
+    _main_module(
+        monkeypatch, tmp_path, "import tsconv\nif __name__ == '__main__':\n    tsconv.process('in.zarr')\n"
+    )
+    monkeypatch.setattr(cl, "_make_cluster", _nanny_fails)
+    with pytest.raises(
+        TsconvError, match=r"worker processes did not start \(Nanny failed to start.\)"
+    ) as err:
+        cl._make(2, [])
+    assert "__main__" not in str(err.value) and "--scheduler" in err.value.hint
+
+
+def test_workers_asked_in_a_worker_process_running_the_script_again_are_refused(monkeypatch) -> None:
+    # the spawned worker process re-running an unguarded script: it was refused as a second writer of the output
+    # ("being written by another tsconv run", the caller's pid), a traceback in each worker's stderr
+    import multiprocessing
+
+    monkeypatch.setattr(multiprocessing.current_process(), "_inheriting", True, raising=False)
+    with pytest.raises(TsconvError, match=r"workers=2 asked in a worker process") as err:
+        cl.check_workers(2)
+    assert 'if __name__ == "__main__":' in err.value.hint
+
+
+@pytest.mark.slow  # worker processes importing torch: about 10 s on 2 cores
+def test_an_unguarded_script_with_workers_ends_in_the_guards_advice(tmp_path) -> None:
+    import subprocess
+
+    import numpy as np
+    import zarr
+
+    g = zarr.open_group(str(tmp_path / "in.zarr"), mode="w")
+    g.create_array("values", data=np.arange(2000, dtype=np.float32).reshape(500, 4))
+    (tmp_path / "job.py").write_text("import tsconv\ntsconv.process('in.zarr', 'out.zarr', workers=1)\n")
+    res = subprocess.run(
+        [sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 1
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "tsconv.errors.TsconvError: the local dask cluster's 1 worker process did not start"
+    )
+    assert 'if __name__ == "__main__":' in last and "OutputBusyError" not in res.stderr

@@ -11,12 +11,15 @@ they start (dask's ``preload``: :mod:`tsconv.engine.worker_init`), and the run t
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import re
+import sys
 import threading
 from typing import Any
 
 from tsconv import config
-from tsconv.errors import TsconvError
+from tsconv.errors import TsconvError, first_line
 
 __all__ = ["discard_early", "gpu_worker_here", "gpus_here", "local_cluster", "start_early"]
 
@@ -46,10 +49,50 @@ def max_workers() -> int:
     return 4 * (os.cpu_count() or 1)
 
 
+# dask starts a local cluster's worker processes with multiprocessing's spawn, which runs the caller's script
+# again in each (as ``__mp_main__``): a script's top level outside this guard runs in every worker
+_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]""")
+_GUARD_HINT = (
+    'put the script\'s work under `if __name__ == "__main__":` (dask starts each worker process by running '
+    "the script again, all but that block)"
+)
+
+
+def _bootstrapping() -> bool:
+    """Whether this process is a spawned worker still running its parent's script (multiprocessing's
+    bootstrapping phase, which its own ``_check_not_importing_main`` reads the same way)."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+def _unguarded_script() -> str | None:
+    """The script a spawned worker process runs again, where it has no ``if __name__ == "__main__":`` guard;
+    else None (an interactive session, ``python -c``, ``python -m tsconv``, whose ``__main__`` spawn skips, and
+    tsconv's own console script, which is guarded)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    if path is None or (name is not None and name.endswith("__main__")):
+        return None
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read()  # noqa: PTH123 - one read, a str path
+    except OSError:
+        return None
+    return None if _GUARD.search(text) else str(path)
+
+
 def check_workers(workers: Any) -> None:
     """``workers`` is a positive integer a local cluster can start here."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise TsconvError(f"workers must be a positive integer, got {workers!r}")
+    if _bootstrapping():
+        # a worker process of the caller's own cluster, running the caller's script again: refused before it
+        # touches the output (it was refused as a "second writer" of it, naming the caller's pid, or, past that,
+        # started a cluster of its own and failed in multiprocessing's bootstrapping check)
+        raise TsconvError(
+            f"workers={workers} asked in a worker process of a dask cluster as it started: it runs the script "
+            "that started the cluster again, and that script's top level calls tsconv.process(workers=...)",
+            hint=_GUARD_HINT + ".",
+        )
     if workers > max_workers():
         raise TsconvError(
             f"workers={workers:,} is more than a local cluster starts here ({max_workers()}: 4 per CPU core)",
@@ -110,7 +153,24 @@ def _make(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
 
     # a Nanny hands its worker process the configuration it was created under
     with dask.config.set(_NO_PROFILE):
-        return _make_cluster(workers, gpus)
+        try:
+            return _make_cluster(workers, gpus)
+        # dask's "Nanny failed to start." was a traceback at the CLI, naming no cause
+        except Exception as exc:
+            what = f"the local dask cluster's {workers} worker process{'es' if workers > 1 else ''} did not start"
+            script = _unguarded_script()
+            if script is not None:
+                raise TsconvError(
+                    f"{what} ({first_line(exc)}): each "
+                    f"runs the script {script!r} again as it starts, and its top level calls tsconv.process "
+                    "again there",
+                    hint=_GUARD_HINT + ".",
+                ) from exc
+            raise TsconvError(
+                f"{what} ({first_line(exc)})",
+                hint="see the workers' errors above (memory? a full temporary directory?); or start a dask cluster "
+                "yourself and pass its scheduler (--scheduler ADDRESS, or client=).",
+            ) from exc
 
 
 def _make_cluster(workers: int, gpus: list[str]) -> tuple[Any, int | None]:
