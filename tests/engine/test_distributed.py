@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -745,3 +746,30 @@ def test_a_tasks_warning_of_int64_beyond_2_53_reaches_the_client_once(client, tm
     assert len(wide) == 1 and "'x1'" in wide[0], wide
     assert wide[0] == next(str(w.message) for w in single if "beyond 2^53" in str(w.message))
     assert read_output(tmp_path / "d.zarr").tobytes() == read_output(tmp_path / "s.zarr").tobytes()
+
+
+def test_workers_paused_for_memory_are_said_to_be_so_not_missing(
+    tmp_path: Path, src: Path, monkeypatch
+) -> None:  # noqa: ANN001
+    # dask counts running workers only: a cluster whose workers all sat paused (their processes past 80% of their
+    # memory limit) was refused as one with "no workers (none connected within 10 s)", hint "start workers"
+    import dask
+    from distributed.core import Status
+
+    from tsconv.engine import distributed as dist
+
+    monkeypatch.setattr(dist, "_WORKERS_WAIT_S", 0.5)
+    # the worker paused as dask's memory monitor pauses it (on its loop, which tells the scheduler), that monitor
+    # kept from resuming it: this process's own memory is the in-process worker's
+    with dask.config.set({"distributed.worker.memory.pause": False}), distributed.LocalCluster(
+        n_workers=1, processes=False, dashboard_address=":0", memory_limit="300MB"
+    ) as small, distributed.Client(small) as c:  # fmt: skip
+        c.run(lambda dask_worker: setattr(dask_worker, "status", Status.paused))
+        for _ in range(200):  # told to the scheduler within a few of the worker's heartbeats
+            if [w["status"] for w in c.scheduler_info()["workers"].values()] == ["paused"]:
+                break
+            time.sleep(0.05)
+        with pytest.raises(tsconv.TsconvError, match=r"1 worker is paused for lack of memory") as err:
+            tsconv.process(src, tmp_path / "o.zarr", client=c)
+    assert "of its 286 MiB limit" in str(err.value) and "--memory-limit" in err.value.hint
+    assert not (tmp_path / "o.zarr").exists()

@@ -340,11 +340,38 @@ def _connect(client_cls: Any, address: str) -> Any:
     return made[0]
 
 
+def _paused(client: Any) -> list[dict[str, Any]]:
+    """The scheduler's records of the workers dask has paused (a worker's process past its memory limit's
+    ``distributed.worker.memory.pause`` fraction, 0.8 by default, takes no task until its memory falls)."""
+    try:
+        workers = client.scheduler_info()["workers"].values()
+    except Exception:  # noqa: BLE001 - only to say more in an error raised anyway
+        return []
+    return [w for w in workers if w.get("status") == "paused"]
+
+
+def _mib(n: Any) -> str:
+    return f"{n / 2**20:,.0f} MiB" if isinstance(n, int | float) else "?"
+
+
 def _wait_for_workers(client: Any) -> None:
     """At least one worker, before the output is made: a scheduler without any left an empty output."""
     try:
         client.wait_for_workers(1, timeout=_WORKERS_WAIT_S)
     except TimeoutError:
+        paused = _paused(client)
+        if paused:
+            # dask's wait counts running workers only: workers paused for memory read as "none connected",
+            # whose hint (start workers) does not help
+            w = max(paused, key=lambda w: w.get("metrics", {}).get("memory") or 0)
+            raise TsconvError(
+                f"the dask cluster's {len(paused)} worker{'s are' if len(paused) > 1 else ' is'} paused for lack "
+                f"of memory, and none runs tasks (one process holds {_mib(w.get('metrics', {}).get('memory'))} of "
+                f"its {_mib(w.get('memory_limit'))} limit: dask pauses a worker past the distributed.worker.memory.pause "
+                "fraction of its limit, 0.8 by default)",
+                hint="give each worker more memory (`dask worker --memory-limit`), or start fewer workers on the "
+                "host (a smaller --workers N), so that each gets a larger share.",
+            ) from None
         raise TsconvError(
             f"the dask cluster has no workers (none connected within {_WORKERS_WAIT_S:.0f} s)",
             hint=_NO_WORKERS_HINT,
