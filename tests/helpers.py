@@ -29,6 +29,17 @@ def mostly_slow(cases: Sequence[object], *, fast: Collection[int]) -> list[objec
     return out
 
 
+def tripling_coin(rows: int, *, seed: int = 7) -> np.ndarray:
+    """[rows, 1] float32 prices of a coin near 1e-4 on a 1e-9 grid that triples over its second half: rows move
+    far more than 2x from any one level taken at the start (a chunk's or a step's)."""
+    rng = np.random.default_rng(seed)
+    lp = np.log(1e-4) + np.cumsum(rng.normal(scale=1e-3, size=rows))
+    lp[rows // 2 :] += np.linspace(0.0, np.log(3.0), rows - rows // 2)
+    x = (np.round(np.exp(lp) / 1e-9) * 1e-9).astype(np.float32)[:, None]
+    assert x.max() > 2.5 * x[0, 0]  # the premise
+    return x
+
+
 def price_series(rows: int, features: int, *, seed: int = 0, nan_fraction: float = 0.0) -> np.ndarray:
     """Random walks near 100 on a 0.01 tick grid, float32, with optional NaN cells."""
     rng = np.random.default_rng(seed)

@@ -33,6 +33,7 @@ from ..helpers import (
     price_series,
     process_batched,
     read_output,
+    tripling_coin,
     write_store,
 )
 
@@ -852,14 +853,10 @@ def test_an_update_with_encoded_chunks_equals_a_full_run(tmp_path, monkeypatch):
 def test_a_price_that_triples_within_a_step_keeps_its_moves_digits(taps, use_triton):
     """The prepare kernel centred a whole step on one level in float32: once a price had moved more than
     about 2x from it (a coin at 1e-4 tripling within a step), x - level rounded at the level's resolution,
-    and a difference of the price was 1.2e-5 of its scale off (3.4e-6 through the Triton kernels). The rows
+    and a difference of the price was 7.6e-6 / 9.1e-6 of its scale off (either taps, either path). The rows
     now reach the blocks' re-centring as they are."""
-    rng = np.random.default_rng(7)
     rows = 1024
-    lp = np.log(1e-4) + np.cumsum(rng.normal(scale=1e-3, size=rows))
-    lp[rows // 2 :] += np.linspace(0.0, np.log(3.0), rows - rows // 2)
-    x = (np.round(np.exp(lp) / 1e-9) * 1e-9).astype(np.float32)[:, None]
-    assert x.max() > 2.5 * x[0, 0]  # the premise: far from the step's level (its first value)
+    x = tripling_coin(rows)
     plan = resolve(pipeline_from_dict({"weight_dtype": "float32", "conv": [{"weights": np.array([[taps]])}]}),
                    ("x0",))  # fmt: skip
     out: list[np.ndarray] = []

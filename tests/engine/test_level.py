@@ -8,6 +8,8 @@ import torch
 
 from tsconv.engine.level import centering_level, centering_level_torch
 
+from ..helpers import tripling_coin
+
 
 def test_centering_level_torch_equals_the_numpy_rule():
     rows = np.array(
@@ -86,12 +88,8 @@ def test_a_price_that_triples_within_a_chunk_keeps_its_moves_digits(taps: list[f
     rows), the same bits through a stream; rows within 2x of the level keep their float32 bits."""
     import tsconv
 
-    rng = np.random.default_rng(7)
     rows = 20_000
-    lp = np.log(1e-4) + np.cumsum(rng.normal(scale=1e-3, size=rows))
-    lp[rows // 2 :] += np.linspace(0.0, np.log(3.0), rows - rows // 2)
-    x = (np.round(np.exp(lp) / 1e-9) * 1e-9).astype(np.float32)[:, None]
-    assert x.max() > 2.5 * x[0, 0]  # the premise: far from the chunk's level (its first value)
+    x = tripling_coin(rows)
     pipe = {"weight_dtype": "float32", "conv": [{"weights": np.array([[taps]])}]}
     got = tsconv.features(x, pipe, device="cpu", chunk=rows)[:, 0]
     want = _causal(x[:, 0].astype(np.float64), taps)
