@@ -1352,3 +1352,23 @@ def test_an_update_refusal_shows_long_input_paths_whole(tmp_path: Path, out_chun
     with pytest.raises(tsconv.TsconvError) as info:
         tsconv.process(other, out, pipeline="default", chunk=CHUNK, update=True)
     assert f"what differs: input: {str(src)!r} then, {str(other)!r} now;" in str(info.value)
+
+
+@pytest.mark.parametrize("asked", [{}, {"chunk": 1024, "warmup": "zero"}])
+def test_an_update_that_leaves_out_the_chunk_it_was_written_with_is_told_to_give_it(
+    tmp_path: Path, out_chunks: None, asked: dict
+) -> None:
+    """An output written with --chunk 128 and updated without it was told only to use --overwrite (compute all of
+    history again); the way on is the setting as written."""
+    src, out, x, t = _updated_once(tmp_path)
+    grow(src, x, t, 2300)
+    with pytest.raises(tsconv.TsconvError) as err:
+        tsconv.process(src, out, update=True, **asked)
+    msg = str(err.value)
+    assert "chunk: 128 then, 1024 now" in msg
+    if asked:
+        assert "hint: pass --chunk 128 --warmup nan as the output was written" in msg
+        assert "(chunk=128, warmup='nan' in Python)" in msg
+    else:
+        assert "hint: pass --chunk 128 as the output was written (chunk=128 in Python) to continue it" in msg
+    tsconv.process(src, out, update=True, chunk=CHUNK)  # as told: it continues

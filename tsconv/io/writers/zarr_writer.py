@@ -478,7 +478,19 @@ def prepare_output(
             then = _attributes(out)
             changed = what_differs(then, run()) if run is not None else []
             hint = "use --overwrite to start again."
-            if len(changed) == 1 and changed[0].startswith("the pipeline's name:"):
+            settings = {"chunk": "chunk", "warm-up": "warmup"}
+            said = [c.split(":", 1)[0] for c in changed]
+            recorded = then.get("tsconv") or {}
+            if said and all(k in settings and settings[k] in recorded for k in said):
+                # only a setting left out or changed: the way on is to give it as the output was written, not
+                # to compute everything again
+                given = [(settings[k], recorded[settings[k]]) for k in said]
+                flags = " ".join(f"--{k} {v}" for k, v in given)
+                kwargs = ", ".join(f"{k}={v!r}" for k, v in given)
+                hint = (
+                    f"pass {flags} as the output was written ({kwargs} in Python) to continue it; or {hint}"
+                )
+            elif len(changed) == 1 and changed[0].startswith("the pipeline's name:"):
                 name = json.dumps((then.get("pipeline") or {}).get("name"))
                 hint = f"if it computes the same, set name = {name} in the pipeline to continue it; or {hint}"
             raise StoreError(
