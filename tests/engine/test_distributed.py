@@ -773,3 +773,20 @@ def test_workers_paused_for_memory_are_said_to_be_so_not_missing(
             tsconv.process(src, tmp_path / "o.zarr", client=c)
     assert "of its 286 MiB limit" in str(err.value) and "--memory-limit" in err.value.hint
     assert not (tmp_path / "o.zarr").exists()
+
+
+def test_a_time_range_with_workers_is_refused_in_the_clis_words_before_a_cluster_starts(
+    tmp_path: Path,
+) -> None:
+    """The refusal's hint read "run it without workers=/client=", the library's names, at the CLI too."""
+    src = write_store(tmp_path / "in.zarr", price_series(100, 2, seed=1), chunks=(50, 2))
+    pipe = {
+        "preprocess": {"time_range": ["1970-01-01", "2100-01-01"]},
+        "conv": [{"name": "b", "filters": ["diff:1"]}],
+    }
+    with pytest.raises(tsconv.TsconvError) as err:
+        tsconv.process(src, tmp_path / "out.zarr", pipeline=pipe, workers=2)
+    msg = str(err.value)
+    assert "not supported with dask (--workers/--scheduler; workers=/client= in Python)" in msg
+    assert "hint: run it in one process (without --workers/--scheduler), or remove time_range." in msg
+    assert not (tmp_path / "out.zarr").exists()

@@ -721,8 +721,8 @@ def _time_rows(store: InputStore, plan: ResolvedPipeline, *, distributed: bool) 
         )
     if distributed:
         raise TsconvError(
-            f"{where} is not supported with dask (workers/client)",
-            hint="run it without workers=/client=, or remove time_range.",
+            f"{where} is not supported with dask (--workers/--scheduler; workers=/client= in Python)",
+            hint="run it in one process (without --workers/--scheduler), or remove time_range.",
         )
     r0 = _lower_bound(store.time, store.rows, span[0])
     r1 = _lower_bound(store.time, store.rows, span[1])
