@@ -300,6 +300,9 @@ _NO_WORKERS_HINT = (
     "start workers with `dask worker ADDRESS` (or dask-cuda-worker), or use --workers N for a local cluster."
 )
 _WORKERS_WAIT_S = 10.0  # for a cluster whose workers are still connecting
+# for a killed worker's replacement, which its nanny starts: a new process importing torch, which took more than
+# 10 s on a loaded 2-core machine, and the run then failed as if the cluster had no workers
+_RESTART_WAIT_S = 60.0
 
 
 # dask's own timeout covers opening the connection, not the handshake after it: a port that accepts and never
@@ -354,10 +357,12 @@ def _mib(n: Any) -> str:
     return f"{n / 2**20:,.0f} MiB" if isinstance(n, int | float) else "?"
 
 
-def _wait_for_workers(client: Any) -> None:
-    """At least one worker, before the output is made: a scheduler without any left an empty output."""
+def _wait_for_workers(client: Any, timeout: float | None = None) -> None:
+    """At least one worker (waiting up to ``timeout`` seconds, default :data:`_WORKERS_WAIT_S`), before the
+    output is made: a scheduler without any left an empty output."""
+    timeout = _WORKERS_WAIT_S if timeout is None else timeout
     try:
-        client.wait_for_workers(1, timeout=_WORKERS_WAIT_S)
+        client.wait_for_workers(1, timeout=timeout)
     except TimeoutError:
         paused = _paused(client)
         if paused:
@@ -373,7 +378,7 @@ def _wait_for_workers(client: Any) -> None:
                 "host (a smaller --workers N), so that each gets a larger share.",
             ) from None
         raise TsconvError(
-            f"the dask cluster has no workers (none connected within {_WORKERS_WAIT_S:.0f} s)",
+            f"the dask cluster has no workers (none connected within {timeout:.0f} s)",
             hint=_NO_WORKERS_HINT,
         ) from None
 
@@ -524,7 +529,7 @@ def run_distributed(
             # the plan (its weights: 17 MB for a 1024-feature dense pipeline) sent to each worker once, not in
             # every task of the graph (dask warned of a "large graph" on every such run)
             if attempt:
-                _wait_for_workers(client)  # a local cluster's nanny restarts a killed worker
+                _wait_for_workers(client, _RESTART_WAIT_S)  # a local cluster's nanny restarts a killed worker
             plan_ref = _scatter(client, plan)
             tag = token if attempt == 0 else f"{token}-{attempt}"
             first = None  # a future the partition tasks wait for (dask hands them its result)
