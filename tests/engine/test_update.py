@@ -417,7 +417,10 @@ def test_an_update_refusal_names_what_differs(tmp_path: Path, out_chunks: None) 
     b = tmp_path / "b.toml"
     b.write_text(a.read_text())  # the same pipeline, under another file name
     for kw, said in (
-        ({"chunk": 64}, "what differs: chunk: 128 then, 64 now; hint: use --overwrite"),
+        (
+            {"chunk": 64},
+            "what differs: chunk: 128 then, 64 now; hint: pass --chunk 128 as the output was written",
+        ),
         ({"warmup": "zero"}, "what differs: warm-up: 'nan' then, 'zero' now;"),
         (
             {"pipeline": z30},
