@@ -66,7 +66,7 @@ def _bootstrapping() -> bool:
 
 def _unguarded_script() -> str | None:
     """The script a spawned worker process runs again, where it has no ``if __name__ == "__main__":`` guard;
-    else None (an interactive session, ``python -c``, ``python -m tsconv``, whose ``__main__`` a spawned
+    else None (an interactive interpreter, ``python -c``, ``python -m tsconv``, whose ``__main__`` a spawned
     process does not run again, and tsconv's own console script, which is guarded)."""
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
